@@ -1,0 +1,41 @@
+// Package kv is the paged KV-cache pool of one device as a pure state
+// machine: page geometry, generation-tagged pages, owners, states, read
+// leases, deferred release, manifests, checksums and the transfer frame
+// codec.
+//
+// # Common path
+//
+// Decode reserves pages for a request (Pool.Reserve), which returns one Tag
+// per page. A Tag is (node incarnation, page index, generation); the
+// generation moves on every release, so a tag names exactly one tenancy of
+// one physical page. The writer appends token rows (Pool.Write) and seals the
+// page (Pool.Seal), which computes a checksum over the page header (tag,
+// owner, token range) and the payload. A reader obtains a Lease by handshake
+// (Pool.Lease checks tag, tenant, request and state) and reads only through
+// it (Pool.Read). Release (Pool.Release) is deferred while the page is leased
+// or awaits a peer's acknowledgement, and forced by Pool.Tick once the
+// reclaim deadline has passed; either way the generation moves on and every
+// old tag is refused from then on.
+//
+// A Manifest lists the tags a request expects, in order, with one checksum
+// per page and the token count; Manifest.Verify checks all of it against the
+// pool before decode reads. Frames (EncodeFrame, DecodeFrame) carry a token
+// range of one page between pools; the decoder refuses anything malformed,
+// oversized or inconsistent with a typed error and never panics.
+//
+// # Concurrency and ownership
+//
+// Nothing here starts a goroutine, takes a lock, reads a clock or does I/O.
+// Time is an argument (Pool.Tick, Pool.Release). A Pool must be used by one
+// goroutine at a time; the actor that owns it serialises access. Slices that
+// Pool.Read returns alias the pool's arena and are valid only until the next
+// call that mutates the pool.
+//
+// # Invariants
+//
+// At most one owner per page; generations only grow; free + used pages equal
+// capacity; no read without a current lease; a leased or unacknowledged page
+// is never reallocated before its reclaim deadline. Expected failures are
+// typed errors with the numbers in them; a broken invariant panics with the
+// numbers.
+package kv

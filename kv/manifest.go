@@ -1,0 +1,86 @@
+package kv
+
+// Manifest is what a request expects to read: its owner, its token count,
+// and, in sequence order, the tag of every page with the tokens it holds and
+// the checksum it was sealed with. Page i holds the sequence positions that
+// follow those of pages 0..i-1, from 0. Decode builds it from the tags it reserved,
+// records each checksum as it seals, and verifies the whole manifest against
+// the pool before it reads a byte.
+type Manifest struct {
+	Owner  Owner          `msgpack:"owner"`
+	Tokens int            `msgpack:"tokens"`
+	Pages  []ManifestPage `msgpack:"pages"`
+}
+
+// ManifestPage is one page of a manifest.
+type ManifestPage struct {
+	Tag      Tag    `msgpack:"tag"`
+	Tokens   int    `msgpack:"tokens"`
+	Checksum uint64 `msgpack:"sum"`
+}
+
+// NewManifest lays tokens tokens over tags in order, every page full but the
+// last. It refuses a tag count that does not fit the token count.
+func NewManifest(owner Owner, tokens, pageTokens int, tags []Tag) (*Manifest, error) {
+	if tokens < 1 {
+		return nil, &ManifestError{Field: "tokens", Page: -1, Want: 1, Have: tokens}
+	}
+	if want := (tokens + pageTokens - 1) / pageTokens; len(tags) != want {
+		return nil, &ManifestError{Field: "pages", Page: -1, Want: want, Have: len(tags)}
+	}
+	m := &Manifest{Owner: owner, Tokens: tokens, Pages: make([]ManifestPage, len(tags))}
+	for i, t := range tags {
+		m.Pages[i] = ManifestPage{Tag: t, Tokens: min(pageTokens, tokens-i*pageTokens)}
+	}
+	return m, nil
+}
+
+// Verify checks the manifest against the pool before decode reads: the
+// pages add up to the token count, and every page's tag is current, belongs
+// to the manifest's owner (tenant and request), is sealed, holds exactly the
+// tokens listed, was sealed with the listed checksum, and its bytes still
+// hash to that checksum. Any difference is refused with the numbers.
+func (m *Manifest) Verify(p *Pool) error {
+	pt := p.cfg.Geometry.PageTokens
+	if want := (m.Tokens + pt - 1) / pt; m.Tokens < 1 || len(m.Pages) != want {
+		return &ManifestError{Field: "pages", Page: -1, Want: want, Have: len(m.Pages)}
+	}
+	total := 0
+	for i, mp := range m.Pages {
+		if err := p.verifyPage(i, total, mp, m.Owner); err != nil {
+			return err
+		}
+		total += mp.Tokens
+	}
+	if total != m.Tokens {
+		return &ManifestError{Field: "tokens", Page: -1, Want: m.Tokens, Have: total}
+	}
+	return nil
+}
+
+func (p *Pool) verifyPage(i, first int, mp ManifestPage, owner Owner) error {
+	pg, err := p.access(mp.Tag, owner, "verify")
+	if err != nil {
+		return err
+	}
+	if pg.state != Sealed && pg.state != Leased {
+		return p.refuseState(mp.Tag, "verify", pg.state)
+	}
+	if pg.first != first {
+		p.stats.Refused.Range++
+		return &ManifestError{Field: "first position", Page: i, Want: first, Have: pg.first}
+	}
+	if pg.filled != mp.Tokens {
+		p.stats.Refused.Range++
+		return &ManifestError{Field: "tokens", Page: i, Want: mp.Tokens, Have: pg.filled}
+	}
+	if pg.sum != mp.Checksum {
+		p.stats.Refused.Checksum++
+		return &ChecksumMismatchError{Where: "manifest " + mp.Tag.String(), Want: mp.Checksum, Have: pg.sum}
+	}
+	if have := PageChecksum(mp.Tag, owner, pg.first, pg.filled, p.bytesOf(mp.Tag.Index)[:pg.filled*p.bpt]); have != pg.sum {
+		p.stats.Refused.Checksum++
+		return &ChecksumMismatchError{Where: "page bytes " + mp.Tag.String(), Want: pg.sum, Have: have}
+	}
+	return nil
+}

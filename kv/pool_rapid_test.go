@@ -1,0 +1,379 @@
+package kv
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// The property test drives a Pool and a naive model of it with the same
+// random operations, including stale tags, foreign owners and time jumps,
+// and checks after every step that both agree and that the invariants hold.
+
+// tenancy is the model's record of one tag: everything that happened to
+// one page between a reservation and the free that ended it.
+type tenancy struct {
+	tag      Tag
+	owner    Owner
+	first    int
+	state    State
+	data     []byte // rows written, in order
+	readers  int
+	awaitAck bool
+	deadline time.Time
+	over     bool // freed: the tag is stale for good
+}
+
+type poolModel struct {
+	p       *Pool
+	geom    Geometry
+	now     time.Time
+	all     []*tenancy          // every tag ever handed out, current or stale
+	current map[uint32]*tenancy // page index → live tenancy
+	lastGen map[uint32]uint64
+	leases  []Lease
+	pages   int
+	steps   *stepCounts
+}
+
+// stepCounts shows that the random walk reaches the interesting states.
+type stepCounts struct {
+	readsPassed, reclaims, steps int
+}
+
+var rapidOwners = []Owner{{Request: 1, Tenant: "a"}, {Request: 2, Tenant: "a"}, {Request: 3, Tenant: "b"}}
+
+func (m *poolModel) pickTenancy(t *rapid.T) *tenancy {
+	if len(m.all) == 0 {
+		t.Skip("no tag handed out yet")
+	}
+	return m.all[rapid.IntRange(0, len(m.all)-1).Draw(t, "tenancy")]
+}
+
+// pickOwner is the tenancy's owner most of the time, anyone otherwise.
+func (m *poolModel) pickOwner(t *rapid.T, tn *tenancy) Owner {
+	if rapid.IntRange(0, 3).Draw(t, "foreign") > 0 {
+		return tn.owner
+	}
+	return rapid.SampledFrom(rapidOwners).Draw(t, "owner")
+}
+
+// handshake is what the model says the pool's access check must answer.
+func (m *poolModel) handshake(tn *tenancy, o Owner) error {
+	switch {
+	case tn.over:
+		return &StaleTagError{}
+	case o.Tenant != tn.owner.Tenant:
+		return &WrongTenantError{}
+	case o.Request != tn.owner.Request:
+		return &WrongOwnerError{}
+	}
+	return nil
+}
+
+// agree fails unless got is nil exactly when want is, and has want's type.
+func agree(t *rapid.T, op string, want, got error) {
+	if reflect.TypeOf(want) != reflect.TypeOf(got) {
+		t.Fatalf("%s: model says %T, pool says %v", op, want, got)
+	}
+}
+
+func (m *poolModel) stateErr(tn *tenancy, o Owner, ok bool) error {
+	if err := m.handshake(tn, o); err != nil {
+		return err
+	}
+	if !ok {
+		return &StateError{}
+	}
+	return nil
+}
+
+func (m *poolModel) free(tn *tenancy) {
+	tn.over = true
+	tn.state = Free
+	tn.readers = 0
+	delete(m.current, tn.tag.Index)
+}
+
+func (m *poolModel) reserve(t *rapid.T) {
+	o := rapid.SampledFrom(rapidOwners).Draw(t, "owner")
+	n := rapid.IntRange(1, 3).Draw(t, "n")
+	first := rapid.IntRange(0, 2).Draw(t, "firstPage") * m.geom.PageTokens
+	tags, err := m.p.Reserve(o, first, n)
+	freeN := m.pages - len(m.current)
+	if n > freeN {
+		var ex *PoolExhaustedError
+		if !errors.As(err, &ex) || ex.Free != freeN || ex.Need != n {
+			t.Fatalf("reserve %d of %d free: got %v", n, freeN, err)
+		}
+		return
+	}
+	if err != nil || len(tags) != n {
+		t.Fatalf("reserve %d of %d free: %v", n, freeN, err)
+	}
+	for i, tag := range tags {
+		if m.current[tag.Index] != nil {
+			t.Fatalf("reserve handed out page %d, held by %+v", tag.Index, *m.current[tag.Index])
+		}
+		if tag.Generation <= m.lastGen[tag.Index] {
+			t.Fatalf("page %d generation went from %d to %d", tag.Index, m.lastGen[tag.Index], tag.Generation)
+		}
+		m.lastGen[tag.Index] = tag.Generation
+		tn := &tenancy{tag: tag, owner: o, first: first + i*m.geom.PageTokens, state: Reserved}
+		m.all = append(m.all, tn)
+		m.current[tag.Index] = tn
+	}
+}
+
+func (m *poolModel) write(t *rapid.T) {
+	tn := m.pickTenancy(t)
+	o := m.pickOwner(t, tn)
+	filled := len(tn.data) / m.geom.BytesPerToken()
+	n := rapid.IntRange(1, m.geom.PageTokens).Draw(t, "rows")
+	first := tn.first + filled
+	if rapid.IntRange(0, 4).Draw(t, "wrongPos") == 0 {
+		first += rapid.IntRange(-2, 2).Draw(t, "delta")
+	}
+	data := rapid.SliceOfN(rapid.Byte(), n*m.geom.BytesPerToken(), n*m.geom.BytesPerToken()).Draw(t, "data")
+	want := m.stateErr(tn, o, tn.state == Reserved || tn.state == Filling)
+	if want == nil && (first != tn.first+filled || filled+n > m.geom.PageTokens) {
+		want = &TokenRangeError{}
+	}
+	agree(t, "write", want, m.p.Write(tn.tag, o, first, data))
+	if want == nil {
+		tn.data = append(tn.data, data...)
+		tn.state = Filling
+	}
+}
+
+func (m *poolModel) seal(t *rapid.T) {
+	tn := m.pickTenancy(t)
+	o := m.pickOwner(t, tn)
+	want := m.stateErr(tn, o, tn.state == Filling)
+	sum, err := m.p.Seal(tn.tag, o)
+	agree(t, "seal", want, err)
+	if want == nil {
+		tn.state = Sealed
+		if exp := PageChecksum(tn.tag, tn.owner, tn.first, len(tn.data)/m.geom.BytesPerToken(), tn.data); sum != exp {
+			t.Fatalf("seal sum %x, model %x", sum, exp)
+		}
+	}
+}
+
+func (m *poolModel) lease(t *rapid.T) {
+	tn := m.pickTenancy(t)
+	o := m.pickOwner(t, tn)
+	want := m.stateErr(tn, o, tn.state == Sealed || tn.state == Leased)
+	l, err := m.p.Lease(tn.tag, o)
+	agree(t, "lease", want, err)
+	if want == nil {
+		tn.state = Leased
+		tn.readers++
+		m.leases = append(m.leases, l)
+	}
+}
+
+// byTag finds the model's tenancy of a tag handed out earlier.
+func (m *poolModel) byTag(tag Tag) *tenancy {
+	for _, tn := range m.all {
+		if tn.tag == tag {
+			return tn
+		}
+	}
+	panic("lease for a tag the model never handed out")
+}
+
+func (m *poolModel) pickLease(t *rapid.T) (int, *tenancy) {
+	if len(m.leases) == 0 {
+		t.Skip("no lease")
+	}
+	i := rapid.IntRange(0, len(m.leases)-1).Draw(t, "lease")
+	return i, m.byTag(m.leases[i].Tag)
+}
+
+// read reads through a lease held, or through a forged one (a Lease value
+// built without the handshake), which must be refused unless a real lease
+// on that tenancy is outstanding.
+func (m *poolModel) read(t *rapid.T) {
+	var l Lease
+	var tn *tenancy
+	if len(m.leases) > 0 && rapid.Bool().Draw(t, "held") {
+		i, held := m.pickLease(t)
+		l, tn = m.leases[i], held
+	} else {
+		tn = m.pickTenancy(t)
+		l = Lease{Tag: tn.tag, Owner: m.pickOwner(t, tn)}
+	}
+	b, n, err := m.p.Read(l)
+	agree(t, "read", m.stateErr(tn, l.Owner, tn.readers > 0), err)
+	if err == nil {
+		m.steps.readsPassed++
+		if !bytes.Equal(b, tn.data) || n*m.geom.BytesPerToken() != len(tn.data) {
+			t.Fatalf("read %s returned %d tokens not the %d bytes written in this tenancy", tn.tag, n, len(tn.data))
+		}
+	}
+}
+
+func (m *poolModel) unlease(t *rapid.T) {
+	i, tn := m.pickLease(t)
+	l := m.leases[i]
+	want := m.stateErr(tn, l.Owner, tn.readers > 0)
+	agree(t, "unlease", want, m.p.Unlease(l))
+	m.leases = append(m.leases[:i], m.leases[i+1:]...)
+	if want != nil {
+		return
+	}
+	tn.readers--
+	switch {
+	case tn.readers > 0:
+	case tn.state == Leased:
+		tn.state = Sealed
+	case tn.state == Released && !tn.awaitAck:
+		m.free(tn)
+	}
+}
+
+func (m *poolModel) awaitAck(t *rapid.T) {
+	tn := m.pickTenancy(t)
+	o := m.pickOwner(t, tn)
+	want := m.stateErr(tn, o, (tn.state == Sealed || tn.state == Leased) && !tn.awaitAck)
+	agree(t, "await ack", want, m.p.AwaitAck(tn.tag, o))
+	if want == nil {
+		tn.awaitAck = true
+	}
+}
+
+func (m *poolModel) ack(t *rapid.T) {
+	tn := m.pickTenancy(t)
+	o := m.pickOwner(t, tn)
+	want := m.stateErr(tn, o, tn.awaitAck)
+	agree(t, "ack", want, m.p.Ack(tn.tag, o))
+	if want == nil {
+		tn.awaitAck = false
+		if tn.state == Released && tn.readers == 0 {
+			m.free(tn)
+		}
+	}
+}
+
+func (m *poolModel) release(t *rapid.T) {
+	tn := m.pickTenancy(t)
+	o := m.pickOwner(t, tn)
+	want := m.stateErr(tn, o, tn.state != Released)
+	freed, err := m.p.Release(tn.tag, o, m.now)
+	agree(t, "release", want, err)
+	if want != nil {
+		return
+	}
+	if wantFreed := tn.readers == 0 && !tn.awaitAck; freed != wantFreed {
+		t.Fatalf("release of %s freed=%t, model %t", tn.tag, freed, wantFreed)
+	}
+	if freed {
+		m.free(tn)
+		return
+	}
+	tn.state = Released
+	tn.deadline = m.now.Add(m.p.cfg.ReclaimAfter)
+}
+
+func (m *poolModel) tick(t *rapid.T) {
+	m.now = m.now.Add(time.Duration(rapid.IntRange(0, 40).Draw(t, "seconds")) * time.Second)
+	got := m.p.Tick(m.now)
+	var want []Tag
+	for _, tn := range m.current {
+		if tn.state == Released && !m.now.Before(tn.deadline) {
+			want = append(want, tn.tag)
+			m.free(tn)
+		}
+	}
+	m.steps.reclaims += len(got)
+	if len(got) != len(want) {
+		t.Fatalf("tick reclaimed %d pages, model %d", len(got), len(want))
+	}
+	for _, r := range got {
+		if m.current[r.Tag.Index] != nil || !m.byTag(r.Tag).over {
+			t.Fatalf("tick reclaimed %s, which the model does not", r.Tag)
+		}
+	}
+}
+
+// check compares every page and the counters with the model.
+func (m *poolModel) check(t *rapid.T) {
+	m.steps.steps++
+	s := m.p.Stats()
+	counts := map[State]int{}
+	for i := range m.pages {
+		info := m.p.Inspect(uint32(i))
+		tn := m.current[uint32(i)]
+		counts[info.State]++
+		if tn == nil {
+			if info.State != Free || info.Readers != 0 || info.AwaitAck {
+				t.Fatalf("page %d: model free, pool %+v", i, info)
+			}
+			continue
+		}
+		if info.Tag != tn.tag || info.State != tn.state || info.Owner != tn.owner || info.Readers != tn.readers || info.AwaitAck != tn.awaitAck {
+			t.Fatalf("page %d: model %+v, pool %+v", i, *tn, info)
+		}
+	}
+	if s.Free+s.Reserved+s.Filling+s.Sealed+s.Leased+s.Released != s.Capacity || s.Capacity != m.pages {
+		t.Fatalf("counts do not add up to capacity: %+v", s)
+	}
+	if s.Free != counts[Free] || s.Reserved != counts[Reserved] || s.Filling != counts[Filling] ||
+		s.Sealed != counts[Sealed] || s.Leased != counts[Leased] || s.Released != counts[Released] {
+		t.Fatalf("stats %+v, pages say %v", s, counts)
+	}
+}
+
+// drain releases everything and checks that the pool ends all free.
+func (m *poolModel) drain(t *rapid.T) {
+	for _, l := range m.leases {
+		if !m.byTag(l.Tag).over {
+			_ = m.p.Unlease(l)
+		}
+	}
+	for _, tn := range m.current {
+		_ = m.p.Ack(tn.tag, tn.owner)
+		_, _ = m.p.Release(tn.tag, tn.owner, m.now)
+	}
+	m.p.Tick(m.now.Add(m.p.cfg.ReclaimAfter))
+	if s := m.p.Stats(); s.Free != m.pages {
+		t.Fatalf("after releasing everything %d of %d pages are free: %+v", s.Free, m.pages, s)
+	}
+}
+
+func TestPoolAgainstModel(t *testing.T) {
+	var steps stepCounts
+	rapid.Check(t, func(t *rapid.T) {
+		geom := Geometry{Layers: 1, KVHeads: 1, HeadDim: 1, PageTokens: 3, DType: F32}
+		pages := rapid.IntRange(1, 6).Draw(t, "pages")
+		p, err := NewPool(DefaultConfig(geom, pages, 7))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &poolModel{p: p, geom: geom, pages: pages, now: t0, steps: &steps,
+			current: map[uint32]*tenancy{}, lastGen: map[uint32]uint64{}}
+		t.Repeat(map[string]func(*rapid.T){
+			"reserve":  m.reserve,
+			"write":    m.write,
+			"seal":     m.seal,
+			"lease":    m.lease,
+			"read":     m.read,
+			"unlease":  m.unlease,
+			"awaitAck": m.awaitAck,
+			"ack":      m.ack,
+			"release":  m.release,
+			"tick":     m.tick,
+			"":         m.check,
+		})
+		m.drain(t)
+	})
+	t.Logf("%d steps, %d reads passed, %d pages reclaimed", steps.steps, steps.readsPassed, steps.reclaims)
+	if steps.readsPassed == 0 || steps.reclaims == 0 {
+		t.Fatalf("the walk never read a page or never reclaimed one: %+v", steps)
+	}
+}
