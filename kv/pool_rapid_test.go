@@ -3,6 +3,7 @@ package kv
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"reflect"
 	"testing"
 	"time"
@@ -47,9 +48,21 @@ type stepCounts struct {
 
 var rapidOwners = []Owner{{Request: 1, Tenant: "a"}, {Request: 2, Tenant: "a"}, {Request: 3, Tenant: "b"}}
 
+// pickTenancy picks a live tenancy three times in four, so that walks reach
+// the deep states (leased, released, reclaimed), and any tag ever handed
+// out otherwise, so that stale tags keep being presented.
 func (m *poolModel) pickTenancy(t *rapid.T) *tenancy {
 	if len(m.all) == 0 {
 		t.Skip("no tag handed out yet")
+	}
+	if len(m.current) > 0 && rapid.IntRange(0, 3).Draw(t, "live") > 0 {
+		live := make([]*tenancy, 0, len(m.current))
+		for _, tn := range m.all {
+			if !tn.over {
+				live = append(live, tn)
+			}
+		}
+		return live[rapid.IntRange(0, len(live)-1).Draw(t, "liveTenancy")]
 	}
 	return m.all[rapid.IntRange(0, len(m.all)-1).Draw(t, "tenancy")]
 }
@@ -148,6 +161,27 @@ func (m *poolModel) write(t *rapid.T) {
 		tn.data = append(tn.data, data...)
 		tn.state = Filling
 	}
+}
+
+// fill is a correct writer: it fills a live page of its own to the end and
+// seals it, so that walks reach sealed pages often enough to lease them.
+func (m *poolModel) fill(t *rapid.T) {
+	tn := m.pickTenancy(t)
+	if tn.over || (tn.state != Reserved && tn.state != Filling) {
+		t.Skip("not a page being filled")
+	}
+	rest := m.geom.PageTokens - len(tn.data)/m.geom.BytesPerToken()
+	if rest > 0 {
+		data := rapid.SliceOfN(rapid.Byte(), rest*m.geom.BytesPerToken(), rest*m.geom.BytesPerToken()).Draw(t, "data")
+		if err := m.p.Write(tn.tag, tn.owner, tn.first+m.geom.PageTokens-rest, data); err != nil {
+			t.Fatalf("fill %s: %v", tn.tag, err)
+		}
+		tn.data = append(tn.data, data...)
+	}
+	if _, err := m.p.Seal(tn.tag, tn.owner); err != nil {
+		t.Fatalf("seal after fill %s: %v", tn.tag, err)
+	}
+	tn.state = Sealed
 }
 
 func (m *poolModel) seal(t *rapid.T) {
@@ -347,11 +381,21 @@ func (m *poolModel) drain(t *rapid.T) {
 }
 
 func TestPoolAgainstModel(t *testing.T) {
+	// Walks of rapid's default 30 steps rarely get a page through reserve,
+	// fill, lease, release and past its deadline; 100 do, unless the
+	// command line asks for another number.
+	if f := flag.Lookup("rapid.steps"); f != nil && f.Value.String() == f.DefValue {
+		if err := f.Value.Set("100"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var steps stepCounts
 	rapid.Check(t, func(t *rapid.T) {
 		geom := Geometry{Layers: 1, KVHeads: 1, HeadDim: 1, PageTokens: 3, DType: F32}
 		pages := rapid.IntRange(1, 6).Draw(t, "pages")
-		p, err := NewPool(DefaultConfig(geom, pages, 7))
+		cfg := DefaultConfig(geom, pages, 7)
+		cfg.ReclaimAfter = 10 * time.Second // ticks draw 0–40 s: most deadlines pass
+		p, err := NewPool(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -361,6 +405,7 @@ func TestPoolAgainstModel(t *testing.T) {
 			"reserve":  m.reserve,
 			"write":    m.write,
 			"seal":     m.seal,
+			"fill":     m.fill,
 			"lease":    m.lease,
 			"read":     m.read,
 			"unlease":  m.unlease,

@@ -1,0 +1,211 @@
+package kv
+
+import (
+	"fmt"
+	"hash/crc32"
+	"testing"
+	"time"
+
+	"github.com/zeebo/xxh3"
+)
+
+// The benchmarks report ratios measured side by side in one run, so they
+// travel between machines: run with
+//
+//	go test ./kv -run '^$' -bench . -benchtime 2s
+
+var benchGeoms = []struct {
+	name string
+	g    Geometry
+}{
+	// The reference engine's default pages.
+	{"small", Geometry{Layers: 4, KVHeads: 2, HeadDim: 32, PageTokens: 16, DType: F32}},
+	// A Llama-3-8B-like model: 32 layers, 8 KV heads of 128, f16, 16 tokens.
+	{"8b", Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, PageTokens: 16, DType: F16}},
+}
+
+func benchPool(b *testing.B, g Geometry, pages int) *Pool {
+	b.Helper()
+	p, err := NewPool(DefaultConfig(g, pages, 1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// BenchmarkReserveRelease reserves and releases batches of pages; the
+// pages/s metric counts pages through one reserve and one release.
+func BenchmarkReserveRelease(b *testing.B) {
+	g := benchGeoms[0].g
+	for _, n := range []int{1, 16, 256} {
+		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
+			p := benchPool(b, g, 1024)
+			o := Owner{Request: 1, Tenant: "t"}
+			now := time.Unix(0, 0)
+			b.ResetTimer()
+			for b.Loop() {
+				tags, err := p.Reserve(o, 0, n)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, tag := range tags {
+					if _, err := p.Release(tag, o, now); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "pages/s")
+		})
+	}
+}
+
+// sealedPage returns a pool with one full sealed page.
+func sealedPage(b *testing.B, g Geometry) (*Pool, Tag, Owner) {
+	p := benchPool(b, g, 1)
+	o := Owner{Request: 1, Tenant: "t"}
+	tags, _ := p.Reserve(o, 0, 1)
+	data := make([]byte, g.PageBytes())
+	for i := range data {
+		data[i] = byte(i)
+	}
+	if err := p.Write(tags[0], o, 0, data); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := p.Seal(tags[0], o); err != nil {
+		b.Fatal(err)
+	}
+	return p, tags[0], o
+}
+
+// sideBySide times base and subject in alternating runs of rounds calls,
+// and reports both per-call times and subject/base. Alternating keeps a
+// noisy neighbour from favouring one side; runs of many calls keep the
+// clock's own cost out of short calls.
+func sideBySide(b *testing.B, rounds int, base, subject func()) {
+	var tb, ts time.Duration
+	for b.Loop() {
+		s := time.Now()
+		for range rounds {
+			base()
+		}
+		tb += time.Since(s)
+		s = time.Now()
+		for range rounds {
+			subject()
+		}
+		ts += time.Since(s)
+	}
+	n := float64(b.N * rounds)
+	b.ReportMetric(float64(tb.Nanoseconds())/n, "base-ns/op")
+	b.ReportMetric(float64(ts.Nanoseconds())/n, "subject-ns/op")
+	b.ReportMetric(float64(ts)/float64(tb), "ratio")
+}
+
+// BenchmarkVerifiedRead: base copies one page's bytes out of the arena;
+// subjects are the verification a read adds to that copy. "read" is the
+// check on every read through a held lease (tag, tenant, request, lease);
+// "lease-cycle" also takes and gives back the lease, as a reader that reads
+// a page once does. The ratio is verification as a fraction of the copy.
+func BenchmarkVerifiedRead(b *testing.B) {
+	for _, bg := range benchGeoms {
+		p, tag, o := sealedPage(b, bg.g)
+		src := p.bytesOf(tag.Index)
+		dst := make([]byte, len(src))
+		held, err := p.Lease(tag, o)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(bg.name+"/read", func(b *testing.B) {
+			sideBySide(b, 64, func() { copy(dst, src) }, func() {
+				if _, _, err := p.Read(held); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+		b.Run(bg.name+"/lease-cycle", func(b *testing.B) {
+			sideBySide(b, 64, func() { copy(dst, src) }, func() {
+				l, err := p.Lease(tag, o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, _, err := p.Read(l); err != nil {
+					b.Fatal(err)
+				}
+				if err := p.Unlease(l); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkChecksum: base is a memcpy of one page; subjects are the page
+// checksum (XXH3 over header and payload, what Seal and Verify compute) and,
+// for the choice of function, CRC32C over the same bytes.
+func BenchmarkChecksum(b *testing.B) {
+	for _, bg := range benchGeoms {
+		p, tag, o := sealedPage(b, bg.g)
+		src := p.bytesOf(tag.Index)
+		dst := make([]byte, len(src))
+		castagnoli := crc32.MakeTable(crc32.Castagnoli)
+		var sink uint64
+		for _, sub := range []struct {
+			name string
+			f    func()
+		}{
+			{"xxh3-page", func() { sink += PageChecksum(tag, o, 0, bg.g.PageTokens, src) }},
+			{"xxh3-bytes", func() { sink += xxh3.Hash(src) }},
+			{"crc32c-bytes", func() { sink += uint64(crc32.Checksum(src, castagnoli)) }},
+		} {
+			b.Run(bg.name+"/"+sub.name, func(b *testing.B) {
+				sideBySide(b, 16, func() { copy(dst, src) }, sub.f)
+			})
+		}
+		_ = sink
+	}
+}
+
+// BenchmarkSealVerify: base is a memcpy of one page; subject is what
+// integrity costs a page in its life: the seal's checksum plus a manifest
+// verify (handshake and checksum recomputed).
+func BenchmarkSealVerify(b *testing.B) {
+	for _, bg := range benchGeoms {
+		b.Run(bg.name, func(b *testing.B) {
+			p, tag, o := sealedPage(b, bg.g)
+			src := p.bytesOf(tag.Index)
+			dst := make([]byte, len(src))
+			m, _ := NewManifest(o, bg.g.PageTokens, bg.g.PageTokens, []Tag{tag})
+			m.Pages[0].Checksum = p.Inspect(tag.Index).Checksum
+			sideBySide(b, 16, func() { copy(dst, src) }, func() {
+				PageChecksum(tag, o, 0, bg.g.PageTokens, src)
+				if err := m.Verify(p); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkFrameCodec: base is a memcpy of one page; subject encodes it as
+// a frame and decodes it (checksum computed and verified).
+func BenchmarkFrameCodec(b *testing.B) {
+	for _, bg := range benchGeoms {
+		b.Run(bg.name, func(b *testing.B) {
+			p, tag, o := sealedPage(b, bg.g)
+			src := p.bytesOf(tag.Index)
+			dst := make([]byte, len(src))
+			lim := bg.g.Limits()
+			buf := make([]byte, 0, lim.FrameBytesMax())
+			f := Frame{Owner: o, Source: tag, Dest: tag, Tokens: bg.g.PageTokens, Payload: src}
+			sideBySide(b, 16, func() { copy(dst, src) }, func() {
+				enc, _, err := AppendFrame(buf[:0], &f, lim)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, _, err := DecodeFrame(enc, lim); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
+}
