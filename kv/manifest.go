@@ -59,28 +59,5 @@ func (m *Manifest) Verify(p *Pool) error {
 }
 
 func (p *Pool) verifyPage(i, first int, mp ManifestPage, owner Owner) error {
-	pg, err := p.access(mp.Tag, owner, "verify")
-	if err != nil {
-		return err
-	}
-	if pg.state != Sealed && pg.state != Leased {
-		return p.refuseState(mp.Tag, "verify", pg.state)
-	}
-	if pg.first != first {
-		p.stats.Refused.Range++
-		return &ManifestError{Field: "first position", Page: i, Want: first, Have: pg.first}
-	}
-	if pg.filled != mp.Tokens {
-		p.stats.Refused.Range++
-		return &ManifestError{Field: "tokens", Page: i, Want: mp.Tokens, Have: pg.filled}
-	}
-	if pg.sum != mp.Checksum {
-		p.stats.Refused.Checksum++
-		return &ChecksumMismatchError{Where: "manifest " + mp.Tag.String(), Want: mp.Checksum, Have: pg.sum}
-	}
-	if have := PageChecksum(mp.Tag, owner, pg.first, pg.filled, p.bytesOf(mp.Tag.Index)[:pg.filled*p.bpt]); have != pg.sum {
-		p.stats.Refused.Checksum++
-		return &ChecksumMismatchError{Where: "page bytes " + mp.Tag.String(), Want: pg.sum, Have: have}
-	}
-	return nil
+	return p.do(mp.Tag, func(pg *Page) (bool, error) { return noFree(pg.verify(i, first, mp, owner)) })
 }
