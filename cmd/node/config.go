@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// configFileBytesMax bounds the configuration file read at startup (1 MiB):
+// it holds a few dozen numbers, and an unbounded read of the wrong path
+// (a device, a log) must not exhaust memory.
+const configFileBytesMax = 1 << 20
+
+// nodeConfig is the node's configuration, read from a JSON file
+// (--config) and overridden by flags given on the command line. Each JSON
+// key is its flag's name with '_' for '-'. Subcommands that need more
+// settings add fields here, so one file configures the whole node.
+type nodeConfig struct {
+	// Devices is the device source: auto, nvml, cpu or mock:dgxa100 (and
+	// the other mocks gpu.DeviceSources lists).
+	Devices string `json:"devices"`
+	// CPUMemoryBytes is the CPU device's memory budget in bytes; 0 means
+	// none, so only an explicit KVPoolTokens can size a CPU pool.
+	CPUMemoryBytes int64 `json:"cpu_memory_bytes"`
+	// ContextTokens is the context window the node advertises, in tokens;
+	// 0 is refused.
+	ContextTokens int64 `json:"context_tokens"`
+	// KVPoolTokens is an explicit pool size in tokens per device; 0 means
+	// derive it from device memory.
+	KVPoolTokens int64 `json:"kv_pool_tokens"`
+	// MemoryFraction is the share of device memory for weights, reserve
+	// and pool, in (0, 1].
+	MemoryFraction float64 `json:"memory_fraction"`
+	// WeightBytes and ReserveBytes are bytes per device for model weights
+	// and for everything else kept back; 0 means none.
+	WeightBytes  int64 `json:"weight_bytes"`
+	ReserveBytes int64 `json:"reserve_bytes"`
+	// Layers, KVHeads, HeadDim, PageTokens and DType are the KV geometry
+	// (kv.Geometry); DType is f32, f16 or bf16.
+	Layers     int    `json:"layers"`
+	KVHeads    int    `json:"kv_heads"`
+	HeadDim    int    `json:"head_dim"`
+	PageTokens int    `json:"page_tokens"`
+	DType      string `json:"dtype"`
+}
+
+func defaultNodeConfig() nodeConfig {
+	s := gpu.DefaultSizingConfig()
+	return nodeConfig{
+		Devices:        string(gpu.SourceAuto),
+		MemoryFraction: s.MemoryFraction,
+		WeightBytes:    s.WeightBytes,
+		ReserveBytes:   s.ReserveBytes,
+		Layers:         s.Geometry.Layers,
+		KVHeads:        s.Geometry.KVHeads,
+		HeadDim:        s.Geometry.HeadDim,
+		PageTokens:     s.Geometry.PageTokens,
+		DType:          s.Geometry.DType.String(),
+	}
+}
+
+// bindFlags registers one flag per field, defaulting to c's values.
+func (c *nodeConfig) bindFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Devices, "devices", c.Devices, "device source: auto (NVML if Init succeeds, else cpu), nvml, cpu, mock:dgxa100, mock:dgxh100, mock:dgxh200, mock:dgxb200")
+	fs.Int64Var(&c.CPUMemoryBytes, "cpu-memory-bytes", c.CPUMemoryBytes, "memory budget of the CPU device in bytes (0: none; then only --kv-pool-tokens sizes a CPU pool)")
+	fs.Int64Var(&c.ContextTokens, "context-tokens", c.ContextTokens, "context window the node advertises, in tokens (required)")
+	fs.Int64Var(&c.KVPoolTokens, "kv-pool-tokens", c.KVPoolTokens, "explicit KV pool size per device in tokens, as measured; skips memory sizing (0: size from memory)")
+	fs.Float64Var(&c.MemoryFraction, "memory-fraction", c.MemoryFraction, "share of device memory for weights, reserve and KV pool, in (0, 1]")
+	fs.Int64Var(&c.WeightBytes, "weight-bytes", c.WeightBytes, "model weight bytes resident on each device")
+	fs.Int64Var(&c.ReserveBytes, "reserve-bytes", c.ReserveBytes, "bytes per device kept back for activations, runtime and fragmentation")
+	fs.IntVar(&c.Layers, "layers", c.Layers, "transformer layers")
+	fs.IntVar(&c.KVHeads, "kv-heads", c.KVHeads, "key/value heads per layer")
+	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "elements per head")
+	fs.IntVar(&c.PageTokens, "page-tokens", c.PageTokens, "tokens per KV page")
+	fs.StringVar(&c.DType, "dtype", c.DType, "KV element type: f32, f16 or bf16")
+}
+
+// load reads the JSON file at path (if any) into c and then re-applies the
+// flags given on the command line, so that flags override the file and the
+// file overrides the defaults.
+func (c *nodeConfig) load(fs *pflag.FlagSet, path string) error {
+	if path == "" {
+		return nil
+	}
+	given := map[string]string{}
+	fs.Visit(func(f *pflag.Flag) { given[f.Name] = f.Value.String() })
+	if err := c.readFile(path); err != nil {
+		return err
+	}
+	for name, value := range given {
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("re-applying --%s=%s over %s: %w", name, value, path, err)
+		}
+	}
+	return nil
+}
+
+func (c *nodeConfig) readFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, configFileBytesMax+1))
+	if err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	if len(data) > configFileBytesMax {
+		return fmt.Errorf("config %s is larger than %d bytes", path, configFileBytesMax)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	// A misspelt key would otherwise be ignored and its default used,
+	// which is how a node ends up advertising what it cannot hold.
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("config %s: trailing data after the JSON object", path)
+	}
+	return nil
+}
+
+// build validates c and turns it into the gpu package's configurations.
+func (c nodeConfig) build() (gpu.DiscoveryConfig, gpu.PreflightConfig, error) {
+	d := gpu.DiscoveryConfig{Source: gpu.DeviceSource(c.Devices), CPUMemoryBytes: c.CPUMemoryBytes,
+		DevicesMax: gpu.DefaultDevicesMax}
+	if err := d.Validate(); err != nil {
+		return d, gpu.PreflightConfig{}, err
+	}
+	dtype, err := kv.ParseDType(c.DType)
+	if err != nil {
+		return d, gpu.PreflightConfig{}, err
+	}
+	p := gpu.PreflightConfig{
+		ContextTokens: c.ContextTokens,
+		Sizing: gpu.SizingConfig{
+			Geometry: kv.Geometry{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
+				PageTokens: c.PageTokens, DType: dtype},
+			MemoryFraction: c.MemoryFraction,
+			WeightBytes:    c.WeightBytes,
+			ReserveBytes:   c.ReserveBytes,
+			KVPoolTokens:   c.KVPoolTokens,
+		},
+	}
+	return d, p, p.Validate()
+}
+
+// configFlag registers --config on cmd and returns where its value lands.
+func configFlag(cmd *cobra.Command) *string {
+	return cmd.Flags().String("config", "", "JSON configuration file; flags given on the command line override it")
+}
