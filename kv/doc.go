@@ -26,10 +26,14 @@
 // # Concurrency and ownership
 //
 // Nothing here starts a goroutine, takes a lock, reads a clock or does I/O.
-// Time is an argument (Pool.Tick, Pool.Release). A Pool must be used by one
-// goroutine at a time; the actor that owns it serialises access. Slices that
-// Pool.Read returns alias the pool's arena and are valid only until the next
-// call that mutates the pool.
+// Time is an argument (Pool.Tick, Pool.Release). A Pool, a Page and a
+// FreeList must each be used by one goroutine at a time; the actor that owns
+// it serialises access. Pool composes Pages and a FreeList over one arena;
+// an actor system may instead give each Page to its own actor and the
+// FreeList to a pool actor (NewPages, FirstTags). Slices that Read returns
+// alias the arena: they must not be written, and their bytes do not change
+// while a lease on the page is outstanding, short of a reclaim after the
+// deadline.
 //
 // # Invariants
 //
