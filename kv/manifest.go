@@ -35,19 +35,27 @@ func NewManifest(owner Owner, tokens, pageTokens int, tags []Tag) (*Manifest, er
 	return m, nil
 }
 
-// Verify checks the manifest against the pool before decode reads: the
+// PageVerifier checks one manifest entry against the page it names (see
+// Page.Verify): a Pool, or a client of page actors.
+type PageVerifier interface {
+	Geometry() Geometry
+	VerifyPage(i, first int, mp ManifestPage, owner Owner) error
+}
+
+// Verify checks the manifest against the pages before decode reads: the
 // pages add up to the token count, and every page's tag is current, belongs
-// to the manifest's owner (tenant and request), is sealed, holds exactly the
+// to the manifest's owner (tenant and request), holds the sequence
+// positions that follow the previous page's, is sealed, holds exactly the
 // tokens listed, was sealed with the listed checksum, and its bytes still
 // hash to that checksum. Any difference is refused with the numbers.
-func (m *Manifest) Verify(p *Pool) error {
-	pt := p.cfg.Geometry.PageTokens
+func (m *Manifest) Verify(p PageVerifier) error {
+	pt := p.Geometry().PageTokens
 	if want := (m.Tokens + pt - 1) / pt; m.Tokens < 1 || len(m.Pages) != want {
 		return &ManifestError{Field: "pages", Page: -1, Want: want, Have: len(m.Pages)}
 	}
 	total := 0
 	for i, mp := range m.Pages {
-		if err := p.verifyPage(i, total, mp, m.Owner); err != nil {
+		if err := p.VerifyPage(i, total, mp, m.Owner); err != nil {
 			return err
 		}
 		total += mp.Tokens
@@ -58,6 +66,7 @@ func (m *Manifest) Verify(p *Pool) error {
 	return nil
 }
 
-func (p *Pool) verifyPage(i, first int, mp ManifestPage, owner Owner) error {
-	return p.do(mp.Tag, func(pg *Page) (bool, error) { return noFree(pg.verify(i, first, mp, owner)) })
+// VerifyPage implements PageVerifier (see Page.Verify).
+func (p *Pool) VerifyPage(i, first int, mp ManifestPage, owner Owner) error {
+	return p.do(mp.Tag, func(pg *Page) (bool, error) { return noFree(pg.Verify(i, first, mp, owner)) })
 }

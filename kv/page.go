@@ -252,9 +252,10 @@ func (pg *Page) Reclaim(now time.Time) (Reclaim, bool) {
 	return r, true
 }
 
-// verify checks one manifest entry, expected at sequence position first,
-// against the page, including a fresh checksum of its bytes.
-func (pg *Page) verify(i, first int, mp ManifestPage, owner Owner) error {
+// Verify checks entry i of a manifest, expected at sequence position first,
+// against the page, including a fresh checksum of its bytes (see
+// Manifest.Verify).
+func (pg *Page) Verify(i, first int, mp ManifestPage, owner Owner) error {
 	if err := pg.access(mp.Tag, owner, "verify"); err != nil {
 		return err
 	}

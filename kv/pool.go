@@ -163,6 +163,9 @@ func NewPool(cfg Config) (*Pool, error) {
 // Config returns the configuration the pool was built with.
 func (p *Pool) Config() Config { return p.cfg }
 
+// Geometry is the shape of the pool's pages.
+func (p *Pool) Geometry() Geometry { return p.cfg.Geometry }
+
 // Stats returns the counters as of now.
 func (p *Pool) Stats() Stats { return p.stats }
 

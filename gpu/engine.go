@@ -1,0 +1,409 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// KV is an engine's access to the pages of one pool, through the same
+// checked calls as kv.Pool's: a *kv.Pool owned by the caller's goroutine, or
+// a client whose every call is a message to a page actor.
+type KV interface {
+	kv.PageVerifier
+	Write(tag kv.Tag, owner kv.Owner, first int, data []byte) error
+	Seal(tag kv.Tag, owner kv.Owner) (uint64, error)
+	Lease(tag kv.Tag, owner kv.Owner) (kv.Lease, error)
+	Read(l kv.Lease) ([]byte, int, error)
+	Unlease(l kv.Lease) error
+}
+
+// Engine computes a model over the paged KV of one pool. It touches KV only
+// through the pool's checked calls: prefill writes a request's pages with
+// the tags reserved for it and seals them; decode verifies a manifest,
+// leases its pages and reads through the leases. An Engine holds no
+// per-request state (that lives in a Sequence), so sequences of many
+// requests may interleave on one engine. Like the pool, an Engine and its
+// sequences are used by one goroutine at a time: the one that owns the pool.
+type Engine interface {
+	// Config is the model the engine computes.
+	Config() ModelConfig
+	// Prefill computes the KV of prompt and writes it to tags, in order,
+	// as owner: tags must be exactly PagesFor(len(prompt)) pages reserved
+	// by owner in pool from sequence position 0, and each is sealed. It returns the greedy first
+	// generated token and the manifest of the pages, checksums filled in.
+	// A refused write returns the pool's typed error; the pages already
+	// sealed stay the caller's to release.
+	Prefill(pool KV, owner kv.Owner, tags []kv.Tag, prompt []int) (Prefilled, error)
+	// Decode starts generation over the pages of m, after verifying m
+	// against pool and leasing every page. next is the token to feed first:
+	// the First of the prefill that produced the KV.
+	Decode(pool KV, m *kv.Manifest, next int) (Sequence, error)
+}
+
+// Prefilled is what Prefill returns.
+type Prefilled struct {
+	// First is the greedy next token after the prompt.
+	First int
+	// Manifest lists the prompt's pages in order with their token counts
+	// and the checksums they were sealed with.
+	Manifest *kv.Manifest
+}
+
+// Sequence is the decode state of one request: its pages in manifest order,
+// the tail of generated tokens' KV not yet a full page, its position and the
+// next token to feed. Sealed pages are immutable, so generated KV collects
+// in the tail, and each time the tail is a full page the sequence writes it
+// to a page the caller granted, seals and leases it. It reads KV only
+// through its leases, re-presenting each lease at every step, so a page
+// reclaimed under it fails the step instead of being read.
+type Sequence interface {
+	// Step feeds the next token and returns the greedy token after it. When
+	// NeedsPage says so it first needs a page from GrantPage and otherwise
+	// returns a *NeedPageError; on any error the sequence is unchanged
+	// unless the error says the sequence is unusable.
+	Step(pool KV) (int, error)
+	// NeedsPage reports that the tail is a full page and no page is granted,
+	// and the sequence position the page will hold from: the caller
+	// reserves it with pool.Reserve(owner, first, 1) and grants it.
+	NeedsPage() (first int, need bool)
+	// GrantPage gives the sequence a page reserved for its owner from the
+	// position NeedsPage names, to hold the tail once it is full. It holds
+	// at most one; the page is written only when needed.
+	GrantPage(tag kv.Tag) error
+	// Tokens is the number of positions whose KV the sequence holds.
+	Tokens() int
+	// Manifest lists the sealed pages, prompt pages first, then the pages
+	// sealed during decode; its Tokens leaves out the tail.
+	Manifest() *kv.Manifest
+	// Close gives back every lease. It releases no page: the pages of
+	// Manifest and a granted page not in it remain the caller's to release.
+	Close(pool KV) error
+}
+
+// ContextFullError: a sequence would hold more positions than the model's
+// context window.
+type ContextFullError struct {
+	Tokens, Limit int
+}
+
+func (e *ContextFullError) Error() string {
+	return fmt.Sprintf("gpu: %d tokens exceed the model's context window of %d tokens", e.Tokens, e.Limit)
+}
+
+// TokenError: a token id is outside the model's vocabulary.
+type TokenError struct {
+	Index, Token, Vocab int
+}
+
+func (e *TokenError) Error() string {
+	return fmt.Sprintf("gpu: token %d at index %d is outside the vocabulary [0, %d)", e.Token, e.Index, e.Vocab)
+}
+
+// GeometryError: the pool's page geometry is not the model's.
+type GeometryError struct {
+	Model, Pool kv.Geometry
+}
+
+func (e *GeometryError) Error() string {
+	return fmt.Sprintf("gpu: pool geometry (%s) does not fit the model (%s)", e.Pool, e.Model)
+}
+
+// NeedPageError: the sequence's tail is a full page and no page is granted.
+type NeedPageError struct {
+	Tokens, PageTokens int
+}
+
+func (e *NeedPageError) Error() string {
+	return fmt.Sprintf("gpu: sequence at %d tokens has a full tail of %d tokens and needs a granted page", e.Tokens, e.PageTokens)
+}
+
+// ErrEmptyPrompt: prefill of zero tokens.
+var ErrEmptyPrompt = errors.New("gpu: prompt has no tokens")
+
+// ErrSequenceClosed: a call on a closed sequence.
+var ErrSequenceClosed = errors.New("gpu: sequence closed")
+
+// ReferenceEngine is the built-in engine: a small transformer computed in
+// float32 on the CPU with weights generated from the config's seed. It
+// exists so that every path through the runtime computes real attention
+// over paged KV, where a stale or foreign page changes the answer.
+type ReferenceEngine struct {
+	m *model
+}
+
+var _ Engine = (*ReferenceEngine)(nil)
+
+// NewReferenceEngine validates cfg and generates the weights.
+func NewReferenceEngine(cfg ModelConfig) (*ReferenceEngine, error) {
+	m, err := newModel(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &ReferenceEngine{m: m}, nil
+}
+
+// Config is the model the engine computes.
+func (e *ReferenceEngine) Config() ModelConfig { return e.m.cfg }
+
+func (e *ReferenceEngine) checkPool(pool KV) (kv.Geometry, error) {
+	g := pool.Geometry()
+	if want := e.m.cfg.Geometry(g.PageTokens); g != want {
+		return g, &GeometryError{Model: want, Pool: g}
+	}
+	return g, nil
+}
+
+func (e *ReferenceEngine) checkTokens(tokens []int) error {
+	for i, t := range tokens {
+		if t < 0 || t >= e.m.cfg.Vocab {
+			return &TokenError{Index: i, Token: t, Vocab: e.m.cfg.Vocab}
+		}
+	}
+	return nil
+}
+
+// checkPrompt refuses what the model cannot compute, before any work.
+func (e *ReferenceEngine) checkPrompt(prompt []int) error {
+	if len(prompt) == 0 {
+		return ErrEmptyPrompt
+	}
+	if len(prompt) > e.m.cfg.ContextTokens {
+		return &ContextFullError{Tokens: len(prompt), Limit: e.m.cfg.ContextTokens}
+	}
+	return e.checkTokens(prompt)
+}
+
+// Prefill implements Engine. The whole prompt goes through the model at
+// once; its KV rows collect in a request-local buffer in page layout and
+// then go to the pool one page per Write.
+func (e *ReferenceEngine) Prefill(pool KV, owner kv.Owner, tags []kv.Tag, prompt []int) (Prefilled, error) {
+	g, err := e.checkPool(pool)
+	if err != nil {
+		return Prefilled{}, err
+	}
+	if err := e.checkPrompt(prompt); err != nil {
+		return Prefilled{}, err
+	}
+	m, err := kv.NewManifest(owner, len(prompt), g.PageTokens, tags)
+	if err != nil {
+		return Prefilled{}, err
+	}
+	bpt := g.BytesPerToken()
+	rows := make([]byte, len(prompt)*bpt)
+	first := e.m.forward(newScratch(e.m.cfg, len(prompt)), prompt, 0, nil, rows)
+	pos := 0
+	for i := range m.Pages {
+		mp := &m.Pages[i]
+		if err := pool.Write(mp.Tag, owner, pos, rows[pos*bpt:(pos+mp.Tokens)*bpt]); err != nil {
+			return Prefilled{}, err
+		}
+		pos += mp.Tokens
+		if mp.Checksum, err = pool.Seal(mp.Tag, owner); err != nil {
+			return Prefilled{}, err
+		}
+	}
+	return Prefilled{First: first, Manifest: m}, nil
+}
+
+// Decode implements Engine.
+func (e *ReferenceEngine) Decode(pool KV, m *kv.Manifest, next int) (Sequence, error) {
+	g, err := e.checkPool(pool)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.checkTokens([]int{next}); err != nil {
+		return nil, err
+	}
+	if err := m.Verify(pool); err != nil {
+		return nil, err
+	}
+	if m.Tokens >= e.m.cfg.ContextTokens {
+		return nil, &ContextFullError{Tokens: m.Tokens + 1, Limit: e.m.cfg.ContextTokens}
+	}
+	pagesMax := len(m.Pages) + g.PagesFor(e.m.cfg.ContextTokens-m.Tokens)
+	s := &refSequence{
+		m: e.m, geo: g, owner: m.Owner,
+		pages:  make([]kv.ManifestPage, 0, pagesMax),
+		leases: make([]kv.Lease, 0, pagesMax),
+		segs:   make([][]byte, 0, pagesMax+1),
+		tail:   make([]byte, g.PageBytes()),
+		pos:    m.Tokens, next: next,
+		sc: newScratch(e.m.cfg, 1),
+	}
+	for _, mp := range m.Pages {
+		l, err := pool.Lease(mp.Tag, m.Owner)
+		if err != nil {
+			return nil, errors.Join(err, s.Close(pool))
+		}
+		s.pages = append(s.pages, mp)
+		s.leases = append(s.leases, l)
+	}
+	return s, nil
+}
+
+// refSequence is the ReferenceEngine's Sequence. Everything a step needs is
+// allocated when it starts, so steps allocate nothing.
+type refSequence struct {
+	m       *model
+	geo     kv.Geometry
+	owner   kv.Owner
+	pages   []kv.ManifestPage // manifest order; pages[i] is read through leases[i]
+	leases  []kv.Lease
+	segs    [][]byte // per step: the pages' bytes, then the tail's
+	tail    []byte   // one page of KV rows; the first tailN are held
+	tailN   int
+	spare   kv.Tag
+	spareOK bool
+	pos     int    // positions whose KV is held: pages + tail
+	next    int    // the token the next step feeds
+	in      [1]int // next as a slice, without allocating per step
+	sc      *scratch
+	broken  error // set when a page was written but not sealed or leased
+	closed  bool
+}
+
+func (s *refSequence) Step(pool KV) (int, error) {
+	if err := s.usable(); err != nil {
+		return 0, err
+	}
+	if s.pos >= s.m.cfg.ContextTokens {
+		return 0, &ContextFullError{Tokens: s.pos + 1, Limit: s.m.cfg.ContextTokens}
+	}
+	if s.tailN == s.geo.PageTokens {
+		if err := s.flush(pool); err != nil {
+			return 0, err
+		}
+	}
+	// Every page is read again under its lease at every step: the bytes a
+	// Read returns are valid only until the pool next changes, and a page
+	// reclaimed in between must fail here rather than be read.
+	s.segs = s.segs[:0]
+	for i, l := range s.leases {
+		b, n, err := pool.Read(l)
+		if err != nil {
+			return 0, err
+		}
+		if n != s.pages[i].Tokens {
+			return 0, &kv.ManifestError{Field: "tokens", Page: i, Want: s.pages[i].Tokens, Have: n}
+		}
+		s.segs = append(s.segs, b)
+	}
+	bpt := s.geo.BytesPerToken()
+	s.segs = append(s.segs, s.tail[:s.tailN*bpt])
+	s.in[0] = s.next
+	tok := s.m.forward(s.sc, s.in[:], s.pos, s.segs, s.tail[s.tailN*bpt:(s.tailN+1)*bpt])
+	s.tailN++
+	s.pos++
+	s.next = tok
+	return tok, nil
+}
+
+func (s *refSequence) usable() error {
+	if s.closed {
+		return ErrSequenceClosed
+	}
+	return s.broken
+}
+
+// flush moves the full tail to the granted page. A refused write leaves the
+// sequence as it was, without the page; a refusal after the write leaves the
+// page half-done, and the sequence unusable.
+func (s *refSequence) flush(pool KV) error {
+	if !s.spareOK {
+		return &NeedPageError{Tokens: s.pos, PageTokens: s.geo.PageTokens}
+	}
+	tag := s.spare
+	s.spareOK = false
+	if err := pool.Write(tag, s.owner, s.pos-s.tailN, s.tail); err != nil {
+		return err
+	}
+	sum, err := pool.Seal(tag, s.owner)
+	if err == nil {
+		var l kv.Lease
+		if l, err = pool.Lease(tag, s.owner); err == nil {
+			s.pages = append(s.pages, kv.ManifestPage{Tag: tag, Tokens: s.tailN, Checksum: sum})
+			s.leases = append(s.leases, l)
+			s.tailN = 0
+			return nil
+		}
+	}
+	s.broken = fmt.Errorf("gpu: sequence unusable: page %s written but not sealed and leased: %w", tag, err)
+	return s.broken
+}
+
+func (s *refSequence) NeedsPage() (int, bool) {
+	return s.pos - s.tailN, s.tailN == s.geo.PageTokens && !s.spareOK
+}
+
+func (s *refSequence) GrantPage(tag kv.Tag) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if s.spareOK {
+		return fmt.Errorf("gpu: sequence already holds granted page %s; refused %s", s.spare, tag)
+	}
+	s.spare, s.spareOK = tag, true
+	return nil
+}
+
+func (s *refSequence) Tokens() int { return s.pos }
+
+func (s *refSequence) Manifest() *kv.Manifest {
+	return &kv.Manifest{Owner: s.owner, Tokens: s.pos - s.tailN, Pages: slices.Clone(s.pages)}
+}
+
+func (s *refSequence) Close(pool KV) error {
+	if s.closed {
+		return ErrSequenceClosed
+	}
+	s.closed = true
+	var errs []error
+	for _, l := range s.leases {
+		if err := pool.Unlease(l); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.leases = nil
+	return errors.Join(errs...)
+}
+
+// Reference generates maxNew greedy tokens after prompt with the model of
+// cfg, keeping the KV in one contiguous buffer: no pool, no pages, no tags.
+// It is the single-node oracle every other path must equal bit for bit.
+func Reference(cfg ModelConfig, prompt []int, maxNew int) ([]int, error) {
+	e, err := NewReferenceEngine(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return e.Reference(prompt, maxNew)
+}
+
+// Reference is the package function Reference on this engine's weights,
+// which saves generating them again.
+func (e *ReferenceEngine) Reference(prompt []int, maxNew int) ([]int, error) {
+	if err := e.checkPrompt(prompt); err != nil {
+		return nil, err
+	}
+	if maxNew < 1 {
+		return nil, fmt.Errorf("gpu: reference of %d new tokens: want at least 1", maxNew)
+	}
+	// The last generated token is returned, never fed, so its KV is not kept.
+	held := len(prompt) + maxNew - 1
+	if held > e.m.cfg.ContextTokens {
+		return nil, &ContextFullError{Tokens: held, Limit: e.m.cfg.ContextTokens}
+	}
+	bpt := e.m.geo.BytesPerToken()
+	cache := make([]byte, held*bpt)
+	out := make([]int, 0, maxNew)
+	out = append(out, e.m.forward(newScratch(e.m.cfg, len(prompt)), prompt, 0, nil, cache[:len(prompt)*bpt]))
+	sc := newScratch(e.m.cfg, 1)
+	past := make([][]byte, 1)
+	for pos := len(prompt); len(out) < maxNew; pos++ {
+		past[0] = cache[:pos*bpt]
+		out = append(out, e.m.forward(sc, out[len(out)-1:], pos, past, cache[pos*bpt:(pos+1)*bpt]))
+	}
+	return out, nil
+}

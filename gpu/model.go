@@ -1,0 +1,277 @@
+package gpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// ModelConfig is the shape of a decoder-only transformer: token embedding,
+// then Layers blocks of (RMSNorm, grouped-query attention with rotary
+// positions, RMSNorm, SwiGLU MLP), then a final RMSNorm and the output head.
+// Widths are in elements (float32 values), not bytes.
+type ModelConfig struct {
+	// Vocab is the number of token ids, 0 to Vocab-1. Must be at least
+	// TokenizerVocab, so that every id the byte tokenizer makes is in range.
+	Vocab int
+	// Dim is the width of the residual stream. Must be at least 1.
+	Dim int
+	// Layers is the number of transformer blocks. Must be at least 1.
+	Layers int
+	// Heads is the number of query heads per layer. Must be at least 1 and
+	// a multiple of KVHeads.
+	Heads int
+	// KVHeads is the number of key/value heads per layer; each serves
+	// Heads/KVHeads query heads (grouped-query attention). Must be at least
+	// 1.
+	KVHeads int
+	// HeadDim is the width of one head's query, key and value. Must be even
+	// and at least 2, because rotary positions rotate pairs of elements.
+	HeadDim int
+	// HiddenDim is the width of the SwiGLU MLP's hidden layer. Must be at
+	// least 1.
+	HiddenDim int
+	// ContextTokens is the context window: the most positions (prompt plus
+	// generated tokens whose KV is kept) one sequence may hold. Must be at
+	// least 1.
+	ContextTokens int
+	// RoPETheta is the base of the rotary position frequencies. Must be
+	// greater than 1.
+	RoPETheta float64
+	// NormEps is added to the mean square in RMSNorm so that a zero vector
+	// does not divide by zero. Must be positive.
+	NormEps float64
+	// TiedEmbeddings reuses the token embedding as the output head when true;
+	// false gives the output head its own weights. Tied heads with random
+	// weights tend to predict the input token again, so the default is
+	// false.
+	TiedEmbeddings bool
+	// Seed determines every generated weight: two models with the same
+	// config compute the same function, bit for bit. Zero is a seed like
+	// any other.
+	Seed uint64
+	// KVDType is the element type of K and V in KV pages. Zero means kv.F32.
+	// F16 and BF16 halve the bytes per token; the model rounds K and V to
+	// that type when it writes them and reads the rounded values back,
+	// whichever path (paged or contiguous) it runs.
+	KVDType kv.DType
+}
+
+// TokenizerVocab is the number of ids the byte tokenizer uses: 256 bytes
+// and the BOS and EOS specials.
+const TokenizerVocab = 258
+
+// Special token ids of the byte tokenizer.
+const (
+	// BOS marks the beginning of a sequence.
+	BOS = 256
+	// EOS marks the end of a generation; the engine does not stop on it,
+	// its caller does.
+	EOS = 257
+)
+
+// modelDimMax bounds every width so that products of two of them, and the
+// weight counts, stay far inside int on 64-bit platforms.
+const modelDimMax = 1 << 16
+
+// DefaultModelConfig is a 4-layer model of width 128 (about 0.6 M
+// parameters, 2.4 MB of float32 weights): a 256-token prompt prefills in a
+// fraction of a second on one core, and a KV token takes 2 KiB.
+func DefaultModelConfig() ModelConfig {
+	return ModelConfig{
+		Vocab: TokenizerVocab, Dim: 128, Layers: 4, Heads: 4, KVHeads: 2, HeadDim: 32,
+		HiddenDim: 256, ContextTokens: 2048, RoPETheta: 10000, NormEps: 1e-5,
+		Seed: 1, KVDType: kv.F32,
+	}
+}
+
+// LargeModelConfig is an 8-layer model of width 256 (about 5 M parameters,
+// 20 MB of float32 weights, more than a CPU's last-level cache on most
+// machines): the size at which decode becomes bound by memory bandwidth
+// rather than by cache.
+func LargeModelConfig() ModelConfig {
+	c := DefaultModelConfig()
+	c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.HiddenDim = 256, 8, 8, 2, 32, 768
+	c.ContextTokens = 4096
+	return c
+}
+
+// Validate reports the first field out of range, with its value.
+func (c ModelConfig) Validate() error {
+	for _, f := range []struct {
+		name   string
+		v, min int
+	}{
+		{"Vocab", c.Vocab, TokenizerVocab}, {"Dim", c.Dim, 1}, {"Layers", c.Layers, 1},
+		{"Heads", c.Heads, 1}, {"KVHeads", c.KVHeads, 1}, {"HeadDim", c.HeadDim, 2},
+		{"HiddenDim", c.HiddenDim, 1}, {"ContextTokens", c.ContextTokens, 1},
+	} {
+		if f.v < f.min || f.v > modelDimMax {
+			return fmt.Errorf("gpu: model %s (%d) must be in [%d, %d]", f.name, f.v, f.min, modelDimMax)
+		}
+	}
+	switch {
+	case c.Heads%c.KVHeads != 0:
+		return fmt.Errorf("gpu: model Heads (%d) must be a multiple of KVHeads (%d)", c.Heads, c.KVHeads)
+	case c.HeadDim%2 != 0:
+		return fmt.Errorf("gpu: model HeadDim (%d) must be even for rotary positions", c.HeadDim)
+	case !(c.RoPETheta > 1) || math.IsInf(c.RoPETheta, 0):
+		return fmt.Errorf("gpu: model RoPETheta (%g) must be a finite number greater than 1", c.RoPETheta)
+	case !(c.NormEps > 0) || math.IsInf(c.NormEps, 0):
+		return fmt.Errorf("gpu: model NormEps (%g) must be a finite positive number", c.NormEps)
+	case c.KVDType != 0 && c.KVDType.Size() == 0:
+		return fmt.Errorf("gpu: model KVDType (%d) must be zero, f32, f16 or bf16", uint8(c.KVDType))
+	}
+	return c.Geometry(1).Validate()
+}
+
+// kvDType is KVDType with zero resolved to kv.F32.
+func (c ModelConfig) kvDType() kv.DType {
+	if c.KVDType == 0 {
+		return kv.F32
+	}
+	return c.KVDType
+}
+
+// Geometry is the KV-page geometry of the model for pages of pageTokens
+// tokens. A pool must have exactly this geometry for the model to use it.
+func (c ModelConfig) Geometry(pageTokens int) kv.Geometry {
+	return kv.Geometry{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
+		PageTokens: pageTokens, DType: c.kvDType()}
+}
+
+// Params is the number of weights, norms included.
+func (c ModelConfig) Params() int {
+	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	perLayer := 2*c.Dim + 2*qd*c.Dim + 2*kvd*c.Dim + 3*c.HiddenDim*c.Dim
+	n := c.Vocab*c.Dim + c.Layers*perLayer + c.Dim
+	if !c.TiedEmbeddings {
+		n += c.Vocab * c.Dim
+	}
+	return n
+}
+
+// WeightBytes is the bytes of float32 weights, which decode reads once per
+// step.
+func (c ModelConfig) WeightBytes() int64 { return 4 * int64(c.Params()) }
+
+// layerWeights are one block's weights. Matrices are row-major with one row
+// per output element, so every output is one dot product over a contiguous
+// row.
+type layerWeights struct {
+	attnNorm []float32 // Dim
+	wq       []float32 // Heads·HeadDim × Dim
+	wk, wv   []float32 // KVHeads·HeadDim × Dim
+	wo       []float32 // Dim × Heads·HeadDim
+	mlpNorm  []float32 // Dim
+	w1, w3   []float32 // HiddenDim × Dim (gate, up)
+	w2       []float32 // Dim × HiddenDim (down)
+}
+
+// model is the immutable part of the reference engine: weights and rotary
+// tables. Nothing in it changes after newModel, so any number of sequences
+// may read it.
+type model struct {
+	cfg    ModelConfig
+	geo    kv.Geometry // PageTokens is 1: only the token-row layout is used
+	embed  []float32   // Vocab × Dim
+	layers []layerWeights
+	norm   []float32 // Dim
+	out    []float32 // Vocab × Dim; aliases embed when tied
+	cos    []float32 // ContextTokens × HeadDim/2
+	sin    []float32
+}
+
+// Gains applied to the generated weights. Uniform weights in ±sqrt(3/fanIn)
+// keep each projection's output at the variance of its input; the query gain
+// sharpens attention so that what a position attends to, and so every byte
+// of KV, shows in the output, instead of attention averaging the context
+// away.
+const (
+	queryGain = 2.5
+	unitGain  = 1.0
+)
+
+func newModel(cfg ModelConfig) (*model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rng := splitMix64(cfg.Seed)
+	qd, kvd := cfg.Heads*cfg.HeadDim, cfg.KVHeads*cfg.HeadDim
+	m := &model{cfg: cfg, geo: cfg.Geometry(1)}
+	m.embed = rng.uniform(cfg.Vocab*cfg.Dim, 1, unitGain)
+	m.layers = make([]layerWeights, cfg.Layers)
+	for i := range m.layers {
+		m.layers[i] = layerWeights{
+			attnNorm: ones(cfg.Dim),
+			wq:       rng.uniform(qd*cfg.Dim, cfg.Dim, queryGain),
+			wk:       rng.uniform(kvd*cfg.Dim, cfg.Dim, unitGain),
+			wv:       rng.uniform(kvd*cfg.Dim, cfg.Dim, unitGain),
+			wo:       rng.uniform(cfg.Dim*qd, qd, unitGain),
+			mlpNorm:  ones(cfg.Dim),
+			w1:       rng.uniform(cfg.HiddenDim*cfg.Dim, cfg.Dim, unitGain),
+			w3:       rng.uniform(cfg.HiddenDim*cfg.Dim, cfg.Dim, unitGain),
+			w2:       rng.uniform(cfg.Dim*cfg.HiddenDim, cfg.HiddenDim, unitGain),
+		}
+	}
+	m.norm = ones(cfg.Dim)
+	m.out = m.embed
+	if !cfg.TiedEmbeddings {
+		m.out = rng.uniform(cfg.Vocab*cfg.Dim, cfg.Dim, unitGain)
+	}
+	m.cos, m.sin = ropeTables(cfg.ContextTokens, cfg.HeadDim, cfg.RoPETheta)
+	return m, nil
+}
+
+func ones(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = 1
+	}
+	return v
+}
+
+// ropeTables precomputes cos and sin of position × frequency for every
+// position of the context. They are computed in float64 and rounded to
+// float32, so that a last-bit difference between math libraries on two
+// platforms changes a table entry only where it crosses a float32 rounding
+// boundary.
+func ropeTables(positions, headDim int, theta float64) (cos, sin []float32) {
+	half := headDim / 2
+	cos = make([]float32, positions*half)
+	sin = make([]float32, positions*half)
+	for p := range positions {
+		for i := range half {
+			a := float64(p) * math.Pow(theta, -float64(2*i)/float64(headDim))
+			cos[p*half+i] = float32(math.Cos(a))
+			sin[p*half+i] = float32(math.Sin(a))
+		}
+	}
+	return cos, sin
+}
+
+// splitMix64 is Vigna's SplitMix64: a tiny, fast generator whose output
+// depends only on the seed, so weights never depend on math/rand's
+// algorithm or version.
+type splitMix64 uint64
+
+func (s *splitMix64) next() uint64 {
+	*s += 0x9e3779b97f4a7c15
+	z := uint64(*s)
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// uniform returns n weights drawn uniformly from ±gain·sqrt(3/fanIn), whose
+// variance is gain²/fanIn.
+func (s *splitMix64) uniform(n, fanIn int, gain float64) []float32 {
+	a := gain * math.Sqrt(3/float64(fanIn))
+	v := make([]float32, n)
+	for i := range v {
+		u := float64(s.next()>>11) / (1 << 53) // [0, 1)
+		v[i] = float32((2*u - 1) * a)
+	}
+	return v
+}

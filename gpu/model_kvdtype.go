@@ -1,0 +1,161 @@
+package gpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// K and V live in pages as little-endian bytes of the pool's DType. The
+// model computes in float32, rounds to the page type when it stores a row,
+// and reads the rounded values back for attention — also for the token it
+// has just computed — so that every path sees exactly the stored bits.
+// Reading goes through encoding/binary rather than an unsafe cast: the Go
+// compiler turns the little-endian load into one instruction, and pages stay
+// plain bytes with one defined layout on every platform.
+
+// encodeKV stores src as len(src) elements of type dt at the start of dst.
+func encodeKV(dst []byte, src []float32, dt kv.DType) {
+	le := binary.LittleEndian
+	switch dt {
+	case kv.F32:
+		dst = dst[:4*len(src)]
+		for i, f := range src {
+			le.PutUint32(dst[4*i:], math.Float32bits(f))
+		}
+	case kv.F16:
+		dst = dst[:2*len(src)]
+		for i, f := range src {
+			le.PutUint16(dst[2*i:], f32ToF16(f))
+		}
+	case kv.BF16:
+		dst = dst[:2*len(src)]
+		for i, f := range src {
+			le.PutUint16(dst[2*i:], f32ToBF16(f))
+		}
+	default:
+		panic(fmt.Sprintf("gpu: KV dtype %s has no codec", dt))
+	}
+}
+
+// dotKV is dot(q, k) for the len(q) elements of k stored at the start of b.
+// Its summation order is dot's.
+func dotKV(q []float32, b []byte, dt kv.DType) float32 {
+	le := binary.LittleEndian
+	var s0, s1, s2, s3 float32
+	switch dt {
+	case kv.F32:
+		b = b[:4*len(q)]
+		i := 0
+		for ; i+4 <= len(q); i += 4 {
+			s0 += float32(q[i] * math.Float32frombits(le.Uint32(b[4*i:])))
+			s1 += float32(q[i+1] * math.Float32frombits(le.Uint32(b[4*i+4:])))
+			s2 += float32(q[i+2] * math.Float32frombits(le.Uint32(b[4*i+8:])))
+			s3 += float32(q[i+3] * math.Float32frombits(le.Uint32(b[4*i+12:])))
+		}
+		for ; i < len(q); i++ {
+			s0 += float32(q[i] * math.Float32frombits(le.Uint32(b[4*i:])))
+		}
+	default:
+		b = b[:2*len(q)]
+		i := 0
+		for ; i+4 <= len(q); i += 4 {
+			s0 += float32(q[i] * half(le.Uint16(b[2*i:]), dt))
+			s1 += float32(q[i+1] * half(le.Uint16(b[2*i+2:]), dt))
+			s2 += float32(q[i+2] * half(le.Uint16(b[2*i+4:]), dt))
+			s3 += float32(q[i+3] * half(le.Uint16(b[2*i+6:]), dt))
+		}
+		for ; i < len(q); i++ {
+			s0 += float32(q[i] * half(le.Uint16(b[2*i:]), dt))
+		}
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// axpyKV adds w times the len(out) elements stored at the start of b to
+// out.
+func axpyKV(out []float32, w float32, b []byte, dt kv.DType) {
+	le := binary.LittleEndian
+	if dt == kv.F32 {
+		b = b[:4*len(out)]
+		for i := range out {
+			out[i] += float32(w * math.Float32frombits(le.Uint32(b[4*i:])))
+		}
+		return
+	}
+	b = b[:2*len(out)]
+	for i := range out {
+		out[i] += float32(w * half(le.Uint16(b[2*i:]), dt))
+	}
+}
+
+// half widens one 16-bit element of type dt (F16 or BF16) to float32.
+func half(h uint16, dt kv.DType) float32 {
+	if dt == kv.BF16 {
+		return math.Float32frombits(uint32(h) << 16)
+	}
+	return f16ToF32(h)
+}
+
+// f32ToBF16 rounds to nearest, ties to even; NaN stays a quiet NaN.
+func f32ToBF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 {
+		return uint16(b>>16) | 0x0040
+	}
+	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
+}
+
+// f32ToF16 rounds to nearest, ties to even, to IEEE binary16: overflow goes
+// to infinity, tiny values to subnormals or zero, NaN to a quiet NaN.
+func f32ToF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int(b>>23&0xff) - 127 + 15
+	man := b & 0x7fffff
+	switch {
+	case b&0x7fffffff > 0x7f800000:
+		return sign | 0x7e00
+	case exp >= 0x1f:
+		return sign | 0x7c00
+	case exp <= 0:
+		if exp < -10 {
+			return sign
+		}
+		// Subnormal: shift the 24-bit significand down to units of 2^-24.
+		man |= 0x800000
+		shift := uint(14 - exp)
+		r, rem, halfway := man>>shift, man&(1<<shift-1), uint32(1)<<(shift-1)
+		if rem > halfway || rem == halfway && r&1 == 1 {
+			r++
+		}
+		return sign | uint16(r)
+	}
+	// A carry out of the mantissa moves the exponent on, up to infinity,
+	// which is the correct rounding.
+	r, rem := uint32(exp)<<10|man>>13, man&0x1fff
+	if rem > 0x1000 || rem == 0x1000 && r&1 == 1 {
+		r++
+	}
+	return sign | uint16(r)
+}
+
+// f16ToF32 widens IEEE binary16 exactly.
+func f16ToF32(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	exp := uint32(h>>10) & 0x1f
+	man := uint32(h & 0x3ff)
+	switch exp {
+	case 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | man<<13)
+	case 0:
+		f := float32(man) * (1.0 / (1 << 24))
+		if sign != 0 {
+			f = -f
+		}
+		return f
+	}
+	return math.Float32frombits(sign | (exp+112)<<23 | man<<13)
+}
