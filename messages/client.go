@@ -1,0 +1,237 @@
+package messages
+
+import (
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The client API: a client sends GenerateRequest (and perhaps
+// CancelRequest) and receives, if it asked to stream, TokenChunks in order,
+// then exactly one GenerateResult.
+//
+// A request is named by (Tenant, RequestID). The client chooses RequestID;
+// it must be non-zero and unique among that tenant's requests in flight.
+
+// GenerateRequest asks for a greedy completion of Prompt.
+type GenerateRequest struct {
+	RequestID uint64 `msgpack:"id"`
+	Tenant    string `msgpack:"tenant"`
+	// Prompt is UTF-8 text, 1 to PromptBytesMax bytes. Admission compares
+	// its token count with the context window and the KV pools, which are
+	// node configuration and usually far below what this limit allows.
+	Prompt string `msgpack:"prompt"`
+	// MaxTokens is how many tokens to generate at most, 1 to
+	// GenerateTokensMax.
+	MaxTokens uint32 `msgpack:"max_tokens"`
+	// Stream asks for TokenChunks before the GenerateResult.
+	Stream bool `msgpack:"stream,omitempty"`
+}
+
+var generateRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "stream"}
+
+func (*GenerateRequest) TypeCode() TypeCode { return TypeGenerateRequest }
+
+func (m *GenerateRequest) Validate() error {
+	const t = TypeGenerateRequest
+	if err := checkRequestID(t, m.RequestID); err != nil {
+		return err
+	}
+	if err := checkTenant(t, m.Tenant); err != nil {
+		return err
+	}
+	if err := checkRange(t, "prompt", uint64(len(m.Prompt)), 1, PromptBytesMax); err != nil {
+		return err
+	}
+	if err := checkUTF8(t, "prompt", m.Prompt); err != nil {
+		return err
+	}
+	return checkRange(t, "max_tokens", uint64(m.MaxTokens), 1, GenerateTokensMax)
+}
+
+func (m *GenerateRequest) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeGenerateRequest
+	return fields(d, t, generateRequestKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readU64(d, t, "id", &m.RequestID)
+		case 1:
+			return readString(d, t, "tenant", TenantBytesMax, &m.Tenant)
+		case 2:
+			return readString(d, t, "prompt", PromptBytesMax, &m.Prompt)
+		case 3:
+			return readU32(d, t, "max_tokens", &m.MaxTokens)
+		default:
+			return readBool(d, t, "stream", &m.Stream)
+		}
+	})
+}
+
+// TokenChunk carries the next tokens of a streamed answer. Seq counts
+// chunks from 0 without gaps, so a client sees a lost chunk.
+type TokenChunk struct {
+	RequestID uint64 `msgpack:"id"`
+	Seq       uint32 `msgpack:"seq,omitempty"`
+	// Tokens holds 1 to ChunkTokensMax token ids.
+	Tokens []uint32 `msgpack:"tokens"`
+	// Text is the detokenized text of Tokens, at most TextBytesMax bytes. It
+	// may end or begin inside a UTF-8 sequence that spans chunks, so it is
+	// not checked for UTF-8.
+	Text string `msgpack:"text,omitempty"`
+}
+
+var tokenChunkKeys = []string{"id", "seq", "tokens", "text"}
+
+func (*TokenChunk) TypeCode() TypeCode { return TypeTokenChunk }
+
+func (m *TokenChunk) Validate() error {
+	const t = TypeTokenChunk
+	if err := checkRequestID(t, m.RequestID); err != nil {
+		return err
+	}
+	if err := checkRange(t, "tokens", uint64(len(m.Tokens)), 1, ChunkTokensMax); err != nil {
+		return err
+	}
+	return checkLen(t, "text", len(m.Text), TextBytesMax)
+}
+
+func (m *TokenChunk) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeTokenChunk
+	return fields(d, t, tokenChunkKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readU64(d, t, "id", &m.RequestID)
+		case 1:
+			return readU32(d, t, "seq", &m.Seq)
+		case 2:
+			return readTokens(d, t, "tokens", ChunkTokensMax, &m.Tokens)
+		default:
+			return readString(d, t, "text", TextBytesMax, &m.Text)
+		}
+	})
+}
+
+// FinishReason says why generation stopped.
+type FinishReason uint8
+
+// Stable codes, like TypeCode and ErrorCode.
+const (
+	// FinishStop: the model produced its end-of-sequence token.
+	FinishStop FinishReason = 1
+	// FinishLength: MaxTokens tokens were generated.
+	FinishLength FinishReason = 2
+	// FinishError: no answer; GenerateResult.Err says why.
+	FinishError FinishReason = 3
+)
+
+func (f FinishReason) String() string {
+	switch f {
+	case FinishStop:
+		return "stop"
+	case FinishLength:
+		return "length"
+	case FinishError:
+		return "error"
+	}
+	return fmt.Sprintf("finish(%d)", uint8(f))
+}
+
+// GenerateResult ends a request: the whole answer or an error, never both.
+// It carries every token even when chunks were streamed, so a client can
+// check the streamed answer against it.
+type GenerateResult struct {
+	RequestID uint64 `msgpack:"id"`
+	// Tokens holds at most GenerateTokensMax token ids; none with an error.
+	Tokens []uint32 `msgpack:"tokens,omitempty"`
+	// Text is the detokenized answer, at most TextBytesMax bytes.
+	Text         string       `msgpack:"text,omitempty"`
+	FinishReason FinishReason `msgpack:"finish"`
+	// Err is set exactly when FinishReason is FinishError.
+	Err *WireError `msgpack:"err,omitempty"`
+}
+
+var generateResultKeys = []string{"id", "tokens", "text", "finish", "err"}
+
+func (*GenerateResult) TypeCode() TypeCode { return TypeGenerateResult }
+
+func (m *GenerateResult) Validate() error {
+	const t = TypeGenerateResult
+	if err := checkRequestID(t, m.RequestID); err != nil {
+		return err
+	}
+	if err := checkLen(t, "tokens", len(m.Tokens), GenerateTokensMax); err != nil {
+		return err
+	}
+	if err := checkLen(t, "text", len(m.Text), TextBytesMax); err != nil {
+		return err
+	}
+	switch m.FinishReason {
+	case FinishStop, FinishLength:
+		if m.Err != nil {
+			return &InvalidFieldError{t, "err", "set", fmt.Sprintf("nil with finish %s", m.FinishReason)}
+		}
+		return nil
+	case FinishError:
+		if m.Err == nil {
+			return &InvalidFieldError{t, "err", "nil", "an error with finish error"}
+		}
+		// An error result carries no content: a partial answer next to an
+		// error is how wrong answers reach users.
+		if len(m.Tokens) != 0 || m.Text != "" {
+			return &InvalidFieldError{t, "tokens", fmt.Sprintf("%d tokens and %d text bytes", len(m.Tokens), len(m.Text)), "none with an error"}
+		}
+		return m.Err.validate(t, "err")
+	}
+	return &InvalidFieldError{t, "finish", fmt.Sprint(uint8(m.FinishReason)), "1 (stop), 2 (length) or 3 (error)"}
+}
+
+func (m *GenerateResult) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeGenerateResult
+	return fields(d, t, generateResultKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readU64(d, t, "id", &m.RequestID)
+		case 1:
+			return readTokens(d, t, "tokens", GenerateTokensMax, &m.Tokens)
+		case 2:
+			return readString(d, t, "text", TextBytesMax, &m.Text)
+		case 3:
+			v, err := readUint(d, t, "finish", 255)
+			m.FinishReason = FinishReason(v)
+			return err
+		default:
+			var err error
+			m.Err, err = readWireError(d, t, "err", true)
+			return err
+		}
+	})
+}
+
+// CancelRequest asks to stop a request. It names the tenant too, so that
+// the request actor can refuse a cancel from another tenant that guessed
+// or reused the id.
+type CancelRequest struct {
+	RequestID uint64 `msgpack:"id"`
+	Tenant    string `msgpack:"tenant"`
+}
+
+var cancelRequestKeys = []string{"id", "tenant"}
+
+func (*CancelRequest) TypeCode() TypeCode { return TypeCancelRequest }
+
+func (m *CancelRequest) Validate() error {
+	if err := checkRequestID(TypeCancelRequest, m.RequestID); err != nil {
+		return err
+	}
+	return checkTenant(TypeCancelRequest, m.Tenant)
+}
+
+func (m *CancelRequest) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeCancelRequest
+	return fields(d, t, cancelRequestKeys, func(i int) error {
+		if i == 0 {
+			return readU64(d, t, "id", &m.RequestID)
+		}
+		return readString(d, t, "tenant", TenantBytesMax, &m.Tenant)
+	})
+}

@@ -1,0 +1,377 @@
+package messages
+
+import (
+	"errors"
+	"io"
+	"math"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/vmihailenco/msgpack/v5"
+	"google.golang.org/protobuf/proto"
+)
+
+// samples holds one valid message of every type with every field set, so
+// that round trips exercise every key.
+func samples() []Message {
+	return []Message{
+		&GenerateRequest{RequestID: 7, Tenant: "acme", Prompt: "The capital of France is", MaxTokens: 16, Stream: true},
+		&TokenChunk{RequestID: 7, Seq: 3, Tokens: []uint32{1, 300, 70000}, Text: " Paris"},
+		&GenerateResult{RequestID: 7, Tokens: []uint32{5, 6, math.MaxUint32}, Text: " Paris.", FinishReason: FinishStop},
+		&GenerateResult{RequestID: 8, FinishReason: FinishError,
+			Err: &WireError{Code: CodePromptTooLong, Message: "prompt too long", Have: 9000, Limit: 8192, Where: "context window"}},
+		&CancelRequest{RequestID: 7, Tenant: "acme"},
+		&TransferPlan{RequestID: 1 << 40, Tenant: "globex", TokenCount: 5, PromptTokens: []uint32{1, 2, 3, 4, 5}, PageTokens: 2,
+			DestTags: []kv.Tag{{Incarnation: math.MaxUint64, Index: 0, Generation: 1}, {Incarnation: 9, Index: math.MaxUint32, Generation: 2}, {Incarnation: 9, Index: 4, Generation: math.MaxUint64}}},
+		&TransferAck{RequestID: 1 << 40, Tenant: "globex", TokenCount: 5, Pages: 3},
+		&TransferAbort{RequestID: 1 << 40, Tenant: "globex", Reason: WireError{Code: CodeIntegrity, Message: "checksum mismatch on page 2", Have: 2, Where: "decode"}},
+	}
+}
+
+func mustEncode(t testing.TB, m Message) []byte {
+	t.Helper()
+	b, err := Encode(m)
+	if err != nil {
+		t.Fatalf("Encode(%T): %v", m, err)
+	}
+	return b
+}
+
+func TestEveryTypeHasSample(t *testing.T) {
+	have := map[TypeCode]bool{}
+	for _, m := range samples() {
+		have[m.TypeCode()] = true
+	}
+	for _, c := range TypeCodes() {
+		if !have[c] {
+			t.Errorf("no sample of %s", c)
+		}
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, m := range samples() {
+		t.Run(m.TypeCode().String(), func(t *testing.T) {
+			frame := mustEncode(t, m)
+			if got := TypeCode(uint16(frame[0])<<8 | uint16(frame[1])); got != m.TypeCode() {
+				t.Fatalf("header type %d, want %d", got, m.TypeCode())
+			}
+			got, err := Decode(frame)
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			if !reflect.DeepEqual(got, m) {
+				t.Fatalf("round trip\n got %#v\nwant %#v", got, m)
+			}
+		})
+	}
+}
+
+// TestEnvelopeRoundTrip goes through exactly what protoactor does: Serialize
+// on the sender, protobuf marshal, look the type up by name, unmarshal,
+// Deserialize.
+func TestEnvelopeRoundTrip(t *testing.T) {
+	for _, m := range samples() {
+		rs, err := m.Serialize()
+		if err != nil {
+			t.Fatalf("%s: Serialize: %v", m.TypeCode(), err)
+		}
+		pm := rs.(proto.Message)
+		if name := string(proto.MessageName(pm)); name != EnvelopeTypeName {
+			t.Fatalf("envelope name %q, want %q", name, EnvelopeTypeName)
+		}
+		b, err := proto.Marshal(pm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := new(envelope)
+		if err := proto.Unmarshal(b, env); err != nil {
+			t.Fatal(err)
+		}
+		got, err := env.Deserialize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, m) {
+			t.Fatalf("%s: envelope round trip\n got %#v\nwant %#v", m.TypeCode(), got, m)
+		}
+	}
+}
+
+// TestKeysMatchTags checks that each hand-written decoder reads exactly the
+// keys msgpack's encoder writes from the struct tags.
+func TestKeysMatchTags(t *testing.T) {
+	cases := []struct {
+		v    any
+		keys []string
+	}{
+		{GenerateRequest{}, generateRequestKeys},
+		{TokenChunk{}, tokenChunkKeys},
+		{GenerateResult{}, generateResultKeys},
+		{CancelRequest{}, cancelRequestKeys},
+		{TransferPlan{}, transferPlanKeys},
+		{TransferAck{}, transferAckKeys},
+		{TransferAbort{}, transferAbortKeys},
+		{WireError{}, wireErrorKeys},
+		{kv.Tag{}, tagKeys},
+	}
+	for _, c := range cases {
+		typ := reflect.TypeOf(c.v)
+		var tags []string
+		for i := range typ.NumField() {
+			tag, _, _ := strings.Cut(typ.Field(i).Tag.Get("msgpack"), ",")
+			if tag == "" || tag == "-" {
+				t.Errorf("%s.%s has no msgpack name", typ.Name(), typ.Field(i).Name)
+			}
+			tags = append(tags, tag)
+		}
+		if !slices.Equal(tags, c.keys) || len(c.keys) > 64 {
+			t.Errorf("%s: tags %v, decoder keys %v", typ.Name(), tags, c.keys)
+		}
+	}
+}
+
+// TestWorstCaseFits encodes the largest valid message of every type and
+// checks that it fits MessageBytesMax: Validate's limits must imply it,
+// since Send checks only Validate.
+func TestWorstCaseFits(t *testing.T) {
+	big := func(n int) []uint32 {
+		s := make([]uint32, n)
+		for i := range s {
+			s[i] = math.MaxUint32
+		}
+		return s
+	}
+	tenant := strings.Repeat("t", TenantBytesMax)
+	// A 4-byte UTF-8 rune repeated: the longest valid prompt in bytes.
+	prompt := strings.Repeat("𝄞", PromptBytesMax/4)
+	tags := make([]kv.Tag, PlanTagsMax)
+	for i := range tags {
+		tags[i] = kv.Tag{Incarnation: math.MaxUint64, Index: math.MaxUint32 - uint32(i), Generation: math.MaxUint64}
+	}
+	werr := WireError{Code: math.MaxUint16, Message: strings.Repeat("m", ErrorMessageBytesMax), Have: math.MaxUint64, Limit: math.MaxUint64, Where: strings.Repeat("w", WhereBytesMax)}
+	worst := []Message{
+		&GenerateRequest{RequestID: math.MaxUint64, Tenant: tenant, Prompt: prompt, MaxTokens: GenerateTokensMax, Stream: true},
+		&TokenChunk{RequestID: math.MaxUint64, Seq: math.MaxUint32, Tokens: big(ChunkTokensMax), Text: strings.Repeat("x", TextBytesMax)},
+		&GenerateResult{RequestID: math.MaxUint64, Tokens: big(GenerateTokensMax), Text: strings.Repeat("x", TextBytesMax), FinishReason: FinishLength},
+		&GenerateResult{RequestID: math.MaxUint64, FinishReason: FinishError, Err: &werr},
+		&CancelRequest{RequestID: math.MaxUint64, Tenant: tenant},
+		&TransferPlan{RequestID: math.MaxUint64, Tenant: tenant, TokenCount: PromptTokensMax, PromptTokens: big(PromptTokensMax),
+			PageTokens: PromptTokensMax / PlanTagsMax, DestTags: tags},
+		&TransferAck{RequestID: math.MaxUint64, Tenant: tenant, TokenCount: PromptTokensMax, Pages: PlanTagsMax},
+		&TransferAbort{RequestID: math.MaxUint64, Tenant: tenant, Reason: werr},
+	}
+	for _, m := range worst {
+		frame := mustEncode(t, m)
+		t.Logf("%-16s worst case %8d bytes (limit %d)", m.TypeCode(), len(frame), MessageBytesMax)
+		if _, err := Decode(frame); err != nil {
+			t.Errorf("%s: worst case does not decode: %v", m.TypeCode(), err)
+		}
+	}
+}
+
+func TestValidateRefuses(t *testing.T) {
+	okPlan := func() *TransferPlan { return samples()[5].(*TransferPlan) }
+	var tooLarge *TooLargeError
+	var invalid *InvalidFieldError
+	cases := []struct {
+		name string
+		m    Message
+		want any
+	}{
+		{"zero id", &CancelRequest{Tenant: "a"}, &invalid},
+		{"empty tenant", &CancelRequest{RequestID: 1}, &invalid},
+		{"long tenant", &CancelRequest{RequestID: 1, Tenant: strings.Repeat("a", TenantBytesMax+1)}, &tooLarge},
+		{"tenant with space", &CancelRequest{RequestID: 1, Tenant: "a b"}, &invalid},
+		{"tenant non-ascii", &CancelRequest{RequestID: 1, Tenant: "é"}, &invalid},
+		{"empty prompt", &GenerateRequest{RequestID: 1, Tenant: "a", MaxTokens: 1}, &invalid},
+		{"long prompt", &GenerateRequest{RequestID: 1, Tenant: "a", Prompt: strings.Repeat("p", PromptBytesMax+1), MaxTokens: 1}, &tooLarge},
+		{"bad utf8 prompt", &GenerateRequest{RequestID: 1, Tenant: "a", Prompt: "\xff", MaxTokens: 1}, &invalid},
+		{"zero max tokens", &GenerateRequest{RequestID: 1, Tenant: "a", Prompt: "p"}, &invalid},
+		{"many max tokens", &GenerateRequest{RequestID: 1, Tenant: "a", Prompt: "p", MaxTokens: GenerateTokensMax + 1}, &tooLarge},
+		{"empty chunk", &TokenChunk{RequestID: 1}, &invalid},
+		{"big chunk", &TokenChunk{RequestID: 1, Tokens: make([]uint32, ChunkTokensMax+1)}, &tooLarge},
+		{"no finish", &GenerateResult{RequestID: 1}, &invalid},
+		{"error without err", &GenerateResult{RequestID: 1, FinishReason: FinishError}, &invalid},
+		{"err with stop", &GenerateResult{RequestID: 1, FinishReason: FinishStop, Err: &WireError{Code: CodeBusy}}, &invalid},
+		{"error with tokens", &GenerateResult{RequestID: 1, FinishReason: FinishError, Tokens: []uint32{1}, Err: &WireError{Code: CodeBusy}}, &invalid},
+		{"zero error code", &GenerateResult{RequestID: 1, FinishReason: FinishError, Err: &WireError{}}, &invalid},
+		{"long error message", &TransferAbort{RequestID: 1, Tenant: "a", Reason: WireError{Code: 1, Message: strings.Repeat("m", ErrorMessageBytesMax+1)}}, &tooLarge},
+		{"plan count mismatch", func() Message { p := okPlan(); p.TokenCount = 4; return p }(), &invalid},
+		{"plan zero page tokens", func() Message { p := okPlan(); p.PageTokens = 0; return p }(), &invalid},
+		{"plan too few tags", func() Message { p := okPlan(); p.DestTags = p.DestTags[:2]; return p }(), &invalid},
+		{"plan zero generation", func() Message { p := okPlan(); p.DestTags[1].Generation = 0; return p }(), &invalid},
+		{"plan page twice", func() Message { p := okPlan(); p.DestTags[2].Index = p.DestTags[1].Index; return p }(), &invalid},
+		{"plan too many tags", func() Message {
+			p := okPlan()
+			p.TokenCount, p.PageTokens = PlanTagsMax+1, 1
+			p.PromptTokens = make([]uint32, PlanTagsMax+1)
+			p.DestTags = make([]kv.Tag, PlanTagsMax+1)
+			return p
+		}(), &tooLarge},
+		{"ack zero pages", &TransferAck{RequestID: 1, Tenant: "a", TokenCount: 1}, &invalid},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Encode(c.m)
+			if err == nil || !errors.As(err, c.want) {
+				t.Fatalf("Encode = %v, want %T", err, reflect.ValueOf(c.want).Elem().Interface())
+			}
+			if _, err := c.m.Serialize(); err == nil {
+				t.Fatalf("Serialize accepted an invalid message")
+			}
+			if we := ToWireError(err); we.Code != CodeBadRequest {
+				t.Fatalf("ToWireError code %s, want bad_request", we.Code)
+			}
+		})
+	}
+}
+
+// frame builds a frame by hand: header and a msgpack body.
+func frame(t testing.TB, code TypeCode, version uint8, body any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]byte{byte(code >> 8), byte(code), version}, b...)
+}
+
+func TestDecodeRefuses(t *testing.T) {
+	valid := mustEncode(t, samples()[0])
+	var (
+		tooLarge  *TooLargeError
+		truncated *TruncatedError
+		unknown   *UnknownTypeError
+		version   *VersionError
+		malformed *MalformedError
+		trailing  *TrailingBytesError
+		invalid   *InvalidFieldError
+	)
+	req := map[string]any{"id": 1, "tenant": "a", "prompt": "p", "max_tokens": 1}
+	with := func(k string, v any) map[string]any {
+		m := map[string]any{}
+		for k, v := range req {
+			m[k] = v
+		}
+		m[k] = v
+		return m
+	}
+	cases := []struct {
+		name  string
+		frame []byte
+		want  any
+	}{
+		{"empty", nil, &truncated},
+		{"two bytes", []byte{0, 1}, &truncated},
+		{"oversized", make([]byte, MessageBytesMax+1), &tooLarge},
+		{"type zero", []byte{0, 0, 1, 0x80}, &unknown},
+		{"type unknown", []byte{0xff, 0xff, 1, 0x80}, &unknown},
+		{"version zero", append([]byte{0, 1, 0}, valid[3:]...), &version},
+		{"version future", append([]byte{0, 1, 2}, valid[3:]...), &version},
+		{"no body", valid[:3], &malformed},
+		{"trailing", append(slices.Clone(valid), 0xc0), &trailing},
+		{"not a map", frame(t, TypeGenerateRequest, 1, []int{1}), &malformed},
+		{"nil body", frame(t, TypeGenerateRequest, 1, nil), &malformed},
+		{"unknown field", frame(t, TypeGenerateRequest, 1, with("extra", 1)), &malformed},
+		{"negative id", frame(t, TypeGenerateRequest, 1, with("id", -1)), &malformed},
+		{"id as string", frame(t, TypeGenerateRequest, 1, with("id", "1")), &malformed},
+		{"id as float", frame(t, TypeGenerateRequest, 1, with("id", 1.0)), &malformed},
+		{"max_tokens overflows uint32", frame(t, TypeGenerateRequest, 1, with("max_tokens", uint64(1)<<32+1)), &malformed},
+		{"missing prompt", frame(t, TypeGenerateRequest, 1, map[string]any{"id": 1, "tenant": "a", "max_tokens": 1}), &invalid},
+		{"tenant too long", frame(t, TypeGenerateRequest, 1, with("tenant", strings.Repeat("a", TenantBytesMax+1))), &tooLarge},
+		{"prompt not a string", frame(t, TypeGenerateRequest, 1, with("prompt", []int{1})), &malformed},
+		// An array header claiming 2^32-1 elements in 5 bytes: refused
+		// before anything is allocated for it.
+		{"huge token array", append(frame(t, TypeTokenChunk, 1, map[string]any{"id": 1})[:3],
+			0x82, 0xa2, 'i', 'd', 0x01, 0xa6, 't', 'o', 'k', 'e', 'n', 's', 0xdd, 0xff, 0xff, 0xff, 0xff), &tooLarge},
+		{"huge tag array", append(frame(t, TypeTransferPlan, 1, nil)[:3],
+			0x81, 0xa9, 'd', 'e', 's', 't', '_', 't', 'a', 'g', 's', 0xdd, 0xff, 0xff, 0xff, 0xff), &tooLarge},
+		{"huge string", append(frame(t, TypeCancelRequest, 1, nil)[:3],
+			0x81, 0xa6, 't', 'e', 'n', 'a', 'n', 't', 0xdb, 0xff, 0xff, 0xff, 0xff, 'a'), &malformed},
+		{"repeated field", append(frame(t, TypeCancelRequest, 1, nil)[:3],
+			0x82, 0xa2, 'i', 'd', 0x01, 0xa2, 'i', 'd', 0x02), &malformed},
+		{"too many fields", append(frame(t, TypeCancelRequest, 1, nil)[:3], 0x83), &malformed},
+		{"tag index overflow", frame(t, TypeTransferPlan, 1, map[string]any{"dest_tags": []any{map[string]any{"idx": uint64(1) << 32}}}), &malformed},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := Decode(c.frame)
+			if err == nil || m != nil || !errors.As(err, c.want) {
+				t.Fatalf("Decode = %v, %v; want %T", m, err, reflect.ValueOf(c.want).Elem().Interface())
+			}
+			if ToWireError(err).Code != CodeBadRequest {
+				t.Fatalf("ToWireError(%v) is not bad_request", err)
+			}
+		})
+	}
+}
+
+// TestEveryPrefixRefused cuts every valid frame at every length: each
+// strict prefix is refused with a typed error, a cut body matching
+// io.ErrUnexpectedEOF.
+func TestEveryPrefixRefused(t *testing.T) {
+	for _, m := range samples() {
+		f := mustEncode(t, m)
+		for n := range len(f) {
+			_, err := Decode(f[:n])
+			if err == nil {
+				t.Fatalf("%s: prefix of %d/%d bytes decoded", m.TypeCode(), n, len(f))
+			}
+			var tr *TruncatedError
+			if n >= HeaderBytes && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.As(err, &tr) {
+				t.Fatalf("%s: prefix of %d/%d bytes: %v, want unexpected EOF", m.TypeCode(), n, len(f), err)
+			}
+		}
+	}
+}
+
+func TestErrorsCarryNumbers(t *testing.T) {
+	_, err := Decode(make([]byte, MessageBytesMax+5))
+	if want := "1048581, limit 1048576"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not carry %q", err, want)
+	}
+	we := ToWireError(err)
+	if we.Have != MessageBytesMax+5 || we.Limit != MessageBytesMax || we.Code.HTTPStatus() != 400 {
+		t.Fatalf("ToWireError = %+v", we)
+	}
+	busy := &WireError{Code: CodeBusy, Message: "queue full", Have: 64, Limit: 64}
+	if !errors.Is(busy, &WireError{Code: CodeBusy}) || errors.Is(busy, &WireError{Code: CodeInternal}) {
+		t.Fatal("WireError.Is does not match on code")
+	}
+	if ToWireError(busy) != busy || ToWireError(errors.New("boom")).Code != CodeInternal {
+		t.Fatal("ToWireError passes WireErrors through and makes others internal")
+	}
+	if ErrorCode(99).HTTPStatus() != 500 {
+		t.Fatal("unknown codes must map to 500")
+	}
+}
+
+// TestStableCodes pins the numbers: changing one breaks every peer.
+func TestStableCodes(t *testing.T) {
+	got := []uint16{uint16(TypeGenerateRequest), uint16(TypeTokenChunk), uint16(TypeGenerateResult), uint16(TypeCancelRequest),
+		uint16(TypeTransferPlan), uint16(TypeTransferAck), uint16(TypeTransferAbort),
+		uint16(CodePromptTooLong), uint16(CodeBusy), uint16(CodeIntegrity), uint16(CodeNodeLost), uint16(CodeCancelled), uint16(CodeBadRequest), uint16(CodeInternal),
+		uint16(FinishStop), uint16(FinishLength), uint16(FinishError)}
+	want := []uint16{1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3}
+	if !slices.Equal(got, want) {
+		t.Fatalf("stable codes changed: %v, want %v", got, want)
+	}
+}
+
+func TestDecodeDoesNotAlias(t *testing.T) {
+	f := mustEncode(t, samples()[0])
+	m, err := Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range f {
+		f[i] = 0
+	}
+	if m.(*GenerateRequest).Prompt != "The capital of France is" {
+		t.Fatal("decoded message aliases the frame")
+	}
+}

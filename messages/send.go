@@ -1,0 +1,77 @@
+package messages
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/remote"
+	"google.golang.org/grpc"
+)
+
+// Send, RequestFuture and Respond validate before handing m to protoactor.
+// protoactor does not serialize a message to a local actor, so without
+// them an invalid message would pass when the target is local and vanish
+// (logged by the endpoint writer) when it is remote. Validate's limits
+// guarantee that the frame fits MessageBytesMax.
+
+// Send validates m and sends it to pid without a sender.
+func Send(s actor.SenderContext, pid *actor.PID, m Message) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	s.Send(pid, m)
+	return nil
+}
+
+// RequestFuture validates m and sends it to pid with a future that times
+// out after timeout.
+func RequestFuture(s actor.SenderContext, pid *actor.PID, m Message, timeout time.Duration) (*actor.Future, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return s.RequestFuture(pid, m, timeout), nil
+}
+
+// Request is RequestFuture and a wait for the reply, which must be a
+// Message. An *Undecodable reply comes back as its error. It blocks: use
+// it from clients and tests, not from inside Receive.
+func Request(s actor.SenderContext, pid *actor.PID, m Message, timeout time.Duration) (Message, error) {
+	f, err := RequestFuture(s, pid, m, timeout)
+	if err != nil {
+		return nil, err
+	}
+	res, err := f.Result()
+	if err != nil {
+		return nil, err
+	}
+	switch r := res.(type) {
+	case Message:
+		return r, nil
+	case *Undecodable:
+		return nil, r
+	}
+	return nil, fmt.Errorf("messages: reply to %s is %T, not a message", m.TypeCode(), res)
+}
+
+// Respond validates m and sends it to the sender of the current message.
+func Respond(ctx actor.Context, m Message) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	ctx.Respond(m)
+	return nil
+}
+
+// RemoteOptions are the protoactor remote settings this package's limits
+// need: batches of at most RemoteBatchMessagesMax messages and a gRPC
+// receive limit of RemoteRecvBytesMax, so that a batch of maximum-size
+// messages is never refused (which would close the stream). Note that
+// remote.WithServerOptions replaces earlier server options: add other
+// server options to the same call.
+func RemoteOptions() []remote.ConfigOption {
+	return []remote.ConfigOption{
+		remote.WithEndpointWriterBatchSize(RemoteBatchMessagesMax),
+		remote.WithServerOptions(grpc.MaxRecvMsgSize(RemoteRecvBytesMax)),
+	}
+}

@@ -1,0 +1,218 @@
+package messages
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The prefill ↔ decode handshake (DESIGN.md): decode reserves destination
+// pages and sends prefill a TransferPlan naming them; prefill streams the
+// pages over the data plane (kv frames, not these messages); when every
+// page is sealed and the token count matches, decode sends TransferAck and
+// only then does prefill release its pages. Either side may end the
+// transfer with TransferAbort.
+//
+// RequestID and Tenant are the owner of the destination pages (kv.Owner):
+// every message of the handshake names it, so that a late or misrouted
+// message for another request or tenant is refused by the page checks.
+
+// TransferPlan is decode's order to prefill: compute the KV of PromptTokens
+// and write page i of it into DestTags[i].
+type TransferPlan struct {
+	RequestID uint64 `msgpack:"id"`
+	Tenant    string `msgpack:"tenant"`
+	// TokenCount is the number of prompt tokens, 1 to PromptTokensMax. It
+	// repeats len(PromptTokens) on purpose: the two are checked against
+	// each other on both sides of the wire.
+	TokenCount uint32 `msgpack:"token_count"`
+	// PromptTokens are the token ids decode tokenized, so that both sides
+	// compute over exactly the same tokens.
+	PromptTokens []uint32 `msgpack:"prompt_tokens"`
+	// PageTokens is the page size both pools must share, 1 to PageTokensMax
+	// tokens; prefill refuses a plan whose page size is not its own.
+	PageTokens uint32 `msgpack:"page_tokens"`
+	// DestTags are the reserved destination pages in token order:
+	// ceil(TokenCount / PageTokens) distinct pages, at most PlanTagsMax.
+	DestTags []kv.Tag `msgpack:"dest_tags"`
+}
+
+var transferPlanKeys = []string{"id", "tenant", "token_count", "prompt_tokens", "page_tokens", "dest_tags"}
+
+func (*TransferPlan) TypeCode() TypeCode { return TypeTransferPlan }
+
+// Owner is the owner of the destination pages.
+func (m *TransferPlan) Owner() kv.Owner { return kv.Owner{Request: m.RequestID, Tenant: m.Tenant} }
+
+func (m *TransferPlan) Validate() error {
+	const t = TypeTransferPlan
+	if err := checkRequestID(t, m.RequestID); err != nil {
+		return err
+	}
+	if err := checkTenant(t, m.Tenant); err != nil {
+		return err
+	}
+	if err := checkRange(t, "token_count", uint64(m.TokenCount), 1, PromptTokensMax); err != nil {
+		return err
+	}
+	if len(m.PromptTokens) != int(m.TokenCount) {
+		return &InvalidFieldError{t, "prompt_tokens", fmt.Sprintf("%d tokens", len(m.PromptTokens)), fmt.Sprintf("token_count (%d)", m.TokenCount)}
+	}
+	if err := checkRange(t, "page_tokens", uint64(m.PageTokens), 1, PageTokensMax); err != nil {
+		return err
+	}
+	if err := checkLen(t, "dest_tags", len(m.DestTags), PlanTagsMax); err != nil {
+		return err
+	}
+	pages := (int(m.TokenCount) + int(m.PageTokens) - 1) / int(m.PageTokens)
+	if len(m.DestTags) != pages {
+		return &InvalidFieldError{t, "dest_tags", fmt.Sprintf("%d tags", len(m.DestTags)),
+			fmt.Sprintf("%d (%d tokens in pages of %d)", pages, m.TokenCount, m.PageTokens)}
+	}
+	return checkTags(t, "dest_tags", m.DestTags)
+}
+
+// checkTags refuses the zero incarnation and generation (kv starts both at
+// 1) and a physical page named twice, which would make two token ranges
+// share one page.
+func checkTags(t TypeCode, field string, tags []kv.Tag) error {
+	for i, tag := range tags {
+		if tag.Incarnation == 0 || tag.Generation == 0 {
+			return &InvalidFieldError{t, fmt.Sprintf("%s[%d]", field, i), tag.String(), "non-zero incarnation and generation"}
+		}
+	}
+	type page struct {
+		inc uint64
+		idx uint32
+	}
+	pages := make([]page, len(tags))
+	for i, tag := range tags {
+		pages[i] = page{tag.Incarnation, tag.Index}
+	}
+	slices.SortFunc(pages, func(a, b page) int {
+		return cmp.Or(cmp.Compare(a.inc, b.inc), cmp.Compare(a.idx, b.idx))
+	})
+	for i := 1; i < len(pages); i++ {
+		if pages[i] == pages[i-1] {
+			return &InvalidFieldError{t, field, fmt.Sprintf("page %x/%d named twice", pages[i].inc, pages[i].idx), "distinct pages"}
+		}
+	}
+	return nil
+}
+
+func (m *TransferPlan) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeTransferPlan
+	return fields(d, t, transferPlanKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readU64(d, t, "id", &m.RequestID)
+		case 1:
+			return readString(d, t, "tenant", TenantBytesMax, &m.Tenant)
+		case 2:
+			return readU32(d, t, "token_count", &m.TokenCount)
+		case 3:
+			return readTokens(d, t, "prompt_tokens", PromptTokensMax, &m.PromptTokens)
+		case 4:
+			return readU32(d, t, "page_tokens", &m.PageTokens)
+		default:
+			return readTags(d, t, "dest_tags", PlanTagsMax, &m.DestTags)
+		}
+	})
+}
+
+// TransferAck is decode's word that every destination page is sealed with a
+// matching checksum and the token count matches the plan: prefill may now
+// release its own pages.
+type TransferAck struct {
+	RequestID uint64 `msgpack:"id"`
+	Tenant    string `msgpack:"tenant"`
+	// TokenCount and Pages repeat the plan's figures, so that prefill checks
+	// that the ack is for the plan it executed.
+	TokenCount uint32 `msgpack:"token_count"`
+	Pages      uint32 `msgpack:"pages"`
+}
+
+var transferAckKeys = []string{"id", "tenant", "token_count", "pages"}
+
+func (*TransferAck) TypeCode() TypeCode { return TypeTransferAck }
+
+// Owner is the owner of the destination pages.
+func (m *TransferAck) Owner() kv.Owner { return kv.Owner{Request: m.RequestID, Tenant: m.Tenant} }
+
+func (m *TransferAck) Validate() error {
+	const t = TypeTransferAck
+	if err := checkRequestID(t, m.RequestID); err != nil {
+		return err
+	}
+	if err := checkTenant(t, m.Tenant); err != nil {
+		return err
+	}
+	if err := checkRange(t, "token_count", uint64(m.TokenCount), 1, PromptTokensMax); err != nil {
+		return err
+	}
+	return checkRange(t, "pages", uint64(m.Pages), 1, PlanTagsMax)
+}
+
+func (m *TransferAck) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeTransferAck
+	return fields(d, t, transferAckKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readU64(d, t, "id", &m.RequestID)
+		case 1:
+			return readString(d, t, "tenant", TenantBytesMax, &m.Tenant)
+		case 2:
+			return readU32(d, t, "token_count", &m.TokenCount)
+		default:
+			return readU32(d, t, "pages", &m.Pages)
+		}
+	})
+}
+
+// TransferAbort ends a transfer from either side; each releases its pages
+// (decode's deferred until its reclaim deadline, so that late frames meet a
+// new generation).
+type TransferAbort struct {
+	RequestID uint64    `msgpack:"id"`
+	Tenant    string    `msgpack:"tenant"`
+	Reason    WireError `msgpack:"reason"`
+}
+
+var transferAbortKeys = []string{"id", "tenant", "reason"}
+
+func (*TransferAbort) TypeCode() TypeCode { return TypeTransferAbort }
+
+// Owner is the owner of the destination pages.
+func (m *TransferAbort) Owner() kv.Owner { return kv.Owner{Request: m.RequestID, Tenant: m.Tenant} }
+
+func (m *TransferAbort) Validate() error {
+	const t = TypeTransferAbort
+	if err := checkRequestID(t, m.RequestID); err != nil {
+		return err
+	}
+	if err := checkTenant(t, m.Tenant); err != nil {
+		return err
+	}
+	return m.Reason.validate(t, "reason")
+}
+
+func (m *TransferAbort) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeTransferAbort
+	return fields(d, t, transferAbortKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readU64(d, t, "id", &m.RequestID)
+		case 1:
+			return readString(d, t, "tenant", TenantBytesMax, &m.Tenant)
+		default:
+			e, err := readWireError(d, t, "reason", false)
+			if e != nil {
+				m.Reason = *e
+			}
+			return err
+		}
+	})
+}

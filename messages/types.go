@@ -1,0 +1,94 @@
+package messages
+
+import (
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/remote"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// TypeCode names a message type on the wire. Codes are stable: a code is
+// never renumbered and a retired code is never reused, because nodes of
+// different builds exchange them during a rolling upgrade.
+type TypeCode uint16
+
+// The message types. Client API first, then the prefill ↔ decode handshake.
+const (
+	TypeGenerateRequest TypeCode = 1
+	TypeTokenChunk      TypeCode = 2
+	TypeGenerateResult  TypeCode = 3
+	TypeCancelRequest   TypeCode = 4
+	TypeTransferPlan    TypeCode = 5
+	TypeTransferAck     TypeCode = 6
+	TypeTransferAbort   TypeCode = 7
+)
+
+// Message is implemented by every message that crosses an actor or node
+// boundary. Only pointers implement it (*GenerateRequest, …), so that a value
+// sent by mistake is a compile error in the helpers (Send, RequestFuture)
+// instead of a message that silently fails to serialize.
+type Message interface {
+	// TypeCode is the message's stable type code.
+	TypeCode() TypeCode
+	// Validate checks every field against this package's limits; the sender
+	// calls it (through Encode) before anything leaves the process.
+	Validate() error
+	// DecodeMsgpack reads the message body, bounded by the limits.
+	msgpack.CustomDecoder
+	// Serialize turns the message into the protobuf envelope that
+	// protoactor remote can carry (see envelope.go).
+	remote.RootSerializable
+}
+
+// typeInfo describes one message type: its name for errors, the range of
+// wire versions this build decodes, the version it encodes, and a
+// constructor.
+type typeInfo struct {
+	name       string
+	versionMin uint8
+	version    uint8
+	new        func() Message
+}
+
+// types is indexed by TypeCode; a zero entry is an unknown code.
+var types = [...]typeInfo{
+	TypeGenerateRequest: {"GenerateRequest", 1, 1, func() Message { return new(GenerateRequest) }},
+	TypeTokenChunk:      {"TokenChunk", 1, 1, func() Message { return new(TokenChunk) }},
+	TypeGenerateResult:  {"GenerateResult", 1, 1, func() Message { return new(GenerateResult) }},
+	TypeCancelRequest:   {"CancelRequest", 1, 1, func() Message { return new(CancelRequest) }},
+	TypeTransferPlan:    {"TransferPlan", 1, 1, func() Message { return new(TransferPlan) }},
+	TypeTransferAck:     {"TransferAck", 1, 1, func() Message { return new(TransferAck) }},
+	TypeTransferAbort:   {"TransferAbort", 1, 1, func() Message { return new(TransferAbort) }},
+}
+
+func lookup(c TypeCode) (typeInfo, bool) {
+	if int(c) >= len(types) || types[c].new == nil {
+		return typeInfo{}, false
+	}
+	return types[c], true
+}
+
+// Known reports whether this build can decode messages of type c.
+func (c TypeCode) Known() bool { _, ok := lookup(c); return ok }
+
+// Version is the wire version this build encodes for type c, or 0 if c is
+// unknown.
+func (c TypeCode) Version() uint8 { t, _ := lookup(c); return t.version }
+
+func (c TypeCode) String() string {
+	if t, ok := lookup(c); ok {
+		return t.name
+	}
+	return fmt.Sprintf("type(%d)", uint16(c))
+}
+
+// TypeCodes lists every known type code in increasing order.
+func TypeCodes() []TypeCode {
+	var out []TypeCode
+	for c := range types {
+		if types[c].new != nil {
+			out = append(out, TypeCode(c))
+		}
+	}
+	return out
+}
