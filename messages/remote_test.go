@@ -41,24 +41,9 @@ func startNode(t *testing.T) *node {
 	return n
 }
 
-// stop shuts the node down gracefully, which stops its endpoint writers
-// (closing their gRPC connections) and readers, then the gRPC server.
-//
-// Upstream bug: when an endpoint reader's stream ends with an error rather
-// than io.EOF (typically because the peer shut down first), the reader
-// closes its disconnect channel but leaves it registered, and a later
-// graceful Shutdown panics with "send on closed channel" in
-// endpointManager.stop. By then the endpoint actors are already stopped, so
-// stop recovers and finishes with the non-graceful Shutdown, which stops
-// the gRPC server.
 func (n *node) stop() {
-	defer n.sys.Shutdown()
-	defer func() {
-		if recover() != nil {
-			n.remote.Shutdown(false)
-		}
-	}()
-	n.remote.Shutdown(true)
+	ShutdownRemote(n.remote)
+	n.sys.Shutdown()
 }
 
 // server is the actor on the far node: it answers GenerateRequest with a

@@ -75,3 +75,22 @@ func RemoteOptions() []remote.ConfigOption {
 		remote.WithServerOptions(grpc.MaxRecvMsgSize(RemoteRecvBytesMax)),
 	}
 }
+
+// ShutdownRemote shuts r down gracefully, which stops its endpoint writers
+// (closing their gRPC connections) and readers, then the gRPC server.
+//
+// Upstream bug: when an endpoint reader's stream ends with an error rather
+// than io.EOF (typically because the peer shut down first), the reader
+// closes its disconnect channel but leaves it registered, and a later
+// graceful Shutdown panics with "send on closed channel" in
+// endpointManager.stop. By then the endpoint actors are already stopped, so
+// ShutdownRemote recovers and finishes with the non-graceful Shutdown,
+// which stops the gRPC server.
+func ShutdownRemote(r *remote.Remote) {
+	defer func() {
+		if recover() != nil {
+			r.Shutdown(false)
+		}
+	}()
+	r.Shutdown(true)
+}

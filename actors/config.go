@@ -1,0 +1,163 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// Config is everything one node's actors need. Every limit is a named field
+// with its unit; Validate runs before any pool is allocated.
+type Config struct {
+	// Model is the model every worker computes.
+	Model gpu.ModelConfig
+	// PageTokens is the tokens one KV page holds.
+	PageTokens int
+	// PrefillWorkers and DecodeWorkers are how many GPU-worker actors of
+	// each role the node runs, each with its own pool. At least 1 each.
+	PrefillWorkers, DecodeWorkers int
+	// PrefillPages and DecodePages are the pages of each worker's pool.
+	PrefillPages, DecodePages int
+	// ContextTokens is the context window the node advertises: prompt plus
+	// generated tokens. At most Model.ContextTokens.
+	ContextTokens int
+	// MaxTokensMax is the most tokens one request may ask to generate.
+	MaxTokensMax int
+	// QueueMax is the most requests admitted and not finished at once;
+	// one more is answered "busy".
+	QueueMax int
+	// BatchMax is the most decode sequences a worker steps between two
+	// looks at its mailbox.
+	BatchMax int
+	// TransferBatchPagesMax and TransferBatchBytesMax bound one batch of
+	// KV frames from prefill to decode, in pages and bytes.
+	TransferBatchPagesMax int
+	TransferBatchBytesMax int
+	// MailboxMax bounds every actor's mailbox, in messages; a sender to a
+	// full mailbox waits.
+	MailboxMax int
+	// CallTimeout bounds one request from an actor to another and its
+	// answer.
+	CallTimeout time.Duration
+	// RequestTimeout bounds a whole request from admission to its last
+	// token; past it the request fails and its pages are released.
+	RequestTimeout time.Duration
+	// ReserveWait is how long a request waits for pages when a pool is
+	// exhausted before it fails with "busy"; ReserveRetry is the pause
+	// between attempts.
+	ReserveWait, ReserveRetry time.Duration
+	// ReclaimAfter is how long a released page waits for a lease holder
+	// or the peer's acknowledgement before it is reclaimed anyway.
+	ReclaimAfter time.Duration
+	// ArenaBytesMax bounds each pool's arena, in bytes.
+	ArenaBytesMax int64
+	// Incarnation identifies this run of the node in every tag; zero
+	// means draw one at start.
+	Incarnation uint64
+}
+
+// DefaultConfig is a node of one prefill and one decode worker over the
+// reference engine's default model, with 16-token pages.
+func DefaultConfig() Config {
+	return Config{
+		Model:                 gpu.DefaultModelConfig(),
+		PageTokens:            16,
+		PrefillWorkers:        1,
+		DecodeWorkers:         1,
+		PrefillPages:          512,
+		DecodePages:           1024,
+		ContextTokens:         2048,
+		MaxTokensMax:          1024,
+		QueueMax:              256,
+		BatchMax:              32,
+		TransferBatchPagesMax: 8,
+		TransferBatchBytesMax: 1 << 20,
+		MailboxMax:            1024,
+		CallTimeout:           5 * time.Second,
+		RequestTimeout:        2 * time.Minute,
+		ReserveWait:           10 * time.Second,
+		ReserveRetry:          20 * time.Millisecond,
+		ReclaimAfter:          30 * time.Second,
+		ArenaBytesMax:         kv.DefaultArenaBytesMax,
+	}
+}
+
+// DefaultLocalConfig is DefaultConfig with small pools and short timers,
+// for tests and a first look.
+func DefaultLocalConfig() Config {
+	c := DefaultConfig()
+	c.PrefillPages = 128
+	c.DecodePages = 256
+	c.ContextTokens = 1024
+	c.MaxTokensMax = 256
+	c.QueueMax = 64
+	c.RequestTimeout = 30 * time.Second
+	c.ReserveWait = 2 * time.Second
+	c.ReclaimAfter = 2 * time.Second
+	return c
+}
+
+// Geometry is the KV geometry of every pool of the node.
+func (c Config) Geometry() kv.Geometry { return c.Model.Geometry(c.PageTokens) }
+
+// BatchLimits are the bounds of one transfer batch.
+func (c Config) BatchLimits() kv.BatchLimits {
+	return kv.BatchLimits{PagesMax: c.TransferBatchPagesMax, BytesMax: c.TransferBatchBytesMax, Frame: c.Geometry().Limits()}
+}
+
+func (c Config) pool(pages int, incarnation uint64) kv.Config {
+	return kv.Config{Geometry: c.Geometry(), Pages: pages, Incarnation: incarnation,
+		ReclaimAfter: c.ReclaimAfter, ArenaBytesMax: c.ArenaBytesMax}
+}
+
+// Validate reports the first field out of range, with its value.
+func (c Config) Validate() error {
+	if err := c.Model.Validate(); err != nil {
+		return err
+	}
+	if err := c.Geometry().Validate(); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"PrefillWorkers", c.PrefillWorkers}, {"DecodeWorkers", c.DecodeWorkers},
+		{"PrefillPages", c.PrefillPages}, {"DecodePages", c.DecodePages},
+		{"ContextTokens", c.ContextTokens}, {"MaxTokensMax", c.MaxTokensMax},
+		{"QueueMax", c.QueueMax}, {"BatchMax", c.BatchMax},
+		{"TransferBatchPagesMax", c.TransferBatchPagesMax}, {"MailboxMax", c.MailboxMax},
+	} {
+		if f.v < 1 {
+			return fmt.Errorf("actors: %s (%d) must be at least 1", f.name, f.v)
+		}
+	}
+	if c.ContextTokens > c.Model.ContextTokens {
+		return fmt.Errorf("actors: ContextTokens (%d) exceeds the model's context (%d)", c.ContextTokens, c.Model.ContextTokens)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"CallTimeout", c.CallTimeout}, {"RequestTimeout", c.RequestTimeout},
+		{"ReserveWait", c.ReserveWait}, {"ReserveRetry", c.ReserveRetry}, {"ReclaimAfter", c.ReclaimAfter},
+	} {
+		if d.v <= 0 {
+			return fmt.Errorf("actors: %s (%s) must be positive", d.name, d.v)
+		}
+	}
+	if err := c.BatchLimits().Validate(); err != nil {
+		return err
+	}
+	for _, p := range []struct {
+		role  string
+		pages int
+	}{{"prefill", c.PrefillPages}, {"decode", c.DecodePages}} {
+		if err := c.pool(p.pages, 1).Validate(); err != nil {
+			return fmt.Errorf("actors: %s pool: %w", p.role, err)
+		}
+	}
+	return nil
+}

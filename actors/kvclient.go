@@ -1,0 +1,71 @@
+package actors
+
+import (
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// pageClient is a gpu.KV whose every call is a message to a page actor of
+// one pool: the engine computes over page actors exactly as over a
+// kv.Pool. A lease's bytes come back with the lease (same process only),
+// and Read serves them while this client holds the lease: sealed bytes do
+// not change while leased, so the handshake at Lease is the check.
+type pageClient struct {
+	pool  *Pool
+	r     Requester
+	views map[kv.Lease][]byte
+	held  map[kv.Lease]int
+}
+
+func newPageClient(pool *Pool, r Requester) *pageClient {
+	return &pageClient{pool: pool, r: r, views: map[kv.Lease][]byte{}, held: map[kv.Lease]int{}}
+}
+
+func (c *pageClient) Geometry() kv.Geometry { return c.pool.Geometry }
+
+func (c *pageClient) VerifyPage(i, first int, mp kv.ManifestPage, owner kv.Owner) error {
+	return c.pool.Page(c.r, mp.Tag, PageVerify{Index: i, First: first, Entry: mp, Owner: owner}).Err
+}
+
+func (c *pageClient) Write(tag kv.Tag, owner kv.Owner, first int, data []byte) error {
+	// The page actor copies data; the message must own what it carries.
+	return c.pool.Page(c.r, tag, PageWrite{Tag: tag, Owner: owner, First: first, Data: append([]byte(nil), data...)}).Err
+}
+
+func (c *pageClient) Seal(tag kv.Tag, owner kv.Owner) (uint64, error) {
+	rep := c.pool.Page(c.r, tag, PageSeal{Tag: tag, Owner: owner})
+	return rep.Sum, rep.Err
+}
+
+func (c *pageClient) Lease(tag kv.Tag, owner kv.Owner) (kv.Lease, error) {
+	rep := c.pool.Page(c.r, tag, PageLease{Tag: tag, Owner: owner})
+	if rep.Err != nil {
+		return kv.Lease{}, rep.Err
+	}
+	c.views[rep.Lease] = rep.Bytes
+	c.held[rep.Lease]++
+	return rep.Lease, nil
+}
+
+func (c *pageClient) Read(l kv.Lease) ([]byte, int, error) {
+	if c.held[l] == 0 {
+		return nil, 0, &kv.StateError{Page: l.Tag, Op: "read without lease", State: kv.Free}
+	}
+	b := c.views[l]
+	return b, len(b) / c.pool.Geometry.BytesPerToken(), nil
+}
+
+func (c *pageClient) Unlease(l kv.Lease) error {
+	if err := c.pool.Page(c.r, l.Tag, PageUnlease{Lease: l}).Err; err != nil {
+		return err
+	}
+	if c.held[l]--; c.held[l] == 0 {
+		delete(c.held, l)
+		delete(c.views, l)
+	}
+	return nil
+}
+
+// release gives a page back through its page actor.
+func (c *pageClient) release(tag kv.Tag, owner kv.Owner) error {
+	return c.pool.Page(c.r, tag, PageRelease{Tag: tag, Owner: owner}).Err
+}

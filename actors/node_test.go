@@ -1,0 +1,255 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+func testConfig() Config {
+	c := DefaultLocalConfig()
+	c.PrefillPages = 64
+	c.DecodePages = 96
+	c.ContextTokens = 512
+	c.MaxTokensMax = 64
+	return c
+}
+
+// startNode starts a node and, at the end of the test, checks that no actor
+// broke an invariant and that every pool is entirely free again.
+func startNode(t *testing.T, cfg Config) *Node {
+	t.Helper()
+	n, err := Start(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		quiesce(t, n)
+		n.Stop()
+	})
+	return n
+}
+
+// quiesce checks that every page of every pool is free. Each worker is
+// asked for its status first: that flushes its mailbox, so every ack,
+// cancel and release sent to it before now has been carried out, and every
+// page free it caused is queued at its pool ahead of the pool's status
+// request.
+func quiesce(t *testing.T, n *Node) {
+	t.Helper()
+	select {
+	case e := <-n.Fatal():
+		t.Fatalf("invariant broken: %v", e)
+	default:
+	}
+	for _, w := range n.Workers() {
+		if _, err := ask[WorkerStatusReply](n.Root(), w, WorkerStatus{}, n.cfg.CallTimeout); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range n.Pools() {
+		s, err := p.Status(n.Root())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Free != s.Capacity {
+			t.Errorf("pool %s: %d of %d pages free after the test", p.PID.Id, s.Free, s.Capacity)
+		}
+	}
+}
+
+func localClient(n *Node) *client.Client {
+	return client.New(n.Root().ActorSystem(), n.Admission(), client.Options{NoAnswerAfter: 30 * time.Second})
+}
+
+// reference is the single-engine answer: greedy tokens of the whole prompt,
+// cut after EOS as the node cuts them.
+func reference(t *testing.T, cfg Config, prompt string, maxTokens int) []int {
+	t.Helper()
+	want, err := gpu.Reference(cfg.Model, gpu.ByteTokenizer{}.Encode(prompt), maxTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tok := range want {
+		if tok == gpu.EOS {
+			return want[:i+1]
+		}
+	}
+	return want
+}
+
+func TestConcurrentTenantsGetReferenceAnswers(t *testing.T) {
+	cfg := testConfig()
+	n := startNode(t, cfg)
+	c := localClient(n)
+	type job struct {
+		tenant, prompt string
+		max            int
+	}
+	var jobs []job
+	for i := range 16 {
+		tenant := fmt.Sprintf("tenant-%d", i%4)
+		// Prompt lengths from 1 to ~200 tokens cross page boundaries.
+		prompt := strings.Repeat(fmt.Sprintf("%s asks question %d. ", tenant, i), 20)[:1+(i*37)%200]
+		jobs = append(jobs, job{tenant, prompt, 8 + i%5*7})
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(jobs))
+	for i, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var streamed []int
+			res, err := c.Generate(context.Background(), j.tenant, j.prompt, client.GenerateOptions{MaxTokens: j.max},
+				func(tok int) { streamed = append(streamed, tok) })
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			want := reference(t, cfg, j.prompt, j.max)
+			if fmt.Sprint(res.Tokens) != fmt.Sprint(want) || fmt.Sprint(streamed) != fmt.Sprint(want) {
+				errs[i] = fmt.Errorf("%s %q: got %v (streamed %v), reference %v", j.tenant, j.prompt, res.Tokens, streamed, want)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	s, err := n.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Completed != 16 || s.Failed != 0 || s.FramesRefused != 0 || s.FramesAccepted == 0 {
+		t.Errorf("status after 16 requests: %+v", s)
+	}
+}
+
+func TestOversizePromptRefusedBeforeAnyPage(t *testing.T) {
+	cfg := testConfig()
+	n := startNode(t, cfg)
+	c := localClient(n)
+	for _, tc := range []struct {
+		prompt int
+		max    int
+		where  string
+		have   uint64
+		limit  uint64
+	}{
+		{cfg.ContextTokens + 1, 1, "context window", uint64(cfg.ContextTokens + 1), uint64(cfg.ContextTokens)},
+		{cfg.ContextTokens - 4, 10, "context window (prompt + max_tokens)", uint64(cfg.ContextTokens + 6), uint64(cfg.ContextTokens)},
+	} {
+		_, err := c.Generate(context.Background(), "acme", strings.Repeat("x", tc.prompt), client.GenerateOptions{MaxTokens: tc.max}, nil)
+		var we *messages.WireError
+		if !errors.As(err, &we) || we.Code != messages.CodePromptTooLong || we.Where != tc.where || we.Have != tc.have || we.Limit != tc.limit {
+			t.Fatalf("prompt of %d + %d: got %v", tc.prompt, tc.max, err)
+		}
+		if !strings.Contains(we.Message, fmt.Sprint(tc.have)) || !strings.Contains(we.Message, fmt.Sprint(tc.limit)) {
+			t.Errorf("message lacks the numbers: %q", we.Message)
+		}
+	}
+	// Zero pages reserved and zero frames sent, anywhere.
+	for _, p := range n.Pools() {
+		s, err := p.Status(n.Root())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Reservations != 0 {
+			t.Errorf("pool %s reserved %d pages for refused prompts", p.PID.Id, s.Reservations)
+		}
+	}
+	for _, w := range n.Workers() {
+		s, err := ask[WorkerStatusReply](n.Root(), w, WorkerStatus{}, cfg.CallTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.FramesSent != 0 || s.BatchesSent != 0 {
+			t.Errorf("worker %s sent %d frames for refused prompts", w.Id, s.FramesSent)
+		}
+	}
+	if s, _ := n.Status(); s.RejectedTooLong != 2 || s.Admitted != 0 {
+		t.Errorf("status: %+v", s)
+	}
+}
+
+func TestSmallestPoolOnPathRefuses(t *testing.T) {
+	cfg := testConfig()
+	cfg.PrefillPages = 4 // 64 tokens
+	n := startNode(t, cfg)
+	_, err := localClient(n).Generate(context.Background(), "acme", strings.Repeat("y", 65), client.GenerateOptions{MaxTokens: 1}, nil)
+	var we *messages.WireError
+	if !errors.As(err, &we) || we.Code != messages.CodePromptTooLong || we.Where != "prefill pool" || we.Have != 65 || we.Limit != 64 {
+		t.Fatalf("prompt of 65 over a 64-token prefill pool: %v", err)
+	}
+}
+
+func TestCancelMidStreamFreesPages(t *testing.T) {
+	cfg := testConfig()
+	n := startNode(t, cfg)
+	c := localClient(n)
+	ctx, cancel := context.WithCancel(context.Background())
+	got := 0
+	_, err := c.Generate(ctx, "acme", "a prompt that will be cut short", client.GenerateOptions{MaxTokens: 64}, func(int) {
+		if got++; got == 3 {
+			cancel()
+		}
+	})
+	var we *messages.WireError
+	if !errors.Is(err, context.Canceled) || !errors.As(err, &we) || we.Code != messages.CodeCancelled {
+		t.Fatalf("cancelled generate: %v", err)
+	}
+	if got >= 64 {
+		t.Fatalf("cancel did not stop the stream: %d tokens", got)
+	}
+	// The cleanup checks that every page is free again.
+}
+
+func TestPoolExhaustionWaitsOrBusyNeverWrong(t *testing.T) {
+	cfg := testConfig()
+	cfg.DecodePages = 12 // a 100-token prompt with 40 new tokens takes 7 + 3 = 10
+	cfg.ReserveWait = 200 * time.Millisecond
+	n := startNode(t, cfg)
+	c := localClient(n)
+	prompt := strings.Repeat("z", 100)
+	want := reference(t, cfg, prompt, 40)
+	var wg sync.WaitGroup
+	results := make([]error, 6)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := c.Generate(context.Background(), fmt.Sprintf("t%d", i), prompt, client.GenerateOptions{MaxTokens: 40}, nil)
+			if err == nil && fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
+				err = fmt.Errorf("wrong answer %v, want %v", res.Tokens, want)
+			}
+			results[i] = err
+		}()
+	}
+	wg.Wait()
+	ok, busy := 0, 0
+	for _, err := range results {
+		var we *messages.WireError
+		switch {
+		case err == nil:
+			ok++
+		case errors.As(err, &we) && we.Code == messages.CodeBusy:
+			busy++
+		default:
+			t.Errorf("neither an answer nor busy: %v", err)
+		}
+	}
+	if ok == 0 {
+		t.Fatalf("no request got through: %d busy", busy)
+	}
+	t.Logf("%d answered, %d busy", ok, busy)
+}

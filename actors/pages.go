@@ -1,0 +1,227 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// Messages to a page actor. Each is answered with a PageReply, except
+// pageAssign (from the pool actor, which owns the free list) and
+// pageReclaim (the page's own timer).
+type (
+	// PageWrite appends token rows (kv.Page.Write). Data is owned by the
+	// message: the sender must not touch it after sending.
+	PageWrite struct {
+		Tag   kv.Tag
+		Owner kv.Owner
+		First int
+		Data  []byte
+	}
+	// PageSeal seals the page; the reply carries the checksum.
+	PageSeal struct {
+		Tag   kv.Tag
+		Owner kv.Owner
+	}
+	// PageLease asks for a read lease; the reply carries the lease and,
+	// for a reader in the same process, the page's written bytes, which do
+	// not change while the lease is held.
+	PageLease struct {
+		Tag   kv.Tag
+		Owner kv.Owner
+	}
+	// PageUnlease gives a lease back.
+	PageUnlease struct{ Lease kv.Lease }
+	// PageAwaitAck marks the page as sent to a peer that has not
+	// acknowledged it.
+	PageAwaitAck struct {
+		Tag   kv.Tag
+		Owner kv.Owner
+	}
+	// PageAck records the peer's acknowledgement.
+	PageAck struct {
+		Tag   kv.Tag
+		Owner kv.Owner
+	}
+	// PageRelease gives the page back, at once or deferred.
+	PageRelease struct {
+		Tag   kv.Tag
+		Owner kv.Owner
+	}
+	// PageVerify checks entry Index of a manifest, expected at sequence
+	// position First, against the page.
+	PageVerify struct {
+		Index, First int
+		Entry        kv.ManifestPage
+		Owner        kv.Owner
+	}
+	// PageInspect asks for the page's kv.PageInfo; the reply is a
+	// kv.PageInfo.
+	PageInspect struct{}
+
+	// PageReply answers every page message but PageInspect.
+	PageReply struct {
+		Err    error
+		Sum    uint64
+		Lease  kv.Lease
+		Bytes  []byte
+		Tokens int
+	}
+
+	pageAssign struct {
+		Tag   kv.Tag
+		Owner kv.Owner
+		First int
+	}
+	pageReclaim struct{ Tag kv.Tag }
+	pageFreed   struct{ Tag kv.Tag }
+)
+
+// pageActor owns one kv.Page: every change of owner, every write and every
+// read lease of that page goes through its mailbox, one at a time.
+type pageActor struct {
+	page  *kv.Page
+	pool  *actor.PID // told of every free, to put the page back on its free list
+	clock func() time.Time
+	stats *poolCounters
+}
+
+func (a *pageActor) Receive(c actor.Context) {
+	pg := a.page
+	var r PageReply
+	var freed bool
+	switch m := c.Message().(type) {
+	case pageAssign:
+		pg.Assign(m.Tag, m.Owner, m.First)
+		return
+	case PageWrite:
+		r.Err = pg.Write(m.Tag, m.Owner, m.First, m.Data)
+	case PageSeal:
+		r.Sum, r.Err = pg.Seal(m.Tag, m.Owner)
+	case PageLease:
+		if r.Lease, r.Err = pg.Lease(m.Tag, m.Owner); r.Err == nil {
+			r.Bytes, r.Tokens, r.Err = pg.Read(r.Lease)
+		}
+	case PageUnlease:
+		freed, r.Err = pg.Unlease(m.Lease)
+	case PageAwaitAck:
+		r.Err = pg.AwaitAck(m.Tag, m.Owner)
+	case PageAck:
+		freed, r.Err = pg.Ack(m.Tag, m.Owner)
+	case PageRelease:
+		freed, r.Err = pg.Release(m.Tag, m.Owner, a.clock())
+		if r.Err == nil && !freed {
+			a.scheduleReclaim(c)
+		}
+	case PageVerify:
+		r.Err = pg.Verify(m.Index, m.First, m.Entry, m.Owner)
+	case PageInspect:
+		c.Respond(pg.Info())
+		return
+	case pageReclaim:
+		if pg.Tag() != m.Tag {
+			return // freed in the meantime
+		}
+		rec, ok := pg.Reclaim(a.clock())
+		if !ok {
+			a.scheduleReclaim(c) // the clock fired early
+			return
+		}
+		a.stats.reclaimed.Add(1)
+		a.stats.log.Warn("page reclaimed at its deadline", "tag", rec.Tag.String(), "owner", rec.Owner.String(),
+			"readers", rec.Readers, "await_ack", rec.AwaitAck)
+		c.Send(a.pool, pageFreed{Tag: pg.Tag()})
+		return
+	default:
+		return
+	}
+	if r.Err != nil {
+		a.stats.refused(r.Err)
+	}
+	if freed {
+		c.Send(a.pool, pageFreed{Tag: pg.Tag()})
+	}
+	c.Respond(r)
+}
+
+// scheduleReclaim arranges for the page to look at its deadline again.
+func (a *pageActor) scheduleReclaim(c actor.Context) {
+	info := a.page.Info()
+	self, sys, tag := c.Self(), c.ActorSystem(), info.Tag
+	time.AfterFunc(max(info.Deadline.Sub(a.clock()), 0), func() {
+		sys.Root.Send(self, pageReclaim{Tag: tag})
+	})
+}
+
+// Messages to a pool actor.
+type (
+	// Reserve asks for N pages for Owner from sequence position First, all
+	// or nothing; answered with a ReserveReply.
+	Reserve struct {
+		Owner kv.Owner
+		First int
+		N     int
+	}
+	// ReserveReply carries the tags, in order, or the refusal
+	// (kv.PoolExhaustedError when too few pages are free).
+	ReserveReply struct {
+		Tags []kv.Tag
+		Err  error
+	}
+	// PoolStatus asks for a PoolStatusReply.
+	PoolStatus struct{}
+	// PoolStatusReply is the pool's page accounting.
+	PoolStatusReply struct {
+		Capacity, Free int
+		Reservations   uint64
+		Reclaimed      uint64
+		Refused        kv.Refusals
+	}
+)
+
+// poolActor owns one device's kv.FreeList: reservations are all or nothing,
+// and a page goes back on the free list only when its page actor reports
+// the free.
+type poolActor struct {
+	cfg          kv.Config
+	pids         []*actor.PID
+	free         kv.FreeList
+	stats        *poolCounters
+	reservations uint64
+}
+
+func (a *poolActor) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case Reserve:
+		c.Respond(a.reserve(c, m))
+	case pageFreed:
+		a.free.Push(m.Tag)
+	case PoolStatus:
+		c.Respond(PoolStatusReply{Capacity: a.free.Capacity(), Free: a.free.Len(), Reservations: a.reservations,
+			Reclaimed: a.stats.reclaimed.Load(), Refused: a.stats.snapshot()})
+	}
+}
+
+func (a *poolActor) reserve(c actor.Context, m Reserve) ReserveReply {
+	if err := m.Owner.Validate(); err != nil {
+		return ReserveReply{Err: err}
+	}
+	if m.First < 0 || m.First > kv.SequenceTokensMax {
+		return ReserveReply{Err: fmt.Errorf("actors: reserve at sequence position %d: want 0 to %d", m.First, kv.SequenceTokensMax)}
+	}
+	tags, err := a.free.Take(m.N)
+	if err != nil {
+		return ReserveReply{Err: err}
+	}
+	// The assignments are in the page actors' mailboxes before the reply
+	// leaves: anything the owner sends a page after the reply is behind
+	// its assignment.
+	for i, t := range tags {
+		c.Send(a.pids[t.Index], pageAssign{Tag: t, Owner: m.Owner, First: m.First + i*a.cfg.Geometry.PageTokens})
+	}
+	a.reservations += uint64(m.N)
+	return ReserveReply{Tags: tags}
+}

@@ -1,0 +1,148 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// poolCounters are shared by a pool actor and its page actors, which run on
+// different goroutines.
+type poolCounters struct {
+	log       *slog.Logger
+	reclaimed atomic.Uint64
+	mu        sync.Mutex
+	refusals  kv.Refusals
+}
+
+func (s *poolCounters) refused(err error) {
+	s.mu.Lock()
+	s.refusals.Count(err)
+	s.mu.Unlock()
+}
+
+func (s *poolCounters) snapshot() kv.Refusals {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refusals
+}
+
+// Pool is the handle of one device's pool: the pool actor that reserves,
+// and one page actor per physical page. It is an immutable value, safe to
+// share.
+type Pool struct {
+	PID      *actor.PID
+	Pages    []*actor.PID
+	Geometry kv.Geometry
+	// Timeout bounds every call a Pool method makes.
+	Timeout time.Duration
+}
+
+// spawnPool allocates cfg's arena once, spawns one page actor a page named
+// name/page-i, and the pool actor named name.
+func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox int, timeout time.Duration,
+	clock func() time.Time, log *slog.Logger) (*Pool, error) {
+	pages, err := kv.NewPages(cfg)
+	if err != nil {
+		return nil, err
+	}
+	stats := &poolCounters{log: log}
+	pool := &Pool{PID: actor.NewPID(root.ActorSystem().Address(), name), Pages: make([]*actor.PID, len(pages)),
+		Geometry: cfg.Geometry, Timeout: timeout}
+	for i := range pages {
+		pg := &pages[i]
+		props := actor.PropsFromProducer(func() actor.Actor {
+			return &pageActor{page: pg, pool: pool.PID, clock: clock, stats: stats}
+		}, actor.WithMailbox(actor.Bounded(mailbox)))
+		if pool.Pages[i], err = root.SpawnNamed(props, fmt.Sprintf("%s/page-%d", name, i)); err != nil {
+			return nil, fmt.Errorf("actors: spawn of page %d of %d: %w", i, len(pages), err)
+		}
+	}
+	props := actor.PropsFromProducer(func() actor.Actor {
+		return &poolActor{cfg: cfg, pids: pool.Pages, free: kv.NewFreeList(kv.FirstTags(pages)), stats: stats}
+	}, actor.WithMailbox(actor.Bounded(mailbox)))
+	pid, err := root.SpawnNamed(props, name)
+	if err != nil {
+		return nil, fmt.Errorf("actors: spawn of pool %s: %w", name, err)
+	}
+	if !pid.Equal(pool.PID) {
+		panic(fmt.Sprintf("actors: pool %s spawned as %s", pool.PID, pid))
+	}
+	return pool, nil
+}
+
+// Requester is what can make a request to an actor and wait for the
+// answer: an actor.Context or an actor.RootContext.
+type Requester interface {
+	RequestFuture(pid *actor.PID, message any, timeout time.Duration) *actor.Future
+}
+
+// ErrActorTimeout matches (errors.Is) a call to an actor that got no answer
+// in time.
+var ErrActorTimeout = errors.New("actors: no answer in time")
+
+// TimeoutError says which call got no answer within how long.
+type TimeoutError struct {
+	Call    string
+	Timeout time.Duration
+	Cause   error
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("actors: %s: no answer within %s: %v", e.Call, e.Timeout, e.Cause)
+}
+
+func (e *TimeoutError) Is(target error) bool { return target == ErrActorTimeout }
+
+// ask sends msg to pid and waits for an answer of type T.
+func ask[T any](r Requester, pid *actor.PID, msg any, timeout time.Duration) (T, error) {
+	var zero T
+	res, err := r.RequestFuture(pid, msg, timeout).Result()
+	if err != nil {
+		return zero, &TimeoutError{Call: fmt.Sprintf("%T to %s", msg, pid.Id), Timeout: timeout, Cause: err}
+	}
+	v, ok := res.(T)
+	if !ok {
+		return zero, fmt.Errorf("actors: %T to %s answered %T, want %T", msg, pid.Id, res, zero)
+	}
+	return v, nil
+}
+
+// Reserve asks the pool actor for n pages, all or nothing.
+func (p *Pool) Reserve(r Requester, owner kv.Owner, first, n int) ([]kv.Tag, error) {
+	rep, err := ask[ReserveReply](r, p.PID, Reserve{Owner: owner, First: first, N: n}, p.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	return rep.Tags, rep.Err
+}
+
+// Status asks the pool actor for its accounting.
+func (p *Pool) Status(r Requester) (PoolStatusReply, error) {
+	return ask[PoolStatusReply](r, p.PID, PoolStatus{}, p.Timeout)
+}
+
+// Page sends msg to the page actor of tag and waits for its reply. A tag
+// of another pool is refused here, as the page itself would.
+func (p *Pool) Page(r Requester, tag kv.Tag, msg any) PageReply {
+	if int64(tag.Index) >= int64(len(p.Pages)) {
+		return PageReply{Err: &kv.StaleTagError{Page: tag.Index, Have: tag}}
+	}
+	rep, err := ask[PageReply](r, p.Pages[tag.Index], msg, p.Timeout)
+	if err != nil {
+		return PageReply{Err: err}
+	}
+	return rep
+}
+
+// Inspect asks page idx for its kv.PageInfo.
+func (p *Pool) Inspect(r Requester, idx int) (kv.PageInfo, error) {
+	return ask[kv.PageInfo](r, p.Pages[idx], PageInspect{}, p.Timeout)
+}

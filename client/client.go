@@ -1,0 +1,205 @@
+// Package client is the Go client of a kvwarden node: it reaches the node's
+// admission actor through protoactor remote and streams a generation back.
+//
+// The common path is Dial(endpoint), then Generate(ctx, tenant, prompt,
+// options, onToken) as many times as needed, concurrently if wished, then
+// Close. Generate calls onToken for every token as it arrives and returns
+// the final Result, or an error; errors from the node are
+// *messages.WireError values with stable codes (prompt too long, busy,
+// integrity failure, node lost, cancelled, bad request). Cancelling ctx
+// cancels the request on the node, which releases its pages.
+//
+// A Client is safe for concurrent use. Each Generate call gets its own
+// receiving actor, so calls never see each other's tokens.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/remote"
+
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// AdmissionName is the name of a node's admission actor.
+const AdmissionName = "admission"
+
+// Options configure a Client.
+type Options struct {
+	// Listen is the local host:port the client's own remote endpoint
+	// serves on, for the node's answers; "" means 127.0.0.1 on a free
+	// port.
+	Listen string
+	// NoAnswerAfter bounds how long Generate waits between two messages
+	// from the node before it gives the request up as lost. Zero means 2
+	// minutes.
+	NoAnswerAfter time.Duration
+	// Log receives protoactor's logs; nil discards them.
+	Log *slog.Logger
+}
+
+// Client talks to one node.
+type Client struct {
+	sys     *actor.ActorSystem
+	remote  *remote.Remote
+	target  *actor.PID
+	timeout time.Duration
+	nextID  atomic.Uint64
+}
+
+// Dial starts the client's own actor system and remote endpoint and aims
+// it at the node serving on endpoint (host:port). Nothing is sent until
+// Generate.
+func Dial(endpoint string, opt Options) (*Client, error) {
+	if _, _, err := net.SplitHostPort(endpoint); err != nil {
+		return nil, fmt.Errorf("client: endpoint %q: %w", endpoint, err)
+	}
+	listen := opt.Listen
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("client: listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("client: listen port %q: %w", portStr, err)
+	}
+	probe, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("client: cannot listen on %s: %w", listen, err)
+	}
+	if port == 0 {
+		port = probe.Addr().(*net.TCPAddr).Port
+	}
+	probe.Close()
+	log := opt.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return log }))
+	r := remote.NewRemote(sys, remote.Configure(host, port, messages.RemoteOptions()...))
+	r.Start()
+	c := New(sys, actor.NewPID(endpoint, AdmissionName), opt)
+	c.remote = r
+	return c, nil
+}
+
+// New is a client inside an existing actor system, aimed at a node's
+// admission actor (in the same process, or remote if sys has remote).
+func New(sys *actor.ActorSystem, admission *actor.PID, opt Options) *Client {
+	c := &Client{sys: sys, target: admission, timeout: opt.NoAnswerAfter}
+	if c.timeout <= 0 {
+		c.timeout = 2 * time.Minute
+	}
+	// Request ids are unique per client; start from the clock so that a
+	// restarted client does not reuse its predecessor's first ids.
+	c.nextID.Store(uint64(time.Now().UnixNano()))
+	return c
+}
+
+// Close stops the client's remote endpoint and actor system, if Dial
+// started them.
+func (c *Client) Close() {
+	if c.remote != nil {
+		messages.ShutdownRemote(c.remote)
+		c.sys.Shutdown()
+	}
+}
+
+// GenerateOptions are per request.
+type GenerateOptions struct {
+	// MaxTokens is the most tokens to generate, at least 1.
+	MaxTokens int
+}
+
+// Result is a finished generation.
+type Result struct {
+	Tokens []int
+	Text   string
+	// Finish is "stop" (end of sequence) or "length" (MaxTokens reached).
+	Finish string
+}
+
+// ErrNoAnswer matches (errors.Is) the error of a request the node stopped
+// answering; it is a *messages.WireError with CodeNodeLost.
+var ErrNoAnswer = &messages.WireError{Code: messages.CodeNodeLost}
+
+// Generate sends one request and streams its tokens to onToken (which may
+// be nil) as they come. It returns the node's final answer: a Result, or a
+// *messages.WireError. Cancelling ctx cancels the request on the node; the
+// error is then ctx's.
+func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt GenerateOptions, onToken func(int)) (Result, error) {
+	if opt.MaxTokens < 1 || opt.MaxTokens > messages.GenerateTokensMax {
+		return Result{}, fmt.Errorf("client: MaxTokens (%d) must be 1 to %d", opt.MaxTokens, messages.GenerateTokensMax)
+	}
+	id := c.nextID.Add(1)
+	req := &messages.GenerateRequest{RequestID: id, Tenant: tenant, Prompt: prompt, MaxTokens: uint32(opt.MaxTokens), Stream: true}
+	if err := req.Validate(); err != nil {
+		return Result{}, err
+	}
+	// One message per token and one result, so this never blocks the
+	// receiving actor.
+	inbox := make(chan any, opt.MaxTokens+2)
+	rx := c.sys.Root.Spawn(actor.PropsFromFunc(func(ctx actor.Context) {
+		switch m := ctx.Message().(type) {
+		case *messages.TokenChunk, *messages.GenerateResult, *messages.Undecodable:
+			inbox <- m
+		}
+	}))
+	defer c.sys.Root.Stop(rx)
+	c.sys.Root.RequestWithCustomSender(c.target, req, rx)
+	return c.await(ctx, id, tenant, rx, inbox, onToken)
+}
+
+func (c *Client) await(ctx context.Context, id uint64, tenant string, rx *actor.PID, inbox chan any, onToken func(int)) (Result, error) {
+	cancelled := false
+	timer := time.NewTimer(c.timeout)
+	defer timer.Stop()
+	done := ctx.Done()
+	for {
+		select {
+		case <-done:
+			// Tell the node, then wait for its answer so that the caller
+			// knows the request is over there too.
+			c.sys.Root.RequestWithCustomSender(c.target, &messages.CancelRequest{RequestID: id, Tenant: tenant}, rx)
+			cancelled, done = true, nil
+		case <-timer.C:
+			return Result{}, &messages.WireError{Code: messages.CodeNodeLost,
+				Message: fmt.Sprintf("no answer from %s within %s", c.target.Address, c.timeout), Where: c.target.Address}
+		case m := <-inbox:
+			timer.Reset(c.timeout)
+			switch m := m.(type) {
+			case *messages.TokenChunk:
+				for _, t := range m.Tokens {
+					if onToken != nil && !cancelled {
+						onToken(int(t))
+					}
+				}
+			case *messages.Undecodable:
+				return Result{}, m
+			case *messages.GenerateResult:
+				if cancelled {
+					return Result{}, errors.Join(ctx.Err(), m.Err)
+				}
+				if m.Err != nil {
+					return Result{}, m.Err
+				}
+				r := Result{Tokens: make([]int, len(m.Tokens)), Text: m.Text, Finish: m.FinishReason.String()}
+				for i, t := range m.Tokens {
+					r.Tokens[i] = int(t)
+				}
+				return r, nil
+			}
+		}
+	}
+}
