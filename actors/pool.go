@@ -84,29 +84,33 @@ type Requester interface {
 	RequestFuture(pid *actor.PID, message any, timeout time.Duration) *actor.Future
 }
 
-// ErrActorTimeout matches (errors.Is) a call to an actor that got no answer
-// in time.
-var ErrActorTimeout = errors.New("actors: no answer in time")
+// ErrNoAnswer matches (errors.Is) a call to an actor that got no answer:
+// it timed out, or the actor is gone (the cause is then
+// actor.ErrDeadLetter).
+var ErrNoAnswer = errors.New("actors: no answer")
 
-// TimeoutError says which call got no answer within how long.
-type TimeoutError struct {
+// NoAnswerError says which call got no answer, how long it could wait,
+// and why it stopped waiting.
+type NoAnswerError struct {
 	Call    string
 	Timeout time.Duration
 	Cause   error
 }
 
-func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("actors: %s: no answer within %s: %v", e.Call, e.Timeout, e.Cause)
+func (e *NoAnswerError) Error() string {
+	return fmt.Sprintf("actors: %s: no answer (waited up to %s): %v", e.Call, e.Timeout, e.Cause)
 }
 
-func (e *TimeoutError) Is(target error) bool { return target == ErrActorTimeout }
+func (e *NoAnswerError) Is(target error) bool { return target == ErrNoAnswer }
+
+func (e *NoAnswerError) Unwrap() error { return e.Cause }
 
 // ask sends msg to pid and waits for an answer of type T.
 func ask[T any](r Requester, pid *actor.PID, msg any, timeout time.Duration) (T, error) {
 	var zero T
 	res, err := r.RequestFuture(pid, msg, timeout).Result()
 	if err != nil {
-		return zero, &TimeoutError{Call: fmt.Sprintf("%T to %s", msg, pid.Id), Timeout: timeout, Cause: err}
+		return zero, &NoAnswerError{Call: fmt.Sprintf("%T to %s", msg, pid.Id), Timeout: timeout, Cause: err}
 	}
 	v, ok := res.(T)
 	if !ok {
