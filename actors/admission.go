@@ -3,6 +3,7 @@ package actors
 import (
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -15,7 +16,7 @@ import (
 // nodeCounters are the node's request counters, read by status and tests.
 type nodeCounters struct {
 	admitted, rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
-	completed, failed                                    atomic.Uint64
+	completed, failed, retried                           atomic.Uint64
 	framesAccepted, framesRefused                        atomic.Uint64
 }
 
@@ -24,12 +25,38 @@ type AdmissionStatus struct{}
 
 // AdmissionStatusReply is the node's request accounting.
 type AdmissionStatusReply struct {
-	InFlight, QueueMax                           int
-	Admitted, RejectedTooLong, RejectedBusy      uint64
-	RejectedBad, Completed, Failed               uint64
-	FramesAccepted, FramesRefused                uint64
-	PrefillInFlight, DecodeInFlight              []int
+	InFlight, QueueMax                      int
+	Draining                                bool
+	Admitted, RejectedTooLong, RejectedBusy uint64
+	RejectedBad, Completed, Failed, Retried uint64
+	FramesAccepted, FramesRefused           uint64
+	DecodeInFlight                          []int
 }
+
+// PrefillPeer is a prefill node (or this node's own dispatcher) that a
+// request can plan its transfer with.
+type PrefillPeer struct {
+	// PID is the peer's prefill dispatcher.
+	PID *actor.PID
+	// Incarnation is the peer node's run; tags and frames are checked
+	// against it.
+	Incarnation uint64
+	// Pages is the capacity of the peer's smallest prefill pool.
+	Pages int
+}
+
+// PrefillPicker chooses a prefill peer, avoiding the incarnations in
+// exclude (peers a request already failed on). It reports false when none
+// is available.
+type PrefillPicker func(exclude map[uint64]bool) (PrefillPeer, bool)
+
+// PeerLost tells admission that a node left or died; requests planning
+// with it retry elsewhere or fail.
+type PeerLost struct{ Incarnation uint64 }
+
+// Drain stops admission taking new requests; DrainStatus asks how many
+// are still in flight (answered with an AdmissionStatusReply).
+type Drain struct{}
 
 // clientKey names a request as its client does: the client's actor and its
 // request id.
@@ -38,31 +65,33 @@ type clientKey struct {
 	id     uint64
 }
 
-// admissionActor is where every request enters. It refuses, before any page
-// is reserved or any frame sent, a request whose prompt (with the tokens it
-// asks for) exceeds the context window or the smallest pool on its path,
-// and answers "busy" when QueueMax requests are in flight. It never
-// replaces a prompt with anything else. An admitted request gets its own
-// request actor, a child, on the pair of workers with the fewest requests.
+// admissionActor is where every request enters a node that decodes. It
+// refuses, before any page is reserved or any frame sent, a request whose
+// prompt (with the tokens it asks for) exceeds the context window or the
+// smallest pool on its path, and answers "busy" when QueueMax requests are
+// in flight or the node drains. It never replaces a prompt with anything
+// else. An admitted request gets its own request actor, a child, on the
+// decode worker with the fewest requests.
 type admissionActor struct {
-	cfg      *Config
-	log      *slog.Logger
-	counters *nodeCounters
-	prefill  []*actor.PID
-	decode   []*actor.PID
-	pPools   []*Pool
-	dPools   []*Pool
-
-	nextID   uint64
-	inflight map[string]admitted // by child PID id
-	byClient map[clientKey]*actor.PID
-	pLoad    []int
-	dLoad    []int
+	cfg       *Config
+	log       *slog.Logger
+	counters  *nodeCounters
+	decode    []*actor.PID
+	dPools    []*Pool
+	pick      PrefillPicker
+	dataPlane string
+	registry  *sync.Map // owner.Request → request actor PID, for the data plane
+	nextID    uint64
+	draining  bool
+	inflight  map[string]admitted // by child PID id
+	byClient  map[clientKey]*actor.PID
+	dLoad     []int
 }
 
 type admitted struct {
-	key   clientKey
-	route route
+	key     clientKey
+	request uint64
+	route   route
 }
 
 func (a *admissionActor) Receive(c actor.Context) {
@@ -70,14 +99,25 @@ func (a *admissionActor) Receive(c actor.Context) {
 	case *actor.Started:
 		a.inflight = map[string]admitted{}
 		a.byClient = map[clientKey]*actor.PID{}
-		a.pLoad = make([]int, len(a.prefill))
 		a.dLoad = make([]int, len(a.decode))
 	case *messages.GenerateRequest:
-		a.admit(c, m)
+		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), nil)
+	case *messages.RoutedRequest:
+		peer := PrefillPeer{PID: actor.NewPID(m.Prefill, PrefillName), Incarnation: m.PrefillIncarnation}
+		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), &peer)
 	case *messages.CancelRequest:
 		if pid := a.byClient[clientKey{client: senderKey(c), id: m.RequestID}]; pid != nil {
 			c.Send(pid, CancelJob{})
 		}
+	case PeerLost:
+		for id, ad := range a.inflight {
+			if ad.route.prefillIncarnation == m.Incarnation {
+				c.Send(actor.NewPID(c.Self().Address, id), m)
+			}
+		}
+	case Drain:
+		a.draining = true
+		c.Respond(a.status())
 	case *messages.Undecodable:
 		a.counters.rejectedBad.Add(1)
 		a.log.Warn("undecodable message", "err", m.Err)
@@ -85,17 +125,21 @@ func (a *admissionActor) Receive(c actor.Context) {
 		if ad, ok := a.inflight[m.Who.Id]; ok {
 			delete(a.inflight, m.Who.Id)
 			delete(a.byClient, ad.key)
-			a.pLoad[ad.route.prefillIndex]--
+			a.registry.Delete(ad.request)
 			a.dLoad[ad.route.decodeIndex]--
 		}
 	case AdmissionStatus:
-		c.Respond(AdmissionStatusReply{InFlight: len(a.inflight), QueueMax: a.cfg.QueueMax,
-			Admitted: a.counters.admitted.Load(), RejectedTooLong: a.counters.rejectedTooLong.Load(),
-			RejectedBusy: a.counters.rejectedBusy.Load(), RejectedBad: a.counters.rejectedBad.Load(),
-			Completed: a.counters.completed.Load(), Failed: a.counters.failed.Load(),
-			FramesAccepted: a.counters.framesAccepted.Load(), FramesRefused: a.counters.framesRefused.Load(),
-			PrefillInFlight: append([]int(nil), a.pLoad...), DecodeInFlight: append([]int(nil), a.dLoad...)})
+		c.Respond(a.status())
 	}
+}
+
+func (a *admissionActor) status() AdmissionStatusReply {
+	return AdmissionStatusReply{InFlight: len(a.inflight), QueueMax: a.cfg.QueueMax, Draining: a.draining,
+		Admitted: a.counters.admitted.Load(), RejectedTooLong: a.counters.rejectedTooLong.Load(),
+		RejectedBusy: a.counters.rejectedBusy.Load(), RejectedBad: a.counters.rejectedBad.Load(),
+		Completed: a.counters.completed.Load(), Failed: a.counters.failed.Load(), Retried: a.counters.retried.Load(),
+		FramesAccepted: a.counters.framesAccepted.Load(), FramesRefused: a.counters.framesRefused.Load(),
+		DecodeInFlight: append([]int(nil), a.dLoad...)}
 }
 
 func senderKey(c actor.Context) string {
@@ -105,11 +149,12 @@ func senderKey(c actor.Context) string {
 	return ""
 }
 
-// Check is admission's rule, a pure function of the configuration: the
-// tokens a request needs must fit the context window and the smallest pool
-// on its path, prefill's (the prompt) and decode's (the prompt and every
-// token it may generate).
-func (c *Config) Check(promptTokens, maxTokens int) error {
+// Check is admission's rule, a pure function of the configuration and the
+// pools on the request's path: the tokens a request needs must fit the
+// context window and the smallest pool on its path, prefill's (the prompt)
+// and decode's (the prompt and every token it may generate). Pools are in
+// pages of c's geometry.
+func (c *Config) Check(promptTokens, maxTokens, prefillPages, decodePages int) error {
 	g := c.Geometry()
 	switch {
 	case promptTokens < 1:
@@ -121,64 +166,87 @@ func (c *Config) Check(promptTokens, maxTokens int) error {
 	case promptTokens+maxTokens > c.ContextTokens:
 		return &PromptTooLongError{Tokens: promptTokens + maxTokens, Limit: c.ContextTokens,
 			Where: "context window (prompt + max_tokens)"}
-	case g.PagesFor(promptTokens) > c.PrefillPages:
-		return &PromptTooLongError{Tokens: promptTokens, Limit: c.PrefillPages * g.PageTokens, Where: "prefill pool"}
+	case g.PagesFor(promptTokens) > prefillPages:
+		return &PromptTooLongError{Tokens: promptTokens, Limit: prefillPages * g.PageTokens, Where: "prefill pool"}
 	}
-	if need := g.PagesFor(promptTokens) + g.PagesFor(maxTokens-1); need > c.DecodePages {
-		return &PromptTooLongError{Tokens: promptTokens + maxTokens, Limit: c.DecodePages * g.PageTokens, Where: "decode pool"}
+	if need := g.PagesFor(promptTokens) + g.PagesFor(maxTokens-1); need > decodePages {
+		return &PromptTooLongError{Tokens: promptTokens + maxTokens, Limit: decodePages * g.PageTokens, Where: "decode pool"}
 	}
 	return nil
 }
 
-func (a *admissionActor) admit(c actor.Context, m *messages.GenerateRequest) {
+// Reject answers a request that will not run, with the stable code of err.
+func Reject(c actor.Context, id uint64, err error) error {
+	return messages.Respond(c, &messages.GenerateResult{RequestID: id, FinishReason: messages.FinishError, Err: wireError(err)})
+}
+
+// admit runs admission's rule and, if the request passes, spawns its
+// request actor. peer is the prefill node a router chose; nil means choose
+// here.
+func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, peer *PrefillPeer) {
 	reject := func(err error) {
-		res := &messages.GenerateResult{RequestID: m.RequestID, FinishReason: messages.FinishError, Err: wireError(err)}
-		if err := messages.Respond(c, res); err != nil {
+		switch err.(type) {
+		case *PromptTooLongError:
+			a.counters.rejectedTooLong.Add(1)
+		case *BusyError:
+			a.counters.rejectedBusy.Add(1)
+		default:
+			a.counters.rejectedBad.Add(1)
+		}
+		if err := Reject(c, id, err); err != nil {
 			a.log.Error("rejection refused by its own validation", "err", err)
 		}
 	}
-	prompt := gpu.ByteTokenizer{}.Encode(m.Prompt)
-	err := a.cfg.Check(len(prompt), int(m.MaxTokens))
-	switch err.(type) {
-	case nil:
-	case *PromptTooLongError:
-		a.counters.rejectedTooLong.Add(1)
-		reject(err)
+	if a.draining {
+		reject(&BusyError{Where: "draining node", Have: len(a.inflight), Limit: 0})
 		return
-	default:
-		a.counters.rejectedBad.Add(1)
+	}
+	if peer == nil {
+		p, ok := a.pick(nil)
+		if !ok {
+			reject(&BusyError{Where: "prefill nodes", Have: 0, Limit: 0})
+			return
+		}
+		peer = &p
+	}
+	prompt := gpu.ByteTokenizer{}.Encode(text)
+	d := argmin(a.dLoad)
+	pages := peer.Pages
+	if pages == 0 {
+		// A router's choice: the router checked the prompt against that
+		// peer's pool, which this node does not know.
+		pages = a.cfg.Geometry().PagesFor(len(prompt))
+	}
+	if err := a.cfg.Check(len(prompt), maxTokens, pages, a.cfg.DecodePages); err != nil {
 		reject(err)
 		return
 	}
 	if len(a.inflight) >= a.cfg.QueueMax {
-		a.counters.rejectedBusy.Add(1)
 		reject(&BusyError{Where: "admission queue", Have: len(a.inflight), Limit: a.cfg.QueueMax})
 		return
 	}
-	key := clientKey{client: senderKey(c), id: m.RequestID}
+	key := clientKey{client: senderKey(c), id: id}
 	if a.byClient[key] != nil {
-		a.counters.rejectedBad.Add(1)
-		reject(&BadRequestError{Reason: fmt.Sprintf("request id %d is already in flight", m.RequestID)})
+		reject(&BadRequestError{Reason: fmt.Sprintf("request id %d is already in flight", id)})
 		return
 	}
 	a.nextID++
-	rt := a.pick()
-	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, client: c.Sender(), clientID: m.RequestID,
-		owner: kv.Owner{Request: a.nextID, Tenant: m.Tenant}, prompt: prompt, maxNew: int(m.MaxTokens), route: rt}
+	rt := route{prefill: peer.PID, prefillIncarnation: peer.Incarnation, decode: a.decode[d], decodePool: a.dPools[d],
+		decodeIndex: d}
+	if peer.Incarnation != a.cfg.Incarnation {
+		rt.dataPlane = a.dataPlane
+	}
+	owner := kv.Owner{Request: a.nextID, Tenant: tenant}
+	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, client: c.Sender(), clientID: id,
+		owner: owner, prompt: prompt, maxNew: maxTokens, route: rt, dataPlane: a.dataPlane,
+		pick: a.pick, tried: map[uint64]bool{}}
 	pid := c.Spawn(actor.PropsFromProducer(func() actor.Actor { return req },
 		actor.WithMailbox(actor.Bounded(a.cfg.MailboxMax))))
-	a.inflight[pid.Id] = admitted{key: key, route: rt}
+	a.registry.Store(owner.Request, pid)
+	a.inflight[pid.Id] = admitted{key: key, request: owner.Request, route: rt}
 	a.byClient[key] = pid
-	a.pLoad[rt.prefillIndex]++
-	a.dLoad[rt.decodeIndex]++
+	a.dLoad[d]++
 	a.counters.admitted.Add(1)
-}
-
-// pick is the pair of workers with the fewest requests in flight.
-func (a *admissionActor) pick() route {
-	p, d := argmin(a.pLoad), argmin(a.dLoad)
-	return route{prefill: a.prefill[p], decode: a.decode[d], prefillPool: a.pPools[p], decodePool: a.dPools[d],
-		prefillIndex: p, decodeIndex: d}
 }
 
 func argmin(xs []int) int {

@@ -8,9 +8,41 @@ import (
 	"github.com/kvwarden/kvwarden/kv"
 )
 
+// Role is what a node does in a cluster.
+type Role string
+
+const (
+	// RoleAll runs admission, prefill and decode in one node.
+	RoleAll Role = "all"
+	// RolePrefill computes prompts' KV and streams it to decode nodes.
+	RolePrefill Role = "prefill"
+	// RoleDecode admits requests (from clients or a router), plans their
+	// transfer from a prefill node and generates.
+	RoleDecode Role = "decode"
+	// RoleRouter admits client requests and routes them to a decode and a
+	// prefill node; it holds no pages.
+	RoleRouter Role = "router"
+)
+
+// ParseRole reads a role name.
+func ParseRole(s string) (Role, error) {
+	switch r := Role(s); r {
+	case RoleAll, RolePrefill, RoleDecode, RoleRouter:
+		return r, nil
+	}
+	return "", fmt.Errorf("actors: unknown role %q (want all, prefill, decode or router)", s)
+}
+
+// Prefills and Decodes say whether the role runs workers of each kind.
+func (r Role) Prefills() bool { return r == RoleAll || r == RolePrefill }
+func (r Role) Decodes() bool  { return r == RoleAll || r == RoleDecode }
+
 // Config is everything one node's actors need. Every limit is a named field
 // with its unit; Validate runs before any pool is allocated.
 type Config struct {
+	// Role is what the node does; the worker counts and pool sizes of a
+	// kind it does not run are ignored.
+	Role Role
 	// Model is the model every worker computes.
 	Model gpu.ModelConfig
 	// PageTokens is the tokens one KV page holds.
@@ -44,6 +76,9 @@ type Config struct {
 	// RequestTimeout bounds a whole request from admission to its last
 	// token; past it the request fails and its pages are released.
 	RequestTimeout time.Duration
+	// PrefillTimeout bounds one transfer attempt, from the plan to the
+	// prefill peer's TransferDone; past it the peer is taken for lost.
+	PrefillTimeout time.Duration
 	// ReserveWait is how long a request waits for pages when a pool is
 	// exhausted before it fails with "busy"; ReserveRetry is the pause
 	// between attempts.
@@ -62,6 +97,7 @@ type Config struct {
 // reference engine's default model, with 16-token pages.
 func DefaultConfig() Config {
 	return Config{
+		Role:                  RoleAll,
 		Model:                 gpu.DefaultModelConfig(),
 		PageTokens:            16,
 		PrefillWorkers:        1,
@@ -77,6 +113,7 @@ func DefaultConfig() Config {
 		MailboxMax:            1024,
 		CallTimeout:           5 * time.Second,
 		RequestTimeout:        2 * time.Minute,
+		PrefillTimeout:        30 * time.Second,
 		ReserveWait:           10 * time.Second,
 		ReserveRetry:          20 * time.Millisecond,
 		ReclaimAfter:          30 * time.Second,
@@ -94,6 +131,7 @@ func DefaultLocalConfig() Config {
 	c.MaxTokensMax = 256
 	c.QueueMax = 64
 	c.RequestTimeout = 30 * time.Second
+	c.PrefillTimeout = 10 * time.Second
 	c.ReserveWait = 2 * time.Second
 	c.ReclaimAfter = 2 * time.Second
 	return c
@@ -112,6 +150,11 @@ func (c Config) pool(pages int, incarnation uint64) kv.Config {
 		ReclaimAfter: c.ReclaimAfter, ArenaBytesMax: c.ArenaBytesMax}
 }
 
+type intField struct {
+	name string
+	v    int
+}
+
 // Validate reports the first field out of range, with its value.
 func (c Config) Validate() error {
 	if err := c.Model.Validate(); err != nil {
@@ -120,16 +163,21 @@ func (c Config) Validate() error {
 	if err := c.Geometry().Validate(); err != nil {
 		return err
 	}
-	for _, f := range []struct {
-		name string
-		v    int
-	}{
-		{"PrefillWorkers", c.PrefillWorkers}, {"DecodeWorkers", c.DecodeWorkers},
-		{"PrefillPages", c.PrefillPages}, {"DecodePages", c.DecodePages},
+	if _, err := ParseRole(string(c.Role)); err != nil {
+		return err
+	}
+	ints := []intField{
 		{"ContextTokens", c.ContextTokens}, {"MaxTokensMax", c.MaxTokensMax},
 		{"QueueMax", c.QueueMax}, {"BatchMax", c.BatchMax},
 		{"TransferBatchPagesMax", c.TransferBatchPagesMax}, {"MailboxMax", c.MailboxMax},
-	} {
+	}
+	if c.Role.Prefills() {
+		ints = append(ints, intField{"PrefillWorkers", c.PrefillWorkers}, intField{"PrefillPages", c.PrefillPages})
+	}
+	if c.Role.Decodes() {
+		ints = append(ints, intField{"DecodeWorkers", c.DecodeWorkers}, intField{"DecodePages", c.DecodePages})
+	}
+	for _, f := range ints {
 		if f.v < 1 {
 			return fmt.Errorf("actors: %s (%d) must be at least 1", f.name, f.v)
 		}
@@ -141,7 +189,7 @@ func (c Config) Validate() error {
 		name string
 		v    time.Duration
 	}{
-		{"CallTimeout", c.CallTimeout}, {"RequestTimeout", c.RequestTimeout},
+		{"CallTimeout", c.CallTimeout}, {"RequestTimeout", c.RequestTimeout}, {"PrefillTimeout", c.PrefillTimeout},
 		{"ReserveWait", c.ReserveWait}, {"ReserveRetry", c.ReserveRetry}, {"ReclaimAfter", c.ReclaimAfter},
 	} {
 		if d.v <= 0 {
@@ -153,8 +201,12 @@ func (c Config) Validate() error {
 	}
 	for _, p := range []struct {
 		role  string
+		runs  bool
 		pages int
-	}{{"prefill", c.PrefillPages}, {"decode", c.DecodePages}} {
+	}{{"prefill", c.Role.Prefills(), c.PrefillPages}, {"decode", c.Role.Decodes(), c.DecodePages}} {
+		if !p.runs {
+			continue
+		}
 		if err := c.pool(p.pages, 1).Validate(); err != nil {
 			return fmt.Errorf("actors: %s pool: %w", p.role, err)
 		}

@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
 
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -25,17 +27,19 @@ const AdmissionName = "admission"
 // actors and a pool actor) and one GPU-worker actor per worker, and the
 // admission actor, optionally reachable through protoactor remote.
 type Node struct {
-	cfg       Config
-	log       *slog.Logger
-	sys       *actor.ActorSystem
-	root      *actor.RootContext
-	remote    *remote.Remote
-	admission *actor.PID
-	prefill   []*actor.PID
-	decode    []*actor.PID
-	pools     []*Pool
-	counters  *nodeCounters
-	fatal     chan *InvariantError
+	cfg        Config
+	log        *slog.Logger
+	sys        *actor.ActorSystem
+	root       *actor.RootContext
+	remote     *remote.Remote
+	admission  *actor.PID // nil unless the role decodes
+	dispatcher *actor.PID // nil unless the role prefills
+	prefill    []*actor.PID
+	decode     []*actor.PID
+	pools      []*Pool
+	counters   *nodeCounters
+	registry   sync.Map // request id → request actor, for AcceptFrames
+	fatal      chan *InvariantError
 }
 
 // Options are what a node takes besides its Config.
@@ -49,6 +53,13 @@ type Options struct {
 	// stopped that actor and must not serve on. Nil means the caller reads
 	// Node.Fatal.
 	Fatal func(*InvariantError)
+	// Pick chooses prefill peers in other nodes, for a node whose role
+	// decodes but does not prefill. A node that prefills plans with itself.
+	Pick PrefillPicker
+	// DataPlane is the address of this node's KV data plane, which plans
+	// to prefill peers in other nodes name; Dial opens one to theirs.
+	DataPlane string
+	Dial      Dialer
 }
 
 // Start validates cfg, allocates every pool once and starts the actors.
@@ -89,7 +100,7 @@ func Start(cfg Config, opt Options) (*Node, error) {
 			return nil, err
 		}
 	}
-	if err := n.spawn(engine, sup); err != nil {
+	if err := n.spawn(engine, sup, opt); err != nil {
 		n.Stop()
 		return nil, err
 	}
@@ -120,7 +131,7 @@ func (n *Node) startRemote(listen string) error {
 	return nil
 }
 
-func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy) error {
+func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Options) error {
 	cfg := &n.cfg
 	workers := func(role string, count, pages int, out *[]*actor.PID) ([]*Pool, error) {
 		var pools []*Pool
@@ -132,9 +143,9 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy) error {
 				return nil, err
 			}
 			w := &workerActor{role: role, engine: engine, pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
-				queueMax: cfg.QueueMax, log: n.log.With("worker", name), stats: &workerCounters{}}
-			pid, err := n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return w },
-				actor.WithMailbox(actor.Bounded(cfg.MailboxMax))), name)
+				queueMax: cfg.QueueMax, timeout: cfg.PrefillTimeout, reclaimAfter: cfg.ReclaimAfter, dial: opt.Dial,
+				log: n.log.With("worker", name), stats: &workerCounters{}}
+			pid, err := n.root.SpawnNamed(n.props(func() actor.Actor { return w }), name)
 			if err != nil {
 				return nil, err
 			}
@@ -143,20 +154,93 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy) error {
 		}
 		return pools, nil
 	}
-	pPools, err := workers("prefill", cfg.PrefillWorkers, cfg.PrefillPages, &n.prefill)
-	if err != nil {
-		return err
+	pick := opt.Pick
+	if cfg.Role.Prefills() {
+		pPools, err := workers("prefill", cfg.PrefillWorkers, cfg.PrefillPages, &n.prefill)
+		if err != nil {
+			return err
+		}
+		n.pools = append(n.pools, pPools...)
+		d := &dispatchActor{workers: n.prefill, forget: 2 * cfg.ReclaimAfter}
+		if n.dispatcher, err = n.root.SpawnNamed(n.props(func() actor.Actor { return d }), PrefillName); err != nil {
+			return err
+		}
+		self := PrefillPeer{PID: n.dispatcher, Incarnation: cfg.Incarnation, Pages: cfg.PrefillPages}
+		pick = func(exclude map[uint64]bool) (PrefillPeer, bool) { return self, !exclude[self.Incarnation] }
+	}
+	if !cfg.Role.Decodes() {
+		return nil
+	}
+	if pick == nil {
+		return fmt.Errorf("actors: a %s node needs a prefill picker (Options.Pick)", cfg.Role)
 	}
 	dPools, err := workers("decode", cfg.DecodeWorkers, cfg.DecodePages, &n.decode)
 	if err != nil {
 		return err
 	}
-	n.pools = append(pPools, dPools...)
-	adm := &admissionActor{cfg: cfg, log: n.log, counters: n.counters, prefill: n.prefill, decode: n.decode,
-		pPools: pPools, dPools: dPools}
+	n.pools = append(n.pools, dPools...)
+	adm := &admissionActor{cfg: cfg, log: n.log, counters: n.counters, decode: n.decode, dPools: dPools,
+		pick: pick, dataPlane: opt.DataPlane, registry: &n.registry}
 	n.admission, err = n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return adm },
 		actor.WithMailbox(actor.Bounded(cfg.MailboxMax)), actor.WithSupervisor(sup)), AdmissionName)
 	return err
+}
+
+func (n *Node) props(p actor.Producer) *actor.Props {
+	return actor.PropsFromProducer(p, actor.WithMailbox(actor.Bounded(n.cfg.MailboxMax)))
+}
+
+// AcceptFrames hands frames the KV data plane received to the request
+// actor they belong to and waits until it has written them, or refused
+// them. All frames must belong to one request.
+func (n *Node) AcceptFrames(frames []kv.Frame) error {
+	if len(frames) == 0 {
+		return nil
+	}
+	owner := frames[0].Owner
+	for i := range frames {
+		if frames[i].Owner != owner {
+			return &kv.WrongOwnerError{Page: frames[i].Dest, Owner: owner.Request, Have: frames[i].Owner.Request}
+		}
+	}
+	pid, ok := n.registry.Load(owner.Request)
+	if !ok {
+		return &kv.StaleTagError{Page: frames[0].Dest.Index, Have: frames[0].Dest}
+	}
+	rep, err := ask[FramesInReply](n.root, pid.(*actor.PID), FramesIn{Frames: frames}, n.cfg.CallTimeout)
+	if err != nil {
+		return err
+	}
+	return rep.Err
+}
+
+// PeerLost tells the node that the node run with incarnation inc left or
+// died: transfers planned with it retry elsewhere or fail.
+func (n *Node) PeerLost(inc uint64) {
+	if n.admission != nil {
+		n.root.Send(n.admission, PeerLost{Incarnation: inc})
+	}
+}
+
+// Drain stops the node taking new requests and returns what is still in
+// flight: requests admitted here, and transfer plans handed out by this
+// node's prefill dispatcher and not yet acknowledged.
+func (n *Node) Drain() (inFlight int, err error) {
+	if n.admission != nil {
+		s, err := ask[AdmissionStatusReply](n.root, n.admission, Drain{}, n.cfg.CallTimeout)
+		if err != nil {
+			return 0, err
+		}
+		inFlight += s.InFlight
+	}
+	if n.dispatcher != nil {
+		s, err := ask[DispatchStatusReply](n.root, n.dispatcher, DispatchStatus{}, n.cfg.CallTimeout)
+		if err != nil {
+			return 0, err
+		}
+		inFlight += s.Outstanding
+	}
+	return inFlight, nil
 }
 
 // Admission is the PID clients send GenerateRequest to.
@@ -179,10 +263,16 @@ func (n *Node) Fatal() <-chan *InvariantError { return n.fatal }
 func (n *Node) Pools() []*Pool { return n.pools }
 
 // Workers are the node's GPU-worker actors, prefill first.
-func (n *Node) Workers() []*actor.PID { return append(append([]*actor.PID(nil), n.prefill...), n.decode...) }
+func (n *Node) Workers() []*actor.PID {
+	return append(append([]*actor.PID(nil), n.prefill...), n.decode...)
+}
 
-// Status asks the admission actor for the node's request accounting.
+// Status asks the admission actor for the node's request accounting; a
+// node that does not decode has none.
 func (n *Node) Status() (AdmissionStatusReply, error) {
+	if n.admission == nil {
+		return AdmissionStatusReply{}, nil
+	}
 	return ask[AdmissionStatusReply](n.root, n.admission, AdmissionStatus{}, n.cfg.CallTimeout)
 }
 

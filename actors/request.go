@@ -13,12 +13,20 @@ import (
 	"github.com/kvwarden/kvwarden/messages"
 )
 
-// route is the pair of workers a request runs on.
+// route is the pair of workers a request runs on. The prefill worker may
+// be in another node: its frames then come through this node's KV data
+// plane, at dataPlane.
 type route struct {
-	prefill, decode           *actor.PID
-	prefillPool, decodePool   *Pool
-	prefillIndex, decodeIndex int
+	prefill, decode    *actor.PID
+	prefillIncarnation uint64
+	decodePool         *Pool
+	decodeIndex        int
+	dataPlane          string
 }
+
+// retriesMax bounds how many other prefill peers a request tries after the
+// first failed before any token was streamed.
+const retriesMax = 2
 
 // phase is where a request is in its life.
 type phase uint8
@@ -44,6 +52,13 @@ type requestActor struct {
 	prompt   []int
 	maxNew   int // tokens to generate, the first (from prefill) included
 	route    route
+	// dataPlane is this node's KV data plane, named in plans to prefill
+	// peers in other nodes.
+	dataPlane string
+	// pick chooses another prefill peer when a transfer fails before any
+	// token was streamed; tried holds the peers that failed.
+	pick  PrefillPicker
+	tried map[uint64]bool
 
 	kv       *pageClient // decode pool
 	phase    phase
@@ -53,7 +68,6 @@ type requestActor struct {
 	manifest *kv.Manifest
 	written  int // prompt tokens accepted into dest pages
 	frames   int // frames accepted
-	done     *PrefillDone
 	tokens   []int
 	seq      uint32
 }
@@ -61,6 +75,9 @@ type requestActor struct {
 type (
 	retryReserve    struct{}
 	requestDeadline struct{}
+	// prefillDeadline: the transfer of attempt has not finished in
+	// PrefillTimeout.
+	prefillDeadline struct{ attempt int }
 )
 
 func (r *requestActor) Receive(c actor.Context) {
@@ -77,9 +94,35 @@ func (r *requestActor) Receive(c actor.Context) {
 	case retryReserve:
 		r.reserve(c)
 	case FrameBatch:
-		r.accept(c, m)
-	case PrefillDone:
-		r.prefillDone(c, m)
+		frames, _, err := kv.DecodeBatch(m.Data, r.cfg.BatchLimits())
+		if err == nil {
+			err = r.accept(frames)
+		}
+		if err != nil {
+			r.finish(c, err)
+		}
+	case FramesIn:
+		err := r.accept(m.Frames)
+		c.Respond(FramesInReply{Err: err})
+		if err != nil {
+			r.finish(c, err)
+		}
+	case *messages.TransferDone:
+		if m.Err != nil {
+			r.prefillFailed(c, m.Err)
+			return
+		}
+		r.transferDone(c, m)
+	case PeerLost:
+		if m.Incarnation == r.route.prefillIncarnation && r.phase == phasePrefill {
+			r.prefillFailed(c, &messages.WireError{Code: messages.CodeNodeLost,
+				Message: fmt.Sprintf("prefill node %x left", m.Incarnation)})
+		}
+	case prefillDeadline:
+		if m.attempt == len(r.tried) && r.phase == phasePrefill {
+			r.prefillFailed(c, &messages.WireError{Code: messages.CodeNodeLost,
+				Message: fmt.Sprintf("no transfer from prefill node %x within %s", r.route.prefillIncarnation, r.cfg.PrefillTimeout)})
+		}
 	case TokenOut:
 		r.token(c, m.Token)
 	case DecodeDone:
@@ -124,49 +167,94 @@ func (r *requestActor) reserve(c actor.Context) {
 		return
 	}
 	r.phase = phasePrefill
-	c.Send(r.route.prefill, PrefillJob{Owner: r.owner, Prompt: r.prompt, Dest: r.dest, ReplyTo: c.Self()})
-}
-
-// accept writes one batch of frames into the destination pages. The batch
-// decoder verifies every frame's checksum; each page actor checks that the
-// destination tag is current, held by this request and tenant, and that
-// the token range is the page's next. Anything refused fails the request:
-// nothing is generated from pages that did not fill cleanly.
-func (r *requestActor) accept(c actor.Context, b FrameBatch) {
-	frames, _, err := kv.DecodeBatch(b.Data, r.cfg.BatchLimits())
-	if err != nil {
-		r.counters.framesRefused.Add(1)
+	plan := &messages.TransferPlan{RequestID: r.owner.Request, Tenant: r.owner.Tenant, TokenCount: uint32(len(r.prompt)),
+		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest,
+		DataPlane: r.route.dataPlane}
+	for i, t := range r.prompt {
+		plan.PromptTokens[i] = uint32(t)
+	}
+	if err := messages.SendFrom(c, r.route.prefill, plan); err != nil {
 		r.finish(c, err)
 		return
 	}
+	self, sys, attempt := c.Self(), c.ActorSystem(), len(r.tried)
+	time.AfterFunc(r.cfg.PrefillTimeout, func() { sys.Root.Send(self, prefillDeadline{attempt: attempt}) })
+}
+
+// prefillFailed retries the transfer with another prefill peer when this
+// node chose the peer and tries are left: no token has been streamed yet,
+// so the client cannot tell. The old destination pages are released first,
+// so any late frame of the failed attempt presents a stale tag.
+func (r *requestActor) prefillFailed(c actor.Context, cause error) {
+	if len(r.tried) > retriesMax {
+		r.finish(c, cause)
+		return
+	}
+	r.tried[r.route.prefillIncarnation] = true
+	peer, ok := r.pick(r.tried)
+	if !ok {
+		r.finish(c, cause)
+		return
+	}
+	r.log.Info("retrying transfer with another prefill node", "owner", r.owner.String(), "cause", cause,
+		"from", fmt.Sprintf("%x", r.route.prefillIncarnation), "to", fmt.Sprintf("%x", peer.Incarnation))
+	r.abort(c, cause)
+	r.releaseAll(r.dest)
+	r.releaseAll(r.spare)
+	r.dest, r.spare, r.frames, r.written = nil, nil, 0, 0
+	r.route.prefill, r.route.prefillIncarnation, r.route.dataPlane = peer.PID, peer.Incarnation, ""
+	if peer.Incarnation != r.cfg.Incarnation {
+		r.route.dataPlane = r.dataPlane
+	}
+	r.counters.retried.Add(1)
+	r.phase = phaseReserving
+	r.reserve(c)
+}
+
+// abort tells the prefill peer to drop the transfer.
+func (r *requestActor) abort(c actor.Context, cause error) {
+	abort := &messages.TransferAbort{RequestID: r.owner.Request, Tenant: r.owner.Tenant, Reason: *wireError(cause)}
+	if err := messages.SendFrom(c, r.route.prefill, abort); err != nil {
+		r.log.Error("transfer abort refused by its own validation", "err", err)
+	}
+}
+
+// accept writes frames into the destination pages. The batch decoder
+// has verified every frame's checksum; each page actor checks that the
+// destination tag is current, held by this request and tenant, and that the
+// token range is the page's next. Anything refused fails the request:
+// nothing is generated from pages that did not fill cleanly.
+func (r *requestActor) accept(frames []kv.Frame) error {
+	if r.phase != phasePrefill {
+		r.counters.framesRefused.Add(uint64(len(frames)))
+		return &kv.StateError{Op: "frames outside the transfer", State: kv.Free}
+	}
 	for i := range frames {
 		f := &frames[i]
+		// A frame for another request is refused here, before any page sees
+		// it: this actor writes only into its own pages.
+		var err error
 		if f.Owner != r.owner {
-			r.counters.framesRefused.Add(1)
-			r.finish(c, &kv.WrongOwnerError{Page: f.Dest, Owner: r.owner.Request, Have: f.Owner.Request})
-			return
+			err = &kv.WrongOwnerError{Page: f.Dest, Owner: r.owner.Request, Have: f.Owner.Request}
+		} else {
+			err = r.kv.Write(f.Dest, f.Owner, f.FirstToken, f.Payload)
 		}
-		if err := r.kv.Write(f.Dest, f.Owner, f.FirstToken, f.Payload); err != nil {
-			r.counters.framesRefused.Add(1)
-			r.finish(c, err)
-			return
+		if err != nil {
+			r.counters.framesRefused.Add(uint64(len(frames) - i))
+			return err
 		}
 		r.frames++
 		r.written += f.Tokens
 		r.counters.framesAccepted.Add(1)
 	}
+	return nil
 }
 
-// prefillDone completes the transfer: every frame in, every page sealed and
-// the manifest verified before decode may read a byte; then prefill may let
-// its pages go, and decode starts.
-func (r *requestActor) prefillDone(c actor.Context, m PrefillDone) {
-	if m.Err != nil {
-		r.finish(c, m.Err)
-		return
-	}
-	r.done = &m
-	if r.frames != m.Frames || r.written != len(r.prompt) {
+// transferDone completes the transfer: every frame in, every page sealed
+// and the manifest verified before decode may read a byte; then prefill may
+// let its pages go, and decode starts.
+func (r *requestActor) transferDone(c actor.Context, m *messages.TransferDone) {
+	if r.frames != int(m.Frames) || r.written != len(r.prompt) {
 		r.finish(c, &kv.ManifestError{Field: "tokens transferred", Page: -1, Want: len(r.prompt), Have: r.written})
 		return
 	}
@@ -183,12 +271,18 @@ func (r *requestActor) prefillDone(c actor.Context, m PrefillDone) {
 		r.finish(c, err)
 		return
 	}
-	c.Send(r.route.prefill, TransferAck{Owner: r.owner})
-	r.phase = phaseDecoding
-	if r.token(c, m.First); r.phase == phaseDone {
+	ack := &messages.TransferAck{RequestID: r.owner.Request, Tenant: r.owner.Tenant,
+		TokenCount: uint32(len(r.prompt)), Pages: uint32(len(r.dest))}
+	if err := messages.SendFrom(c, r.route.prefill, ack); err != nil {
+		r.finish(c, err)
 		return
 	}
-	c.Send(r.route.decode, DecodeJob{Manifest: r.manifest, Next: m.First, MaxNew: r.maxNew - 1,
+	r.phase = phaseDecoding
+	first := int(m.First)
+	if r.token(c, first); r.phase == phaseDone {
+		return
+	}
+	c.Send(r.route.decode, DecodeJob{Manifest: r.manifest, Next: first, MaxNew: r.maxNew - 1,
 		Spare: r.spare, ReplyTo: c.Self()})
 }
 
@@ -216,7 +310,7 @@ func (r *requestActor) finish(c actor.Context, cause error) {
 	decoding := r.phase == phaseDecoding
 	r.phase = phaseDone
 	if cause != nil {
-		c.Send(r.route.prefill, CancelJob{Owner: r.owner})
+		r.abort(c, cause)
 		if decoding {
 			c.Send(r.route.decode, CancelJob{Owner: r.owner})
 		}

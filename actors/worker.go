@@ -1,45 +1,37 @@
 package actors
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
 )
 
-// Messages between request actors and GPU-worker actors, inside a node.
+// Messages between request actors and GPU-worker actors. The prefill
+// handshake uses the wire messages (messages.TransferPlan, TransferDone,
+// TransferAck, TransferAbort), so that it runs the same whether the request
+// actor is in this node or another. The rest stays inside a node.
 type (
-	// PrefillJob asks a prefill worker to compute Prompt's KV and stream it
-	// as frames to Dest, the pages decode reserved, in order.
-	PrefillJob struct {
-		Owner   kv.Owner
-		Prompt  []int
-		Dest    []kv.Tag
-		ReplyTo *actor.PID
-	}
-	// FrameBatch is one bounded batch of encoded frames (kv.AppendBatch).
+	// FrameBatch is one bounded batch of encoded frames (kv.AppendBatch),
+	// from a prefill worker to a request actor in the same process.
 	FrameBatch struct {
 		Owner kv.Owner
 		Data  []byte
 	}
-	// PrefillDone ends a prefill job: the first generated token and the
-	// number of frames sent, or why it failed.
-	PrefillDone struct {
-		Owner  kv.Owner
-		First  int
-		Frames int
-		Err    error
-	}
-	// TransferAck tells the prefill worker that decode sealed and verified
-	// every page: the source pages may go. TransferAbort tells it decode
-	// will not read them.
-	TransferAck   struct{ Owner kv.Owner }
-	TransferAbort struct{ Owner kv.Owner }
+	// FramesIn is frames the KV data plane received for a request actor;
+	// answered with a FramesInReply once they are written (or refused).
+	// The payloads alias the connection's buffer until the answer.
+	FramesIn struct{ Frames []kv.Frame }
+	// FramesInReply carries the outcome of a FramesIn.
+	FramesInReply struct{ Err error }
 
 	// DecodeJob asks a decode worker to generate from the verified
 	// Manifest: Next is the token to feed first, MaxNew the most tokens to
@@ -63,11 +55,11 @@ type (
 		Owner kv.Owner
 		Err   error
 	}
-	// CancelJob withdraws whatever a worker does for Owner.
+	// CancelJob withdraws a decode job.
 	CancelJob struct{ Owner kv.Owner }
 
 	// WorkerStatus asks a worker for a WorkerStatusReply.
-	WorkerStatus       struct{}
+	WorkerStatus      struct{}
 	WorkerStatusReply struct {
 		Role                           string
 		Queued, Active, AwaitingAck    int
@@ -76,6 +68,16 @@ type (
 
 	step struct{}
 )
+
+// FrameSender sends frames to one peer's KV data plane and returns once
+// the peer has accepted (or refused) them.
+type FrameSender interface {
+	Send(ctx context.Context, frames []kv.Frame) error
+}
+
+// Dialer opens a FrameSender to the data plane at addr of the node run
+// whose incarnation is given.
+type Dialer func(addr string, incarnation uint64) (FrameSender, error)
 
 // workerCounters are read by tests and status from other goroutines.
 type workerCounters struct {
@@ -102,30 +104,51 @@ type workerActor struct {
 	limits   kv.BatchLimits
 	batchMax int
 	queueMax int
-	log      *slog.Logger
-	stats    *workerCounters
+	timeout  time.Duration
+	// reclaimAfter is the pools' reclaim deadline, after which a source
+	// page awaiting an ack that never came is gone anyway.
+	reclaimAfter time.Duration
+	dial         Dialer
+	log          *slog.Logger
+	stats        *workerCounters
 
-	queue    []PrefillJob
-	seqs     []*sequence
-	next     int                    // round-robin start among seqs
-	sources  map[uint64][]kv.Tag    // prefill: pages sent, awaiting the ack
-	owners   map[uint64]kv.Owner    // prefill: owner of each entry of sources
-	stepping bool
+	queue     []*prefillJob
+	awaiting  map[jobKey]*prefillJob // sent, waiting for decode's ack
+	senders   map[string]FrameSender // data planes by address
+	nextLocal uint64
+	seqs      []*sequence
+	next      int // round-robin start among seqs
+	stepping  bool
+}
+
+// jobKey names a plan as its sender does: the request actor and its
+// request id. Request ids are unique only per decode node, so the pages a
+// plan takes here belong to a local owner of their own.
+type jobKey struct {
+	sender string
+	id     uint64
+}
+
+// prefillJob is one plan, from arrival until decode acknowledges it.
+type prefillJob struct {
+	key     jobKey
+	plan    *messages.TransferPlan
+	owner   kv.Owner // decode's: every frame carries it
+	local   kv.Owner // this pool's owner of the source pages
+	replyTo *actor.PID
+	sources []kv.Tag
+	marked  int       // sources marked as awaiting decode's ack
+	expires time.Time // when the sources' reclaim deadline has passed
 }
 
 func (w *workerActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		w.kv = newPageClient(w.pool, c)
-		w.sources = map[uint64][]kv.Tag{}
-		w.owners = map[uint64]kv.Owner{}
-	case PrefillJob:
-		if len(w.queue) >= w.queueMax {
-			c.Send(m.ReplyTo, PrefillDone{Owner: m.Owner, Err: &BusyError{Where: w.role + " queue", Limit: w.queueMax}})
-			return
-		}
-		w.queue = append(w.queue, m)
-		w.kick(c)
+		w.awaiting = map[jobKey]*prefillJob{}
+		w.senders = map[string]FrameSender{}
+	case *messages.TransferPlan:
+		w.plan(c, m)
 	case DecodeJob:
 		w.startDecode(c, m)
 		w.kick(c)
@@ -133,15 +156,60 @@ func (w *workerActor) Receive(c actor.Context) {
 		w.stepping = false
 		w.runStep(c)
 		w.kick(c)
-	case TransferAck:
-		w.dropSources(m.Owner)
-	case TransferAbort:
-		w.dropSources(m.Owner)
+	case *messages.TransferAck:
+		w.drop(c, jobKey{sender: senderKey(c), id: m.RequestID}, m.Tenant)
+	case *messages.TransferAbort:
+		w.drop(c, jobKey{sender: senderKey(c), id: m.RequestID}, m.Tenant)
 	case CancelJob:
 		w.cancel(c, m.Owner)
 	case WorkerStatus:
-		c.Respond(WorkerStatusReply{Role: w.role, Queued: len(w.queue), Active: len(w.seqs), AwaitingAck: len(w.sources),
+		c.Respond(WorkerStatusReply{Role: w.role, Queued: len(w.queue), Active: len(w.seqs), AwaitingAck: len(w.awaiting),
 			FramesSent: w.stats.framesSent.Load(), BatchesSent: w.stats.batchesSent.Load(), Steps: w.stats.steps.Load()})
+	}
+}
+
+// plan queues a transfer plan, or answers at once why it cannot run.
+func (w *workerActor) plan(c actor.Context, m *messages.TransferPlan) {
+	key := jobKey{sender: senderKey(c), id: m.RequestID}
+	var err error
+	switch {
+	case c.Sender() == nil:
+		w.log.Warn("transfer plan without a sender dropped", "request", m.RequestID)
+		return
+	case int(m.PageTokens) != w.pool.Geometry.PageTokens:
+		err = &BadRequestError{Reason: fmt.Sprintf("plan pages of %d tokens, this pool's hold %d", m.PageTokens, w.pool.Geometry.PageTokens)}
+	case len(w.queue) >= w.queueMax:
+		err = &BusyError{Where: w.role + " queue", Have: len(w.queue), Limit: w.queueMax}
+	case w.awaiting[key] != nil || w.queued(key):
+		err = &BadRequestError{Reason: fmt.Sprintf("request %d is already planned here", m.RequestID)}
+	}
+	if err != nil {
+		w.reply(c, c.Sender(), m.Owner(), 0, 0, err)
+		return
+	}
+	w.nextLocal++
+	w.queue = append(w.queue, &prefillJob{key: key, plan: m, owner: m.Owner(),
+		local: kv.Owner{Request: w.nextLocal, Tenant: m.Tenant}, replyTo: c.Sender()})
+	w.kick(c)
+}
+
+func (w *workerActor) queued(key jobKey) bool {
+	for _, j := range w.queue {
+		if j.key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// reply answers a plan with a TransferDone.
+func (w *workerActor) reply(c actor.Context, to *actor.PID, o kv.Owner, first, frames int, err error) {
+	done := &messages.TransferDone{RequestID: o.Request, Tenant: o.Tenant, First: uint32(first), Frames: uint32(frames)}
+	if err != nil {
+		done.First, done.Frames, done.Err = 0, 0, wireError(err)
+	}
+	if err := messages.Send(c, to, done); err != nil {
+		w.log.Error("transfer done refused by its own validation", "err", err)
 	}
 }
 
@@ -177,33 +245,96 @@ func (w *workerActor) runStep(c actor.Context) {
 // prefill computes the job's KV into this worker's pool, then streams it
 // to decode in bounded batches and keeps the source pages until decode
 // acknowledges.
-func (w *workerActor) prefill(c actor.Context, job PrefillJob) {
-	pages := w.pool.Geometry.PagesFor(len(job.Prompt))
-	tags, err := w.pool.Reserve(c, job.Owner, 0, pages)
+func (w *workerActor) prefill(c actor.Context, job *prefillJob) {
+	prompt := make([]int, len(job.plan.PromptTokens))
+	for i, t := range job.plan.PromptTokens {
+		prompt[i] = int(t)
+	}
+	tags, err := w.pool.Reserve(c, job.local, 0, w.pool.Geometry.PagesFor(len(prompt)))
 	if err != nil {
-		c.Send(job.ReplyTo, PrefillDone{Owner: job.Owner, Err: err})
+		w.reply(c, job.replyTo, job.owner, 0, 0, err)
 		return
 	}
-	pre, err := w.engine.Prefill(w.kv, job.Owner, tags, job.Prompt)
+	job.sources = tags
+	pre, err := w.engine.Prefill(w.kv, job.local, tags, prompt)
+	var frames int
 	if err == nil {
-		var frames int
 		frames, err = w.stream(c, job, pre.Manifest)
-		if err == nil {
-			w.sources[job.Owner.Request] = tags
-			w.owners[job.Owner.Request] = job.Owner
-			c.Send(job.ReplyTo, PrefillDone{Owner: job.Owner, First: pre.First, Frames: frames})
-			return
-		}
 	}
-	w.releaseAll(job.Owner, tags)
-	c.Send(job.ReplyTo, PrefillDone{Owner: job.Owner, Err: err})
+	// Released now, freed when decode acknowledges: a source page awaiting
+	// the ack stays until then, or until its reclaim deadline if decode
+	// never answers (a dead decode node strands nothing). A failed transfer
+	// will not be acknowledged, so its pages are acknowledged here.
+	if err != nil {
+		w.ack(c, job.local, tags[:job.marked])
+	}
+	w.releaseAll(job.local, tags)
+	if err != nil {
+		w.reply(c, job.replyTo, job.owner, 0, 0, err)
+		return
+	}
+	w.prune(time.Now())
+	job.expires = time.Now().Add(w.reclaimAfter)
+	w.awaiting[job.key] = job
+	w.reply(c, job.replyTo, job.owner, pre.First, frames, nil)
 }
 
-// stream sends the prefilled pages as frames addressed to job.Dest,
-// marking each source page as awaiting decode's acknowledgement.
-func (w *workerActor) stream(c actor.Context, job PrefillJob, m *kv.Manifest) (int, error) {
-	if len(job.Dest) != len(m.Pages) {
-		return 0, fmt.Errorf("actors: plan has %d destination pages for %d prompt pages", len(job.Dest), len(m.Pages))
+// prune forgets plans whose pages have been reclaimed: their decode node
+// will never answer.
+func (w *workerActor) prune(now time.Time) {
+	for k, j := range w.awaiting {
+		if now.After(j.expires) {
+			delete(w.awaiting, k)
+		}
+	}
+}
+
+// sink is where a job's frames go: back to the request actor as a message
+// when it is in this process, else to its node's KV data plane.
+func (w *workerActor) sink(c actor.Context, job *prefillJob) (func([]kv.Frame) error, error) {
+	if job.plan.DataPlane == "" {
+		return func(frames []kv.Frame) error {
+			data, err := kv.AppendBatch(nil, frames, w.limits)
+			if err == nil {
+				c.Send(job.replyTo, FrameBatch{Owner: job.owner, Data: data})
+			}
+			return err
+		}, nil
+	}
+	addr := job.plan.DataPlane
+	s := w.senders[addr]
+	if s == nil {
+		if w.dial == nil {
+			return nil, fmt.Errorf("actors: plan names data plane %s and this node has none", addr)
+		}
+		var err error
+		if s, err = w.dial(addr, job.plan.DestTags[0].Incarnation); err != nil {
+			return nil, err
+		}
+		w.senders[addr] = s
+	}
+	return func(frames []kv.Frame) error {
+		ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+		defer cancel()
+		err := s.Send(ctx, frames)
+		if err != nil {
+			delete(w.senders, addr) // dial afresh next time
+		}
+		return err
+	}, nil
+}
+
+// stream sends the prefilled pages as frames addressed to the plan's
+// destination tags, in groups of at most one batch, each page read under a
+// lease held until its group is sent, and marks each source page as
+// awaiting decode's acknowledgement.
+func (w *workerActor) stream(c actor.Context, job *prefillJob, m *kv.Manifest) (int, error) {
+	if len(job.plan.DestTags) != len(m.Pages) {
+		return 0, fmt.Errorf("actors: plan has %d destination pages for %d prompt pages", len(job.plan.DestTags), len(m.Pages))
+	}
+	send, err := w.sink(c, job)
+	if err != nil {
+		return 0, err
 	}
 	var batch []kv.Frame
 	var leases []kv.Lease
@@ -211,59 +342,69 @@ func (w *workerActor) stream(c actor.Context, job PrefillJob, m *kv.Manifest) (i
 		if len(batch) == 0 {
 			return nil
 		}
-		data, err := kv.AppendBatch(nil, batch, w.limits)
+		err := send(batch)
 		for _, l := range leases {
 			err = errors.Join(err, w.kv.Unlease(l))
 		}
-		if err != nil {
-			return err
+		if err == nil {
+			w.stats.batchesSent.Add(1)
+			w.stats.framesSent.Add(uint64(len(batch)))
 		}
-		c.Send(job.ReplyTo, FrameBatch{Owner: job.Owner, Data: data})
-		w.stats.batchesSent.Add(1)
-		w.stats.framesSent.Add(uint64(len(batch)))
 		batch, leases = batch[:0], leases[:0]
-		return nil
+		return err
 	}
 	pos, bytes := 0, 0
 	for i, mp := range m.Pages {
-		l, err := w.kv.Lease(mp.Tag, job.Owner)
+		if len(batch) == w.limits.PagesMax || bytes+w.limits.Frame.FrameBytesMax() > w.limits.BytesMax {
+			if err := flush(); err != nil {
+				return 0, err
+			}
+			bytes = 0
+		}
+		l, err := w.kv.Lease(mp.Tag, job.local)
 		if err != nil {
 			return 0, errors.Join(err, flush())
 		}
 		payload, _, _ := w.kv.Read(l)
-		if len(batch) == w.limits.PagesMax || bytes+w.limits.Frame.FrameBytesMax() > w.limits.BytesMax {
-			if err := flush(); err != nil {
-				return 0, errors.Join(err, w.kv.Unlease(l))
-			}
-			bytes = 0
-		}
-		batch = append(batch, kv.Frame{Owner: job.Owner, Source: mp.Tag, Dest: job.Dest[i], FirstToken: pos,
+		batch = append(batch, kv.Frame{Owner: job.owner, Source: mp.Tag, Dest: job.plan.DestTags[i], FirstToken: pos,
 			Tokens: mp.Tokens, Payload: payload})
 		leases = append(leases, l)
 		bytes += w.limits.Frame.FrameBytesMax()
 		pos += mp.Tokens
-		if err := w.pool.Page(c, mp.Tag, PageAwaitAck{Tag: mp.Tag, Owner: job.Owner}).Err; err != nil {
+		if err := w.pool.Page(c, mp.Tag, PageAwaitAck{Tag: mp.Tag, Owner: job.local}).Err; err != nil {
 			return 0, errors.Join(err, flush())
 		}
+		job.marked++
 	}
 	return len(m.Pages), flush()
 }
 
-// dropSources ends the wait for decode's acknowledgement of one request:
-// acknowledged or abandoned, the source pages go.
-func (w *workerActor) dropSources(o kv.Owner) {
-	tags, ok := w.sources[o.Request]
-	if !ok || w.owners[o.Request] != o {
+// drop ends the wait for decode's acknowledgement of one plan, or
+// withdraws it from the queue: acknowledged or abandoned, its source pages
+// (released already) are freed.
+func (w *workerActor) drop(c actor.Context, key jobKey, tenant string) {
+	for i, j := range w.queue {
+		if j.key == key && j.owner.Tenant == tenant {
+			w.queue = append(w.queue[:i], w.queue[i+1:]...)
+			return
+		}
+	}
+	job := w.awaiting[key]
+	if job == nil || job.owner.Tenant != tenant {
 		return
 	}
-	delete(w.sources, o.Request)
-	delete(w.owners, o.Request)
+	delete(w.awaiting, key)
+	w.ack(c, job.local, job.sources)
+}
+
+// ack records decode's acknowledgement of source pages, which frees them
+// (they were released when sent).
+func (w *workerActor) ack(c actor.Context, o kv.Owner, tags []kv.Tag) {
 	for _, t := range tags {
-		if rep := w.pool.Page(w.kv.r, t, PageAck{Tag: t, Owner: o}); rep.Err != nil {
+		if rep := w.pool.Page(c, t, PageAck{Tag: t, Owner: o}); rep.Err != nil {
 			w.log.Warn("ack of source page refused", "tag", t.String(), "err", rep.Err)
 		}
 	}
-	w.releaseAll(o, tags)
 }
 
 func (w *workerActor) releaseAll(o kv.Owner, tags []kv.Tag) {
@@ -316,17 +457,10 @@ func (w *workerActor) finish(c actor.Context, idx int, cause error) {
 }
 
 func (w *workerActor) cancel(c actor.Context, o kv.Owner) {
-	for i, job := range w.queue {
-		if job.Owner == o {
-			w.queue = append(w.queue[:i], w.queue[i+1:]...)
-			break
-		}
-	}
 	for i, s := range w.seqs {
 		if s.job.Manifest.Owner == o {
 			w.finish(c, i, ErrCancelled)
-			break
+			return
 		}
 	}
-	w.dropSources(o)
 }

@@ -40,13 +40,19 @@ func (m *GenerateRequest) Validate() error {
 	if err := checkTenant(t, m.Tenant); err != nil {
 		return err
 	}
-	if err := checkRange(t, "prompt", uint64(len(m.Prompt)), 1, PromptBytesMax); err != nil {
+	return checkPrompt(t, m.Prompt, m.MaxTokens)
+}
+
+// checkPrompt checks the prompt and max_tokens of a GenerateRequest or of
+// the RoutedRequest it became.
+func checkPrompt(t TypeCode, prompt string, maxTokens uint32) error {
+	if err := checkRange(t, "prompt", uint64(len(prompt)), 1, PromptBytesMax); err != nil {
 		return err
 	}
-	if err := checkUTF8(t, "prompt", m.Prompt); err != nil {
+	if err := checkUTF8(t, "prompt", prompt); err != nil {
 		return err
 	}
-	return checkRange(t, "max_tokens", uint64(m.MaxTokens), 1, GenerateTokensMax)
+	return checkRange(t, "max_tokens", uint64(maxTokens), 1, GenerateTokensMax)
 }
 
 func (m *GenerateRequest) DecodeMsgpack(d *msgpack.Decoder) error {

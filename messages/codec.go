@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"slices"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/kvwarden/kvwarden/kv"
@@ -213,14 +215,17 @@ func readLen(d *msgpack.Decoder, t TypeCode, field string, limit int) (int, erro
 	return max(n, 0), nil
 }
 
-func readTokens(d *msgpack.Decoder, t TypeCode, field string, limit int, dst *[]uint32) error {
+// readSlice reads an array of at most limit elements, allocating them only
+// after the bound is checked, and reads each in place with elem. nil and
+// an empty array read as a nil slice.
+func readSlice[E any](d *msgpack.Decoder, t TypeCode, field string, limit int, dst *[]E, elem func(e *E) error) error {
 	n, err := readLen(d, t, field, limit)
 	if err != nil || n == 0 {
 		return err
 	}
-	out := make([]uint32, n)
+	out := make([]E, n)
 	for i := range out {
-		if err := readU32(d, t, field, &out[i]); err != nil {
+		if err := elem(&out[i]); err != nil {
 			return err
 		}
 	}
@@ -228,17 +233,17 @@ func readTokens(d *msgpack.Decoder, t TypeCode, field string, limit int, dst *[]
 	return nil
 }
 
+func readTokens(d *msgpack.Decoder, t TypeCode, field string, limit int, dst *[]uint32) error {
+	return readSlice(d, t, field, limit, dst, func(tok *uint32) error {
+		return readU32(d, t, field, tok)
+	})
+}
+
 var tagKeys = []string{"inc", "idx", "gen"}
 
 func readTags(d *msgpack.Decoder, t TypeCode, field string, limit int, dst *[]kv.Tag) error {
-	n, err := readLen(d, t, field, limit)
-	if err != nil || n == 0 {
-		return err
-	}
-	out := make([]kv.Tag, n)
-	for i := range out {
-		tag := &out[i]
-		err := fields(d, t, tagKeys, func(k int) error {
+	return readSlice(d, t, field, limit, dst, func(tag *kv.Tag) error {
+		return fields(d, t, tagKeys, func(k int) error {
 			switch k {
 			case 0:
 				return readU64(d, t, field+".inc", &tag.Incarnation)
@@ -248,12 +253,7 @@ func readTags(d *msgpack.Decoder, t TypeCode, field string, limit int, dst *[]kv
 				return readU64(d, t, field+".gen", &tag.Generation)
 			}
 		})
-		if err != nil {
-			return err
-		}
-	}
-	*dst = out
-	return nil
+	})
 }
 
 var wireErrorKeys = []string{"code", "msg", "have", "limit", "where"}
@@ -330,6 +330,37 @@ func checkRange(t TypeCode, field string, v, lo, hi uint64) error {
 	}
 	if v < lo {
 		return &InvalidFieldError{t, field, fmt.Sprint(v), fmt.Sprintf("%d to %d", lo, hi)}
+	}
+	return nil
+}
+
+// checkAddr wants "" when optional, or else at most AddrBytesMax bytes
+// that net.SplitHostPort splits into a host and a non-empty port.
+func checkAddr(t TypeCode, field, addr string, optional bool) error {
+	if addr == "" && optional {
+		return nil
+	}
+	if err := checkLen(t, field, len(addr), AddrBytesMax); err != nil {
+		return err
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return &InvalidFieldError{t, field, fmt.Sprintf("%q", truncate(addr, 64)), "host:port"}
+	}
+	return nil
+}
+
+// checkName wants 1 to limit bytes of UTF-8.
+func checkName(t TypeCode, field, name string, limit int) error {
+	if err := checkRange(t, field, uint64(len(name)), 1, uint64(limit)); err != nil {
+		return err
+	}
+	return checkUTF8(t, field, name)
+}
+
+// checkWord wants one of words.
+func checkWord(t TypeCode, field, s string, words []string) error {
+	if !slices.Contains(words, s) {
+		return &InvalidFieldError{t, field, fmt.Sprintf("%q", truncate(s, 64)), "one of " + strings.Join(words, ", ")}
 	}
 	return nil
 }

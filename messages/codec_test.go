@@ -25,10 +25,37 @@ func samples() []Message {
 			Err: &WireError{Code: CodePromptTooLong, Message: "prompt too long", Have: 9000, Limit: 8192, Where: "context window"}},
 		&CancelRequest{RequestID: 7, Tenant: "acme"},
 		&TransferPlan{RequestID: 1 << 40, Tenant: "globex", TokenCount: 5, PromptTokens: []uint32{1, 2, 3, 4, 5}, PageTokens: 2,
-			DestTags: []kv.Tag{{Incarnation: math.MaxUint64, Index: 0, Generation: 1}, {Incarnation: 9, Index: math.MaxUint32, Generation: 2}, {Incarnation: 9, Index: 4, Generation: math.MaxUint64}}},
+			DestTags:  []kv.Tag{{Incarnation: math.MaxUint64, Index: 0, Generation: 1}, {Incarnation: 9, Index: math.MaxUint32, Generation: 2}, {Incarnation: 9, Index: 4, Generation: math.MaxUint64}},
+			DataPlane: "decode-1.internal:7070"},
 		&TransferAck{RequestID: 1 << 40, Tenant: "globex", TokenCount: 5, Pages: 3},
 		&TransferAbort{RequestID: 1 << 40, Tenant: "globex", Reason: WireError{Code: CodeIntegrity, Message: "checksum mismatch on page 2", Have: 2, Where: "decode"}},
+		&TransferDone{RequestID: 1 << 40, Tenant: "globex", First: 70000, Frames: 3},
+		&TransferDone{RequestID: 1 << 41, Tenant: "globex", Err: &WireError{Code: CodeNodeLost, Message: "data plane unreachable", Where: "[::1]:7070"}},
+		&RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "The capital of France is", MaxTokens: 16, Prefill: "10.0.0.2:8090", PrefillIncarnation: math.MaxUint64, Attempt: 2},
+		&StatusRequest{},
+		&StatusReply{
+			Node: NodeStatus{Name: "decode-1", Role: RoleDecode, Incarnation: 1 << 33, Address: "10.0.0.1:8090", DataPlane: "10.0.0.1:7070", Draining: true,
+				InFlight: 3, Admitted: 100, Completed: 90, Failed: 4, RejectedTooLong: 2, RejectedBusy: math.MaxUint64,
+				Pools: []PoolStatus{{Name: "gpu0", Capacity: 4096, Free: 4000}, {Name: "host", Capacity: math.MaxUint32, Free: math.MaxUint32}}},
+			Members: []MemberStatus{
+				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true},
+				{Name: "router", Role: RoleRouter, Incarnation: 1, Address: "[fe80::1]:8090", State: MemberSuspect},
+			},
+		},
+		&DrainRequest{Wait: true},
+		&DrainReply{InFlight: 3},
+		&DrainReply{Done: true},
 	}
+}
+
+// sampleOf returns the first sample of type M, freshly built.
+func sampleOf[M Message]() M {
+	for _, m := range samples() {
+		if s, ok := m.(M); ok {
+			return s
+		}
+	}
+	panic("no sample")
 }
 
 func mustEncode(t testing.TB, m Message) []byte {
@@ -115,6 +142,15 @@ func TestKeysMatchTags(t *testing.T) {
 		{TransferPlan{}, transferPlanKeys},
 		{TransferAck{}, transferAckKeys},
 		{TransferAbort{}, transferAbortKeys},
+		{TransferDone{}, transferDoneKeys},
+		{RoutedRequest{}, routedRequestKeys},
+		{StatusRequest{}, statusRequestKeys},
+		{StatusReply{}, statusReplyKeys},
+		{NodeStatus{}, nodeStatusKeys},
+		{PoolStatus{}, poolStatusKeys},
+		{MemberStatus{}, memberStatusKeys},
+		{DrainRequest{}, drainRequestKeys},
+		{DrainReply{}, drainReplyKeys},
 		{WireError{}, wireErrorKeys},
 		{kv.Tag{}, tagKeys},
 	}
@@ -153,6 +189,17 @@ func TestWorstCaseFits(t *testing.T) {
 		tags[i] = kv.Tag{Incarnation: math.MaxUint64, Index: math.MaxUint32 - uint32(i), Generation: math.MaxUint64}
 	}
 	werr := WireError{Code: math.MaxUint16, Message: strings.Repeat("m", ErrorMessageBytesMax), Have: math.MaxUint64, Limit: math.MaxUint64, Where: strings.Repeat("w", WhereBytesMax)}
+	addr := strings.Repeat("h", AddrBytesMax-len(":65535")) + ":65535"
+	name := strings.Repeat("n", NodeNameBytesMax)
+	pools := make([]PoolStatus, PoolsMax)
+	for i := range pools {
+		pools[i] = PoolStatus{Name: strings.Repeat("p", PoolNameBytesMax), Capacity: math.MaxUint32, Free: math.MaxUint32}
+	}
+	members := make([]MemberStatus, MembersMax)
+	for i := range members {
+		members[i] = MemberStatus{Name: name, Role: RolePrefill, Incarnation: math.MaxUint64, Address: addr, DataPlane: addr,
+			State: MemberSuspect, CapacityPages: math.MaxUint32, FreePages: math.MaxUint32, Draining: true}
+	}
 	worst := []Message{
 		&GenerateRequest{RequestID: math.MaxUint64, Tenant: tenant, Prompt: prompt, MaxTokens: GenerateTokensMax, Stream: true},
 		&TokenChunk{RequestID: math.MaxUint64, Seq: math.MaxUint32, Tokens: big(ChunkTokensMax), Text: strings.Repeat("x", TextBytesMax)},
@@ -160,9 +207,22 @@ func TestWorstCaseFits(t *testing.T) {
 		&GenerateResult{RequestID: math.MaxUint64, FinishReason: FinishError, Err: &werr},
 		&CancelRequest{RequestID: math.MaxUint64, Tenant: tenant},
 		&TransferPlan{RequestID: math.MaxUint64, Tenant: tenant, TokenCount: PromptTokensMax, PromptTokens: big(PromptTokensMax),
-			PageTokens: PromptTokensMax / PlanTagsMax, DestTags: tags},
+			PageTokens: PromptTokensMax / PlanTagsMax, DestTags: tags, DataPlane: addr},
 		&TransferAck{RequestID: math.MaxUint64, Tenant: tenant, TokenCount: PromptTokensMax, Pages: PlanTagsMax},
 		&TransferAbort{RequestID: math.MaxUint64, Tenant: tenant, Reason: werr},
+		&TransferDone{RequestID: math.MaxUint64, Tenant: tenant, First: math.MaxUint32, Frames: math.MaxUint32},
+		&TransferDone{RequestID: math.MaxUint64, Tenant: tenant, Err: &werr},
+		&RoutedRequest{RequestID: math.MaxUint64, Tenant: tenant, Prompt: prompt, MaxTokens: GenerateTokensMax,
+			Prefill: addr, PrefillIncarnation: math.MaxUint64, Attempt: RouteAttemptsMax},
+		&StatusRequest{},
+		&StatusReply{
+			Node: NodeStatus{Name: name, Role: RolePrefill, Incarnation: math.MaxUint64, Address: addr, DataPlane: addr, Draining: true,
+				InFlight: math.MaxUint32, Admitted: math.MaxUint64, Completed: math.MaxUint64, Failed: math.MaxUint64,
+				RejectedTooLong: math.MaxUint64, RejectedBusy: math.MaxUint64, Pools: pools},
+			Members: members,
+		},
+		&DrainRequest{Wait: true},
+		&DrainReply{InFlight: math.MaxUint32},
 	}
 	for _, m := range worst {
 		frame := mustEncode(t, m)
@@ -175,6 +235,8 @@ func TestWorstCaseFits(t *testing.T) {
 
 func TestValidateRefuses(t *testing.T) {
 	okPlan := func() *TransferPlan { return samples()[5].(*TransferPlan) }
+	okRouted := func() *RoutedRequest { return sampleOf[*RoutedRequest]() }
+	okStatus := func() *StatusReply { return sampleOf[*StatusReply]() }
 	var tooLarge *TooLargeError
 	var invalid *InvalidFieldError
 	cases := []struct {
@@ -213,6 +275,62 @@ func TestValidateRefuses(t *testing.T) {
 			return p
 		}(), &tooLarge},
 		{"ack zero pages", &TransferAck{RequestID: 1, Tenant: "a", TokenCount: 1}, &invalid},
+		{"plan data plane without port", func() Message { p := okPlan(); p.DataPlane = "decode-1"; return p }(), &invalid},
+		{"plan data plane empty port", func() Message { p := okPlan(); p.DataPlane = "decode-1:"; return p }(), &invalid},
+		{"plan long data plane", func() Message { p := okPlan(); p.DataPlane = strings.Repeat("h", AddrBytesMax) + ":1"; return p }(), &tooLarge},
+		{"done zero id", &TransferDone{Tenant: "a", Frames: 1}, &invalid},
+		{"done bad tenant", &TransferDone{RequestID: 1, Tenant: "a b", Frames: 1}, &invalid},
+		{"done no frames", &TransferDone{RequestID: 1, Tenant: "a", First: 5}, &invalid},
+		{"done error with first", &TransferDone{RequestID: 1, Tenant: "a", First: 5, Err: &WireError{Code: CodeInternal}}, &invalid},
+		{"done error with frames", &TransferDone{RequestID: 1, Tenant: "a", Frames: 2, Err: &WireError{Code: CodeInternal}}, &invalid},
+		{"done zero error code", &TransferDone{RequestID: 1, Tenant: "a", Err: &WireError{}}, &invalid},
+		{"routed zero id", func() Message { r := okRouted(); r.RequestID = 0; return r }(), &invalid},
+		{"routed empty tenant", func() Message { r := okRouted(); r.Tenant = ""; return r }(), &invalid},
+		{"routed empty prompt", func() Message { r := okRouted(); r.Prompt = ""; return r }(), &invalid},
+		{"routed long prompt", func() Message { r := okRouted(); r.Prompt = strings.Repeat("p", PromptBytesMax+1); return r }(), &tooLarge},
+		{"routed bad utf8 prompt", func() Message { r := okRouted(); r.Prompt = "\xff"; return r }(), &invalid},
+		{"routed zero max tokens", func() Message { r := okRouted(); r.MaxTokens = 0; return r }(), &invalid},
+		{"routed many max tokens", func() Message { r := okRouted(); r.MaxTokens = GenerateTokensMax + 1; return r }(), &tooLarge},
+		{"routed no prefill", func() Message { r := okRouted(); r.Prefill = ""; return r }(), &invalid},
+		{"routed prefill without port", func() Message { r := okRouted(); r.Prefill = "10.0.0.2"; return r }(), &invalid},
+		{"routed long prefill", func() Message { r := okRouted(); r.Prefill = strings.Repeat("h", AddrBytesMax) + ":1"; return r }(), &tooLarge},
+		{"routed zero incarnation", func() Message { r := okRouted(); r.PrefillIncarnation = 0; return r }(), &invalid},
+		{"routed many attempts", func() Message { r := okRouted(); r.Attempt = RouteAttemptsMax + 1; return r }(), &tooLarge},
+		{"status empty name", func() Message { s := okStatus(); s.Node.Name = ""; return s }(), &invalid},
+		{"status long name", func() Message { s := okStatus(); s.Node.Name = strings.Repeat("n", NodeNameBytesMax+1); return s }(), &tooLarge},
+		{"status bad utf8 name", func() Message { s := okStatus(); s.Node.Name = "\xff"; return s }(), &invalid},
+		{"status unknown role", func() Message { s := okStatus(); s.Node.Role = "worker"; return s }(), &invalid},
+		{"status empty role", func() Message { s := okStatus(); s.Node.Role = ""; return s }(), &invalid},
+		{"status bad addr", func() Message { s := okStatus(); s.Node.Address = "10.0.0.1"; return s }(), &invalid},
+		{"status bad data plane", func() Message { s := okStatus(); s.Node.DataPlane = "[::1"; return s }(), &invalid},
+		{"status too many pools", func() Message {
+			s := okStatus()
+			s.Node.Pools = make([]PoolStatus, PoolsMax+1)
+			return s
+		}(), &tooLarge},
+		{"status empty pool name", func() Message { s := okStatus(); s.Node.Pools[1].Name = ""; return s }(), &invalid},
+		{"status long pool name", func() Message {
+			s := okStatus()
+			s.Node.Pools[1].Name = strings.Repeat("p", PoolNameBytesMax+1)
+			return s
+		}(), &tooLarge},
+		{"status free over capacity", func() Message { s := okStatus(); s.Node.Pools[0].Free = s.Node.Pools[0].Capacity + 1; return s }(), &invalid},
+		{"status too many members", func() Message {
+			s := okStatus()
+			s.Members = slices.Repeat(s.Members[:1], MembersMax+1)
+			return s
+		}(), &tooLarge},
+		{"status member empty name", func() Message { s := okStatus(); s.Members[1].Name = ""; return s }(), &invalid},
+		{"status member unknown role", func() Message { s := okStatus(); s.Members[1].Role = "Decode"; return s }(), &invalid},
+		{"status member no addr", func() Message { s := okStatus(); s.Members[1].Address = ""; return s }(), &invalid},
+		{"status member long addr", func() Message {
+			s := okStatus()
+			s.Members[1].Address = strings.Repeat("h", AddrBytesMax) + ":1"
+			return s
+		}(), &tooLarge},
+		{"status member bad data plane", func() Message { s := okStatus(); s.Members[0].DataPlane = "prefill-1"; return s }(), &invalid},
+		{"status member unknown state", func() Message { s := okStatus(); s.Members[0].State = "gone"; return s }(), &invalid},
+		{"drain done in flight", &DrainReply{InFlight: 1, Done: true}, &invalid},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -296,6 +414,28 @@ func TestDecodeRefuses(t *testing.T) {
 			0x82, 0xa2, 'i', 'd', 0x01, 0xa2, 'i', 'd', 0x02), &malformed},
 		{"too many fields", append(frame(t, TypeCancelRequest, 1, nil)[:3], 0x83), &malformed},
 		{"tag index overflow", frame(t, TypeTransferPlan, 1, map[string]any{"dest_tags": []any{map[string]any{"idx": uint64(1) << 32}}}), &malformed},
+		{"long data plane", frame(t, TypeTransferPlan, 1, map[string]any{"data_plane": strings.Repeat("h", AddrBytesMax+1)}), &tooLarge},
+		{"attempt overflows uint8", frame(t, TypeRoutedRequest, 1, map[string]any{"attempt": 256}), &malformed},
+		{"done first overflows uint32", frame(t, TypeTransferDone, 1, map[string]any{"first": uint64(1) << 32}), &malformed},
+		{"done nil err", frame(t, TypeTransferDone, 1, map[string]any{"id": 1, "tenant": "a", "err": nil}), &invalid},
+		{"status request field", frame(t, TypeStatusRequest, 1, map[string]any{"x": 1}), &malformed},
+		{"status request nil body", frame(t, TypeStatusRequest, 1, nil), &malformed},
+		{"status node not a map", frame(t, TypeStatusReply, 1, map[string]any{"node": 1}), &malformed},
+		{"status node unknown field", frame(t, TypeStatusReply, 1, map[string]any{"node": map[string]any{"extra": 1}}), &malformed},
+		{"status long role", frame(t, TypeStatusReply, 1, map[string]any{"node": map[string]any{"role": strings.Repeat("r", wordBytesMax+1)}}), &tooLarge},
+		{"status in_flight overflows", frame(t, TypeStatusReply, 1, map[string]any{"node": map[string]any{"in_flight": uint64(1) << 32}}), &malformed},
+		{"status pool free negative", frame(t, TypeStatusReply, 1, map[string]any{"node": map[string]any{"pools": []any{map[string]any{"free": -1}}}}), &malformed},
+		{"status member not a map", frame(t, TypeStatusReply, 1, map[string]any{"members": []any{"m"}}), &malformed},
+		{"status member repeated field", append(frame(t, TypeStatusReply, 1, nil)[:3],
+			0x81, 0xa7, 'm', 'e', 'm', 'b', 'e', 'r', 's', 0x91, 0x82, 0xa3, 'i', 'n', 'c', 0x01, 0xa3, 'i', 'n', 'c', 0x02), &malformed},
+		{"status missing node", frame(t, TypeStatusReply, 1, map[string]any{"members": nil}), &invalid},
+		// Array headers claiming 2^32-1 members or pools in 5 bytes: refused
+		// before anything is allocated for them.
+		{"huge member array", append(frame(t, TypeStatusReply, 1, nil)[:3],
+			0x81, 0xa7, 'm', 'e', 'm', 'b', 'e', 'r', 's', 0xdd, 0xff, 0xff, 0xff, 0xff), &tooLarge},
+		{"huge pool array", append(frame(t, TypeStatusReply, 1, nil)[:3],
+			0x81, 0xa4, 'n', 'o', 'd', 'e', 0x81, 0xa5, 'p', 'o', 'o', 'l', 's', 0xdd, 0xff, 0xff, 0xff, 0xff), &tooLarge},
+		{"drain wait not a bool", frame(t, TypeDrainRequest, 1, map[string]any{"wait": 1}), &malformed},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -353,10 +493,11 @@ func TestErrorsCarryNumbers(t *testing.T) {
 // TestStableCodes pins the numbers: changing one breaks every peer.
 func TestStableCodes(t *testing.T) {
 	got := []uint16{uint16(TypeGenerateRequest), uint16(TypeTokenChunk), uint16(TypeGenerateResult), uint16(TypeCancelRequest),
-		uint16(TypeTransferPlan), uint16(TypeTransferAck), uint16(TypeTransferAbort),
+		uint16(TypeTransferPlan), uint16(TypeTransferAck), uint16(TypeTransferAbort), uint16(TypeTransferDone),
+		uint16(TypeRoutedRequest), uint16(TypeStatusRequest), uint16(TypeStatusReply), uint16(TypeDrainRequest), uint16(TypeDrainReply),
 		uint16(CodePromptTooLong), uint16(CodeBusy), uint16(CodeIntegrity), uint16(CodeNodeLost), uint16(CodeCancelled), uint16(CodeBadRequest), uint16(CodeInternal),
 		uint16(FinishStop), uint16(FinishLength), uint16(FinishError)}
-	want := []uint16{1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3}
+	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3}
 	if !slices.Equal(got, want) {
 		t.Fatalf("stable codes changed: %v, want %v", got, want)
 	}

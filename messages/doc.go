@@ -6,7 +6,9 @@
 //
 // Messages are plain Go structs with msgpack tags (GenerateRequest,
 // TokenChunk, GenerateResult, CancelRequest for clients; TransferPlan,
-// TransferAck, TransferAbort for the prefill ↔ decode handshake). Send them
+// TransferDone, TransferAck, TransferAbort for the prefill ↔ decode
+// handshake; RoutedRequest, StatusRequest, StatusReply, DrainRequest,
+// DrainReply for the cluster). Send them
 // by pointer with Send, RequestFuture or Respond, which call Validate first;
 // the receiving actor type-switches on the same pointer types, whether the
 // sender was local or on another node. Encode and Decode turn a message into

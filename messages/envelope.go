@@ -156,3 +156,9 @@ func (m *CancelRequest) Serialize() (remote.RootSerialized, error)   { return se
 func (m *TransferPlan) Serialize() (remote.RootSerialized, error)    { return serialize(m) }
 func (m *TransferAck) Serialize() (remote.RootSerialized, error)     { return serialize(m) }
 func (m *TransferAbort) Serialize() (remote.RootSerialized, error)   { return serialize(m) }
+func (m *TransferDone) Serialize() (remote.RootSerialized, error)    { return serialize(m) }
+func (m *RoutedRequest) Serialize() (remote.RootSerialized, error)   { return serialize(m) }
+func (m *StatusRequest) Serialize() (remote.RootSerialized, error)   { return serialize(m) }
+func (m *StatusReply) Serialize() (remote.RootSerialized, error)     { return serialize(m) }
+func (m *DrainRequest) Serialize() (remote.RootSerialized, error)    { return serialize(m) }
+func (m *DrainReply) Serialize() (remote.RootSerialized, error)      { return serialize(m) }

@@ -18,6 +18,9 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{0, 1, 1, 0x80})
 	f.Add([]byte{0, 2, 1, 0x81, 0xa6, 't', 'o', 'k', 'e', 'n', 's', 0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0, 5, 1, 0x81, 0xa9, 'd', 'e', 's', 't', '_', 't', 'a', 'g', 's', 0x91, 0x83})
+	f.Add([]byte{0, 10, 1, 0x80})
+	f.Add([]byte{0, 11, 1, 0x81, 0xa7, 'm', 'e', 'm', 'b', 'e', 'r', 's', 0xdd, 0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{0, 11, 1, 0x81, 0xa4, 'n', 'o', 'd', 'e', 0x81, 0xa5, 'p', 'o', 'o', 'l', 's', 0x91, 0x83})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := Decode(data)
 		if err != nil {

@@ -46,8 +46,23 @@ const (
 	PlanTagsMax = 8 << 10
 	// PageTokensMax bounds TransferPlan.PageTokens, in tokens.
 	PageTokensMax = 1 << 16
-	// AddrBytesMax bounds a data-plane address ("host:port") in bytes.
+	// AddrBytesMax bounds a node or data-plane address ("host:port") in
+	// bytes.
 	AddrBytesMax = 256
+
+	// Cluster.
+
+	// RouteAttemptsMax bounds RoutedRequest.Attempt, in retries.
+	RouteAttemptsMax = 8
+	// NodeNameBytesMax bounds the name of a node (NodeStatus.Name,
+	// MemberStatus.Name) in bytes.
+	NodeNameBytesMax = 128
+	// PoolNameBytesMax bounds PoolStatus.Name in bytes.
+	PoolNameBytesMax = 128
+	// PoolsMax bounds the pools of one NodeStatus, in pools.
+	PoolsMax = 64
+	// MembersMax bounds the members of one StatusReply, in members.
+	MembersMax = 256
 
 	// Errors.
 

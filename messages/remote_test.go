@@ -47,8 +47,9 @@ func (n *node) stop() {
 }
 
 // server is the actor on the far node: it answers GenerateRequest with a
-// GenerateResult, echoes a TransferPlan back, and reports every message it
-// receives on got, in order.
+// GenerateResult and StatusRequest with the sample StatusReply, echoes a
+// TransferPlan back, and reports every message it receives on got, in
+// order.
 type server struct{ got chan any }
 
 func (s *server) Receive(ctx actor.Context) {
@@ -59,6 +60,9 @@ func (s *server) Receive(ctx actor.Context) {
 	case *TransferPlan:
 		s.got <- m
 		_ = Respond(ctx, m)
+	case *StatusRequest:
+		s.got <- m
+		_ = Respond(ctx, sampleOf[*StatusReply]())
 	case *CancelRequest, *Undecodable:
 		s.got <- m
 	}
@@ -111,6 +115,19 @@ func TestRemoteEndToEnd(t *testing.T) {
 		}
 		if !reflect.DeepEqual(echo, plan) {
 			t.Fatalf("echo %#v, want %#v", echo, plan)
+		}
+	})
+
+	t.Run("status request and nested reply", func(t *testing.T) {
+		reply, err := Request(a.sys.Root, pid, &StatusRequest{}, remoteTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := sampleOf[*StatusReply](); !reflect.DeepEqual(reply, want) {
+			t.Fatalf("reply %#v, want %#v", reply, want)
+		}
+		if m := next(); !reflect.DeepEqual(m, &StatusRequest{}) {
+			t.Fatalf("server got %#v, want a StatusRequest", m)
 		}
 	})
 

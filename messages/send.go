@@ -24,6 +24,16 @@ func Send(s actor.SenderContext, pid *actor.PID, m Message) error {
 	return nil
 }
 
+// SendFrom validates m and sends it to pid with the current actor as its
+// sender, so that pid can answer or name the sender.
+func SendFrom(ctx actor.Context, pid *actor.PID, m Message) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	ctx.Request(pid, m)
+	return nil
+}
+
 // RequestFuture validates m and sends it to pid with a future that times
 // out after timeout.
 func RequestFuture(s actor.SenderContext, pid *actor.PID, m Message, timeout time.Duration) (*actor.Future, error) {

@@ -11,10 +11,11 @@ import (
 
 // The prefill ↔ decode handshake (DESIGN.md): decode reserves destination
 // pages and sends prefill a TransferPlan naming them; prefill streams the
-// pages over the data plane (kv frames, not these messages); when every
-// page is sealed and the token count matches, decode sends TransferAck and
-// only then does prefill release its pages. Either side may end the
-// transfer with TransferAbort.
+// pages as kv frames (not these messages) to the plan's data plane, then
+// sends TransferDone with the first generated token; when every page is
+// sealed and the token count matches, decode sends TransferAck and only
+// then does prefill release its pages. Either side may end the transfer
+// with TransferAbort.
 //
 // RequestID and Tenant are the owner of the destination pages (kv.Owner):
 // every message of the handshake names it, so that a late or misrouted
@@ -38,9 +39,13 @@ type TransferPlan struct {
 	// DestTags are the reserved destination pages in token order:
 	// ceil(TokenCount / PageTokens) distinct pages, at most PlanTagsMax.
 	DestTags []kv.Tag `msgpack:"dest_tags"`
+	// DataPlane is the host:port of decode's KV data plane, where prefill
+	// sends the frames. Empty means decode is in the same process: the
+	// frames go back as actor messages to the plan's sender.
+	DataPlane string `msgpack:"data_plane,omitempty"`
 }
 
-var transferPlanKeys = []string{"id", "tenant", "token_count", "prompt_tokens", "page_tokens", "dest_tags"}
+var transferPlanKeys = []string{"id", "tenant", "token_count", "prompt_tokens", "page_tokens", "dest_tags", "data_plane"}
 
 func (*TransferPlan) TypeCode() TypeCode { return TypeTransferPlan }
 
@@ -72,7 +77,10 @@ func (m *TransferPlan) Validate() error {
 		return &InvalidFieldError{t, "dest_tags", fmt.Sprintf("%d tags", len(m.DestTags)),
 			fmt.Sprintf("%d (%d tokens in pages of %d)", pages, m.TokenCount, m.PageTokens)}
 	}
-	return checkTags(t, "dest_tags", m.DestTags)
+	if err := checkTags(t, "dest_tags", m.DestTags); err != nil {
+		return err
+	}
+	return checkAddr(t, "data_plane", m.DataPlane, true)
 }
 
 // checkTags refuses the zero incarnation and generation (kv starts both at
@@ -117,8 +125,77 @@ func (m *TransferPlan) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readTokens(d, t, "prompt_tokens", PromptTokensMax, &m.PromptTokens)
 		case 4:
 			return readU32(d, t, "page_tokens", &m.PageTokens)
-		default:
+		case 5:
 			return readTags(d, t, "dest_tags", PlanTagsMax, &m.DestTags)
+		default:
+			return readString(d, t, "data_plane", AddrBytesMax, &m.DataPlane)
+		}
+	})
+}
+
+// TransferDone is prefill's word that it sent every frame of a plan, or
+// that it failed. Decode still checks the pages before it acks: the frames
+// may be in flight, and a count is no checksum.
+type TransferDone struct {
+	RequestID uint64 `msgpack:"id"`
+	Tenant    string `msgpack:"tenant"`
+	// First is the first generated token, greedy from the prompt's last
+	// position; decode continues from it.
+	First uint32 `msgpack:"first"`
+	// Frames is how many frames prefill sent, at least 1.
+	Frames uint32 `msgpack:"frames"`
+	// Err says why prefill failed; First and Frames are then 0.
+	Err *WireError `msgpack:"err,omitempty"`
+}
+
+var transferDoneKeys = []string{"id", "tenant", "first", "frames", "err"}
+
+func (*TransferDone) TypeCode() TypeCode { return TypeTransferDone }
+
+// Owner is the owner of the destination pages.
+func (m *TransferDone) Owner() kv.Owner { return kv.Owner{Request: m.RequestID, Tenant: m.Tenant} }
+
+func (m *TransferDone) Validate() error {
+	const t = TypeTransferDone
+	if err := checkRequestID(t, m.RequestID); err != nil {
+		return err
+	}
+	if err := checkTenant(t, m.Tenant); err != nil {
+		return err
+	}
+	if m.Err == nil {
+		if m.Frames == 0 {
+			return &InvalidFieldError{t, "frames", "0", "at least 1 without an error"}
+		}
+		return nil
+	}
+	// A failed prefill has no first token: one next to an error is how
+	// wrong answers reach users.
+	if m.First != 0 {
+		return &InvalidFieldError{t, "first", fmt.Sprint(m.First), "0 with an error"}
+	}
+	if m.Frames != 0 {
+		return &InvalidFieldError{t, "frames", fmt.Sprint(m.Frames), "0 with an error"}
+	}
+	return m.Err.validate(t, "err")
+}
+
+func (m *TransferDone) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeTransferDone
+	return fields(d, t, transferDoneKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readU64(d, t, "id", &m.RequestID)
+		case 1:
+			return readString(d, t, "tenant", TenantBytesMax, &m.Tenant)
+		case 2:
+			return readU32(d, t, "first", &m.First)
+		case 3:
+			return readU32(d, t, "frames", &m.Frames)
+		default:
+			var err error
+			m.Err, err = readWireError(d, t, "err", true)
+			return err
 		}
 	})
 }

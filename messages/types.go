@@ -12,7 +12,8 @@ import (
 // different builds exchange them during a rolling upgrade.
 type TypeCode uint16
 
-// The message types. Client API first, then the prefill ↔ decode handshake.
+// The message types. Client API first, then the prefill ↔ decode
+// handshake, then the cluster.
 const (
 	TypeGenerateRequest TypeCode = 1
 	TypeTokenChunk      TypeCode = 2
@@ -21,6 +22,12 @@ const (
 	TypeTransferPlan    TypeCode = 5
 	TypeTransferAck     TypeCode = 6
 	TypeTransferAbort   TypeCode = 7
+	TypeTransferDone    TypeCode = 8
+	TypeRoutedRequest   TypeCode = 9
+	TypeStatusRequest   TypeCode = 10
+	TypeStatusReply     TypeCode = 11
+	TypeDrainRequest    TypeCode = 12
+	TypeDrainReply      TypeCode = 13
 )
 
 // Message is implemented by every message that crosses an actor or node
@@ -59,6 +66,12 @@ var types = [...]typeInfo{
 	TypeTransferPlan:    {"TransferPlan", 1, 1, func() Message { return new(TransferPlan) }},
 	TypeTransferAck:     {"TransferAck", 1, 1, func() Message { return new(TransferAck) }},
 	TypeTransferAbort:   {"TransferAbort", 1, 1, func() Message { return new(TransferAbort) }},
+	TypeTransferDone:    {"TransferDone", 1, 1, func() Message { return new(TransferDone) }},
+	TypeRoutedRequest:   {"RoutedRequest", 1, 1, func() Message { return new(RoutedRequest) }},
+	TypeStatusRequest:   {"StatusRequest", 1, 1, func() Message { return new(StatusRequest) }},
+	TypeStatusReply:     {"StatusReply", 1, 1, func() Message { return new(StatusReply) }},
+	TypeDrainRequest:    {"DrainRequest", 1, 1, func() Message { return new(DrainRequest) }},
+	TypeDrainReply:      {"DrainReply", 1, 1, func() Message { return new(DrainReply) }},
 }
 
 func lookup(c TypeCode) (typeInfo, bool) {

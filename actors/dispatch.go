@@ -1,0 +1,83 @@
+package actors
+
+import (
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// PrefillName is the name of every prefilling node's dispatcher: request
+// actors, here or in other nodes, send plans to actor.NewPID(address,
+// PrefillName).
+const PrefillName = "prefill"
+
+// DispatchStatus asks a dispatcher for a DispatchStatusReply.
+type DispatchStatus struct{}
+
+// DispatchStatusReply counts the plans a dispatcher has handed out and not
+// seen acknowledged or aborted.
+type DispatchStatusReply struct{ Outstanding int }
+
+// dispatchActor hands each transfer plan to the prefill worker with the
+// fewest outstanding plans, keeping the plan's sender as the sender so the
+// worker answers the request actor directly; the plan's ack or abort goes
+// to the same worker.
+type dispatchActor struct {
+	workers []*actor.PID
+	forget  time.Duration // after which a plan never acknowledged is dropped
+	load    []int
+	jobs    map[jobKey]dispatched // until its ack or abort
+}
+
+type dispatched struct {
+	worker  int
+	expires time.Time
+}
+
+func (d *dispatchActor) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		d.load = make([]int, len(d.workers))
+		d.jobs = map[jobKey]dispatched{}
+	case *messages.TransferPlan:
+		now := time.Now()
+		d.prune(now)
+		key := jobKey{sender: senderKey(c), id: m.RequestID}
+		j, ok := d.jobs[key]
+		if !ok {
+			j = dispatched{worker: argmin(d.load), expires: now.Add(d.forget)}
+			d.jobs[key] = j
+			d.load[j.worker]++
+		}
+		c.RequestWithCustomSender(d.workers[j.worker], m, c.Sender())
+	case *messages.TransferAck:
+		d.done(c, jobKey{sender: senderKey(c), id: m.RequestID}, m)
+	case *messages.TransferAbort:
+		d.done(c, jobKey{sender: senderKey(c), id: m.RequestID}, m)
+	case DispatchStatus:
+		c.Respond(DispatchStatusReply{Outstanding: len(d.jobs)})
+	}
+}
+
+func (d *dispatchActor) done(c actor.Context, key jobKey, m messages.Message) {
+	j, ok := d.jobs[key]
+	if !ok {
+		return
+	}
+	delete(d.jobs, key)
+	d.load[j.worker]--
+	c.RequestWithCustomSender(d.workers[j.worker], m, c.Sender())
+}
+
+// prune drops plans whose decode node never answered: by now the worker's
+// source pages have been reclaimed.
+func (d *dispatchActor) prune(now time.Time) {
+	for k, j := range d.jobs {
+		if now.After(j.expires) {
+			delete(d.jobs, k)
+			d.load[j.worker]--
+		}
+	}
+}

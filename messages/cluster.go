@@ -1,0 +1,397 @@
+package messages
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The cluster: a router sends each client request to a decode node as a
+// RoutedRequest naming the prefill node chosen for it; any node answers a
+// StatusRequest with a StatusReply, and a DrainRequest with a DrainReply.
+
+// RoutedRequest is a client's GenerateRequest as the router passes it to a
+// decode node, with the prefill node chosen for it. Prompt and MaxTokens
+// have GenerateRequest's bounds.
+type RoutedRequest struct {
+	RequestID uint64 `msgpack:"id"`
+	Tenant    string `msgpack:"tenant"`
+	Prompt    string `msgpack:"prompt"`
+	MaxTokens uint32 `msgpack:"max_tokens"`
+	// Prefill is the remote address (host:port) of the prefill node.
+	Prefill string `msgpack:"prefill"`
+	// PrefillIncarnation is the prefill node's incarnation when the router
+	// chose it, non-zero, so that a node that restarted since is not taken
+	// for the one chosen.
+	PrefillIncarnation uint64 `msgpack:"prefill_inc"`
+	// Attempt counts the earlier routings of this request, 0 to
+	// RouteAttemptsMax.
+	Attempt uint8 `msgpack:"attempt,omitempty"`
+}
+
+var routedRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "prefill", "prefill_inc", "attempt"}
+
+func (*RoutedRequest) TypeCode() TypeCode { return TypeRoutedRequest }
+
+func (m *RoutedRequest) Validate() error {
+	const t = TypeRoutedRequest
+	if err := checkRequestID(t, m.RequestID); err != nil {
+		return err
+	}
+	if err := checkTenant(t, m.Tenant); err != nil {
+		return err
+	}
+	if err := checkPrompt(t, m.Prompt, m.MaxTokens); err != nil {
+		return err
+	}
+	if err := checkAddr(t, "prefill", m.Prefill, false); err != nil {
+		return err
+	}
+	if m.PrefillIncarnation == 0 {
+		return &InvalidFieldError{t, "prefill_inc", "0", "a non-zero incarnation"}
+	}
+	return checkRange(t, "attempt", uint64(m.Attempt), 0, RouteAttemptsMax)
+}
+
+func (m *RoutedRequest) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeRoutedRequest
+	return fields(d, t, routedRequestKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readU64(d, t, "id", &m.RequestID)
+		case 1:
+			return readString(d, t, "tenant", TenantBytesMax, &m.Tenant)
+		case 2:
+			return readString(d, t, "prompt", PromptBytesMax, &m.Prompt)
+		case 3:
+			return readU32(d, t, "max_tokens", &m.MaxTokens)
+		case 4:
+			return readString(d, t, "prefill", AddrBytesMax, &m.Prefill)
+		case 5:
+			return readU64(d, t, "prefill_inc", &m.PrefillIncarnation)
+		default:
+			v, err := readUint(d, t, "attempt", math.MaxUint8)
+			m.Attempt = uint8(v)
+			return err
+		}
+	})
+}
+
+// StatusRequest asks a node for its StatusReply. It has no fields: its
+// body is an empty map.
+type StatusRequest struct{}
+
+var statusRequestKeys []string
+
+func (*StatusRequest) TypeCode() TypeCode { return TypeStatusRequest }
+
+func (*StatusRequest) Validate() error { return nil }
+
+func (*StatusRequest) DecodeMsgpack(d *msgpack.Decoder) error {
+	return fields(d, TypeStatusRequest, statusRequestKeys, func(int) error { return nil })
+}
+
+// The roles of a node (NodeStatus.Role, MemberStatus.Role).
+const (
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+	RoleRouter  = "router"
+	RoleAll     = "all" // every role in one process
+)
+
+// The states of a member as the membership protocol sees it
+// (MemberStatus.State).
+const (
+	MemberAlive   = "alive"
+	MemberSuspect = "suspect"
+	MemberDead    = "dead"
+	MemberLeft    = "left"
+)
+
+var (
+	roles        = []string{RolePrefill, RoleDecode, RoleRouter, RoleAll}
+	memberStates = []string{MemberAlive, MemberSuspect, MemberDead, MemberLeft}
+)
+
+// wordBytesMax bounds, while decoding, a field that Validate then checks
+// against a few short words (roles, states), in bytes.
+const wordBytesMax = 16
+
+// StatusReply is a node's answer to a StatusRequest: its own status and
+// the cluster's members as it sees them.
+type StatusReply struct {
+	Node NodeStatus `msgpack:"node"`
+	// Members holds at most MembersMax members.
+	Members []MemberStatus `msgpack:"members"`
+}
+
+var statusReplyKeys = []string{"node", "members"}
+
+func (*StatusReply) TypeCode() TypeCode { return TypeStatusReply }
+
+func (m *StatusReply) Validate() error {
+	const t = TypeStatusReply
+	if err := m.Node.validate(t, "node"); err != nil {
+		return err
+	}
+	if err := checkLen(t, "members", len(m.Members), MembersMax); err != nil {
+		return err
+	}
+	for i := range m.Members {
+		if err := m.Members[i].validate(t, fmt.Sprintf("members[%d]", i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *StatusReply) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeStatusReply
+	return fields(d, t, statusReplyKeys, func(i int) error {
+		if i == 0 {
+			return m.Node.decode(d, t, "node")
+		}
+		return readSlice(d, t, "members", MembersMax, &m.Members, func(s *MemberStatus) error {
+			return s.decode(d, t, "members")
+		})
+	})
+}
+
+// NodeStatus is one node's own account of itself (not a message: a part of
+// StatusReply).
+type NodeStatus struct {
+	// Name is 1 to NodeNameBytesMax bytes of UTF-8.
+	Name string `msgpack:"name"`
+	// Role is RolePrefill, RoleDecode, RoleRouter or RoleAll.
+	Role        string `msgpack:"role"`
+	Incarnation uint64 `msgpack:"inc"`
+	// Address is the node's remote address (host:port), "" when it has no
+	// remote.
+	Address string `msgpack:"addr"`
+	// DataPlane is the host:port of the node's KV data plane, "" when it
+	// has none.
+	DataPlane string `msgpack:"data_plane,omitempty"`
+	// Draining: the node takes no new work (see DrainRequest).
+	Draining bool `msgpack:"draining,omitempty"`
+	// InFlight is the number of requests admitted and not yet finished.
+	InFlight uint32 `msgpack:"in_flight"`
+	// Request counts since the node started.
+	Admitted        uint64 `msgpack:"admitted"`
+	Completed       uint64 `msgpack:"completed"`
+	Failed          uint64 `msgpack:"failed"`
+	RejectedTooLong uint64 `msgpack:"rejected_too_long"`
+	RejectedBusy    uint64 `msgpack:"rejected_busy"`
+	// Pools holds the node's KV pools, at most PoolsMax.
+	Pools []PoolStatus `msgpack:"pools"`
+}
+
+var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "draining", "in_flight",
+	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools"}
+
+func (s *NodeStatus) validate(t TypeCode, field string) error {
+	if err := checkName(t, field+".name", s.Name, NodeNameBytesMax); err != nil {
+		return err
+	}
+	if err := checkWord(t, field+".role", s.Role, roles); err != nil {
+		return err
+	}
+	if err := checkAddr(t, field+".addr", s.Address, true); err != nil {
+		return err
+	}
+	if err := checkAddr(t, field+".data_plane", s.DataPlane, true); err != nil {
+		return err
+	}
+	if err := checkLen(t, field+".pools", len(s.Pools), PoolsMax); err != nil {
+		return err
+	}
+	for i := range s.Pools {
+		if err := s.Pools[i].validate(t, fmt.Sprintf("%s.pools[%d]", field, i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *NodeStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error {
+	return fields(d, t, nodeStatusKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readString(d, t, field+".name", NodeNameBytesMax, &s.Name)
+		case 1:
+			return readString(d, t, field+".role", wordBytesMax, &s.Role)
+		case 2:
+			return readU64(d, t, field+".inc", &s.Incarnation)
+		case 3:
+			return readString(d, t, field+".addr", AddrBytesMax, &s.Address)
+		case 4:
+			return readString(d, t, field+".data_plane", AddrBytesMax, &s.DataPlane)
+		case 5:
+			return readBool(d, t, field+".draining", &s.Draining)
+		case 6:
+			return readU32(d, t, field+".in_flight", &s.InFlight)
+		case 7:
+			return readU64(d, t, field+".admitted", &s.Admitted)
+		case 8:
+			return readU64(d, t, field+".completed", &s.Completed)
+		case 9:
+			return readU64(d, t, field+".failed", &s.Failed)
+		case 10:
+			return readU64(d, t, field+".rejected_too_long", &s.RejectedTooLong)
+		case 11:
+			return readU64(d, t, field+".rejected_busy", &s.RejectedBusy)
+		default:
+			return readSlice(d, t, field+".pools", PoolsMax, &s.Pools, func(p *PoolStatus) error {
+				return p.decode(d, t, field+".pools")
+			})
+		}
+	})
+}
+
+// PoolStatus is one KV pool's page accounting, in pages.
+type PoolStatus struct {
+	// Name is 1 to PoolNameBytesMax bytes of UTF-8.
+	Name     string `msgpack:"name"`
+	Capacity uint32 `msgpack:"capacity"`
+	// Free is at most Capacity.
+	Free uint32 `msgpack:"free"`
+}
+
+var poolStatusKeys = []string{"name", "capacity", "free"}
+
+func (s *PoolStatus) validate(t TypeCode, field string) error {
+	if err := checkName(t, field+".name", s.Name, PoolNameBytesMax); err != nil {
+		return err
+	}
+	if s.Free > s.Capacity {
+		return &InvalidFieldError{t, field + ".free", fmt.Sprint(s.Free), fmt.Sprintf("at most capacity (%d)", s.Capacity)}
+	}
+	return nil
+}
+
+func (s *PoolStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error {
+	return fields(d, t, poolStatusKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readString(d, t, field+".name", PoolNameBytesMax, &s.Name)
+		case 1:
+			return readU32(d, t, field+".capacity", &s.Capacity)
+		default:
+			return readU32(d, t, field+".free", &s.Free)
+		}
+	})
+}
+
+// MemberStatus is one cluster member as the answering node sees it.
+type MemberStatus struct {
+	// Name is 1 to NodeNameBytesMax bytes of UTF-8.
+	Name string `msgpack:"name"`
+	// Role is RolePrefill, RoleDecode, RoleRouter or RoleAll.
+	Role        string `msgpack:"role"`
+	Incarnation uint64 `msgpack:"inc"`
+	// Address is the member's remote address (host:port).
+	Address string `msgpack:"addr"`
+	// DataPlane is the host:port of the member's KV data plane, "" when it
+	// has none.
+	DataPlane string `msgpack:"data_plane,omitempty"`
+	// State is MemberAlive, MemberSuspect, MemberDead or MemberLeft.
+	State string `msgpack:"state"`
+	// CapacityPages and FreePages are the member's KV pages as it last
+	// reported them.
+	CapacityPages uint32 `msgpack:"capacity"`
+	FreePages     uint32 `msgpack:"free"`
+	Draining      bool   `msgpack:"draining,omitempty"`
+}
+
+var memberStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "state", "capacity", "free", "draining"}
+
+func (s *MemberStatus) validate(t TypeCode, field string) error {
+	if err := checkName(t, field+".name", s.Name, NodeNameBytesMax); err != nil {
+		return err
+	}
+	if err := checkWord(t, field+".role", s.Role, roles); err != nil {
+		return err
+	}
+	if err := checkAddr(t, field+".addr", s.Address, false); err != nil {
+		return err
+	}
+	if err := checkAddr(t, field+".data_plane", s.DataPlane, true); err != nil {
+		return err
+	}
+	return checkWord(t, field+".state", s.State, memberStates)
+}
+
+func (s *MemberStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error {
+	return fields(d, t, memberStatusKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readString(d, t, field+".name", NodeNameBytesMax, &s.Name)
+		case 1:
+			return readString(d, t, field+".role", wordBytesMax, &s.Role)
+		case 2:
+			return readU64(d, t, field+".inc", &s.Incarnation)
+		case 3:
+			return readString(d, t, field+".addr", AddrBytesMax, &s.Address)
+		case 4:
+			return readString(d, t, field+".data_plane", AddrBytesMax, &s.DataPlane)
+		case 5:
+			return readString(d, t, field+".state", wordBytesMax, &s.State)
+		case 6:
+			return readU32(d, t, field+".capacity", &s.CapacityPages)
+		case 7:
+			return readU32(d, t, field+".free", &s.FreePages)
+		default:
+			return readBool(d, t, field+".draining", &s.Draining)
+		}
+	})
+}
+
+// DrainRequest asks a node to drain: take no new work, finish the requests
+// in flight, then leave the cluster.
+type DrainRequest struct {
+	// Wait asks for the DrainReply when the drain is done rather than at
+	// once.
+	Wait bool `msgpack:"wait,omitempty"`
+}
+
+var drainRequestKeys = []string{"wait"}
+
+func (*DrainRequest) TypeCode() TypeCode { return TypeDrainRequest }
+
+func (*DrainRequest) Validate() error { return nil }
+
+func (m *DrainRequest) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeDrainRequest
+	return fields(d, t, drainRequestKeys, func(int) error {
+		return readBool(d, t, "wait", &m.Wait)
+	})
+}
+
+// DrainReply answers a DrainRequest.
+type DrainReply struct {
+	// InFlight is the number of requests still in flight.
+	InFlight uint32 `msgpack:"in_flight"`
+	// Done: the drain is over; InFlight is then 0.
+	Done bool `msgpack:"done"`
+}
+
+var drainReplyKeys = []string{"in_flight", "done"}
+
+func (*DrainReply) TypeCode() TypeCode { return TypeDrainReply }
+
+func (m *DrainReply) Validate() error {
+	if m.Done && m.InFlight != 0 {
+		return &InvalidFieldError{TypeDrainReply, "in_flight", fmt.Sprint(m.InFlight), "0 when done"}
+	}
+	return nil
+}
+
+func (m *DrainReply) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeDrainReply
+	return fields(d, t, drainReplyKeys, func(i int) error {
+		if i == 0 {
+			return readU32(d, t, "in_flight", &m.InFlight)
+		}
+		return readBool(d, t, "done", &m.Done)
+	})
+}
