@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
 )
@@ -50,11 +52,70 @@ type nodeConfig struct {
 	HeadDim    int    `json:"head_dim"`
 	PageTokens int    `json:"page_tokens"`
 	DType      string `json:"dtype"`
+
+	// The fields below configure the node "node run" serves; preflight
+	// ignores them. ContextTokens and PageTokens are shared: run advertises
+	// ContextTokens and pages every pool by PageTokens. The other sizing
+	// fields do not apply to run, whose workers compute the reference model
+	// (gpu.DefaultModelConfig) with the geometry that model has.
+
+	// Role is what the node serves: "all" (its own prefill and decode
+	// workers) is the only role until cluster mode.
+	Role string `json:"role"`
+	// Listen is the host:port the node serves on; port 0 picks a free one.
+	Listen string `json:"listen"`
+	// PrefillWorkers and DecodeWorkers are the GPU workers of each role, at
+	// least 1 each; PrefillPages and DecodePages the pages of each worker's
+	// pool.
+	PrefillWorkers int `json:"prefill_workers"`
+	DecodeWorkers  int `json:"decode_workers"`
+	PrefillPages   int `json:"prefill_pages"`
+	DecodePages    int `json:"decode_pages"`
+	// MaxTokensMax is the most tokens one request may ask to generate.
+	MaxTokensMax int `json:"max_tokens_max"`
+	// QueueMax is the most requests in flight at once; one more is "busy".
+	QueueMax int `json:"queue_max"`
+	// BatchMax is the most decode sequences a worker steps at once.
+	BatchMax int `json:"batch_max"`
+	// RequestTimeout bounds a request from admission to its last token;
+	// ReclaimAfter is how long a released page waits for its lease holders
+	// before it is reclaimed anyway. JSON spells them as Go does: "30s".
+	RequestTimeout duration `json:"request_timeout"`
+	ReclaimAfter   duration `json:"reclaim_after"`
+}
+
+// duration is a time.Duration that JSON spells as Go does ("30s", "2m"),
+// not as a count of nanoseconds nobody can read.
+type duration time.Duration
+
+func (d *duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration %s: want a string such as \"30s\"", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = duration(v)
+	return nil
 }
 
 func defaultNodeConfig() nodeConfig {
 	s := gpu.DefaultSizingConfig()
+	a := actors.DefaultConfig()
 	return nodeConfig{
+		Role:           roleAll,
+		Listen:         defaultEndpoint,
+		PrefillWorkers: a.PrefillWorkers,
+		DecodeWorkers:  a.DecodeWorkers,
+		PrefillPages:   a.PrefillPages,
+		DecodePages:    a.DecodePages,
+		MaxTokensMax:   a.MaxTokensMax,
+		QueueMax:       a.QueueMax,
+		BatchMax:       a.BatchMax,
+		RequestTimeout: duration(a.RequestTimeout),
+		ReclaimAfter:   duration(a.ReclaimAfter),
 		Devices:        string(gpu.SourceAuto),
 		MemoryFraction: s.MemoryFraction,
 		WeightBytes:    s.WeightBytes,

@@ -11,13 +11,19 @@ import (
 
 // Exit codes of every subcommand.
 const (
-	exitOK     = 0 // the command did what was asked
-	exitFailed = 1 // it ran and failed: preflight refused the node, discovery failed
-	exitUsage  = 2 // bad flags, arguments or configuration
+	exitOK          = 0   // the command did what was asked
+	exitFailed      = 1   // it ran and failed: preflight refused the node, discovery failed
+	exitUsage       = 2   // bad flags, arguments or configuration
+	exitInvariant   = 70  // an actor broke an invariant (EX_SOFTWARE)
+	exitInterrupted = 130 // Ctrl-C (128 + SIGINT), as a shell reports it
 )
 
+// exitCoder is an error that decides its own exit code; any other error
+// exits exitFailed.
+type exitCoder interface{ exitCode() int }
+
 // subcommands builds each subcommand; every one lives in its own file.
-var subcommands = []func() *cobra.Command{newPreflightCmd}
+var subcommands = []func() *cobra.Command{newPreflightCmd, newRunCmd, newGenerateCmd}
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
@@ -40,8 +46,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	fmt.Fprintln(stderr, "node:", err)
-	if errors.As(err, new(usageError)) {
-		return exitUsage
+	var coded exitCoder
+	if errors.As(err, &coded) {
+		return coded.exitCode()
 	}
 	return exitFailed
 }

@@ -138,14 +138,7 @@ func TestPreflightMockMachines(t *testing.T) {
 // TestBinaryPreflight builds the real binary and runs the incident's
 // configuration and its fix through it.
 func TestBinaryPreflight(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
-	bin := filepath.Join(t.TempDir(), "node")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := nodeBinary(t)
 	tests := []struct {
 		poolTokens string
 		exit       int

@@ -12,6 +12,7 @@ type usageError struct{ err error }
 
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
+func (e usageError) exitCode() int { return exitUsage }
 
 // noArgs refuses positional arguments as a usage error. Cobra's own
 // cobra.NoArgs returns a plain error, which would exit 1 instead of 2.

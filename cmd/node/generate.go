@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// reachTimeout bounds the TCP connection generate opens first to find out
+// whether a node listens at all: without it, a request to an address where
+// nothing listens would wait for --no-answer-after before failing.
+const reachTimeout = 5 * time.Second
+
+// cancelGrace bounds how long generate waits, after Ctrl-C, for the node to
+// confirm the cancellation (upon which it has released the request's
+// pages). A node that does not answer in time cancels the request at its
+// own RequestTimeout.
+const cancelGrace = 5 * time.Second
+
+// generateOptions are the flags of "node generate".
+type generateOptions struct {
+	Endpoint      string
+	Tenant        string
+	Prompt        string
+	MaxTokens     int
+	NoAnswerAfter time.Duration
+}
+
+func newGenerateCmd() *cobra.Command {
+	o := generateOptions{Endpoint: defaultEndpoint, MaxTokens: 32, NoAnswerAfter: 2 * time.Minute}
+	cmd := &cobra.Command{
+		Use:   "generate",
+		Short: "Send one prompt to a node and stream the generated text",
+		Long: `generate sends one prompt to the node at --endpoint and prints the generated text
+to stdout as the tokens arrive, then a newline; a summary (tokens, finish
+reason, time to first token, total time) goes to stderr. --prompt - reads the
+prompt from stdin, byte for byte.
+
+Exit codes: 0 generated, 1 the node refused or failed the request (printed as
+"node: <code name> (<code>): <message>") or could not be reached, 2 usage
+error, 130 interrupted by Ctrl-C (the request is cancelled on the node).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			prompt, err := o.check(cmd.InOrStdin())
+			if err != nil {
+				return usageError{err}
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+			defer stop()
+			// A second Ctrl-C, while the cancellation is under way, kills
+			// the process as it would without this handler.
+			context.AfterFunc(ctx, stop)
+			return generate(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), o, prompt)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the node (where node run listens)")
+	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant the request belongs to (required)")
+	fs.StringVar(&o.Prompt, "prompt", o.Prompt, "the prompt; - reads it from stdin (required)")
+	fs.IntVar(&o.MaxTokens, "max-tokens", o.MaxTokens, "most tokens to generate")
+	fs.DurationVar(&o.NoAnswerAfter, "no-answer-after", o.NoAnswerAfter, "give the node up as lost after this long without a message from it")
+	return cmd
+}
+
+// check validates the options before anything is sent, with the limits the
+// node itself would apply to the message, and returns the prompt (read from
+// stdin for "-").
+func (o generateOptions) check(stdin io.Reader) (string, error) {
+	if _, _, err := net.SplitHostPort(o.Endpoint); err != nil {
+		return "", fmt.Errorf("--endpoint %q: %w", o.Endpoint, err)
+	}
+	if o.NoAnswerAfter <= 0 {
+		return "", fmt.Errorf("--no-answer-after (%s) must be positive", o.NoAnswerAfter)
+	}
+	prompt := o.Prompt
+	if prompt == "-" {
+		data, err := io.ReadAll(io.LimitReader(stdin, messages.PromptBytesMax+1))
+		if err != nil {
+			return "", fmt.Errorf("reading the prompt from stdin: %w", err)
+		}
+		if len(data) > messages.PromptBytesMax {
+			return "", fmt.Errorf("the prompt on stdin is longer than %d bytes", messages.PromptBytesMax)
+		}
+		prompt = string(data)
+	}
+	switch {
+	case o.Tenant == "":
+		return "", fmt.Errorf("--tenant is required")
+	case prompt == "":
+		return "", fmt.Errorf("the prompt is empty: give --prompt TEXT, or --prompt - to read it from stdin")
+	case o.MaxTokens < 1 || o.MaxTokens > messages.GenerateTokensMax:
+		return "", fmt.Errorf("--max-tokens (%d) must be 1 to %d", o.MaxTokens, messages.GenerateTokensMax)
+	}
+	req := &messages.GenerateRequest{RequestID: 1, Tenant: o.Tenant, Prompt: prompt, MaxTokens: uint32(o.MaxTokens), Stream: true}
+	return prompt, req.Validate()
+}
+
+// generate sends the request and prints its tokens as they come. An error
+// from the node is returned as it came (a *messages.WireError), so that the
+// command prints its code and message.
+func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, prompt string) error {
+	conn, err := net.DialTimeout("tcp", o.Endpoint, reachTimeout)
+	if err != nil {
+		return fmt.Errorf("generate: no node reachable at %s: %w", o.Endpoint, err)
+	}
+	conn.Close()
+	c, err := client.Dial(o.Endpoint, client.Options{NoAnswerAfter: o.NoAnswerAfter})
+	if err != nil {
+		return fmt.Errorf("generate: %w", err)
+	}
+	p := &tokenPrinter{w: stdout, start: time.Now()}
+	type answer struct {
+		res client.Result
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		res, err := c.Generate(ctx, o.Tenant, prompt, client.GenerateOptions{MaxTokens: o.MaxTokens}, p.token)
+		answered <- answer{res, err}
+	}()
+	var a answer
+	select {
+	case a = <-answered:
+	case <-ctx.Done():
+		select {
+		case a = <-answered:
+		case <-time.After(cancelGrace):
+		}
+	}
+	if ctx.Err() != nil {
+		// The client is not closed: a node that did not confirm the
+		// cancellation may hold its shutdown up, and exiting closes it.
+		p.finish(p.printed())
+		return interruptedError{}
+	}
+	c.Close()
+	if a.err != nil {
+		p.finish(p.printed())
+		return a.err
+	}
+	p.finish(true)
+	fmt.Fprintf(stderr, "%d tokens, finish %s, time to first token %s, total %s\n",
+		len(a.res.Tokens), a.res.Finish, roundDuration(p.firstToken()), roundDuration(time.Since(p.start)))
+	return nil
+}
+
+// tokenPrinter writes each token's text as it arrives. The client calls
+// token on its own goroutine; finish stops the printing, so that nothing is
+// written after the line is ended.
+type tokenPrinter struct {
+	w     io.Writer
+	start time.Time
+
+	mu     sync.Mutex
+	first  time.Duration // since start; set by the first token
+	tokens int
+	bytes  int
+	done   bool
+	err    error // the first write error; later tokens are not written
+}
+
+func (p *tokenPrinter) token(tok int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return
+	}
+	if p.tokens == 0 {
+		p.first = time.Since(p.start)
+	}
+	p.tokens++
+	// One token at a time: the byte tokenizer's ids are bytes, so the
+	// bytes of a multi-byte character arrive in order and print whole.
+	if text := (gpu.ByteTokenizer{}).Decode([]int{tok}); text != "" && p.err == nil {
+		var n int
+		n, p.err = io.WriteString(p.w, text)
+		p.bytes += n
+	}
+}
+
+func (p *tokenPrinter) printed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bytes > 0
+}
+
+func (p *tokenPrinter) firstToken() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.first
+}
+
+// finish ends the output, with a newline when asked.
+func (p *tokenPrinter) finish(newline bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done = true
+	if newline && p.err == nil {
+		io.WriteString(p.w, "\n")
+	}
+}
+
+func roundDuration(d time.Duration) time.Duration {
+	return d.Round(100 * time.Microsecond)
+}
+
+// interruptedError is Ctrl-C: the request was cancelled and the process
+// exits 130, as a shell reports a command killed by SIGINT.
+type interruptedError struct{}
+
+func (interruptedError) Error() string { return "interrupted; the request was cancelled" }
+func (interruptedError) exitCode() int { return exitInterrupted }

@@ -1,0 +1,494 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/gpu"
+)
+
+// Bounds for the binary tests. They are generous on purpose: the tests must
+// pass on a loaded two-core machine, and each bound only decides how long a
+// broken binary takes to fail the test.
+const (
+	readyTimeout   = 60 * time.Second // node run: start to readiness line
+	commandTimeout = 2 * time.Minute  // one node generate
+	exitTimeout    = 60 * time.Second // a signalled process to its exit
+	reapTimeout    = 10 * time.Second // a killed process to its exit
+)
+
+// built is the node binary, built once for every test that runs it.
+var built struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// nodeBinary builds the node binary (once per test run) and returns its
+// path; it skips the test under -short.
+func nodeBinary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "node-test-")
+		if built.err != nil {
+			return
+		}
+		built.path = filepath.Join(built.dir, "node")
+		if out, err := exec.Command("go", "build", "-o", built.path, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.path
+}
+
+// syncBuffer is a bytes.Buffer a process writes while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// process is a running node binary.
+type process struct {
+	cmd    *exec.Cmd
+	stdout chan string // lines, closed at EOF
+	stderr *syncBuffer
+	exited chan struct{}
+	err    error // cmd.Wait's, once exited is closed
+}
+
+// startProcess starts the binary and kills it at the end of the test,
+// whatever happened.
+func startProcess(t *testing.T, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(nodeBinary(t), args...), stdout: make(chan string, 16),
+		stderr: &syncBuffer{}, exited: make(chan struct{})}
+	// A pipe of our own rather than StdoutPipe: Wait may then run while
+	// the lines are still being read.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Stdout, p.cmd.Stderr = w, p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	go func() {
+		defer close(p.stdout)
+		defer r.Close()
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			p.stdout <- sc.Text()
+		}
+	}()
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+			return
+		default:
+		}
+		p.cmd.Process.Kill()
+		select {
+		case <-p.exited:
+		case <-time.After(reapTimeout):
+			t.Errorf("pid %d did not exit within %s of SIGKILL", p.cmd.Process.Pid, reapTimeout)
+		}
+	})
+	return p
+}
+
+// exitCode waits for the process to exit, at most d, and returns its code
+// (-1 when a signal killed it).
+func (p *process) exitCode(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(d):
+		t.Fatalf("pid %d still running %s after it was asked to exit; stderr:\n%s", p.cmd.Process.Pid, d, p.stderr)
+	}
+	var exitErr *exec.ExitError
+	if errors.As(p.err, &exitErr) {
+		return exitErr.ExitCode()
+	}
+	if p.err != nil {
+		t.Fatalf("wait: %v", p.err)
+	}
+	return 0
+}
+
+var readyLine = regexp.MustCompile(`^serving on (\S+) \(incarnation [0-9a-f]{16}\)$`)
+
+// startNode runs "node run" on a free port and returns the process and the
+// address from its readiness line.
+func startNode(t *testing.T, args ...string) (*process, string) {
+	t.Helper()
+	p := startProcess(t, append([]string{"run", "--listen", "127.0.0.1:0"}, args...)...)
+	select {
+	case line, ok := <-p.stdout:
+		m := readyLine.FindStringSubmatch(line)
+		if !ok || m == nil {
+			t.Fatalf("first line of stdout is %q (open %v), want the readiness line; stderr:\n%s", line, ok, p.stderr)
+		}
+		return p, m[1]
+	case <-time.After(readyTimeout):
+		t.Fatalf("no readiness line within %s; stderr:\n%s", readyTimeout, p.stderr)
+	}
+	return nil, ""
+}
+
+// runBinary runs the binary to completion and returns its exit code,
+// stdout and stderr.
+func runBinary(t *testing.T, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, nodeBinary(t), args...)
+	cmd.WaitDelay = reapTimeout
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("node %s: no exit within %s; stderr:\n%s", strings.Join(args, " "), commandTimeout, stderr.String())
+	}
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
+		return exitErr.ExitCode(), stdout.String(), stderr.String()
+	}
+	if err != nil {
+		t.Fatalf("node %s: %v", strings.Join(args, " "), err)
+	}
+	return 0, stdout.String(), stderr.String()
+}
+
+// referenceText is what the node must generate: the single-engine greedy
+// tokens, cut after EOS as the node cuts them, as text.
+func referenceText(t *testing.T, cfg actors.Config, prompt string, maxTokens int) (string, int) {
+	t.Helper()
+	want, err := gpu.Reference(cfg.Model, gpu.ByteTokenizer{}.Encode(prompt), maxTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tok := range want {
+		if tok == gpu.EOS {
+			want = want[:i+1]
+			break
+		}
+	}
+	return gpu.ByteTokenizer{}.Decode(want), len(want)
+}
+
+// TestBinaryRunGenerateStop is the whole path through the real binaries: a
+// node on a free port, generations equal to the reference, a refusal with
+// its numbers, and a clean stop on SIGTERM.
+func TestBinaryRunGenerateStop(t *testing.T) {
+	cfg := actors.DefaultConfig()
+	cfg.ContextTokens, cfg.PrefillPages, cfg.DecodePages, cfg.MaxTokensMax = 256, 32, 48, 64
+	node, addr := startNode(t, "--context-tokens", "256", "--prefill-pages", "32", "--decode-pages", "48",
+		"--max-tokens-max", "64", "--request-timeout", "1m", "--reclaim-after", "5s")
+
+	t.Run("generate", func(t *testing.T) {
+		for _, tc := range []struct {
+			prompt, stdin string
+			maxTokens     int
+		}{
+			{"The quick brown fox jumps over the lazy dog.", "", 24},
+			{"-", "tenant acme asks: what is in my KV cache?\n", 40},
+			{"a", "", 1},
+		} {
+			prompt := tc.prompt
+			if prompt == "-" {
+				prompt = tc.stdin
+			}
+			want, tokens := referenceText(t, cfg, prompt, tc.maxTokens)
+			code, stdout, stderr := runBinary(t, tc.stdin, "generate", "--endpoint", addr, "--tenant", "acme",
+				"--prompt", tc.prompt, "--max-tokens", fmt.Sprint(tc.maxTokens))
+			if code != exitOK {
+				t.Fatalf("prompt %q: exit %d; stderr:\n%s", prompt, code, stderr)
+			}
+			if stdout != want+"\n" {
+				t.Errorf("prompt %q: printed %q, reference %q", prompt, stdout, want+"\n")
+			}
+			if summary := fmt.Sprintf("%d tokens, finish ", tokens); !strings.Contains(stderr, summary) ||
+				!strings.Contains(stderr, "time to first token") {
+				t.Errorf("prompt %q: stderr lacks the summary %q…:\n%s", prompt, summary, stderr)
+			}
+		}
+	})
+
+	t.Run("oversize prompt", func(t *testing.T) {
+		code, stdout, stderr := runBinary(t, "", "generate", "--endpoint", addr, "--tenant", "acme",
+			"--prompt", strings.Repeat("x", 300), "--max-tokens", "8")
+		if code != exitFailed || stdout != "" {
+			t.Fatalf("exit %d, want %d, and stdout %q, want nothing; stderr:\n%s", code, exitFailed, stdout, stderr)
+		}
+		for _, want := range []string{"node: prompt_too_long (1): ", "300", "256"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, stderr)
+			}
+		}
+	})
+
+	// The node still serves after the refusal.
+	want, _ := referenceText(t, cfg, "after", 8)
+	if code, stdout, stderr := runBinary(t, "", "generate", "--endpoint", addr, "--tenant", "globex",
+		"--prompt", "after", "--max-tokens", "8"); code != exitOK || stdout != want+"\n" {
+		t.Fatalf("after the refusal: exit %d, printed %q, want %q; stderr:\n%s", code, stdout, want+"\n", stderr)
+	}
+
+	if err := node.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := node.exitCode(t, exitTimeout); code != exitOK {
+		t.Fatalf("exit %d after SIGTERM, want 0; stderr:\n%s", code, node.stderr)
+	}
+	if !strings.Contains(node.stderr.String(), "node stopped") {
+		t.Errorf("stderr lacks the stop:\n%s", node.stderr)
+	}
+	var more []string
+	for line := range node.stdout {
+		more = append(more, line)
+	}
+	if len(more) > 0 {
+		t.Errorf("stdout after the readiness line: %q", more)
+	}
+}
+
+// TestBinaryGenerateInterrupted sends Ctrl-C to a generate whose node never
+// answers: something that accepts connections and says nothing.
+func TestBinaryGenerateInterrupted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Connections are held open, unanswered, until the test ends.
+	var held []net.Conn
+	accepted := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	p := startProcess(t, "generate", "--endpoint", ln.Addr().String(), "--tenant", "acme", "--prompt", "hello")
+	// generate handles SIGINT before it connects, so once a connection
+	// arrives the signal is the request's cancellation.
+	select {
+	case <-accepted:
+	case <-time.After(readyTimeout):
+		t.Fatalf("generate did not connect within %s; stderr:\n%s", readyTimeout, p.stderr)
+	}
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.exitCode(t, cancelGrace+exitTimeout); code != exitInterrupted {
+		t.Fatalf("exit %d after SIGINT, want %d; stderr:\n%s", code, exitInterrupted, p.stderr)
+	}
+	if !strings.Contains(p.stderr.String(), "interrupted") {
+		t.Errorf("stderr lacks the interruption:\n%s", p.stderr)
+	}
+}
+
+func TestBinaryRunClusterRoleExitsTwo(t *testing.T) {
+	code, stdout, stderr := runBinary(t, "", "run", "--listen", "127.0.0.1:0", "--role", "prefill")
+	if code != exitUsage || stdout != "" || !strings.Contains(stderr, "cluster") {
+		t.Fatalf("exit %d, want %d; stdout %q; stderr:\n%s", code, exitUsage, stdout, stderr)
+	}
+}
+
+func TestRunRefusals(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		exit int
+		want []string
+	}{
+		{"prefill role", []string{"--role", "prefill"}, exitUsage, []string{"--role prefill is a cluster role"}},
+		{"decode role", []string{"--role", "decode"}, exitUsage, []string{"--role decode is a cluster role"}},
+		{"router role", []string{"--role", "router"}, exitUsage, []string{"--role router is a cluster role"}},
+		{"unknown role", []string{"--role", "leader"}, exitUsage, []string{`--role "leader" is not a role`}},
+		{"model context", []string{"--context-tokens", "4096"}, exitUsage, []string{"ContextTokens (4096) exceeds the model's context (2048)"}},
+		{"no workers", []string{"--decode-workers", "0"}, exitUsage, []string{"DecodeWorkers (0) must be at least 1"}},
+		{"timeout", []string{"--request-timeout", "0s"}, exitUsage, []string{"RequestTimeout (0s) must be positive"}},
+		{"listen", []string{"--listen", "7070"}, exitUsage, []string{`--listen "7070"`}},
+		{"listen port", []string{"--listen", "127.0.0.1:70000"}, exitUsage, []string{"port \"70000\" must be 0 to 65535"}},
+		{"log level", []string{"--log-level", "loud"}, exitUsage, []string{"loud"}},
+		{"stray argument", []string{"now"}, exitUsage, []string{`"now"`}},
+		// 64 pages of 16 tokens cannot hold the default 2048-token window.
+		{"prefill pool", []string{"--prefill-pages", "64"}, exitFailed,
+			[]string{"prefill worker's pool holds 1024 tokens (64 pages of 16 tokens)", "context window is 2048 tokens",
+				"--context-tokens 1024, or --prefill-pages 128"}},
+		{"decode pool", []string{"--context-tokens", "1000", "--decode-pages", "62"}, exitFailed,
+			[]string{"decode worker's pool holds 992 tokens", "context window is 1000 tokens", "--decode-pages 63"}},
+		{"page size", []string{"--page-tokens", "32", "--prefill-pages", "63"}, exitFailed,
+			[]string{"2016 tokens (63 pages of 32 tokens)", "--prefill-pages 64"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out := runNode(append([]string{"run", "--listen", "127.0.0.1:0"}, tc.args...)...)
+			if code != tc.exit {
+				t.Fatalf("exit %d, want %d; output:\n%s", code, tc.exit, out)
+			}
+			if strings.Contains(out, "serving on") {
+				t.Errorf("served despite the refusal:\n%s", out)
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(out, want) {
+					t.Errorf("output lacks %q:\n%s", want, out)
+				}
+			}
+		})
+	}
+}
+
+// TestRunConfigFile: run reads the same file as preflight, and flags
+// override it. Every case is refused, so nothing starts serving.
+func TestRunConfigFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.json")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`{"devices": "cpu", "kv_pool_tokens": 681280, "context_tokens": 2048, "prefill_pages": 64,
+		"request_timeout": "30s", "reclaim_after": "2s", "listen": "127.0.0.1:0"}`)
+	code, out := runNode("run", "--config", path)
+	if code != exitFailed || !strings.Contains(out, "64 pages of 16 tokens") {
+		t.Fatalf("file alone: exit %d; output:\n%s", code, out)
+	}
+	code, out = runNode("run", "--config", path, "--prefill-pages", "100")
+	if code != exitFailed || !strings.Contains(out, "100 pages of 16 tokens") {
+		t.Fatalf("flag over file: exit %d; output:\n%s", code, out)
+	}
+	write(`{"request_timeout": 30000000000}`)
+	code, out = runNode("run", "--config", path)
+	if code != exitUsage || !strings.Contains(out, `want a string such as "30s"`) {
+		t.Fatalf("numeric duration: exit %d; output:\n%s", code, out)
+	}
+	write(`{"role": "router"}`)
+	code, out = runNode("run", "--config", path)
+	if code != exitUsage || !strings.Contains(out, "--role router is a cluster role") {
+		t.Fatalf("role from the file: exit %d; output:\n%s", code, out)
+	}
+}
+
+func TestGenerateRefusals(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no tenant", []string{"--prompt", "hi"}, "--tenant is required"},
+		{"no prompt", []string{"--tenant", "acme"}, "the prompt is empty"},
+		{"zero tokens", []string{"--tenant", "acme", "--prompt", "hi", "--max-tokens", "0"}, "--max-tokens (0) must be 1 to"},
+		{"endpoint", []string{"--tenant", "acme", "--prompt", "hi", "--endpoint", "localhost"}, `--endpoint "localhost"`},
+		{"patience", []string{"--tenant", "acme", "--prompt", "hi", "--no-answer-after", "0s"}, "--no-answer-after (0s) must be positive"},
+		{"invalid utf-8", []string{"--tenant", "acme", "--prompt", "\xff"}, "prompt"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out := runNode(append([]string{"generate"}, tc.args...)...)
+			if code != exitUsage || !strings.Contains(out, tc.want) {
+				t.Fatalf("exit %d, want %d with %q; output:\n%s", code, exitUsage, tc.want, out)
+			}
+		})
+	}
+}
+
+func TestGenerateNoNode(t *testing.T) {
+	// A port that was just free: nothing listens there.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	code, out := runNode("generate", "--endpoint", addr, "--tenant", "acme", "--prompt", "hi")
+	if code != exitFailed || !strings.Contains(out, "no node reachable at "+addr) {
+		t.Fatalf("exit %d, want %d; output:\n%s", code, exitFailed, out)
+	}
+}
+
+// TestInvariantFailureExitsSeventy delivers an invariant failure to a
+// serving node: it is logged, the node is stopped and the command's error
+// exits 70.
+func TestInvariantFailureExitsSeventy(t *testing.T) {
+	cfg := actors.DefaultLocalConfig()
+	n, err := actors.Start(cfg, actors.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log syncBuffer
+	fatal := make(chan *actors.InvariantError, 1)
+	fatal <- &actors.InvariantError{Actor: "nonhost/decode-0/pool", Reason: "page 7 has two owners", Message: "*actors.Grant"}
+	err = wait(slog.New(slog.NewTextHandler(&log, nil)), n, make(chan os.Signal), fatal)
+	var coded exitCoder
+	if !errors.As(err, &coded) || coded.exitCode() != exitInvariant || !strings.Contains(err.Error(), "page 7 has two owners") {
+		t.Fatalf("error %v, want one that exits %d", err, exitInvariant)
+	}
+	if !strings.Contains(log.String(), "level=ERROR") || !strings.Contains(log.String(), "page 7 has two owners") {
+		t.Errorf("the failure was not logged:\n%s", log.String())
+	}
+}
