@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -18,6 +19,29 @@ type nodeCounters struct {
 	admitted, rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
 	completed, failed, retried                           atomic.Uint64
 	framesAccepted, framesRefused                        atomic.Uint64
+	phases                                               phaseSums
+}
+
+// Phases splits the time to first token of requests that completed, summed
+// over Count requests: Queue from admission to the plan leaving (decode
+// pages reserved), Prefill from the plan to the first frame (prefill
+// compute), Transfer from the first frame to prefill's TransferDone, Verify
+// from there to the first token leaving (seal, manifest check, ack).
+// FirstDecode is the decode worker's first step: from the first token to the
+// second.
+type Phases struct {
+	Count                                         uint64
+	Queue, Prefill, Transfer, Verify, FirstDecode time.Duration
+}
+
+type phaseSums struct {
+	count, queue, prefill, transfer, verify, firstDecode atomic.Int64
+}
+
+func (p *phaseSums) snapshot() Phases {
+	return Phases{Count: uint64(p.count.Load()), Queue: time.Duration(p.queue.Load()),
+		Prefill: time.Duration(p.prefill.Load()), Transfer: time.Duration(p.transfer.Load()),
+		Verify: time.Duration(p.verify.Load()), FirstDecode: time.Duration(p.firstDecode.Load())}
 }
 
 // AdmissionStatus asks the admission actor for an AdmissionStatusReply.
@@ -31,6 +55,7 @@ type AdmissionStatusReply struct {
 	RejectedBad, Completed, Failed, Retried uint64
 	FramesAccepted, FramesRefused           uint64
 	DecodeInFlight                          []int
+	Phases                                  Phases
 }
 
 // PrefillPeer is a prefill node (or this node's own dispatcher) that a
@@ -139,7 +164,7 @@ func (a *admissionActor) status() AdmissionStatusReply {
 		RejectedBusy: a.counters.rejectedBusy.Load(), RejectedBad: a.counters.rejectedBad.Load(),
 		Completed: a.counters.completed.Load(), Failed: a.counters.failed.Load(), Retried: a.counters.retried.Load(),
 		FramesAccepted: a.counters.framesAccepted.Load(), FramesRefused: a.counters.framesRefused.Load(),
-		DecodeInFlight: append([]int(nil), a.dLoad...)}
+		DecodeInFlight: append([]int(nil), a.dLoad...), Phases: a.counters.phases.snapshot()}
 }
 
 func senderKey(c actor.Context) string {

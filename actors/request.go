@@ -70,6 +70,8 @@ type requestActor struct {
 	frames   int // frames accepted
 	tokens   []int
 	seq      uint32
+	// marks of the phases of the time to first token (see Phases)
+	planSent, firstFrame, transferEnd, firstToken, secondToken time.Time
 }
 
 type (
@@ -177,6 +179,7 @@ func (r *requestActor) reserve(c actor.Context) {
 		r.finish(c, err)
 		return
 	}
+	r.planSent, r.firstFrame = time.Now(), time.Time{}
 	self, sys, attempt := c.Self(), c.ActorSystem(), len(r.tried)
 	time.AfterFunc(r.cfg.PrefillTimeout, func() { sys.Root.Send(self, prefillDeadline{attempt: attempt}) })
 }
@@ -229,6 +232,9 @@ func (r *requestActor) accept(frames []kv.Frame) error {
 		r.counters.framesRefused.Add(uint64(len(frames)))
 		return &kv.StateError{Op: "frames outside the transfer", State: kv.Free}
 	}
+	if r.firstFrame.IsZero() {
+		r.firstFrame = time.Now()
+	}
 	for i := range frames {
 		f := &frames[i]
 		// A frame for another request is refused here, before any page sees
@@ -254,6 +260,7 @@ func (r *requestActor) accept(frames []kv.Frame) error {
 // and the manifest verified before decode may read a byte; then prefill may
 // let its pages go, and decode starts.
 func (r *requestActor) transferDone(c actor.Context, m *messages.TransferDone) {
+	r.transferEnd = time.Now()
 	if r.frames != int(m.Frames) || r.written != len(r.prompt) {
 		r.finish(c, &kv.ManifestError{Field: "tokens transferred", Page: -1, Want: len(r.prompt), Have: r.written})
 		return
@@ -279,6 +286,7 @@ func (r *requestActor) transferDone(c actor.Context, m *messages.TransferDone) {
 	}
 	r.phase = phaseDecoding
 	first := int(m.First)
+	r.firstToken = time.Now()
 	if r.token(c, first); r.phase == phaseDone {
 		return
 	}
@@ -290,6 +298,9 @@ func (r *requestActor) transferDone(c actor.Context, m *messages.TransferDone) {
 // EOS or at its token budget.
 func (r *requestActor) token(c actor.Context, tok int) {
 	r.tokens = append(r.tokens, tok)
+	if len(r.tokens) == 2 {
+		r.secondToken = time.Now()
+	}
 	r.seq++
 	if err := messages.Send(c, r.client, &messages.TokenChunk{RequestID: r.clientID, Seq: r.seq, Tokens: []uint32{uint32(tok)}}); err != nil {
 		r.log.Error("token chunk refused", "err", err)
@@ -331,6 +342,7 @@ func (r *requestActor) finish(c actor.Context, cause error) {
 		res.FinishReason = messages.FinishLength
 	}
 	if cause == nil {
+		r.recordPhases()
 		res.Tokens = make([]uint32, len(r.tokens))
 		for i, t := range r.tokens {
 			res.Tokens[i] = uint32(t)
@@ -344,6 +356,20 @@ func (r *requestActor) finish(c actor.Context, cause error) {
 			Err: &messages.WireError{Code: messages.CodeInternal, Message: "result failed validation"}})
 	}
 	c.Stop(c.Self())
+}
+
+// recordPhases adds a completed request's phases to the node's sums; a
+// request of one token has no decode step and counts zero for it.
+func (r *requestActor) recordPhases() {
+	p := &r.counters.phases
+	p.count.Add(1)
+	p.queue.Add(int64(r.planSent.Sub(r.started)))
+	p.prefill.Add(int64(r.firstFrame.Sub(r.planSent)))
+	p.transfer.Add(int64(r.transferEnd.Sub(r.firstFrame)))
+	p.verify.Add(int64(r.firstToken.Sub(r.transferEnd)))
+	if !r.secondToken.IsZero() {
+		p.firstDecode.Add(int64(r.secondToken.Sub(r.firstToken)))
+	}
 }
 
 func (r *requestActor) releaseAll(tags []kv.Tag) {

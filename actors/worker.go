@@ -73,6 +73,7 @@ type (
 // the peer has accepted (or refused) them.
 type FrameSender interface {
 	Send(ctx context.Context, frames []kv.Frame) error
+	Close() error
 }
 
 // Dialer opens a FrameSender to the data plane at addr of the node run
@@ -147,6 +148,10 @@ func (w *workerActor) Receive(c actor.Context) {
 		w.kv = newPageClient(w.pool, c)
 		w.awaiting = map[jobKey]*prefillJob{}
 		w.senders = map[string]FrameSender{}
+	case *actor.Stopping:
+		for _, s := range w.senders {
+			s.Close()
+		}
 	case *messages.TransferPlan:
 		w.plan(c, m)
 	case DecodeJob:
@@ -301,24 +306,28 @@ func (w *workerActor) sink(c actor.Context, job *prefillJob) (func([]kv.Frame) e
 			return err
 		}, nil
 	}
-	addr := job.plan.DataPlane
-	s := w.senders[addr]
+	addr, inc := job.plan.DataPlane, job.plan.DestTags[0].Incarnation
+	// Keyed by incarnation too: a decode node restarted at the same address
+	// is another peer, and refuses a connection made for its old self.
+	key := fmt.Sprintf("%s#%x", addr, inc)
+	s := w.senders[key]
 	if s == nil {
 		if w.dial == nil {
 			return nil, fmt.Errorf("actors: plan names data plane %s and this node has none", addr)
 		}
 		var err error
-		if s, err = w.dial(addr, job.plan.DestTags[0].Incarnation); err != nil {
+		if s, err = w.dial(addr, inc); err != nil {
 			return nil, err
 		}
-		w.senders[addr] = s
+		w.senders[key] = s
 	}
 	return func(frames []kv.Frame) error {
 		ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 		defer cancel()
 		err := s.Send(ctx, frames)
 		if err != nil {
-			delete(w.senders, addr) // dial afresh next time
+			s.Close()
+			delete(w.senders, key) // dial afresh next time
 		}
 		return err
 	}, nil

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Model-checks formal/handoff.pml with SPIN: the correct model must have no
+# error in any configuration, and every planted bug (mutant) must be caught
+# as an assertion violation. Installs nothing; needs spin and a C compiler.
+#
+#   formal/check.sh            # exit 0: all as expected
+#   DEPTH=20000 formal/check.sh
+#   KEEP=1 formal/check.sh     # keep the work folder (pan output, trails)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+model="$here/handoff.pml"
+depth="${DEPTH:-10000}"   # pan -m: DFS stack depth; the model needs ~150
+cc="${CC:-gcc}"
+
+if ! command -v spin >/dev/null 2>&1; then
+  echo "check.sh: spin not found on PATH; install it first (Debian: apt-get install -y spin)" >&2
+  exit 2
+fi
+if ! command -v "$cc" >/dev/null 2>&1; then
+  echo "check.sh: C compiler '$cc' not found; spin's verifier is C" >&2
+  exit 2
+fi
+[[ -f "$model" ]] || { echo "check.sh: $model missing" >&2; exit 2; }
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/kvwarden-formal.XXXXXX")"
+if [[ -n "${KEEP:-}" ]]; then
+  echo "work folder: $work"
+else
+  trap 'rm -rf "$work"' EXIT
+fi
+
+# Two bounded configurations, each searched exhaustively. Together they cover
+# every behaviour the model has; one configuration with all of them at once is
+# too large to search in seconds (see MAPPING.md, "Bounds").
+#   faults: two requests, up to two data-plane faults, one cancel, one
+#           retransmission per attempt, no re-plan.
+#   retry:  request 0 may re-plan once after a failed attempt (same owner
+#           gets a page again: only the generation tells the tenancies
+#           apart), one data-plane fault, no cancel, no retransmission.
+FAULTS="-DRETRY_MAX=0 -DFAULT_MAX=2 -DCANCEL_MAX=1 -DRETX_MAX=1"
+RETRY="-DRETRY_MAX=1 -DFAULT_MAX=1 -DCANCEL_MAX=0 -DRETX_MAX=0"
+
+# name|config|expected|extra flags
+variants=(
+  "correct|faults|pass|"
+  "correct|retry|pass|"
+  "MUTANT_NO_TAG_CHECK|faults|fail|-DMUTANT_NO_TAG_CHECK"
+  "MUTANT_NO_GEN_BUMP|retry|fail|-DMUTANT_NO_GEN_BUMP"
+  "MUTANT_EARLY_RELEASE|faults|fail|-DMUTANT_EARLY_RELEASE"
+  "MUTANT_HEADER_UNCHECKED|faults|fail|-DMUTANT_HEADER_UNCHECKED"
+)
+
+now() { date +%s.%N; }
+status=0
+t_all=$(now)
+printf '%-24s %-7s %-8s %-6s %12s %8s  %s\n' variant config expected got states seconds note
+for v in "${variants[@]}"; do
+  IFS='|' read -r name config expected extra <<<"$v"
+  case "$config" in
+    faults) flags="$FAULTS" ;;
+    retry)  flags="$RETRY" ;;
+  esac
+  dir="$work/$name.$config"
+  mkdir -p "$dir"
+  cp "$model" "$dir/handoff.pml"
+  # shellcheck disable=SC2086 # flags are meant to split into words
+  if ! (cd "$dir" && spin -a $flags $extra handoff.pml >spin.log 2>&1); then
+    echo "check.sh: spin -a failed for $name ($config):" >&2
+    cat "$dir/spin.log" >&2
+    exit 1
+  fi
+  # -w: gcc warns about array indexing it cannot prove in range; pan checks
+  # every index at run time and reports it as an error.
+  if ! (cd "$dir" && "$cc" -O2 -w -DSAFETY -DCOLLAPSE -o pan pan.c >cc.log 2>&1); then
+    echo "check.sh: compiling the verifier failed for $name ($config):" >&2
+    cat "$dir/cc.log" >&2
+    exit 1
+  fi
+  t0=$(now)
+  (cd "$dir" && ./pan -m"$depth" >pan.out 2>&1) || true
+  secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }')
+  out="$dir/pan.out"
+
+  errors=$(sed -n 's/.*errors: \([0-9][0-9]*\).*/\1/p' "$out" | tail -n 1)
+  states=$(sed -n 's/^ *\([0-9][0-9]*\) states, stored.*/\1/p' "$out" | tail -n 1)
+  [[ -n "$states" ]] || states="?"
+  note=""
+  if [[ -z "$errors" ]]; then
+    got="broken"
+    note="no 'errors:' line from pan (see below)"
+  elif [[ "$errors" == 0 ]]; then
+    got="pass"
+  else
+    got="fail"
+    note=$(grep -m 1 -o 'assertion violated.*' "$out" || true)
+    if [[ -z "$note" ]]; then
+      got="fail-other"   # an error that is not an assertion (e.g. invalid end state)
+      note=$(grep -m 1 -E '^pan:[0-9]+:|^pan: ' "$out" || true)
+    fi
+  fi
+  # A search cut short by the depth bound proves nothing.
+  if grep -q 'max search depth too small' "$out"; then
+    if [[ "$got" == pass ]]; then got="truncated"; fi
+    note="$note [max search depth too small: raise DEPTH]"
+  fi
+  if [[ "$got" == pass ]] && ! grep -q 'Full statespace search' "$out"; then
+    got="partial"
+  fi
+
+  printf '%-24s %-7s %-8s %-6s %12s %8s  %s\n' "$name" "$config" "$expected" "$got" "$states" "$secs" "$note"
+  if [[ "$got" != "$expected" ]]; then
+    status=1
+    if [[ "$got" != fail && "$got" != pass ]]; then
+      sed -n '1,40p' "$out" >&2
+    fi
+  fi
+done
+total=$(awk -v a="$t_all" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+if [[ $status -eq 0 ]]; then
+  echo "ok: correct model has no error in every configuration; every mutant caught (${total}s with compiles)"
+else
+  echo "FAILED: some variant did not come out as expected (${total}s with compiles)" >&2
+fi
+exit $status
