@@ -70,18 +70,12 @@ func localClient(n *Node) *client.Client {
 	return client.New(n.Root().ActorSystem(), n.Admission(), client.Options{NoAnswerAfter: 30 * time.Second})
 }
 
-// reference is the single-engine answer: greedy tokens of the whole prompt,
-// cut after EOS as the node cuts them.
+// reference is the single-engine answer (gpu.Answer).
 func reference(t *testing.T, cfg Config, prompt string, maxTokens int) []int {
 	t.Helper()
-	want, err := gpu.Reference(cfg.Model, gpu.ByteTokenizer{}.Encode(prompt), maxTokens)
+	want, err := gpu.Answer(cfg.Model, prompt, maxTokens)
 	if err != nil {
 		t.Fatal(err)
-	}
-	for i, tok := range want {
-		if tok == gpu.EOS {
-			return want[:i+1]
-		}
 	}
 	return want
 }

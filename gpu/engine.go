@@ -381,6 +381,17 @@ func Reference(cfg ModelConfig, prompt []int, maxNew int) ([]int, error) {
 	return e.Reference(prompt, maxNew)
 }
 
+// Answer is what a node serving cfg answers for the text prompt with at
+// most maxNew tokens: Reference over the prompt's bytes, ending at the
+// first EOS if one comes. Every serving path must give exactly this.
+func Answer(cfg ModelConfig, prompt string, maxNew int) ([]int, error) {
+	tokens, err := Reference(cfg, ByteTokenizer{}.Encode(prompt), maxNew)
+	if i := slices.Index(tokens, EOS); i >= 0 {
+		tokens = tokens[:i+1]
+	}
+	return tokens, err
+}
+
 // Reference is the package function Reference on this engine's weights,
 // which saves generating them again.
 func (e *ReferenceEngine) Reference(prompt []int, maxNew int) ([]int, error) {

@@ -34,10 +34,7 @@ func (*GenerateRequest) TypeCode() TypeCode { return TypeGenerateRequest }
 
 func (m *GenerateRequest) Validate() error {
 	const t = TypeGenerateRequest
-	if err := checkRequestID(t, m.RequestID); err != nil {
-		return err
-	}
-	if err := checkTenant(t, m.Tenant); err != nil {
+	if err := checkOwner(t, m.RequestID, m.Tenant); err != nil {
 		return err
 	}
 	return checkPrompt(t, m.Prompt, m.MaxTokens)

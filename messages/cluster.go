@@ -36,10 +36,7 @@ func (*RoutedRequest) TypeCode() TypeCode { return TypeRoutedRequest }
 
 func (m *RoutedRequest) Validate() error {
 	const t = TypeRoutedRequest
-	if err := checkRequestID(t, m.RequestID); err != nil {
-		return err
-	}
-	if err := checkTenant(t, m.Tenant); err != nil {
+	if err := checkOwner(t, m.RequestID, m.Tenant); err != nil {
 		return err
 	}
 	if err := checkPrompt(t, m.Prompt, m.MaxTokens); err != nil {

@@ -292,6 +292,14 @@ func checkLen(t TypeCode, field string, have, limit int) error {
 	return nil
 }
 
+// checkOwner checks the request id and tenant that name a request's owner.
+func checkOwner(t TypeCode, id uint64, tenant string) error {
+	if err := checkRequestID(t, id); err != nil {
+		return err
+	}
+	return checkTenant(t, tenant)
+}
+
 func checkRequestID(t TypeCode, id uint64) error {
 	if id == 0 {
 		return &InvalidFieldError{t, "id", "0", "a non-zero request id"}

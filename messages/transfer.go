@@ -54,10 +54,7 @@ func (m *TransferPlan) Owner() kv.Owner { return kv.Owner{Request: m.RequestID, 
 
 func (m *TransferPlan) Validate() error {
 	const t = TypeTransferPlan
-	if err := checkRequestID(t, m.RequestID); err != nil {
-		return err
-	}
-	if err := checkTenant(t, m.Tenant); err != nil {
+	if err := checkOwner(t, m.RequestID, m.Tenant); err != nil {
 		return err
 	}
 	if err := checkRange(t, "token_count", uint64(m.TokenCount), 1, PromptTokensMax); err != nil {
@@ -157,10 +154,7 @@ func (m *TransferDone) Owner() kv.Owner { return kv.Owner{Request: m.RequestID, 
 
 func (m *TransferDone) Validate() error {
 	const t = TypeTransferDone
-	if err := checkRequestID(t, m.RequestID); err != nil {
-		return err
-	}
-	if err := checkTenant(t, m.Tenant); err != nil {
+	if err := checkOwner(t, m.RequestID, m.Tenant); err != nil {
 		return err
 	}
 	if m.Err == nil {
@@ -221,10 +215,7 @@ func (m *TransferAck) Owner() kv.Owner { return kv.Owner{Request: m.RequestID, T
 
 func (m *TransferAck) Validate() error {
 	const t = TypeTransferAck
-	if err := checkRequestID(t, m.RequestID); err != nil {
-		return err
-	}
-	if err := checkTenant(t, m.Tenant); err != nil {
+	if err := checkOwner(t, m.RequestID, m.Tenant); err != nil {
 		return err
 	}
 	if err := checkRange(t, "token_count", uint64(m.TokenCount), 1, PromptTokensMax); err != nil {
@@ -267,10 +258,7 @@ func (m *TransferAbort) Owner() kv.Owner { return kv.Owner{Request: m.RequestID,
 
 func (m *TransferAbort) Validate() error {
 	const t = TypeTransferAbort
-	if err := checkRequestID(t, m.RequestID); err != nil {
-		return err
-	}
-	if err := checkTenant(t, m.Tenant); err != nil {
+	if err := checkOwner(t, m.RequestID, m.Tenant); err != nil {
 		return err
 	}
 	return m.Reason.validate(t, "reason")
