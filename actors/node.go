@@ -223,24 +223,36 @@ func (n *Node) PeerLost(inc uint64) {
 }
 
 // Drain stops the node taking new requests and returns what is still in
-// flight: requests admitted here, and transfer plans handed out by this
-// node's prefill dispatcher and not yet acknowledged.
-func (n *Node) Drain() (inFlight int, err error) {
+// flight (see InFlight).
+func (n *Node) Drain() (int, error) {
 	if n.admission != nil {
-		s, err := ask[AdmissionStatusReply](n.root, n.admission, Drain{}, n.cfg.CallTimeout)
+		if _, err := ask[AdmissionStatusReply](n.root, n.admission, Drain{}, n.cfg.CallTimeout); err != nil {
+			return 0, err
+		}
+	}
+	return n.InFlight()
+}
+
+// InFlight is the work the node has in hand: requests admitted here and
+// not finished, and transfer plans handed out by its prefill dispatcher and
+// not yet acknowledged.
+func (n *Node) InFlight() (int, error) {
+	total := 0
+	if n.admission != nil {
+		s, err := n.Status()
 		if err != nil {
 			return 0, err
 		}
-		inFlight += s.InFlight
+		total += s.InFlight
 	}
 	if n.dispatcher != nil {
 		s, err := ask[DispatchStatusReply](n.root, n.dispatcher, DispatchStatus{}, n.cfg.CallTimeout)
 		if err != nil {
 			return 0, err
 		}
-		inFlight += s.Outstanding
+		total += s.Outstanding
 	}
-	return inFlight, nil
+	return total, nil
 }
 
 // Admission is the PID clients send GenerateRequest to.

@@ -1,0 +1,496 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// DataPlaneSenderStats are a sender's counters since it dialed.
+type DataPlaneSenderStats struct {
+	// Batches, frames and bytes (batch headers included) handed to the
+	// connection: written, or being written.
+	BatchesSent, FramesSent, BytesSent uint64
+	// Batches acknowledged, and of them refused (any status but OK).
+	BatchesAcked, BatchesRefused uint64
+	// InFlight is the batches encoded for the connection (written, or
+	// queued to be) and not yet acknowledged: at most InFlightMax.
+	InFlight uint64
+	// WindowWaits counts the times a Send found InFlightMax batches
+	// unacknowledged and waited.
+	WindowWaits uint64
+}
+
+type dpSenderCounters struct {
+	batches, frames, bytes atomic.Uint64
+	acked, refused         atomic.Uint64
+	windowWaits            atomic.Uint64
+}
+
+// dpPending is one batch written and not yet acknowledged.
+type dpPending struct {
+	seq          uint64
+	call         *dpCall
+	first, count int
+}
+
+// dpCall is one Send: its acknowledgements arrive on acks, which holds one
+// slot per batch of the call so that the reader never waits on it.
+type dpCall struct {
+	acks chan dpResult
+}
+
+type dpResult struct {
+	p   dpPending
+	ack dpAck
+}
+
+// DataPlaneSender writes batches to one receiver over one connection. Send
+// is safe for concurrent use: batches from concurrent calls interleave on
+// the connection, each batch written whole, and share one window of
+// InFlightMax unacknowledged batches. A lost connection is final: Done is
+// closed, every Send fails with a *DataPlaneLostError, and the owner dials
+// again (after learning the peer's current incarnation).
+type DataPlaneSender struct {
+	cfg  DataPlaneConfig
+	addr string
+	peer uint64
+	lim  kv.BatchLimits // the smaller of both sides' batch bounds
+	conn net.Conn
+	c    dpSenderCounters
+
+	// window holds one token per batch in flight; a Send puts one in before
+	// it writes and the acknowledgement reader takes one out.
+	window chan struct{}
+
+	// wmu serialises encoding: it keeps sequence numbers, the ring and the
+	// writer's queue in one order, and guards next.
+	wmu  sync.Mutex
+	next uint64
+	// Two encode buffers, so that one batch is encoded while the writer
+	// goroutine writes the other: bufs holds the free ones, queue the
+	// encoded ones in order.
+	bufs  chan []byte
+	queue chan dpEncoded
+
+	// mu guards ring and err; dead is closed when err is set.
+	mu   sync.Mutex
+	ring []dpPending // FIFO of ringLen batches from ringHead, capacity InFlightMax
+	head int
+	size int
+	err  *DataPlaneLostError
+	dead chan struct{}
+
+	loops sync.WaitGroup // the acknowledgement reader and the writer
+
+	// testWindowFull, when set, is called each time a Send finds the window
+	// full, before it waits.
+	testWindowFull func()
+}
+
+// DialDataPlane validates cfg, connects to the receiver at addr and
+// exchanges hellos: the receiver refuses (*DataPlaneHelloError) when it is
+// not incarnation peer, when its frame limits differ from cfg's, or when it
+// is busy. DialTimeout bounds the whole of it.
+func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64) (*DataPlaneSender, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if peer == 0 {
+		return nil, errors.New("cluster: data plane peer incarnation must be non-zero")
+	}
+	conn, err := net.DialTimeout("tcp", addr, cfg.DialTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: data plane dial %s: %w", addr, err)
+	}
+	cfg.tuneSocket(conn)
+	lim, err := dpHandshake(conn, cfg, addr, peer)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	s := &DataPlaneSender{
+		cfg: cfg, addr: addr, peer: peer, lim: lim, conn: conn,
+		window: make(chan struct{}, cfg.InFlightMax),
+		bufs:   make(chan []byte, dpSendBuffers),
+		queue:  make(chan dpEncoded, dpSendBuffers),
+		ring:   make([]dpPending, cfg.InFlightMax),
+		dead:   make(chan struct{}),
+	}
+	for range dpSendBuffers {
+		s.bufs <- make([]byte, 0, dpBatchHeaderBytes+lim.BytesMax)
+	}
+	s.loops.Go(s.readAcks)
+	s.loops.Go(s.writeLoop)
+	return s, nil
+}
+
+// dpHandshake writes the hello, reads the reply and returns the batch
+// bounds both sides accept.
+func dpHandshake(conn net.Conn, cfg DataPlaneConfig, addr string, peer uint64) (kv.BatchLimits, error) {
+	conn.SetDeadline(time.Now().Add(cfg.DialTimeout))
+	defer conn.SetDeadline(time.Time{})
+	h := dpHello{version: dpVersion, incarnation: cfg.Incarnation, expect: peer, limits: cfg.Batch}
+	b := h.encode()
+	if _, err := conn.Write(b[:]); err != nil {
+		return kv.BatchLimits{}, fmt.Errorf("cluster: data plane hello to %s: %w", addr, err)
+	}
+	if _, err := io.ReadFull(conn, b[:]); err != nil {
+		return kv.BatchLimits{}, fmt.Errorf("cluster: data plane hello reply from %s: %w", addr, err)
+	}
+	r, err := decodeDPHello(b[:], true)
+	if err != nil {
+		return kv.BatchLimits{}, err
+	}
+	herr := &DataPlaneHelloError{Addr: addr, Status: r.status, Want: peer, Have: r.incarnation, Local: cfg.Batch, Remote: r.limits}
+	switch {
+	case r.status != DataPlaneOK:
+		return kv.BatchLimits{}, herr
+	case r.version != dpVersion || r.reserved || r.limits.Validate() != nil:
+		herr.Status = DataPlaneHelloMalformed
+		return kv.BatchLimits{}, herr
+	case r.incarnation != peer:
+		herr.Status = DataPlaneHelloIncarnation
+		return kv.BatchLimits{}, herr
+	case r.limits.Frame != cfg.Batch.Frame:
+		herr.Status = DataPlaneHelloLimits
+		return kv.BatchLimits{}, herr
+	}
+	// Both sides' bounds hold a full-page frame of the same geometry, so
+	// their minimum does too.
+	return kv.BatchLimits{
+		PagesMax: min(cfg.Batch.PagesMax, r.limits.PagesMax),
+		BytesMax: min(cfg.Batch.BytesMax, r.limits.BytesMax),
+		Frame:    cfg.Batch.Frame,
+	}, nil
+}
+
+// Peer is the receiver's incarnation, as the hello confirmed it.
+func (s *DataPlaneSender) Peer() uint64 { return s.peer }
+
+// Limits are the batch bounds Send packs within: the smaller of both
+// sides'.
+func (s *DataPlaneSender) Limits() kv.BatchLimits { return s.lim }
+
+// Done is closed when the connection is lost or the sender closed.
+func (s *DataPlaneSender) Done() <-chan struct{} { return s.dead }
+
+// Err is the *DataPlaneLostError once Done is closed, else nil.
+func (s *DataPlaneSender) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		return nil
+	}
+	return s.err
+}
+
+// Close closes the connection; Sends in progress fail with a
+// *DataPlaneLostError whose cause is ErrDataPlaneClosed.
+func (s *DataPlaneSender) Close() error {
+	s.fail(ErrDataPlaneClosed)
+	s.loops.Wait()
+	return nil
+}
+
+// Stats reads the counters; each is read atomically, the set is not.
+func (s *DataPlaneSender) Stats() DataPlaneSenderStats {
+	s.mu.Lock()
+	inFlight := s.size
+	s.mu.Unlock()
+	return DataPlaneSenderStats{
+		BatchesSent: s.c.batches.Load(), FramesSent: s.c.frames.Load(), BytesSent: s.c.bytes.Load(),
+		BatchesAcked: s.c.acked.Load(), BatchesRefused: s.c.refused.Load(),
+		InFlight: uint64(inFlight), WindowWaits: s.c.windowWaits.Load(),
+	}
+}
+
+// Send packs frames, in order, into batches within Limits, writes them and
+// waits for every batch's acknowledgement. It blocks while InFlightMax
+// batches are unacknowledged. It returns nil only when the receiver's
+// handler accepted every frame. Otherwise:
+//   - a frame that cannot be encoded (owner, token range, payload length)
+//     fails with kv's *kv.FrameError before anything is written;
+//   - a refused batch yields a *DataPlaneRefusedError naming the frames it
+//     held, and no later batch of this call is written (batches already
+//     written are still acknowledged, and may have been accepted);
+//   - a lost connection yields a *DataPlaneLostError;
+//   - ctx ending yields its error, wrapped: batches already written stay
+//     written and their outcome is unknown to the caller.
+//
+// Send sets each frame's Checksum; the caller may reuse the frames and their
+// payloads as soon as Send returns.
+func (s *DataPlaneSender) Send(ctx context.Context, frames []kv.Frame) error {
+	cuts, err := s.pack(frames)
+	if err != nil || len(cuts) == 0 {
+		return err
+	}
+	call := &dpCall{acks: make(chan dpResult, len(cuts))}
+	var refused error
+	take := func(r dpResult) {
+		if r.ack.status != DataPlaneOK && refused == nil {
+			refused = s.refusal(r)
+		}
+	}
+	written, got, lo := 0, 0, 0
+	var stop error
+	drain := func() {
+		for {
+			select {
+			case r := <-call.acks:
+				got++
+				take(r)
+			default:
+				return
+			}
+		}
+	}
+	for _, hi := range cuts {
+		if stop = s.acquire(ctx); stop != nil {
+			break
+		}
+		// The acknowledgement that opened the window may be a refusal of
+		// this call's: it is delivered before its place is given back.
+		if drain(); refused != nil {
+			<-s.window
+			break
+		}
+		if stop = s.write(call, frames[lo:hi], lo); stop != nil {
+			break
+		}
+		written++
+		lo = hi
+	}
+	for got < written {
+		select {
+		case r := <-call.acks:
+			got++
+			take(r)
+		case <-s.dead:
+			// Acknowledgements that arrived before the loss still count.
+			if drain(); got < written {
+				return dpJoin(refused, s.Err())
+			}
+		case <-ctx.Done():
+			return dpJoin(refused, fmt.Errorf("cluster: data plane send to %s: %d of %d batches written, %d acknowledged: %w",
+				s.addr, written, len(cuts), got, ctx.Err()))
+		}
+	}
+	if stop != nil && !errors.Is(stop, ErrDataPlaneLost) {
+		stop = fmt.Errorf("cluster: data plane send to %s: %d of %d batches written and acknowledged: %w",
+			s.addr, written, len(cuts), stop)
+	}
+	return dpJoin(refused, stop)
+}
+
+// dpJoin is errors.Join that returns a lone error as itself, so that the
+// common case keeps its type.
+func dpJoin(a, b error) error {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return errors.Join(a, b)
+}
+
+// pack checks every frame as kv.AppendFrame will, and cuts frames into
+// batches greedily; cuts[i] is the end of batch i. A frame's size is
+// bounded by its payload plus the largest header, so a batch never exceeds
+// the bytes bound and a full-page frame always fits alone.
+func (s *DataPlaneSender) pack(frames []kv.Frame) ([]int, error) {
+	fl := s.lim.Frame
+	over := dpFrameOverhead(fl)
+	var cuts []int
+	n, bytes := 0, 0
+	for i := range frames {
+		f := &frames[i]
+		if err := f.Owner.Validate(); err != nil {
+			return nil, fmt.Errorf("cluster: data plane frame %d: %w", i, err)
+		}
+		switch {
+		case f.Tokens < 1 || f.Tokens > fl.PageTokens:
+			return nil, fmt.Errorf("cluster: data plane frame %d: %w", i,
+				&kv.FrameError{Field: "token count", Value: uint64(max(f.Tokens, 0)), Limit: uint64(fl.PageTokens)})
+		case f.FirstToken < 0 || f.FirstToken > kv.SequenceTokensMax:
+			return nil, fmt.Errorf("cluster: data plane frame %d: %w", i,
+				&kv.FrameError{Field: "first token", Value: uint64(max(f.FirstToken, 0)), Limit: kv.SequenceTokensMax})
+		case len(f.Payload) != f.Tokens*fl.BytesPerToken:
+			return nil, fmt.Errorf("cluster: data plane frame %d: %w", i,
+				&kv.FrameError{Field: "payload length", Value: uint64(len(f.Payload)), Limit: uint64(f.Tokens * fl.BytesPerToken)})
+		}
+		size := over + len(f.Payload)
+		if n == s.lim.PagesMax || bytes+size > s.lim.BytesMax {
+			cuts = append(cuts, i)
+			n, bytes = 0, 0
+		}
+		n++
+		bytes += size
+	}
+	if n > 0 {
+		cuts = append(cuts, len(frames))
+	}
+	return cuts, nil
+}
+
+// acquire takes a place in the window, waiting while it is full.
+func (s *DataPlaneSender) acquire(ctx context.Context) error {
+	select {
+	case s.window <- struct{}{}:
+		return nil
+	default:
+	}
+	s.c.windowWaits.Add(1)
+	if s.testWindowFull != nil {
+		s.testWindowFull()
+	}
+	select {
+	case s.window <- struct{}{}:
+		return nil
+	case <-s.dead:
+		return s.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// dpSendBuffers is the number of batch buffers a sender encodes into.
+const dpSendBuffers = 2
+
+// dpEncoded is one batch encoded and queued for the writer.
+type dpEncoded struct {
+	buf    []byte
+	frames int
+}
+
+// write encodes one batch and queues it for the writer. The batch joins
+// the ring of unacknowledged batches before it is written, since its
+// acknowledgement may come back before Write returns.
+func (s *DataPlaneSender) write(call *dpCall, frames []kv.Frame, first int) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var buf []byte
+	select {
+	case buf = <-s.bufs:
+	case <-s.dead:
+		return s.Err()
+	}
+	out, err := kv.AppendBatch(buf[:0], frames, s.lim)
+	if err != nil {
+		// pack checked what AppendBatch checks; should it ever differ, the
+		// fault is in these frames, not in the connection.
+		s.bufs <- buf
+		<-s.window
+		return fmt.Errorf("cluster: data plane encoding frames [%d, %d): %w", first, first+len(frames), err)
+	}
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return s.err
+	}
+	if s.size == 0 {
+		s.conn.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
+	}
+	s.ring[(s.head+s.size)%len(s.ring)] = dpPending{seq: s.next, call: call, first: first, count: len(frames)}
+	s.size++
+	s.next++
+	s.mu.Unlock()
+	// Never waits: the queue holds as many batches as there are buffers.
+	s.queue <- dpEncoded{buf: out, frames: len(frames)}
+	return nil
+}
+
+// writeLoop writes queued batches, each whole, in order.
+func (s *DataPlaneSender) writeLoop() {
+	for {
+		select {
+		case e := <-s.queue:
+			// Counted before the write, which the acknowledgement may beat.
+			s.c.batches.Add(1)
+			s.c.frames.Add(uint64(e.frames))
+			s.c.bytes.Add(uint64(len(e.buf)))
+			s.conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+			if _, err := s.conn.Write(e.buf); err != nil {
+				s.fail(err)
+				return
+			}
+			s.bufs <- e.buf[:0]
+		case <-s.dead:
+			return
+		}
+	}
+}
+
+// readAcks matches acknowledgements to batches in order until the
+// connection ends. The read deadline is AckTimeout from the oldest
+// unacknowledged batch's write or the previous acknowledgement, and none
+// while nothing is in flight.
+func (s *DataPlaneSender) readAcks() {
+	var b [dpAckBytes]byte
+	for {
+		if _, err := io.ReadFull(s.conn, b[:]); err != nil {
+			s.fail(err)
+			return
+		}
+		a, err := decodeDPAck(b[:])
+		if err != nil {
+			s.fail(err)
+			return
+		}
+		s.mu.Lock()
+		if s.size == 0 || s.ring[s.head].seq != a.seq {
+			want := "none"
+			if s.size > 0 {
+				want = fmt.Sprint(s.ring[s.head].seq)
+			}
+			s.mu.Unlock()
+			s.fail(fmt.Errorf("cluster: data plane acknowledgement for batch %d, expected %s", a.seq, want))
+			return
+		}
+		p := s.ring[s.head]
+		s.ring[s.head] = dpPending{}
+		s.head = (s.head + 1) % len(s.ring)
+		s.size--
+		if s.size == 0 {
+			s.conn.SetReadDeadline(time.Time{})
+		} else {
+			s.conn.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
+		}
+		s.mu.Unlock()
+		s.c.acked.Add(1)
+		if a.status != DataPlaneOK {
+			s.c.refused.Add(1)
+		}
+		p.call.acks <- dpResult{p: p, ack: a}
+		<-s.window
+	}
+}
+
+func (s *DataPlaneSender) refusal(r dpResult) error {
+	e := &DataPlaneRefusedError{Addr: s.addr, Seq: r.ack.seq, Status: r.ack.status,
+		First: r.p.first, Count: r.p.count, Frame: -1, Detail: r.ack.detail}
+	if r.ack.frame != dpNoFrame && int(r.ack.frame) < r.p.count {
+		e.Frame = r.p.first + int(r.ack.frame)
+	}
+	return e
+}
+
+// fail records the first cause of the connection's end and closes it.
+func (s *DataPlaneSender) fail(cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return
+	}
+	s.err = &DataPlaneLostError{Addr: s.addr, Unacked: s.size, Err: cause}
+	close(s.dead)
+	s.conn.Close()
+}

@@ -1,0 +1,404 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// DataPlaneBatch is one batch as the receiver hands it to its handler: the
+// frames decoded, checksums verified, every destination tag naming the
+// receiver's incarnation.
+type DataPlaneBatch struct {
+	// From is the sender's incarnation, from its hello.
+	From uint64
+	// Remote is the sender's network address.
+	Remote net.Addr
+	// Seq is the batch's position on its connection, from 0.
+	Seq uint64
+	// Frames alias the connection's read buffer: their payloads are valid
+	// only until the handler returns, and the next batch overwrites them.
+	Frames []kv.Frame
+}
+
+// DataPlaneHandler does the page writes of one batch (kv.Pool.Accept, or a
+// message to each page's actor) and returns nil when all of them were
+// accepted. An error matching kv.ErrRefused is acknowledged as
+// DataPlaneRejected, any other as DataPlaneHandlerFailed; either way the
+// connection stays open. The handler is called from one goroutine per
+// connection, so from several at once; it must copy what it keeps, and it
+// must return: the connection waits for it, and Close waits for every
+// handler call in progress.
+type DataPlaneHandler func(b DataPlaneBatch) error
+
+// DataPlaneServerStats are a server's counters since it started.
+type DataPlaneServerStats struct {
+	ConnectionsAccepted, ConnectionsActive uint64
+	// Connections refused in the hello, by reason.
+	RefusedBusy, RefusedHelloIncarnation, RefusedHelloVersion, RefusedHelloLimits, RefusedHelloMalformed uint64
+	// Batches, frames and bytes (batch headers included) decoded.
+	BatchesReceived, FramesReceived, BytesReceived uint64
+	// Batches and frames the handler accepted.
+	BatchesAccepted, FramesAccepted uint64
+	// Batches refused, by reason; the connection stays open.
+	RefusedWrongIncarnation, RefusedByHandler, HandlerFailed uint64
+	// Connections closed for a malformed batch: a checksum mismatch, or
+	// anything else the decoder refused (header, frame fields, limits).
+	MalformedChecksum, MalformedOther uint64
+	// Connections closed otherwise: no batch for IdleTimeout; a read that
+	// failed mid-batch or timed out; an acknowledgement that could not be
+	// written.
+	IdleClosed, ReadErrors, WriteErrors uint64
+}
+
+type dpServerCounters struct {
+	accepted, active                                                  atomic.Uint64
+	busy, helloIncarnation, helloVersion, helloLimits, helloMalformed atomic.Uint64
+	batches, frames, bytes                                            atomic.Uint64
+	batchesOK, framesOK                                               atomic.Uint64
+	wrongIncarnation, rejected, handlerFailed                         atomic.Uint64
+	malformedChecksum, malformedOther                                 atomic.Uint64
+	idle, readErrors, writeErrors                                     atomic.Uint64
+}
+
+// DataPlaneServer receives batches on one listener. Its methods are safe
+// for concurrent use.
+type DataPlaneServer struct {
+	cfg     DataPlaneConfig
+	handler DataPlaneHandler
+	ln      net.Listener
+	log     *slog.Logger
+	c       dpServerCounters
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// ListenDataPlane validates cfg, listens on addr ("127.0.0.1:0" picks a
+// port; see Addr) and serves connections until Close.
+func ListenDataPlane(cfg DataPlaneConfig, addr string, handler DataPlaneHandler) (*DataPlaneServer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if handler == nil {
+		return nil, errors.New("cluster: data plane handler must not be nil")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: data plane listen on %s: %w", addr, err)
+	}
+	s := &DataPlaneServer{cfg: cfg, handler: handler, ln: ln, log: cfg.logger(), conns: make(map[net.Conn]struct{})}
+	s.wg.Go(s.accept)
+	return s, nil
+}
+
+// Addr is the address the server listens on.
+func (s *DataPlaneServer) Addr() net.Addr { return s.ln.Addr() }
+
+// Close stops accepting, closes every connection, and waits for their
+// goroutines, handler calls in progress included.
+func (s *DataPlaneServer) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	err := s.ln.Close()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+// Stats reads the counters; each is read atomically, the set is not.
+func (s *DataPlaneServer) Stats() DataPlaneServerStats {
+	c := &s.c
+	return DataPlaneServerStats{
+		ConnectionsAccepted: c.accepted.Load(), ConnectionsActive: c.active.Load(),
+		RefusedBusy: c.busy.Load(), RefusedHelloIncarnation: c.helloIncarnation.Load(),
+		RefusedHelloVersion: c.helloVersion.Load(), RefusedHelloLimits: c.helloLimits.Load(),
+		RefusedHelloMalformed: c.helloMalformed.Load(),
+		BatchesReceived:       c.batches.Load(), FramesReceived: c.frames.Load(), BytesReceived: c.bytes.Load(),
+		BatchesAccepted: c.batchesOK.Load(), FramesAccepted: c.framesOK.Load(),
+		RefusedWrongIncarnation: c.wrongIncarnation.Load(), RefusedByHandler: c.rejected.Load(),
+		HandlerFailed:     c.handlerFailed.Load(),
+		MalformedChecksum: c.malformedChecksum.Load(), MalformedOther: c.malformedOther.Load(),
+		IdleClosed: c.idle.Load(), ReadErrors: c.readErrors.Load(), WriteErrors: c.writeErrors.Load(),
+	}
+}
+
+func (s *DataPlaneServer) accept() {
+	var backoff time.Duration
+	for {
+		conn, err := s.ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: wait, as net/http does,
+			// rather than spin or give up.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("cluster: data plane accept failed", "addr", s.ln.Addr(), "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		s.cfg.tuneSocket(conn)
+		if !s.admit(conn) {
+			continue
+		}
+		s.wg.Go(func() { s.serve(conn) })
+	}
+}
+
+// admit registers conn, or refuses it when the server is closed or full.
+// A refusal is a hello reply written at once: a fresh socket's send buffer
+// is empty, so the write does not wait on the peer.
+func (s *DataPlaneServer) admit(conn net.Conn) bool {
+	s.mu.Lock()
+	closed, full := s.closed, len(s.conns) >= s.cfg.ConnectionsMax
+	if !closed && !full {
+		s.conns[conn] = struct{}{}
+		s.c.accepted.Add(1)
+		s.c.active.Add(1)
+	}
+	s.mu.Unlock()
+	if closed {
+		conn.Close()
+		return false
+	}
+	if full {
+		s.c.busy.Add(1)
+		s.log.Warn("cluster: data plane refused a connection: busy", "remote", conn.RemoteAddr(),
+			"connections_max", s.cfg.ConnectionsMax)
+		s.reply(conn, DataPlaneBusy)
+		conn.Close()
+		return false
+	}
+	return true
+}
+
+func (s *DataPlaneServer) drop(conn net.Conn) {
+	conn.Close()
+	s.mu.Lock()
+	delete(s.conns, conn)
+	s.mu.Unlock()
+	s.c.active.Add(^uint64(0))
+}
+
+func (s *DataPlaneServer) reply(conn net.Conn, st DataPlaneStatus) error {
+	h := dpHello{reply: true, version: dpVersion, status: st, incarnation: s.cfg.Incarnation, limits: s.cfg.Batch}
+	b := h.encode()
+	conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	_, err := conn.Write(b[:])
+	return err
+}
+
+// hello reads the sender's hello and answers it; it returns the sender's
+// incarnation and whether the connection was accepted.
+func (s *DataPlaneServer) hello(conn net.Conn) (uint64, bool) {
+	var b [dpHelloBytes]byte
+	conn.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
+	if _, err := io.ReadFull(conn, b[:]); err != nil {
+		s.c.readErrors.Add(1)
+		s.log.Warn("cluster: data plane hello not read", "remote", conn.RemoteAddr(), "err", err)
+		return 0, false
+	}
+	h, err := decodeDPHello(b[:], false)
+	if err != nil {
+		// Not a data plane peer: no reply, since it would not read one.
+		s.c.helloMalformed.Add(1)
+		s.log.Warn("cluster: data plane connection closed", "remote", conn.RemoteAddr(), "reason", err)
+		return 0, false
+	}
+	st, counter := DataPlaneOK, (*atomic.Uint64)(nil)
+	switch {
+	case h.version != dpVersion:
+		st, counter = DataPlaneHelloVersion, &s.c.helloVersion
+	case h.reserved || h.status != DataPlaneOK || h.incarnation == 0 || h.limits.Validate() != nil:
+		st, counter = DataPlaneHelloMalformed, &s.c.helloMalformed
+	case h.expect != s.cfg.Incarnation:
+		st, counter = DataPlaneHelloIncarnation, &s.c.helloIncarnation
+	case h.limits.Frame != s.cfg.Batch.Frame:
+		st, counter = DataPlaneHelloLimits, &s.c.helloLimits
+	}
+	if st != DataPlaneOK {
+		counter.Add(1)
+		s.log.Warn("cluster: data plane refused hello", "remote", conn.RemoteAddr(), "reason", st,
+			"version", h.version, "sender", fmt.Sprintf("%x", h.incarnation),
+			"expected", fmt.Sprintf("%x", h.expect), "incarnation", fmt.Sprintf("%x", s.cfg.Incarnation),
+			"page_tokens", h.limits.Frame.PageTokens, "bytes_per_token", h.limits.Frame.BytesPerToken)
+	}
+	if err := s.reply(conn, st); err != nil {
+		s.c.writeErrors.Add(1)
+		s.log.Warn("cluster: data plane hello reply not written", "remote", conn.RemoteAddr(), "err", err)
+		return 0, false
+	}
+	return h.incarnation, st == DataPlaneOK
+}
+
+func (s *DataPlaneServer) serve(conn net.Conn) {
+	defer s.drop(conn)
+	from, ok := s.hello(conn)
+	if !ok {
+		return
+	}
+	buf := make([]byte, s.cfg.connBufferBytes())
+	for seq := uint64(0); ; seq++ {
+		frames, n, err := s.read(conn, buf)
+		if err != nil {
+			s.closing(conn, seq, err, buf)
+			return
+		}
+		s.c.batches.Add(1)
+		s.c.frames.Add(uint64(len(frames)))
+		s.c.bytes.Add(uint64(n))
+		a := s.handle(DataPlaneBatch{From: from, Remote: conn.RemoteAddr(), Seq: seq, Frames: frames})
+		if err := s.ack(conn, a); err != nil {
+			s.c.writeErrors.Add(1)
+			s.log.Warn("cluster: data plane connection closed", "remote", conn.RemoteAddr(),
+				"reason", "acknowledgement not written", "batch", seq, "err", err)
+			return
+		}
+	}
+}
+
+// handle checks the batch's destination incarnations, then hands it on.
+func (s *DataPlaneServer) handle(b DataPlaneBatch) dpAck {
+	for i := range b.Frames {
+		if inc := b.Frames[i].Dest.Incarnation; inc != s.cfg.Incarnation {
+			s.c.wrongIncarnation.Add(1)
+			s.log.Warn("cluster: data plane refused batch: frame for another incarnation", "remote", b.Remote,
+				"batch", b.Seq, "frame", i, "dest", b.Frames[i].Dest, "incarnation", fmt.Sprintf("%x", s.cfg.Incarnation))
+			return dpAck{seq: b.Seq, status: DataPlaneWrongIncarnation, frame: uint32(i), detail: inc}
+		}
+	}
+	err := s.handler(b)
+	switch {
+	case err == nil:
+		s.c.batchesOK.Add(1)
+		s.c.framesOK.Add(uint64(len(b.Frames)))
+		return dpAck{seq: b.Seq, status: DataPlaneOK, frame: dpNoFrame}
+	case errors.Is(err, kv.ErrRefused):
+		s.c.rejected.Add(1)
+		s.log.Info("cluster: data plane batch rejected", "remote", b.Remote, "batch", b.Seq, "err", err)
+		return dpAck{seq: b.Seq, status: DataPlaneRejected, frame: dpNoFrame}
+	default:
+		s.c.handlerFailed.Add(1)
+		s.log.Warn("cluster: data plane handler failed", "remote", b.Remote, "batch", b.Seq, "err", err)
+		return dpAck{seq: b.Seq, status: DataPlaneHandlerFailed, frame: dpNoFrame}
+	}
+}
+
+func (s *DataPlaneServer) ack(conn net.Conn, a dpAck) error {
+	b := a.encode()
+	conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	_, err := conn.Write(b[:])
+	return err
+}
+
+// dpReadError says why a batch was not read: idle says no byte of it came
+// before IdleTimeout, eof that the peer closed between batches.
+type dpReadError struct {
+	err       error
+	malformed bool
+	idle, eof bool
+}
+
+func (e *dpReadError) Error() string { return e.err.Error() }
+
+// read reads exactly one batch into buf and decodes it. It asks
+// kv.DecodeBatch how many bytes it needs and reads only those, so it never
+// reads into the next batch and never past the buffer: the header bounds
+// the body by Batch.BytesMax before any of it is read.
+func (s *DataPlaneServer) read(conn net.Conn, buf []byte) ([]kv.Frame, int, *dpReadError) {
+	have := 0
+	conn.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+	for {
+		frames, n, err := kv.DecodeBatch(buf[:have], s.cfg.Batch)
+		if err == nil {
+			return frames, n, nil
+		}
+		var short *kv.FrameShortError
+		if !errors.As(err, &short) {
+			return nil, 0, &dpReadError{err: err, malformed: true}
+		}
+		if short.Need <= have || short.Need > len(buf) {
+			// The header bounds the body by BytesMax, so this cannot happen
+			// with kv as it is; if kv changes, the bytes decide it, and
+			// bytes close a connection rather than stop the node.
+			return nil, 0, &dpReadError{malformed: true, err: fmt.Errorf(
+				"cluster: kv.DecodeBatch needs %d bytes with %d read into a %d-byte buffer", short.Need, have, len(buf))}
+		}
+		if got, err := io.ReadFull(conn, buf[have:short.Need]); err != nil {
+			first := have == 0 && got == 0
+			return nil, 0, &dpReadError{err: err, eof: first && err == io.EOF,
+				idle: first && errors.Is(err, os.ErrDeadlineExceeded)}
+		}
+		if have == 0 {
+			conn.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
+		}
+		have = short.Need
+	}
+}
+
+// closing counts and logs why a connection ends. A malformed batch is
+// acknowledged with DataPlaneMalformed first (best effort), so that the
+// sender's error says what happened rather than only that the connection
+// was lost.
+func (s *DataPlaneServer) closing(conn net.Conn, seq uint64, e *dpReadError, buf []byte) {
+	switch {
+	case e.eof:
+		return
+	case e.malformed:
+		var sum *kv.ChecksumMismatchError
+		if errors.As(e.err, &sum) {
+			s.c.malformedChecksum.Add(1)
+		} else {
+			s.c.malformedOther.Add(1)
+		}
+		s.log.Warn("cluster: data plane connection closed", "remote", conn.RemoteAddr(),
+			"reason", "malformed batch", "batch", seq, "err", e.err)
+		if s.ack(conn, dpAck{seq: seq, status: DataPlaneMalformed, frame: dpNoFrame}) == nil {
+			s.linger(conn, buf)
+		}
+	case e.idle:
+		s.c.idle.Add(1)
+		s.log.Info("cluster: data plane connection closed", "remote", conn.RemoteAddr(),
+			"reason", "idle", "idle_timeout", s.cfg.IdleTimeout)
+	default:
+		s.c.readErrors.Add(1)
+		s.log.Warn("cluster: data plane connection closed", "remote", conn.RemoteAddr(),
+			"reason", "read failed", "batch", seq, "err", e.err)
+	}
+}
+
+// linger half-closes conn and discards what the sender still writes, until
+// it closes too, for at most ReadTimeout and InFlightMax batches' bytes.
+// Closing a socket with unread bytes resets the connection, and a reset can
+// destroy the refusal in the sender's receive queue before it is read.
+func (s *DataPlaneServer) linger(conn net.Conn, buf []byte) {
+	tc, ok := conn.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	tc.CloseWrite()
+	tc.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
+	io.CopyBuffer(io.Discard, io.LimitReader(tc, int64(s.cfg.InFlightMax)*int64(len(buf))), buf)
+}

@@ -1,0 +1,112 @@
+// Package cluster turns separate node processes into one cluster: who is in
+// it, in which role, at which addresses, with how much free KV pool
+// (membership, described here), and the data plane, routing and wiring
+// between the nodes (described in their own files).
+//
+// # Membership
+//
+// Membership wraps hashicorp/memberlist (SWIM gossip with the Lifeguard
+// extensions). The common path:
+//
+//	cfg := cluster.DefaultConfig()           // or DefaultLocalConfig() in tests
+//	cfg.JoinAddrs = []string{"10.0.0.1:7946"}
+//	m, err := cluster.Start(cfg, cluster.Meta{Role: cluster.RoleDecode,
+//		Incarnation: inc, RemoteAddr: remote, DataAddr: data,
+//		CapacityPages: pages, FreePages: pages})
+//	go func() {
+//		for ev := range m.Events() { /* route by ev.Kind and ev.Member.Meta */ }
+//	}()
+//	...
+//	_ = m.UpdateMeta(meta)   // free pages changed, or draining
+//	_ = m.Leave(5 * time.Second)
+//	_ = m.Shutdown()
+//
+// A node's metadata (Meta) is small, binary, versioned and validated on
+// both ends: EncodeMeta refuses what DecodeMeta would refuse, and its
+// worst case (MetaEncodedLenMax, both addresses at AddrLenMax) stays under
+// memberlist.MetaMaxSize, beyond which memberlist panics. Start and
+// UpdateMeta refuse oversized or malformed metadata with the numbers.
+//
+// # Identity
+//
+// A member's name is NodeName(prefix, incarnation), and the incarnation is
+// chosen anew at every node start, so a restarted node is a new member and
+// never its old self. Two runs claiming the same gossip, remote or data
+// address cannot both be alive: the later start (Meta.StartedUnixMilli,
+// then the incarnation) is kept and the other is reported as EventFail
+// "superseded" at once, without waiting for failure detection. A member
+// whose metadata does not decode, or does not match its name, is counted
+// (Stats), logged and kept out of Members and Events; it never stops the
+// node.
+//
+// # Concurrency
+//
+// Membership's methods may be called from any goroutine. memberlist calls
+// the package's delegate from its own goroutines (packet and stream
+// handlers, the probe and gossip timers), mostly while it holds its node
+// lock; the delegate therefore never calls back into memberlist, and
+// neither does any code holding Membership's table lock. The delegate
+// updates the member table and hands events to the Events channel without
+// blocking: when the channel is full the event is dropped and counted,
+// because stalling the callback would stall failure detection for the
+// whole node. A consumer that sees Stats().EventsDropped grow resyncs from
+// Members, which is kept from the same notices. UpdateMeta, Join, Leave
+// and Shutdown are serialized with one another (each bounded by its
+// timeout); Members, Meta and Stats never wait for them. Shutdown closes
+// Events; no event is sent after it.
+//
+// # Invariants
+//
+//   - Local metadata handed to memberlist is never longer than
+//     memberlist.MetaMaxSize (checked at build, test, Start and UpdateMeta).
+//   - A name stands for one run: its metadata's incarnation matches it, and
+//     a run's incarnation and role never change.
+//   - Members never lists a member whose metadata was refused or that was
+//     superseded; every member it lists got an EventJoin before (unless it
+//     was dropped) and gets one EventLeave or EventFail when it goes.
+//   - No memberlist call is made after Shutdown.
+//
+// memberlist reports a graceful leave and a failure through the same
+// callback and keeps suspicion internal, so Leave gossips Meta.Leaving
+// before leaving, and members are reported alive until declared dead.
+//
+// # KV data plane
+//
+// The data plane carries KV pages between nodes as kv frames in bounded
+// batches over plain TCP, beside the actor system that carries control
+// messages. A sender (DialDataPlane) opens one connection to a receiver,
+// names in a versioned hello the incarnation it expects, and is refused if
+// the receiver has restarted since, because its destination tags are
+// stale. Send packs frames into batches within kv.BatchLimits, with at most
+// InFlightMax unacknowledged per connection (back-pressure), and returns
+// only when the receiver's handler has accepted every frame, or with a
+// typed refusal or a lost connection. The receiver (ListenDataPlane)
+// decodes each batch with kv.DecodeBatch into one buffer per connection
+// allocated at hello, refuses any batch with a frame addressed to another
+// incarnation, and hands the rest to its handler, which does the page
+// writes. Malformed bytes close that connection only, counted and logged.
+// Sends are safe from several goroutines; the handler runs on one goroutine
+// per connection and must copy what it keeps. A lost connection is final:
+// the owner dials again.
+//
+// # Nodes, routing and drain
+//
+// StartNode runs one member: the actors of its role (actors.Start), the
+// data plane for roles that receive KV, membership with its metadata (free
+// pages republished every MetaInterval), and a control actor answering
+// StatusRequest and DrainRequest. A router node's admission is the router
+// actor: it refuses a request that does not fit the context window or the
+// smallest pool on the path it would take (from the members' metadata),
+// then forwards it to the alive, non-draining decode node with the most
+// free pages, with the prefill node with the most free pages chosen for
+// it, keeping the client as the sender so tokens stream from the decode
+// node straight to the client. A decode node plans each transfer with a
+// prefill node and, if that transfer fails before any token was streamed
+// (the prefill node died, refused or timed out), plans it again with
+// another. Membership events tell the actors which peers are gone: transfers
+// planned with a lost prefill node are retried, and a router answers
+// "node lost" to the clients of a lost decode node. Drain marks the node
+// draining in its metadata (routers skip it; its admission answers busy),
+// waits until what it has in flight is done, then leaves gracefully; no
+// admitted request is aborted by a drain.
+package cluster

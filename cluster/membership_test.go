@@ -1,0 +1,514 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// eventDeadline bounds every wait for an event. It is far above what the
+// waits take (joins and leaves ~0.1 s, a crash a few seconds) so that a
+// loaded machine or the race detector does not make the tests flaky; it is
+// only reached when something is broken.
+const eventDeadline = 30 * time.Second
+
+// Every test member gets a fresh incarnation and fresh advertised
+// addresses. Incarnations grow, so a restart also wins the tie-break if two
+// runs start in the same millisecond.
+var (
+	nextIncarnation = atomic.Uint64{}
+	nextFakePort    = atomic.Uint32{}
+)
+
+func init() {
+	nextIncarnation.Store(uint64(time.Now().UnixNano()))
+	nextFakePort.Store(20000)
+}
+
+func testMeta() Meta {
+	port := nextFakePort.Add(2)
+	return Meta{
+		Role:          RoleDecode,
+		Incarnation:   nextIncarnation.Add(1),
+		RemoteAddr:    fmt.Sprintf("127.0.0.1:%d", port),
+		DataAddr:      fmt.Sprintf("127.0.0.1:%d", port+1),
+		CapacityPages: 1024,
+		FreePages:     1024,
+	}
+}
+
+func startMember(t *testing.T, cfg Config, meta Meta) *Membership {
+	t.Helper()
+	m, err := Start(cfg, meta)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() { _ = m.Shutdown() })
+	return m
+}
+
+// startCluster starts n members, each joining through the first, and waits
+// until every member has seen every join. It returns the members and how
+// long convergence took after the last Start.
+func startCluster(t *testing.T, n int) ([]*Membership, time.Duration) {
+	t.Helper()
+	ms := make([]*Membership, 0, n)
+	for i := 0; i < n; i++ {
+		cfg := DefaultLocalConfig()
+		if i > 0 {
+			cfg.JoinAddrs = []string{ms[0].LocalAddr().String()}
+		}
+		ms = append(ms, startMember(t, cfg, testMeta()))
+	}
+	started := time.Now()
+	var want []match
+	for _, m := range ms {
+		want = append(want, match{kind: EventJoin, name: m.Name()})
+	}
+	for _, m := range ms {
+		awaitEvents(t, m, want...)
+	}
+	took := time.Since(started)
+	for _, m := range ms {
+		if got := m.Members(); len(got) != n {
+			t.Fatalf("%s sees %d members after every join event, want %d: %v", m.Name(), len(got), n, got)
+		}
+	}
+	return ms, took
+}
+
+type match struct {
+	kind EventKind
+	name string
+	ok   func(Event) bool // optional extra condition
+}
+
+func (w match) String() string { return w.kind.String() + " " + w.name }
+
+// awaitEvents reads m's events until each of want has been matched, in any
+// order, and returns the matching events in want's order. Other events are
+// skipped. It fails the test at eventDeadline, listing what it saw.
+func awaitEvents(t *testing.T, m *Membership, want ...match) []Event {
+	t.Helper()
+	got := make([]Event, len(want))
+	done := make([]bool, len(want))
+	left := len(want)
+	var seen []string
+	timer := time.NewTimer(eventDeadline)
+	defer timer.Stop()
+	for left > 0 {
+		select {
+		case ev, open := <-m.Events():
+			if !open {
+				t.Fatalf("%s: events closed while waiting for %v; saw %v", m.Name(), want, seen)
+			}
+			seen = append(seen, fmt.Sprintf("%s %s(%s)", ev.Kind, ev.Member.Name, ev.Member.State))
+			for i, w := range want {
+				if !done[i] && ev.Kind == w.kind && ev.Member.Name == w.name && (w.ok == nil || w.ok(ev)) {
+					got[i], done[i] = ev, true
+					left--
+					break
+				}
+			}
+		case <-timer.C:
+			var missing []match
+			for i, w := range want {
+				if !done[i] {
+					missing = append(missing, w)
+				}
+			}
+			t.Fatalf("%s: after %s still waiting for %v; saw %v", m.Name(), eventDeadline, missing, seen)
+		}
+	}
+	return got
+}
+
+func memberNames(ms []Member) []string {
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.Name
+	}
+	return names
+}
+
+func TestJoinConverges(t *testing.T) {
+	ms, took := startCluster(t, 5)
+	t.Logf("5 members converged %s after the last start", took)
+	for _, m := range ms {
+		for _, mem := range m.Members() {
+			if mem.State != StateAlive {
+				t.Errorf("%s sees %s %s", m.Name(), mem.Name, mem.State)
+			}
+			if !nameMatches(mem.Name, mem.Meta.Incarnation) || mem.Meta.StartedUnixMilli == 0 {
+				t.Errorf("%s sees %s with meta %+v", m.Name(), mem.Name, mem.Meta)
+			}
+		}
+		if st := m.Stats(); st != (MembershipStats{}) {
+			t.Errorf("%s stats %+v, want zero", m.Name(), st)
+		}
+	}
+}
+
+func TestUpdateMetaPropagates(t *testing.T) {
+	ms, _ := startCluster(t, 3)
+	src := ms[2]
+	meta := src.Meta()
+	meta.FreePages, meta.Draining = 7, true
+	start := time.Now()
+	if err := src.UpdateMeta(meta); err != nil {
+		t.Fatalf("UpdateMeta: %v", err)
+	}
+	seen := func(ev Event) bool { return ev.Member.Meta.FreePages == 7 && ev.Member.Meta.Draining }
+	for _, m := range ms[:2] {
+		ev := awaitEvents(t, m, match{kind: EventUpdate, name: src.Name(), ok: seen})[0]
+		if ev.Member.Meta != src.Meta() {
+			t.Fatalf("%s sees %+v, want %+v", m.Name(), ev.Member.Meta, src.Meta())
+		}
+	}
+	t.Logf("metadata update seen by all in %s", time.Since(start))
+	for _, m := range ms[:2] {
+		for _, mem := range m.Members() {
+			if mem.Name == src.Name() && mem.Meta.FreePages != 7 {
+				t.Fatalf("%s Members shows %s with %d free pages, want 7", m.Name(), mem.Name, mem.Meta.FreePages)
+			}
+		}
+	}
+}
+
+func TestUpdateMetaRefusals(t *testing.T) {
+	m := startMember(t, DefaultLocalConfig(), testMeta())
+	before := m.Meta()
+
+	tooLong := before
+	tooLong.DataAddr = longAddr(AddrLenMax + 1)
+	otherRun := before
+	otherRun.Incarnation++
+	otherRole := before
+	otherRole.Role = RolePrefill
+	leaving := before
+	leaving.Leaving = true
+	for _, bad := range []Meta{tooLong, otherRun, otherRole, leaving} {
+		err := m.UpdateMeta(bad)
+		if !errors.Is(err, ErrMetaInvalid) {
+			t.Fatalf("UpdateMeta(%+v) = %v, want ErrMetaInvalid", bad, err)
+		}
+		if m.Meta() != before {
+			t.Fatalf("refused update changed meta to %+v", m.Meta())
+		}
+	}
+	var ae *MetaAddrError
+	if err := m.UpdateMeta(tooLong); !errors.As(err, &ae) || ae.Len != AddrLenMax+1 || ae.LenMax != AddrLenMax {
+		t.Fatalf("UpdateMeta(too long) = %v, want MetaAddrError{Len: %d, LenMax: %d}", err, AddrLenMax+1, AddrLenMax)
+	}
+	// Alone in its cluster, an update needs nobody to acknowledge it.
+	ok := before
+	ok.FreePages = 1
+	if err := m.UpdateMeta(ok); err != nil {
+		t.Fatalf("UpdateMeta alone: %v", err)
+	}
+	if got := m.Meta(); got != ok {
+		t.Fatalf("Meta() = %+v, want %+v", got, ok)
+	}
+}
+
+func TestLeaveSeenAsLeft(t *testing.T) {
+	ms, _ := startCluster(t, 4)
+	leaver := ms[3]
+	start := time.Now()
+	if err := leaver.Leave(5 * time.Second); err != nil {
+		t.Fatalf("Leave: %v", err)
+	}
+	if err := leaver.Shutdown(); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	for _, m := range ms[:3] {
+		ev := awaitEvents(t, m, match{kind: EventLeave, name: leaver.Name()})[0]
+		if ev.Member.State != StateLeft || ev.Reason != "" {
+			t.Fatalf("%s: leave event %+v", m.Name(), ev)
+		}
+	}
+	t.Logf("graceful leave seen by all in %s", time.Since(start))
+	for _, m := range ms[:3] {
+		if names := memberNames(m.Members()); len(names) != 3 || strings.Contains(strings.Join(names, " "), leaver.Name()) {
+			t.Fatalf("%s Members after leave: %v", m.Name(), names)
+		}
+	}
+	if err := leaver.Leave(time.Second); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Leave after Shutdown = %v, want ErrClosed", err)
+	}
+	for range leaver.Events() {
+		// Drain what was buffered: the channel must end closed.
+	}
+}
+
+func TestCrashDetectedAsFailed(t *testing.T) {
+	ms, _ := startCluster(t, 4)
+	victim := ms[3]
+	start := time.Now()
+	if err := victim.Shutdown(); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	for _, m := range ms[:3] {
+		ev := awaitEvents(t, m, match{kind: EventFail, name: victim.Name()})[0]
+		if ev.Member.State != StateDead {
+			t.Fatalf("%s: fail event %+v", m.Name(), ev)
+		}
+		t.Logf("%s saw the crash after %s", m.Name(), time.Since(start))
+	}
+	for _, m := range ms[:3] {
+		if names := memberNames(m.Members()); len(names) != 3 {
+			t.Fatalf("%s Members after crash: %v", m.Name(), names)
+		}
+	}
+}
+
+// A node that crashes and restarts on the same gossip port with a new
+// incarnation is a new member; its old run is reported failed as soon as the
+// new one is seen, without waiting for failure detection.
+func TestRestartIsNewMember(t *testing.T) {
+	ms, _ := startCluster(t, 3)
+	old := ms[2]
+	port := int(old.LocalAddr().Port())
+	if err := old.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	meta := testMeta()
+	meta.RemoteAddr, meta.DataAddr = old.Meta().RemoteAddr, old.Meta().DataAddr
+	cfg := DefaultLocalConfig()
+	cfg.BindPort = port
+	cfg.JoinAddrs = []string{ms[0].LocalAddr().String()}
+	start := time.Now()
+	restarted, err := Start(cfg, meta)
+	if err != nil {
+		t.Logf("port %d not free again (%v); restarting on a new port, same advertised addresses", port, err)
+		cfg.BindPort = 0
+		restarted = startMember(t, cfg, meta)
+	} else {
+		t.Cleanup(func() { _ = restarted.Shutdown() })
+	}
+	if restarted.Name() == old.Name() {
+		t.Fatalf("restart kept the name %s", old.Name())
+	}
+	for _, m := range ms[:2] {
+		evs := awaitEvents(t, m,
+			match{kind: EventJoin, name: restarted.Name()},
+			match{kind: EventFail, name: old.Name(), ok: func(ev Event) bool { return strings.Contains(ev.Reason, "superseded") }})
+		t.Logf("%s: %s joined, %s failed (%s), %s after restart", m.Name(), evs[0].Member.Name, evs[1].Member.Name, evs[1].Reason, time.Since(start))
+	}
+	for _, m := range []*Membership{ms[0], ms[1], restarted} {
+		names := memberNames(m.Members())
+		joined := strings.Join(names, " ")
+		if len(names) != 3 || !strings.Contains(joined, restarted.Name()) || strings.Contains(joined, old.Name()) {
+			t.Fatalf("%s Members after restart: %v (old %s, new %s)", m.Name(), names, old.Name(), restarted.Name())
+		}
+		if m != restarted && m.Stats().Superseded != 1 {
+			t.Fatalf("%s stats %+v, want one superseded", m.Name(), m.Stats())
+		}
+	}
+}
+
+func TestStartRefusesOversizedMeta(t *testing.T) {
+	meta := testMeta()
+	meta.RemoteAddr = longAddr(AddrLenMax + 1)
+	m, err := Start(DefaultLocalConfig(), meta)
+	if err == nil {
+		_ = m.Shutdown()
+		t.Fatal("Start accepted an address over AddrLenMax")
+	}
+	var ae *MetaAddrError
+	if !errors.As(err, &ae) || ae.Len != AddrLenMax+1 || ae.LenMax != AddrLenMax {
+		t.Fatalf("Start = %v, want MetaAddrError{Len: %d, LenMax: %d}", err, AddrLenMax+1, AddrLenMax)
+	}
+	if want := fmt.Sprintf("(%d bytes, limit %d)", AddrLenMax+1, AddrLenMax); !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q lacks the numbers %q", err, want)
+	}
+}
+
+func TestStartRefusesLeaving(t *testing.T) {
+	meta := testMeta()
+	meta.Leaving = true
+	if m, err := Start(DefaultLocalConfig(), meta); !errors.Is(err, ErrMetaInvalid) {
+		if err == nil {
+			_ = m.Shutdown()
+		}
+		t.Fatalf("Start with Leaving set = %v, want ErrMetaInvalid", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("DefaultConfig: %v", err)
+	}
+	if err := DefaultLocalConfig().Validate(); err != nil {
+		t.Fatalf("DefaultLocalConfig: %v", err)
+	}
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"no prefix", func(c *Config) { c.NamePrefix = "" }, "NamePrefix"},
+		{"prefix with space", func(c *Config) { c.NamePrefix = "a b" }, "byte 0x20 at 1"},
+		{"prefix too long", func(c *Config) { c.NamePrefix = strings.Repeat("p", 65) }, "65 bytes, want 1..64"},
+		{"bind host name", func(c *Config) { c.BindAddr = "localhost" }, `BindAddr "localhost"`},
+		{"wildcard advertise", func(c *Config) { c.AdvertiseAddr = "0.0.0.0" }, "AdvertiseAddr"},
+		{"bind port", func(c *Config) { c.BindPort = 70000 }, "BindPort (70000)"},
+		{"advertise port", func(c *Config) { c.AdvertisePort = -1 }, "AdvertisePort (-1)"},
+		{"empty join address", func(c *Config) { c.JoinAddrs = []string{"a:1", ""} }, "join address 1 is empty"},
+		{"too many joins", func(c *Config) { c.JoinAddrs = make([]string, 65) }, "65 join addresses, limit 64"},
+		{"label", func(c *Config) { c.ClusterLabel = strings.Repeat("l", 256) }, "256 bytes, limit 255"},
+		{"probe timeout", func(c *Config) { c.ProbeTimeout = 0 }, "ProbeTimeout (0s)"},
+		{"probe interval", func(c *Config) { c.ProbeInterval = c.ProbeTimeout }, "ProbeInterval (200ms) must exceed ProbeTimeout (200ms)"},
+		{"indirect", func(c *Config) { c.IndirectChecks = -1 }, "IndirectChecks (-1)"},
+		{"suspicion", func(c *Config) { c.SuspicionMult = 0 }, "SuspicionMult (0)"},
+		{"suspicion max", func(c *Config) { c.SuspicionMaxTimeoutMult = 0 }, "SuspicionMaxTimeoutMult (0)"},
+		{"gossip interval", func(c *Config) { c.GossipInterval = 0 }, "GossipInterval (0s)"},
+		{"gossip nodes", func(c *Config) { c.GossipNodes = 0 }, "GossipNodes (0)"},
+		{"push pull", func(c *Config) { c.PushPullInterval = -time.Second }, "PushPullInterval (-1s)"},
+		{"tcp timeout", func(c *Config) { c.TCPTimeout = 0 }, "TCPTimeout (0s)"},
+		{"update timeout", func(c *Config) { c.UpdateTimeout = 0 }, "UpdateTimeout (0s)"},
+		{"no event buffer", func(c *Config) { c.EventBufferLen = 0 }, "EventBufferLen (0) must be in 1..65536"},
+		{"huge event buffer", func(c *Config) { c.EventBufferLen = EventBufferLenMax + 1 }, "EventBufferLen (65537)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultLocalConfig()
+			tt.edit(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Validate = %v, want an error containing %q", err, tt.want)
+			}
+			if m, err := Start(c, testMeta()); err == nil {
+				_ = m.Shutdown()
+				t.Fatal("Start accepted a config Validate refuses")
+			}
+		})
+	}
+}
+
+func TestStartFailsWhenNoSeedAnswers(t *testing.T) {
+	probe := startMember(t, DefaultLocalConfig(), testMeta())
+	dead := probe.LocalAddr().String()
+	if err := probe.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultLocalConfig()
+	cfg.JoinAddrs = []string{dead}
+	cfg.TCPTimeout = time.Second
+	m, err := Start(cfg, testMeta())
+	if err == nil {
+		_ = m.Shutdown()
+		t.Fatalf("Start joined through %s, where nothing listens", dead)
+	}
+	if !strings.Contains(err.Error(), "joined 0 of 1") {
+		t.Fatalf("Start = %v, want the join counts", err)
+	}
+}
+
+// rawDelegate lets a plain memberlist join with metadata that is not ours,
+// as a foreign or corrupted peer would.
+type rawDelegate struct{ meta []byte }
+
+func (d rawDelegate) NodeMeta(int) []byte           { return d.meta }
+func (rawDelegate) NotifyMsg([]byte)                {}
+func (rawDelegate) GetBroadcasts(int, int) [][]byte { return nil }
+func (rawDelegate) LocalState(bool) []byte          { return nil }
+func (rawDelegate) MergeRemoteState([]byte, bool)   {}
+
+// logSignal is a slog handler that reports each record's message on a
+// channel without blocking.
+type logSignal chan string
+
+func (s logSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (s logSignal) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case s <- r.Message:
+	default:
+	}
+	return nil
+}
+func (s logSignal) WithAttrs([]slog.Attr) slog.Handler { return s }
+func (s logSignal) WithGroup(string) slog.Handler      { return s }
+
+func TestUndecodableMemberExcluded(t *testing.T) {
+	logs := make(logSignal, 16)
+	cfg := DefaultLocalConfig()
+	cfg.Logger = slog.New(logs)
+	m := startMember(t, cfg, testMeta())
+
+	bad := []string{"garbage", "name-mismatch"}
+	good := testMeta()
+	mismatch, err := EncodeMeta(nil, Meta{Role: good.Role, Incarnation: good.Incarnation, StartedUnixMilli: 1,
+		RemoteAddr: good.RemoteAddr, DataAddr: good.DataAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, meta := range [][]byte{[]byte("\x02not our metadata"), mismatch} {
+		rc := memberlist.DefaultLocalConfig()
+		rc.Name, rc.BindAddr, rc.BindPort, rc.AdvertisePort = bad[i], "127.0.0.1", 0, 0
+		rc.LogOutput = io.Discard
+		rc.Delegate = rawDelegate{meta: meta}
+		raw, err := memberlist.Create(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = raw.Shutdown() })
+		if _, err := raw.Join([]string{m.LocalAddr().String()}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case msg := <-logs:
+			if !strings.Contains(msg, "metadata refused") {
+				t.Fatalf("logged %q, want a refusal", msg)
+			}
+		case <-time.After(eventDeadline):
+			t.Fatalf("no refusal logged for %s", bad[i])
+		}
+	}
+	if st := m.Stats(); st.MetaRefused < 2 {
+		t.Fatalf("stats %+v, want at least 2 refusals", st)
+	}
+	// A good member still joins, and the refused ones stay out of Members.
+	jcfg := DefaultLocalConfig()
+	jcfg.JoinAddrs = []string{m.LocalAddr().String()}
+	other := startMember(t, jcfg, testMeta())
+	awaitEvents(t, m, match{kind: EventJoin, name: m.Name()}, match{kind: EventJoin, name: other.Name()})
+	if names := memberNames(m.Members()); len(names) != 2 {
+		t.Fatalf("Members = %v, want only %s and %s", names, m.Name(), other.Name())
+	}
+}
+
+// A consumer that never reads Events must not stall memberlist: events are
+// dropped and counted, and Members stays current.
+func TestFullEventsDropNotBlock(t *testing.T) {
+	cfg := DefaultLocalConfig()
+	cfg.EventBufferLen = 1
+	seed := startMember(t, cfg, testMeta()) // its own join fills the buffer
+	var others []*Membership
+	for i := 0; i < 3; i++ {
+		c := DefaultLocalConfig()
+		c.JoinAddrs = []string{seed.LocalAddr().String()}
+		others = append(others, startMember(t, c, testMeta()))
+	}
+	want := []match{{kind: EventJoin, name: seed.Name()}}
+	for _, o := range others {
+		want = append(want, match{kind: EventJoin, name: o.Name()})
+	}
+	for _, o := range others {
+		awaitEvents(t, o, want...)
+	}
+	if names := memberNames(seed.Members()); len(names) != 4 {
+		t.Fatalf("seed Members = %v, want 4", names)
+	}
+	if st := seed.Stats(); st.EventsDropped < 3 {
+		t.Fatalf("seed stats %+v, want at least the 3 joins dropped", st)
+	}
+}

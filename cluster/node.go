@@ -1,0 +1,459 @@
+package cluster
+
+import (
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// ControlName is the name of every node's control actor, which answers
+// StatusRequest and DrainRequest.
+const ControlName = "control"
+
+// NodeConfig is one cluster node: its actors, where it serves, how it
+// gossips and how it moves KV.
+type NodeConfig struct {
+	// Actors configures the node's actors, its Role first. Incarnation is
+	// drawn here when zero.
+	Actors actors.Config
+	// Listen is the host:port protoactor remote serves on; port 0 picks
+	// one.
+	Listen string
+	// DataListen is the host:port of the KV data plane, for roles that
+	// hold a pool; port 0 picks one.
+	DataListen string
+	// Gossip configures membership; its bind and join addresses say
+	// where the node gossips and whom it joins.
+	Gossip Config
+	// DataPlane configures the KV data plane; its batch limits and
+	// incarnation are set from Actors.
+	DataPlane DataPlaneConfig
+	// MetaInterval is how often the node republishes its free pages.
+	MetaInterval time.Duration
+	// DrainTimeout bounds a drain: past it, the node leaves with requests
+	// still in flight (they fail with "node lost").
+	DrainTimeout time.Duration
+	// LeaveTimeout bounds the graceful leave of the gossip cluster.
+	LeaveTimeout time.Duration
+}
+
+// DefaultLocalNodeConfig is a node of role on loopback with fast timers.
+func DefaultLocalNodeConfig(role actors.Role) NodeConfig {
+	a := actors.DefaultLocalConfig()
+	a.Role = role
+	return NodeConfig{
+		Actors:       a,
+		Listen:       "127.0.0.1:0",
+		DataListen:   "127.0.0.1:0",
+		Gossip:       DefaultLocalConfig(),
+		DataPlane:    DefaultLocalDataPlaneConfig(a.Geometry(), 1),
+		MetaInterval: 200 * time.Millisecond,
+		DrainTimeout: 30 * time.Second,
+		LeaveTimeout: 2 * time.Second,
+	}
+}
+
+// holdsPool says whether the role keeps KV pages.
+func holdsPool(r actors.Role) bool { return r != actors.RoleRouter }
+
+// Validate reports the first field out of range, with its value.
+func (c *NodeConfig) Validate() error {
+	if err := c.Actors.Validate(); err != nil {
+		return err
+	}
+	if err := c.Gossip.Validate(); err != nil {
+		return err
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"MetaInterval", c.MetaInterval}, {"DrainTimeout", c.DrainTimeout}, {"LeaveTimeout", c.LeaveTimeout}} {
+		if d.v <= 0 {
+			return fmt.Errorf("cluster: %s (%s) must be positive", d.name, d.v)
+		}
+	}
+	if holdsPool(c.Actors.Role) {
+		if err := c.dataPlane().Validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dataPlane is the data-plane configuration with the actors' batch limits
+// and incarnation, so that every node of one model frames alike.
+func (c *NodeConfig) dataPlane() DataPlaneConfig {
+	d := c.DataPlane
+	d.Batch = c.Actors.BatchLimits()
+	d.Incarnation = c.Actors.Incarnation
+	if d.Incarnation == 0 {
+		d.Incarnation = 1 // validated before the incarnation is drawn
+	}
+	return d
+}
+
+var roleOf = map[actors.Role]Role{
+	actors.RolePrefill: RolePrefill, actors.RoleDecode: RoleDecode,
+	actors.RoleRouter: RoleRouter, actors.RoleAll: RoleAll,
+}
+
+// Node is one member of a kvwarden cluster: its actors (workers, pools,
+// admission or router), its membership, its KV data plane and its control
+// actor.
+type Node struct {
+	cfg     NodeConfig
+	log     *slog.Logger
+	actors  *actors.Node
+	members *Membership
+	data    *DataPlaneServer
+	router  *actor.PID
+	rc      *routerCounters
+
+	mu       sync.Mutex
+	draining bool
+	stopped  chan struct{} // closed when the node has left after a drain
+	stopOnce sync.Once
+	downOnce sync.Once
+	bg       sync.WaitGroup
+	quit     chan struct{}
+}
+
+// StartNode validates cfg, allocates the node's pools, starts its actors,
+// data plane and membership, and joins the cluster at cfg.Gossip.JoinAddrs.
+func StartNode(cfg NodeConfig, log *slog.Logger) (*Node, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Actors.Incarnation == 0 {
+		var b [8]byte
+		if _, err := crand.Read(b[:]); err != nil {
+			return nil, err
+		}
+		cfg.Actors.Incarnation = binary.LittleEndian.Uint64(b[:]) | 1
+	}
+	n := &Node{cfg: cfg, log: log, rc: &routerCounters{}, stopped: make(chan struct{}), quit: make(chan struct{})}
+	if err := n.start(); err != nil {
+		n.shutdown()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) start() error {
+	cfg := &n.cfg
+	dp := cfg.dataPlane()
+	dp.Logger = n.log
+	opt := actors.Options{Listen: cfg.Listen, Log: n.log, Pick: n.pickPrefill,
+		Dial: func(addr string, inc uint64) (actors.FrameSender, error) { return DialDataPlane(dp, addr, inc) }}
+	var dataAddr string
+	if holdsPool(cfg.Actors.Role) && cfg.Actors.Role.Decodes() {
+		// The data plane starts before the actors so that plans can name
+		// it; its handler reaches the actors once they exist.
+		var err error
+		n.data, err = ListenDataPlane(dp, cfg.DataListen, func(b DataPlaneBatch) error {
+			return n.actors.AcceptFrames(b.Frames)
+		})
+		if err != nil {
+			return err
+		}
+		dataAddr = n.data.Addr().String()
+		opt.DataPlane = dataAddr
+	}
+	var err error
+	if n.actors, err = actors.Start(cfg.Actors, opt); err != nil {
+		return err
+	}
+	if cfg.Actors.Role == actors.RoleRouter {
+		r := &routerActor{cfg: &n.cfg.Actors, members: n.membersNow, log: n.log, counters: n.rc}
+		if n.router, err = n.actors.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return r },
+			actor.WithMailbox(actor.Bounded(cfg.Actors.MailboxMax))), actors.AdmissionName); err != nil {
+			return err
+		}
+	}
+	ctl := &controlActor{node: n}
+	if _, err = n.actors.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return ctl }), ControlName); err != nil {
+		return err
+	}
+	meta := Meta{Role: roleOf[cfg.Actors.Role], Incarnation: cfg.Actors.Incarnation, RemoteAddr: n.actors.Address(),
+		DataAddr: dataAddr}
+	meta.CapacityPages, meta.FreePages = n.pages()
+	if n.members, err = Start(cfg.Gossip, meta); err != nil {
+		return err
+	}
+	if len(cfg.Gossip.JoinAddrs) > 0 {
+		if _, err := n.members.Join(cfg.Gossip.JoinAddrs); err != nil {
+			return fmt.Errorf("cluster: join %v: %w", cfg.Gossip.JoinAddrs, err)
+		}
+	}
+	n.bg.Add(2)
+	go n.watch()
+	go n.publish()
+	return nil
+}
+
+// membersNow is the membership as of now; the router reads it per request.
+func (n *Node) membersNow() []Member { return n.members.Members() }
+
+// pickPrefill chooses the alive, non-draining prefill member with the most
+// free pages that the request has not failed on yet.
+func (n *Node) pickPrefill(exclude map[uint64]bool) (actors.PrefillPeer, bool) {
+	if n.members == nil {
+		return actors.PrefillPeer{}, false
+	}
+	for _, m := range candidates(n.members.Members(), prefills) {
+		if !exclude[m.Meta.Incarnation] {
+			return actors.PrefillPeer{PID: actor.NewPID(m.Meta.RemoteAddr, actors.PrefillName),
+				Incarnation: m.Meta.Incarnation, Pages: int(m.Meta.CapacityPages)}, true
+		}
+	}
+	return actors.PrefillPeer{}, false
+}
+
+// pages is the capacity of the node's smallest pool and the fewest free
+// pages of any of its pools: the bottleneck a router admits and balances
+// against.
+func (n *Node) pages() (capacity, free uint32) {
+	if n.actors == nil {
+		return 0, 0
+	}
+	first := true
+	for _, p := range n.actors.Pools() {
+		s, err := p.Status(n.actors.Root())
+		if err != nil {
+			continue
+		}
+		if first || uint32(s.Capacity) < capacity {
+			capacity = uint32(s.Capacity)
+		}
+		if first || uint32(s.Free) < free {
+			free = uint32(s.Free)
+		}
+		first = false
+	}
+	return capacity, free
+}
+
+// watch turns membership events into what the actors must know: a member
+// that failed or left takes its transfers and its routed requests with it.
+func (n *Node) watch() {
+	defer n.bg.Done()
+	for {
+		select {
+		case <-n.quit:
+			return
+		case e := <-n.members.Events():
+			if e.Kind != EventFail && e.Kind != EventLeave {
+				continue
+			}
+			inc := e.Member.Meta.Incarnation
+			n.log.Info("member gone", "name", e.Member.Name, "kind", e.Kind.String(), "reason", e.Reason)
+			n.actors.PeerLost(inc)
+			if n.router != nil {
+				n.actors.Root().Send(n.router, memberLost{incarnation: inc})
+			}
+		}
+	}
+}
+
+// publish republishes the node's free pages every MetaInterval, so that
+// routers balance on current figures.
+func (n *Node) publish() {
+	defer n.bg.Done()
+	t := time.NewTicker(n.cfg.MetaInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.quit:
+			return
+		case <-t.C:
+			n.updateMeta()
+		}
+	}
+}
+
+func (n *Node) updateMeta() {
+	meta := n.members.Meta()
+	meta.CapacityPages, meta.FreePages = n.pages()
+	n.mu.Lock()
+	meta.Draining = n.draining
+	n.mu.Unlock()
+	if meta != n.members.Meta() {
+		if err := n.members.UpdateMeta(meta); err != nil {
+			n.log.Warn("metadata update failed", "err", err)
+		}
+	}
+}
+
+// Address is where the node's actors serve protoactor remote.
+func (n *Node) Address() string { return n.actors.Address() }
+
+// GossipAddr is where the node gossips: what others join.
+func (n *Node) GossipAddr() string { return n.members.LocalAddr().String() }
+
+// Incarnation is this run's id.
+func (n *Node) Incarnation() uint64 { return n.cfg.Actors.Incarnation }
+
+// Actors is the node's actor layer.
+func (n *Node) Actors() *actors.Node { return n.actors }
+
+// Members is the membership as this node sees it.
+func (n *Node) Members() []Member { return n.members.Members() }
+
+// Stopped is closed when the node has drained and left.
+func (n *Node) Stopped() <-chan struct{} { return n.stopped }
+
+// Drain stops new work coming to the node (its metadata says draining,
+// so routers skip it, and its admission answers "busy"), waits until what
+// it has in flight is done or DrainTimeout passes, then leaves the cluster
+// gracefully and stops. It returns what was still in flight when it left.
+func (n *Node) Drain() (int, error) {
+	n.mu.Lock()
+	already := n.draining
+	n.draining = true
+	n.mu.Unlock()
+	if already {
+		<-n.stopped
+		return 0, nil
+	}
+	n.updateMeta()
+	deadline := time.Now().Add(n.cfg.DrainTimeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var left int
+	for {
+		inflight, err := n.actors.Drain()
+		if err != nil {
+			return 0, err
+		}
+		if left = inflight; inflight == 0 || time.Now().After(deadline) {
+			break
+		}
+		<-tick.C
+	}
+	err := n.Stop()
+	return left, err
+}
+
+// Stop leaves the cluster gracefully and stops everything, without
+// waiting for work in flight.
+func (n *Node) Stop() error {
+	var err error
+	n.stopOnce.Do(func() {
+		if n.members != nil {
+			err = n.members.Leave(n.cfg.LeaveTimeout)
+		}
+		n.shutdown()
+		close(n.stopped)
+	})
+	return err
+}
+
+// shutdown stops everything at once, without leaving: to the others it
+// looks like a crash. It runs once.
+func (n *Node) shutdown() {
+	n.downOnce.Do(n.down)
+}
+
+func (n *Node) down() {
+	close(n.quit)
+	n.bg.Wait()
+	var errs []error
+	if n.members != nil {
+		errs = append(errs, n.members.Shutdown())
+	}
+	if n.data != nil {
+		errs = append(errs, n.data.Close())
+	}
+	if n.actors != nil {
+		n.actors.Stop()
+	}
+	if err := errors.Join(errs...); err != nil {
+		n.log.Warn("shutdown", "err", err)
+	}
+}
+
+// status is the node's StatusReply: its own figures and the members it
+// sees.
+func (n *Node) status() *messages.StatusReply {
+	a, _ := n.actors.Status()
+	n.mu.Lock()
+	draining := n.draining
+	n.mu.Unlock()
+	rep := &messages.StatusReply{Node: messages.NodeStatus{
+		Name: n.members.Name(), Role: string(n.cfg.Actors.Role), Incarnation: n.Incarnation(),
+		Address: n.Address(), Draining: draining, InFlight: uint32(a.InFlight),
+		Admitted: a.Admitted + n.rc.routed.Load(), Completed: a.Completed, Failed: a.Failed + n.rc.lost.Load(),
+		RejectedTooLong: a.RejectedTooLong + n.rc.rejectedTooLong.Load(),
+		RejectedBusy:    a.RejectedBusy + n.rc.rejectedBusy.Load()}}
+	if n.data != nil {
+		rep.Node.DataPlane = n.data.Addr().String()
+	}
+	for _, p := range n.actors.Pools() {
+		if s, err := p.Status(n.actors.Root()); err == nil && len(rep.Node.Pools) < messages.PoolsMax {
+			rep.Node.Pools = append(rep.Node.Pools, messages.PoolStatus{Name: p.PID.Id, Capacity: uint32(s.Capacity), Free: uint32(s.Free)})
+		}
+	}
+	for _, m := range n.members.Members() {
+		if len(rep.Members) == messages.MembersMax {
+			break
+		}
+		rep.Members = append(rep.Members, messages.MemberStatus{Name: m.Name, Role: m.Meta.Role.String(),
+			Incarnation: m.Meta.Incarnation, Address: m.Meta.RemoteAddr, DataPlane: m.Meta.DataAddr,
+			State: m.State.String(), CapacityPages: m.Meta.CapacityPages, FreePages: m.Meta.FreePages,
+			Draining: m.Meta.Draining})
+	}
+	return rep
+}
+
+// controlActor answers operators: StatusRequest with the node's status,
+// DrainRequest by draining the node (answering at once, or when done if
+// asked to wait).
+type controlActor struct{ node *Node }
+
+func (c *controlActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *messages.StatusRequest:
+		if err := messages.Respond(ctx, c.node.status()); err != nil {
+			c.node.log.Error("status refused by its own validation", "err", err)
+		}
+	case *messages.DrainRequest:
+		inflight, err := c.node.actors.Drain()
+		if err != nil {
+			c.node.log.Error("drain", "err", err)
+		}
+		sender, root := ctx.Sender(), c.node.actors.Root()
+		go func() {
+			left, err := c.node.Drain()
+			if err != nil {
+				c.node.log.Error("drain", "err", err)
+			}
+			if m.Wait && sender != nil {
+				root.Send(sender, &messages.DrainReply{InFlight: uint32(left), Done: left == 0})
+			}
+		}()
+		if !m.Wait {
+			_ = messages.Respond(ctx, &messages.DrainReply{InFlight: uint32(inflight)})
+		}
+	}
+}
+
+// splitHostPort checks an address flag before anything listens on it.
+func splitHostPort(field, addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("cluster: %s %q: %w", field, addr, err)
+	}
+	return nil
+}
