@@ -77,7 +77,9 @@ type Config struct {
 	// token; past it the request fails and its pages are released.
 	RequestTimeout time.Duration
 	// PrefillTimeout bounds one transfer attempt, from the plan to the
-	// prefill peer's TransferDone; past it the peer is taken for lost.
+	// prefill peer's TransferDone, queueing there included; past it the
+	// peer is taken for lost. Membership reports a dead peer sooner; this
+	// is the backstop for a plan or an answer lost on the way.
 	PrefillTimeout time.Duration
 	// ReserveWait is how long a request waits for pages when a pool is
 	// exhausted before it fails with "busy"; ReserveRetry is the pause
@@ -113,7 +115,7 @@ func DefaultConfig() Config {
 		MailboxMax:            1024,
 		CallTimeout:           5 * time.Second,
 		RequestTimeout:        2 * time.Minute,
-		PrefillTimeout:        30 * time.Second,
+		PrefillTimeout:        60 * time.Second,
 		ReserveWait:           10 * time.Second,
 		ReserveRetry:          20 * time.Millisecond,
 		ReclaimAfter:          30 * time.Second,
@@ -131,7 +133,7 @@ func DefaultLocalConfig() Config {
 	c.MaxTokensMax = 256
 	c.QueueMax = 64
 	c.RequestTimeout = 30 * time.Second
-	c.PrefillTimeout = 10 * time.Second
+	c.PrefillTimeout = 20 * time.Second
 	c.ReserveWait = 2 * time.Second
 	c.ReclaimAfter = 2 * time.Second
 	return c

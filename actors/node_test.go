@@ -14,12 +14,19 @@ import (
 	"github.com/kvwarden/kvwarden/messages"
 )
 
+// testConfig is small, with room in the decode pool for every request of
+// the concurrent test at once, and timeouts generous enough for a loaded
+// machine and the race detector's slowdown: these tests check answers, not
+// speed.
 func testConfig() Config {
 	c := DefaultLocalConfig()
 	c.PrefillPages = 64
-	c.DecodePages = 96
+	c.DecodePages = 320
 	c.ContextTokens = 512
 	c.MaxTokensMax = 64
+	c.RequestTimeout = 3 * time.Minute
+	c.PrefillTimeout = 2 * time.Minute
+	c.ReserveWait = 30 * time.Second
 	return c
 }
 
