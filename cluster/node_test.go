@@ -9,6 +9,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/messages"
 )
 
 func startClusterNode(t testing.TB, role actors.Role, join ...string) *Node {
@@ -177,6 +179,49 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 				if s, err := p.Status(n.Actors().Root()); err != nil || s.Free != s.Capacity {
 					return false
 				}
+			}
+		}
+		return true
+	})
+}
+
+// TestDecodeLostFailsCleanly kills (no graceful leave) the decode node
+// while its request's KV is in transfer: the router answers the client
+// "node lost", never a partial or wrong answer, and the prefill node's pool
+// is entirely free again (pages sent and never acknowledged go at their
+// reclaim deadline).
+func TestDecodeLostFailsCleanly(t *testing.T) {
+	p := startClusterNode(t, actors.RolePrefill)
+	d := startClusterNode(t, actors.RoleDecode, p.GossipAddr())
+	r := startClusterNode(t, actors.RoleRouter, p.GossipAddr())
+	for _, n := range []*Node{p, d, r} {
+		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 })
+	}
+	c, err := client.Dial(r.Address(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Generate(context.Background(), "acme", strings.Repeat("a long prompt in transfer. ", 16)[:400],
+			client.GenerateOptions{MaxTokens: 64}, nil)
+		done <- err
+	}()
+	waitFor(t, "the prefill node takes the plan", 10*time.Second, func() bool {
+		n, err := p.Actors().InFlight()
+		return err == nil && n > 0
+	})
+	d.shutdown()
+	err = <-done
+	var we *messages.WireError
+	if !errors.As(err, &we) || we.Code != messages.CodeNodeLost {
+		t.Fatalf("request on a dead decode node: %v, want node_lost", err)
+	}
+	waitFor(t, "prefill pool free after the reclaim deadline", 15*time.Second, func() bool {
+		for _, pool := range p.Actors().Pools() {
+			if s, err := pool.Status(p.Actors().Root()); err != nil || s.Free != s.Capacity {
+				return false
 			}
 		}
 		return true

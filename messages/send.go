@@ -86,21 +86,36 @@ func RemoteOptions() []remote.ConfigOption {
 	}
 }
 
+// RemoteShutdownGrace bounds the graceful part of ShutdownRemote.
+const RemoteShutdownGrace = time.Second
+
 // ShutdownRemote shuts r down gracefully, which stops its endpoint writers
-// (closing their gRPC connections) and readers, then the gRPC server.
+// (closing their gRPC connections) and readers, then the gRPC server, and
+// forces the server down after RemoteShutdownGrace: gRPC's graceful stop
+// waits for every inbound stream to end, and the stream of a peer that died
+// without closing it ends only when upstream's own 10-second timeout fires.
 //
 // Upstream bug: when an endpoint reader's stream ends with an error rather
 // than io.EOF (typically because the peer shut down first), the reader
 // closes its disconnect channel but leaves it registered, and a later
 // graceful Shutdown panics with "send on closed channel" in
 // endpointManager.stop. By then the endpoint actors are already stopped, so
-// ShutdownRemote recovers and finishes with the non-graceful Shutdown,
-// which stops the gRPC server.
+// the panic is recovered and the non-graceful Shutdown finishes the job.
 func ShutdownRemote(r *remote.Remote) {
-	defer func() {
-		if recover() != nil {
-			r.Shutdown(false)
-		}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			if recover() != nil {
+				r.Shutdown(false)
+			}
+		}()
+		r.Shutdown(true)
 	}()
-	r.Shutdown(true)
+	select {
+	case <-done:
+	case <-time.After(RemoteShutdownGrace):
+		// The graceful goroutine ends by itself once its waits run out.
+		r.Shutdown(false)
+	}
 }
