@@ -20,8 +20,9 @@ import (
 // corrupted count or length makes the frames fail to line up with the body
 // and the batch is refused.
 const (
-	batchMagic       = "KVB1"
-	batchHeaderBytes = 16
+	batchMagic = "KVB1"
+	// BatchHeaderBytes is the length of a batch header.
+	BatchHeaderBytes = 16
 )
 
 // BatchLimits bound a batch. Both are validated by the transfer
@@ -47,23 +48,35 @@ func (l BatchLimits) Validate() error {
 	return nil
 }
 
+// AppendBatchHeader encodes the header of a batch of count frames whose
+// encoded frames take bodyBytes, for a sender that writes the frames
+// itself (AppendFrameHeader and each payload from where it lies).
+func AppendBatchHeader(dst []byte, count, bodyBytes int, lim BatchLimits) ([]byte, error) {
+	if count < 1 || count > lim.PagesMax {
+		return dst, &FrameError{Field: "batch frame count", Value: uint64(max(count, 0)), Limit: uint64(lim.PagesMax)}
+	}
+	if bodyBytes < 0 || bodyBytes > lim.BytesMax {
+		return dst, &FrameError{Field: "batch body length", Value: uint64(max(bodyBytes, 0)), Limit: uint64(lim.BytesMax)}
+	}
+	dst = append(dst, batchMagic...)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(count))
+	return binary.LittleEndian.AppendUint64(dst, uint64(bodyBytes)), nil
+}
+
 // AppendBatch encodes frames as one batch onto dst. It refuses a batch over
 // its limits instead of splitting it: the sender decides what goes together.
 func AppendBatch(dst []byte, frames []Frame, lim BatchLimits) ([]byte, error) {
-	if len(frames) < 1 || len(frames) > lim.PagesMax {
-		return dst, &FrameError{Field: "batch frame count", Value: uint64(len(frames)), Limit: uint64(lim.PagesMax)}
-	}
 	start := len(dst)
-	dst = append(dst, batchMagic...)
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(frames)))
-	dst = binary.LittleEndian.AppendUint64(dst, 0)
-	var err error
+	dst, err := AppendBatchHeader(dst, len(frames), 0, lim)
+	if err != nil {
+		return dst, err
+	}
 	for i := range frames {
 		if dst, frames[i].Checksum, err = AppendFrame(dst, &frames[i], lim.Frame); err != nil {
 			return dst[:start], err
 		}
 	}
-	body := len(dst) - start - batchHeaderBytes
+	body := len(dst) - start - BatchHeaderBytes
 	if body > lim.BytesMax {
 		return dst[:start], &FrameError{Field: "batch body length", Value: uint64(body), Limit: uint64(lim.BytesMax)}
 	}
@@ -80,8 +93,8 @@ func DecodeBatch(buf []byte, lim BatchLimits) ([]Frame, int, error) {
 	if string(buf[:n]) != batchMagic[:n] {
 		return nil, 0, &FrameError{Field: "batch magic", Value: uint64(n), Limit: uint64(len(batchMagic))}
 	}
-	if len(buf) < batchHeaderBytes {
-		return nil, 0, &FrameShortError{Need: batchHeaderBytes, Have: len(buf)}
+	if len(buf) < BatchHeaderBytes {
+		return nil, 0, &FrameShortError{Need: BatchHeaderBytes, Have: len(buf)}
 	}
 	count := binary.LittleEndian.Uint32(buf[4:])
 	body := binary.LittleEndian.Uint64(buf[8:])
@@ -91,12 +104,12 @@ func DecodeBatch(buf []byte, lim BatchLimits) ([]Frame, int, error) {
 	if body > uint64(lim.BytesMax) {
 		return nil, 0, &FrameError{Field: "batch body length", Value: body, Limit: uint64(lim.BytesMax)}
 	}
-	total := batchHeaderBytes + int(body)
+	total := BatchHeaderBytes + int(body)
 	if len(buf) < total {
 		return nil, 0, &FrameShortError{Need: total, Have: len(buf)}
 	}
 	frames := make([]Frame, 0, count)
-	rest := buf[batchHeaderBytes:total]
+	rest := buf[BatchHeaderBytes:total]
 	for range count {
 		f, used, err := DecodeFrame(rest, lim.Frame)
 		if err != nil {

@@ -95,6 +95,19 @@ func (e *FrameError) Is(target error) bool { return target == ErrRefused }
 // returns the extended slice and the checksum. It refuses a frame that its
 // own decoder would refuse, so nothing invalid leaves the sender.
 func AppendFrame(dst []byte, f *Frame, lim FrameLimits) ([]byte, uint64, error) {
+	dst, sum, err := AppendFrameHeader(dst, f, lim)
+	if err != nil {
+		return dst, 0, err
+	}
+	return append(dst, f.Payload...), sum, nil
+}
+
+// AppendFrameHeader encodes f's header, checksum included, onto dst
+// without its payload: a sender may then write f.Payload from where it
+// lies (a page) instead of copying it behind the header. The frame on the
+// wire is the header followed by the payload, exactly as AppendFrame
+// writes it.
+func AppendFrameHeader(dst []byte, f *Frame, lim FrameLimits) ([]byte, uint64, error) {
 	if err := f.Owner.Validate(); err != nil {
 		return dst, 0, err
 	}
@@ -112,12 +125,13 @@ func AppendFrame(dst []byte, f *Frame, lim FrameLimits) ([]byte, uint64, error) 
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(f.Payload)))
 	dst = binary.LittleEndian.AppendUint64(dst, 0)
 	dst = append(dst, f.Owner.Tenant...)
-	hdrEnd := len(dst)
-	dst = append(dst, f.Payload...)
-	sum := xxh3.HashSeed(dst[hdrEnd:], xxh3.Hash(dst[start:hdrEnd]))
+	sum := xxh3.HashSeed(f.Payload, xxh3.Hash(dst[start:]))
 	binary.LittleEndian.PutUint64(dst[start+frameChecksumAt:], sum)
 	return dst, sum, nil
 }
+
+// FrameBytes is the encoded length of f: header, tenant and payload.
+func FrameBytes(f *Frame) int { return frameFixedBytes + len(f.Owner.Tenant) + len(f.Payload) }
 
 func checkRange(first, tokens, payload int, lim FrameLimits) error {
 	switch {

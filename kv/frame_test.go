@@ -181,7 +181,7 @@ func TestBatch(t *testing.T) {
 	if _, _, err := DecodeBatch(b, tight); err == nil {
 		t.Fatal("batch over BytesMax decoded")
 	}
-	for bit := 0; bit < batchHeaderBytes*8; bit++ {
+	for bit := 0; bit < BatchHeaderBytes*8; bit++ {
 		c := bytes.Clone(b)
 		c[bit/8] ^= 1 << (bit % 8)
 		if _, _, err := DecodeBatch(append(c, make([]byte, 4096)...), lim); err == nil {
@@ -234,4 +234,32 @@ func FuzzDecodeBatch(f *testing.F) {
 			t.Fatalf("accepted batch does not re-encode: %v", err)
 		}
 	})
+}
+
+// TestFrameHeaderThenPayload: a header written alone, followed by the
+// payload, is the frame AppendFrame writes; and a batch header counted by
+// hand leads the same batch as AppendBatch's.
+func TestFrameHeaderThenPayload(t *testing.T) {
+	f := testFrame(3)
+	whole, sum, err := AppendFrame(nil, &f, testLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr, hsum, err := AppendFrameHeader(nil, &f, testLimits)
+	if err != nil || hsum != sum || !bytes.Equal(append(hdr, f.Payload...), whole) || FrameBytes(&f) != len(whole) {
+		t.Fatalf("header+payload differs from the whole frame (sums %x, %x; %v)", hsum, sum, err)
+	}
+	lim := BatchLimits{PagesMax: 2, BytesMax: 2 * testLimits.FrameBytesMax(), Frame: testLimits}
+	frames := []Frame{testFrame(2), testFrame(4)}
+	batch, err := AppendBatch(nil, frames, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bh, err := AppendBatchHeader(nil, 2, FrameBytes(&frames[0])+FrameBytes(&frames[1]), lim)
+	if err != nil || !bytes.Equal(bh, batch[:BatchHeaderBytes]) {
+		t.Fatalf("batch header by hand differs: %v", err)
+	}
+	if _, err := AppendBatchHeader(nil, 3, 0, lim); err == nil {
+		t.Fatal("batch header over PagesMax encoded")
+	}
 }
