@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/cluster"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
 )
@@ -60,10 +62,24 @@ type nodeConfig struct {
 	// (gpu.DefaultModelConfig) with the geometry that model has.
 
 	// Role is what the node serves: "all" (its own prefill and decode
-	// workers) is the only role until cluster mode.
+	// workers and admission), or one cluster role: "prefill", "decode" or
+	// "router" (admits and routes requests, holds no pages).
 	Role string `json:"role"`
-	// Listen is the host:port the node serves on; port 0 picks a free one.
+	// Listen is the host:port the node serves protoactor remote on (what
+	// clients and other nodes send to); port 0 picks a free one.
 	Listen string `json:"listen"`
+	// Gossip is the IP:port the node gossips membership on, UDP and TCP;
+	// port 0 picks a free one. On a loopback address the node uses fast
+	// local timers (cluster.DefaultLocalConfig), elsewhere LAN timers
+	// (cluster.DefaultConfig).
+	Gossip string `json:"gossip"`
+	// Data is the host:port of the KV data plane, on which a node that
+	// decodes receives KV pages from prefill nodes; port 0 picks a free
+	// one. Other roles ignore it.
+	Data string `json:"data"`
+	// Join are gossip addresses (host:port) of members of the cluster to
+	// join; empty starts a new cluster of one.
+	Join addrList `json:"join"`
 	// PrefillWorkers and DecodeWorkers are the GPU workers of each role, at
 	// least 1 each; PrefillPages and DecodePages the pages of each worker's
 	// pool.
@@ -82,6 +98,31 @@ type nodeConfig struct {
 	// before it is reclaimed anyway. JSON spells them as Go does: "30s".
 	RequestTimeout duration `json:"request_timeout"`
 	ReclaimAfter   duration `json:"reclaim_after"`
+	// PrefillTimeout bounds one KV transfer attempt from a prefill worker
+	// or node; past it the peer is taken for lost and the transfer retried
+	// elsewhere. DrainTimeout bounds a drain: past it the node leaves with
+	// requests still in flight.
+	PrefillTimeout duration `json:"prefill_timeout"`
+	DrainTimeout   duration `json:"drain_timeout"`
+}
+
+// addrList is a list of host:port addresses, given as one comma-separated
+// flag value or a JSON array. Set replaces the list (pflag's string slices
+// append when set twice, which would double a list re-applied over a
+// configuration file).
+type addrList []string
+
+func (l *addrList) String() string { return strings.Join(*l, ",") }
+func (l *addrList) Type() string   { return "host:port[,host:port]" }
+
+func (l *addrList) Set(s string) error {
+	*l = nil
+	for a := range strings.SplitSeq(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			*l = append(*l, a)
+		}
+	}
+	return nil
 }
 
 // duration is a time.Duration that JSON spells as Go does ("30s", "2m"),
@@ -116,6 +157,10 @@ func defaultNodeConfig() nodeConfig {
 		BatchMax:       a.BatchMax,
 		RequestTimeout: duration(a.RequestTimeout),
 		ReclaimAfter:   duration(a.ReclaimAfter),
+		PrefillTimeout: duration(a.PrefillTimeout),
+		DrainTimeout:   duration(cluster.DefaultLocalNodeConfig(actors.RoleAll).DrainTimeout),
+		Gossip:         "127.0.0.1:0",
+		Data:           "127.0.0.1:0",
 		Devices:        string(gpu.SourceAuto),
 		MemoryFraction: s.MemoryFraction,
 		WeightBytes:    s.WeightBytes,

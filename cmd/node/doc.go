@@ -8,34 +8,76 @@
 // newXCmd constructor. A subcommand's RunE goes flags → config → validate →
 // run: nodeConfig holds the settings, --config reads them from a JSON file,
 // flags given on the command line override the file, and nodeConfig.build
-// validates everything before any device is touched.
+// (preflight) or nodeConfig.clusterNode (run) validates everything before
+// any device is touched or any port is listened on.
 //
 // "node preflight" discovers the devices, sizes each KV pool and refuses the
 // node when a pool is smaller than the context window it would advertise.
 //
-// "node run" starts one node (actors.Start) with its own prefill and decode
-// workers on --listen (default 127.0.0.1:7070). Before it serves it makes
-// preflight's check for its own pools, each a configured pool of pages ×
-// page tokens: the advertised context window must fit every pool. It then
-// prints exactly one line to stdout, "serving on <address> (incarnation
-// <hex>)", logs to stderr and serves until SIGINT or SIGTERM. --role accepts
-// only "all" until cluster mode.
+// "node run" starts one node of a role (cluster.StartNode) on --listen
+// (default 127.0.0.1:7070): "all" (its own prefill and decode workers and
+// admission; with no --join it serves alone), "prefill", "decode" (admission,
+// decode workers and the KV data plane on --data) or "router" (admits and
+// routes, holds no pages). It gossips membership on --gossip, an IP:port
+// (default 127.0.0.1:0; loopback gets cluster.DefaultLocalNodeConfig's fast
+// timers, any other address the LAN timers), and joins the cluster through
+// the gossip addresses given to --join. Before it serves it makes
+// preflight's check for the pools its role holds, each a configured pool of
+// pages × page tokens: the advertised context window must fit every pool.
+// It then prints exactly one line to stdout, "serving on <address>
+// (incarnation <hex>, role <role>, gossip <address>)", logs to stderr and
+// serves until SIGINT or SIGTERM (it leaves the cluster gracefully and
+// exits 0) or until it has been drained and has left (exit 0).
+//
+// "node up" starts a local cluster on loopback as child processes of the
+// same binary (os.Executable): a router on --listen gossiping at
+// --gossip-base-port, then --prefill prefill and --decode decode nodes on
+// free ports that join through it. Arguments after "--" go to every node
+// run. Each child's stderr goes to <name>.log in --log-dir (a new temporary
+// directory unless given), which up prints; up reads each child's
+// readiness line, waits until every node sees every other alive, prints a
+// table of the nodes, and on SIGINT or SIGTERM stops them (router first;
+// SIGTERM, then SIGKILL after --stop-timeout) and exits 0. A prefill or
+// decode node that exits 0 (drained) leaves the rest serving; the router
+// exiting, or any node failing, stops the others and exits 1 with the end
+// of that node's log. Children run in their own process group and, on
+// Linux, die with up (Pdeathsig).
+//
+// "node status" asks a node's control actor (cluster.ControlName) for its
+// StatusReply and prints the node, its pools and the members it sees alive
+// (--json: the reply as JSON). "node drain" asks a node to drain; with
+// --wait it watches the node until it has left. Both talk through
+// controlClient, an actor system with its own protoactor remote endpoint
+// on the local address that reaches the node, since nodes answer by
+// sending to the requester's address.
 //
 // "node generate" sends one prompt to a node (client.Dial) and prints the
 // text as the tokens arrive, then a summary to stderr.
 //
+// Known limits of the cluster these commands drive, as of this writing: a
+// DrainRequest with Wait is answered after the node has stopped its remote
+// endpoint, so that answer is lost; drain --wait therefore asks without
+// Wait and watches the node instead. A request a router sends to a decode
+// node that began draining before the router heard of it is refused as
+// busy rather than rerouted.
+//
 // Exit codes: 0 success, 1 the command ran and failed (preflight refused
 // the node, discovery failed, the node refused a request), 2 usage error
 // (flags, arguments, configuration), 70 an actor broke an invariant and the
-// node stopped, 130 Ctrl-C interrupted a request. An error that decides its
-// own code implements exitCoder; any other error is 1.
+// node stopped, 130 Ctrl-C interrupted a request. "node up" exits 1 when a
+// node fails; status and drain exit 1 when the node cannot be reached. An
+// error that decides its own code implements exitCoder; any other error
+// is 1.
 //
 // # Concurrency and ownership
 //
 // One command runs per process, on the main goroutine. run takes its
 // arguments and output writers as parameters so tests can call it in
 // process. "node run" owns its Node from start to stop: the main goroutine
-// waits for a signal or an invariant failure and then stops it. "node
-// generate" receives tokens on the client's goroutine; tokenPrinter
-// serializes them with the final newline.
+// waits for a signal, the end of a drain or an invariant failure and then
+// stops it. "node up" owns its children: one goroutine per child reads its
+// readiness line and one waits for its exit; the main goroutine alone
+// starts, watches and stops them, and every child has exited when up
+// returns. "node generate" receives tokens on the client's goroutine;
+// tokenPrinter serializes them with the final newline.
 package main

@@ -23,7 +23,7 @@ const (
 type exitCoder interface{ exitCode() int }
 
 // subcommands builds each subcommand; every one lives in its own file.
-var subcommands = []func() *cobra.Command{newPreflightCmd, newRunCmd, newGenerateCmd}
+var subcommands = []func() *cobra.Command{newPreflightCmd, newRunCmd, newGenerateCmd, newUpCmd, newStatusCmd, newDrainCmd}
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/cluster"
 	"github.com/kvwarden/kvwarden/gpu"
 )
 
@@ -25,16 +25,15 @@ import (
 const defaultEndpoint = "127.0.0.1:7070"
 
 // roleAll is a node that runs its own prefill and decode workers and admits
-// requests itself: the only role until cluster mode.
+// requests itself: with no --join it serves alone.
 const roleAll = "all"
 
-// clusterRoles are the roles of a cluster node, refused until cluster mode
-// exists rather than silently served as "all".
-var clusterRoles = []string{"prefill", "decode", "router"}
-
 // stopTimeout bounds how long the node may take to stop; past it the
-// process exits anyway, since an exit also stops it.
-const stopTimeout = 10 * time.Second
+// process exits anyway, since an exit also stops it. A graceful stop is a
+// gossip leave (cluster.NodeConfig.LeaveTimeout) and protoactor's graceful
+// remote shutdown, which alone waits up to 10 s for endpoint writers still
+// retrying connections to peers that have gone.
+const stopTimeout = 30 * time.Second
 
 func newRunCmd() *cobra.Command {
 	cfg := defaultNodeConfig()
@@ -43,27 +42,41 @@ func newRunCmd() *cobra.Command {
 	logLevel := slog.LevelInfo
 	cmd := &cobra.Command{
 		Use:   "run",
-		Short: "Serve generation on this node's own prefill and decode workers",
-		Long: `run starts one node: its prefill and decode workers, each with its own KV pool,
-and the admission actor, reachable at --listen. Before it serves it checks that
-the context window it advertises fits every pool (the check preflight makes for
-devices) and refuses to start otherwise. When it serves it prints one line to
-stdout, "serving on <address> (incarnation <hex>)", then logs to stderr until
-SIGINT or SIGTERM, upon which it stops the node and exits 0.
+		Short: "Serve one node: alone (--role all) or as a member of a cluster",
+		Long: `run starts one node of the role --role and serves it on --listen:
 
-Exit codes: 0 stopped by a signal, 1 refused or failed to start, 2 usage
-error, 70 an actor broke an invariant (the node must not serve on).`,
+  all      its own prefill and decode workers, each with its own KV pool, and
+           the admission actor; with no --join it serves alone.
+  prefill  prefill workers: computes prompts' KV and sends it to decode nodes.
+  decode   decode workers and admission: takes requests (from a router or a
+           client), has a prefill node compute the prompt's KV, receives it
+           on its data plane (--data) and generates.
+  router   no workers and no pages: admits client requests and routes each
+           to the decode and prefill nodes with the most free pages.
+
+Every node gossips membership on --gossip and joins the cluster through any
+member's gossip address given to --join. Before it serves it checks that the
+context window it advertises fits every pool its role holds (the check
+preflight makes for devices) and refuses to start otherwise. When it serves
+it prints one line to stdout,
+"serving on <address> (incarnation <hex>, role <role>, gossip <address>)",
+then logs to stderr. On SIGINT or SIGTERM it leaves the cluster gracefully,
+stops and exits 0; when it is drained ("node drain") it finishes its
+requests, leaves and exits 0.
+
+Exit codes: 0 stopped by a signal or drained, 1 refused or failed to start, 2
+usage error, 70 an actor broke an invariant (the node must not serve on).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cfg.load(cmd.Flags(), *configPath); err != nil {
 				return usageError{err}
 			}
-			ac, err := cfg.serving()
+			nc, err := cfg.clusterNode()
 			if err != nil {
 				return usageError{err}
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: logLevel}))
-			if err := preflightPools(log, ac); err != nil {
+			if err := preflightPools(log, nc.Actors); err != nil {
 				return err
 			}
 			// Registered before the node starts, so that a signal that
@@ -71,7 +84,7 @@ error, 70 an actor broke an invariant (the node must not serve on).`,
 			signals := make(chan os.Signal, 1)
 			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(signals)
-			return serve(cmd.OutOrStdout(), log, ac, cfg.Listen, signals)
+			return serve(cmd.OutOrStdout(), log, nc, signals)
 		},
 	}
 	configPath = configFlag(cmd)
@@ -83,8 +96,11 @@ error, 70 an actor broke an invariant (the node must not serve on).`,
 // bindServeFlags registers the flags of "node run", defaulting to c's
 // values.
 func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Role, "role", c.Role, "what the node serves: all (its own prefill and decode workers); prefill, decode and router come with cluster mode")
+	fs.StringVar(&c.Role, "role", c.Role, "what the node serves: all (its own prefill and decode workers), prefill, decode or router")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "host:port to serve on (port 0 picks a free port)")
+	fs.StringVar(&c.Gossip, "gossip", c.Gossip, "IP:port to gossip membership on, UDP and TCP (port 0 picks a free port; loopback uses fast local timers)")
+	fs.StringVar(&c.Data, "data", c.Data, "host:port of the KV data plane of a node that decodes (port 0 picks a free port)")
+	fs.Var(&c.Join, "join", "gossip addresses of cluster members to join, comma-separated (none: start a new cluster)")
 	fs.Int64Var(&c.ContextTokens, "context-tokens", c.ContextTokens, "context window the node advertises, in tokens: prompt plus generated tokens")
 	fs.IntVar(&c.PageTokens, "page-tokens", c.PageTokens, "tokens per KV page")
 	fs.IntVar(&c.PrefillWorkers, "prefill-workers", c.PrefillWorkers, "prefill workers, each with its own pool")
@@ -96,6 +112,8 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.BatchMax, "batch-max", c.BatchMax, "most decode sequences a worker steps at once")
 	fs.DurationVar((*time.Duration)(&c.RequestTimeout), "request-timeout", time.Duration(c.RequestTimeout), "bound on one request from admission to its last token")
 	fs.DurationVar((*time.Duration)(&c.ReclaimAfter), "reclaim-after", time.Duration(c.ReclaimAfter), "how long a released page waits for its lease holders before it is reclaimed anyway")
+	fs.DurationVar((*time.Duration)(&c.PrefillTimeout), "prefill-timeout", time.Duration(c.PrefillTimeout), "bound on one KV transfer from a prefill worker; past it the transfer is retried elsewhere")
+	fs.DurationVar((*time.Duration)(&c.DrainTimeout), "drain-timeout", time.Duration(c.DrainTimeout), "bound on a drain; past it the node leaves with requests still in flight")
 }
 
 // serving validates c's serving settings and turns them into the actors
@@ -103,12 +121,14 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 // actors.DefaultConfig's values.
 func (c nodeConfig) serving() (actors.Config, error) {
 	a := actors.DefaultConfig()
-	if err := checkRole(c.Role); err != nil {
+	role, err := actors.ParseRole(c.Role)
+	if err != nil {
+		return a, fmt.Errorf("--role %q is not a role: want all, prefill, decode or router", c.Role)
+	}
+	if err := checkListen("--listen", c.Listen); err != nil {
 		return a, err
 	}
-	if err := checkListen(c.Listen); err != nil {
-		return a, err
-	}
+	a.Role = role
 	a.PageTokens = c.PageTokens
 	// Capped so that the conversion cannot wrap where int is 32 bits; a
 	// window that large exceeds every model's and is refused by Validate.
@@ -117,29 +137,69 @@ func (c nodeConfig) serving() (actors.Config, error) {
 	a.PrefillPages, a.DecodePages = c.PrefillPages, c.DecodePages
 	a.MaxTokensMax, a.QueueMax, a.BatchMax = c.MaxTokensMax, c.QueueMax, c.BatchMax
 	a.RequestTimeout, a.ReclaimAfter = time.Duration(c.RequestTimeout), time.Duration(c.ReclaimAfter)
+	a.PrefillTimeout = time.Duration(c.PrefillTimeout)
 	return a, a.Validate()
 }
 
-func checkRole(role string) error {
-	if role == roleAll {
-		return nil
+// clusterNode validates c and turns it into the cluster package's node
+// configuration. A node gossiping on loopback is one of a local cluster
+// and gets cluster.DefaultLocalNodeConfig's fast timers, so that a lost
+// member is noticed in seconds; any other address gets the LAN timers of
+// cluster.DefaultConfig and cluster.DefaultDataPlaneConfig.
+func (c nodeConfig) clusterNode() (cluster.NodeConfig, error) {
+	a, err := c.serving()
+	if err != nil {
+		return cluster.NodeConfig{}, err
 	}
-	if slices.Contains(clusterRoles, role) {
-		return fmt.Errorf("--role %s is a cluster role and cluster mode is not available yet; "+
-			"use --role all (this node's own prefill and decode workers)", role)
+	host, port, err := splitIPPort("--gossip", c.Gossip)
+	if err != nil {
+		return cluster.NodeConfig{}, err
 	}
-	return fmt.Errorf("--role %q is not a role: want all (prefill, decode and router come with cluster mode)", role)
+	if err := checkListen("--data", c.Data); err != nil {
+		return cluster.NodeConfig{}, err
+	}
+	for _, j := range c.Join {
+		if err := checkListen("--join", j); err != nil {
+			return cluster.NodeConfig{}, err
+		}
+	}
+	nc := cluster.DefaultLocalNodeConfig(a.Role)
+	if !host.IsLoopback() {
+		nc.Gossip = cluster.DefaultConfig()
+		nc.DataPlane = cluster.DefaultDataPlaneConfig(a.Geometry(), 1)
+	}
+	nc.Actors = a
+	nc.Listen, nc.DataListen = c.Listen, c.Data
+	nc.Gossip.BindAddr, nc.Gossip.BindPort = host.String(), port
+	nc.Gossip.JoinAddrs = c.Join
+	nc.DrainTimeout = time.Duration(c.DrainTimeout)
+	return nc, nc.Validate()
+}
+
+// splitIPPort reads an IP:port flag: gossip binds an IP address, not a
+// name.
+func splitIPPort(flag, addr string) (net.IP, int, error) {
+	if err := checkListen(flag, addr); err != nil {
+		return nil, 0, err
+	}
+	h, p, _ := net.SplitHostPort(addr)
+	ip := net.ParseIP(h)
+	if ip == nil {
+		return nil, 0, fmt.Errorf("%s %q: %q is not an IP address", flag, addr, h)
+	}
+	port, _ := strconv.Atoi(p)
+	return ip, port, nil
 }
 
 // checkListen refuses a malformed address before anything starts; whether
 // it can be listened on is found out by starting.
-func checkListen(listen string) error {
-	_, port, err := net.SplitHostPort(listen)
+func checkListen(flag, addr string) error {
+	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("--listen %q: %w", listen, err)
+		return fmt.Errorf("%s %q: %w", flag, addr, err)
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-		return fmt.Errorf("--listen %q: port %q must be 0 to 65535", listen, port)
+		return fmt.Errorf("%s %q: port %q must be 0 to 65535", flag, addr, port)
 	}
 	return nil
 }
@@ -151,14 +211,18 @@ func checkListen(listen string) error {
 func preflightPools(log *slog.Logger, cfg actors.Config) error {
 	for _, p := range []struct {
 		role      string
+		holds     bool
 		workers   int
 		pages     int
 		pagesFlag string
 		what      string
 	}{
-		{"prefill", cfg.PrefillWorkers, cfg.PrefillPages, "--prefill-pages", "each prefill worker's pool"},
-		{"decode", cfg.DecodeWorkers, cfg.DecodePages, "--decode-pages", "each decode worker's pool"},
+		{"prefill", cfg.Role.Prefills(), cfg.PrefillWorkers, cfg.PrefillPages, "--prefill-pages", "each prefill worker's pool"},
+		{"decode", cfg.Role.Decodes(), cfg.DecodeWorkers, cfg.DecodePages, "--decode-pages", "each decode worker's pool"},
 	} {
+		if !p.holds {
+			continue // a role without these workers has no such pool
+		}
 		pc := gpu.PreflightConfig{ContextTokens: int64(cfg.ContextTokens), Sizing: gpu.SizingConfig{
 			Geometry: cfg.Geometry(), MemoryFraction: 1, KVPoolTokens: int64(p.pages) * int64(cfg.PageTokens)}}
 		r := gpu.Preflight(gpu.CPUDevice(0), pc)
@@ -192,33 +256,45 @@ func (e *poolTooSmallError) Error() string {
 func (e *poolTooSmallError) Unwrap() error { return e.Err }
 
 // serve starts the node, prints the readiness line and waits.
-func serve(stdout io.Writer, log *slog.Logger, cfg actors.Config, listen string, signals <-chan os.Signal) error {
-	n, err := actors.Start(cfg, actors.Options{Listen: listen, Log: log})
+func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, signals <-chan os.Signal) error {
+	n, err := cluster.StartNode(cfg, log)
 	if err != nil {
-		return fmt.Errorf("run: starting the node on %s: %w", listen, err)
+		return fmt.Errorf("run: starting the %s node on %s (gossip %s): %w", cfg.Actors.Role, cfg.Listen,
+			net.JoinHostPort(cfg.Gossip.BindAddr, strconv.Itoa(cfg.Gossip.BindPort)), err)
 	}
-	fmt.Fprintf(stdout, "serving on %s (incarnation %016x)\n", n.Address(), n.Config().Incarnation)
-	log.Info("serving", "address", n.Address(), "context_tokens", cfg.ContextTokens, "page_tokens", cfg.PageTokens,
-		"prefill_workers", cfg.PrefillWorkers, "decode_workers", cfg.DecodeWorkers, "queue_max", cfg.QueueMax)
-	return wait(log, n, signals, n.Fatal())
+	fmt.Fprintf(stdout, "serving on %s (incarnation %016x, role %s, gossip %s)\n", n.Address(), n.Incarnation(),
+		cfg.Actors.Role, n.GossipAddr())
+	a := cfg.Actors
+	log.Info("serving", "address", n.Address(), "role", a.Role, "gossip", n.GossipAddr(), "join", cfg.Gossip.JoinAddrs,
+		"context_tokens", a.ContextTokens, "page_tokens", a.PageTokens, "prefill_workers", a.PrefillWorkers,
+		"decode_workers", a.DecodeWorkers, "queue_max", a.QueueMax)
+	return wait(log, n, signals, n.Actors().Fatal(), n.Stopped())
 }
 
-// wait serves until a signal (stop the node, nil) or a broken invariant
-// (stop the node, invariantError) arrives. fatal is n.Fatal(), a parameter
-// so that a test can deliver an invariant failure.
-func wait(log *slog.Logger, n *actors.Node, signals <-chan os.Signal, fatal <-chan *actors.InvariantError) error {
+// stopper is what wait stops: a *cluster.Node, or a stand-in in tests.
+type stopper interface{ Stop() error }
+
+// wait serves until a signal (leave the cluster and stop, nil), the end of
+// a drain (the node has left and stopped, nil) or a broken invariant (stop,
+// invariantError) arrives. fatal and drained are n.Actors().Fatal() and
+// n.Stopped(), parameters so that a test can deliver them.
+func wait(log *slog.Logger, n stopper, signals <-chan os.Signal, fatal <-chan *actors.InvariantError,
+	drained <-chan struct{}) error {
 	select {
 	case sig := <-signals:
 		log.Info("stopping the node", "signal", sig.String())
-		if err := stopWithin(n, stopTimeout); err != nil {
+		if err := stopWithin(log, n, stopTimeout); err != nil {
 			return err
 		}
 		log.Info("node stopped")
 		return nil
+	case <-drained:
+		log.Info("node drained, left the cluster and stopped")
+		return nil
 	case e := <-fatal:
 		log.Error("an actor broke an invariant; the node must not serve on", "actor", e.Actor,
 			"reason", fmt.Sprint(e.Reason), "message", e.Message)
-		if err := stopWithin(n, stopTimeout); err != nil {
+		if err := stopWithin(log, n, stopTimeout); err != nil {
 			log.Error("stopping after the invariant failure", "err", err)
 		}
 		return invariantError{e}
@@ -226,15 +302,17 @@ func wait(log *slog.Logger, n *actors.Node, signals <-chan os.Signal, fatal <-ch
 }
 
 // stopWithin stops n, or gives up after d: exiting the process stops the
-// node as well, so a stuck shutdown must not keep it alive.
-func stopWithin(n *actors.Node, d time.Duration) error {
-	done := make(chan struct{})
-	go func() {
-		n.Stop()
-		close(done)
-	}()
+// node as well, so a stuck shutdown must not keep it alive. A graceful
+// leave that fails is logged, not returned: the node has stopped all the
+// same, and the others notice it gone by gossip.
+func stopWithin(log *slog.Logger, n stopper, d time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- n.Stop() }()
 	select {
-	case <-done:
+	case err := <-done:
+		if err != nil {
+			log.Warn("leaving the cluster", "err", err)
+		}
 		return nil
 	case <-time.After(d):
 		return fmt.Errorf("run: the node did not stop within %s", d)

@@ -162,7 +162,9 @@ func (p *process) exitCode(t *testing.T, d time.Duration) int {
 	return 0
 }
 
-var readyLine = regexp.MustCompile(`^serving on (\S+) \(incarnation [0-9a-f]{16}\)$`)
+// readyLine is the readiness line of node run; the same as readinessLine
+// but written out here, so that a change to the format fails a test.
+var readyLine = regexp.MustCompile(`^serving on (\S+) \(incarnation ([0-9a-f]{16}), role (\w+), gossip (\S+)\)$`)
 
 // startNode runs "node run" on a free port and returns the process and the
 // address from its readiness line.
@@ -211,15 +213,9 @@ func runBinary(t *testing.T, stdin string, args ...string) (int, string, string)
 // tokens, cut after EOS as the node cuts them, as text.
 func referenceText(t *testing.T, cfg actors.Config, prompt string, maxTokens int) (string, int) {
 	t.Helper()
-	want, err := gpu.Reference(cfg.Model, gpu.ByteTokenizer{}.Encode(prompt), maxTokens)
+	want, err := gpu.Answer(cfg.Model, prompt, maxTokens)
 	if err != nil {
 		t.Fatal(err)
-	}
-	for i, tok := range want {
-		if tok == gpu.EOS {
-			want = want[:i+1]
-			break
-		}
 	}
 	return gpu.ByteTokenizer{}.Decode(want), len(want)
 }
@@ -351,13 +347,6 @@ func TestBinaryGenerateInterrupted(t *testing.T) {
 	}
 }
 
-func TestBinaryRunClusterRoleExitsTwo(t *testing.T) {
-	code, stdout, stderr := runBinary(t, "", "run", "--listen", "127.0.0.1:0", "--role", "prefill")
-	if code != exitUsage || stdout != "" || !strings.Contains(stderr, "cluster") {
-		t.Fatalf("exit %d, want %d; stdout %q; stderr:\n%s", code, exitUsage, stdout, stderr)
-	}
-}
-
 func TestRunRefusals(t *testing.T) {
 	tests := []struct {
 		name string
@@ -365,10 +354,19 @@ func TestRunRefusals(t *testing.T) {
 		exit int
 		want []string
 	}{
-		{"prefill role", []string{"--role", "prefill"}, exitUsage, []string{"--role prefill is a cluster role"}},
-		{"decode role", []string{"--role", "decode"}, exitUsage, []string{"--role decode is a cluster role"}},
-		{"router role", []string{"--role", "router"}, exitUsage, []string{"--role router is a cluster role"}},
 		{"unknown role", []string{"--role", "leader"}, exitUsage, []string{`--role "leader" is not a role`}},
+		{"gossip name", []string{"--gossip", "localhost:0"}, exitUsage, []string{`--gossip "localhost:0": "localhost" is not an IP address`}},
+		{"gossip port", []string{"--gossip", "127.0.0.1"}, exitUsage, []string{`--gossip "127.0.0.1"`}},
+		{"data", []string{"--data", "127.0.0.1:99999"}, exitUsage, []string{`--data "127.0.0.1:99999": port "99999" must be 0 to 65535`}},
+		{"join", []string{"--join", "127.0.0.1:7946,nowhere"}, exitUsage, []string{`--join "nowhere"`}},
+		{"drain timeout", []string{"--drain-timeout", "0s"}, exitUsage, []string{"DrainTimeout (0s) must be positive"}},
+		{"prefill timeout", []string{"--prefill-timeout", "0s"}, exitUsage, []string{"PrefillTimeout (0s) must be positive"}},
+		// Only the pools the role holds are checked: a decode node with a
+		// small prefill pool is fine, a prefill node with one is not.
+		{"prefill node pool", []string{"--role", "prefill", "--prefill-pages", "64", "--decode-pages", "1"}, exitFailed,
+			[]string{"prefill worker's pool holds 1024 tokens"}},
+		{"decode node pool", []string{"--role", "decode", "--decode-pages", "64", "--prefill-pages", "1"}, exitFailed,
+			[]string{"decode worker's pool holds 1024 tokens"}},
 		{"model context", []string{"--context-tokens", "4096"}, exitUsage, []string{"ContextTokens (4096) exceeds the model's context (2048)"}},
 		{"no workers", []string{"--decode-workers", "0"}, exitUsage, []string{"DecodeWorkers (0) must be at least 1"}},
 		{"timeout", []string{"--request-timeout", "0s"}, exitUsage, []string{"RequestTimeout (0s) must be positive"}},
@@ -427,10 +425,16 @@ func TestRunConfigFile(t *testing.T) {
 	if code != exitUsage || !strings.Contains(out, `want a string such as "30s"`) {
 		t.Fatalf("numeric duration: exit %d; output:\n%s", code, out)
 	}
-	write(`{"role": "router"}`)
+	write(`{"role": "leader", "join": ["127.0.0.1:7946"]}`)
 	code, out = runNode("run", "--config", path)
-	if code != exitUsage || !strings.Contains(out, "--role router is a cluster role") {
+	if code != exitUsage || !strings.Contains(out, `--role "leader" is not a role`) {
 		t.Fatalf("role from the file: exit %d; output:\n%s", code, out)
+	}
+	// A list flag replaces the file's list rather than adding to it.
+	write(`{"join": ["127.0.0.1:7946", "nowhere"]}`)
+	code, out = runNode("run", "--config", path, "--join", "127.0.0.1:1,elsewhere")
+	if code != exitUsage || !strings.Contains(out, `--join "elsewhere"`) {
+		t.Fatalf("join from the flag: exit %d; output:\n%s", code, out)
 	}
 }
 
@@ -483,7 +487,7 @@ func TestInvariantFailureExitsSeventy(t *testing.T) {
 	var log syncBuffer
 	fatal := make(chan *actors.InvariantError, 1)
 	fatal <- &actors.InvariantError{Actor: "nonhost/decode-0/pool", Reason: "page 7 has two owners", Message: "*actors.Grant"}
-	err = wait(slog.New(slog.NewTextHandler(&log, nil)), n, make(chan os.Signal), fatal)
+	err = wait(slog.New(slog.NewTextHandler(&log, nil)), actorsOnly{n}, make(chan os.Signal), fatal, nil)
 	var coded exitCoder
 	if !errors.As(err, &coded) || coded.exitCode() != exitInvariant || !strings.Contains(err.Error(), "page 7 has two owners") {
 		t.Fatalf("error %v, want one that exits %d", err, exitInvariant)
@@ -492,3 +496,31 @@ func TestInvariantFailureExitsSeventy(t *testing.T) {
 		t.Errorf("the failure was not logged:\n%s", log.String())
 	}
 }
+
+// actorsOnly is a node of actors without a cluster, stopped as wait stops a
+// cluster node.
+type actorsOnly struct{ *actors.Node }
+
+func (a actorsOnly) Stop() error {
+	a.Node.Stop()
+	return nil
+}
+
+// TestDrainedExitsZero: a node whose drain has ended (it left the cluster
+// and stopped) makes wait return nil, so run exits 0.
+func TestDrainedExitsZero(t *testing.T) {
+	var log syncBuffer
+	drained := make(chan struct{})
+	close(drained)
+	err := wait(slog.New(slog.NewTextHandler(&log, nil)), stopFunc(func() error {
+		t.Error("a drained node was stopped again")
+		return nil
+	}), make(chan os.Signal), nil, drained)
+	if err != nil || !strings.Contains(log.String(), "drained") {
+		t.Fatalf("error %v, want nil and the drain logged:\n%s", err, log.String())
+	}
+}
+
+type stopFunc func() error
+
+func (f stopFunc) Stop() error { return f() }

@@ -1,0 +1,530 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// Bounds of the cluster tests, generous for a loaded two-core machine.
+const (
+	convergeTimeout = 30 * time.Second // every member sees every other alive
+	// reclaimTimeout bounds how long after a node's death the survivors'
+	// pools are free again: failure detection (a few seconds with the local
+	// timers), the transfer's retry or failure, and --reclaim-after.
+	reclaimTimeout = 30 * time.Second
+	pollInterval   = 20 * time.Millisecond
+)
+
+// clusterArgs are the flags every cluster node of these tests runs with.
+var clusterArgs = []string{"--reclaim-after", "2s", "--prefill-timeout", "10s", "--request-timeout", "1m"}
+
+// member is a node run process of a cluster and what its readiness line
+// said.
+type member struct {
+	*process
+	role, addr, gossip string
+	incarnation        uint64
+}
+
+// startMember runs "node run --role role" on free ports, joining join
+// unless it is empty, and waits for its readiness line.
+func startMember(t *testing.T, role, join string, extra ...string) *member {
+	t.Helper()
+	args := []string{"run", "--role", role, "--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0"}
+	if join != "" {
+		args = append(args, "--join", join)
+	}
+	p := startProcess(t, append(append(args, clusterArgs...), extra...)...)
+	select {
+	case line, ok := <-p.stdout:
+		m := readyLine.FindStringSubmatch(line)
+		if !ok || m == nil {
+			t.Fatalf("%s: first line of stdout is %q (open %v), want the readiness line; stderr:\n%s", role, line, ok, p.stderr)
+		}
+		if m[3] != role {
+			t.Fatalf("readiness line %q names role %s, want %s", line, m[3], role)
+		}
+		inc, _ := strconv.ParseUint(m[2], 16, 64)
+		return &member{process: p, role: role, addr: m[1], gossip: m[4], incarnation: inc}
+	case <-time.After(readyTimeout):
+		t.Fatalf("%s: no readiness line within %s; stderr:\n%s", role, readyTimeout, p.stderr)
+	}
+	return nil
+}
+
+// control is one control client for the whole test binary: several
+// protoactor remotes in one process race inside protoactor.
+var control struct {
+	once sync.Once
+	c    *controlClient
+	err  error
+}
+
+func testControl(t *testing.T) *controlClient {
+	t.Helper()
+	control.once.Do(func() { control.c, control.err = dialControl("127.0.0.1") })
+	if control.err != nil {
+		t.Fatal(control.err)
+	}
+	return control.c
+}
+
+// statusOf asks the node on addr for its status.
+func statusOf(t *testing.T, addr string) (*messages.StatusReply, error) {
+	t.Helper()
+	return testControl(t).status(addr, statusPollTimeout)
+}
+
+// waitFor polls cond until it holds, or fails the test after within.
+func waitFor(t *testing.T, what string, within time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s; last: %s", what, within, last)
+		}
+		<-tick.C
+	}
+}
+
+// waitConverged waits until every member sees exactly the members given,
+// all alive.
+func waitConverged(t *testing.T, ms ...*member) {
+	t.Helper()
+	waitFor(t, "membership converges", convergeTimeout, func() (bool, string) {
+		for _, m := range ms {
+			s, err := statusOf(t, m.addr)
+			if err != nil {
+				return false, err.Error()
+			}
+			if got := aliveIncarnations(s); !slices.Equal(got, incarnations(ms...)) {
+				return false, fmt.Sprintf("%s %s sees %x, want %x", m.role, m.addr, got, incarnations(ms...))
+			}
+		}
+		return true, ""
+	})
+}
+
+func incarnations(ms ...*member) []uint64 {
+	var out []uint64
+	for _, m := range ms {
+		out = append(out, m.incarnation)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func aliveIncarnations(s *messages.StatusReply) []uint64 {
+	var out []uint64
+	for _, m := range s.Members {
+		if m.State == messages.MemberAlive {
+			out = append(out, m.Incarnation)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// request is one generation sent through the binary and its outcome.
+type request struct {
+	tenant, prompt string
+	maxTokens      int
+	code           int
+	stdout, stderr string
+}
+
+// generateAll runs the requests concurrently through "node generate" at
+// endpoint and returns when all have exited.
+func generateAll(t *testing.T, endpoint string, reqs []*request) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, r := range reqs {
+		wg.Go(func() {
+			r.code, r.stdout, r.stderr = runBinary(t, "", "generate", "--endpoint", endpoint, "--tenant", r.tenant,
+				"--prompt", r.prompt, "--max-tokens", strconv.Itoa(r.maxTokens))
+		})
+	}
+	wg.Wait()
+}
+
+// checkReference fails the test for every request that did not print
+// exactly the reference text.
+func checkReference(t *testing.T, reqs []*request) {
+	t.Helper()
+	cfg := actors.DefaultConfig()
+	for i, r := range reqs {
+		want, _ := referenceText(t, cfg, r.prompt, r.maxTokens)
+		if r.code != exitOK {
+			t.Errorf("request %d (tenant %s, %d prompt bytes): exit %d; stderr:\n%s", i, r.tenant, len(r.prompt), r.code, r.stderr)
+		} else if r.stdout != want+"\n" {
+			t.Errorf("request %d (tenant %s, %d prompt bytes): printed %q, reference %q", i, r.tenant, len(r.prompt), r.stdout, want+"\n")
+		}
+	}
+}
+
+// mixedRequests are n requests from tenants tenants, prompts of mixed
+// lengths (up to about promptMax bytes) and mixed token counts.
+func mixedRequests(n, tenants, promptMax, maxTokens int) []*request {
+	var reqs []*request
+	for i := range n {
+		prompt := strings.Repeat(fmt.Sprintf("tenant %d asks question %d; ", i%tenants, i), promptMax/24+1)
+		prompt = prompt[:1+(i*7919)%promptMax]
+		reqs = append(reqs, &request{tenant: fmt.Sprintf("tenant-%d", i%tenants), prompt: prompt,
+			maxTokens: maxTokens/2 + (i*31)%(maxTokens/2+1)})
+	}
+	return reqs
+}
+
+// freeGossipPort is a port of 127.0.0.1 free for TCP and UDP alike, as
+// gossip needs both. It may be taken by the time it is used; the test then
+// fails to start its cluster, which says so.
+func freeGossipPort(t *testing.T) int {
+	t.Helper()
+	for range 20 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		pc, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		ln.Close()
+		if err == nil {
+			pc.Close()
+			return port
+		}
+	}
+	t.Fatal("no port of 127.0.0.1 free for both TCP and UDP in 20 tries")
+	return 0
+}
+
+func freeTCPAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+var upRow = regexp.MustCompile(`^(router|prefill-\d+|decode-\d+)\s+(router|prefill|decode)\s+(\S+)\s+(\S+)\s+([0-9a-f]{16})\s+(\d+)\s+(\S+)$`)
+
+// TestBinaryUp: node up starts a router, a prefill and a decode node as
+// child processes; node status through the router shows all three alive;
+// concurrent requests from several tenants answer the reference; SIGTERM
+// stops up and every node with it.
+func TestBinaryUp(t *testing.T) {
+	listen := freeTCPAddr(t)
+	up := startProcess(t, "up", "--listen", listen, "--gossip-base-port", strconv.Itoa(freeGossipPort(t)),
+		"--log-dir", t.TempDir(), "--", "--reclaim-after", "2s")
+	var pids []int
+	t.Cleanup(func() {
+		// Normally up has stopped them; this is for a test that failed
+		// before it could.
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	deadline := time.After(readyTimeout)
+	var out []string
+	for done := false; !done; {
+		select {
+		case line, ok := <-up.stdout:
+			if !ok {
+				t.Fatalf("up closed stdout before the cluster was up; stdout:\n%s\nstderr:\n%s", strings.Join(out, "\n"), up.stderr)
+			}
+			out = append(out, line)
+			if m := upRow.FindStringSubmatch(line); m != nil {
+				pid, _ := strconv.Atoi(m[6])
+				pids = append(pids, pid)
+			}
+			done = strings.HasPrefix(line, "stop:")
+		case <-deadline:
+			t.Fatalf("up did not print the cluster within %s; stdout:\n%s\nstderr:\n%s", readyTimeout,
+				strings.Join(out, "\n"), up.stderr)
+		}
+	}
+	if len(pids) != 3 || !strings.Contains(out[0], "router on "+listen) {
+		t.Fatalf("up printed %d nodes, want 3, and the router on %s:\n%s", len(pids), listen, strings.Join(out, "\n"))
+	}
+
+	code, stdout, stderr := runBinary(t, "", "status", "--endpoint", listen)
+	if code != exitOK {
+		t.Fatalf("status: exit %d; stderr:\n%s", code, stderr)
+	}
+	if !strings.Contains(stdout, "role router") || !strings.Contains(stdout, "\n3 members:\n") {
+		t.Errorf("status lacks the router or 3 members:\n%s", stdout)
+	}
+	for _, role := range []string{"router", "prefill", "decode"} {
+		if !regexp.MustCompile(`(?m)^kvwarden-[0-9a-f]{16}\s+` + role + `\s.*\salive\s`).MatchString(stdout) {
+			t.Errorf("status lacks an alive %s member:\n%s", role, stdout)
+		}
+	}
+
+	reqs := mixedRequests(8, 4, 300, 24)
+	generateAll(t, listen, reqs)
+	checkReference(t, reqs)
+
+	if err := up.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := up.exitCode(t, 2*exitTimeout); code != exitOK {
+		t.Fatalf("up: exit %d after SIGTERM, want 0; stderr:\n%s", code, up.stderr)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("node pid %d still exists after up exited (kill 0: %v)", pid, err)
+		}
+	}
+}
+
+// TestBinaryUpNodeFails: a node that cannot start (here its pools are
+// refused by preflight) makes up stop the others and exit 1 with the end
+// of the node's log.
+func TestBinaryUpNodeFails(t *testing.T) {
+	code, stdout, stderr := runBinary(t, "", "up", "--listen", freeTCPAddr(t), "--gossip-base-port", "0",
+		"--log-dir", t.TempDir(), "--", "--prefill-pages", "8")
+	if code != exitFailed || strings.Contains(stdout, "cluster up") {
+		t.Fatalf("exit %d, want %d and no cluster; stdout:\n%s\nstderr:\n%s", code, exitFailed, stdout, stderr)
+	}
+	for _, want := range []string{"prefill-0 exited before it served (exit status 1)", "prefill worker's pool holds 128 tokens"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+}
+
+// TestBinaryClusterDrain drains one of two decode nodes while requests run
+// on it: each of them finishes with the reference text, requests sent once
+// the router sees the drain go to the other node, the drained node exits 0
+// and the router no longer lists it.
+func TestBinaryClusterDrain(t *testing.T) {
+	router := startMember(t, "router", "")
+	prefill := startMember(t, "prefill", router.gossip)
+	decodes := []*member{startMember(t, "decode", router.gossip), startMember(t, "decode", router.gossip)}
+	waitConverged(t, router, prefill, decodes[0], decodes[1])
+
+	// Long prompts, so that the requests are still running when the drain
+	// begins.
+	during := mixedRequests(4, 2, 1500, 64)
+	for _, r := range during {
+		r.prompt = strings.Repeat(r.prompt, 1000/len(r.prompt)+1)[:700+len(r.prompt)%300]
+	}
+	running := make(chan struct{})
+	go func() {
+		defer close(running)
+		generateAll(t, router.addr, during)
+	}()
+	// Every request is admitted before the drain begins: one routed to the
+	// node after it began draining, before the router heard of it, would be
+	// refused (see the package documentation).
+	var victim, other *member
+	waitFor(t, "every request is in flight on a decode node", commandTimeout, func() (bool, string) {
+		inFlight := make([]uint32, len(decodes))
+		for i, d := range decodes {
+			s, err := statusOf(t, d.addr)
+			if err != nil {
+				return false, err.Error()
+			}
+			inFlight[i] = s.Node.InFlight
+		}
+		if int(inFlight[0]+inFlight[1]) < len(during) {
+			return false, fmt.Sprintf("in flight %v", inFlight)
+		}
+		victim, other = decodes[0], decodes[1]
+		if inFlight[1] > inFlight[0] {
+			victim, other = other, victim
+		}
+		return true, ""
+	})
+
+	type result struct {
+		code           int
+		stdout, stderr string
+	}
+	drained := make(chan result, 1)
+	go func() {
+		code, stdout, stderr := runBinary(t, "", "drain", "--endpoint", victim.addr, "--wait")
+		drained <- result{code, stdout, stderr}
+	}()
+	waitFor(t, "the router sees the drain", convergeTimeout, func() (bool, string) {
+		s, err := statusOf(t, router.addr)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, m := range s.Members {
+			if m.Incarnation == victim.incarnation && !m.Draining {
+				return false, "not draining yet"
+			}
+		}
+		return true, ""
+	})
+	after := mixedRequests(4, 2, 200, 16)
+	generateAll(t, router.addr, after)
+	<-running
+	checkReference(t, during)
+	checkReference(t, after)
+
+	d := <-drained
+	if d.code != exitOK || !strings.Contains(d.stdout, "drained "+victim.addr) {
+		t.Errorf("drain: exit %d; stdout:\n%s\nstderr:\n%s", d.code, d.stdout, d.stderr)
+	}
+	if code := victim.exitCode(t, exitTimeout); code != exitOK {
+		t.Errorf("the drained node exited %d, want 0; stderr:\n%s", code, victim.stderr)
+	}
+	if !strings.Contains(victim.stderr.String(), "node drained") {
+		t.Errorf("the drained node's log lacks the drain:\n%s", victim.stderr)
+	}
+	if s, err := statusOf(t, other.addr); err != nil || s.Node.Admitted < uint64(len(after)) {
+		t.Errorf("the other decode node admitted %v (err %v), want at least the %d requests sent after the drain",
+			s.Node.Admitted, err, len(after))
+	}
+	waitConverged(t, router, prefill, other)
+	code, stdout, _ := runBinary(t, "", "status", "--endpoint", router.addr)
+	if code != exitOK || strings.Contains(stdout, fmt.Sprintf("%016x", victim.incarnation)) || !strings.Contains(stdout, "\n3 members:\n") {
+		t.Errorf("status after the drain: exit %d, want 3 members and not %016x:\n%s", code, victim.incarnation, stdout)
+	}
+}
+
+// TestBinaryClusterJoin: a decode node that joins a serving cluster is
+// seen alive within a bound and receives work, and requests keep answering
+// the reference throughout.
+func TestBinaryClusterJoin(t *testing.T) {
+	router := startMember(t, "router", "")
+	prefill := startMember(t, "prefill", router.gossip)
+	decode := startMember(t, "decode", router.gossip)
+	waitConverged(t, router, prefill, decode)
+	before := mixedRequests(4, 2, 200, 16)
+	generateAll(t, router.addr, before)
+	checkReference(t, before)
+
+	// The router sends each request to the decode node with the most free
+	// pages: the newcomer's larger pool makes it the one.
+	joined := startMember(t, "decode", prefill.gossip, "--decode-pages", "2048")
+	waitConverged(t, router, prefill, decode, joined)
+	after := mixedRequests(6, 3, 200, 16)
+	generateAll(t, router.addr, after)
+	checkReference(t, after)
+	s, err := statusOf(t, joined.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Node.Admitted == 0 || s.Node.Completed == 0 {
+		t.Errorf("the joined decode node admitted %d and completed %d requests, want some", s.Node.Admitted, s.Node.Completed)
+	}
+}
+
+// TestBinaryClusterPrefillKilled kills (SIGKILL) the prefill node working
+// on a long request while another prefill node serves: the request answers
+// the reference (retried on the other node) or fails with node_lost, never
+// with a wrong text; the survivors' pools are then entirely free again.
+func TestBinaryClusterPrefillKilled(t *testing.T) {
+	router := startMember(t, "router", "")
+	prefills := []*member{startMember(t, "prefill", router.gossip), startMember(t, "prefill", router.gossip)}
+	decode := startMember(t, "decode", router.gossip)
+	waitConverged(t, router, prefills[0], prefills[1], decode)
+
+	long := &request{tenant: "acme", prompt: strings.Repeat("a long prompt to prefill; ", 80)[:1900], maxTokens: 100}
+	running := make(chan struct{})
+	go func() {
+		defer close(running)
+		generateAll(t, router.addr, []*request{long})
+	}()
+	var victim, survivor *member
+	waitFor(t, "a prefill node holds the request's pages", commandTimeout, func() (bool, string) {
+		for i, p := range prefills {
+			if s, err := statusOf(t, p.addr); err == nil && !allFree(s.Node.Pools) {
+				victim, survivor = p, prefills[1-i]
+				return true, ""
+			}
+		}
+		return false, "no prefill pool in use"
+	})
+	if err := victim.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	want, _ := referenceText(t, actors.DefaultConfig(), long.prompt, long.maxTokens)
+	switch {
+	case long.code == exitOK && long.stdout == want+"\n":
+		t.Logf("the request was retried and answered the reference")
+	case long.code == exitFailed && strings.Contains(long.stderr, "node_lost") && long.stdout == "":
+		t.Logf("the request failed with node_lost: %s", strings.TrimSpace(long.stderr))
+	default:
+		t.Fatalf("exit %d, printed %q; want the reference %q or a node_lost failure; stderr:\n%s",
+			long.code, long.stdout, want, long.stderr)
+	}
+
+	for _, m := range []*member{decode, survivor} {
+		waitFor(t, m.role+" pools entirely free", reclaimTimeout, func() (bool, string) {
+			s, err := statusOf(t, m.addr)
+			if err != nil {
+				return false, err.Error()
+			}
+			return allFree(s.Node.Pools), fmt.Sprintf("%+v", s.Node.Pools)
+		})
+	}
+	waitConverged(t, router, survivor, decode)
+	// The cluster serves on with the surviving prefill node.
+	again := mixedRequests(2, 2, 200, 16)
+	generateAll(t, router.addr, again)
+	checkReference(t, again)
+	code, stdout, _ := runBinary(t, "", "status", "--endpoint", decode.addr, "--json")
+	var s messages.StatusReply
+	if err := json.Unmarshal([]byte(stdout), &s); code != exitOK || err != nil || !allFree(s.Node.Pools) {
+		t.Errorf("status --json of the decode node: exit %d, %v, want every pool free:\n%s", code, err, stdout)
+	}
+}
+
+func allFree(pools []messages.PoolStatus) bool {
+	for _, p := range pools {
+		if p.Free != p.Capacity {
+			return false
+		}
+	}
+	return len(pools) > 0
+}
+
+func TestStatusAndDrainRefusals(t *testing.T) {
+	nothing := freeTCPAddr(t) // just closed: nothing listens there
+	for _, tc := range []struct {
+		args []string
+		exit int
+		want string
+	}{
+		{[]string{"status", "--endpoint", "localhost"}, exitUsage, `--endpoint "localhost"`},
+		{[]string{"status", "--timeout", "0s"}, exitUsage, "--timeout (0s) must be positive"},
+		{[]string{"status", "--endpoint", nothing}, exitFailed, "no node reachable at " + nothing},
+		{[]string{"drain", "--endpoint", "127.0.0.1:0"}, exitUsage, `port "0" must be 1 to 65535`},
+		{[]string{"drain", "--endpoint", nothing, "--wait"}, exitFailed, "no node reachable at " + nothing},
+		{[]string{"up", "--prefill", "0"}, exitUsage, "--prefill (0) and --decode (1) must be at least 1 each"},
+		{[]string{"up", "--gossip-base-port", "70000"}, exitUsage, "--gossip-base-port (70000)"},
+		{[]string{"up", "stray"}, exitUsage, `"stray"`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, out := runNode(tc.args...)
+			if code != tc.exit || !strings.Contains(out, tc.want) {
+				t.Fatalf("exit %d, want %d with %q; output:\n%s", code, tc.exit, tc.want, out)
+			}
+		})
+	}
+}

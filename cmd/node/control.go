@@ -1,0 +1,117 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/remote"
+
+	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// controlClient talks to nodes' control actors (cluster.ControlName): the
+// status and drain commands, and up while it waits for its cluster. It is
+// its own actor system with a protoactor remote endpoint, because a node
+// answers a request by sending to the requester's address; one client can
+// ask any number of nodes.
+type controlClient struct {
+	sys    *actor.ActorSystem
+	remote *remote.Remote
+}
+
+// dialControl starts a client whose remote endpoint listens on a free port
+// of host, which must be an address the nodes it asks can reach it at.
+func dialControl(host string) (*controlClient, error) {
+	// remote.Start panics when it cannot listen, so the address is tried
+	// first, as client.Dial does.
+	probe, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("cannot listen on %s for the node's answers: %w", host, err)
+	}
+	port := probe.Addr().(*net.TCPAddr).Port
+	probe.Close()
+	quiet := slog.New(slog.DiscardHandler)
+	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+	r := remote.NewRemote(sys, remote.Configure(host, port, messages.RemoteOptions()...))
+	r.Start()
+	return &controlClient{sys: sys, remote: r}, nil
+}
+
+// dialControlFor reaches endpoint over TCP first, so that an address where
+// nothing listens fails at once rather than after the request's timeout,
+// and starts a client on the local address that connection used: the
+// address the node can answer to.
+func dialControlFor(endpoint string) (*controlClient, error) {
+	if err := checkEndpoint(endpoint); err != nil {
+		return nil, usageError{err}
+	}
+	conn, err := net.DialTimeout("tcp", endpoint, reachTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("no node reachable at %s: %w", endpoint, err)
+	}
+	local := conn.LocalAddr().(*net.TCPAddr).IP.String()
+	conn.Close()
+	return dialControl(local)
+}
+
+// close stops the client at once. A graceful remote shutdown would wait,
+// up to protoactor's 10 s, for endpoint writers still trying to connect to
+// nodes that have gone (a drained node, a node that failed), and nothing is
+// left to deliver once the client has its answers.
+func (c *controlClient) close() {
+	c.remote.Shutdown(false)
+	c.sys.Shutdown()
+}
+
+// status asks the node serving protoactor remote on endpoint for its
+// StatusReply.
+func (c *controlClient) status(endpoint string, timeout time.Duration) (*messages.StatusReply, error) {
+	rep, err := messages.Request(c.sys.Root, actor.NewPID(endpoint, cluster.ControlName), &messages.StatusRequest{}, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("status of %s: %w", endpoint, err)
+	}
+	s, ok := rep.(*messages.StatusReply)
+	if !ok {
+		return nil, fmt.Errorf("status of %s: the answer is a %T, not a StatusReply", endpoint, rep)
+	}
+	return s, nil
+}
+
+// drainFuture sends a DrainRequest to the node on endpoint; the future
+// holds its DrainReply.
+func (c *controlClient) drainFuture(endpoint string, wait bool, timeout time.Duration) (*actor.Future, error) {
+	return messages.RequestFuture(c.sys.Root, actor.NewPID(endpoint, cluster.ControlName),
+		&messages.DrainRequest{Wait: wait}, timeout)
+}
+
+// drainReply reads a drainFuture's answer.
+func drainReply(endpoint string, f *actor.Future) (*messages.DrainReply, error) {
+	res, err := f.Result()
+	if err != nil {
+		return nil, fmt.Errorf("drain of %s: %w", endpoint, err)
+	}
+	switch r := res.(type) {
+	case *messages.DrainReply:
+		return r, nil
+	case *messages.Undecodable:
+		return nil, fmt.Errorf("drain of %s: %w", endpoint, r)
+	}
+	return nil, fmt.Errorf("drain of %s: the answer is a %T, not a DrainReply", endpoint, res)
+}
+
+// checkEndpoint refuses a malformed host:port before anything is sent.
+func checkEndpoint(endpoint string) error {
+	_, port, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return fmt.Errorf("--endpoint %q: %w", endpoint, err)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("--endpoint %q: port %q must be 1 to 65535", endpoint, port)
+	}
+	return nil
+}

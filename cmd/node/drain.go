@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// drainPollInterval is how often "node drain --wait" looks at the node
+// while it drains.
+const drainPollInterval = 100 * time.Millisecond
+
+// statusPollTimeout bounds one status request made while watching a node
+// (drain --wait, up): a node that is stopping may never answer, and the
+// watcher must look again rather than wait.
+const statusPollTimeout = 2 * time.Second
+
+// drainOptions are the flags of "node drain".
+type drainOptions struct {
+	Endpoint string
+	Wait     bool
+	Timeout  time.Duration
+}
+
+func newDrainCmd() *cobra.Command {
+	o := drainOptions{Endpoint: defaultEndpoint, Timeout: 5 * time.Minute}
+	cmd := &cobra.Command{
+		Use:   "drain",
+		Short: "Drain a node: it takes no new work, finishes what it has, then leaves",
+		Long: `drain asks the node at --endpoint to drain: it tells the cluster it is draining
+(routers then send it no new request), finishes the requests it has in flight
+(or gives up on them after its --drain-timeout), leaves the cluster gracefully
+and stops; its node run then exits 0.
+
+Without --wait, drain prints how many requests the node had in flight and
+exits at once. With --wait it waits, at most --timeout, until the node has
+left, and prints how many requests were still in flight when it left (0
+unless the node's drain timeout passed).
+
+Exit codes: 0 the node accepted the drain (and, with --wait, left), 1 the node
+could not be reached, did not answer, or had not left within --timeout, 2
+usage error.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Timeout <= 0 {
+				return usageError{fmt.Errorf("--timeout (%s) must be positive", o.Timeout)}
+			}
+			c, err := dialControlFor(o.Endpoint)
+			if err != nil {
+				return fmt.Errorf("drain: %w", err)
+			}
+			defer c.close()
+			if o.Wait {
+				return drainAndWait(cmd.OutOrStdout(), c, o)
+			}
+			f, err := c.drainFuture(o.Endpoint, false, o.Timeout)
+			if err != nil {
+				return err
+			}
+			rep, err := drainReply(o.Endpoint, f)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "draining %s: %d requests in flight; it leaves the cluster when they are done\n",
+				o.Endpoint, rep.InFlight)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the node to drain (where node run listens)")
+	fs.BoolVar(&o.Wait, "wait", o.Wait, "wait until the node has drained and left")
+	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "how long to wait for the node's answer, and with --wait for it to leave")
+	return cmd
+}
+
+// drainAndWait asks for the drain and waits until the node has left.
+//
+// A DrainRequest with Wait set is answered when the drain is over, but by
+// then the node has stopped its remote endpoint, so that answer is lost
+// (see the package documentation). drainAndWait therefore asks without
+// Wait, which the node answers at once with its in-flight count, and then
+// watches the node's status until it no longer accepts connections: it has
+// left. What was in flight when it left is the count its last status
+// showed.
+func drainAndWait(w io.Writer, c *controlClient, o drainOptions) error {
+	deadline := time.Now().Add(o.Timeout)
+	f, err := c.drainFuture(o.Endpoint, false, o.Timeout)
+	if err != nil {
+		return err
+	}
+	rep, err := drainReply(o.Endpoint, f)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "draining %s: %d requests in flight\n", o.Endpoint, rep.InFlight)
+	inFlight := int(rep.InFlight)
+	tick := time.NewTicker(drainPollInterval)
+	defer tick.Stop()
+	for {
+		<-tick.C
+		if time.Now().After(deadline) {
+			return fmt.Errorf("drain: %s has not left within %s (%d requests in flight at the last look)",
+				o.Endpoint, o.Timeout, inFlight)
+		}
+		// Connecting first: a status request to a node that has gone would
+		// wait out its timeout.
+		if !reachable(o.Endpoint) {
+			fmt.Fprintf(w, "drained %s: it left the cluster with %d requests in flight\n", o.Endpoint, inFlight)
+			return nil
+		}
+		if s, err := c.status(o.Endpoint, min(max(time.Until(deadline), time.Millisecond), statusPollTimeout)); err == nil {
+			inFlight = int(s.Node.InFlight)
+		}
+	}
+}
+
+// reachable says whether something accepts connections on endpoint.
+func reachable(endpoint string) bool {
+	conn, err := net.DialTimeout("tcp", endpoint, reachTimeout)
+	if err != nil {
+		return false
+	}
+	conn.Close()
+	return true
+}

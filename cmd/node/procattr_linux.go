@@ -1,0 +1,13 @@
+package main
+
+import "syscall"
+
+// childProcAttr puts each node up starts in its own process group, so that
+// a Ctrl-C in the terminal reaches up alone and up stops the nodes in
+// order, and has the kernel kill the node if up dies without stopping it
+// (SIGKILL of up, a crash), so that no node outlives its cluster. Go's
+// runtime does not end the thread that started a child while the process
+// runs, which Pdeathsig is tied to.
+func childProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}

@@ -1,0 +1,13 @@
+//go:build !linux
+
+package main
+
+import "syscall"
+
+// childProcAttr puts each node up starts in its own process group, so that
+// a Ctrl-C in the terminal reaches up alone and up stops the nodes in
+// order. Without Linux's Pdeathsig, a node outlives an up that is killed
+// with SIGKILL.
+func childProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// statusOptions are the flags of "node status".
+type statusOptions struct {
+	Endpoint string
+	Timeout  time.Duration
+	JSON     bool
+}
+
+func newStatusCmd() *cobra.Command {
+	o := statusOptions{Endpoint: defaultEndpoint, Timeout: 10 * time.Second}
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Print a node's status and the cluster's members as it sees them",
+		Long: `status asks the node at --endpoint (where its node run listens) for its status
+and prints it: one line for the node (name, role, incarnation, request
+counts), one line per KV pool it holds (capacity and free pages), then a table
+of the members it sees alive, with each member's pages as it last published
+them and whether it is draining. A member that left or failed is no longer
+listed. --json prints the same as one JSON object instead.
+
+Exit codes: 0 printed, 1 the node could not be reached or did not answer
+within --timeout, 2 usage error.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Timeout <= 0 {
+				return usageError{fmt.Errorf("--timeout (%s) must be positive", o.Timeout)}
+			}
+			c, err := dialControlFor(o.Endpoint)
+			if err != nil {
+				return fmt.Errorf("status: %w", err)
+			}
+			defer c.close()
+			s, err := c.status(o.Endpoint, o.Timeout)
+			if err != nil {
+				return err
+			}
+			if o.JSON {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(s)
+			}
+			printStatus(cmd.OutOrStdout(), s)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the node (where node run listens)")
+	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "how long to wait for the node's answer")
+	fs.BoolVar(&o.JSON, "json", o.JSON, "print the status as JSON")
+	return cmd
+}
+
+// printStatus writes s for a person to read.
+func printStatus(w io.Writer, s *messages.StatusReply) {
+	n := s.Node
+	draining := ""
+	if n.Draining {
+		draining = ", draining"
+	}
+	fmt.Fprintf(w, "node %s: role %s, incarnation %016x, address %s%s\n", n.Name, n.Role, n.Incarnation, n.Address, draining)
+	if n.DataPlane != "" {
+		fmt.Fprintf(w, "  data plane %s\n", n.DataPlane)
+	}
+	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d failed, %d rejected too long, %d rejected busy\n",
+		n.InFlight, n.Admitted, n.Completed, n.Failed, n.RejectedTooLong, n.RejectedBusy)
+	for _, p := range n.Pools {
+		fmt.Fprintf(w, "  pool %s: %d of %d pages free\n", p.Name, p.Free, p.Capacity)
+	}
+	fmt.Fprintf(w, "\n%d members:\n", len(s.Members))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tROLE\tINCARNATION\tADDRESS\tDATA PLANE\tSTATE\tCAPACITY\tFREE\tDRAINING")
+	for _, m := range s.Members {
+		dp := m.DataPlane
+		if dp == "" {
+			dp = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%016x\t%s\t%s\t%s\t%d\t%d\t%s\n", m.Name, m.Role, m.Incarnation, m.Address, dp, m.State,
+			m.CapacityPages, m.FreePages, yesNo(m.Draining))
+	}
+	tw.Flush()
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

@@ -1,0 +1,472 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// Bounds of "node up".
+const (
+	// upNodesMax bounds the prefill and decode nodes of one local cluster
+	// together: each is a process with its own pools.
+	upNodesMax = 64
+	// upPollInterval is how often up looks at the members while they
+	// converge.
+	upPollInterval = 100 * time.Millisecond
+	// stderrTailBytes is how much of a failed node's log up prints.
+	stderrTailBytes = 4 << 10
+)
+
+// readinessLine is the line "node run" prints when it serves.
+var readinessLine = regexp.MustCompile(`^serving on (\S+) \(incarnation ([0-9a-f]{16}), role (\w+), gossip (\S+)\)$`)
+
+// upOptions are the flags of "node up"; NodeArgs are the arguments after
+// "--", given to every node run.
+type upOptions struct {
+	Prefill, Decode int
+	Listen          string
+	GossipBasePort  int
+	LogDir          string
+	ReadyTimeout    time.Duration
+	StopTimeout     time.Duration
+	NodeArgs        []string
+}
+
+func newUpCmd() *cobra.Command {
+	o := upOptions{Prefill: 1, Decode: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
+		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second}
+	cmd := &cobra.Command{
+		Use:   "up [flags] [-- node run flags]",
+		Short: "Start a local cluster: a router and prefill and decode nodes on loopback",
+		Long: `up starts a local cluster on loopback, each node a child process of this binary
+("node run"): a router serving on --listen and gossiping on 127.0.0.1 at
+--gossip-base-port, then --prefill prefill nodes and --decode decode nodes on
+free ports, which join through the router. Arguments after "--" are given to
+every node run (for example -- --reclaim-after 2s --decode-pages 512).
+
+Each node's stderr (its log) goes to a file named after it (router.log,
+prefill-0.log, decode-0.log, …) in --log-dir, by default a new temporary
+directory; up prints where. Once every node serves and every node sees all
+the others alive, up prints a table of the nodes and how to send a request,
+then waits. On SIGINT or SIGTERM it stops the nodes (SIGTERM, and SIGKILL to
+any still running after --stop-timeout), the router first, and exits 0. A
+prefill or decode node that exits 0 (drained with "node drain", or stopped)
+leaves the others serving. If the router exits, or any node fails to start or
+exits with an error, up stops the others, prints the end of that node's log
+and exits 1.
+
+Exit codes: 0 stopped by a signal, 1 a node failed to start or exited, 2
+usage error.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			at := cmd.ArgsLenAtDash()
+			if at < 0 {
+				at = len(args)
+			}
+			if err := noArgs(cmd, args[:at]); err != nil {
+				return err
+			}
+			o.NodeArgs = args[at:]
+			if err := o.check(); err != nil {
+				return usageError{err}
+			}
+			signals := make(chan os.Signal, 1)
+			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+			defer signal.Stop(signals)
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			return up(cmd.OutOrStdout(), log, o, signals)
+		},
+	}
+	fs := cmd.Flags()
+	fs.IntVar(&o.Prefill, "prefill", o.Prefill, "prefill nodes to start")
+	fs.IntVar(&o.Decode, "decode", o.Decode, "decode nodes to start")
+	fs.StringVar(&o.Listen, "listen", o.Listen, "host:port the router serves on: where node generate sends requests")
+	fs.IntVar(&o.GossipBasePort, "gossip-base-port", o.GossipBasePort, "gossip port of the router on 127.0.0.1, which the other nodes join (0 picks a free port)")
+	fs.StringVar(&o.LogDir, "log-dir", o.LogDir, "directory for the nodes' logs (default: a new temporary directory)")
+	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", o.ReadyTimeout, "bound on the start of the whole cluster, until every node sees every other alive")
+	fs.DurationVar(&o.StopTimeout, "stop-timeout", o.StopTimeout, "how long a node may take to stop after SIGTERM before it is killed")
+	return cmd
+}
+
+func (o upOptions) check() error {
+	switch {
+	case o.Prefill < 1 || o.Decode < 1:
+		return fmt.Errorf("--prefill (%d) and --decode (%d) must be at least 1 each", o.Prefill, o.Decode)
+	case o.Prefill+o.Decode > upNodesMax:
+		return fmt.Errorf("--prefill (%d) and --decode (%d) add up to more than %d nodes", o.Prefill, o.Decode, upNodesMax)
+	case o.GossipBasePort < 0 || o.GossipBasePort > 65535:
+		return fmt.Errorf("--gossip-base-port (%d) must be 0 to 65535", o.GossipBasePort)
+	case o.ReadyTimeout <= 0 || o.StopTimeout <= 0:
+		return fmt.Errorf("--ready-timeout (%s) and --stop-timeout (%s) must be positive", o.ReadyTimeout, o.StopTimeout)
+	}
+	return checkListen("--listen", o.Listen)
+}
+
+// up starts the cluster, prints it and waits; every node it started has
+// exited when it returns.
+func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signal) (err error) {
+	bin, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("up: finding this binary to start the nodes: %w", err)
+	}
+	if o.LogDir == "" {
+		if o.LogDir, err = os.MkdirTemp("", "kvwarden-up-"); err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+	} else if err := os.MkdirAll(o.LogDir, 0o755); err != nil {
+		return fmt.Errorf("up: --log-dir: %w", err)
+	}
+	log.Info("starting a local cluster", "prefill", o.Prefill, "decode", o.Decode, "logs", o.LogDir)
+	c := &localCluster{bin: bin, o: o, log: log, exits: make(chan *child, 1+o.Prefill+o.Decode)}
+	defer func() {
+		if stopErr := c.stop(); err == nil {
+			err = stopErr
+		}
+	}()
+	router, err := c.startAll(signals)
+	if errors.Is(err, errSignalled) {
+		log.Info("stopping the local cluster while it started")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	c.print(stdout)
+	for {
+		select {
+		case sig := <-signals:
+			log.Info("stopping the local cluster", "signal", sig.String())
+			return nil
+		case ch := <-c.exits:
+			// A prefill or decode node that exits 0 was drained or stopped
+			// on purpose: the others serve on. The router is the cluster's
+			// only entrance, and any other exit is a failure.
+			if ch != router && ch.err == nil {
+				log.Info("node left the cluster and exited 0; the others serve on", "node", ch.name)
+				continue
+			}
+			return ch.failure("exited")
+		}
+	}
+}
+
+// errSignalled is SIGINT or SIGTERM while the cluster starts: up stops
+// what it started and exits 0, as it would once the cluster is up.
+var errSignalled = errors.New("up: stopped by a signal")
+
+// startAll starts the router, then the prefill and decode nodes joining
+// it, and waits until every node sees every other alive. It returns the
+// router.
+func (c *localCluster) startAll(signals <-chan os.Signal) (*child, error) {
+	deadline := time.Now().Add(c.o.ReadyTimeout)
+	router, err := c.start("router", "router", []string{"--listen", c.o.Listen, "--gossip",
+		net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort))})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.waitReady([]*child{router}, deadline, signals); err != nil {
+		return nil, err
+	}
+	var workers []*child
+	for _, w := range []struct {
+		role  string
+		count int
+	}{{"prefill", c.o.Prefill}, {"decode", c.o.Decode}} {
+		for i := range w.count {
+			ch, err := c.start(fmt.Sprintf("%s-%d", w.role, i), w.role, []string{"--listen", "127.0.0.1:0",
+				"--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0", "--join", router.gossip})
+			if err != nil {
+				return nil, err
+			}
+			workers = append(workers, ch)
+		}
+	}
+	if err := c.waitReady(workers, deadline, signals); err != nil {
+		return nil, err
+	}
+	return router, c.waitConverged(deadline, signals)
+}
+
+// localCluster is the nodes up started, in start order.
+type localCluster struct {
+	bin   string
+	o     upOptions
+	log   *slog.Logger
+	nodes []*child
+	exits chan *child // each node once, when it exits
+}
+
+// child is one node process.
+type child struct {
+	name, role string
+	cmd        *exec.Cmd
+	logPath    string
+	ready      chan string // the first line of stdout; closed at EOF
+	exited     chan struct{}
+	err        error // cmd.Wait's, once exited is closed
+
+	// From the readiness line.
+	addr, gossip string
+	incarnation  uint64
+}
+
+// start starts one node run with its log in the log directory.
+func (c *localCluster) start(name, role string, args []string) (*child, error) {
+	ch := &child{name: name, role: role, logPath: filepath.Join(c.o.LogDir, name+".log"),
+		ready: make(chan string, 1), exited: make(chan struct{})}
+	logFile, err := os.Create(ch.logPath)
+	if err != nil {
+		return nil, fmt.Errorf("up: %w", err)
+	}
+	defer logFile.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("up: %w", err)
+	}
+	args = append(append([]string{"run", "--role", role}, args...), c.o.NodeArgs...)
+	ch.cmd = exec.Command(c.bin, args...)
+	ch.cmd.Stdout, ch.cmd.Stderr = w, logFile
+	ch.cmd.SysProcAttr = childProcAttr()
+	err = ch.cmd.Start()
+	w.Close()
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("up: starting %s: %w", name, err)
+	}
+	c.nodes = append(c.nodes, ch)
+	c.log.Info("started", "node", name, "pid", ch.cmd.Process.Pid, "log", ch.logPath)
+	go func() {
+		defer r.Close()
+		sc := bufio.NewScanner(r)
+		if sc.Scan() {
+			ch.ready <- sc.Text()
+		}
+		close(ch.ready)
+		for sc.Scan() { // node run prints nothing more; read it anyway so it never blocks
+		}
+	}()
+	go func() {
+		ch.err = ch.cmd.Wait()
+		close(ch.exited)
+		c.exits <- ch
+	}()
+	return ch, nil
+}
+
+// waitReady reads each node's readiness line.
+func (c *localCluster) waitReady(nodes []*child, deadline time.Time, signals <-chan os.Signal) error {
+	timeout := time.NewTimer(time.Until(deadline))
+	defer timeout.Stop()
+	for _, ch := range nodes {
+		select {
+		case line, ok := <-ch.ready:
+			if !ok {
+				<-ch.exited
+				return ch.failure("exited before it served")
+			}
+			if err := ch.parseReady(line); err != nil {
+				return err
+			}
+		case <-ch.exited:
+			return ch.failure("exited before it served")
+		case <-signals:
+			return errSignalled
+		case <-timeout.C:
+			return ch.failure(fmt.Sprintf("did not serve within --ready-timeout %s", c.o.ReadyTimeout))
+		}
+	}
+	return nil
+}
+
+func (ch *child) parseReady(line string) error {
+	m := readinessLine.FindStringSubmatch(line)
+	if m == nil {
+		return ch.failure(fmt.Sprintf("printed %q, not its readiness line", line))
+	}
+	inc, err := strconv.ParseUint(m[2], 16, 64)
+	if err != nil {
+		return ch.failure(fmt.Sprintf("printed incarnation %q: %v", m[2], err))
+	}
+	ch.addr, ch.incarnation, ch.gossip = m[1], inc, m[4]
+	return nil
+}
+
+// waitConverged waits until every node sees every node alive: the router
+// routes by its own view, and a decode node picks prefill nodes by its
+// own.
+func (c *localCluster) waitConverged(deadline time.Time, signals <-chan os.Signal) error {
+	cc, err := dialControl("127.0.0.1")
+	if err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	defer cc.close()
+	tick := time.NewTicker(upPollInterval)
+	defer tick.Stop()
+	for {
+		lagging := c.lagging(cc, deadline)
+		if lagging == nil {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case ch := <-c.exits:
+			return ch.failure("exited while the cluster formed")
+		case <-signals:
+			return errSignalled
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("up: the cluster did not form within --ready-timeout %s: %s", c.o.ReadyTimeout, lagging)
+		}
+	}
+}
+
+// lagging is nil when every node sees every node alive, else what the
+// first node that does not says.
+func (c *localCluster) lagging(cc *controlClient, deadline time.Time) error {
+	for _, ch := range c.nodes {
+		s, err := cc.status(ch.addr, min(max(time.Until(deadline), time.Millisecond), statusPollTimeout))
+		if err != nil {
+			return err
+		}
+		alive := map[uint64]bool{}
+		for _, m := range s.Members {
+			alive[m.Incarnation] = m.State == messages.MemberAlive
+		}
+		for _, other := range c.nodes {
+			if !alive[other.incarnation] {
+				return fmt.Errorf("%s does not see %s (incarnation %016x) alive yet", ch.name, other.name, other.incarnation)
+			}
+		}
+	}
+	return nil
+}
+
+// print writes the table of nodes and how to use the cluster.
+func (c *localCluster) print(w io.Writer) {
+	endpoint := ""
+	if c.o.Listen != defaultEndpoint {
+		endpoint = " --endpoint " + c.nodes[0].addr
+	}
+	fmt.Fprintf(w, "local cluster up: router on %s, %d prefill and %d decode nodes; logs in %s\n\n",
+		c.nodes[0].addr, c.o.Prefill, c.o.Decode, c.o.LogDir)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tROLE\tADDRESS\tGOSSIP\tINCARNATION\tPID\tLOG")
+	for _, ch := range c.nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%016x\t%d\t%s\n", ch.name, ch.role, ch.addr, ch.gossip, ch.incarnation,
+			ch.cmd.Process.Pid, ch.logPath)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nsend a request:  node generate%s --tenant acme --prompt \"hello\"\n", endpoint)
+	fmt.Fprintf(w, "see the cluster: node status%s\n", endpoint)
+	fmt.Fprintf(w, "drain a node:    node drain --endpoint <its address> --wait\n")
+	fmt.Fprintf(w, "stop:            Ctrl-C (or SIGTERM to pid %d)\n", os.Getpid())
+}
+
+// stop stops every node still running: the router first, so that no new
+// request comes in, then the prefill and decode nodes. Each gets SIGTERM
+// and, after StopTimeout, SIGKILL; stop returns when all have exited.
+func (c *localCluster) stop() error {
+	if len(c.nodes) == 0 {
+		return nil
+	}
+	return errors.Join(c.stopAll(c.nodes[:1]), c.stopAll(c.nodes[1:]))
+}
+
+func (c *localCluster) stopAll(nodes []*child) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(nodes))
+	for i, ch := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.stopOne(ch)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (c *localCluster) stopOne(ch *child) error {
+	select {
+	case <-ch.exited:
+		return nil // its exit, if early, is reported by whoever saw it
+	default:
+	}
+	// An error means the process has exited meanwhile.
+	_ = ch.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-ch.exited:
+		c.log.Info("stopped", "node", ch.name, "exit", exitStatus(ch.err))
+		return nil
+	case <-time.After(c.o.StopTimeout):
+	}
+	_ = ch.cmd.Process.Kill()
+	<-ch.exited
+	return fmt.Errorf("up: %s did not stop within %s of SIGTERM and was killed; its log is %s",
+		ch.name, c.o.StopTimeout, ch.logPath)
+}
+
+// failure is the error of a node that failed, with the end of its log.
+func (ch *child) failure(what string) error {
+	status := "still running"
+	select {
+	case <-ch.exited:
+		status = exitStatus(ch.err)
+	default:
+	}
+	return fmt.Errorf("up: %s %s (%s); the end of its log %s:\n%s", ch.name, what, status, ch.logPath, tail(ch.logPath))
+}
+
+func exitStatus(err error) string {
+	var exitErr *exec.ExitError
+	switch {
+	case err == nil:
+		return "exit 0"
+	case errors.As(err, &exitErr):
+		return exitErr.ProcessState.String()
+	}
+	return err.Error()
+}
+
+// tail is the last stderrTailBytes of the file at path, from a line start.
+func tail(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return err.Error()
+	}
+	off := max(info.Size()-stderrTailBytes, 0)
+	data, err := io.ReadAll(io.NewSectionReader(f, off, info.Size()-off))
+	if err != nil {
+		return err.Error()
+	}
+	s := string(data)
+	if off > 0 {
+		if i := strings.IndexByte(s, '\n'); i >= 0 {
+			s = s[i+1:]
+		}
+	}
+	return strings.TrimRight(s, "\n")
+}
