@@ -94,7 +94,7 @@ type clientKey struct {
 // refuses, before any page is reserved or any frame sent, a request whose
 // prompt (with the tokens it asks for) exceeds the context window or the
 // smallest pool on its path, and answers "busy" when QueueMax requests are
-// in flight or the node drains. It never replaces a prompt with anything
+// in flight or, to clients that come directly, when the node drains. It never replaces a prompt with anything
 // else. An admitted request gets its own request actor, a child, on the
 // decode worker with the fewest requests.
 type admissionActor struct {
@@ -222,7 +222,10 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 			a.log.Error("rejection refused by its own validation", "err", err)
 		}
 	}
-	if a.draining {
+	// A draining node refuses clients that come to it directly, but still
+	// takes a request a router sent before it saw the draining flag: the
+	// drain waits for it like any other, and refusing it would abort it.
+	if a.draining && peer == nil {
 		reject(&BusyError{Where: "draining node", Have: len(a.inflight), Limit: 0})
 		return
 	}

@@ -118,9 +118,10 @@ type DataPlaneConfig struct {
 	// more is refused in its hello reply with DataPlaneBusy.
 	ConnectionsMax int
 	// ServerBufferBytesMax bounds the read buffers of all of a server's
-	// connections together, in bytes: each connection allocates one batch
-	// buffer (header plus Batch.BytesMax) when its hello is accepted, so
-	// ConnectionsMax of them must fit.
+	// connections together, in bytes: each connection allocates two batch
+	// buffers (header plus Batch.BytesMax each; it reads the next batch
+	// into one while the handler has the other) when its hello is
+	// accepted, so ConnectionsMax times that must fit.
 	ServerBufferBytesMax int64
 	// Incarnation is this node's incarnation: a receiver refuses a hello
 	// that expects another, and a frame whose destination tag names
@@ -170,8 +171,11 @@ func DefaultLocalDataPlaneConfig(g kv.Geometry, incarnation uint64) DataPlaneCon
 	return c
 }
 
+// batchBufferBytes is one server read buffer: a whole batch.
+func (c DataPlaneConfig) batchBufferBytes() int { return dpBatchHeaderBytes + c.Batch.BytesMax }
+
 // connBufferBytes is what one server connection allocates to read batches.
-func (c DataPlaneConfig) connBufferBytes() int { return dpBatchHeaderBytes + c.Batch.BytesMax }
+func (c DataPlaneConfig) connBufferBytes() int64 { return dpConnBuffers * int64(c.batchBufferBytes()) }
 
 func (c DataPlaneConfig) logger() *slog.Logger {
 	if c.Logger != nil {
@@ -218,9 +222,9 @@ func (c DataPlaneConfig) Validate() error {
 	if c.ConnectionsMax < 1 {
 		return fmt.Errorf("cluster: data plane ConnectionsMax (%d) must be at least 1", c.ConnectionsMax)
 	}
-	if need := int64(c.ConnectionsMax) * int64(c.connBufferBytes()); need > c.ServerBufferBytesMax {
-		return fmt.Errorf("cluster: data plane ConnectionsMax (%d) × batch buffer (%d bytes) = %d bytes exceeds ServerBufferBytesMax (%d)",
-			c.ConnectionsMax, c.connBufferBytes(), need, c.ServerBufferBytesMax)
+	if need := int64(c.ConnectionsMax) * c.connBufferBytes(); need > c.ServerBufferBytesMax {
+		return fmt.Errorf("cluster: data plane ConnectionsMax (%d) × %d batch buffers (%d bytes each) = %d bytes exceeds ServerBufferBytesMax (%d)",
+			c.ConnectionsMax, dpConnBuffers, c.batchBufferBytes(), need, c.ServerBufferBytesMax)
 	}
 	if c.Incarnation == 0 {
 		return fmt.Errorf("cluster: data plane Incarnation must be non-zero")

@@ -41,10 +41,13 @@ type dpPending struct {
 	first, count int
 }
 
-// dpCall is one Send: its acknowledgements arrive on acks, which holds one
-// slot per batch of the call so that the reader never waits on it.
+// dpCall is one Send: its acknowledgements arrive on acks, and a token on
+// wrote each time the writer is done with one of its batches (written, or
+// its write failed). Each holds one slot per batch of the call so that
+// neither the reader nor the writer ever waits on it.
 type dpCall struct {
-	acks chan dpResult
+	acks  chan dpResult
+	wrote chan struct{}
 }
 
 type dpResult struct {
@@ -74,11 +77,15 @@ type DataPlaneSender struct {
 	// writer's queue in one order, and guards next.
 	wmu  sync.Mutex
 	next uint64
-	// Two encode buffers, so that one batch is encoded while the writer
-	// goroutine writes the other: bufs holds the free ones, queue the
-	// encoded ones in order.
-	bufs  chan []byte
-	queue chan dpEncoded
+	// Two encode buffers, so that one batch is encoded (its frame headers
+	// and checksums) while the writer goroutine writes the other: bufs
+	// holds the free ones, queue the encoded ones in order. A buffer holds
+	// only headers; payloads are written from where the caller has them.
+	bufs  chan *dpEncoded
+	queue chan *dpEncoded
+	// wdone is closed when the writer goroutine has returned: it touches
+	// no payload after that.
+	wdone chan struct{}
 
 	// mu guards ring and err; dead is closed when err is set.
 	mu   sync.Mutex
@@ -119,13 +126,17 @@ func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64) (*DataPlaneSen
 	s := &DataPlaneSender{
 		cfg: cfg, addr: addr, peer: peer, lim: lim, conn: conn,
 		window: make(chan struct{}, cfg.InFlightMax),
-		bufs:   make(chan []byte, dpSendBuffers),
-		queue:  make(chan dpEncoded, dpSendBuffers),
+		bufs:   make(chan *dpEncoded, dpSendBuffers),
+		queue:  make(chan *dpEncoded, dpSendBuffers),
+		wdone:  make(chan struct{}),
 		ring:   make([]dpPending, cfg.InFlightMax),
 		dead:   make(chan struct{}),
 	}
+	// Headers of a batch of PagesMax frames with the longest tenants; a
+	// buffer that needs more grows once and keeps it.
+	hdr := min(dpBatchHeaderBytes+lim.PagesMax*dpFrameOverhead(lim.Frame), dpHeaderBufferBytes)
 	for range dpSendBuffers {
-		s.bufs <- make([]byte, 0, dpBatchHeaderBytes+lim.BytesMax)
+		s.bufs <- &dpEncoded{hdr: make([]byte, 0, hdr), vec: make([][]byte, 0, 2*min(lim.PagesMax, 64))}
 	}
 	s.loops.Go(s.readAcks)
 	s.loops.Go(s.writeLoop)
@@ -225,21 +236,27 @@ func (s *DataPlaneSender) Stats() DataPlaneSenderStats {
 //   - ctx ending yields its error, wrapped: batches already written stay
 //     written and their outcome is unknown to the caller.
 //
-// Send sets each frame's Checksum; the caller may reuse the frames and their
-// payloads as soon as Send returns.
+// Payloads are written from where they lie, not copied: they must not
+// change until Send returns. Send sets each frame's Checksum; the caller may
+// reuse the frames and their payloads as soon as Send returns, which it
+// does only once the connection is done with every batch of the call it
+// wrote. So when ctx ends, Send still waits for the batches it has queued
+// to be written (each within WriteTimeout, or the connection is lost).
 func (s *DataPlaneSender) Send(ctx context.Context, frames []kv.Frame) error {
 	cuts, err := s.pack(frames)
 	if err != nil || len(cuts) == 0 {
 		return err
 	}
-	call := &dpCall{acks: make(chan dpResult, len(cuts))}
+	call := &dpCall{acks: make(chan dpResult, len(cuts)), wrote: make(chan struct{}, len(cuts))}
+	written := 0
+	defer func() { s.released(call, written) }()
 	var refused error
 	take := func(r dpResult) {
 		if r.ack.status != DataPlaneOK && refused == nil {
 			refused = s.refusal(r)
 		}
 	}
-	written, got, lo := 0, 0, 0
+	got, lo := 0, 0
 	var stop error
 	drain := func() {
 		for {
@@ -302,7 +319,20 @@ func dpJoin(a, b error) error {
 	return errors.Join(a, b)
 }
 
-// pack checks every frame as kv.AppendFrame will, and cuts frames into
+// released waits until the writer is done with the first n batches of
+// call: each written (or its write failed), or the writer gone, so that
+// nothing reads the call's payloads any more.
+func (s *DataPlaneSender) released(call *dpCall, n int) {
+	for range n {
+		select {
+		case <-call.wrote:
+		case <-s.wdone:
+			return
+		}
+	}
+}
+
+// pack checks every frame as kv.AppendFrameHeader will, and cuts frames into
 // batches greedily; cuts[i] is the end of batch i. A frame's size is
 // bounded by its payload plus the largest header, so a batch never exceeds
 // the bytes bound and a full-page frame always fits alone.
@@ -365,35 +395,82 @@ func (s *DataPlaneSender) acquire(ctx context.Context) error {
 // dpSendBuffers is the number of batch buffers a sender encodes into.
 const dpSendBuffers = 2
 
-// dpEncoded is one batch encoded and queued for the writer.
+// dpHeaderBufferBytes caps what a sender allocates ahead for the headers
+// of one batch.
+const dpHeaderBufferBytes = 64 << 10
+
+// dpEncoded is one batch encoded and queued for the writer: hdr holds the
+// batch header and every frame header back to back, and vec the pieces
+// to write in order (the header bytes before each payload, then the
+// payload itself). vec aliases hdr and the caller's payloads.
 type dpEncoded struct {
-	buf    []byte
+	hdr    []byte
+	vec    [][]byte
+	bytes  int
 	frames int
+	call   *dpCall
+}
+
+// encode fills e with frames as one batch: kv.AppendBatchHeader, then
+// kv.AppendFrameHeader for each frame (which sets its Checksum), with the
+// payloads left where they are. The bytes are those kv.AppendBatch writes.
+func (e *dpEncoded) encode(frames []kv.Frame, lim kv.BatchLimits) error {
+	body := 0
+	for i := range frames {
+		body += kv.FrameBytes(&frames[i])
+	}
+	hdr, err := kv.AppendBatchHeader(e.hdr[:0], len(frames), body, lim)
+	if err != nil {
+		return err
+	}
+	for i := range frames {
+		if hdr, frames[i].Checksum, err = kv.AppendFrameHeader(hdr, &frames[i], lim.Frame); err != nil {
+			return err
+		}
+	}
+	e.hdr = hdr
+	vec, at := e.vec[:0], 0
+	for i := range frames {
+		f := &frames[i]
+		end := at + kv.FrameBytes(f) - len(f.Payload)
+		if i == 0 {
+			end += dpBatchHeaderBytes
+		}
+		vec = append(vec, hdr[at:end:end], f.Payload)
+		at = end
+	}
+	if at != len(hdr) {
+		return fmt.Errorf("cluster: data plane batch headers take %d bytes, frame lengths say %d", len(hdr), at)
+	}
+	e.vec, e.bytes, e.frames = vec, dpBatchHeaderBytes+body, len(frames)
+	return nil
 }
 
 // write encodes one batch and queues it for the writer. The batch joins
 // the ring of unacknowledged batches before it is written, since its
-// acknowledgement may come back before Write returns.
+// acknowledgement may come back before the write returns.
 func (s *DataPlaneSender) write(call *dpCall, frames []kv.Frame, first int) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	var buf []byte
+	var e *dpEncoded
 	select {
-	case buf = <-s.bufs:
+	case e = <-s.bufs:
 	case <-s.dead:
 		return s.Err()
 	}
-	out, err := kv.AppendBatch(buf[:0], frames, s.lim)
-	if err != nil {
-		// pack checked what AppendBatch checks; should it ever differ, the
-		// fault is in these frames, not in the connection.
-		s.bufs <- buf
+	if err := e.encode(frames, s.lim); err != nil {
+		// pack checked what kv checks; should it ever differ, the fault is
+		// in these frames, not in the connection.
+		e.reset()
+		s.bufs <- e
 		<-s.window
 		return fmt.Errorf("cluster: data plane encoding frames [%d, %d): %w", first, first+len(frames), err)
 	}
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
+		e.reset()
+		s.bufs <- e
 		return s.err
 	}
 	if s.size == 0 {
@@ -403,26 +480,48 @@ func (s *DataPlaneSender) write(call *dpCall, frames []kv.Frame, first int) erro
 	s.size++
 	s.next++
 	s.mu.Unlock()
+	e.call = call
 	// Never waits: the queue holds as many batches as there are buffers.
-	s.queue <- dpEncoded{buf: out, frames: len(frames)}
+	s.queue <- e
 	return nil
 }
 
-// writeLoop writes queued batches, each whole, in order.
+// reset drops e's references to a call and its payloads, so that a free
+// buffer pins no caller memory.
+func (e *dpEncoded) reset() {
+	clear(e.vec)
+	e.vec, e.call = e.vec[:0], nil
+}
+
+// writeLoop writes queued batches, each whole, in order, with one writev
+// of headers and payloads.
 func (s *DataPlaneSender) writeLoop() {
+	defer close(s.wdone)
 	for {
 		select {
 		case e := <-s.queue:
 			// Counted before the write, which the acknowledgement may beat.
 			s.c.batches.Add(1)
 			s.c.frames.Add(uint64(e.frames))
-			s.c.bytes.Add(uint64(len(e.buf)))
+			s.c.bytes.Add(uint64(e.bytes))
 			s.conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-			if _, err := s.conn.Write(e.buf); err != nil {
+			if dpRaceEnabled {
+				// The race detector orders what a goroutine did before a
+				// socket write before what a reader of that socket does
+				// after its read, but sees this only in syscall.Write, not
+				// in the writev below. An empty Write restores it, so that
+				// a handler still sees what preceded its Send.
+				s.conn.Write(nil)
+			}
+			v := net.Buffers(e.vec)
+			_, err := v.WriteTo(s.conn)
+			e.call.wrote <- struct{}{}
+			e.reset()
+			if err != nil {
 				s.fail(err)
 				return
 			}
-			s.bufs <- e.buf[:0]
+			s.bufs <- e
 		case <-s.dead:
 			return
 		}

@@ -24,8 +24,9 @@ type DataPlaneBatch struct {
 	Remote net.Addr
 	// Seq is the batch's position on its connection, from 0.
 	Seq uint64
-	// Frames alias the connection's read buffer: their payloads are valid
-	// only until the handler returns, and the next batch overwrites them.
+	// Frames alias one of the connection's read buffers: their payloads
+	// are valid only until the handler returns; a later batch overwrites
+	// them.
 	Frames []kv.Frame
 }
 
@@ -34,9 +35,11 @@ type DataPlaneBatch struct {
 // accepted. An error matching kv.ErrRefused is acknowledged as
 // DataPlaneRejected, any other as DataPlaneHandlerFailed; either way the
 // connection stays open. The handler is called from one goroutine per
-// connection, so from several at once; it must copy what it keeps, and it
-// must return: the connection waits for it, and Close waits for every
-// handler call in progress.
+// connection, so from several at once, but never twice at once for one
+// connection, and in the connection's batch order. It must copy what it
+// keeps, and it must return: the connection reads at most one more batch
+// while it runs, acknowledges nothing until it returns, and Close waits
+// for every handler call in progress.
 type DataPlaneHandler func(b DataPlaneBatch) error
 
 // DataPlaneServerStats are a server's counters since it started.
@@ -253,24 +256,43 @@ func (s *DataPlaneServer) hello(conn net.Conn) (uint64, bool) {
 	return h.incarnation, st == DataPlaneOK
 }
 
+// serve runs one accepted connection: a reader goroutine (dpReader) reads
+// batch N+1 into one buffer while this goroutine decodes batch N from the
+// other, hands it to the handler and acknowledges it. Batches, handler
+// calls and acknowledgements stay in the connection's order.
 func (s *DataPlaneServer) serve(conn net.Conn) {
 	defer s.drop(conn)
 	from, ok := s.hello(conn)
 	if !ok {
 		return
 	}
-	buf := make([]byte, s.cfg.connBufferBytes())
+	r := s.startReader(conn)
+	defer r.stop()
 	for seq := uint64(0); ; seq++ {
-		frames, n, err := s.read(conn, buf)
+		in := <-r.full
+		if in.err != nil {
+			r.stop()
+			s.closing(conn, seq, in.err, in.buf)
+			return
+		}
+		frames, n, err := kv.DecodeBatch(in.buf[:in.n], s.cfg.Batch)
+		if err == nil && n != in.n {
+			err = fmt.Errorf("cluster: kv.DecodeBatch took %d of the %d bytes its header announced", n, in.n)
+		}
 		if err != nil {
-			s.closing(conn, seq, err, buf)
+			r.stop()
+			s.closing(conn, seq, &dpReadError{err: err, malformed: true}, in.buf)
 			return
 		}
 		s.c.batches.Add(1)
 		s.c.frames.Add(uint64(len(frames)))
 		s.c.bytes.Add(uint64(n))
 		a := s.handle(DataPlaneBatch{From: from, Remote: conn.RemoteAddr(), Seq: seq, Frames: frames})
-		if err := s.ack(conn, a); err != nil {
+		// The handler is done with the payloads: the buffer may take a batch.
+		r.free <- in.buf
+		err = s.ack(conn, a)
+		r.acked()
+		if err != nil {
 			s.c.writeErrors.Add(1)
 			s.log.Warn("cluster: data plane connection closed", "remote", conn.RemoteAddr(),
 				"reason", "acknowledgement not written", "batch", seq, "err", err)
@@ -323,39 +345,169 @@ type dpReadError struct {
 
 func (e *dpReadError) Error() string { return e.err.Error() }
 
-// read reads exactly one batch into buf and decodes it. It asks
-// kv.DecodeBatch how many bytes it needs and reads only those, so it never
-// reads into the next batch and never past the buffer: the header bounds
-// the body by Batch.BytesMax before any of it is read.
-func (s *DataPlaneServer) read(conn net.Conn, buf []byte) ([]kv.Frame, int, *dpReadError) {
-	have := 0
-	conn.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
-	for {
-		frames, n, err := kv.DecodeBatch(buf[:have], s.cfg.Batch)
-		if err == nil {
-			return frames, n, nil
-		}
-		var short *kv.FrameShortError
-		if !errors.As(err, &short) {
-			return nil, 0, &dpReadError{err: err, malformed: true}
-		}
-		if short.Need <= have || short.Need > len(buf) {
-			// The header bounds the body by BytesMax, so this cannot happen
-			// with kv as it is; if kv changes, the bytes decide it, and
-			// bytes close a connection rather than stop the node.
-			return nil, 0, &dpReadError{malformed: true, err: fmt.Errorf(
-				"cluster: kv.DecodeBatch needs %d bytes with %d read into a %d-byte buffer", short.Need, have, len(buf))}
-		}
-		if got, err := io.ReadFull(conn, buf[have:short.Need]); err != nil {
-			first := have == 0 && got == 0
-			return nil, 0, &dpReadError{err: err, eof: first && err == io.EOF,
-				idle: first && errors.Is(err, os.ErrDeadlineExceeded)}
-		}
-		if have == 0 {
-			conn.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
-		}
-		have = short.Need
+// dpConnBuffers is the number of batch buffers a server connection reads
+// into: one is handled while the next batch is read into the other.
+const dpConnBuffers = 2
+
+// dpRead is one batch read whole into buf[:n], not yet decoded, or the
+// error that ended reading (buf then is free for the connection's use).
+type dpRead struct {
+	buf []byte
+	n   int
+	err *dpReadError
+}
+
+// dpReader reads one connection's batches ahead of its handler, into
+// dpConnBuffers buffers allocated once.
+type dpReader struct {
+	s    *DataPlaneServer
+	conn net.Conn
+	free chan []byte // buffers the reader may read into
+	full chan dpRead // batches read, in order; the last one may be an error
+	done chan struct{}
+	// busy is the batches handed on and not yet acknowledged, and last the
+	// time (UnixNano) of the latest acknowledgement: the connection is idle
+	// only once nothing is handed on and IdleTimeout has passed since.
+	busy atomic.Int64
+	last atomic.Int64
+
+	mu      sync.Mutex // orders stop against the reader's deadlines
+	stopped bool
+	quit    chan struct{}
+}
+
+func (s *DataPlaneServer) startReader(conn net.Conn) *dpReader {
+	r := &dpReader{
+		s: s, conn: conn,
+		free: make(chan []byte, dpConnBuffers),
+		full: make(chan dpRead, dpConnBuffers),
+		done: make(chan struct{}),
+		quit: make(chan struct{}),
 	}
+	r.last.Store(time.Now().UnixNano())
+	for range dpConnBuffers {
+		r.free <- make([]byte, s.cfg.batchBufferBytes())
+	}
+	go r.run()
+	return r
+}
+
+// stop ends the reader and waits for it; the caller then owns the
+// connection's reads. A read in progress fails at once on a past deadline.
+func (r *dpReader) stop() {
+	r.mu.Lock()
+	if !r.stopped {
+		r.stopped = true
+		close(r.quit)
+		r.conn.SetReadDeadline(time.Unix(1, 0))
+	}
+	r.mu.Unlock()
+	<-r.done
+}
+
+// deadline sets the read deadline unless the reader was stopped.
+func (r *dpReader) deadline(t time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return false
+	}
+	r.conn.SetReadDeadline(t)
+	return true
+}
+
+// acked records that the oldest batch handed on has been acknowledged.
+func (r *dpReader) acked() {
+	r.last.Store(time.Now().UnixNano())
+	r.busy.Add(-1)
+}
+
+// idleUntil is when the connection becomes idle if no batch starts: never
+// (ok false) while a batch is being handled, counted from then on.
+func (r *dpReader) idleUntil() (time.Time, bool) {
+	if r.busy.Load() > 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, r.last.Load()).Add(r.s.cfg.IdleTimeout), true
+}
+
+func (r *dpReader) run() {
+	defer close(r.done)
+	for {
+		var buf []byte
+		select {
+		case buf = <-r.free:
+		case <-r.quit:
+			return
+		}
+		n, err := r.read(buf)
+		if err != nil {
+			r.full <- dpRead{buf: buf, err: err}
+			return
+		}
+		r.busy.Add(1)
+		r.full <- dpRead{buf: buf, n: n}
+	}
+}
+
+var errDPReaderStopped = errors.New("cluster: data plane reader stopped")
+
+// read reads exactly one batch into buf, without decoding its frames: the
+// header, which kv.DecodeBatch checks and which bounds the body by
+// Batch.BytesMax, then the body. It never reads into the next batch and
+// never past the buffer.
+func (r *dpReader) read(buf []byte) (int, *dpReadError) {
+	s, conn := r.s, r.conn
+	hdr := buf[:dpBatchHeaderBytes]
+	for t := time.Now().Add(s.cfg.IdleTimeout); ; {
+		if !r.deadline(t) {
+			return 0, &dpReadError{err: errDPReaderStopped}
+		}
+		got, err := io.ReadFull(conn, hdr)
+		if err == nil {
+			break
+		}
+		first := got == 0
+		if first && errors.Is(err, os.ErrDeadlineExceeded) {
+			// Not idle while the previous batch is handled, nor before
+			// IdleTimeout has passed since its acknowledgement.
+			until, ok := r.idleUntil()
+			if now := time.Now(); !ok {
+				t = now.Add(s.cfg.IdleTimeout)
+				continue
+			} else if until.After(now) {
+				t = until
+				continue
+			}
+		}
+		return 0, &dpReadError{err: err, eof: first && err == io.EOF,
+			idle: first && errors.Is(err, os.ErrDeadlineExceeded)}
+	}
+	need := len(hdr)
+	_, _, err := kv.DecodeBatch(hdr, s.cfg.Batch)
+	var short *kv.FrameShortError
+	switch {
+	case errors.As(err, &short):
+		need = short.Need
+	case err != nil:
+		return 0, &dpReadError{err: err, malformed: true}
+	}
+	if need < len(hdr) || need > len(buf) {
+		// The header bounds the body by BytesMax, so this cannot happen
+		// with kv as it is; if kv changes, the bytes decide it, and bytes
+		// close a connection rather than stop the node.
+		return 0, &dpReadError{malformed: true, err: fmt.Errorf(
+			"cluster: kv.DecodeBatch needs %d bytes with %d read into a %d-byte buffer", need, len(hdr), len(buf))}
+	}
+	if need > len(hdr) {
+		if !r.deadline(time.Now().Add(s.cfg.ReadTimeout)) {
+			return 0, &dpReadError{err: errDPReaderStopped}
+		}
+		if _, err := io.ReadFull(conn, buf[len(hdr):need]); err != nil {
+			return 0, &dpReadError{err: err}
+		}
+	}
+	return need, nil
 }
 
 // closing counts and logs why a connection ends. A malformed batch is

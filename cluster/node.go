@@ -20,6 +20,10 @@ import (
 // StatusRequest and DrainRequest.
 const ControlName = "control"
 
+// drainReplyGrace is how long a drained node waits, after sending its last
+// DrainReply, before it stops.
+const drainReplyGrace = 200 * time.Millisecond
+
 // NodeConfig is one cluster node: its actors, where it serves, how it
 // gossips and how it moves KV.
 type NodeConfig struct {
@@ -316,35 +320,38 @@ func (n *Node) Members() []Member { return n.members.Members() }
 func (n *Node) Stopped() <-chan struct{} { return n.stopped }
 
 // Drain stops new work coming to the node (its metadata says draining,
-// so routers skip it, and its admission answers "busy"), waits until what
-// it has in flight is done or DrainTimeout passes, then leaves the cluster
-// gracefully and stops. It returns what was still in flight when it left.
+// so routers skip it, and its admission takes only requests a router sent
+// before it saw the flag), waits until what it has in flight is done or
+// DrainTimeout passes, then leaves the cluster gracefully and stops. It
+// returns what was still in flight when it left.
 func (n *Node) Drain() (int, error) {
+	left, err := n.drainWait()
+	if err != nil {
+		return left, err
+	}
+	return left, n.Stop()
+}
+
+// drainWait is Drain up to the leave.
+func (n *Node) drainWait() (int, error) {
 	n.mu.Lock()
-	already := n.draining
 	n.draining = true
 	n.mu.Unlock()
-	if already {
-		<-n.stopped
-		return 0, nil
-	}
 	n.updateMeta()
 	deadline := time.Now().Add(n.cfg.DrainTimeout)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	var left int
 	for {
 		inflight, err := n.actors.Drain()
-		if err != nil {
-			return 0, err
+		if err != nil || inflight == 0 || time.Now().After(deadline) {
+			return inflight, err
 		}
-		if left = inflight; inflight == 0 || time.Now().After(deadline) {
-			break
+		select {
+		case <-tick.C:
+		case <-n.stopped:
+			return inflight, nil
 		}
-		<-tick.C
 	}
-	err := n.Stop()
-	return left, err
 }
 
 // Stop leaves the cluster gracefully and stops everything, without
@@ -394,8 +401,9 @@ func (n *Node) status() *messages.StatusReply {
 	n.mu.Unlock()
 	rep := &messages.StatusReply{Node: messages.NodeStatus{
 		Name: n.members.Name(), Role: string(n.cfg.Actors.Role), Incarnation: n.Incarnation(),
-		Address: n.Address(), Draining: draining, InFlight: uint32(a.InFlight),
-		Admitted: a.Admitted + n.rc.routed.Load(), Completed: a.Completed, Failed: a.Failed + n.rc.lost.Load(),
+		Address: n.Address(), Draining: draining, InFlight: uint32(a.InFlight) + n.rc.inFlight(),
+		Admitted: a.Admitted + n.rc.routed.Load(), Completed: a.Completed + n.rc.completed.Load(),
+		Failed:          a.Failed + n.rc.failed.Load() + n.rc.lost.Load(),
 		RejectedTooLong: a.RejectedTooLong + n.rc.rejectedTooLong.Load(),
 		RejectedBusy:    a.RejectedBusy + n.rc.rejectedBusy.Load()}}
 	if n.data != nil {
@@ -434,19 +442,31 @@ func (c *controlActor) Receive(ctx actor.Context) {
 		if err != nil {
 			c.node.log.Error("drain", "err", err)
 		}
+		if !m.Wait {
+			_ = messages.Respond(ctx, &messages.DrainReply{InFlight: uint32(inflight)})
+		}
 		sender, root := ctx.Sender(), c.node.actors.Root()
 		go func() {
-			left, err := c.node.Drain()
+			left, err := c.node.drainWait()
 			if err != nil {
 				c.node.log.Error("drain", "err", err)
 			}
 			if m.Wait && sender != nil {
-				root.Send(sender, &messages.DrainReply{InFlight: uint32(left), Done: left == 0})
+				// Answered before the node stops, or the answer is lost
+				// with the actor system.
+				done := &messages.DrainReply{InFlight: uint32(left), Done: left == 0}
+				if err := messages.Send(root, sender, done); err != nil {
+					c.node.log.Error("drain reply refused by its own validation", "err", err)
+				}
+				// Remote delivery is asynchronous and protoactor has no
+				// flush: give the reply a moment on the wire before the
+				// remote endpoint goes down with the node.
+				time.Sleep(drainReplyGrace)
+			}
+			if err := c.node.Stop(); err != nil {
+				c.node.log.Warn("leave after drain", "err", err)
 			}
 		}()
-		if !m.Wait {
-			_ = messages.Respond(ctx, &messages.DrainReply{InFlight: uint32(inflight)})
-		}
 	}
 }
 

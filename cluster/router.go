@@ -17,54 +17,59 @@ import (
 
 // routerCounters are read by status.
 type routerCounters struct {
-	routed, rejectedTooLong, rejectedBusy, rejectedBad, lost atomic.Uint64
+	routed, completed, failed, lost            atomic.Uint64
+	rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
 }
 
-// routed is a request a router sent to a decode node, until it is known
-// over (or surely over, past the request timeout).
-type routed struct {
-	client     *actor.PID
-	id         uint64
-	decode     uint64 // incarnation
-	decodeAddr string
-	expires    time.Time
+// inFlight is the routed requests not yet answered.
+func (c *routerCounters) inFlight() uint32 {
+	return uint32(c.routed.Load() - c.completed.Load() - c.failed.Load() - c.lost.Load())
 }
 
 // routerActor admits client requests for a cluster: it refuses, before any
 // page exists anywhere, a request that does not fit the context window or
-// the smallest pool on the path it would take, and forwards the rest to
-// the decode node with the most free pages (with the prefill node with the
-// most free pages chosen for it), keeping the client as the sender so that
-// tokens stream from the decode node straight to the client. A draining or
-// suspect node gets no new work. When a decode node is lost, the router
-// tells the clients of the requests it sent there.
+// the smallest pool on the path it would take, and sends the rest to the
+// alive, non-draining decode node with the most free pages, with the
+// prefill node with the most free pages chosen for it. Each routed request
+// gets a relay actor (a child) that the decode node answers: the relay
+// passes tokens and the result on to the client, sees the request end, and
+// tells the client "node lost" if its decode node goes.
 type routerActor struct {
 	cfg      *actors.Config
 	members  func() []Member
 	log      *slog.Logger
 	counters *routerCounters
-	requests map[string]routed // by client PID and id
+	relays   map[string]*relay // by relay PID id
+	byClient map[string]*actor.PID
 }
 
 // memberLost is sent to the router when a member fails or leaves.
 type memberLost struct{ incarnation uint64 }
 
-func routedKey(client *actor.PID, id uint64) string {
-	return fmt.Sprintf("%s#%d", client, id)
-}
+func clientKey(client *actor.PID, id uint64) string { return fmt.Sprintf("%s#%d", client, id) }
 
 func (r *routerActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
-		r.requests = map[string]routed{}
+		r.relays = map[string]*relay{}
+		r.byClient = map[string]*actor.PID{}
 	case *messages.GenerateRequest:
 		r.route(c, m)
 	case *messages.CancelRequest:
-		if rt, ok := r.requests[routedKey(c.Sender(), m.RequestID)]; ok {
-			c.RequestWithCustomSender(actor.NewPID(rt.decodeAddr, actors.AdmissionName), m, c.Sender())
+		if pid := r.byClient[clientKey(c.Sender(), m.RequestID)]; pid != nil {
+			c.Send(pid, m)
 		}
 	case memberLost:
-		r.lost(c, m.incarnation)
+		for id, rl := range r.relays {
+			if rl.decode == m.incarnation {
+				c.Send(actor.NewPID(c.Self().Address, id), m)
+			}
+		}
+	case *actor.Terminated:
+		if rl, ok := r.relays[m.Who.Id]; ok {
+			delete(r.relays, m.Who.Id)
+			delete(r.byClient, clientKey(rl.client, rl.id))
+		}
 	case *messages.Undecodable:
 		r.counters.rejectedBad.Add(1)
 	}
@@ -110,44 +115,89 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest) {
 		}
 		return
 	}
-	now := time.Now()
-	r.prune(now)
+	if len(r.relays) >= r.cfg.QueueMax {
+		reject(&actors.BusyError{Where: "router", Have: len(r.relays), Limit: r.cfg.QueueMax}, &r.counters.rejectedBusy)
+		return
+	}
+	key := clientKey(c.Sender(), m.RequestID)
+	if r.byClient[key] != nil {
+		reject(&actors.BadRequestError{Reason: fmt.Sprintf("request id %d is already in flight", m.RequestID)},
+			&r.counters.rejectedBad)
+		return
+	}
 	fwd := &messages.RoutedRequest{RequestID: m.RequestID, Tenant: m.Tenant, Prompt: m.Prompt, MaxTokens: m.MaxTokens,
 		Prefill: p.Meta.RemoteAddr, PrefillIncarnation: p.Meta.Incarnation}
 	if err := fwd.Validate(); err != nil {
 		reject(err, &r.counters.rejectedBad)
 		return
 	}
-	c.RequestWithCustomSender(actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), fwd, c.Sender())
-	r.requests[routedKey(c.Sender(), m.RequestID)] = routed{client: c.Sender(), id: m.RequestID,
-		decode: d.Meta.Incarnation, decodeAddr: d.Meta.RemoteAddr, expires: now.Add(r.cfg.RequestTimeout)}
-	r.counters.routed.Add(1)
+	r.counters.routed.Add(1) // before the relay exists, so that in-flight never counts below zero
+	rl := &relay{client: c.Sender(), id: m.RequestID, decode: d.Meta.Incarnation,
+		admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: fwd,
+		timeout: r.cfg.RequestTimeout, counters: r.counters, log: r.log}
+	pid := c.Spawn(actor.PropsFromProducer(func() actor.Actor { return rl },
+		actor.WithMailbox(actor.Bounded(r.cfg.MailboxMax))))
+	r.relays[pid.Id] = rl
+	r.byClient[key] = pid
 }
 
-// lost answers the clients of every request sent to a decode node that
-// is gone: the node cannot answer them any more.
-func (r *routerActor) lost(c actor.Context, inc uint64) {
-	for k, rt := range r.requests {
-		if rt.decode != inc {
-			continue
+// relay carries one routed request: it sends the request to the decode
+// node as itself, passes every token and the result to the client, and
+// ends with the result, with "node lost" if the decode node goes, or after
+// the request timeout with no answer.
+type relay struct {
+	client    *actor.PID
+	id        uint64
+	decode    uint64 // the decode node's incarnation
+	admission *actor.PID
+	request   *messages.RoutedRequest
+	timeout   time.Duration
+	counters  *routerCounters
+	log       *slog.Logger
+	deadline  *time.Timer
+}
+
+type relayTimeout struct{}
+
+func (rl *relay) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		c.Request(rl.admission, rl.request)
+		self, sys := c.Self(), c.ActorSystem()
+		rl.deadline = time.AfterFunc(rl.timeout, func() { sys.Root.Send(self, relayTimeout{}) })
+	case *actor.Stopping:
+		rl.deadline.Stop()
+	case *messages.TokenChunk:
+		rl.pass(c, m)
+	case *messages.GenerateResult:
+		if m.Err != nil {
+			rl.counters.failed.Add(1)
+		} else {
+			rl.counters.completed.Add(1)
 		}
-		delete(r.requests, k)
-		r.counters.lost.Add(1)
-		res := &messages.GenerateResult{RequestID: rt.id, FinishReason: messages.FinishError,
-			Err: &messages.WireError{Code: messages.CodeNodeLost, Message: fmt.Sprintf("decode node %x was lost", inc),
-				Where: rt.decodeAddr}}
-		if err := messages.Send(c, rt.client, res); err != nil {
-			r.log.Error("node-lost result refused by its own validation", "err", err)
-		}
+		rl.pass(c, m)
+		c.Stop(c.Self())
+	case *messages.CancelRequest:
+		c.Request(rl.admission, m)
+	case memberLost:
+		rl.end(c, fmt.Sprintf("decode node %x was lost", rl.decode))
+	case relayTimeout:
+		rl.end(c, fmt.Sprintf("no answer from decode node %x within %s", rl.decode, rl.timeout))
+	case *messages.Undecodable:
+		rl.log.Warn("undecodable message from a decode node", "err", m.Err)
 	}
 }
 
-// prune forgets requests past their timeout: their decode node has
-// answered them one way or another by now.
-func (r *routerActor) prune(now time.Time) {
-	for k, rt := range r.requests {
-		if now.After(rt.expires) {
-			delete(r.requests, k)
-		}
+func (rl *relay) pass(c actor.Context, m messages.Message) {
+	if err := messages.Send(c, rl.client, m); err != nil {
+		rl.log.Error("relayed message refused by its own validation", "err", err)
 	}
+}
+
+// end answers the client "node lost" and stops.
+func (rl *relay) end(c actor.Context, why string) {
+	rl.counters.lost.Add(1)
+	rl.pass(c, &messages.GenerateResult{RequestID: rl.id, FinishReason: messages.FinishError,
+		Err: &messages.WireError{Code: messages.CodeNodeLost, Message: why, Where: rl.admission.Address}})
+	c.Stop(c.Self())
 }
