@@ -300,6 +300,26 @@ func TestBinaryUp(t *testing.T) {
 // TestBinaryUpNodeFails: a node that cannot start (here its pools are
 // refused by preflight) makes up stop the others and exit 1 with the end
 // of the node's log.
+// TestBinaryUpPrompt is the README's main command: up with --prompt brings
+// a cluster up, prints the reference answer for the prompt, stops every node
+// and exits 0.
+func TestBinaryUpPrompt(t *testing.T) {
+	const prompt, maxTokens = "Hello, kvwarden", 16
+	code, stdout, stderr := runBinary(t, "", "up", "--listen", freeTCPAddr(t),
+		"--gossip-base-port", strconv.Itoa(freeGossipPort(t)), "--log-dir", t.TempDir(),
+		"--prompt", prompt, "--max-tokens", strconv.Itoa(maxTokens))
+	if code != exitOK {
+		t.Fatalf("up --prompt: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	want, n := referenceText(t, actors.DefaultConfig(), prompt, maxTokens)
+	if !strings.Contains(stdout, "\n"+want+"\n") || !strings.Contains(stdout, fmt.Sprintf("%d tokens, finish", n)) {
+		t.Fatalf("up --prompt did not print the reference answer %q:\n%s", want, stdout)
+	}
+	if got := strings.Count(stderr, `exit="exit 0"`); got != 3 {
+		t.Errorf("%d of 3 nodes stopped with exit 0:\n%s", got, stderr)
+	}
+}
+
 func TestBinaryUpNodeFails(t *testing.T) {
 	code, stdout, stderr := runBinary(t, "", "up", "--listen", freeTCPAddr(t), "--gossip-base-port", "0",
 		"--log-dir", t.TempDir(), "--", "--prefill-pages", "8")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -49,11 +50,16 @@ type upOptions struct {
 	ReadyTimeout    time.Duration
 	StopTimeout     time.Duration
 	NodeArgs        []string
+	// Prompt, when set, is sent once the cluster is up (as Tenant, with at
+	// most MaxTokens), its answer printed, and the cluster stopped.
+	Prompt    string
+	Tenant    string
+	MaxTokens int
 }
 
 func newUpCmd() *cobra.Command {
 	o := upOptions{Prefill: 1, Decode: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
-		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second}
+		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second, Tenant: "demo", MaxTokens: 32}
 	cmd := &cobra.Command{
 		Use:   "up [flags] [-- node run flags]",
 		Short: "Start a local cluster: a router and prefill and decode nodes on loopback",
@@ -68,7 +74,10 @@ prefill-0.log, decode-0.log, …) in --log-dir, by default a new temporary
 directory; up prints where. Once every node serves and every node sees all
 the others alive, up prints a table of the nodes and how to send a request,
 then waits. On SIGINT or SIGTERM it stops the nodes (SIGTERM, and SIGKILL to
-any still running after --stop-timeout), the router first, and exits 0. A
+any still running after --stop-timeout), the router first, and exits 0.
+With --prompt, up instead sends that prompt to the router once the cluster
+is up, prints the streamed answer, stops the cluster and exits with
+generate's status: one command from nothing to an answer. A
 prefill or decode node that exits 0 (drained with "node drain", or stopped)
 leaves the others serving. If the router exits, or any node fails to start or
 exits with an error, up stops the others, prints the end of that node's log
@@ -103,6 +112,9 @@ usage error.`,
 	fs.StringVar(&o.LogDir, "log-dir", o.LogDir, "directory for the nodes' logs (default: a new temporary directory)")
 	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", o.ReadyTimeout, "bound on the start of the whole cluster, until every node sees every other alive")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", o.StopTimeout, "how long a node may take to stop after SIGTERM before it is killed")
+	fs.StringVar(&o.Prompt, "prompt", o.Prompt, "send this prompt once the cluster is up, print the answer, then stop the cluster")
+	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant of the --prompt request")
+	fs.IntVar(&o.MaxTokens, "max-tokens", o.MaxTokens, "most tokens to generate for --prompt")
 	return cmd
 }
 
@@ -150,6 +162,9 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 		return err
 	}
 	c.print(stdout)
+	if o.Prompt != "" {
+		return c.demo(stdout, signals)
+	}
 	for {
 		select {
 		case sig := <-signals:
@@ -166,6 +181,28 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 			return ch.failure("exited")
 		}
 	}
+}
+
+// demo sends the --prompt request to the router and prints its answer as
+// "node generate" would; a signal cancels it.
+func (c *localCluster) demo(stdout io.Writer, signals <-chan os.Signal) error {
+	g := generateOptions{Endpoint: c.o.Listen, Tenant: c.o.Tenant, Prompt: c.o.Prompt, MaxTokens: c.o.MaxTokens,
+		NoAnswerAfter: 2 * time.Minute}
+	prompt, err := g.check(nil)
+	if err != nil {
+		return usageError{err}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-signals:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	fmt.Fprintf(stdout, "\n$ node generate --tenant %s --max-tokens %d --prompt %q\n", g.Tenant, g.MaxTokens, prompt)
+	return generate(ctx, stdout, stdout, g, prompt)
 }
 
 // errSignalled is SIGINT or SIGTERM while the cluster starts: up stops
