@@ -73,8 +73,10 @@ func quiesce(t *testing.T, n *Node) {
 	}
 }
 
+// localClient waits long for a silent node: requests queued behind others
+// under the race detector stay silent for tens of seconds.
 func localClient(n *Node) *client.Client {
-	return client.New(n.Root().ActorSystem(), n.Admission(), client.Options{NoAnswerAfter: 30 * time.Second})
+	return client.New(n.Root().ActorSystem(), n.Admission(), client.Options{NoAnswerAfter: 3 * time.Minute})
 }
 
 // reference is the single-engine answer (gpu.Answer).
