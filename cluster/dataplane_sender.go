@@ -73,23 +73,23 @@ type DataPlaneSender struct {
 	// it writes and the acknowledgement reader takes one out.
 	window chan struct{}
 
-	// wmu serialises encoding: it keeps sequence numbers, the ring and the
-	// writer's queue in one order, and guards next.
-	wmu  sync.Mutex
-	next uint64
-	// Two encode buffers, so that one batch is encoded (its frame headers
-	// and checksums) while the writer goroutine writes the other: bufs
-	// holds the free ones, queue the encoded ones in order. A buffer holds
-	// only headers; payloads are written from where the caller has them.
+	// Encode buffers hold a batch's headers (payloads are written from
+	// where the caller has them), so that a Send encodes its next batch,
+	// checksums included, while the writer goroutine writes and before its
+	// place in the window is free. bufs keeps free ones for reuse; queue
+	// holds the encoded batches that have their place in the window, in
+	// order, so it never fills.
 	bufs  chan *dpEncoded
 	queue chan *dpEncoded
 	// wdone is closed when the writer goroutine has returned: it touches
 	// no payload after that.
 	wdone chan struct{}
 
-	// mu guards ring and err; dead is closed when err is set.
+	// mu guards next, ring and err, and orders the writer's queue as the
+	// ring; dead is closed when err is set.
 	mu   sync.Mutex
-	ring []dpPending // FIFO of ringLen batches from ringHead, capacity InFlightMax
+	next uint64
+	ring []dpPending // FIFO of size batches from head, capacity InFlightMax
 	head int
 	size int
 	err  *DataPlaneLostError
@@ -126,17 +126,14 @@ func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64) (*DataPlaneSen
 	s := &DataPlaneSender{
 		cfg: cfg, addr: addr, peer: peer, lim: lim, conn: conn,
 		window: make(chan struct{}, cfg.InFlightMax),
-		bufs:   make(chan *dpEncoded, dpSendBuffers),
-		queue:  make(chan *dpEncoded, dpSendBuffers),
+		bufs:   make(chan *dpEncoded, cfg.InFlightMax+dpSendBuffers),
+		queue:  make(chan *dpEncoded, cfg.InFlightMax),
 		wdone:  make(chan struct{}),
 		ring:   make([]dpPending, cfg.InFlightMax),
 		dead:   make(chan struct{}),
 	}
-	// Headers of a batch of PagesMax frames with the longest tenants; a
-	// buffer that needs more grows once and keeps it.
-	hdr := min(dpBatchHeaderBytes+lim.PagesMax*dpFrameOverhead(lim.Frame), dpHeaderBufferBytes)
 	for range dpSendBuffers {
-		s.bufs <- &dpEncoded{hdr: make([]byte, 0, hdr), vec: make([][]byte, 0, 2*min(lim.PagesMax, 64))}
+		s.bufs <- s.newEncoded()
 	}
 	s.loops.Go(s.readAcks)
 	s.loops.Go(s.writeLoop)
@@ -270,16 +267,24 @@ func (s *DataPlaneSender) Send(ctx context.Context, frames []kv.Frame) error {
 		}
 	}
 	for _, hi := range cuts {
+		// Encoded first, so that the checksums of the next batch are
+		// computed while the window is full.
+		var e *dpEncoded
+		if e, stop = s.encode(ctx, frames[lo:hi], lo); stop != nil {
+			break
+		}
 		if stop = s.acquire(ctx); stop != nil {
+			s.free(e)
 			break
 		}
 		// The acknowledgement that opened the window may be a refusal of
 		// this call's: it is delivered before its place is given back.
 		if drain(); refused != nil {
+			s.free(e)
 			<-s.window
 			break
 		}
-		if stop = s.write(call, frames[lo:hi], lo); stop != nil {
+		if stop = s.enqueue(call, e, lo); stop != nil {
 			break
 		}
 		written++
@@ -392,7 +397,8 @@ func (s *DataPlaneSender) acquire(ctx context.Context) error {
 	}
 }
 
-// dpSendBuffers is the number of batch buffers a sender encodes into.
+// dpSendBuffers is the number of encode buffers a sender allocates ahead;
+// it allocates more while more batches are encoded at once.
 const dpSendBuffers = 2
 
 // dpHeaderBufferBytes caps what a sender allocates ahead for the headers
@@ -446,42 +452,70 @@ func (e *dpEncoded) encode(frames []kv.Frame, lim kv.BatchLimits) error {
 	return nil
 }
 
-// write encodes one batch and queues it for the writer. The batch joins
-// the ring of unacknowledged batches before it is written, since its
-// acknowledgement may come back before the write returns.
-func (s *DataPlaneSender) write(call *dpCall, frames []kv.Frame, first int) error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
+// encode takes a free buffer and encodes frames (frames [first, …) of the
+// call) into it as one batch.
+func (s *DataPlaneSender) encode(ctx context.Context, frames []kv.Frame, first int) (*dpEncoded, error) {
+	select {
+	case <-s.dead:
+		return nil, s.Err()
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	var e *dpEncoded
 	select {
 	case e = <-s.bufs:
-	case <-s.dead:
-		return s.Err()
+	default:
+		e = s.newEncoded()
 	}
 	if err := e.encode(frames, s.lim); err != nil {
 		// pack checked what kv checks; should it ever differ, the fault is
 		// in these frames, not in the connection.
-		e.reset()
-		s.bufs <- e
-		<-s.window
-		return fmt.Errorf("cluster: data plane encoding frames [%d, %d): %w", first, first+len(frames), err)
+		s.free(e)
+		return nil, fmt.Errorf("cluster: data plane encoding frames [%d, %d): %w", first, first+len(frames), err)
 	}
+	return e, nil
+}
+
+// newEncoded allocates an encode buffer for the headers of a batch of
+// PagesMax frames with the longest tenants, up to dpHeaderBufferBytes; one
+// that needs more grows once and keeps it.
+func (s *DataPlaneSender) newEncoded() *dpEncoded {
+	hdr := min(dpBatchHeaderBytes+s.lim.PagesMax*dpFrameOverhead(s.lim.Frame), dpHeaderBufferBytes)
+	return &dpEncoded{hdr: make([]byte, 0, hdr), vec: make([][]byte, 0, 2*min(s.lim.PagesMax, 64))}
+}
+
+// free gives an encode buffer back for reuse, or drops it when enough are
+// kept.
+func (s *DataPlaneSender) free(e *dpEncoded) {
+	e.reset()
+	select {
+	case s.bufs <- e:
+	default:
+	}
+}
+
+// enqueue queues an encoded batch for the writer, once it has its place
+// in the window. The batch joins the ring of unacknowledged batches before
+// it is written, since its acknowledgement may come back before the write
+// returns; ring and queue are kept in one order under mu.
+func (s *DataPlaneSender) enqueue(call *dpCall, e *dpEncoded, first int) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.err != nil {
-		s.mu.Unlock()
-		e.reset()
-		s.bufs <- e
+		s.free(e)
 		return s.err
 	}
 	if s.size == 0 {
 		s.conn.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
 	}
-	s.ring[(s.head+s.size)%len(s.ring)] = dpPending{seq: s.next, call: call, first: first, count: len(frames)}
+	s.ring[(s.head+s.size)%len(s.ring)] = dpPending{seq: s.next, call: call, first: first, count: e.frames}
 	s.size++
 	s.next++
-	s.mu.Unlock()
 	e.call = call
-	// Never waits: the queue holds as many batches as there are buffers.
+	// Never waits: the queue holds InFlightMax batches, and e has its
+	// place in the window.
 	s.queue <- e
 	return nil
 }
@@ -516,12 +550,11 @@ func (s *DataPlaneSender) writeLoop() {
 			v := net.Buffers(e.vec)
 			_, err := v.WriteTo(s.conn)
 			e.call.wrote <- struct{}{}
-			e.reset()
+			s.free(e)
 			if err != nil {
 				s.fail(err)
 				return
 			}
-			s.bufs <- e
 		case <-s.dead:
 			return
 		}

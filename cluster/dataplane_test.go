@@ -674,3 +674,146 @@ func TestDataPlaneSendInvalidFrame(t *testing.T) {
 		}
 	}
 }
+
+// Payloads are written from where they lie: frames of one batch with
+// tenants of different lengths (so headers of different lengths), payloads
+// that overlap in one buffer, and a payload sent twice all arrive intact,
+// and the handler is called once at a time, in batch order.
+func TestDataPlaneAliasedPayloads(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		inside int
+		next   uint64
+		bad    error
+	)
+	rec := &dpRecorder{}
+	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), func(b DataPlaneBatch) error {
+		mu.Lock()
+		inside++
+		if inside > 1 && bad == nil {
+			bad = fmt.Errorf("handler entered for batch %d while another call runs", b.Seq)
+		}
+		if b.Seq != next && bad == nil {
+			bad = fmt.Errorf("handler called for batch %d, want %d", b.Seq, next)
+		}
+		next++
+		mu.Unlock()
+		time.Sleep(time.Millisecond) // let the reader get ahead
+		err := rec.handle(b)
+		mu.Lock()
+		inside--
+		mu.Unlock()
+		return err
+	})
+	snd := dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
+	rng := rand.New(rand.NewPCG(21, 22))
+	bpt := dpGeom.BytesPerToken()
+	arena := make([]byte, 3*dpGeom.PageBytes())
+	for i := range arena {
+		arena[i] = byte(rng.Uint32())
+	}
+	frames := dpFrames(rng, 11, 7, dpReceiverInc)
+	for i := range frames {
+		f := &frames[i]
+		f.Owner.Tenant = strings.Repeat(string(rune('a'+i)), 1+(i*23)%kv.TenantBytesMax)
+		off := (i * bpt / 2) % (len(arena) - len(f.Payload))
+		f.Payload = arena[off : off+len(f.Payload)]
+	}
+	frames[5].Payload = frames[2].Payload[:len(frames[5].Payload):len(frames[5].Payload)]
+	frames[5].Tokens = len(frames[5].Payload) / bpt
+	if len(frames[5].Payload) > len(frames[2].Payload) {
+		frames[5].Payload, frames[5].Tokens = frames[2].Payload, frames[2].Tokens
+	}
+	snapshot := bytes.Clone(arena)
+	for round := range 3 {
+		rec.mu.Lock()
+		rec.frames, rec.from = nil, nil
+		rec.mu.Unlock()
+		if err := snd.Send(context.Background(), frames); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		dpEqualFrames(t, rec.got(), frames)
+	}
+	if !bytes.Equal(arena, snapshot) {
+		t.Fatal("Send changed the payloads it was given")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if bad != nil {
+		t.Fatal(bad)
+	}
+	if want := uint64(3 * 4); next != want { // 11 frames in batches of 3
+		t.Fatalf("handler called for %d batches, want %d", next, want)
+	}
+}
+
+// A handler that runs longer than IdleTimeout does not make its connection
+// idle: the reader, waiting for the next batch meanwhile, counts idleness
+// only from the last acknowledgement. A batch sent while the handler is
+// busy, after more than IdleTimeout without one, is still read.
+func TestDataPlaneSlowHandlerNotIdle(t *testing.T) {
+	cfg := dpTestConfig(t, dpReceiverInc)
+	cfg.IdleTimeout = 30 * time.Millisecond
+	entered := make(chan struct{}, 1)
+	rec := &dpRecorder{}
+	srv := dpListen(t, cfg, func(b DataPlaneBatch) error {
+		if b.Seq == 0 {
+			entered <- struct{}{}
+			time.Sleep(5 * cfg.IdleTimeout)
+		}
+		return rec.handle(b)
+	})
+	snd := dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
+	rng := rand.New(rand.NewPCG(5, 5))
+	first, second := dpFrames(rng, 1, 1, dpReceiverInc), dpFrames(rng, 1, 2, dpReceiverInc)
+	done := make(chan error, 1)
+	go func() { done <- snd.Send(context.Background(), first) }()
+	<-entered
+	time.Sleep(3 * cfg.IdleTimeout)
+	if err := snd.Send(context.Background(), second); err != nil {
+		t.Fatalf("Send while the handler is busy past IdleTimeout: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	dpEqualFrames(t, rec.got(), slices.Concat(first, second))
+	if rs := srv.Stats(); rs.IdleClosed != 0 {
+		t.Fatalf("server stats %+v: connection closed as idle while its handler ran", rs)
+	}
+	// Then, with nothing sent, it is idle.
+	select {
+	case <-snd.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("connection not closed after IdleTimeout without batches")
+	}
+	if rs := srv.Stats(); rs.IdleClosed != 1 {
+		t.Fatalf("server stats %+v, want the connection closed as idle", rs)
+	}
+}
+
+// A Send whose context ends after its batches were written returns the
+// context's error while the handler still holds them; the sender stays
+// usable.
+func TestDataPlaneSendCancelledAfterWrite(t *testing.T) {
+	entered := make(chan struct{}, 4)
+	release := make(chan struct{})
+	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), func(DataPlaneBatch) error {
+		entered <- struct{}{}
+		<-release
+		return nil
+	})
+	snd := dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
+	rng := rand.New(rand.NewPCG(8, 8))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- snd.Send(ctx, dpFrames(rng, 6, 1, dpReceiverInc)) }()
+	<-entered
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Send = %v, want cancelled", err)
+	}
+	close(release)
+	if err := snd.Send(context.Background(), dpFrames(rng, 2, 2, dpReceiverInc)); err != nil {
+		t.Fatalf("Send after a cancelled one: %v", err)
+	}
+}

@@ -80,11 +80,13 @@
 // stale. Send packs frames into batches within kv.BatchLimits, with at most
 // InFlightMax unacknowledged per connection (back-pressure), and returns
 // only when the receiver's handler has accepted every frame, or with a
-// typed refusal or a lost connection. The receiver (ListenDataPlane)
-// decodes each batch with kv.DecodeBatch into one buffer per connection
-// allocated at hello, refuses any batch with a frame addressed to another
-// incarnation, and hands the rest to its handler, which does the page
-// writes. Malformed bytes close that connection only, counted and logged.
+// typed refusal or a lost connection; payloads go on the wire from where
+// they lie (writev), not copied behind their headers. The receiver
+// (ListenDataPlane) reads into two buffers per connection allocated at
+// hello, the next batch while the handler runs on the current one, decodes
+// each with kv.DecodeBatch, refuses any batch with a frame addressed to
+// another incarnation, and hands the rest to its handler, which does the
+// page writes; acknowledgements go back in order. Malformed bytes close that connection only, counted and logged.
 // Sends are safe from several goroutines; the handler runs on one goroutine
 // per connection and must copy what it keeps. A lost connection is final:
 // the owner dials again.
