@@ -80,10 +80,13 @@ func freeEverywhere(t *testing.T, nodes ...*Node) {
 	}
 }
 
-func TestRouterPrefillDecode(t *testing.T) {
-	p := startClusterNode(t, actors.RolePrefill)
-	d := startClusterNode(t, actors.RoleDecode, p.GossipAddr())
-	r := startClusterNode(t, actors.RoleRouter, p.GossipAddr())
+// startTrio starts a prefill, a decode and a router node, waits until they
+// all see each other, and dials the router.
+func startTrio(t *testing.T) (p, d, r *Node, c *client.Client) {
+	t.Helper()
+	p = startClusterNode(t, actors.RolePrefill)
+	d = startClusterNode(t, actors.RoleDecode, p.GossipAddr())
+	r = startClusterNode(t, actors.RoleRouter, p.GossipAddr())
 	for _, n := range []*Node{p, d, r} {
 		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 })
 	}
@@ -91,7 +94,12 @@ func TestRouterPrefillDecode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(c.Close)
+	return p, d, r, c
+}
+
+func TestRouterPrefillDecode(t *testing.T) {
+	p, d, r, c := startTrio(t)
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
@@ -191,17 +199,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 // is entirely free again (pages sent and never acknowledged go at their
 // reclaim deadline).
 func TestDecodeLostFailsCleanly(t *testing.T) {
-	p := startClusterNode(t, actors.RolePrefill)
-	d := startClusterNode(t, actors.RoleDecode, p.GossipAddr())
-	r := startClusterNode(t, actors.RoleRouter, p.GossipAddr())
-	for _, n := range []*Node{p, d, r} {
-		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 })
-	}
-	c, err := client.Dial(r.Address(), client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	p, d, _, c := startTrio(t)
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Generate(context.Background(), "acme", strings.Repeat("a long prompt in transfer. ", 16)[:400],
@@ -213,7 +211,7 @@ func TestDecodeLostFailsCleanly(t *testing.T) {
 		return err == nil && n > 0
 	})
 	d.shutdown()
-	err = <-done
+	err := <-done
 	var we *messages.WireError
 	if !errors.As(err, &we) || we.Code != messages.CodeNodeLost {
 		t.Fatalf("request on a dead decode node: %v, want node_lost", err)
