@@ -128,6 +128,17 @@ func (a *admissionActor) Receive(c actor.Context) {
 	case *messages.GenerateRequest:
 		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), nil)
 	case *messages.RoutedRequest:
+		if m.DecodeIncarnation != a.cfg.Incarnation {
+			// Routed to an earlier run of this node, at the same address:
+			// the router's relay for it is answering "node lost" already.
+			a.counters.rejectedBad.Add(1)
+			err := &BadRequestError{Reason: fmt.Sprintf("routed to decode node incarnation %x, this is %x",
+				m.DecodeIncarnation, a.cfg.Incarnation)}
+			if err := Reject(c, m.RequestID, err); err != nil {
+				a.log.Error("rejection refused by its own validation", "err", err)
+			}
+			return
+		}
 		peer := PrefillPeer{PID: actor.NewPID(m.Prefill, PrefillName), Incarnation: m.PrefillIncarnation}
 		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), &peer)
 	case *messages.CancelRequest:

@@ -190,9 +190,9 @@ func (n *Node) props(p actor.Producer) *actor.Props {
 	return actor.PropsFromProducer(p, actor.WithMailbox(actor.Bounded(n.cfg.MailboxMax)))
 }
 
-// AcceptFrames hands frames the KV data plane received to the request
-// actor they belong to and waits until it has written them, or refused
-// them. All frames must belong to one request.
+// AcceptFrames hands a copy of frames the KV data plane received to the
+// request actor they belong to and waits until it has written them, or
+// refused them. All frames must belong to one request.
 func (n *Node) AcceptFrames(frames []kv.Frame) error {
 	if len(frames) == 0 {
 		return nil
@@ -207,7 +207,21 @@ func (n *Node) AcceptFrames(frames []kv.Frame) error {
 	if !ok {
 		return &kv.StaleTagError{Page: frames[0].Dest.Index, Have: frames[0].Dest}
 	}
-	rep, err := ask[FramesInReply](n.root, pid.(*actor.PID), FramesIn{Frames: frames}, n.cfg.CallTimeout)
+	// The payloads alias the data plane's buffer, which is reused once this
+	// returns, and this may return (on timeout) before the request actor has
+	// read them: the message gets its own copy.
+	owned := make([]kv.Frame, len(frames))
+	size := 0
+	for i := range frames {
+		size += len(frames[i].Payload)
+	}
+	buf := make([]byte, 0, size)
+	for i, f := range frames {
+		buf = append(buf, f.Payload...)
+		f.Payload = buf[len(buf)-len(f.Payload):]
+		owned[i] = f
+	}
+	rep, err := ask[FramesInReply](n.root, pid.(*actor.PID), FramesIn{Frames: owned}, n.cfg.CallTimeout)
 	if err != nil {
 		return err
 	}

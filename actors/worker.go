@@ -28,7 +28,6 @@ type (
 	}
 	// FramesIn is frames the KV data plane received for a request actor;
 	// answered with a FramesInReply once they are written (or refused).
-	// The payloads alias the connection's buffer until the answer.
 	FramesIn struct{ Frames []kv.Frame }
 	// FramesInReply carries the outcome of a FramesIn.
 	FramesInReply struct{ Err error }
@@ -70,9 +69,11 @@ type (
 )
 
 // FrameSender sends frames to one peer's KV data plane and returns once
-// the peer has accepted (or refused) them.
+// the peer has accepted (or refused) them. Done is closed when its
+// connection is gone for good (the peer closed it idle, or died).
 type FrameSender interface {
 	Send(ctx context.Context, frames []kv.Frame) error
+	Done() <-chan struct{}
 	Close() error
 }
 
@@ -310,6 +311,7 @@ func (w *workerActor) sink(c actor.Context, job *prefillJob) (func([]kv.Frame) e
 	// Keyed by incarnation too: a decode node restarted at the same address
 	// is another peer, and refuses a connection made for its old self.
 	key := fmt.Sprintf("%s#%x", addr, inc)
+	w.pruneSenders()
 	s := w.senders[key]
 	if s == nil {
 		if w.dial == nil {
@@ -331,6 +333,21 @@ func (w *workerActor) sink(c actor.Context, job *prefillJob) (func([]kv.Frame) e
 		}
 		return err
 	}, nil
+}
+
+// pruneSenders forgets senders whose connection is gone (closed idle by
+// the peer, or the peer died or restarted), so that the next transfer dials
+// afresh instead of failing on a dead connection, and the map holds only
+// live peers.
+func (w *workerActor) pruneSenders() {
+	for key, s := range w.senders {
+		select {
+		case <-s.Done():
+			s.Close()
+			delete(w.senders, key)
+		default:
+		}
+	}
 }
 
 // stream sends the prefilled pages as frames addressed to the plan's

@@ -124,6 +124,7 @@ type Node struct {
 	rc      *routerCounters
 
 	mu       sync.Mutex
+	metaMu   sync.Mutex
 	draining bool
 	stopped  chan struct{} // closed when the node has left after a drain
 	stopOnce sync.Once
@@ -181,9 +182,12 @@ func (n *Node) start() error {
 		return err
 	}
 	if cfg.Actors.Role == actors.RoleRouter {
-		r := &routerActor{cfg: &n.cfg.Actors, members: n.membersNow, log: n.log, counters: n.rc}
+		r := &routerActor{cfg: &n.cfg.Actors, members: n.membersNow, draining: n.isDraining, log: n.log, counters: n.rc}
+		// A relay that panics is stopped, never restarted: a restart would
+		// send its request to the decode node a second time.
+		stop := actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive { return actor.StopDirective })
 		if n.router, err = n.actors.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return r },
-			actor.WithMailbox(actor.Bounded(cfg.Actors.MailboxMax))), actors.AdmissionName); err != nil {
+			actor.WithMailbox(actor.Bounded(cfg.Actors.MailboxMax)), actor.WithSupervisor(stop)), actors.AdmissionName); err != nil {
 			return err
 		}
 	}
@@ -206,6 +210,13 @@ func (n *Node) start() error {
 	go n.watch()
 	go n.publish()
 	return nil
+}
+
+// isDraining says whether the node is draining.
+func (n *Node) isDraining() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.draining
 }
 
 // membersNow is the membership as of now; the router reads it per request.
@@ -250,23 +261,41 @@ func (n *Node) pages() (capacity, free uint32) {
 	return capacity, free
 }
 
-// watch turns membership events into what the actors must know: a member
-// that failed or left takes its transfers and its routed requests with it.
+// watch tells the actors which peers are gone: a member that was alive and
+// no longer is took its transfers and its routed requests with it. Every
+// event, and every MetaInterval, triggers a fresh look at Members, so that
+// an event the full channel dropped (membership drops rather than stall
+// memberlist) is caught up at the next tick.
 func (n *Node) watch() {
 	defer n.bg.Done()
+	t := time.NewTicker(n.cfg.MetaInterval)
+	defer t.Stop()
+	known := map[uint64]string{} // incarnation → name of every member seen alive
 	for {
 		select {
 		case <-n.quit:
 			return
-		case e := <-n.members.Events():
-			if e.Kind != EventFail && e.Kind != EventLeave {
-				continue
+		case _, ok := <-n.members.Events():
+			if !ok {
+				return
 			}
-			inc := e.Member.Meta.Incarnation
-			n.log.Info("member gone", "name", e.Member.Name, "kind", e.Kind.String(), "reason", e.Reason)
-			n.actors.PeerLost(inc)
-			if n.router != nil {
-				n.actors.Root().Send(n.router, memberLost{incarnation: inc})
+		case <-t.C:
+		}
+		alive := map[uint64]bool{}
+		for _, m := range n.members.Members() {
+			if m.State == StateAlive {
+				alive[m.Meta.Incarnation] = true
+				known[m.Meta.Incarnation] = m.Name
+			}
+		}
+		for inc, name := range known {
+			if !alive[inc] {
+				delete(known, inc)
+				n.log.Info("member gone", "name", name)
+				n.actors.PeerLost(inc)
+				if n.router != nil {
+					n.actors.Root().Send(n.router, memberLost{incarnation: inc})
+				}
 			}
 		}
 	}
@@ -289,11 +318,13 @@ func (n *Node) publish() {
 }
 
 func (n *Node) updateMeta() {
+	// One update at a time: a tick that read "not draining" must not
+	// publish after the drain published "draining".
+	n.metaMu.Lock()
+	defer n.metaMu.Unlock()
 	meta := n.members.Meta()
 	meta.CapacityPages, meta.FreePages = n.pages()
-	n.mu.Lock()
-	meta.Draining = n.draining
-	n.mu.Unlock()
+	meta.Draining = n.isDraining()
 	if meta != n.members.Meta() {
 		if err := n.members.UpdateMeta(meta); err != nil {
 			n.log.Warn("metadata update failed", "err", err)
@@ -332,18 +363,35 @@ func (n *Node) Drain() (int, error) {
 	return left, n.Stop()
 }
 
-// drainWait is Drain up to the leave.
+// drainWait is Drain up to the leave. The node is done when it has had
+// nothing in flight across drainSettle MetaIntervals: long enough for every
+// router to have seen the draining flag, so that no request is on its way
+// when the node leaves. An error asking the actors is retried, not taken
+// for "done".
 func (n *Node) drainWait() (int, error) {
 	n.mu.Lock()
 	n.draining = true
 	n.mu.Unlock()
 	n.updateMeta()
 	deadline := time.Now().Add(n.cfg.DrainTimeout)
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := time.NewTicker(n.cfg.MetaInterval)
 	defer tick.Stop()
+	idle := 0
 	for {
-		inflight, err := n.actors.Drain()
-		if err != nil || inflight == 0 || time.Now().After(deadline) {
+		inflight, err := n.inFlight()
+		switch {
+		case err != nil:
+			n.log.Warn("drain: asking what is in flight", "err", err)
+			idle = 0
+		case inflight > 0:
+			idle = 0
+		default:
+			idle++
+		}
+		if idle > drainSettle {
+			return 0, nil
+		}
+		if time.Now().After(deadline) {
 			return inflight, err
 		}
 		select {
@@ -352,6 +400,17 @@ func (n *Node) drainWait() (int, error) {
 			return inflight, nil
 		}
 	}
+}
+
+// drainSettle is how many MetaIntervals a draining node must have nothing
+// in flight before it leaves.
+const drainSettle = 3
+
+// inFlight is what the node has in hand: its actors' requests and plans,
+// and the requests its router is relaying.
+func (n *Node) inFlight() (int, error) {
+	total, err := n.actors.Drain()
+	return total + int(n.rc.inFlight()), err
 }
 
 // Stop leaves the cluster gracefully and stops everything, without

@@ -37,6 +37,7 @@ func (c *routerCounters) inFlight() uint32 {
 type routerActor struct {
 	cfg      *actors.Config
 	members  func() []Member
+	draining func() bool
 	log      *slog.Logger
 	counters *routerCounters
 	relays   map[string]*relay // by relay PID id
@@ -54,6 +55,12 @@ func (r *routerActor) Receive(c actor.Context) {
 		r.relays = map[string]*relay{}
 		r.byClient = map[string]*actor.PID{}
 	case *messages.GenerateRequest:
+		if c.Sender() == nil {
+			// Nobody to answer: routing it would generate for no one.
+			r.counters.rejectedBad.Add(1)
+			r.log.Warn("request without a sender dropped", "id", m.RequestID)
+			return
+		}
 		r.route(c, m)
 	case *messages.CancelRequest:
 		if pid := r.byClient[clientKey(c.Sender(), m.RequestID)]; pid != nil {
@@ -98,6 +105,10 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest) {
 			r.log.Error("rejection refused by its own validation", "err", err)
 		}
 	}
+	if r.draining() {
+		reject(&actors.BusyError{Where: "draining router", Have: len(r.relays), Limit: 0}, &r.counters.rejectedBusy)
+		return
+	}
 	ms := r.members()
 	ds, ps := candidates(ms, decodes), candidates(ms, prefills)
 	if len(ds) == 0 || len(ps) == 0 {
@@ -126,7 +137,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest) {
 		return
 	}
 	fwd := &messages.RoutedRequest{RequestID: m.RequestID, Tenant: m.Tenant, Prompt: m.Prompt, MaxTokens: m.MaxTokens,
-		Prefill: p.Meta.RemoteAddr, PrefillIncarnation: p.Meta.Incarnation}
+		Prefill: p.Meta.RemoteAddr, PrefillIncarnation: p.Meta.Incarnation, DecodeIncarnation: d.Meta.Incarnation}
 	if err := fwd.Validate(); err != nil {
 		reject(err, &r.counters.rejectedBad)
 		return
@@ -134,7 +145,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest) {
 	r.counters.routed.Add(1) // before the relay exists, so that in-flight never counts below zero
 	rl := &relay{client: c.Sender(), id: m.RequestID, decode: d.Meta.Incarnation,
 		admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: fwd,
-		timeout: r.cfg.RequestTimeout, counters: r.counters, log: r.log}
+		timeout: r.cfg.RequestTimeout + relayMargin, counters: r.counters, log: r.log}
 	pid := c.Spawn(actor.PropsFromProducer(func() actor.Actor { return rl },
 		actor.WithMailbox(actor.Bounded(r.cfg.MailboxMax))))
 	r.relays[pid.Id] = rl
@@ -158,6 +169,11 @@ type relay struct {
 }
 
 type relayTimeout struct{}
+
+// relayMargin is how much longer a relay waits than the decode node's own
+// RequestTimeout, so that a request that timed out there is reported as
+// the decode node reports it, not as a lost node.
+const relayMargin = 5 * time.Second
 
 func (rl *relay) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
@@ -194,9 +210,12 @@ func (rl *relay) pass(c actor.Context, m messages.Message) {
 	}
 }
 
-// end answers the client "node lost" and stops.
+// end answers the client "node lost", withdraws the request from the
+// decode node in case it is alive after all (a false failure detection, a
+// partition), and stops.
 func (rl *relay) end(c actor.Context, why string) {
 	rl.counters.lost.Add(1)
+	c.Request(rl.admission, &messages.CancelRequest{RequestID: rl.id, Tenant: rl.request.Tenant})
 	rl.pass(c, &messages.GenerateResult{RequestID: rl.id, FinishReason: messages.FinishError,
 		Err: &messages.WireError{Code: messages.CodeNodeLost, Message: why, Where: rl.admission.Address}})
 	c.Stop(c.Self())

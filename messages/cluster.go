@@ -25,12 +25,16 @@ type RoutedRequest struct {
 	// chose it, non-zero, so that a node that restarted since is not taken
 	// for the one chosen.
 	PrefillIncarnation uint64 `msgpack:"prefill_inc"`
+	// DecodeIncarnation is the incarnation of the decode node the router
+	// sent the request to, non-zero: a node restarted at the same address
+	// refuses a request meant for its old self.
+	DecodeIncarnation uint64 `msgpack:"decode_inc"`
 	// Attempt counts the earlier routings of this request, 0 to
 	// RouteAttemptsMax.
 	Attempt uint8 `msgpack:"attempt,omitempty"`
 }
 
-var routedRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "prefill", "prefill_inc", "attempt"}
+var routedRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "prefill", "prefill_inc", "decode_inc", "attempt"}
 
 func (*RoutedRequest) TypeCode() TypeCode { return TypeRoutedRequest }
 
@@ -47,6 +51,9 @@ func (m *RoutedRequest) Validate() error {
 	}
 	if m.PrefillIncarnation == 0 {
 		return &InvalidFieldError{t, "prefill_inc", "0", "a non-zero incarnation"}
+	}
+	if m.DecodeIncarnation == 0 {
+		return &InvalidFieldError{t, "decode_inc", "0", "a non-zero incarnation"}
 	}
 	return checkRange(t, "attempt", uint64(m.Attempt), 0, RouteAttemptsMax)
 }
@@ -67,6 +74,8 @@ func (m *RoutedRequest) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readString(d, t, "prefill", AddrBytesMax, &m.Prefill)
 		case 5:
 			return readU64(d, t, "prefill_inc", &m.PrefillIncarnation)
+		case 6:
+			return readU64(d, t, "decode_inc", &m.DecodeIncarnation)
 		default:
 			v, err := readUint(d, t, "attempt", math.MaxUint8)
 			m.Attempt = uint8(v)

@@ -31,7 +31,7 @@ func samples() []Message {
 		&TransferAbort{RequestID: 1 << 40, Tenant: "globex", Reason: WireError{Code: CodeIntegrity, Message: "checksum mismatch on page 2", Have: 2, Where: "decode"}},
 		&TransferDone{RequestID: 1 << 40, Tenant: "globex", First: 70000, Frames: 3},
 		&TransferDone{RequestID: 1 << 41, Tenant: "globex", Err: &WireError{Code: CodeNodeLost, Message: "data plane unreachable", Where: "[::1]:7070"}},
-		&RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "The capital of France is", MaxTokens: 16, Prefill: "10.0.0.2:8090", PrefillIncarnation: math.MaxUint64, Attempt: 2},
+		&RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "The capital of France is", MaxTokens: 16, Prefill: "10.0.0.2:8090", PrefillIncarnation: math.MaxUint64, DecodeIncarnation: 0x1234, Attempt: 2},
 		&StatusRequest{},
 		&StatusReply{
 			Node: NodeStatus{Name: "decode-1", Role: RoleDecode, Incarnation: 1 << 33, Address: "10.0.0.1:8090", DataPlane: "10.0.0.1:7070", Draining: true,
@@ -213,7 +213,7 @@ func TestWorstCaseFits(t *testing.T) {
 		&TransferDone{RequestID: math.MaxUint64, Tenant: tenant, First: math.MaxUint32, Frames: math.MaxUint32},
 		&TransferDone{RequestID: math.MaxUint64, Tenant: tenant, Err: &werr},
 		&RoutedRequest{RequestID: math.MaxUint64, Tenant: tenant, Prompt: prompt, MaxTokens: GenerateTokensMax,
-			Prefill: addr, PrefillIncarnation: math.MaxUint64, Attempt: RouteAttemptsMax},
+			Prefill: addr, PrefillIncarnation: math.MaxUint64, DecodeIncarnation: math.MaxUint64, Attempt: RouteAttemptsMax},
 		&StatusRequest{},
 		&StatusReply{
 			Node: NodeStatus{Name: name, Role: RolePrefill, Incarnation: math.MaxUint64, Address: addr, DataPlane: addr, Draining: true,
@@ -295,6 +295,7 @@ func TestValidateRefuses(t *testing.T) {
 		{"routed prefill without port", func() Message { r := okRouted(); r.Prefill = "10.0.0.2"; return r }(), &invalid},
 		{"routed long prefill", func() Message { r := okRouted(); r.Prefill = strings.Repeat("h", AddrBytesMax) + ":1"; return r }(), &tooLarge},
 		{"routed zero incarnation", func() Message { r := okRouted(); r.PrefillIncarnation = 0; return r }(), &invalid},
+		{"routed zero decode incarnation", func() Message { r := okRouted(); r.DecodeIncarnation = 0; return r }(), &invalid},
 		{"routed many attempts", func() Message { r := okRouted(); r.Attempt = RouteAttemptsMax + 1; return r }(), &tooLarge},
 		{"status empty name", func() Message { s := okStatus(); s.Node.Name = ""; return s }(), &invalid},
 		{"status long name", func() Message { s := okStatus(); s.Node.Name = strings.Repeat("n", NodeNameBytesMax+1); return s }(), &tooLarge},
