@@ -16,6 +16,11 @@ import (
 
 // nodeCounters are the node's request counters, read by status and tests.
 type nodeCounters struct {
+	// requestIDs hands out request ids, one per transfer attempt: unique
+	// in this node run, so that anything of an abandoned attempt is told
+	// apart from the current one.
+	requestIDs                                           atomic.Uint64
+	ignored                                              atomic.Uint64 // late messages of abandoned attempts
 	admitted, rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
 	completed, failed, retried                           atomic.Uint64
 	framesAccepted, framesRefused                        atomic.Uint64
@@ -105,8 +110,7 @@ type admissionActor struct {
 	dPools    []*Pool
 	pick      PrefillPicker
 	dataPlane string
-	registry  *sync.Map // owner.Request → request actor PID, for the data plane
-	nextID    uint64
+	registry  *sync.Map // owner.Request → request actor PID, for the data plane; kept by the request actors
 	draining  bool
 	inflight  map[string]admitted // by child PID id
 	byClient  map[clientKey]*actor.PID
@@ -114,9 +118,8 @@ type admissionActor struct {
 }
 
 type admitted struct {
-	key     clientKey
-	request uint64
-	route   route
+	key   clientKey
+	route route
 }
 
 func (a *admissionActor) Receive(c actor.Context) {
@@ -146,10 +149,10 @@ func (a *admissionActor) Receive(c actor.Context) {
 			c.Send(pid, CancelJob{})
 		}
 	case PeerLost:
-		for id, ad := range a.inflight {
-			if ad.route.prefillIncarnation == m.Incarnation {
-				c.Send(actor.NewPID(c.Self().Address, id), m)
-			}
+		// Every request hears of it: a retry may have moved a request to a
+		// peer other than the one admission chose.
+		for id := range a.inflight {
+			c.Send(actor.NewPID(c.Self().Address, id), m)
 		}
 	case Drain:
 		a.draining = true
@@ -161,7 +164,6 @@ func (a *admissionActor) Receive(c actor.Context) {
 		if ad, ok := a.inflight[m.Who.Id]; ok {
 			delete(a.inflight, m.Who.Id)
 			delete(a.byClient, ad.key)
-			a.registry.Delete(ad.request)
 			a.dLoad[ad.route.decodeIndex]--
 		}
 	case AdmissionStatus:
@@ -269,20 +271,18 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 		reject(&BadRequestError{Reason: fmt.Sprintf("request id %d is already in flight", id)})
 		return
 	}
-	a.nextID++
 	rt := route{prefill: peer.PID, prefillIncarnation: peer.Incarnation, decode: a.decode[d], decodePool: a.dPools[d],
 		decodeIndex: d}
 	if peer.Incarnation != a.cfg.Incarnation {
 		rt.dataPlane = a.dataPlane
 	}
-	owner := kv.Owner{Request: a.nextID, Tenant: tenant}
+	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
 	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, client: c.Sender(), clientID: id,
 		owner: owner, prompt: prompt, maxNew: maxTokens, route: rt, dataPlane: a.dataPlane,
-		pick: a.pick, tried: map[uint64]bool{}}
+		pick: a.pick, tried: map[uint64]bool{}, registry: a.registry}
 	pid := c.Spawn(actor.PropsFromProducer(func() actor.Actor { return req },
 		actor.WithMailbox(actor.Bounded(a.cfg.MailboxMax))))
-	a.registry.Store(owner.Request, pid)
-	a.inflight[pid.Id] = admitted{key: key, request: owner.Request, route: rt}
+	a.inflight[pid.Id] = admitted{key: key, route: rt}
 	a.byClient[key] = pid
 	a.dLoad[d]++
 	a.counters.admitted.Add(1)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
 )
 
 // Role is what a node does in a cluster.
@@ -186,6 +187,18 @@ func (c Config) Validate() error {
 	}
 	if c.ContextTokens > c.Model.ContextTokens {
 		return fmt.Errorf("actors: ContextTokens (%d) exceeds the model's context (%d)", c.ContextTokens, c.Model.ContextTokens)
+	}
+	// What admission lets through must fit the wire messages it becomes.
+	if c.ContextTokens > messages.PromptTokensMax {
+		return fmt.Errorf("actors: ContextTokens (%d) exceeds the %d prompt tokens a transfer plan carries",
+			c.ContextTokens, messages.PromptTokensMax)
+	}
+	if pages := c.Geometry().PagesFor(c.ContextTokens); pages > messages.PlanTagsMax {
+		return fmt.Errorf("actors: ContextTokens (%d) in pages of %d tokens needs %d pages, more than the %d tags a transfer plan carries",
+			c.ContextTokens, c.PageTokens, pages, messages.PlanTagsMax)
+	}
+	if c.MaxTokensMax > messages.GenerateTokensMax {
+		return fmt.Errorf("actors: MaxTokensMax (%d) exceeds the %d tokens a result carries", c.MaxTokensMax, messages.GenerateTokensMax)
 	}
 	for _, d := range []struct {
 		name string

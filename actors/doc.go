@@ -27,10 +27,21 @@
 // A page changes owner, is written and is leased only by messages to its
 // page actor, one at a time. The engine reads a leased page's bytes
 // directly (in the worker's goroutine): sealed bytes do not change while a
-// lease is held. Actors call one another with bounded futures (CallTimeout);
-// no call cycle exists (pages and pools answer, they never ask), so none can
-// deadlock. Every mailbox is bounded (MailboxMax): a sender to a full one
-// waits.
+// lease is held, and every read checks the page's generation, which its
+// page actor publishes atomically, so a page reclaimed under a lease is
+// refused, never read. Actors call one another with bounded futures
+// (CallTimeout); no call cycle exists (pages and pools answer, they never
+// ask), so none can deadlock. Mailboxes are bounded (MailboxMax; a sender to
+// a full one waits), except the pool actor's, which page actors send every
+// free while it sends them assignments: two bounded mailboxes sending to
+// each other could both fill. Its content is bounded by the page count and
+// the requests in flight.
+//
+// A transfer attempt is a request id: a retry takes a new one, so frames,
+// TransferDone and tokens of an abandoned attempt are told apart, dropped
+// and counted, never mixed into the answer. A reservation whose answer
+// comes too late is undone by the pool actor, which handles messages in
+// order.
 //
 // # Supervision
 //

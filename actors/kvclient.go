@@ -46,23 +46,34 @@ func (c *pageClient) Lease(tag kv.Tag, owner kv.Owner) (kv.Lease, error) {
 	return rep.Lease, nil
 }
 
+// Read serves a held lease's bytes after checking, without a message, that
+// the page is still that tenancy: its page actor publishes every
+// generation change, so a page reclaimed under the lease (and perhaps
+// reallocated) is refused here, never read.
 func (c *pageClient) Read(l kv.Lease) ([]byte, int, error) {
 	if c.held[l] == 0 {
-		return nil, 0, &kv.StateError{Page: l.Tag, Op: "read without lease", State: kv.Free}
+		return nil, 0, &kv.StateError{Page: l.Tag, Op: "read without a lease held here", State: kv.Leased}
+	}
+	if int64(l.Tag.Index) >= int64(len(c.pool.gens)) {
+		return nil, 0, &kv.StaleTagError{Page: l.Tag.Index, Have: l.Tag}
+	}
+	if gen := c.pool.gens[l.Tag.Index].Load(); gen != l.Tag.Generation {
+		want := l.Tag
+		want.Generation = gen
+		return nil, 0, &kv.StaleTagError{Page: l.Tag.Index, Want: want, Have: l.Tag}
 	}
 	b := c.views[l]
 	return b, len(b) / c.pool.Geometry.BytesPerToken(), nil
 }
 
+// Unlease gives a lease back. The local record goes whatever the page
+// answers: a lease the page refuses (reclaimed) is no lease any more.
 func (c *pageClient) Unlease(l kv.Lease) error {
-	if err := c.pool.Page(c.r, l.Tag, PageUnlease{Lease: l}).Err; err != nil {
-		return err
-	}
-	if c.held[l]--; c.held[l] == 0 {
+	if c.held[l]--; c.held[l] <= 0 {
 		delete(c.held, l)
 		delete(c.views, l)
 	}
-	return nil
+	return c.pool.Page(c.r, l.Tag, PageUnlease{Lease: l}).Err
 }
 
 // release gives a page back through its page actor.

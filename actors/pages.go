@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -84,13 +85,15 @@ type (
 // read lease of that page goes through its mailbox, one at a time.
 type pageActor struct {
 	page  *kv.Page
-	pool  *actor.PID // told of every free, to put the page back on its free list
+	pool  *actor.PID     // told of every free, to put the page back on its free list
+	gen   *atomic.Uint64 // the page's generation, for readers in other goroutines
 	clock func() time.Time
 	stats *poolCounters
 }
 
 func (a *pageActor) Receive(c actor.Context) {
 	pg := a.page
+	defer func() { a.gen.Store(pg.Tag().Generation) }()
 	var r PageReply
 	var freed bool
 	switch m := c.Message().(type) {
@@ -159,11 +162,13 @@ func (a *pageActor) scheduleReclaim(c actor.Context) {
 // Messages to a pool actor.
 type (
 	// Reserve asks for N pages for Owner from sequence position First, all
-	// or nothing; answered with a ReserveReply.
+	// or nothing; answered with a ReserveReply. Nonce names the
+	// reservation for an undo.
 	Reserve struct {
 		Owner kv.Owner
 		First int
 		N     int
+		Nonce uint64
 	}
 	// ReserveReply carries the tags, in order, or the refusal
 	// (kv.PoolExhaustedError when too few pages are free).
@@ -191,7 +196,21 @@ type poolActor struct {
 	free         kv.FreeList
 	stats        *poolCounters
 	reservations uint64
+	// granted remembers the last grantedMax reservations by nonce, for an
+	// undo from a caller that stopped waiting; order is their age.
+	granted map[uint64][]kv.Tag
+	order   []uint64
 }
+
+// undoReserve releases the reservation Nonce of Owner, if it was granted.
+type undoReserve struct {
+	Owner kv.Owner
+	Nonce uint64
+}
+
+// grantedMax bounds how many reservations a pool actor remembers for an
+// undo: far more than can be waiting on an answer at once.
+const grantedMax = 4096
 
 func (a *poolActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
@@ -199,10 +218,24 @@ func (a *poolActor) Receive(c actor.Context) {
 		c.Respond(a.reserve(c, m))
 	case pageFreed:
 		a.free.Push(m.Tag)
+	case undoReserve:
+		for _, t := range a.granted[m.Nonce] {
+			c.Request(a.pids[t.Index], PageRelease{Tag: t, Owner: m.Owner}) // the reply is dropped here
+		}
+		delete(a.granted, m.Nonce)
 	case PoolStatus:
 		c.Respond(PoolStatusReply{Capacity: a.free.Capacity(), Free: a.free.Len(), Reservations: a.reservations,
 			Reclaimed: a.stats.reclaimed.Load(), Refused: a.stats.snapshot()})
 	}
+}
+
+func (a *poolActor) remember(nonce uint64, tags []kv.Tag) {
+	if len(a.order) == grantedMax {
+		delete(a.granted, a.order[0])
+		a.order = a.order[1:]
+	}
+	a.granted[nonce] = tags
+	a.order = append(a.order, nonce)
 }
 
 func (a *poolActor) reserve(c actor.Context, m Reserve) ReserveReply {
@@ -223,5 +256,6 @@ func (a *poolActor) reserve(c actor.Context, m Reserve) ReserveReply {
 		c.Send(a.pids[t.Index], pageAssign{Tag: t, Owner: m.Owner, First: m.First + i*a.cfg.Geometry.PageTokens})
 	}
 	a.reservations += uint64(m.N)
+	a.remember(m.Nonce, tags)
 	return ReserveReply{Tags: tags}
 }

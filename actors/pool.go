@@ -43,6 +43,13 @@ type Pool struct {
 	Geometry kv.Geometry
 	// Timeout bounds every call a Pool method makes.
 	Timeout time.Duration
+	// gens mirrors each page's current generation, written by its page
+	// actor after every message: a reader in another goroutine checks a
+	// lease against it on every read without a message, and so never reads
+	// a page that was reclaimed and reallocated under it.
+	gens []atomic.Uint64
+	// nonces tell reservations apart, so a timed-out one can be undone.
+	nonces *atomic.Uint64
 }
 
 // spawnPool allocates cfg's arena once, spawns one page actor a page named
@@ -55,19 +62,26 @@ func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox int,
 	}
 	stats := &poolCounters{log: log}
 	pool := &Pool{PID: actor.NewPID(root.ActorSystem().Address(), name), Pages: make([]*actor.PID, len(pages)),
-		Geometry: cfg.Geometry, Timeout: timeout}
+		Geometry: cfg.Geometry, Timeout: timeout, gens: make([]atomic.Uint64, len(pages)), nonces: new(atomic.Uint64)}
 	for i := range pages {
 		pg := &pages[i]
+		pool.gens[i].Store(pg.Tag().Generation)
 		props := actor.PropsFromProducer(func() actor.Actor {
-			return &pageActor{page: pg, pool: pool.PID, clock: clock, stats: stats}
+			return &pageActor{page: pg, pool: pool.PID, gen: &pool.gens[i], clock: clock, stats: stats}
 		}, actor.WithMailbox(actor.Bounded(mailbox)))
 		if pool.Pages[i], err = root.SpawnNamed(props, fmt.Sprintf("%s/page-%d", name, i)); err != nil {
 			return nil, fmt.Errorf("actors: spawn of page %d of %d: %w", i, len(pages), err)
 		}
 	}
+	// The pool actor's mailbox is not bounded by MailboxMax: page actors
+	// send it every free while it sends them assignments, and two bounded
+	// mailboxes sending to each other can both fill and wait forever. What
+	// it holds is bounded anyway: one free per page, one reserve per
+	// request in flight.
 	props := actor.PropsFromProducer(func() actor.Actor {
-		return &poolActor{cfg: cfg, pids: pool.Pages, free: kv.NewFreeList(kv.FirstTags(pages)), stats: stats}
-	}, actor.WithMailbox(actor.Bounded(mailbox)))
+		return &poolActor{cfg: cfg, pids: pool.Pages, free: kv.NewFreeList(kv.FirstTags(pages)), stats: stats,
+			granted: map[uint64][]kv.Tag{}}
+	})
 	pid, err := root.SpawnNamed(props, name)
 	if err != nil {
 		return nil, fmt.Errorf("actors: spawn of pool %s: %w", name, err)
@@ -78,9 +92,10 @@ func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox int,
 	return pool, nil
 }
 
-// Requester is what can make a request to an actor and wait for the
-// answer: an actor.Context or an actor.RootContext.
+// Requester is what can send to an actor and make a request and wait for
+// the answer: an actor.Context or an actor.RootContext.
 type Requester interface {
+	Send(pid *actor.PID, message any)
 	RequestFuture(pid *actor.PID, message any, timeout time.Duration) *actor.Future
 }
 
@@ -119,10 +134,15 @@ func ask[T any](r Requester, pid *actor.PID, msg any, timeout time.Duration) (T,
 	return v, nil
 }
 
-// Reserve asks the pool actor for n pages, all or nothing.
+// Reserve asks the pool actor for n pages, all or nothing. When the
+// answer does not come in time, the reservation is undone: the pool actor,
+// which handles messages in order, releases whatever it granted it, so a
+// slow pool never strands pages with an owner that gave up on them.
 func (p *Pool) Reserve(r Requester, owner kv.Owner, first, n int) ([]kv.Tag, error) {
-	rep, err := ask[ReserveReply](r, p.PID, Reserve{Owner: owner, First: first, N: n}, p.Timeout)
+	nonce := p.nonces.Add(1)
+	rep, err := ask[ReserveReply](r, p.PID, Reserve{Owner: owner, First: first, N: n, Nonce: nonce}, p.Timeout)
 	if err != nil {
+		r.Send(p.PID, undoReserve{Owner: owner, Nonce: nonce})
 		return nil, err
 	}
 	return rep.Tags, rep.Err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -25,7 +26,8 @@ type route struct {
 }
 
 // retriesMax bounds how many other prefill peers a request tries after the
-// first failed before any token was streamed.
+// first failed before any token was streamed: at most 1 + retriesMax
+// attempts in all.
 const retriesMax = 2
 
 // phase is where a request is in its life.
@@ -59,6 +61,9 @@ type requestActor struct {
 	// token was streamed; tried holds the peers that failed.
 	pick  PrefillPicker
 	tried map[uint64]bool
+	// registry maps request ids to this actor for the data plane; the
+	// actor keeps its own entry, which changes with each attempt.
+	registry *sync.Map
 
 	kv       *pageClient // decode pool
 	phase    phase
@@ -77,63 +82,91 @@ type requestActor struct {
 type (
 	retryReserve    struct{}
 	requestDeadline struct{}
-	// prefillDeadline: the transfer of attempt has not finished in
-	// PrefillTimeout.
-	prefillDeadline struct{ attempt int }
+	// prefillDeadline: the transfer attempt of request id attempt has not
+	// finished in PrefillTimeout.
+	prefillDeadline struct{ attempt uint64 }
 )
 
 func (r *requestActor) Receive(c actor.Context) {
-	if r.phase == phaseDone {
-		return // late messages after the answer went out
+	if _, stopping := c.Message().(*actor.Stopping); r.phase == phaseDone && !stopping {
+		r.counters.ignored.Add(1) // late messages after the answer went out
+		return
 	}
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		r.kv = newPageClient(r.route.decodePool, c)
+		r.registry.Store(r.owner.Request, c.Self())
 		r.started = time.Now()
 		self, sys := c.Self(), c.ActorSystem()
 		time.AfterFunc(r.cfg.RequestTimeout, func() { sys.Root.Send(self, requestDeadline{}) })
 		r.reserve(c)
+	case *actor.Stopping:
+		r.registry.Delete(r.owner.Request)
 	case retryReserve:
-		r.reserve(c)
+		if r.phase == phaseReserving {
+			r.reserve(c)
+		}
 	case FrameBatch:
 		frames, _, err := kv.DecodeBatch(m.Data, r.cfg.BatchLimits())
 		if err == nil {
-			err = r.accept(frames)
+			err = r.accept(r.current(frames))
 		}
 		if err != nil {
 			r.finish(c, err)
 		}
 	case FramesIn:
-		err := r.accept(m.Frames)
+		err := r.accept(r.current(m.Frames))
 		c.Respond(FramesInReply{Err: err})
 		if err != nil {
 			r.finish(c, err)
 		}
 	case *messages.TransferDone:
-		if m.Err != nil {
+		switch {
+		case m.RequestID != r.owner.Request || r.phase != phasePrefill:
+			r.counters.ignored.Add(1) // an abandoned attempt's, or a duplicate
+		case m.Err != nil:
 			r.prefillFailed(c, m.Err)
-			return
+		default:
+			r.transferDone(c, m)
 		}
-		r.transferDone(c, m)
 	case PeerLost:
 		if m.Incarnation == r.route.prefillIncarnation && r.phase == phasePrefill {
 			r.prefillFailed(c, &messages.WireError{Code: messages.CodeNodeLost,
 				Message: fmt.Sprintf("prefill node %x left", m.Incarnation)})
 		}
 	case prefillDeadline:
-		if m.attempt == len(r.tried) && r.phase == phasePrefill {
+		if m.attempt == r.owner.Request && r.phase == phasePrefill {
 			r.prefillFailed(c, &messages.WireError{Code: messages.CodeNodeLost,
 				Message: fmt.Sprintf("no transfer from prefill node %x within %s", r.route.prefillIncarnation, r.cfg.PrefillTimeout)})
 		}
 	case TokenOut:
-		r.token(c, m.Token)
+		if m.Owner == r.owner && r.phase == phaseDecoding {
+			r.token(c, m.Token)
+		}
 	case DecodeDone:
-		r.finish(c, m.Err)
+		if m.Owner == r.owner && r.phase == phaseDecoding {
+			r.finish(c, m.Err)
+		}
 	case CancelJob:
 		r.finish(c, ErrCancelled)
 	case requestDeadline:
 		r.finish(c, ErrDeadline)
 	}
+}
+
+// current keeps the frames of the current transfer attempt. Frames of an
+// attempt abandoned for a retry carry its own request id: they are late,
+// not wrong, and are dropped and counted rather than failing the request.
+func (r *requestActor) current(frames []kv.Frame) []kv.Frame {
+	keep := frames[:0:0]
+	for _, f := range frames {
+		if f.Owner.Request == r.owner.Request || f.Owner.Tenant != r.owner.Tenant {
+			keep = append(keep, f) // a foreign tenant's frame is not late: accept refuses it
+			continue
+		}
+		r.counters.ignored.Add(1)
+	}
+	return keep
 }
 
 // reserve takes the decode pages for the prompt and for the generated
@@ -180,7 +213,7 @@ func (r *requestActor) reserve(c actor.Context) {
 		return
 	}
 	r.planSent, r.firstFrame = time.Now(), time.Time{}
-	self, sys, attempt := c.Self(), c.ActorSystem(), len(r.tried)
+	self, sys, attempt := c.Self(), c.ActorSystem(), r.owner.Request
 	time.AfterFunc(r.cfg.PrefillTimeout, func() { sys.Root.Send(self, prefillDeadline{attempt: attempt}) })
 }
 
@@ -189,11 +222,11 @@ func (r *requestActor) reserve(c actor.Context) {
 // so the client cannot tell. The old destination pages are released first,
 // so any late frame of the failed attempt presents a stale tag.
 func (r *requestActor) prefillFailed(c actor.Context, cause error) {
+	r.tried[r.route.prefillIncarnation] = true
 	if len(r.tried) > retriesMax {
 		r.finish(c, cause)
 		return
 	}
-	r.tried[r.route.prefillIncarnation] = true
 	peer, ok := r.pick(r.tried)
 	if !ok {
 		r.finish(c, cause)
@@ -205,6 +238,12 @@ func (r *requestActor) prefillFailed(c actor.Context, cause error) {
 	r.releaseAll(r.dest)
 	r.releaseAll(r.spare)
 	r.dest, r.spare, r.frames, r.written = nil, nil, 0, 0
+	// A new attempt is a new request id: whatever the abandoned attempt
+	// still sends (frames, its TransferDone) names the old one and is
+	// dropped, and the prefill peer keys the new plan apart.
+	r.registry.Delete(r.owner.Request)
+	r.owner.Request = r.counters.requestIDs.Add(1)
+	r.registry.Store(r.owner.Request, c.Self())
 	r.route.prefill, r.route.prefillIncarnation, r.route.dataPlane = peer.PID, peer.Incarnation, ""
 	if peer.Incarnation != r.cfg.Incarnation {
 		r.route.dataPlane = r.dataPlane
@@ -229,8 +268,8 @@ func (r *requestActor) abort(c actor.Context, cause error) {
 // nothing is generated from pages that did not fill cleanly.
 func (r *requestActor) accept(frames []kv.Frame) error {
 	if r.phase != phasePrefill {
-		r.counters.framesRefused.Add(uint64(len(frames)))
-		return &kv.StateError{Op: "frames outside the transfer", State: kv.Free}
+		r.counters.ignored.Add(uint64(len(frames))) // a duplicate after the transfer ended
+		return nil
 	}
 	if r.firstFrame.IsZero() {
 		r.firstFrame = time.Now()
@@ -375,7 +414,20 @@ func (r *requestActor) recordPhases() {
 func (r *requestActor) releaseAll(tags []kv.Tag) {
 	for _, t := range tags {
 		if err := r.kv.release(t, r.owner); err != nil {
+			ownsOrPanic(err, "request", t, r.owner)
 			r.log.Warn("release of decode page refused", "tag", t.String(), "err", err)
 		}
+	}
+}
+
+// ownsOrPanic is the check on a refused release or ack of a page the
+// caller reserved itself: a stale tag (the page was reclaimed) is expected,
+// but a page that belongs to another owner means two owners, a broken
+// invariant that must stop the node rather than be logged.
+func ownsOrPanic(err error, who string, t kv.Tag, o kv.Owner) {
+	var tenant *kv.WrongTenantError
+	var owner *kv.WrongOwnerError
+	if errors.As(err, &tenant) || errors.As(err, &owner) {
+		panic(fmt.Sprintf("actors: %s %s reserved page %s and it belongs to another owner: %v", who, o, t, err))
 	}
 }

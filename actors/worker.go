@@ -428,6 +428,7 @@ func (w *workerActor) drop(c actor.Context, key jobKey, tenant string) {
 func (w *workerActor) ack(c actor.Context, o kv.Owner, tags []kv.Tag) {
 	for _, t := range tags {
 		if rep := w.pool.Page(c, t, PageAck{Tag: t, Owner: o}); rep.Err != nil {
+			ownsOrPanic(rep.Err, w.role+" worker", t, o)
 			w.log.Warn("ack of source page refused", "tag", t.String(), "err", rep.Err)
 		}
 	}
@@ -436,6 +437,7 @@ func (w *workerActor) ack(c actor.Context, o kv.Owner, tags []kv.Tag) {
 func (w *workerActor) releaseAll(o kv.Owner, tags []kv.Tag) {
 	for _, t := range tags {
 		if err := w.kv.release(t, o); err != nil {
+			ownsOrPanic(err, w.role+" worker", t, o)
 			w.log.Warn("release of page refused", "tag", t.String(), "err", err)
 		}
 	}

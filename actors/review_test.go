@@ -1,0 +1,142 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// TestLateTransferDoneWhileDecodingIgnored: a TransferDone that arrives
+// while the request decodes (a duplicate, or a slow peer of an abandoned
+// attempt answering at last) must change nothing: the answer is still the
+// reference, and the message is counted as ignored.
+func TestLateTransferDoneWhileDecodingIgnored(t *testing.T) {
+	cfg := testConfig()
+	n := startNode(t, cfg)
+	c := localClient(n)
+	const prompt, maxTokens = "a request that decodes for a while", 60
+	tokens := make(chan int, maxTokens)
+	done := make(chan error, 1)
+	var got []int
+	go func() {
+		res, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: maxTokens},
+			func(tok int) { tokens <- tok })
+		got = res.Tokens
+		done <- err
+	}()
+	<-tokens
+	<-tokens // decoding has begun
+	pid, ok := n.registry.Load(uint64(1))
+	if !ok {
+		t.Fatal("request 1 is not registered")
+	}
+	late := &messages.TransferDone{RequestID: 1, Tenant: "acme", Err: &messages.WireError{Code: messages.CodeBusy}}
+	n.Root().Send(pid.(*actor.PID), late)
+	n.Root().Send(pid.(*actor.PID), &messages.TransferDone{RequestID: 1, Tenant: "acme", First: 7, Frames: 1})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if want := reference(t, cfg, prompt, maxTokens); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("answer after late TransferDones: %v, reference %v", got, want)
+	}
+	if ignored := n.counters.ignored.Load(); ignored < 2 {
+		t.Fatalf("%d messages counted as ignored, want at least 2", ignored)
+	}
+}
+
+// TestReadRefusedAfterReclaim: a reader that still holds a lease when its
+// page is reclaimed (released, deadline passed) and reallocated to another
+// tenant gets a stale-tag error, never the new tenant's bytes.
+func TestReadRefusedAfterReclaim(t *testing.T) {
+	cfg := testConfig()
+	cfg.ReclaimAfter = 20 * time.Millisecond
+	n := startNode(t, cfg)
+	pool := n.Pools()[len(n.Pools())-1]
+	alice, bob := kv.Owner{Request: 1 << 40, Tenant: "alice"}, kv.Owner{Request: 1<<40 + 1, Tenant: "bob"}
+	c := newPageClient(pool, n.Root())
+	fill := func(o kv.Owner, b byte) kv.Tag {
+		t.Helper()
+		tags, err := pool.Reserve(n.Root(), o, 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := make([]byte, pool.Geometry.BytesPerToken())
+		for i := range row {
+			row[i] = b
+		}
+		if err := c.Write(tags[0], o, 0, row); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Seal(tags[0], o); err != nil {
+			t.Fatal(err)
+		}
+		return tags[0]
+	}
+	tag := fill(alice, 'A')
+	l, err := c.Lease(tag, alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.release(tag, alice); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the reclaim: the page's generation moves on.
+	deadline := time.Now().Add(10 * time.Second)
+	for pool.gens[tag.Index].Load() == tag.Generation {
+		if time.Now().After(deadline) {
+			t.Fatal("page not reclaimed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Bob may now hold the very same physical page.
+	bobTag := fill(bob, 'B')
+	b, _, err := c.Read(l)
+	if !errors.As(err, new(*kv.StaleTagError)) {
+		t.Fatalf("read through a reclaimed lease (bob has page %d, alice had %d): %d bytes starting %q, %v",
+			bobTag.Index, tag.Index, len(b), b[:min(len(b), 4)], err)
+	}
+	if err := c.Unlease(l); err == nil {
+		t.Fatal("unlease of a reclaimed lease accepted")
+	}
+	if len(c.held) != 0 || len(c.views) != 0 {
+		t.Fatalf("client still records the reclaimed lease: %d held, %d views", len(c.held), len(c.views))
+	}
+	if err := c.release(bobTag, bob); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReserveTimeoutIsUndone: a reservation whose answer comes too late is
+// undone, so no page is left with an owner that gave up on it.
+func TestReserveTimeoutIsUndone(t *testing.T) {
+	n := startNode(t, testConfig())
+	pool := *n.Pools()[0]
+	pool.Timeout = time.Nanosecond // no answer can come in time
+	_, err := pool.Reserve(n.Root(), kv.Owner{Request: 1 << 40, Tenant: "acme"}, 0, 4)
+	if !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("reserve with a 1ns timeout: %v", err)
+	}
+	// The undo travels pool → pages → pool; wait for the frees to land.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s, err := n.Pools()[0].Status(n.Root())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Free == s.Capacity && s.Reservations == 4 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after an undone reservation: %+v", s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
