@@ -54,12 +54,9 @@
 // "node generate" sends one prompt to a node (client.Dial) and prints the
 // text as the tokens arrive, then a summary to stderr.
 //
-// Known limits of the cluster these commands drive, as of this writing: a
-// DrainRequest with Wait is answered after the node has stopped its remote
-// endpoint, so that answer is lost; drain --wait therefore asks without
-// Wait and watches the node instead. A request a router sends to a decode
-// node that began draining before the router heard of it is refused as
-// busy rather than rerouted.
+// drain --wait asks without Wait and watches the node until it no longer
+// answers as the run it drained, which also covers a node restarted at the
+// same address and one that died during the drain.
 //
 // Exit codes: 0 success, 1 the command ran and failed (preflight refused
 // the node, discovery failed, the node refused a request), 2 usage error

@@ -78,15 +78,19 @@ usage error.`,
 
 // drainAndWait asks for the drain and waits until the node has left.
 //
-// A DrainRequest with Wait set is answered when the drain is over, but by
-// then the node has stopped its remote endpoint, so that answer is lost
-// (see the package documentation). drainAndWait therefore asks without
-// Wait, which the node answers at once with its in-flight count, and then
-// watches the node's status until it no longer accepts connections: it has
-// left. What was in flight when it left is the count its last status
-// showed.
+// It asks without Wait, which the node answers at once with its in-flight
+// count, and then watches the node until it no longer accepts connections,
+// or answers as another incarnation (a supervisor restarted it at the same
+// address): either way the drained run has left. What was in flight when it
+// left is the count its last status showed. Watching, rather than waiting
+// for the answer to a DrainRequest with Wait, also tells a node that died
+// during the drain from one still draining.
 func drainAndWait(w io.Writer, c *controlClient, o drainOptions) error {
 	deadline := time.Now().Add(o.Timeout)
+	before, err := c.status(o.Endpoint, o.Timeout)
+	if err != nil {
+		return fmt.Errorf("drain: %s: %w", o.Endpoint, err)
+	}
 	f, err := c.drainFuture(o.Endpoint, false, o.Timeout)
 	if err != nil {
 		return err
@@ -112,6 +116,11 @@ func drainAndWait(w io.Writer, c *controlClient, o drainOptions) error {
 			return nil
 		}
 		if s, err := c.status(o.Endpoint, min(max(time.Until(deadline), time.Millisecond), statusPollTimeout)); err == nil {
+			if s.Node.Incarnation != before.Node.Incarnation {
+				fmt.Fprintf(w, "drained %s: it left the cluster with %d requests in flight (incarnation %016x serves there now)\n",
+					o.Endpoint, inFlight, s.Node.Incarnation)
+				return nil
+			}
 			inFlight = int(s.Node.InFlight)
 		}
 	}

@@ -138,7 +138,8 @@ func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, 
 		case <-time.After(cancelGrace):
 		}
 	}
-	if ctx.Err() != nil {
+	// An answer complete before Ctrl-C took effect is an answer.
+	if ctx.Err() != nil && (a.err != nil || a.res.Finish == "") {
 		// The client is not closed: a node that did not confirm the
 		// cancellation may hold its shutdown up, and exiting closes it.
 		p.finish(p.printed())

@@ -125,7 +125,7 @@ func (c nodeConfig) serving() (actors.Config, error) {
 	if err != nil {
 		return a, fmt.Errorf("--role %q is not a role: want all, prefill, decode or router", c.Role)
 	}
-	if err := checkListen("--listen", c.Listen); err != nil {
+	if err := checkAdvertised("--listen", c.Listen); err != nil {
 		return a, err
 	}
 	a.Role = role
@@ -155,7 +155,7 @@ func (c nodeConfig) clusterNode() (cluster.NodeConfig, error) {
 	if err != nil {
 		return cluster.NodeConfig{}, err
 	}
-	if err := checkListen("--data", c.Data); err != nil {
+	if err := checkAdvertised("--data", c.Data); err != nil {
 		return cluster.NodeConfig{}, err
 	}
 	for _, j := range c.Join {
@@ -189,6 +189,21 @@ func splitIPPort(flag, addr string) (net.IP, int, error) {
 	}
 	port, _ := strconv.Atoi(p)
 	return ip, port, nil
+}
+
+// checkAdvertised is checkListen for an address the node also gives its
+// peers (in its membership metadata and in transfer plans): a wildcard
+// host (0.0.0.0, ::, empty) names no host a peer could reach.
+func checkAdvertised(flag, addr string) error {
+	if err := checkListen(flag, addr); err != nil {
+		return err
+	}
+	h, _, _ := net.SplitHostPort(addr)
+	if ip := net.ParseIP(h); h == "" || (ip != nil && ip.IsUnspecified()) {
+		return fmt.Errorf("%s %q: peers reach the node at this address, so it needs a host they can reach, not %q",
+			flag, addr, h)
+	}
+	return nil
 }
 
 // checkListen refuses a malformed address before anything starts; whether

@@ -372,6 +372,8 @@ func TestRunRefusals(t *testing.T) {
 		{"timeout", []string{"--request-timeout", "0s"}, exitUsage, []string{"RequestTimeout (0s) must be positive"}},
 		{"listen", []string{"--listen", "7070"}, exitUsage, []string{`--listen "7070"`}},
 		{"listen port", []string{"--listen", "127.0.0.1:70000"}, exitUsage, []string{"port \"70000\" must be 0 to 65535"}},
+		{"listen wildcard", []string{"--listen", "0.0.0.0:7070"}, exitUsage, []string{`--listen "0.0.0.0:7070": peers reach the node`}},
+		{"data wildcard", []string{"--data", ":0"}, exitUsage, []string{`--data ":0": peers reach the node`}},
 		{"log level", []string{"--log-level", "loud"}, exitUsage, []string{"loud"}},
 		{"stray argument", []string{"now"}, exitUsage, []string{`"now"`}},
 		// 64 pages of 16 tokens cannot hold the default 2048-token window.
