@@ -225,3 +225,72 @@ func TestDecodeLostFailsCleanly(t *testing.T) {
 		return true
 	})
 }
+
+// TestTransferAfterIdleDataPlane: the decode node closes data-plane
+// connections idle past IdleTimeout; the next transfer dials afresh
+// instead of failing on the dead connection.
+func TestTransferAfterIdleDataPlane(t *testing.T) {
+	cfg := DefaultLocalNodeConfig(actors.RoleDecode)
+	cfg.DataPlane.IdleTimeout = 200 * time.Millisecond
+	p := startClusterNode(t, actors.RolePrefill)
+	cfg.Gossip.JoinAddrs = []string{p.GossipAddr()}
+	d, err := StartNode(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Stop() })
+	waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(d) == 2 })
+	c, err := client.Dial(d.Address(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 2 {
+		prompt := fmt.Sprintf("request %d after an idle data plane", i)
+		res, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 4}, nil)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if want, _ := gpu.Answer(cfg.Actors.Model, prompt, 4); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
+			t.Fatalf("request %d: %v, reference %v", i, res.Tokens, want)
+		}
+		// The scenario is an idle period: let the server close the
+		// connection the first transfer used.
+		time.Sleep(3 * cfg.DataPlane.IdleTimeout)
+	}
+	if s, _ := d.Actors().Status(); s.Retried != 0 {
+		t.Errorf("a healthy prefill node was retried away from: %+v", s)
+	}
+}
+
+// TestRouterDrainFinishesRelays: draining a router lets the requests it
+// relays finish before it leaves, and refuses new ones meanwhile.
+func TestRouterDrainFinishesRelays(t *testing.T) {
+	_, _, r, c := startTrio(t)
+	const prompt, maxTokens = "a request the router relays while it drains", 48
+	done := make(chan error, 1)
+	first := make(chan struct{}, maxTokens)
+	var got []int
+	go func() {
+		res, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: maxTokens},
+			func(int) { first <- struct{}{} })
+		got = res.Tokens
+		done <- err
+	}()
+	<-first
+	left, err := r.drainWait()
+	if err != nil || left != 0 {
+		t.Fatalf("router drain: %d left, %v", left, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("request relayed through a draining router: %v", err)
+	}
+	if want, _ := gpu.Answer(r.cfg.Actors.Model, prompt, maxTokens); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("answer through a draining router: %v, reference %v", got, want)
+	}
+	_, err = c.Generate(context.Background(), "acme", "too late", client.GenerateOptions{MaxTokens: 2}, nil)
+	var we *messages.WireError
+	if !errors.As(err, &we) || we.Code != messages.CodeBusy {
+		t.Fatalf("new request to a draining router: %v, want busy", err)
+	}
+}
