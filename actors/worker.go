@@ -187,7 +187,10 @@ func (w *workerActor) plan(c actor.Context, m *messages.TransferPlan) {
 	case len(w.queue) >= w.queueMax:
 		err = &BusyError{Where: w.role + " queue", Have: len(w.queue), Limit: w.queueMax}
 	case w.awaiting[key] != nil || w.queued(key):
-		err = &BadRequestError{Reason: fmt.Sprintf("request %d is already planned here", m.RequestID)}
+		// A duplicate of a plan in hand: answering it with an error would
+		// make the request abandon the transfer under way.
+		w.log.Warn("duplicate transfer plan dropped", "request", m.RequestID, "from", key.sender)
+		return
 	}
 	if err != nil {
 		w.reply(c, c.Sender(), m.Owner(), 0, 0, err)
