@@ -32,6 +32,11 @@ import (
 // AdmissionName is the name of a node's admission actor.
 const AdmissionName = "admission"
 
+// DefaultNoAnswerAfter is longer than a node's default request timeout
+// (two minutes) and a router's margin over it, so that a request the node
+// times out is reported as the node reports it, not as a lost node.
+const DefaultNoAnswerAfter = 3 * time.Minute
+
 // Options configure a Client.
 type Options struct {
 	// Listen is the local host:port the client's own remote endpoint
@@ -39,8 +44,8 @@ type Options struct {
 	// port.
 	Listen string
 	// NoAnswerAfter bounds how long Generate waits between two messages
-	// from the node before it gives the request up as lost. Zero means 2
-	// minutes.
+	// from the node before it gives the request up as lost. Zero means
+	// DefaultNoAnswerAfter.
 	NoAnswerAfter time.Duration
 	// Log receives protoactor's logs; nil discards them.
 	Log *slog.Logger
@@ -99,7 +104,7 @@ func Dial(endpoint string, opt Options) (*Client, error) {
 func New(sys *actor.ActorSystem, admission *actor.PID, opt Options) *Client {
 	c := &Client{sys: sys, target: admission, timeout: opt.NoAnswerAfter}
 	if c.timeout <= 0 {
-		c.timeout = 2 * time.Minute
+		c.timeout = DefaultNoAnswerAfter
 	}
 	// Request ids are unique per client; start from the clock so that a
 	// restarted client does not reuse its predecessor's first ids.

@@ -38,7 +38,7 @@ type generateOptions struct {
 }
 
 func newGenerateCmd() *cobra.Command {
-	o := generateOptions{Endpoint: defaultEndpoint, MaxTokens: 32, NoAnswerAfter: 2 * time.Minute}
+	o := generateOptions{Endpoint: defaultEndpoint, MaxTokens: 32, NoAnswerAfter: client.DefaultNoAnswerAfter}
 	cmd := &cobra.Command{
 		Use:   "generate",
 		Short: "Send one prompt to a node and stream the generated text",

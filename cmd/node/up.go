@@ -22,6 +22,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -187,7 +188,7 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 // "node generate" would; a signal cancels it.
 func (c *localCluster) demo(stdout io.Writer, signals <-chan os.Signal) error {
 	g := generateOptions{Endpoint: c.o.Listen, Tenant: c.o.Tenant, Prompt: c.o.Prompt, MaxTokens: c.o.MaxTokens,
-		NoAnswerAfter: 2 * time.Minute}
+		NoAnswerAfter: client.DefaultNoAnswerAfter}
 	prompt, err := g.check(nil)
 	if err != nil {
 		return usageError{err}
