@@ -381,9 +381,8 @@ func TestDataPlaneCorruptBatch(t *testing.T) {
 	frameBytes := (len(batch) - dpBatchHeaderBytes) / 3
 
 	type corruption struct {
-		name     string
-		bit      int // bit of the batch to flip
-		checksum bool
+		name string
+		bit  int // bit of the batch to flip
 	}
 	var cases []corruption
 	for _, bit := range []int{

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sync"
 	"time"
 
@@ -527,12 +526,4 @@ func (c *controlActor) Receive(ctx actor.Context) {
 			}
 		}()
 	}
-}
-
-// splitHostPort checks an address flag before anything listens on it.
-func splitHostPort(field, addr string) error {
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return fmt.Errorf("cluster: %s %q: %w", field, addr, err)
-	}
-	return nil
 }

@@ -69,8 +69,6 @@ func (c Config) Validate() error {
 // package documentation for its contract.
 type Pool struct {
 	cfg     Config
-	params  pageParams
-	arena   []byte
 	pages   []Page
 	free    FreeList
 	pending []uint32 // pages in state Released, waiting for unlease, ack or deadline
