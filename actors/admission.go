@@ -118,8 +118,8 @@ type admissionActor struct {
 }
 
 type admitted struct {
-	key   clientKey
-	route route
+	key    clientKey
+	decode int // index of its decode worker, for the load count
 }
 
 func (a *admissionActor) Receive(c actor.Context) {
@@ -164,7 +164,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 		if ad, ok := a.inflight[m.Who.Id]; ok {
 			delete(a.inflight, m.Who.Id)
 			delete(a.byClient, ad.key)
-			a.dLoad[ad.route.decodeIndex]--
+			a.dLoad[ad.decode]--
 		}
 	case AdmissionStatus:
 		c.Respond(a.status())
@@ -273,16 +273,13 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 	}
 	rt := route{prefill: peer.PID, prefillIncarnation: peer.Incarnation, decode: a.decode[d], decodePool: a.dPools[d],
 		decodeIndex: d}
-	if peer.Incarnation != a.cfg.Incarnation {
-		rt.dataPlane = a.dataPlane
-	}
 	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
 	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, client: c.Sender(), clientID: id,
 		owner: owner, prompt: prompt, maxNew: maxTokens, route: rt, dataPlane: a.dataPlane,
 		pick: a.pick, tried: map[uint64]bool{}, registry: a.registry}
 	pid := c.Spawn(actor.PropsFromProducer(func() actor.Actor { return req },
 		actor.WithMailbox(actor.Bounded(a.cfg.MailboxMax))))
-	a.inflight[pid.Id] = admitted{key: key, route: rt}
+	a.inflight[pid.Id] = admitted{key: key, decode: d}
 	a.byClient[key] = pid
 	a.dLoad[d]++
 	a.counters.admitted.Add(1)

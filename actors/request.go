@@ -15,14 +15,13 @@ import (
 )
 
 // route is the pair of workers a request runs on. The prefill worker may
-// be in another node: its frames then come through this node's KV data
-// plane, at dataPlane.
+// be in another node (another incarnation than this node's): its frames
+// then come through this node's KV data plane.
 type route struct {
 	prefill, decode    *actor.PID
 	prefillIncarnation uint64
 	decodePool         *Pool
 	decodeIndex        int
-	dataPlane          string
 }
 
 // retriesMax bounds how many other prefill peers a request tries after the
@@ -204,7 +203,7 @@ func (r *requestActor) reserve(c actor.Context) {
 	r.phase = phasePrefill
 	plan := &messages.TransferPlan{RequestID: r.owner.Request, Tenant: r.owner.Tenant, TokenCount: uint32(len(r.prompt)),
 		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest,
-		DataPlane: r.route.dataPlane}
+		DataPlane: r.planDataPlane()}
 	for i, t := range r.prompt {
 		plan.PromptTokens[i] = uint32(t)
 	}
@@ -244,13 +243,20 @@ func (r *requestActor) prefillFailed(c actor.Context, cause error) {
 	r.registry.Delete(r.owner.Request)
 	r.owner.Request = r.counters.requestIDs.Add(1)
 	r.registry.Store(r.owner.Request, c.Self())
-	r.route.prefill, r.route.prefillIncarnation, r.route.dataPlane = peer.PID, peer.Incarnation, ""
-	if peer.Incarnation != r.cfg.Incarnation {
-		r.route.dataPlane = r.dataPlane
-	}
+	r.route.prefill, r.route.prefillIncarnation = peer.PID, peer.Incarnation
 	r.counters.retried.Add(1)
 	r.phase = phaseReserving
 	r.reserve(c)
+}
+
+// planDataPlane is where a plan asks for frames: nowhere (as messages to
+// this actor) when the prefill peer is this node, else this node's data
+// plane.
+func (r *requestActor) planDataPlane() string {
+	if r.route.prefillIncarnation == r.cfg.Incarnation {
+		return ""
+	}
+	return r.dataPlane
 }
 
 // abort tells the prefill peer to drop the transfer.
