@@ -236,6 +236,28 @@ func (n *Node) PeerLost(inc uint64) {
 	}
 }
 
+// PagesInUse is how many pages of the node's pools are not free. Every
+// worker is asked for its status first: that flushes its mailbox, so every
+// ack, cancel and release sent to it before the call has been carried out,
+// and every free it caused is queued at its pool ahead of the pool's status
+// request. After quiescence it must be zero: a page still in use is leaked.
+func (n *Node) PagesInUse() (int, error) {
+	for _, w := range n.Workers() {
+		if _, err := ask[WorkerStatusReply](n.root, w, WorkerStatus{}, n.cfg.CallTimeout); err != nil {
+			return 0, err
+		}
+	}
+	inUse := 0
+	for _, p := range n.pools {
+		s, err := p.Status(n.root)
+		if err != nil {
+			return 0, err
+		}
+		inUse += s.Capacity - s.Free
+	}
+	return inUse, nil
+}
+
 // Drain stops the node taking new requests and returns what is still in
 // flight (see InFlight).
 func (n *Node) Drain() (int, error) {

@@ -65,19 +65,20 @@ func aliveCount(n *Node) int {
 func freeEverywhere(t *testing.T, nodes ...*Node) {
 	t.Helper()
 	for _, n := range nodes {
-		for _, w := range n.Actors().Workers() {
-			_, _ = n.Actors().Root().RequestFuture(w, actors.WorkerStatus{}, 5*time.Second).Result()
-		}
-		for _, p := range n.Actors().Pools() {
-			s, err := p.Status(n.Actors().Root())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if s.Free != s.Capacity {
-				t.Errorf("%s pool %s: %d of %d free", n.cfg.Actors.Role, p.PID.Id, s.Free, s.Capacity)
-			}
+		if inUse, err := n.Actors().PagesInUse(); err != nil || inUse != 0 {
+			t.Errorf("%s node: %d pages still in use (%v)", n.cfg.Actors.Role, inUse, err)
 		}
 	}
+}
+
+// allFree says whether every pool of every node is entirely free.
+func allFree(nodes ...*Node) bool {
+	for _, n := range nodes {
+		if inUse, err := n.Actors().PagesInUse(); err != nil || inUse != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // startTrio starts a prefill, a decode and a router node, waits until they
@@ -181,16 +182,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 	if s, _ := d.Actors().Status(); s.Retried == 0 {
 		t.Errorf("decode status shows no retry: %+v", s)
 	}
-	waitFor(t, "survivors' pools free after the reclaim deadline", 10*time.Second, func() bool {
-		for _, n := range []*Node{spare, d} {
-			for _, p := range n.Actors().Pools() {
-				if s, err := p.Status(n.Actors().Root()); err != nil || s.Free != s.Capacity {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	waitFor(t, "survivors' pools free after the reclaim deadline", 10*time.Second, func() bool { return allFree(spare, d) })
 }
 
 // TestDecodeLostFailsCleanly kills (no graceful leave) the decode node
@@ -216,14 +208,7 @@ func TestDecodeLostFailsCleanly(t *testing.T) {
 	if !errors.As(err, &we) || we.Code != messages.CodeNodeLost {
 		t.Fatalf("request on a dead decode node: %v, want node_lost", err)
 	}
-	waitFor(t, "prefill pool free after the reclaim deadline", 15*time.Second, func() bool {
-		for _, pool := range p.Actors().Pools() {
-			if s, err := pool.Status(p.Actors().Root()); err != nil || s.Free != s.Capacity {
-				return false
-			}
-		}
-		return true
-	})
+	waitFor(t, "prefill pool free after the reclaim deadline", 15*time.Second, func() bool { return allFree(p) })
 }
 
 // TestTransferAfterIdleDataPlane: the decode node closes data-plane
