@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
-	"net"
-	"strconv"
 	"sync"
 	"time"
 
@@ -83,7 +81,7 @@ func Start(cfg Config, opt Options) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: log, counters: &nodeCounters{}, fatal: make(chan *InvariantError, 1)}
-	n.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return log }))
+	n.sys = messages.NewActorSystem(log)
 	sup := &stopOnPanic{log: log, fatal: func(e *InvariantError) {
 		select {
 		case n.fatal <- e:
@@ -95,9 +93,9 @@ func Start(cfg Config, opt Options) (*Node, error) {
 	}}
 	n.root = n.sys.Root.WithGuardian(sup)
 	if opt.Listen != "" {
-		if err := n.startRemote(opt.Listen); err != nil {
+		if n.remote, err = messages.StartRemote(n.sys, opt.Listen); err != nil {
 			n.sys.Shutdown()
-			return nil, err
+			return nil, fmt.Errorf("actors: %w", err)
 		}
 	}
 	if err := n.spawn(engine, sup, opt); err != nil {
@@ -105,30 +103,6 @@ func Start(cfg Config, opt Options) (*Node, error) {
 		return nil, err
 	}
 	return n, nil
-}
-
-// startRemote serves protoactor remote on listen. Remote.Start panics when
-// it cannot listen, so the address is tried first.
-func (n *Node) startRemote(listen string) error {
-	host, portStr, err := net.SplitHostPort(listen)
-	if err != nil {
-		return fmt.Errorf("actors: listen address %q: %w", listen, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil || port < 0 || port > 65535 {
-		return fmt.Errorf("actors: listen port %q must be 0 to 65535", portStr)
-	}
-	probe, err := net.Listen("tcp", listen)
-	if err != nil {
-		return fmt.Errorf("actors: cannot listen on %s: %w", listen, err)
-	}
-	if port == 0 {
-		port = probe.Addr().(*net.TCPAddr).Port
-	}
-	probe.Close()
-	n.remote = remote.NewRemote(n.sys, remote.Configure(host, port, messages.RemoteOptions()...))
-	n.remote.Start()
-	return nil
 }
 
 func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Options) error {

@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -71,29 +70,12 @@ func Dial(endpoint string, opt Options) (*Client, error) {
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
-	host, portStr, err := net.SplitHostPort(listen)
+	sys := messages.NewActorSystem(opt.Log)
+	r, err := messages.StartRemote(sys, listen)
 	if err != nil {
-		return nil, fmt.Errorf("client: listen %q: %w", listen, err)
+		sys.Shutdown()
+		return nil, fmt.Errorf("client: %w", err)
 	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, fmt.Errorf("client: listen port %q: %w", portStr, err)
-	}
-	probe, err := net.Listen("tcp", listen)
-	if err != nil {
-		return nil, fmt.Errorf("client: cannot listen on %s: %w", listen, err)
-	}
-	if port == 0 {
-		port = probe.Addr().(*net.TCPAddr).Port
-	}
-	probe.Close()
-	log := opt.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return log }))
-	r := remote.NewRemote(sys, remote.Configure(host, port, messages.RemoteOptions()...))
-	r.Start()
 	c := New(sys, actor.NewPID(endpoint, AdmissionName), opt)
 	c.remote = r
 	return c, nil

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -13,15 +12,10 @@ import (
 	"github.com/kvwarden/kvwarden/messages"
 )
 
-func quietSystem() *actor.ActorSystem {
-	discard := slog.New(slog.DiscardHandler)
-	return actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return discard }))
-}
-
 func TestDialRefusesBadAddresses(t *testing.T) {
 	for _, tc := range []struct{ endpoint, listen, want string }{
 		{"no-port", "", `endpoint "no-port"`},
-		{"127.0.0.1:7070", "127.0.0.1:notaport", `listen port "notaport"`},
+		{"127.0.0.1:7070", "127.0.0.1:notaport", `port "notaport" must be 0 to 65535`},
 		{"127.0.0.1:7070", "256.0.0.1:0", "cannot listen on 256.0.0.1:0"},
 	} {
 		c, err := Dial(tc.endpoint, Options{Listen: tc.listen})
@@ -35,7 +29,7 @@ func TestDialRefusesBadAddresses(t *testing.T) {
 }
 
 func TestGenerateValidatesBeforeSending(t *testing.T) {
-	sys := quietSystem()
+	sys := messages.NewActorSystem(nil)
 	got := make(chan any, 1)
 	target := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 		if _, ok := c.Message().(*messages.GenerateRequest); ok {
@@ -61,7 +55,7 @@ func TestGenerateValidatesBeforeSending(t *testing.T) {
 // TestNoAnswerIsNodeLost: a node that never answers is reported as lost,
 // with the stable code, after NoAnswerAfter.
 func TestNoAnswerIsNodeLost(t *testing.T) {
-	sys := quietSystem()
+	sys := messages.NewActorSystem(nil)
 	silent := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 	c := New(sys, silent, Options{NoAnswerAfter: 50 * time.Millisecond})
 	_, err := c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: 4}, nil)

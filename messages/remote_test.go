@@ -10,8 +10,6 @@ package messages
 
 import (
 	"errors"
-	"io"
-	"log/slog"
 	"math"
 	"reflect"
 	"testing"
@@ -32,10 +30,11 @@ type node struct {
 
 func startNode(t *testing.T) *node {
 	t.Helper()
-	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
-	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return discard }))
-	r := remote.NewRemote(sys, remote.Configure("127.0.0.1", 0, RemoteOptions()...))
-	r.Start()
+	sys := NewActorSystem(nil)
+	r, err := StartRemote(sys, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	n := &node{sys, r}
 	t.Cleanup(n.stop)
 	return n

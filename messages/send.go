@@ -2,6 +2,9 @@ package messages
 
 import (
 	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -84,6 +87,41 @@ func RemoteOptions() []remote.ConfigOption {
 		remote.WithEndpointWriterBatchSize(RemoteBatchMessagesMax),
 		remote.WithServerOptions(grpc.MaxRecvMsgSize(RemoteRecvBytesMax)),
 	}
+}
+
+// NewActorSystem is an actor system whose logs (protoactor's included) go
+// to log; nil discards them.
+func NewActorSystem(log *slog.Logger) *actor.ActorSystem {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return log }))
+}
+
+// StartRemote serves sys over protoactor remote on listen (host:port; port
+// 0 picks a free one) with RemoteOptions. remote.Start panics when it
+// cannot listen, so the address is checked and tried first, and a failure
+// is an error with the address in it.
+func StartRemote(sys *actor.ActorSystem, listen string) (*remote.Remote, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("messages: listen address %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("messages: listen address %q: port %q must be 0 to 65535", listen, portStr)
+	}
+	probe, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("messages: cannot listen on %s: %w", listen, err)
+	}
+	if port == 0 {
+		port = probe.Addr().(*net.TCPAddr).Port
+	}
+	probe.Close()
+	r := remote.NewRemote(sys, remote.Configure(host, port, RemoteOptions()...))
+	r.Start()
+	return r, nil
 }
 
 // RemoteShutdownGrace bounds the graceful part of ShutdownRemote.

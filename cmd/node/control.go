@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
 	"net"
 	"strconv"
 	"time"
@@ -29,16 +28,12 @@ type controlClient struct {
 func dialControl(host string) (*controlClient, error) {
 	// remote.Start panics when it cannot listen, so the address is tried
 	// first, as client.Dial does.
-	probe, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	sys := messages.NewActorSystem(nil)
+	r, err := messages.StartRemote(sys, net.JoinHostPort(host, "0"))
 	if err != nil {
-		return nil, fmt.Errorf("cannot listen on %s for the node's answers: %w", host, err)
+		sys.Shutdown()
+		return nil, fmt.Errorf("listening for the node's answers: %w", err)
 	}
-	port := probe.Addr().(*net.TCPAddr).Port
-	probe.Close()
-	quiet := slog.New(slog.DiscardHandler)
-	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
-	r := remote.NewRemote(sys, remote.Configure(host, port, messages.RemoteOptions()...))
-	r.Start()
 	return &controlClient{sys: sys, remote: r}, nil
 }
 
