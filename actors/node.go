@@ -60,17 +60,29 @@ type Options struct {
 	Dial      Dialer
 }
 
+// DrawIncarnation gives the configuration an incarnation if it has none:
+// a random non-zero value, so a restarted node is never taken for its old
+// self. Start calls it; a caller that needs the incarnation before Start
+// (to configure a data plane with it) calls it first.
+func (c *Config) DrawIncarnation() error {
+	if c.Incarnation != 0 {
+		return nil
+	}
+	var b [8]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		return fmt.Errorf("actors: drawing an incarnation: %w", err)
+	}
+	c.Incarnation = binary.LittleEndian.Uint64(b[:]) | 1
+	return nil
+}
+
 // Start validates cfg, allocates every pool once and starts the actors.
 func Start(cfg Config, opt Options) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Incarnation == 0 {
-		var b [8]byte
-		if _, err := crand.Read(b[:]); err != nil {
-			return nil, err
-		}
-		cfg.Incarnation = binary.LittleEndian.Uint64(b[:]) | 1
+	if err := cfg.DrawIncarnation(); err != nil {
+		return nil, err
 	}
 	log := opt.Log
 	if log == nil {

@@ -1,8 +1,6 @@
 package cluster
 
 import (
-	crand "crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -141,12 +139,8 @@ func StartNode(cfg NodeConfig, log *slog.Logger) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Actors.Incarnation == 0 {
-		var b [8]byte
-		if _, err := crand.Read(b[:]); err != nil {
-			return nil, err
-		}
-		cfg.Actors.Incarnation = binary.LittleEndian.Uint64(b[:]) | 1
+	if err := cfg.Actors.DrawIncarnation(); err != nil {
+		return nil, err
 	}
 	n := &Node{cfg: cfg, log: log, rc: &routerCounters{}, stopped: make(chan struct{}), quit: make(chan struct{})}
 	if err := n.start(); err != nil {
