@@ -26,9 +26,16 @@ func (c *pageClient) VerifyPage(i, first int, mp kv.ManifestPage, owner kv.Owner
 	return c.pool.Page(c.r, mp.Tag, PageVerify{Index: i, First: first, Entry: mp, Owner: owner}).Err
 }
 
+// Write copies data into the message: the engine reuses its buffers, and
+// a message must own what it carries.
 func (c *pageClient) Write(tag kv.Tag, owner kv.Owner, first int, data []byte) error {
-	// The page actor copies data; the message must own what it carries.
-	return c.pool.Page(c.r, tag, PageWrite{Tag: tag, Owner: owner, First: first, Data: append([]byte(nil), data...)}).Err
+	return c.writeOwned(tag, owner, first, append([]byte(nil), data...))
+}
+
+// writeOwned sends data as it is, for a caller whose data nothing else will
+// write (a received frame's payload).
+func (c *pageClient) writeOwned(tag kv.Tag, owner kv.Owner, first int, data []byte) error {
+	return c.pool.Page(c.r, tag, PageWrite{Tag: tag, Owner: owner, First: first, Data: data}).Err
 }
 
 func (c *pageClient) Seal(tag kv.Tag, owner kv.Owner) (uint64, error) {

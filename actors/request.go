@@ -288,7 +288,9 @@ func (r *requestActor) accept(frames []kv.Frame) error {
 		if f.Owner != r.owner {
 			err = &kv.WrongOwnerError{Page: f.Dest, Owner: r.owner.Request, Have: f.Owner.Request}
 		} else {
-			err = r.kv.Write(f.Dest, f.Owner, f.FirstToken, f.Payload)
+			// The payload is the message's own (a received batch, or the
+			// data plane's copy), so it goes to the page without another.
+			err = r.kv.writeOwned(f.Dest, f.Owner, f.FirstToken, f.Payload)
 		}
 		if err != nil {
 			r.counters.framesRefused.Add(uint64(len(frames) - i))
