@@ -11,6 +11,8 @@ import (
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
+
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // Run with: go test ./actors -run '^$' -bench . -benchtime 3x
@@ -124,7 +126,7 @@ func BenchmarkServe(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer n.Stop()
-	c := client.New(n.Root().ActorSystem(), n.Admission(), client.Options{})
+	c := client.New(n.Root().ActorSystem(), n.Admission(), client.Options{Auth: trust.Insecure(nil)})
 	engine, err := gpu.NewReferenceEngine(cfg.Model)
 	if err != nil {
 		b.Fatal(err)
@@ -159,7 +161,7 @@ func BenchmarkAdmissionReject(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer n.Stop()
-	c := client.New(n.Root().ActorSystem(), n.Admission(), client.Options{})
+	c := client.New(n.Root().ActorSystem(), n.Admission(), client.Options{Auth: trust.Insecure(nil)})
 	prompt := strings.Repeat("x", cfg.ContextTokens+1)
 	for b.Loop() {
 		if _, err := c.Generate(context.Background(), "bench", prompt, client.GenerateOptions{MaxTokens: 1}, nil); err == nil {

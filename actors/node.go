@@ -14,6 +14,7 @@ import (
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // AdmissionName is the name of every node's admission actor: a client
@@ -30,6 +31,7 @@ type Node struct {
 	sys        *actor.ActorSystem
 	root       *actor.RootContext
 	remote     *remote.Remote
+	auth       *trust.Authority
 	admission  *actor.PID // nil unless the role decodes
 	dispatcher *actor.PID // nil unless the role prefills
 	prefill    []*actor.PID
@@ -58,6 +60,10 @@ type Options struct {
 	// to prefill peers in other nodes name; Dial opens one to theirs.
 	DataPlane string
 	Dial      Dialer
+	// Auth authenticates remote peers and says who sent each message. It
+	// is required with Listen; without Listen every sender is local and
+	// nil is taken as trust.Insecure.
+	Auth *trust.Authority
 }
 
 // DrawIncarnation gives the configuration an incarnation if it has none:
@@ -104,8 +110,12 @@ func Start(cfg Config, opt Options) (*Node, error) {
 		}
 	}}
 	n.root = n.sys.Root.WithGuardian(sup)
+	n.auth = opt.Auth
+	if n.auth == nil && opt.Listen == "" {
+		n.auth = trust.Insecure(log)
+	}
 	if opt.Listen != "" {
-		if n.remote, err = messages.StartRemote(n.sys, opt.Listen); err != nil {
+		if n.remote, err = messages.StartRemote(n.sys, opt.Listen, n.auth); err != nil {
 			n.sys.Shutdown()
 			return nil, fmt.Errorf("actors: %w", err)
 		}
@@ -276,6 +286,9 @@ func (n *Node) InFlight() (int, error) {
 	}
 	return total, nil
 }
+
+// Auth is the node's trust authority.
+func (n *Node) Auth() *trust.Authority { return n.auth }
 
 // Admission is the PID clients send GenerateRequest to.
 func (n *Node) Admission() *actor.PID { return n.admission }

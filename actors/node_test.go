@@ -12,6 +12,8 @@ import (
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/messages"
+
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // testConfig is small, with room in the decode pool for every request of
@@ -62,7 +64,7 @@ func quiesce(t *testing.T, n *Node) {
 // localClient waits long for a silent node: requests queued behind others
 // under the race detector stay silent for tens of seconds.
 func localClient(n *Node) *client.Client {
-	return client.New(n.Root().ActorSystem(), n.Admission(), client.Options{NoAnswerAfter: 3 * time.Minute})
+	return client.New(n.Root().ActorSystem(), n.Admission(), client.Options{NoAnswerAfter: 3 * time.Minute, Auth: trust.Insecure(nil)})
 }
 
 // reference is the single-engine answer (gpu.Answer).

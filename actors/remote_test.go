@@ -13,13 +13,15 @@ import (
 	"testing"
 
 	"github.com/kvwarden/kvwarden/client"
+
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // TestRemoteClient generates through protoactor remote, from a client with
 // its own actor system, to a node serving on a loopback port.
 func TestRemoteClient(t *testing.T) {
 	cfg := testConfig()
-	n, err := Start(cfg, Options{Listen: "127.0.0.1:0"})
+	n, err := Start(cfg, Options{Listen: "127.0.0.1:0", Auth: trust.Insecure(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +29,7 @@ func TestRemoteClient(t *testing.T) {
 		quiesce(t, n)
 		n.Stop()
 	})
-	c, err := client.Dial(n.Address(), client.Options{})
+	c, err := client.Dial(n.Address(), client.Options{Auth: trust.Insecure(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // AdmissionName is the name of a node's admission actor.
@@ -48,6 +49,10 @@ type Options struct {
 	NoAnswerAfter time.Duration
 	// Log receives protoactor's logs; nil discards them.
 	Log *slog.Logger
+	// Auth holds the client's credentials (a tenant's or an operator's
+	// certificate); Dial requires it. trust.Insecure reaches only nodes
+	// that run --insecure.
+	Auth *trust.Authority
 }
 
 // Client talks to one node.
@@ -71,7 +76,7 @@ func Dial(endpoint string, opt Options) (*Client, error) {
 		listen = "127.0.0.1:0"
 	}
 	sys := messages.NewActorSystem(opt.Log)
-	r, err := messages.StartRemote(sys, listen)
+	r, err := messages.StartRemote(sys, listen, opt.Auth)
 	if err != nil {
 		sys.Shutdown()
 		return nil, fmt.Errorf("client: %w", err)

@@ -10,6 +10,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 func TestDialRefusesBadAddresses(t *testing.T) {
@@ -18,7 +19,7 @@ func TestDialRefusesBadAddresses(t *testing.T) {
 		{"127.0.0.1:7070", "127.0.0.1:notaport", `port "notaport" must be 0 to 65535`},
 		{"127.0.0.1:7070", "256.0.0.1:0", "cannot listen on 256.0.0.1:0"},
 	} {
-		c, err := Dial(tc.endpoint, Options{Listen: tc.listen})
+		c, err := Dial(tc.endpoint, Options{Listen: tc.listen, Auth: trust.Insecure(nil)})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			if c != nil {
 				c.Close()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // ControlName is the name of every node's control actor, which answers
@@ -46,6 +47,9 @@ type NodeConfig struct {
 	DrainTimeout time.Duration
 	// LeaveTimeout bounds the graceful leave of the gossip cluster.
 	LeaveTimeout time.Duration
+	// Auth holds the node's credentials for every transport (remote, data
+	// plane, gossip); trust.Insecure runs without. Required.
+	Auth *trust.Authority
 }
 
 // DefaultLocalNodeConfig is a node of role on loopback with fast timers.
@@ -74,6 +78,9 @@ func (c *NodeConfig) Validate() error {
 	}
 	if err := c.Gossip.Validate(); err != nil {
 		return err
+	}
+	if c.Auth == nil {
+		return errors.New("cluster: Auth is required (trust.Insecure runs without credentials)")
 	}
 	for _, d := range []struct {
 		name string
@@ -154,7 +161,7 @@ func (n *Node) start() error {
 	cfg := &n.cfg
 	dp := cfg.dataPlane()
 	dp.Logger = n.log
-	opt := actors.Options{Listen: cfg.Listen, Log: n.log, Pick: n.pickPrefill,
+	opt := actors.Options{Listen: cfg.Listen, Log: n.log, Pick: n.pickPrefill, Auth: cfg.Auth,
 		Dial: func(addr string, inc uint64) (actors.FrameSender, error) { return DialDataPlane(dp, addr, inc) }}
 	var dataAddr string
 	if holdsPool(cfg.Actors.Role) && cfg.Actors.Role.Decodes() {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
+
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // BenchmarkTTFT splits the time to first token of 256-token prompts into
@@ -33,7 +35,7 @@ func BenchmarkTTFT(b *testing.B) {
 		decoder *Node
 	}{{"cluster", r, d}, {"one-node", all, all}} {
 		b.Run(tc.name, func(b *testing.B) {
-			c, err := client.Dial(tc.entry.Address(), client.Options{})
+			c, err := client.Dial(tc.entry.Address(), client.Options{Auth: trust.Insecure(nil)})
 			if err != nil {
 				b.Fatal(err)
 			}

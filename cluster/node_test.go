@@ -20,11 +20,14 @@ import (
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/messages"
+
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 func startClusterNode(t testing.TB, role actors.Role, join ...string) *Node {
 	t.Helper()
 	cfg := DefaultLocalNodeConfig(role)
+	cfg.Auth = trust.Insecure(nil)
 	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
 	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 512, 64
 	cfg.Actors.PrefillTimeout = 3 * time.Second
@@ -91,7 +94,7 @@ func startTrio(t *testing.T) (p, d, r *Node, c *client.Client) {
 	for _, n := range []*Node{p, d, r} {
 		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 })
 	}
-	c, err := client.Dial(r.Address(), client.Options{})
+	c, err := client.Dial(r.Address(), client.Options{Auth: trust.Insecure(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,6 +136,7 @@ func TestRouterPrefillDecode(t *testing.T) {
 // answers the reference; the survivors' pools end entirely free.
 func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 	big := DefaultLocalNodeConfig(actors.RolePrefill)
+	big.Auth = trust.Insecure(nil)
 	big.Actors.PrefillPages, big.Actors.ContextTokens, big.Actors.MaxTokensMax = 128, 512, 64
 	big.Actors.PrefillTimeout = 3 * time.Second
 	doomed, err := StartNode(big, nil)
@@ -151,7 +155,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 		p, ok := d.pickPrefill(nil)
 		return ok && p.Incarnation == doomed.Incarnation()
 	})
-	c, err := client.Dial(d.Address(), client.Options{})
+	c, err := client.Dial(d.Address(), client.Options{Auth: trust.Insecure(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,6 +220,7 @@ func TestDecodeLostFailsCleanly(t *testing.T) {
 // instead of failing on the dead connection.
 func TestTransferAfterIdleDataPlane(t *testing.T) {
 	cfg := DefaultLocalNodeConfig(actors.RoleDecode)
+	cfg.Auth = trust.Insecure(nil)
 	cfg.DataPlane.IdleTimeout = 200 * time.Millisecond
 	p := startClusterNode(t, actors.RolePrefill)
 	cfg.Gossip.JoinAddrs = []string{p.GossipAddr()}
@@ -225,7 +230,7 @@ func TestTransferAfterIdleDataPlane(t *testing.T) {
 	}
 	t.Cleanup(func() { d.Stop() })
 	waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(d) == 2 })
-	c, err := client.Dial(d.Address(), client.Options{})
+	c, err := client.Dial(d.Address(), client.Options{Auth: trust.Insecure(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/kvwarden/kvwarden/kv"
+
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 const remoteTimeout = 10 * time.Second
@@ -31,7 +33,7 @@ type node struct {
 func startNode(t *testing.T) *node {
 	t.Helper()
 	sys := NewActorSystem(nil)
-	r, err := StartRemote(sys, "127.0.0.1:0")
+	r, err := StartRemote(sys, "127.0.0.1:0", trust.Insecure(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package messages
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -9,7 +10,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
-	"google.golang.org/grpc"
+
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // Send, RequestFuture and Respond validate before handing m to protoactor.
@@ -76,16 +78,19 @@ func Respond(ctx actor.Context, m Message) error {
 	return nil
 }
 
-// RemoteOptions are the protoactor remote settings this package's limits
-// need: batches of at most RemoteBatchMessagesMax messages and a gRPC
-// receive limit of RemoteRecvBytesMax, so that a batch of maximum-size
-// messages is never refused (which would close the stream). Note that
-// remote.WithServerOptions replaces earlier server options: add other
-// server options to the same call.
-func RemoteOptions() []remote.ConfigOption {
+// remoteOptions are the protoactor remote settings this package's limits
+// and auth need: batches of at most RemoteBatchMessagesMax messages, a
+// gRPC receive limit of RemoteRecvBytesMax (so that a batch of
+// maximum-size messages is never refused, which would close the stream),
+// and auth's TLS and stream guard, which lets in only this package's
+// envelope (and protoactor's dead-letter answer) for actors at self.
+func remoteOptions(auth *trust.Authority, self string) []remote.ConfigOption {
+	pol := trust.RemotePolicy{Self: self, Types: []string{EnvelopeTypeName, trust.DeadLetterResponseType},
+		RecvBytesMax: RemoteRecvBytesMax}
 	return []remote.ConfigOption{
 		remote.WithEndpointWriterBatchSize(RemoteBatchMessagesMax),
-		remote.WithServerOptions(grpc.MaxRecvMsgSize(RemoteRecvBytesMax)),
+		remote.WithServerOptions(auth.ServerOptions(pol)...),
+		remote.WithDialOptions(auth.DialOptions()...),
 	}
 }
 
@@ -99,10 +104,15 @@ func NewActorSystem(log *slog.Logger) *actor.ActorSystem {
 }
 
 // StartRemote serves sys over protoactor remote on listen (host:port; port
-// 0 picks a free one) with RemoteOptions. remote.Start panics when it
-// cannot listen, so the address is checked and tried first, and a failure
-// is an error with the address in it.
-func StartRemote(sys *actor.ActorSystem, listen string) (*remote.Remote, error) {
+// 0 picks a free one) under auth: mutual TLS with auth's credentials and a
+// guard on every inbound stream, or, only if auth is trust.Insecure,
+// plaintext. remote.Start panics when it cannot listen, so the address is
+// checked and tried first, and a failure is an error with the address in
+// it.
+func StartRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority) (*remote.Remote, error) {
+	if auth == nil {
+		return nil, errors.New("messages: no trust authority for remote (trust.Insecure runs without one)")
+	}
 	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("messages: listen address %q: %w", listen, err)
@@ -119,7 +129,8 @@ func StartRemote(sys *actor.ActorSystem, listen string) (*remote.Remote, error) 
 		port = probe.Addr().(*net.TCPAddr).Port
 	}
 	probe.Close()
-	r := remote.NewRemote(sys, remote.Configure(host, port, RemoteOptions()...))
+	self := fmt.Sprintf("%v:%v", host, port) // as protoactor writes its address
+	r := remote.NewRemote(sys, remote.Configure(host, port, remoteOptions(auth, self)...))
 	r.Start()
 	return r, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/cluster"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // controlClient talks to nodes' control actors (cluster.ControlName): the
@@ -29,7 +30,7 @@ func dialControl(host string) (*controlClient, error) {
 	// remote.Start panics when it cannot listen, so the address is tried
 	// first, as client.Dial does.
 	sys := messages.NewActorSystem(nil)
-	r, err := messages.StartRemote(sys, net.JoinHostPort(host, "0"))
+	r, err := messages.StartRemote(sys, net.JoinHostPort(host, "0"), trust.Insecure(nil))
 	if err != nil {
 		sys.Shutdown()
 		return nil, fmt.Errorf("listening for the node's answers: %w", err)

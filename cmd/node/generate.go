@@ -15,6 +15,7 @@ import (
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // reachTimeout bounds the TCP connection generate opens first to find out
@@ -115,7 +116,7 @@ func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, 
 		return fmt.Errorf("generate: no node reachable at %s: %w", o.Endpoint, err)
 	}
 	conn.Close()
-	c, err := client.Dial(o.Endpoint, client.Options{NoAnswerAfter: o.NoAnswerAfter})
+	c, err := client.Dial(o.Endpoint, client.Options{NoAnswerAfter: o.NoAnswerAfter, Auth: trust.Insecure(nil)})
 	if err != nil {
 		return fmt.Errorf("generate: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/cluster"
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // defaultEndpoint is where "node run" listens and "node generate" dials
@@ -164,6 +165,7 @@ func (c nodeConfig) clusterNode() (cluster.NodeConfig, error) {
 		}
 	}
 	nc := cluster.DefaultLocalNodeConfig(a.Role)
+	nc.Auth = trust.Insecure(nil)
 	if !host.IsLoopback() {
 		nc.Gossip = cluster.DefaultConfig()
 		nc.DataPlane = cluster.DefaultDataPlaneConfig(a.Geometry(), 1)

@@ -1,0 +1,73 @@
+package trust
+
+import "log/slog"
+
+// Refusal is why something from outside was refused. The values are
+// stable: status reports counts by them.
+type Refusal uint8
+
+const (
+	// RefusedCertificate: TLS handshake with no, an expired or a foreign
+	// certificate.
+	RefusedCertificate Refusal = iota
+	// RefusedAddress: a protoactor sender address whose server is not the
+	// certificate holder.
+	RefusedAddress
+	// RefusedBatch: a malformed protoactor batch (index out of range,
+	// unknown type, no sender, a target elsewhere, before connecting).
+	RefusedBatch
+	// RefusedPanic: a panic while handling a peer's stream, recovered.
+	RefusedPanic
+	// RefusedRole: a message only another role may send.
+	RefusedRole
+	// RefusedTenant: a request for a tenant its credential does not name.
+	RefusedTenant
+	// RefusedStranger: tokens, a result, frames or a transfer report from
+	// a peer the request was not sent to or planned with, or out of
+	// sequence.
+	RefusedStranger
+	// RefusedDataPlane: a data-plane connection refused (no hello in time,
+	// too many from one peer, a refused batch).
+	RefusedDataPlane
+	refusalKinds
+)
+
+var refusalNames = [refusalKinds]string{"certificate", "address", "batch", "panic", "role", "tenant", "stranger",
+	"data_plane"}
+
+func (r Refusal) String() string {
+	if r < refusalKinds {
+		return refusalNames[r]
+	}
+	return "unknown"
+}
+
+// Refusals are counts by Refusal, indexed by its value.
+type Refusals [refusalKinds]uint64
+
+// Total is the sum of all counts.
+func (r Refusals) Total() uint64 {
+	var t uint64
+	for _, n := range r {
+		t += n
+	}
+	return t
+}
+
+// Refuse counts a refusal and logs it with what was refused.
+func (a *Authority) Refuse(r Refusal, what string, args ...any) {
+	a.refused[r].Add(1)
+	a.log.Warn("refused: "+what, append([]any{slog.String("reason", r.String())}, args...)...)
+}
+
+// Refused is the count of every refusal so far.
+func (a *Authority) Refused() Refusals {
+	var out Refusals
+	for i := range out {
+		out[i] = a.refused[i].Load()
+	}
+	return out
+}
+
+// RefusalNames are the names of Refusals' indexes, in order.
+func RefusalNames() []string { return refusalNames[:] }

@@ -1,0 +1,252 @@
+package trust
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"slices"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/remote"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// RemotePolicy is what the remote boundary lets in.
+type RemotePolicy struct {
+	// Self is this process's protoactor address: every target must be
+	// here (a peer must not make the node relay to a third party).
+	Self string
+	// Types are the protobuf type names a batch may carry.
+	Types []string
+	// RecvBytesMax bounds one gRPC message, in bytes.
+	RecvBytesMax int
+}
+
+// DeadLetterResponseType is protoactor's answer from a node to a request
+// for an actor that does not exist there: it fails the asker's future at
+// once, and carries nothing an attacker could use.
+const DeadLetterResponseType = "actor.DeadLetterResponse"
+
+// ServerOptions are the gRPC server options of protoactor remote under
+// this authority: TLS with client certificates (unless insecure), the
+// stream guard, no unary calls (protoactor's are unimplemented and panic),
+// and the receive limits.
+func (a *Authority) ServerOptions(pol RemotePolicy) []grpc.ServerOption {
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(pol.RecvBytesMax),
+		grpc.MaxConcurrentStreams(a.cfg.StreamsPerConnMax),
+		grpc.ConnectionTimeout(a.cfg.DialTimeout),
+		grpc.ChainStreamInterceptor(a.guardStream(pol)),
+		grpc.ChainUnaryInterceptor(a.refuseUnary),
+	}
+	if a.bundle != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(a.bundle.ServerTLS())))
+	}
+	return opts
+}
+
+// DialOptions are the gRPC dial options of protoactor remote: TLS with
+// this process's certificate, recording who answered at each address.
+func (a *Authority) DialOptions() []grpc.DialOption {
+	if a.bundle == nil {
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	return []grpc.DialOption{grpc.WithTransportCredentials(&recordingCreds{
+		TransportCredentials: credentials.NewTLS(a.bundle.ClientTLS()), a: a})}
+}
+
+// recordingCreds is TLS that writes into the address book which identity
+// answered at the address dialed.
+type recordingCreds struct {
+	credentials.TransportCredentials
+	a *Authority
+}
+
+func (c *recordingCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	ti, ok := info.(credentials.TLSInfo)
+	if !ok {
+		conn.Close()
+		return nil, nil, fmt.Errorf("trust: handshake with %s gave %T, not TLS", authority, info)
+	}
+	id, cert, err := c.a.bundle.PeerIdentity(ti.State, x509.ExtKeyUsageServerAuth)
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	c.a.peers.record(authority, id, cert)
+	return conn, info, nil
+}
+
+func (c *recordingCreds) Clone() credentials.TransportCredentials {
+	return &recordingCreds{TransportCredentials: c.TransportCredentials.Clone(), a: c.a}
+}
+
+func (a *Authority) refuseUnary(ctx context.Context, _ any, info *grpc.UnaryServerInfo, _ grpc.UnaryHandler) (any, error) {
+	a.Refuse(RefusedBatch, "unary call", "method", info.FullMethod, "peer", peerAddr(ctx))
+	return nil, status.Error(codes.PermissionDenied, "kvwarden: no unary calls")
+}
+
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return "?"
+}
+
+// guardStream checks every message of a protoactor stream before the
+// endpoint reader sees it, and recovers a panic in the reader (which
+// trusts indexes from the wire) so that no peer can kill the process.
+func (a *Authority) guardStream(pol RemotePolicy) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		g := &guardedStream{ServerStream: ss, a: a, pol: pol, from: peerAddr(ss.Context())}
+		defer func() {
+			if r := recover(); r != nil {
+				a.Refuse(RefusedPanic, "panic on a peer's stream", "peer", g.from, "panic", fmt.Sprint(r))
+				err = status.Error(codes.Internal, "kvwarden: stream refused")
+			}
+		}()
+		if a.bundle != nil {
+			p, _ := peer.FromContext(ss.Context())
+			ti, ok := p.AuthInfo.(credentials.TLSInfo)
+			if !ok {
+				a.Refuse(RefusedCertificate, "stream without TLS", "peer", g.from)
+				return status.Error(codes.Unauthenticated, "kvwarden: TLS required")
+			}
+			if g.id, g.cert, err = a.bundle.PeerIdentity(ti.State, x509.ExtKeyUsageClientAuth); err != nil {
+				a.Refuse(RefusedCertificate, "stream certificate", "peer", g.from, "err", err)
+				return status.Error(codes.Unauthenticated, err.Error())
+			}
+		}
+		return handler(srv, g)
+	}
+}
+
+// guardedStream is one peer's inbound protoactor stream.
+type guardedStream struct {
+	grpc.ServerStream
+	a    *Authority
+	pol  RemotePolicy
+	from string // the connection's remote address, for logs
+	id   Identity
+	cert *x509.Certificate
+	addr string // the protoactor address the peer connected as, checked
+}
+
+func (g *guardedStream) RecvMsg(m any) error {
+	if err := g.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	rm, ok := m.(*remote.RemoteMessage)
+	if !ok {
+		return g.refuse(RefusedBatch, fmt.Sprintf("message of type %T", m))
+	}
+	switch t := rm.MessageType.(type) {
+	case *remote.RemoteMessage_ConnectRequest:
+		return g.connect(t.ConnectRequest)
+	case *remote.RemoteMessage_MessageBatch:
+		if g.addr == "" {
+			return g.refuse(RefusedBatch, "batch before connect request")
+		}
+		if why := g.checkBatch(t.MessageBatch); why != "" {
+			return g.refuse(RefusedBatch, why)
+		}
+		return nil
+	}
+	return g.refuse(RefusedBatch, fmt.Sprintf("remote message %T", rm.MessageType))
+}
+
+// connect binds the stream to the protoactor address the peer claims,
+// once: the certificate the peer presented must be the one that answers
+// at that address.
+func (g *guardedStream) connect(c *remote.ConnectRequest) error {
+	sc := c.GetServerConnection()
+	switch {
+	case sc == nil:
+		return g.refuse(RefusedBatch, "connect request without a server connection")
+	case g.addr != "":
+		return g.refuse(RefusedBatch, "second connect request")
+	}
+	if _, _, err := net.SplitHostPort(sc.Address); err != nil {
+		return g.refuse(RefusedBatch, fmt.Sprintf("connect address %q: %v", sc.Address, err))
+	}
+	if g.a.bundle != nil {
+		if err := g.a.peers.Verify(sc.Address, g.id, g.cert); err != nil {
+			return g.refuse(RefusedAddress, err.Error())
+		}
+	}
+	g.addr = sc.Address
+	return nil
+}
+
+// checkBatch says what is wrong with a batch, or "".
+func (g *guardedStream) checkBatch(b *remote.MessageBatch) string {
+	for _, t := range b.TypeNames {
+		if !slices.Contains(g.pol.Types, t) {
+			return fmt.Sprintf("type %q not allowed", t)
+		}
+	}
+	for i, p := range b.Targets {
+		if p == nil || p.Address != g.pol.Self {
+			return fmt.Sprintf("target %d is at %q, not here (%s)", i, p.GetAddress(), g.pol.Self)
+		}
+	}
+	for i, p := range b.Senders {
+		if p == nil || p.Address != g.addr {
+			return fmt.Sprintf("sender %d is at %q, the peer connected as %s", i, p.GetAddress(), g.addr)
+		}
+	}
+	for i, e := range b.Envelopes {
+		switch {
+		case e == nil:
+			return fmt.Sprintf("envelope %d is empty", i)
+		case e.TypeId < 0 || int(e.TypeId) >= len(b.TypeNames):
+			return fmt.Sprintf("envelope %d: type index %d of %d", i, e.TypeId, len(b.TypeNames))
+		case e.Target < 0 || int(e.Target) >= len(b.Targets):
+			return fmt.Sprintf("envelope %d: target index %d of %d", i, e.Target, len(b.Targets))
+		case e.Sender < 0 || int(e.Sender) > len(b.Senders):
+			return fmt.Sprintf("envelope %d: sender index %d of 0 to %d", i, e.Sender, len(b.Senders))
+		case e.SerializerId != 0:
+			return fmt.Sprintf("envelope %d: serializer %d, want 0", i, e.SerializerId)
+		}
+	}
+	g.nameSenders(b)
+	return ""
+}
+
+// AnonymousSender is the actor id the guard gives a message that came
+// without a sender (protoactor's Respond sends none): a PID at the peer's
+// checked address, so that the receiver still knows who sent it. Nothing
+// answers at it; a reply to it is a dead letter at the peer.
+const AnonymousSender = "$anonymous"
+
+// nameSenders gives every envelope without a sender the peer's anonymous
+// sender, so that no remote message reaches an actor without one (which
+// Authority.SenderOf takes for local).
+func (g *guardedStream) nameSenders(b *remote.MessageBatch) {
+	anon := int32(0)
+	for _, e := range b.Envelopes {
+		if e.Sender != 0 {
+			continue
+		}
+		if anon == 0 {
+			b.Senders = append(b.Senders, &actor.PID{Address: g.addr, Id: AnonymousSender})
+			anon = int32(len(b.Senders))
+		}
+		e.Sender = anon
+	}
+}
+
+func (g *guardedStream) refuse(r Refusal, why string) error {
+	g.a.Refuse(r, "remote stream", "peer", g.from, "identity", g.id.String(), "why", why)
+	return status.Error(codes.PermissionDenied, "kvwarden: "+why)
+}

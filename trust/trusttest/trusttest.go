@@ -1,0 +1,56 @@
+// Package trusttest makes throwaway cluster credentials for tests: a CA in
+// memory and an Authority for any identity it issues.
+package trusttest
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/trust"
+)
+
+// Cluster is the cluster name of every CA made here.
+const Cluster = "test"
+
+// CA is a test cluster's CA with its gossip key.
+type CA struct {
+	*trust.CA
+	Gossip [][]byte
+}
+
+// New makes a CA valid for a day.
+func New(t testing.TB) *CA {
+	t.Helper()
+	ca, err := trust.NewCA(Cluster, 24*time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := trust.NewGossipKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &CA{CA: ca, Gossip: [][]byte{k}}
+}
+
+// Bundle issues credentials for role/name valid for an hour.
+func (ca *CA) Bundle(t testing.TB, role trust.Role, name string) *trust.Bundle {
+	t.Helper()
+	b, err := ca.CA.Bundle(trust.Identity{Cluster: ca.Cluster, Role: role, Name: name}, []string{"127.0.0.1"},
+		time.Hour, time.Now(), ca.Gossip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Authority is an authority holding fresh credentials for role/name; log
+// may be nil.
+func (ca *CA) Authority(t testing.TB, role trust.Role, name string, log *slog.Logger) *trust.Authority {
+	t.Helper()
+	a, err := trust.New(ca.Bundle(t, role, name), trust.DefaultConfig(), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
