@@ -190,10 +190,18 @@ type NodeStatus struct {
 	RejectedBusy    uint64 `msgpack:"rejected_busy"`
 	// Pools holds the node's KV pools, at most PoolsMax.
 	Pools []PoolStatus `msgpack:"pools"`
+	// Insecure: the node authenticates nobody (it runs --insecure).
+	Insecure bool `msgpack:"insecure,omitempty"`
+	// Identity is the node's certificate identity (kvwarden://cluster/
+	// role/name), at most IdentityBytesMax bytes; "" when insecure.
+	Identity string `msgpack:"identity,omitempty"`
+	// Refused counts what the node refused from outside, by kind: the
+	// kinds of trust.Refusal in its order, at most RefusalKindsMax.
+	Refused []uint64 `msgpack:"refused,omitempty"`
 }
 
 var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "draining", "in_flight",
-	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools"}
+	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools", "insecure", "identity", "refused"}
 
 func (s *NodeStatus) validate(t TypeCode, field string) error {
 	if err := checkName(t, field+".name", s.Name, NodeNameBytesMax); err != nil {
@@ -209,6 +217,12 @@ func (s *NodeStatus) validate(t TypeCode, field string) error {
 		return err
 	}
 	if err := checkLen(t, field+".pools", len(s.Pools), PoolsMax); err != nil {
+		return err
+	}
+	if err := checkLen(t, field+".identity", len(s.Identity), IdentityBytesMax); err != nil {
+		return err
+	}
+	if err := checkLen(t, field+".refused", len(s.Refused), RefusalKindsMax); err != nil {
 		return err
 	}
 	for i := range s.Pools {
@@ -246,9 +260,17 @@ func (s *NodeStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readU64(d, t, field+".rejected_too_long", &s.RejectedTooLong)
 		case 11:
 			return readU64(d, t, field+".rejected_busy", &s.RejectedBusy)
-		default:
+		case 12:
 			return readSlice(d, t, field+".pools", PoolsMax, &s.Pools, func(p *PoolStatus) error {
 				return p.decode(d, t, field+".pools")
+			})
+		case 13:
+			return readBool(d, t, field+".insecure", &s.Insecure)
+		case 14:
+			return readString(d, t, field+".identity", IdentityBytesMax, &s.Identity)
+		default:
+			return readSlice(d, t, field+".refused", RefusalKindsMax, &s.Refused, func(v *uint64) error {
+				return readU64(d, t, field+".refused", v)
 			})
 		}
 	})
@@ -307,9 +329,13 @@ type MemberStatus struct {
 	CapacityPages uint32 `msgpack:"capacity"`
 	FreePages     uint32 `msgpack:"free"`
 	Draining      bool   `msgpack:"draining,omitempty"`
+	// Verified: the certificate found at the member's address names the
+	// member's role and name (always true on an insecure node).
+	Verified bool `msgpack:"verified,omitempty"`
 }
 
-var memberStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "state", "capacity", "free", "draining"}
+var memberStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "state", "capacity", "free", "draining",
+	"verified"}
 
 func (s *MemberStatus) validate(t TypeCode, field string) error {
 	if err := checkName(t, field+".name", s.Name, NodeNameBytesMax); err != nil {
@@ -346,8 +372,10 @@ func (s *MemberStatus) decode(d *msgpack.Decoder, t TypeCode, field string) erro
 			return readU32(d, t, field+".capacity", &s.CapacityPages)
 		case 7:
 			return readU32(d, t, field+".free", &s.FreePages)
-		default:
+		case 8:
 			return readBool(d, t, field+".draining", &s.Draining)
+		default:
+			return readBool(d, t, field+".verified", &s.Verified)
 		}
 	})
 }

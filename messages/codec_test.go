@@ -36,9 +36,10 @@ func samples() []Message {
 		&StatusReply{
 			Node: NodeStatus{Name: "decode-1", Role: RoleDecode, Incarnation: 1 << 33, Address: "10.0.0.1:8090", DataPlane: "10.0.0.1:7070", Draining: true,
 				InFlight: 3, Admitted: 100, Completed: 90, Failed: 4, RejectedTooLong: 2, RejectedBusy: math.MaxUint64,
-				Pools: []PoolStatus{{Name: "gpu0", Capacity: 4096, Free: 4000}, {Name: "host", Capacity: math.MaxUint32, Free: math.MaxUint32}}},
+				Pools:    []PoolStatus{{Name: "gpu0", Capacity: 4096, Free: 4000}, {Name: "host", Capacity: math.MaxUint32, Free: math.MaxUint32}},
+				Identity: "kvwarden://prod/decode/decode-1", Refused: []uint64{0, 3, math.MaxUint64}},
 			Members: []MemberStatus{
-				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true},
+				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true, Verified: true},
 				{Name: "router", Role: RoleRouter, Incarnation: 1, Address: "[fe80::1]:8090", State: MemberSuspect},
 			},
 		},
@@ -198,7 +199,7 @@ func TestWorstCaseFits(t *testing.T) {
 	members := make([]MemberStatus, MembersMax)
 	for i := range members {
 		members[i] = MemberStatus{Name: name, Role: RolePrefill, Incarnation: math.MaxUint64, Address: addr, DataPlane: addr,
-			State: MemberSuspect, CapacityPages: math.MaxUint32, FreePages: math.MaxUint32, Draining: true}
+			State: MemberSuspect, CapacityPages: math.MaxUint32, FreePages: math.MaxUint32, Draining: true, Verified: true}
 	}
 	worst := []Message{
 		&GenerateRequest{RequestID: math.MaxUint64, Tenant: tenant, Prompt: prompt, MaxTokens: GenerateTokensMax, Stream: true},
@@ -218,7 +219,8 @@ func TestWorstCaseFits(t *testing.T) {
 		&StatusReply{
 			Node: NodeStatus{Name: name, Role: RolePrefill, Incarnation: math.MaxUint64, Address: addr, DataPlane: addr, Draining: true,
 				InFlight: math.MaxUint32, Admitted: math.MaxUint64, Completed: math.MaxUint64, Failed: math.MaxUint64,
-				RejectedTooLong: math.MaxUint64, RejectedBusy: math.MaxUint64, Pools: pools},
+				RejectedTooLong: math.MaxUint64, RejectedBusy: math.MaxUint64, Pools: pools, Insecure: true,
+				Identity: strings.Repeat("i", IdentityBytesMax), Refused: slices.Repeat([]uint64{math.MaxUint64}, RefusalKindsMax)},
 			Members: members,
 		},
 		&DrainRequest{Wait: true},
@@ -486,6 +488,9 @@ func TestErrorsCarryNumbers(t *testing.T) {
 	if ToWireError(busy) != busy || ToWireError(errors.New("boom")).Code != CodeInternal {
 		t.Fatal("ToWireError passes WireErrors through and makes others internal")
 	}
+	if CodeForbidden.HTTPStatus() != 403 {
+		t.Fatalf("forbidden maps to %d, want 403", CodeForbidden.HTTPStatus())
+	}
 	if ErrorCode(99).HTTPStatus() != 500 {
 		t.Fatal("unknown codes must map to 500")
 	}
@@ -496,9 +501,9 @@ func TestStableCodes(t *testing.T) {
 	got := []uint16{uint16(TypeGenerateRequest), uint16(TypeTokenChunk), uint16(TypeGenerateResult), uint16(TypeCancelRequest),
 		uint16(TypeTransferPlan), uint16(TypeTransferAck), uint16(TypeTransferAbort), uint16(TypeTransferDone),
 		uint16(TypeRoutedRequest), uint16(TypeStatusRequest), uint16(TypeStatusReply), uint16(TypeDrainRequest), uint16(TypeDrainReply),
-		uint16(CodePromptTooLong), uint16(CodeBusy), uint16(CodeIntegrity), uint16(CodeNodeLost), uint16(CodeCancelled), uint16(CodeBadRequest), uint16(CodeInternal),
+		uint16(CodePromptTooLong), uint16(CodeBusy), uint16(CodeIntegrity), uint16(CodeNodeLost), uint16(CodeCancelled), uint16(CodeBadRequest), uint16(CodeInternal), uint16(CodeForbidden),
 		uint16(FinishStop), uint16(FinishLength), uint16(FinishError)}
-	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3}
+	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3}
 	if !slices.Equal(got, want) {
 		t.Fatalf("stable codes changed: %v, want %v", got, want)
 	}

@@ -119,6 +119,9 @@ const (
 	CodeBadRequest ErrorCode = 6
 	// CodeInternal: a bug or an unexpected failure.
 	CodeInternal ErrorCode = 7
+	// CodeForbidden: the sender's credential does not allow the request
+	// (another tenant's name, a role that may not send it).
+	CodeForbidden ErrorCode = 8
 )
 
 func (c ErrorCode) String() string {
@@ -137,6 +140,8 @@ func (c ErrorCode) String() string {
 		return "bad_request"
 	case CodeInternal:
 		return "internal"
+	case CodeForbidden:
+		return "forbidden"
 	}
 	return fmt.Sprintf("code(%d)", uint16(c))
 }
@@ -153,6 +158,8 @@ func (c ErrorCode) HTTPStatus() int {
 		return http.StatusServiceUnavailable
 	case CodeCancelled:
 		return 499 // client closed request, as nginx reports it
+	case CodeForbidden:
+		return http.StatusForbidden
 	}
 	return http.StatusInternalServerError
 }

@@ -63,6 +63,10 @@ const (
 	PoolsMax = 64
 	// MembersMax bounds the members of one StatusReply, in members.
 	MembersMax = 256
+	// IdentityBytesMax bounds a certificate identity in NodeStatus.
+	IdentityBytesMax = 200
+	// RefusalKindsMax bounds NodeStatus.Refused, in kinds.
+	RefusalKindsMax = 16
 
 	// Errors.
 
