@@ -12,6 +12,7 @@ import (
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // nodeCounters are the node's request counters, read by status and tests.
@@ -111,6 +112,7 @@ type admissionActor struct {
 	pick      PrefillPicker
 	dataPlane string
 	registry  *sync.Map // owner.Request → request actor PID, for the data plane; kept by the request actors
+	auth      *trust.Authority
 	draining  bool
 	inflight  map[string]admitted // by child PID id
 	byClient  map[clientKey]*actor.PID
@@ -129,17 +131,26 @@ func (a *admissionActor) Receive(c actor.Context) {
 		a.byClient = map[clientKey]*actor.PID{}
 		a.dLoad = make([]int, len(a.decode))
 	case *messages.GenerateRequest:
-		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), nil)
+		tenant, err := TenantOf(a.auth, a.auth.Of(c), m.Tenant)
+		if err != nil {
+			a.counters.rejectedBad.Add(1)
+			a.reject(c, m.RequestID, err)
+			return
+		}
+		a.admit(c, m.RequestID, tenant, m.Prompt, int(m.MaxTokens), nil)
 	case *messages.RoutedRequest:
+		if s := a.auth.Of(c); !s.May(trust.RoleRouter) {
+			a.auth.Refuse(trust.RefusedRole, "routed request", "sender", s.String())
+			a.counters.rejectedBad.Add(1)
+			a.reject(c, m.RequestID, &ForbiddenError{Sender: s.String(), Reason: "only routers route requests"})
+			return
+		}
 		if m.DecodeIncarnation != a.cfg.Incarnation {
 			// Routed to an earlier run of this node, at the same address:
 			// the router's relay for it is answering "node lost" already.
 			a.counters.rejectedBad.Add(1)
-			err := &BadRequestError{Reason: fmt.Sprintf("routed to decode node incarnation %x, this is %x",
-				m.DecodeIncarnation, a.cfg.Incarnation)}
-			if err := Reject(c, m.RequestID, err); err != nil {
-				a.log.Error("rejection refused by its own validation", "err", err)
-			}
+			a.reject(c, m.RequestID, &BadRequestError{Reason: fmt.Sprintf("routed to decode node incarnation %x, this is %x",
+				m.DecodeIncarnation, a.cfg.Incarnation)})
 			return
 		}
 		peer := PrefillPeer{PID: actor.NewPID(m.Prefill, PrefillName), Incarnation: m.PrefillIncarnation}
@@ -178,6 +189,32 @@ func (a *admissionActor) status() AdmissionStatusReply {
 		Completed: a.counters.completed.Load(), Failed: a.counters.failed.Load(), Retried: a.counters.retried.Load(),
 		FramesAccepted: a.counters.framesAccepted.Load(), FramesRefused: a.counters.framesRefused.Load(),
 		DecodeInFlight: append([]int(nil), a.dLoad...), Phases: a.counters.phases.snapshot()}
+}
+
+// reject answers a request that will not run.
+func (a *admissionActor) reject(c actor.Context, id uint64, err error) {
+	if err := Reject(c, id, err); err != nil {
+		a.log.Error("rejection refused by its own validation", "err", err)
+	}
+}
+
+// TenantOf is the tenant a request from s runs as: the one its credential
+// names. claimed (what the request says) must be that tenant; only a local
+// sender, or any sender of an insecure node, is taken at its word. Every
+// other role is forbidden to generate. Router and admission both call it.
+func TenantOf(auth *trust.Authority, s trust.Sender, claimed string) (string, error) {
+	switch {
+	case s.Local || s.Insecure:
+		return claimed, nil
+	case s.Identity.Role != trust.RoleTenant:
+		auth.Refuse(trust.RefusedRole, "generate request", "sender", s.String())
+		return "", &ForbiddenError{Sender: s.String(), Reason: "only a tenant's credential may generate"}
+	case claimed != s.Identity.Name:
+		auth.Refuse(trust.RefusedTenant, "generate request", "sender", s.String(), "claimed", claimed)
+		return "", &ForbiddenError{Sender: s.String(),
+			Reason: fmt.Sprintf("tenant %q, the credential names %q", claimed, s.Identity.Name)}
+	}
+	return claimed, nil
 }
 
 func senderKey(c actor.Context) string {
@@ -277,8 +314,12 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, client: c.Sender(), clientID: id,
 		owner: owner, prompt: prompt, maxNew: maxTokens, route: rt, dataPlane: a.dataPlane,
 		pick: a.pick, tried: map[uint64]bool{}, registry: a.registry}
-	pid := c.Spawn(actor.PropsFromProducer(func() actor.Actor { return req },
-		actor.WithMailbox(actor.Bounded(a.cfg.MailboxMax))))
+	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return req },
+		actor.WithMailbox(actor.Bounded(a.cfg.MailboxMax))), trust.SecretName())
+	if err != nil {
+		reject(fmt.Errorf("actors: spawning the request actor: %w", err))
+		return
+	}
 	a.inflight[pid.Id] = admitted{key: key, decode: d}
 	a.byClient[key] = pid
 	a.dLoad[d]++

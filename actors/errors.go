@@ -49,6 +49,20 @@ func (e *BadRequestError) wire() *messages.WireError {
 	return &messages.WireError{Code: messages.CodeBadRequest, Message: e.Error()}
 }
 
+// ForbiddenError: the sender's credential does not allow what it sent: a
+// request for a tenant it does not name, or a message only another role
+// may send.
+type ForbiddenError struct {
+	Sender string // who sent it, as authenticated
+	Reason string
+}
+
+func (e *ForbiddenError) Error() string { return "actors: forbidden for " + e.Sender + ": " + e.Reason }
+
+func (e *ForbiddenError) wire() *messages.WireError {
+	return &messages.WireError{Code: messages.CodeForbidden, Message: e.Error()}
+}
+
 // ErrCancelled: the client cancelled the request.
 var ErrCancelled = errors.New("actors: request cancelled")
 

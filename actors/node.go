@@ -176,7 +176,7 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 	}
 	n.pools = append(n.pools, dPools...)
 	adm := &admissionActor{cfg: cfg, log: n.log, counters: n.counters, decode: n.decode, dPools: dPools,
-		pick: pick, dataPlane: opt.DataPlane, registry: &n.registry}
+		pick: pick, dataPlane: opt.DataPlane, registry: &n.registry, auth: n.auth}
 	n.admission, err = n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return adm },
 		actor.WithMailbox(actor.Bounded(cfg.MailboxMax)), actor.WithSupervisor(sup)), AdmissionName)
 	return err

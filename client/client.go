@@ -62,6 +62,7 @@ type Client struct {
 	target  *actor.PID
 	timeout time.Duration
 	nextID  atomic.Uint64
+	refused atomic.Uint64
 }
 
 // Dial starts the client's own actor system and remote endpoint and aims
@@ -142,16 +143,59 @@ func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt Genera
 	// One message per token and one result, so this never blocks the
 	// receiving actor.
 	inbox := make(chan any, opt.MaxTokens+2)
-	rx := c.sys.Root.Spawn(actor.PropsFromFunc(func(ctx actor.Context) {
+	seq := uint32(0)
+	rx, err := c.sys.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
 		switch m := ctx.Message().(type) {
-		case *messages.TokenChunk, *messages.GenerateResult, *messages.Undecodable:
-			inbox <- m
+		case *messages.TokenChunk:
+			if c.fromNode(ctx, m.RequestID, id) && c.inSequence(m.Seq, &seq) {
+				inbox <- m
+			}
+		case *messages.GenerateResult:
+			if c.fromNode(ctx, m.RequestID, id) {
+				inbox <- m
+			}
+		case *messages.Undecodable:
+			if c.fromNode(ctx, id, id) {
+				inbox <- m
+			}
 		}
-	}))
+	}), trust.SecretName())
+	if err != nil {
+		return Result{}, fmt.Errorf("client: spawning the receiver: %w", err)
+	}
 	defer c.sys.Root.Stop(rx)
 	c.sys.Root.RequestWithCustomSender(c.target, req, rx)
 	return c.await(ctx, id, tenant, rx, inbox, onToken)
 }
+
+// fromNode says whether a message for request id came from the node the
+// request was sent to (the remote boundary proved the sender's address)
+// and is for request want. Anything else is counted in Refused and
+// dropped: a stranger cannot put a token or an answer into a request.
+func (c *Client) fromNode(ctx actor.Context, id, want uint64) bool {
+	s := ctx.Sender()
+	local := s == nil && c.target.Address == c.sys.Address()
+	if (!local && (s == nil || s.Address != c.target.Address)) || id != want {
+		c.refused.Add(1)
+		return false
+	}
+	return true
+}
+
+// inSequence says whether a token chunk numbered seq follows the last
+// (*last), and moves *last on.
+func (c *Client) inSequence(seq uint32, last *uint32) bool {
+	if seq != *last+1 {
+		c.refused.Add(1)
+		return false
+	}
+	*last = seq
+	return true
+}
+
+// Refused is how many messages from strangers (another sender, another
+// request's id, out of sequence) the client has dropped.
+func (c *Client) Refused() uint64 { return c.refused.Load() }
 
 func (c *Client) await(ctx context.Context, id uint64, tenant string, rx *actor.PID, inbox chan any, onToken func(int)) (Result, error) {
 	cancelled := false

@@ -1,6 +1,8 @@
 package trust
 
 import (
+	crand "crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net/url"
 	"strings"
@@ -105,4 +107,15 @@ func ParseIdentity(u *url.URL) (Identity, error) {
 		return Identity{}, fmt.Errorf("trust: identity %q: %w", u, err)
 	}
 	return id, nil
+}
+
+// SecretName is a fresh actor name no one can guess: 128 random bits. A
+// request's actors get one, so that reaching them takes having been told
+// their name.
+func SecretName() string {
+	var b [16]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("trust: the system's random source failed: %v", err))
+	}
+	return hex.EncodeToString(b[:])
 }
