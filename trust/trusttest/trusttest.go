@@ -4,6 +4,7 @@ package trusttest
 
 import (
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,4 +54,17 @@ func (ca *CA) Authority(t testing.TB, role trust.Role, name string, log *slog.Lo
 		t.Fatal(err)
 	}
 	return a
+}
+
+// Shared is one CA for every test of a package that needs no CA of its
+// own (made once, on first use).
+func Shared(t testing.TB) *CA {
+	t.Helper()
+	shared.once.Do(func() { shared.ca = New(t) })
+	return shared.ca
+}
+
+var shared struct {
+	once sync.Once
+	ca   *CA
 }
