@@ -44,7 +44,7 @@ func directLoop(b *testing.B, cfg Config, engine gpu.Engine, prompts []string) i
 	for i, p := range prompts {
 		owner := kv.Owner{Request: uint64(i + 1), Tenant: "bench"}
 		prompt := gpu.ByteTokenizer{}.Encode(p)
-		tags, err := pool.Reserve(owner, 0, g.PagesFor(len(prompt)))
+		tags, err := pool.Reserve(owner, 0, g.PagesFor(len(prompt)), time.Now())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -56,7 +56,7 @@ func directLoop(b *testing.B, cfg Config, engine gpu.Engine, prompts []string) i
 		if err != nil {
 			b.Fatal(err)
 		}
-		spare, err := pool.Reserve(owner, len(prompt), g.PagesFor(benchMaxTokens-1))
+		spare, err := pool.Reserve(owner, len(prompt), g.PagesFor(benchMaxTokens-1), time.Now())
 		if err != nil {
 			b.Fatal(err)
 		}

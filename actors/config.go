@@ -94,6 +94,22 @@ type Config struct {
 	// Incarnation identifies this run of the node in every tag; zero
 	// means draw one at start.
 	Incarnation uint64
+	// OwnedPageTimeout is the longest a page may stay owned (reserved,
+	// filling, sealed or leased) before its page actor reclaims it anyway,
+	// so that an owner that died without releasing cannot pin it. It must
+	// exceed RequestTimeout and PrefillTimeout, which bound every owner's
+	// own use of a page.
+	OwnedPageTimeout time.Duration
+	// TransferSendsMax is how many transfers one prefill worker sends to
+	// other nodes' data planes at once, each from its own goroutine, so
+	// that a slow peer holds up only its own; a plan beyond waits in the
+	// worker's queue.
+	TransferSendsMax int
+	// DonePlansMax is how many acknowledged or aborted plans a prefill
+	// worker and its dispatcher remember (each for PrefillTimeout), so
+	// that a duplicate arriving after its plan ended is dropped instead of
+	// prefilled again.
+	DonePlansMax int
 }
 
 // DefaultConfig is a node of one prefill and one decode worker over the
@@ -121,6 +137,9 @@ func DefaultConfig() Config {
 		ReserveRetry:          20 * time.Millisecond,
 		ReclaimAfter:          30 * time.Second,
 		ArenaBytesMax:         kv.DefaultArenaBytesMax,
+		OwnedPageTimeout:      5 * time.Minute,
+		TransferSendsMax:      8,
+		DonePlansMax:          4096,
 	}
 }
 
@@ -137,6 +156,7 @@ func DefaultLocalConfig() Config {
 	c.PrefillTimeout = 20 * time.Second
 	c.ReserveWait = 2 * time.Second
 	c.ReclaimAfter = 2 * time.Second
+	c.OwnedPageTimeout = time.Minute
 	return c
 }
 
@@ -150,7 +170,7 @@ func (c Config) BatchLimits() kv.BatchLimits {
 
 func (c Config) pool(pages int, incarnation uint64) kv.Config {
 	return kv.Config{Geometry: c.Geometry(), Pages: pages, Incarnation: incarnation,
-		ReclaimAfter: c.ReclaimAfter, ArenaBytesMax: c.ArenaBytesMax}
+		ReclaimAfter: c.ReclaimAfter, OwnedTimeout: c.OwnedPageTimeout, ArenaBytesMax: c.ArenaBytesMax}
 }
 
 type intField struct {
@@ -173,6 +193,7 @@ func (c Config) Validate() error {
 		{"ContextTokens", c.ContextTokens}, {"MaxTokensMax", c.MaxTokensMax},
 		{"QueueMax", c.QueueMax}, {"BatchMax", c.BatchMax},
 		{"TransferBatchPagesMax", c.TransferBatchPagesMax}, {"MailboxMax", c.MailboxMax},
+		{"TransferSendsMax", c.TransferSendsMax}, {"DonePlansMax", c.DonePlansMax},
 	}
 	if c.Role.Prefills() {
 		ints = append(ints, intField{"PrefillWorkers", c.PrefillWorkers}, intField{"PrefillPages", c.PrefillPages})
@@ -210,6 +231,10 @@ func (c Config) Validate() error {
 		if d.v <= 0 {
 			return fmt.Errorf("actors: %s (%s) must be positive", d.name, d.v)
 		}
+	}
+	if c.OwnedPageTimeout <= max(c.RequestTimeout, c.PrefillTimeout) {
+		return fmt.Errorf("actors: OwnedPageTimeout (%s) must exceed RequestTimeout (%s) and PrefillTimeout (%s)",
+			c.OwnedPageTimeout, c.RequestTimeout, c.PrefillTimeout)
 	}
 	if err := c.BatchLimits().Validate(); err != nil {
 		return err

@@ -28,6 +28,7 @@ func testConfig() Config {
 	c.MaxTokensMax = 64
 	c.RequestTimeout = 3 * time.Minute
 	c.PrefillTimeout = 2 * time.Minute
+	c.OwnedPageTimeout = 4 * time.Minute
 	c.ReserveWait = 30 * time.Second
 	return c
 }

@@ -77,28 +77,38 @@ type (
 		Owner kv.Owner
 		First int
 	}
-	pageReclaim struct{ Tag kv.Tag }
+	// pageReclaim is the page's timer: its deadline may have come.
+	pageReclaim struct{}
 	pageFreed   struct{ Tag kv.Tag }
 )
 
 // pageActor owns one kv.Page: every change of owner, every write and every
-// read lease of that page goes through its mailbox, one at a time.
+// read lease of that page goes through its mailbox, one at a time. Its one
+// timer follows the page's deadline (kv.Page.Deadline), so a page owned
+// past OwnedPageTimeout, or released past ReclaimAfter, is reclaimed even
+// if its owner died without a word: one timer a page, rearmed, so their
+// number is the pool's page count whatever the traffic.
 type pageActor struct {
 	page  *kv.Page
 	pool  *actor.PID     // told of every free, to put the page back on its free list
 	gen   *atomic.Uint64 // the page's generation, for readers in other goroutines
 	clock func() time.Time
 	stats *poolCounters
+	timer *time.Timer // sends pageReclaim at armed
+	armed time.Time   // the deadline the timer is set for; zero when stopped
 }
 
 func (a *pageActor) Receive(c actor.Context) {
 	pg := a.page
-	defer func() { a.gen.Store(pg.Tag().Generation) }()
+	defer func() {
+		a.gen.Store(pg.Tag().Generation)
+		a.arm(c)
+	}()
 	var r PageReply
 	var freed bool
 	switch m := c.Message().(type) {
 	case pageAssign:
-		pg.Assign(m.Tag, m.Owner, m.First)
+		pg.Assign(m.Tag, m.Owner, m.First, a.clock())
 		return
 	case PageWrite:
 		r.Err = pg.Write(m.Tag, m.Owner, m.First, m.Data)
@@ -116,27 +126,26 @@ func (a *pageActor) Receive(c actor.Context) {
 		freed, r.Err = pg.Ack(m.Tag, m.Owner)
 	case PageRelease:
 		freed, r.Err = pg.Release(m.Tag, m.Owner, a.clock())
-		if r.Err == nil && !freed {
-			a.scheduleReclaim(c)
-		}
 	case PageVerify:
 		r.Err = pg.Verify(m.Index, m.First, m.Entry, m.Owner)
 	case PageInspect:
 		c.Respond(pg.Info())
 		return
 	case pageReclaim:
-		if pg.Tag() != m.Tag {
-			return // freed in the meantime
-		}
 		rec, ok := pg.Reclaim(a.clock())
 		if !ok {
-			a.scheduleReclaim(c) // the clock fired early
+			a.armed = time.Time{} // early, or for a deadline since moved: arm again
 			return
 		}
-		a.stats.reclaimed.Add(1)
-		a.stats.log.Warn("page reclaimed at its deadline", "tag", rec.Tag.String(), "owner", rec.Owner.String(),
-			"readers", rec.Readers, "await_ack", rec.AwaitAck)
+		a.stats.reclaimed[rec.State].Add(1)
+		a.stats.log.Warn("page reclaimed at its deadline", "tag", rec.Tag.String(), "state", rec.State.String(),
+			"owner", rec.Owner.String(), "readers", rec.Readers, "await_ack", rec.AwaitAck)
 		c.Send(a.pool, pageFreed{Tag: pg.Tag()})
+		return
+	case *actor.Stopping:
+		if a.timer != nil {
+			a.timer.Stop()
+		}
 		return
 	default:
 		return
@@ -150,13 +159,25 @@ func (a *pageActor) Receive(c actor.Context) {
 	c.Respond(r)
 }
 
-// scheduleReclaim arranges for the page to look at its deadline again.
-func (a *pageActor) scheduleReclaim(c actor.Context) {
-	info := a.page.Info()
-	self, sys, tag := c.Self(), c.ActorSystem(), info.Tag
-	time.AfterFunc(max(info.Deadline.Sub(a.clock()), 0), func() {
-		sys.Root.Send(self, pageReclaim{Tag: tag})
-	})
+// arm sets the timer to the page's deadline when it has changed, and
+// stops it when the page is free.
+func (a *pageActor) arm(c actor.Context) {
+	d := a.page.Deadline()
+	if d.Equal(a.armed) {
+		return
+	}
+	a.armed = d
+	switch {
+	case d.IsZero():
+		if a.timer != nil {
+			a.timer.Stop()
+		}
+	case a.timer == nil:
+		self, sys := c.Self(), c.ActorSystem()
+		a.timer = time.AfterFunc(max(d.Sub(a.clock()), 0), func() { sys.Root.Send(self, pageReclaim{}) })
+	default:
+		a.timer.Reset(max(d.Sub(a.clock()), 0))
+	}
 }
 
 // Messages to a pool actor.
@@ -182,8 +203,10 @@ type (
 	PoolStatusReply struct {
 		Capacity, Free int
 		Reservations   uint64
-		Reclaimed      uint64
-		Refused        kv.Refusals
+		// Reclaimed counts pages reclaimed at their deadline, by the
+		// state they were in (kv.Stats.Reclaimed).
+		Reclaimed kv.Reclaims
+		Refused   kv.Refusals
 	}
 )
 
@@ -225,7 +248,7 @@ func (a *poolActor) Receive(c actor.Context) {
 		delete(a.granted, m.Nonce)
 	case PoolStatus:
 		c.Respond(PoolStatusReply{Capacity: a.free.Capacity(), Free: a.free.Len(), Reservations: a.reservations,
-			Reclaimed: a.stats.reclaimed.Load(), Refused: a.stats.snapshot()})
+			Reclaimed: a.stats.reclaims(), Refused: a.stats.snapshot()})
 	}
 }
 

@@ -17,9 +17,17 @@ import (
 // different goroutines.
 type poolCounters struct {
 	log       *slog.Logger
-	reclaimed atomic.Uint64
+	reclaimed [len(kv.Reclaims{})]atomic.Uint64 // by kv.State
 	mu        sync.Mutex
 	refusals  kv.Refusals
+}
+
+func (s *poolCounters) reclaims() kv.Reclaims {
+	var r kv.Reclaims
+	for i := range r {
+		r[i] = s.reclaimed[i].Load()
+	}
+	return r
 }
 
 func (s *poolCounters) refused(err error) {

@@ -53,7 +53,7 @@ func fragmentedPool(t testing.TB, g kv.Geometry, pages int, incarnation, seed ui
 	if err != nil {
 		t.Fatal(err)
 	}
-	tags, err := p.Reserve(filler, 0, pages)
+	tags, err := p.Reserve(filler, 0, pages, epoch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func fragmentedPool(t testing.TB, g kv.Geometry, pages int, incarnation, seed ui
 
 func reserve(t testing.TB, p *kv.Pool, o kv.Owner, first, n int) []kv.Tag {
 	t.Helper()
-	tags, err := p.Reserve(o, first, n)
+	tags, err := p.Reserve(o, first, n, epoch)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func BenchmarkReserveRelease(b *testing.B) {
 			now := time.Unix(0, 0)
 			b.ResetTimer()
 			for b.Loop() {
-				tags, err := p.Reserve(o, 0, n)
+				tags, err := p.Reserve(o, 0, n, now)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -63,7 +63,7 @@ func BenchmarkReserveRelease(b *testing.B) {
 func sealedPage(b *testing.B, g Geometry) (*Pool, Tag, Owner) {
 	p := benchPool(b, g, 1)
 	o := Owner{Request: 1, Tenant: "t"}
-	tags, _ := p.Reserve(o, 0, 1)
+	tags, _ := p.Reserve(o, 0, 1, time.Time{})
 	data := make([]byte, g.PageBytes())
 	for i := range data {
 		data[i] = byte(i)

@@ -5,28 +5,34 @@
 //
 // # Common path
 //
-// Decode reserves pages for a request (Pool.Reserve), which returns one Tag
-// per page. A Tag is (node incarnation, page index, generation); the
-// generation moves on every release, so a tag names exactly one tenancy of
-// one physical page. The writer appends token rows (Pool.Write) and seals the
-// page (Pool.Seal), which computes a checksum over the page header (tag,
-// owner, token range) and the payload. A reader obtains a Lease by handshake
-// (Pool.Lease checks tag, tenant, request and state) and reads only through
-// it (Pool.Read). Release (Pool.Release) is deferred while the page is leased
-// or awaits a peer's acknowledgement, and forced by Pool.Tick once the
-// reclaim deadline has passed; either way the generation moves on and every
-// old tag is refused from then on.
+// Decode reserves pages for a request (Pool.Reserve, at a time: the owner has
+// them until OwnedTimeout from then), which returns one Tag per page. A Tag is
+// (node incarnation, page index, generation); the generation moves on every
+// release, so a tag names exactly one tenancy of one physical page. The writer
+// appends token rows (Pool.Write) and seals the page (Pool.Seal), which
+// computes a checksum over the page header (tag, owner, token range) and the
+// payload. A reader obtains a Lease by handshake (Pool.Lease checks tag,
+// tenant, request and state) and reads only through it (Pool.Read). Release
+// (Pool.Release) is deferred while the page is leased or awaits a peer's
+// acknowledgement, and forced by Pool.Tick once the reclaim deadline has
+// passed; Pool.Tick likewise reclaims a page still owned (reserved, filling,
+// sealed or leased) past OwnedTimeout, so that an owner that died without
+// releasing cannot pin it. Either way the generation moves on and every old
+// tag is refused from then on.
 //
-// A Manifest lists the tags a request expects, in order, with one checksum
-// per page and the token count; Manifest.Verify checks all of it against the
-// pool before decode reads. Frames (EncodeFrame, DecodeFrame) carry a token
-// range of one page between pools; the decoder refuses anything malformed,
-// oversized or inconsistent with a typed error and never panics.
+// A Manifest lists the tags a request expects, in order, with one checksum per
+// page and the token count; Manifest.Verify checks all of it against the pool
+// before decode reads. A page received from another pool seals only if its
+// bytes are those its source sealed (Pool.SealFrom with the source's Origin),
+// which catches bytes changed after the source's seal that every frame
+// checksum, computed at send, would pass. Frames (EncodeFrame, DecodeFrame)
+// carry a token range of one page between pools; the decoder refuses anything
+// malformed, oversized or inconsistent with a typed error and never panics.
 //
 // # Concurrency and ownership
 //
 // Nothing here starts a goroutine, takes a lock, reads a clock or does I/O.
-// Time is an argument (Pool.Tick, Pool.Release). A Pool, a Page and a
+// Time is an argument (Pool.Reserve, Pool.Tick, Pool.Release). A Pool, a Page and a
 // FreeList must each be used by one goroutine at a time; the actor that owns
 // it serialises access. Pool composes Pages and a FreeList over one arena;
 // an actor system may instead give each Page to its own actor and the

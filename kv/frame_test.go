@@ -117,8 +117,8 @@ func TestFrameShortAndGarbage(t *testing.T) {
 
 func TestAcceptChecksDestination(t *testing.T) {
 	p := newTestPool(t, 4)
-	aTags, _ := p.Reserve(alice, 0, 2)
-	bTags, _ := p.Reserve(bob, 0, 1)
+	aTags, _ := p.Reserve(alice, 0, 2, t0)
+	bTags, _ := p.Reserve(bob, 0, 1, t0)
 	send := func(f Frame) error {
 		t.Helper()
 		b := encode(t, f)

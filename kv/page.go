@@ -11,6 +11,7 @@ type pageParams struct {
 	bpt          int // bytes per token
 	pageTokens   int
 	reclaimAfter time.Duration
+	ownedTimeout time.Duration
 }
 
 // Page is one physical page as a pure state machine: its tag, owner,
@@ -33,6 +34,9 @@ type Page struct {
 	sum      uint64 // checksum fixed at seal
 	readers  int    // leases outstanding
 	awaitAck bool   // a peer has not yet acknowledged the bytes sent from this page
+	// deadline is when the page is reclaimed whatever its state: its
+	// assignment plus OwnedTimeout while owned, its release plus
+	// ReclaimAfter once released.
 	deadline time.Time
 }
 
@@ -45,10 +49,23 @@ func (pg *Page) Tag() Tag {
 // State is the page's current state.
 func (pg *Page) State() State { return pg.state }
 
-// Assign gives a free page to owner, for sequence positions from first on.
-// tag must be the page's current tag, as its FreeList entry says: anything
-// else means the free list and the page disagree, which is a bug.
-func (pg *Page) Assign(tag Tag, owner Owner, first int) {
+// Deadline is when Reclaim will free the page: its assignment plus
+// OwnedTimeout while owned, its release plus ReclaimAfter once released;
+// zero when it is free. An owner of a page's timer rearms it when this
+// changes.
+func (pg *Page) Deadline() time.Time {
+	if pg.state == Free {
+		return time.Time{}
+	}
+	return pg.deadline
+}
+
+// Assign gives a free page to owner, for sequence positions from first on,
+// at now: the owner has until now + OwnedTimeout to release it, after which
+// Reclaim frees it anyway. tag must be the page's current tag, as its
+// FreeList entry says: anything else means the free list and the page
+// disagree, which is a bug.
+func (pg *Page) Assign(tag Tag, owner Owner, first int, now time.Time) {
 	if pg.state != Free || tag != pg.Tag() || pg.readers != 0 || pg.awaitAck {
 		panic(fmt.Sprintf("kv: assign of %s to page %s in state %s with %d readers, awaitAck %t",
 			tag, pg.Tag(), pg.state, pg.readers, pg.awaitAck))
@@ -56,6 +73,7 @@ func (pg *Page) Assign(tag Tag, owner Owner, first int) {
 	pg.state = Reserved
 	pg.owner = owner
 	pg.first = first
+	pg.deadline = now.Add(pg.params.ownedTimeout)
 }
 
 // access is the handshake: the tag must name the page's current tenancy,
@@ -119,6 +137,35 @@ func (pg *Page) Seal(tag Tag, owner Owner) (uint64, error) {
 	pg.sum = pg.checksum()
 	pg.state = Sealed
 	return pg.sum, nil
+}
+
+// Origin is where a page's bytes were sealed before they were sent: the
+// source page's tag and owner in the pool that computed them, and the
+// checksum it sealed them with.
+type Origin struct {
+	Tag      Tag
+	Owner    Owner
+	Checksum uint64
+}
+
+// SealFrom seals a filling page, like Seal, only if its bytes are exactly
+// those sealed at o: they must hash, under the source's header, to the
+// source's checksum. It closes the gap between a source's seal and the
+// frames' own checksums, which are computed when they are sent: bytes
+// changed in between pass every frame check and are refused here. A page
+// refused stays filling.
+func (pg *Page) SealFrom(tag Tag, owner Owner, o Origin) (uint64, error) {
+	if err := pg.access(tag, owner, "seal"); err != nil {
+		return 0, err
+	}
+	if pg.state != Filling {
+		return 0, &StateError{Page: tag, Op: "seal", State: pg.state}
+	}
+	if have := PageChecksum(o.Tag, o.Owner, pg.first, pg.filled, pg.bytes[:pg.filled*pg.params.bpt]); have != o.Checksum {
+		return 0, &ChecksumMismatchError{Where: "page " + tag.String() + " against its source " + o.Tag.String(),
+			Want: o.Checksum, Have: have}
+	}
+	return pg.Seal(tag, owner)
 }
 
 func (pg *Page) checksum() uint64 {
@@ -231,23 +278,26 @@ func (pg *Page) Release(tag Tag, owner Owner, now time.Time) (freed bool, err er
 	return false, nil
 }
 
-// Reclaim describes a page freed with a lease or an acknowledgement still
-// outstanding because its reclaim deadline passed: its tag is stale from
-// now on.
+// Reclaim describes a page freed at its deadline: a released page whose
+// lease holders or peer did not let go within ReclaimAfter, or an owned
+// page whose owner never released it within OwnedTimeout (an owner that
+// died without cleaning up). Its tag is stale from now on.
 type Reclaim struct {
-	Tag      Tag
+	Tag Tag
+	// State is the state the page was reclaimed in.
+	State    State
 	Owner    Owner
 	Readers  int
 	AwaitAck bool
 }
 
-// Reclaim frees a released page whose deadline is at or before now, and
-// describes what it cut short.
+// Reclaim frees a page whose deadline is at or before now, whatever state
+// it is in, and describes what it cut short.
 func (pg *Page) Reclaim(now time.Time) (Reclaim, bool) {
-	if pg.state != Released || now.Before(pg.deadline) {
+	if pg.state == Free || now.Before(pg.deadline) {
 		return Reclaim{}, false
 	}
-	r := Reclaim{Tag: pg.Tag(), Owner: pg.owner, Readers: pg.readers, AwaitAck: pg.awaitAck}
+	r := Reclaim{Tag: pg.Tag(), State: pg.state, Owner: pg.owner, Readers: pg.readers, AwaitAck: pg.awaitAck}
 	pg.free()
 	return r, true
 }
@@ -299,7 +349,8 @@ type PageInfo struct {
 	Checksum uint64
 	Readers  int
 	AwaitAck bool
-	// Deadline is when a released page will be reclaimed; zero otherwise.
+	// Deadline is when the page will be reclaimed (see Reclaim); zero
+	// when it is free.
 	Deadline time.Time
 }
 

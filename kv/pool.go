@@ -19,6 +19,12 @@ type Config struct {
 	// unlease or its peer's acknowledgement before Tick reclaims it anyway.
 	// Must be positive.
 	ReclaimAfter time.Duration
+	// OwnedTimeout is the longest a page may stay owned (reserved,
+	// filling, sealed or leased) from its reservation before Tick reclaims
+	// it anyway, so that an owner that dies without releasing its pages
+	// cannot pin them forever. It must be longer than any owner's
+	// legitimate use of a page. Must be positive.
+	OwnedTimeout time.Duration
 	// ArenaBytesMax bounds the arena (Pages × page bytes) in bytes, so that a
 	// mistaken page count fails here with the numbers instead of in the
 	// allocator. Must be positive.
@@ -29,10 +35,10 @@ type Config struct {
 const DefaultArenaBytesMax = 64 << 30
 
 // DefaultConfig is a pool of pages pages for geometry g, with a 30-second
-// reclaim deadline.
+// reclaim deadline and pages owned for at most 10 minutes.
 func DefaultConfig(g Geometry, pages int, incarnation uint64) Config {
 	return Config{Geometry: g, Pages: pages, Incarnation: incarnation,
-		ReclaimAfter: 30 * time.Second, ArenaBytesMax: DefaultArenaBytesMax}
+		ReclaimAfter: 30 * time.Second, OwnedTimeout: 10 * time.Minute, ArenaBytesMax: DefaultArenaBytesMax}
 }
 
 // pagesMax keeps page indexes inside a Tag's uint32.
@@ -54,6 +60,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kv: pool Incarnation must be non-zero")
 	case c.ReclaimAfter <= 0:
 		return fmt.Errorf("kv: pool ReclaimAfter (%s) must be positive", c.ReclaimAfter)
+	case c.OwnedTimeout <= 0:
+		return fmt.Errorf("kv: pool OwnedTimeout (%s) must be positive", c.OwnedTimeout)
 	case c.ArenaBytesMax <= 0:
 		return fmt.Errorf("kv: pool ArenaBytesMax (%d) must be positive", c.ArenaBytesMax)
 	}
@@ -68,11 +76,10 @@ func (c Config) Validate() error {
 // pages over it, and their free list. It is a pure state machine: see the
 // package documentation for its contract.
 type Pool struct {
-	cfg     Config
-	pages   []Page
-	free    FreeList
-	pending []uint32 // pages in state Released, waiting for unlease, ack or deadline
-	stats   Stats
+	cfg   Config
+	pages []Page
+	free  FreeList
+	stats Stats
 }
 
 // Stats counts pages by state and the refusals and reclaims so far.
@@ -81,11 +88,26 @@ type Stats struct {
 
 	// Reservations and Releases count pages, over the pool's life.
 	Reservations, Releases uint64
-	// Reclaimed counts pages freed by Tick because their deadline passed
-	// with a lease or an acknowledgement outstanding.
-	Reclaimed uint64
+	// Reclaimed counts pages freed by Tick because their deadline passed,
+	// by the state they were in: Released (a lease or an acknowledgement
+	// outstanding past ReclaimAfter) or owned (never released within
+	// OwnedTimeout).
+	Reclaimed Reclaims
 	// Refused counts accesses refused, by reason.
 	Refused Refusals
+}
+
+// Reclaims counts reclaimed pages by the State they were reclaimed in;
+// the Free entry stays zero.
+type Reclaims [Released + 1]uint64
+
+// Total is the sum over all states.
+func (r Reclaims) Total() uint64 {
+	var t uint64
+	for _, n := range r {
+		t += n
+	}
+	return t
 }
 
 // Refusals counts refused accesses by reason.
@@ -126,7 +148,7 @@ func NewPages(cfg Config) ([]Page, error) {
 		return nil, err
 	}
 	params := &pageParams{incarnation: cfg.Incarnation, bpt: cfg.Geometry.BytesPerToken(),
-		pageTokens: cfg.Geometry.PageTokens, reclaimAfter: cfg.ReclaimAfter}
+		pageTokens: cfg.Geometry.PageTokens, reclaimAfter: cfg.ReclaimAfter, ownedTimeout: cfg.OwnedTimeout}
 	pb := cfg.Geometry.PageBytes()
 	arena := make([]byte, cfg.Pages*pb)
 	pages := make([]Page, cfg.Pages)
@@ -152,7 +174,7 @@ func NewPool(cfg Config) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Pool{cfg: cfg, pages: pages, free: NewFreeList(FirstTags(pages)), pending: make([]uint32, 0, cfg.Pages)}
+	p := &Pool{cfg: cfg, pages: pages, free: NewFreeList(FirstTags(pages))}
 	p.stats.Capacity = cfg.Pages
 	p.stats.Free = cfg.Pages
 	return p, nil
@@ -167,13 +189,14 @@ func (p *Pool) Geometry() Geometry { return p.cfg.Geometry }
 // Stats returns the counters as of now.
 func (p *Pool) Stats() Stats { return p.stats }
 
-// Reserve gives owner n free pages, all or nothing, and returns their tags in
-// order. Page i will hold the request's tokens from sequence position
-// firstToken + i × PageTokens on: binding each page to its position lets a
-// write (or a frame) meant for another position of the same request be
-// refused, not just one meant for another request. A refusal reserves
-// nothing.
-func (p *Pool) Reserve(owner Owner, firstToken, n int) ([]Tag, error) {
+// Reserve gives owner n free pages, all or nothing, at now, and returns
+// their tags in order. Page i will hold the request's tokens from sequence
+// position firstToken + i × PageTokens on: binding each page to its
+// position lets a write (or a frame) meant for another position of the
+// same request be refused, not just one meant for another request. The
+// pages are the owner's until it releases them or now + OwnedTimeout. A
+// refusal reserves nothing.
+func (p *Pool) Reserve(owner Owner, firstToken, n int, now time.Time) ([]Tag, error) {
 	if err := owner.Validate(); err != nil {
 		return nil, err
 	}
@@ -185,7 +208,7 @@ func (p *Pool) Reserve(owner Owner, firstToken, n int) ([]Tag, error) {
 		return nil, err
 	}
 	for i, t := range tags {
-		p.pages[t.Index].Assign(t, owner, firstToken+i*p.cfg.Geometry.PageTokens)
+		p.pages[t.Index].Assign(t, owner, firstToken+i*p.cfg.Geometry.PageTokens, now)
 	}
 	p.stats.Free -= n
 	p.stats.Reserved += n
@@ -230,9 +253,6 @@ func (p *Pool) moved(before State, pg *Page) {
 	}
 	*p.count(before)--
 	*p.count(pg.state)++
-	if pg.state == Released {
-		p.pending = append(p.pending, pg.index)
-	}
 }
 
 func (p *Pool) count(s State) *int {
@@ -272,6 +292,16 @@ func (p *Pool) Write(tag Tag, owner Owner, first int, data []byte) error {
 func (p *Pool) Seal(tag Tag, owner Owner) (sum uint64, err error) {
 	err = p.do(tag, func(pg *Page) (bool, error) {
 		sum, err = pg.Seal(tag, owner)
+		return false, err
+	})
+	return sum, err
+}
+
+// SealFrom seals a filling page only if its bytes are those its source
+// sealed (see Page.SealFrom).
+func (p *Pool) SealFrom(tag Tag, owner Owner, o Origin) (sum uint64, err error) {
+	err = p.do(tag, func(pg *Page) (bool, error) {
+		sum, err = pg.SealFrom(tag, owner, o)
 		return false, err
 	})
 	return sum, err
@@ -327,28 +357,23 @@ func (p *Pool) Release(tag Tag, owner Owner, now time.Time) (freed bool, err err
 	return freed, err
 }
 
-// Tick reclaims every released page whose deadline is at or before now,
-// and returns them. Leases still held on them become stale.
+// Tick reclaims every page whose deadline is at or before now (see
+// Page.Reclaim), and returns them. Leases still held on them become stale.
+// It looks at every page: a pool is ticked seconds apart, not per access.
 func (p *Pool) Tick(now time.Time) []Reclaim {
 	var out []Reclaim
-	keep := p.pending[:0]
-	for _, idx := range p.pending {
-		pg := &p.pages[idx]
-		if pg.state != Released {
-			continue // freed already by its last unlease or ack
-		}
+	for i := range p.pages {
+		pg := &p.pages[i]
 		r, ok := pg.Reclaim(now)
 		if !ok {
-			keep = append(keep, idx)
 			continue
 		}
 		out = append(out, r)
-		p.stats.Released--
+		*p.count(r.State)--
 		p.stats.Free++
-		p.stats.Reclaimed++
+		p.stats.Reclaimed[r.State]++
 		p.freed(pg)
 	}
-	p.pending = keep
 	return out
 }
 

@@ -30,20 +30,21 @@ type tenancy struct {
 }
 
 type poolModel struct {
-	p       *Pool
-	geom    Geometry
-	now     time.Time
-	all     []*tenancy          // every tag ever handed out, current or stale
-	current map[uint32]*tenancy // page index → live tenancy
-	lastGen map[uint32]uint64
-	leases  []Lease
-	pages   int
-	steps   *stepCounts
+	p         *Pool
+	reclaimed Reclaims // by state, as the model counts them
+	geom      Geometry
+	now       time.Time
+	all       []*tenancy          // every tag ever handed out, current or stale
+	current   map[uint32]*tenancy // page index → live tenancy
+	lastGen   map[uint32]uint64
+	leases    []Lease
+	pages     int
+	steps     *stepCounts
 }
 
 // stepCounts shows that the random walk reaches the interesting states.
 type stepCounts struct {
-	readsPassed, reclaims, steps int
+	readsPassed, reclaims, ownedReclaims, steps int
 }
 
 var rapidOwners = []Owner{{Request: 1, Tenant: "a"}, {Request: 2, Tenant: "a"}, {Request: 3, Tenant: "b"}}
@@ -116,7 +117,7 @@ func (m *poolModel) reserve(t *rapid.T) {
 	o := rapid.SampledFrom(rapidOwners).Draw(t, "owner")
 	n := rapid.IntRange(1, 3).Draw(t, "n")
 	first := rapid.IntRange(0, 2).Draw(t, "firstPage") * m.geom.PageTokens
-	tags, err := m.p.Reserve(o, first, n)
+	tags, err := m.p.Reserve(o, first, n, m.now)
 	freeN := m.pages - len(m.current)
 	if n > freeN {
 		var ex *PoolExhaustedError
@@ -136,7 +137,8 @@ func (m *poolModel) reserve(t *rapid.T) {
 			t.Fatalf("page %d generation went from %d to %d", tag.Index, m.lastGen[tag.Index], tag.Generation)
 		}
 		m.lastGen[tag.Index] = tag.Generation
-		tn := &tenancy{tag: tag, owner: o, first: first + i*m.geom.PageTokens, state: Reserved}
+		tn := &tenancy{tag: tag, owner: o, first: first + i*m.geom.PageTokens, state: Reserved,
+			deadline: m.now.Add(m.p.cfg.OwnedTimeout)}
 		m.all = append(m.all, tn)
 		m.current[tag.Index] = tn
 	}
@@ -317,10 +319,17 @@ func (m *poolModel) release(t *rapid.T) {
 func (m *poolModel) tick(t *rapid.T) {
 	m.now = m.now.Add(time.Duration(rapid.IntRange(0, 40).Draw(t, "seconds")) * time.Second)
 	got := m.p.Tick(m.now)
-	var want []Tag
+	// Every page past its deadline goes, in whatever state: released ones
+	// ReclaimAfter after their release, owned ones OwnedTimeout after
+	// their reservation.
+	want := map[Tag]State{}
 	for _, tn := range m.current {
-		if tn.state == Released && !m.now.Before(tn.deadline) {
-			want = append(want, tn.tag)
+		if !m.now.Before(tn.deadline) {
+			want[tn.tag] = tn.state
+			m.reclaimed[tn.state]++
+			if tn.state != Released {
+				m.steps.ownedReclaims++
+			}
 			m.free(tn)
 		}
 	}
@@ -329,9 +338,12 @@ func (m *poolModel) tick(t *rapid.T) {
 		t.Fatalf("tick reclaimed %d pages, model %d", len(got), len(want))
 	}
 	for _, r := range got {
-		if m.current[r.Tag.Index] != nil || !m.byTag(r.Tag).over {
-			t.Fatalf("tick reclaimed %s, which the model does not", r.Tag)
+		if s, ok := want[r.Tag]; !ok || s != r.State {
+			t.Fatalf("tick reclaimed %s in state %s, the model %v", r.Tag, r.State, want)
 		}
+	}
+	if s := m.p.Stats(); s.Reclaimed != m.reclaimed {
+		t.Fatalf("reclaims by state %v, model %v", s.Reclaimed, m.reclaimed)
 	}
 }
 
@@ -350,7 +362,8 @@ func (m *poolModel) check(t *rapid.T) {
 			}
 			continue
 		}
-		if info.Tag != tn.tag || info.State != tn.state || info.Owner != tn.owner || info.Readers != tn.readers || info.AwaitAck != tn.awaitAck {
+		if info.Tag != tn.tag || info.State != tn.state || info.Owner != tn.owner || info.Readers != tn.readers || info.AwaitAck != tn.awaitAck ||
+			!info.Deadline.Equal(tn.deadline) {
 			t.Fatalf("page %d: model %+v, pool %+v", i, *tn, info)
 		}
 	}
@@ -395,6 +408,7 @@ func TestPoolAgainstModel(t *testing.T) {
 		pages := rapid.IntRange(1, 6).Draw(t, "pages")
 		cfg := DefaultConfig(geom, pages, 7)
 		cfg.ReclaimAfter = 10 * time.Second // ticks draw 0–40 s: most deadlines pass
+		cfg.OwnedTimeout = 60 * time.Second // and some owners outlive theirs
 		p, err := NewPool(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -417,8 +431,9 @@ func TestPoolAgainstModel(t *testing.T) {
 		})
 		m.drain(t)
 	})
-	t.Logf("%d steps, %d reads passed, %d pages reclaimed", steps.steps, steps.readsPassed, steps.reclaims)
-	if steps.readsPassed == 0 || steps.reclaims == 0 {
+	t.Logf("%d steps, %d reads passed, %d pages reclaimed, %d of them owned", steps.steps, steps.readsPassed,
+		steps.reclaims, steps.ownedReclaims)
+	if steps.readsPassed == 0 || steps.reclaims == 0 || steps.ownedReclaims == 0 {
 		t.Fatalf("the walk never read a page or never reclaimed one: %+v", steps)
 	}
 }

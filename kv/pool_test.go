@@ -3,6 +3,7 @@ package kv
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -34,7 +35,7 @@ func rows(n int, fill byte) []byte {
 // sealed reserves one page for o, writes n rows of fill and seals it.
 func sealed(t *testing.T, p *Pool, o Owner, n int, fill byte) Tag {
 	t.Helper()
-	tags, err := p.Reserve(o, 0, 1)
+	tags, err := p.Reserve(o, 0, 1, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,10 +96,10 @@ func TestConfigValidate(t *testing.T) {
 
 func TestReserveAllOrNothing(t *testing.T) {
 	p := newTestPool(t, 4)
-	if _, err := p.Reserve(alice, 0, 3); err != nil {
+	if _, err := p.Reserve(alice, 0, 3, t0); err != nil {
 		t.Fatal(err)
 	}
-	_, err := p.Reserve(bob, 0, 2)
+	_, err := p.Reserve(bob, 0, 2, t0)
 	var ex *PoolExhaustedError
 	if !errors.As(err, &ex) || *ex != (PoolExhaustedError{Need: 2, Free: 1, Capacity: 4}) {
 		t.Fatalf("got %v, want PoolExhaustedError{2,1,4}", err)
@@ -107,11 +108,11 @@ func TestReserveAllOrNothing(t *testing.T) {
 		t.Fatalf("a refused reservation changed the pool: %+v", s)
 	}
 	for _, o := range []Owner{{Request: 0, Tenant: "x"}, {Request: 1}, {Request: 1, Tenant: string(make([]byte, 65))}} {
-		if _, err := p.Reserve(o, 0, 1); err == nil {
+		if _, err := p.Reserve(o, 0, 1, t0); err == nil {
 			t.Errorf("reserve for invalid owner %+v succeeded", o)
 		}
 	}
-	if _, err := p.Reserve(alice, 0, 0); err == nil {
+	if _, err := p.Reserve(alice, 0, 0, t0); err == nil {
 		t.Error("reserve of 0 pages succeeded")
 	}
 }
@@ -120,7 +121,7 @@ func TestTagChangesOnEveryAllocation(t *testing.T) {
 	p := newTestPool(t, 1)
 	seen := map[Tag]bool{}
 	for i := 0; i < 5; i++ {
-		tags, err := p.Reserve(alice, 0, 1)
+		tags, err := p.Reserve(alice, 0, 1, t0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,7 +194,7 @@ func TestHandshakeRefusals(t *testing.T) {
 
 func TestTransitions(t *testing.T) {
 	p := newTestPool(t, 2)
-	tags, _ := p.Reserve(alice, 0, 1)
+	tags, _ := p.Reserve(alice, 0, 1, t0)
 	tag := tags[0]
 	stateErr := func(err error, op string, s State) {
 		t.Helper()
@@ -299,7 +300,7 @@ func TestDeferredReleaseAwaitsAck(t *testing.T) {
 	if freed, err := p.Release(tag, alice, t0); err != nil || freed {
 		t.Fatalf("release awaiting ack: freed %t, err %v", freed, err)
 	}
-	if _, err := p.Reserve(bob, 0, 1); err == nil {
+	if _, err := p.Reserve(bob, 0, 1, t0); err == nil {
 		t.Fatal("a page awaiting ack was reallocated")
 	}
 	if got := p.Tick(t0.Add(29 * time.Second)); len(got) != 0 {
@@ -311,7 +312,7 @@ func TestDeferredReleaseAwaitsAck(t *testing.T) {
 	if err := p.Ack(tag, alice); !errors.Is(err, ErrRefused) {
 		t.Fatalf("ack after free: %v", err)
 	}
-	if s := p.Stats(); s.Free != 1 || s.Reclaimed != 0 {
+	if s := p.Stats(); s.Free != 1 || s.Reclaimed.Total() != 0 {
 		t.Fatalf("after ack: %+v", s)
 	}
 }
@@ -344,15 +345,122 @@ func TestReclaimDeadline(t *testing.T) {
 		t.Fatalf("late write: %v", err)
 	}
 	// The page is reusable, under a new tag.
-	tags, err := p.Reserve(bob, 0, 2)
+	tags, err := p.Reserve(bob, 0, 2, t0)
 	if err != nil || (tags[0] == tag || tags[1] == tag) {
 		t.Fatalf("reserve after reclaim: %v %v", tags, err)
 	}
-	if s := p.Stats(); s.Reclaimed != 1 || s.Reserved != 2 {
+	if s := p.Stats(); s.Reclaimed[Released] != 1 || s.Reclaimed.Total() != 1 || s.Reserved != 2 {
 		t.Fatalf("stats: %+v", s)
 	}
-	if got := p.Tick(t0.Add(time.Hour)); len(got) != 0 {
+	if got := p.Tick(t0.Add(time.Minute)); len(got) != 0 {
 		t.Fatalf("second tick reclaimed %+v", got)
+	}
+}
+
+// TestOwnedPagesReclaimedAtDeadline: an owner that dies holding pages in
+// any owned state (reserved, filling, sealed, leased) does not pin them
+// past OwnedTimeout; each is reclaimed, counted by its state, and every
+// late access of the dead owner presents a stale tag.
+func TestOwnedPagesReclaimedAtDeadline(t *testing.T) {
+	p := newTestPool(t, 4)
+	owned := p.Config().OwnedTimeout
+	tags, err := p.Reserve(alice, 0, 4, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// tags[0] stays reserved; tags[1] filling; tags[2] sealed; tags[3] leased.
+	for i, tag := range tags[1:] {
+		if err := p.Write(tag, alice, (i+1)*testGeom.PageTokens, rows(1, 9)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tag := range tags[2:] {
+		if _, err := p.Seal(tag, alice); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := p.Lease(tags[3], alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := p.Inspect(tags[0].Index); !info.Deadline.Equal(t0.Add(owned)) {
+		t.Fatalf("deadline of a reserved page: %s, want %s", info.Deadline, t0.Add(owned))
+	}
+	if got := p.Tick(t0.Add(owned - 1)); len(got) != 0 {
+		t.Fatalf("owned pages reclaimed before OwnedTimeout: %+v", got)
+	}
+	got := p.Tick(t0.Add(owned))
+	states := map[Tag]State{}
+	for _, r := range got {
+		states[r.Tag] = r.State
+	}
+	want := map[Tag]State{tags[0]: Reserved, tags[1]: Filling, tags[2]: Sealed, tags[3]: Leased}
+	if len(got) != 4 || fmt.Sprint(states) != fmt.Sprint(want) {
+		t.Fatalf("reclaimed %+v, want %v", got, want)
+	}
+	s := p.Stats()
+	if s.Free != 4 || s.Reclaimed[Reserved] != 1 || s.Reclaimed[Filling] != 1 || s.Reclaimed[Sealed] != 1 ||
+		s.Reclaimed[Leased] != 1 || s.Reclaimed.Total() != 4 {
+		t.Fatalf("stats after reclaiming owned pages: %+v", s)
+	}
+	if _, _, err := p.Read(l); !errors.As(err, new(*StaleTagError)) {
+		t.Fatalf("read through a lease of a reclaimed owner: %v", err)
+	}
+	if err := p.Write(tags[1], alice, testGeom.PageTokens+1, rows(1, 9)); !errors.As(err, new(*StaleTagError)) {
+		t.Fatalf("late write of a reclaimed owner: %v", err)
+	}
+	if _, err := p.Release(tags[0], alice, t0.Add(owned)); !errors.As(err, new(*StaleTagError)) {
+		t.Fatalf("late release of a reclaimed owner: %v", err)
+	}
+	// A release moves the deadline to ReclaimAfter from then, sooner or
+	// later than the owned one.
+	tag := sealed(t, p, bob, 1, 3)
+	l, _ = p.Lease(tag, bob)
+	if _, err := p.Release(tag, bob, t0.Add(owned-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if info := p.Inspect(tag.Index); !info.Deadline.Equal(t0.Add(owned - time.Second + p.Config().ReclaimAfter)) {
+		t.Fatalf("deadline after release: %s", info.Deadline)
+	}
+	if err := p.Unlease(l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSealFromSource: a received page seals only if its bytes hash, under
+// the source page's header, to the checksum the source sealed them with;
+// bytes changed between the source's seal and the send are refused, and
+// the page stays unsealed.
+func TestSealFromSource(t *testing.T) {
+	src, dst := newTestPool(t, 1), newTestPool(t, 2)
+	srcTag := sealed(t, src, alice2, 3, 5)
+	srcSum := src.Inspect(srcTag.Index).Checksum
+	origin := Origin{Tag: srcTag, Owner: alice2, Checksum: srcSum}
+	tags, err := dst.Reserve(alice, 0, 2, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Write(tags[0], alice, 0, rows(3, 5)); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := dst.SealFrom(tags[0], alice, origin)
+	if err != nil || sum != PageChecksum(tags[0], alice, 0, 3, rows(3, 5)) {
+		t.Fatalf("seal of the source's bytes: %x, %v", sum, err)
+	}
+	corrupt := rows(3, 5)
+	corrupt[7] ^= 1
+	if err := dst.Write(tags[1], alice, testGeom.PageTokens, corrupt); err != nil {
+		t.Fatal(err)
+	}
+	// Changed bytes fail under the source's header, and under any other.
+	for _, o := range []Origin{origin, {Tag: srcTag, Owner: bob, Checksum: srcSum}} {
+		var mm *ChecksumMismatchError
+		if _, err := dst.SealFrom(tags[1], alice, o); !errors.As(err, &mm) || mm.Want != srcSum {
+			t.Fatalf("seal of changed bytes from %+v: %v", o, err)
+		}
+	}
+	if s := dst.Stats(); s.Filling != 1 || s.Sealed != 1 || s.Refused.Checksum != 2 {
+		t.Fatalf("after refused seals: %+v", s)
 	}
 }
 
@@ -378,7 +486,7 @@ func TestStaleBytesNeverVisible(t *testing.T) {
 func TestManifestVerify(t *testing.T) {
 	p := newTestPool(t, 8)
 	const tokens = 10 // pages of 4, 4, 2
-	tags, err := p.Reserve(alice, 0, testGeom.PagesFor(tokens))
+	tags, err := p.Reserve(alice, 0, testGeom.PagesFor(tokens), t0)
 	if err != nil {
 		t.Fatal(err)
 	}
