@@ -9,15 +9,19 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // The data plane carries KV frames (kv.AppendBatch / kv.DecodeBatch) from a
-// sender (prefill) to a receiver (decode) over plain TCP; control messages
+// sender (prefill) to a receiver (decode) over TLS 1.3 with client
+// certificates (plain TCP when the node is insecure); control messages
 // travel on the actor system instead. One connection, one direction of
 // bytes, acknowledgements coming back:
 //
 //	sender                                   receiver
-//	hello (48 B) ─────────────────────────▶  checks version, incarnation, limits
+//	TLS handshake ◀───────────────────────▶  both certificates checked
+//	hello (48 B) ─────────────────────────▶  checks role, version, incarnation,
+//	                                          limits, connection caps
 //	             ◀─────────────────────────  hello reply (48 B): status, its limits
 //	batch 0 (kv batch) ───────────────────▶  decode, check tags, handler
 //	batch 1 ──────────────────────────────▶
@@ -26,7 +30,10 @@ import (
 //
 // Batches are numbered from 0 by their position on the connection; TCP keeps
 // them in order, so the sequence number is not sent with the batch, only
-// echoed in its acknowledgement, where the sender checks it.
+// echoed in its acknowledgement, where the sender checks it. An
+// acknowledgement other than DataPlaneOK is the last one on its connection:
+// the receiver closes it after writing it, so a peer that sent one bad
+// batch sends nothing more on that connection.
 //
 // Hello and hello reply, little-endian:
 //
@@ -94,13 +101,19 @@ type DataPlaneConfig struct {
 	// connection and not yet seen acknowledged; Send blocks beyond it. This
 	// is the back-pressure window. 1 to 4096.
 	InFlightMax int
-	// DialTimeout bounds connecting and the hello exchange, sender side.
+	// DialTimeout bounds connecting, the TLS handshake and the hello
+	// exchange, sender side.
 	DialTimeout time.Duration
+	// HelloTimeout bounds, receiver side, the time from accepting a
+	// connection to having read its hello, the TLS handshake included. It
+	// is short because until then the peer is a stranger: a connection
+	// that sends nothing is closed when it passes.
+	HelloTimeout time.Duration
 	// WriteTimeout bounds writing one batch (sender) or one acknowledgement
 	// or hello reply (receiver); past it the connection is closed.
 	WriteTimeout time.Duration
-	// ReadTimeout bounds reading the hello (receiver) and the rest of a
-	// batch once its header has arrived (receiver).
+	// ReadTimeout bounds reading the rest of a batch once its header has
+	// arrived (receiver).
 	ReadTimeout time.Duration
 	// AckTimeout bounds how long the oldest unacknowledged batch waits for
 	// its acknowledgement, the receiver's handler time included; past it the
@@ -114,9 +127,21 @@ type DataPlaneConfig struct {
 	// data plane socket, in bytes; zero leaves the operating system's
 	// default (and its autotuning). At most 1 GiB.
 	SocketBufferBytes int
-	// ConnectionsMax is the most connections a server serves at once; one
-	// more is refused in its hello reply with DataPlaneBusy.
+	// ConnectionsMax is the most connections a server serves at once (past
+	// their hello); one more is refused in its hello reply with
+	// DataPlaneBusy.
 	ConnectionsMax int
+	// ConnectionsPerPeerMax is the most of them one peer may hold: one
+	// identity when secure, one IP address when insecure. One more is
+	// refused with DataPlaneBusy, so that one peer cannot take every slot.
+	// 1 to ConnectionsMax.
+	ConnectionsPerPeerMax int
+	// HandshakesMax is the most connections a server holds before their
+	// hello (in the TLS handshake or waiting for the hello), each for at
+	// most HelloTimeout; one more is closed at once. They hold no batch
+	// buffer and no serving slot, so strangers that connect and send
+	// nothing delay no transfer until there are HandshakesMax of them.
+	HandshakesMax int
 	// ServerBufferBytesMax bounds the read buffers of all of a server's
 	// connections together, in bytes: each connection allocates two batch
 	// buffers (header plus Batch.BytesMax each; it reads the next batch
@@ -127,6 +152,13 @@ type DataPlaneConfig struct {
 	// that expects another, and a frame whose destination tag names
 	// another. Must be non-zero.
 	Incarnation uint64
+	// Auth is who this node is and whom it trusts: the receiver serves
+	// TLS with its certificate and requires a client certificate of the
+	// cluster naming a role that prefills; the sender checks that the
+	// receiver is the node it expects. trust.Insecure runs plain TCP and
+	// checks nobody. Required. Refusals of peers are counted in it
+	// (trust.RefusedDataPlane, trust.RefusedCertificate).
+	Auth *trust.Authority
 	// Logger receives one line per connection closed for a reason other
 	// than the peer's orderly close. Nil means slog.Default().
 	Logger *slog.Logger
@@ -134,21 +166,25 @@ type DataPlaneConfig struct {
 
 // DefaultDataPlaneConfig sizes batches for geometry g to about
 // DataPlaneBatchBytesTarget (at least one full-page frame), with 4 batches
-// in flight, 32 connections and 1 GiB of server buffers.
+// in flight, 32 connections (8 from one peer) and 1 GiB of server
+// buffers. Auth is left for the caller to set.
 func DefaultDataPlaneConfig(g kv.Geometry, incarnation uint64) DataPlaneConfig {
 	fl := g.Limits()
 	pages := max(1, min(DataPlaneBatchBytesTarget/fl.FrameBytesMax(), dpPagesMaxUp))
 	return DataPlaneConfig{
-		Batch:                kv.BatchLimits{PagesMax: pages, BytesMax: pages * fl.FrameBytesMax(), Frame: fl},
-		InFlightMax:          4,
-		DialTimeout:          5 * time.Second,
-		WriteTimeout:         10 * time.Second,
-		ReadTimeout:          10 * time.Second,
-		AckTimeout:           30 * time.Second,
-		IdleTimeout:          2 * time.Minute,
-		ConnectionsMax:       32,
-		ServerBufferBytesMax: 1 << 30,
-		Incarnation:          incarnation,
+		Batch:                 kv.BatchLimits{PagesMax: pages, BytesMax: pages * fl.FrameBytesMax(), Frame: fl},
+		InFlightMax:           4,
+		DialTimeout:           5 * time.Second,
+		HelloTimeout:          2 * time.Second,
+		WriteTimeout:          10 * time.Second,
+		ReadTimeout:           10 * time.Second,
+		AckTimeout:            30 * time.Second,
+		IdleTimeout:           2 * time.Minute,
+		ConnectionsMax:        32,
+		ConnectionsPerPeerMax: 8,
+		HandshakesMax:         128,
+		ServerBufferBytesMax:  1 << 30,
+		Incarnation:           incarnation,
 	}
 }
 
@@ -164,6 +200,7 @@ const DataPlaneBatchBytesTarget = 2 << 20
 func DefaultLocalDataPlaneConfig(g kv.Geometry, incarnation uint64) DataPlaneConfig {
 	c := DefaultDataPlaneConfig(g, incarnation)
 	c.DialTimeout = 2 * time.Second
+	c.HelloTimeout = time.Second
 	c.WriteTimeout = 5 * time.Second
 	c.ReadTimeout = 5 * time.Second
 	c.AckTimeout = 10 * time.Second
@@ -209,7 +246,8 @@ func (c DataPlaneConfig) Validate() error {
 		name string
 		v    time.Duration
 	}{
-		{"DialTimeout", c.DialTimeout}, {"WriteTimeout", c.WriteTimeout}, {"ReadTimeout", c.ReadTimeout},
+		{"DialTimeout", c.DialTimeout}, {"HelloTimeout", c.HelloTimeout}, {"WriteTimeout", c.WriteTimeout},
+		{"ReadTimeout", c.ReadTimeout},
 		{"AckTimeout", c.AckTimeout}, {"IdleTimeout", c.IdleTimeout},
 	} {
 		if d.v <= 0 {
@@ -222,6 +260,13 @@ func (c DataPlaneConfig) Validate() error {
 	if c.ConnectionsMax < 1 {
 		return fmt.Errorf("cluster: data plane ConnectionsMax (%d) must be at least 1", c.ConnectionsMax)
 	}
+	if c.ConnectionsPerPeerMax < 1 || c.ConnectionsPerPeerMax > c.ConnectionsMax {
+		return fmt.Errorf("cluster: data plane ConnectionsPerPeerMax (%d) must be in [1, ConnectionsMax (%d)]",
+			c.ConnectionsPerPeerMax, c.ConnectionsMax)
+	}
+	if c.HandshakesMax < 1 {
+		return fmt.Errorf("cluster: data plane HandshakesMax (%d) must be at least 1", c.HandshakesMax)
+	}
 	if need := int64(c.ConnectionsMax) * c.connBufferBytes(); need > c.ServerBufferBytesMax {
 		return fmt.Errorf("cluster: data plane ConnectionsMax (%d) × %d batch buffers (%d bytes each) = %d bytes exceeds ServerBufferBytesMax (%d)",
 			c.ConnectionsMax, dpConnBuffers, c.batchBufferBytes(), need, c.ServerBufferBytesMax)
@@ -229,11 +274,16 @@ func (c DataPlaneConfig) Validate() error {
 	if c.Incarnation == 0 {
 		return fmt.Errorf("cluster: data plane Incarnation must be non-zero")
 	}
+	if c.Auth == nil {
+		return errors.New("cluster: data plane Auth is required (trust.Insecure runs plain TCP without credentials)")
+	}
 	return nil
 }
 
 // DataPlaneStatus is the outcome of a hello or a batch, as the receiver
-// reports it. The numbers are stable: they cross the wire.
+// reports it. The numbers are stable: they cross the wire. Every status
+// but DataPlaneOK ends its connection: the receiver closes it after the
+// reply or acknowledgement that carries it.
 type DataPlaneStatus uint8
 
 const (
@@ -241,8 +291,7 @@ const (
 	// handed to the handler and it returned nil.
 	DataPlaneOK DataPlaneStatus = 0
 	// DataPlaneMalformed: the batch did not decode (bad header, bad frame,
-	// checksum mismatch, over the limits). The receiver closes the
-	// connection after this acknowledgement.
+	// checksum mismatch, over the limits).
 	DataPlaneMalformed DataPlaneStatus = 1
 	// DataPlaneWrongIncarnation: a frame's destination tag names another
 	// incarnation than the receiver's. No frame of the batch was handed on.
@@ -263,10 +312,14 @@ const (
 	// DataPlaneHelloMalformed: a hello field is out of range (zero sender
 	// incarnation, reserved bytes set, limits that cannot carry a page).
 	DataPlaneHelloMalformed DataPlaneStatus = 8
-	// DataPlaneBusy: the receiver serves ConnectionsMax connections already.
+	// DataPlaneBusy: the receiver serves ConnectionsMax connections
+	// already, or ConnectionsPerPeerMax from this peer.
 	DataPlaneBusy DataPlaneStatus = 9
+	// DataPlaneForbidden: the sender's certificate names a role that does
+	// not prefill, so it has no KV to send.
+	DataPlaneForbidden DataPlaneStatus = 10
 
-	dpStatusCount = 10
+	dpStatusCount = 11
 )
 
 func (s DataPlaneStatus) String() string {
@@ -291,6 +344,8 @@ func (s DataPlaneStatus) String() string {
 		return "malformed hello"
 	case DataPlaneBusy:
 		return "busy"
+	case DataPlaneForbidden:
+		return "sender's role may not send KV"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
@@ -348,6 +403,9 @@ type DataPlaneHelloError struct {
 	Status        DataPlaneStatus
 	Want, Have    uint64
 	Local, Remote kv.BatchLimits
+	// Self is the sender's own identity (zero when insecure), which a
+	// DataPlaneForbidden refusal is about.
+	Self trust.Identity
 }
 
 func (e *DataPlaneHelloError) Error() string {
@@ -357,6 +415,8 @@ func (e *DataPlaneHelloError) Error() string {
 	case DataPlaneHelloLimits:
 		return fmt.Sprintf("cluster: data plane %s refused hello: frame limits differ: local %d tokens × %d bytes, remote %d tokens × %d bytes",
 			e.Addr, e.Local.Frame.PageTokens, e.Local.Frame.BytesPerToken, e.Remote.Frame.PageTokens, e.Remote.Frame.BytesPerToken)
+	case DataPlaneForbidden:
+		return fmt.Sprintf("cluster: data plane %s refused hello: %s (this node is %s)", e.Addr, e.Status, e.Self)
 	}
 	return fmt.Sprintf("cluster: data plane %s refused hello: %s", e.Addr, e.Status)
 }
@@ -380,6 +440,24 @@ func (e *DataPlaneLostError) Error() string {
 func (e *DataPlaneLostError) Unwrap() error { return e.Err }
 
 func (e *DataPlaneLostError) Is(target error) bool { return target == ErrDataPlaneLost }
+
+// ErrDataPlanePeer is matched by *DataPlanePeerError.
+var ErrDataPlanePeer = errors.New("cluster: data plane receiver is not the node expected")
+
+// DataPlanePeerError: the receiver at Addr proved in the TLS handshake to
+// be Have, and the sender expected Want (the node that planned the
+// transfer). The sender wrote nothing on the connection, not even its
+// hello: tags and tenants go only to the node that owns them.
+type DataPlanePeerError struct {
+	Addr       string
+	Want, Have trust.Identity
+}
+
+func (e *DataPlanePeerError) Error() string {
+	return fmt.Sprintf("cluster: data plane %s is %s, expected %s", e.Addr, e.Have, e.Want)
+}
+
+func (e *DataPlanePeerError) Is(target error) bool { return target == ErrDataPlanePeer }
 
 // dpHello is a hello or a hello reply.
 type dpHello struct {

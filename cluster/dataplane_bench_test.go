@@ -11,17 +11,21 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/trust"
+	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
-// BenchmarkDataPlaneThroughput moves the same KV bytes over loopback two
+// BenchmarkDataPlaneThroughput moves the same KV bytes over loopback three
 // ways, alternating in one run: "raw" writes them on a plain TCP connection
 // in 1 MiB writes to a reader that only counts them; "dataplane" sends them
 // as full-page frames with a DataPlaneSender (batches encoded with
-// checksums, back-pressure window, acknowledgements) to a DataPlaneServer
-// whose handler does nothing (the page writes are the pool's cost, not the
-// transport's). Each round moves RoundBytes of payload and waits until the
-// receiver has all of it (raw) or every batch is acknowledged (dataplane).
-// It reports payload MB/s of both and dataplane/raw, for the default
+// checksums, back-pressure window, acknowledgements) over plain TCP to a
+// DataPlaneServer whose handler does nothing (the page writes are the
+// pool's cost, not the transport's); "tls" does the same over TLS 1.3 with
+// certificates of one test CA. Each round moves RoundBytes of payload and
+// waits until the receiver has all of it (raw) or every batch is
+// acknowledged (dataplane, tls). It reports payload MB/s of each,
+// dataplane/raw ("ratio") and tls/dataplane ("tls-ratio"), for the default
 // configuration of each geometry and three back-pressure windows.
 func BenchmarkDataPlaneThroughput(b *testing.B) {
 	for _, bg := range []struct {
@@ -63,28 +67,14 @@ func benchDataPlane(b *testing.B, g kv.Geometry, inflight int) {
 		}
 	}
 
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rcfg := DefaultDataPlaneConfig(g, 2)
-	rcfg.Logger = quiet
-	srv, err := ListenDataPlane(rcfg, "127.0.0.1:0", func(DataPlaneBatch) error { return nil })
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Close()
-	scfg := DefaultDataPlaneConfig(g, 1)
-	scfg.InFlightMax = inflight
-	scfg.Logger = quiet
-	snd, err := DialDataPlane(scfg, srv.Addr().String(), 2)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer snd.Close()
-
+	ca := trusttest.New(b)
+	plain := benchSender(b, g, inflight, trust.Insecure(nil), trust.Insecure(nil))
+	secure := benchSender(b, g, inflight, ca.Authority(b, trust.RoleDecode, "d0", nil), ca.Authority(b, trust.RolePrefill, "p0", nil))
 	raw, rawDone, stop := rawLoopback(b, len(arena))
 	defer stop()
 
 	ctx := context.Background()
-	var tRaw, tDP time.Duration
+	var tRaw, tDP, tTLS time.Duration
 	for b.Loop() {
 		s := time.Now()
 		for off := 0; off < len(arena); off += 1 << 20 {
@@ -96,15 +86,46 @@ func benchDataPlane(b *testing.B, g kv.Geometry, inflight int) {
 		tRaw += time.Since(s)
 
 		s = time.Now()
-		if err := snd.Send(ctx, frames); err != nil {
+		if err := plain.Send(ctx, frames); err != nil {
 			b.Fatal(err)
 		}
 		tDP += time.Since(s)
+
+		s = time.Now()
+		if err := secure.Send(ctx, frames); err != nil {
+			b.Fatal(err)
+		}
+		tTLS += time.Since(s)
 	}
 	mb := float64(b.N) * float64(len(arena)) / 1e6
 	b.ReportMetric(mb/tRaw.Seconds(), "raw-MB/s")
 	b.ReportMetric(mb/tDP.Seconds(), "dataplane-MB/s")
+	b.ReportMetric(mb/tTLS.Seconds(), "tls-MB/s")
 	b.ReportMetric(tRaw.Seconds()/tDP.Seconds(), "ratio")
+	b.ReportMetric(tDP.Seconds()/tTLS.Seconds(), "tls-ratio")
+}
+
+// benchSender is a sender dialed to a server whose handler does nothing,
+// under the given authorities (the receiver's, the sender's); both close
+// with the benchmark.
+func benchSender(b *testing.B, g kv.Geometry, inflight int, recv, send *trust.Authority) *DataPlaneSender {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rcfg := DefaultDataPlaneConfig(g, 2)
+	rcfg.Logger, rcfg.Auth = quiet, recv
+	srv, err := ListenDataPlane(rcfg, "127.0.0.1:0", func(DataPlaneBatch) error { return nil })
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Close() })
+	scfg := DefaultDataPlaneConfig(g, 1)
+	scfg.InFlightMax = inflight
+	scfg.Logger, scfg.Auth = quiet, send
+	snd, err := DialDataPlane(scfg, srv.Addr().String(), 2, recv.Self())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { snd.Close() })
+	return snd
 }
 
 // rawLoopback is a plain TCP connection on loopback whose reader reads

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // DataPlaneSenderStats are a sender's counters since it dialed.
@@ -60,14 +63,18 @@ type dpResult struct {
 // the connection, each batch written whole, and share one window of
 // InFlightMax unacknowledged batches. A lost connection is final: Done is
 // closed, every Send fails with a *DataPlaneLostError, and the owner dials
-// again (after learning the peer's current incarnation).
+// again (after learning the peer's current incarnation). A refused batch
+// loses the connection too, since the receiver closes it.
 type DataPlaneSender struct {
 	cfg  DataPlaneConfig
 	addr string
 	peer uint64
 	lim  kv.BatchLimits // the smaller of both sides' batch bounds
-	conn net.Conn
-	c    dpSenderCounters
+	// conn carries the batches: raw, or TLS over it. fail closes raw, so
+	// that closing never waits to write a TLS alert to a peer that does
+	// not read.
+	conn, raw net.Conn
+	c         dpSenderCounters
 
 	// window holds one token per batch in flight; a Send puts one in before
 	// it writes and the acknowledgement reader takes one out.
@@ -102,29 +109,45 @@ type DataPlaneSender struct {
 	testWindowFull func()
 }
 
-// DialDataPlane validates cfg, connects to the receiver at addr and
-// exchanges hellos: the receiver refuses (*DataPlaneHelloError) when it is
-// not incarnation peer, when its frame limits differ from cfg's, or when it
-// is busy. DialTimeout bounds the whole of it.
-func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64) (*DataPlaneSender, error) {
+// DialDataPlane validates cfg, connects to the receiver at addr, checks
+// in the TLS handshake that it is want (the node that planned the
+// transfer; *DataPlanePeerError otherwise, before a byte of the hello is
+// written), and exchanges hellos: the receiver refuses
+// (*DataPlaneHelloError) when it is not incarnation peer, when its frame
+// limits differ from cfg's, when it is busy, or when this node's role does
+// not prefill. DialTimeout bounds the whole of it. An insecure cfg.Auth
+// dials plain TCP and checks no identity: want must then be zero, since
+// nothing could prove it.
+func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64, want trust.Identity) (*DataPlaneSender, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if peer == 0 {
 		return nil, errors.New("cluster: data plane peer incarnation must be non-zero")
 	}
-	conn, err := net.DialTimeout("tcp", addr, cfg.DialTimeout)
+	if cfg.Auth.Insecure() != want.IsZero() {
+		return nil, fmt.Errorf("cluster: data plane dial %s: expected identity %q with an authority that is insecure=%t: want one exactly when secure",
+			addr, want.String(), cfg.Auth.Insecure())
+	}
+	deadline := time.Now().Add(cfg.DialTimeout)
+	raw, err := (&net.Dialer{Deadline: deadline}).Dial("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: data plane dial %s: %w", addr, err)
 	}
-	cfg.tuneSocket(conn)
-	lim, err := dpHandshake(conn, cfg, addr, peer)
+	cfg.tuneSocket(raw)
+	raw.SetDeadline(deadline)
+	conn, err := dpClientTLS(raw, cfg, addr, want)
+	var lim kv.BatchLimits
+	if err == nil {
+		lim, err = dpHandshake(conn, cfg, addr, peer)
+	}
 	if err != nil {
-		conn.Close()
+		raw.Close()
 		return nil, err
 	}
+	raw.SetDeadline(time.Time{})
 	s := &DataPlaneSender{
-		cfg: cfg, addr: addr, peer: peer, lim: lim, conn: conn,
+		cfg: cfg, addr: addr, peer: peer, lim: lim, conn: conn, raw: raw,
 		window: make(chan struct{}, cfg.InFlightMax),
 		bufs:   make(chan *dpEncoded, cfg.InFlightMax+dpSendBuffers),
 		queue:  make(chan *dpEncoded, cfg.InFlightMax),
@@ -140,11 +163,34 @@ func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64) (*DataPlaneSen
 	return s, nil
 }
 
+// dpClientTLS runs the client side of TLS over raw, unless insecure, and
+// checks that the receiver is want.
+func dpClientTLS(raw net.Conn, cfg DataPlaneConfig, addr string, want trust.Identity) (net.Conn, error) {
+	if cfg.Auth.Insecure() {
+		return raw, nil
+	}
+	b := cfg.Auth.Bundle()
+	tc := tls.Client(raw, b.ClientTLS())
+	if err := tc.Handshake(); err != nil {
+		return nil, fmt.Errorf("cluster: data plane TLS handshake with %s: %w", addr, err)
+	}
+	// ClientTLS's VerifyConnection has checked this already; this reads
+	// the result.
+	have, _, err := b.PeerIdentity(tc.ConnectionState(), x509.ExtKeyUsageServerAuth)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: data plane TLS handshake with %s: %w", addr, err)
+	}
+	if have != want {
+		cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane receiver is not the node expected", "addr", addr,
+			"want", want.String(), "have", have.String())
+		return nil, &DataPlanePeerError{Addr: addr, Want: want, Have: have}
+	}
+	return tc, nil
+}
+
 // dpHandshake writes the hello, reads the reply and returns the batch
-// bounds both sides accept.
+// bounds both sides accept. The caller bounds it with a deadline.
 func dpHandshake(conn net.Conn, cfg DataPlaneConfig, addr string, peer uint64) (kv.BatchLimits, error) {
-	conn.SetDeadline(time.Now().Add(cfg.DialTimeout))
-	defer conn.SetDeadline(time.Time{})
 	h := dpHello{version: dpVersion, incarnation: cfg.Incarnation, expect: peer, limits: cfg.Batch}
 	b := h.encode()
 	if _, err := conn.Write(b[:]); err != nil {
@@ -157,7 +203,8 @@ func dpHandshake(conn net.Conn, cfg DataPlaneConfig, addr string, peer uint64) (
 	if err != nil {
 		return kv.BatchLimits{}, err
 	}
-	herr := &DataPlaneHelloError{Addr: addr, Status: r.status, Want: peer, Have: r.incarnation, Local: cfg.Batch, Remote: r.limits}
+	herr := &DataPlaneHelloError{Addr: addr, Status: r.status, Want: peer, Have: r.incarnation, Local: cfg.Batch, Remote: r.limits,
+		Self: cfg.Auth.Self()}
 	switch {
 	case r.status != DataPlaneOK:
 		return kv.BatchLimits{}, herr
@@ -227,8 +274,9 @@ func (s *DataPlaneSender) Stats() DataPlaneSenderStats {
 //   - a frame that cannot be encoded (owner, token range, payload length)
 //     fails with kv's *kv.FrameError before anything is written;
 //   - a refused batch yields a *DataPlaneRefusedError naming the frames it
-//     held, and no later batch of this call is written (batches already
-//     written are still acknowledged, and may have been accepted);
+//     held, and ends the connection: batches written after it are lost
+//     (joined as a *DataPlaneLostError), the ones before it were
+//     acknowledged and may have been accepted;
 //   - a lost connection yields a *DataPlaneLostError;
 //   - ctx ending yields its error, wrapped: batches already written stay
 //     written and their outcome is unknown to the caller.
@@ -545,7 +593,7 @@ func (s *DataPlaneSender) writeLoop() {
 				// after its read, but sees this only in syscall.Write, not
 				// in the writev below. An empty Write restores it, so that
 				// a handler still sees what preceded its Send.
-				s.conn.Write(nil)
+				s.raw.Write(nil)
 			}
 			v := net.Buffers(e.vec)
 			_, err := v.WriteTo(s.conn)
@@ -603,6 +651,12 @@ func (s *DataPlaneSender) readAcks() {
 		}
 		p.call.acks <- dpResult{p: p, ack: a}
 		<-s.window
+		if a.status != DataPlaneOK {
+			// The receiver closes the connection after a refusal and reads
+			// nothing more on it: the batches behind this one are lost.
+			s.fail(fmt.Errorf("cluster: data plane receiver refused batch %d (%s) and closes the connection", a.seq, a.status))
+			return
+		}
 	}
 }
 
@@ -624,5 +678,5 @@ func (s *DataPlaneSender) fail(cause error) {
 	}
 	s.err = &DataPlaneLostError{Addr: s.addr, Unacked: s.size, Err: cause}
 	close(s.dead)
-	s.conn.Close()
+	s.raw.Close()
 }

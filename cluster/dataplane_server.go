@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // DataPlaneBatch is one batch as the receiver hands it to its handler: the
@@ -20,6 +23,10 @@ import (
 type DataPlaneBatch struct {
 	// From is the sender's incarnation, from its hello.
 	From uint64
+	// Peer is the sender's identity, proven by its certificate in the TLS
+	// handshake; zero when the node is insecure. The handler checks it
+	// against the prefill node the transfer was planned with.
+	Peer trust.Identity
 	// Remote is the sender's network address.
 	Remote net.Addr
 	// Seq is the batch's position on its connection, from 0.
@@ -34,7 +41,7 @@ type DataPlaneBatch struct {
 // message to each page's actor) and returns nil when all of them were
 // accepted. An error matching kv.ErrRefused is acknowledged as
 // DataPlaneRejected, any other as DataPlaneHandlerFailed; either way the
-// connection stays open. The handler is called from one goroutine per
+// connection is closed after that acknowledgement. The handler is called from one goroutine per
 // connection, so from several at once, but never twice at once for one
 // connection, and in the connection's batch order. It must copy what it
 // keeps, and it must return: the connection reads at most one more batch
@@ -44,14 +51,24 @@ type DataPlaneHandler func(b DataPlaneBatch) error
 
 // DataPlaneServerStats are a server's counters since it started.
 type DataPlaneServerStats struct {
+	// Connections whose hello was accepted, and of them those served now.
 	ConnectionsAccepted, ConnectionsActive uint64
-	// Connections refused in the hello, by reason.
-	RefusedBusy, RefusedHelloIncarnation, RefusedHelloVersion, RefusedHelloLimits, RefusedHelloMalformed uint64
+	// Connections closed before their hello: HandshakesMax were already
+	// waiting for theirs (RefusedHandshakes), the TLS handshake failed (no
+	// certificate, one not of this cluster, not TLS at all), no hello came
+	// within HelloTimeout, or the peer closed first (ClosedBeforeHello, as
+	// membership's probes of the address do after their handshake).
+	RefusedHandshakes, HandshakesFailed, HelloTimeouts, ClosedBeforeHello uint64
+	// Connections refused in the hello, by reason: ConnectionsMax served
+	// (RefusedBusy) or ConnectionsPerPeerMax from this peer
+	// (RefusedPeerBusy), a role that does not prefill (RefusedForbidden).
+	RefusedBusy, RefusedPeerBusy, RefusedForbidden                                          uint64
+	RefusedHelloIncarnation, RefusedHelloVersion, RefusedHelloLimits, RefusedHelloMalformed uint64
 	// Batches, frames and bytes (batch headers included) decoded.
 	BatchesReceived, FramesReceived, BytesReceived uint64
 	// Batches and frames the handler accepted.
 	BatchesAccepted, FramesAccepted uint64
-	// Batches refused, by reason; the connection stays open.
+	// Batches refused, by reason; each closes its connection.
 	RefusedWrongIncarnation, RefusedByHandler, HandlerFailed uint64
 	// Connections closed for a malformed batch: a checksum mismatch, or
 	// anything else the decoder refused (header, frame fields, limits).
@@ -63,13 +80,15 @@ type DataPlaneServerStats struct {
 }
 
 type dpServerCounters struct {
-	accepted, active                                                  atomic.Uint64
-	busy, helloIncarnation, helloVersion, helloLimits, helloMalformed atomic.Uint64
-	batches, frames, bytes                                            atomic.Uint64
-	batchesOK, framesOK                                               atomic.Uint64
-	wrongIncarnation, rejected, handlerFailed                         atomic.Uint64
-	malformedChecksum, malformedOther                                 atomic.Uint64
-	idle, readErrors, writeErrors                                     atomic.Uint64
+	accepted, active                                            atomic.Uint64
+	handshakesBusy, handshakesFailed, helloTimeouts, noHello    atomic.Uint64
+	busy, peerBusy, forbidden                                   atomic.Uint64
+	helloIncarnation, helloVersion, helloLimits, helloMalformed atomic.Uint64
+	batches, frames, bytes                                      atomic.Uint64
+	batchesOK, framesOK                                         atomic.Uint64
+	wrongIncarnation, rejected, handlerFailed                   atomic.Uint64
+	malformedChecksum, malformedOther                           atomic.Uint64
+	idle, readErrors, writeErrors                               atomic.Uint64
 }
 
 // DataPlaneServer receives batches on one listener. Its methods are safe
@@ -78,13 +97,17 @@ type DataPlaneServer struct {
 	cfg     DataPlaneConfig
 	handler DataPlaneHandler
 	ln      net.Listener
+	tls     *tls.Config // nil when insecure
 	log     *slog.Logger
 	c       dpServerCounters
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{} // every TCP connection open, for Close
+	hellos  int                   // connections before their hello
+	served  int                   // connections past it
+	perPeer map[string]int        // served connections by dpPeer.key
+	closed  bool
+	wg      sync.WaitGroup
 }
 
 // ListenDataPlane validates cfg, listens on addr ("127.0.0.1:0" picks a
@@ -100,7 +123,11 @@ func ListenDataPlane(cfg DataPlaneConfig, addr string, handler DataPlaneHandler)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: data plane listen on %s: %w", addr, err)
 	}
-	s := &DataPlaneServer{cfg: cfg, handler: handler, ln: ln, log: cfg.logger(), conns: make(map[net.Conn]struct{})}
+	s := &DataPlaneServer{cfg: cfg, handler: handler, ln: ln, log: cfg.logger(),
+		conns: make(map[net.Conn]struct{}), perPeer: make(map[string]int)}
+	if !cfg.Auth.Insecure() {
+		s.tls = cfg.Auth.Bundle().ServerTLS()
+	}
 	s.wg.Go(s.accept)
 	return s, nil
 }
@@ -131,8 +158,11 @@ func (s *DataPlaneServer) Stats() DataPlaneServerStats {
 	c := &s.c
 	return DataPlaneServerStats{
 		ConnectionsAccepted: c.accepted.Load(), ConnectionsActive: c.active.Load(),
-		RefusedBusy: c.busy.Load(), RefusedHelloIncarnation: c.helloIncarnation.Load(),
-		RefusedHelloVersion: c.helloVersion.Load(), RefusedHelloLimits: c.helloLimits.Load(),
+		RefusedHandshakes: c.handshakesBusy.Load(), HandshakesFailed: c.handshakesFailed.Load(),
+		HelloTimeouts: c.helloTimeouts.Load(), ClosedBeforeHello: c.noHello.Load(),
+		RefusedBusy: c.busy.Load(), RefusedPeerBusy: c.peerBusy.Load(), RefusedForbidden: c.forbidden.Load(),
+		RefusedHelloIncarnation: c.helloIncarnation.Load(),
+		RefusedHelloVersion:     c.helloVersion.Load(), RefusedHelloLimits: c.helloLimits.Load(),
 		RefusedHelloMalformed: c.helloMalformed.Load(),
 		BatchesReceived:       c.batches.Load(), FramesReceived: c.frames.Load(), BytesReceived: c.bytes.Load(),
 		BatchesAccepted: c.batchesOK.Load(), FramesAccepted: c.framesOK.Load(),
@@ -170,31 +200,27 @@ func (s *DataPlaneServer) accept() {
 	}
 }
 
-// admit registers conn, or refuses it when the server is closed or full.
-// A refusal is a hello reply written at once: a fresh socket's send buffer
-// is empty, so the write does not wait on the peer.
+// admit registers conn as waiting for its hello, or closes it when the
+// server is closed or HandshakesMax connections wait already. Nothing is
+// written to it: before the TLS handshake there is no way to say why.
 func (s *DataPlaneServer) admit(conn net.Conn) bool {
 	s.mu.Lock()
-	closed, full := s.closed, len(s.conns) >= s.cfg.ConnectionsMax
-	if !closed && !full {
+	ok := !s.closed && s.hellos < s.cfg.HandshakesMax
+	if ok {
 		s.conns[conn] = struct{}{}
-		s.c.accepted.Add(1)
-		s.c.active.Add(1)
+		s.hellos++
 	}
+	closed := s.closed
 	s.mu.Unlock()
-	if closed {
+	if !ok {
+		if !closed {
+			s.c.handshakesBusy.Add(1)
+			s.log.Warn("cluster: data plane closed a connection: too many before their hello", "remote", conn.RemoteAddr(),
+				"handshakes_max", s.cfg.HandshakesMax, "hello_timeout", s.cfg.HelloTimeout)
+		}
 		conn.Close()
-		return false
 	}
-	if full {
-		s.c.busy.Add(1)
-		s.log.Warn("cluster: data plane refused a connection: busy", "remote", conn.RemoteAddr(),
-			"connections_max", s.cfg.ConnectionsMax)
-		s.reply(conn, DataPlaneBusy)
-		conn.Close()
-		return false
-	}
-	return true
+	return ok
 }
 
 func (s *DataPlaneServer) drop(conn net.Conn) {
@@ -202,7 +228,17 @@ func (s *DataPlaneServer) drop(conn net.Conn) {
 	s.mu.Lock()
 	delete(s.conns, conn)
 	s.mu.Unlock()
-	s.c.active.Add(^uint64(0))
+}
+
+// dpPeer is the sender at the other end of one connection.
+type dpPeer struct {
+	raw  net.Conn // the TCP connection
+	conn net.Conn // what batches are read from: raw, or TLS over it
+	id   trust.Identity
+	// key names the peer for ConnectionsPerPeerMax: its identity when
+	// secure, its IP address when insecure.
+	key  string
+	from uint64 // its incarnation, from its hello
 }
 
 func (s *DataPlaneServer) reply(conn net.Conn, st DataPlaneStatus) error {
@@ -213,22 +249,107 @@ func (s *DataPlaneServer) reply(conn net.Conn, st DataPlaneStatus) error {
 	return err
 }
 
-// hello reads the sender's hello and answers it; it returns the sender's
-// incarnation and whether the connection was accepted.
-func (s *DataPlaneServer) hello(conn net.Conn) (uint64, bool) {
+// greet runs a connection up to its first batch, all of it within
+// HelloTimeout of the accept: the TLS handshake, the hello and the reply.
+// It returns the peer once the connection holds a serving slot (release
+// gives it back), or false once the connection is to be closed.
+func (s *DataPlaneServer) greet(raw net.Conn) (*dpPeer, bool) {
+	defer func() {
+		s.mu.Lock()
+		s.hellos--
+		s.mu.Unlock()
+	}()
+	raw.SetDeadline(time.Now().Add(s.cfg.HelloTimeout))
+	p := &dpPeer{raw: raw, conn: raw}
+	if host, _, err := net.SplitHostPort(raw.RemoteAddr().String()); err == nil {
+		p.key = host
+	}
+	if s.tls != nil && !s.handshake(p) {
+		return nil, false
+	}
+	h, ok := s.readHello(p)
+	if !ok {
+		return nil, false
+	}
+	p.from = h.incarnation
+	st := s.check(p, h)
+	if err := s.reply(p.conn, st); err != nil {
+		s.c.writeErrors.Add(1)
+		s.log.Warn("cluster: data plane hello reply not written", "remote", raw.RemoteAddr(), "err", err)
+		if st == DataPlaneOK {
+			s.release(p)
+		}
+		return nil, false
+	}
+	if st != DataPlaneOK {
+		return nil, false
+	}
+	raw.SetDeadline(time.Time{})
+	return p, true
+}
+
+// handshake runs the server side of TLS on p and learns who the peer is.
+func (s *DataPlaneServer) handshake(p *dpPeer) bool {
+	tc := tls.Server(p.raw, s.tls)
+	err := tc.Handshake()
+	var id trust.Identity
+	if err == nil {
+		// VerifyConnection has checked this already; this reads the result.
+		id, _, err = s.cfg.Auth.Bundle().PeerIdentity(tc.ConnectionState(), x509.ExtKeyUsageClientAuth)
+	}
+	switch {
+	case err == nil:
+		p.conn, p.id, p.key = tc, id, id.String()
+		return true
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		s.tooSlow(p.raw)
+	default:
+		s.c.handshakesFailed.Add(1)
+		s.cfg.Auth.Refuse(trust.RefusedCertificate, "data plane TLS handshake", "remote", p.raw.RemoteAddr(), "err", err)
+	}
+	return false
+}
+
+// tooSlow counts a connection that did not say hello within HelloTimeout.
+func (s *DataPlaneServer) tooSlow(conn net.Conn) {
+	s.c.helloTimeouts.Add(1)
+	s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane connection without a hello in time", "remote", conn.RemoteAddr(),
+		"hello_timeout", s.cfg.HelloTimeout)
+}
+
+// readHello reads the sender's hello; false when there is none to answer.
+func (s *DataPlaneServer) readHello(p *dpPeer) (dpHello, bool) {
 	var b [dpHelloBytes]byte
-	conn.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
-	if _, err := io.ReadFull(conn, b[:]); err != nil {
-		s.c.readErrors.Add(1)
-		s.log.Warn("cluster: data plane hello not read", "remote", conn.RemoteAddr(), "err", err)
-		return 0, false
+	if _, err := io.ReadFull(p.conn, b[:]); err != nil {
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			s.tooSlow(p.raw)
+		case err == io.EOF:
+			s.c.noHello.Add(1)
+		default:
+			s.c.readErrors.Add(1)
+			s.log.Warn("cluster: data plane hello not read", "remote", p.raw.RemoteAddr(), "err", err)
+		}
+		return dpHello{}, false
 	}
 	h, err := decodeDPHello(b[:], false)
 	if err != nil {
 		// Not a data plane peer: no reply, since it would not read one.
 		s.c.helloMalformed.Add(1)
-		s.log.Warn("cluster: data plane connection closed", "remote", conn.RemoteAddr(), "reason", err)
-		return 0, false
+		s.log.Warn("cluster: data plane connection closed", "remote", p.raw.RemoteAddr(), "reason", err)
+		return dpHello{}, false
+	}
+	return h, true
+}
+
+// check decides the hello reply: who the peer is first, then what its
+// hello says, then whether a serving slot is free, which it takes.
+func (s *DataPlaneServer) check(p *dpPeer, h dpHello) DataPlaneStatus {
+	if s.tls != nil && !p.id.Role.Prefills() {
+		s.c.forbidden.Add(1)
+		s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane hello from a role that does not prefill",
+			"remote", p.raw.RemoteAddr(), "identity", p.id.String())
+		return DataPlaneForbidden
 	}
 	st, counter := DataPlaneOK, (*atomic.Uint64)(nil)
 	switch {
@@ -243,36 +364,73 @@ func (s *DataPlaneServer) hello(conn net.Conn) (uint64, bool) {
 	}
 	if st != DataPlaneOK {
 		counter.Add(1)
-		s.log.Warn("cluster: data plane refused hello", "remote", conn.RemoteAddr(), "reason", st,
+		s.log.Warn("cluster: data plane refused hello", "remote", p.raw.RemoteAddr(), "reason", st,
 			"version", h.version, "sender", fmt.Sprintf("%x", h.incarnation),
 			"expected", fmt.Sprintf("%x", h.expect), "incarnation", fmt.Sprintf("%x", s.cfg.Incarnation),
 			"page_tokens", h.limits.Frame.PageTokens, "bytes_per_token", h.limits.Frame.BytesPerToken)
+		return st
 	}
-	if err := s.reply(conn, st); err != nil {
-		s.c.writeErrors.Add(1)
-		s.log.Warn("cluster: data plane hello reply not written", "remote", conn.RemoteAddr(), "err", err)
-		return 0, false
-	}
-	return h.incarnation, st == DataPlaneOK
+	return s.take(p)
 }
 
-// serve runs one accepted connection: a reader goroutine (dpReader) reads
-// batch N+1 into one buffer while this goroutine decodes batch N from the
-// other, hands it to the handler and acknowledges it. Batches, handler
-// calls and acknowledgements stay in the connection's order.
-func (s *DataPlaneServer) serve(conn net.Conn) {
-	defer s.drop(conn)
-	from, ok := s.hello(conn)
+// take gives p a serving slot, unless ConnectionsMax are taken or
+// ConnectionsPerPeerMax by p's peer.
+func (s *DataPlaneServer) take(p *dpPeer) DataPlaneStatus {
+	s.mu.Lock()
+	served, mine := s.served, s.perPeer[p.key]
+	ok := served < s.cfg.ConnectionsMax && mine < s.cfg.ConnectionsPerPeerMax
+	if ok {
+		s.served++
+		s.perPeer[p.key]++
+	}
+	s.mu.Unlock()
+	switch {
+	case ok:
+		s.c.accepted.Add(1)
+		s.c.active.Add(1)
+		return DataPlaneOK
+	case served >= s.cfg.ConnectionsMax:
+		s.c.busy.Add(1)
+		s.log.Warn("cluster: data plane refused a connection: busy", "remote", p.raw.RemoteAddr(),
+			"connections_max", s.cfg.ConnectionsMax)
+	default:
+		s.c.peerBusy.Add(1)
+		s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane connection over the per-peer cap", "remote", p.raw.RemoteAddr(),
+			"peer", p.key, "connections_per_peer_max", s.cfg.ConnectionsPerPeerMax)
+	}
+	return DataPlaneBusy
+}
+
+// release gives back the serving slot take gave p.
+func (s *DataPlaneServer) release(p *dpPeer) {
+	s.mu.Lock()
+	s.served--
+	if s.perPeer[p.key]--; s.perPeer[p.key] == 0 {
+		delete(s.perPeer, p.key)
+	}
+	s.mu.Unlock()
+	s.c.active.Add(^uint64(0))
+}
+
+// serve runs one accepted connection: greet, then a reader goroutine
+// (dpReader) reads batch N+1 into one buffer while this goroutine decodes
+// batch N from the other, hands it to the handler and acknowledges it.
+// Batches, handler calls and acknowledgements stay in the connection's
+// order, and the first batch not accepted is the last one read.
+func (s *DataPlaneServer) serve(raw net.Conn) {
+	defer s.drop(raw)
+	p, ok := s.greet(raw)
 	if !ok {
 		return
 	}
-	r := s.startReader(conn)
+	defer s.release(p)
+	r := s.startReader(p.conn)
 	defer r.stop()
 	for seq := uint64(0); ; seq++ {
 		in := <-r.full
 		if in.err != nil {
 			r.stop()
-			s.closing(conn, seq, in.err, in.buf)
+			s.closing(p, seq, in.err)
 			return
 		}
 		frames, n, err := kv.DecodeBatch(in.buf[:in.n], s.cfg.Batch)
@@ -281,21 +439,26 @@ func (s *DataPlaneServer) serve(conn net.Conn) {
 		}
 		if err != nil {
 			r.stop()
-			s.closing(conn, seq, &dpReadError{err: err, malformed: true}, in.buf)
+			s.closing(p, seq, &dpReadError{err: err, malformed: true})
 			return
 		}
 		s.c.batches.Add(1)
 		s.c.frames.Add(uint64(len(frames)))
 		s.c.bytes.Add(uint64(n))
-		a := s.handle(DataPlaneBatch{From: from, Remote: conn.RemoteAddr(), Seq: seq, Frames: frames})
+		a := s.handle(DataPlaneBatch{From: p.from, Peer: p.id, Remote: raw.RemoteAddr(), Seq: seq, Frames: frames})
 		// The handler is done with the payloads: the buffer may take a batch.
 		r.free <- in.buf
-		err = s.ack(conn, a)
+		err = s.ack(p.conn, a)
 		r.acked()
 		if err != nil {
 			s.c.writeErrors.Add(1)
-			s.log.Warn("cluster: data plane connection closed", "remote", conn.RemoteAddr(),
+			s.log.Warn("cluster: data plane connection closed", "remote", raw.RemoteAddr(),
 				"reason", "acknowledgement not written", "batch", seq, "err", err)
+			return
+		}
+		if a.status != DataPlaneOK {
+			r.stop()
+			s.linger(p.conn)
 			return
 		}
 	}
@@ -306,8 +469,9 @@ func (s *DataPlaneServer) handle(b DataPlaneBatch) dpAck {
 	for i := range b.Frames {
 		if inc := b.Frames[i].Dest.Incarnation; inc != s.cfg.Incarnation {
 			s.c.wrongIncarnation.Add(1)
-			s.log.Warn("cluster: data plane refused batch: frame for another incarnation", "remote", b.Remote,
-				"batch", b.Seq, "frame", i, "dest", b.Frames[i].Dest, "incarnation", fmt.Sprintf("%x", s.cfg.Incarnation))
+			s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane batch with a frame for another incarnation",
+				"remote", b.Remote, "peer", b.Peer.String(), "batch", b.Seq, "frame", i, "dest", b.Frames[i].Dest,
+				"incarnation", fmt.Sprintf("%x", s.cfg.Incarnation))
 			return dpAck{seq: b.Seq, status: DataPlaneWrongIncarnation, frame: uint32(i), detail: inc}
 		}
 	}
@@ -319,7 +483,8 @@ func (s *DataPlaneServer) handle(b DataPlaneBatch) dpAck {
 		return dpAck{seq: b.Seq, status: DataPlaneOK, frame: dpNoFrame}
 	case errors.Is(err, kv.ErrRefused):
 		s.c.rejected.Add(1)
-		s.log.Info("cluster: data plane batch rejected", "remote", b.Remote, "batch", b.Seq, "err", err)
+		s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane batch rejected by the page checks",
+			"remote", b.Remote, "peer", b.Peer.String(), "batch", b.Seq, "err", err)
 		return dpAck{seq: b.Seq, status: DataPlaneRejected, frame: dpNoFrame}
 	default:
 		s.c.handlerFailed.Add(1)
@@ -514,7 +679,7 @@ func (r *dpReader) read(buf []byte) (int, *dpReadError) {
 // acknowledged with DataPlaneMalformed first (best effort), so that the
 // sender's error says what happened rather than only that the connection
 // was lost.
-func (s *DataPlaneServer) closing(conn net.Conn, seq uint64, e *dpReadError, buf []byte) {
+func (s *DataPlaneServer) closing(p *dpPeer, seq uint64, e *dpReadError) {
 	switch {
 	case e.eof:
 		return
@@ -525,32 +690,33 @@ func (s *DataPlaneServer) closing(conn net.Conn, seq uint64, e *dpReadError, buf
 		} else {
 			s.c.malformedOther.Add(1)
 		}
-		s.log.Warn("cluster: data plane connection closed", "remote", conn.RemoteAddr(),
-			"reason", "malformed batch", "batch", seq, "err", e.err)
-		if s.ack(conn, dpAck{seq: seq, status: DataPlaneMalformed, frame: dpNoFrame}) == nil {
-			s.linger(conn, buf)
+		s.cfg.Auth.Refuse(trust.RefusedDataPlane, "malformed data plane batch", "remote", p.raw.RemoteAddr(),
+			"peer", p.id.String(), "batch", seq, "err", e.err)
+		if s.ack(p.conn, dpAck{seq: seq, status: DataPlaneMalformed, frame: dpNoFrame}) == nil {
+			s.linger(p.conn)
 		}
 	case e.idle:
 		s.c.idle.Add(1)
-		s.log.Info("cluster: data plane connection closed", "remote", conn.RemoteAddr(),
+		s.log.Info("cluster: data plane connection closed", "remote", p.raw.RemoteAddr(),
 			"reason", "idle", "idle_timeout", s.cfg.IdleTimeout)
 	default:
 		s.c.readErrors.Add(1)
-		s.log.Warn("cluster: data plane connection closed", "remote", conn.RemoteAddr(),
+		s.log.Warn("cluster: data plane connection closed", "remote", p.raw.RemoteAddr(),
 			"reason", "read failed", "batch", seq, "err", e.err)
 	}
 }
 
-// linger half-closes conn and discards what the sender still writes, until
-// it closes too, for at most ReadTimeout and InFlightMax batches' bytes.
-// Closing a socket with unread bytes resets the connection, and a reset can
-// destroy the refusal in the sender's receive queue before it is read.
-func (s *DataPlaneServer) linger(conn net.Conn, buf []byte) {
-	tc, ok := conn.(*net.TCPConn)
+// linger closes conn's write side (TCP FIN, or TLS close_notify) and
+// discards what the sender still writes, until it closes too, for at most
+// ReadTimeout and InFlightMax batches' bytes. Closing a socket with unread
+// bytes resets the connection, and a reset can destroy the refusal in the
+// sender's receive queue before it is read.
+func (s *DataPlaneServer) linger(conn net.Conn) {
+	cw, ok := conn.(interface{ CloseWrite() error })
 	if !ok {
 		return
 	}
-	tc.CloseWrite()
-	tc.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
-	io.CopyBuffer(io.Discard, io.LimitReader(tc, int64(s.cfg.InFlightMax)*int64(len(buf))), buf)
+	cw.CloseWrite()
+	conn.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
+	io.Copy(io.Discard, io.LimitReader(conn, int64(s.cfg.InFlightMax)*int64(s.cfg.batchBufferBytes())))
 }

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/trust"
+	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
 // dpGeom is a small geometry: 128 bytes a token, 512 bytes a page.
@@ -27,14 +29,22 @@ const (
 	dpReceiverInc = 0xdec0de
 )
 
-// dpTestConfig: batches of at most 3 full pages, 2 batches in flight.
+// dpTestConfig: batches of at most 3 full pages, 2 batches in flight,
+// plain TCP (dpSecure makes it TLS).
 func dpTestConfig(t testing.TB, inc uint64) DataPlaneConfig {
 	c := DefaultLocalDataPlaneConfig(dpGeom, inc)
 	c.Batch.PagesMax = 3
 	c.Batch.BytesMax = 3 * c.Batch.Frame.FrameBytesMax()
 	c.InFlightMax = 2
 	c.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	c.Auth = trust.Insecure(c.Logger)
 	return c
+}
+
+// dpSecure is cfg with credentials for role/name from ca.
+func dpSecure(t testing.TB, cfg DataPlaneConfig, ca *trusttest.CA, role trust.Role, name string) DataPlaneConfig {
+	cfg.Auth = ca.Authority(t, role, name, cfg.Logger)
+	return cfg
 }
 
 type testWriter struct{ t testing.TB }
@@ -74,6 +84,7 @@ type dpRecorder struct {
 	mu     sync.Mutex
 	frames []kv.Frame
 	from   []uint64
+	peer   []trust.Identity
 }
 
 func (r *dpRecorder) handle(b DataPlaneBatch) error {
@@ -83,6 +94,7 @@ func (r *dpRecorder) handle(b DataPlaneBatch) error {
 		f.Payload = bytes.Clone(f.Payload)
 		r.frames = append(r.frames, f)
 		r.from = append(r.from, b.From)
+		r.peer = append(r.peer, b.Peer)
 	}
 	return nil
 }
@@ -103,14 +115,23 @@ func dpListen(t *testing.T, cfg DataPlaneConfig, h DataPlaneHandler) *DataPlaneS
 	return s
 }
 
+// dpDial dials srv expecting its identity (none when cfg is insecure).
 func dpDial(t *testing.T, cfg DataPlaneConfig, s *DataPlaneServer, peer uint64) *DataPlaneSender {
 	t.Helper()
-	d, err := DialDataPlane(cfg, s.Addr().String(), peer)
+	d, err := DialDataPlane(cfg, s.Addr().String(), peer, dpWant(cfg, s))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
 	return d
+}
+
+// dpWant is the identity a sender configured by cfg expects at srv.
+func dpWant(cfg DataPlaneConfig, srv *DataPlaneServer) trust.Identity {
+	if cfg.Auth.Insecure() {
+		return trust.Identity{}
+	}
+	return srv.cfg.Auth.Self()
 }
 
 func dpEqualFrames(t *testing.T, got, want []kv.Frame) {
@@ -131,10 +152,14 @@ func dpEqualFrames(t *testing.T, got, want []kv.Frame) {
 	}
 }
 
+// Over TLS with certificates of one cluster: every byte arrives, and every
+// batch is handed on with the sender's proven identity.
 func TestDataPlaneRoundTrip(t *testing.T) {
+	ca := trusttest.New(t)
 	rec := &dpRecorder{}
-	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), rec.handle)
-	snd := dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
+	srv := dpListen(t, dpSecure(t, dpTestConfig(t, dpReceiverInc), ca, trust.RoleDecode, "d0"), rec.handle)
+	scfg := dpSecure(t, dpTestConfig(t, dpSenderInc), ca, trust.RolePrefill, "p0")
+	snd := dpDial(t, scfg, srv, dpReceiverInc)
 	rng := rand.New(rand.NewPCG(1, 2))
 	frames := dpFrames(rng, 10, 42, dpReceiverInc)
 	if err := snd.Send(context.Background(), frames); err != nil {
@@ -142,8 +167,8 @@ func TestDataPlaneRoundTrip(t *testing.T) {
 	}
 	dpEqualFrames(t, rec.got(), frames)
 	for i, from := range rec.from {
-		if from != dpSenderInc {
-			t.Fatalf("frame %d handed on as from %x, sender is %x", i, from, dpSenderInc)
+		if from != dpSenderInc || rec.peer[i] != scfg.Auth.Self() {
+			t.Fatalf("frame %d handed on as from %x, %s; sender is %x, %s", i, from, rec.peer[i], dpSenderInc, scfg.Auth.Self())
 		}
 	}
 	ss, rs := snd.Stats(), srv.Stats()
@@ -225,10 +250,24 @@ func TestDataPlaneWrongDestIncarnation(t *testing.T) {
 	if rs := srv.Stats(); rs.RefusedWrongIncarnation != 1 || rs.BatchesAccepted != 1 {
 		t.Fatalf("server stats %+v: want 1 batch refused for its incarnation, 1 accepted", rs)
 	}
-	// A refusal is not a broken connection.
+	// A refusal ends the connection; a sender dialed afresh is served.
+	dpRequireLost(t, snd)
 	more := dpFrames(rng, 2, 10, dpReceiverInc)
-	if err := snd.Send(context.Background(), more); err != nil {
-		t.Fatalf("Send after a refusal: %v", err)
+	if err := dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc).Send(context.Background(), more); err != nil {
+		t.Fatalf("Send on a new connection after a refusal: %v", err)
+	}
+}
+
+// dpRequireLost checks that snd's connection is gone and Send says so.
+func dpRequireLost(t *testing.T, snd *DataPlaneSender) {
+	t.Helper()
+	select {
+	case <-snd.Done():
+	default:
+		t.Fatal("sender still open after a refusal")
+	}
+	if err := snd.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(1, 1)), 1, 1, dpReceiverInc)); !errors.Is(err, ErrDataPlaneLost) {
+		t.Fatalf("Send after a refusal = %v, want the connection lost", err)
 	}
 }
 
@@ -248,14 +287,17 @@ func TestDataPlaneHandlerRefusal(t *testing.T) {
 	if sent := snd.Stats().BatchesSent; sent > 2 {
 		t.Fatalf("%d batches written, want at most InFlightMax (2) after a refusal", sent)
 	}
+	dpRequireLost(t, snd)
 	fail = errors.New("disk on fire")
+	snd = dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
 	err = snd.Send(context.Background(), dpFrames(rng, 1, 1, dpReceiverInc))
 	if !errors.As(err, &refused) || refused.Status != DataPlaneHandlerFailed {
 		t.Fatalf("Send = %v, want handler failed", err)
 	}
-	if rs := srv.Stats(); rs.RefusedByHandler < 1 || rs.HandlerFailed != 1 {
+	if rs := srv.Stats(); rs.RefusedByHandler != 1 || rs.HandlerFailed != 1 {
 		t.Fatalf("server stats %+v", rs)
 	}
+	dpRequireLost(t, snd)
 }
 
 func TestDataPlaneHelloRefused(t *testing.T) {
@@ -265,7 +307,7 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 
 	// A sender that still believes in the receiver's previous incarnation
 	// (the node restarted) is refused: its destination tags are stale.
-	_, err := DialDataPlane(dpTestConfig(t, dpSenderInc), addr, dpReceiverInc-1)
+	_, err := DialDataPlane(dpTestConfig(t, dpSenderInc), addr, dpReceiverInc-1, trust.Identity{})
 	var herr *DataPlaneHelloError
 	if !errors.As(err, &herr) || herr.Status != DataPlaneHelloIncarnation || herr.Want != dpReceiverInc-1 ||
 		herr.Have != dpReceiverInc || !errors.Is(err, ErrDataPlaneRefused) {
@@ -279,7 +321,7 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 	g.PageTokens = 8
 	other.Batch.Frame = g.Limits()
 	other.Batch.BytesMax = other.Batch.Frame.FrameBytesMax()
-	_, err = DialDataPlane(other, addr, dpReceiverInc)
+	_, err = DialDataPlane(other, addr, dpReceiverInc, trust.Identity{})
 	if !errors.As(err, &herr) || herr.Status != DataPlaneHelloLimits {
 		t.Fatalf("dial = %v, want hello refused for limits", err)
 	}
@@ -329,18 +371,24 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 	}
 }
 
-// dpRawConn dials srv and completes the hello by hand, so that the test can
-// write any bytes as batches.
-func dpRawConn(t *testing.T, srv *DataPlaneServer) net.Conn {
+// dpRawConn dials srv as a sender configured by cfg and completes the
+// hello by hand, so that the test can write any bytes as batches.
+func dpRawConn(t *testing.T, srv *DataPlaneServer, cfg DataPlaneConfig) net.Conn {
 	t.Helper()
-	conn, err := net.Dial("tcp", srv.Addr().String())
+	raw, err := net.Dial("tcp", srv.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	if _, err := dpHandshake(conn, dpTestConfig(t, dpSenderInc), "raw", dpReceiverInc); err != nil {
+	t.Cleanup(func() { raw.Close() })
+	raw.SetDeadline(time.Now().Add(5 * time.Second))
+	conn, err := dpClientTLS(raw, cfg, "raw", dpWant(cfg, srv))
+	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := dpHandshake(conn, cfg, "raw", dpReceiverInc); err != nil {
+		t.Fatal(err)
+	}
+	raw.SetDeadline(time.Time{})
 	return conn
 }
 
@@ -401,7 +449,7 @@ func TestDataPlaneCorruptBatch(t *testing.T) {
 	}
 	for _, c := range cases {
 		before := srv.Stats()
-		conn := dpRawConn(t, srv)
+		conn := dpRawConn(t, srv, dpTestConfig(t, dpSenderInc))
 		// One good batch first: the connection works until the corruption.
 		conn.Write(batch)
 		if a := readAck(t, conn); a.seq != 0 || a.status != DataPlaneOK {
@@ -455,7 +503,7 @@ func TestDataPlaneTruncatedBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := dpRawConn(t, srv)
+	conn := dpRawConn(t, srv, dpTestConfig(t, dpSenderInc))
 	conn.Write(batch[:len(batch)/2])
 	conn.(*net.TCPConn).CloseWrite()
 	if n, err := io.ReadAll(conn); len(n) != 0 || err != nil {
@@ -578,21 +626,21 @@ func TestDataPlaneServerClosed(t *testing.T) {
 	if err := snd.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(1, 1)), 1, 1, dpReceiverInc)); !errors.Is(err, ErrDataPlaneLost) {
 		t.Fatalf("Send after loss = %v", err)
 	}
-	if _, err := DialDataPlane(dpTestConfig(t, dpSenderInc), srv.Addr().String(), dpReceiverInc); err == nil {
+	if _, err := DialDataPlane(dpTestConfig(t, dpSenderInc), srv.Addr().String(), dpReceiverInc, trust.Identity{}); err == nil {
 		t.Fatal("dial to a closed server succeeded")
 	}
 }
 
 func TestDataPlaneBusyAndIdle(t *testing.T) {
 	cfg := dpTestConfig(t, dpReceiverInc)
-	cfg.ConnectionsMax = 1
+	cfg.ConnectionsMax, cfg.ConnectionsPerPeerMax = 1, 1
 	cfg.IdleTimeout = 50 * time.Millisecond
 	srv := dpListen(t, cfg, (&dpRecorder{}).handle)
 	first := dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
 	// Busy while the first connection is served; the idle timeout may have
 	// closed it already, in which case the dial succeeds: retry until busy
 	// is seen or the first connection is gone.
-	_, err := DialDataPlane(dpTestConfig(t, dpSenderInc), srv.Addr().String(), dpReceiverInc)
+	_, err := DialDataPlane(dpTestConfig(t, dpSenderInc), srv.Addr().String(), dpReceiverInc, trust.Identity{})
 	var herr *DataPlaneHelloError
 	if err != nil && (!errors.As(err, &herr) || herr.Status != DataPlaneBusy) {
 		t.Fatalf("second dial = %v, want busy", err)
@@ -623,7 +671,9 @@ func TestDataPlaneAckTimeout(t *testing.T) {
 }
 
 func TestDataPlaneConfigValidate(t *testing.T) {
-	if err := DefaultDataPlaneConfig(kv.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, PageTokens: 16, DType: kv.F16}, 1).Validate(); err != nil {
+	def := DefaultDataPlaneConfig(kv.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, PageTokens: 16, DType: kv.F16}, 1)
+	def.Auth = trust.Insecure(nil)
+	if err := def.Validate(); err != nil {
 		t.Fatalf("default config: %v", err)
 	}
 	for _, tc := range []struct {
@@ -639,6 +689,11 @@ func TestDataPlaneConfigValidate(t *testing.T) {
 		{"WriteTimeout (0s)", func(c *DataPlaneConfig) { c.WriteTimeout = 0 }},
 		{"IdleTimeout (-1s)", func(c *DataPlaneConfig) { c.IdleTimeout = -time.Second }},
 		{"ConnectionsMax (0)", func(c *DataPlaneConfig) { c.ConnectionsMax = 0 }},
+		{"HelloTimeout (0s)", func(c *DataPlaneConfig) { c.HelloTimeout = 0 }},
+		{"ConnectionsPerPeerMax (0) must be in [1, ConnectionsMax (32)]", func(c *DataPlaneConfig) { c.ConnectionsPerPeerMax = 0 }},
+		{"ConnectionsPerPeerMax (33) must be in [1, ConnectionsMax (32)]", func(c *DataPlaneConfig) { c.ConnectionsPerPeerMax = 33 }},
+		{"HandshakesMax (0)", func(c *DataPlaneConfig) { c.HandshakesMax = 0 }},
+		{"Auth is required", func(c *DataPlaneConfig) { c.Auth = nil }},
 		{"exceeds ServerBufferBytesMax (1000)", func(c *DataPlaneConfig) { c.ServerBufferBytesMax = 1000 }},
 	} {
 		c := dpTestConfig(t, 1)
@@ -726,7 +781,7 @@ func TestDataPlaneAliasedPayloads(t *testing.T) {
 	snapshot := bytes.Clone(arena)
 	for round := range 3 {
 		rec.mu.Lock()
-		rec.frames, rec.from = nil, nil
+		rec.frames, rec.from, rec.peer = nil, nil, nil
 		rec.mu.Unlock()
 		if err := snd.Send(context.Background(), frames); err != nil {
 			t.Fatalf("round %d: %v", round, err)

@@ -99,9 +99,11 @@ func (c *NodeConfig) Validate() error {
 }
 
 // dataPlane is the data-plane configuration with the actors' batch limits
-// and incarnation, so that every node of one model frames alike.
+// and incarnation, so that every node of one model frames alike, and the
+// node's credentials.
 func (c *NodeConfig) dataPlane() DataPlaneConfig {
 	d := c.DataPlane
+	d.Auth = c.Auth
 	d.Batch = c.Actors.BatchLimits()
 	d.Incarnation = c.Actors.Incarnation
 	if d.Incarnation == 0 {
@@ -162,7 +164,7 @@ func (n *Node) start() error {
 	dp := cfg.dataPlane()
 	dp.Logger = n.log
 	opt := actors.Options{Listen: cfg.Listen, Log: n.log, Pick: n.pickPrefill, Auth: cfg.Auth,
-		Dial: func(addr string, inc uint64) (actors.FrameSender, error) { return DialDataPlane(dp, addr, inc) }}
+		Dial: func(addr string, inc uint64) (actors.FrameSender, error) { return n.dialPlanned(dp, addr, inc) }}
 	var dataAddr string
 	if holdsPool(cfg.Actors.Role) && cfg.Actors.Role.Decodes() {
 		// The data plane starts before the actors so that plans can name

@@ -1,0 +1,75 @@
+package cluster
+
+import (
+	"fmt"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/trust"
+)
+
+// DataPlaneUnplannedError: a transfer plan named a data plane that no
+// alive, verified member of the plan's incarnation advertises, so this
+// node does not know whom it would be sending the KV to.
+type DataPlaneUnplannedError struct {
+	Addr        string
+	Incarnation uint64
+	// Advertised is the data plane the member of that incarnation
+	// advertises; empty when no such member is known.
+	Advertised string
+}
+
+func (e *DataPlaneUnplannedError) Error() string {
+	if e.Advertised == "" {
+		return fmt.Sprintf("cluster: data plane %s: no verified member of incarnation %x", e.Addr, e.Incarnation)
+	}
+	return fmt.Sprintf("cluster: data plane %s: member of incarnation %x advertises %s", e.Addr, e.Incarnation, e.Advertised)
+}
+
+// dialPlanned opens a sender to the data plane at addr for a transfer
+// planned by the decode node run inc. When secure, the data plane must be
+// the one that run advertises as a verified member, and the receiver must
+// prove to be the node whose certificate serves that member's remote
+// address, which is where plans come from. When insecure nothing is
+// checked.
+//
+// actors.Dialer hands over only the address and the incarnation, so the
+// identity is looked up here; the plan's authenticated sender (Authority.Of
+// on the plan) is the better source once the actors pass it on.
+func (n *Node) dialPlanned(dp DataPlaneConfig, addr string, inc uint64) (actors.FrameSender, error) {
+	if dp.Auth.Insecure() {
+		return DialDataPlane(dp, addr, inc, trust.Identity{})
+	}
+	want, err := n.plannedReceiver(dp.Auth, addr, inc)
+	if err != nil {
+		return nil, err
+	}
+	return DialDataPlane(dp, addr, inc, want)
+}
+
+// plannedReceiver is the identity of the verified member run inc, whose
+// data plane must be addr.
+func (n *Node) plannedReceiver(auth *trust.Authority, addr string, inc uint64) (trust.Identity, error) {
+	unplanned := &DataPlaneUnplannedError{Addr: addr, Incarnation: inc}
+	if n.members == nil {
+		return trust.Identity{}, unplanned
+	}
+	for _, m := range n.members.Members() {
+		if m.Meta.Incarnation != inc || m.State != StateAlive || !m.Verified {
+			continue
+		}
+		if m.Meta.DataAddr != addr {
+			unplanned.Advertised = m.Meta.DataAddr
+			return trust.Identity{}, unplanned
+		}
+		if id, ok := auth.Peers().At(m.Meta.RemoteAddr); ok {
+			return id, nil
+		}
+		id, _, err := auth.Peers().Probe(m.Meta.RemoteAddr)
+		if err != nil {
+			return trust.Identity{}, fmt.Errorf("cluster: data plane %s: who serves %s, the remote address of member %s: %w",
+				addr, m.Meta.RemoteAddr, m.Name, err)
+		}
+		return id, nil
+	}
+	return trust.Identity{}, unplanned
+}

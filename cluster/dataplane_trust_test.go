@@ -1,0 +1,415 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/trust"
+	"github.com/kvwarden/kvwarden/trust/trusttest"
+)
+
+// dpEventually polls cond until it holds, failing the test after 10 s.
+func dpEventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not %s after 10 s", what)
+		}
+	}
+}
+
+// dpNoReply checks that conn, on which a hello was written, gets no hello
+// reply: the connection ends (an error, or fewer bytes than a reply).
+func dpNoReply(t *testing.T, what string, conn net.Conn) {
+	t.Helper()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	h := dpHello{version: dpVersion, incarnation: dpSenderInc, expect: dpReceiverInc, limits: dpTestConfig(t, 1).Batch}
+	b := h.encode()
+	if _, err := conn.Write(b[:]); err != nil {
+		return
+	}
+	r, err := io.ReadAll(conn)
+	if _, derr := decodeDPHello(r, true); derr == nil {
+		t.Fatalf("%s: got a hello reply (read error %v)", what, err)
+	}
+}
+
+// A sender must hold a certificate of this cluster: one from another CA,
+// none at all, or no TLS at all fails the handshake, counted as a refused
+// certificate, and no hello is read from it.
+func TestDataPlaneStrangerCertificate(t *testing.T) {
+	ca, foreign := trusttest.New(t), trusttest.New(t)
+	cfg := dpSecure(t, dpTestConfig(t, dpReceiverInc), ca, trust.RoleDecode, "d0")
+	rec := &dpRecorder{}
+	srv := dpListen(t, cfg, rec.handle)
+	addr := srv.Addr().String()
+
+	// Through DialDataPlane, the stranger refuses the server first (its CA
+	// is not the server's), and the server counts the failed handshake.
+	stranger := dpSecure(t, dpTestConfig(t, dpSenderInc), foreign, trust.RolePrefill, "p0")
+	if _, err := DialDataPlane(stranger, addr, dpReceiverInc, cfg.Auth.Self()); err == nil {
+		t.Fatal("a sender of another CA connected")
+	}
+	// Clients that check nothing of the server, to see the server refuse
+	// them. In TLS 1.3 a client's handshake completes before the server
+	// has checked its certificate; the refusal is the first thing read.
+	for _, c := range []struct {
+		name  string
+		certs []tls.Certificate
+	}{
+		{"foreign certificate", []tls.Certificate{foreign.Bundle(t, trust.RolePrefill, "p0").Cert}},
+		{"no certificate", nil},
+	} {
+		conn, err := tls.Dial("tcp", addr, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: c.certs, InsecureSkipVerify: true})
+		if err != nil {
+			continue
+		}
+		dpNoReply(t, c.name, conn)
+		conn.Close()
+	}
+	plain, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dpNoReply(t, "plain TCP", plain)
+	plain.Close()
+
+	dpEventually(t, "4 handshakes failed", func() bool { return srv.Stats().HandshakesFailed == 4 })
+	if n := cfg.Auth.Refused()[trust.RefusedCertificate]; n != 4 {
+		t.Fatalf("%d certificate refusals counted, want 4", n)
+	}
+	if rs := srv.Stats(); rs.ConnectionsAccepted != 0 || rs.RefusedHelloMalformed != 0 || rs.BatchesReceived != 0 {
+		t.Fatalf("server stats %+v: a stranger got past the handshake", rs)
+	}
+	// Still serving the cluster's own.
+	snd := dpDial(t, dpSecure(t, dpTestConfig(t, dpSenderInc), ca, trust.RolePrefill, "p0"), srv, dpReceiverInc)
+	if err := snd.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(1, 1)), 2, 1, dpReceiverInc)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Only a role that prefills has KV to send: any other certificate of the
+// cluster is refused in the hello reply, counted; prefill and all are
+// served, and each batch is handed on with the sender's identity. A TLS
+// probe of the address (membership's verification) is neither.
+func TestDataPlaneSenderRoles(t *testing.T) {
+	ca := trusttest.New(t)
+	cfg := dpSecure(t, dpTestConfig(t, dpReceiverInc), ca, trust.RoleDecode, "d0")
+	rec := &dpRecorder{}
+	srv := dpListen(t, cfg, rec.handle)
+	rng := rand.New(rand.NewPCG(4, 4))
+	forbidden := 0
+	for _, tc := range []struct {
+		role trust.Role
+		ok   bool
+	}{
+		{trust.RolePrefill, true}, {trust.RoleAll, true},
+		{trust.RoleDecode, false}, {trust.RoleRouter, false}, {trust.RoleOperator, false}, {trust.RoleTenant, false},
+	} {
+		scfg := dpSecure(t, dpTestConfig(t, dpSenderInc), ca, tc.role, "x-"+string(tc.role))
+		snd, err := DialDataPlane(scfg, srv.Addr().String(), dpReceiverInc, cfg.Auth.Self())
+		if !tc.ok {
+			forbidden++
+			var herr *DataPlaneHelloError
+			if !errors.As(err, &herr) || herr.Status != DataPlaneForbidden || herr.Self != scfg.Auth.Self() ||
+				!errors.Is(err, ErrDataPlaneRefused) {
+				t.Fatalf("%s: dial = %v, want refused as forbidden", tc.role, err)
+			}
+			t.Log(err)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.role, err)
+		}
+		before := len(rec.got())
+		if err := snd.Send(context.Background(), dpFrames(rng, 2, 1, dpReceiverInc)); err != nil {
+			t.Fatalf("%s: %v", tc.role, err)
+		}
+		snd.Close()
+		rec.mu.Lock()
+		for i := before; i < len(rec.peer); i++ {
+			if rec.peer[i] != scfg.Auth.Self() {
+				t.Fatalf("%s: frame %d handed on as from %s", tc.role, i, rec.peer[i])
+			}
+		}
+		rec.mu.Unlock()
+	}
+	if rs := srv.Stats(); rs.RefusedForbidden != uint64(forbidden) || rs.ConnectionsAccepted != 2 {
+		t.Fatalf("server stats %+v: want %d refused as forbidden, 2 accepted", rs, forbidden)
+	}
+	if n := cfg.Auth.Refused()[trust.RefusedDataPlane]; n != uint64(forbidden) {
+		t.Fatalf("%d data plane refusals counted, want %d", n, forbidden)
+	}
+
+	prober := ca.Authority(t, trust.RoleRouter, "r0", nil)
+	if id, _, err := prober.Peers().Probe(srv.Addr().String()); err != nil || id != cfg.Auth.Self() {
+		t.Fatalf("probe found %s, %v; want %s", id, err, cfg.Auth.Self())
+	}
+	dpEventually(t, "the probe seen closing before its hello", func() bool { return srv.Stats().ClosedBeforeHello == 1 })
+	if n := cfg.Auth.Refused().Total(); n != uint64(forbidden) {
+		t.Fatalf("%d refusals counted after a probe, want %d", n, forbidden)
+	}
+}
+
+// A sender that reaches another node than the one it expects sends it
+// nothing: not a byte after the TLS handshake.
+func TestDataPlaneSenderChecksReceiver(t *testing.T) {
+	ca := trusttest.New(t)
+	impostor := ca.Bundle(t, trust.RoleDecode, "d1")
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", impostor.ServerTLS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan int64, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- -1
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		n, _ := io.Copy(io.Discard, c)
+		got <- n
+	}()
+	scfg := dpSecure(t, dpTestConfig(t, dpSenderInc), ca, trust.RolePrefill, "p0")
+	want := trust.Identity{Cluster: trusttest.Cluster, Role: trust.RoleDecode, Name: "d0"}
+	_, err = DialDataPlane(scfg, ln.Addr().String(), dpReceiverInc, want)
+	var perr *DataPlanePeerError
+	if !errors.As(err, &perr) || perr.Want != want || perr.Have != impostor.Self || !errors.Is(err, ErrDataPlanePeer) {
+		t.Fatalf("dial = %v, want refused: %s is not %s", err, impostor.Self, want)
+	}
+	t.Log(err)
+	if n := <-got; n != 0 {
+		t.Fatalf("the impostor received %d bytes after the handshake, want 0", n)
+	}
+	if n := scfg.Auth.Refused()[trust.RefusedDataPlane]; n != 1 {
+		t.Fatalf("%d data plane refusals counted by the sender, want 1", n)
+	}
+
+	// An expected identity is required exactly when there are credentials
+	// to prove it.
+	if _, err := DialDataPlane(scfg, ln.Addr().String(), dpReceiverInc, trust.Identity{}); err == nil {
+		t.Fatal("a secure dial without an expected identity went ahead")
+	}
+	if _, err := DialDataPlane(dpTestConfig(t, dpSenderInc), ln.Addr().String(), dpReceiverInc, want); err == nil {
+		t.Fatal("an insecure dial accepted an identity it cannot check")
+	}
+}
+
+// One peer may hold ConnectionsPerPeerMax connections: its identity when
+// secure, its IP address when insecure. One more is refused busy and
+// counted; other peers are served up to ConnectionsMax; a slot given back
+// is taken again.
+func TestDataPlaneConnectionsPerPeer(t *testing.T) {
+	for _, secure := range []bool{true, false} {
+		t.Run(fmt.Sprintf("secure=%t", secure), func(t *testing.T) {
+			ca := trusttest.New(t)
+			cfg := dpTestConfig(t, dpReceiverInc)
+			cfg.ConnectionsMax, cfg.ConnectionsPerPeerMax = 4, 2
+			sender := func(name string) DataPlaneConfig {
+				c := dpTestConfig(t, dpSenderInc)
+				if secure {
+					c = dpSecure(t, c, ca, trust.RolePrefill, name)
+				}
+				return c
+			}
+			if secure {
+				cfg = dpSecure(t, cfg, ca, trust.RoleDecode, "d0")
+			}
+			srv := dpListen(t, cfg, (&dpRecorder{}).handle)
+			p0 := sender("p0")
+			first := dpDial(t, p0, srv, dpReceiverInc)
+			dpDial(t, p0, srv, dpReceiverInc)
+			busy := func(c DataPlaneConfig) {
+				t.Helper()
+				_, err := DialDataPlane(c, srv.Addr().String(), dpReceiverInc, dpWant(c, srv))
+				var herr *DataPlaneHelloError
+				if !errors.As(err, &herr) || herr.Status != DataPlaneBusy {
+					t.Fatalf("dial = %v, want busy", err)
+				}
+			}
+			busy(p0)
+			if rs := srv.Stats(); rs.RefusedPeerBusy != 1 || rs.RefusedBusy != 0 {
+				t.Fatalf("server stats %+v: want one refused over the per-peer cap", rs)
+			}
+			if n := cfg.Auth.Refused()[trust.RefusedDataPlane]; n != 1 {
+				t.Fatalf("%d data plane refusals counted, want 1", n)
+			}
+			if secure {
+				// Another peer has its own share, up to ConnectionsMax.
+				p1 := sender("p1")
+				dpDial(t, p1, srv, dpReceiverInc)
+				dpDial(t, p1, srv, dpReceiverInc)
+				busy(sender("p2"))
+				if rs := srv.Stats(); rs.RefusedBusy != 1 || rs.ConnectionsActive != 4 {
+					t.Fatalf("server stats %+v: want 4 served and one refused for ConnectionsMax", rs)
+				}
+			}
+			first.Close()
+			left := uint64(1) // p0's second connection
+			if secure {
+				left += 2 // p1's
+			}
+			dpEventually(t, "the closed connection's slot given back", func() bool { return srv.Stats().ConnectionsActive == left })
+			again := dpDial(t, p0, srv, dpReceiverInc)
+			if err := again.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(2, 2)), 1, 1, dpReceiverInc)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// Strangers that connect and say nothing hold no serving slot: with more
+// of them than ConnectionsMax waiting, a transfer goes through at once,
+// before any of them has timed out; each is then closed after
+// HelloTimeout, counted.
+func TestDataPlaneIdleStrangers(t *testing.T) {
+	ca := trusttest.New(t)
+	cfg := dpSecure(t, dpTestConfig(t, dpReceiverInc), ca, trust.RoleDecode, "d0")
+	cfg.HelloTimeout = 2 * time.Second // the transfer must finish within it
+	const strangers = 40
+	if strangers <= cfg.ConnectionsMax || strangers > cfg.HandshakesMax {
+		t.Fatalf("test wants ConnectionsMax (%d) < %d strangers <= HandshakesMax (%d)", cfg.ConnectionsMax, strangers, cfg.HandshakesMax)
+	}
+	rec := &dpRecorder{}
+	srv := dpListen(t, cfg, rec.handle)
+	idle := make([]net.Conn, strangers)
+	for i := range idle {
+		c, err := net.Dial("tcp", srv.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		idle[i] = c
+	}
+	// The listener's queue is in order: the strangers are accepted first.
+	snd := dpDial(t, dpSecure(t, dpTestConfig(t, dpSenderInc), ca, trust.RolePrefill, "p0"), srv, dpReceiverInc)
+	frames := dpFrames(rand.New(rand.NewPCG(3, 3)), 5, 1, dpReceiverInc)
+	if err := snd.Send(context.Background(), frames); err != nil {
+		t.Fatal(err)
+	}
+	if rs := srv.Stats(); rs.HelloTimeouts != 0 {
+		t.Fatalf("server stats %+v: the transfer finished only after strangers timed out", rs)
+	}
+	dpEqualFrames(t, rec.got(), frames)
+	for i, c := range idle {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Fatalf("stranger %d: read %d bytes, %v; want the connection closed by the server", i, n, err)
+		}
+	}
+	dpEventually(t, "every stranger counted", func() bool { return srv.Stats().HelloTimeouts == strangers })
+	if n := cfg.Auth.Refused()[trust.RefusedDataPlane]; n != strangers {
+		t.Fatalf("%d data plane refusals counted, want %d", n, strangers)
+	}
+}
+
+// Past HandshakesMax connections waiting for their hello, one more is
+// closed at once; once HelloTimeout has closed the waiting ones, a sender
+// gets in again.
+func TestDataPlaneHandshakesMax(t *testing.T) {
+	cfg := dpTestConfig(t, dpReceiverInc)
+	cfg.HandshakesMax = 8
+	cfg.HelloTimeout = 200 * time.Millisecond
+	srv := dpListen(t, cfg, (&dpRecorder{}).handle)
+	for range cfg.HandshakesMax {
+		c, err := net.Dial("tcp", srv.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	scfg := dpTestConfig(t, dpSenderInc)
+	if _, err := DialDataPlane(scfg, srv.Addr().String(), dpReceiverInc, trust.Identity{}); err == nil {
+		t.Fatalf("dial past HandshakesMax (%d) waiting connections went ahead", cfg.HandshakesMax)
+	}
+	if rs := srv.Stats(); rs.RefusedHandshakes != 1 {
+		t.Fatalf("server stats %+v: want one connection closed for HandshakesMax", rs)
+	}
+	var snd *DataPlaneSender
+	dpEventually(t, "a sender served after the strangers timed out", func() bool {
+		var err error
+		snd, err = DialDataPlane(scfg, srv.Addr().String(), dpReceiverInc, trust.Identity{})
+		return err == nil
+	})
+	defer snd.Close()
+	if rs := srv.Stats(); rs.HelloTimeouts == 0 {
+		t.Fatalf("server stats %+v: served before any stranger timed out", rs)
+	}
+}
+
+// Every refused batch is the last its connection carries: the refusal is
+// acknowledged, then the receiver closes the connection and hands nothing
+// more on, not even a good batch already written behind it.
+func TestDataPlaneRefusedBatchCloses(t *testing.T) {
+	const refusedRequest = 13
+	ca := trusttest.New(t)
+	for _, secure := range []bool{false, true} {
+		for _, tc := range []struct {
+			name   string
+			status DataPlaneStatus
+			edit   func(frames []kv.Frame)
+		}{
+			{"checksum", DataPlaneMalformed, nil}, // the last payload byte flipped on the wire
+			{"incarnation", DataPlaneWrongIncarnation, func(f []kv.Frame) { f[0].Dest.Incarnation = dpReceiverInc + 1 }},
+			{"handler", DataPlaneRejected, func(f []kv.Frame) { f[0].Owner.Request = refusedRequest }},
+		} {
+			t.Run(fmt.Sprintf("%s/secure=%t", tc.name, secure), func(t *testing.T) {
+				cfg, scfg := dpTestConfig(t, dpReceiverInc), dpTestConfig(t, dpSenderInc)
+				if secure {
+					cfg = dpSecure(t, cfg, ca, trust.RoleDecode, "d0")
+					scfg = dpSecure(t, scfg, ca, trust.RolePrefill, "p0")
+				}
+				rec := &dpRecorder{}
+				srv := dpListen(t, cfg, func(b DataPlaneBatch) error {
+					if b.Frames[0].Owner.Request == refusedRequest {
+						return &kv.StaleTagError{Page: b.Frames[0].Dest.Index, Have: b.Frames[0].Dest}
+					}
+					return rec.handle(b)
+				})
+				rng := rand.New(rand.NewPCG(6, 6))
+				bad := dpFrames(rng, 2, 1, dpReceiverInc)
+				if tc.edit != nil {
+					tc.edit(bad)
+				}
+				batch, err := kv.AppendBatch(nil, bad, cfg.Batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.edit == nil {
+					batch[len(batch)-1] ^= 1
+				}
+				good, err := kv.AppendBatch(nil, dpFrames(rng, 1, 2, dpReceiverInc), cfg.Batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				conn := dpRawConn(t, srv, scfg)
+				if _, err := conn.Write(append(batch, good...)); err != nil {
+					t.Fatal(err)
+				}
+				if a := readAck(t, conn); a.seq != 0 || a.status != tc.status {
+					t.Fatalf("acknowledged %+v, want batch 0 refused as %s", a, tc.status)
+				}
+				if rest, err := io.ReadAll(conn); len(rest) != 0 || err != nil {
+					t.Fatalf("after the refusal: %d bytes, %v; want the connection closed", len(rest), err)
+				}
+				if got := rec.got(); len(got) != 0 {
+					t.Fatalf("%d frames handed on after a refusal", len(got))
+				}
+				if n := cfg.Auth.Refused()[trust.RefusedDataPlane]; n != 1 {
+					t.Fatalf("%d data plane refusals counted, want 1", n)
+				}
+			})
+		}
+	}
+}
