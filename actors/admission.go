@@ -113,6 +113,7 @@ type admissionActor struct {
 	dataPlane string
 	registry  *sync.Map // owner.Request → request actor PID, for the data plane; kept by the request actors
 	auth      *trust.Authority
+	mailbox   actor.MailboxProducer // of the request actors
 	draining  bool
 	inflight  map[string]admitted // by child PID id
 	byClient  map[clientKey]*actor.PID
@@ -313,9 +314,9 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
 	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, client: c.Sender(), clientID: id,
 		owner: owner, prompt: prompt, maxNew: maxTokens, route: rt, dataPlane: a.dataPlane,
-		pick: a.pick, tried: map[uint64]bool{}, registry: a.registry}
+		pick: a.pick, tried: map[uint64]bool{}, registry: a.registry, auth: a.auth}
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return req },
-		actor.WithMailbox(actor.Bounded(a.cfg.MailboxMax))), trust.SecretName())
+		actor.WithMailbox(a.mailbox)), trust.SecretName())
 	if err != nil {
 		reject(fmt.Errorf("actors: spawning the request actor: %w", err))
 		return

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -23,10 +24,14 @@ type DispatchStatusReply struct{ Outstanding int }
 // dispatchActor hands each transfer plan to the prefill worker with the
 // fewest outstanding plans, keeping the plan's sender as the sender so the
 // worker answers the request actor directly; the plan's ack or abort goes
-// to the same worker.
+// to the same worker. It refuses, before any worker sees them, plans that
+// the policy refuses, and drops duplicates of plans that ended.
 type dispatchActor struct {
 	workers []*actor.PID
 	forget  time.Duration // after which a plan never acknowledged is dropped
+	policy  planPolicy
+	ended   *donePlans
+	log     *slog.Logger
 	load    []int
 	jobs    map[jobKey]dispatched // until its ack or abort
 }
@@ -45,6 +50,16 @@ func (d *dispatchActor) Receive(c actor.Context) {
 		now := time.Now()
 		d.prune(now)
 		key := jobKey{sender: senderKey(c), id: m.RequestID}
+		if err := d.policy.check(c, m); err != nil {
+			if err := refusePlan(c, m, err); err != nil {
+				d.log.Error("transfer done refused by its own validation", "err", err)
+			}
+			return
+		}
+		if d.ended.has(key, now) {
+			d.log.Warn("duplicate of an ended transfer plan dropped", "request", m.RequestID, "from", key.sender)
+			return
+		}
 		j, ok := d.jobs[key]
 		if !ok {
 			j = dispatched{worker: argmin(d.load), expires: now.Add(d.forget)}
@@ -67,6 +82,7 @@ func (d *dispatchActor) done(c actor.Context, key jobKey, m messages.Message) {
 		return
 	}
 	delete(d.jobs, key)
+	d.ended.add(key, time.Now())
 	d.load[j.worker]--
 	c.RequestWithCustomSender(d.workers[j.worker], m, c.Sender())
 }

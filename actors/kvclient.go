@@ -43,6 +43,13 @@ func (c *pageClient) Seal(tag kv.Tag, owner kv.Owner) (uint64, error) {
 	return rep.Sum, rep.Err
 }
 
+// sealFrom seals a received page only if its bytes are those its source
+// sealed (kv.Page.SealFrom).
+func (c *pageClient) sealFrom(tag kv.Tag, owner kv.Owner, o kv.Origin) (uint64, error) {
+	rep := c.pool.Page(c.r, tag, PageSeal{Tag: tag, Owner: owner, From: &o})
+	return rep.Sum, rep.Err
+}
+
 func (c *pageClient) Lease(tag kv.Tag, owner kv.Owner) (kv.Lease, error) {
 	rep := c.pool.Page(c.r, tag, PageLease{Tag: tag, Owner: owner})
 	if rep.Err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -40,6 +41,7 @@ type Node struct {
 	counters   *nodeCounters
 	registry   sync.Map // request id → request actor, for AcceptFrames
 	fatal      chan *InvariantError
+	drops      atomic.Uint64 // messages full mailboxes dropped (NewMailbox)
 }
 
 // Options are what a node takes besides its Config.
@@ -64,6 +66,10 @@ type Options struct {
 	// is required with Listen; without Listen every sender is local and
 	// nil is taken as trust.Insecure.
 	Auth *trust.Authority
+	// DataPlaneOf gives, from membership, the data plane of the node at
+	// a plan sender's address: a prefill worker sends a plan's KV only
+	// there. Nil takes plans only from this node.
+	DataPlaneOf DataPlaneOf
 }
 
 // DrawIncarnation gives the configuration an incarnation if it has none:
@@ -133,14 +139,15 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 		var pools []*Pool
 		for i := range count {
 			name := fmt.Sprintf("%s-%d", role, i)
-			pool, err := spawnPool(n.root, name+"/pool", cfg.pool(pages, cfg.Incarnation), cfg.MailboxMax,
+			pool, err := spawnPool(n.root, name+"/pool", cfg.pool(pages, cfg.Incarnation), n.mailbox(),
 				cfg.CallTimeout, time.Now, n.log)
 			if err != nil {
 				return nil, err
 			}
 			w := &workerActor{role: role, engine: engine, pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
 				queueMax: cfg.QueueMax, timeout: cfg.PrefillTimeout, reclaimAfter: cfg.ReclaimAfter, dial: opt.Dial,
-				log: n.log.With("worker", name), stats: &workerCounters{}}
+				log: n.log.With("worker", name), stats: &workerCounters{}, sendsMax: cfg.TransferSendsMax,
+				policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf}, done: cfg.donePlans()}
 			pid, err := n.root.SpawnNamed(n.props(func() actor.Actor { return w }), name)
 			if err != nil {
 				return nil, err
@@ -157,7 +164,8 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 			return err
 		}
 		n.pools = append(n.pools, pPools...)
-		d := &dispatchActor{workers: n.prefill, forget: 2 * cfg.ReclaimAfter}
+		d := &dispatchActor{workers: n.prefill, forget: 2 * cfg.ReclaimAfter, log: n.log,
+			policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf}, ended: cfg.donePlans()}
 		if n.dispatcher, err = n.root.SpawnNamed(n.props(func() actor.Actor { return d }), PrefillName); err != nil {
 			return err
 		}
@@ -176,20 +184,22 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 	}
 	n.pools = append(n.pools, dPools...)
 	adm := &admissionActor{cfg: cfg, log: n.log, counters: n.counters, decode: n.decode, dPools: dPools,
-		pick: pick, dataPlane: opt.DataPlane, registry: &n.registry, auth: n.auth}
+		pick: pick, dataPlane: opt.DataPlane, registry: &n.registry, auth: n.auth, mailbox: n.mailbox()}
 	n.admission, err = n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return adm },
-		actor.WithMailbox(actor.Bounded(cfg.MailboxMax)), actor.WithSupervisor(sup)), AdmissionName)
+		actor.WithMailbox(n.mailbox()), actor.WithSupervisor(sup)), AdmissionName)
 	return err
 }
 
 func (n *Node) props(p actor.Producer) *actor.Props {
-	return actor.PropsFromProducer(p, actor.WithMailbox(actor.Bounded(n.cfg.MailboxMax)))
+	return actor.PropsFromProducer(p, actor.WithMailbox(n.mailbox()))
 }
 
-// AcceptFrames hands a copy of frames the KV data plane received to the
-// request actor they belong to and waits until it has written them, or
-// refused them. All frames must belong to one request.
-func (n *Node) AcceptFrames(frames []kv.Frame) error {
+// AcceptFrames hands a copy of frames the KV data plane received from
+// peer (the identity its TLS proved; zero when insecure) to the request
+// actor they belong to and waits until it has written them, or refused
+// them: it takes frames only from the prefill node it planned with. All
+// frames must belong to one request.
+func (n *Node) AcceptFrames(peer trust.Identity, frames []kv.Frame) error {
 	if len(frames) == 0 {
 		return nil
 	}
@@ -217,7 +227,7 @@ func (n *Node) AcceptFrames(frames []kv.Frame) error {
 		f.Payload = buf[len(buf)-len(f.Payload):]
 		owned[i] = f
 	}
-	rep, err := ask[FramesInReply](n.root, pid.(*actor.PID), FramesIn{Frames: owned}, n.cfg.CallTimeout)
+	rep, err := ask[FramesInReply](n.root, pid.(*actor.PID), FramesIn{Peer: peer, Frames: owned}, n.cfg.CallTimeout)
 	if err != nil {
 		return err
 	}

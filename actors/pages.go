@@ -22,10 +22,13 @@ type (
 		First int
 		Data  []byte
 	}
-	// PageSeal seals the page; the reply carries the checksum.
+	// PageSeal seals the page; the reply carries the checksum. With
+	// From, the page seals only if its bytes are those sealed there
+	// (kv.Page.SealFrom).
 	PageSeal struct {
 		Tag   kv.Tag
 		Owner kv.Owner
+		From  *kv.Origin
 	}
 	// PageLease asks for a read lease; the reply carries the lease and,
 	// for a reader in the same process, the page's written bytes, which do
@@ -113,7 +116,11 @@ func (a *pageActor) Receive(c actor.Context) {
 	case PageWrite:
 		r.Err = pg.Write(m.Tag, m.Owner, m.First, m.Data)
 	case PageSeal:
-		r.Sum, r.Err = pg.Seal(m.Tag, m.Owner)
+		if m.From != nil {
+			r.Sum, r.Err = pg.SealFrom(m.Tag, m.Owner, *m.From)
+		} else {
+			r.Sum, r.Err = pg.Seal(m.Tag, m.Owner)
+		}
 	case PageLease:
 		if r.Lease, r.Err = pg.Lease(m.Tag, m.Owner); r.Err == nil {
 			r.Bytes, r.Tokens, r.Err = pg.Read(r.Lease)

@@ -62,7 +62,7 @@ type Pool struct {
 
 // spawnPool allocates cfg's arena once, spawns one page actor a page named
 // name/page-i, and the pool actor named name.
-func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox int, timeout time.Duration,
+func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox actor.MailboxProducer, timeout time.Duration,
 	clock func() time.Time, log *slog.Logger) (*Pool, error) {
 	pages, err := kv.NewPages(cfg)
 	if err != nil {
@@ -76,7 +76,7 @@ func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox int,
 		pool.gens[i].Store(pg.Tag().Generation)
 		props := actor.PropsFromProducer(func() actor.Actor {
 			return &pageActor{page: pg, pool: pool.PID, gen: &pool.gens[i], clock: clock, stats: stats}
-		}, actor.WithMailbox(actor.Bounded(mailbox)))
+		}, actor.WithMailbox(mailbox))
 		if pool.Pages[i], err = root.SpawnNamed(props, fmt.Sprintf("%s/page-%d", name, i)); err != nil {
 			return nil, fmt.Errorf("actors: spawn of page %d of %d: %w", i, len(pages), err)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // route is the pair of workers a request runs on. The prefill worker may
@@ -63,11 +64,15 @@ type requestActor struct {
 	// registry maps request ids to this actor for the data plane; the
 	// actor keeps its own entry, which changes with each attempt.
 	registry *sync.Map
+	// auth says who sent frames and transfer reports: only the prefill
+	// peer of the current attempt may.
+	auth *trust.Authority
 
 	kv       *pageClient // decode pool
 	phase    phase
 	started  time.Time
 	dest     []kv.Tag // prompt pages in decode's pool
+	sources  []kv.Tag // the prefill page each dest page was filled from
 	spare    []kv.Tag // pages for generated KV, in decode's pool
 	manifest *kv.Manifest
 	written  int // prompt tokens accepted into dest pages
@@ -114,7 +119,11 @@ func (r *requestActor) Receive(c actor.Context) {
 			r.finish(c, err)
 		}
 	case FramesIn:
-		err := r.accept(r.current(m.Frames))
+		frames := r.current(m.Frames)
+		err := r.fromPeer(c, m.Peer, len(frames))
+		if err == nil {
+			err = r.accept(frames)
+		}
 		c.Respond(FramesInReply{Err: err})
 		if err != nil {
 			r.finish(c, err)
@@ -123,6 +132,8 @@ func (r *requestActor) Receive(c actor.Context) {
 		switch {
 		case m.RequestID != r.owner.Request || r.phase != phasePrefill:
 			r.counters.ignored.Add(1) // an abandoned attempt's, or a duplicate
+		case !r.fromPrefill(c):
+			r.finish(c, r.stranger("transfer done", r.auth.Of(c).String()))
 		case m.Err != nil:
 			r.prefillFailed(c, m.Err)
 		default:
@@ -168,6 +179,48 @@ func (r *requestActor) current(frames []kv.Frame) []kv.Frame {
 	return keep
 }
 
+// fromPrefill says whether the message in hand came from the prefill peer
+// of the current attempt: from its address, which the remote boundary
+// proved the sender holds, or, for a plan with this node, from inside this
+// process (no sender).
+func (r *requestActor) fromPrefill(c actor.Context) bool {
+	from := c.Self().Address
+	if s := c.Sender(); s != nil {
+		from = s.Address
+	}
+	return from == r.route.prefill.Address
+}
+
+// fromPeer checks that n frames of the current attempt that the data plane
+// received came from the identity proven to serve at the planned prefill
+// peer's address. A peer without an identity passes only on an insecure
+// node, where nobody has one, or for a plan with this node.
+func (r *requestActor) fromPeer(c actor.Context, peer trust.Identity, n int) error {
+	if n == 0 || r.auth.Insecure() {
+		return nil
+	}
+	if r.route.prefill.Address == c.Self().Address {
+		if peer.IsZero() {
+			return nil
+		}
+	} else if want, ok := r.auth.Peers().At(r.route.prefill.Address); ok && !peer.IsZero() && peer == want {
+		return nil
+	}
+	from := peer.String()
+	if peer.IsZero() {
+		from = "an unauthenticated peer"
+	}
+	return r.stranger("frames", from)
+}
+
+// stranger counts and describes frames or a report of the current
+// attempt from someone else than its prefill peer.
+func (r *requestActor) stranger(what, from string) error {
+	planned := fmt.Sprintf("%s (incarnation %x)", r.route.prefill.Address, r.route.prefillIncarnation)
+	r.auth.Refuse(trust.RefusedStranger, what, "request", r.owner.Request, "from", from, "planned", planned)
+	return &StrangerError{What: what, From: from, Planned: planned}
+}
+
 // reserve takes the decode pages for the prompt and for the generated
 // tokens, all or nothing, then asks prefill for the KV. An exhausted pool
 // is retried until ReserveWait, then answered "busy".
@@ -200,6 +253,7 @@ func (r *requestActor) reserve(c actor.Context) {
 		r.finish(c, err)
 		return
 	}
+	r.sources = make([]kv.Tag, len(r.dest))
 	r.phase = phasePrefill
 	plan := &messages.TransferPlan{RequestID: r.owner.Request, Tenant: r.owner.Tenant, TokenCount: uint32(len(r.prompt)),
 		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest,
@@ -236,7 +290,7 @@ func (r *requestActor) prefillFailed(c actor.Context, cause error) {
 	r.abort(c, cause)
 	r.releaseAll(r.dest)
 	r.releaseAll(r.spare)
-	r.dest, r.spare, r.frames, r.written = nil, nil, 0, 0
+	r.dest, r.sources, r.spare, r.frames, r.written = nil, nil, nil, 0, 0
 	// A new attempt is a new request id: whatever the abandoned attempt
 	// still sends (frames, its TransferDone) names the old one and is
 	// dropped, and the prefill peer keys the new plan apart.
@@ -268,10 +322,12 @@ func (r *requestActor) abort(c actor.Context, cause error) {
 }
 
 // accept writes frames into the destination pages. The batch decoder
-// has verified every frame's checksum; each page actor checks that the
-// destination tag is current, held by this request and tenant, and that the
-// token range is the page's next. Anything refused fails the request:
-// nothing is generated from pages that did not fill cleanly.
+// has verified every frame's checksum; each frame must come from a page of
+// the planned prefill node's incarnation, one source page per destination
+// page; each page actor checks that the destination tag is current, held
+// by this request and tenant, and that the token range is the page's next.
+// Anything refused fails the request: nothing is generated from pages that
+// did not fill cleanly.
 func (r *requestActor) accept(frames []kv.Frame) error {
 	if r.phase != phasePrefill {
 		r.counters.ignored.Add(uint64(len(frames))) // a duplicate after the transfer ended
@@ -285,9 +341,15 @@ func (r *requestActor) accept(frames []kv.Frame) error {
 		// A frame for another request is refused here, before any page sees
 		// it: this actor writes only into its own pages.
 		var err error
-		if f.Owner != r.owner {
+		page := f.FirstToken / r.route.decodePool.Geometry.PageTokens
+		switch {
+		case f.Owner != r.owner:
 			err = &kv.WrongOwnerError{Page: f.Dest, Owner: r.owner.Request, Have: f.Owner.Request}
-		} else {
+		case f.Source.Incarnation != r.route.prefillIncarnation:
+			err = r.stranger("frames", fmt.Sprintf("a page of incarnation %x", f.Source.Incarnation))
+		case page < len(r.sources) && r.sources[page] != (kv.Tag{}) && r.sources[page] != f.Source:
+			err = &kv.ManifestError{Field: "source pages", Page: page, Want: 1, Have: 2}
+		default:
 			// The payload is the message's own (a received batch, or the
 			// data plane's copy), so it goes to the page without another.
 			err = r.kv.writeOwned(f.Dest, f.Owner, f.FirstToken, f.Payload)
@@ -296,6 +358,7 @@ func (r *requestActor) accept(frames []kv.Frame) error {
 			r.counters.framesRefused.Add(uint64(len(frames) - i))
 			return err
 		}
+		r.sources[page] = f.Source // in range: the page took the write
 		r.frames++
 		r.written += f.Tokens
 		r.counters.framesAccepted.Add(1)
@@ -303,18 +366,23 @@ func (r *requestActor) accept(frames []kv.Frame) error {
 	return nil
 }
 
-// transferDone completes the transfer: every frame in, every page sealed
-// and the manifest verified before decode may read a byte; then prefill may
-// let its pages go, and decode starts.
+// transferDone completes the transfer: every frame in, every page sealed,
+// each only if its bytes are those prefill sealed (its checksum in m), and
+// the manifest verified before decode may read a byte; then prefill may let
+// its pages go, and decode starts.
 func (r *requestActor) transferDone(c actor.Context, m *messages.TransferDone) {
 	r.transferEnd = time.Now()
 	if r.frames != int(m.Frames) || r.written != len(r.prompt) {
 		r.finish(c, &kv.ManifestError{Field: "tokens transferred", Page: -1, Want: len(r.prompt), Have: r.written})
 		return
 	}
+	if len(m.Sums) != len(r.manifest.Pages) {
+		r.finish(c, &kv.ManifestError{Field: "source checksums", Page: -1, Want: len(r.manifest.Pages), Have: len(m.Sums)})
+		return
+	}
 	for i := range r.manifest.Pages {
 		mp := &r.manifest.Pages[i]
-		sum, err := r.kv.Seal(mp.Tag, r.owner)
+		sum, err := r.kv.sealFrom(mp.Tag, r.owner, kv.Origin{Tag: r.sources[i], Owner: m.SourceOwner(), Checksum: m.Sums[i]})
 		if err != nil {
 			r.finish(c, err)
 			return
@@ -349,7 +417,9 @@ func (r *requestActor) token(c actor.Context, tok int) {
 		r.secondToken = time.Now()
 	}
 	r.seq++
-	if err := messages.Send(c, r.client, &messages.TokenChunk{RequestID: r.clientID, Seq: r.seq, Tokens: []uint32{uint32(tok)}}); err != nil {
+	// Tokens and the result name this actor as their sender, so that the
+	// client can tell them from anyone else's.
+	if err := messages.SendFrom(c, r.client, &messages.TokenChunk{RequestID: r.clientID, Seq: r.seq, Tokens: []uint32{uint32(tok)}}); err != nil {
 		r.log.Error("token chunk refused", "err", err)
 	}
 	if tok == gpu.EOS || len(r.tokens) >= r.maxNew {
@@ -397,9 +467,9 @@ func (r *requestActor) finish(c actor.Context, cause error) {
 		res.Text = gpu.ByteTokenizer{}.Decode(r.tokens)
 		r.counters.completed.Add(1)
 	}
-	if err := messages.Send(c, r.client, res); err != nil {
+	if err := messages.SendFrom(c, r.client, res); err != nil {
 		r.log.Error("result refused by its own validation", "err", err)
-		_ = messages.Send(c, r.client, &messages.GenerateResult{RequestID: r.clientID, FinishReason: messages.FinishError,
+		_ = messages.SendFrom(c, r.client, &messages.GenerateResult{RequestID: r.clientID, FinishReason: messages.FinishError,
 			Err: &messages.WireError{Code: messages.CodeInternal, Message: "result failed validation"}})
 	}
 	c.Stop(c.Self())

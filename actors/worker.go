@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // Messages between request actors and GPU-worker actors. The prefill
@@ -26,9 +28,13 @@ type (
 		Owner kv.Owner
 		Data  []byte
 	}
-	// FramesIn is frames the KV data plane received for a request actor;
+	// FramesIn is frames the KV data plane received for a request actor
+	// from Peer (as the data plane's TLS proved it; zero when insecure);
 	// answered with a FramesInReply once they are written (or refused).
-	FramesIn struct{ Frames []kv.Frame }
+	FramesIn struct {
+		Peer   trust.Identity
+		Frames []kv.Frame
+	}
 	// FramesInReply carries the outcome of a FramesIn.
 	FramesInReply struct{ Err error }
 
@@ -66,11 +72,27 @@ type (
 	}
 
 	step struct{}
+	// transferSent is the outcome of one transfer's sending goroutine:
+	// sender is the connection it used (dialed says it opened it), err
+	// why it failed.
+	transferSent struct {
+		job    jobKey
+		peer   string
+		sender FrameSender
+		dialed bool
+		err    error
+	}
+	// injectFault installs a function the worker applies to every
+	// transfer's frames after prefill sealed their pages and before they
+	// are sent: a seam for tests to corrupt bytes in that gap. Only code of
+	// this package can make one.
+	injectFault struct{ frames func([]kv.Frame) }
 )
 
 // FrameSender sends frames to one peer's KV data plane and returns once
-// the peer has accepted (or refused) them. Done is closed when its
-// connection is gone for good (the peer closed it idle, or died).
+// the peer has accepted (or refused) them, or ctx ended; it may be used
+// by several goroutines at once. Done is closed when its connection is
+// gone for good (the peer closed it idle, or died).
 type FrameSender interface {
 	Send(ctx context.Context, frames []kv.Frame) error
 	Done() <-chan struct{}
@@ -78,7 +100,9 @@ type FrameSender interface {
 }
 
 // Dialer opens a FrameSender to the data plane at addr of the node run
-// whose incarnation is given.
+// whose incarnation is given. It should bound its own wait (connect and
+// handshake); a worker stops waiting for it at the transfer's
+// PrefillTimeout anyway, and closes what it returns after that.
 type Dialer func(addr string, incarnation uint64) (FrameSender, error)
 
 // workerCounters are read by tests and status from other goroutines.
@@ -97,7 +121,10 @@ type sequence struct {
 // It runs prefill jobs and decode steps interleaved (continuous batching):
 // each step message runs at most one queued prefill, then one decode step
 // of up to BatchMax running sequences, then yields to its mailbox so that
-// new jobs and cancellations get in between steps.
+// new jobs and cancellations get in between steps. A prefilled transfer to
+// another node's data plane is sent from a goroutine of its own (at most
+// sendsMax at once), whose outcome comes back as a message: a slow or
+// silent peer holds up its own transfer, never the worker.
 type workerActor struct {
 	role     string
 	engine   gpu.Engine
@@ -106,21 +133,28 @@ type workerActor struct {
 	limits   kv.BatchLimits
 	batchMax int
 	queueMax int
-	timeout  time.Duration
+	// timeout (PrefillTimeout) bounds one transfer's dial and send.
+	timeout time.Duration
 	// reclaimAfter is the pools' reclaim deadline, after which a source
 	// page awaiting an ack that never came is gone anyway.
 	reclaimAfter time.Duration
+	sendsMax     int
 	dial         Dialer
+	policy       planPolicy
 	log          *slog.Logger
 	stats        *workerCounters
+	// done remembers plans acknowledged or aborted here.
+	done *donePlans
 
 	queue     []*prefillJob
+	sending   map[jobKey]*prefillJob // frames in flight from their goroutine
 	awaiting  map[jobKey]*prefillJob // sent, waiting for decode's ack
-	senders   map[string]FrameSender // data planes by address
+	senders   map[string]FrameSender // data planes by peerKey
 	nextLocal uint64
 	seqs      []*sequence
 	next      int // round-robin start among seqs
 	stepping  bool
+	fault     func([]kv.Frame)
 }
 
 // jobKey names a plan as its sender does: the request actor and its
@@ -139,7 +173,15 @@ type prefillJob struct {
 	local   kv.Owner // this pool's owner of the source pages
 	replyTo *actor.PID
 	sources []kv.Tag
-	marked  int       // sources marked as awaiting decode's ack
+	// While its frames are sent: the leases that keep their payloads
+	// (the pages' bytes) unchanged, and the frames.
+	leases []kv.Lease
+	frames []kv.Frame
+	marked int      // sources marked as awaiting decode's ack
+	first  int      // the first generated token
+	sums   []uint64 // the sources' seal checksums, in order
+	// cancel ends the send in flight, if any.
+	cancel  context.CancelFunc
 	expires time.Time // when the sources' reclaim deadline has passed
 }
 
@@ -147,14 +189,21 @@ func (w *workerActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		w.kv = newPageClient(w.pool, c)
+		w.sending = map[jobKey]*prefillJob{}
 		w.awaiting = map[jobKey]*prefillJob{}
 		w.senders = map[string]FrameSender{}
 	case *actor.Stopping:
+		for _, j := range w.sending {
+			j.cancel()
+		}
 		for _, s := range w.senders {
 			s.Close()
 		}
 	case *messages.TransferPlan:
 		w.plan(c, m)
+	case transferSent:
+		w.transferSent(c, m)
+		w.kick(c)
 	case DecodeJob:
 		w.startDecode(c, m)
 		w.kick(c)
@@ -168,6 +217,8 @@ func (w *workerActor) Receive(c actor.Context) {
 		w.drop(c, jobKey{sender: senderKey(c), id: m.RequestID}, m.Tenant)
 	case CancelJob:
 		w.cancel(c, m.Owner)
+	case injectFault:
+		w.fault = m.frames
 	case WorkerStatus:
 		c.Respond(WorkerStatusReply{Role: w.role, Queued: len(w.queue), Active: len(w.seqs), AwaitingAck: len(w.awaiting),
 			FramesSent: w.stats.framesSent.Load(), BatchesSent: w.stats.batchesSent.Load(), Steps: w.stats.steps.Load()})
@@ -177,23 +228,28 @@ func (w *workerActor) Receive(c actor.Context) {
 // plan queues a transfer plan, or answers at once why it cannot run.
 func (w *workerActor) plan(c actor.Context, m *messages.TransferPlan) {
 	key := jobKey{sender: senderKey(c), id: m.RequestID}
-	var err error
-	switch {
-	case c.Sender() == nil:
+	if c.Sender() == nil {
 		w.log.Warn("transfer plan without a sender dropped", "request", m.RequestID)
 		return
+	}
+	err := w.policy.check(c, m)
+	switch {
+	case err != nil:
 	case int(m.PageTokens) != w.pool.Geometry.PageTokens:
 		err = &BadRequestError{Reason: fmt.Sprintf("plan pages of %d tokens, this pool's hold %d", m.PageTokens, w.pool.Geometry.PageTokens)}
-	case len(w.queue) >= w.queueMax:
-		err = &BusyError{Where: w.role + " queue", Have: len(w.queue), Limit: w.queueMax}
-	case w.awaiting[key] != nil || w.queued(key):
-		// A duplicate of a plan in hand: answering it with an error would
-		// make the request abandon the transfer under way.
+	case w.holds(key) || w.done.has(key, time.Now()):
+		// A duplicate of a plan in hand, or of one that ended: answering
+		// it with an error would make the request abandon the transfer
+		// under way, and running it again would prefill for nobody.
 		w.log.Warn("duplicate transfer plan dropped", "request", m.RequestID, "from", key.sender)
 		return
+	case len(w.queue) >= w.queueMax:
+		err = &BusyError{Where: w.role + " queue", Have: len(w.queue), Limit: w.queueMax}
 	}
 	if err != nil {
-		w.reply(c, c.Sender(), m.Owner(), 0, 0, err)
+		if err := refusePlan(c, m, err); err != nil {
+			w.log.Error("transfer done refused by its own validation", "err", err)
+		}
 		return
 	}
 	w.nextLocal++
@@ -202,38 +258,50 @@ func (w *workerActor) plan(c actor.Context, m *messages.TransferPlan) {
 	w.kick(c)
 }
 
-func (w *workerActor) queued(key jobKey) bool {
-	for _, j := range w.queue {
-		if j.key == key {
-			return true
-		}
-	}
-	return false
+// holds says whether the plan of key is queued, being sent or awaiting
+// its ack.
+func (w *workerActor) holds(key jobKey) bool {
+	return w.sending[key] != nil || w.awaiting[key] != nil || slices.ContainsFunc(w.queue, func(j *prefillJob) bool {
+		return j.key == key
+	})
 }
 
-// reply answers a plan with a TransferDone.
-func (w *workerActor) reply(c actor.Context, to *actor.PID, o kv.Owner, first, frames int, err error) {
-	done := &messages.TransferDone{RequestID: o.Request, Tenant: o.Tenant, First: uint32(first), Frames: uint32(frames)}
+// reply answers a plan with a TransferDone: the job's outcome, with the
+// first token and the sources' seal checksums when it succeeded.
+func (w *workerActor) reply(c actor.Context, job *prefillJob, err error) {
+	done := &messages.TransferDone{RequestID: job.owner.Request, Tenant: job.owner.Tenant}
 	if err != nil {
-		done.First, done.Frames, done.Err = 0, 0, wireError(err)
+		done.Err = wireError(err)
+	} else {
+		done.First, done.Frames, done.Source, done.Sums = uint32(job.first), uint32(len(job.sums)), job.local.Request, job.sums
 	}
-	if err := messages.Send(c, to, done); err != nil {
+	if err := messages.Send(c, job.replyTo, done); err != nil {
 		w.log.Error("transfer done refused by its own validation", "err", err)
 	}
 }
 
-// kick makes sure a step message is on its way while there is work.
+// kick makes sure a step message is on its way while there is work a step
+// can do: a running sequence, or a queued plan that can start.
 func (w *workerActor) kick(c actor.Context) {
-	if !w.stepping && (len(w.queue) > 0 || len(w.seqs) > 0) {
+	if !w.stepping && (len(w.seqs) > 0 || w.startable() >= 0) {
 		w.stepping = true
 		c.Send(c.Self(), step{})
 	}
 }
 
+// startable is the index of the first queued plan that can start now, or
+// -1: a plan for another node's data plane waits while sendsMax transfers
+// are being sent.
+func (w *workerActor) startable() int {
+	return slices.IndexFunc(w.queue, func(j *prefillJob) bool {
+		return j.plan.DataPlane == "" || len(w.sending) < w.sendsMax
+	})
+}
+
 func (w *workerActor) runStep(c actor.Context) {
-	if len(w.queue) > 0 {
-		job := w.queue[0]
-		w.queue = w.queue[1:]
+	if i := w.startable(); i >= 0 {
+		job := w.queue[i]
+		w.queue = slices.Delete(w.queue, i, i+1)
 		w.prefill(c, job)
 	}
 	n := min(len(w.seqs), w.batchMax)
@@ -251,9 +319,11 @@ func (w *workerActor) runStep(c actor.Context) {
 	w.stats.steps.Add(1)
 }
 
-// prefill computes the job's KV into this worker's pool, then streams it
-// to decode in bounded batches and keeps the source pages until decode
-// acknowledges.
+// prefill computes the job's KV into this worker's pool, reads every page
+// under a lease into frames addressed to the plan's destination tags, and
+// sends them: to a request actor here at once, to another node's data
+// plane from a goroutine (see sendRemote). Either way sent finishes the
+// job.
 func (w *workerActor) prefill(c actor.Context, job *prefillJob) {
 	prompt := make([]int, len(job.plan.PromptTokens))
 	for i, t := range job.plan.PromptTokens {
@@ -261,31 +331,205 @@ func (w *workerActor) prefill(c actor.Context, job *prefillJob) {
 	}
 	tags, err := w.pool.Reserve(c, job.local, 0, w.pool.Geometry.PagesFor(len(prompt)))
 	if err != nil {
-		w.reply(c, job.replyTo, job.owner, 0, 0, err)
+		w.reply(c, job, err)
 		return
 	}
 	job.sources = tags
 	pre, err := w.engine.Prefill(w.kv, job.local, tags, prompt)
-	var frames int
 	if err == nil {
-		frames, err = w.stream(c, job, pre.Manifest)
+		err = w.frame(c, job, pre)
 	}
-	// Released now, freed when decode acknowledges: a source page awaiting
-	// the ack stays until then, or until its reclaim deadline if decode
-	// never answers (a dead decode node strands nothing). A failed transfer
-	// will not be acknowledged, so its pages are acknowledged here.
-	if err != nil {
-		w.ack(c, job.local, tags[:job.marked])
+	switch {
+	case err != nil:
+		w.sent(c, job, err)
+	case job.plan.DataPlane == "":
+		w.sent(c, job, w.sendLocal(c, job))
+	default:
+		w.sendRemote(c, job)
 	}
-	w.releaseAll(job.local, tags)
-	if err != nil {
-		w.reply(c, job.replyTo, job.owner, 0, 0, err)
+}
+
+// frame leases every prefilled page, makes its frame (payload read through
+// the lease, addressed to the plan's destination tag) and marks it as
+// awaiting decode's acknowledgement. The leases are held until the frames
+// are sent: the payloads are the pages' bytes.
+func (w *workerActor) frame(c actor.Context, job *prefillJob, pre gpu.Prefilled) error {
+	m := pre.Manifest
+	if len(job.plan.DestTags) != len(m.Pages) {
+		return fmt.Errorf("actors: plan has %d destination pages for %d prompt pages", len(job.plan.DestTags), len(m.Pages))
+	}
+	job.first = pre.First
+	pos := 0
+	for i, mp := range m.Pages {
+		l, err := w.kv.Lease(mp.Tag, job.local)
+		if err != nil {
+			return err
+		}
+		job.leases = append(job.leases, l)
+		payload, _, err := w.kv.Read(l)
+		if err != nil {
+			return err
+		}
+		job.frames = append(job.frames, kv.Frame{Owner: job.owner, Source: mp.Tag, Dest: job.plan.DestTags[i],
+			FirstToken: pos, Tokens: mp.Tokens, Payload: payload})
+		job.sums = append(job.sums, mp.Checksum)
+		pos += mp.Tokens
+		if err := w.pool.Page(c, mp.Tag, PageAwaitAck{Tag: mp.Tag, Owner: job.local}).Err; err != nil {
+			return err
+		}
+		job.marked++
+	}
+	if w.fault != nil {
+		w.fault(job.frames)
+	}
+	return nil
+}
+
+// batches cuts frames into groups of at most one transfer batch.
+func (w *workerActor) batches(frames []kv.Frame) [][]kv.Frame {
+	var out [][]kv.Frame
+	lo, bytes := 0, 0
+	for i := range frames {
+		if i-lo == w.limits.PagesMax || bytes+w.limits.Frame.FrameBytesMax() > w.limits.BytesMax {
+			out = append(out, frames[lo:i])
+			lo, bytes = i, 0
+		}
+		bytes += w.limits.Frame.FrameBytesMax()
+	}
+	return append(out, frames[lo:])
+}
+
+// sendLocal sends the job's frames to its request actor in this process,
+// as encoded batches (kv.AppendBatch copies the payloads).
+func (w *workerActor) sendLocal(c actor.Context, job *prefillJob) error {
+	for _, b := range w.batches(job.frames) {
+		data, err := kv.AppendBatch(nil, b, w.limits)
+		if err != nil {
+			return err
+		}
+		c.Send(job.replyTo, FrameBatch{Owner: job.owner, Data: data})
+	}
+	return nil
+}
+
+// peerKey names a data plane connection: by incarnation too, since a
+// decode node restarted at the same address is another peer, and refuses
+// a connection made for its old self.
+func peerKey(addr string, incarnation uint64) string { return fmt.Sprintf("%s#%x", addr, incarnation) }
+
+// sendRemote sends the job's frames to the plan's data plane from a
+// goroutine of its own, on the connection in hand or one it dials, within
+// PrefillTimeout, and reports the outcome as a transferSent. The goroutine
+// touches nothing of the worker's: the frames' payloads stay leased, and
+// so unchanged, until the outcome is in.
+func (w *workerActor) sendRemote(c actor.Context, job *prefillJob) {
+	if w.dial == nil {
+		w.sent(c, job, fmt.Errorf("actors: plan names data plane %s and this node has none", job.plan.DataPlane))
 		return
 	}
-	w.prune(time.Now())
-	job.expires = time.Now().Add(w.reclaimAfter)
+	addr, inc := job.plan.DataPlane, job.plan.DestTags[0].Incarnation
+	key := peerKey(addr, inc)
+	w.pruneSenders()
+	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+	job.cancel = cancel
+	w.sending[job.key] = job
+	out := transferSent{job: job.key, peer: key, sender: w.senders[key]}
+	dial, frames, self, root := w.dial, job.frames, c.Self(), c.ActorSystem().Root
+	go func() {
+		defer cancel()
+		if out.sender == nil {
+			out.sender, out.err = dialWithin(ctx, dial, addr, inc)
+			out.dialed = out.sender != nil
+		}
+		if out.err == nil {
+			out.err = out.sender.Send(ctx, frames)
+		}
+		root.Send(self, out)
+	}()
+}
+
+// dialWithin dials, waiting no longer than ctx: a dialer that does not
+// return in time is left to finish, and what it returns then is closed.
+func dialWithin(ctx context.Context, dial Dialer, addr string, inc uint64) (FrameSender, error) {
+	type dialed struct {
+		s   FrameSender
+		err error
+	}
+	ch := make(chan dialed, 1)
+	go func() {
+		s, err := dial(addr, inc)
+		ch <- dialed{s, err}
+	}()
+	select {
+	case d := <-ch:
+		return d.s, d.err
+	case <-ctx.Done():
+		go func() {
+			if d := <-ch; d.s != nil {
+				d.s.Close()
+			}
+		}()
+		return nil, fmt.Errorf("actors: dial of data plane %s: %w", addr, ctx.Err())
+	}
+}
+
+// transferSent takes a sending goroutine's outcome: it keeps a connection
+// it dialed for the next transfer to that peer (or closes it, when another
+// transfer dialed one meanwhile), drops a connection that failed, and
+// finishes the job.
+func (w *workerActor) transferSent(c actor.Context, m transferSent) {
+	switch {
+	case m.err != nil && m.sender != nil:
+		m.sender.Close() // dial afresh next time
+		if w.senders[m.peer] == m.sender {
+			delete(w.senders, m.peer)
+		}
+	case m.dialed && w.senders[m.peer] == nil:
+		w.senders[m.peer] = m.sender
+	case m.dialed:
+		m.sender.Close()
+	}
+	job := w.sending[m.job]
+	if job == nil {
+		return
+	}
+	delete(w.sending, m.job)
+	w.sent(c, job, m.err)
+}
+
+// sent finishes a job whose frames went (err nil) or did not: the leases
+// go back, the source pages are released, and decode is told. Released
+// now, a source page awaiting the ack is freed when decode acknowledges,
+// or at its reclaim deadline if decode never answers (a dead decode node
+// strands nothing). A failed transfer will not be acknowledged, so its
+// pages are acknowledged here.
+func (w *workerActor) sent(c actor.Context, job *prefillJob, err error) {
+	for _, l := range job.leases {
+		err = errors.Join(err, w.kv.Unlease(l))
+	}
+	frames := job.frames
+	job.leases, job.frames, job.cancel = nil, nil, nil
+	if err != nil {
+		w.ack(c, job.local, job.sources[:job.marked])
+	}
+	w.releaseAll(job.local, job.sources)
+	if err != nil {
+		w.reply(c, job, err)
+		return
+	}
+	w.stats.batchesSent.Add(uint64(len(w.batches(frames))))
+	w.stats.framesSent.Add(uint64(len(frames)))
+	now := time.Now()
+	if w.done.has(job.key, now) {
+		// Aborted while its frames were on their way: nobody will
+		// acknowledge them.
+		w.ack(c, job.local, job.sources)
+		return
+	}
+	w.prune(now)
+	job.expires = now.Add(w.reclaimAfter)
 	w.awaiting[job.key] = job
-	w.reply(c, job.replyTo, job.owner, pre.First, frames, nil)
+	w.reply(c, job, nil)
 }
 
 // prune forgets plans whose pages have been reclaimed: their decode node
@@ -296,46 +540,6 @@ func (w *workerActor) prune(now time.Time) {
 			delete(w.awaiting, k)
 		}
 	}
-}
-
-// sink is where a job's frames go: back to the request actor as a message
-// when it is in this process, else to its node's KV data plane.
-func (w *workerActor) sink(c actor.Context, job *prefillJob) (func([]kv.Frame) error, error) {
-	if job.plan.DataPlane == "" {
-		return func(frames []kv.Frame) error {
-			data, err := kv.AppendBatch(nil, frames, w.limits)
-			if err == nil {
-				c.Send(job.replyTo, FrameBatch{Owner: job.owner, Data: data})
-			}
-			return err
-		}, nil
-	}
-	addr, inc := job.plan.DataPlane, job.plan.DestTags[0].Incarnation
-	// Keyed by incarnation too: a decode node restarted at the same address
-	// is another peer, and refuses a connection made for its old self.
-	key := fmt.Sprintf("%s#%x", addr, inc)
-	w.pruneSenders()
-	s := w.senders[key]
-	if s == nil {
-		if w.dial == nil {
-			return nil, fmt.Errorf("actors: plan names data plane %s and this node has none", addr)
-		}
-		var err error
-		if s, err = w.dial(addr, inc); err != nil {
-			return nil, err
-		}
-		w.senders[key] = s
-	}
-	return func(frames []kv.Frame) error {
-		ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
-		defer cancel()
-		err := s.Send(ctx, frames)
-		if err != nil {
-			s.Close()
-			delete(w.senders, key) // dial afresh next time
-		}
-		return err
-	}, nil
 }
 
 // pruneSenders forgets senders whose connection is gone (closed idle by
@@ -353,76 +557,31 @@ func (w *workerActor) pruneSenders() {
 	}
 }
 
-// stream sends the prefilled pages as frames addressed to the plan's
-// destination tags, in groups of at most one batch, each page read under a
-// lease held until its group is sent, and marks each source page as
-// awaiting decode's acknowledgement.
-func (w *workerActor) stream(c actor.Context, job *prefillJob, m *kv.Manifest) (int, error) {
-	if len(job.plan.DestTags) != len(m.Pages) {
-		return 0, fmt.Errorf("actors: plan has %d destination pages for %d prompt pages", len(job.plan.DestTags), len(m.Pages))
-	}
-	send, err := w.sink(c, job)
-	if err != nil {
-		return 0, err
-	}
-	var batch []kv.Frame
-	var leases []kv.Lease
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		err := send(batch)
-		for _, l := range leases {
-			err = errors.Join(err, w.kv.Unlease(l))
-		}
-		if err == nil {
-			w.stats.batchesSent.Add(1)
-			w.stats.framesSent.Add(uint64(len(batch)))
-		}
-		batch, leases = batch[:0], leases[:0]
-		return err
-	}
-	pos, bytes := 0, 0
-	for i, mp := range m.Pages {
-		if len(batch) == w.limits.PagesMax || bytes+w.limits.Frame.FrameBytesMax() > w.limits.BytesMax {
-			if err := flush(); err != nil {
-				return 0, err
-			}
-			bytes = 0
-		}
-		l, err := w.kv.Lease(mp.Tag, job.local)
-		if err != nil {
-			return 0, errors.Join(err, flush())
-		}
-		payload, _, _ := w.kv.Read(l)
-		batch = append(batch, kv.Frame{Owner: job.owner, Source: mp.Tag, Dest: job.plan.DestTags[i], FirstToken: pos,
-			Tokens: mp.Tokens, Payload: payload})
-		leases = append(leases, l)
-		bytes += w.limits.Frame.FrameBytesMax()
-		pos += mp.Tokens
-		if err := w.pool.Page(c, mp.Tag, PageAwaitAck{Tag: mp.Tag, Owner: job.local}).Err; err != nil {
-			return 0, errors.Join(err, flush())
-		}
-		job.marked++
-	}
-	return len(m.Pages), flush()
-}
-
-// drop ends the wait for decode's acknowledgement of one plan, or
-// withdraws it from the queue: acknowledged or abandoned, its source pages
-// (released already) are freed.
+// drop ends a plan, acknowledged or abandoned, and remembers it so that
+// a duplicate is not run again: a queued plan is withdrawn, a send in
+// flight is cancelled (its outcome frees the pages), and a plan awaiting
+// its ack has its source pages (released already) freed.
 func (w *workerActor) drop(c actor.Context, key jobKey, tenant string) {
-	for i, j := range w.queue {
-		if j.key == key && j.owner.Tenant == tenant {
-			w.queue = append(w.queue[:i], w.queue[i+1:]...)
-			return
+	if i := slices.IndexFunc(w.queue, func(j *prefillJob) bool { return j.key == key }); i >= 0 {
+		if w.queue[i].owner.Tenant == tenant {
+			w.queue = slices.Delete(w.queue, i, i+1)
+			w.done.add(key, time.Now())
 		}
+		return
+	}
+	if job := w.sending[key]; job != nil {
+		if job.owner.Tenant == tenant {
+			job.cancel()
+			w.done.add(key, time.Now())
+		}
+		return
 	}
 	job := w.awaiting[key]
 	if job == nil || job.owner.Tenant != tenant {
 		return
 	}
 	delete(w.awaiting, key)
+	w.done.add(key, time.Now())
 	w.ack(c, job.local, job.sources)
 }
 

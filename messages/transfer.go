@@ -12,7 +12,8 @@ import (
 // The prefill ↔ decode handshake (DESIGN.md): decode reserves destination
 // pages and sends prefill a TransferPlan naming them; prefill streams the
 // pages as kv frames (not these messages) to the plan's data plane, then
-// sends TransferDone with the first generated token; when every page is
+// sends TransferDone with the first generated token and its pages' seal
+// checksums; when every page is
 // sealed and the token count matches, decode sends TransferAck and only
 // then does prefill release its pages. Either side may end the transfer
 // with TransferAbort.
@@ -132,7 +133,11 @@ func (m *TransferPlan) DecodeMsgpack(d *msgpack.Decoder) error {
 
 // TransferDone is prefill's word that it sent every frame of a plan, or
 // that it failed. Decode still checks the pages before it acks: the frames
-// may be in flight, and a count is no checksum.
+// may be in flight, and a count is no checksum. Sums carry prefill's seal
+// of every page to decode, which seals a received page only if its bytes
+// hash to the same sum (kv.Page.SealFrom): a page changed between prefill's
+// seal and its send passes every frame checksum, computed at the send, and
+// is caught there.
 type TransferDone struct {
 	RequestID uint64 `msgpack:"id"`
 	Tenant    string `msgpack:"tenant"`
@@ -141,35 +146,56 @@ type TransferDone struct {
 	First uint32 `msgpack:"first"`
 	// Frames is how many frames prefill sent, at least 1.
 	Frames uint32 `msgpack:"frames"`
-	// Err says why prefill failed; First and Frames are then 0.
+	// Source is the request id prefill's own pages were owned by (the
+	// owner of the source pages, with Tenant): their seal checksums cover
+	// it. Non-zero without an error.
+	Source uint64 `msgpack:"source,omitempty"`
+	// Sums are the seal checksums of prefill's source pages, in the plan's
+	// page order: 1 to PlanTagsMax of them (decode wants exactly its
+	// plan's page count) without an error, none with one.
+	Sums []uint64 `msgpack:"sums,omitempty"`
+	// Err says why prefill failed; First, Frames and Source are then 0.
 	Err *WireError `msgpack:"err,omitempty"`
 }
 
-var transferDoneKeys = []string{"id", "tenant", "first", "frames", "err"}
+var transferDoneKeys = []string{"id", "tenant", "first", "frames", "source", "sums", "err"}
 
 func (*TransferDone) TypeCode() TypeCode { return TypeTransferDone }
 
 // Owner is the owner of the destination pages.
 func (m *TransferDone) Owner() kv.Owner { return kv.Owner{Request: m.RequestID, Tenant: m.Tenant} }
 
+// SourceOwner is the owner of prefill's source pages.
+func (m *TransferDone) SourceOwner() kv.Owner { return kv.Owner{Request: m.Source, Tenant: m.Tenant} }
+
 func (m *TransferDone) Validate() error {
 	const t = TypeTransferDone
 	if err := checkOwner(t, m.RequestID, m.Tenant); err != nil {
 		return err
 	}
+	if err := checkLen(t, "sums", len(m.Sums), PlanTagsMax); err != nil {
+		return err
+	}
 	if m.Err == nil {
-		if m.Frames == 0 {
+		switch {
+		case m.Frames == 0:
 			return &InvalidFieldError{t, "frames", "0", "at least 1 without an error"}
+		case m.Source == 0:
+			return &InvalidFieldError{t, "source", "0", "a non-zero request id without an error"}
+		case len(m.Sums) == 0:
+			return &InvalidFieldError{t, "sums", "none", "a checksum per page without an error"}
 		}
 		return nil
 	}
 	// A failed prefill has no first token: one next to an error is how
 	// wrong answers reach users.
-	if m.First != 0 {
-		return &InvalidFieldError{t, "first", fmt.Sprint(m.First), "0 with an error"}
-	}
-	if m.Frames != 0 {
-		return &InvalidFieldError{t, "frames", fmt.Sprint(m.Frames), "0 with an error"}
+	for _, f := range []struct {
+		name string
+		v    uint64
+	}{{"first", uint64(m.First)}, {"frames", uint64(m.Frames)}, {"source", m.Source}, {"sums", uint64(len(m.Sums))}} {
+		if f.v != 0 {
+			return &InvalidFieldError{t, f.name, fmt.Sprint(f.v), "0 with an error"}
+		}
 	}
 	return m.Err.validate(t, "err")
 }
@@ -186,6 +212,12 @@ func (m *TransferDone) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readU32(d, t, "first", &m.First)
 		case 3:
 			return readU32(d, t, "frames", &m.Frames)
+		case 4:
+			return readU64(d, t, "source", &m.Source)
+		case 5:
+			return readSlice(d, t, "sums", PlanTagsMax, &m.Sums, func(v *uint64) error {
+				return readU64(d, t, "sums", v)
+			})
 		default:
 			var err error
 			m.Err, err = readWireError(d, t, "err", true)

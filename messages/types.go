@@ -58,6 +58,9 @@ type typeInfo struct {
 }
 
 // types is indexed by TypeCode; a zero entry is an unknown code.
+// TransferDone version 2 carries the source pages' owner and seal
+// checksums, which decode requires: a version 1 sender is refused by its
+// version, not by a missing field.
 var types = [...]typeInfo{
 	TypeGenerateRequest: {"GenerateRequest", 1, 1, func() Message { return new(GenerateRequest) }},
 	TypeTokenChunk:      {"TokenChunk", 1, 1, func() Message { return new(TokenChunk) }},
@@ -66,7 +69,7 @@ var types = [...]typeInfo{
 	TypeTransferPlan:    {"TransferPlan", 1, 1, func() Message { return new(TransferPlan) }},
 	TypeTransferAck:     {"TransferAck", 1, 1, func() Message { return new(TransferAck) }},
 	TypeTransferAbort:   {"TransferAbort", 1, 1, func() Message { return new(TransferAbort) }},
-	TypeTransferDone:    {"TransferDone", 1, 1, func() Message { return new(TransferDone) }},
+	TypeTransferDone:    {"TransferDone", 2, 2, func() Message { return new(TransferDone) }},
 	TypeRoutedRequest:   {"RoutedRequest", 1, 1, func() Message { return new(RoutedRequest) }},
 	TypeStatusRequest:   {"StatusRequest", 1, 1, func() Message { return new(StatusRequest) }},
 	TypeStatusReply:     {"StatusReply", 1, 1, func() Message { return new(StatusReply) }},

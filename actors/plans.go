@@ -1,0 +1,127 @@
+package actors
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
+)
+
+// DataPlaneOf says, from authenticated membership, which data plane the
+// node serving protoactor remote at remoteAddr advertises and who that
+// node is; ok is false when no such member is known. The cluster layer
+// provides it; a node without one (a single node) takes plans only from
+// itself.
+type DataPlaneOf func(remoteAddr string) (dataAddr string, id trust.Identity, ok bool)
+
+// DataPlaneMismatchError: a transfer plan from another node names a data
+// plane that is not the one membership says that node advertises (or the
+// node is not a member at all). Sending there would hand a tenant's KV to
+// whoever the plan chose.
+type DataPlaneMismatchError struct {
+	Sender     string // who sent the plan, as authenticated
+	Named      string // the plan's data plane
+	Advertised string // the sender's, from membership; empty if unknown
+}
+
+func (e *DataPlaneMismatchError) Error() string {
+	if e.Advertised == "" {
+		return fmt.Sprintf("actors: plan from %s names data plane %q, and no member advertises one for it", e.Sender, e.Named)
+	}
+	return fmt.Sprintf("actors: plan from %s names data plane %q, the sender advertises %q", e.Sender, e.Named, e.Advertised)
+}
+
+func (e *DataPlaneMismatchError) wire() *messages.WireError {
+	return &messages.WireError{Code: messages.CodeForbidden, Message: e.Error()}
+}
+
+// planPolicy is who may have a prefill node compute and send KV: nodes
+// that decode, each only to its own data plane. The dispatcher and every
+// worker apply it, since both can be named from outside.
+type planPolicy struct {
+	auth        *trust.Authority
+	dataPlaneOf DataPlaneOf
+}
+
+// check refuses, counting it, a plan from a sender that does not decode,
+// or whose data plane is not the one membership gives for the sender's
+// (authenticated) address.
+func (p planPolicy) check(c actor.Context, m *messages.TransferPlan) error {
+	s := p.auth.Of(c)
+	if !s.May(trust.RoleDecode, trust.RoleAll) {
+		p.auth.Refuse(trust.RefusedRole, "transfer plan", "sender", s.String(), "request", m.RequestID)
+		return &ForbiddenError{Sender: s.String(), Reason: "only nodes that decode plan transfers"}
+	}
+	if s.Local {
+		return nil
+	}
+	mismatch := &DataPlaneMismatchError{Sender: s.String(), Named: m.DataPlane}
+	if p.dataPlaneOf != nil {
+		addr, id, ok := p.dataPlaneOf(c.Sender().Address)
+		mismatch.Advertised = addr
+		// An insecure node knows nobody's identity; membership's word
+		// on the address is all there is.
+		if ok && addr == m.DataPlane && (s.Insecure || id == s.Identity) {
+			return nil
+		}
+	}
+	p.auth.Refuse(trust.RefusedStranger, "transfer plan", "sender", s.String(), "request", m.RequestID,
+		"data_plane", m.DataPlane, "advertised", mismatch.Advertised)
+	return mismatch
+}
+
+// refusePlan answers a plan that will not run with a TransferDone error,
+// so that decode does not wait for its PrefillTimeout.
+func refusePlan(c actor.Context, m *messages.TransferPlan, err error) error {
+	return messages.Send(c, c.Sender(), &messages.TransferDone{RequestID: m.RequestID, Tenant: m.Tenant, Err: wireError(err)})
+}
+
+// donePlans remembers plans that ended (acknowledged or aborted) by their
+// key, for ttl and at most max of them, so that a duplicate of one is
+// dropped rather than run again: its pages were acknowledged or given up
+// already. The oldest are forgotten first.
+type donePlans struct {
+	max   int
+	ttl   time.Duration
+	at    map[jobKey]time.Time
+	order []jobKey // by age
+}
+
+// donePlans is the memory of ended plans of one prefill worker or
+// dispatcher: a plan older than PrefillTimeout is abandoned by its
+// request anyway.
+func (c Config) donePlans() *donePlans { return newDonePlans(c.DonePlansMax, c.PrefillTimeout) }
+
+func newDonePlans(max int, ttl time.Duration) *donePlans {
+	return &donePlans{max: max, ttl: ttl, at: map[jobKey]time.Time{}}
+}
+
+func (d *donePlans) add(k jobKey, now time.Time) {
+	d.forget(now)
+	if _, ok := d.at[k]; ok {
+		return
+	}
+	if len(d.order) == d.max {
+		delete(d.at, d.order[0])
+		d.order = d.order[1:]
+	}
+	d.at[k] = now
+	d.order = append(d.order, k)
+}
+
+func (d *donePlans) has(k jobKey, now time.Time) bool {
+	d.forget(now)
+	_, ok := d.at[k]
+	return ok
+}
+
+// forget drops what is older than ttl.
+func (d *donePlans) forget(now time.Time) {
+	for len(d.order) > 0 && now.Sub(d.at[d.order[0]]) >= d.ttl {
+		delete(d.at, d.order[0])
+		d.order = d.order[1:]
+	}
+}
