@@ -164,14 +164,15 @@ func (n *Node) start() error {
 	dp := cfg.dataPlane()
 	dp.Logger = n.log
 	opt := actors.Options{Listen: cfg.Listen, Log: n.log, Pick: n.pickPrefill, Auth: cfg.Auth,
-		Dial: func(addr string, inc uint64) (actors.FrameSender, error) { return n.dialPlanned(dp, addr, inc) }}
+		Dial:        func(addr string, inc uint64) (actors.FrameSender, error) { return n.dialPlanned(dp, addr, inc) },
+		DataPlaneOf: n.dataPlaneOf}
 	var dataAddr string
 	if holdsPool(cfg.Actors.Role) && cfg.Actors.Role.Decodes() {
 		// The data plane starts before the actors so that plans can name
 		// it; its handler reaches the actors once they exist.
 		var err error
 		n.data, err = ListenDataPlane(dp, cfg.DataListen, func(b DataPlaneBatch) error {
-			return n.actors.AcceptFrames(b.Frames)
+			return n.actors.AcceptFrames(b.Peer, b.Frames)
 		})
 		if err != nil {
 			return err
@@ -237,6 +238,27 @@ func (n *Node) pickPrefill(exclude map[uint64]bool) (actors.PrefillPeer, bool) {
 		}
 	}
 	return actors.PrefillPeer{}, false
+}
+
+// dataPlaneOf is the data plane that the alive, verified member serving
+// protoactor remote at remoteAddr advertises, and who serves there: the
+// only place a plan from that member may have KV sent
+// (actors.Options.DataPlaneOf).
+func (n *Node) dataPlaneOf(remoteAddr string) (string, trust.Identity, bool) {
+	if n.members == nil {
+		return "", trust.Identity{}, false
+	}
+	for _, m := range n.members.Members() {
+		if m.Meta.RemoteAddr != remoteAddr || m.State != StateAlive || !m.Verified {
+			continue
+		}
+		var id trust.Identity
+		if !n.cfg.Auth.Insecure() {
+			id, _ = n.cfg.Auth.Peers().At(remoteAddr)
+		}
+		return m.Meta.DataAddr, id, true
+	}
+	return "", trust.Identity{}, false
 }
 
 // pages is the capacity of the node's smallest pool and the fewest free
