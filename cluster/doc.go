@@ -32,12 +32,32 @@
 // A member's name is NodeName(prefix, incarnation), and the incarnation is
 // chosen anew at every node start, so a restarted node is a new member and
 // never its old self. Two runs claiming the same gossip, remote or data
-// address cannot both be alive: the later start (Meta.StartedUnixMilli,
-// then the incarnation) is kept and the other is reported as EventFail
-// "superseded" at once, without waiting for failure detection. A member
+// address cannot both be alive: without verification (see Trust) the
+// later start (Meta.StartedUnixMilli, then the incarnation) is kept and the
+// other is reported as EventFail "superseded" at once, without waiting for
+// failure detection. A member
 // whose metadata does not decode, or does not match its name, is counted
 // (Stats), logged and kept out of Members and Events; it never stops the
 // node.
+//
+// # Trust
+//
+// Gossip is sealed with the cluster's keyring (Config.Keys: AES-GCM,
+// nothing unsealed accepted or sent), so a process without the key can
+// neither join nor be heard; Config.Keys describes rotation. Every node
+// holds the key, so a member's metadata is still only a claim: a member
+// is listed Verified once this node has dialed each address it claims and
+// found there, in a TLS handshake, a certificate of the cluster whose
+// identity has the member's role and whose name is the member name less
+// its incarnation (a secure member's NamePrefix is its identity's name).
+// One goroutine per Membership does the probing, a bounded number at a
+// time, retrying with a doubling wait; results are kept per run. Routers
+// pick only verified members, and only verified members compete for
+// addresses; since a start time or an incarnation is claimed, not proven,
+// the run verified first keeps an address while it lives, and a later run
+// of the same node waits until it leaves or is declared dead.
+// Config.Insecure (`--insecure`) skips verification: every member is
+// listed Verified.
 //
 // # Concurrency
 //

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // Bounds on Config fields, checked by Validate.
@@ -26,6 +28,10 @@ const (
 	JoinAddrsMax = 64
 	// EventBufferLenMax bounds Config.EventBufferLen, in events.
 	EventBufferLenMax = 1 << 16
+	// GossipKeysMax bounds Config.Keys, as a keyring file does.
+	GossipKeysMax = trust.GossipKeysMax
+	// VerifyParallelMaxLimit bounds Config.VerifyParallelMax, in probes.
+	VerifyParallelMaxLimit = 256
 )
 
 // Config configures a Membership. The zero value is not usable; start from
@@ -54,8 +60,53 @@ type Config struct {
 	JoinAddrs []string
 	// ClusterLabel, when set, is stamped on every gossip packet and stream;
 	// members with another label are ignored. At most
-	// memberlist.LabelMaxSize (255) bytes. Empty means no label.
+	// memberlist.LabelMaxSize (255) bytes. Empty means no label. It keeps
+	// clusters apart; it authenticates no one (Keys do).
 	ClusterLabel string
+
+	// Keys is the gossip keyring: every packet and stream is sealed with
+	// AES-GCM under Keys[0] (the primary key), what arrives is opened with
+	// any of them, and nothing unsealed is accepted or sent
+	// (memberlist's GossipVerifyIncoming and GossipVerifyOutgoing), so a
+	// process without a key can neither join nor be heard. Each key is
+	// 16, 24 or 32 bytes (AES-128, -192, -256); at most GossipKeysMax.
+	// Required unless Insecure; Secured takes them from the node's
+	// credentials (their gossip.keys file).
+	//
+	// Rotating the key without a moment when two members cannot read each
+	// other, one member at a time at each step (a restart applies it):
+	//  1. add the new key as a secondary key everywhere: [old, new];
+	//  2. once every member holds it, make it primary everywhere:
+	//     [new, old]; a member that already sends under new is read by one
+	//     that still sends under old, since both hold both;
+	//  3. once every member sends under new, remove the old key: [new].
+	// Skipping step 1 splits the cluster: a member at [new, old] is not
+	// understood by one that holds only [old].
+	Keys [][]byte
+	// Insecure gossips without verifying members (`--insecure`): every
+	// member is listed Verified, and without Keys gossip is in the clear,
+	// so anyone who reaches the gossip port can join and claim any
+	// address. It must be chosen explicitly.
+	Insecure bool
+	// Auth verifies members unless Insecure: a member is Verified once a
+	// TLS handshake with each of its addresses (Auth.Peers().Probe, bounded
+	// by the authority's DialTimeout) found a certificate of this cluster
+	// whose identity has the member's role and whose name is the member's
+	// name less its incarnation. NamePrefix must be Auth's own identity
+	// name, which the other members check in turn. Secured sets it.
+	Auth *trust.Authority
+	// VerifyRetryInterval is how long after a failed verification of a
+	// member the next one starts; each further failure doubles the wait up
+	// to VerifyRetryIntervalMax. It is also how often the verifier looks
+	// for work it may have missed. > 0.
+	VerifyRetryInterval time.Duration
+	// VerifyRetryIntervalMax caps the wait between two verifications of
+	// one member. ≥ VerifyRetryInterval.
+	VerifyRetryIntervalMax time.Duration
+	// VerifyParallelMax is how many members are verified at once, so that
+	// a burst of joins (or of members whose addresses do not answer) is
+	// worked through at a bounded rate. 1..VerifyParallelMaxLimit.
+	VerifyParallelMax int
 
 	// ProbeInterval is how often this member probes one other member
 	// (memberlist ProbeInterval). Must exceed ProbeTimeout.
@@ -121,6 +172,9 @@ func DefaultConfig() Config {
 		TCPTimeout:              10 * time.Second,
 		UpdateTimeout:           5 * time.Second,
 		EventBufferLen:          1024,
+		VerifyRetryInterval:     500 * time.Millisecond,
+		VerifyRetryIntervalMax:  30 * time.Second,
+		VerifyParallelMax:       8,
 	}
 }
 
@@ -140,6 +194,24 @@ func DefaultLocalConfig() Config {
 	c.PushPullInterval = 5 * time.Second
 	c.TCPTimeout = 2 * time.Second
 	c.UpdateTimeout = 2 * time.Second
+	c.VerifyRetryInterval = 100 * time.Millisecond
+	c.VerifyRetryIntervalMax = 2 * time.Second
+	return c
+}
+
+// Secured is c with a's credentials: the gossip keyring of a's bundle
+// (unless c has Keys), a's identity name as the NamePrefix and a to
+// verify members. With an insecure authority it is c marked Insecure.
+func (c Config) Secured(a *trust.Authority) Config {
+	if a.Insecure() {
+		c.Insecure = true
+		return c
+	}
+	c.Auth = a
+	c.NamePrefix = a.Self().Name
+	if len(c.Keys) == 0 {
+		c.Keys = a.Bundle().GossipKeys
+	}
 	return c
 }
 
@@ -168,7 +240,40 @@ func (c Config) Validate() error {
 	if len(c.ClusterLabel) > memberlist.LabelMaxSize {
 		return fmt.Errorf("cluster: ClusterLabel is %d bytes, limit %d", len(c.ClusterLabel), memberlist.LabelMaxSize)
 	}
+	if err := c.validateTrust(); err != nil {
+		return err
+	}
 	return c.validateTimers()
+}
+
+// validateTrust refuses a secure configuration that could not encrypt
+// gossip or verify members, naming the flag that runs without.
+func (c Config) validateTrust() error {
+	if len(c.Keys) > GossipKeysMax {
+		return fmt.Errorf("cluster: %d gossip keys, limit %d", len(c.Keys), GossipKeysMax)
+	}
+	for i, k := range c.Keys {
+		if n := len(k); n != 16 && n != 24 && n != 32 {
+			return fmt.Errorf("cluster: gossip key %d is %d bytes, want 16, 24 or 32", i, n)
+		}
+	}
+	if c.Insecure {
+		return nil
+	}
+	switch {
+	case len(c.Keys) == 0:
+		return errors.New("cluster: no gossip key (Keys, from the credentials' gossip.keys); " +
+			"--insecure gossips in the clear")
+	case c.Auth == nil || c.Auth.Insecure():
+		return errors.New("cluster: no credentials to verify members with (Auth); " +
+			"--insecure lists members unverified")
+	case !c.Auth.Self().Role.IsNode():
+		return fmt.Errorf("cluster: identity %s is not a node's (role %s)", c.Auth.Self(), c.Auth.Self().Role)
+	case c.NamePrefix != c.Auth.Self().Name:
+		return fmt.Errorf("cluster: NamePrefix %q must be the name of the identity %s, which members check",
+			c.NamePrefix, c.Auth.Self())
+	}
+	return nil
 }
 
 func (c Config) validateTimers() error {
@@ -195,6 +300,13 @@ func (c Config) validateTimers() error {
 		return fmt.Errorf("cluster: UpdateTimeout (%s) must be positive", c.UpdateTimeout)
 	case c.EventBufferLen < 1 || c.EventBufferLen > EventBufferLenMax:
 		return fmt.Errorf("cluster: EventBufferLen (%d) must be in 1..%d", c.EventBufferLen, EventBufferLenMax)
+	case c.VerifyRetryInterval <= 0:
+		return fmt.Errorf("cluster: VerifyRetryInterval (%s) must be positive", c.VerifyRetryInterval)
+	case c.VerifyRetryIntervalMax < c.VerifyRetryInterval:
+		return fmt.Errorf("cluster: VerifyRetryIntervalMax (%s) must be at least VerifyRetryInterval (%s)",
+			c.VerifyRetryIntervalMax, c.VerifyRetryInterval)
+	case c.VerifyParallelMax < 1 || c.VerifyParallelMax > VerifyParallelMaxLimit:
+		return fmt.Errorf("cluster: VerifyParallelMax (%d) must be in 1..%d", c.VerifyParallelMax, VerifyParallelMaxLimit)
 	}
 	return nil
 }
@@ -233,14 +345,17 @@ func checkJoinAddrs(addrs []string) error {
 
 // NodeName is the member name of the run with this incarnation.
 func NodeName(prefix string, incarnation uint64) string {
-	return fmt.Sprintf("%s-%016x", prefix, incarnation)
+	return prefix + incarnationSuffix(incarnation)
 }
+
+// incarnationSuffix is what NodeName appends to the prefix.
+func incarnationSuffix(incarnation uint64) string { return fmt.Sprintf("-%016x", incarnation) }
 
 // nameMatches reports whether a member name was made by NodeName for this
 // incarnation, whatever the prefix. A member whose metadata names another
 // incarnation than its name is refused: a name is one run, never two.
 func nameMatches(name string, incarnation uint64) bool {
-	return strings.HasSuffix(name, fmt.Sprintf("-%016x", incarnation)) && len(name) > 17
+	return strings.HasSuffix(name, incarnationSuffix(incarnation)) && len(name) > 17
 }
 
 // MemberState is what this node believes about a member.
@@ -273,12 +388,20 @@ func (s MemberState) String() string {
 
 // Member is one node of the cluster as this node sees it.
 type Member struct {
-	// Name is NodeName(prefix, Meta.Incarnation).
+	// Name is NodeName(prefix, Meta.Incarnation); in a secure cluster the
+	// prefix is the name of the member's identity.
 	Name string
 	// Addr is the member's gossip address.
 	Addr  netip.AddrPort
 	Meta  Meta
 	State MemberState
+	// Verified says that what the member claims was proven: each of its
+	// addresses answered a TLS handshake with a certificate of this
+	// cluster naming the member's role and name (see Config.Auth). Gossip
+	// alone proves nothing (every node holds the key), so only verified
+	// members are routed to, and only they can supersede another run.
+	// Always true when Config.Insecure, and for this member itself.
+	Verified bool
 }
 
 // EventKind says what happened to a member.
@@ -289,7 +412,7 @@ const (
 	// EventJoin: a member became known (or came back after being declared
 	// dead, or its metadata became readable again).
 	EventJoin EventKind = iota + 1
-	// EventUpdate: a known member changed its metadata.
+	// EventUpdate: a known member changed its metadata, or was verified.
 	EventUpdate
 	// EventLeave: a member left gracefully.
 	EventLeave
@@ -334,6 +457,14 @@ type MembershipStats struct {
 	// Superseded counts members excluded because a later run of a node
 	// claimed one of their addresses.
 	Superseded uint64
+	// ClaimsRefused counts members (once per set of claims) whose
+	// verification found an address of theirs served by a certificate that
+	// is not theirs; they stay unverified.
+	ClaimsRefused uint64
+	// ClaimsUnanswered counts probes of a member's address that found no
+	// peer of this cluster there (nothing listening, no TLS, a foreign
+	// certificate); each is retried.
+	ClaimsUnanswered uint64
 }
 
 // ErrClosed is returned by calls made after Shutdown.
@@ -366,8 +497,18 @@ type Membership struct {
 	members map[string]Member
 	events  chan Event
 	closed  bool
+	// proofs and pending are the verifier's state, by member name (which
+	// carries the incarnation, so each is per run): the claims proven of
+	// a run, and the next verification of an unverified one. Both are
+	// guarded by mu and forgotten when memberlist reports the run gone.
+	proofs   map[string]claim
+	pending  map[string]*attempt
+	wake     chan struct{} // a verification is due; capacity 1
+	quit     chan struct{} // closed by Shutdown
+	verifier sync.WaitGroup
 
-	dropped, refused, superseded atomic.Uint64
+	dropped, refused, superseded    atomic.Uint64
+	claimsRefused, claimsUnanswered atomic.Uint64
 }
 
 // Start validates cfg and meta, starts gossiping and, if cfg.JoinAddrs is
@@ -379,6 +520,11 @@ func Start(cfg Config, meta Meta) (*Membership, error) {
 	}
 	if meta.Leaving {
 		return nil, &MetaFieldError{Field: "leaving", Reason: "set only by Leave"}
+	}
+	if !cfg.Insecure && meta.Role.identityRole() != cfg.Auth.Self().Role {
+		self := cfg.Auth.Self()
+		return nil, fmt.Errorf("cluster: start refused: role %s, but the identity %s is of role %s, which members check",
+			meta.Role, self, self.Role)
 	}
 	meta.StartedUnixMilli = uint64(time.Now().UnixMilli())
 	enc, err := EncodeMeta(nil, meta)
@@ -393,15 +539,27 @@ func Start(cfg Config, meta Meta) (*Membership, error) {
 		enc:     enc,
 		members: make(map[string]Member),
 		events:  make(chan Event, cfg.EventBufferLen),
+		proofs:  make(map[string]claim),
+		pending: make(map[string]*attempt),
+		wake:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
 	}
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
-	list, err := memberlist.Create(m.memberlistConfig())
+	mc, err := m.memberlistConfig()
+	if err != nil {
+		return nil, err
+	}
+	list, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start %s on %s:%d: %w", m.name, cfg.BindAddr, cfg.BindPort, err)
 	}
 	m.list = list
+	if !cfg.Insecure {
+		m.verifier.Add(1)
+		go m.verify()
+	}
 	if len(cfg.JoinAddrs) > 0 {
 		if _, err := m.Join(cfg.JoinAddrs); err != nil {
 			_ = m.Shutdown()
@@ -411,7 +569,7 @@ func Start(cfg Config, meta Meta) (*Membership, error) {
 	return m, nil
 }
 
-func (m *Membership) memberlistConfig() *memberlist.Config {
+func (m *Membership) memberlistConfig() (*memberlist.Config, error) {
 	c := memberlist.DefaultLANConfig()
 	c.Name = m.name
 	c.BindAddr, c.BindPort = m.cfg.BindAddr, m.cfg.BindPort
@@ -430,7 +588,15 @@ func (m *Membership) memberlistConfig() *memberlist.Config {
 	if c.LogOutput == nil {
 		c.LogOutput = io.Discard
 	}
-	return c
+	if len(m.cfg.Keys) > 0 {
+		ring, err := memberlist.NewKeyring(m.cfg.Keys[1:], m.cfg.Keys[0])
+		if err != nil {
+			return nil, fmt.Errorf("cluster: gossip keyring: %w", err)
+		}
+		c.Keyring = ring
+		c.GossipVerifyIncoming, c.GossipVerifyOutgoing = true, true
+	}
+	return c, nil
 }
 
 // Name is this member's name.
@@ -449,7 +615,8 @@ func (m *Membership) Meta() Meta {
 
 // Stats reports the counters.
 func (m *Membership) Stats() MembershipStats {
-	return MembershipStats{EventsDropped: m.dropped.Load(), MetaRefused: m.refused.Load(), Superseded: m.superseded.Load()}
+	return MembershipStats{EventsDropped: m.dropped.Load(), MetaRefused: m.refused.Load(), Superseded: m.superseded.Load(),
+		ClaimsRefused: m.claimsRefused.Load(), ClaimsUnanswered: m.claimsUnanswered.Load()}
 }
 
 // Join contacts existing members at addrs (host:port) and returns how many
@@ -582,7 +749,9 @@ func (m *Membership) Shutdown() error {
 		return nil
 	}
 	m.down = true
+	close(m.quit)
 	err := m.list.Shutdown()
+	m.verifier.Wait() // at most one round of probes, each bounded by the authority's DialTimeout
 	m.mu.Lock()
 	m.closed = true
 	close(m.events)
@@ -604,34 +773,84 @@ func (m *Membership) observe(n *memberlist.Node) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	old, known := m.members[n.Name]
 	if err != nil {
 		m.refused.Add(1)
 		m.log.Warn("cluster: member metadata refused", "member", n.Name, "addr", addr, "bytes", len(n.Meta), "err", err)
-		if known {
+		delete(m.pending, n.Name)
+		if old, known := m.members[n.Name]; known {
 			delete(m.members, n.Name)
 			old.State = StateDead
 			m.emitLocked(Event{Kind: EventFail, Member: old, Reason: "metadata refused: " + err.Error()})
+			m.releaseLocked()
 		}
 		return
 	}
 	mem := Member{Name: n.Name, Addr: addr, Meta: meta, State: StateAlive}
-	if by, ok := m.supersedeLocked(mem); !ok {
-		m.superseded.Add(1)
-		m.log.Warn("cluster: member superseded by a later run", "member", mem.Name, "by", by)
-		if known {
-			delete(m.members, n.Name)
-			old.State = StateDead
-			m.emitLocked(Event{Kind: EventFail, Member: old, Reason: "superseded by " + by})
-		}
-		return
+	mem.Verified = m.provenLocked(mem)
+	if !mem.Verified {
+		m.awaitProofLocked(mem)
 	}
-	m.members[n.Name] = mem
+	m.admitLocked(mem)
+}
+
+// admitLocked puts mem into the table and reports it. Only a verified
+// member competes for addresses, so that a claim nobody proved evicts no
+// one. Without verification (Insecure) the later run sharing an address
+// supersedes the other. With it, a start time and an incarnation are only
+// claimed, never proven (any holder of the gossip key could announce a
+// later run of a real node), so the run proven first keeps its addresses
+// while it lives; a later proven run sharing one waits, listed but not
+// Verified, until the holder leaves or is declared dead (releaseLocked).
+func (m *Membership) admitLocked(mem Member) {
+	old, known := m.members[mem.Name]
+	switch {
+	case !mem.Verified:
+	case !m.cfg.Insecure:
+		if holder := m.holderLocked(mem); holder != "" {
+			mem.Verified = false
+			m.log.Warn("cluster: proven member waits for the run holding its address", "member", mem.Name,
+				"holder", holder)
+		}
+	default:
+		if by, ok := m.supersedeLocked(mem); !ok {
+			m.superseded.Add(1)
+			m.log.Warn("cluster: member superseded by a later run", "member", mem.Name, "by", by)
+			if known {
+				delete(m.members, mem.Name)
+				old.State = StateDead
+				m.emitLocked(Event{Kind: EventFail, Member: old, Reason: "superseded by " + by})
+			}
+			return
+		}
+	}
+	m.members[mem.Name] = mem
 	kind := EventJoin
 	if known {
 		kind = EventUpdate
 	}
 	m.emitLocked(Event{Kind: kind, Member: mem})
+}
+
+// holderLocked is the verified member, other than mem, that shares an
+// address with it; "" if none.
+func (m *Membership) holderLocked(mem Member) string {
+	for name, e := range m.members {
+		if name != mem.Name && e.Verified && sharesAddr(e, mem) {
+			return name
+		}
+	}
+	return ""
+}
+
+// releaseLocked verifies every proven member that was waiting for an
+// address whose holder is gone.
+func (m *Membership) releaseLocked() {
+	for _, e := range m.members {
+		if !e.Verified && m.provenLocked(e) && m.holderLocked(e) == "" {
+			e.Verified = true
+			m.admitLocked(e)
+		}
+	}
 }
 
 // supersedeLocked resolves address claims between mem and the known
@@ -689,6 +908,8 @@ func newer(a, b Meta) bool {
 func (m *Membership) depart(n *memberlist.Node) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	delete(m.proofs, n.Name)
+	delete(m.pending, n.Name)
 	mem, ok := m.members[n.Name]
 	if !ok {
 		return // refused or superseded: its end was already reported, or never began
@@ -700,6 +921,7 @@ func (m *Membership) depart(n *memberlist.Node) {
 	}
 	mem.State = state
 	m.emitLocked(Event{Kind: kind, Member: mem})
+	m.releaseLocked()
 }
 
 // emitLocked hands ev to the Events channel without waiting.

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/kvwarden/kvwarden/trust"
+	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
 // eventDeadline bounds every wait for an event. It is far above what the
@@ -31,6 +35,20 @@ var (
 func init() {
 	nextIncarnation.Store(uint64(time.Now().UnixNano()))
 	nextFakePort.Store(20000)
+}
+
+// testGossipKey seals the gossip of every test member that is not about
+// keys, so that those tests run gossip as production does.
+var testGossipKey = []byte("kvwarden test gossip key 32 byte")
+
+// unverifiedConfig is a local member whose gossip is sealed but whose
+// peers are listed unverified: for the tests of membership itself, whose
+// members advertise addresses where nothing serves.
+func unverifiedConfig() Config {
+	c := DefaultLocalConfig()
+	c.Insecure = true
+	c.Keys = [][]byte{testGossipKey}
+	return c
 }
 
 func testMeta() Meta {
@@ -62,7 +80,7 @@ func startCluster(t *testing.T, n int) ([]*Membership, time.Duration) {
 	t.Helper()
 	ms := make([]*Membership, 0, n)
 	for i := 0; i < n; i++ {
-		cfg := DefaultLocalConfig()
+		cfg := unverifiedConfig()
 		if i > 0 {
 			cfg.JoinAddrs = []string{ms[0].LocalAddr().String()}
 		}
@@ -184,7 +202,7 @@ func TestUpdateMetaPropagates(t *testing.T) {
 }
 
 func TestUpdateMetaRefusals(t *testing.T) {
-	m := startMember(t, DefaultLocalConfig(), testMeta())
+	m := startMember(t, unverifiedConfig(), testMeta())
 	before := m.Meta()
 
 	tooLong := before
@@ -282,7 +300,7 @@ func TestRestartIsNewMember(t *testing.T) {
 	}
 	meta := testMeta()
 	meta.RemoteAddr, meta.DataAddr = old.Meta().RemoteAddr, old.Meta().DataAddr
-	cfg := DefaultLocalConfig()
+	cfg := unverifiedConfig()
 	cfg.BindPort = port
 	cfg.JoinAddrs = []string{ms[0].LocalAddr().String()}
 	start := time.Now()
@@ -318,7 +336,7 @@ func TestRestartIsNewMember(t *testing.T) {
 func TestStartRefusesOversizedMeta(t *testing.T) {
 	meta := testMeta()
 	meta.RemoteAddr = longAddr(AddrLenMax + 1)
-	m, err := Start(DefaultLocalConfig(), meta)
+	m, err := Start(unverifiedConfig(), meta)
 	if err == nil {
 		_ = m.Shutdown()
 		t.Fatal("Start accepted an address over AddrLenMax")
@@ -335,7 +353,7 @@ func TestStartRefusesOversizedMeta(t *testing.T) {
 func TestStartRefusesLeaving(t *testing.T) {
 	meta := testMeta()
 	meta.Leaving = true
-	if m, err := Start(DefaultLocalConfig(), meta); !errors.Is(err, ErrMetaInvalid) {
+	if m, err := Start(unverifiedConfig(), meta); !errors.Is(err, ErrMetaInvalid) {
 		if err == nil {
 			_ = m.Shutdown()
 		}
@@ -344,11 +362,11 @@ func TestStartRefusesLeaving(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	if err := DefaultConfig().Validate(); err != nil {
-		t.Fatalf("DefaultConfig: %v", err)
-	}
-	if err := DefaultLocalConfig().Validate(); err != nil {
-		t.Fatalf("DefaultLocalConfig: %v", err)
+	for name, c := range map[string]Config{"DefaultConfig": DefaultConfig(), "DefaultLocalConfig": DefaultLocalConfig()} {
+		c.Insecure = true
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s with Insecure: %v", name, err)
+		}
 	}
 	tests := []struct {
 		name string
@@ -377,10 +395,17 @@ func TestConfigValidate(t *testing.T) {
 		{"update timeout", func(c *Config) { c.UpdateTimeout = 0 }, "UpdateTimeout (0s)"},
 		{"no event buffer", func(c *Config) { c.EventBufferLen = 0 }, "EventBufferLen (0) must be in 1..65536"},
 		{"huge event buffer", func(c *Config) { c.EventBufferLen = EventBufferLenMax + 1 }, "EventBufferLen (65537)"},
+		{"short gossip key", func(c *Config) { c.Keys = [][]byte{make([]byte, 32), make([]byte, 15)} },
+			"gossip key 1 is 15 bytes, want 16, 24 or 32"},
+		{"too many gossip keys", func(c *Config) { c.Keys = make([][]byte, GossipKeysMax+1) }, "9 gossip keys, limit 8"},
+		{"retry interval", func(c *Config) { c.VerifyRetryInterval = 0 }, "VerifyRetryInterval (0s) must be positive"},
+		{"retry cap", func(c *Config) { c.VerifyRetryIntervalMax = time.Millisecond },
+			"VerifyRetryIntervalMax (1ms) must be at least VerifyRetryInterval (100ms)"},
+		{"no parallel probes", func(c *Config) { c.VerifyParallelMax = 0 }, "VerifyParallelMax (0) must be in 1..256"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := DefaultLocalConfig()
+			c := unverifiedConfig()
 			tt.edit(&c)
 			err := c.Validate()
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -395,12 +420,12 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestStartFailsWhenNoSeedAnswers(t *testing.T) {
-	probe := startMember(t, DefaultLocalConfig(), testMeta())
+	probe := startMember(t, unverifiedConfig(), testMeta())
 	dead := probe.LocalAddr().String()
 	if err := probe.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultLocalConfig()
+	cfg := unverifiedConfig()
 	cfg.JoinAddrs = []string{dead}
 	cfg.TCPTimeout = time.Second
 	m, err := Start(cfg, testMeta())
@@ -414,7 +439,7 @@ func TestStartFailsWhenNoSeedAnswers(t *testing.T) {
 }
 
 // rawDelegate lets a plain memberlist join with metadata that is not ours,
-// as a foreign or corrupted peer would.
+// as a buggy or hostile holder of the gossip key would.
 type rawDelegate struct{ meta []byte }
 
 func (d rawDelegate) NodeMeta(int) []byte           { return d.meta }
@@ -440,7 +465,7 @@ func (s logSignal) WithGroup(string) slog.Handler      { return s }
 
 func TestUndecodableMemberExcluded(t *testing.T) {
 	logs := make(logSignal, 16)
-	cfg := DefaultLocalConfig()
+	cfg := unverifiedConfig()
 	cfg.Logger = slog.New(logs)
 	m := startMember(t, cfg, testMeta())
 
@@ -454,6 +479,7 @@ func TestUndecodableMemberExcluded(t *testing.T) {
 	for i, meta := range [][]byte{[]byte("\x02not our metadata"), mismatch} {
 		rc := memberlist.DefaultLocalConfig()
 		rc.Name, rc.BindAddr, rc.BindPort, rc.AdvertisePort = bad[i], "127.0.0.1", 0, 0
+		rc.SecretKey = testGossipKey // a member of the cluster, buggy or hostile
 		rc.LogOutput = io.Discard
 		rc.Delegate = rawDelegate{meta: meta}
 		raw, err := memberlist.Create(rc)
@@ -477,7 +503,7 @@ func TestUndecodableMemberExcluded(t *testing.T) {
 		t.Fatalf("stats %+v, want at least 2 refusals", st)
 	}
 	// A good member still joins, and the refused ones stay out of Members.
-	jcfg := DefaultLocalConfig()
+	jcfg := unverifiedConfig()
 	jcfg.JoinAddrs = []string{m.LocalAddr().String()}
 	other := startMember(t, jcfg, testMeta())
 	awaitEvents(t, m, match{kind: EventJoin, name: m.Name()}, match{kind: EventJoin, name: other.Name()})
@@ -489,12 +515,12 @@ func TestUndecodableMemberExcluded(t *testing.T) {
 // A consumer that never reads Events must not stall memberlist: events are
 // dropped and counted, and Members stays current.
 func TestFullEventsDropNotBlock(t *testing.T) {
-	cfg := DefaultLocalConfig()
+	cfg := unverifiedConfig()
 	cfg.EventBufferLen = 1
 	seed := startMember(t, cfg, testMeta()) // its own join fills the buffer
 	var others []*Membership
 	for i := 0; i < 3; i++ {
-		c := DefaultLocalConfig()
+		c := unverifiedConfig()
 		c.JoinAddrs = []string{seed.LocalAddr().String()}
 		others = append(others, startMember(t, c, testMeta()))
 	}
@@ -511,4 +537,160 @@ func TestFullEventsDropNotBlock(t *testing.T) {
 	if st := seed.Stats(); st.EventsDropped < 3 {
 		t.Fatalf("seed stats %+v, want at least the 3 joins dropped", st)
 	}
+}
+
+func TestConfigValidateTrust(t *testing.T) {
+	ca := trusttest.New(t)
+	node := ca.Authority(t, trust.RoleDecode, "d0", nil)
+	secure := DefaultLocalConfig().Secured(node)
+	if err := secure.Validate(); err != nil {
+		t.Fatalf("Secured: %v", err)
+	}
+	if secure.NamePrefix != "d0" || len(secure.Keys) != 1 || secure.Insecure || secure.Auth != node {
+		t.Fatalf("Secured gave prefix %q, %d keys, insecure %v", secure.NamePrefix, len(secure.Keys), secure.Insecure)
+	}
+	if c := DefaultLocalConfig().Secured(trust.Insecure(nil)); !c.Insecure || c.Auth != nil || c.Validate() != nil {
+		t.Fatalf("Secured(insecure authority) = insecure %v, auth %v, %v", c.Insecure, c.Auth, c.Validate())
+	}
+	keyed := DefaultLocalConfig()
+	keyed.Keys = [][]byte{testGossipKey}
+	otherPrefix := secure
+	otherPrefix.NamePrefix = "d1"
+	insecureAuth := keyed
+	insecureAuth.Auth = trust.Insecure(nil)
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no key", DefaultLocalConfig(), "no gossip key (Keys, from the credentials' gossip.keys); --insecure gossips in the clear"},
+		{"no credentials", keyed, "no credentials to verify members with (Auth); --insecure lists members unverified"},
+		{"insecure authority", insecureAuth, "--insecure lists members unverified"},
+		{"prefix not the identity's", otherPrefix, `NamePrefix "d1" must be the name of the identity kvwarden://test/decode/d0`},
+		{"not a node", DefaultLocalConfig().Secured(ca.Authority(t, trust.RoleTenant, "acme", nil)),
+			"identity kvwarden://test/tenant/acme is not a node's (role tenant)"},
+	}
+	for _, tt := range tests {
+		if err := tt.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: Validate = %v, want %q", tt.name, err, tt.want)
+		}
+	}
+	meta := testMeta()
+	meta.Role, meta.DataAddr = RolePrefill, ""
+	if m, err := Start(secure, meta); err == nil || !strings.Contains(err.Error(),
+		"role prefill, but the identity kvwarden://test/decode/d0 is of role decode") {
+		if err == nil {
+			_ = m.Shutdown()
+		}
+		t.Fatalf("Start(prefill meta, decode identity) = %v", err)
+	}
+}
+
+// keyedConfig is an unverified member whose gossip is sealed with keys,
+// the primary first.
+func keyedConfig(keys ...[]byte) Config {
+	c := unverifiedConfig()
+	c.Keys = keys
+	return c
+}
+
+func gossipKey(t *testing.T, n int) []byte {
+	t.Helper()
+	k := make([]byte, n)
+	if _, err := crand.Read(k); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// joinRefused starts a member joining through seed that must not get in.
+func joinRefused(t *testing.T, what string, cfg Config, seed *Membership) {
+	t.Helper()
+	cfg.JoinAddrs = []string{seed.LocalAddr().String()}
+	cfg.TCPTimeout = time.Second
+	m, err := Start(cfg, testMeta())
+	if err == nil {
+		_ = m.Shutdown()
+		t.Fatalf("%s joined through %s", what, seed.Name())
+	}
+	if !strings.Contains(err.Error(), "joined 0 of 1") {
+		t.Fatalf("%s: Start = %v, want the join refused", what, err)
+	}
+}
+
+func TestGossipSealedMembersConverge(t *testing.T) {
+	for _, n := range []int{16, 24, 32} {
+		key := gossipKey(t, n)
+		a := startMember(t, keyedConfig(key), testMeta())
+		cfg := keyedConfig(key)
+		cfg.JoinAddrs = []string{a.LocalAddr().String()}
+		b := startMember(t, cfg, testMeta())
+		for _, m := range []*Membership{a, b} {
+			awaitEvents(t, m, match{kind: EventJoin, name: a.Name()}, match{kind: EventJoin, name: b.Name()})
+		}
+		meta := b.Meta()
+		meta.FreePages = 5
+		if err := b.UpdateMeta(meta); err != nil {
+			t.Fatal(err)
+		}
+		awaitEvents(t, a, match{kind: EventUpdate, name: b.Name(), ok: func(ev Event) bool { return ev.Member.Meta.FreePages == 5 }})
+	}
+}
+
+// Without the key, or with another one, a process can neither join a
+// sealed cluster nor be joined by it, and no member ever lists it.
+func TestGossipWithoutKeyCannotJoin(t *testing.T) {
+	key := gossipKey(t, 32)
+	seed := startMember(t, keyedConfig(key), testMeta())
+	clear := unverifiedConfig()
+	clear.Keys = nil
+	joinRefused(t, "a member without a key", clear, seed)
+	joinRefused(t, "a member with another key", keyedConfig(gossipKey(t, 32)), seed)
+	joinRefused(t, "a member with the key as a secondary only", keyedConfig(gossipKey(t, 32), key), seed)
+
+	open := startMember(t, clear, testMeta())
+	joinRefused(t, "a sealed member joining an open one", keyedConfig(key), open)
+
+	// A member with the key gets in; nobody else is listed.
+	cfg := keyedConfig(key)
+	cfg.JoinAddrs = []string{seed.LocalAddr().String()}
+	ok := startMember(t, cfg, testMeta())
+	awaitEvents(t, seed, match{kind: EventJoin, name: seed.Name()}, match{kind: EventJoin, name: ok.Name()})
+	for _, m := range []*Membership{seed, ok} {
+		if names := memberNames(m.Members()); len(names) != 2 {
+			t.Fatalf("%s lists %v, want only %s and %s", m.Name(), names, seed.Name(), ok.Name())
+		}
+	}
+	if names := memberNames(open.Members()); len(names) != 1 {
+		t.Fatalf("the open member lists %v, want only itself", names)
+	}
+}
+
+// One step of the rotation documented on Config.Keys: a member that
+// already sends under the new key and one that still sends under the old
+// one both hold both, so they hear each other both ways. Skipping the
+// first step (adding the new key everywhere) splits the cluster.
+func TestGossipKeyRotationStep(t *testing.T) {
+	oldKey, newKey := gossipKey(t, 32), gossipKey(t, 32)
+	before := startMember(t, keyedConfig(oldKey, newKey), testMeta())
+	cfg := keyedConfig(newKey, oldKey)
+	cfg.JoinAddrs = []string{before.LocalAddr().String()}
+	after := startMember(t, cfg, testMeta())
+	both := []*Membership{before, after}
+	for _, m := range both {
+		awaitEvents(t, m, match{kind: EventJoin, name: before.Name()}, match{kind: EventJoin, name: after.Name()})
+	}
+	for i, src := range both {
+		dst := both[1-i]
+		meta := src.Meta()
+		meta.FreePages = uint32(100 + i)
+		if err := src.UpdateMeta(meta); err != nil {
+			t.Fatal(err)
+		}
+		awaitEvents(t, dst, match{kind: EventUpdate, name: src.Name(),
+			ok: func(ev Event) bool { return ev.Member.Meta.FreePages == meta.FreePages }})
+	}
+
+	oldOnly := startMember(t, keyedConfig(oldKey), testMeta())
+	joinRefused(t, "a member sending under the new key, to one holding only the old", keyedConfig(newKey, oldKey), oldOnly)
 }

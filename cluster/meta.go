@@ -8,6 +8,8 @@ import (
 	"strconv"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // MetaVersion is the only metadata encoding this package writes and reads.
@@ -83,6 +85,22 @@ func (r Role) String() string {
 }
 
 func (r Role) valid() bool { return r >= RolePrefill && r <= RoleAll }
+
+// identityRole is the certificate role a node of this role holds; ""
+// for an invalid role, which no certificate names.
+func (r Role) identityRole() trust.Role {
+	switch r {
+	case RolePrefill:
+		return trust.RolePrefill
+	case RoleDecode:
+		return trust.RoleDecode
+	case RoleRouter:
+		return trust.RoleRouter
+	case RoleAll:
+		return trust.RoleAll
+	}
+	return ""
+}
 
 // servesKV reports whether a node in this role holds a KV pool and so must
 // advertise a data-plane address.

@@ -76,11 +76,11 @@ func (c *NodeConfig) Validate() error {
 	if err := c.Actors.Validate(); err != nil {
 		return err
 	}
-	if err := c.Gossip.Validate(); err != nil {
-		return err
-	}
 	if c.Auth == nil {
 		return errors.New("cluster: Auth is required (trust.Insecure runs without credentials)")
+	}
+	if err := c.Gossip.Secured(c.Auth).Validate(); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		name string
@@ -201,7 +201,7 @@ func (n *Node) start() error {
 	meta := Meta{Role: roleOf[cfg.Actors.Role], Incarnation: cfg.Actors.Incarnation, RemoteAddr: n.actors.Address(),
 		DataAddr: dataAddr}
 	meta.CapacityPages, meta.FreePages = n.pages()
-	if n.members, err = Start(cfg.Gossip, meta); err != nil {
+	if n.members, err = Start(cfg.Gossip.Secured(cfg.Auth), meta); err != nil {
 		return err
 	}
 	if len(cfg.Gossip.JoinAddrs) > 0 {

@@ -82,12 +82,12 @@ func (r *routerActor) Receive(c actor.Context) {
 	}
 }
 
-// candidates are the alive, non-draining members whose role does kind,
-// most free pages first.
+// candidates are the alive, verified, non-draining members whose role
+// does kind, most free pages first.
 func candidates(ms []Member, kind func(Role) bool) []Member {
 	var out []Member
 	for _, m := range ms {
-		if m.State == StateAlive && !m.Meta.Draining && kind(m.Meta.Role) {
+		if m.State == StateAlive && m.Verified && !m.Meta.Draining && kind(m.Meta.Role) {
 			out = append(out, m)
 		}
 	}
