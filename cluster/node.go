@@ -185,7 +185,8 @@ func (n *Node) start() error {
 		return err
 	}
 	if cfg.Actors.Role == actors.RoleRouter {
-		r := &routerActor{cfg: &n.cfg.Actors, members: n.membersNow, draining: n.isDraining, log: n.log, counters: n.rc}
+		r := &routerActor{cfg: &n.cfg.Actors, members: n.membersNow, draining: n.isDraining, log: n.log, counters: n.rc,
+			auth: cfg.Auth}
 		// A relay that panics is stopped, never restarted: a restart would
 		// send its request to the decode node a second time.
 		stop := actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive { return actor.StopDirective })
@@ -492,6 +493,13 @@ func (n *Node) status() *messages.StatusReply {
 	if n.data != nil {
 		rep.Node.DataPlane = n.data.Addr().String()
 	}
+	auth := n.cfg.Auth
+	rep.Node.Insecure = auth.Insecure()
+	if !rep.Node.Insecure {
+		rep.Node.Identity = auth.Self().URI()
+	}
+	refused := auth.Refused()
+	rep.Node.Refused = refused[:]
 	for _, p := range n.actors.Pools() {
 		if s, err := p.Status(n.actors.Root()); err == nil && len(rep.Node.Pools) < messages.PoolsMax {
 			rep.Node.Pools = append(rep.Node.Pools, messages.PoolStatus{Name: p.PID.Id, Capacity: uint32(s.Capacity), Free: uint32(s.Free)})
@@ -504,7 +512,7 @@ func (n *Node) status() *messages.StatusReply {
 		rep.Members = append(rep.Members, messages.MemberStatus{Name: m.Name, Role: m.Meta.Role.String(),
 			Incarnation: m.Meta.Incarnation, Address: m.Meta.RemoteAddr, DataPlane: m.Meta.DataAddr,
 			State: m.State.String(), CapacityPages: m.Meta.CapacityPages, FreePages: m.Meta.FreePages,
-			Draining: m.Meta.Draining})
+			Draining: m.Meta.Draining, Verified: m.Verified})
 	}
 	return rep
 }
@@ -515,6 +523,15 @@ func (n *Node) status() *messages.StatusReply {
 type controlActor struct{ node *Node }
 
 func (c *controlActor) Receive(ctx actor.Context) {
+	switch ctx.Message().(type) {
+	case *messages.StatusRequest, *messages.DrainRequest:
+		// Only operators (and this process) may ask: a refusal is counted
+		// and not answered, so the asker learns nothing.
+		if s := c.node.cfg.Auth.Of(ctx); !s.May(trust.RoleOperator) {
+			c.node.cfg.Auth.Refuse(trust.RefusedRole, fmt.Sprintf("%T", ctx.Message()), "sender", s.String())
+			return
+		}
+	}
 	switch m := ctx.Message().(type) {
 	case *messages.StatusRequest:
 		if err := messages.Respond(ctx, c.node.status()); err != nil {

@@ -4,7 +4,6 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +26,7 @@ func BenchmarkTTFT(b *testing.B) {
 	d := startClusterNode(b, actors.RoleDecode, p.GossipAddr())
 	r := startClusterNode(b, actors.RoleRouter, p.GossipAddr())
 	all := startClusterNode(b, actors.RoleAll)
-	waitFor(b, "membership converges", 10*time.Second, func() bool { return aliveCount(r) == 3 })
+	waitFor(b, "membership converges", 10*time.Second, func() bool { return aliveCount(r) == 3 && routable(r) })
 	prompt := strings.Repeat("a prompt of two hundred and fifty-six bytes. ", 6)[:256]
 	for _, tc := range []struct {
 		name    string
@@ -35,7 +34,7 @@ func BenchmarkTTFT(b *testing.B) {
 		decoder *Node
 	}{{"cluster", r, d}, {"one-node", all, all}} {
 		b.Run(tc.name, func(b *testing.B) {
-			c, err := client.Dial(tc.entry.Address(), client.Options{Auth: trust.Insecure(nil)})
+			c, err := client.Dial(tc.entry.Address(), client.Options{Auth: tenantAuth(b, "bench")})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -43,7 +42,7 @@ func BenchmarkTTFT(b *testing.B) {
 			before, _ := tc.decoder.Actors().Status()
 			start := time.Now()
 			for i := 0; b.Loop(); i++ {
-				if _, err := c.Generate(context.Background(), fmt.Sprintf("t%d", i%4), prompt, client.GenerateOptions{MaxTokens: 2}, nil); err != nil {
+				if _, err := c.Generate(context.Background(), "bench", prompt, client.GenerateOptions{MaxTokens: 2}, nil); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -59,4 +58,57 @@ func BenchmarkTTFT(b *testing.B) {
 			b.ReportMetric(float64(elapsed)/n/1e6, "request-ms")
 		})
 	}
+}
+
+// BenchmarkTTFTSecured measures the time to first token of a 256-token
+// prompt through a router, a prefill and a decode node, in a cluster
+// secured with mutual TLS (remote, data plane, gossip) and in one started
+// --insecure, alternating requests between the two in one run, and reports
+// the ratio. Run with:
+//
+//	go test ./cluster -run '^$' -bench TTFTSecured -benchtime 20x -count 3
+func BenchmarkTTFTSecured(b *testing.B) {
+	type cluster struct {
+		c    *client.Client
+		took time.Duration
+	}
+	start := func(auth func(actors.Role) *trust.Authority, tenant *trust.Authority) *cluster {
+		p := startNodeAs(b, auth(actors.RolePrefill), actors.RolePrefill)
+		startNodeAs(b, auth(actors.RoleDecode), actors.RoleDecode, p.GossipAddr())
+		r := startNodeAs(b, auth(actors.RoleRouter), actors.RoleRouter, p.GossipAddr())
+		waitFor(b, "membership converges", 10*time.Second, func() bool { return aliveCount(r) == 3 && routable(r) })
+		c, err := client.Dial(r.Address(), client.Options{Auth: tenant})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(c.Close)
+		return &cluster{c: c}
+	}
+	secure := start(func(r actors.Role) *trust.Authority { return testAuth(b, r) }, tenantAuth(b, "bench"))
+	insecure := start(func(actors.Role) *trust.Authority { return trust.Insecure(nil) }, trust.Insecure(nil))
+	prompt := strings.Repeat("a prompt of two hundred and fifty-six bytes. ", 6)[:256]
+	first := func(cl *cluster) {
+		t0 := time.Now()
+		var ttft time.Duration
+		if _, err := cl.c.Generate(context.Background(), "bench", prompt, client.GenerateOptions{MaxTokens: 2}, func(int) {
+			if ttft == 0 {
+				ttft = time.Since(t0)
+			}
+		}); err != nil {
+			b.Fatal(err)
+		}
+		cl.took += ttft
+	}
+	first(secure) // connections and verification outside the measurement
+	first(insecure)
+	secure.took, insecure.took = 0, 0
+	n := 0
+	for b.Loop() {
+		first(secure)
+		first(insecure)
+		n++
+	}
+	b.ReportMetric(float64(secure.took)/float64(n)/1e6, "secure-ttft-ms")
+	b.ReportMetric(float64(insecure.took)/float64(n)/1e6, "insecure-ttft-ms")
+	b.ReportMetric(float64(secure.took)/float64(insecure.took), "secure/insecure")
 }

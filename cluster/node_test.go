@@ -22,12 +22,40 @@ import (
 	"github.com/kvwarden/kvwarden/messages"
 
 	"github.com/kvwarden/kvwarden/trust"
+	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
+
+// testAuth is the credentials of a node of role, from the package's
+// shared test CA; tenantAuth a tenant's client's.
+func testAuth(t testing.TB, role actors.Role) *trust.Authority {
+	return trusttest.Shared(t).Authority(t, trust.Role(role), "0", nil)
+}
+
+func tenantAuth(t testing.TB, tenant string) *trust.Authority {
+	return trusttest.Shared(t).Authority(t, trust.RoleTenant, tenant, nil)
+}
+
+// tenantClient dials addr as tenant.
+func tenantClient(t testing.TB, addr, tenant string) *client.Client {
+	t.Helper()
+	c, err := client.Dial(addr, client.Options{Auth: tenantAuth(t, tenant)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
 
 func startClusterNode(t testing.TB, role actors.Role, join ...string) *Node {
 	t.Helper()
+	return startNodeAs(t, testAuth(t, role), role, join...)
+}
+
+// startNodeAs starts a node of role holding auth's credentials.
+func startNodeAs(t testing.TB, auth *trust.Authority, role actors.Role, join ...string) *Node {
+	t.Helper()
 	cfg := DefaultLocalNodeConfig(role)
-	cfg.Auth = trust.Insecure(nil)
+	cfg.Auth = auth
 	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
 	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 512, 64
 	cfg.Actors.PrefillTimeout = 3 * time.Second
@@ -64,6 +92,17 @@ func aliveCount(n *Node) int {
 	return c
 }
 
+// routable says whether every member n sees is verified, so that n
+// routes to all of them.
+func routable(n *Node) bool {
+	for _, m := range n.Members() {
+		if !m.Verified {
+			return false
+		}
+	}
+	return true
+}
+
 // freeEverywhere checks that every pool of every node is entirely free.
 func freeEverywhere(t *testing.T, nodes ...*Node) {
 	t.Helper()
@@ -92,9 +131,9 @@ func startTrio(t *testing.T) (p, d, r *Node, c *client.Client) {
 	d = startClusterNode(t, actors.RoleDecode, p.GossipAddr())
 	r = startClusterNode(t, actors.RoleRouter, p.GossipAddr())
 	for _, n := range []*Node{p, d, r} {
-		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 })
+		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 && routable(n) })
 	}
-	c, err := client.Dial(r.Address(), client.Options{Auth: trust.Insecure(nil)})
+	c, err := client.Dial(r.Address(), client.Options{Auth: tenantAuth(t, "acme")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +142,11 @@ func startTrio(t *testing.T) (p, d, r *Node, c *client.Client) {
 }
 
 func TestRouterPrefillDecode(t *testing.T) {
-	p, d, r, c := startTrio(t)
+	p, d, r, _ := startTrio(t)
+	clients := make([]*client.Client, 3)
+	for i := range clients {
+		clients[i] = tenantClient(t, r.Address(), fmt.Sprintf("t%d", i))
+	}
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
@@ -111,7 +154,7 @@ func TestRouterPrefillDecode(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			prompt := strings.Repeat(fmt.Sprintf("tenant %d prompt; ", i%3), 10)[:10+i*17]
-			res, err := c.Generate(context.Background(), fmt.Sprintf("t%d", i%3), prompt, client.GenerateOptions{MaxTokens: 12}, nil)
+			res, err := clients[i%3].Generate(context.Background(), fmt.Sprintf("t%d", i%3), prompt, client.GenerateOptions{MaxTokens: 12}, nil)
 			if err == nil {
 				want, _ := gpu.Answer(r.cfg.Actors.Model, prompt, 12)
 				if fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
@@ -136,7 +179,7 @@ func TestRouterPrefillDecode(t *testing.T) {
 // answers the reference; the survivors' pools end entirely free.
 func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 	big := DefaultLocalNodeConfig(actors.RolePrefill)
-	big.Auth = trust.Insecure(nil)
+	big.Auth = testAuth(t, actors.RolePrefill)
 	big.Actors.PrefillPages, big.Actors.ContextTokens, big.Actors.MaxTokensMax = 128, 512, 64
 	big.Actors.PrefillTimeout = 3 * time.Second
 	doomed, err := StartNode(big, nil)
@@ -147,7 +190,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 	spare := startClusterNode(t, actors.RolePrefill, doomed.GossipAddr())
 	d := startClusterNode(t, actors.RoleDecode, doomed.GossipAddr())
 	for _, n := range []*Node{doomed, spare, d} {
-		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 })
+		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 && routable(n) })
 	}
 	// The doomed node has the most free pages, so decode plans with it
 	// first.
@@ -155,7 +198,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 		p, ok := d.pickPrefill(nil)
 		return ok && p.Incarnation == doomed.Incarnation()
 	})
-	c, err := client.Dial(d.Address(), client.Options{Auth: trust.Insecure(nil)})
+	c, err := client.Dial(d.Address(), client.Options{Auth: tenantAuth(t, "acme")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +263,7 @@ func TestDecodeLostFailsCleanly(t *testing.T) {
 // instead of failing on the dead connection.
 func TestTransferAfterIdleDataPlane(t *testing.T) {
 	cfg := DefaultLocalNodeConfig(actors.RoleDecode)
-	cfg.Auth = trust.Insecure(nil)
+	cfg.Auth = testAuth(t, actors.RoleDecode)
 	cfg.DataPlane.IdleTimeout = 200 * time.Millisecond
 	p := startClusterNode(t, actors.RolePrefill)
 	cfg.Gossip.JoinAddrs = []string{p.GossipAddr()}
@@ -229,8 +272,8 @@ func TestTransferAfterIdleDataPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Stop() })
-	waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(d) == 2 })
-	c, err := client.Dial(d.Address(), client.Options{Auth: trust.Insecure(nil)})
+	waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(d) == 2 && routable(d) })
+	c, err := client.Dial(d.Address(), client.Options{Auth: tenantAuth(t, "acme")})
 	if err != nil {
 		t.Fatal(err)
 	}

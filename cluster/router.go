@@ -13,12 +13,14 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // routerCounters are read by status.
 type routerCounters struct {
 	routed, completed, failed, lost            atomic.Uint64
 	rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
+	strangers                                  atomic.Uint64 // relayed messages refused: wrong sender, id or sequence
 }
 
 // inFlight is the routed requests not yet answered.
@@ -39,6 +41,7 @@ type routerActor struct {
 	members  func() []Member
 	draining func() bool
 	log      *slog.Logger
+	auth     *trust.Authority
 	counters *routerCounters
 	relays   map[string]*relay // by relay PID id
 	byClient map[string]*actor.PID
@@ -61,7 +64,15 @@ func (r *routerActor) Receive(c actor.Context) {
 			r.log.Warn("request without a sender dropped", "id", m.RequestID)
 			return
 		}
-		r.route(c, m)
+		tenant, err := actors.TenantOf(r.auth, r.auth.Of(c), m.Tenant)
+		if err != nil {
+			r.counters.rejectedBad.Add(1)
+			if err := actors.Reject(c, m.RequestID, err); err != nil {
+				r.log.Error("rejection refused by its own validation", "err", err)
+			}
+			return
+		}
+		r.route(c, m, tenant)
 	case *messages.CancelRequest:
 		if pid := r.byClient[clientKey(c.Sender(), m.RequestID)]; pid != nil {
 			c.Send(pid, m)
@@ -98,7 +109,7 @@ func candidates(ms []Member, kind func(Role) bool) []Member {
 func prefills(r Role) bool { return r == RolePrefill || r == RoleAll }
 func decodes(r Role) bool  { return r == RoleDecode || r == RoleAll }
 
-func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest) {
+func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant string) {
 	reject := func(err error, counter *atomic.Uint64) {
 		counter.Add(1)
 		if err := actors.Reject(c, m.RequestID, err); err != nil {
@@ -136,7 +147,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest) {
 			&r.counters.rejectedBad)
 		return
 	}
-	fwd := &messages.RoutedRequest{RequestID: m.RequestID, Tenant: m.Tenant, Prompt: m.Prompt, MaxTokens: m.MaxTokens,
+	fwd := &messages.RoutedRequest{RequestID: m.RequestID, Tenant: tenant, Prompt: m.Prompt, MaxTokens: m.MaxTokens,
 		Prefill: p.Meta.RemoteAddr, PrefillIncarnation: p.Meta.Incarnation, DecodeIncarnation: d.Meta.Incarnation}
 	if err := fwd.Validate(); err != nil {
 		reject(err, &r.counters.rejectedBad)
@@ -145,9 +156,16 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest) {
 	r.counters.routed.Add(1) // before the relay exists, so that in-flight never counts below zero
 	rl := &relay{client: c.Sender(), id: m.RequestID, decode: d.Meta.Incarnation,
 		admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: fwd,
-		timeout: r.cfg.RequestTimeout + relayMargin, counters: r.counters, log: r.log}
-	pid := c.Spawn(actor.PropsFromProducer(func() actor.Actor { return rl },
-		actor.WithMailbox(actor.Bounded(r.cfg.MailboxMax))))
+		timeout: r.cfg.RequestTimeout + relayMargin, counters: r.counters, log: r.log, auth: r.auth}
+	// A secret name: the decode node is told it (as the request's sender),
+	// no one else.
+	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl },
+		actor.WithMailbox(actor.Bounded(r.cfg.MailboxMax))), trust.SecretName())
+	if err != nil {
+		r.counters.routed.Add(^uint64(0))
+		reject(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.rejectedBad)
+		return
+	}
 	r.relays[pid.Id] = rl
 	r.byClient[key] = pid
 }
@@ -165,7 +183,9 @@ type relay struct {
 	timeout   time.Duration
 	counters  *routerCounters
 	log       *slog.Logger
+	auth      *trust.Authority
 	deadline  *time.Timer
+	seq       uint32 // the last token chunk's sequence number passed on
 }
 
 type relayTimeout struct{}
@@ -184,8 +204,19 @@ func (rl *relay) Receive(c actor.Context) {
 	case *actor.Stopping:
 		rl.deadline.Stop()
 	case *messages.TokenChunk:
+		if !rl.fromDecode(c, m.RequestID) {
+			return
+		}
+		if m.Seq != rl.seq+1 {
+			rl.refuse(c, fmt.Sprintf("token chunk %d after %d", m.Seq, rl.seq))
+			return
+		}
+		rl.seq = m.Seq
 		rl.pass(c, m)
 	case *messages.GenerateResult:
+		if !rl.fromDecode(c, m.RequestID) {
+			return
+		}
 		if m.Err != nil {
 			rl.counters.failed.Add(1)
 		} else {
@@ -202,6 +233,27 @@ func (rl *relay) Receive(c actor.Context) {
 	case *messages.Undecodable:
 		rl.log.Warn("undecodable message from a decode node", "err", m.Err)
 	}
+}
+
+// fromDecode says whether a token chunk or result for request id came from
+// the decode node the request was routed to (the remote boundary proved
+// the sender's address) and is for this request; anything else is refused
+// and counted, and never reaches the client.
+func (rl *relay) fromDecode(c actor.Context, id uint64) bool {
+	switch s := c.Sender(); {
+	case s == nil || s.Address != rl.admission.Address:
+		rl.refuse(c, fmt.Sprintf("from %s, the request went to %s", s, rl.admission.Address))
+		return false
+	case id != rl.id:
+		rl.refuse(c, fmt.Sprintf("for request %d, this is %d", id, rl.id))
+		return false
+	}
+	return true
+}
+
+func (rl *relay) refuse(c actor.Context, why string) {
+	rl.counters.strangers.Add(1)
+	rl.auth.Refuse(trust.RefusedStranger, "relayed message", "why", why, "sender", rl.auth.Of(c).String())
 }
 
 func (rl *relay) pass(c actor.Context, m messages.Message) {
