@@ -2,6 +2,7 @@ package trust
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"net"
@@ -46,9 +47,27 @@ func (a *Authority) ServerOptions(pol RemotePolicy) []grpc.ServerOption {
 		grpc.ChainUnaryInterceptor(a.refuseUnary),
 	}
 	if a.bundle != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(a.bundle.ServerTLS())))
+		opts = append(opts, grpc.Creds(credentials.NewTLS(a.countedServerTLS())))
 	}
 	return opts
+}
+
+// countedServerTLS is ServerTLS counting every refused handshake: gRPC
+// completes handshakes before any interceptor runs, so they would go
+// uncounted otherwise. A missing certificate is let through to
+// VerifyConnection, which refuses it like any other.
+func (a *Authority) countedServerTLS() *tls.Config {
+	c := a.bundle.ServerTLS()
+	c.ClientAuth = tls.RequestClientCert
+	verify := c.VerifyConnection
+	c.VerifyConnection = func(cs tls.ConnectionState) error {
+		err := verify(cs)
+		if err != nil {
+			a.Refuse(RefusedCertificate, "remote TLS handshake", "err", err)
+		}
+		return err
+	}
+	return c
 }
 
 // DialOptions are the gRPC dial options of protoactor remote: TLS with

@@ -1,0 +1,241 @@
+//go:build !race
+
+// The victim node and the client that checks it still serves are two
+// protoactor remote instances in one process, which race inside
+// protoactor and gRPC; see node_test.go.
+
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/remote"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
+	"github.com/kvwarden/kvwarden/trust/trusttest"
+)
+
+// attackTimeout bounds each exchange with the victim; it is only reached
+// when something is broken.
+const attackTimeout = 10 * time.Second
+
+// attackVictim starts a secure node serving every role, as a real
+// deployment's would.
+func attackVictim(t *testing.T, ca *trusttest.CA) *Node {
+	t.Helper()
+	cfg := DefaultLocalNodeConfig(actors.RoleAll)
+	cfg.Auth = ca.Authority(t, trust.RoleAll, "victim", nil)
+	n, err := StartNode(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Stop() })
+	return n
+}
+
+// rawHandshake dials addr with a hand-made TLS configuration, as an
+// attacker's own client would, and reports how the handshake ended: in
+// TLS 1.3 the client finishes first, so the server's verdict on its
+// certificate arrives on the first read.
+func rawHandshake(t *testing.T, addr string, cfg *tls.Config) error {
+	t.Helper()
+	cfg.InsecureSkipVerify, cfg.MinVersion, cfg.NextProtos = true, tls.VersionTLS13, []string{"h2"}
+	conn, err := tls.Dial("tcp", addr, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(attackTimeout))
+	var b [1]byte
+	_, err = conn.Read(b[:])
+	return err
+}
+
+// remotingClient is a hand-written protoactor remote client over mutual
+// TLS with b's certificate: it speaks the wire protocol directly, with
+// none of protoactor's own checks.
+func remotingClient(t *testing.T, addr string, b *trust.Bundle) remote.RemotingClient {
+	t.Helper()
+	cc, err := grpc.Dial(addr, grpc.WithTransportCredentials(credentials.NewTLS(b.ClientTLS())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return remote.NewRemotingClient(cc)
+}
+
+func connectMsg(addr string) *remote.RemoteMessage {
+	return &remote.RemoteMessage{MessageType: &remote.RemoteMessage_ConnectRequest{ConnectRequest: &remote.ConnectRequest{
+		ConnectionType: &remote.ConnectRequest_ServerConnection{ServerConnection: &remote.ServerConnection{
+			SystemId: "attacker", Address: addr}}}}}
+}
+
+func batchMsg(b *remote.MessageBatch) *remote.RemoteMessage {
+	return &remote.RemoteMessage{MessageType: &remote.RemoteMessage_MessageBatch{MessageBatch: b}}
+}
+
+// play opens a stream, sends msgs in order and returns how the victim
+// ended the stream; it fails the test if the victim answers anything but
+// the connect response or keeps the stream open.
+func play(t *testing.T, rc remote.RemotingClient, msgs ...*remote.RemoteMessage) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), attackTimeout)
+	defer cancel()
+	stream, err := rc.Receive(ctx)
+	if err != nil {
+		t.Fatalf("opening a stream: %v", err)
+	}
+	for _, m := range msgs {
+		if err := stream.Send(m); err != nil {
+			break // the victim closed the stream already; Recv says why
+		}
+	}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if m.GetConnectResponse() == nil {
+			t.Fatalf("the victim answered %T", m.MessageType)
+		}
+	}
+}
+
+// refusedWith checks that err is the guard's refusal saying why.
+func refusedWith(t *testing.T, what string, err error, why string) {
+	t.Helper()
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), why) {
+		t.Fatalf("%s: stream ended with %v, want PermissionDenied saying %q", what, err, why)
+	}
+}
+
+func generate(t *testing.T, addr string, tenant *trust.Authority) client.Result {
+	t.Helper()
+	c, err := client.Dial(addr, client.Options{Auth: tenant, NoAnswerAfter: attackTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), attackTimeout)
+	defer cancel()
+	res, err := c.Generate(ctx, tenant.Self().Name, "the attack suite", client.GenerateOptions{MaxTokens: 8}, nil)
+	if err != nil {
+		t.Fatalf("Generate: %v", err)
+	}
+	return res
+}
+
+// Raw attacks on a node's protoactor remote port, each refused, counted
+// by kind and survived: one malformed batch would otherwise panic
+// protoactor's endpoint reader and kill the process, and a system message
+// such as PoisonPill would stop the actor it names.
+func TestAttackRemote(t *testing.T) {
+	ca := trusttest.New(t)
+	victim := attackVictim(t, ca)
+	addr, auth := victim.Address(), victim.cfg.Auth
+	tenant := ca.Authority(t, trust.RoleTenant, "acme", nil)
+	before := generate(t, addr, tenant)
+	base := auth.Refused()
+	want := base
+
+	// (a) No client certificate, (b) a foreign CA's: the handshake fails.
+	if err := rawHandshake(t, addr, &tls.Config{}); err == nil {
+		t.Fatal("a handshake without a client certificate was accepted")
+	}
+	foreign := trusttest.New(t).Bundle(t, trust.RoleTenant, "acme")
+	if err := rawHandshake(t, addr, &tls.Config{Certificates: []tls.Certificate{foreign.Cert}}); err == nil {
+		t.Fatal("a handshake with a foreign CA's certificate was accepted")
+	}
+	want[trust.RefusedCertificate] += 2
+
+	// (c) A valid certificate claiming another node's address.
+	rc := remotingClient(t, addr, tenant.Bundle())
+	other := certServer(t, ca.Bundle(t, trust.RoleDecode, "d1"))
+	refusedWith(t, "connect as another node", play(t, rc, connectMsg(other)), "served by kvwarden://test/decode/d1")
+	want[trust.RefusedAddress]++
+
+	// (d) Malformed batches, each after an honest connect request from an
+	// address the attacker does serve (but the first).
+	own := certServer(t, tenant.Bundle())
+	here := &actor.PID{Address: addr, Id: actors.AdmissionName}
+	envelope := messages.EnvelopeTypeName
+	batches := []struct {
+		what, why string
+		batch     *remote.MessageBatch
+		connect   bool
+	}{
+		{"batch before connect", "batch before connect request",
+			&remote.MessageBatch{TypeNames: []string{envelope}, Targets: []*actor.PID{here},
+				Envelopes: []*remote.MessageEnvelope{{}}}, false},
+		{"target index out of range", "target index 7 of 1",
+			&remote.MessageBatch{TypeNames: []string{envelope}, Targets: []*actor.PID{here},
+				Envelopes: []*remote.MessageEnvelope{{Target: 7}}}, true},
+		{"type index out of range", "type index 3 of 1",
+			&remote.MessageBatch{TypeNames: []string{envelope}, Targets: []*actor.PID{here},
+				Envelopes: []*remote.MessageEnvelope{{TypeId: 3}}}, true},
+		{"a system message", `type "actor.PoisonPill" not allowed`,
+			&remote.MessageBatch{TypeNames: []string{"actor.PoisonPill"}, Targets: []*actor.PID{here},
+				Envelopes: []*remote.MessageEnvelope{{}}}, true},
+		{"a target elsewhere", `target 0 is at "127.0.0.1:1", not here`,
+			&remote.MessageBatch{TypeNames: []string{envelope}, Targets: []*actor.PID{{Address: "127.0.0.1:1", Id: "x"}},
+				Envelopes: []*remote.MessageEnvelope{{}}}, true},
+		{"a sender at another address", `sender 0 is at "` + addr + `"`,
+			&remote.MessageBatch{TypeNames: []string{envelope}, Targets: []*actor.PID{here},
+				Senders: []*actor.PID{{Address: addr, Id: "admission"}}, Envelopes: []*remote.MessageEnvelope{{Sender: 1}}}, true},
+	}
+	for _, b := range batches {
+		msgs := []*remote.RemoteMessage{batchMsg(b.batch)}
+		if b.connect {
+			msgs = slices.Insert(msgs, 0, connectMsg(own))
+		}
+		refusedWith(t, b.what, play(t, rc, msgs...), b.why)
+		want[trust.RefusedBatch]++
+	}
+
+	// (e) A unary call: protoactor's ListProcesses panics.
+	ctx, cancel := context.WithTimeout(context.Background(), attackTimeout)
+	defer cancel()
+	_, err := rc.ListProcesses(ctx, &remote.ListProcessesRequest{})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("ListProcesses = %v, want PermissionDenied", err)
+	}
+	want[trust.RefusedBatch]++
+
+	if got := auth.Refused(); got != want {
+		t.Fatalf("refusals %v, want %v (names %v)", got, want, trust.RefusalNames())
+	}
+	// The node still serves, and answers as before.
+	after := generate(t, addr, tenant)
+	if !slices.Equal(after.Tokens, before.Tokens) || after.Text != before.Text {
+		t.Fatalf("after the attacks the node answered %q %v, before %q %v", after.Text, after.Tokens, before.Text, before.Tokens)
+	}
+	if got := auth.Refused(); got != want {
+		t.Fatalf("an honest request after the attacks was refused: %v, want %v", got, want)
+	}
+	if err := victimAlive(victim); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// victimAlive says whether the node's admission actor still runs: a
+// PoisonPill let through would have stopped it.
+func victimAlive(n *Node) error {
+	if _, err := n.actors.Status(); err != nil {
+		return errors.Join(errors.New("the victim's admission no longer answers"), err)
+	}
+	return nil
+}
