@@ -76,10 +76,16 @@ func (c *NodeConfig) Validate() error {
 	if err := c.Actors.Validate(); err != nil {
 		return err
 	}
-	if c.Auth == nil {
-		return errors.New("cluster: Auth is required (trust.Insecure runs without credentials)")
+	// Without Auth (which StartNode requires) the rest of the gossip
+	// settings are still checked, so that a caller can validate its
+	// configuration before it has loaded credentials.
+	gossip := c.Gossip
+	if c.Auth != nil {
+		gossip = gossip.Secured(c.Auth)
+	} else {
+		gossip.Insecure = true
 	}
-	if err := c.Gossip.Secured(c.Auth).Validate(); err != nil {
+	if err := gossip.Validate(); err != nil {
 		return err
 	}
 	for _, d := range []struct {
@@ -104,6 +110,9 @@ func (c *NodeConfig) Validate() error {
 func (c *NodeConfig) dataPlane() DataPlaneConfig {
 	d := c.DataPlane
 	d.Auth = c.Auth
+	if d.Auth == nil {
+		d.Auth = trust.Insecure(nil) // validated before credentials are loaded; StartNode requires them
+	}
 	d.Batch = c.Actors.BatchLimits()
 	d.Incarnation = c.Actors.Incarnation
 	if d.Incarnation == 0 {
@@ -147,6 +156,9 @@ func StartNode(cfg NodeConfig, log *slog.Logger) (*Node, error) {
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Auth == nil {
+		return nil, errors.New("cluster: NodeConfig.Auth is required (trust.Insecure runs without credentials)")
 	}
 	if err := cfg.Actors.DrawIncarnation(); err != nil {
 		return nil, err

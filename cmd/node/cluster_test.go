@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"regexp"
 	"slices"
@@ -75,7 +76,15 @@ var control struct {
 
 func testControl(t *testing.T) *controlClient {
 	t.Helper()
-	control.once.Do(func() { control.c, control.err = dialControl("127.0.0.1") })
+	nodeBinary(t) // makes the credentials
+	control.once.Do(func() {
+		auth, err := credFlags{}.operator(io.Discard)
+		if err != nil {
+			control.err = err
+			return
+		}
+		control.c, control.err = dialControl("127.0.0.1", auth)
+	})
 	if control.err != nil {
 		t.Fatal(control.err)
 	}
@@ -226,7 +235,7 @@ func freeTCPAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-var upRow = regexp.MustCompile(`^(router|prefill-\d+|decode-\d+)\s+(router|prefill|decode)\s+(\S+)\s+(\S+)\s+([0-9a-f]{16})\s+(\d+)\s+(\S+)$`)
+var upRow = regexp.MustCompile(`^(router-0|prefill-\d+|decode-\d+)\s+(router|prefill|decode)\s+(\S+)\s+(\S+)\s+([0-9a-f]{16})\s+(\d+)\s+(\S+)$`)
 
 // TestBinaryUp: node up starts a router, a prefill and a decode node as
 // child processes; node status through the router shows all three alive;
@@ -267,6 +276,8 @@ func TestBinaryUp(t *testing.T) {
 		t.Fatalf("up printed %d nodes, want 3, and the router on %s:\n%s", len(pids), listen, strings.Join(out, "\n"))
 	}
 
+	// No credential flags: status and generate find up's own credentials
+	// for the router's endpoint, ahead of the tests' ($KVWARDEN_CERTS).
 	code, stdout, stderr := runBinary(t, "", "status", "--endpoint", listen)
 	if code != exitOK {
 		t.Fatalf("status: exit %d; stderr:\n%s", code, stderr)
@@ -275,7 +286,7 @@ func TestBinaryUp(t *testing.T) {
 		t.Errorf("status lacks the router or 3 members:\n%s", stdout)
 	}
 	for _, role := range []string{"router", "prefill", "decode"} {
-		if !regexp.MustCompile(`(?m)^kvwarden-[0-9a-f]{16}\s+` + role + `\s.*\salive\s`).MatchString(stdout) {
+		if !regexp.MustCompile(`(?m)^\S+-[0-9a-f]{16}\s+` + role + `\s.*\salive\s.*\syes$`).MatchString(stdout) {
 			t.Errorf("status lacks an alive %s member:\n%s", role, stdout)
 		}
 	}

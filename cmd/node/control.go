@@ -26,11 +26,11 @@ type controlClient struct {
 
 // dialControl starts a client whose remote endpoint listens on a free port
 // of host, which must be an address the nodes it asks can reach it at.
-func dialControl(host string) (*controlClient, error) {
+func dialControl(host string, auth *trust.Authority) (*controlClient, error) {
 	// remote.Start panics when it cannot listen, so the address is tried
 	// first, as client.Dial does.
 	sys := messages.NewActorSystem(nil)
-	r, err := messages.StartRemote(sys, net.JoinHostPort(host, "0"), trust.Insecure(nil))
+	r, err := messages.StartRemote(sys, net.JoinHostPort(host, "0"), auth)
 	if err != nil {
 		sys.Shutdown()
 		return nil, fmt.Errorf("listening for the node's answers: %w", err)
@@ -42,7 +42,7 @@ func dialControl(host string) (*controlClient, error) {
 // nothing listens fails at once rather than after the request's timeout,
 // and starts a client on the local address that connection used: the
 // address the node can answer to.
-func dialControlFor(endpoint string) (*controlClient, error) {
+func dialControlFor(endpoint string, auth *trust.Authority) (*controlClient, error) {
 	if err := checkEndpoint(endpoint); err != nil {
 		return nil, usageError{err}
 	}
@@ -52,7 +52,7 @@ func dialControlFor(endpoint string) (*controlClient, error) {
 	}
 	local := conn.LocalAddr().(*net.TCPAddr).IP.String()
 	conn.Close()
-	return dialControl(local)
+	return dialControl(local, auth)
 }
 
 // close stops the client at once. A graceful remote shutdown would wait,

@@ -24,8 +24,10 @@
 // the gossip addresses given to --join. Before it serves it makes
 // preflight's check for the pools its role holds, each a configured pool of
 // pages × page tokens: the advertised context window must fit every pool.
-// It then prints exactly one line to stdout, "serving on <address>
-// (incarnation <hex>, role <role>, gossip <address>)", logs to stderr and
+// It authenticates every peer with the certificates of --certs (see "node
+// certs"), or nobody with an explicit --insecure. It then prints exactly one
+// line to stdout, "serving on <address> (incarnation <hex>, role <role>,
+// gossip <address>, as <identity>)", logs to stderr and
 // serves until SIGINT or SIGTERM (it leaves the cluster gracefully and
 // exits 0) or until it has been drained and has left (exit 0).
 //

@@ -23,6 +23,7 @@ type drainOptions struct {
 	Endpoint string
 	Wait     bool
 	Timeout  time.Duration
+	creds    credFlags
 }
 
 func newDrainCmd() *cobra.Command {
@@ -48,7 +49,12 @@ usage error.`,
 			if o.Timeout <= 0 {
 				return usageError{fmt.Errorf("--timeout (%s) must be positive", o.Timeout)}
 			}
-			c, err := dialControlFor(o.Endpoint)
+			o.creds.Endpoint = o.Endpoint
+			auth, err := o.creds.operator(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			c, err := dialControlFor(o.Endpoint, auth)
 			if err != nil {
 				return fmt.Errorf("drain: %w", err)
 			}
@@ -73,6 +79,7 @@ usage error.`,
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the node to drain (where node run listens)")
 	fs.BoolVar(&o.Wait, "wait", o.Wait, "wait until the node has drained and left")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "how long to wait for the node's answer, and with --wait for it to leave")
+	o.creds.bind(fs, "the only operator-*.crt in --certs")
 	return cmd
 }
 

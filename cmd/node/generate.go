@@ -16,6 +16,7 @@ import (
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
+	"log/slog"
 )
 
 // reachTimeout bounds the TCP connection generate opens first to find out
@@ -36,6 +37,7 @@ type generateOptions struct {
 	Prompt        string
 	MaxTokens     int
 	NoAnswerAfter time.Duration
+	creds         credFlags
 }
 
 func newGenerateCmd() *cobra.Command {
@@ -71,6 +73,7 @@ error, 130 interrupted by Ctrl-C (the request is cancelled on the node).`,
 	fs.StringVar(&o.Prompt, "prompt", o.Prompt, "the prompt; - reads it from stdin (required)")
 	fs.IntVar(&o.MaxTokens, "max-tokens", o.MaxTokens, "most tokens to generate")
 	fs.DurationVar(&o.NoAnswerAfter, "no-answer-after", o.NoAnswerAfter, "give the node up as lost after this long without a message from it")
+	o.creds.bind(fs, "tenant-<--tenant>")
 	return cmd
 }
 
@@ -116,7 +119,13 @@ func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, 
 		return fmt.Errorf("generate: no node reachable at %s: %w", o.Endpoint, err)
 	}
 	conn.Close()
-	c, err := client.Dial(o.Endpoint, client.Options{NoAnswerAfter: o.NoAnswerAfter, Auth: trust.Insecure(nil)})
+	o.creds.Endpoint = o.Endpoint
+	auth, err := o.creds.authority(slog.New(slog.NewTextHandler(stderr, nil)), trust.RoleTenant,
+		trust.FileName(trust.Identity{Role: trust.RoleTenant, Name: o.Tenant}))
+	if err != nil {
+		return err
+	}
+	c, err := client.Dial(o.Endpoint, client.Options{NoAnswerAfter: o.NoAnswerAfter, Auth: auth})
 	if err != nil {
 		return fmt.Errorf("generate: %w", err)
 	}

@@ -23,7 +23,8 @@ const (
 type exitCoder interface{ exitCode() int }
 
 // subcommands builds each subcommand; every one lives in its own file.
-var subcommands = []func() *cobra.Command{newPreflightCmd, newRunCmd, newGenerateCmd, newUpCmd, newStatusCmd, newDrainCmd}
+var subcommands = []func() *cobra.Command{newPreflightCmd, newRunCmd, newGenerateCmd, newUpCmd, newStatusCmd,
+	newDrainCmd, newCertsCmd}
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 

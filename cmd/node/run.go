@@ -40,6 +40,7 @@ func newRunCmd() *cobra.Command {
 	cfg := defaultNodeConfig()
 	cfg.ContextTokens = int64(actors.DefaultConfig().ContextTokens)
 	var configPath *string
+	var creds credFlags
 	logLevel := slog.LevelInfo
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -60,7 +61,8 @@ member's gossip address given to --join. Before it serves it checks that the
 context window it advertises fits every pool its role holds (the check
 preflight makes for devices) and refuses to start otherwise. When it serves
 it prints one line to stdout,
-"serving on <address> (incarnation <hex>, role <role>, gossip <address>)",
+"serving on <address> (incarnation <hex>, role <role>, gossip <address>,
+as <identity>)" (or "INSECURE: nobody authenticated" in place of the identity),
 then logs to stderr. On SIGINT or SIGTERM it leaves the cluster gracefully,
 stops and exits 0; when it is drained ("node drain") it finishes its
 requests, leaves and exits 0.
@@ -80,6 +82,9 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			if err := preflightPools(log, nc.Actors); err != nil {
 				return err
 			}
+			if nc.Auth, err = creds.authority(log, trust.Role(nc.Actors.Role), ""); err != nil {
+				return err
+			}
 			// Registered before the node starts, so that a signal that
 			// arrives while it starts still stops it cleanly.
 			signals := make(chan os.Signal, 1)
@@ -90,6 +95,7 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 	}
 	configPath = configFlag(cmd)
 	cfg.bindServeFlags(cmd.Flags())
+	creds.bind(cmd.Flags(), "the only <role>-*.crt in --certs")
 	cmd.Flags().TextVar(&logLevel, "log-level", logLevel, "least level logged to stderr: debug, info, warn or error")
 	return cmd
 }
@@ -165,7 +171,6 @@ func (c nodeConfig) clusterNode() (cluster.NodeConfig, error) {
 		}
 	}
 	nc := cluster.DefaultLocalNodeConfig(a.Role)
-	nc.Auth = trust.Insecure(nil)
 	if !host.IsLoopback() {
 		nc.Gossip = cluster.DefaultConfig()
 		nc.DataPlane = cluster.DefaultDataPlaneConfig(a.Geometry(), 1)
@@ -279,12 +284,17 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, signals <
 		return fmt.Errorf("run: starting the %s node on %s (gossip %s): %w", cfg.Actors.Role, cfg.Listen,
 			net.JoinHostPort(cfg.Gossip.BindAddr, strconv.Itoa(cfg.Gossip.BindPort)), err)
 	}
-	fmt.Fprintf(stdout, "serving on %s (incarnation %016x, role %s, gossip %s)\n", n.Address(), n.Incarnation(),
-		cfg.Actors.Role, n.GossipAddr())
+	security := "as " + cfg.Auth.Self().URI()
+	if cfg.Auth.Insecure() {
+		security = "INSECURE: nobody authenticated"
+	}
+	fmt.Fprintf(stdout, "serving on %s (incarnation %016x, role %s, gossip %s, %s)\n", n.Address(), n.Incarnation(),
+		cfg.Actors.Role, n.GossipAddr(), security)
 	a := cfg.Actors
 	log.Info("serving", "address", n.Address(), "role", a.Role, "gossip", n.GossipAddr(), "join", cfg.Gossip.JoinAddrs,
 		"context_tokens", a.ContextTokens, "page_tokens", a.PageTokens, "prefill_workers", a.PrefillWorkers,
-		"decode_workers", a.DecodeWorkers, "queue_max", a.QueueMax)
+		"decode_workers", a.DecodeWorkers, "queue_max", a.QueueMax, "identity", cfg.Auth.Self().URI(),
+		"insecure", cfg.Auth.Insecure())
 	return wait(log, n, signals, n.Actors().Fatal(), n.Stopped())
 }
 

@@ -63,12 +63,39 @@ func nodeBinary(t *testing.T) string {
 		built.path = filepath.Join(built.dir, "node")
 		if out, err := exec.Command("go", "build", "-o", built.path, ".").CombinedOutput(); err != nil {
 			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+			return
 		}
+		built.err = makeTestCerts(built.path, filepath.Join(built.dir, "certs"))
 	})
 	if built.err != nil {
 		t.Fatal(built.err)
 	}
 	return built.path
+}
+
+// testTenants are the tenants the tests' clients have certificates for.
+var testTenants = []string{"acme", "globex", "tenant-0", "tenant-1", "tenant-2", "tenant-3"}
+
+// makeTestCerts makes, with the binary's own "node certs", the
+// credentials every process of the tests uses: a CA, one certificate per
+// node role (so that "node run --role R" finds its own), an operator's and
+// the test tenants'. $KVWARDEN_CERTS names them for the child processes
+// and for the commands run in this process.
+func makeTestCerts(bin, dir string) error {
+	cmds := [][]string{{"certs", "init", "--dir", dir, "--cluster", "test"},
+		{"certs", "issue", "--dir", dir, "--role", "operator", "--name", "admin"}}
+	for _, role := range []string{"router", "prefill", "decode", "all"} {
+		cmds = append(cmds, []string{"certs", "issue", "--dir", dir, "--role", role, "--name", "0", "--host", "127.0.0.1"})
+	}
+	for _, tenant := range testTenants {
+		cmds = append(cmds, []string{"certs", "issue", "--dir", dir, "--role", "tenant", "--name", tenant})
+	}
+	for _, args := range cmds {
+		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("node %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	return os.Setenv(certsEnv, dir)
 }
 
 // syncBuffer is a bytes.Buffer a process writes while the test reads it.
@@ -164,7 +191,7 @@ func (p *process) exitCode(t *testing.T, d time.Duration) int {
 
 // readyLine is the readiness line of node run; the same as readinessLine
 // but written out here, so that a change to the format fails a test.
-var readyLine = regexp.MustCompile(`^serving on (\S+) \(incarnation ([0-9a-f]{16}), role (\w+), gossip (\S+)\)$`)
+var readyLine = regexp.MustCompile(`^serving on (\S+) \(incarnation ([0-9a-f]{16}), role (\w+), gossip (\S+), ([^)]+)\)$`)
 
 // startNode runs "node run" on a free port and returns the process and the
 // address from its readiness line.

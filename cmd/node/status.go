@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // statusOptions are the flags of "node status".
@@ -17,6 +18,7 @@ type statusOptions struct {
 	Endpoint string
 	Timeout  time.Duration
 	JSON     bool
+	creds    credFlags
 }
 
 func newStatusCmd() *cobra.Command {
@@ -38,7 +40,12 @@ within --timeout, 2 usage error.`,
 			if o.Timeout <= 0 {
 				return usageError{fmt.Errorf("--timeout (%s) must be positive", o.Timeout)}
 			}
-			c, err := dialControlFor(o.Endpoint)
+			o.creds.Endpoint = o.Endpoint
+			auth, err := o.creds.operator(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			c, err := dialControlFor(o.Endpoint, auth)
 			if err != nil {
 				return fmt.Errorf("status: %w", err)
 			}
@@ -60,6 +67,7 @@ within --timeout, 2 usage error.`,
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the node (where node run listens)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "how long to wait for the node's answer")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print the status as JSON")
+	o.creds.bind(fs, "the only operator-*.crt in --certs")
 	return cmd
 }
 
@@ -79,18 +87,42 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	for _, p := range n.Pools {
 		fmt.Fprintf(w, "  pool %s: %d of %d pages free\n", p.Name, p.Free, p.Capacity)
 	}
+	if n.Insecure {
+		fmt.Fprintf(w, "  INSECURE: the node authenticates nobody\n")
+	} else {
+		fmt.Fprintf(w, "  identity %s\n", n.Identity)
+	}
+	fmt.Fprintf(w, "  refused:%s\n", refusals(n.Refused))
 	fmt.Fprintf(w, "\n%d members:\n", len(s.Members))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tROLE\tINCARNATION\tADDRESS\tDATA PLANE\tSTATE\tCAPACITY\tFREE\tDRAINING")
+	fmt.Fprintln(tw, "NAME\tROLE\tINCARNATION\tADDRESS\tDATA PLANE\tSTATE\tCAPACITY\tFREE\tDRAINING\tVERIFIED")
 	for _, m := range s.Members {
 		dp := m.DataPlane
 		if dp == "" {
 			dp = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%016x\t%s\t%s\t%s\t%d\t%d\t%s\n", m.Name, m.Role, m.Incarnation, m.Address, dp, m.State,
-			m.CapacityPages, m.FreePages, yesNo(m.Draining))
+		fmt.Fprintf(tw, "%s\t%s\t%016x\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", m.Name, m.Role, m.Incarnation, m.Address, dp, m.State,
+			m.CapacityPages, m.FreePages, yesNo(m.Draining), yesNo(m.Verified))
 	}
 	tw.Flush()
+}
+
+// refusals names each count of NodeStatus.Refused by its kind (a node of
+// a newer build may count kinds this one does not name).
+func refusals(counts []uint64) string {
+	names := trust.RefusalNames()
+	out := ""
+	for i, n := range counts {
+		name := fmt.Sprintf("kind%d", i)
+		if i < len(names) {
+			name = names[i]
+		}
+		out += fmt.Sprintf(" %s %d", name, n)
+	}
+	if out == "" {
+		return " none counted"
+	}
+	return out
 }
 
 func yesNo(b bool) string {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // Bounds of "node up".
@@ -39,7 +40,7 @@ const (
 )
 
 // readinessLine is the line "node run" prints when it serves.
-var readinessLine = regexp.MustCompile(`^serving on (\S+) \(incarnation ([0-9a-f]{16}), role (\w+), gossip (\S+)\)$`)
+var readinessLine = regexp.MustCompile(`^serving on (\S+) \(incarnation ([0-9a-f]{16}), role (\w+), gossip (\S+), ([^)]+)\)$`)
 
 // upOptions are the flags of "node up"; NodeArgs are the arguments after
 // "--", given to every node run.
@@ -56,6 +57,9 @@ type upOptions struct {
 	Prompt    string
 	Tenant    string
 	MaxTokens int
+	// Insecure runs every node --insecure; otherwise up makes a throwaway
+	// CA and certificates for its nodes in localCertsDir(Listen).
+	Insecure bool
 }
 
 func newUpCmd() *cobra.Command {
@@ -116,6 +120,7 @@ usage error.`,
 	fs.StringVar(&o.Prompt, "prompt", o.Prompt, "send this prompt once the cluster is up, print the answer, then stop the cluster")
 	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant of the --prompt request")
 	fs.IntVar(&o.MaxTokens, "max-tokens", o.MaxTokens, "most tokens to generate for --prompt")
+	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "run every node --insecure (no certificates, nobody authenticated)")
 	return cmd
 }
 
@@ -149,6 +154,14 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 	}
 	log.Info("starting a local cluster", "prefill", o.Prefill, "decode", o.Decode, "logs", o.LogDir)
 	c := &localCluster{bin: bin, o: o, log: log, exits: make(chan *child, 1+o.Prefill+o.Decode)}
+	c.creds.Insecure = o.Insecure
+	if !o.Insecure {
+		if c.creds.Dir, err = makeLocalCerts(o); err != nil {
+			return err
+		}
+		defer os.RemoveAll(c.creds.Dir)
+		log.Info("credentials of the local cluster", "dir", c.creds.Dir)
+	}
 	defer func() {
 		if stopErr := c.stop(); err == nil {
 			err = stopErr
@@ -188,7 +201,7 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 // "node generate" would; a signal cancels it.
 func (c *localCluster) demo(stdout io.Writer, signals <-chan os.Signal) error {
 	g := generateOptions{Endpoint: c.o.Listen, Tenant: c.o.Tenant, Prompt: c.o.Prompt, MaxTokens: c.o.MaxTokens,
-		NoAnswerAfter: client.DefaultNoAnswerAfter}
+		NoAnswerAfter: client.DefaultNoAnswerAfter, creds: c.creds}
 	prompt, err := g.check(nil)
 	if err != nil {
 		return usageError{err}
@@ -215,7 +228,7 @@ var errSignalled = errors.New("up: stopped by a signal")
 // router.
 func (c *localCluster) startAll(signals <-chan os.Signal) (*child, error) {
 	deadline := time.Now().Add(c.o.ReadyTimeout)
-	router, err := c.start("router", "router", []string{"--listen", c.o.Listen, "--gossip",
+	router, err := c.start("router-0", "router", []string{"--listen", c.o.Listen, "--gossip",
 		net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort))})
 	if err != nil {
 		return nil, err
@@ -247,6 +260,7 @@ func (c *localCluster) startAll(signals <-chan os.Signal) (*child, error) {
 type localCluster struct {
 	bin   string
 	o     upOptions
+	creds credFlags // the nodes' credentials directory, or insecure
 	log   *slog.Logger
 	nodes []*child
 	exits chan *child // each node once, when it exits
@@ -280,6 +294,11 @@ func (c *localCluster) start(name, role string, args []string) (*child, error) {
 		return nil, fmt.Errorf("up: %w", err)
 	}
 	args = append(append([]string{"run", "--role", role}, args...), c.o.NodeArgs...)
+	if c.creds.Insecure {
+		args = append(args, "--insecure")
+	} else {
+		args = append(args, "--certs", c.creds.Dir, "--cert", name)
+	}
 	ch.cmd = exec.Command(c.bin, args...)
 	ch.cmd.Stdout, ch.cmd.Stderr = w, logFile
 	ch.cmd.SysProcAttr = childProcAttr()
@@ -351,7 +370,11 @@ func (ch *child) parseReady(line string) error {
 // routes by its own view, and a decode node picks prefill nodes by its
 // own.
 func (c *localCluster) waitConverged(deadline time.Time, signals <-chan os.Signal) error {
-	cc, err := dialControl("127.0.0.1")
+	auth, err := c.creds.authority(c.log, trust.RoleOperator, "")
+	if err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	cc, err := dialControl("127.0.0.1", auth)
 	if err != nil {
 		return fmt.Errorf("up: %w", err)
 	}
@@ -402,6 +425,9 @@ func (c *localCluster) print(w io.Writer) {
 	endpoint := ""
 	if c.o.Listen != defaultEndpoint {
 		endpoint = " --endpoint " + c.nodes[0].addr
+		if !c.creds.Insecure {
+			endpoint += " --certs " + c.creds.Dir
+		}
 	}
 	fmt.Fprintf(w, "local cluster up: router on %s, %d prefill and %d decode nodes; logs in %s\n\n",
 		c.nodes[0].addr, c.o.Prefill, c.o.Decode, c.o.LogDir)
@@ -416,6 +442,49 @@ func (c *localCluster) print(w io.Writer) {
 	fmt.Fprintf(w, "see the cluster: node status%s\n", endpoint)
 	fmt.Fprintf(w, "drain a node:    node drain --endpoint <its address> --wait\n")
 	fmt.Fprintf(w, "stop:            Ctrl-C (or SIGTERM to pid %d)\n", os.Getpid())
+}
+
+// makeLocalCerts makes the throwaway credentials of a local cluster in
+// localCertsDir(o.Listen), where the commands find them: a CA, the gossip
+// keyring, a certificate for each node (named as up names the node) and
+// one for an operator. What an earlier up left there is replaced; a
+// directory up did not make is not touched.
+func makeLocalCerts(o upOptions) (string, error) {
+	dir := localCertsDir(o.Listen)
+	if _, err := os.Lstat(dir); err == nil {
+		if !isLocalDir(dir) {
+			return "", fmt.Errorf("up: %s exists and was not made by node up (or is readable by others); remove it", dir)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return "", fmt.Errorf("up: %w", err)
+		}
+	}
+	// The CA outlives what it issues, tenants' certificates issued later
+	// included.
+	ca, err := trust.NewCA("local", 2*localValidFor, time.Now())
+	if err != nil {
+		return "", err
+	}
+	if err := ca.WriteCA(dir); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, localMarker), []byte("made by node up; removed when it stops\n"), 0o600); err != nil {
+		return "", fmt.Errorf("up: %w", err)
+	}
+	ids := []trust.Identity{{Role: trust.RoleRouter, Name: "0"}, {Role: trust.RoleOperator, Name: "admin"}}
+	for i := range o.Prefill {
+		ids = append(ids, trust.Identity{Role: trust.RolePrefill, Name: strconv.Itoa(i)})
+	}
+	for i := range o.Decode {
+		ids = append(ids, trust.Identity{Role: trust.RoleDecode, Name: strconv.Itoa(i)})
+	}
+	for _, id := range ids {
+		id.Cluster = ca.Cluster
+		if err := issue(io.Discard, dir, ca, id, []string{"127.0.0.1"}, localValidFor); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
 }
 
 // stop stops every node still running: the router first, so that no new
