@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,18 +16,21 @@ import (
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
-// BenchmarkDataPlaneThroughput moves the same KV bytes over loopback three
+// BenchmarkDataPlaneThroughput moves the same KV bytes over loopback four
 // ways, alternating in one run: "raw" writes them on a plain TCP connection
-// in 1 MiB writes to a reader that only counts them; "dataplane" sends them
+// in 1 MiB writes to a reader that only counts them, "raw-tls" does the same
+// over crypto/tls (the most TLS can carry here); "dataplane" sends them
 // as full-page frames with a DataPlaneSender (batches encoded with
 // checksums, back-pressure window, acknowledgements) over plain TCP to a
 // DataPlaneServer whose handler does nothing (the page writes are the
 // pool's cost, not the transport's); "tls" does the same over TLS 1.3 with
 // certificates of one test CA. Each round moves RoundBytes of payload and
-// waits until the receiver has all of it (raw) or every batch is
+// waits until the receiver has all of it (raw, raw-tls) or every batch is
 // acknowledged (dataplane, tls). It reports payload MB/s of each,
-// dataplane/raw ("ratio") and tls/dataplane ("tls-ratio"), for the default
-// configuration of each geometry and three back-pressure windows.
+// dataplane/raw ("ratio"), tls/dataplane ("tls-ratio", the price of TLS on
+// the data plane) and raw-tls/raw ("tls-ceiling", its price on a bare
+// stream), for the default configuration of each geometry and three
+// back-pressure windows.
 func BenchmarkDataPlaneThroughput(b *testing.B) {
 	for _, bg := range []struct {
 		name string
@@ -70,22 +74,28 @@ func benchDataPlane(b *testing.B, g kv.Geometry, inflight int) {
 	ca := trusttest.New(b)
 	plain := benchSender(b, g, inflight, trust.Insecure(nil), trust.Insecure(nil))
 	secure := benchSender(b, g, inflight, ca.Authority(b, trust.RoleDecode, "d0", nil), ca.Authority(b, trust.RolePrefill, "p0", nil))
-	raw, rawDone, stop := rawLoopback(b, len(arena))
+	raw, rawDone, stop := rawLoopback(b, len(arena), nil, nil)
 	defer stop()
-
-	ctx := context.Background()
-	var tRaw, tDP, tTLS time.Duration
-	for b.Loop() {
+	rawTLS, rawTLSDone, stopTLS := rawLoopback(b, len(arena), ca.Bundle(b, trust.RoleDecode, "d1"), ca.Bundle(b, trust.RolePrefill, "p1"))
+	defer stopTLS()
+	stream := func(conn net.Conn, done <-chan struct{}) time.Duration {
 		s := time.Now()
 		for off := 0; off < len(arena); off += 1 << 20 {
-			if _, err := raw.Write(arena[off:min(off+1<<20, len(arena))]); err != nil {
+			if _, err := conn.Write(arena[off:min(off+1<<20, len(arena))]); err != nil {
 				b.Fatal(err)
 			}
 		}
-		<-rawDone
-		tRaw += time.Since(s)
+		<-done
+		return time.Since(s)
+	}
 
-		s = time.Now()
+	ctx := context.Background()
+	var tRaw, tRawTLS, tDP, tTLS time.Duration
+	for b.Loop() {
+		tRaw += stream(raw, rawDone)
+		tRawTLS += stream(rawTLS, rawTLSDone)
+
+		s := time.Now()
 		if err := plain.Send(ctx, frames); err != nil {
 			b.Fatal(err)
 		}
@@ -99,10 +109,12 @@ func benchDataPlane(b *testing.B, g kv.Geometry, inflight int) {
 	}
 	mb := float64(b.N) * float64(len(arena)) / 1e6
 	b.ReportMetric(mb/tRaw.Seconds(), "raw-MB/s")
+	b.ReportMetric(mb/tRawTLS.Seconds(), "raw-tls-MB/s")
 	b.ReportMetric(mb/tDP.Seconds(), "dataplane-MB/s")
 	b.ReportMetric(mb/tTLS.Seconds(), "tls-MB/s")
 	b.ReportMetric(tRaw.Seconds()/tDP.Seconds(), "ratio")
 	b.ReportMetric(tDP.Seconds()/tTLS.Seconds(), "tls-ratio")
+	b.ReportMetric(tRaw.Seconds()/tRawTLS.Seconds(), "tls-ceiling")
 }
 
 // benchSender is a sender dialed to a server whose handler does nothing,
@@ -128,10 +140,10 @@ func benchSender(b *testing.B, g kv.Geometry, inflight int, recv, send *trust.Au
 	return snd
 }
 
-// rawLoopback is a plain TCP connection on loopback whose reader reads
-// into a 1 MiB buffer and signals each time another round of bytes has
-// arrived.
-func rawLoopback(b *testing.B, round int) (net.Conn, <-chan struct{}, func()) {
+// rawLoopback is a TCP connection on loopback, plain or (with a
+// receiver's and a sender's bundle) TLS, whose reader reads into a 1 MiB
+// buffer and signals each time another round of bytes has arrived.
+func rawLoopback(b *testing.B, round int, recv, send *trust.Bundle) (net.Conn, <-chan struct{}, func()) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -142,6 +154,9 @@ func rawLoopback(b *testing.B, round int) (net.Conn, <-chan struct{}, func()) {
 		ln.Close()
 		if err != nil {
 			return
+		}
+		if recv != nil {
+			c = tls.Server(c, recv.ServerTLS())
 		}
 		defer c.Close()
 		buf := make([]byte, 1<<20)
@@ -162,6 +177,8 @@ func rawLoopback(b *testing.B, round int) (net.Conn, <-chan struct{}, func()) {
 	if err != nil {
 		b.Fatal(err)
 	}
-
+	if send != nil {
+		conn = tls.Client(conn, send.ClientTLS())
+	}
 	return conn, done, func() { conn.Close() }
 }

@@ -70,10 +70,11 @@ type DataPlaneSender struct {
 	addr string
 	peer uint64
 	lim  kv.BatchLimits // the smaller of both sides' batch bounds
-	// conn carries the batches: raw, or TLS over it. fail closes raw, so
-	// that closing never waits to write a TLS alert to a peer that does
-	// not read.
+	// conn carries the batches: raw, or TLS over it (and over coalesce).
+	// fail closes raw, so that closing never waits to write a TLS alert
+	// to a peer that does not read.
 	conn, raw net.Conn
+	coalesce  *dpCoalescer // nil when insecure
 	c         dpSenderCounters
 
 	// window holds one token per batch in flight; a Send puts one in before
@@ -136,7 +137,7 @@ func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64, want trust.Ide
 	}
 	cfg.tuneSocket(raw)
 	raw.SetDeadline(deadline)
-	conn, err := dpClientTLS(raw, cfg, addr, want)
+	conn, coalesce, err := dpClientTLS(raw, cfg, addr, want)
 	var lim kv.BatchLimits
 	if err == nil {
 		lim, err = dpHandshake(conn, cfg, addr, peer)
@@ -147,7 +148,7 @@ func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64, want trust.Ide
 	}
 	raw.SetDeadline(time.Time{})
 	s := &DataPlaneSender{
-		cfg: cfg, addr: addr, peer: peer, lim: lim, conn: conn, raw: raw,
+		cfg: cfg, addr: addr, peer: peer, lim: lim, conn: conn, raw: raw, coalesce: coalesce,
 		window: make(chan struct{}, cfg.InFlightMax),
 		bufs:   make(chan *dpEncoded, cfg.InFlightMax+dpSendBuffers),
 		queue:  make(chan *dpEncoded, cfg.InFlightMax),
@@ -164,28 +165,34 @@ func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64, want trust.Ide
 }
 
 // dpClientTLS runs the client side of TLS over raw, unless insecure, and
-// checks that the receiver is want.
-func dpClientTLS(raw net.Conn, cfg DataPlaneConfig, addr string, want trust.Identity) (net.Conn, error) {
+// checks that the receiver is want. It returns the connection to carry
+// batches and, when secure, the coalescer under its TLS.
+func dpClientTLS(raw net.Conn, cfg DataPlaneConfig, addr string, want trust.Identity) (net.Conn, *dpCoalescer, error) {
 	if cfg.Auth.Insecure() {
-		return raw, nil
+		return raw, nil, nil
 	}
 	b := cfg.Auth.Bundle()
-	tc := tls.Client(raw, b.ClientTLS())
+	tcfg := b.ClientTLS()
+	// Bulk bytes: full-size records from the first one, rather than small
+	// ones for the first 128 KiB as for a web page.
+	tcfg.DynamicRecordSizingDisabled = true
+	coalesce := newDPCoalescer(raw)
+	tc := tls.Client(coalesce, tcfg)
 	if err := tc.Handshake(); err != nil {
-		return nil, fmt.Errorf("cluster: data plane TLS handshake with %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("cluster: data plane TLS handshake with %s: %w", addr, err)
 	}
 	// ClientTLS's VerifyConnection has checked this already; this reads
 	// the result.
 	have, _, err := b.PeerIdentity(tc.ConnectionState(), x509.ExtKeyUsageServerAuth)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: data plane TLS handshake with %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("cluster: data plane TLS handshake with %s: %w", addr, err)
 	}
 	if have != want {
 		cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane receiver is not the node expected", "addr", addr,
 			"want", want.String(), "have", have.String())
-		return nil, &DataPlanePeerError{Addr: addr, Want: want, Have: have}
+		return nil, nil, &DataPlanePeerError{Addr: addr, Want: want, Have: have}
 	}
-	return tc, nil
+	return tc, coalesce, nil
 }
 
 // dpHandshake writes the hello, reads the reply and returns the batch
@@ -575,8 +582,9 @@ func (e *dpEncoded) reset() {
 	e.vec, e.call = e.vec[:0], nil
 }
 
-// writeLoop writes queued batches, each whole, in order, with one writev
-// of headers and payloads.
+// writeLoop writes queued batches, each whole, in order: with one writev
+// of headers and payloads over plain TCP; over TLS, which writes each piece
+// as its own records, through the coalescer.
 func (s *DataPlaneSender) writeLoop() {
 	defer close(s.wdone)
 	for {
@@ -595,8 +603,7 @@ func (s *DataPlaneSender) writeLoop() {
 				// a handler still sees what preceded its Send.
 				s.raw.Write(nil)
 			}
-			v := net.Buffers(e.vec)
-			_, err := v.WriteTo(s.conn)
+			err := s.write(e)
 			e.call.wrote <- struct{}{}
 			s.free(e)
 			if err != nil {
@@ -607,6 +614,18 @@ func (s *DataPlaneSender) writeLoop() {
 			return
 		}
 	}
+}
+
+// write writes one batch's pieces.
+func (s *DataPlaneSender) write(e *dpEncoded) error {
+	v := net.Buffers(e.vec)
+	if s.coalesce == nil {
+		_, err := v.WriteTo(s.conn)
+		return err
+	}
+	s.coalesce.hold()
+	_, err := v.WriteTo(s.conn)
+	return errors.Join(err, s.coalesce.flush())
 }
 
 // readAcks matches acknowledgements to batches in order until the

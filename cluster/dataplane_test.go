@@ -381,7 +381,7 @@ func dpRawConn(t *testing.T, srv *DataPlaneServer, cfg DataPlaneConfig) net.Conn
 	}
 	t.Cleanup(func() { raw.Close() })
 	raw.SetDeadline(time.Now().Add(5 * time.Second))
-	conn, err := dpClientTLS(raw, cfg, "raw", dpWant(cfg, srv))
+	conn, _, err := dpClientTLS(raw, cfg, "raw", dpWant(cfg, srv))
 	if err != nil {
 		t.Fatal(err)
 	}
