@@ -66,9 +66,9 @@ type (
 	// WorkerStatus asks a worker for a WorkerStatusReply.
 	WorkerStatus      struct{}
 	WorkerStatusReply struct {
-		Role                           string
-		Queued, Active, AwaitingAck    int
-		FramesSent, BatchesSent, Steps uint64
+		Role                                 string
+		Queued, Sending, Active, AwaitingAck int
+		FramesSent, BatchesSent, Steps       uint64
 	}
 
 	step struct{}
@@ -220,8 +220,9 @@ func (w *workerActor) Receive(c actor.Context) {
 	case injectFault:
 		w.fault = m.frames
 	case WorkerStatus:
-		c.Respond(WorkerStatusReply{Role: w.role, Queued: len(w.queue), Active: len(w.seqs), AwaitingAck: len(w.awaiting),
-			FramesSent: w.stats.framesSent.Load(), BatchesSent: w.stats.batchesSent.Load(), Steps: w.stats.steps.Load()})
+		c.Respond(WorkerStatusReply{Role: w.role, Queued: len(w.queue), Sending: len(w.sending), Active: len(w.seqs),
+			AwaitingAck: len(w.awaiting), FramesSent: w.stats.framesSent.Load(), BatchesSent: w.stats.batchesSent.Load(),
+			Steps: w.stats.steps.Load()})
 	}
 }
 

@@ -1,0 +1,441 @@
+//go:build !race
+
+// Several protoactor remote instances in one process race inside protoactor
+// and gRPC (see remote_test.go); these tests need a node and its peers,
+// each with remote of its own.
+
+package actors
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
+	"github.com/kvwarden/kvwarden/trust/trusttest"
+)
+
+// remotePeer is an actor system serving remote under its own authority:
+// another node, or someone pretending to be one.
+type remotePeer struct {
+	sys  *actor.ActorSystem
+	addr string
+}
+
+func startRemotePeer(t *testing.T, auth *trust.Authority) *remotePeer {
+	t.Helper()
+	sys := messages.NewActorSystem(nil)
+	r, err := messages.StartRemote(sys, "127.0.0.1:0", auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		messages.ShutdownRemote(r)
+		sys.Shutdown()
+	})
+	return &remotePeer{sys: sys, addr: sys.Address()}
+}
+
+// inbox spawns an actor named name on p that puts every wire message it
+// gets, with its sender, on the returned channel.
+func (p *remotePeer) inbox(t *testing.T, name string) (*actor.PID, <-chan actor.MessageEnvelope) {
+	t.Helper()
+	got := make(chan actor.MessageEnvelope, 16)
+	pid, err := p.sys.Root.SpawnNamed(actor.PropsFromFunc(func(c actor.Context) {
+		if m, ok := c.Message().(messages.Message); ok {
+			got <- actor.MessageEnvelope{Message: m, Sender: c.Sender()}
+		}
+	}), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid, got
+}
+
+func next(t *testing.T, what string, ch <-chan actor.MessageEnvelope) actor.MessageEnvelope {
+	t.Helper()
+	select {
+	case e := <-ch:
+		return e
+	case <-time.After(time.Minute):
+		t.Fatalf("%s: nothing within a minute", what)
+	}
+	return actor.MessageEnvelope{}
+}
+
+// startRemoteNode starts a node serving remote and, at the end of the
+// test, checks it as startNode does.
+func startRemoteNode(t *testing.T, cfg Config, opt Options) *Node {
+	t.Helper()
+	opt.Listen = "127.0.0.1:0"
+	n, err := Start(cfg, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		quiesce(t, n)
+		n.Stop()
+	})
+	return n
+}
+
+// TestPlanOnlyFromDecodeToItsDataPlane: a prefill node computes KV only
+// for a node that decodes, and sends it only to the data plane membership
+// says that node advertises. A router's plan, at the dispatcher or straight
+// at a worker, and a decode node's plan naming another data plane are
+// refused with a TransferDone error (so decode does not wait) and counted.
+func TestPlanOnlyFromDecodeToItsDataPlane(t *testing.T) {
+	ca := trusttest.New(t)
+	decode := startRemotePeer(t, ca.Authority(t, trust.RoleDecode, "d0", nil))
+	router := startRemotePeer(t, ca.Authority(t, trust.RoleRouter, "r0", nil))
+	const advertised = "127.0.0.1:7070"
+	decodeID := trust.Identity{Cluster: trusttest.Cluster, Role: trust.RoleDecode, Name: "d0"}
+	cfg := testConfig()
+	cfg.Role = RolePrefill
+	auth := ca.Authority(t, trust.RolePrefill, "p0", nil)
+	n := startRemoteNode(t, cfg, Options{Auth: auth, DataPlaneOf: func(addr string) (string, trust.Identity, bool) {
+		return advertised, decodeID, addr == decode.addr
+	}})
+	plan := func(id uint64, dataPlane string) *messages.TransferPlan {
+		return &messages.TransferPlan{RequestID: id, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{'h', 'i'},
+			PageTokens: uint32(cfg.PageTokens), DestTags: []kv.Tag{{Incarnation: 9, Index: 0, Generation: 1}}, DataPlane: dataPlane}
+	}
+	forbidden := &messages.WireError{Code: messages.CodeForbidden}
+	for i, tc := range []struct {
+		name   string
+		from   *remotePeer
+		to     string
+		plan   *messages.TransferPlan
+		refuse trust.Refusal
+	}{
+		{"router to the dispatcher", router, PrefillName, plan(1, advertised), trust.RefusedRole},
+		{"router to a worker", router, "prefill-0", plan(2, advertised), trust.RefusedRole},
+		{"decode naming another data plane", decode, PrefillName, plan(3, "127.0.0.1:9"), trust.RefusedStranger},
+	} {
+		before := auth.Refused()[tc.refuse]
+		inbox, answers := tc.from.inbox(t, fmt.Sprintf("request-%d", i))
+		tc.from.sys.Root.RequestWithCustomSender(actor.NewPID(n.Address(), tc.to), tc.plan, inbox)
+		done := next(t, tc.name, answers).Message.(*messages.TransferDone)
+		if done.RequestID != tc.plan.RequestID || !errors.Is(done.Err, forbidden) {
+			t.Errorf("%s: answered %+v, want forbidden", tc.name, done)
+		}
+		if got := auth.Refused()[tc.refuse]; got != before+1 {
+			t.Errorf("%s: %s refusals went from %d to %d", tc.name, tc.refuse, before, got)
+		}
+	}
+	// The decode node's own plan to its own data plane runs (and fails
+	// at the send: this node has no data plane dialer).
+	inbox, answers := decode.inbox(t, "request-ok")
+	decode.sys.Root.RequestWithCustomSender(actor.NewPID(n.Address(), PrefillName), plan(4, advertised), inbox)
+	if done := next(t, "a decode node's plan", answers).Message.(*messages.TransferDone); done.Err == nil ||
+		done.Err.Code == messages.CodeForbidden {
+		t.Errorf("a decode node's plan to its data plane answered %+v, want the send's failure", done)
+	}
+}
+
+// decodeWithPlanner starts a secure decode node whose prefill peer is p,
+// a stand-in whose dispatcher only collects plans, and returns the node,
+// the plans and the stand-in's identity.
+func decodeWithPlanner(t *testing.T, ca *trusttest.CA) (*Node, *remotePeer, <-chan actor.MessageEnvelope, trust.Identity) {
+	t.Helper()
+	const inc = 0x77
+	id := trust.Identity{Cluster: trusttest.Cluster, Role: trust.RolePrefill, Name: "p0"}
+	p := startRemotePeer(t, ca.Authority(t, id.Role, id.Name, nil))
+	_, plans := p.inbox(t, PrefillName)
+	cfg := testConfig()
+	cfg.Role = RoleDecode
+	peer := PrefillPeer{PID: actor.NewPID(p.addr, PrefillName), Incarnation: inc, Pages: cfg.PrefillPages}
+	n := startRemoteNode(t, cfg, Options{Auth: ca.Authority(t, trust.RoleDecode, "d0", nil), DataPlane: "127.0.0.1:7070",
+		Pick: func(exclude map[uint64]bool) (PrefillPeer, bool) { return peer, !exclude[inc] }})
+	return n, p, plans, id
+}
+
+// TestTransferOnlyFromThePlannedPeer: a request takes frames and its
+// TransferDone only from the prefill node, and incarnation, it planned
+// with. A TransferDone of the current attempt from another authenticated
+// peer, frames the data plane got from another identity or from pages of
+// another incarnation, and a TransferDone whose seal checksums do not match
+// the pages received each fail the request with the integrity code, are
+// counted, and leave every page free; frames of the planned peer are
+// taken.
+func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
+	ca := trusttest.New(t)
+	n, planner, plans, plannerID := decodeWithPlanner(t, ca)
+	stranger := startRemotePeer(t, ca.Authority(t, trust.RolePrefill, "p1", nil))
+	strangerID := trust.Identity{Cluster: trusttest.Cluster, Role: trust.RolePrefill, Name: "p1"}
+	c := localClient(n)
+	geo := n.Config().Geometry()
+	frame := func(plan *messages.TransferPlan, inc uint64) []kv.Frame {
+		tokens := int(plan.TokenCount)
+		return []kv.Frame{{Owner: plan.Owner(), Source: kv.Tag{Incarnation: inc, Index: 3, Generation: 1}, Dest: plan.DestTags[0],
+			Tokens: tokens, Payload: make([]byte, tokens*geo.BytesPerToken())}}
+	}
+	integrity := &messages.WireError{Code: messages.CodeIntegrity}
+	for _, tc := range []struct {
+		name  string
+		play  func(plan *messages.TransferPlan, to *actor.PID)
+		wantR uint64 // stranger refusals it adds
+	}{
+		{"transfer done from a stranger", func(plan *messages.TransferPlan, to *actor.PID) {
+			stranger.sys.Root.Send(to, &messages.TransferDone{RequestID: plan.RequestID, Tenant: plan.Tenant, First: 'x',
+				Frames: 1, Source: 1, Sums: []uint64{1}})
+		}, 1},
+		{"frames from a stranger", func(plan *messages.TransferPlan, _ *actor.PID) {
+			if err := n.AcceptFrames(strangerID, frame(plan, 0x77)); !errors.As(err, new(*StrangerError)) {
+				t.Errorf("frames from a stranger: %v", err)
+			}
+		}, 1},
+		{"frames of another incarnation", func(plan *messages.TransferPlan, _ *actor.PID) {
+			if err := n.AcceptFrames(plannerID, frame(plan, 0x78)); !errors.As(err, new(*StrangerError)) {
+				t.Errorf("frames from pages of another incarnation: %v", err)
+			}
+		}, 1},
+		{"checksums that do not match", func(plan *messages.TransferPlan, to *actor.PID) {
+			if err := n.AcceptFrames(plannerID, frame(plan, 0x77)); err != nil {
+				t.Errorf("frames of the planned peer refused: %v", err)
+			}
+			planner.sys.Root.Send(to, &messages.TransferDone{RequestID: plan.RequestID, Tenant: plan.Tenant, First: 'x',
+				Frames: 1, Source: 1, Sums: []uint64{1}})
+		}, 0},
+	} {
+		before := n.Auth().Refused()[trust.RefusedStranger]
+		errc := make(chan error, 1)
+		go func() {
+			_, err := c.Generate(context.Background(), "acme", "hi", client.GenerateOptions{MaxTokens: 4}, nil)
+			errc <- err
+		}()
+		e := next(t, tc.name+": the plan", plans)
+		for _, ok := e.Message.(*messages.TransferPlan); !ok; _, ok = e.Message.(*messages.TransferPlan) {
+			e = next(t, tc.name+": the plan", plans) // the abort of the request before
+		}
+		tc.play(e.Message.(*messages.TransferPlan), e.Sender)
+		if err := <-errc; !errors.Is(err, integrity) {
+			t.Errorf("%s: the request ended with %v, want an integrity error", tc.name, err)
+		}
+		if got := n.Auth().Refused()[trust.RefusedStranger]; got != before+tc.wantR {
+			t.Errorf("%s: stranger refusals went from %d to %d, want %d more", tc.name, before, got, tc.wantR)
+		}
+	}
+}
+
+// TestBlackHoleDataPlaneStallsOnlyItsTransfer: a prefill node sending one
+// transfer to a data plane that accepts and never reads still serves a
+// second decode node at once; the stalled transfer fails at its
+// PrefillTimeout, cleanly, and every page of every node is free.
+func TestBlackHoleDataPlaneStallsOnlyItsTransfer(t *testing.T) {
+	cfg := testConfig()
+	cfg.PrefillTimeout = 5 * time.Second
+	lim := cfg.BatchLimits()
+	var decodes sync.Map // remote address → data plane
+	prefillCfg := cfg
+	prefillCfg.Role = RolePrefill
+	p := startRemoteNode(t, prefillCfg, Options{Auth: trust.Insecure(nil),
+		Dial: func(addr string, inc uint64) (FrameSender, error) { return dialFrames(addr, lim) },
+		DataPlaneOf: func(addr string) (string, trust.Identity, bool) {
+			dp, ok := decodes.Load(addr)
+			if !ok {
+				return "", trust.Identity{}, false
+			}
+			return dp.(string), trust.Identity{}, true
+		}})
+	decodeCfg := cfg
+	decodeCfg.Role = RoleDecode
+	startDecode := func(dataPlane string) *Node {
+		// A PID caches the process it resolved to, the remote of the first
+		// actor system that sent to it: each node needs its own.
+		pick := func(exclude map[uint64]bool) (PrefillPeer, bool) {
+			inc := p.Config().Incarnation
+			return PrefillPeer{PID: actor.NewPID(p.Address(), PrefillName), Incarnation: inc, Pages: cfg.PrefillPages}, !exclude[inc]
+		}
+		n := startRemoteNode(t, decodeCfg, Options{Auth: trust.Insecure(nil), DataPlane: dataPlane, Pick: pick})
+		decodes.Store(n.Address(), dataPlane)
+		return n
+	}
+	var healthy atomic.Pointer[Node]
+	d1 := startDecode(serveFrames(t, lim, func(frames []kv.Frame) error {
+		return healthy.Load().AcceptFrames(trust.Identity{}, frames)
+	}))
+	healthy.Store(d1)
+	d2 := startDecode(blackHole(t))
+
+	stalled := make(chan error, 1)
+	go func() {
+		_, err := localClient(d2).Generate(context.Background(), "acme", "to the black hole", client.GenerateOptions{MaxTokens: 4}, nil)
+		stalled <- err
+	}()
+	sending := func() int {
+		s, err := ask[WorkerStatusReply](p.Root(), p.prefill[0], WorkerStatus{}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Sending
+	}
+	waitFor(t, "the transfer to the black hole under way", time.Minute, func() bool { return sending() == 1 })
+	const prompt = "to a decode node that reads"
+	res, err := localClient(d1).Generate(context.Background(), "globex", prompt, client.GenerateOptions{MaxTokens: 8}, nil)
+	if want := reference(t, cfg, prompt, 8); err != nil || fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
+		t.Fatalf("beside a stalled transfer: %v, %v; want the reference %v", res.Tokens, err, want)
+	}
+	select {
+	case err := <-stalled:
+		t.Fatalf("the transfer to the black hole ended (%v) before the other was answered: it was waited for", err)
+	default:
+	}
+	if n := sending(); n != 1 {
+		t.Fatalf("%d transfers being sent after the healthy one, want the stalled one", n)
+	}
+	var we *messages.WireError
+	if err := <-stalled; !errors.As(err, &we) || we.Code != messages.CodeNodeLost {
+		t.Fatalf("the transfer to the black hole: %v, want node lost", err)
+	}
+}
+
+// The data plane of these tests: each batch (kv.AppendBatch) after its
+// length in 4 bytes, answered by one byte, 0 when the receiver's handler
+// took it. The cluster package has the real one, over TLS; it imports this
+// package, so these tests cannot use it.
+
+// frameConn is a FrameSender over one such connection.
+type frameConn struct {
+	conn net.Conn
+	lim  kv.BatchLimits
+	mu   sync.Mutex // one batch at a time on the connection
+	once sync.Once
+	dead chan struct{}
+}
+
+func dialFrames(addr string, lim kv.BatchLimits) (FrameSender, error) {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &frameConn{conn: conn, lim: lim, dead: make(chan struct{})}, nil
+}
+
+func (s *frameConn) Send(ctx context.Context, frames []kv.Frame) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := ctx.Deadline(); ok {
+		s.conn.SetDeadline(d)
+	}
+	b, err := kv.AppendBatch(make([]byte, 4), frames, s.lim)
+	if err != nil {
+		return err
+	}
+	binary.LittleEndian.PutUint32(b, uint32(len(b)-4))
+	var ack [1]byte
+	if _, err = s.conn.Write(b); err == nil {
+		_, err = io.ReadFull(s.conn, ack[:])
+	}
+	switch {
+	case err != nil:
+		s.Close()
+		return err
+	case ack[0] != 0:
+		return errors.New("test data plane: batch refused")
+	}
+	return nil
+}
+
+func (s *frameConn) Done() <-chan struct{} { return s.dead }
+
+func (s *frameConn) Close() error {
+	s.once.Do(func() {
+		close(s.dead)
+		s.conn.Close()
+	})
+	return nil
+}
+
+// serveFrames serves the test data plane, handing every batch to handle,
+// and returns its address.
+func serveFrames(t *testing.T, lim kv.BatchLimits, handle func([]kv.Frame) error) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	serve := func(conn net.Conn) {
+		defer conn.Close()
+		var n [4]byte
+		for {
+			if _, err := io.ReadFull(conn, n[:]); err != nil {
+				return
+			}
+			size := binary.LittleEndian.Uint32(n[:])
+			if size > uint32(lim.BytesMax+lim.PagesMax*lim.Frame.FrameBytesMax()) {
+				return
+			}
+			b := make([]byte, size)
+			if _, err := io.ReadFull(conn, b); err != nil {
+				return
+			}
+			ack := []byte{0}
+			frames, _, err := kv.DecodeBatch(b, lim)
+			if err == nil {
+				err = handle(frames)
+			}
+			if err != nil {
+				ack[0] = 1
+			}
+			if _, err := conn.Write(ack); err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go serve(conn)
+		}
+	}()
+	return l.Addr().String()
+}
+
+// blackHole listens, accepts and never reads or answers; it returns its
+// address.
+func blackHole(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+		}
+	}()
+	return l.Addr().String()
+}
