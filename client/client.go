@@ -84,7 +84,29 @@ func Dial(endpoint string, opt Options) (*Client, error) {
 	}
 	c := New(sys, actor.NewPID(endpoint, AdmissionName), opt)
 	c.remote = r
+	if err := checkNode(opt.Auth, endpoint); err != nil {
+		c.Close()
+		return nil, err
+	}
 	return c, nil
+}
+
+// checkNode completes a TLS handshake with endpoint before anything is
+// sent, so that a certificate refused either way is an error at once (with
+// why) rather than a silent node, and requires the certificate there to be
+// a node's that admits requests.
+func checkNode(auth *trust.Authority, endpoint string) error {
+	if auth.Insecure() {
+		return nil
+	}
+	id, _, err := auth.Peers().Probe(endpoint)
+	if err != nil {
+		return fmt.Errorf("client: TLS with %s: %w", endpoint, err)
+	}
+	if id.Role != trust.RoleRouter && !id.Role.Decodes() {
+		return fmt.Errorf("client: %s is served by %s, not a node that admits requests (router, decode or all)", endpoint, id)
+	}
+	return nil
 }
 
 // New is a client inside an existing actor system, aimed at a node's

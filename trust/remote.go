@@ -2,7 +2,6 @@ package trust
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"net"
@@ -47,27 +46,30 @@ func (a *Authority) ServerOptions(pol RemotePolicy) []grpc.ServerOption {
 		grpc.ChainUnaryInterceptor(a.refuseUnary),
 	}
 	if a.bundle != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(a.countedServerTLS())))
+		opts = append(opts, grpc.Creds(&countingCreds{TransportCredentials: credentials.NewTLS(a.bundle.ServerTLS()), a: a}))
 	}
 	return opts
 }
 
-// countedServerTLS is ServerTLS counting every refused handshake: gRPC
+// countingCreds is the server side's TLS, counting every handshake that
+// fails (garbage, plaintext, no certificate, another CA's, expired): gRPC
 // completes handshakes before any interceptor runs, so they would go
-// uncounted otherwise. A missing certificate is let through to
-// VerifyConnection, which refuses it like any other.
-func (a *Authority) countedServerTLS() *tls.Config {
-	c := a.bundle.ServerTLS()
-	c.ClientAuth = tls.RequestClientCert
-	verify := c.VerifyConnection
-	c.VerifyConnection = func(cs tls.ConnectionState) error {
-		err := verify(cs)
-		if err != nil {
-			a.Refuse(RefusedCertificate, "remote TLS handshake", "err", err)
-		}
-		return err
+// uncounted otherwise.
+type countingCreds struct {
+	credentials.TransportCredentials
+	a *Authority
+}
+
+func (c *countingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil {
+		c.a.Refuse(RefusedCertificate, "remote TLS handshake", "peer", raw.RemoteAddr().String(), "err", err)
 	}
-	return c
+	return conn, info, err
+}
+
+func (c *countingCreds) Clone() credentials.TransportCredentials {
+	return &countingCreds{TransportCredentials: c.TransportCredentials.Clone(), a: c.a}
 }
 
 // DialOptions are the gRPC dial options of protoactor remote: TLS with

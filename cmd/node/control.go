@@ -52,6 +52,13 @@ func dialControlFor(endpoint string, auth *trust.Authority) (*controlClient, err
 	}
 	local := conn.LocalAddr().(*net.TCPAddr).IP.String()
 	conn.Close()
+	if !auth.Insecure() {
+		// A refused certificate, either way, fails here with why, not as
+		// a request that times out.
+		if _, _, err := auth.Peers().Probe(endpoint); err != nil {
+			return nil, fmt.Errorf("TLS with %s: %w", endpoint, err)
+		}
+	}
 	return dialControl(local, auth)
 }
 
