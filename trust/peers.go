@@ -90,6 +90,10 @@ func (p *Peers) Verify(addr string, id Identity, cert *x509.Certificate) error {
 	fp := Fingerprint(cert)
 	p.mu.Lock()
 	e, ok := p.byAddr[addr]
+	if ok && e.fp == fp {
+		e.seen = time.Now() // in use: the last to be forgotten
+		p.byAddr[addr] = e
+	}
 	p.mu.Unlock()
 	if ok && e.fp == fp {
 		return nil
