@@ -399,8 +399,9 @@ type Member struct {
 	// addresses answered a TLS handshake with a certificate of this
 	// cluster naming the member's role and name (see Config.Auth). Gossip
 	// alone proves nothing (every node holds the key), so only verified
-	// members are routed to, and only they can supersede another run.
-	// Always true when Config.Insecure, and for this member itself.
+	// members are routed to, and only they hold an address against
+	// another run. Always true when Config.Insecure, and for this member
+	// itself.
 	Verified bool
 }
 
@@ -801,15 +802,14 @@ func (m *Membership) observe(n *memberlist.Node) {
 // later run of a real node), so the run proven first keeps its addresses
 // while it lives; a later proven run sharing one waits, listed but not
 // Verified, until the holder leaves or is declared dead (releaseLocked).
-func (m *Membership) admitLocked(mem Member) {
+// It returns the holder mem waits for, if any.
+func (m *Membership) admitLocked(mem Member) (holder string) {
 	old, known := m.members[mem.Name]
 	switch {
 	case !mem.Verified:
 	case !m.cfg.Insecure:
-		if holder := m.holderLocked(mem); holder != "" {
+		if holder = m.holderLocked(mem); holder != "" {
 			mem.Verified = false
-			m.log.Warn("cluster: proven member waits for the run holding its address", "member", mem.Name,
-				"holder", holder)
 		}
 	default:
 		if by, ok := m.supersedeLocked(mem); !ok {
@@ -820,7 +820,7 @@ func (m *Membership) admitLocked(mem Member) {
 				old.State = StateDead
 				m.emitLocked(Event{Kind: EventFail, Member: old, Reason: "superseded by " + by})
 			}
-			return
+			return ""
 		}
 	}
 	m.members[mem.Name] = mem
@@ -829,6 +829,7 @@ func (m *Membership) admitLocked(mem Member) {
 		kind = EventUpdate
 	}
 	m.emitLocked(Event{Kind: kind, Member: mem})
+	return holder
 }
 
 // holderLocked is the verified member, other than mem, that shares an

@@ -15,12 +15,13 @@ import (
 // so a member's metadata is only what some node says: any holder of the
 // key could announce a member with a real node's address, or a prefill
 // node with 2^30 free pages. A member is therefore verified before it is
-// routed to or may supersede another run: this node dials each address
-// the member claims, completes a TLS handshake there (which only the
-// holder of the certificate's key can), and requires the identity found
-// to be the one the member's name and role say. A liar can only name
-// addresses served by the very identity it claims to be, so whatever is
-// sent to it reaches that node, which checks incarnations itself.
+// routed to or holds an address against another run: this node dials
+// each address the member claims, completes a TLS handshake there (which
+// only the holder of the certificate's key can), and requires the
+// identity found to be the one the member's name and role say. A liar can
+// only name addresses served by the very identity it claims to be, so
+// whatever is sent to it reaches that node, which checks incarnations
+// itself; and as long as the real run lives, it holds those addresses.
 //
 // Memberlist's callbacks only record what is due (they run under its
 // lock and must not wait); one goroutine per Membership works through it,
@@ -170,8 +171,8 @@ func (m *Membership) prove(mem Member) *ClaimError {
 
 // settle records the outcome of a probe of mem's claim, unless the run
 // is gone or claims something else by now (that claim has its own
-// attempt). A proven member is admitted again, now verified: it may
-// supersede an older run, and an EventUpdate reports it.
+// attempt). A proven member is admitted again, verified unless another
+// run holds one of its addresses; an EventUpdate reports it.
 func (m *Membership) settle(mem Member, cerr *ClaimError) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -188,8 +189,12 @@ func (m *Membership) settle(mem Member, cerr *ClaimError) {
 	m.proofs[mem.Name] = a.claim
 	cur := m.members[mem.Name] // present: a pending run is always in the table
 	cur.Verified = true
+	if holder := m.admitLocked(cur); holder != "" {
+		m.log.Warn("cluster: proven member waits for the run holding its address", "member", cur.Name,
+			"holder", holder)
+		return
+	}
 	m.log.Debug("cluster: member verified", "member", cur.Name, "probes", a.failed+1)
-	m.admitLocked(cur)
 }
 
 // failedLocked schedules the next probe of a failed claim. A certificate
