@@ -36,14 +36,19 @@ func (e *DataPlaneUnplannedError) Error() string {
 // identity is looked up here; the plan's authenticated sender (Authority.Of
 // on the plan) is the better source once the actors pass it on.
 func (n *Node) dialPlanned(dp DataPlaneConfig, addr string, inc uint64) (actors.FrameSender, error) {
-	if dp.Auth.Insecure() {
-		return DialDataPlane(dp, addr, inc, trust.Identity{})
+	var want trust.Identity
+	if !dp.Auth.Insecure() {
+		var err error
+		if want, err = n.plannedReceiver(dp.Auth, addr, inc); err != nil {
+			return nil, err
+		}
 	}
-	want, err := n.plannedReceiver(dp.Auth, addr, inc)
+	s, err := DialDataPlane(dp, addr, inc, want)
 	if err != nil {
+		// A nil interface, not a nil *DataPlaneSender in a non-nil one.
 		return nil, err
 	}
-	return DialDataPlane(dp, addr, inc, want)
+	return s, nil
 }
 
 // plannedReceiver is the identity of the verified member run inc, whose

@@ -413,3 +413,31 @@ func TestDataPlaneRefusedBatchCloses(t *testing.T) {
 		}
 	}
 }
+
+// A node's dialer fails with a nil FrameSender, never a nil
+// *DataPlaneSender inside a non-nil one, whose methods would panic in the
+// worker; a secure node dials only a data plane that a verified member of
+// the plan's incarnation advertises.
+func TestDataPlaneNodeDialFails(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	ca := trusttest.New(t)
+	for _, auth := range []*trust.Authority{trust.Insecure(nil), ca.Authority(t, trust.RolePrefill, "p0", nil)} {
+		n := &Node{cfg: NodeConfig{Auth: auth}}
+		dp := dpTestConfig(t, dpSenderInc)
+		dp.Auth = auth
+		s, err := n.dialPlanned(dp, closed, dpReceiverInc)
+		if s != nil || err == nil {
+			t.Fatalf("insecure=%t: dial of a closed port = %#v, %v; want a nil FrameSender and an error", auth.Insecure(), s, err)
+		}
+		var unplanned *DataPlaneUnplannedError
+		if !auth.Insecure() && (!errors.As(err, &unplanned) || unplanned.Incarnation != dpReceiverInc) {
+			t.Fatalf("secure dial with no member known = %v, want a *DataPlaneUnplannedError", err)
+		}
+		t.Log(err)
+	}
+}
