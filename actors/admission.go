@@ -32,7 +32,8 @@ type nodeCounters struct {
 // over Count requests: Queue from admission to the plan leaving (decode
 // pages reserved), Prefill from the plan to the first frame (prefill
 // compute), Transfer from the first frame to prefill's TransferDone, Verify
-// from there to the first token leaving (seal, manifest check, ack).
+// from there to the first token leaving (seal, manifest check, ack, and
+// decode's recomputation of the first token).
 // FirstDecode is the decode worker's first step: from the first token to the
 // second.
 type Phases struct {

@@ -16,11 +16,22 @@
 // reserves decode pages (retrying an exhausted pool until ReserveWait, then
 // "busy"); sends the prefill worker a plan naming those tags and the exact
 // prompt; accepts the frames prefill streams in bounded batches only into
-// its own pages (checksum, destination tag, owner, tenant and position are
-// all checked); seals every page and verifies the manifest; acknowledges,
-// upon which prefill releases its source pages; hands the verified manifest
-// to the decode worker; streams tokens to the client; and, however the
-// request ends, releases every page it holds.
+// its own pages, and only from the prefill node and incarnation it planned
+// with (checksum, destination tag, owner, tenant and position are all
+// checked); seals every page only if its bytes are those prefill sealed
+// (prefill's seal checksums come in its TransferDone) and verifies the
+// manifest; acknowledges, upon which prefill releases its source pages;
+// hands the verified manifest to the decode worker, which recomputes
+// prefill's first token from the KV before it streams it; streams tokens to
+// the client, as their sender; and, however the request ends, releases
+// every page it holds.
+//
+// A prefill worker takes plans only from nodes that decode, and sends their
+// KV only to the data plane membership gives for the planner
+// (Options.DataPlaneOf), from a goroutine per transfer (TransferSendsMax at
+// once), so that a slow or silent peer holds up only its own transfer. A
+// plan that ended is remembered (DonePlansMax, for PrefillTimeout), so a
+// duplicate is not prefilled again.
 //
 // # Ownership and concurrency
 //
@@ -31,11 +42,15 @@
 // page actor publishes atomically, so a page reclaimed under a lease is
 // refused, never read. Actors call one another with bounded futures
 // (CallTimeout); no call cycle exists (pages and pools answer, they never
-// ask), so none can deadlock. Mailboxes are bounded (MailboxMax; a sender to
-// a full one waits), except the pool actor's, which page actors send every
-// free while it sends them assignments: two bounded mailboxes sending to
-// each other could both fill. Its content is bounded by the page count and
-// the requests in flight.
+// ask), so none can deadlock. Mailboxes never make a sender wait
+// (NewMailbox): at MailboxMax, what may come from outside is dropped,
+// counted, and answered "busy" when it expects an answer, while the node's
+// own internal messages, bounded by its other limits, still get in. The
+// pool actor's mailbox is unbounded: page actors send it every free while
+// it sends them assignments, and its content is bounded by the page count
+// and the requests in flight. Every owned page has a deadline
+// (OwnedPageTimeout) at which its page actor reclaims it, so an owner that
+// dies without releasing strands nothing.
 //
 // A transfer attempt is a request id: a retry takes a new one, so frames,
 // TransferDone and tokens of an abandoned attempt are told apart, dropped

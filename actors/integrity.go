@@ -23,3 +23,25 @@ func (e *StrangerError) Error() string {
 func (e *StrangerError) wire() *messages.WireError {
 	return &messages.WireError{Code: messages.CodeIntegrity, Message: e.Error()}
 }
+
+// FirstTokenError: the first token prefill sent is not the one decode
+// recomputes from the KV it received and the prompt's last token (Err says
+// why the recomputation failed, if it did: the KV's last row is not the
+// one that token gives).
+type FirstTokenError struct {
+	Prefill, Decode int
+	Err             error
+}
+
+func (e *FirstTokenError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("actors: first token %d from prefill not confirmed by the KV received: %v", e.Prefill, e.Err)
+	}
+	return fmt.Sprintf("actors: first token %d from prefill, the KV received gives %d", e.Prefill, e.Decode)
+}
+
+func (e *FirstTokenError) Unwrap() error { return e.Err }
+
+func (e *FirstTokenError) wire() *messages.WireError {
+	return &messages.WireError{Code: messages.CodeIntegrity, Message: e.Error()}
+}

@@ -369,7 +369,8 @@ func (r *requestActor) accept(frames []kv.Frame) error {
 // transferDone completes the transfer: every frame in, every page sealed,
 // each only if its bytes are those prefill sealed (its checksum in m), and
 // the manifest verified before decode may read a byte; then prefill may let
-// its pages go, and decode starts.
+// its pages go, and decode starts from prefill's first token, which the
+// decode worker checks first.
 func (r *requestActor) transferDone(c actor.Context, m *messages.TransferDone) {
 	r.transferEnd = time.Now()
 	if r.frames != int(m.Frames) || r.written != len(r.prompt) {
@@ -399,21 +400,22 @@ func (r *requestActor) transferDone(c actor.Context, m *messages.TransferDone) {
 		r.finish(c, err)
 		return
 	}
+	// The decode worker streams prefill's first token only once it has
+	// recomputed it from the pages, so the client never sees a token the
+	// KV does not give.
 	r.phase = phaseDecoding
-	first := int(m.First)
-	r.firstToken = time.Now()
-	if r.token(c, first); r.phase == phaseDone {
-		return
-	}
-	c.Send(r.route.decode, DecodeJob{Manifest: r.manifest, Next: first, MaxNew: r.maxNew - 1,
-		Spare: r.spare, ReplyTo: c.Self()})
+	c.Send(r.route.decode, DecodeJob{Manifest: r.manifest, Next: int(m.First), Last: r.prompt[len(r.prompt)-1],
+		MaxNew: r.maxNew - 1, Spare: r.spare, ReplyTo: c.Self()})
 }
 
 // token streams one generated token to the client; the request ends at
 // EOS or at its token budget.
 func (r *requestActor) token(c actor.Context, tok int) {
 	r.tokens = append(r.tokens, tok)
-	if len(r.tokens) == 2 {
+	switch len(r.tokens) {
+	case 1:
+		r.firstToken = time.Now()
+	case 2:
 		r.secondToken = time.Now()
 	}
 	r.seq++

@@ -21,6 +21,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -164,12 +165,13 @@ func decodeWithPlanner(t *testing.T, ca *trusttest.CA) (*Node, *remotePeer, <-ch
 
 // TestTransferOnlyFromThePlannedPeer: a request takes frames and its
 // TransferDone only from the prefill node, and incarnation, it planned
-// with. A TransferDone of the current attempt from another authenticated
-// peer, frames the data plane got from another identity or from pages of
-// another incarnation, and a TransferDone whose seal checksums do not match
-// the pages received each fail the request with the integrity code, are
-// counted, and leave every page free; frames of the planned peer are
-// taken.
+// with, played here by a stand-in. A TransferDone of the current attempt
+// from another authenticated peer, frames the data plane got from another
+// identity or from pages of another incarnation, a TransferDone whose seal
+// checksums do not match the pages received, and a first token the KV
+// received does not give each fail the request with the integrity code,
+// are counted, and leave every page free; the planned peer's own transfer
+// of the prompt's real KV gets the reference answer.
 func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 	ca := trusttest.New(t)
 	n, planner, plans, plannerID := decodeWithPlanner(t, ca)
@@ -184,50 +186,122 @@ func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 	}
 	integrity := &messages.WireError{Code: messages.CodeIntegrity}
 	for _, tc := range []struct {
-		name  string
-		play  func(plan *messages.TransferPlan, to *actor.PID)
-		wantR uint64 // stranger refusals it adds
+		name    string
+		play    func(plan *messages.TransferPlan, to *actor.PID)
+		wantR   uint64 // stranger refusals it adds
+		answers bool   // the request gets the reference answer, not an integrity error
 	}{
 		{"transfer done from a stranger", func(plan *messages.TransferPlan, to *actor.PID) {
 			stranger.sys.Root.Send(to, &messages.TransferDone{RequestID: plan.RequestID, Tenant: plan.Tenant, First: 'x',
 				Frames: 1, Source: 1, Sums: []uint64{1}})
-		}, 1},
+		}, 1, false},
 		{"frames from a stranger", func(plan *messages.TransferPlan, _ *actor.PID) {
 			if err := n.AcceptFrames(strangerID, frame(plan, 0x77)); !errors.As(err, new(*StrangerError)) {
 				t.Errorf("frames from a stranger: %v", err)
 			}
-		}, 1},
+		}, 1, false},
 		{"frames of another incarnation", func(plan *messages.TransferPlan, _ *actor.PID) {
 			if err := n.AcceptFrames(plannerID, frame(plan, 0x78)); !errors.As(err, new(*StrangerError)) {
 				t.Errorf("frames from pages of another incarnation: %v", err)
 			}
-		}, 1},
+		}, 1, false},
 		{"checksums that do not match", func(plan *messages.TransferPlan, to *actor.PID) {
 			if err := n.AcceptFrames(plannerID, frame(plan, 0x77)); err != nil {
 				t.Errorf("frames of the planned peer refused: %v", err)
 			}
 			planner.sys.Root.Send(to, &messages.TransferDone{RequestID: plan.RequestID, Tenant: plan.Tenant, First: 'x',
 				Frames: 1, Source: 1, Sums: []uint64{1}})
-		}, 0},
+		}, 0, false},
+		{"a first token the KV does not give", func(plan *messages.TransferPlan, to *actor.PID) {
+			prefillAs(t, n, planner, plannerID, plan, to, 1)
+		}, 0, false},
+		{"the planned peer's own transfer", func(plan *messages.TransferPlan, to *actor.PID) {
+			prefillAs(t, n, planner, plannerID, plan, to, 0)
+		}, 0, true},
 	} {
 		before := n.Auth().Refused()[trust.RefusedStranger]
-		errc := make(chan error, 1)
+		type outcome struct {
+			tokens []int
+			err    error
+		}
+		done := make(chan outcome, 1)
 		go func() {
-			_, err := c.Generate(context.Background(), "acme", "hi", client.GenerateOptions{MaxTokens: 4}, nil)
-			errc <- err
+			res, err := c.Generate(context.Background(), "acme", "hi", client.GenerateOptions{MaxTokens: 4}, nil)
+			done <- outcome{res.Tokens, err}
 		}()
 		e := next(t, tc.name+": the plan", plans)
 		for _, ok := e.Message.(*messages.TransferPlan); !ok; _, ok = e.Message.(*messages.TransferPlan) {
 			e = next(t, tc.name+": the plan", plans) // the abort of the request before
 		}
 		tc.play(e.Message.(*messages.TransferPlan), e.Sender)
-		if err := <-errc; !errors.Is(err, integrity) {
-			t.Errorf("%s: the request ended with %v, want an integrity error", tc.name, err)
+		got := <-done
+		if tc.answers {
+			if want := reference(t, n.Config(), "hi", 4); got.err != nil || fmt.Sprint(got.tokens) != fmt.Sprint(want) {
+				t.Errorf("%s: %v, %v; want the reference %v", tc.name, got.tokens, got.err, want)
+			}
+		} else if !errors.Is(got.err, integrity) {
+			t.Errorf("%s: the request ended with %v, want an integrity error", tc.name, got.err)
 		}
 		if got := n.Auth().Refused()[trust.RefusedStranger]; got != before+tc.wantR {
 			t.Errorf("%s: stranger refusals went from %d to %d, want %d more", tc.name, before, got, tc.wantR)
 		}
 	}
+	if s, err := ask[WorkerStatusReply](n.Root(), n.decode[0], WorkerStatus{}, time.Minute); err != nil || s.FirstTokensRefused != 1 {
+		t.Errorf("decode worker after one wrong first token: %+v, %v", s, err)
+	}
+}
+
+// prefillAs plays the planned prefill node p of n, honestly but for the
+// first token, which it reports off by firstOff: it computes the plan's KV
+// in a pool of its own incarnation, hands the frames to n's data plane
+// entry as from id, and sends to (the plan's sender) its TransferDone.
+func prefillAs(t *testing.T, n *Node, p *remotePeer, id trust.Identity, plan *messages.TransferPlan, to *actor.PID, firstOff int) {
+	t.Helper()
+	cfg := n.Config()
+	engine, err := gpu.NewReferenceEngine(cfg.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := kv.NewPool(kv.DefaultConfig(cfg.Geometry(), len(plan.DestTags), 0x77))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := kv.Owner{Request: 5, Tenant: plan.Tenant}
+	prompt := make([]int, len(plan.PromptTokens))
+	for i, tok := range plan.PromptTokens {
+		prompt[i] = int(tok)
+	}
+	tags, err := pool.Reserve(src, 0, len(plan.DestTags), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf, err := engine.Prefill(pool, src, tags, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frames []kv.Frame
+	var sums []uint64
+	pos := 0
+	for i, mp := range pf.Manifest.Pages {
+		l, err := pool.Lease(mp.Tag, src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _, err := pool.Read(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames = append(frames, kv.Frame{Owner: plan.Owner(), Source: mp.Tag, Dest: plan.DestTags[i], FirstToken: pos,
+			Tokens: mp.Tokens, Payload: b})
+		sums = append(sums, mp.Checksum)
+		pos += mp.Tokens
+	}
+	if err := n.AcceptFrames(id, frames); err != nil {
+		t.Fatalf("frames of the planned peer refused: %v", err)
+	}
+	first := (pf.First + firstOff) % cfg.Model.Vocab
+	p.sys.Root.Send(to, &messages.TransferDone{RequestID: plan.RequestID, Tenant: plan.Tenant, First: uint32(first),
+		Frames: uint32(len(frames)), Source: src.Request, Sums: sums})
 }
 
 // TestBlackHoleDataPlaneStallsOnlyItsTransfer: a prefill node sending one

@@ -39,12 +39,15 @@ type (
 	FramesInReply struct{ Err error }
 
 	// DecodeJob asks a decode worker to generate from the verified
-	// Manifest: Next is the token to feed first, MaxNew the most tokens to
-	// generate after it, Spare the pages reserved for generated KV, in
-	// sequence order.
+	// Manifest: Next is the token to feed first (prefill's first token),
+	// Last the prompt's last token, MaxNew the most tokens to generate
+	// after Next, Spare the pages reserved for generated KV, in sequence
+	// order. The worker recomputes Next from Last and the pages before it
+	// streams Next as the job's first TokenOut.
 	DecodeJob struct {
 		Manifest *kv.Manifest
 		Next     int
+		Last     int
 		MaxNew   int
 		Spare    []kv.Tag
 		ReplyTo  *actor.PID
@@ -69,6 +72,7 @@ type (
 		Role                                 string
 		Queued, Sending, Active, AwaitingAck int
 		FramesSent, BatchesSent, Steps       uint64
+		FirstTokensRefused                   uint64
 	}
 
 	step struct{}
@@ -108,6 +112,9 @@ type Dialer func(addr string, incarnation uint64) (FrameSender, error)
 // workerCounters are read by tests and status from other goroutines.
 type workerCounters struct {
 	framesSent, batchesSent, steps atomic.Uint64
+	// firstRefused counts decode jobs whose first token the KV did not
+	// give.
+	firstRefused atomic.Uint64
 }
 
 // sequence is one running decode job.
@@ -222,7 +229,7 @@ func (w *workerActor) Receive(c actor.Context) {
 	case WorkerStatus:
 		c.Respond(WorkerStatusReply{Role: w.role, Queued: len(w.queue), Sending: len(w.sending), Active: len(w.seqs),
 			AwaitingAck: len(w.awaiting), FramesSent: w.stats.framesSent.Load(), BatchesSent: w.stats.batchesSent.Load(),
-			Steps: w.stats.steps.Load()})
+			Steps: w.stats.steps.Load(), FirstTokensRefused: w.stats.firstRefused.Load()})
 	}
 }
 
@@ -606,13 +613,39 @@ func (w *workerActor) releaseAll(o kv.Owner, tags []kv.Tag) {
 	}
 }
 
+// startDecode starts a job's sequence, checks its first token against the
+// pages and streams it, and keeps the sequence for the steps to come, if
+// any.
 func (w *workerActor) startDecode(c actor.Context, job DecodeJob) {
+	owner := job.Manifest.Owner
 	seq, err := w.engine.Decode(w.kv, job.Manifest, job.Next)
+	if err == nil {
+		if err = w.confirmFirst(seq, job); err != nil {
+			err = errors.Join(err, seq.Close(w.kv))
+		}
+	}
 	if err != nil {
-		c.Send(job.ReplyTo, DecodeDone{Owner: job.Manifest.Owner, Err: err})
+		c.Send(job.ReplyTo, DecodeDone{Owner: owner, Err: err})
+		return
+	}
+	c.Send(job.ReplyTo, TokenOut{Owner: owner, Token: job.Next})
+	if job.Next == gpu.EOS || job.MaxNew == 0 {
+		c.Send(job.ReplyTo, DecodeDone{Owner: owner, Err: seq.Close(w.kv)})
 		return
 	}
 	w.seqs = append(w.seqs, &sequence{job: job, seq: seq})
+}
+
+// confirmFirst recomputes the job's first token from the prompt's last
+// token and the KV decode received, and refuses one prefill sent that the
+// KV does not give.
+func (w *workerActor) confirmFirst(seq gpu.Sequence, job DecodeJob) error {
+	tok, err := seq.First(w.kv, job.Last)
+	if err == nil && tok == job.Next {
+		return nil
+	}
+	w.stats.firstRefused.Add(1)
+	return &FirstTokenError{Prefill: job.Next, Decode: tok, Err: err}
 }
 
 // decodeStep runs one step of s and reports whether s is finished, and

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -81,6 +82,12 @@ type Sequence interface {
 	// Close gives back every lease. It releases no page: the pages of
 	// Manifest and a granted page not in it remain the caller's to release.
 	Close(pool KV) error
+	// First recomputes, before the first Step, the greedy token after the
+	// prompt from the prompt's KV the sequence holds and the prompt's last
+	// token, last: a decode node's check of the first token its prefill
+	// peer sent. It also fails when the prompt's last KV row is not the
+	// one the recomputation gives.
+	First(pool KV, last int) (int, error)
 }
 
 // ContextFullError: a sequence would hold more positions than the model's
@@ -299,6 +306,49 @@ func (s *refSequence) Step(pool KV) (int, error) {
 	s.pos++
 	s.next = tok
 	return tok, nil
+}
+
+func (s *refSequence) First(pool KV, last int) (int, error) {
+	if err := s.usable(); err != nil {
+		return 0, err
+	}
+	if len(s.pages) == 0 || s.tailN != 0 || s.pos != s.promptTokens() {
+		return 0, errors.New("gpu: the first token is recomputed only before the first step")
+	}
+	if last < 0 || last >= s.m.cfg.Vocab {
+		return 0, &TokenError{Index: 0, Token: last, Vocab: s.m.cfg.Vocab}
+	}
+	s.segs = s.segs[:0]
+	for i, l := range s.leases {
+		b, n, err := pool.Read(l)
+		if err != nil {
+			return 0, err
+		}
+		if n != s.pages[i].Tokens {
+			return 0, &kv.ManifestError{Field: "tokens", Page: i, Want: s.pages[i].Tokens, Have: n}
+		}
+		s.segs = append(s.segs, b)
+	}
+	bpt := s.geo.BytesPerToken()
+	lastPage := s.segs[len(s.segs)-1]
+	held := lastPage[len(lastPage)-bpt:]
+	s.segs[len(s.segs)-1] = lastPage[:len(lastPage)-bpt]
+	s.in[0] = last
+	row := s.tail[:bpt] // the tail is empty before the first step
+	tok := s.m.forward(s.sc, s.in[:], s.pos-1, s.segs, row)
+	if !bytes.Equal(row, held) {
+		return 0, fmt.Errorf("gpu: the prompt's last KV row (position %d) is not the one its token gives", s.pos-1)
+	}
+	return tok, nil
+}
+
+// promptTokens is how many positions the prompt's pages hold.
+func (s *refSequence) promptTokens() int {
+	n := 0
+	for _, p := range s.pages {
+		n += p.Tokens
+	}
+	return n
 }
 
 func (s *refSequence) usable() error {

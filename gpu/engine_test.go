@@ -172,6 +172,45 @@ func TestPagedDecodeEqualsReference(t *testing.T) {
 	}
 }
 
+// TestFirstRecomputedFromKV: a sequence recomputes, from the prompt's KV
+// and its last token, exactly the first token prefill found, for prompts
+// across page boundaries and in 16-bit KV; another last token is refused
+// (its KV row is not the one held), and so is a recomputation after a
+// step.
+func TestFirstRecomputedFromKV(t *testing.T) {
+	for _, dt := range []kv.DType{kv.F32, kv.F16} {
+		for _, n := range []int{1, 15, 16, 17, 120} {
+			t.Run(fmt.Sprintf("%s/prompt=%d", dt, n), func(t *testing.T) {
+				cfg := DefaultModelConfig()
+				cfg.KVDType = dt
+				e := engineFor(t, cfg)
+				prompt := testPrompt(n, "first")
+				p := fragmentedPool(t, cfg.Geometry(16), 64, 5, uint64(n))
+				pf := prefill(t, e, p, ownerA, prompt)
+				s, err := e.Decode(p, pf.Manifest, pf.First)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, err := s.First(p, prompt[n-1]); err != nil || got != pf.First {
+					t.Fatalf("first token recomputed: %d, %v; prefill found %d", got, err, pf.First)
+				}
+				if got, err := s.First(p, prompt[n-1]^1); err == nil {
+					t.Fatalf("another last token gave %d and no error", got)
+				}
+				if _, err := s.Step(p); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.First(p, prompt[n-1]); err == nil {
+					t.Fatal("first token recomputed after a step")
+				}
+				if err := s.Close(p); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
 // TestPagedDecodeEqualsReferenceHalf runs the paged path with KV stored in
 // 16-bit types: the reference must round the same way.
 func TestPagedDecodeEqualsReferenceHalf(t *testing.T) {
