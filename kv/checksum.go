@@ -12,6 +12,16 @@ import (
 // owner) through. XXH3 was chosen over CRC32C and xxHash64 because it runs
 // faster than a memcpy of the same bytes (see BenchmarkChecksum), so sealing
 // and verifying cost less than moving the page.
+//
+// The checksums are not keyed, and frames carry no MAC: bytes between
+// processes are authenticated by the data plane's mutual TLS, and prefill's
+// seal checksums reach decode in its TransferDone over authenticated remote,
+// against which decode seals what it received (Page.SealFrom). A MAC keyed
+// per transfer attempt (sent in the plan) would add protection only against
+// a forger inside a peer process, which would hold the key too. And none is
+// cheap: BenchmarkFrameMAC measures HMAC-SHA256 at about 18-20 times XXH3's
+// cost, keyed BLAKE2b 28-49 times and GMAC 7 times, on 32 KiB and 2 MiB
+// pages; only XXH3 seeded with a key costs the same, and it is no MAC.
 
 // pageHeaderBytesMax bounds the encoded page header: tag (20) + request (8)
 // + tenant length (1) + tenant + first token (4) + token count (4).
