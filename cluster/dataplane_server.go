@@ -303,6 +303,9 @@ func (s *DataPlaneServer) handshake(p *dpPeer) bool {
 		return true
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		s.tooSlow(p.raw)
+	case err == io.EOF:
+		// Closed without a byte: a port check, not a credential refused.
+		s.c.noHello.Add(1)
 	default:
 		s.c.handshakesFailed.Add(1)
 		s.cfg.Auth.Refuse(trust.RefusedCertificate, "data plane TLS handshake", "remote", p.raw.RemoteAddr(), "err", err)

@@ -270,20 +270,46 @@ func TestDataPlaneConnectionsPerPeer(t *testing.T) {
 }
 
 // Strangers that connect and say nothing hold no serving slot: with more
-// of them than ConnectionsMax waiting, a transfer goes through at once,
-// before any of them has timed out; each is then closed after
-// HelloTimeout, counted.
+// of them waiting than ConnectionsMax, and a HelloTimeout far longer than
+// the test, a transfer goes through at once.
 func TestDataPlaneIdleStrangers(t *testing.T) {
 	ca := trusttest.New(t)
 	cfg := dpSecure(t, dpTestConfig(t, dpReceiverInc), ca, trust.RoleDecode, "d0")
-	cfg.HelloTimeout = 2 * time.Second // the transfer must finish within it
+	cfg.HelloTimeout = time.Hour
 	const strangers = 40
 	if strangers <= cfg.ConnectionsMax || strangers > cfg.HandshakesMax {
 		t.Fatalf("test wants ConnectionsMax (%d) < %d strangers <= HandshakesMax (%d)", cfg.ConnectionsMax, strangers, cfg.HandshakesMax)
 	}
 	rec := &dpRecorder{}
 	srv := dpListen(t, cfg, rec.handle)
-	idle := make([]net.Conn, strangers)
+	for range strangers {
+		c, err := net.Dial("tcp", srv.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	// The listener's queue is in order: the strangers are accepted first.
+	snd := dpDial(t, dpSecure(t, dpTestConfig(t, dpSenderInc), ca, trust.RolePrefill, "p0"), srv, dpReceiverInc)
+	frames := dpFrames(rand.New(rand.NewPCG(3, 3)), 5, 1, dpReceiverInc)
+	if err := snd.Send(context.Background(), frames); err != nil {
+		t.Fatal(err)
+	}
+	dpEqualFrames(t, rec.got(), frames)
+	if rs := srv.Stats(); rs.RefusedHandshakes != 0 || rs.HelloTimeouts != 0 || rs.ConnectionsActive != 1 {
+		t.Fatalf("server stats %+v: want the strangers waiting and the sender served", rs)
+	}
+}
+
+// Connections that send no hello are closed after HelloTimeout, counted;
+// past HandshakesMax of them waiting, one more is closed at once; once
+// HelloTimeout has closed the waiting ones, a sender gets in again.
+func TestDataPlaneHandshakesMax(t *testing.T) {
+	cfg := dpTestConfig(t, dpReceiverInc)
+	cfg.HandshakesMax = 8
+	cfg.HelloTimeout = 200 * time.Millisecond
+	srv := dpListen(t, cfg, (&dpRecorder{}).handle)
+	idle := make([]net.Conn, cfg.HandshakesMax)
 	for i := range idle {
 		c, err := net.Dial("tcp", srv.Addr().String())
 		if err != nil {
@@ -292,43 +318,6 @@ func TestDataPlaneIdleStrangers(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		idle[i] = c
 	}
-	// The listener's queue is in order: the strangers are accepted first.
-	snd := dpDial(t, dpSecure(t, dpTestConfig(t, dpSenderInc), ca, trust.RolePrefill, "p0"), srv, dpReceiverInc)
-	frames := dpFrames(rand.New(rand.NewPCG(3, 3)), 5, 1, dpReceiverInc)
-	if err := snd.Send(context.Background(), frames); err != nil {
-		t.Fatal(err)
-	}
-	if rs := srv.Stats(); rs.HelloTimeouts != 0 {
-		t.Fatalf("server stats %+v: the transfer finished only after strangers timed out", rs)
-	}
-	dpEqualFrames(t, rec.got(), frames)
-	for i, c := range idle {
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
-			t.Fatalf("stranger %d: read %d bytes, %v; want the connection closed by the server", i, n, err)
-		}
-	}
-	dpEventually(t, "every stranger counted", func() bool { return srv.Stats().HelloTimeouts == strangers })
-	if n := cfg.Auth.Refused()[trust.RefusedDataPlane]; n != strangers {
-		t.Fatalf("%d data plane refusals counted, want %d", n, strangers)
-	}
-}
-
-// Past HandshakesMax connections waiting for their hello, one more is
-// closed at once; once HelloTimeout has closed the waiting ones, a sender
-// gets in again.
-func TestDataPlaneHandshakesMax(t *testing.T) {
-	cfg := dpTestConfig(t, dpReceiverInc)
-	cfg.HandshakesMax = 8
-	cfg.HelloTimeout = 200 * time.Millisecond
-	srv := dpListen(t, cfg, (&dpRecorder{}).handle)
-	for range cfg.HandshakesMax {
-		c, err := net.Dial("tcp", srv.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-	}
 	scfg := dpTestConfig(t, dpSenderInc)
 	if _, err := DialDataPlane(scfg, srv.Addr().String(), dpReceiverInc, trust.Identity{}); err == nil {
 		t.Fatalf("dial past HandshakesMax (%d) waiting connections went ahead", cfg.HandshakesMax)
@@ -336,15 +325,23 @@ func TestDataPlaneHandshakesMax(t *testing.T) {
 	if rs := srv.Stats(); rs.RefusedHandshakes != 1 {
 		t.Fatalf("server stats %+v: want one connection closed for HandshakesMax", rs)
 	}
-	var snd *DataPlaneSender
-	dpEventually(t, "a sender served after the strangers timed out", func() bool {
-		var err error
-		snd, err = DialDataPlane(scfg, srv.Addr().String(), dpReceiverInc, trust.Identity{})
-		return err == nil
-	})
+	for i, c := range idle {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Fatalf("idle connection %d: read %d bytes, %v; want it closed by the server", i, n, err)
+		}
+	}
+	dpEventually(t, "every idle connection counted", func() bool { return srv.Stats().HelloTimeouts == uint64(len(idle)) })
+	if n := cfg.Auth.Refused()[trust.RefusedDataPlane]; n != uint64(len(idle)) {
+		t.Fatalf("%d data plane refusals counted, want %d", n, len(idle))
+	}
+	snd, err := DialDataPlane(scfg, srv.Addr().String(), dpReceiverInc, trust.Identity{})
+	if err != nil {
+		t.Fatalf("dial after the idle connections were closed: %v", err)
+	}
 	defer snd.Close()
-	if rs := srv.Stats(); rs.HelloTimeouts == 0 {
-		t.Fatalf("server stats %+v: served before any stranger timed out", rs)
+	if err := snd.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(3, 4)), 1, 1, dpReceiverInc)); err != nil {
+		t.Fatal(err)
 	}
 }
 
