@@ -19,9 +19,10 @@ import (
 // against which decode seals what it received (Page.SealFrom). A MAC keyed
 // per transfer attempt (sent in the plan) would add protection only against
 // a forger inside a peer process, which would hold the key too. And none is
-// cheap: BenchmarkFrameMAC measures HMAC-SHA256 at about 18-20 times XXH3's
-// cost, keyed BLAKE2b 28-49 times and GMAC 7 times, on 32 KiB and 2 MiB
-// pages; only XXH3 seeded with a key costs the same, and it is no MAC.
+// cheap: BenchmarkFrameMAC measures HMAC-SHA256 at 13 to 21 times XXH3's
+// cost, keyed BLAKE2b 16 to 47 times and GMAC 6 to 7 times, on 2 MiB and
+// 32 KiB pages; only XXH3 seeded with a key costs the same, and it is no
+// MAC.
 
 // pageHeaderBytesMax bounds the encoded page header: tag (20) + request (8)
 // + tenant length (1) + tenant + first token (4) + token count (4).
