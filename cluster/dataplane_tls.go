@@ -18,10 +18,14 @@ const dpCoalesceBytes = 256 << 10
 // written from another goroutine inside a batch among the batch's records,
 // in the order crypto/tls sealed them.
 //
-// On a 2-CPU loopback (BenchmarkDataPlaneThroughput) this raised TLS
-// throughput by about a quarter for 2 MiB and 64 KiB pages alike, at the
-// price of one copy of the ciphertext; 64 KiB and 1 MiB instead of 256 KiB
-// made no difference that outlasted the noise.
+// Measured side by side on a 2-CPU loopback, with and without it in one
+// run, this raised TLS throughput by 4–33% (most runs about a quarter) for
+// 2 MiB and 64 KiB pages alike, at the price of one copy of the
+// ciphertext; 64 KiB and 1 MiB instead of 256 KiB made no difference that
+// outlasted the noise. What remains is crypto/tls's: AES-128-GCM seals
+// about 3.4 GB/s and opens about 4.2 GB/s on one core here, and both ends
+// share the two cores, so TLS carries 0.35–0.5 of what plain TCP does
+// (a bare crypto/tls stream 0.26–0.33 of a bare TCP one).
 type dpCoalescer struct {
 	net.Conn
 	mu      sync.Mutex
