@@ -74,8 +74,12 @@ func (p planPolicy) check(c actor.Context, m *messages.TransferPlan) error {
 }
 
 // refusePlan answers a plan that will not run with a TransferDone error,
-// so that decode does not wait for its PrefillTimeout.
+// so that decode does not wait for its PrefillTimeout. A plan without a
+// sender (from inside this process) has no one to answer.
 func refusePlan(c actor.Context, m *messages.TransferPlan, err error) error {
+	if c.Sender() == nil {
+		return nil
+	}
 	return messages.Send(c, c.Sender(), &messages.TransferDone{RequestID: m.RequestID, Tenant: m.Tenant, Err: wireError(err)})
 }
 

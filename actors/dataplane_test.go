@@ -1,0 +1,218 @@
+package actors
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// TestSendsOffTheWorker: of three transfers from one prefill worker, one to
+// a data plane that accepts and never reads and one whose dial never
+// returns, the third, to a data plane that reads, is answered at once; the
+// other two fail at their PrefillTimeout, cleanly, and every page is free
+// afterwards (startNode's cleanup).
+func TestSendsOffTheWorker(t *testing.T) {
+	cfg := testConfig()
+	cfg.PrefillTimeout = 3 * time.Second
+	lim := cfg.BatchLimits()
+	const hanging = "127.0.0.1:1"
+	unblock := make(chan struct{})
+	t.Cleanup(func() { close(unblock) })
+	n, err := Start(cfg, Options{Dial: func(addr string, inc uint64) (FrameSender, error) {
+		if addr == hanging {
+			<-unblock
+			return nil, errors.New("test dialer: released")
+		}
+		return dialFrames(addr, lim)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		quiesce(t, n)
+		n.Stop()
+	})
+	healthy := serveFrames(t, lim, func([]kv.Frame) error { return nil })
+	done := make(chan *messages.TransferDone, 3)
+	decoder := n.Root().Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if m, ok := c.Message().(*messages.TransferDone); ok {
+			done <- m
+		}
+	}))
+	send := func(id uint64, dataPlane string) {
+		n.Root().RequestWithCustomSender(n.dispatcher, &messages.TransferPlan{RequestID: id, Tenant: "acme", TokenCount: 3,
+			PromptTokens: []uint32{'a', 'b', 'c'}, PageTokens: uint32(cfg.PageTokens),
+			DestTags: []kv.Tag{{Incarnation: 9, Index: uint32(id), Generation: 1}}, DataPlane: dataPlane}, decoder)
+	}
+	send(1, blackHole(t))
+	send(2, hanging)
+	waitFor(t, "both stalled transfers under way", time.Minute, func() bool {
+		s, err := ask[WorkerStatusReply](n.Root(), n.prefill[0], WorkerStatus{}, time.Minute)
+		return err == nil && s.Sending == 2
+	})
+	send(3, healthy)
+	first := <-done
+	if first.RequestID != 3 || first.Err != nil {
+		t.Fatalf("first answer beside two stalled transfers: %+v, want request 3 done", first)
+	}
+	n.Root().RequestWithCustomSender(n.dispatcher, &messages.TransferAck{RequestID: 3, Tenant: "acme", TokenCount: 3, Pages: 1},
+		decoder)
+	for range 2 {
+		select {
+		case m := <-done:
+			if (m.RequestID != 1 && m.RequestID != 2) || m.Err == nil {
+				t.Fatalf("a stalled transfer answered %+v, want its failure", m)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("a stalled transfer never failed")
+		}
+	}
+}
+
+// The data plane of these tests: each batch (kv.AppendBatch) after its
+// length in 4 bytes, answered by one byte, 0 when the receiver's handler
+// took it. The cluster package has the real one, over TLS; it imports this
+// package, so these tests cannot use it.
+
+// frameConn is a FrameSender over one such connection.
+type frameConn struct {
+	conn net.Conn
+	lim  kv.BatchLimits
+	mu   sync.Mutex // one batch at a time on the connection
+	once sync.Once
+	dead chan struct{}
+}
+
+func dialFrames(addr string, lim kv.BatchLimits) (FrameSender, error) {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &frameConn{conn: conn, lim: lim, dead: make(chan struct{})}, nil
+}
+
+func (s *frameConn) Send(ctx context.Context, frames []kv.Frame) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := ctx.Deadline(); ok {
+		s.conn.SetDeadline(d)
+	}
+	b, err := kv.AppendBatch(make([]byte, 4), frames, s.lim)
+	if err != nil {
+		return err
+	}
+	binary.LittleEndian.PutUint32(b, uint32(len(b)-4))
+	var ack [1]byte
+	if _, err = s.conn.Write(b); err == nil {
+		_, err = io.ReadFull(s.conn, ack[:])
+	}
+	switch {
+	case err != nil:
+		s.Close()
+		return err
+	case ack[0] != 0:
+		return errors.New("test data plane: batch refused")
+	}
+	return nil
+}
+
+func (s *frameConn) Done() <-chan struct{} { return s.dead }
+
+func (s *frameConn) Close() error {
+	s.once.Do(func() {
+		close(s.dead)
+		s.conn.Close()
+	})
+	return nil
+}
+
+// serveFrames serves the test data plane, handing every batch to handle,
+// and returns its address.
+func serveFrames(t *testing.T, lim kv.BatchLimits, handle func([]kv.Frame) error) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	serve := func(conn net.Conn) {
+		defer conn.Close()
+		var n [4]byte
+		for {
+			if _, err := io.ReadFull(conn, n[:]); err != nil {
+				return
+			}
+			size := binary.LittleEndian.Uint32(n[:])
+			if size > uint32(lim.BytesMax+lim.PagesMax*lim.Frame.FrameBytesMax()) {
+				return
+			}
+			b := make([]byte, size)
+			if _, err := io.ReadFull(conn, b); err != nil {
+				return
+			}
+			ack := []byte{0}
+			frames, _, err := kv.DecodeBatch(b, lim)
+			if err == nil {
+				err = handle(frames)
+			}
+			if err != nil {
+				ack[0] = 1
+			}
+			if _, err := conn.Write(ack); err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go serve(conn)
+		}
+	}()
+	return l.Addr().String()
+}
+
+// blackHole listens, accepts and never reads or answers; it returns its
+// address.
+func blackHole(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+		}
+	}()
+	return l.Addr().String()
+}
