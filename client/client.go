@@ -69,6 +69,12 @@ type Client struct {
 // it at the node serving on endpoint (host:port). Nothing is sent until
 // Generate.
 func Dial(endpoint string, opt Options) (*Client, error) {
+	return DialContext(context.Background(), endpoint, opt)
+}
+
+// DialContext is Dial, given up when ctx is done while it checks the
+// node's certificate.
+func DialContext(ctx context.Context, endpoint string, opt Options) (*Client, error) {
 	if _, _, err := net.SplitHostPort(endpoint); err != nil {
 		return nil, fmt.Errorf("client: endpoint %q: %w", endpoint, err)
 	}
@@ -84,7 +90,7 @@ func Dial(endpoint string, opt Options) (*Client, error) {
 	}
 	c := New(sys, actor.NewPID(endpoint, AdmissionName), opt)
 	c.remote = r
-	if err := checkNode(opt.Auth, endpoint); err != nil {
+	if err := checkNode(ctx, opt.Auth, endpoint); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -95,11 +101,11 @@ func Dial(endpoint string, opt Options) (*Client, error) {
 // sent, so that a certificate refused either way is an error at once (with
 // why) rather than a silent node, and requires the certificate there to be
 // a node's that admits requests.
-func checkNode(auth *trust.Authority, endpoint string) error {
+func checkNode(ctx context.Context, auth *trust.Authority, endpoint string) error {
 	if auth.Insecure() {
 		return nil
 	}
-	id, _, err := auth.Peers().Probe(endpoint)
+	id, _, err := auth.Peers().ProbeContext(ctx, endpoint)
 	if err != nil {
 		return fmt.Errorf("client: TLS with %s: %w", endpoint, err)
 	}

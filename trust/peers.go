@@ -1,10 +1,10 @@
 package trust
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"sync"
 	"time"
 )
@@ -111,11 +111,19 @@ func (p *Peers) Verify(addr string, id Identity, cert *x509.Certificate) error {
 // Probe dials addr, completes a TLS handshake as a client, records who
 // answered and hangs up.
 func (p *Peers) Probe(addr string) (Identity, *x509.Certificate, error) {
-	d := &net.Dialer{Timeout: p.dialAfter}
-	conn, err := tls.DialWithDialer(d, "tcp", addr, p.b.ClientTLS())
+	return p.ProbeContext(context.Background(), addr)
+}
+
+// ProbeContext is Probe, given up when ctx is done.
+func (p *Peers) ProbeContext(ctx context.Context, addr string) (Identity, *x509.Certificate, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.dialAfter)
+	defer cancel()
+	d := &tls.Dialer{Config: p.b.ClientTLS()}
+	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return Identity{}, nil, err
 	}
+	conn := c.(*tls.Conn)
 	defer conn.Close()
 	id, cert, err := p.b.PeerIdentity(conn.ConnectionState(), x509.ExtKeyUsageServerAuth)
 	if err != nil {

@@ -125,8 +125,11 @@ func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, 
 	if err != nil {
 		return err
 	}
-	c, err := client.Dial(o.Endpoint, client.Options{NoAnswerAfter: o.NoAnswerAfter, Auth: auth})
+	c, err := client.DialContext(ctx, o.Endpoint, client.Options{NoAnswerAfter: o.NoAnswerAfter, Auth: auth})
 	if err != nil {
+		if ctx.Err() != nil {
+			return interruptedError{}
+		}
 		return fmt.Errorf("generate: %w", err)
 	}
 	p := &tokenPrinter{w: stdout, start: time.Now()}
