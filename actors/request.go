@@ -444,7 +444,7 @@ func (r *requestActor) finish(c actor.Context, cause error) {
 		if decoding {
 			c.Send(r.route.decode, CancelJob{Owner: r.owner})
 		}
-	} else if decoding && len(r.tokens) < r.maxNew && r.tokens[len(r.tokens)-1] != gpu.EOS {
+	} else if decoding && (len(r.tokens) == 0 || len(r.tokens) < r.maxNew && r.tokens[len(r.tokens)-1] != gpu.EOS) {
 		cause = fmt.Errorf("actors: decode ended after %d of %d tokens", len(r.tokens), r.maxNew)
 	}
 	r.releaseAll(r.dest)
