@@ -470,7 +470,10 @@ func dialWithin(ctx context.Context, dial Dialer, addr string, inc uint64) (Fram
 	}()
 	select {
 	case d := <-ch:
-		return d.s, d.err
+		if d.err != nil {
+			return nil, d.err // whatever it returned with the error is no sender
+		}
+		return d.s, nil
 	case <-ctx.Done():
 		go func() {
 			if d := <-ch; d.s != nil {
