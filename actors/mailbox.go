@@ -222,4 +222,6 @@ func (q *fifo) pop() (any, bool) {
 }
 
 // mailbox is the mailbox of the node's actors (NewMailbox, MailboxMax).
-func (n *Node) mailbox() actor.MailboxProducer { return NewMailbox(n.sys, n.cfg.MailboxMax, &n.drops) }
+// Mailbox is the mailbox of the node's actors, counting into MailboxDrops;
+// the cluster layer gives it to the router and its relays too.
+func (n *Node) Mailbox() actor.MailboxProducer { return NewMailbox(n.sys, n.cfg.MailboxMax, &n.drops) }

@@ -139,7 +139,7 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 		var pools []*Pool
 		for i := range count {
 			name := fmt.Sprintf("%s-%d", role, i)
-			pool, err := spawnPool(n.root, name+"/pool", cfg.pool(pages, cfg.Incarnation), n.mailbox(),
+			pool, err := spawnPool(n.root, name+"/pool", cfg.pool(pages, cfg.Incarnation), n.Mailbox(),
 				cfg.CallTimeout, time.Now, n.log)
 			if err != nil {
 				return nil, err
@@ -184,14 +184,14 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 	}
 	n.pools = append(n.pools, dPools...)
 	adm := &admissionActor{cfg: cfg, log: n.log, counters: n.counters, decode: n.decode, dPools: dPools,
-		pick: pick, dataPlane: opt.DataPlane, registry: &n.registry, auth: n.auth, mailbox: n.mailbox()}
+		pick: pick, dataPlane: opt.DataPlane, registry: &n.registry, auth: n.auth, mailbox: n.Mailbox()}
 	n.admission, err = n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return adm },
-		actor.WithMailbox(n.mailbox()), actor.WithSupervisor(sup)), AdmissionName)
+		actor.WithMailbox(n.Mailbox()), actor.WithSupervisor(sup)), AdmissionName)
 	return err
 }
 
 func (n *Node) props(p actor.Producer) *actor.Props {
-	return actor.PropsFromProducer(p, actor.WithMailbox(n.mailbox()))
+	return actor.PropsFromProducer(p, actor.WithMailbox(n.Mailbox()))
 }
 
 // AcceptFrames hands a copy of frames the KV data plane received from

@@ -198,12 +198,12 @@ func (n *Node) start() error {
 	}
 	if cfg.Actors.Role == actors.RoleRouter {
 		r := &routerActor{cfg: &n.cfg.Actors, members: n.membersNow, draining: n.isDraining, log: n.log, counters: n.rc,
-			auth: cfg.Auth}
+			auth: cfg.Auth, mailbox: n.actors.Mailbox()}
 		// A relay that panics is stopped, never restarted: a restart would
 		// send its request to the decode node a second time.
 		stop := actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive { return actor.StopDirective })
 		if n.router, err = n.actors.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return r },
-			actor.WithMailbox(actor.Bounded(cfg.Actors.MailboxMax)), actor.WithSupervisor(stop)), actors.AdmissionName); err != nil {
+			actor.WithMailbox(n.actors.Mailbox()), actor.WithSupervisor(stop)), actors.AdmissionName); err != nil {
 			return err
 		}
 	}

@@ -42,6 +42,7 @@ type routerActor struct {
 	draining func() bool
 	log      *slog.Logger
 	auth     *trust.Authority
+	mailbox  actor.MailboxProducer // never waits when full (actors.Node.Mailbox)
 	counters *routerCounters
 	relays   map[string]*relay // by relay PID id
 	byClient map[string]*actor.PID
@@ -160,7 +161,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	// A secret name: the decode node is told it (as the request's sender),
 	// no one else.
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl },
-		actor.WithMailbox(actor.Bounded(r.cfg.MailboxMax))), trust.SecretName())
+		actor.WithMailbox(r.mailbox)), trust.SecretName())
 	if err != nil {
 		r.counters.routed.Add(^uint64(0))
 		reject(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.rejectedBad)

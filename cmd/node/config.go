@@ -104,6 +104,11 @@ type nodeConfig struct {
 	// requests still in flight.
 	PrefillTimeout duration `json:"prefill_timeout"`
 	DrainTimeout   duration `json:"drain_timeout"`
+	// OwnedPageTimeout bounds how long a page stays owned (reserved,
+	// filling, sealed or leased) before it is reclaimed, so that an owner
+	// that died cannot pin it; it must exceed RequestTimeout and
+	// PrefillTimeout.
+	OwnedPageTimeout duration `json:"owned_page_timeout"`
 }
 
 // addrList is a list of host:port addresses, given as one comma-separated
@@ -146,30 +151,31 @@ func defaultNodeConfig() nodeConfig {
 	s := gpu.DefaultSizingConfig()
 	a := actors.DefaultConfig()
 	return nodeConfig{
-		Role:           roleAll,
-		Listen:         defaultEndpoint,
-		PrefillWorkers: a.PrefillWorkers,
-		DecodeWorkers:  a.DecodeWorkers,
-		PrefillPages:   a.PrefillPages,
-		DecodePages:    a.DecodePages,
-		MaxTokensMax:   a.MaxTokensMax,
-		QueueMax:       a.QueueMax,
-		BatchMax:       a.BatchMax,
-		RequestTimeout: duration(a.RequestTimeout),
-		ReclaimAfter:   duration(a.ReclaimAfter),
-		PrefillTimeout: duration(a.PrefillTimeout),
-		DrainTimeout:   duration(cluster.DefaultLocalNodeConfig(actors.RoleAll).DrainTimeout),
-		Gossip:         "127.0.0.1:0",
-		Data:           "127.0.0.1:0",
-		Devices:        string(gpu.SourceAuto),
-		MemoryFraction: s.MemoryFraction,
-		WeightBytes:    s.WeightBytes,
-		ReserveBytes:   s.ReserveBytes,
-		Layers:         s.Geometry.Layers,
-		KVHeads:        s.Geometry.KVHeads,
-		HeadDim:        s.Geometry.HeadDim,
-		PageTokens:     s.Geometry.PageTokens,
-		DType:          s.Geometry.DType.String(),
+		Role:             roleAll,
+		Listen:           defaultEndpoint,
+		PrefillWorkers:   a.PrefillWorkers,
+		DecodeWorkers:    a.DecodeWorkers,
+		PrefillPages:     a.PrefillPages,
+		DecodePages:      a.DecodePages,
+		MaxTokensMax:     a.MaxTokensMax,
+		QueueMax:         a.QueueMax,
+		BatchMax:         a.BatchMax,
+		RequestTimeout:   duration(a.RequestTimeout),
+		ReclaimAfter:     duration(a.ReclaimAfter),
+		PrefillTimeout:   duration(a.PrefillTimeout),
+		OwnedPageTimeout: duration(a.OwnedPageTimeout),
+		DrainTimeout:     duration(cluster.DefaultLocalNodeConfig(actors.RoleAll).DrainTimeout),
+		Gossip:           "127.0.0.1:0",
+		Data:             "127.0.0.1:0",
+		Devices:          string(gpu.SourceAuto),
+		MemoryFraction:   s.MemoryFraction,
+		WeightBytes:      s.WeightBytes,
+		ReserveBytes:     s.ReserveBytes,
+		Layers:           s.Geometry.Layers,
+		KVHeads:          s.Geometry.KVHeads,
+		HeadDim:          s.Geometry.HeadDim,
+		PageTokens:       s.Geometry.PageTokens,
+		DType:            s.Geometry.DType.String(),
 	}
 }
 

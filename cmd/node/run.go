@@ -120,6 +120,7 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.DurationVar((*time.Duration)(&c.RequestTimeout), "request-timeout", time.Duration(c.RequestTimeout), "bound on one request from admission to its last token")
 	fs.DurationVar((*time.Duration)(&c.ReclaimAfter), "reclaim-after", time.Duration(c.ReclaimAfter), "how long a released page waits for its lease holders before it is reclaimed anyway")
 	fs.DurationVar((*time.Duration)(&c.PrefillTimeout), "prefill-timeout", time.Duration(c.PrefillTimeout), "bound on one KV transfer from a prefill worker; past it the transfer is retried elsewhere")
+	fs.DurationVar((*time.Duration)(&c.OwnedPageTimeout), "owned-page-timeout", time.Duration(c.OwnedPageTimeout), "bound on how long a page stays owned before it is reclaimed (must exceed --request-timeout and --prefill-timeout)")
 	fs.DurationVar((*time.Duration)(&c.DrainTimeout), "drain-timeout", time.Duration(c.DrainTimeout), "bound on a drain; past it the node leaves with requests still in flight")
 }
 
@@ -145,6 +146,7 @@ func (c nodeConfig) serving() (actors.Config, error) {
 	a.MaxTokensMax, a.QueueMax, a.BatchMax = c.MaxTokensMax, c.QueueMax, c.BatchMax
 	a.RequestTimeout, a.ReclaimAfter = time.Duration(c.RequestTimeout), time.Duration(c.ReclaimAfter)
 	a.PrefillTimeout = time.Duration(c.PrefillTimeout)
+	a.OwnedPageTimeout = time.Duration(c.OwnedPageTimeout)
 	return a, a.Validate()
 }
 
