@@ -120,10 +120,14 @@ func (r *requestActor) Receive(c actor.Context) {
 		}
 	case FramesIn:
 		frames := r.current(m.Frames)
-		err := r.fromPeer(c, m.Peer, len(frames))
-		if err == nil {
-			err = r.accept(frames)
+		if err := r.fromPeer(c, m.Peer, len(frames)); err != nil {
+			// A stranger's frames are refused (its connection is closed)
+			// and counted, but do not end the request: request ids are no
+			// secret, and anyone could otherwise fail anyone's request.
+			c.Respond(FramesInReply{Err: err})
+			return
 		}
+		err := r.accept(frames)
 		c.Respond(FramesInReply{Err: err})
 		if err != nil {
 			r.finish(c, err)
@@ -133,7 +137,7 @@ func (r *requestActor) Receive(c actor.Context) {
 		case m.RequestID != r.owner.Request || r.phase != phasePrefill:
 			r.counters.ignored.Add(1) // an abandoned attempt's, or a duplicate
 		case !r.fromPrefill(c):
-			r.finish(c, r.stranger("transfer done", r.auth.Of(c).String()))
+			_ = r.stranger("transfer done", r.auth.Of(c).String()) // counted, and without effect: see FramesIn
 		case m.Err != nil:
 			r.prefillFailed(c, m.Err)
 		default:

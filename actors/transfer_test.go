@@ -163,12 +163,13 @@ func decodeWithPlanner(t *testing.T, ca *trusttest.CA) (*Node, *remotePeer, <-ch
 // TestTransferOnlyFromThePlannedPeer: a request takes frames and its
 // TransferDone only from the prefill node, and incarnation, it planned
 // with, played here by a stand-in. A TransferDone of the current attempt
-// from another authenticated peer, frames the data plane got from another
-// identity or from pages of another incarnation, a TransferDone whose seal
-// checksums do not match the pages received, and a first token the KV
-// received does not give each fail the request with the integrity code,
-// are counted, and leave every page free; the planned peer's own transfer
-// of the prompt's real KV gets the reference answer.
+// from another authenticated peer, and frames the data plane got from
+// another identity, are refused and counted without ending the request
+// (request ids are no secret): the planned peer's transfer that follows
+// gets the reference answer. Frames of the planned identity from pages of
+// another incarnation, a TransferDone whose seal checksums do not match
+// the pages received, and a first token the KV received does not give
+// each fail the request with the integrity code; every page ends free.
 func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 	ca := trusttest.New(t)
 	n, planner, plans, plannerID := decodeWithPlanner(t, ca)
@@ -188,15 +189,18 @@ func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 		wantR   uint64 // stranger refusals it adds
 		answers bool   // the request gets the reference answer, not an integrity error
 	}{
-		{"transfer done from a stranger", func(plan *messages.TransferPlan, to *actor.PID) {
-			stranger.sys.Root.Send(to, &messages.TransferDone{RequestID: plan.RequestID, Tenant: plan.Tenant, First: 'x',
-				Frames: 1, Source: 1, Sums: []uint64{1}})
-		}, 1, false},
-		{"frames from a stranger", func(plan *messages.TransferPlan, _ *actor.PID) {
+		{"transfer done from a stranger, then the planned peer's", func(plan *messages.TransferPlan, to *actor.PID) {
+			stranger.sys.Root.Send(actor.NewPID(to.Address, to.Id), &messages.TransferDone{RequestID: plan.RequestID,
+				Tenant: plan.Tenant, First: 'x', Frames: 1, Source: 1, Sums: []uint64{1}})
+			waitStrangers(t, n, 1) // the table's first case: none counted before
+			prefillAs(t, n, planner, plannerID, plan, to, 0)
+		}, 1, true},
+		{"frames from a stranger, then the planned peer's", func(plan *messages.TransferPlan, to *actor.PID) {
 			if err := n.AcceptFrames(strangerID, frame(plan, 0x77)); !errors.As(err, new(*StrangerError)) {
 				t.Errorf("frames from a stranger: %v", err)
 			}
-		}, 1, false},
+			prefillAs(t, n, planner, plannerID, plan, to, 0)
+		}, 1, true},
 		{"frames of another incarnation", func(plan *messages.TransferPlan, _ *actor.PID) {
 			if err := n.AcceptFrames(plannerID, frame(plan, 0x78)); !errors.As(err, new(*StrangerError)) {
 				t.Errorf("frames from pages of another incarnation: %v", err)
@@ -245,6 +249,18 @@ func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 	}
 	if s, err := ask[WorkerStatusReply](n.Root(), n.decode[0], WorkerStatus{}, time.Minute); err != nil || s.FirstTokensRefused != 1 {
 		t.Errorf("decode worker after one wrong first token: %+v, %v", s, err)
+	}
+}
+
+// waitStrangers waits until n has counted k stranger refusals in all.
+func waitStrangers(t *testing.T, n *Node, k uint64) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for n.Auth().Refused()[trust.RefusedStranger] < k {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d stranger refusals not counted within a minute", k)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
