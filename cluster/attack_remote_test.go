@@ -165,7 +165,7 @@ func TestAttackRemote(t *testing.T) {
 	// (c) A valid certificate claiming another node's address.
 	rc := remotingClient(t, addr, tenant.Bundle())
 	other := certServer(t, ca.Bundle(t, trust.RoleDecode, "d1"))
-	refusedWith(t, "connect as another node", play(t, rc, connectMsg(other)), "served by kvwarden://test/decode/d1")
+	refusedWith(t, "connect as another node", play(t, rc, connectMsg(other)), "not proven")
 	want[trust.RefusedAddress]++
 
 	// (d) Malformed batches, each after an honest connect request from an
@@ -192,6 +192,15 @@ func TestAttackRemote(t *testing.T) {
 				Envelopes: []*remote.MessageEnvelope{{}}}, true},
 		{"a target elsewhere", `target 0 is at "127.0.0.1:1", not here`,
 			&remote.MessageBatch{TypeNames: []string{envelope}, Targets: []*actor.PID{{Address: "127.0.0.1:1", Id: "x"}},
+				Envelopes: []*remote.MessageEnvelope{{}}}, true},
+		{"an endpoint writer", `target 0 ("EndpointSupervisor/$4") is not an actor peers may address`,
+			&remote.MessageBatch{TypeNames: []string{envelope}, Targets: []*actor.PID{{Address: addr, Id: "EndpointSupervisor/$4"}},
+				Envelopes: []*remote.MessageEnvelope{{}}}, true},
+		{"a future", `target 0 ("future$3") is not an actor peers may address`,
+			&remote.MessageBatch{TypeNames: []string{envelope}, Targets: []*actor.PID{{Address: addr, Id: "future$3"}},
+				Envelopes: []*remote.MessageEnvelope{{}}}, true},
+		{"an unnamed actor", `target 0 ("$1") is not an actor peers may address`,
+			&remote.MessageBatch{TypeNames: []string{envelope}, Targets: []*actor.PID{{Address: addr, Id: "$1"}},
 				Envelopes: []*remote.MessageEnvelope{{}}}, true},
 		{"a sender at another address", `sender 0 is at "` + addr + `"`,
 			&remote.MessageBatch{TypeNames: []string{envelope}, Targets: []*actor.PID{here},

@@ -34,7 +34,7 @@ type node struct {
 func startNode(t testing.TB, auth *trust.Authority) *node {
 	t.Helper()
 	sys := NewActorSystem(nil)
-	r, err := StartRemote(sys, "127.0.0.1:0", auth)
+	r, err := StartRemoteAwaiting(sys, "127.0.0.1:0", auth)
 	if err != nil {
 		t.Fatal(err)
 	}

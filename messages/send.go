@@ -84,9 +84,9 @@ func Respond(ctx actor.Context, m Message) error {
 // maximum-size messages is never refused, which would close the stream),
 // and auth's TLS and stream guard, which lets in only this package's
 // envelope (and protoactor's dead-letter answer) for actors at self.
-func remoteOptions(auth *trust.Authority, self string) []remote.ConfigOption {
+func remoteOptions(auth *trust.Authority, self string, futures bool) []remote.ConfigOption {
 	pol := trust.RemotePolicy{Self: self, Types: []string{EnvelopeTypeName, trust.DeadLetterResponseType},
-		RecvBytesMax: RemoteRecvBytesMax}
+		RecvBytesMax: RemoteRecvBytesMax, Futures: futures}
 	return []remote.ConfigOption{
 		remote.WithEndpointWriterBatchSize(RemoteBatchMessagesMax),
 		remote.WithServerOptions(auth.ServerOptions(pol)...),
@@ -110,6 +110,18 @@ func NewActorSystem(log *slog.Logger) *actor.ActorSystem {
 // checked and tried first, and a failure is an error with the address in
 // it.
 func StartRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority) (*remote.Remote, error) {
+	return startRemote(sys, listen, auth, false)
+}
+
+// StartRemoteAwaiting is StartRemote for a process that waits on other
+// processes' answers in futures (Request, RequestFuture): the remote
+// boundary lets replies reach its futures, which anyone with a cluster
+// certificate can address. Nodes never need it.
+func StartRemoteAwaiting(sys *actor.ActorSystem, listen string, auth *trust.Authority) (*remote.Remote, error) {
+	return startRemote(sys, listen, auth, true)
+}
+
+func startRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority, futures bool) (*remote.Remote, error) {
 	if auth == nil {
 		return nil, errors.New("messages: no trust authority for remote (trust.Insecure runs without one)")
 	}
@@ -130,7 +142,7 @@ func StartRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority) (
 	}
 	probe.Close()
 	self := fmt.Sprintf("%v:%v", host, port) // as protoactor writes its address
-	r := remote.NewRemote(sys, remote.Configure(host, port, remoteOptions(auth, self)...))
+	r := remote.NewRemote(sys, remote.Configure(host, port, remoteOptions(auth, self, futures)...))
 	r.Start()
 	return r, nil
 }

@@ -20,11 +20,14 @@ type Config struct {
 	// StreamsPerConnMax bounds the concurrent gRPC streams one connection
 	// may open (protoactor uses one per peer).
 	StreamsPerConnMax uint32
+	// ClaimProbesMax bounds the TLS handshakes that check peers' claimed
+	// addresses at once; a claim beyond it is refused.
+	ClaimProbesMax int
 }
 
 // DefaultConfig fits a cluster of a few hundred nodes and clients.
 func DefaultConfig() Config {
-	return Config{PeersMax: 4096, DialTimeout: 2 * time.Second, StreamsPerConnMax: 4}
+	return Config{PeersMax: 4096, DialTimeout: 2 * time.Second, StreamsPerConnMax: 4, ClaimProbesMax: 16}
 }
 
 // Validate reports the first field out of range, with its value.
@@ -36,6 +39,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("trust: DialTimeout (%s) must be positive", c.DialTimeout)
 	case c.StreamsPerConnMax < 1:
 		return fmt.Errorf("trust: StreamsPerConnMax (%d) must be at least 1", c.StreamsPerConnMax)
+	case c.ClaimProbesMax < 1:
+		return fmt.Errorf("trust: ClaimProbesMax (%d) must be at least 1", c.ClaimProbesMax)
 	}
 	return nil
 }
@@ -63,7 +68,7 @@ func New(b *Bundle, cfg Config, log *slog.Logger) (*Authority, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Authority{cfg: cfg, bundle: b, peers: newPeers(b, cfg.PeersMax, cfg.DialTimeout), log: log}, nil
+	return &Authority{cfg: cfg, bundle: b, peers: newPeers(b, cfg.PeersMax, cfg.ClaimProbesMax, cfg.DialTimeout), log: log}, nil
 }
 
 // Insecure is an authority that authenticates nobody.

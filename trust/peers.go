@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -20,48 +21,89 @@ type Peers struct {
 	b         *Bundle
 	max       int
 	dialAfter time.Duration
+	probes    chan struct{} // one token per probe a claim may start at once
 	mu        sync.Mutex
 	byAddr    map[string]peerEntry
 }
 
 type peerEntry struct {
-	id   Identity
-	fp   [32]byte
-	seen time.Time
+	id      Identity
+	fp      [32]byte
+	seen    time.Time
+	streams int // inbound streams bound to the address: never forgotten while any is open
 }
 
-func newPeers(b *Bundle, max int, dialTimeout time.Duration) *Peers {
-	return &Peers{b: b, max: max, dialAfter: dialTimeout, byAddr: map[string]peerEntry{}}
+// ErrBookFull is an address the book cannot take: every address it holds
+// has a live stream.
+var ErrBookFull = errors.New("trust: address book full, every address in it has a live stream")
+
+func newPeers(b *Bundle, max, probesMax int, dialTimeout time.Duration) *Peers {
+	return &Peers{b: b, max: max, dialAfter: dialTimeout, byAddr: map[string]peerEntry{},
+		probes: make(chan struct{}, probesMax)}
 }
 
-// record notes that the holder of cert serves at addr.
-func (p *Peers) record(addr string, id Identity, cert *x509.Certificate) {
+// record notes that the holder of cert serves at addr; false when the
+// book is full of addresses with live streams.
+func (p *Peers) record(addr string, id Identity, cert *x509.Certificate) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.byAddr[addr]; !ok && len(p.byAddr) >= p.max {
-		p.evictOldest()
+	e, ok := p.byAddr[addr]
+	if !ok && len(p.byAddr) >= p.max && !p.evictOldest() {
+		return false
 	}
-	p.byAddr[addr] = peerEntry{id: id, fp: Fingerprint(cert), seen: time.Now()}
+	p.byAddr[addr] = peerEntry{id: id, fp: Fingerprint(cert), seen: time.Now(), streams: e.streams}
+	return true
 }
 
-// evictOldest drops the entry seen longest ago; it is found again by
-// dialing when needed. Called with mu held.
-func (p *Peers) evictOldest() {
+// evictOldest drops the entry seen longest ago that no live stream is bound
+// to; it is found again by dialing when needed. Called with mu held.
+func (p *Peers) evictOldest() bool {
 	var oldest string
 	var at time.Time
 	for a, e := range p.byAddr {
-		if oldest == "" || e.seen.Before(at) {
+		if e.streams == 0 && (oldest == "" || e.seen.Before(at)) {
 			oldest, at = a, e.seen
 		}
 	}
+	if oldest == "" {
+		return false
+	}
 	delete(p.byAddr, oldest)
+	return true
 }
 
-// At is the identity proven to serve at addr, if any.
+// pin binds a live inbound stream to addr's entry, which is then not
+// forgotten until unpin; false when there is no entry.
+func (p *Peers) pin(addr string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.byAddr[addr]
+	if ok {
+		e.streams++
+		p.byAddr[addr] = e
+	}
+	return ok
+}
+
+func (p *Peers) unpin(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e, ok := p.byAddr[addr]; ok && e.streams > 0 {
+		e.streams--
+		p.byAddr[addr] = e
+	}
+}
+
+// At is the identity proven to serve at addr, if any. A look-up counts as
+// a use: the entries in use are the last to be forgotten.
 func (p *Peers) At(addr string) (Identity, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	e, ok := p.byAddr[addr]
+	if ok {
+		e.seen = time.Now()
+		p.byAddr[addr] = e
+	}
 	return e.id, ok
 }
 
@@ -98,6 +140,12 @@ func (p *Peers) Verify(addr string, id Identity, cert *x509.Certificate) error {
 	if ok && e.fp == fp {
 		return nil
 	}
+	select {
+	case p.probes <- struct{}{}:
+		defer func() { <-p.probes }()
+	default:
+		return &AddressError{Addr: addr, Claimed: id, Err: fmt.Errorf("%d probes under way, the most at once", cap(p.probes))}
+	}
 	found, foundCert, err := p.Probe(addr)
 	if err != nil {
 		return &AddressError{Addr: addr, Claimed: id, Err: err}
@@ -129,6 +177,8 @@ func (p *Peers) ProbeContext(ctx context.Context, addr string) (Identity, *x509.
 	if err != nil {
 		return Identity{}, nil, err
 	}
-	p.record(addr, id, cert)
+	if !p.record(addr, id, cert) {
+		return Identity{}, nil, ErrBookFull
+	}
 	return id, cert, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
@@ -26,6 +27,28 @@ type RemotePolicy struct {
 	Types []string
 	// RecvBytesMax bounds one gRPC message, in bytes.
 	RecvBytesMax int
+	// Futures lets replies reach this process's futures (protoactor's
+	// "future$N", guessable): only for a process that waits on answers
+	// from other processes that way (operators' commands). Nodes and
+	// clients answer and are answered actor to actor.
+	Futures bool
+}
+
+// targetAllowed says whether a peer may address the actor id: none of
+// protoactor's own (unnamed "$N" actors and children, the endpoint
+// supervisor and its writers, the activator), and futures only where the
+// policy lets them in. Reaching those would let any peer kill an endpoint
+// writer (dropping what it queued) or complete a local future with its own
+// message.
+func (pol RemotePolicy) targetAllowed(id string) bool {
+	switch {
+	case strings.HasPrefix(id, "future$"):
+		return pol.Futures
+	case strings.Contains(id, "$"), id == "activator", id == "EndpointSupervisor",
+		strings.HasPrefix(id, "EndpointSupervisor/"):
+		return false
+	}
+	return id != ""
 }
 
 // DeadLetterResponseType is protoactor's answer from a node to a request
@@ -104,7 +127,10 @@ func (c *recordingCreds) ClientHandshake(ctx context.Context, authority string, 
 		conn.Close()
 		return nil, nil, err
 	}
-	c.a.peers.record(authority, id, cert)
+	if !c.a.peers.record(authority, id, cert) {
+		conn.Close()
+		return nil, nil, ErrBookFull
+	}
 	return conn, info, nil
 }
 
@@ -148,6 +174,11 @@ func (a *Authority) guardStream(pol RemotePolicy) grpc.StreamServerInterceptor {
 				return status.Error(codes.Unauthenticated, err.Error())
 			}
 		}
+		defer func() {
+			if g.pinned {
+				a.peers.unpin(g.addr)
+			}
+		}()
 		return handler(srv, g)
 	}
 }
@@ -155,12 +186,13 @@ func (a *Authority) guardStream(pol RemotePolicy) grpc.StreamServerInterceptor {
 // guardedStream is one peer's inbound protoactor stream.
 type guardedStream struct {
 	grpc.ServerStream
-	a    *Authority
-	pol  RemotePolicy
-	from string // the connection's remote address, for logs
-	id   Identity
-	cert *x509.Certificate
-	addr string // the protoactor address the peer connected as, checked
+	a      *Authority
+	pol    RemotePolicy
+	from   string // the connection's remote address, for logs
+	id     Identity
+	cert   *x509.Certificate
+	addr   string // the protoactor address the peer connected as, checked
+	pinned bool   // addr's entry in the address book is held for this stream
 }
 
 func (g *guardedStream) RecvMsg(m any) error {
@@ -202,8 +234,18 @@ func (g *guardedStream) connect(c *remote.ConnectRequest) error {
 	}
 	if g.a.bundle != nil {
 		if err := g.a.peers.Verify(sc.Address, g.id, g.cert); err != nil {
-			return g.refuse(RefusedAddress, err.Error())
+			// The peer learns only that its claim failed: the reason
+			// (what answered where, or how the dial failed) would make the
+			// node a port scanner for anyone with a certificate.
+			g.a.Refuse(RefusedAddress, "remote stream", "peer", g.from, "identity", g.id.String(), "why", err.Error())
+			return status.Error(codes.PermissionDenied, "kvwarden: connect address "+sc.Address+" not proven")
 		}
+	}
+	if g.a.bundle != nil {
+		if !g.a.peers.pin(sc.Address) {
+			return g.refuse(RefusedAddress, "connect address "+sc.Address+" forgotten as it was proven")
+		}
+		g.pinned = true
 	}
 	g.addr = sc.Address
 	return nil
@@ -219,6 +261,9 @@ func (g *guardedStream) checkBatch(b *remote.MessageBatch) string {
 	for i, p := range b.Targets {
 		if p == nil || p.Address != g.pol.Self {
 			return fmt.Sprintf("target %d is at %q, not here (%s)", i, p.GetAddress(), g.pol.Self)
+		}
+		if !g.pol.targetAllowed(p.Id) {
+			return fmt.Sprintf("target %d (%q) is not an actor peers may address", i, p.Id)
 		}
 	}
 	for i, p := range b.Senders {

@@ -30,7 +30,7 @@ func dialControl(host string, auth *trust.Authority) (*controlClient, error) {
 	// remote.Start panics when it cannot listen, so the address is tried
 	// first, as client.Dial does.
 	sys := messages.NewActorSystem(nil)
-	r, err := messages.StartRemote(sys, net.JoinHostPort(host, "0"), auth)
+	r, err := messages.StartRemoteAwaiting(sys, net.JoinHostPort(host, "0"), auth)
 	if err != nil {
 		sys.Shutdown()
 		return nil, fmt.Errorf("listening for the node's answers: %w", err)
