@@ -64,7 +64,7 @@ func (p planPolicy) check(c actor.Context, m *messages.TransferPlan) error {
 		mismatch.Advertised = addr
 		// An insecure node knows nobody's identity; membership's word
 		// on the address is all there is.
-		if ok && addr == m.DataPlane && (s.Insecure || id == s.Identity) {
+		if ok && addr != "" && addr == m.DataPlane && (s.Insecure || id == s.Identity) {
 			return nil
 		}
 	}

@@ -267,7 +267,7 @@ func (n *Node) dataPlaneOf(remoteAddr string) (string, trust.Identity, bool) {
 		}
 		var id trust.Identity
 		if !n.cfg.Auth.Insecure() {
-			id, _ = n.cfg.Auth.Peers().At(remoteAddr)
+			id = m.identity(n.cfg.Auth.Self().Cluster) // what verification proved at both its addresses
 		}
 		return m.Meta.DataAddr, id, true
 	}

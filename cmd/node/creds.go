@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -69,11 +70,14 @@ func (f credFlags) dir() string {
 	return ""
 }
 
-// isLocalDir says whether d is a credentials directory "node up" made, of
-// this user's, not readable by others.
+// isLocalDir says whether d is a credentials directory "node up" made: a
+// directory (not a link) of this user's, not open to others.
 func isLocalDir(d string) bool {
 	st, err := os.Lstat(d)
 	if err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 {
+		return false
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); !ok || int(sys.Uid) != os.Getuid() {
 		return false
 	}
 	_, err = os.Stat(filepath.Join(d, localMarker))

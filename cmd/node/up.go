@@ -465,6 +465,11 @@ func makeLocalCerts(o upOptions) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// Made here, not found: a directory someone else made in between is an
+	// error, not a home for the keys.
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", fmt.Errorf("up: %w", err)
+	}
 	if err := ca.WriteCA(dir); err != nil {
 		return "", err
 	}
