@@ -21,57 +21,10 @@ import (
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/messages/messagestest"
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
-
-// remotePeer is an actor system serving remote under its own authority:
-// another node, or someone pretending to be one.
-type remotePeer struct {
-	sys  *actor.ActorSystem
-	addr string
-}
-
-func startRemotePeer(t *testing.T, auth *trust.Authority) *remotePeer {
-	t.Helper()
-	sys := messages.NewActorSystem(nil)
-	r, err := messages.StartRemote(sys, "127.0.0.1:0", auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		messages.ShutdownRemote(r)
-		sys.Shutdown()
-	})
-	return &remotePeer{sys: sys, addr: sys.Address()}
-}
-
-// inbox spawns an actor named name on p that puts every wire message it
-// gets, with its sender, on the returned channel.
-func (p *remotePeer) inbox(t *testing.T, name string) (*actor.PID, <-chan actor.MessageEnvelope) {
-	t.Helper()
-	got := make(chan actor.MessageEnvelope, 16)
-	pid, err := p.sys.Root.SpawnNamed(actor.PropsFromFunc(func(c actor.Context) {
-		if m, ok := c.Message().(messages.Message); ok {
-			got <- actor.MessageEnvelope{Message: m, Sender: c.Sender()}
-		}
-	}), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid, got
-}
-
-func next(t *testing.T, what string, ch <-chan actor.MessageEnvelope) actor.MessageEnvelope {
-	t.Helper()
-	select {
-	case e := <-ch:
-		return e
-	case <-time.After(time.Minute):
-		t.Fatalf("%s: nothing within a minute", what)
-	}
-	return actor.MessageEnvelope{}
-}
 
 // startRemoteNode starts a node serving remote and, at the end of the
 // test, checks it as startNode does.
@@ -96,15 +49,15 @@ func startRemoteNode(t *testing.T, cfg Config, opt Options) *Node {
 // refused with a TransferDone error (so decode does not wait) and counted.
 func TestPlanOnlyFromDecodeToItsDataPlane(t *testing.T) {
 	ca := trusttest.New(t)
-	decode := startRemotePeer(t, ca.Authority(t, trust.RoleDecode, "d0", nil))
-	router := startRemotePeer(t, ca.Authority(t, trust.RoleRouter, "r0", nil))
+	decode := messagestest.Start(t, ca.Authority(t, trust.RoleDecode, "d0", nil))
+	router := messagestest.Start(t, ca.Authority(t, trust.RoleRouter, "r0", nil))
 	const advertised = "127.0.0.1:7070"
 	decodeID := trust.Identity{Cluster: trusttest.Cluster, Role: trust.RoleDecode, Name: "d0"}
 	cfg := testConfig()
 	cfg.Role = RolePrefill
 	auth := ca.Authority(t, trust.RolePrefill, "p0", nil)
 	n := startRemoteNode(t, cfg, Options{Auth: auth, DataPlaneOf: func(addr string) (string, trust.Identity, bool) {
-		return advertised, decodeID, addr == decode.addr
+		return advertised, decodeID, addr == decode.Addr
 	}})
 	plan := func(id uint64, dataPlane string) *messages.TransferPlan {
 		return &messages.TransferPlan{RequestID: id, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{'h', 'i'},
@@ -113,7 +66,7 @@ func TestPlanOnlyFromDecodeToItsDataPlane(t *testing.T) {
 	forbidden := &messages.WireError{Code: messages.CodeForbidden}
 	for i, tc := range []struct {
 		name   string
-		from   *remotePeer
+		from   *messagestest.Peer
 		to     string
 		plan   *messages.TransferPlan
 		refuse trust.Refusal
@@ -123,9 +76,9 @@ func TestPlanOnlyFromDecodeToItsDataPlane(t *testing.T) {
 		{"decode naming another data plane", decode, PrefillName, plan(3, "127.0.0.1:9"), trust.RefusedStranger},
 	} {
 		before := auth.Refused()[tc.refuse]
-		inbox, answers := tc.from.inbox(t, fmt.Sprintf("request-%d", i))
-		tc.from.sys.Root.RequestWithCustomSender(actor.NewPID(n.Address(), tc.to), tc.plan, inbox)
-		done := next(t, tc.name, answers).Message.(*messages.TransferDone)
+		inbox, answers := tc.from.Inbox(t, fmt.Sprintf("request-%d", i))
+		tc.from.Sys.Root.RequestWithCustomSender(actor.NewPID(n.Address(), tc.to), tc.plan, inbox)
+		done := messagestest.Next(t, tc.name, answers, time.Minute).Message.(*messages.TransferDone)
 		if done.RequestID != tc.plan.RequestID || !errors.Is(done.Err, forbidden) {
 			t.Errorf("%s: answered %+v, want forbidden", tc.name, done)
 		}
@@ -135,9 +88,9 @@ func TestPlanOnlyFromDecodeToItsDataPlane(t *testing.T) {
 	}
 	// The decode node's own plan to its own data plane runs (and fails
 	// at the send: this node has no data plane dialer).
-	inbox, answers := decode.inbox(t, "request-ok")
-	decode.sys.Root.RequestWithCustomSender(actor.NewPID(n.Address(), PrefillName), plan(4, advertised), inbox)
-	if done := next(t, "a decode node's plan", answers).Message.(*messages.TransferDone); done.Err == nil ||
+	inbox, answers := decode.Inbox(t, "request-ok")
+	decode.Sys.Root.RequestWithCustomSender(actor.NewPID(n.Address(), PrefillName), plan(4, advertised), inbox)
+	if done := messagestest.Next(t, "a decode node's plan", answers, time.Minute).Message.(*messages.TransferDone); done.Err == nil ||
 		done.Err.Code == messages.CodeForbidden {
 		t.Errorf("a decode node's plan to its data plane answered %+v, want the send's failure", done)
 	}
@@ -146,15 +99,15 @@ func TestPlanOnlyFromDecodeToItsDataPlane(t *testing.T) {
 // decodeWithPlanner starts a secure decode node whose prefill peer is p,
 // a stand-in whose dispatcher only collects plans, and returns the node,
 // the plans and the stand-in's identity.
-func decodeWithPlanner(t *testing.T, ca *trusttest.CA) (*Node, *remotePeer, <-chan actor.MessageEnvelope, trust.Identity) {
+func decodeWithPlanner(t *testing.T, ca *trusttest.CA) (*Node, *messagestest.Peer, <-chan actor.MessageEnvelope, trust.Identity) {
 	t.Helper()
 	const inc = 0x77
 	id := trust.Identity{Cluster: trusttest.Cluster, Role: trust.RolePrefill, Name: "p0"}
-	p := startRemotePeer(t, ca.Authority(t, id.Role, id.Name, nil))
-	_, plans := p.inbox(t, PrefillName)
+	p := messagestest.Start(t, ca.Authority(t, id.Role, id.Name, nil))
+	_, plans := p.Inbox(t, PrefillName)
 	cfg := testConfig()
 	cfg.Role = RoleDecode
-	peer := PrefillPeer{PID: actor.NewPID(p.addr, PrefillName), Incarnation: inc, Pages: cfg.PrefillPages}
+	peer := PrefillPeer{PID: actor.NewPID(p.Addr, PrefillName), Incarnation: inc, Pages: cfg.PrefillPages}
 	n := startRemoteNode(t, cfg, Options{Auth: ca.Authority(t, trust.RoleDecode, "d0", nil), DataPlane: "127.0.0.1:7070",
 		Pick: func(exclude map[uint64]bool) (PrefillPeer, bool) { return peer, !exclude[inc] }})
 	return n, p, plans, id
@@ -173,7 +126,7 @@ func decodeWithPlanner(t *testing.T, ca *trusttest.CA) (*Node, *remotePeer, <-ch
 func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 	ca := trusttest.New(t)
 	n, planner, plans, plannerID := decodeWithPlanner(t, ca)
-	stranger := startRemotePeer(t, ca.Authority(t, trust.RolePrefill, "p1", nil))
+	stranger := messagestest.Start(t, ca.Authority(t, trust.RolePrefill, "p1", nil))
 	strangerID := trust.Identity{Cluster: trusttest.Cluster, Role: trust.RolePrefill, Name: "p1"}
 	c := localClient(n)
 	geo := n.Config().Geometry()
@@ -190,7 +143,7 @@ func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 		answers bool   // the request gets the reference answer, not an integrity error
 	}{
 		{"transfer done from a stranger, then the planned peer's", func(plan *messages.TransferPlan, to *actor.PID) {
-			stranger.sys.Root.Send(actor.NewPID(to.Address, to.Id), &messages.TransferDone{RequestID: plan.RequestID,
+			stranger.Sys.Root.Send(actor.NewPID(to.Address, to.Id), &messages.TransferDone{RequestID: plan.RequestID,
 				Tenant: plan.Tenant, First: 'x', Frames: 1, Source: 1, Sums: []uint64{1}})
 			waitStrangers(t, n, 1) // the table's first case: none counted before
 			prefillAs(t, n, planner, plannerID, plan, to, 0)
@@ -210,7 +163,7 @@ func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 			if err := n.AcceptFrames(plannerID, frame(plan, 0x77)); err != nil {
 				t.Errorf("frames of the planned peer refused: %v", err)
 			}
-			planner.sys.Root.Send(to, &messages.TransferDone{RequestID: plan.RequestID, Tenant: plan.Tenant, First: 'x',
+			planner.Sys.Root.Send(to, &messages.TransferDone{RequestID: plan.RequestID, Tenant: plan.Tenant, First: 'x',
 				Frames: 1, Source: 1, Sums: []uint64{1}})
 		}, 0, false},
 		{"a first token the KV does not give", func(plan *messages.TransferPlan, to *actor.PID) {
@@ -230,9 +183,9 @@ func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 			res, err := c.Generate(context.Background(), "acme", "hi", client.GenerateOptions{MaxTokens: 4}, nil)
 			done <- outcome{res.Tokens, err}
 		}()
-		e := next(t, tc.name+": the plan", plans)
+		e := messagestest.Next(t, tc.name+": the plan", plans, time.Minute)
 		for _, ok := e.Message.(*messages.TransferPlan); !ok; _, ok = e.Message.(*messages.TransferPlan) {
-			e = next(t, tc.name+": the plan", plans) // the abort of the request before
+			e = messagestest.Next(t, tc.name+": the plan", plans, time.Minute) // the abort of the request before
 		}
 		tc.play(e.Message.(*messages.TransferPlan), e.Sender)
 		got := <-done
@@ -268,7 +221,7 @@ func waitStrangers(t *testing.T, n *Node, k uint64) {
 // first token, which it reports off by firstOff: it computes the plan's KV
 // in a pool of its own incarnation, hands the frames to n's data plane
 // entry as from id, and sends to (the plan's sender) its TransferDone.
-func prefillAs(t *testing.T, n *Node, p *remotePeer, id trust.Identity, plan *messages.TransferPlan, to *actor.PID, firstOff int) {
+func prefillAs(t *testing.T, n *Node, p *messagestest.Peer, id trust.Identity, plan *messages.TransferPlan, to *actor.PID, firstOff int) {
 	t.Helper()
 	cfg := n.Config()
 	engine, err := gpu.NewReferenceEngine(cfg.Model)
@@ -313,7 +266,7 @@ func prefillAs(t *testing.T, n *Node, p *remotePeer, id trust.Identity, plan *me
 		t.Fatalf("frames of the planned peer refused: %v", err)
 	}
 	first := (pf.First + firstOff) % cfg.Model.Vocab
-	p.sys.Root.Send(to, &messages.TransferDone{RequestID: plan.RequestID, Tenant: plan.Tenant, First: uint32(first),
+	p.Sys.Root.Send(to, &messages.TransferDone{RequestID: plan.RequestID, Tenant: plan.Tenant, First: uint32(first),
 		Frames: uint32(len(frames)), Source: src.Request, Sums: sums})
 }
 

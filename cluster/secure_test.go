@@ -19,61 +19,10 @@ import (
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/messages/messagestest"
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
-
-// peer is one actor system serving remote under auth, as a node, a client
-// or an attacker would.
-type peer struct {
-	sys  *actor.ActorSystem
-	auth *trust.Authority
-	addr string
-}
-
-func startPeer(t *testing.T, ca *trusttest.CA, role trust.Role, name string) *peer {
-	t.Helper()
-	auth := ca.Authority(t, role, name, nil)
-	sys := messages.NewActorSystem(nil)
-	r, err := messages.StartRemote(sys, "127.0.0.1:0", auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		r.Shutdown(false)
-		sys.Shutdown()
-	})
-	return &peer{sys: sys, auth: auth, addr: sys.Address()}
-}
-
-// collect spawns an actor on p that puts every kvwarden message it gets,
-// with its sender, on the returned channel.
-func (p *peer) collect(t *testing.T, name string) (*actor.PID, <-chan actor.MessageEnvelope) {
-	t.Helper()
-	got := make(chan actor.MessageEnvelope, 64)
-	pid, err := p.sys.Root.SpawnNamed(actor.PropsFromFunc(func(c actor.Context) {
-		if m, ok := c.Message().(messages.Message); ok {
-			got <- actor.MessageEnvelope{Message: m, Sender: c.Sender()}
-		}
-	}), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid, got
-}
-
-func receive(t *testing.T, what string, ch <-chan actor.MessageEnvelope) actor.MessageEnvelope {
-	t.Helper()
-	select {
-	case e := <-ch:
-		return e
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: nothing within 10s", what)
-	}
-	return actor.MessageEnvelope{}
-}
-
-func clonePID(p *actor.PID) *actor.PID { return actor.NewPID(p.Address, p.Id) }
 
 // refusedAtLeast waits until auth has counted at least n refusals of kind r.
 func refusedAtLeast(t *testing.T, auth *trust.Authority, r trust.Refusal, n uint64) {
@@ -89,22 +38,22 @@ func refusedAtLeast(t *testing.T, auth *trust.Authority, r trust.Refusal, n uint
 // own answer does.
 func TestRelayTakesOnlyTheRoutedDecodeNode(t *testing.T) {
 	ca := trusttest.New(t)
-	router := startPeer(t, ca, trust.RoleRouter, "r")
-	decode := startPeer(t, ca, trust.RoleDecode, "d")
-	mallory := startPeer(t, ca, trust.RoleTenant, "mallory")
-	admission, routed := decode.collect(t, actors.AdmissionName)
-	clientPID, toClient := router.collect(t, "client")
+	router := messagestest.Start(t, ca.Authority(t, trust.RoleRouter, "r", nil))
+	decode := messagestest.Start(t, ca.Authority(t, trust.RoleDecode, "d", nil))
+	mallory := messagestest.Start(t, ca.Authority(t, trust.RoleTenant, "mallory", nil))
+	admission, routed := decode.Inbox(t, actors.AdmissionName)
+	clientPID, toClient := router.Inbox(t, "client")
 
 	counters := &routerCounters{}
 	counters.routed.Add(1)
-	rl := &relay{client: clientPID, id: 7, decode: 1, admission: admission, counters: counters, auth: router.auth,
+	rl := &relay{client: clientPID, id: 7, decode: 1, admission: admission, counters: counters, auth: router.Auth,
 		request: &messages.RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "hi", MaxTokens: 2,
 			Prefill: "127.0.0.1:1", PrefillIncarnation: 1, DecodeIncarnation: 1},
 		timeout: time.Minute, log: slog.New(slog.DiscardHandler)}
-	if _, err := router.sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl }), trust.SecretName()); err != nil {
+	if _, err := router.Sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl }), trust.SecretName()); err != nil {
 		t.Fatal(err)
 	}
-	relayPID := receive(t, "routed request at the decode node", routed).Sender
+	relayPID := messagestest.Next(t, "routed request at the decode node", routed, 10*time.Second).Sender
 
 	forged := []messages.Message{
 		&messages.GenerateResult{RequestID: 7, Text: "PWND", FinishReason: messages.FinishStop},
@@ -113,34 +62,34 @@ func TestRelayTakesOnlyTheRoutedDecodeNode(t *testing.T) {
 	// Each system gets its own copy of a PID: a PID caches the process
 	// (here, the remote endpoint) of the first system that used it.
 	for _, m := range forged {
-		if err := messages.Send(mallory.sys.Root, clonePID(relayPID), m); err != nil {
+		if err := messages.Send(mallory.Sys.Root, messagestest.PID(relayPID), m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	refusedAtLeast(t, router.auth, trust.RefusedStranger, 2)
-	from := decode.sys.Root
+	refusedAtLeast(t, router.Auth, trust.RefusedStranger, 2)
+	from := decode.Sys.Root
 	for _, m := range []messages.Message{
 		&messages.TokenChunk{RequestID: 7, Seq: 1, Tokens: []uint32{5}},
 		&messages.TokenChunk{RequestID: 7, Seq: 3, Tokens: []uint32{6}},
 		&messages.TokenChunk{RequestID: 8, Seq: 2, Tokens: []uint32{7}},
 		&messages.GenerateResult{RequestID: 7, Tokens: []uint32{5}, Text: "ok", FinishReason: messages.FinishLength},
 	} {
-		if err := messages.Send(from, clonePID(relayPID), m); err != nil {
+		if err := messages.Send(from, messagestest.PID(relayPID), m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	chunk := receive(t, "the decode node's chunk", toClient).Message.(*messages.TokenChunk)
+	chunk := messagestest.Next(t, "the decode node's chunk", toClient, 10*time.Second).Message.(*messages.TokenChunk)
 	if chunk.Seq != 1 || chunk.Tokens[0] != 5 {
 		t.Fatalf("client got chunk %+v, want the decode node's seq 1 token 5", chunk)
 	}
-	res := receive(t, "the decode node's result", toClient).Message.(*messages.GenerateResult)
+	res := messagestest.Next(t, "the decode node's result", toClient, 10*time.Second).Message.(*messages.GenerateResult)
 	if res.Text != "ok" {
 		t.Fatalf("client got result %+v, want the decode node's", res)
 	}
 	if got := counters.strangers.Load(); got != 4 {
 		t.Errorf("relay refused %d messages, want 4 (2 forged, 1 out of sequence, 1 for another request)", got)
 	}
-	if got := router.auth.Refused()[trust.RefusedStranger]; got != 4 {
+	if got := router.Auth.Refused()[trust.RefusedStranger]; got != 4 {
 		t.Errorf("router counted %d stranger refusals, want 4", got)
 	}
 }
@@ -150,10 +99,10 @@ func TestRelayTakesOnlyTheRoutedDecodeNode(t *testing.T) {
 // counted; the client returns its node's answer.
 func TestClientTakesOnlyItsNode(t *testing.T) {
 	ca := trusttest.New(t)
-	node := startPeer(t, ca, trust.RoleAll, "n")
-	mallory := startPeer(t, ca, trust.RoleTenant, "mallory")
-	_, requests := node.collect(t, actors.AdmissionName)
-	c, err := client.Dial(node.addr, client.Options{Auth: ca.Authority(t, trust.RoleTenant, "acme", nil)})
+	node := messagestest.Start(t, ca.Authority(t, trust.RoleAll, "n", nil))
+	mallory := messagestest.Start(t, ca.Authority(t, trust.RoleTenant, "mallory", nil))
+	_, requests := node.Inbox(t, actors.AdmissionName)
+	c, err := client.Dial(node.Addr, client.Options{Auth: ca.Authority(t, trust.RoleTenant, "acme", nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,14 +116,14 @@ func TestClientTakesOnlyItsNode(t *testing.T) {
 		res, err := c.Generate(context.Background(), "acme", "hello", client.GenerateOptions{MaxTokens: 1}, nil)
 		answered <- answer{res, err}
 	}()
-	e := receive(t, "the request at the node", requests)
+	e := messagestest.Next(t, "the request at the node", requests, 10*time.Second)
 	req := e.Message.(*messages.GenerateRequest)
-	if err := messages.Send(mallory.sys.Root, clonePID(e.Sender), &messages.GenerateResult{RequestID: req.RequestID, Text: "PWND",
+	if err := messages.Send(mallory.Sys.Root, messagestest.PID(e.Sender), &messages.GenerateResult{RequestID: req.RequestID, Text: "PWND",
 		FinishReason: messages.FinishStop}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the forged result refused", 10*time.Second, func() bool { return c.Refused() == 1 })
-	if err := messages.Send(node.sys.Root, clonePID(e.Sender), &messages.GenerateResult{RequestID: req.RequestID, Tokens: []uint32{104},
+	if err := messages.Send(node.Sys.Root, messagestest.PID(e.Sender), &messages.GenerateResult{RequestID: req.RequestID, Tokens: []uint32{104},
 		Text: "h", FinishReason: messages.FinishLength}); err != nil {
 		t.Fatal(err)
 	}
@@ -223,17 +172,17 @@ func TestCredentialsDecide(t *testing.T) {
 
 	// A tenant routing a request itself: forbidden, counted.
 	roleRefusals := n.cfg.Auth.Refused()[trust.RefusedRole]
-	m := startPeer(t, ca, trust.RoleTenant, "mallory")
-	inbox, answers := m.collect(t, "inbox")
+	m := messagestest.Start(t, ca.Authority(t, trust.RoleTenant, "mallory", nil))
+	inbox, answers := m.Inbox(t, "inbox")
 	routed := &messages.RoutedRequest{RequestID: 1, Tenant: "acme", Prompt: "hi", MaxTokens: 2, Prefill: n.Address(),
 		PrefillIncarnation: n.Incarnation(), DecodeIncarnation: n.Incarnation()}
-	m.sys.Root.RequestWithCustomSender(actor.NewPID(n.Address(), actors.AdmissionName), routed, inbox)
-	r := receive(t, "answer to a tenant's routed request", answers).Message.(*messages.GenerateResult)
+	m.Sys.Root.RequestWithCustomSender(actor.NewPID(n.Address(), actors.AdmissionName), routed, inbox)
+	r := messagestest.Next(t, "answer to a tenant's routed request", answers, 10*time.Second).Message.(*messages.GenerateResult)
 	if !errors.Is(r.Err, forbidden) {
 		t.Errorf("a tenant's routed request answered %+v, want forbidden", r)
 	}
 	// Status from a tenant: no answer, counted.
-	if _, err := messages.Request(m.sys.Root, actor.NewPID(n.Address(), ControlName), &messages.StatusRequest{}, time.Second); err == nil {
+	if _, err := messages.Request(m.Sys.Root, actor.NewPID(n.Address(), ControlName), &messages.StatusRequest{}, time.Second); err == nil {
 		t.Error("a tenant got the node's status")
 	}
 	if got := n.cfg.Auth.Refused()[trust.RefusedRole]; got < roleRefusals+2 {

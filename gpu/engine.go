@@ -287,16 +287,8 @@ func (s *refSequence) Step(pool KV) (int, error) {
 	// Every page is read again under its lease at every step: the bytes a
 	// Read returns are valid only until the pool next changes, and a page
 	// reclaimed in between must fail here rather than be read.
-	s.segs = s.segs[:0]
-	for i, l := range s.leases {
-		b, n, err := pool.Read(l)
-		if err != nil {
-			return 0, err
-		}
-		if n != s.pages[i].Tokens {
-			return 0, &kv.ManifestError{Field: "tokens", Page: i, Want: s.pages[i].Tokens, Have: n}
-		}
-		s.segs = append(s.segs, b)
+	if err := s.readPages(pool); err != nil {
+		return 0, err
 	}
 	bpt := s.geo.BytesPerToken()
 	s.segs = append(s.segs, s.tail[:s.tailN*bpt])
@@ -306,6 +298,23 @@ func (s *refSequence) Step(pool KV) (int, error) {
 	s.pos++
 	s.next = tok
 	return tok, nil
+}
+
+// readPages reads every page again under its lease into s.segs, checking
+// that each holds the tokens its manifest says.
+func (s *refSequence) readPages(pool KV) error {
+	s.segs = s.segs[:0]
+	for i, l := range s.leases {
+		b, n, err := pool.Read(l)
+		if err != nil {
+			return err
+		}
+		if n != s.pages[i].Tokens {
+			return &kv.ManifestError{Field: "tokens", Page: i, Want: s.pages[i].Tokens, Have: n}
+		}
+		s.segs = append(s.segs, b)
+	}
+	return nil
 }
 
 func (s *refSequence) First(pool KV, last int) (int, error) {
@@ -318,16 +327,8 @@ func (s *refSequence) First(pool KV, last int) (int, error) {
 	if last < 0 || last >= s.m.cfg.Vocab {
 		return 0, &TokenError{Index: 0, Token: last, Vocab: s.m.cfg.Vocab}
 	}
-	s.segs = s.segs[:0]
-	for i, l := range s.leases {
-		b, n, err := pool.Read(l)
-		if err != nil {
-			return 0, err
-		}
-		if n != s.pages[i].Tokens {
-			return 0, &kv.ManifestError{Field: "tokens", Page: i, Want: s.pages[i].Tokens, Have: n}
-		}
-		s.segs = append(s.segs, b)
+	if err := s.readPages(pool); err != nil {
+		return 0, err
 	}
 	bpt := s.geo.BytesPerToken()
 	lastPage := s.segs[len(s.segs)-1]
