@@ -164,13 +164,13 @@ func TestAttackRemote(t *testing.T) {
 
 	// (c) A valid certificate claiming another node's address.
 	rc := remotingClient(t, addr, tenant.Bundle())
-	other := certServer(t, ca.Bundle(t, trust.RoleDecode, "d1"))
+	other := trusttest.ServeTLS(t, ca.Bundle(t, trust.RoleDecode, "d1"))
 	refusedWith(t, "connect as another node", play(t, rc, connectMsg(other)), "not proven")
 	want[trust.RefusedAddress]++
 
 	// (d) Malformed batches, each after an honest connect request from an
 	// address the attacker does serve (but the first).
-	own := certServer(t, tenant.Bundle())
+	own := trusttest.ServeTLS(t, tenant.Bundle())
 	here := &actor.PID{Address: addr, Id: actors.AdmissionName}
 	envelope := messages.EnvelopeTypeName
 	batches := []struct {

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"crypto/tls"
 	"log/slog"
 	"net"
 	"slices"
@@ -12,32 +11,6 @@ import (
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
-// certServer serves b's certificate over TLS on a loopback port until the
-// test ends, as a node's remote and data plane do: it completes each
-// handshake and hangs up.
-func certServer(t *testing.T, b *trust.Bundle) string {
-	t.Helper()
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", b.ServerTLS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(eventDeadline))
-				_ = c.(*tls.Conn).Handshake()
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 // provenConfig is a member holding the certificate of role/name, its
 // remote address (and, for a role that receives KV, its data address)
 // serving that certificate, as a real node's do; it joins through join.
@@ -45,9 +18,9 @@ func provenConfig(t *testing.T, ca *trusttest.CA, role Role, name string, join .
 	t.Helper()
 	auth := ca.Authority(t, role.identityRole(), name, nil)
 	meta := testMeta()
-	meta.Role, meta.RemoteAddr, meta.DataAddr = role, certServer(t, auth.Bundle()), ""
+	meta.Role, meta.RemoteAddr, meta.DataAddr = role, trusttest.ServeTLS(t, auth.Bundle()), ""
 	if role.receivesKV() {
-		meta.DataAddr = certServer(t, auth.Bundle())
+		meta.DataAddr = trusttest.ServeTLS(t, auth.Bundle())
 	}
 	if role == RoleRouter {
 		meta.CapacityPages, meta.FreePages = 0, 0
@@ -162,7 +135,7 @@ func TestImpostorsNeverVerified(t *testing.T) {
 		m.CapacityPages, m.FreePages = 1<<30, 1<<30
 		return m
 	}
-	serve := func(role trust.Role, name string) string { return certServer(t, ca.Bundle(t, role, name)) }
+	serve := func(role trust.Role, name string) string { return trusttest.ServeTLS(t, ca.Bundle(t, role, name)) }
 	dm, pm := d.Meta(), p.Meta()
 	refused := []*Membership{
 		impostor(t, ca, "d1", lie(RoleDecode, serve(trust.RolePrefill, "d1"), serve(trust.RolePrefill, "d1")), r),
@@ -172,7 +145,7 @@ func TestImpostorsNeverVerified(t *testing.T) {
 		impostor(t, ca, "d4", lie(RoleDecode, serve(trust.RoleDecode, "d4"), dm.DataAddr), r),
 	}
 	unanswered := []*Membership{
-		impostor(t, ca, "p5", lie(RolePrefill, certServer(t, trusttest.New(t).Bundle(t, trust.RolePrefill, "p5")), ""), r),
+		impostor(t, ca, "p5", lie(RolePrefill, trusttest.ServeTLS(t, trusttest.New(t).Bundle(t, trust.RolePrefill, "p5")), ""), r),
 		impostor(t, ca, "p6", lie(RolePrefill, closedAddr(t), ""), r),
 	}
 	pollUntil(t, "every lie refused and every unanswered claim retried", func() bool {
@@ -263,7 +236,7 @@ func TestProvenRunKeepsAddressUntilGone(t *testing.T) {
 	}
 
 	moved := rerun.Meta()
-	moved.RemoteAddr = certServer(t, ca.Bundle(t, trust.RoleDecode, "d9"))
+	moved.RemoteAddr = trusttest.ServeTLS(t, ca.Bundle(t, trust.RoleDecode, "d9"))
 	if err := rerun.UpdateMeta(moved); err != nil {
 		t.Fatal(err)
 	}

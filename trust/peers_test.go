@@ -1,43 +1,16 @@
 package trust_test
 
 import (
-	"crypto/tls"
 	"errors"
 	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
-
-// serveTLS serves b's certificate on a loopback port until the test ends:
-// each connection completes a handshake and is closed.
-func serveTLS(t *testing.T, b *trust.Bundle) string {
-	t.Helper()
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", b.ServerTLS())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				_ = c.(*tls.Conn).Handshake()
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
 
 // deadAddr is a loopback address where nothing listens.
 func deadAddr(t *testing.T) string {
@@ -54,7 +27,7 @@ func deadAddr(t *testing.T) string {
 func TestPeersVerify(t *testing.T) {
 	ca := trusttest.New(t)
 	holder, claimant := ca.Bundle(t, trust.RoleDecode, "d0"), ca.Bundle(t, trust.RoleDecode, "d1")
-	addr := serveTLS(t, holder)
+	addr := trusttest.ServeTLS(t, holder)
 	peers := ca.Authority(t, trust.RoleRouter, "r0", nil).Peers()
 
 	if _, ok := peers.At(addr); ok {
@@ -87,7 +60,7 @@ func TestPeersVerify(t *testing.T) {
 // A server of a foreign CA proves nothing, and is not recorded.
 func TestPeersProbeStranger(t *testing.T) {
 	ca := trusttest.New(t)
-	addr := serveTLS(t, trusttest.New(t).Bundle(t, trust.RoleDecode, "d0"))
+	addr := trusttest.ServeTLS(t, trusttest.New(t).Bundle(t, trust.RoleDecode, "d0"))
 	peers := ca.Authority(t, trust.RoleDecode, "d1", nil).Peers()
 	var ce *trust.CertError
 	if _, _, err := peers.Probe(addr); !errors.As(err, &ce) {
@@ -108,7 +81,7 @@ func TestPeersBookBounded(t *testing.T) {
 	}
 	var addrs []string
 	for _, name := range []string{"d0", "d1", "d2"} {
-		addr := serveTLS(t, ca.Bundle(t, trust.RoleDecode, name))
+		addr := trusttest.ServeTLS(t, ca.Bundle(t, trust.RoleDecode, name))
 		if id, _, err := a.Peers().Probe(addr); err != nil || id.Name != name {
 			t.Fatalf("Probe(%s) = %s, %v", addr, id, err)
 		}
@@ -149,7 +122,7 @@ func TestAuthorityConfigValidate(t *testing.T) {
 func TestSenderOf(t *testing.T) {
 	ca := trusttest.New(t)
 	server := ca.Bundle(t, trust.RoleDecode, "d0")
-	addr := serveTLS(t, server)
+	addr := trusttest.ServeTLS(t, server)
 	a := ca.Authority(t, trust.RoleRouter, "r0", nil)
 	if _, _, err := a.Peers().Probe(addr); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@
 package trusttest
 
 import (
+	"crypto/tls"
 	"log/slog"
 	"sync"
 	"testing"
@@ -67,4 +68,30 @@ func Shared(t testing.TB) *CA {
 var shared struct {
 	once sync.Once
 	ca   *CA
+}
+
+// ServeTLS serves b's certificate over TLS on a loopback port until the
+// test ends, as a node's remote and data plane do: it completes each
+// handshake and hangs up. It returns the address.
+func ServeTLS(t testing.TB, b *trust.Bundle) string {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", b.ServerTLS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				_ = c.(*tls.Conn).Handshake()
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
