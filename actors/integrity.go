@@ -8,8 +8,10 @@ import (
 
 // StrangerError: frames or a transfer report for the current transfer
 // attempt came from someone other than the prefill node, and incarnation,
-// the transfer was planned with. Whoever sent them knows the attempt's
-// request id; the request fails rather than use anything of the transfer.
+// the transfer was planned with. They are refused (a data-plane sender's
+// connection is closed) and counted; the request waits on for its planned
+// peer, since a stranger must not be able to end it. Frames of the planned
+// identity from pages of another incarnation do end it.
 type StrangerError struct {
 	What    string // "frames", "transfer done"
 	From    string // who sent it, as authenticated
