@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -8,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // NewMailbox makes the mailbox of every kvwarden actor that may hear from
@@ -33,6 +35,27 @@ func NewMailbox(sys *actor.ActorSystem, max int, drops *atomic.Uint64) actor.Mai
 	return func() actor.Mailbox { return &mailbox{sys: sys, max: max, drops: drops} }
 }
 
+// MailboxFrom is Mailbox for an actor that takes messages from outside the
+// process only from the given roles (the prefill dispatcher and workers:
+// nodes that decode; a node's control actor: operators): a remote message
+// from anyone else is dropped before it takes a place, and counted as a
+// role refusal, so that a peer allowed to reach the port but not the actor
+// cannot fill its queue and crowd out the messages it must take.
+func (n *Node) MailboxFrom(roles ...trust.Role) actor.MailboxProducer {
+	auth := n.auth
+	from := func(sender *actor.PID, msg any) bool {
+		if sender.Address == n.sys.Address() {
+			return true
+		}
+		if s := auth.SenderOf(nil, sender); !s.May(roles...) {
+			auth.Refuse(trust.RefusedRole, fmt.Sprintf("%T", msg), "sender", s.String())
+			return false
+		}
+		return true
+	}
+	return func() actor.Mailbox { return &mailbox{sys: n.sys, max: n.cfg.MailboxMax, drops: &n.drops, from: from} }
+}
+
 // MailboxDrops is how many messages the node's mailboxes dropped because
 // they were full.
 func (n *Node) MailboxDrops() uint64 { return n.drops.Load() }
@@ -44,6 +67,7 @@ type mailbox struct {
 	sys   *actor.ActorSystem
 	max   int
 	drops *atomic.Uint64
+	from  func(sender *actor.PID, msg any) bool // nil: from anyone; else whether a remote sender may send msg
 
 	mu     sync.Mutex
 	user   fifo
@@ -56,6 +80,12 @@ type mailbox struct {
 }
 
 func (b *mailbox) PostUserMessage(m any) {
+	if b.from != nil {
+		if _, msg, sender := actor.UnwrapEnvelope(m); sender != nil && !b.from(sender, msg) {
+			b.answer(m, wireError(&ForbiddenError{Sender: sender.Address, Reason: fmt.Sprintf("%T is not taken from this sender", msg)}))
+			return
+		}
+	}
 	b.mu.Lock()
 	if b.user.n >= b.max && b.refusable(m) {
 		b.mu.Unlock()
@@ -102,19 +132,25 @@ func (b *mailbox) refusable(m any) bool {
 // peer, its endpoint reader's), and only sends.
 func (b *mailbox) refuse(m any) {
 	b.drops.Add(1)
+	b.answer(m, wireError(&BusyError{Where: "mailbox", Have: b.max, Limit: b.max}))
+}
+
+// answer tells the sender of a message that expects an answer
+// (GenerateRequest, RoutedRequest, TransferPlan) that it failed with err,
+// so that it does not wait for a timeout. It only sends.
+func (b *mailbox) answer(m any, err *messages.WireError) {
 	_, msg, sender := actor.UnwrapEnvelope(m)
 	if sender == nil {
 		return
 	}
-	busy := wireError(&BusyError{Where: "mailbox", Have: b.max, Limit: b.max})
 	var answer messages.Message
 	switch m := msg.(type) {
 	case *messages.GenerateRequest:
-		answer = &messages.GenerateResult{RequestID: m.RequestID, FinishReason: messages.FinishError, Err: busy}
+		answer = &messages.GenerateResult{RequestID: m.RequestID, FinishReason: messages.FinishError, Err: err}
 	case *messages.RoutedRequest:
-		answer = &messages.GenerateResult{RequestID: m.RequestID, FinishReason: messages.FinishError, Err: busy}
+		answer = &messages.GenerateResult{RequestID: m.RequestID, FinishReason: messages.FinishError, Err: err}
 	case *messages.TransferPlan:
-		answer = &messages.TransferDone{RequestID: m.RequestID, Tenant: m.Tenant, Err: busy}
+		answer = &messages.TransferDone{RequestID: m.RequestID, Tenant: m.Tenant, Err: err}
 	default:
 		return
 	}

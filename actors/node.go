@@ -148,7 +148,11 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 				queueMax: cfg.QueueMax, timeout: cfg.PrefillTimeout, reclaimAfter: cfg.ReclaimAfter, dial: opt.Dial,
 				log: n.log.With("worker", name), stats: &workerCounters{}, sendsMax: cfg.TransferSendsMax,
 				policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf}, done: cfg.donePlans()}
-			pid, err := n.root.SpawnNamed(n.props(func() actor.Actor { return w }), name)
+			mb := n.Mailbox()
+			if role == "prefill" {
+				mb = n.MailboxFrom(trust.RoleDecode, trust.RoleAll) // plans, acks and aborts
+			}
+			pid, err := n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return w }, actor.WithMailbox(mb)), name)
 			if err != nil {
 				return nil, err
 			}
@@ -166,7 +170,8 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 		n.pools = append(n.pools, pPools...)
 		d := &dispatchActor{workers: n.prefill, forget: 2 * cfg.ReclaimAfter, log: n.log,
 			policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf}, ended: cfg.donePlans()}
-		if n.dispatcher, err = n.root.SpawnNamed(n.props(func() actor.Actor { return d }), PrefillName); err != nil {
+		if n.dispatcher, err = n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return d },
+			actor.WithMailbox(n.MailboxFrom(trust.RoleDecode, trust.RoleAll))), PrefillName); err != nil {
 			return err
 		}
 		self := PrefillPeer{PID: n.dispatcher, Incarnation: cfg.Incarnation, Pages: cfg.PrefillPages}

@@ -208,7 +208,8 @@ func (n *Node) start() error {
 		}
 	}
 	ctl := &controlActor{node: n}
-	if _, err = n.actors.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return ctl }), ControlName); err != nil {
+	if _, err = n.actors.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return ctl },
+		actor.WithMailbox(n.actors.MailboxFrom(trust.RoleOperator))), ControlName); err != nil {
 		return err
 	}
 	meta := Meta{Role: roleOf[cfg.Actors.Role], Incarnation: cfg.Actors.Incarnation, RemoteAddr: n.actors.Address(),
