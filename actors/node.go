@@ -195,10 +195,6 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 	return err
 }
 
-func (n *Node) props(p actor.Producer) *actor.Props {
-	return actor.PropsFromProducer(p, actor.WithMailbox(n.Mailbox()))
-}
-
 // AcceptFrames hands a copy of frames the KV data plane received from
 // peer (the identity its TLS proved; zero when insecure) to the request
 // actor they belong to and waits until it has written them, or refused
