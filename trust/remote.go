@@ -3,7 +3,9 @@ package trust
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"strings"
@@ -85,7 +87,9 @@ type countingCreds struct {
 
 func (c *countingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
-	if err != nil {
+	// A connection closed before its first byte (a reachability check, a
+	// port scan's connect) refused nothing.
+	if err != nil && !errors.Is(err, io.EOF) {
 		c.a.Refuse(RefusedCertificate, "remote TLS handshake", "peer", raw.RemoteAddr().String(), "err", err)
 	}
 	return conn, info, err

@@ -470,11 +470,20 @@ func makeLocalCerts(o upOptions) (string, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", fmt.Errorf("up: %w", err)
 	}
-	if err := ca.WriteCA(dir); err != nil {
+	if err := writeLocalCerts(dir, ca, o); err != nil {
+		os.RemoveAll(dir)
 		return "", err
 	}
+	return dir, nil
+}
+
+// writeLocalCerts fills makeLocalCerts's directory.
+func writeLocalCerts(dir string, ca *trust.CA, o upOptions) error {
+	if err := ca.WriteCA(dir); err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(dir, localMarker), []byte("made by node up; removed when it stops\n"), 0o600); err != nil {
-		return "", fmt.Errorf("up: %w", err)
+		return fmt.Errorf("up: %w", err)
 	}
 	ids := []trust.Identity{{Role: trust.RoleRouter, Name: "0"}, {Role: trust.RoleOperator, Name: "admin"}}
 	for i := range o.Prefill {
@@ -486,10 +495,10 @@ func makeLocalCerts(o upOptions) (string, error) {
 	for _, id := range ids {
 		id.Cluster = ca.Cluster
 		if err := issue(io.Discard, dir, ca, id, []string{"127.0.0.1"}, localValidFor); err != nil {
-			return "", err
+			return err
 		}
 	}
-	return dir, nil
+	return nil
 }
 
 // stop stops every node still running: the router first, so that no new
