@@ -37,7 +37,13 @@ func testConfig() Config {
 // broke an invariant and that every pool is entirely free again.
 func startNode(t *testing.T, cfg Config) *Node {
 	t.Helper()
-	n, err := Start(cfg, Options{})
+	return startNodeWith(t, cfg, Options{})
+}
+
+// startNodeWith is startNode with options.
+func startNodeWith(t *testing.T, cfg Config, opt Options) *Node {
+	t.Helper()
+	n, err := Start(cfg, opt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,15 +31,7 @@ import (
 func startRemoteNode(t *testing.T, cfg Config, opt Options) *Node {
 	t.Helper()
 	opt.Listen = "127.0.0.1:0"
-	n, err := Start(cfg, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		quiesce(t, n)
-		n.Stop()
-	})
-	return n
+	return startNodeWith(t, cfg, opt)
 }
 
 // TestPlanOnlyFromDecodeToItsDataPlane: a prefill node computes KV only

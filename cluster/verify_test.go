@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"log/slog"
-	"net"
 	"slices"
 	"testing"
 	"time"
@@ -106,17 +105,6 @@ func TestMemberVerifiedWithinBound(t *testing.T) {
 	}
 }
 
-// closedAddr is a loopback address where nothing listens.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // A holder of the gossip key can announce any member; none of these lies
 // gets verified, none is a candidate for routing, and none evicts the real
 // node whose address it names, however late it claims to have started and
@@ -146,7 +134,7 @@ func TestImpostorsNeverVerified(t *testing.T) {
 	}
 	unanswered := []*Membership{
 		impostor(t, ca, "p5", lie(RolePrefill, trusttest.ServeTLS(t, trusttest.New(t).Bundle(t, trust.RolePrefill, "p5")), ""), r),
-		impostor(t, ca, "p6", lie(RolePrefill, closedAddr(t), ""), r),
+		impostor(t, ca, "p6", lie(RolePrefill, trusttest.ClosedAddr(t), ""), r),
 	}
 	pollUntil(t, "every lie refused and every unanswered claim retried", func() bool {
 		st := r.Stats()

@@ -50,13 +50,9 @@ func NewBundle(caCert *x509.Certificate, certPEM, keyPEM []byte, gossipKeys [][]
 	return b, nil
 }
 
-// Load reads dir's CA certificate, the certificate and key of the given
-// identity (<role>-<name>.crt/.key) and, if present, the gossip keyring.
-func Load(dir string, id Identity) (*Bundle, error) {
-	return LoadFiles(dir, FileName(id))
-}
-
-// LoadFiles is Load with the certificate named by its base name in dir.
+// LoadFiles reads dir's CA certificate, the certificate and key named base
+// (base.crt, base.key; FileName gives an identity's) and, if present, the
+// gossip keyring.
 func LoadFiles(dir, base string) (*Bundle, error) {
 	ca, err := readCert(filepath.Join(dir, CACertFile))
 	if err != nil {

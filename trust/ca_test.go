@@ -67,7 +67,7 @@ func TestCredentialsDirectoryRoundTrip(t *testing.T) {
 			t.Errorf("%s: mode %#o, want %#o", filepath.Join(dir, name), got, want)
 		}
 	}
-	b, err := trust.Load(dir, id)
+	b, err := trust.LoadFiles(dir, trust.FileName(id))
 	if err != nil {
 		t.Fatal(err)
 	}

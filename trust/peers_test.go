@@ -2,7 +2,6 @@ package trust_test
 
 import (
 	"errors"
-	"net"
 	"strings"
 	"testing"
 
@@ -11,18 +10,6 @@ import (
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
-
-// deadAddr is a loopback address where nothing listens.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
 
 func TestPeersVerify(t *testing.T) {
 	ca := trusttest.New(t)
@@ -47,7 +34,7 @@ func TestPeersVerify(t *testing.T) {
 	if !errors.Is(err, trust.ErrNotAuthenticated) || !strings.Contains(err.Error(), "served by "+holder.Self.String()) {
 		t.Fatalf("claimant's error %q", err)
 	}
-	dead := deadAddr(t)
+	dead := trusttest.ClosedAddr(t)
 	err = peers.Verify(dead, holder.Self, holder.Leaf)
 	if !errors.As(err, &ae) || ae.Err == nil || !ae.Found.IsZero() {
 		t.Fatalf("Verify(nothing listening) = %v, want an AddressError with the dial error", err)

@@ -5,6 +5,7 @@ package trusttest
 import (
 	"crypto/tls"
 	"log/slog"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -93,5 +94,16 @@ func ServeTLS(t testing.TB, b *trust.Bundle) string {
 			}()
 		}
 	}()
+	return ln.Addr().String()
+}
+
+// ClosedAddr is a loopback address where nothing listens.
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
 	return ln.Addr().String()
 }
