@@ -163,8 +163,8 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl },
 		actor.WithMailbox(r.mailbox)), trust.SecretName())
 	if err != nil {
-		r.counters.routed.Add(^uint64(0))
-		reject(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.rejectedBad)
+		// Counted as routed above: it ends here, failed.
+		reject(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.failed)
 		return
 	}
 	r.relays[pid.Id] = rl

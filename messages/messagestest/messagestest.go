@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/remote"
 
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -24,8 +25,21 @@ type Peer struct {
 // Start starts a peer under auth, stopped when the test ends.
 func Start(t testing.TB, auth *trust.Authority) *Peer {
 	t.Helper()
+	return start(t, auth, messages.StartRemote)
+}
+
+// StartAwaiting is Start for a peer that waits on answers in futures
+// (messages.StartRemoteAwaiting), as an operator's command does.
+func StartAwaiting(t testing.TB, auth *trust.Authority) *Peer {
+	t.Helper()
+	return start(t, auth, messages.StartRemoteAwaiting)
+}
+
+func start(t testing.TB, auth *trust.Authority,
+	serve func(*actor.ActorSystem, string, *trust.Authority) (*remote.Remote, error)) *Peer {
+	t.Helper()
 	sys := messages.NewActorSystem(nil)
-	r, err := messages.StartRemote(sys, "127.0.0.1:0", auth)
+	r, err := serve(sys, "127.0.0.1:0", auth)
 	if err != nil {
 		t.Fatal(err)
 	}
