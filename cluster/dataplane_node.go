@@ -28,13 +28,11 @@ func (e *DataPlaneUnplannedError) Error() string {
 // dialPlanned opens a sender to the data plane at addr for a transfer
 // planned by the decode node run inc. When secure, the data plane must be
 // the one that run advertises as a verified member, and the receiver must
-// prove to be the node whose certificate serves that member's remote
-// address, which is where plans come from. When insecure nothing is
-// checked.
+// prove to hold the identity verification found at that member's
+// addresses. When insecure nothing is checked.
 //
 // actors.Dialer hands over only the address and the incarnation, so the
-// identity is looked up here; the plan's authenticated sender (Authority.Of
-// on the plan) is the better source once the actors pass it on.
+// member is found here by its incarnation.
 func (n *Node) dialPlanned(dp DataPlaneConfig, addr string, inc uint64) (actors.FrameSender, error) {
 	var want trust.Identity
 	if !dp.Auth.Insecure() {
@@ -52,29 +50,30 @@ func (n *Node) dialPlanned(dp DataPlaneConfig, addr string, inc uint64) (actors.
 }
 
 // plannedReceiver is the identity of the verified member run inc, whose
-// data plane must be addr.
+// data plane must be addr: the one verification proved at both its
+// addresses.
 func (n *Node) plannedReceiver(auth *trust.Authority, addr string, inc uint64) (trust.Identity, error) {
 	unplanned := &DataPlaneUnplannedError{Addr: addr, Incarnation: inc}
-	if n.members == nil {
+	m, ok := n.verifiedMember(func(m Member) bool { return m.Meta.Incarnation == inc })
+	switch {
+	case !ok:
+		return trust.Identity{}, unplanned
+	case m.Meta.DataAddr != addr:
+		unplanned.Advertised = m.Meta.DataAddr
 		return trust.Identity{}, unplanned
 	}
-	for _, m := range n.members.Members() {
-		if m.Meta.Incarnation != inc || m.State != StateAlive || !m.Verified {
-			continue
-		}
-		if m.Meta.DataAddr != addr {
-			unplanned.Advertised = m.Meta.DataAddr
-			return trust.Identity{}, unplanned
-		}
-		if id, ok := auth.Peers().At(m.Meta.RemoteAddr); ok {
-			return id, nil
-		}
-		id, _, err := auth.Peers().Probe(m.Meta.RemoteAddr)
-		if err != nil {
-			return trust.Identity{}, fmt.Errorf("cluster: data plane %s: who serves %s, the remote address of member %s: %w",
-				addr, m.Meta.RemoteAddr, m.Name, err)
-		}
-		return id, nil
+	return m.identity(auth.Self().Cluster), nil
+}
+
+// verifiedMember is the alive, verified member for which match holds.
+func (n *Node) verifiedMember(match func(Member) bool) (Member, bool) {
+	if n.members == nil {
+		return Member{}, false
 	}
-	return trust.Identity{}, unplanned
+	for _, m := range n.members.Members() {
+		if m.State == StateAlive && m.Verified && match(m) {
+			return m, true
+		}
+	}
+	return Member{}, false
 }

@@ -259,20 +259,15 @@ func (n *Node) pickPrefill(exclude map[uint64]bool) (actors.PrefillPeer, bool) {
 // only place a plan from that member may have KV sent
 // (actors.Options.DataPlaneOf).
 func (n *Node) dataPlaneOf(remoteAddr string) (string, trust.Identity, bool) {
-	if n.members == nil {
+	m, ok := n.verifiedMember(func(m Member) bool { return m.Meta.RemoteAddr == remoteAddr })
+	if !ok {
 		return "", trust.Identity{}, false
 	}
-	for _, m := range n.members.Members() {
-		if m.Meta.RemoteAddr != remoteAddr || m.State != StateAlive || !m.Verified {
-			continue
-		}
-		var id trust.Identity
-		if !n.cfg.Auth.Insecure() {
-			id = m.identity(n.cfg.Auth.Self().Cluster) // what verification proved at both its addresses
-		}
-		return m.Meta.DataAddr, id, true
+	var id trust.Identity
+	if !n.cfg.Auth.Insecure() {
+		id = m.identity(n.cfg.Auth.Self().Cluster) // what verification proved at both its addresses
 	}
-	return "", trust.Identity{}, false
+	return m.Meta.DataAddr, id, true
 }
 
 // pages is the capacity of the node's smallest pool and the fewest free
