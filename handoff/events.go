@@ -1,0 +1,221 @@
+package handoff
+
+import (
+	"time"
+
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// Event is what Step takes: a message that arrived, a timer that fired,
+// or the outcome of an effect.
+type Event interface{ event() }
+
+// Effect is what Step asks its caller to carry out.
+type Effect interface{ effect() }
+
+// Peer is a prefill node a request plans its transfer with: its remote
+// address and its run.
+type Peer struct {
+	Address     string
+	Incarnation uint64
+}
+
+// Events of a Request.
+type (
+	// Start begins the request's life.
+	Start struct{}
+	// Reserved answers Reserve: the pages, or why there are none (a
+	// *kv.PoolExhaustedError when the pool is short).
+	Reserved struct {
+		Dest, Spare []kv.Tag
+		Err         error
+	}
+	// RetryReserve is the timer after an exhausted pool.
+	RetryReserve struct{}
+	// PrefillDeadline: the transfer attempt Attempt has not finished in
+	// PrefillTimeout.
+	PrefillDeadline struct{ Attempt uint64 }
+	// RequestDeadline: the request ran past RequestTimeout.
+	RequestDeadline struct{}
+	// FramesIn are frames from the planned prefill peer (the caller
+	// refuses a stranger's before they reach the request).
+	FramesIn struct{ Frames []kv.Frame }
+	// Written answers Write: the first N frames went into their pages,
+	// and Err is why the next did not.
+	Written struct {
+		N   int
+		Err error
+	}
+	// TransferIn is prefill's TransferDone; FromPrefill says whether it
+	// came from the planned peer, From who sent it.
+	TransferIn struct {
+		Done        *messages.TransferDone
+		FromPrefill bool
+		From        string
+	}
+	// Verified answers SealVerify.
+	Verified struct{ Err error }
+	// Picked answers Pick: another prefill peer and the new attempt's
+	// request id, or OK false when there is none.
+	Picked struct {
+		Peer    Peer
+		Attempt uint64
+		OK      bool
+	}
+	// PeerLost: membership says the node of that run is gone.
+	PeerLost struct{ Incarnation uint64 }
+	// TokenIn is a token the decode worker generated for the request.
+	TokenIn struct{ Token int }
+	// DecodeEnded: the decode worker holds no lease of the request any
+	// more; Err is nil when it generated every token or met EOS.
+	DecodeEnded struct{ Err error }
+	// Cancel: the client withdrew the request.
+	Cancel struct{}
+	// Failed: an effect could not be carried out (a message that failed
+	// its own validation).
+	Failed struct{ Err error }
+)
+
+// Effects of a Request.
+type (
+	// Reserve asks for Prompt pages from position 0 and Spare pages from
+	// position SpareFirst, all or nothing (ExecReserve); answered by
+	// Reserved.
+	Reserve struct {
+		Owner                    kv.Owner
+		Prompt, SpareFirst, Spare int
+	}
+	// Release gives the pages back.
+	Release struct {
+		Owner kv.Owner
+		Tags  []kv.Tag
+	}
+	// SendPlan, SendAbort and SendAck go to the prefill peer.
+	SendPlan struct {
+		To   Peer
+		Plan *messages.TransferPlan
+	}
+	SendAbort struct {
+		To    Peer
+		Abort *messages.TransferAbort
+	}
+	SendAck struct {
+		To  Peer
+		Ack *messages.TransferAck
+	}
+	// Write writes frames into their destination pages, in order, as the
+	// request's owner (ExecWrite); answered by Written.
+	Write struct{ Frames []kv.Frame }
+	// SealVerify seals every page of Manifest only if its bytes are those
+	// its origin sealed, records the checksums in Manifest and verifies it
+	// (ExecSealVerify); answered by Verified.
+	SealVerify struct {
+		Manifest *kv.Manifest
+		Origins  []kv.Origin
+	}
+	// StartDecode hands the verified manifest to a decode worker: Next is
+	// prefill's first token, which the worker recomputes from Last (the
+	// prompt's last token) and the pages before it streams it; MaxNew is
+	// the most tokens to generate after Next; Spare the pages for
+	// generated KV.
+	StartDecode struct {
+		Manifest   *kv.Manifest
+		Next, Last int
+		MaxNew     int
+		Spare      []kv.Tag
+	}
+	// CancelDecode withdraws the request from its decode worker.
+	CancelDecode struct{ Owner kv.Owner }
+	// Emit streams a token to the client.
+	Emit struct{ Chunk *messages.TokenChunk }
+	// Finish answers the client: Result (its Text left for the caller's
+	// tokenizer), Cause the error when it failed, Phases when it
+	// completed. The request is done.
+	Finish struct {
+		Result *messages.GenerateResult
+		Tokens []int
+		Cause  error
+		Phases *Phases
+	}
+	// Timer asks for Event to be stepped After from now.
+	Timer struct {
+		After time.Duration
+		Event Event
+	}
+	// Pick asks for another prefill peer, none of Exclude; answered by
+	// Picked.
+	Pick struct{ Exclude map[uint64]bool }
+	// Retry: the request moved to another attempt (request id Old to New,
+	// prefill peer From to To) because of Cause.
+	Retry struct {
+		Old, New uint64
+		From, To Peer
+		Cause    error
+	}
+	// Refuse counts a message from a stranger; it changed nothing.
+	Refuse struct{ Err *StrangerError }
+)
+
+// Phases splits a completed request's time to first token: Queue from
+// its start to the plan leaving (decode pages reserved), Prefill from the
+// plan to the first frame, Transfer from the first frame to prefill's
+// TransferDone, Verify from there to the first token; FirstDecode is the
+// first decode step, from the first token to the second (zero for a
+// request of one token).
+type Phases struct {
+	Queue, Prefill, Transfer, Verify, FirstDecode time.Duration
+}
+
+func (Start) event()           {}
+func (Reserved) event()        {}
+func (RetryReserve) event()    {}
+func (PrefillDeadline) event() {}
+func (RequestDeadline) event() {}
+func (FramesIn) event()        {}
+func (Written) event()         {}
+func (TransferIn) event()      {}
+func (Verified) event()        {}
+func (Picked) event()          {}
+func (PeerLost) event()        {}
+func (TokenIn) event()         {}
+func (DecodeEnded) event()     {}
+func (Cancel) event()          {}
+func (Failed) event()          {}
+
+func (Reserve) effect()      {}
+func (Release) effect()      {}
+func (SendPlan) effect()     {}
+func (SendAbort) effect()    {}
+func (SendAck) effect()      {}
+func (Write) effect()        {}
+func (SealVerify) effect()   {}
+func (StartDecode) effect()  {}
+func (CancelDecode) effect() {}
+func (Emit) effect()         {}
+func (Finish) effect()       {}
+func (Timer) effect()        {}
+func (Pick) effect()         {}
+func (Retry) effect()        {}
+func (Refuse) effect()       {}
+
+// Machine is a state machine of this package.
+type Machine interface {
+	Step(ev Event, now time.Time) []Effect
+}
+
+// Run steps m with ev at now and carries out every effect, in order, with
+// do; an effect that do answers with an event (non-nil) has that event
+// stepped at once, its effects carried out before the rest. Every effect
+// that is answered is the last of its step, so the order is the one the
+// machine gave.
+func Run(m Machine, ev Event, now time.Time, do func(Effect) Event) {
+	queue := m.Step(ev, now)
+	for len(queue) > 0 {
+		e := queue[0]
+		queue = queue[1:]
+		if next := do(e); next != nil {
+			queue = append(m.Step(next, now), queue...)
+		}
+	}
+}

@@ -1,0 +1,318 @@
+package handoff
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// pair is one decode pool and one prefill pool in different runs, with
+// the reference engine, and a clock: the smallest world a handoff runs in.
+type pair struct {
+	t                 *testing.T
+	now               time.Time
+	engine            *gpu.ReferenceEngine
+	decode, prefill   PoolPages
+	req               *Request
+	src               *Source
+	frames            map[JobKey]Frames
+	tokens            []int
+	finish            *Finish
+	timers            []Timer
+	acks, aborts      int
+	dropFrames        bool // the frames of the next send are lost
+	sendFails         error
+	corruptFirstFrame bool
+}
+
+const (
+	decodeInc  = 0xd1
+	prefillInc = 0xa1
+)
+
+func tinyModel() gpu.ModelConfig {
+	c := gpu.DefaultModelConfig()
+	c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.HiddenDim, c.ContextTokens = 32, 1, 2, 1, 16, 64, 256
+	return c
+}
+
+func newPair(t *testing.T, decodePages, prefillPages int) *pair {
+	t.Helper()
+	p := &pair{t: t, now: time.Unix(1_000_000, 0), frames: map[JobKey]Frames{}}
+	e, err := gpu.NewReferenceEngine(tinyModel())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.engine = e
+	g := e.Config().Geometry(4)
+	clock := func() time.Time { return p.now }
+	for _, x := range []struct {
+		pages *PoolPages
+		n     int
+		inc   uint64
+	}{{&p.decode, decodePages, decodeInc}, {&p.prefill, prefillPages, prefillInc}} {
+		pool, err := kv.NewPool(kv.DefaultConfig(g, x.n, x.inc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		*x.pages = PoolPages{Pool: pool, Now: clock}
+	}
+	p.src = NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 4, SendsMax: 2,
+		ReclaimAfter: 30 * time.Second, DonePlansMax: 16, DoneFor: time.Minute})
+	return p
+}
+
+func (p *pair) start(prompt []int, maxNew int) {
+	cfg := RequestConfig{Geometry: p.decode.Geometry(), Incarnation: decodeInc, DataPlane: "decode:1",
+		RequestTimeout: time.Minute, PrefillTimeout: 10 * time.Second, ReserveWait: time.Second,
+		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: gpu.EOS}
+	p.req = NewRequest(cfg, kv.Owner{Request: 1, Tenant: "acme"}, 7, prompt, maxNew, Peer{Address: "prefill:1", Incarnation: prefillInc})
+	p.step(p.req, Start{})
+}
+
+// step runs one event through m and every effect across both sides, as a
+// node's actors would, but in one goroutine and with no network.
+func (p *pair) step(m Machine, ev Event) {
+	Run(m, ev, p.now, p.do)
+}
+
+func (p *pair) do(e Effect) Event {
+	key := JobKey{Sender: "decode:1/req", ID: p.req.Owner().Request}
+	switch e := e.(type) {
+	case Reserve:
+		return ExecReserve(p.decode, e)
+	case Release:
+		if len(e.Tags) > 0 && e.Tags[0].Incarnation == decodeInc {
+			ExecRelease(p.decode, e, nil)
+		} else {
+			ExecRelease(p.prefill, e, nil)
+		}
+	case SendPlan:
+		p.step(p.src, PlanIn{Key: key, Plan: e.Plan})
+		p.step(p.src, Next{})
+	case Prefill:
+		out, fr := ExecPrefill(p.engine, p.prefill, e)
+		p.frames[e.Key] = fr
+		return out
+	case SendFrames:
+		fr := p.frames[e.Key]
+		delete(p.frames, e.Key)
+		frames := slices.Clone(fr.Frames)
+		if p.corruptFirstFrame {
+			frames[0].Payload = slices.Clone(frames[0].Payload)
+			frames[0].Payload[0] ^= 1
+		}
+		if !p.dropFrames {
+			p.step(p.req, FramesIn{Frames: frames})
+		}
+		return Sent{Key: e.Key, Err: errors.Join(p.sendFails, fr.Unlease(p.prefill))}
+	case Reply:
+		p.step(p.req, TransferIn{Done: e.Done, FromPrefill: true})
+	case Write:
+		return ExecWrite(p.decode, e)
+	case SealVerify:
+		return ExecSealVerify(p.decode, e)
+	case SendAck:
+		p.acks++
+		p.step(p.src, AckIn{Key: key, Ack: e.Ack})
+	case SendAbort:
+		p.aborts++
+		p.step(p.src, AbortIn{Key: key, Tenant: e.Abort.Tenant})
+	case Ack:
+		ExecAck(p.prefill, e, nil)
+	case StartDecode:
+		p.decodeAll(e)
+	case Emit:
+		p.tokens = append(p.tokens, int(e.Chunk.Tokens[0]))
+	case Finish:
+		p.finish = &e
+	case Timer:
+		p.timers = append(p.timers, e)
+	case Pick:
+		return Picked{} // one prefill peer only
+	case CancelDecode, Refuse, Retry, RefusePlan, Dropped, CancelSend:
+	default:
+		p.t.Fatalf("unexpected effect %T", e)
+	}
+	return nil
+}
+
+// decodeAll runs a decode job to its end, as a worker would.
+func (p *pair) decodeAll(e StartDecode) {
+	s, err := Begin(p.engine, p.decode, e, gpu.EOS)
+	if err != nil {
+		p.step(p.req, DecodeEnded{Err: err})
+		return
+	}
+	p.step(p.req, TokenIn{Token: e.Next})
+	for done := s.Ended(); !done; {
+		var tok int
+		tok, done, err = s.Step(p.decode)
+		if err == nil {
+			p.step(p.req, TokenIn{Token: tok})
+		}
+	}
+	p.step(p.req, DecodeEnded{Err: errors.Join(err, s.Close(p.decode))})
+}
+
+// freeAfterDeadlines advances the clock past every deadline and reports
+// the pages of both pools that are not free.
+func (p *pair) freeAfterDeadlines() (busy int) {
+	p.now = p.now.Add(time.Hour)
+	for _, pool := range []*kv.Pool{p.decode.Pool, p.prefill.Pool} {
+		pool.Tick(p.now)
+		for i := 0; i < pool.Config().Pages; i++ {
+			if pool.Inspect(uint32(i)).State != kv.Free {
+				busy++
+			}
+		}
+	}
+	return busy
+}
+
+func TestHandoffAnswersTheReference(t *testing.T) {
+	p := newPair(t, 16, 16)
+	prompt := []int{gpu.BOS, 'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}
+	p.start(prompt, 6)
+	want, err := p.engine.Reference(prompt, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.Index(want, gpu.EOS); i >= 0 {
+		want = want[:i+1]
+	}
+	if p.finish == nil || p.finish.Cause != nil {
+		t.Fatalf("finish = %+v, want an answer", p.finish)
+	}
+	if !slices.Equal(p.tokens, want) || !slices.Equal(p.finish.Tokens, want) {
+		t.Fatalf("tokens %v (result %v), the reference gives %v", p.tokens, p.finish.Tokens, want)
+	}
+	if p.acks != 1 || p.aborts != 0 {
+		t.Fatalf("%d acks, %d aborts; want 1 and 0", p.acks, p.aborts)
+	}
+	if c := p.src.Counts(); c != (SourceCounts{}) {
+		t.Fatalf("source still holds %+v after the ack", c)
+	}
+	// Nothing waits on a deadline: every page is free at once.
+	for _, pool := range []*kv.Pool{p.decode.Pool, p.prefill.Pool} {
+		if s := pool.Stats(); s.Free != pool.Config().Pages {
+			t.Fatalf("pool of run %x: %d of %d pages free", pool.Config().Incarnation, s.Free, pool.Config().Pages)
+		}
+	}
+}
+
+func TestHandoffFailsCleanly(t *testing.T) {
+	prompt := []int{gpu.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g'}
+	for _, tc := range []struct {
+		name  string
+		setup func(p *pair)
+		code  messages.ErrorCode
+	}{
+		{"corrupted frame", func(p *pair) { p.corruptFirstFrame = true }, messages.CodeIntegrity},
+		{"frames lost", func(p *pair) { p.dropFrames = true }, messages.CodeIntegrity},
+		{"send failed", func(p *pair) { p.sendFails = errors.New("connection reset") }, messages.CodeInternal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t, 16, 16)
+			tc.setup(p)
+			p.start(prompt, 4)
+			if p.finish == nil || p.finish.Cause == nil {
+				t.Fatalf("finish = %+v, want a failure", p.finish)
+			}
+			if got := p.finish.Result.Err.Code; got != tc.code {
+				t.Fatalf("code %s (%v), want %s", got, p.finish.Cause, tc.code)
+			}
+			if len(p.tokens) != 0 {
+				t.Fatalf("streamed %v before failing", p.tokens)
+			}
+			if busy := p.freeAfterDeadlines(); busy != 0 {
+				t.Fatalf("%d pages not free after every deadline", busy)
+			}
+		})
+	}
+}
+
+func TestHandoffRetriesAReservationUntilReserveWait(t *testing.T) {
+	p := newPair(t, 2, 16) // the prompt needs 2 pages and decoding 1 more
+	p.start([]int{gpu.BOS, 'a', 'b', 'c', 'd', 'e'}, 3)
+	if p.finish != nil || len(p.timers) != 2 {
+		t.Fatalf("finish %+v, timers %+v: want a retry armed", p.finish, p.timers)
+	}
+	for p.finish == nil {
+		tm := p.timers[len(p.timers)-1]
+		if _, ok := tm.Event.(RetryReserve); !ok {
+			t.Fatalf("last timer %+v, want a reservation retry", tm)
+		}
+		p.now = p.now.Add(tm.After)
+		p.step(p.req, tm.Event)
+	}
+	var busy *BusyError
+	if !errors.As(p.finish.Cause, &busy) || busy.Where != "decode pool" || busy.Have != 1 || busy.Limit != 0 {
+		t.Fatalf("cause %v, want busy: the decode pool has 0 of the 1 spare page needed", p.finish.Cause)
+	}
+}
+
+func TestSourceDropsDuplicatesAndForeignAcks(t *testing.T) {
+	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 1, SendsMax: 1,
+		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute})
+	now := time.Unix(0, 0)
+	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
+		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
+	key := JobKey{Sender: "d", ID: 3}
+	if eff := s.Step(PlanIn{Key: key, Plan: plan}, now); len(eff) != 0 {
+		t.Fatalf("first plan: %+v", eff)
+	}
+	if eff := s.Step(PlanIn{Key: key, Plan: plan}, now); len(eff) != 1 || eff[0].(Dropped).Why != "duplicate transfer plan" {
+		t.Fatalf("duplicate plan: %+v", eff)
+	}
+	other := JobKey{Sender: "d", ID: 4}
+	if eff := s.Step(PlanIn{Key: other, Plan: plan}, now); len(eff) != 1 {
+		t.Fatalf("plan past QueueMax: %+v", eff)
+	} else if _, busy := eff[0].(RefusePlan).Err.(*BusyError); !busy {
+		t.Fatalf("plan past QueueMax refused with %v", eff[0].(RefusePlan).Err)
+	}
+	// Another tenant's abort does not withdraw the plan; its own does, and
+	// the plan is then remembered as ended.
+	s.Step(AbortIn{Key: key, Tenant: "evil"}, now)
+	if s.Counts().Queued != 1 {
+		t.Fatalf("a foreign abort withdrew the plan: %+v", s.Counts())
+	}
+	s.Step(AbortIn{Key: key, Tenant: "acme"}, now)
+	if s.Counts().Queued != 0 {
+		t.Fatalf("the tenant's abort left %+v", s.Counts())
+	}
+	if eff := s.Step(PlanIn{Key: key, Plan: plan}, now); len(eff) != 1 || eff[0].(Dropped).Why != "duplicate transfer plan" {
+		t.Fatalf("plan after its abort: %+v", eff)
+	}
+}
+
+func TestAdmitNamesTheSmallestPool(t *testing.T) {
+	l := Limits{ContextTokens: 64, MaxTokensMax: 16, Geometry: tinyModel().Geometry(4)}
+	for _, tc := range []struct {
+		prompt, max, prefill, decode int
+		where                        string
+	}{
+		{prompt: 0, max: 1, prefill: 8, decode: 8, where: "bad"},
+		{prompt: 4, max: 17, prefill: 8, decode: 8, where: "bad"},
+		{prompt: 65, max: 1, prefill: 64, decode: 64, where: "context window"},
+		{prompt: 60, max: 8, prefill: 64, decode: 64, where: "context window (prompt + max_tokens)"},
+		{prompt: 33, max: 1, prefill: 8, decode: 64, where: "prefill pool"},
+		{prompt: 32, max: 5, prefill: 8, decode: 8, where: "decode pool"},
+		{prompt: 32, max: 1, prefill: 8, decode: 8, where: ""},
+	} {
+		err := Admit(l, tc.prompt, tc.max, tc.prefill, tc.decode)
+		var long *PromptTooLongError
+		var bad *BadRequestError
+		switch {
+		case tc.where == "" && err != nil, tc.where == "bad" && !errors.As(err, &bad):
+			t.Errorf("%+v: %v", tc, err)
+		case tc.where != "" && tc.where != "bad" && (!errors.As(err, &long) || long.Where != tc.where):
+			t.Errorf("%+v: %v, want too long for %s", tc, err, tc.where)
+		}
+	}
+}

@@ -1,0 +1,256 @@
+package handoff
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// Pages is one pool as the effects use it: the engine's checked calls and
+// the page lifecycle's. A *kv.Pool with a clock, or a client of page
+// actors.
+type Pages interface {
+	gpu.KV
+	// Reserve takes n pages for owner from sequence position first, all
+	// or nothing.
+	Reserve(owner kv.Owner, first, n int) ([]kv.Tag, error)
+	// WriteOwned is Write for data that nothing else will change (a
+	// received frame's payload): it may be kept without a copy.
+	WriteOwned(tag kv.Tag, owner kv.Owner, first int, data []byte) error
+	SealFrom(tag kv.Tag, owner kv.Owner, o kv.Origin) (uint64, error)
+	AwaitAck(tag kv.Tag, owner kv.Owner) error
+	Ack(tag kv.Tag, owner kv.Owner) error
+	Release(tag kv.Tag, owner kv.Owner) error
+}
+
+// ExecReserve carries out a Reserve: the prompt's pages, then the spare
+// ones, all or nothing.
+func ExecReserve(p Pages, e Reserve) Reserved {
+	dest, err := p.Reserve(e.Owner, 0, e.Prompt)
+	if err != nil || e.Spare == 0 {
+		return Reserved{Dest: dest, Err: err}
+	}
+	spare, err := p.Reserve(e.Owner, e.SpareFirst, e.Spare)
+	if err != nil {
+		ExecRelease(p, Release{Owner: e.Owner, Tags: dest}, nil)
+		return Reserved{Err: err}
+	}
+	return Reserved{Dest: dest, Spare: spare}
+}
+
+// ExecWrite carries out a Write as owner, stopping at the first refusal.
+func ExecWrite(p Pages, e Write) Written {
+	for i, f := range e.Frames {
+		if err := p.WriteOwned(f.Dest, f.Owner, f.FirstToken, f.Payload); err != nil {
+			return Written{N: i, Err: err}
+		}
+	}
+	return Written{N: len(e.Frames)}
+}
+
+// ExecSealVerify carries out a SealVerify as the manifest's owner.
+func ExecSealVerify(p Pages, e SealVerify) Verified {
+	m := e.Manifest
+	for i := range m.Pages {
+		sum, err := p.SealFrom(m.Pages[i].Tag, m.Owner, e.Origins[i])
+		if err != nil {
+			return Verified{Err: err}
+		}
+		m.Pages[i].Checksum = sum
+	}
+	return Verified{Err: m.Verify(p)}
+}
+
+// ExecRelease gives every page of e back; refused, if not nil, hears of
+// each page that refused. A page of another owner is a broken invariant:
+// see OwnsOrPanic.
+func ExecRelease(p Pages, e Release, refused func(kv.Tag, error)) {
+	for _, t := range e.Tags {
+		if err := p.Release(t, e.Owner); err != nil {
+			OwnsOrPanic(err, "release", t, e.Owner)
+			if refused != nil {
+				refused(t, err)
+			}
+		}
+	}
+}
+
+// ExecAck acknowledges every page of e; refused as for ExecRelease.
+func ExecAck(p Pages, e Ack, refused func(kv.Tag, error)) {
+	for _, t := range e.Tags {
+		if err := p.Ack(t, e.Owner); err != nil {
+			OwnsOrPanic(err, "ack", t, e.Owner)
+			if refused != nil {
+				refused(t, err)
+			}
+		}
+	}
+}
+
+// OwnsOrPanic is the check on a refused release or ack of a page the
+// caller reserved itself: a stale tag (the page was reclaimed) is expected,
+// but a page that belongs to another owner means two owners, a broken
+// invariant that must stop the node rather than be logged.
+func OwnsOrPanic(err error, op string, t kv.Tag, o kv.Owner) {
+	var tenant *kv.WrongTenantError
+	var owner *kv.WrongOwnerError
+	if errors.As(err, &tenant) || errors.As(err, &owner) {
+		panic(fmt.Sprintf("handoff: %s of page %s by %s, who reserved it, and it belongs to another owner: %v", op, t, o, err))
+	}
+}
+
+// Frames is a prefilled plan in hand: the frames to send and the leases
+// that keep their payloads (the pages' bytes) unchanged until they went.
+type Frames struct {
+	Frames []kv.Frame
+	Leases []kv.Lease
+}
+
+// Unlease gives the leases back and reports what refused.
+func (f *Frames) Unlease(p Pages) error {
+	var err error
+	for _, l := range f.Leases {
+		err = errors.Join(err, p.Unlease(l))
+	}
+	f.Leases = nil
+	return err
+}
+
+// ExecPrefill carries out a Prefill with engine over p: it reserves the
+// source pages, computes the prompt's KV into them, leases every page and
+// reads it into a frame addressed to the plan's destination tag, and marks
+// it as awaiting decode's ack. The frames and leases are returned even on
+// failure, for the caller to give back (Frames.Unlease).
+func ExecPrefill(engine gpu.Engine, p Pages, e Prefill) (Prefilled, Frames) {
+	out := Prefilled{Key: e.Key}
+	var fr Frames
+	prompt := make([]int, len(e.Plan.PromptTokens))
+	for i, t := range e.Plan.PromptTokens {
+		prompt[i] = int(t)
+	}
+	tags, err := p.Reserve(e.Local, 0, p.Geometry().PagesFor(len(prompt)))
+	if err != nil {
+		out.Err = err
+		return out, fr
+	}
+	out.Sources = tags
+	pre, err := engine.Prefill(p, e.Local, tags, prompt)
+	if err != nil {
+		out.Err = err
+		return out, fr
+	}
+	m := pre.Manifest
+	if len(e.Plan.DestTags) != len(m.Pages) {
+		out.Err = fmt.Errorf("handoff: plan has %d destination pages for %d prompt pages", len(e.Plan.DestTags), len(m.Pages))
+		return out, fr
+	}
+	out.First = pre.First
+	pos := 0
+	for i, mp := range m.Pages {
+		l, err := p.Lease(mp.Tag, e.Local)
+		if err != nil {
+			out.Err = err
+			return out, fr
+		}
+		fr.Leases = append(fr.Leases, l)
+		payload, _, err := p.Read(l)
+		if err != nil {
+			out.Err = err
+			return out, fr
+		}
+		fr.Frames = append(fr.Frames, kv.Frame{Owner: e.Owner, Source: mp.Tag, Dest: e.Plan.DestTags[i],
+			FirstToken: pos, Tokens: mp.Tokens, Payload: payload})
+		out.Sums = append(out.Sums, mp.Checksum)
+		pos += mp.Tokens
+		if err := p.AwaitAck(mp.Tag, e.Local); err != nil {
+			out.Err = err
+			return out, fr
+		}
+		out.Marked++
+	}
+	return out, fr
+}
+
+// FirstTokenError: the first token prefill sent is not the one decode
+// recomputes from the KV it received and the prompt's last token (Err says
+// why the recomputation failed, if it did: the KV's last row is not the
+// one that token gives).
+type FirstTokenError struct {
+	Prefill, Decode int
+	Err             error
+}
+
+func (e *FirstTokenError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("handoff: first token %d from prefill not confirmed by the KV received: %v", e.Prefill, e.Err)
+	}
+	return fmt.Sprintf("handoff: first token %d from prefill, the KV received gives %d", e.Prefill, e.Decode)
+}
+
+func (e *FirstTokenError) Unwrap() error { return e.Err }
+
+// Wire is what a client is told of e.
+func (e *FirstTokenError) Wire() *messages.WireError {
+	return &messages.WireError{Code: messages.CodeIntegrity, Message: e.Error()}
+}
+
+// Sequence is one decode job running on a worker.
+type Sequence struct {
+	job       StartDecode
+	seq       gpu.Sequence
+	generated int
+	eos       int
+}
+
+// Owner is the job's owner.
+func (s *Sequence) Owner() kv.Owner { return s.job.Manifest.Owner }
+
+// Begin starts a decode job over p: it verifies and leases the manifest's
+// pages and recomputes prefill's first token from the prompt's last token
+// and the KV received, refusing (*FirstTokenError) one the KV does not
+// give; on an error the job has streamed nothing and holds no lease. The
+// job's first token is then e.Next, and the sequence steps the rest
+// unless Ended.
+func Begin(engine gpu.Engine, p gpu.KV, e StartDecode, eos int) (*Sequence, error) {
+	seq, err := engine.Decode(p, e.Manifest, e.Next)
+	if err != nil {
+		return nil, err
+	}
+	if tok, err := seq.First(p, e.Last); err != nil || tok != e.Next {
+		return nil, errors.Join(&FirstTokenError{Prefill: e.Next, Decode: tok, Err: err}, seq.Close(p))
+	}
+	return &Sequence{job: e, seq: seq, eos: eos}, nil
+}
+
+// Ended says the first token ended the job: it was EOS, or the job asked
+// for no more.
+func (s *Sequence) Ended() bool { return s.job.Next == s.eos || s.job.MaxNew == 0 }
+
+// Step generates the next token, granting the sequence a spare page when
+// it needs one; done says the job has every token (or met EOS, or failed).
+func (s *Sequence) Step(p gpu.KV) (tok int, done bool, err error) {
+	if s.generated >= s.job.MaxNew {
+		return 0, true, nil
+	}
+	if first, need := s.seq.NeedsPage(); need {
+		if len(s.job.Spare) == 0 {
+			return 0, true, fmt.Errorf("handoff: sequence needs a page at position %d and none is reserved", first)
+		}
+		if err := s.seq.GrantPage(s.job.Spare[0]); err != nil {
+			return 0, true, err
+		}
+		s.job.Spare = s.job.Spare[1:]
+	}
+	tok, err = s.seq.Step(p)
+	if err != nil {
+		return 0, true, err
+	}
+	s.generated++
+	return tok, tok == s.eos || s.generated >= s.job.MaxNew, nil
+}
+
+// Close gives back every lease of the sequence.
+func (s *Sequence) Close(p gpu.KV) error { return s.seq.Close(p) }

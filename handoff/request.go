@@ -1,0 +1,432 @@
+package handoff
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// RequestConfig is what every request of a decode node shares.
+type RequestConfig struct {
+	// Geometry is the decode pool's.
+	Geometry kv.Geometry
+	// Incarnation is this decode node's run; DataPlane its KV data plane,
+	// named in plans to prefill peers of other runs.
+	Incarnation uint64
+	DataPlane   string
+	// RequestTimeout bounds the whole request, PrefillTimeout one
+	// transfer attempt; an exhausted decode pool is retried every
+	// ReserveRetry until ReserveWait.
+	RequestTimeout, PrefillTimeout, ReserveWait, ReserveRetry time.Duration
+	// RetriesMax bounds how many other prefill peers a request tries after
+	// the first failed before any token was streamed.
+	RetriesMax int
+	// EOS is the model's end-of-sequence token.
+	EOS int
+}
+
+// RetriesMax is the number of retries a node's requests make: at most
+// 1 + RetriesMax transfer attempts in all.
+const RetriesMax = 2
+
+type phase uint8
+
+const (
+	phaseNew       phase = iota
+	phaseReserving       // waiting for decode pages
+	phasePrefill         // prefill computing and streaming frames
+	phaseDecoding        // decode generating
+	phaseDone
+)
+
+// RequestCounts are a request's own tallies, for the node's counters.
+type RequestCounts struct {
+	// Ignored: late messages (of an abandoned attempt, or after the end).
+	Ignored uint64
+	// FramesAccepted and FramesRefused count frames of the current attempt.
+	FramesAccepted, FramesRefused uint64
+}
+
+// Request is one request's life on its decode node: it reserves the decode
+// pages, plans the transfer, accepts frames only into its own pages,
+// seals and verifies them, hands the verified manifest to decode, streams
+// tokens to the client and, however the request ends, releases every page
+// it holds. A transfer that fails before any token streamed is retried with
+// another prefill peer under a new attempt id (its pages released first,
+// so that anything late of the old attempt presents a stale tag).
+type Request struct {
+	cfg    RequestConfig
+	owner  kv.Owner // of the current attempt
+	client uint64   // the client's request id
+	prompt []int
+	maxNew int // tokens to generate, the first (from prefill) included
+	peer   Peer
+	tried  map[uint64]bool
+	cause  error // of the failed attempt while a Pick is out
+
+	phase    phase
+	dest     []kv.Tag // prompt pages in decode's pool
+	sources  []kv.Tag // the prefill page each dest page was filled from
+	spare    []kv.Tag // pages for generated KV
+	manifest *kv.Manifest
+	pending  []kv.Frame // frames of the Write in hand
+	written  int        // prompt tokens accepted into dest pages
+	frames   int        // frames accepted
+	first    int        // prefill's first token
+	tokens   []int
+	seq      uint32
+	counts   RequestCounts
+
+	started, planSent, firstFrame, transferEnd, firstToken, secondToken time.Time
+}
+
+// NewRequest is a request of client id client, admitted as owner (its
+// first attempt), for prompt and maxNew tokens, planned with peer.
+func NewRequest(cfg RequestConfig, owner kv.Owner, client uint64, prompt []int, maxNew int, peer Peer) *Request {
+	return &Request{cfg: cfg, owner: owner, client: client, prompt: prompt, maxNew: maxNew, peer: peer,
+		tried: map[uint64]bool{}}
+}
+
+// Owner is the owner of the current attempt's pages.
+func (r *Request) Owner() kv.Owner { return r.owner }
+
+// Peer is the prefill peer of the current attempt.
+func (r *Request) Peer() Peer { return r.peer }
+
+// Done reports whether the request has answered its client.
+func (r *Request) Done() bool { return r.phase == phaseDone }
+
+// Counts are the request's tallies so far.
+func (r *Request) Counts() RequestCounts { return r.counts }
+
+// Step takes one event at now and returns what to do.
+func (r *Request) Step(ev Event, now time.Time) []Effect {
+	if r.phase == phaseDone {
+		r.counts.Ignored++ // late messages after the answer went out
+		return nil
+	}
+	switch e := ev.(type) {
+	case Start:
+		if r.phase != phaseNew {
+			return nil
+		}
+		r.started = now
+		return append([]Effect{Timer{After: r.cfg.RequestTimeout, Event: RequestDeadline{}}}, r.reserve())
+	case RetryReserve:
+		if r.phase == phaseReserving {
+			return []Effect{r.reserve()}
+		}
+	case Reserved:
+		return r.reserved(e, now)
+	case FramesIn:
+		return r.framesIn(e.Frames, now)
+	case Written:
+		return r.writtenOut(e)
+	case TransferIn:
+		return r.transferIn(e, now)
+	case Verified:
+		return r.verified(e)
+	case PeerLost:
+		if e.Incarnation == r.peer.Incarnation && r.phase == phasePrefill {
+			return r.prefillFailed(&messages.WireError{Code: messages.CodeNodeLost,
+				Message: fmt.Sprintf("prefill node %x left", e.Incarnation)})
+		}
+	case PrefillDeadline:
+		if e.Attempt == r.owner.Request && r.phase == phasePrefill {
+			return r.prefillFailed(&messages.WireError{Code: messages.CodeNodeLost,
+				Message: fmt.Sprintf("no transfer from prefill node %x within %s", r.peer.Incarnation, r.cfg.PrefillTimeout)})
+		}
+	case Picked:
+		return r.picked(e)
+	case TokenIn:
+		if r.phase == phaseDecoding {
+			return r.token(e.Token, now)
+		}
+	case DecodeEnded:
+		if r.phase == phaseDecoding {
+			return r.finish(e.Err)
+		}
+	case Cancel:
+		return r.finish(ErrCancelled)
+	case RequestDeadline:
+		return r.finish(ErrDeadline)
+	case Failed:
+		return r.finish(e.Err)
+	}
+	return nil
+}
+
+// reserve asks for the prompt's pages and those of the generated tokens.
+func (r *Request) reserve() Effect {
+	r.phase = phaseReserving
+	g := r.cfg.Geometry
+	return Reserve{Owner: r.owner, Prompt: g.PagesFor(len(r.prompt)), SpareFirst: len(r.prompt), Spare: g.PagesFor(r.maxNew - 1)}
+}
+
+// reserved plans the transfer on the pages reserved, retries an exhausted
+// pool until ReserveWait, then answers "busy".
+func (r *Request) reserved(e Reserved, now time.Time) []Effect {
+	if r.phase != phaseReserving {
+		return nil
+	}
+	if e.Err != nil {
+		ex, short := e.Err.(*kv.PoolExhaustedError)
+		switch {
+		case short && now.Sub(r.started) < r.cfg.ReserveWait:
+			return []Effect{Timer{After: r.cfg.ReserveRetry, Event: RetryReserve{}}}
+		case short:
+			return r.finish(&BusyError{Where: "decode pool", Have: ex.Need, Limit: ex.Free})
+		}
+		return r.finish(e.Err)
+	}
+	r.dest, r.spare = e.Dest, e.Spare
+	g := r.cfg.Geometry
+	m, err := kv.NewManifest(r.owner, len(r.prompt), g.PageTokens, r.dest)
+	if err != nil {
+		return r.finish(err)
+	}
+	r.manifest = m
+	r.sources = make([]kv.Tag, len(r.dest))
+	r.phase = phasePrefill
+	plan := &messages.TransferPlan{RequestID: r.owner.Request, Tenant: r.owner.Tenant, TokenCount: uint32(len(r.prompt)),
+		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest}
+	if r.peer.Incarnation != r.cfg.Incarnation {
+		plan.DataPlane = r.cfg.DataPlane
+	}
+	for i, t := range r.prompt {
+		plan.PromptTokens[i] = uint32(t)
+	}
+	r.planSent, r.firstFrame = now, time.Time{}
+	return []Effect{SendPlan{To: r.peer, Plan: plan},
+		Timer{After: r.cfg.PrefillTimeout, Event: PrefillDeadline{Attempt: r.owner.Request}}}
+}
+
+// framesIn checks frames and asks for them to be written. Frames of an
+// attempt abandoned for a retry carry its own request id: they are late,
+// not wrong, and are dropped and counted rather than failing the request.
+// Every other frame must be the request's own, from a page of the planned
+// prefill node's run, one source page per destination page; the page
+// checks its tag, owner, tenant and token range when it is written.
+// Anything refused fails the request: nothing is generated from pages that
+// did not fill cleanly.
+func (r *Request) framesIn(frames []kv.Frame, now time.Time) []Effect {
+	keep := frames[:0:0]
+	for _, f := range frames {
+		if f.Owner.Request == r.owner.Request || f.Owner.Tenant != r.owner.Tenant {
+			keep = append(keep, f) // a foreign tenant's frame is not late: it is refused below
+			continue
+		}
+		r.counts.Ignored++
+	}
+	if r.phase != phasePrefill {
+		r.counts.Ignored += uint64(len(keep)) // a duplicate after the transfer ended
+		return nil
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	if r.firstFrame.IsZero() {
+		r.firstFrame = now
+	}
+	for i := range keep {
+		f := &keep[i]
+		page := f.FirstToken / r.cfg.Geometry.PageTokens
+		var err error
+		switch {
+		case f.Owner != r.owner:
+			err = &kv.WrongOwnerError{Page: f.Dest, Owner: r.owner.Request, Have: f.Owner.Request}
+		case f.Source.Incarnation != r.peer.Incarnation:
+			err = r.stranger("frames", fmt.Sprintf("a page of incarnation %x", f.Source.Incarnation))
+		case page < 0 || page >= len(r.sources):
+			err = &kv.ManifestError{Field: "page", Page: page, Want: len(r.sources) - 1, Have: page}
+		case r.sources[page] != (kv.Tag{}) && r.sources[page] != f.Source:
+			err = &kv.ManifestError{Field: "source pages", Page: page, Want: 1, Have: 2}
+		}
+		if err != nil {
+			r.counts.FramesRefused += uint64(len(keep))
+			return r.finish(err)
+		}
+		r.sources[page] = f.Source
+	}
+	r.pending = keep
+	return []Effect{Write{Frames: keep}}
+}
+
+// writtenOut counts the frames written and fails the request on a refused
+// one.
+func (r *Request) writtenOut(e Written) []Effect {
+	for _, f := range r.pending[:e.N] {
+		r.frames++
+		r.written += f.Tokens
+	}
+	r.counts.FramesAccepted += uint64(e.N)
+	if e.Err != nil {
+		r.counts.FramesRefused += uint64(len(r.pending) - e.N)
+		r.pending = nil
+		return r.finish(e.Err)
+	}
+	r.pending = nil
+	return nil
+}
+
+// stranger describes frames or a report of the current attempt from
+// someone else than its prefill peer.
+func (r *Request) stranger(what, from string) *StrangerError {
+	return &StrangerError{What: what, From: from,
+		Planned: fmt.Sprintf("%s (incarnation %x)", r.peer.Address, r.peer.Incarnation)}
+}
+
+// transferIn takes prefill's report: a failure retries or ends the
+// request; success has every page sealed, each only if its bytes are those
+// prefill sealed, and the manifest verified before decode may read a byte.
+func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
+	m := e.Done
+	switch {
+	case m.RequestID != r.owner.Request || r.phase != phasePrefill:
+		r.counts.Ignored++ // an abandoned attempt's, or a duplicate
+		return nil
+	case !e.FromPrefill:
+		return []Effect{Refuse{Err: r.stranger("transfer done", e.From)}} // without effect: see FramesIn
+	case m.Err != nil:
+		return r.prefillFailed(m.Err)
+	}
+	r.transferEnd = now
+	if r.frames != int(m.Frames) || r.written != len(r.prompt) {
+		return r.finish(&kv.ManifestError{Field: "tokens transferred", Page: -1, Want: len(r.prompt), Have: r.written})
+	}
+	if len(m.Sums) != len(r.manifest.Pages) {
+		return r.finish(&kv.ManifestError{Field: "source checksums", Page: -1, Want: len(r.manifest.Pages), Have: len(m.Sums)})
+	}
+	origins := make([]kv.Origin, len(r.manifest.Pages))
+	for i := range origins {
+		origins[i] = kv.Origin{Tag: r.sources[i], Owner: m.SourceOwner(), Checksum: m.Sums[i]}
+	}
+	r.first = int(m.First)
+	return []Effect{SealVerify{Manifest: r.manifest, Origins: origins}}
+}
+
+// verified acknowledges a verified transfer, upon which prefill may let
+// its pages go, and has decode start from prefill's first token, which
+// the decode worker checks first: the client never sees a token the KV
+// does not give.
+func (r *Request) verified(e Verified) []Effect {
+	if r.phase != phasePrefill {
+		return nil
+	}
+	if e.Err != nil {
+		return r.finish(e.Err)
+	}
+	r.phase = phaseDecoding
+	return []Effect{
+		SendAck{To: r.peer, Ack: &messages.TransferAck{RequestID: r.owner.Request, Tenant: r.owner.Tenant,
+			TokenCount: uint32(len(r.prompt)), Pages: uint32(len(r.dest))}},
+		StartDecode{Manifest: r.manifest, Next: r.first, Last: r.prompt[len(r.prompt)-1], MaxNew: r.maxNew - 1, Spare: r.spare},
+	}
+}
+
+// prefillFailed asks for another prefill peer while tries are left: no
+// token has been streamed yet, so the client cannot tell.
+func (r *Request) prefillFailed(cause error) []Effect {
+	r.tried[r.peer.Incarnation] = true
+	if len(r.tried) > r.cfg.RetriesMax {
+		return r.finish(cause)
+	}
+	r.cause = cause
+	exclude := make(map[uint64]bool, len(r.tried))
+	for inc := range r.tried {
+		exclude[inc] = true
+	}
+	return []Effect{Pick{Exclude: exclude}}
+}
+
+// picked moves the request to a new attempt with the peer picked: the old
+// attempt is aborted and its pages released first, so that whatever it
+// still sends names the old request id or presents a stale tag.
+func (r *Request) picked(e Picked) []Effect {
+	if r.phase != phasePrefill || r.cause == nil {
+		return nil
+	}
+	cause := r.cause
+	r.cause = nil
+	if !e.OK {
+		return r.finish(cause)
+	}
+	out := []Effect{r.abort(cause), Release{Owner: r.owner, Tags: r.dest}, Release{Owner: r.owner, Tags: r.spare},
+		Retry{Old: r.owner.Request, New: e.Attempt, From: r.peer, To: e.Peer, Cause: cause}}
+	r.dest, r.sources, r.spare, r.manifest, r.frames, r.written = nil, nil, nil, nil, 0, 0
+	r.owner.Request = e.Attempt
+	r.peer = e.Peer
+	return append(out, r.reserve())
+}
+
+func (r *Request) abort(cause error) Effect {
+	return SendAbort{To: r.peer, Abort: &messages.TransferAbort{RequestID: r.owner.Request, Tenant: r.owner.Tenant,
+		Reason: *Wire(cause)}}
+}
+
+// token streams one generated token; the request ends at EOS or at its
+// token budget.
+func (r *Request) token(tok int, now time.Time) []Effect {
+	r.tokens = append(r.tokens, tok)
+	switch len(r.tokens) {
+	case 1:
+		r.firstToken = now
+	case 2:
+		r.secondToken = now
+	}
+	r.seq++
+	out := []Effect{Emit{Chunk: &messages.TokenChunk{RequestID: r.client, Seq: r.seq, Tokens: []uint32{uint32(tok)}}}}
+	if tok == r.cfg.EOS || len(r.tokens) >= r.maxNew {
+		out = append(out, r.finish(nil)...)
+	}
+	return out
+}
+
+// finish answers the client, withdraws the request from both workers when
+// it ends early, and releases every page it holds. A page a worker still
+// leases is freed when the lease comes back (or at the reclaim deadline).
+func (r *Request) finish(cause error) []Effect {
+	if r.phase == phaseDone {
+		return nil
+	}
+	decoding := r.phase == phaseDecoding
+	var out []Effect
+	if cause != nil {
+		if r.phase == phasePrefill || decoding {
+			out = append(out, r.abort(cause))
+		}
+		if decoding {
+			out = append(out, CancelDecode{Owner: r.owner})
+		}
+	} else if decoding && (len(r.tokens) == 0 || len(r.tokens) < r.maxNew && r.tokens[len(r.tokens)-1] != r.cfg.EOS) {
+		cause = fmt.Errorf("handoff: decode ended after %d of %d tokens", len(r.tokens), r.maxNew)
+	}
+	r.phase = phaseDone
+	out = append(out, Release{Owner: r.owner, Tags: r.dest}, Release{Owner: r.owner, Tags: r.spare})
+	res := &messages.GenerateResult{RequestID: r.client}
+	fin := Finish{Result: res, Cause: cause}
+	switch {
+	case cause != nil:
+		res.FinishReason, res.Err = messages.FinishError, Wire(cause)
+	case r.tokens[len(r.tokens)-1] == r.cfg.EOS:
+		res.FinishReason = messages.FinishStop
+	default:
+		res.FinishReason = messages.FinishLength
+	}
+	if cause == nil {
+		res.Tokens = make([]uint32, len(r.tokens))
+		for i, t := range r.tokens {
+			res.Tokens[i] = uint32(t)
+		}
+		fin.Tokens = r.tokens
+		p := Phases{Queue: r.planSent.Sub(r.started), Prefill: r.firstFrame.Sub(r.planSent),
+			Transfer: r.transferEnd.Sub(r.firstFrame), Verify: r.firstToken.Sub(r.transferEnd)}
+		if !r.secondToken.IsZero() {
+			p.FirstDecode = r.secondToken.Sub(r.firstToken)
+		}
+		fin.Phases = &p
+	}
+	return append(out, fin)
+}
