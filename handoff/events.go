@@ -83,7 +83,7 @@ type (
 	// position SpareFirst, all or nothing (ExecReserve); answered by
 	// Reserved.
 	Reserve struct {
-		Owner                    kv.Owner
+		Owner                     kv.Owner
 		Prompt, SpareFirst, Spare int
 	}
 	// Release gives the pages back.
