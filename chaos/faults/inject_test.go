@@ -24,8 +24,8 @@ func transfer(req uint64, tenant string, pages int) []kv.Frame {
 	for i := range frames {
 		payload := bytes.Repeat([]byte{byte(req), byte(i)}, geometry.PageTokens*bpt/2)
 		frames[i] = kv.Frame{Owner: kv.Owner{Request: req, Tenant: tenant},
-			Source: kv.Tag{Incarnation: 1, Index: uint32(i), Generation: req},
-			Dest:   kv.Tag{Incarnation: 2, Index: uint32(100*req) + uint32(i), Generation: 1},
+			Source:     kv.Tag{Incarnation: 1, Index: uint32(i), Generation: req},
+			Dest:       kv.Tag{Incarnation: 2, Index: uint32(100*req) + uint32(i), Generation: 1},
 			FirstToken: i * geometry.PageTokens, Tokens: geometry.PageTokens, Payload: payload}
 	}
 	return frames
