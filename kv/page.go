@@ -7,6 +7,7 @@ import (
 
 // pageParams are the parameters every page of one pool shares.
 type pageParams struct {
+	cross        crossCounters // the pages' cross reads (see CrossRows); empty in a production build
 	incarnation  uint64
 	bpt          int // bytes per token
 	pageTokens   int
@@ -26,6 +27,7 @@ type Page struct {
 	params   *pageParams
 	index    uint32
 	bytes    []byte
+	rows     rowWriters // who wrote each row (see CrossRows); empty in a production build
 	gen      uint64
 	state    State
 	owner    Owner
@@ -120,6 +122,7 @@ func (pg *Page) Write(tag Tag, owner Owner, first int, data []byte) error {
 		return rangeErr
 	}
 	copy(pg.bytes[pg.filled*bpt:], data)
+	pg.rows.wrote(pg.filled, count, pt, owner)
 	pg.filled += count
 	pg.state = Filling
 	return nil
@@ -206,7 +209,9 @@ func (pg *Page) Read(l Lease) ([]byte, int, error) {
 	if pg.readers == 0 {
 		return nil, 0, &StateError{Page: l.Tag, Op: "read without lease", State: pg.state}
 	}
-	return pg.bytes[:pg.filled*pg.params.bpt], pg.filled, nil
+	b := pg.bytes[:pg.filled*pg.params.bpt]
+	pg.rows.read(pg.params, l.Owner, pg.bytes, b)
+	return b, pg.filled, nil
 }
 
 // Unlease gives a lease back. The last unlease of a released page whose
@@ -328,14 +333,15 @@ func (pg *Page) Verify(i, first int, mp ManifestPage, owner Owner) error {
 }
 
 // free ends the tenancy: the generation moves on, so every tag of the
-// tenancy is stale. The bytes are left as they are; no reader can reach
-// them, since a read returns only rows its own tenancy wrote.
+// tenancy is stale. The bytes are left as they are, and so is the record
+// of who wrote them; no reader can reach them, since a read returns only
+// rows its own tenancy wrote.
 func (pg *Page) free() bool {
 	next := pg.gen + 1
 	if next <= pg.gen {
 		panic(fmt.Sprintf("kv: generation of page %d would go from %d to %d", pg.index, pg.gen, next))
 	}
-	*pg = Page{params: pg.params, index: pg.index, bytes: pg.bytes, gen: next}
+	*pg = Page{params: pg.params, index: pg.index, bytes: pg.bytes, rows: pg.rows, gen: next}
 	return true
 }
 

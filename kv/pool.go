@@ -95,6 +95,10 @@ type Stats struct {
 	Reclaimed Reclaims
 	// Refused counts accesses refused, by reason.
 	Refused Refusals
+	// Cross counts rows that reads returned although another owner wrote
+	// them: zero in a correct pool, and counted only in a chaos build
+	// (see CrossRows).
+	Cross CrossRows
 }
 
 // Reclaims counts reclaimed pages by the State they were reclaimed in;
@@ -187,7 +191,11 @@ func (p *Pool) Config() Config { return p.cfg }
 func (p *Pool) Geometry() Geometry { return p.cfg.Geometry }
 
 // Stats returns the counters as of now.
-func (p *Pool) Stats() Stats { return p.stats }
+func (p *Pool) Stats() Stats {
+	s := p.stats
+	s.Cross = CrossRowsOf(p.pages)
+	return s
+}
 
 // Reserve gives owner n free pages, all or nothing, at now, and returns
 // their tags in order. Page i will hold the request's tokens from sequence
