@@ -5,6 +5,8 @@ import (
 	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvwarden/kvwarden/chaos/faults"
 )
 
 // The cluster: a router sends each client request to a decode node as a
@@ -198,10 +200,23 @@ type NodeStatus struct {
 	// Refused counts what the node refused from outside, by kind: the
 	// kinds of trust.Refusal in its order, at most RefusalKindsMax.
 	Refused []uint64 `msgpack:"refused,omitempty"`
+	// Chaos: the node is a chaos build (go build -tags chaos): it has
+	// fault points, and its pools count cross reads
+	// (PoolStatus.CrossTenantRows).
+	Chaos bool `msgpack:"chaos,omitempty"`
+	// Faults is the fault spec the node injects (node run --faults), a
+	// valid faults.Spec of at most FaultSpecBytesMax bytes; "" when it
+	// injects none. Only a chaos build injects any.
+	Faults string `msgpack:"faults,omitempty"`
+	// FaultCounts counts the faults the node injected, by kind: the kinds
+	// of faults.Kind in its order, at most FaultKindsMax; none without
+	// Faults.
+	FaultCounts []uint64 `msgpack:"fault_counts,omitempty"`
 }
 
 var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "draining", "in_flight",
-	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools", "insecure", "identity", "refused"}
+	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools", "insecure", "identity", "refused",
+	"chaos", "faults", "fault_counts"}
 
 func (s *NodeStatus) validate(t TypeCode, field string) error {
 	if err := checkName(t, field+".name", s.Name, NodeNameBytesMax); err != nil {
@@ -225,10 +240,34 @@ func (s *NodeStatus) validate(t TypeCode, field string) error {
 	if err := checkLen(t, field+".refused", len(s.Refused), RefusalKindsMax); err != nil {
 		return err
 	}
+	if err := s.validateFaults(t, field); err != nil {
+		return err
+	}
 	for i := range s.Pools {
 		if err := s.Pools[i].validate(t, fmt.Sprintf("%s.pools[%d]", field, i)); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// validateFaults wants a valid spec, only from a chaos build, and counts
+// only with a spec.
+func (s *NodeStatus) validateFaults(t TypeCode, field string) error {
+	if err := checkLen(t, field+".fault_counts", len(s.FaultCounts), FaultKindsMax); err != nil {
+		return err
+	}
+	if s.Faults == "" {
+		if len(s.FaultCounts) > 0 {
+			return &InvalidFieldError{t, field + ".fault_counts", fmt.Sprintf("%d counts", len(s.FaultCounts)), "none without faults"}
+		}
+		return nil
+	}
+	if !s.Chaos {
+		return &InvalidFieldError{t, field + ".faults", fmt.Sprintf("%q", truncate(s.Faults, 64)), "none from a node that is no chaos build"}
+	}
+	if _, err := faults.Parse(s.Faults); err != nil {
+		return &InvalidFieldError{t, field + ".faults", fmt.Sprintf("%q", truncate(s.Faults, 64)), "a fault spec: " + err.Error()}
 	}
 	return nil
 }
@@ -268,10 +307,14 @@ func (s *NodeStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readBool(d, t, field+".insecure", &s.Insecure)
 		case 14:
 			return readString(d, t, field+".identity", IdentityBytesMax, &s.Identity)
+		case 15:
+			return readCounts(d, t, field+".refused", RefusalKindsMax, &s.Refused)
+		case 16:
+			return readBool(d, t, field+".chaos", &s.Chaos)
+		case 17:
+			return readString(d, t, field+".faults", FaultSpecBytesMax, &s.Faults)
 		default:
-			return readSlice(d, t, field+".refused", RefusalKindsMax, &s.Refused, func(v *uint64) error {
-				return readU64(d, t, field+".refused", v)
-			})
+			return readCounts(d, t, field+".fault_counts", FaultKindsMax, &s.FaultCounts)
 		}
 	})
 }
@@ -283,9 +326,15 @@ type PoolStatus struct {
 	Capacity uint32 `msgpack:"capacity"`
 	// Free is at most Capacity.
 	Free uint32 `msgpack:"free"`
+	// CrossTenantRows and CrossRequestRows count rows the pool's reads
+	// returned although another tenant, or another request of the same
+	// tenant, wrote them (kv.CrossRows): zero in a correct node, and
+	// counted only by a chaos build (NodeStatus.Chaos).
+	CrossTenantRows  uint64 `msgpack:"cross_tenant_rows,omitempty"`
+	CrossRequestRows uint64 `msgpack:"cross_request_rows,omitempty"`
 }
 
-var poolStatusKeys = []string{"name", "capacity", "free"}
+var poolStatusKeys = []string{"name", "capacity", "free", "cross_tenant_rows", "cross_request_rows"}
 
 func (s *PoolStatus) validate(t TypeCode, field string) error {
 	if err := checkName(t, field+".name", s.Name, PoolNameBytesMax); err != nil {
@@ -304,8 +353,12 @@ func (s *PoolStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readString(d, t, field+".name", PoolNameBytesMax, &s.Name)
 		case 1:
 			return readU32(d, t, field+".capacity", &s.Capacity)
-		default:
+		case 2:
 			return readU32(d, t, field+".free", &s.Free)
+		case 3:
+			return readU64(d, t, field+".cross_tenant_rows", &s.CrossTenantRows)
+		default:
+			return readU64(d, t, field+".cross_request_rows", &s.CrossRequestRows)
 		}
 	})
 }

@@ -233,6 +233,13 @@ func readSlice[E any](d *msgpack.Decoder, t TypeCode, field string, limit int, d
 	return nil
 }
 
+// readCounts reads an array of at most limit counters.
+func readCounts(d *msgpack.Decoder, t TypeCode, field string, limit int, dst *[]uint64) error {
+	return readSlice(d, t, field, limit, dst, func(v *uint64) error {
+		return readU64(d, t, field, v)
+	})
+}
+
 func readTokens(d *msgpack.Decoder, t TypeCode, field string, limit int, dst *[]uint32) error {
 	return readSlice(d, t, field, limit, dst, func(tok *uint32) error {
 		return readU32(d, t, field, tok)

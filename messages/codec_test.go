@@ -36,8 +36,10 @@ func samples() []Message {
 		&StatusReply{
 			Node: NodeStatus{Name: "decode-1", Role: RoleDecode, Incarnation: 1 << 33, Address: "10.0.0.1:8090", DataPlane: "10.0.0.1:7070", Draining: true,
 				InFlight: 3, Admitted: 100, Completed: 90, Failed: 4, RejectedTooLong: 2, RejectedBusy: math.MaxUint64,
-				Pools:    []PoolStatus{{Name: "gpu0", Capacity: 4096, Free: 4000}, {Name: "host", Capacity: math.MaxUint32, Free: math.MaxUint32}},
-				Identity: "kvwarden://prod/decode/decode-1", Refused: []uint64{0, 3, math.MaxUint64}},
+				Pools: []PoolStatus{{Name: "gpu0", Capacity: 4096, Free: 4000, CrossTenantRows: 3, CrossRequestRows: math.MaxUint64},
+					{Name: "host", Capacity: math.MaxUint32, Free: math.MaxUint32}},
+				Identity: "kvwarden://prod/decode/decode-1", Refused: []uint64{0, 3, math.MaxUint64},
+				Chaos: true, Faults: "seed=7,frame-drop=0.02,ack-drop=1", FaultCounts: []uint64{4, 0, 0, 0, 0, math.MaxUint64}},
 			Members: []MemberStatus{
 				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true, Verified: true},
 				{Name: "router", Role: RoleRouter, Incarnation: 1, Address: "[fe80::1]:8090", State: MemberSuspect},
@@ -46,6 +48,9 @@ func samples() []Message {
 		&DrainRequest{Wait: true},
 		&DrainReply{InFlight: 3},
 		&DrainReply{Done: true},
+		&PressureRequest{Pages: 64, DurationMs: 1500},
+		&PressureReply{Held: []PoolHeld{{Name: "decode-0/pool", Pages: 64}, {Name: "decode-1/pool", Pages: 0}}},
+		&PressureReply{Err: &WireError{Code: CodeBadRequest, Message: "no fault points"}},
 	}
 }
 
@@ -152,6 +157,9 @@ func TestKeysMatchTags(t *testing.T) {
 		{MemberStatus{}, memberStatusKeys},
 		{DrainRequest{}, drainRequestKeys},
 		{DrainReply{}, drainReplyKeys},
+		{PressureRequest{}, pressureRequestKeys},
+		{PressureReply{}, pressureReplyKeys},
+		{PoolHeld{}, poolHeldKeys},
 		{WireError{}, wireErrorKeys},
 		{kv.Tag{}, tagKeys},
 	}
@@ -193,8 +201,11 @@ func TestWorstCaseFits(t *testing.T) {
 	addr := strings.Repeat("h", AddrBytesMax-len(":65535")) + ":65535"
 	name := strings.Repeat("n", NodeNameBytesMax)
 	pools := make([]PoolStatus, PoolsMax)
+	held := make([]PoolHeld, PoolsMax)
 	for i := range pools {
-		pools[i] = PoolStatus{Name: strings.Repeat("p", PoolNameBytesMax), Capacity: math.MaxUint32, Free: math.MaxUint32}
+		pools[i] = PoolStatus{Name: strings.Repeat("p", PoolNameBytesMax), Capacity: math.MaxUint32, Free: math.MaxUint32,
+			CrossTenantRows: math.MaxUint64, CrossRequestRows: math.MaxUint64}
+		held[i] = PoolHeld{Name: pools[i].Name, Pages: math.MaxUint32}
 	}
 	members := make([]MemberStatus, MembersMax)
 	for i := range members {
@@ -221,11 +232,17 @@ func TestWorstCaseFits(t *testing.T) {
 			Node: NodeStatus{Name: name, Role: RolePrefill, Incarnation: math.MaxUint64, Address: addr, DataPlane: addr, Draining: true,
 				InFlight: math.MaxUint32, Admitted: math.MaxUint64, Completed: math.MaxUint64, Failed: math.MaxUint64,
 				RejectedTooLong: math.MaxUint64, RejectedBusy: math.MaxUint64, Pools: pools, Insecure: true,
-				Identity: strings.Repeat("i", IdentityBytesMax), Refused: slices.Repeat([]uint64{math.MaxUint64}, RefusalKindsMax)},
+				Identity: strings.Repeat("i", IdentityBytesMax), Refused: slices.Repeat([]uint64{math.MaxUint64}, RefusalKindsMax),
+				// The longest valid spec: spaces around an item are allowed.
+				Chaos: true, Faults: "seed=18446744073709551615" + strings.Repeat(" ", FaultSpecBytesMax-len("seed=18446744073709551615")),
+				FaultCounts: slices.Repeat([]uint64{math.MaxUint64}, FaultKindsMax)},
 			Members: members,
 		},
 		&DrainRequest{Wait: true},
 		&DrainReply{InFlight: math.MaxUint32},
+		&PressureRequest{Pages: PressurePagesMax, DurationMs: PressureDurationMsMax},
+		&PressureReply{Held: held},
+		&PressureReply{Err: &werr},
 	}
 	for _, m := range worst {
 		frame := mustEncode(t, m)
@@ -339,6 +356,23 @@ func TestValidateRefuses(t *testing.T) {
 		{"status member bad data plane", func() Message { s := okStatus(); s.Members[0].DataPlane = "prefill-1"; return s }(), &invalid},
 		{"status member unknown state", func() Message { s := okStatus(); s.Members[0].State = "gone"; return s }(), &invalid},
 		{"drain done in flight", &DrainReply{InFlight: 1, Done: true}, &invalid},
+		{"status faults not a spec", func() Message { s := okStatus(); s.Node.Faults = "frame-drop=2"; return s }(), &invalid},
+		{"status faults unknown kind", func() Message { s := okStatus(); s.Node.Faults = "seed=1,frame-delay=1"; return s }(), &invalid},
+		{"status faults from no chaos build", func() Message { s := okStatus(); s.Node.Chaos = false; return s }(), &invalid},
+		{"status fault counts without faults", func() Message { s := okStatus(); s.Node.Faults = ""; return s }(), &invalid},
+		{"status too many fault counts", func() Message {
+			s := okStatus()
+			s.Node.FaultCounts = make([]uint64, FaultKindsMax+1)
+			return s
+		}(), &tooLarge},
+		{"pressure no pages", &PressureRequest{DurationMs: 1}, &invalid},
+		{"pressure too many pages", &PressureRequest{Pages: PressurePagesMax + 1, DurationMs: 1}, &tooLarge},
+		{"pressure no duration", &PressureRequest{Pages: 1}, &invalid},
+		{"pressure too long", &PressureRequest{Pages: 1, DurationMs: PressureDurationMsMax + 1}, &tooLarge},
+		{"pressure held with error", &PressureReply{Held: []PoolHeld{{Name: "p", Pages: 1}}, Err: &WireError{Code: CodeBusy}}, &invalid},
+		{"pressure held without name", &PressureReply{Held: []PoolHeld{{Pages: 1}}}, &invalid},
+		{"pressure too many held", &PressureReply{Held: slices.Repeat([]PoolHeld{{Name: "p"}}, PoolsMax+1)}, &tooLarge},
+		{"pressure zero error code", &PressureReply{Err: &WireError{}}, &invalid},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -446,6 +480,14 @@ func TestDecodeRefuses(t *testing.T) {
 		{"huge pool array", append(frame(t, TypeStatusReply, 1, nil)[:3],
 			0x81, 0xa4, 'n', 'o', 'd', 'e', 0x81, 0xa5, 'p', 'o', 'o', 'l', 's', 0xdd, 0xff, 0xff, 0xff, 0xff), &tooLarge},
 		{"drain wait not a bool", frame(t, TypeDrainRequest, 1, map[string]any{"wait": 1}), &malformed},
+		{"status long faults", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"faults": strings.Repeat("f", FaultSpecBytesMax+1)}}), &tooLarge},
+		{"status huge fault counts", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"fault_counts": make([]uint64, FaultKindsMax+1)}}), &tooLarge},
+		{"status cross rows negative", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"pools": []any{map[string]any{"cross_tenant_rows": -1}}}}), &malformed},
+		{"pressure pages overflow", frame(t, TypePressureRequest, 1, map[string]any{"pages": uint64(1) << 32}), &malformed},
+		{"pressure no pages", frame(t, TypePressureRequest, 1, map[string]any{"duration_ms": 1}), &invalid},
+		{"pressure held huge", append(frame(t, TypePressureReply, 1, nil)[:3],
+			0x81, 0xa4, 'h', 'e', 'l', 'd', 0xdd, 0xff, 0xff, 0xff, 0xff), &tooLarge},
+		{"pressure held unknown field", frame(t, TypePressureReply, 1, map[string]any{"held": []any{map[string]any{"free": 1}}}), &malformed},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -508,11 +550,26 @@ func TestStableCodes(t *testing.T) {
 	got := []uint16{uint16(TypeGenerateRequest), uint16(TypeTokenChunk), uint16(TypeGenerateResult), uint16(TypeCancelRequest),
 		uint16(TypeTransferPlan), uint16(TypeTransferAck), uint16(TypeTransferAbort), uint16(TypeTransferDone),
 		uint16(TypeRoutedRequest), uint16(TypeStatusRequest), uint16(TypeStatusReply), uint16(TypeDrainRequest), uint16(TypeDrainReply),
+		uint16(TypePressureRequest), uint16(TypePressureReply),
 		uint16(CodePromptTooLong), uint16(CodeBusy), uint16(CodeIntegrity), uint16(CodeNodeLost), uint16(CodeCancelled), uint16(CodeBadRequest), uint16(CodeInternal), uint16(CodeForbidden),
 		uint16(FinishStop), uint16(FinishLength), uint16(FinishError)}
-	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3}
+	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3}
 	if !slices.Equal(got, want) {
 		t.Fatalf("stable codes changed: %v, want %v", got, want)
+	}
+}
+
+// TestStatusReplyVersion1 decodes a reply of a node of the build before
+// version 2, which knew none of its fields.
+func TestStatusReplyVersion1(t *testing.T) {
+	m, err := Decode(frame(t, TypeStatusReply, 1, map[string]any{
+		"node":    map[string]any{"name": "d", "role": RoleDecode, "addr": "127.0.0.1:1", "pools": []any{map[string]any{"name": "p", "capacity": 2, "free": 1}}},
+		"members": nil}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := m.(*StatusReply).Node; n.Chaos || n.Faults != "" || n.FaultCounts != nil || n.Pools[0].Free != 1 {
+		t.Fatalf("version 1 reply decoded as %+v", n)
 	}
 }
 

@@ -162,3 +162,5 @@ func (m *StatusRequest) Serialize() (remote.RootSerialized, error)   { return se
 func (m *StatusReply) Serialize() (remote.RootSerialized, error)     { return serialize(m) }
 func (m *DrainRequest) Serialize() (remote.RootSerialized, error)    { return serialize(m) }
 func (m *DrainReply) Serialize() (remote.RootSerialized, error)      { return serialize(m) }
+func (m *PressureRequest) Serialize() (remote.RootSerialized, error) { return serialize(m) }
+func (m *PressureReply) Serialize() (remote.RootSerialized, error)   { return serialize(m) }

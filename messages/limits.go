@@ -1,6 +1,9 @@
 package messages
 
-import "github.com/kvwarden/kvwarden/kv"
+import (
+	"github.com/kvwarden/kvwarden/chaos/faults"
+	"github.com/kvwarden/kvwarden/kv"
+)
 
 // Limits of the wire protocol. They are constants, not node configuration:
 // a sender and a receiver with different limits would let a message pass
@@ -67,6 +70,19 @@ const (
 	IdentityBytesMax = 200
 	// RefusalKindsMax bounds NodeStatus.Refused, in kinds.
 	RefusalKindsMax = 16
+
+	// Chaos.
+
+	// FaultSpecBytesMax bounds NodeStatus.Faults in bytes; it is the
+	// faults package's bound, so a spec a node runs always fits.
+	FaultSpecBytesMax = faults.SpecBytesMax
+	// FaultKindsMax bounds NodeStatus.FaultCounts, in kinds: room for kinds
+	// of newer builds.
+	FaultKindsMax = 16
+	// PressurePagesMax bounds PressureRequest.Pages, in pages per pool.
+	PressurePagesMax = 1 << 16
+	// PressureDurationMsMax bounds PressureRequest.DurationMs: one hour.
+	PressureDurationMsMax = 60 * 60 * 1000
 
 	// Errors.
 

@@ -28,6 +28,8 @@ const (
 	TypeStatusReply     TypeCode = 11
 	TypeDrainRequest    TypeCode = 12
 	TypeDrainReply      TypeCode = 13
+	TypePressureRequest TypeCode = 14
+	TypePressureReply   TypeCode = 15
 )
 
 // Message is implemented by every message that crosses an actor or node
@@ -60,7 +62,9 @@ type typeInfo struct {
 // types is indexed by TypeCode; a zero entry is an unknown code.
 // TransferDone version 2 carries the source pages' owner and seal
 // checksums, which decode requires: a version 1 sender is refused by its
-// version, not by a missing field.
+// version, not by a missing field. StatusReply version 2 adds a chaos
+// build's fault counts and its pools' cross reads, all optional, so
+// version 1 still decodes.
 var types = [...]typeInfo{
 	TypeGenerateRequest: {"GenerateRequest", 1, 1, func() Message { return new(GenerateRequest) }},
 	TypeTokenChunk:      {"TokenChunk", 1, 1, func() Message { return new(TokenChunk) }},
@@ -72,9 +76,11 @@ var types = [...]typeInfo{
 	TypeTransferDone:    {"TransferDone", 2, 2, func() Message { return new(TransferDone) }},
 	TypeRoutedRequest:   {"RoutedRequest", 1, 1, func() Message { return new(RoutedRequest) }},
 	TypeStatusRequest:   {"StatusRequest", 1, 1, func() Message { return new(StatusRequest) }},
-	TypeStatusReply:     {"StatusReply", 1, 1, func() Message { return new(StatusReply) }},
+	TypeStatusReply:     {"StatusReply", 1, 2, func() Message { return new(StatusReply) }},
 	TypeDrainRequest:    {"DrainRequest", 1, 1, func() Message { return new(DrainRequest) }},
 	TypeDrainReply:      {"DrainReply", 1, 1, func() Message { return new(DrainReply) }},
+	TypePressureRequest: {"PressureRequest", 1, 1, func() Message { return new(PressureRequest) }},
+	TypePressureReply:   {"PressureReply", 1, 1, func() Message { return new(PressureReply) }},
 }
 
 func lookup(c TypeCode) (typeInfo, bool) {
