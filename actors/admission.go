@@ -10,6 +10,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -43,6 +44,15 @@ type Phases struct {
 
 type phaseSums struct {
 	count, queue, prefill, transfer, verify, firstDecode atomic.Int64
+}
+
+func (p *phaseSums) add(ph handoff.Phases) {
+	p.count.Add(1)
+	p.queue.Add(int64(ph.Queue))
+	p.prefill.Add(int64(ph.Prefill))
+	p.transfer.Add(int64(ph.Transfer))
+	p.verify.Add(int64(ph.Verify))
+	p.firstDecode.Add(int64(ph.FirstDecode))
 }
 
 func (p *phaseSums) snapshot() Phases {
@@ -90,13 +100,6 @@ type PeerLost struct{ Incarnation uint64 }
 // are still in flight (answered with an AdmissionStatusReply).
 type Drain struct{}
 
-// clientKey names a request as its client does: the client's actor and its
-// request id.
-type clientKey struct {
-	client string
-	id     uint64
-}
-
 // admissionActor is where every request enters a node that decodes. It
 // refuses, before any page is reserved or any frame sent, a request whose
 // prompt (with the tokens it asks for) exceeds the context window or the
@@ -115,23 +118,13 @@ type admissionActor struct {
 	registry  *sync.Map // owner.Request → request actor PID, for the data plane; kept by the request actors
 	auth      *trust.Authority
 	mailbox   actor.MailboxProducer // of the request actors
-	draining  bool
-	inflight  map[string]admitted // by child PID id
-	byClient  map[clientKey]*actor.PID
-	dLoad     []int
-}
-
-type admitted struct {
-	key    clientKey
-	decode int // index of its decode worker, for the load count
+	core      *handoff.Admission
 }
 
 func (a *admissionActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
-		a.inflight = map[string]admitted{}
-		a.byClient = map[clientKey]*actor.PID{}
-		a.dLoad = make([]int, len(a.decode))
+		a.core = handoff.NewAdmission(a.cfg.Limits(), a.cfg.QueueMax, len(a.decode), a.cfg.DecodePages)
 	case *messages.GenerateRequest:
 		tenant, err := TenantOf(a.auth, a.auth.Of(c), m.Tenant)
 		if err != nil {
@@ -158,39 +151,35 @@ func (a *admissionActor) Receive(c actor.Context) {
 		peer := PrefillPeer{PID: actor.NewPID(m.Prefill, PrefillName), Incarnation: m.PrefillIncarnation}
 		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), &peer)
 	case *messages.CancelRequest:
-		if pid := a.byClient[clientKey{client: senderKey(c), id: m.RequestID}]; pid != nil {
-			c.Send(pid, CancelJob{})
+		if name, ok := a.core.Lookup(handoff.ClientKey{Client: senderKey(c), ID: m.RequestID}); ok {
+			c.Send(actor.NewPID(c.Self().Address, name), CancelJob{})
 		}
 	case PeerLost:
 		// Every request hears of it: a retry may have moved a request to a
 		// peer other than the one admission chose.
-		for id := range a.inflight {
-			c.Send(actor.NewPID(c.Self().Address, id), m)
+		for _, name := range a.core.InFlight() {
+			c.Send(actor.NewPID(c.Self().Address, name), m)
 		}
 	case Drain:
-		a.draining = true
+		a.core.Drain()
 		c.Respond(a.status())
 	case *messages.Undecodable:
 		a.counters.rejectedBad.Add(1)
 		a.log.Warn("undecodable message", "err", m.Err)
 	case *actor.Terminated:
-		if ad, ok := a.inflight[m.Who.Id]; ok {
-			delete(a.inflight, m.Who.Id)
-			delete(a.byClient, ad.key)
-			a.dLoad[ad.decode]--
-		}
+		a.core.Ended(m.Who.Id)
 	case AdmissionStatus:
 		c.Respond(a.status())
 	}
 }
 
 func (a *admissionActor) status() AdmissionStatusReply {
-	return AdmissionStatusReply{InFlight: len(a.inflight), QueueMax: a.cfg.QueueMax, Draining: a.draining,
+	return AdmissionStatusReply{InFlight: len(a.core.InFlight()), QueueMax: a.cfg.QueueMax, Draining: a.core.Draining(),
 		Admitted: a.counters.admitted.Load(), RejectedTooLong: a.counters.rejectedTooLong.Load(),
 		RejectedBusy: a.counters.rejectedBusy.Load(), RejectedBad: a.counters.rejectedBad.Load(),
 		Completed: a.counters.completed.Load(), Failed: a.counters.failed.Load(), Retried: a.counters.retried.Load(),
 		FramesAccepted: a.counters.framesAccepted.Load(), FramesRefused: a.counters.framesRefused.Load(),
-		DecodeInFlight: append([]int(nil), a.dLoad...), Phases: a.counters.phases.snapshot()}
+		DecodeInFlight: a.core.Load(), Phases: a.counters.phases.snapshot()}
 }
 
 // reject answers a request that will not run.
@@ -226,114 +215,70 @@ func senderKey(c actor.Context) string {
 	return ""
 }
 
-// Check is admission's rule, a pure function of the configuration and the
-// pools on the request's path: the tokens a request needs must fit the
-// context window and the smallest pool on its path, prefill's (the prompt)
-// and decode's (the prompt and every token it may generate). Pools are in
-// pages of c's geometry.
-func (c *Config) Check(promptTokens, maxTokens, prefillPages, decodePages int) error {
-	g := c.Geometry()
-	switch {
-	case promptTokens < 1:
-		return &BadRequestError{Reason: "empty prompt"}
-	case maxTokens < 1 || maxTokens > c.MaxTokensMax:
-		return &BadRequestError{Reason: fmt.Sprintf("max_tokens %d, want 1 to %d", maxTokens, c.MaxTokensMax)}
-	case promptTokens > c.ContextTokens:
-		return &PromptTooLongError{Tokens: promptTokens, Limit: c.ContextTokens, Where: "context window"}
-	case promptTokens+maxTokens > c.ContextTokens:
-		return &PromptTooLongError{Tokens: promptTokens + maxTokens, Limit: c.ContextTokens,
-			Where: "context window (prompt + max_tokens)"}
-	case g.PagesFor(promptTokens) > prefillPages:
-		return &PromptTooLongError{Tokens: promptTokens, Limit: prefillPages * g.PageTokens, Where: "prefill pool"}
-	}
-	if need := g.PagesFor(promptTokens) + g.PagesFor(maxTokens-1); need > decodePages {
-		return &PromptTooLongError{Tokens: promptTokens + maxTokens, Limit: decodePages * g.PageTokens, Where: "decode pool"}
-	}
-	return nil
+// Limits are what admission checks every request against
+// (handoff.Admit).
+func (c *Config) Limits() handoff.Limits {
+	return handoff.Limits{ContextTokens: c.ContextTokens, MaxTokensMax: c.MaxTokensMax, Geometry: c.Geometry()}
 }
 
 // Reject answers a request that will not run, with the stable code of err.
 func Reject(c actor.Context, id uint64, err error) error {
-	return messages.Respond(c, &messages.GenerateResult{RequestID: id, FinishReason: messages.FinishError, Err: wireError(err)})
+	return messages.Respond(c, &messages.GenerateResult{RequestID: id, FinishReason: messages.FinishError, Err: handoff.Wire(err)})
 }
 
-// admit runs admission's rule and, if the request passes, spawns its
-// request actor. peer is the prefill node a router chose; nil means choose
-// here.
+// admit runs admission's rule (handoff.Admission) and, if the request
+// passes, spawns its request actor on the decode worker admission chose.
+// peer is the prefill node a router chose; nil means choose here.
 func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, peer *PrefillPeer) {
-	reject := func(err error) {
-		switch err.(type) {
-		case *PromptTooLongError:
-			a.counters.rejectedTooLong.Add(1)
-		case *BusyError:
-			a.counters.rejectedBusy.Add(1)
-		default:
-			a.counters.rejectedBad.Add(1)
-		}
-		if err := Reject(c, id, err); err != nil {
-			a.log.Error("rejection refused by its own validation", "err", err)
-		}
-	}
-	// A draining node refuses clients that come to it directly, but still
-	// takes a request a router sent before it saw the draining flag: the
-	// drain waits for it like any other, and refusing it would abort it.
-	if a.draining && peer == nil {
-		reject(&BusyError{Where: "draining node", Have: len(a.inflight), Limit: 0})
-		return
-	}
+	prompt := gpu.ByteTokenizer{}.Encode(text)
+	ask := handoff.Ask{Key: handoff.ClientKey{Client: senderKey(c), ID: id}, PromptTokens: len(prompt), MaxTokens: maxTokens,
+		Routed: peer != nil}
 	if peer == nil {
 		p, ok := a.pick(nil)
-		if !ok {
-			reject(&BusyError{Where: "prefill nodes", Have: 0, Limit: 0})
-			return
-		}
+		ask.NoPrefill, ask.PrefillPages = !ok, p.Pages
 		peer = &p
 	}
-	prompt := gpu.ByteTokenizer{}.Encode(text)
-	d := argmin(a.dLoad)
-	pages := peer.Pages
-	if pages == 0 {
-		// A router's choice: the router checked the prompt against that
-		// peer's pool, which this node does not know.
-		pages = a.cfg.Geometry().PagesFor(len(prompt))
+	d, err := a.core.Admit(ask)
+	if err == nil {
+		err = a.spawn(c, ask.Key, d, tenant, prompt, maxTokens, *peer)
 	}
-	if err := a.cfg.Check(len(prompt), maxTokens, pages, a.cfg.DecodePages); err != nil {
-		reject(err)
+	if err == nil {
+		a.counters.admitted.Add(1)
 		return
 	}
-	if len(a.inflight) >= a.cfg.QueueMax {
-		reject(&BusyError{Where: "admission queue", Have: len(a.inflight), Limit: a.cfg.QueueMax})
-		return
+	switch err.(type) {
+	case *PromptTooLongError:
+		a.counters.rejectedTooLong.Add(1)
+	case *BusyError:
+		a.counters.rejectedBusy.Add(1)
+	default:
+		a.counters.rejectedBad.Add(1)
 	}
-	key := clientKey{client: senderKey(c), id: id}
-	if a.byClient[key] != nil {
-		reject(&BadRequestError{Reason: fmt.Sprintf("request id %d is already in flight", id)})
-		return
-	}
-	rt := route{prefill: peer.PID, prefillIncarnation: peer.Incarnation, decode: a.decode[d], decodePool: a.dPools[d],
-		decodeIndex: d}
+	a.reject(c, id, err)
+}
+
+// spawn starts an admitted request's actor, a child of admission under a
+// secret name.
+func (a *admissionActor) spawn(c actor.Context, key handoff.ClientKey, d int, tenant string, prompt []int, maxTokens int,
+	peer PrefillPeer) error {
 	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
-	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, client: c.Sender(), clientID: id,
-		owner: owner, prompt: prompt, maxNew: maxTokens, route: rt, dataPlane: a.dataPlane,
-		pick: a.pick, tried: map[uint64]bool{}, registry: a.registry, auth: a.auth}
+	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane), owner, key.ID, prompt, maxTokens,
+		handoff.Peer{Address: peer.PID.Address, Incarnation: peer.Incarnation})
+	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, core: core, client: c.Sender(),
+		route: route{prefill: peer.PID, decode: a.decode[d], decodePool: a.dPools[d]}, pick: a.pick,
+		registry: a.registry, auth: a.auth}
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return req },
 		actor.WithMailbox(a.mailbox)), trust.SecretName())
 	if err != nil {
-		reject(fmt.Errorf("actors: spawning the request actor: %w", err))
-		return
+		return fmt.Errorf("actors: spawning the request actor: %w", err)
 	}
-	a.inflight[pid.Id] = admitted{key: key, decode: d}
-	a.byClient[key] = pid
-	a.dLoad[d]++
-	a.counters.admitted.Add(1)
+	a.core.Started(pid.Id, key, d)
+	return nil
 }
 
-func argmin(xs []int) int {
-	best := 0
-	for i, x := range xs {
-		if x < xs[best] {
-			best = i
-		}
-	}
-	return best
+// requestConfig is what every request of the node shares.
+func (c *Config) requestConfig(dataPlane string) handoff.RequestConfig {
+	return handoff.RequestConfig{Geometry: c.Geometry(), Incarnation: c.Incarnation, DataPlane: dataPlane,
+		RequestTimeout: c.RequestTimeout, PrefillTimeout: c.PrefillTimeout, ReserveWait: c.ReserveWait,
+		ReserveRetry: c.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: gpu.EOS}
 }

@@ -131,7 +131,7 @@ func TestOwnedPagesReclaimedByPageActor(t *testing.T) {
 	if s.Reclaimed[kv.Reserved] != 1 || s.Reclaimed[kv.Sealed] != 1 || s.Reclaimed.Total() != 2 {
 		t.Fatalf("reclaims by state %v, want one reserved and one sealed", s.Reclaimed)
 	}
-	if err := c.release(tags[0], dead); !errors.As(err, new(*kv.StaleTagError)) {
+	if err := c.Release(tags[0], dead); !errors.As(err, new(*kv.StaleTagError)) {
 		t.Fatalf("release by the dead owner after the reclaim: %v", err)
 	}
 }

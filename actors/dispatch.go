@@ -2,10 +2,12 @@ package actors
 
 import (
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -30,10 +32,10 @@ type dispatchActor struct {
 	workers []*actor.PID
 	forget  time.Duration // after which a plan never acknowledged is dropped
 	policy  planPolicy
-	ended   *donePlans
+	ended   *handoff.DonePlans
 	log     *slog.Logger
 	load    []int
-	jobs    map[jobKey]dispatched // until its ack or abort
+	jobs    map[handoff.JobKey]dispatched // until its ack or abort
 }
 
 type dispatched struct {
@@ -45,44 +47,44 @@ func (d *dispatchActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		d.load = make([]int, len(d.workers))
-		d.jobs = map[jobKey]dispatched{}
+		d.jobs = map[handoff.JobKey]dispatched{}
 	case *messages.TransferPlan:
 		now := time.Now()
 		d.prune(now)
-		key := jobKey{sender: senderKey(c), id: m.RequestID}
+		key := handoff.JobKey{Sender: senderKey(c), ID: m.RequestID}
 		if err := d.policy.check(c, m); err != nil {
 			if err := refusePlan(c, m, err); err != nil {
 				d.log.Error("transfer done refused by its own validation", "err", err)
 			}
 			return
 		}
-		if d.ended.has(key, now) {
-			d.log.Warn("duplicate of an ended transfer plan dropped", "request", m.RequestID, "from", key.sender)
+		if d.ended.Has(key, now) {
+			d.log.Warn("duplicate of an ended transfer plan dropped", "request", m.RequestID, "from", key.Sender)
 			return
 		}
 		j, ok := d.jobs[key]
 		if !ok {
-			j = dispatched{worker: argmin(d.load), expires: now.Add(d.forget)}
+			j = dispatched{worker: slices.Index(d.load, slices.Min(d.load)), expires: now.Add(d.forget)}
 			d.jobs[key] = j
 			d.load[j.worker]++
 		}
 		c.RequestWithCustomSender(d.workers[j.worker], m, c.Sender())
 	case *messages.TransferAck:
-		d.done(c, jobKey{sender: senderKey(c), id: m.RequestID}, m)
+		d.done(c, handoff.JobKey{Sender: senderKey(c), ID: m.RequestID}, m)
 	case *messages.TransferAbort:
-		d.done(c, jobKey{sender: senderKey(c), id: m.RequestID}, m)
+		d.done(c, handoff.JobKey{Sender: senderKey(c), ID: m.RequestID}, m)
 	case DispatchStatus:
 		c.Respond(DispatchStatusReply{Outstanding: len(d.jobs)})
 	}
 }
 
-func (d *dispatchActor) done(c actor.Context, key jobKey, m messages.Message) {
+func (d *dispatchActor) done(c actor.Context, key handoff.JobKey, m messages.Message) {
 	j, ok := d.jobs[key]
 	if !ok {
 		return
 	}
 	delete(d.jobs, key)
-	d.ended.add(key, time.Now())
+	d.ended.Add(key, time.Now())
 	d.load[j.worker]--
 	c.RequestWithCustomSender(d.workers[j.worker], m, c.Sender())
 }

@@ -1,10 +1,13 @@
 package actors
 
 import (
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 )
 
-// pageClient is a gpu.KV whose every call is a message to a page actor of
+var _ handoff.Pages = (*pageClient)(nil)
+
+// pageClient is a handoff.Pages (and so a gpu.KV) whose every call is a message to a page actor of
 // one pool: the engine computes over page actors exactly as over a
 // kv.Pool. A lease's bytes come back with the lease (same process only),
 // and Read serves them while this client holds the lease: sealed bytes do
@@ -29,12 +32,12 @@ func (c *pageClient) VerifyPage(i, first int, mp kv.ManifestPage, owner kv.Owner
 // Write copies data into the message: the engine reuses its buffers, and
 // a message must own what it carries.
 func (c *pageClient) Write(tag kv.Tag, owner kv.Owner, first int, data []byte) error {
-	return c.writeOwned(tag, owner, first, append([]byte(nil), data...))
+	return c.WriteOwned(tag, owner, first, append([]byte(nil), data...))
 }
 
-// writeOwned sends data as it is, for a caller whose data nothing else will
+// WriteOwned sends data as it is, for a caller whose data nothing else will
 // write (a received frame's payload).
-func (c *pageClient) writeOwned(tag kv.Tag, owner kv.Owner, first int, data []byte) error {
+func (c *pageClient) WriteOwned(tag kv.Tag, owner kv.Owner, first int, data []byte) error {
 	return c.pool.Page(c.r, tag, PageWrite{Tag: tag, Owner: owner, First: first, Data: data}).Err
 }
 
@@ -43,9 +46,9 @@ func (c *pageClient) Seal(tag kv.Tag, owner kv.Owner) (uint64, error) {
 	return rep.Sum, rep.Err
 }
 
-// sealFrom seals a received page only if its bytes are those its source
+// SealFrom seals a received page only if its bytes are those its source
 // sealed (kv.Page.SealFrom).
-func (c *pageClient) sealFrom(tag kv.Tag, owner kv.Owner, o kv.Origin) (uint64, error) {
+func (c *pageClient) SealFrom(tag kv.Tag, owner kv.Owner, o kv.Origin) (uint64, error) {
 	rep := c.pool.Page(c.r, tag, PageSeal{Tag: tag, Owner: owner, From: &o})
 	return rep.Sum, rep.Err
 }
@@ -90,7 +93,22 @@ func (c *pageClient) Unlease(l kv.Lease) error {
 	return c.pool.Page(c.r, l.Tag, PageUnlease{Lease: l}).Err
 }
 
-// release gives a page back through its page actor.
-func (c *pageClient) release(tag kv.Tag, owner kv.Owner) error {
+// Release gives a page back through its page actor.
+func (c *pageClient) Release(tag kv.Tag, owner kv.Owner) error {
 	return c.pool.Page(c.r, tag, PageRelease{Tag: tag, Owner: owner}).Err
+}
+
+// Reserve asks the pool actor for n pages, all or nothing.
+func (c *pageClient) Reserve(owner kv.Owner, first, n int) ([]kv.Tag, error) {
+	return c.pool.Reserve(c.r, owner, first, n)
+}
+
+// AwaitAck marks a page as sent to a peer that has not acknowledged it.
+func (c *pageClient) AwaitAck(tag kv.Tag, owner kv.Owner) error {
+	return c.pool.Page(c.r, tag, PageAwaitAck{Tag: tag, Owner: owner}).Err
+}
+
+// Ack records the peer's acknowledgement of a page.
+func (c *pageClient) Ack(tag kv.Tag, owner kv.Owner) error {
+	return c.pool.Page(c.r, tag, PageAck{Tag: tag, Owner: owner}).Err
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -82,7 +83,7 @@ type mailbox struct {
 func (b *mailbox) PostUserMessage(m any) {
 	if b.from != nil {
 		if _, msg, sender := actor.UnwrapEnvelope(m); sender != nil && !b.from(sender, msg) {
-			b.answer(m, wireError(&ForbiddenError{Sender: sender.Address, Reason: fmt.Sprintf("%T is not taken from this sender", msg)}))
+			b.answer(m, handoff.Wire(&ForbiddenError{Sender: sender.Address, Reason: fmt.Sprintf("%T is not taken from this sender", msg)}))
 			return
 		}
 	}
@@ -132,7 +133,7 @@ func (b *mailbox) refusable(m any) bool {
 // peer, its endpoint reader's), and only sends.
 func (b *mailbox) refuse(m any) {
 	b.drops.Add(1)
-	b.answer(m, wireError(&BusyError{Where: "mailbox", Have: b.max, Limit: b.max}))
+	b.answer(m, handoff.Wire(&BusyError{Where: "mailbox", Have: b.max, Limit: b.max}))
 }
 
 // answer tells the sender of a message that expects an answer

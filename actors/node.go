@@ -13,6 +13,7 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -49,6 +50,9 @@ type Options struct {
 	// Listen is the host:port protoactor remote serves on ("127.0.0.1:0"
 	// picks a port); empty means no remote: in-process clients only.
 	Listen string
+	// Advertise is the host:port peers reach that remote at, when it is
+	// not Listen's (a proxy forwards it there); empty means Listen's.
+	Advertise string
 	// Log receives the node's and protoactor's logs; nil discards them.
 	Log *slog.Logger
 	// Fatal is called once when an actor breaks an invariant; the node has
@@ -121,7 +125,7 @@ func Start(cfg Config, opt Options) (*Node, error) {
 		n.auth = trust.Insecure(log)
 	}
 	if opt.Listen != "" {
-		if n.remote, err = messages.StartRemote(n.sys, opt.Listen, n.auth); err != nil {
+		if n.remote, err = messages.StartRemoteAdvertised(n.sys, opt.Listen, opt.Advertise, n.auth); err != nil {
 			n.sys.Shutdown()
 			return nil, fmt.Errorf("actors: %w", err)
 		}
@@ -145,9 +149,11 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 				return nil, err
 			}
 			w := &workerActor{role: role, engine: engine, pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
-				queueMax: cfg.QueueMax, timeout: cfg.PrefillTimeout, reclaimAfter: cfg.ReclaimAfter, dial: opt.Dial,
-				log: n.log.With("worker", name), stats: &workerCounters{}, sendsMax: cfg.TransferSendsMax,
-				policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf}, done: cfg.donePlans()}
+				timeout: cfg.PrefillTimeout, dial: opt.Dial, log: n.log.With("worker", name), stats: &workerCounters{},
+				policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf},
+				src: handoff.NewSource(handoff.SourceConfig{Role: role, PageTokens: cfg.PageTokens, QueueMax: cfg.QueueMax,
+					SendsMax: cfg.TransferSendsMax, ReclaimAfter: cfg.ReclaimAfter, DonePlansMax: cfg.DonePlansMax,
+					DoneFor: cfg.PrefillTimeout})}
 			mb := n.Mailbox()
 			if role == "prefill" {
 				mb = n.MailboxFrom(trust.RoleDecode, trust.RoleAll) // plans, acks and aborts
@@ -169,7 +175,8 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 		}
 		n.pools = append(n.pools, pPools...)
 		d := &dispatchActor{workers: n.prefill, forget: 2 * cfg.ReclaimAfter, log: n.log,
-			policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf}, ended: cfg.donePlans()}
+			policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf},
+			ended:  handoff.NewDonePlans(cfg.DonePlansMax, cfg.PrefillTimeout)}
 		if n.dispatcher, err = n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return d },
 			actor.WithMailbox(n.MailboxFrom(trust.RoleDecode, trust.RoleAll))), PrefillName); err != nil {
 			return err

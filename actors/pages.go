@@ -214,6 +214,9 @@ type (
 		// state they were in (kv.Stats.Reclaimed).
 		Reclaimed kv.Reclaims
 		Refused   kv.Refusals
+		// Cross counts rows the pages' reads returned that another owner
+		// wrote (kv.CrossRowsOf): counted only by a chaos build.
+		Cross kv.CrossRows
 	}
 )
 
@@ -255,7 +258,7 @@ func (a *poolActor) Receive(c actor.Context) {
 		delete(a.granted, m.Nonce)
 	case PoolStatus:
 		c.Respond(PoolStatusReply{Capacity: a.free.Capacity(), Free: a.free.Len(), Reservations: a.reservations,
-			Reclaimed: a.stats.reclaims(), Refused: a.stats.snapshot()})
+			Reclaimed: a.stats.reclaims(), Refused: a.stats.snapshot(), Cross: a.stats.cross()})
 	}
 }
 

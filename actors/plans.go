@@ -2,10 +2,10 @@ package actors
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -34,7 +34,8 @@ func (e *DataPlaneMismatchError) Error() string {
 	return fmt.Sprintf("actors: plan from %s names data plane %q, the sender advertises %q", e.Sender, e.Named, e.Advertised)
 }
 
-func (e *DataPlaneMismatchError) wire() *messages.WireError {
+// Wire is what a client is told of e.
+func (e *DataPlaneMismatchError) Wire() *messages.WireError {
 	return &messages.WireError{Code: messages.CodeForbidden, Message: e.Error()}
 }
 
@@ -80,52 +81,5 @@ func refusePlan(c actor.Context, m *messages.TransferPlan, err error) error {
 	if c.Sender() == nil {
 		return nil
 	}
-	return messages.Send(c, c.Sender(), &messages.TransferDone{RequestID: m.RequestID, Tenant: m.Tenant, Err: wireError(err)})
-}
-
-// donePlans remembers plans that ended (acknowledged or aborted) by their
-// key, for ttl and at most max of them, so that a duplicate of one is
-// dropped rather than run again: its pages were acknowledged or given up
-// already. The oldest are forgotten first.
-type donePlans struct {
-	max   int
-	ttl   time.Duration
-	at    map[jobKey]time.Time
-	order []jobKey // by age
-}
-
-// donePlans is the memory of ended plans of one prefill worker or
-// dispatcher: a plan older than PrefillTimeout is abandoned by its
-// request anyway.
-func (c Config) donePlans() *donePlans { return newDonePlans(c.DonePlansMax, c.PrefillTimeout) }
-
-func newDonePlans(max int, ttl time.Duration) *donePlans {
-	return &donePlans{max: max, ttl: ttl, at: map[jobKey]time.Time{}}
-}
-
-func (d *donePlans) add(k jobKey, now time.Time) {
-	d.forget(now)
-	if _, ok := d.at[k]; ok {
-		return
-	}
-	if len(d.order) == d.max {
-		delete(d.at, d.order[0])
-		d.order = d.order[1:]
-	}
-	d.at[k] = now
-	d.order = append(d.order, k)
-}
-
-func (d *donePlans) has(k jobKey, now time.Time) bool {
-	d.forget(now)
-	_, ok := d.at[k]
-	return ok
-}
-
-// forget drops what is older than ttl.
-func (d *donePlans) forget(now time.Time) {
-	for len(d.order) > 0 && now.Sub(d.at[d.order[0]]) >= d.ttl {
-		delete(d.at, d.order[0])
-		d.order = d.order[1:]
-	}
+	return messages.Send(c, c.Sender(), &messages.TransferDone{RequestID: m.RequestID, Tenant: m.Tenant, Err: handoff.Wire(err)})
 }

@@ -20,6 +20,7 @@ type poolCounters struct {
 	reclaimed [len(kv.Reclaims{})]atomic.Uint64 // by kv.State
 	mu        sync.Mutex
 	refusals  kv.Refusals
+	cross     func() kv.CrossRows // the pages' cross reads (kv.CrossRowsOf), safe from any goroutine
 }
 
 func (s *poolCounters) reclaims() kv.Reclaims {
@@ -68,7 +69,7 @@ func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox acto
 	if err != nil {
 		return nil, err
 	}
-	stats := &poolCounters{log: log}
+	stats := &poolCounters{log: log, cross: func() kv.CrossRows { return kv.CrossRowsOf(pages) }}
 	pool := &Pool{PID: actor.NewPID(root.ActorSystem().Address(), name), Pages: make([]*actor.PID, len(pages)),
 		Geometry: cfg.Geometry, Timeout: timeout, gens: make([]atomic.Uint64, len(pages)), nonces: new(atomic.Uint64)}
 	for i := range pages {

@@ -85,7 +85,7 @@ func TestReadRefusedAfterReclaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.release(tag, alice); err != nil {
+	if err := c.Release(tag, alice); err != nil {
 		t.Fatal(err)
 	}
 	// Wait for the reclaim: the page's generation moves on.
@@ -109,7 +109,7 @@ func TestReadRefusedAfterReclaim(t *testing.T) {
 	if len(c.held) != 0 || len(c.views) != 0 {
 		t.Fatalf("client still records the reclaimed lease: %d held, %d views", len(c.held), len(c.views))
 	}
-	if err := c.release(bobTag, bob); err != nil {
+	if err := c.Release(bobTag, bob); err != nil {
 		t.Fatal(err)
 	}
 }

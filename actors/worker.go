@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -38,19 +38,11 @@ type (
 	// FramesInReply carries the outcome of a FramesIn.
 	FramesInReply struct{ Err error }
 
-	// DecodeJob asks a decode worker to generate from the verified
-	// Manifest: Next is the token to feed first (prefill's first token),
-	// Last the prompt's last token, MaxNew the most tokens to generate
-	// after Next, Spare the pages reserved for generated KV, in sequence
-	// order. The worker recomputes Next from Last and the pages before it
-	// streams Next as the job's first TokenOut.
+	// DecodeJob asks a decode worker to generate from a verified
+	// manifest (handoff.StartDecode); tokens and the end go to ReplyTo.
 	DecodeJob struct {
-		Manifest *kv.Manifest
-		Next     int
-		Last     int
-		MaxNew   int
-		Spare    []kv.Tag
-		ReplyTo  *actor.PID
+		handoff.StartDecode
+		ReplyTo *actor.PID
 	}
 	// TokenOut is one generated token.
 	TokenOut struct {
@@ -80,7 +72,7 @@ type (
 	// sender is the connection it used (dialed says it opened it), err
 	// why it failed.
 	transferSent struct {
-		job    jobKey
+		job    handoff.JobKey
 		peer   string
 		sender FrameSender
 		dialed bool
@@ -117,11 +109,10 @@ type workerCounters struct {
 	firstRefused atomic.Uint64
 }
 
-// sequence is one running decode job.
+// sequence is one running decode job and where its tokens go.
 type sequence struct {
-	job       DecodeJob
-	seq       gpu.Sequence
-	generated int
+	*handoff.Sequence
+	replyTo *actor.PID
 }
 
 // workerActor is one GPU worker: the engine and the pool of one device.
@@ -139,69 +130,42 @@ type workerActor struct {
 	kv       *pageClient
 	limits   kv.BatchLimits
 	batchMax int
-	queueMax int
 	// timeout (PrefillTimeout) bounds one transfer's dial and send.
 	timeout time.Duration
-	// reclaimAfter is the pools' reclaim deadline, after which a source
-	// page awaiting an ack that never came is gone anyway.
-	reclaimAfter time.Duration
-	sendsMax     int
-	dial         Dialer
-	policy       planPolicy
-	log          *slog.Logger
-	stats        *workerCounters
-	// done remembers plans acknowledged or aborted here.
-	done *donePlans
-
-	queue     []*prefillJob
-	sending   map[jobKey]*prefillJob // frames in flight from their goroutine
-	awaiting  map[jobKey]*prefillJob // sent, waiting for decode's ack
-	senders   map[string]FrameSender // data planes by peerKey
-	nextLocal uint64
-	seqs      []*sequence
-	next      int // round-robin start among seqs
-	stepping  bool
-	fault     func([]kv.Frame)
+	dial    Dialer
+	policy  planPolicy
+	log     *slog.Logger
+	stats   *workerCounters
+	// src is the prefill side of the worker's transfers; jobs holds, per
+	// plan it runs, what only this shell keeps: where to answer, the
+	// frames and their leases, and how to cancel the send in flight.
+	src      *handoff.Source
+	jobs     map[handoff.JobKey]*prefillJob
+	senders  map[string]FrameSender // data planes by peerKey
+	seqs     []*sequence
+	next     int // round-robin start among seqs
+	stepping bool
+	fault    func([]kv.Frame)
 }
 
-// jobKey names a plan as its sender does: the request actor and its
-// request id. Request ids are unique only per decode node, so the pages a
-// plan takes here belong to a local owner of their own.
-type jobKey struct {
-	sender string
-	id     uint64
-}
-
-// prefillJob is one plan, from arrival until decode acknowledges it.
+// prefillJob is the shell's part of one plan the worker runs.
 type prefillJob struct {
-	key     jobKey
-	plan    *messages.TransferPlan
-	owner   kv.Owner // decode's: every frame carries it
-	local   kv.Owner // this pool's owner of the source pages
 	replyTo *actor.PID
-	sources []kv.Tag
-	// While its frames are sent: the leases that keep their payloads
-	// (the pages' bytes) unchanged, and the frames.
-	leases []kv.Lease
-	frames []kv.Frame
-	marked int      // sources marked as awaiting decode's ack
-	first  int      // the first generated token
-	sums   []uint64 // the sources' seal checksums, in order
-	// cancel ends the send in flight, if any.
+	frames  handoff.Frames
 	cancel  context.CancelFunc
-	expires time.Time // when the sources' reclaim deadline has passed
 }
 
 func (w *workerActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		w.kv = newPageClient(w.pool, c)
-		w.sending = map[jobKey]*prefillJob{}
-		w.awaiting = map[jobKey]*prefillJob{}
+		w.jobs = map[handoff.JobKey]*prefillJob{}
 		w.senders = map[string]FrameSender{}
 	case *actor.Stopping:
-		for _, j := range w.sending {
-			j.cancel()
+		for _, j := range w.jobs {
+			if j.cancel != nil {
+				j.cancel()
+			}
 		}
 		for _, s := range w.senders {
 			s.Close()
@@ -219,98 +183,123 @@ func (w *workerActor) Receive(c actor.Context) {
 		w.runStep(c)
 		w.kick(c)
 	case *messages.TransferAck:
-		w.drop(c, jobKey{sender: senderKey(c), id: m.RequestID}, m.Tenant)
+		w.run(c, handoff.AckIn{Key: handoff.JobKey{Sender: senderKey(c), ID: m.RequestID}, Ack: m})
 	case *messages.TransferAbort:
-		w.drop(c, jobKey{sender: senderKey(c), id: m.RequestID}, m.Tenant)
+		w.run(c, handoff.AbortIn{Key: handoff.JobKey{Sender: senderKey(c), ID: m.RequestID}, Tenant: m.Tenant})
 	case CancelJob:
 		w.cancel(c, m.Owner)
 	case injectFault:
 		w.fault = m.frames
 	case WorkerStatus:
-		c.Respond(WorkerStatusReply{Role: w.role, Queued: len(w.queue), Sending: len(w.sending), Active: len(w.seqs),
-			AwaitingAck: len(w.awaiting), FramesSent: w.stats.framesSent.Load(), BatchesSent: w.stats.batchesSent.Load(),
+		n := w.src.Counts()
+		c.Respond(WorkerStatusReply{Role: w.role, Queued: n.Queued, Sending: n.Sending, Active: len(w.seqs),
+			AwaitingAck: n.AwaitingAck, FramesSent: w.stats.framesSent.Load(), BatchesSent: w.stats.batchesSent.Load(),
 			Steps: w.stats.steps.Load(), FirstTokensRefused: w.stats.firstRefused.Load()})
 	}
 }
 
-// plan queues a transfer plan, or answers at once why it cannot run.
+// plan hands a transfer plan to the source, which answers it later (from
+// its Queued on, the job keeps the plan's sender) or at once.
 func (w *workerActor) plan(c actor.Context, m *messages.TransferPlan) {
-	key := jobKey{sender: senderKey(c), id: m.RequestID}
+	key := handoff.JobKey{Sender: senderKey(c), ID: m.RequestID}
 	if c.Sender() == nil {
 		w.log.Warn("transfer plan without a sender dropped", "request", m.RequestID)
 		return
 	}
-	err := w.policy.check(c, m)
-	switch {
-	case err != nil:
-	case int(m.PageTokens) != w.pool.Geometry.PageTokens:
-		err = &BadRequestError{Reason: fmt.Sprintf("plan pages of %d tokens, this pool's hold %d", m.PageTokens, w.pool.Geometry.PageTokens)}
-	case w.holds(key) || w.done.has(key, time.Now()):
-		// A duplicate of a plan in hand, or of one that ended: answering
-		// it with an error would make the request abandon the transfer
-		// under way, and running it again would prefill for nobody.
-		w.log.Warn("duplicate transfer plan dropped", "request", m.RequestID, "from", key.sender)
-		return
-	case len(w.queue) >= w.queueMax:
-		err = &BusyError{Where: w.role + " queue", Have: len(w.queue), Limit: w.queueMax}
-	}
-	if err != nil {
-		if err := refusePlan(c, m, err); err != nil {
-			w.log.Error("transfer done refused by its own validation", "err", err)
-		}
-		return
-	}
-	w.nextLocal++
-	w.queue = append(w.queue, &prefillJob{key: key, plan: m, owner: m.Owner(),
-		local: kv.Owner{Request: w.nextLocal, Tenant: m.Tenant}, replyTo: c.Sender()})
+	w.run(c, handoff.PlanIn{Key: key, Plan: m, Refused: w.policy.check(c, m)})
 	w.kick(c)
 }
 
-// holds says whether the plan of key is queued, being sent or awaiting
-// its ack.
-func (w *workerActor) holds(key jobKey) bool {
-	return w.sending[key] != nil || w.awaiting[key] != nil || slices.ContainsFunc(w.queue, func(j *prefillJob) bool {
-		return j.key == key
-	})
+// run steps the source and carries its effects out.
+func (w *workerActor) run(c actor.Context, ev handoff.Event) {
+	handoff.Run(w.src, ev, time.Now(), func(e handoff.Effect) handoff.Event { return w.do(c, e) })
 }
 
-// reply answers a plan with a TransferDone: the job's outcome, with the
-// first token and the sources' seal checksums when it succeeded.
-func (w *workerActor) reply(c actor.Context, job *prefillJob, err error) {
-	done := &messages.TransferDone{RequestID: job.owner.Request, Tenant: job.owner.Tenant}
-	if err != nil {
-		done.Err = wireError(err)
-	} else {
-		done.First, done.Frames, done.Source, done.Sums = uint32(job.first), uint32(len(job.sums)), job.local.Request, job.sums
+func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
+	switch e := e.(type) {
+	case handoff.RefusePlan:
+		if err := refusePlan(c, e.Plan, e.Err); err != nil {
+			w.log.Error("transfer done refused by its own validation", "err", err)
+		}
+	case handoff.Queued:
+		w.jobs[e.Key] = &prefillJob{replyTo: c.Sender()}
+	case handoff.Dropped:
+		w.log.Warn(e.Why+"; dropped", "request", e.Key.ID, "from", e.Key.Sender)
+	case handoff.Prefill:
+		out, frames := handoff.ExecPrefill(w.engine, w.kv, e)
+		w.jobs[e.Key].frames = frames
+		if out.Err == nil && w.fault != nil {
+			w.fault(frames.Frames)
+		}
+		return out
+	case handoff.SendFrames:
+		return w.send(c, e)
+	case handoff.CancelSend:
+		if j := w.jobs[e.Key]; j != nil && j.cancel != nil {
+			j.cancel()
+		}
+	case handoff.Release:
+		handoff.ExecRelease(w.kv, e, func(t kv.Tag, err error) {
+			w.log.Warn("release of page refused", "tag", t.String(), "err", err)
+		})
+	case handoff.Ack:
+		handoff.ExecAck(w.kv, e, func(t kv.Tag, err error) {
+			w.log.Warn("ack of source page refused", "tag", t.String(), "err", err)
+		})
+	case handoff.Reply:
+		if j := w.jobs[e.Key]; j != nil {
+			if err := messages.Send(c, j.replyTo, e.Done); err != nil {
+				w.log.Error("transfer done refused by its own validation", "err", err)
+			}
+			delete(w.jobs, e.Key)
+		}
 	}
-	if err := messages.Send(c, job.replyTo, done); err != nil {
-		w.log.Error("transfer done refused by its own validation", "err", err)
+	return nil
+}
+
+// send sends a prefilled plan's frames: to a request actor here at once,
+// to another node's data plane from a goroutine (sendRemote), whose
+// outcome comes back as a transferSent.
+func (w *workerActor) send(c actor.Context, e handoff.SendFrames) handoff.Event {
+	j := w.jobs[e.Key]
+	var err error
+	switch {
+	case e.Plan.DataPlane == "":
+		err = w.sendLocal(c, j)
+	case w.dial == nil:
+		err = fmt.Errorf("actors: plan names data plane %s and this node has none", e.Plan.DataPlane)
+	default:
+		w.sendRemote(c, e.Key, e.Plan, j)
+		return nil
 	}
+	return w.sent(e.Key, j, err)
+}
+
+// sent is a send's outcome, once the frames' leases are given back.
+func (w *workerActor) sent(key handoff.JobKey, j *prefillJob, err error) handoff.Event {
+	if err == nil {
+		w.stats.batchesSent.Add(uint64(len(w.batches(j.frames.Frames))))
+		w.stats.framesSent.Add(uint64(len(j.frames.Frames)))
+	}
+	err = errors.Join(err, j.frames.Unlease(w.kv))
+	j.frames.Frames, j.cancel = nil, nil
+	return handoff.Sent{Key: key, Err: err}
 }
 
 // kick makes sure a step message is on its way while there is work a step
 // can do: a running sequence, or a queued plan that can start.
 func (w *workerActor) kick(c actor.Context) {
-	if !w.stepping && (len(w.seqs) > 0 || w.startable() >= 0) {
+	if !w.stepping && (len(w.seqs) > 0 || w.src.Startable()) {
 		w.stepping = true
 		c.Send(c.Self(), step{})
 	}
 }
 
-// startable is the index of the first queued plan that can start now, or
-// -1: a plan for another node's data plane waits while sendsMax transfers
-// are being sent.
-func (w *workerActor) startable() int {
-	return slices.IndexFunc(w.queue, func(j *prefillJob) bool {
-		return j.plan.DataPlane == "" || len(w.sending) < w.sendsMax
-	})
-}
-
+// runStep starts at most one queued plan, then runs one decode step of up
+// to batchMax sequences, round robin.
 func (w *workerActor) runStep(c actor.Context) {
-	if i := w.startable(); i >= 0 {
-		job := w.queue[i]
-		w.queue = slices.Delete(w.queue, i, i+1)
-		w.prefill(c, job)
+	if w.src.Startable() {
+		w.run(c, handoff.Next{})
 	}
 	n := min(len(w.seqs), w.batchMax)
 	for i := 0; i < n && len(w.seqs) > 0; i++ {
@@ -325,72 +314,6 @@ func (w *workerActor) runStep(c actor.Context) {
 		w.next = (w.next + n) % len(w.seqs)
 	}
 	w.stats.steps.Add(1)
-}
-
-// prefill computes the job's KV into this worker's pool, reads every page
-// under a lease into frames addressed to the plan's destination tags, and
-// sends them: to a request actor here at once, to another node's data
-// plane from a goroutine (see sendRemote). Either way sent finishes the
-// job.
-func (w *workerActor) prefill(c actor.Context, job *prefillJob) {
-	prompt := make([]int, len(job.plan.PromptTokens))
-	for i, t := range job.plan.PromptTokens {
-		prompt[i] = int(t)
-	}
-	tags, err := w.pool.Reserve(c, job.local, 0, w.pool.Geometry.PagesFor(len(prompt)))
-	if err != nil {
-		w.reply(c, job, err)
-		return
-	}
-	job.sources = tags
-	pre, err := w.engine.Prefill(w.kv, job.local, tags, prompt)
-	if err == nil {
-		err = w.frame(c, job, pre)
-	}
-	switch {
-	case err != nil:
-		w.sent(c, job, err)
-	case job.plan.DataPlane == "":
-		w.sent(c, job, w.sendLocal(c, job))
-	default:
-		w.sendRemote(c, job)
-	}
-}
-
-// frame leases every prefilled page, makes its frame (payload read through
-// the lease, addressed to the plan's destination tag) and marks it as
-// awaiting decode's acknowledgement. The leases are held until the frames
-// are sent: the payloads are the pages' bytes.
-func (w *workerActor) frame(c actor.Context, job *prefillJob, pre gpu.Prefilled) error {
-	m := pre.Manifest
-	if len(job.plan.DestTags) != len(m.Pages) {
-		return fmt.Errorf("actors: plan has %d destination pages for %d prompt pages", len(job.plan.DestTags), len(m.Pages))
-	}
-	job.first = pre.First
-	pos := 0
-	for i, mp := range m.Pages {
-		l, err := w.kv.Lease(mp.Tag, job.local)
-		if err != nil {
-			return err
-		}
-		job.leases = append(job.leases, l)
-		payload, _, err := w.kv.Read(l)
-		if err != nil {
-			return err
-		}
-		job.frames = append(job.frames, kv.Frame{Owner: job.owner, Source: mp.Tag, Dest: job.plan.DestTags[i],
-			FirstToken: pos, Tokens: mp.Tokens, Payload: payload})
-		job.sums = append(job.sums, mp.Checksum)
-		pos += mp.Tokens
-		if err := w.pool.Page(c, mp.Tag, PageAwaitAck{Tag: mp.Tag, Owner: job.local}).Err; err != nil {
-			return err
-		}
-		job.marked++
-	}
-	if w.fault != nil {
-		w.fault(job.frames)
-	}
-	return nil
 }
 
 // batches cuts frames into groups of at most one transfer batch.
@@ -409,13 +332,13 @@ func (w *workerActor) batches(frames []kv.Frame) [][]kv.Frame {
 
 // sendLocal sends the job's frames to its request actor in this process,
 // as encoded batches (kv.AppendBatch copies the payloads).
-func (w *workerActor) sendLocal(c actor.Context, job *prefillJob) error {
-	for _, b := range w.batches(job.frames) {
+func (w *workerActor) sendLocal(c actor.Context, j *prefillJob) error {
+	for _, b := range w.batches(j.frames.Frames) {
 		data, err := kv.AppendBatch(nil, b, w.limits)
 		if err != nil {
 			return err
 		}
-		c.Send(job.replyTo, FrameBatch{Owner: job.owner, Data: data})
+		c.Send(j.replyTo, FrameBatch{Owner: b[0].Owner, Data: data})
 	}
 	return nil
 }
@@ -430,19 +353,14 @@ func peerKey(addr string, incarnation uint64) string { return fmt.Sprintf("%s#%x
 // PrefillTimeout, and reports the outcome as a transferSent. The goroutine
 // touches nothing of the worker's: the frames' payloads stay leased, and
 // so unchanged, until the outcome is in.
-func (w *workerActor) sendRemote(c actor.Context, job *prefillJob) {
-	if w.dial == nil {
-		w.sent(c, job, fmt.Errorf("actors: plan names data plane %s and this node has none", job.plan.DataPlane))
-		return
-	}
-	addr, inc := job.plan.DataPlane, job.plan.DestTags[0].Incarnation
-	key := peerKey(addr, inc)
+func (w *workerActor) sendRemote(c actor.Context, key handoff.JobKey, plan *messages.TransferPlan, j *prefillJob) {
+	addr, inc := plan.DataPlane, plan.DestTags[0].Incarnation
+	peer := peerKey(addr, inc)
 	w.pruneSenders()
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
-	job.cancel = cancel
-	w.sending[job.key] = job
-	out := transferSent{job: job.key, peer: key, sender: w.senders[key]}
-	dial, frames, self, root := w.dial, job.frames, c.Self(), c.ActorSystem().Root
+	j.cancel = cancel
+	out := transferSent{job: key, peer: peer, sender: w.senders[peer]}
+	dial, frames, self, root := w.dial, j.frames.Frames, c.Self(), c.ActorSystem().Root
 	go func() {
 		defer cancel()
 		if out.sender == nil {
@@ -500,56 +418,8 @@ func (w *workerActor) transferSent(c actor.Context, m transferSent) {
 	case m.dialed:
 		m.sender.Close()
 	}
-	job := w.sending[m.job]
-	if job == nil {
-		return
-	}
-	delete(w.sending, m.job)
-	w.sent(c, job, m.err)
-}
-
-// sent finishes a job whose frames went (err nil) or did not: the leases
-// go back, the source pages are released, and decode is told. Released
-// now, a source page awaiting the ack is freed when decode acknowledges,
-// or at its reclaim deadline if decode never answers (a dead decode node
-// strands nothing). A failed transfer will not be acknowledged, so its
-// pages are acknowledged here.
-func (w *workerActor) sent(c actor.Context, job *prefillJob, err error) {
-	for _, l := range job.leases {
-		err = errors.Join(err, w.kv.Unlease(l))
-	}
-	frames := job.frames
-	job.leases, job.frames, job.cancel = nil, nil, nil
-	if err != nil {
-		w.ack(c, job.local, job.sources[:job.marked])
-	}
-	w.releaseAll(job.local, job.sources)
-	if err != nil {
-		w.reply(c, job, err)
-		return
-	}
-	w.stats.batchesSent.Add(uint64(len(w.batches(frames))))
-	w.stats.framesSent.Add(uint64(len(frames)))
-	now := time.Now()
-	if w.done.has(job.key, now) {
-		// Aborted while its frames were on their way: nobody will
-		// acknowledge them.
-		w.ack(c, job.local, job.sources)
-		return
-	}
-	w.prune(now)
-	job.expires = now.Add(w.reclaimAfter)
-	w.awaiting[job.key] = job
-	w.reply(c, job, nil)
-}
-
-// prune forgets plans whose pages have been reclaimed: their decode node
-// will never answer.
-func (w *workerActor) prune(now time.Time) {
-	for k, j := range w.awaiting {
-		if now.After(j.expires) {
-			delete(w.awaiting, k)
-		}
+	if j := w.jobs[m.job]; j != nil {
+		w.run(c, w.sent(m.job, j, m.err))
 	}
 }
 
@@ -568,124 +438,48 @@ func (w *workerActor) pruneSenders() {
 	}
 }
 
-// drop ends a plan, acknowledged or abandoned, and remembers it so that
-// a duplicate is not run again: a queued plan is withdrawn, a send in
-// flight is cancelled (its outcome frees the pages), and a plan awaiting
-// its ack has its source pages (released already) freed.
-func (w *workerActor) drop(c actor.Context, key jobKey, tenant string) {
-	if i := slices.IndexFunc(w.queue, func(j *prefillJob) bool { return j.key == key }); i >= 0 {
-		if w.queue[i].owner.Tenant == tenant {
-			w.queue = slices.Delete(w.queue, i, i+1)
-			w.done.add(key, time.Now())
-		}
-		return
-	}
-	if job := w.sending[key]; job != nil {
-		if job.owner.Tenant == tenant {
-			job.cancel()
-			w.done.add(key, time.Now())
-		}
-		return
-	}
-	job := w.awaiting[key]
-	if job == nil || job.owner.Tenant != tenant {
-		return
-	}
-	delete(w.awaiting, key)
-	w.done.add(key, time.Now())
-	w.ack(c, job.local, job.sources)
-}
-
-// ack records decode's acknowledgement of source pages, which frees them
-// (they were released when sent).
-func (w *workerActor) ack(c actor.Context, o kv.Owner, tags []kv.Tag) {
-	for _, t := range tags {
-		if rep := w.pool.Page(c, t, PageAck{Tag: t, Owner: o}); rep.Err != nil {
-			ownsOrPanic(rep.Err, w.role+" worker", t, o)
-			w.log.Warn("ack of source page refused", "tag", t.String(), "err", rep.Err)
-		}
-	}
-}
-
-func (w *workerActor) releaseAll(o kv.Owner, tags []kv.Tag) {
-	for _, t := range tags {
-		if err := w.kv.release(t, o); err != nil {
-			ownsOrPanic(err, w.role+" worker", t, o)
-			w.log.Warn("release of page refused", "tag", t.String(), "err", err)
-		}
-	}
-}
-
-// startDecode starts a job's sequence, checks its first token against the
-// pages and streams it, and keeps the sequence for the steps to come, if
-// any.
+// startDecode starts a job's sequence (handoff.Begin checks its first
+// token against the pages), streams the first token, and keeps the
+// sequence for the steps to come, if any.
 func (w *workerActor) startDecode(c actor.Context, job DecodeJob) {
 	owner := job.Manifest.Owner
-	seq, err := w.engine.Decode(w.kv, job.Manifest, job.Next)
-	if err == nil {
-		if err = w.confirmFirst(seq, job); err != nil {
-			err = errors.Join(err, seq.Close(w.kv))
-		}
-	}
+	s, err := handoff.Begin(w.engine, w.kv, job.StartDecode, gpu.EOS)
 	if err != nil {
+		var first *FirstTokenError
+		if errors.As(err, &first) {
+			w.stats.firstRefused.Add(1)
+		}
 		c.Send(job.ReplyTo, DecodeDone{Owner: owner, Err: err})
 		return
 	}
 	c.Send(job.ReplyTo, TokenOut{Owner: owner, Token: job.Next})
-	if job.Next == gpu.EOS || job.MaxNew == 0 {
-		c.Send(job.ReplyTo, DecodeDone{Owner: owner, Err: seq.Close(w.kv)})
+	if s.Ended() {
+		c.Send(job.ReplyTo, DecodeDone{Owner: owner, Err: s.Close(w.kv)})
 		return
 	}
-	w.seqs = append(w.seqs, &sequence{job: job, seq: seq})
-}
-
-// confirmFirst recomputes the job's first token from the prompt's last
-// token and the KV decode received, and refuses one prefill sent that the
-// KV does not give.
-func (w *workerActor) confirmFirst(seq gpu.Sequence, job DecodeJob) error {
-	tok, err := seq.First(w.kv, job.Last)
-	if err == nil && tok == job.Next {
-		return nil
-	}
-	w.stats.firstRefused.Add(1)
-	return &FirstTokenError{Prefill: job.Next, Decode: tok, Err: err}
+	w.seqs = append(w.seqs, &sequence{Sequence: s, replyTo: job.ReplyTo})
 }
 
 // decodeStep runs one step of s and reports whether s is finished, and
 // why if it failed.
 func (w *workerActor) decodeStep(c actor.Context, s *sequence) (done bool, err error) {
-	if s.generated >= s.job.MaxNew {
-		return true, nil
+	tok, done, err := s.Step(w.kv)
+	if err == nil {
+		c.Send(s.replyTo, TokenOut{Owner: s.Owner(), Token: tok})
 	}
-	if first, need := s.seq.NeedsPage(); need {
-		if len(s.job.Spare) == 0 {
-			return true, fmt.Errorf("actors: sequence needs a page at position %d and none is reserved", first)
-		}
-		if err := s.seq.GrantPage(s.job.Spare[0]); err != nil {
-			return true, err
-		}
-		s.job.Spare = s.job.Spare[1:]
-	}
-	tok, err := s.seq.Step(w.kv)
-	if err != nil {
-		return true, err
-	}
-	s.generated++
-	c.Send(s.job.ReplyTo, TokenOut{Owner: s.job.Manifest.Owner, Token: tok})
-	return tok == gpu.EOS || s.generated >= s.job.MaxNew, nil
+	return done, err
 }
 
 // finish closes sequence idx (giving back its leases) and reports it.
 func (w *workerActor) finish(c actor.Context, idx int, cause error) {
 	s := w.seqs[idx]
 	w.seqs = append(w.seqs[:idx], w.seqs[idx+1:]...)
-	err := errors.Join(cause, s.seq.Close(w.kv))
-	c.Send(s.job.ReplyTo, DecodeDone{Owner: s.job.Manifest.Owner, Err: err})
+	c.Send(s.replyTo, DecodeDone{Owner: s.Owner(), Err: errors.Join(cause, s.Close(w.kv))})
 }
 
 func (w *workerActor) cancel(c actor.Context, o kv.Owner) {
 	for i, s := range w.seqs {
-		if s.job.Manifest.Owner == o {
+		if s.Owner() == o {
 			w.finish(c, i, ErrCancelled)
 			return
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -130,7 +131,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	}
 	d, p := ds[0], ps[0]
 	prompt := len(gpu.ByteTokenizer{}.Encode(m.Prompt))
-	if err := r.cfg.Check(prompt, int(m.MaxTokens), int(p.Meta.CapacityPages), int(d.Meta.CapacityPages)); err != nil {
+	if err := handoff.Admit(r.cfg.Limits(), prompt, int(m.MaxTokens), int(p.Meta.CapacityPages), int(d.Meta.CapacityPages)); err != nil {
 		if _, ok := err.(*actors.PromptTooLongError); ok {
 			reject(err, &r.counters.rejectedTooLong)
 		} else {

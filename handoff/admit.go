@@ -3,6 +3,7 @@ package handoff
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -115,13 +116,7 @@ func (a *Admission) Admit(q Ask) (decode int, err error) {
 	if _, dup := a.byClient[q.Key]; dup {
 		return 0, &BadRequestError{Reason: fmt.Sprintf("request id %d is already in flight", q.Key.ID)}
 	}
-	best := 0
-	for i, n := range a.load {
-		if n < a.load[best] {
-			best = i
-		}
-	}
-	return best, nil
+	return slices.Index(a.load, slices.Min(a.load)), nil
 }
 
 // Started records an admitted request under its name.

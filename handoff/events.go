@@ -153,7 +153,7 @@ type (
 		From, To Peer
 		Cause    error
 	}
-	// Refuse counts a message from a stranger; it changed nothing.
+	// Refuse counts frames or a report from a stranger.
 	Refuse struct{ Err *StrangerError }
 )
 

@@ -135,7 +135,7 @@ func (p *pair) do(e Effect) Event {
 		p.timers = append(p.timers, e)
 	case Pick:
 		return Picked{} // one prefill peer only
-	case CancelDecode, Refuse, Retry, RefusePlan, Dropped, CancelSend:
+	case CancelDecode, Refuse, Retry, RefusePlan, Queued, Dropped, CancelSend:
 	default:
 		p.t.Fatalf("unexpected effect %T", e)
 	}
@@ -264,7 +264,7 @@ func TestSourceDropsDuplicatesAndForeignAcks(t *testing.T) {
 	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
 		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
 	key := JobKey{Sender: "d", ID: 3}
-	if eff := s.Step(PlanIn{Key: key, Plan: plan}, now); len(eff) != 0 {
+	if eff := s.Step(PlanIn{Key: key, Plan: plan}, now); len(eff) != 1 || eff[0] != (Queued{Key: key}) {
 		t.Fatalf("first plan: %+v", eff)
 	}
 	if eff := s.Step(PlanIn{Key: key, Plan: plan}, now); len(eff) != 1 || eff[0].(Dropped).Why != "duplicate transfer plan" {

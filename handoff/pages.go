@@ -230,11 +230,9 @@ func Begin(engine gpu.Engine, p gpu.KV, e StartDecode, eos int) (*Sequence, erro
 func (s *Sequence) Ended() bool { return s.job.Next == s.eos || s.job.MaxNew == 0 }
 
 // Step generates the next token, granting the sequence a spare page when
-// it needs one; done says the job has every token (or met EOS, or failed).
+// it needs one; done says the job has every token (or met EOS, or failed),
+// after which it is not stepped again.
 func (s *Sequence) Step(p gpu.KV) (tok int, done bool, err error) {
-	if s.generated >= s.job.MaxNew {
-		return 0, true, nil
-	}
 	if first, need := s.seq.NeedsPage(); need {
 		if len(s.job.Spare) == 0 {
 			return 0, true, fmt.Errorf("handoff: sequence needs a page at position %d and none is reserved", first)

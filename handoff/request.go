@@ -246,7 +246,11 @@ func (r *Request) framesIn(frames []kv.Frame, now time.Time) []Effect {
 		}
 		if err != nil {
 			r.counts.FramesRefused += uint64(len(keep))
-			return r.finish(err)
+			var out []Effect
+			if se, ok := err.(*StrangerError); ok {
+				out = append(out, Refuse{Err: se})
+			}
+			return append(out, r.finish(err)...)
 		}
 		r.sources[page] = f.Source
 	}

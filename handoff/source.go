@@ -81,6 +81,8 @@ type (
 		Plan *messages.TransferPlan
 		Err  error
 	}
+	// Queued: a plan was taken; it will be answered with a Reply.
+	Queued struct{ Key JobKey }
 	// Dropped: a plan was dropped without an answer (a duplicate).
 	Dropped struct {
 		Key JobKey
@@ -124,6 +126,7 @@ func (AckIn) event()     {}
 func (AbortIn) event()   {}
 
 func (RefusePlan) effect() {}
+func (Queued) effect()     {}
 func (Dropped) effect()    {}
 func (Prefill) effect()    {}
 func (SendFrames) effect() {}
@@ -245,7 +248,7 @@ func (s *Source) planIn(e PlanIn, now time.Time) []Effect {
 	s.nextLocal++
 	s.queue = append(s.queue, &job{key: e.Key, plan: e.Plan, owner: e.Plan.Owner(),
 		local: kv.Owner{Request: s.nextLocal, Tenant: e.Plan.Tenant}})
-	return nil
+	return []Effect{Queued{Key: e.Key}}
 }
 
 // find is the plan of key in hand, if any.

@@ -110,7 +110,17 @@ func NewActorSystem(log *slog.Logger) *actor.ActorSystem {
 // checked and tried first, and a failure is an error with the address in
 // it.
 func StartRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority) (*remote.Remote, error) {
-	return startRemote(sys, listen, auth, false)
+	return startRemote(sys, listen, "", auth, false)
+}
+
+// StartRemoteAdvertised is StartRemote for a process that peers reach at
+// advertise (host:port), not at the address it listens on: through a
+// proxy or a NAT that forwards advertise to listen. Its actors' PIDs name
+// advertise, and the remote boundary takes messages for actors there. The
+// address proof of trust still holds: a peer that dials advertise reaches
+// this process's TLS and certificate. Empty advertise is StartRemote.
+func StartRemoteAdvertised(sys *actor.ActorSystem, listen, advertise string, auth *trust.Authority) (*remote.Remote, error) {
+	return startRemote(sys, listen, advertise, auth, false)
 }
 
 // StartRemoteAwaiting is StartRemote for a process that waits on other
@@ -118,10 +128,10 @@ func StartRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority) (
 // boundary lets replies reach its futures, which anyone with a cluster
 // certificate can address. Nodes never need it.
 func StartRemoteAwaiting(sys *actor.ActorSystem, listen string, auth *trust.Authority) (*remote.Remote, error) {
-	return startRemote(sys, listen, auth, true)
+	return startRemote(sys, listen, "", auth, true)
 }
 
-func startRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority, futures bool) (*remote.Remote, error) {
+func startRemote(sys *actor.ActorSystem, listen, advertise string, auth *trust.Authority, futures bool) (*remote.Remote, error) {
 	if auth == nil {
 		return nil, errors.New("messages: no trust authority for remote (trust.Insecure runs without one)")
 	}
@@ -133,6 +143,9 @@ func startRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority, f
 	if err != nil || port < 0 || port > 65535 {
 		return nil, fmt.Errorf("messages: listen address %q: port %q must be 0 to 65535", listen, portStr)
 	}
+	if _, p, err := net.SplitHostPort(advertise); advertise != "" && (err != nil || p == "") {
+		return nil, fmt.Errorf("messages: advertised address %q: want host:port", advertise)
+	}
 	probe, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("messages: cannot listen on %s: %w", listen, err)
@@ -142,7 +155,11 @@ func startRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority, f
 	}
 	probe.Close()
 	self := fmt.Sprintf("%v:%v", host, port) // as protoactor writes its address
-	r := remote.NewRemote(sys, remote.Configure(host, port, remoteOptions(auth, self, futures)...))
+	var adv []remote.ConfigOption
+	if advertise != "" {
+		self, adv = advertise, []remote.ConfigOption{remote.WithAdvertisedHost(advertise)}
+	}
+	r := remote.NewRemote(sys, remote.Configure(host, port, append(remoteOptions(auth, self, futures), adv...)...))
 	r.Start()
 	return r, nil
 }

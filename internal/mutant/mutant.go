@@ -1,0 +1,41 @@
+// Package mutant names the planted bug a mutant build of kvwarden carries.
+// A mutant is the real code with one guard removed, each re-creating a way
+// this class of system has failed; it is built only with its build tag
+// (go build -tags mutant_<name>), and the simulator and the chaos checker
+// must catch every one (chaos/mutants.sh). A normal build has Active == ""
+// and every mutant branch is dead code the compiler removes.
+package mutant
+
+// Names of the mutants, and the build tag of each: mutant_<name>.
+const (
+	// Incident is the incident's own bug: an oversize prompt is replaced
+	// by a one-token placeholder whose KV is transferred as if it were the
+	// whole prompt's, and decode reads the rest of its pages as they are.
+	Incident = "incident"
+	// NoTagCheck: a page takes any generation of its tag.
+	NoTagCheck = "no_tag_check"
+	// EarlyRelease: prefill frees its source pages as soon as the frames
+	// are sent, before decode's ack.
+	EarlyRelease = "early_release"
+	// NoGenBump: a freed page keeps its generation.
+	NoGenBump = "no_gen_bump"
+	// ChecksumSkipsHeader: a page's checksum covers its bytes only, not
+	// its tag, owner and token range.
+	ChecksumSkipsHeader = "checksum_skips_header"
+	// NoManifestVerify: decode skips the manifest's verification.
+	NoManifestVerify = "no_manifest_verify"
+	// AdmitIgnoresSmallestPool: admission checks the prompt against the
+	// decode pool only, not the smaller prefill pool on its path.
+	AdmitIgnoresSmallestPool = "admit_ignores_smallest_pool"
+	// LateDoneAccepted: a request takes a TransferDone of an attempt it
+	// abandoned.
+	LateDoneAccepted = "late_done_accepted"
+)
+
+// All lists every mutant.
+var All = []string{Incident, NoTagCheck, EarlyRelease, NoGenBump, ChecksumSkipsHeader, NoManifestVerify,
+	AdmitIgnoresSmallestPool, LateDoneAccepted}
+
+// Is reports whether this build carries mutant name. It is a constant
+// expression, so a normal build compiles the guarded code only.
+func Is(name string) bool { return Active == name }

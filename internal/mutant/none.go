@@ -1,0 +1,6 @@
+//go:build !mutant_incident && !mutant_no_tag_check && !mutant_early_release && !mutant_no_gen_bump && !mutant_checksum_skips_header && !mutant_no_manifest_verify && !mutant_admit_ignores_smallest_pool && !mutant_late_done_accepted
+
+package mutant
+
+// Active is the mutant this build carries: none.
+const Active = ""
