@@ -1,6 +1,10 @@
 // Package actors serves generation inside one node, disaggregated across
 // its own prefill and decode workers, with protoactor-go actors wrapping the
-// pure cores of kv and gpu.
+// pure cores of kv, handoff and gpu. The admission, request and worker
+// actors are shells: the rules of a request's life, of a prefill worker's
+// transfers and of admission are handoff's state machines (the same ones
+// the simulator in chaos/sim drives), and the actors turn messages and
+// timers into their events and carry their effects out.
 //
 // # Common path
 //
