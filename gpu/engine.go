@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
 )
 
@@ -224,7 +225,7 @@ func (e *ReferenceEngine) Decode(pool KV, m *kv.Manifest, next int) (Sequence, e
 	if err := e.checkTokens([]int{next}); err != nil {
 		return nil, err
 	}
-	if err := m.Verify(pool); err != nil {
+	if err := m.Verify(pool); err != nil && !mutant.Is(mutant.NoManifestVerify) && !mutant.Is(mutant.Incident) {
 		return nil, err
 	}
 	if m.Tokens >= e.m.cfg.ContextTokens {
@@ -309,7 +310,7 @@ func (s *refSequence) readPages(pool KV) error {
 		if err != nil {
 			return err
 		}
-		if n != s.pages[i].Tokens {
+		if n != s.pages[i].Tokens && !mutant.Is(mutant.Incident) {
 			return &kv.ManifestError{Field: "tokens", Page: i, Want: s.pages[i].Tokens, Have: n}
 		}
 		s.segs = append(s.segs, b)

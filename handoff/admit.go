@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -36,7 +37,7 @@ func Admit(l Limits, promptTokens, maxTokens, prefillPages, decodePages int) err
 	case promptTokens+maxTokens > l.ContextTokens:
 		return &PromptTooLongError{Tokens: promptTokens + maxTokens, Limit: l.ContextTokens,
 			Where: "context window (prompt + max_tokens)"}
-	case g.PagesFor(promptTokens) > prefillPages:
+	case g.PagesFor(promptTokens) > prefillPages && !mutant.Is(mutant.AdmitIgnoresSmallestPool) && !mutant.Is(mutant.Incident):
 		return &PromptTooLongError{Tokens: promptTokens, Limit: prefillPages * g.PageTokens, Where: "prefill pool"}
 	}
 	if need := g.PagesFor(promptTokens) + g.PagesFor(maxTokens-1); need > decodePages {

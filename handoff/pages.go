@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -55,11 +56,17 @@ func ExecWrite(p Pages, e Write) Written {
 func ExecSealVerify(p Pages, e SealVerify) Verified {
 	m := e.Manifest
 	for i := range m.Pages {
+		if mutant.Is(mutant.Incident) && e.Origins[i].Tag == (kv.Tag{}) {
+			continue // the planted bug: a page nothing was sent for is taken as it is
+		}
 		sum, err := p.SealFrom(m.Pages[i].Tag, m.Owner, e.Origins[i])
 		if err != nil {
 			return Verified{Err: err}
 		}
 		m.Pages[i].Checksum = sum
+	}
+	if mutant.Is(mutant.NoManifestVerify) || mutant.Is(mutant.Incident) {
+		return Verified{} // the planted bug: decode reads what the manifest names, unverified
 	}
 	return Verified{Err: m.Verify(p)}
 }
@@ -132,6 +139,12 @@ func ExecPrefill(engine gpu.Engine, p Pages, e Prefill) (Prefilled, Frames) {
 		prompt[i] = int(t)
 	}
 	tags, err := p.Reserve(e.Local, 0, p.Geometry().PagesFor(len(prompt)))
+	if err != nil && mutant.Is(mutant.Incident) {
+		// The planted bug: a prompt the pool cannot hold is replaced by a
+		// one-token placeholder, sent as if it were the prompt.
+		prompt = prompt[:1]
+		tags, err = p.Reserve(e.Local, 0, 1)
+	}
 	if err != nil {
 		out.Err = err
 		return out, fr
@@ -143,7 +156,7 @@ func ExecPrefill(engine gpu.Engine, p Pages, e Prefill) (Prefilled, Frames) {
 		return out, fr
 	}
 	m := pre.Manifest
-	if len(e.Plan.DestTags) != len(m.Pages) {
+	if len(e.Plan.DestTags) != len(m.Pages) && !mutant.Is(mutant.Incident) {
 		out.Err = fmt.Errorf("handoff: plan has %d destination pages for %d prompt pages", len(e.Plan.DestTags), len(m.Pages))
 		return out, fr
 	}
@@ -219,7 +232,7 @@ func Begin(engine gpu.Engine, p gpu.KV, e StartDecode, eos int) (*Sequence, erro
 	if err != nil {
 		return nil, err
 	}
-	if tok, err := seq.First(p, e.Last); err != nil || tok != e.Next {
+	if tok, err := seq.First(p, e.Last); (err != nil || tok != e.Next) && !mutant.Is(mutant.Incident) {
 		return nil, errors.Join(&FirstTokenError{Prefill: e.Next, Decode: tok, Err: err}, seq.Close(p))
 	}
 	return &Sequence{job: e, seq: seq, eos: eos}, nil

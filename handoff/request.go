@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -288,7 +289,7 @@ func (r *Request) stranger(what, from string) *StrangerError {
 func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
 	m := e.Done
 	switch {
-	case m.RequestID != r.owner.Request || r.phase != phasePrefill:
+	case m.RequestID != r.owner.Request && !mutant.Is(mutant.LateDoneAccepted), r.phase != phasePrefill:
 		r.counts.Ignored++ // an abandoned attempt's, or a duplicate
 		return nil
 	case !e.FromPrefill:
@@ -297,6 +298,11 @@ func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
 		return r.prefillFailed(m.Err)
 	}
 	r.transferEnd = now
+	if mutant.Is(mutant.Incident) {
+		// The planted bug: whatever came is taken as the whole prompt's KV.
+		r.frames, r.written = int(m.Frames), len(r.prompt)
+		m.Sums = append(m.Sums, make([]uint64, max(0, len(r.manifest.Pages)-len(m.Sums)))...)
+	}
 	if r.frames != int(m.Frames) || r.written != len(r.prompt) {
 		return r.finish(&kv.ManifestError{Field: "tokens transferred", Page: -1, Want: len(r.prompt), Have: r.written})
 	}

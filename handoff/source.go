@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -307,6 +308,9 @@ func (s *Source) sent(j *job, err error, now time.Time) []Effect {
 		if now.After(a.expires) {
 			delete(s.awaiting, k) // reclaimed: its decode node will never answer
 		}
+	}
+	if mutant.Is(mutant.EarlyRelease) {
+		out = append(out, Ack{Owner: j.local, Tags: j.sources}) // the planted bug: freed before decode's ack
 	}
 	j.expires = now.Add(s.cfg.ReclaimAfter)
 	s.awaiting[j.key] = j

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvwarden/kvwarden/internal/mutant"
 )
 
 // Checksums are XXH3-64 (zeebo/xxh3). The header is hashed first and its
@@ -37,7 +39,15 @@ func PageChecksum(tag Tag, owner Owner, first, tokens int, payload []byte) uint6
 	b = appendOwner(b, owner)
 	b = binary.LittleEndian.AppendUint32(b, uint32(first))
 	b = binary.LittleEndian.AppendUint32(b, uint32(tokens))
-	return xxh3.HashSeed(payload, xxh3.Hash(b))
+	return xxh3.HashSeed(payload, headerSeed(b))
+}
+
+// headerSeed is the hash of an encoded header, which seeds the payload's.
+func headerSeed(header []byte) uint64 {
+	if mutant.Is(mutant.ChecksumSkipsHeader) {
+		return 0 // the planted bug: the sum covers the payload only
+	}
+	return xxh3.Hash(header)
 }
 
 func appendTag(b []byte, t Tag) []byte {

@@ -125,7 +125,7 @@ func AppendFrameHeader(dst []byte, f *Frame, lim FrameLimits) ([]byte, uint64, e
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(f.Payload)))
 	dst = binary.LittleEndian.AppendUint64(dst, 0)
 	dst = append(dst, f.Owner.Tenant...)
-	sum := xxh3.HashSeed(f.Payload, xxh3.Hash(dst[start:]))
+	sum := xxh3.HashSeed(f.Payload, headerSeed(dst[start:]))
 	binary.LittleEndian.PutUint64(dst[start+frameChecksumAt:], sum)
 	return dst, sum, nil
 }
@@ -201,7 +201,7 @@ func DecodeFrame(buf []byte, lim FrameLimits) (Frame, int, error) {
 	var hdr [frameHeaderBytesMax]byte
 	h := append(hdr[:0], buf[:hdrEnd]...)
 	clear(h[frameChecksumAt : frameChecksumAt+8])
-	if have := xxh3.HashSeed(f.Payload, xxh3.Hash(h)); have != f.Checksum {
+	if have := xxh3.HashSeed(f.Payload, headerSeed(h)); have != f.Checksum {
 		return Frame{}, 0, &ChecksumMismatchError{Where: "frame for " + f.Dest.String(), Want: f.Checksum, Have: have}
 	}
 	return f, total, nil

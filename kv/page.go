@@ -3,6 +3,8 @@ package kv
 import (
 	"fmt"
 	"time"
+
+	"github.com/kvwarden/kvwarden/internal/mutant"
 )
 
 // pageParams are the parameters every page of one pool shares.
@@ -82,6 +84,9 @@ func (pg *Page) Assign(tag Tag, owner Owner, first int, now time.Time) {
 // the page must have an owner, and the presented owner must be it (tenant
 // first, since a cross-tenant access is the one that matters most).
 func (pg *Page) access(tag Tag, owner Owner, op string) error {
+	if mutant.Is(mutant.NoTagCheck) && tag.Incarnation == pg.params.incarnation && tag.Index == pg.index && pg.state != Free {
+		return nil // the planted bug: any access addressed to the page is taken, whatever tenancy it names
+	}
 	if tag != pg.Tag() {
 		if tag.Incarnation != pg.params.incarnation || tag.Index != pg.index {
 			return &StaleTagError{Page: tag.Index, Have: tag}
@@ -190,7 +195,7 @@ func (pg *Page) Lease(tag Tag, owner Owner) (Lease, error) {
 	if err := pg.access(tag, owner, "lease"); err != nil {
 		return Lease{}, err
 	}
-	if pg.state != Sealed && pg.state != Leased {
+	if pg.state != Sealed && pg.state != Leased && !mutant.Is(mutant.Incident) {
 		return Lease{}, &StateError{Page: tag, Op: "lease", State: pg.state}
 	}
 	pg.state = Leased
@@ -210,8 +215,11 @@ func (pg *Page) Read(l Lease) ([]byte, int, error) {
 		return nil, 0, &StateError{Page: l.Tag, Op: "read without lease", State: pg.state}
 	}
 	b := pg.bytes[:pg.filled*pg.params.bpt]
+	if mutant.Is(mutant.Incident) {
+		b = pg.bytes // the planted bug: the page reads as full, whatever rows this tenancy wrote
+	}
 	pg.rows.read(pg.params, l.Owner, pg.bytes, b)
-	return b, pg.filled, nil
+	return b, len(b) / pg.params.bpt, nil
 }
 
 // Unlease gives a lease back. The last unlease of a released page whose
@@ -338,7 +346,9 @@ func (pg *Page) Verify(i, first int, mp ManifestPage, owner Owner) error {
 // rows its own tenancy wrote.
 func (pg *Page) free() bool {
 	next := pg.gen + 1
-	if next <= pg.gen {
+	if mutant.Is(mutant.NoGenBump) {
+		next = pg.gen // the planted bug: the old tenancy's tags stay current
+	} else if next <= pg.gen {
 		panic(fmt.Sprintf("kv: generation of page %d would go from %d to %d", pg.index, pg.gen, next))
 	}
 	*pg = Page{params: pg.params, index: pg.index, bytes: pg.bytes, rows: pg.rows, gen: next}
