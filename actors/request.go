@@ -8,6 +8,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
@@ -124,6 +125,9 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 			r.log.Error("transfer abort refused by its own validation", "err", err)
 		}
 	case handoff.SendAck:
+		if faults.Current().DropAck() {
+			return nil // a chaos build's fault point: the ack is lost on the way
+		}
 		if err := messages.SendFrom(c, r.route.prefill, e.Ack); err != nil {
 			return handoff.Failed{Err: err}
 		}
