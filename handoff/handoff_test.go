@@ -316,3 +316,44 @@ func TestAdmitNamesTheSmallestPool(t *testing.T) {
 		}
 	}
 }
+
+// failingAwait is a pool whose AwaitAck refuses from the second call on.
+type failingAwait struct {
+	PoolPages
+	calls int
+}
+
+func (f *failingAwait) AwaitAck(tag kv.Tag, owner kv.Owner) error {
+	if f.calls++; f.calls > 1 {
+		return &kv.StateError{Page: tag, Op: "await ack", State: kv.Sealed}
+	}
+	return f.PoolPages.AwaitAck(tag, owner)
+}
+
+func TestPrefillThatFailsLeavesNoLease(t *testing.T) {
+	p := newPair(t, 16, 16)
+	pool := &failingAwait{PoolPages: p.prefill}
+	prompt := []uint32{gpu.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'} // 3 pages of 4 tokens
+	dest, err := p.decode.Reserve(kv.Owner{Request: 9, Tenant: "acme"}, 0, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := &messages.TransferPlan{RequestID: 9, Tenant: "acme", TokenCount: uint32(len(prompt)), PromptTokens: prompt,
+		PageTokens: 4, DestTags: dest}
+	local := kv.Owner{Request: 1, Tenant: "acme"}
+	out, fr := ExecPrefill(p.engine, pool, Prefill{Key: JobKey{ID: 9}, Plan: plan, Owner: plan.Owner(), Local: local})
+	if out.Err == nil || len(fr.Frames) != 0 || len(fr.Leases) != 0 || out.Marked != 1 || len(out.Sources) != 3 {
+		t.Fatalf("prefill that failed at the second page: %+v, %d frames, %d leases", out, len(fr.Frames), len(fr.Leases))
+	}
+	for i := range 3 {
+		if info := p.prefill.Inspect(uint32(out.Sources[i].Index)); info.Readers != 0 {
+			t.Fatalf("source page %d still has %d readers", i, info.Readers)
+		}
+	}
+	// What the Source does with a failed prefill frees every page.
+	ExecAck(p.prefill, Ack{Owner: local, Tags: out.Sources[:out.Marked]}, nil)
+	ExecRelease(p.prefill, Release{Owner: local, Tags: out.Sources}, func(tag kv.Tag, err error) { t.Errorf("release %s: %v", tag, err) })
+	if s := p.prefill.Stats(); s.Free != 16 {
+		t.Fatalf("%d of 16 prefill pages free after the failed prefill was released", s.Free)
+	}
+}

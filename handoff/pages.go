@@ -129,9 +129,19 @@ func (f *Frames) Unlease(p Pages) error {
 // ExecPrefill carries out a Prefill with engine over p: it reserves the
 // source pages, computes the prompt's KV into them, leases every page and
 // reads it into a frame addressed to the plan's destination tag, and marks
-// it as awaiting decode's ack. The frames and leases are returned even on
-// failure, for the caller to give back (Frames.Unlease).
+// it as awaiting decode's ack. On failure no lease is left and no frame
+// returned; the source pages reserved are named in the Prefilled, for the
+// Source to release.
 func ExecPrefill(engine gpu.Engine, p Pages, e Prefill) (Prefilled, Frames) {
+	out, fr := prefill(engine, p, e)
+	if out.Err != nil {
+		out.Err = errors.Join(out.Err, fr.Unlease(p))
+		fr = Frames{}
+	}
+	return out, fr
+}
+
+func prefill(engine gpu.Engine, p Pages, e Prefill) (Prefilled, Frames) {
 	out := Prefilled{Key: e.Key}
 	var fr Frames
 	prompt := make([]int, len(e.Plan.PromptTokens))
