@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -295,6 +296,12 @@ func (s *DataPlaneSender) Stats() DataPlaneSenderStats {
 // wrote. So when ctx ends, Send still waits for the batches it has queued
 // to be written (each within WriteTimeout, or the connection is lost).
 func (s *DataPlaneSender) Send(ctx context.Context, frames []kv.Frame) error {
+	// A chaos build's fault points: the frames as its injector lets them
+	// go, dropped, duplicated, reordered or misdirected (in a copy, whose
+	// Checksums are then the ones set), and each payload, below, with a bit
+	// flipped after its checksum. A production build has none: Current is
+	// nil there, and both calls return what they are given.
+	frames = faults.Current().Frames(frames)
 	cuts, err := s.pack(frames)
 	if err != nil || len(cuts) == 0 {
 		return err
@@ -497,7 +504,7 @@ func (e *dpEncoded) encode(frames []kv.Frame, lim kv.BatchLimits) error {
 		if i == 0 {
 			end += dpBatchHeaderBytes
 		}
-		vec = append(vec, hdr[at:end:end], f.Payload)
+		vec = append(vec, hdr[at:end:end], faults.Current().Corrupt(f.Payload))
 		at = end
 	}
 	if at != len(hdr) {

@@ -10,12 +10,13 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
 // ControlName is the name of every node's control actor, which answers
-// StatusRequest and DrainRequest.
+// StatusRequest, DrainRequest and PressureRequest.
 const ControlName = "control"
 
 // drainReplyGrace is how long a drained node waits, after sending its last
@@ -34,6 +35,17 @@ type NodeConfig struct {
 	// DataListen is the host:port of the KV data plane, for roles that
 	// hold a pool; port 0 picks one.
 	DataListen string
+	// Advertise is the host:port peers reach protoactor remote at, when
+	// it is not the one Listen binds: a proxy in front of the node forwards
+	// it to Listen. Empty means Listen's. Peers' proof of the node's
+	// address holds through the proxy, which forwards the TLS handshake to
+	// the node.
+	Advertise string
+	// DataAdvertise is the host:port peers reach the KV data plane at
+	// (the one the node's metadata and transfer plans name), when it is not
+	// the one DataListen binds. Empty means DataListen's. Only for roles
+	// that decode, which have a data plane.
+	DataAdvertise string
 	// Gossip configures membership; its bind and join addresses say
 	// where the node gossips and whom it joins.
 	Gossip Config
@@ -101,6 +113,21 @@ func (c *NodeConfig) Validate() error {
 			return err
 		}
 	}
+	return c.validateAdvertised()
+}
+
+// validateAdvertised checks the advertised addresses as membership will:
+// no wildcard host, no port 0; a data plane only where there is one.
+func (c *NodeConfig) validateAdvertised() error {
+	if err := checkMetaAddr("Advertise", c.Advertise, false); err != nil {
+		return err
+	}
+	if err := checkMetaAddr("DataAdvertise", c.DataAdvertise, false); err != nil {
+		return err
+	}
+	if c.DataAdvertise != "" && !c.Actors.Role.Decodes() {
+		return fmt.Errorf("cluster: DataAdvertise (%q) names a data plane, which a %s node does not have", c.DataAdvertise, c.Actors.Role)
+	}
 	return nil
 }
 
@@ -135,8 +162,12 @@ type Node struct {
 	actors  *actors.Node
 	members *Membership
 	data    *DataPlaneServer
-	router  *actor.PID
-	rc      *routerCounters
+	// dataAddr is where peers reach the data plane: DataAdvertise, or the
+	// address it listens on; "" without one.
+	dataAddr string
+	router   *actor.PID
+	rc       *routerCounters
+	held     pressureHolds // pages pool pressure holds (chaos builds only)
 
 	mu       sync.Mutex
 	metaMu   sync.Mutex
@@ -175,10 +206,9 @@ func (n *Node) start() error {
 	cfg := &n.cfg
 	dp := cfg.dataPlane()
 	dp.Logger = n.log
-	opt := actors.Options{Listen: cfg.Listen, Log: n.log, Pick: n.pickPrefill, Auth: cfg.Auth,
+	opt := actors.Options{Listen: cfg.Listen, Advertise: cfg.Advertise, Log: n.log, Pick: n.pickPrefill, Auth: cfg.Auth,
 		Dial:        func(addr string, inc uint64) (actors.FrameSender, error) { return n.dialPlanned(dp, addr, inc) },
 		DataPlaneOf: n.dataPlaneOf}
-	var dataAddr string
 	if holdsPool(cfg.Actors.Role) && cfg.Actors.Role.Decodes() {
 		// The data plane starts before the actors so that plans can name
 		// it; its handler reaches the actors once they exist.
@@ -189,8 +219,11 @@ func (n *Node) start() error {
 		if err != nil {
 			return err
 		}
-		dataAddr = n.data.Addr().String()
-		opt.DataPlane = dataAddr
+		n.dataAddr = n.data.Addr().String()
+		if cfg.DataAdvertise != "" {
+			n.dataAddr = cfg.DataAdvertise
+		}
+		opt.DataPlane = n.dataAddr
 	}
 	var err error
 	if n.actors, err = actors.Start(cfg.Actors, opt); err != nil {
@@ -213,7 +246,7 @@ func (n *Node) start() error {
 		return err
 	}
 	meta := Meta{Role: roleOf[cfg.Actors.Role], Incarnation: cfg.Actors.Incarnation, RemoteAddr: n.actors.Address(),
-		DataAddr: dataAddr}
+		DataAddr: n.dataAddr}
 	meta.CapacityPages, meta.FreePages = n.pages()
 	if n.members, err = Start(cfg.Gossip.Secured(cfg.Auth), meta); err != nil {
 		return err
@@ -365,8 +398,13 @@ func (n *Node) updateMeta() {
 	}
 }
 
-// Address is where the node's actors serve protoactor remote.
+// Address is where peers reach the node's actors over protoactor remote:
+// Advertise, or the address it listens on.
 func (n *Node) Address() string { return n.actors.Address() }
+
+// DataAddr is where peers reach the node's KV data plane: DataAdvertise,
+// or the address it listens on; "" when the node has none.
+func (n *Node) DataAddr() string { return n.dataAddr }
 
 // GossipAddr is where the node gossips: what others join.
 func (n *Node) GossipAddr() string { return n.members.LocalAddr().String() }
@@ -469,6 +507,7 @@ func (n *Node) shutdown() {
 func (n *Node) down() {
 	close(n.quit)
 	n.bg.Wait()
+	n.held.stop()
 	var errs []error
 	if n.members != nil {
 		errs = append(errs, n.members.Shutdown())
@@ -498,9 +537,7 @@ func (n *Node) status() *messages.StatusReply {
 		Failed:          a.Failed + n.rc.failed.Load() + n.rc.lost.Load(),
 		RejectedTooLong: a.RejectedTooLong + n.rc.rejectedTooLong.Load(),
 		RejectedBusy:    a.RejectedBusy + n.rc.rejectedBusy.Load()}}
-	if n.data != nil {
-		rep.Node.DataPlane = n.data.Addr().String()
-	}
+	rep.Node.DataPlane = n.dataAddr
 	auth := n.cfg.Auth
 	rep.Node.Insecure = auth.Insecure()
 	if !rep.Node.Insecure {
@@ -508,9 +545,17 @@ func (n *Node) status() *messages.StatusReply {
 	}
 	refused := auth.Refused()
 	rep.Node.Refused = refused[:]
+	// The faults of the process the node runs in: one process, one node,
+	// outside tests.
+	rep.Node.Chaos = faults.Available
+	if in := faults.Current(); in != nil {
+		counts := in.Counts()
+		rep.Node.Faults, rep.Node.FaultCounts = in.Spec().String(), counts[:]
+	}
 	for _, p := range n.actors.Pools() {
 		if s, err := p.Status(n.actors.Root()); err == nil && len(rep.Node.Pools) < messages.PoolsMax {
-			rep.Node.Pools = append(rep.Node.Pools, messages.PoolStatus{Name: p.PID.Id, Capacity: uint32(s.Capacity), Free: uint32(s.Free)})
+			rep.Node.Pools = append(rep.Node.Pools, messages.PoolStatus{Name: p.PID.Id, Capacity: uint32(s.Capacity), Free: uint32(s.Free),
+				CrossTenantRows: s.Cross.Tenant, CrossRequestRows: s.Cross.Request})
 		}
 	}
 	for _, m := range n.members.Members() {
@@ -527,12 +572,13 @@ func (n *Node) status() *messages.StatusReply {
 
 // controlActor answers operators: StatusRequest with the node's status,
 // DrainRequest by draining the node (answering at once, or when done if
-// asked to wait).
+// asked to wait), PressureRequest by holding pages of the node's pools
+// (in a chaos build; others answer with an error).
 type controlActor struct{ node *Node }
 
 func (c *controlActor) Receive(ctx actor.Context) {
 	switch ctx.Message().(type) {
-	case *messages.StatusRequest, *messages.DrainRequest:
+	case *messages.StatusRequest, *messages.DrainRequest, *messages.PressureRequest:
 		// Only operators (and this process) may ask: a refusal is counted
 		// and not answered, so the asker learns nothing.
 		if s := c.node.cfg.Auth.Of(ctx); !s.May(trust.RoleOperator) {
@@ -544,6 +590,10 @@ func (c *controlActor) Receive(ctx actor.Context) {
 	case *messages.StatusRequest:
 		if err := messages.Respond(ctx, c.node.status()); err != nil {
 			c.node.log.Error("status refused by its own validation", "err", err)
+		}
+	case *messages.PressureRequest:
+		if err := messages.Respond(ctx, c.node.pressure(m)); err != nil {
+			c.node.log.Error("pressure reply refused by its own validation", "err", err)
 		}
 	case *messages.DrainRequest:
 		inflight, err := c.node.actors.Drain()

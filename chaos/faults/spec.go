@@ -72,6 +72,9 @@ type Spec struct {
 // seedKey is the spec key of Spec.Seed.
 const seedKey = "seed"
 
+// KindNames are the kinds' names, in kind order.
+func KindNames() []string { return kindNames[:] }
+
 // Keys are the keys a spec may hold: seed, then every kind's name in kind
 // order.
 func Keys() []string { return append([]string{seedKey}, kindNames[:]...) }
