@@ -80,6 +80,15 @@ type nodeConfig struct {
 	// Join are gossip addresses (host:port) of members of the cluster to
 	// join; empty starts a new cluster of one.
 	Join addrList `json:"join"`
+	// Advertise and DataAdvertise are where peers reach the node's remote
+	// and data plane when not at Listen and Data: a proxy in front of the
+	// node forwards them there. Empty means Listen's and Data's.
+	Advertise     string `json:"advertise"`
+	DataAdvertise string `json:"data_advertise"`
+	// Faults is the fault spec a chaos build of the node injects
+	// (faults.Parse); empty injects none, and a production build refuses
+	// any other.
+	Faults string `json:"faults"`
 	// PrefillWorkers and DecodeWorkers are the GPU workers of each role, at
 	// least 1 each; PrefillPages and DecodePages the pages of each worker's
 	// pool.

@@ -15,7 +15,8 @@ import (
 )
 
 // controlClient talks to nodes' control actors (cluster.ControlName): the
-// status and drain commands, and up while it waits for its cluster. It is
+// status and drain commands, up while it waits for its cluster, and chaos
+// for pool pressure. It is
 // its own actor system with a protoactor remote endpoint, because a node
 // answers a request by sending to the requester's address; one client can
 // ask any number of nodes.
@@ -105,6 +106,34 @@ func drainReply(endpoint string, f *actor.Future) (*messages.DrainReply, error) 
 		return nil, fmt.Errorf("drain of %s: %w", endpoint, r)
 	}
 	return nil, fmt.Errorf("drain of %s: the answer is a %T, not a DrainReply", endpoint, res)
+}
+
+// pressure asks the node serving protoactor remote on endpoint to hold
+// pages of each of its KV pools for d, through its pools' own
+// reservations, and then release them (pool pressure): each pool holds
+// pages pages, or its free pages when it has fewer. Only a chaos build of
+// the node holds any; another answers with an error, returned with the
+// reply. d is in whole milliseconds, as the message carries it.
+func (c *controlClient) pressure(endpoint string, pages int, d, timeout time.Duration) (*messages.PressureReply, error) {
+	if pages < 1 || pages > messages.PressurePagesMax {
+		return nil, fmt.Errorf("pressure on %s: %d pages, want 1 to %d", endpoint, pages, messages.PressurePagesMax)
+	}
+	if longest := messages.PressureDurationMsMax * time.Millisecond; d < time.Millisecond || d > longest {
+		return nil, fmt.Errorf("pressure on %s: a hold of %s, want 1ms to %s", endpoint, d, longest)
+	}
+	m := &messages.PressureRequest{Pages: uint32(pages), DurationMs: uint32(d / time.Millisecond)}
+	rep, err := messages.Request(c.sys.Root, actor.NewPID(endpoint, cluster.ControlName), m, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("pressure on %s: %w", endpoint, err)
+	}
+	r, ok := rep.(*messages.PressureReply)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("pressure on %s: the answer is a %T, not a PressureReply", endpoint, rep)
+	case r.Err != nil:
+		return r, fmt.Errorf("pressure on %s: %w", endpoint, r.Err)
+	}
+	return r, nil
 }
 
 // checkEndpoint refuses a malformed host:port before anything is sent.

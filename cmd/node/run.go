@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/cluster"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/trust"
@@ -62,8 +63,18 @@ context window it advertises fits every pool its role holds (the check
 preflight makes for devices) and refuses to start otherwise. When it serves
 it prints one line to stdout,
 "serving on <address> (incarnation <hex>, role <role>, gossip <address>,
-as <identity>)" (or "INSECURE: nobody authenticated" in place of the identity),
-then logs to stderr. On SIGINT or SIGTERM it leaves the cluster gracefully,
+as <identity>)" (or "INSECURE: nobody authenticated" in place of the identity,
+and ", FAULTS <spec>" after it when it injects faults), then logs to stderr.
+<address> is the one peers reach it at: --advertise, or --listen's.
+
+--advertise and --data-advertise put a proxy in front of the node: peers
+reach it there, and the proxy forwards to --listen and --data. --faults
+injects faults into what the node sends (a chaos tester's run, never a
+production one): frames dropped, duplicated, reordered, corrupted and sent to
+the wrong request, and acknowledgements dropped, each with its probability,
+all drawn from one seed, e.g. seed=7,frame-drop=0.02,ack-drop=0.01. Only a
+binary built with "go build -tags chaos ./cmd/node" has fault points; any
+other refuses --faults. On SIGINT or SIGTERM it leaves the cluster gracefully,
 stops and exits 0; when it is drained ("node drain") it finishes its
 requests, leaves and exits 0.
 
@@ -78,7 +89,12 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			if err != nil {
 				return usageError{err}
 			}
+			inj, err := cfg.injector()
+			if err != nil {
+				return usageError{err}
+			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: logLevel}))
+			installFaults(log, inj)
 			if err := preflightPools(log, nc.Actors); err != nil {
 				return err
 			}
@@ -108,6 +124,9 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Gossip, "gossip", c.Gossip, "IP:port to gossip membership on, UDP and TCP (port 0 picks a free port; loopback uses fast local timers)")
 	fs.StringVar(&c.Data, "data", c.Data, "host:port of the KV data plane of a node that decodes (port 0 picks a free port)")
 	fs.Var(&c.Join, "join", "gossip addresses of cluster members to join, comma-separated (none: start a new cluster)")
+	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "host:port peers reach the node at, when a proxy forwards it to --listen (empty: --listen's)")
+	fs.StringVar(&c.DataAdvertise, "data-advertise", c.DataAdvertise, "host:port peers reach the data plane at, when a proxy forwards it to --data (empty: --data's)")
+	fs.StringVar(&c.Faults, "faults", c.Faults, "faults to inject, e.g. seed=7,frame-drop=0.02,ack-drop=0.01 (chaos builds only: go build -tags chaos ./cmd/node)")
 	fs.Int64Var(&c.ContextTokens, "context-tokens", c.ContextTokens, "context window the node advertises, in tokens: prompt plus generated tokens")
 	fs.IntVar(&c.PageTokens, "page-tokens", c.PageTokens, "tokens per KV page")
 	fs.IntVar(&c.PrefillWorkers, "prefill-workers", c.PrefillWorkers, "prefill workers, each with its own pool")
@@ -167,6 +186,9 @@ func (c nodeConfig) clusterNode() (cluster.NodeConfig, error) {
 	if err := checkAdvertised("--data", c.Data); err != nil {
 		return cluster.NodeConfig{}, err
 	}
+	if err := c.checkProxied(a.Role); err != nil {
+		return cluster.NodeConfig{}, err
+	}
 	for _, j := range c.Join {
 		if err := checkListen("--join", j); err != nil {
 			return cluster.NodeConfig{}, err
@@ -179,6 +201,7 @@ func (c nodeConfig) clusterNode() (cluster.NodeConfig, error) {
 	}
 	nc.Actors = a
 	nc.Listen, nc.DataListen = c.Listen, c.Data
+	nc.Advertise, nc.DataAdvertise = c.Advertise, c.DataAdvertise
 	nc.Gossip.BindAddr, nc.Gossip.BindPort = host.String(), port
 	nc.Gossip.JoinAddrs = c.Join
 	nc.DrainTimeout = time.Duration(c.DrainTimeout)
@@ -213,6 +236,55 @@ func checkAdvertised(flag, addr string) error {
 			flag, addr, h)
 	}
 	return nil
+}
+
+// checkProxied checks --advertise and --data-advertise: addresses peers
+// dial, so with a host they can reach and a port; --data-advertise only
+// for a role with a data plane.
+func (c nodeConfig) checkProxied(role actors.Role) error {
+	for _, f := range []struct{ flag, addr string }{{"--advertise", c.Advertise}, {"--data-advertise", c.DataAdvertise}} {
+		if f.addr == "" {
+			continue
+		}
+		if err := checkAdvertised(f.flag, f.addr); err != nil {
+			return err
+		}
+		if _, port, _ := net.SplitHostPort(f.addr); port == "0" {
+			return fmt.Errorf("%s %q: peers dial this address, so it needs the port they dial, not 0", f.flag, f.addr)
+		}
+	}
+	if c.DataAdvertise != "" && !role.Decodes() {
+		return fmt.Errorf("--data-advertise %q: a %s node has no data plane (only roles all and decode do)", c.DataAdvertise, role)
+	}
+	return nil
+}
+
+// injector is the fault injector --faults asks for: nil without it; a
+// production build refuses any.
+func (c nodeConfig) injector() (*faults.Injector, error) {
+	if c.Faults == "" {
+		return nil, nil
+	}
+	sp, err := faults.Parse(c.Faults)
+	if err != nil {
+		return nil, fmt.Errorf("--faults: %w", err)
+	}
+	inj, err := faults.New(sp)
+	if err != nil {
+		return nil, fmt.Errorf("--faults: %w", err)
+	}
+	return inj, nil
+}
+
+// installFaults makes inj the process's injector, loudly: a node that
+// injects faults must never be taken for one that serves.
+func installFaults(log *slog.Logger, inj *faults.Injector) {
+	if inj == nil {
+		return
+	}
+	log.Warn("FAULTS: this node injects faults on purpose into the KV frames and acknowledgements it sends; "+
+		"it is for chaos testing and must never serve real traffic", "faults", inj.Spec().String())
+	faults.Install(inj)
 }
 
 // checkListen refuses a malformed address before anything starts; whether
@@ -290,10 +362,14 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, signals <
 	if cfg.Auth.Insecure() {
 		security = "INSECURE: nobody authenticated"
 	}
+	if inj := faults.Current(); inj != nil {
+		security += ", FAULTS " + inj.Spec().String()
+	}
 	fmt.Fprintf(stdout, "serving on %s (incarnation %016x, role %s, gossip %s, %s)\n", n.Address(), n.Incarnation(),
 		cfg.Actors.Role, n.GossipAddr(), security)
 	a := cfg.Actors
-	log.Info("serving", "address", n.Address(), "role", a.Role, "gossip", n.GossipAddr(), "join", cfg.Gossip.JoinAddrs,
+	log.Info("serving", "address", n.Address(), "listen", cfg.Listen, "data_plane", n.DataAddr(), "data_listen", cfg.DataListen,
+		"role", a.Role, "gossip", n.GossipAddr(), "join", cfg.Gossip.JoinAddrs,
 		"context_tokens", a.ContextTokens, "page_tokens", a.PageTokens, "prefill_workers", a.PrefillWorkers,
 		"decode_workers", a.DecodeWorkers, "queue_max", a.QueueMax, "identity", cfg.Auth.Self().URI(),
 		"insecure", cfg.Auth.Insecure())

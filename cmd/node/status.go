@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -32,6 +33,11 @@ counts), one line per KV pool it holds (capacity and free pages), then a table
 of the members it sees alive, with each member's pages as it last published
 them and whether it is draining. A member that left or failed is no longer
 listed. --json prints the same as one JSON object instead.
+
+A chaos build of the node (go build -tags chaos ./cmd/node) says so, with the
+faults it injects (node run --faults) and how many of each kind so far, and
+each pool's line counts the rows its reads returned that another tenant or
+another request wrote: 0 unless the node is broken.
 
 Exit codes: 0 printed, 1 the node could not be reached or did not answer
 within --timeout, 2 usage error.`,
@@ -84,15 +90,26 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	}
 	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d failed, %d rejected too long, %d rejected busy\n",
 		n.InFlight, n.Admitted, n.Completed, n.Failed, n.RejectedTooLong, n.RejectedBusy)
+	if n.Chaos {
+		spec := "none"
+		if n.Faults != "" {
+			spec = n.Faults
+		}
+		fmt.Fprintf(w, "  CHAOS BUILD: faults %s; injected:%s\n", spec, counted(n.FaultCounts, faults.KindNames()))
+	}
 	for _, p := range n.Pools {
-		fmt.Fprintf(w, "  pool %s: %d of %d pages free\n", p.Name, p.Free, p.Capacity)
+		cross := ""
+		if n.Chaos {
+			cross = fmt.Sprintf(", %d rows read that another tenant wrote, %d that another request did", p.CrossTenantRows, p.CrossRequestRows)
+		}
+		fmt.Fprintf(w, "  pool %s: %d of %d pages free%s\n", p.Name, p.Free, p.Capacity, cross)
 	}
 	if n.Insecure {
 		fmt.Fprintf(w, "  INSECURE: the node authenticates nobody\n")
 	} else {
 		fmt.Fprintf(w, "  identity %s\n", n.Identity)
 	}
-	fmt.Fprintf(w, "  refused:%s\n", refusals(n.Refused))
+	fmt.Fprintf(w, "  refused:%s\n", counted(n.Refused, trust.RefusalNames()))
 	fmt.Fprintf(w, "\n%d members:\n", len(s.Members))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tROLE\tINCARNATION\tADDRESS\tDATA PLANE\tSTATE\tCAPACITY\tFREE\tDRAINING\tVERIFIED")
@@ -107,10 +124,9 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	tw.Flush()
 }
 
-// refusals names each count of NodeStatus.Refused by its kind (a node of
-// a newer build may count kinds this one does not name).
-func refusals(counts []uint64) string {
-	names := trust.RefusalNames()
+// counted names each of counts by its kind in names (a node of a newer
+// build may count kinds this one does not name).
+func counted(counts []uint64, names []string) string {
 	out := ""
 	for i, n := range counts {
 		name := fmt.Sprintf("kind%d", i)
