@@ -29,7 +29,11 @@
 // line to stdout, "serving on <address> (incarnation <hex>, role <role>,
 // gossip <address>, as <identity>)", logs to stderr and
 // serves until SIGINT or SIGTERM (it leaves the cluster gracefully and
-// exits 0) or until it has been drained and has left (exit 0).
+// exits 0) or until it has been drained and has left (exit 0). Behind a
+// proxy, --advertise and --data-advertise are the addresses peers reach.
+// A binary built with -tags chaos has fault points, which --faults turns
+// on (the readiness line then ends ", FAULTS <spec>"); any other refuses
+// --faults.
 //
 // "node up" starts a local cluster on loopback as child processes of the
 // same binary (os.Executable): a router on --listen gossiping at
