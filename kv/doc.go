@@ -39,7 +39,9 @@
 // FreeList to a pool actor (NewPages, FirstTags). Slices that Read returns
 // alias the arena: they must not be written, and their bytes do not change
 // while a lease on the page is outstanding, short of a reclaim after the
-// deadline.
+// deadline. The one exception is a chaos build's cross-read oracle
+// (oracle.go): a pool's pages share its counters, which are atomic, so that
+// pages owned by different goroutines count into one place.
 //
 // # Invariants
 //
