@@ -18,22 +18,22 @@ func (w *rowWriters) wrote(row, count, pageTokens int, owner Owner) {
 	}
 }
 
-// read counts, in p's counters, the rows of got that an owner other than
-// reader wrote. got is what a read of page (the page's whole bytes)
+// read counts in c the rows of got (rows of bpt bytes) that an owner other
+// than reader wrote. got is what a read of page (the page's whole bytes)
 // returns; rows of got that are not the page's, if any, are not counted.
-func (w *rowWriters) read(p *pageParams, reader Owner, page, got []byte) {
+func (w *rowWriters) read(c *crossCounters, bpt int, reader Owner, page, got []byte) {
 	if len(got) == 0 || w.owners == nil || cap(got) > cap(page) ||
 		&got[:cap(got)][cap(got)-1] != &page[:cap(page)][cap(page)-1] {
 		return
 	}
 	off := cap(page) - cap(got)
-	for _, o := range w.owners[off/p.bpt : (off+len(got)-1)/p.bpt+1] {
+	for _, o := range w.owners[off/bpt : (off+len(got)-1)/bpt+1] {
 		switch {
 		case o == (Owner{}) || o == reader:
 		case o.Tenant != reader.Tenant:
-			p.cross.tenant.Add(1)
+			c.tenant.Add(1)
 		default:
-			p.cross.request.Add(1)
+			c.request.Add(1)
 		}
 	}
 }

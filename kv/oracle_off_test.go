@@ -21,7 +21,7 @@ func TestNoOracleInProduction(t *testing.T) {
 	p := newTestPool(t, 1)
 	tag := sealed(t, p, alice, 4, 1)
 	pg0 := &p.pages[tag.Index]
-	pg0.rows.read(pg0.params, bob, pg0.bytes, pg0.bytes)
+	pg0.rows.read(&pg0.params.cross, pg0.params.bpt, bob, pg0.bytes, pg0.bytes)
 	if c := p.Stats().Cross; c != (CrossRows{}) {
 		t.Fatalf("a production build counted %+v", c)
 	}

@@ -12,7 +12,7 @@ import (
 // broken read could return.
 func readAs(p *Pool, l Lease, got func(page []byte) []byte) {
 	pg := &p.pages[l.Tag.Index]
-	pg.rows.read(pg.params, l.Owner, pg.bytes, got(pg.bytes))
+	pg.rows.read(&pg.params.cross, pg.params.bpt, l.Owner, pg.bytes, got(pg.bytes))
 }
 
 // lease reserves the pool's one page for o, writes n rows and leases it.

@@ -218,7 +218,7 @@ func (pg *Page) Read(l Lease) ([]byte, int, error) {
 	if mutant.Is(mutant.Incident) {
 		b = pg.bytes // the planted bug: the page reads as full, whatever rows this tenancy wrote
 	}
-	pg.rows.read(pg.params, l.Owner, pg.bytes, b)
+	pg.rows.read(&pg.params.cross, pg.params.bpt, l.Owner, pg.bytes, b)
 	return b, len(b) / pg.params.bpt, nil
 }
 
