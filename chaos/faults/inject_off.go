@@ -27,11 +27,11 @@ func (e *UnavailableError) Error() string {
 // New refuses every spec: this build has no fault points.
 func New(sp Spec) (*Injector, error) { return nil, &UnavailableError{Spec: sp.String()} }
 
-// Install exists so that a node starts by one code path in both builds;
-// since New makes no Injector here, only nil can reach it, and anything
-// else is a bug. It panics rather than being absent because an absent
-// function would split that start-up path by build tag, and a fault point
-// that silently did nothing would be worse.
+// Install is here so that a node starts by one code path in both builds
+// (node run calls New, then Install). Since New makes no Injector in this
+// build, only nil reaches it; anything else was made by hand, which is a
+// bug, and it panics rather than leave a caller believing faults are on.
+// Absent, it would split that start-up path by build tag.
 func Install(in *Injector) {
 	if in != nil {
 		panic("faults: Install of an injector in a build without fault points")
