@@ -1,0 +1,67 @@
+package testwait
+
+import (
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// recorder is a TB whose Fatal records the failure and returns.
+type recorder struct {
+	testing.TB
+	failures []string
+}
+
+func (r *recorder) Helper()           {}
+func (r *recorder) Fatal(args ...any) { r.failures = append(r.failures, args[0].(string)) }
+
+// The waits run in a synctest bubble: its clock moves only when every
+// goroutine of the bubble waits, so the times below are exact.
+func TestForReturnsOnceTheConditionHolds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var done atomic.Bool
+		time.AfterFunc(3*time.Second, func() { done.Store(true) })
+		r := &recorder{TB: t}
+		start := time.Now()
+		For(r, "done", 10*time.Second, done.Load)
+		took := time.Since(start)
+		if len(r.failures) != 0 || took < 3*time.Second || took > 3*time.Second+PollMax {
+			t.Fatalf("returned after %s with failures %q; want after 3s, within %s of it, none", took, r.failures, PollMax)
+		}
+		start = time.Now()
+		For(r, "done again", 10*time.Second, done.Load)
+		if took := time.Since(start); took != 0 {
+			t.Fatalf("a condition that holds was waited for %s", took)
+		}
+	})
+}
+
+func TestReportFailsAtTheBoundWithWhatItSaw(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &recorder{TB: t}
+		looks := 0
+		start := time.Now()
+		Report(r, "the pool frees", 10*time.Second, func() (bool, string) {
+			looks++
+			return false, "3 pages in use"
+		})
+		took := time.Since(start)
+		if len(r.failures) != 1 || took != 10*time.Second {
+			t.Fatalf("after %s, failures %q; want one failure at 10s", took, r.failures)
+		}
+		if want := "the pool frees: not within 10s; last seen: 3 pages in use"; r.failures[0] != want {
+			t.Fatalf("failure %q, want %q", r.failures[0], want)
+		}
+		// Pauses of 1, 2, 4, … ms up to PollMax: far fewer looks than
+		// 10 s at PollMin.
+		if most := int(10*time.Second/PollMax) + 8; looks > most || looks < 2 {
+			t.Fatalf("%d looks in 10s, want 2 to %d", looks, most)
+		}
+		For(r, "never", time.Second, func() bool { return false })
+		if len(r.failures) != 2 || strings.Contains(r.failures[1], "last seen") {
+			t.Fatalf("failure of a condition that says nothing: %q", r.failures[1:])
+		}
+	})
+}
