@@ -634,21 +634,34 @@ func TestDataPlaneServerClosed(t *testing.T) {
 func TestDataPlaneBusyAndIdle(t *testing.T) {
 	cfg := dpTestConfig(t, dpReceiverInc)
 	cfg.ConnectionsMax, cfg.ConnectionsPerPeerMax = 1, 1
-	cfg.IdleTimeout = 50 * time.Millisecond
-	srv := dpListen(t, cfg, (&dpRecorder{}).handle)
+	cfg.IdleTimeout = 200 * time.Millisecond
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	srv := dpListen(t, cfg, func(DataPlaneBatch) error { entered <- struct{}{}; <-release; return nil })
+	free := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(free) // before the server's Close, which waits for the handler
 	first := dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
-	// Busy while the first connection is served; the idle timeout may have
-	// closed it already, in which case the dial succeeds: retry until busy
-	// is seen or the first connection is gone.
+	sent := make(chan error, 1)
+	go func() {
+		sent <- first.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(1, 1)), 1, 1, dpReceiverInc))
+	}()
+	// While its batch is handled, the first connection is served and not
+	// idle, however long the second dial takes: that one is busy.
+	<-entered
 	_, err := DialDataPlane(dpTestConfig(t, dpSenderInc), srv.Addr().String(), dpReceiverInc, trust.Identity{})
 	var herr *DataPlaneHelloError
-	if err != nil && (!errors.As(err, &herr) || herr.Status != DataPlaneBusy) {
+	if !errors.As(err, &herr) || herr.Status != DataPlaneBusy {
 		t.Fatalf("second dial = %v, want busy", err)
 	}
-	if err == nil {
-		t.Skip("the first connection idled out before the second dial")
+	free()
+	if err := <-sent; err != nil {
+		t.Fatalf("Send on the served connection: %v", err)
 	}
-	<-first.Done()
+	// Then nothing is sent: the connection idles out.
+	select {
+	case <-first.Done():
+	case <-time.After(eventDeadline):
+		t.Fatalf("connection not closed within %s of IdleTimeout (%s) without batches", eventDeadline, cfg.IdleTimeout)
+	}
 	if !errors.Is(first.Err(), ErrDataPlaneLost) {
 		t.Fatalf("idle sender Err = %v", first.Err())
 	}
@@ -807,28 +820,37 @@ func TestDataPlaneAliasedPayloads(t *testing.T) {
 // busy, after more than IdleTimeout without one, is still read.
 func TestDataPlaneSlowHandlerNotIdle(t *testing.T) {
 	cfg := dpTestConfig(t, dpReceiverInc)
-	cfg.IdleTimeout = 30 * time.Millisecond
-	entered := make(chan struct{}, 1)
+	cfg.IdleTimeout = 200 * time.Millisecond
+	entered, release := make(chan struct{}, 1), make(chan struct{})
 	rec := &dpRecorder{}
 	srv := dpListen(t, cfg, func(b DataPlaneBatch) error {
 		if b.Seq == 0 {
 			entered <- struct{}{}
-			time.Sleep(5 * cfg.IdleTimeout)
+			<-release
 		}
 		return rec.handle(b)
 	})
+	free := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(free)
 	snd := dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
 	rng := rand.New(rand.NewPCG(5, 5))
 	first, second := dpFrames(rng, 1, 1, dpReceiverInc), dpFrames(rng, 1, 2, dpReceiverInc)
-	done := make(chan error, 1)
+	done := make(chan error, 2)
 	go func() { done <- snd.Send(context.Background(), first) }()
 	<-entered
-	time.Sleep(3 * cfg.IdleTimeout)
-	if err := snd.Send(context.Background(), second); err != nil {
-		t.Fatalf("Send while the handler is busy past IdleTimeout: %v", err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	// The pause is the scenario: more than IdleTimeout without an
+	// acknowledgement. However long it lasts, the handler is still busy:
+	// it holds the first batch until the second is being written.
+	time.Sleep(2 * cfg.IdleTimeout)
+	go func() { done <- snd.Send(context.Background(), second) }()
+	waitFor(t, "the second batch written while the handler is busy", eventDeadline, func() bool {
+		return snd.Stats().BatchesSent == 2
+	})
+	free()
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatalf("Send while the handler is busy past IdleTimeout: %v", err)
+		}
 	}
 	dpEqualFrames(t, rec.got(), slices.Concat(first, second))
 	if rs := srv.Stats(); rs.IdleClosed != 0 {
@@ -837,7 +859,7 @@ func TestDataPlaneSlowHandlerNotIdle(t *testing.T) {
 	// Then, with nothing sent, it is idle.
 	select {
 	case <-snd.Done():
-	case <-time.After(5 * time.Second):
+	case <-time.After(eventDeadline):
 		t.Fatal("connection not closed after IdleTimeout without batches")
 	}
 	if rs := srv.Stats(); rs.IdleClosed != 1 {

@@ -16,16 +16,6 @@ import (
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
-// dpEventually polls cond until it holds, failing the test after 10 s.
-func dpEventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("still not %s after 10 s", what)
-		}
-	}
-}
-
 // dpNoReply checks that conn, on which a hello was written, gets no hello
 // reply: the connection ends (an error, or fewer bytes than a reply).
 func dpNoReply(t *testing.T, what string, conn net.Conn) {
@@ -82,7 +72,7 @@ func TestDataPlaneStrangerCertificate(t *testing.T) {
 	dpNoReply(t, "plain TCP", plain)
 	plain.Close()
 
-	dpEventually(t, "4 handshakes failed", func() bool { return srv.Stats().HandshakesFailed == 4 })
+	waitFor(t, "4 handshakes failed", eventDeadline, func() bool { return srv.Stats().HandshakesFailed == 4 })
 	if n := cfg.Auth.Refused()[trust.RefusedCertificate]; n != 4 {
 		t.Fatalf("%d certificate refusals counted, want 4", n)
 	}
@@ -153,7 +143,7 @@ func TestDataPlaneSenderRoles(t *testing.T) {
 	if id, _, err := prober.Peers().Probe(srv.Addr().String()); err != nil || id != cfg.Auth.Self() {
 		t.Fatalf("probe found %s, %v; want %s", id, err, cfg.Auth.Self())
 	}
-	dpEventually(t, "the probe seen closing before its hello", func() bool { return srv.Stats().ClosedBeforeHello == 1 })
+	waitFor(t, "the probe seen closing before its hello", eventDeadline, func() bool { return srv.Stats().ClosedBeforeHello == 1 })
 	if n := cfg.Auth.Refused().Total(); n != uint64(forbidden) {
 		t.Fatalf("%d refusals counted after a probe, want %d", n, forbidden)
 	}
@@ -260,7 +250,7 @@ func TestDataPlaneConnectionsPerPeer(t *testing.T) {
 			if secure {
 				left += 2 // p1's
 			}
-			dpEventually(t, "the closed connection's slot given back", func() bool { return srv.Stats().ConnectionsActive == left })
+			waitFor(t, "the closed connection's slot given back", eventDeadline, func() bool { return srv.Stats().ConnectionsActive == left })
 			again := dpDial(t, p0, srv, dpReceiverInc)
 			if err := again.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(2, 2)), 1, 1, dpReceiverInc)); err != nil {
 				t.Fatal(err)
@@ -331,7 +321,7 @@ func TestDataPlaneHandshakesMax(t *testing.T) {
 			t.Fatalf("idle connection %d: read %d bytes, %v; want it closed by the server", i, n, err)
 		}
 	}
-	dpEventually(t, "every idle connection counted", func() bool { return srv.Stats().HelloTimeouts == uint64(len(idle)) })
+	waitFor(t, "every idle connection counted", eventDeadline, func() bool { return srv.Stats().HelloTimeouts == uint64(len(idle)) })
 	if n := cfg.Auth.Refused()[trust.RefusedDataPlane]; n != uint64(len(idle)) {
 		t.Fatalf("%d data plane refusals counted, want %d", n, len(idle))
 	}

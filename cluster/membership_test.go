@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
@@ -23,6 +24,10 @@ import (
 // loaded machine or the race detector does not make the tests flaky; it is
 // only reached when something is broken.
 const eventDeadline = 30 * time.Second
+
+// waitFor waits for a condition with a bound; every test of the package
+// that waits for a counter or a state to change uses it.
+var waitFor = testwait.For
 
 // Every test member gets a fresh incarnation and fresh advertised
 // addresses. Incarnations grow, so a restart also wins the tie-break if two

@@ -68,20 +68,6 @@ func startNodeAs(t testing.TB, auth *trust.Authority, role actors.Role, join ...
 	return n
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		<-tick.C
-	}
-}
-
 func aliveCount(n *Node) int {
 	c := 0
 	for _, m := range n.Members() {
@@ -287,9 +273,11 @@ func TestTransferAfterIdleDataPlane(t *testing.T) {
 		if want, _ := gpu.Answer(cfg.Actors.Model, prompt, 4); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
 			t.Fatalf("request %d: %v, reference %v", i, res.Tokens, want)
 		}
-		// The scenario is an idle period: let the server close the
-		// connection the first transfer used.
-		time.Sleep(3 * cfg.DataPlane.IdleTimeout)
+		// The scenario is an idle period: the server closes the
+		// connection the transfer used.
+		waitFor(t, fmt.Sprintf("%d data-plane connections closed idle", i+1), 10*time.Second, func() bool {
+			return d.data.Stats().IdleClosed == uint64(i+1)
+		})
 	}
 	if s, _ := d.Actors().Status(); s.Retried != 0 {
 		t.Errorf("a healthy prefill node was retried away from: %+v", s)

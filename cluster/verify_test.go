@@ -50,19 +50,6 @@ func impostor(t *testing.T, ca *trusttest.CA, prefix string, meta Meta, join *Me
 func verified(ev Event) bool   { return ev.Member.Verified }
 func unverified(ev Event) bool { return !ev.Member.Verified }
 
-// pollUntil checks cond every few milliseconds until it holds, failing
-// the test at eventDeadline.
-func pollUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(eventDeadline)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", eventDeadline, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func candidateNames(m *Membership, kind func(Role) bool) []string {
 	return memberNames(candidates(m.Members(), kind))
 }
@@ -136,7 +123,7 @@ func TestImpostorsNeverVerified(t *testing.T) {
 		impostor(t, ca, "p5", lie(RolePrefill, trusttest.ServeTLS(t, trusttest.New(t).Bundle(t, trust.RolePrefill, "p5")), ""), r),
 		impostor(t, ca, "p6", lie(RolePrefill, trusttest.ClosedAddr(t), ""), r),
 	}
-	pollUntil(t, "every lie refused and every unanswered claim retried", func() bool {
+	waitFor(t, "every lie refused and every unanswered claim retried", eventDeadline, func() bool {
 		st := r.Stats()
 		return st.ClaimsRefused == uint64(len(refused)) && st.ClaimsUnanswered >= 2*uint64(len(unanswered))
 	})
@@ -230,7 +217,7 @@ func TestProvenRunKeepsAddressUntilGone(t *testing.T) {
 	}
 	awaitEvents(t, r, match{kind: EventUpdate, name: rerun.Name(),
 		ok: func(ev Event) bool { return !ev.Member.Verified && ev.Member.Meta.RemoteAddr == moved.RemoteAddr }})
-	pollUntil(t, "the moved claim refused", func() bool { return r.Stats().ClaimsRefused == 1 })
+	waitFor(t, "the moved claim refused", eventDeadline, func() bool { return r.Stats().ClaimsRefused == 1 })
 	if got := candidateNames(r, decodes); len(got) != 0 {
 		t.Fatalf("decode candidates %v, want none", got)
 	}
