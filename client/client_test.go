@@ -3,8 +3,10 @@ package client
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -53,14 +55,41 @@ func TestGenerateValidatesBeforeSending(t *testing.T) {
 	}
 }
 
-// TestNoAnswerIsNodeLost: a node that never answers is reported as lost,
-// with the stable code, after NoAnswerAfter.
+// TestNoAnswerIsNodeLost: Generate gives a request up as lost once the
+// node has sent nothing for NoAnswerAfter (zero: DefaultNoAnswerAfter),
+// counted from its last message. The node here streams a token two
+// minutes in and then falls silent. The test runs in a synctest bubble,
+// whose clock moves only when every goroutine in it waits: the minutes
+// pass at once, and exactly.
 func TestNoAnswerIsNodeLost(t *testing.T) {
-	sys := messages.NewActorSystem(nil)
-	silent := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
-	c := New(sys, silent, Options{NoAnswerAfter: 50 * time.Millisecond})
-	_, err := c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: 4}, nil)
-	if !errors.Is(err, ErrNoAnswer) {
-		t.Fatalf("silent node: %v", err)
+	const late = 2 * time.Minute
+	for _, tc := range []struct {
+		patience, lostAfter time.Duration
+		streamed            []int
+	}{
+		{0, late + DefaultNoAnswerAfter, []int{7}},
+		{time.Minute, time.Minute, nil}, // given up before the token
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			sys := messages.NewActorSystem(nil)
+			defer sys.Shutdown()
+			node := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+				if m, ok := c.Message().(*messages.GenerateRequest); ok {
+					to := c.Sender()
+					time.AfterFunc(late, func() {
+						sys.Root.Send(to, &messages.TokenChunk{RequestID: m.RequestID, Seq: 1, Tokens: []uint32{7}})
+					})
+				}
+			}))
+			c := New(sys, node, Options{NoAnswerAfter: tc.patience})
+			var streamed []int
+			start := time.Now()
+			_, err := c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: 4},
+				func(tok int) { streamed = append(streamed, tok) })
+			if took := time.Since(start); !errors.Is(err, ErrNoAnswer) || took != tc.lostAfter || !slices.Equal(streamed, tc.streamed) {
+				t.Fatalf("NoAnswerAfter %s: %v after %s, streamed %v; want node lost after %s, streamed %v",
+					tc.patience, err, took, streamed, tc.lostAfter, tc.streamed)
+			}
+		})
 	}
 }
