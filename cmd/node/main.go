@@ -14,6 +14,7 @@ const (
 	exitOK          = 0   // the command did what was asked
 	exitFailed      = 1   // it ran and failed: preflight refused the node, discovery failed
 	exitUsage       = 2   // bad flags, arguments or configuration
+	exitViolations  = 3   // node chaos found a violation: a wrong answer, a cross-tenant byte, a leaked page…
 	exitInvariant   = 70  // an actor broke an invariant (EX_SOFTWARE)
 	exitInterrupted = 130 // Ctrl-C (128 + SIGINT), as a shell reports it
 )
@@ -24,7 +25,7 @@ type exitCoder interface{ exitCode() int }
 
 // subcommands builds each subcommand; every one lives in its own file.
 var subcommands = []func() *cobra.Command{newPreflightCmd, newRunCmd, newGenerateCmd, newUpCmd, newStatusCmd,
-	newDrainCmd, newCertsCmd}
+	newDrainCmd, newCertsCmd, newChaosCmd}
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 

@@ -91,14 +91,10 @@ and exits 1.
 Exit codes: 0 stopped by a signal, 1 a node failed to start or exited, 2
 usage error.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			at := cmd.ArgsLenAtDash()
-			if at < 0 {
-				at = len(args)
-			}
-			if err := noArgs(cmd, args[:at]); err != nil {
+			var err error
+			if o.NodeArgs, err = nodeArgs(cmd, args); err != nil {
 				return err
 			}
-			o.NodeArgs = args[at:]
 			if err := o.check(); err != nil {
 				return usageError{err}
 			}
@@ -122,6 +118,19 @@ usage error.`,
 	fs.IntVar(&o.MaxTokens, "max-tokens", o.MaxTokens, "most tokens to generate for --prompt")
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "run every node --insecure (no certificates, nobody authenticated)")
 	return cmd
+}
+
+// nodeArgs are the arguments after "--", given to every node run; one
+// before it is a usage error.
+func nodeArgs(cmd *cobra.Command, args []string) ([]string, error) {
+	at := cmd.ArgsLenAtDash()
+	if at < 0 {
+		at = len(args)
+	}
+	if err := noArgs(cmd, args[:at]); err != nil {
+		return nil, err
+	}
+	return args[at:], nil
 }
 
 func (o upOptions) check() error {
@@ -154,9 +163,10 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 	}
 	log.Info("starting a local cluster", "prefill", o.Prefill, "decode", o.Decode, "logs", o.LogDir)
 	c := &localCluster{bin: bin, o: o, log: log, exits: make(chan *child, 1+o.Prefill+o.Decode)}
+	c.args = c.upArgs
 	c.creds.Insecure = o.Insecure
 	if !o.Insecure {
-		if c.creds.Dir, err = makeLocalCerts(o); err != nil {
+		if c.creds.Dir, err = makeLocalCerts(localCertsDir(o.Listen), o.Prefill, o.Decode); err != nil {
 			return err
 		}
 		defer os.RemoveAll(c.creds.Dir)
@@ -223,13 +233,22 @@ func (c *localCluster) demo(stdout io.Writer, signals <-chan os.Signal) error {
 // what it started and exits 0, as it would once the cluster is up.
 var errSignalled = errors.New("up: stopped by a signal")
 
+// upArgs are the addresses up gives a node: the router serves on --listen
+// and gossips at --gossip-base-port, the others take free ports and join
+// the router's gossip address, join.
+func (c *localCluster) upArgs(_, role, join string) []string {
+	if role == "router" {
+		return []string{"--listen", c.o.Listen, "--gossip", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort))}
+	}
+	return []string{"--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0", "--join", join}
+}
+
 // startAll starts the router, then the prefill and decode nodes joining
 // it, and waits until every node sees every other alive. It returns the
 // router.
 func (c *localCluster) startAll(signals <-chan os.Signal) (*child, error) {
 	deadline := time.Now().Add(c.o.ReadyTimeout)
-	router, err := c.start("router-0", "router", []string{"--listen", c.o.Listen, "--gossip",
-		net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort))})
+	router, err := c.start("router-0", "router", c.args("router-0", "router", ""))
 	if err != nil {
 		return nil, err
 	}
@@ -242,8 +261,8 @@ func (c *localCluster) startAll(signals <-chan os.Signal) (*child, error) {
 		count int
 	}{{"prefill", c.o.Prefill}, {"decode", c.o.Decode}} {
 		for i := range w.count {
-			ch, err := c.start(fmt.Sprintf("%s-%d", w.role, i), w.role, []string{"--listen", "127.0.0.1:0",
-				"--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0", "--join", router.gossip})
+			name := fmt.Sprintf("%s-%d", w.role, i)
+			ch, err := c.start(name, w.role, c.args(name, w.role, router.gossip))
 			if err != nil {
 				return nil, err
 			}
@@ -253,7 +272,7 @@ func (c *localCluster) startAll(signals <-chan os.Signal) (*child, error) {
 	if err := c.waitReady(workers, deadline, signals); err != nil {
 		return nil, err
 	}
-	return router, c.waitConverged(deadline, signals)
+	return router, c.waitConverged(deadline, signals, c.exits)
 }
 
 // localCluster is the nodes up started, in start order.
@@ -262,6 +281,9 @@ type localCluster struct {
 	o     upOptions
 	creds credFlags // the nodes' credentials directory, or insecure
 	log   *slog.Logger
+	// args are the address flags of the node name of role, given the
+	// router's gossip address join (empty for the router itself).
+	args  func(name, role, join string) []string
 	nodes []*child
 	exits chan *child // each node once, when it exits
 }
@@ -269,6 +291,7 @@ type localCluster struct {
 // child is one node process.
 type child struct {
 	name, role string
+	argv       []string // of this binary: run --role …
 	cmd        *exec.Cmd
 	logPath    string
 	ready      chan string // the first line of stdout; closed at EOF
@@ -282,9 +305,25 @@ type child struct {
 
 // start starts one node run with its log in the log directory.
 func (c *localCluster) start(name, role string, args []string) (*child, error) {
-	ch := &child{name: name, role: role, logPath: filepath.Join(c.o.LogDir, name+".log"),
-		ready: make(chan string, 1), exited: make(chan struct{})}
-	logFile, err := os.Create(ch.logPath)
+	argv := append(append([]string{"run", "--role", role}, args...), c.o.NodeArgs...)
+	if c.creds.Insecure {
+		argv = append(argv, "--insecure")
+	} else {
+		argv = append(argv, "--certs", c.creds.Dir, "--cert", name)
+	}
+	ch, err := c.spawn(&child{name: name, role: role, argv: argv, logPath: filepath.Join(c.o.LogDir, name+".log")}, os.O_TRUNC)
+	if err != nil {
+		return nil, err
+	}
+	c.nodes = append(c.nodes, ch)
+	return ch, nil
+}
+
+// spawn runs ch.argv, stderr to ch.logPath (opened with mode: os.O_TRUNC
+// or os.O_APPEND), and starts reading its stdout and waiting for it.
+func (c *localCluster) spawn(ch *child, mode int) (*child, error) {
+	ch.ready, ch.exited = make(chan string, 1), make(chan struct{})
+	logFile, err := os.OpenFile(ch.logPath, os.O_WRONLY|os.O_CREATE|mode, 0o666)
 	if err != nil {
 		return nil, fmt.Errorf("up: %w", err)
 	}
@@ -293,23 +332,16 @@ func (c *localCluster) start(name, role string, args []string) (*child, error) {
 	if err != nil {
 		return nil, fmt.Errorf("up: %w", err)
 	}
-	args = append(append([]string{"run", "--role", role}, args...), c.o.NodeArgs...)
-	if c.creds.Insecure {
-		args = append(args, "--insecure")
-	} else {
-		args = append(args, "--certs", c.creds.Dir, "--cert", name)
-	}
-	ch.cmd = exec.Command(c.bin, args...)
+	ch.cmd = exec.Command(c.bin, ch.argv...)
 	ch.cmd.Stdout, ch.cmd.Stderr = w, logFile
 	ch.cmd.SysProcAttr = childProcAttr()
 	err = ch.cmd.Start()
 	w.Close()
 	if err != nil {
 		r.Close()
-		return nil, fmt.Errorf("up: starting %s: %w", name, err)
+		return nil, fmt.Errorf("up: starting %s: %w", ch.name, err)
 	}
-	c.nodes = append(c.nodes, ch)
-	c.log.Info("started", "node", name, "pid", ch.cmd.Process.Pid, "log", ch.logPath)
+	c.log.Info("started", "node", ch.name, "pid", ch.cmd.Process.Pid, "log", ch.logPath)
 	go func() {
 		defer r.Close()
 		sc := bufio.NewScanner(r)
@@ -368,8 +400,8 @@ func (ch *child) parseReady(line string) error {
 
 // waitConverged waits until every node sees every node alive: the router
 // routes by its own view, and a decode node picks prefill nodes by its
-// own.
-func (c *localCluster) waitConverged(deadline time.Time, signals <-chan os.Signal) error {
+// own. A node's exit, on exits (nil: none), ends the wait with its failure.
+func (c *localCluster) waitConverged(deadline time.Time, signals <-chan os.Signal, exits <-chan *child) error {
 	auth, err := c.creds.authority(c.log, trust.RoleOperator, "")
 	if err != nil {
 		return fmt.Errorf("up: %w", err)
@@ -388,7 +420,7 @@ func (c *localCluster) waitConverged(deadline time.Time, signals <-chan os.Signa
 		}
 		select {
 		case <-tick.C:
-		case ch := <-c.exits:
+		case ch := <-exits:
 			return ch.failure("exited while the cluster formed")
 		case <-signals:
 			return errSignalled
@@ -431,6 +463,15 @@ func (c *localCluster) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "local cluster up: router on %s, %d prefill and %d decode nodes; logs in %s\n\n",
 		c.nodes[0].addr, c.o.Prefill, c.o.Decode, c.o.LogDir)
+	c.printNodes(w)
+	fmt.Fprintf(w, "\nsend a request:  node generate%s --tenant acme --prompt \"hello\"\n", endpoint)
+	fmt.Fprintf(w, "see the cluster: node status%s\n", endpoint)
+	fmt.Fprintf(w, "drain a node:    node drain --endpoint <its address> --wait\n")
+	fmt.Fprintf(w, "stop:            Ctrl-C (or SIGTERM to pid %d)\n", os.Getpid())
+}
+
+// printNodes writes the table of the nodes.
+func (c *localCluster) printNodes(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tROLE\tADDRESS\tGOSSIP\tINCARNATION\tPID\tLOG")
 	for _, ch := range c.nodes {
@@ -438,19 +479,15 @@ func (c *localCluster) print(w io.Writer) {
 			ch.cmd.Process.Pid, ch.logPath)
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\nsend a request:  node generate%s --tenant acme --prompt \"hello\"\n", endpoint)
-	fmt.Fprintf(w, "see the cluster: node status%s\n", endpoint)
-	fmt.Fprintf(w, "drain a node:    node drain --endpoint <its address> --wait\n")
-	fmt.Fprintf(w, "stop:            Ctrl-C (or SIGTERM to pid %d)\n", os.Getpid())
 }
 
-// makeLocalCerts makes the throwaway credentials of a local cluster in
-// localCertsDir(o.Listen), where the commands find them: a CA, the gossip
-// keyring, a certificate for each node (named as up names the node) and
-// one for an operator. What an earlier up left there is replaced; a
-// directory up did not make is not touched.
-func makeLocalCerts(o upOptions) (string, error) {
-	dir := localCertsDir(o.Listen)
+// makeLocalCerts makes the throwaway credentials of a local cluster of
+// prefill and decode nodes in dir (localCertsDir of its router's address,
+// where the commands find them): a CA, the gossip keyring, a certificate
+// for each node (named as up names the node) and one for an operator.
+// What an earlier up left there is replaced; a directory up did not make
+// is not touched.
+func makeLocalCerts(dir string, prefill, decode int) (string, error) {
 	if _, err := os.Lstat(dir); err == nil {
 		if !isLocalDir(dir) {
 			return "", fmt.Errorf("up: %s exists and was not made by node up (or is readable by others); remove it", dir)
@@ -470,7 +507,7 @@ func makeLocalCerts(o upOptions) (string, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", fmt.Errorf("up: %w", err)
 	}
-	if err := writeLocalCerts(dir, ca, o); err != nil {
+	if err := writeLocalCerts(dir, ca, prefill, decode); err != nil {
 		os.RemoveAll(dir)
 		return "", err
 	}
@@ -478,7 +515,7 @@ func makeLocalCerts(o upOptions) (string, error) {
 }
 
 // writeLocalCerts fills makeLocalCerts's directory.
-func writeLocalCerts(dir string, ca *trust.CA, o upOptions) error {
+func writeLocalCerts(dir string, ca *trust.CA, prefill, decode int) error {
 	if err := ca.WriteCA(dir); err != nil {
 		return err
 	}
@@ -486,10 +523,10 @@ func writeLocalCerts(dir string, ca *trust.CA, o upOptions) error {
 		return fmt.Errorf("up: %w", err)
 	}
 	ids := []trust.Identity{{Role: trust.RoleRouter, Name: "0"}, {Role: trust.RoleOperator, Name: "admin"}}
-	for i := range o.Prefill {
+	for i := range prefill {
 		ids = append(ids, trust.Identity{Role: trust.RolePrefill, Name: strconv.Itoa(i)})
 	}
-	for i := range o.Decode {
+	for i := range decode {
 		ids = append(ids, trust.Identity{Role: trust.RoleDecode, Name: strconv.Itoa(i)})
 	}
 	for _, id := range ids {
