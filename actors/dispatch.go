@@ -40,6 +40,7 @@ type dispatchActor struct {
 
 type dispatched struct {
 	worker  int
+	plan    *messages.TransferPlan
 	expires time.Time
 }
 
@@ -64,13 +65,20 @@ func (d *dispatchActor) Receive(c actor.Context) {
 		}
 		j, ok := d.jobs[key]
 		if !ok {
-			j = dispatched{worker: slices.Index(d.load, slices.Min(d.load)), expires: now.Add(d.forget)}
+			j = dispatched{worker: slices.Index(d.load, slices.Min(d.load)), plan: m, expires: now.Add(d.forget)}
 			d.jobs[key] = j
 			d.load[j.worker]++
 		}
 		c.RequestWithCustomSender(d.workers[j.worker], m, c.Sender())
 	case *messages.TransferAck:
-		d.done(c, handoff.JobKey{Sender: senderKey(c), ID: m.RequestID}, m)
+		key := handoff.JobKey{Sender: senderKey(c), ID: m.RequestID}
+		if j, ok := d.jobs[key]; ok {
+			if why := handoff.AckMismatch(m, j.plan); why != "" {
+				d.log.Warn(why+"; dropped", "request", m.RequestID, "from", key.Sender)
+				return
+			}
+		}
+		d.done(c, key, m)
 	case *messages.TransferAbort:
 		d.done(c, handoff.JobKey{Sender: senderKey(c), ID: m.RequestID}, m)
 	case DispatchStatus:

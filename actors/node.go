@@ -148,12 +148,8 @@ func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Option
 			if err != nil {
 				return nil, err
 			}
-			w := &workerActor{role: role, engine: engine, pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
-				timeout: cfg.PrefillTimeout, dial: opt.Dial, log: n.log.With("worker", name), stats: &workerCounters{},
-				policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf},
-				src: handoff.NewSource(handoff.SourceConfig{Role: role, PageTokens: cfg.PageTokens, QueueMax: cfg.QueueMax,
-					SendsMax: cfg.TransferSendsMax, ReclaimAfter: cfg.ReclaimAfter, DonePlansMax: cfg.DonePlansMax,
-					DoneFor: cfg.PrefillTimeout})}
+			w := newWorker(role, engine, pool, cfg, n.log.With("worker", name), planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf})
+			w.dial = opt.Dial
 			mb := n.Mailbox()
 			if role == "prefill" {
 				mb = n.MailboxFrom(trust.RoleDecode, trust.RoleAll) // plans, acks and aborts

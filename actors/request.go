@@ -46,7 +46,7 @@ type requestActor struct {
 	auth     *trust.Authority
 	kv       *pageClient
 	seen     handoff.RequestCounts // already added to the node's counters
-	cause    error                 // why the request ended, in the step in hand
+	cause    error                 // why the request ended, or frames were refused, in the step in hand
 }
 
 // timerFired is a handoff.Timer's event, due now.
@@ -68,16 +68,14 @@ func (r *requestActor) Receive(c actor.Context) {
 			r.run(c, handoff.Failed{Err: err})
 			return
 		}
-		r.run(c, handoff.FramesIn{Frames: frames})
+		r.run(c, handoff.FramesIn{Frames: frames, FromPeer: true}) // from this node's own worker
 	case FramesIn:
-		if err := r.fromPeer(c, m.Peer, m.Frames); err != nil {
-			// A stranger's frames are refused (its connection is closed)
-			// and counted, but do not end the request: request ids are no
-			// secret, and anyone could otherwise fail anyone's request.
-			c.Respond(FramesInReply{Err: err})
-			return
-		}
-		r.run(c, handoff.FramesIn{Frames: m.Frames})
+		// A stranger's frames are refused (the data plane closes its
+		// connection) and counted, but do not end the request: request
+		// ids are no secret, and anyone could otherwise fail anyone's
+		// request.
+		from, ok := r.fromPeer(c, m.Peer)
+		r.run(c, handoff.FramesIn{Frames: m.Frames, FromPeer: ok, From: from})
 		c.Respond(FramesInReply{Err: r.cause})
 	case *messages.TransferDone:
 		r.run(c, handoff.TransferIn{Done: m, FromPrefill: r.fromPrefill(c), From: r.auth.Of(c).String()})
@@ -100,7 +98,7 @@ func (r *requestActor) Receive(c actor.Context) {
 // tallies to the node's counters.
 func (r *requestActor) run(c actor.Context, ev handoff.Event) {
 	r.cause = nil
-	handoff.Run(r.core, ev, time.Now(), func(e handoff.Effect) handoff.Event { return r.do(c, e) })
+	handoff.RunClock(r.core, ev, time.Now, func(e handoff.Effect) handoff.Event { return r.do(c, e) })
 	n := r.core.Counts()
 	r.counters.ignored.Add(n.Ignored - r.seen.Ignored)
 	r.counters.framesAccepted.Add(n.FramesAccepted - r.seen.FramesAccepted)
@@ -159,7 +157,8 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		return handoff.Picked{Peer: handoff.Peer{Address: peer.PID.Address, Incarnation: peer.Incarnation},
 			Attempt: r.counters.requestIDs.Add(1), OK: true}
 	case handoff.Retry:
-		r.log.Info("retrying transfer with another prefill node", "owner", r.core.Owner().String(), "cause", e.Cause,
+		r.log.Info("retrying transfer with another prefill node", "owner", r.core.Owner().String(), "attempt", e.Old,
+			"new_attempt", e.New, "cause", e.Cause,
 			"from", fmt.Sprintf("%x", e.From.Incarnation), "to", fmt.Sprintf("%x", e.To.Incarnation))
 		// A new attempt is a new request id: whatever the abandoned
 		// attempt still sends names the old one and is dropped.
@@ -168,6 +167,7 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		r.route.prefill = r.picked
 		r.counters.retried.Add(1)
 	case handoff.Refuse:
+		r.cause = e.Err
 		r.auth.Refuse(trust.RefusedStranger, e.Err.What, "request", r.core.Owner().Request, "from", e.Err.From,
 			"planned", e.Err.Planned)
 	}
@@ -206,33 +206,21 @@ func (r *requestActor) fromPrefill(c actor.Context) bool {
 	return from == r.route.prefill.Address
 }
 
-// fromPeer checks that frames of the current attempt that the data plane
-// received came from the identity proven to serve at the planned prefill
-// peer's address. Frames of abandoned attempts only are let through (the
-// request drops them as late). A peer without an identity passes only on an
-// insecure node, where nobody has one, or for a plan with this node.
-func (r *requestActor) fromPeer(c actor.Context, peer trust.Identity, frames []kv.Frame) error {
-	owner := r.core.Owner()
-	current := false
-	for _, f := range frames {
-		current = current || f.Owner.Request == owner.Request || f.Owner.Tenant != owner.Tenant
-	}
-	if !current || r.auth.Insecure() {
-		return nil
-	}
-	if r.route.prefill.Address == c.Self().Address {
-		if peer.IsZero() {
-			return nil
-		}
-	} else if want, ok := r.auth.Peers().At(r.route.prefill.Address); ok && !peer.IsZero() && peer == want {
-		return nil
-	}
-	from := peer.String()
+// fromPeer says whether frames the data plane received came from the
+// identity proven to serve at the planned prefill peer's address, and who
+// sent them. A peer without an identity passes only on an insecure node,
+// where nobody has one, or for a plan with this node.
+func (r *requestActor) fromPeer(c actor.Context, peer trust.Identity) (from string, ok bool) {
+	from = peer.String()
 	if peer.IsZero() {
 		from = "an unauthenticated peer"
 	}
-	p := r.core.Peer()
-	err := &StrangerError{What: "frames", From: from, Planned: fmt.Sprintf("%s (incarnation %x)", p.Address, p.Incarnation)}
-	r.auth.Refuse(trust.RefusedStranger, err.What, "request", owner.Request, "from", err.From, "planned", err.Planned)
-	return err
+	switch {
+	case r.auth.Insecure():
+		return from, true
+	case r.route.prefill.Address == c.Self().Address:
+		return from, peer.IsZero()
+	}
+	want, known := r.auth.Peers().At(r.route.prefill.Address)
+	return from, known && !peer.IsZero() && peer == want
 }

@@ -148,6 +148,15 @@ type workerActor struct {
 	fault    func([]kv.Frame)
 }
 
+// newWorker is a worker of role over engine and pool, with no dialer.
+func newWorker(role string, engine gpu.Engine, pool *Pool, cfg *Config, log *slog.Logger, policy planPolicy) *workerActor {
+	return &workerActor{role: role, engine: engine, pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
+		timeout: cfg.PrefillTimeout, log: log, stats: &workerCounters{}, policy: policy,
+		src: handoff.NewSource(handoff.SourceConfig{Role: role, PageTokens: cfg.PageTokens, QueueMax: cfg.QueueMax,
+			SendsMax: cfg.TransferSendsMax, ReclaimAfter: cfg.ReclaimAfter, DonePlansMax: cfg.DonePlansMax,
+			DoneFor: cfg.PrefillTimeout})}
+}
+
 // prefillJob is the shell's part of one plan the worker runs.
 type prefillJob struct {
 	replyTo *actor.PID
@@ -212,7 +221,7 @@ func (w *workerActor) plan(c actor.Context, m *messages.TransferPlan) {
 
 // run steps the source and carries its effects out.
 func (w *workerActor) run(c actor.Context, ev handoff.Event) {
-	handoff.Run(w.src, ev, time.Now(), func(e handoff.Effect) handoff.Event { return w.do(c, e) })
+	handoff.RunClock(w.src, ev, time.Now, func(e handoff.Effect) handoff.Event { return w.do(c, e) })
 }
 
 func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
@@ -246,6 +255,8 @@ func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		handoff.ExecAck(w.kv, e, func(t kv.Tag, err error) {
 			w.log.Warn("ack of source page refused", "tag", t.String(), "err", err)
 		})
+	case handoff.Ended:
+		delete(w.jobs, e.Key)
 	case handoff.Reply:
 		if j := w.jobs[e.Key]; j != nil {
 			if err := messages.Send(c, j.replyTo, e.Done); err != nil {
@@ -277,11 +288,11 @@ func (w *workerActor) send(c actor.Context, e handoff.SendFrames) handoff.Event 
 
 // sent is a send's outcome, once the frames' leases are given back.
 func (w *workerActor) sent(key handoff.JobKey, j *prefillJob, err error) handoff.Event {
-	if err == nil {
-		w.stats.batchesSent.Add(uint64(len(w.batches(j.frames.Frames))))
-		w.stats.framesSent.Add(uint64(len(j.frames.Frames)))
+	frames := j.frames.Frames
+	if err = errors.Join(err, j.frames.Unlease(w.kv)); err == nil {
+		w.stats.batchesSent.Add(uint64(len(w.batches(frames))))
+		w.stats.framesSent.Add(uint64(len(frames)))
 	}
-	err = errors.Join(err, j.frames.Unlease(w.kv))
 	j.frames.Frames, j.cancel = nil, nil
 	return handoff.Sent{Key: key, Err: err}
 }

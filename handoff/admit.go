@@ -105,7 +105,7 @@ func (a *Admission) Admit(q Ask) (decode int, err error) {
 		return 0, &BusyError{Where: "prefill nodes", Have: 0, Limit: 0}
 	}
 	pages := q.PrefillPages
-	if q.Routed {
+	if q.Routed || pages == 0 {
 		pages = a.limits.Geometry.PagesFor(q.PromptTokens)
 	}
 	if err := Admit(a.limits, q.PromptTokens, q.MaxTokens, pages, a.decodePages); err != nil {

@@ -38,9 +38,14 @@ type (
 	PrefillDeadline struct{ Attempt uint64 }
 	// RequestDeadline: the request ran past RequestTimeout.
 	RequestDeadline struct{}
-	// FramesIn are frames from the planned prefill peer (the caller
-	// refuses a stranger's before they reach the request).
-	FramesIn struct{ Frames []kv.Frame }
+	// FramesIn are frames for the request; FromPeer says whether they
+	// came from the planned prefill peer (as the transport proved it),
+	// From who sent them.
+	FramesIn struct {
+		Frames   []kv.Frame
+		FromPeer bool
+		From     string
+	}
 	// Written answers Write: the first N frames went into their pages,
 	// and Err is why the next did not.
 	Written struct {
@@ -91,7 +96,9 @@ type (
 		Owner kv.Owner
 		Tags  []kv.Tag
 	}
-	// SendPlan, SendAbort and SendAck go to the prefill peer.
+	// SendPlan, SendAbort and SendAck go to the prefill peer; a plan or
+	// an ack that cannot be sent is answered with Failed, an abort is
+	// never answered.
 	SendPlan struct {
 		To   Peer
 		Plan *messages.TransferPlan
@@ -153,7 +160,8 @@ type (
 		From, To Peer
 		Cause    error
 	}
-	// Refuse counts frames or a report from a stranger.
+	// Refuse counts frames or a report from a stranger; the request goes
+	// on, since a stranger must not be able to end it.
 	Refuse struct{ Err *StrangerError }
 )
 
@@ -210,12 +218,18 @@ type Machine interface {
 // that is answered is the last of its step, so the order is the one the
 // machine gave.
 func Run(m Machine, ev Event, now time.Time, do func(Effect) Event) {
-	queue := m.Step(ev, now)
+	RunClock(m, ev, func() time.Time { return now }, do)
+}
+
+// RunClock is Run with a clock read at every step, so that an event that
+// answers an effect is stepped at the time it came.
+func RunClock(m Machine, ev Event, clock func() time.Time, do func(Effect) Event) {
+	queue := m.Step(ev, clock())
 	for len(queue) > 0 {
 		e := queue[0]
 		queue = queue[1:]
 		if next := do(e); next != nil {
-			queue = append(m.Step(next, now), queue...)
+			queue = append(m.Step(next, clock()), queue...)
 		}
 	}
 }

@@ -75,21 +75,18 @@ func ExecSealVerify(p Pages, e SealVerify) Verified {
 // each page that refused. A page of another owner is a broken invariant:
 // see OwnsOrPanic.
 func ExecRelease(p Pages, e Release, refused func(kv.Tag, error)) {
-	for _, t := range e.Tags {
-		if err := p.Release(t, e.Owner); err != nil {
-			OwnsOrPanic(err, "release", t, e.Owner)
-			if refused != nil {
-				refused(t, err)
-			}
-		}
-	}
+	each("release", p.Release, e.Owner, e.Tags, refused)
 }
 
 // ExecAck acknowledges every page of e; refused as for ExecRelease.
 func ExecAck(p Pages, e Ack, refused func(kv.Tag, error)) {
-	for _, t := range e.Tags {
-		if err := p.Ack(t, e.Owner); err != nil {
-			OwnsOrPanic(err, "ack", t, e.Owner)
+	each("ack", p.Ack, e.Owner, e.Tags, refused)
+}
+
+func each(name string, op func(kv.Tag, kv.Owner) error, o kv.Owner, tags []kv.Tag, refused func(kv.Tag, error)) {
+	for _, t := range tags {
+		if err := op(t, o); err != nil {
+			OwnsOrPanic(err, name, t, o)
 			if refused != nil {
 				refused(t, err)
 			}

@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -106,6 +107,9 @@ func (r *Request) Counts() RequestCounts { return r.counts }
 func (r *Request) Step(ev Event, now time.Time) []Effect {
 	if r.phase == phaseDone {
 		r.counts.Ignored++ // late messages after the answer went out
+		if e, ok := ev.(Reserved); ok && e.Err == nil {
+			return []Effect{Release{Owner: r.owner, Tags: e.Dest}, Release{Owner: r.owner, Tags: e.Spare}}
+		}
 		return nil
 	}
 	switch e := ev.(type) {
@@ -122,7 +126,7 @@ func (r *Request) Step(ev Event, now time.Time) []Effect {
 	case Reserved:
 		return r.reserved(e, now)
 	case FramesIn:
-		return r.framesIn(e.Frames, now)
+		return r.framesIn(e, now)
 	case Written:
 		return r.writtenOut(e)
 	case TransferIn:
@@ -173,7 +177,8 @@ func (r *Request) reserved(e Reserved, now time.Time) []Effect {
 		return nil
 	}
 	if e.Err != nil {
-		ex, short := e.Err.(*kv.PoolExhaustedError)
+		var ex *kv.PoolExhaustedError
+		short := errors.As(e.Err, &ex)
 		switch {
 		case short && now.Sub(r.started) < r.cfg.ReserveWait:
 			return []Effect{Timer{After: r.cfg.ReserveRetry, Event: RetryReserve{}}}
@@ -200,26 +205,30 @@ func (r *Request) reserved(e Reserved, now time.Time) []Effect {
 		plan.PromptTokens[i] = uint32(t)
 	}
 	r.planSent, r.firstFrame = now, time.Time{}
-	return []Effect{SendPlan{To: r.peer, Plan: plan},
-		Timer{After: r.cfg.PrefillTimeout, Event: PrefillDeadline{Attempt: r.owner.Request}}}
+	return []Effect{Timer{After: r.cfg.PrefillTimeout, Event: PrefillDeadline{Attempt: r.owner.Request}},
+		SendPlan{To: r.peer, Plan: plan}}
 }
 
 // framesIn checks frames and asks for them to be written. Frames of an
 // attempt abandoned for a retry carry its own request id: they are late,
 // not wrong, and are dropped and counted rather than failing the request.
-// Every other frame must be the request's own, from a page of the planned
-// prefill node's run, one source page per destination page; the page
-// checks its tag, owner, tenant and token range when it is written.
-// Anything refused fails the request: nothing is generated from pages that
-// did not fill cleanly.
-func (r *Request) framesIn(frames []kv.Frame, now time.Time) []Effect {
-	keep := frames[:0:0]
-	for _, f := range frames {
+// Frames of the current attempt from anyone but the planned peer are
+// refused and counted, without effect on the request. Every other frame
+// must be the request's own, from a page of the planned prefill node's
+// run, one source page per destination page; the page checks its tag,
+// owner, tenant and token range when it is written. Anything refused fails
+// the request: nothing is generated from pages that did not fill cleanly.
+func (r *Request) framesIn(e FramesIn, now time.Time) []Effect {
+	keep := e.Frames[:0:0]
+	for _, f := range e.Frames {
 		if f.Owner.Request == r.owner.Request || f.Owner.Tenant != r.owner.Tenant {
 			keep = append(keep, f) // a foreign tenant's frame is not late: it is refused below
 			continue
 		}
 		r.counts.Ignored++
+	}
+	if len(keep) > 0 && !e.FromPeer {
+		return []Effect{Refuse{Err: r.stranger("frames", e.From)}}
 	}
 	if r.phase != phasePrefill {
 		r.counts.Ignored += uint64(len(keep)) // a duplicate after the transfer ended
@@ -330,9 +339,9 @@ func (r *Request) verified(e Verified) []Effect {
 	}
 	r.phase = phaseDecoding
 	return []Effect{
+		StartDecode{Manifest: r.manifest, Next: r.first, Last: r.prompt[len(r.prompt)-1], MaxNew: r.maxNew - 1, Spare: r.spare},
 		SendAck{To: r.peer, Ack: &messages.TransferAck{RequestID: r.owner.Request, Tenant: r.owner.Tenant,
 			TokenCount: uint32(len(r.prompt)), Pages: uint32(len(r.dest))}},
-		StartDecode{Manifest: r.manifest, Next: r.first, Last: r.prompt[len(r.prompt)-1], MaxNew: r.maxNew - 1, Spare: r.spare},
 	}
 }
 

@@ -117,6 +117,9 @@ type (
 		Key  JobKey
 		Done *messages.TransferDone
 	}
+	// Ended: the plan of Key ended without a Reply (withdrawn by its
+	// abort, or aborted while its frames were on their way).
+	Ended struct{ Key JobKey }
 )
 
 func (PlanIn) event()    {}
@@ -134,6 +137,7 @@ func (SendFrames) effect() {}
 func (CancelSend) effect() {}
 func (Ack) effect()        {}
 func (Reply) effect()      {}
+func (Ended) effect()      {}
 
 // job is one plan from arrival until decode acknowledges it.
 type job struct {
@@ -217,15 +221,26 @@ func (s *Source) Step(ev Event, now time.Time) []Effect {
 	case AckIn:
 		// The ack repeats the plan's figures: one for another plan is not
 		// this plan's ack.
-		if j := s.find(e.Key); j != nil && (int(e.Ack.TokenCount) != len(j.plan.PromptTokens) || int(e.Ack.Pages) != len(j.plan.DestTags)) {
-			return []Effect{Dropped{Key: e.Key, Why: fmt.Sprintf("ack for %d tokens in %d pages, the plan has %d in %d",
-				e.Ack.TokenCount, e.Ack.Pages, len(j.plan.PromptTokens), len(j.plan.DestTags))}}
+		if j := s.find(e.Key); j != nil {
+			if why := AckMismatch(e.Ack, j.plan); why != "" {
+				return []Effect{Dropped{Key: e.Key, Why: why}}
+			}
 		}
 		return s.drop(e.Key, e.Ack.Tenant, now)
 	case AbortIn:
 		return s.drop(e.Key, e.Tenant, now)
 	}
 	return nil
+}
+
+// AckMismatch says why ack is not the acknowledgement of plan (it repeats
+// the plan's token and page counts), or "" when it is.
+func AckMismatch(ack *messages.TransferAck, plan *messages.TransferPlan) string {
+	if int(ack.TokenCount) == len(plan.PromptTokens) && int(ack.Pages) == len(plan.DestTags) {
+		return ""
+	}
+	return fmt.Sprintf("ack for %d tokens in %d pages, the plan has %d in %d",
+		ack.TokenCount, ack.Pages, len(plan.PromptTokens), len(plan.DestTags))
 }
 
 // planIn queues a plan, or answers at once why it cannot run.
@@ -302,7 +317,7 @@ func (s *Source) sent(j *job, err error, now time.Time) []Effect {
 	if s.done.Has(j.key, now) {
 		// Aborted while its frames were on their way: nobody will
 		// acknowledge them.
-		return append(out, Ack{Owner: j.local, Tags: j.sources})
+		return append(out, Ack{Owner: j.local, Tags: j.sources}, Ended{Key: j.key})
 	}
 	for k, a := range s.awaiting {
 		if now.After(a.expires) {
@@ -327,6 +342,7 @@ func (s *Source) drop(key JobKey, tenant string, now time.Time) []Effect {
 		if s.queue[i].owner.Tenant == tenant {
 			s.queue = slices.Delete(s.queue, i, i+1)
 			s.done.Add(key, now)
+			return []Effect{Ended{Key: key}}
 		}
 		return nil
 	}

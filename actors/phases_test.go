@@ -1,0 +1,54 @@
+package actors
+
+// The Queue phase (admission to the plan leaving, decode pages reserved)
+// of requests that completed includes the reservation's own time: the
+// shells step each answered effect at the time it came.
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/client"
+)
+
+func TestQueuePhaseCountsTheReservation(t *testing.T) {
+	n := startNode(t, testConfig())
+	c := localClient(n)
+	for range 4 {
+		if _, err := c.Generate(context.Background(), "acme", "hello", client.GenerateOptions{MaxTokens: 2}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := ask[AdmissionStatusReply](n.Root(), n.Admission(), AdmissionStatus{}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("phases of %d requests: %+v", st.Phases.Count, st.Phases)
+	if st.Phases.Count != 4 || st.Phases.Queue <= 0 {
+		t.Fatalf("phases %+v: the decode pages' reservation took no time", st.Phases)
+	}
+}
+
+// A request that completes normally leaves no late message behind: the
+// node's ignored counter counts only what comes after an answer.
+func TestCompletedRequestIgnoresNothing(t *testing.T) {
+	n := startNode(t, testConfig())
+	c := localClient(n)
+	if _, err := c.Generate(context.Background(), "acme", "hello", client.GenerateOptions{MaxTokens: 4}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The request actor deletes its registry entry when it stops.
+	waitFor(t, "request actor stopped", 10*time.Second, func() bool {
+		empty := true
+		n.registry.Range(func(any, any) bool { empty = false; return false })
+		return empty
+	})
+	st, err := ask[AdmissionStatusReply](n.Root(), n.Admission(), AdmissionStatus{}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.counters.ignored.Load(); got != 0 {
+		t.Fatalf("one request that completed (%d completed, %d in flight) counted %d ignored messages", st.Completed, st.InFlight, got)
+	}
+}

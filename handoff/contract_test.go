@@ -1,0 +1,220 @@
+package handoff
+
+// Tests of the machines' contracts with their shells: Run's order (an
+// answered effect is the last of its step), every plan's end named to the
+// shell, admission of a peer whose pool is unknown. They reuse pair
+// (handoff_test.go) for the pools and the engine, but drive both machines
+// with their own do, so that every nested step goes through it.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// driver runs a Request and a Source over a pair, recording the order of
+// every effect; hook, if set, carries an effect out instead (handled true).
+type driver struct {
+	*pair
+	order []string
+	hook  func(Effect) (ev Event, handled bool)
+}
+
+func newDriver(t *testing.T, decodePages int) *driver {
+	return &driver{pair: newPair(t, decodePages, 16)}
+}
+
+func (d *driver) step(m Machine, ev Event) { Run(m, ev, d.now, d.do) }
+
+func (d *driver) start(prompt []int, maxNew int) {
+	cfg := RequestConfig{Geometry: d.decode.Geometry(), Incarnation: decodeInc, DataPlane: "decode:1",
+		RequestTimeout: time.Minute, PrefillTimeout: 10 * time.Second, ReserveWait: time.Second,
+		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: gpu.EOS}
+	d.req = NewRequest(cfg, kv.Owner{Request: 1, Tenant: "acme"}, 7, prompt, maxNew, Peer{Address: "prefill:1", Incarnation: prefillInc})
+	d.step(d.req, Start{})
+}
+
+func (d *driver) do(e Effect) Event {
+	d.order = append(d.order, fmt.Sprintf("%T", e))
+	if d.hook != nil {
+		if ev, ok := d.hook(e); ok {
+			return ev
+		}
+	}
+	key := func(id uint64) JobKey { return JobKey{Sender: "decode:1/req", ID: id} }
+	switch e := e.(type) {
+	case SendPlan:
+		d.step(d.src, PlanIn{Key: key(e.Plan.RequestID), Plan: e.Plan})
+		d.step(d.src, Next{})
+		return nil
+	case SendFrames:
+		fr := d.frames[e.Key]
+		delete(d.frames, e.Key)
+		d.step(d.req, FramesIn{Frames: slices.Clone(fr.Frames), FromPeer: true})
+		return Sent{Key: e.Key, Err: fr.Unlease(d.prefill)}
+	case Reply:
+		d.step(d.req, TransferIn{Done: e.Done, FromPrefill: true})
+		return nil
+	case SendAck:
+		d.step(d.src, AckIn{Key: key(e.Ack.RequestID), Ack: e.Ack})
+		return nil
+	case SendAbort:
+		d.step(d.src, AbortIn{Key: key(e.Abort.RequestID), Tenant: e.Abort.Tenant})
+		return nil
+	case StartDecode:
+		s, err := Begin(d.engine, d.decode, e, gpu.EOS)
+		if err != nil {
+			d.step(d.req, DecodeEnded{Err: err})
+			return nil
+		}
+		d.step(d.req, TokenIn{Token: e.Next})
+		for done := s.Ended(); !done; {
+			var tok int
+			tok, done, err = s.Step(d.decode)
+			if err == nil {
+				d.step(d.req, TokenIn{Token: tok})
+			}
+		}
+		d.step(d.req, DecodeEnded{Err: errors.Join(err, s.Close(d.decode))})
+		return nil
+	}
+	return d.pair.do(e) // page effects, Prefill, Emit, Finish, Timer, Pick, ...
+}
+
+// after lists the effects carried out after the first Finish.
+func (d *driver) after() []string {
+	i := slices.Index(d.order, "handoff.Finish")
+	if i < 0 {
+		return nil
+	}
+	return d.order[i+1:]
+}
+
+var prompt8 = []int{gpu.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g'}
+
+// Run's contract: an effect that is answered is the last of its step. Both
+// shells answer SendAck with Failed (a message that failed its own
+// validation); Verified's step puts StartDecode after it, so the decode job
+// goes out after the request answered, cancelled its decode and released
+// its pages.
+func TestFailedAckIsNotFollowedByStartDecode(t *testing.T) {
+	d := newDriver(t, 16)
+	d.hook = func(e Effect) (Event, bool) {
+		switch e.(type) {
+		case SendAck:
+			return Failed{Err: errors.New("ack failed its own validation")}, true
+		case StartDecode:
+			return nil, true // recorded, not run
+		}
+		return nil, false
+	}
+	d.start(prompt8, 4)
+	if d.finish == nil || d.finish.Cause == nil {
+		t.Fatalf("finish %+v, want the ack's failure", d.finish)
+	}
+	if rest := d.after(); len(rest) != 0 {
+		t.Fatalf("effects carried out after the request finished: %v (whole order %v)", rest, d.order)
+	}
+}
+
+// The same contract for SendAbort, which the simulator answers with Failed:
+// in picked's step the abort comes before the new attempt's Reserve, so a
+// failed abort finishes the request and the Reserve that follows takes
+// pages nothing will release (Reserved is ignored once done).
+func TestFailedAbortOnRetryReservesNothing(t *testing.T) {
+	d := newDriver(t, 16)
+	d.hook = func(e Effect) (Event, bool) {
+		switch e.(type) {
+		case SendPlan:
+			return nil, true // lost: the attempt ends at its deadline
+		case Pick:
+			return Picked{Peer: Peer{Address: "prefill:2", Incarnation: prefillInc + 1}, Attempt: 2, OK: true}, true
+		case SendAbort:
+			return Failed{Err: errors.New("abort failed its own validation")}, true
+		}
+		return nil, false
+	}
+	d.start(prompt8, 4)
+	d.step(d.req, PrefillDeadline{Attempt: 1})
+	if !d.req.Done() {
+		t.Fatalf("request not done; effects %v", d.order)
+	}
+	if s := d.decode.Stats(); s.Free != 16 {
+		t.Fatalf("%d of 16 decode pages free after the request answered; effects after its Finish: %v", s.Free, d.after())
+	}
+}
+
+// A plan withdrawn from the queue by its abort (or one aborted while its
+// frames were on their way, whose send then succeeds) leaves the Source
+// without any effect naming it: a shell that keeps per-plan state until the
+// plan's Reply (actors.workerActor.jobs) is never told to drop it.
+func TestSourceTellsTheShellWhenAPlanEndsWithoutReply(t *testing.T) {
+	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 4, SendsMax: 1,
+		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute})
+	now := time.Unix(0, 0)
+	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
+		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
+	key := JobKey{Sender: "d", ID: 3}
+	if eff := s.Step(PlanIn{Key: key, Plan: plan}, now); len(eff) != 1 || eff[0] != (Queued{Key: key}) {
+		t.Fatalf("plan: %+v", eff)
+	}
+	eff := s.Step(AbortIn{Key: key, Tenant: "acme"}, now)
+	if s.Counts().Queued != 0 {
+		t.Fatalf("abort left %+v", s.Counts())
+	}
+	if len(eff) == 0 {
+		t.Fatalf("the queued plan %+v ended by its abort with no effect: its shell keeps it forever", key)
+	}
+}
+
+// The other way out without a Reply: aborted while its frames are on their
+// way, and the send then succeeds (its outcome was already in the worker's
+// mailbox when the abort came).
+func TestSourceTellsTheShellWhenASentPlanWasAborted(t *testing.T) {
+	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 4, SendsMax: 1,
+		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute})
+	now := time.Unix(0, 0)
+	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
+		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
+	key := JobKey{Sender: "d", ID: 3}
+	src := []kv.Tag{{Incarnation: prefillInc, Index: 0, Generation: 1}}
+	s.Step(PlanIn{Key: key, Plan: plan}, now)
+	s.Step(Next{}, now)
+	if eff := s.Step(Prefilled{Key: key, Sources: src, Marked: 1, Sums: []uint64{1}}, now); len(eff) != 1 {
+		t.Fatalf("prefilled: %+v", eff)
+	}
+	if eff := s.Step(AbortIn{Key: key, Tenant: "acme"}, now); len(eff) != 1 || eff[0] != (CancelSend{Key: key}) {
+		t.Fatalf("abort while sending: %+v", eff)
+	}
+	eff := s.Step(Sent{Key: key}, now)
+	if s.Counts() != (SourceCounts{}) {
+		t.Fatalf("source holds %+v", s.Counts())
+	}
+	for _, e := range eff {
+		switch e.(type) {
+		case Reply:
+			return
+		case Ack, Release:
+		default:
+			return // some effect that names the plan's end
+		}
+	}
+	t.Fatalf("the plan %+v ended with %+v: nothing tells the shell it is gone", key, eff)
+}
+
+// A peer a node picked itself with Pages 0 has a pool nobody knows yet
+// (its status was not in): like a router's choice, the prompt is admitted
+// on the node's own bounds, not refused as too long for 0 pages.
+func TestPickedPeerWithUnknownPoolIsAdmitted(t *testing.T) {
+	g := tinyModel().Geometry(4)
+	a := NewAdmission(Limits{ContextTokens: 64, MaxTokensMax: 16, Geometry: g}, 4, 1, 64)
+	if _, err := a.Admit(Ask{Key: ClientKey{Client: "c", ID: 1}, PromptTokens: 8, MaxTokens: 4, PrefillPages: 0}); err != nil {
+		t.Fatalf("8-token prompt, picked peer of unknown pool: %v", err)
+	}
+}
