@@ -68,14 +68,14 @@ func (r *requestActor) Receive(c actor.Context) {
 			r.run(c, handoff.Failed{Err: err})
 			return
 		}
-		r.run(c, handoff.FramesIn{Frames: frames, FromPeer: true}) // from this node's own worker
+		r.run(c, handoff.FramesIn{Frames: frames}) // from this node's own worker
 	case FramesIn:
 		// A stranger's frames are refused (the data plane closes its
 		// connection) and counted, but do not end the request: request
 		// ids are no secret, and anyone could otherwise fail anyone's
 		// request.
 		from, ok := r.fromPeer(c, m.Peer)
-		r.run(c, handoff.FramesIn{Frames: m.Frames, FromPeer: ok, From: from})
+		r.run(c, handoff.FramesIn{Frames: m.Frames, Stranger: !ok, From: from})
 		c.Respond(FramesInReply{Err: r.cause})
 	case *messages.TransferDone:
 		r.run(c, handoff.TransferIn{Done: m, FromPrefill: r.fromPrefill(c), From: r.auth.Of(c).String()})

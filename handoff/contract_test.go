@@ -56,7 +56,7 @@ func (d *driver) do(e Effect) Event {
 	case SendFrames:
 		fr := d.frames[e.Key]
 		delete(d.frames, e.Key)
-		d.step(d.req, FramesIn{Frames: slices.Clone(fr.Frames), FromPeer: true})
+		d.step(d.req, FramesIn{Frames: slices.Clone(fr.Frames)})
 		return Sent{Key: e.Key, Err: fr.Unlease(d.prefill)}
 	case Reply:
 		d.step(d.req, TransferIn{Done: e.Done, FromPrefill: true})

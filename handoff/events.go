@@ -38,12 +38,12 @@ type (
 	PrefillDeadline struct{ Attempt uint64 }
 	// RequestDeadline: the request ran past RequestTimeout.
 	RequestDeadline struct{}
-	// FramesIn are frames for the request; FromPeer says whether they
-	// came from the planned prefill peer (as the transport proved it),
+	// FramesIn are frames for the request; Stranger says they did not
+	// come from the planned prefill peer (as the transport proved it),
 	// From who sent them.
 	FramesIn struct {
 		Frames   []kv.Frame
-		FromPeer bool
+		Stranger bool
 		From     string
 	}
 	// Written answers Write: the first N frames went into their pages,

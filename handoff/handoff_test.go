@@ -108,7 +108,7 @@ func (p *pair) do(e Effect) Event {
 			frames[0].Payload[0] ^= 1
 		}
 		if !p.dropFrames {
-			p.step(p.req, FramesIn{Frames: frames, FromPeer: true})
+			p.step(p.req, FramesIn{Frames: frames})
 		}
 		return Sent{Key: e.Key, Err: errors.Join(p.sendFails, fr.Unlease(p.prefill))}
 	case Reply:

@@ -227,7 +227,7 @@ func (r *Request) framesIn(e FramesIn, now time.Time) []Effect {
 		}
 		r.counts.Ignored++
 	}
-	if len(keep) > 0 && !e.FromPeer {
+	if len(keep) > 0 && e.Stranger {
 		return []Effect{Refuse{Err: r.stranger("frames", e.From)}}
 	}
 	if r.phase != phasePrefill {
