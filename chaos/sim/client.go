@@ -1,0 +1,256 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/handoff"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// client is one client request and its oracle: the reference answer, the
+// tokens streamed so far, and how it ended.
+type client struct {
+	w      *World
+	id     uint64
+	tenant string
+	prompt []int
+	maxNew int
+	want   []int // the reference answer, cut at EOS; nil when the context cannot hold the request
+	cancel time.Duration
+
+	node *node // the decode node routed to, and its run then
+	inc  uint64
+	peer handoff.Peer
+	fits bool // the routed path's smallest pool holds the request
+	dr   *dreq
+
+	emitted []int
+	seq     uint32
+	done    bool
+	outcome string
+}
+
+// buildClients draws the workload: prompts of random lengths (some too long
+// for their path, some shared by tenants), token budgets, arrival times and
+// cancellations.
+func (w *World) buildClients() {
+	o := w.opt
+	for i := range o.Requests {
+		c := &client{w: w, id: uint64(i + 1), tenant: fmt.Sprintf("tenant-%c", 'a'+w.rng.IntN(o.Tenants))}
+		c.maxNew = 1 + w.rng.IntN(o.MaxTokensMax)
+		switch {
+		case i > 0 && w.rng.IntN(4) == 0:
+			c.prompt = w.clients[i-1].prompt // the same prompt, perhaps of another tenant
+		case w.chance(Oversize):
+			c.prompt = w.prompt(w.oversize(c.maxNew))
+		default:
+			c.prompt = w.prompt(1 + w.rng.IntN(o.PromptTokensMax))
+		}
+		c.want = w.reference(c.prompt, c.maxNew)
+		if w.chance(Cancel) {
+			c.cancel = w.between(0, 20*o.Timing.DecodeStep)
+		}
+		w.clients = append(w.clients, c)
+		w.after(w.between(0, o.Timing.Arrivals), fmt.Sprintf("client %d (%s) sends %d prompt tokens, max %d", c.id, c.tenant, len(c.prompt), c.maxNew), c.route)
+	}
+	w.open = len(w.clients)
+}
+
+// oversize is a prompt length too long for some bound: the context window,
+// the context with the tokens asked for, or the smallest prefill pool.
+func (w *World) oversize(maxNew int) int {
+	o := w.opt
+	switch w.rng.IntN(3) {
+	case 0:
+		return o.ContextTokens + 1 + w.rng.IntN(8)
+	case 1:
+		return o.ContextTokens - w.rng.IntN(maxNew)
+	}
+	return o.PrefillPagesMin*o.PageTokens + 1 + w.rng.IntN(4*o.PageTokens)
+}
+
+func (w *World) prompt(n int) []int {
+	p := make([]int, n)
+	p[0] = gpu.BOS
+	for i := 1; i < n; i++ {
+		p[i] = 'a' + w.rng.IntN(26)
+	}
+	return p
+}
+
+// reference is the single-node answer, cut at EOS, or nil when the
+// context cannot hold the request.
+func (w *World) reference(prompt []int, maxNew int) []int {
+	if len(prompt)+maxNew > w.opt.ContextTokens {
+		return nil
+	}
+	key := fmt.Sprint(maxNew, prompt)
+	if ref, ok := w.refs[key]; ok {
+		return ref
+	}
+	ref, err := w.engine.Reference(prompt, maxNew)
+	if err != nil {
+		w.fail("options", "reference of %d tokens: %v", len(prompt), err)
+		return nil
+	}
+	if i := slices.Index(ref, gpu.EOS); i >= 0 {
+		ref = ref[:i+1]
+	}
+	w.refs[key] = ref
+	return ref
+}
+
+// route is the router: a decode and a prefill node membership reports up,
+// the admission rule against their pools, and the request sent to the
+// decode node.
+func (c *client) route() {
+	w := c.w
+	decodes, prefills := alive(w.decode), alive(w.prefill)
+	if len(decodes) == 0 || len(prefills) == 0 {
+		c.refused(handoff.Wire(&handoff.BusyError{Where: "cluster nodes", Have: len(decodes) + len(prefills), Limit: 0}))
+		return
+	}
+	d := decodes[w.rng.IntN(len(decodes))]
+	p := prefills[w.rng.IntN(len(prefills))]
+	err := handoff.Admit(w.limits, len(c.prompt), c.maxNew, p.pagesN, d.pagesN)
+	w.checkPath(c, p, d, err)
+	if err != nil {
+		w.count[OversizeRefused]++
+		c.refused(handoff.Wire(err))
+		return
+	}
+	c.node, c.inc, c.peer = d, d.inc, p.peer()
+	lat := w.opt.Timing.Latency
+	w.after(lat, fmt.Sprintf("client %d reaches %s", c.id, d.addr), func() {
+		if d.inc == 0 || d.inc != c.inc {
+			c.nodeLost(fmt.Sprintf("decode node %s is not up", d.addr))
+			return
+		}
+		d.admit(c)
+	})
+	if c.cancel > 0 {
+		w.after(lat+c.cancel, fmt.Sprintf("client %d cancels", c.id), c.withdraw)
+	}
+}
+
+// withdraw is the client's cancellation, on the same connection.
+func (c *client) withdraw() {
+	if c.done || c.dr == nil || c.node.inc != c.inc {
+		return
+	}
+	c.dr.run(handoff.Cancel{})
+}
+
+// checkPath is the admission oracle: a request is admitted on a path (at
+// routing, or for a retry with err nil) exactly when the context and the
+// smallest pool on its path hold it: the prompt in prefill's pool, the
+// prompt and every token it may generate in decode's. A refusal is a
+// prompt_too_long.
+func (w *World) checkPath(c *client, p, d *node, err error) {
+	pt := w.opt.PageTokens
+	pages := func(tokens int) int { return (tokens + pt - 1) / pt }
+	fits := c.maxNew <= w.opt.MaxTokensMax && len(c.prompt)+c.maxNew <= w.opt.ContextTokens &&
+		pages(len(c.prompt)) <= p.pagesN && pages(len(c.prompt))+pages(c.maxNew-1) <= d.pagesN
+	c.fits = fits
+	switch {
+	case err == nil && !fits:
+		w.fail("admission", "client %d (%d prompt tokens, %d more) was admitted on a path that cannot hold it: %s has %d pages, %s %d pages, of %d tokens; context %d",
+			c.id, len(c.prompt), c.maxNew, p.addr, p.pagesN, d.addr, d.pagesN, pt, w.opt.ContextTokens)
+	case err != nil && fits:
+		w.fail("admission", "client %d (%d prompt tokens, %d more) was refused on a path that holds it (%s %d pages, %s %d pages): %v",
+			c.id, len(c.prompt), c.maxNew, p.addr, p.pagesN, d.addr, d.pagesN, err)
+	case err != nil && handoff.Wire(err).Code != messages.CodePromptTooLong:
+		w.fail("typed errors", "client %d was refused with %v, want prompt_too_long", c.id, err)
+	}
+}
+
+// emit checks a streamed token against the reference.
+func (c *client) emit(chunk *messages.TokenChunk) {
+	w := c.w
+	switch {
+	case c.done:
+		w.fail("answers", "client %d got token chunk %d after its request ended (%s)", c.id, chunk.Seq, c.outcome)
+		return
+	case len(c.emitted) > 0 && chunk.Seq != c.seq+1:
+		w.fail("answers", "client %d got chunk %d after chunk %d", c.id, chunk.Seq, c.seq)
+		return
+	}
+	c.seq = chunk.Seq
+	for _, t := range chunk.Tokens {
+		at := len(c.emitted)
+		if at >= len(c.want) || int(t) != c.want[at] {
+			w.fail("answers", "client %d (%s) was streamed token %d at position %d; the reference answer is %v", c.id, c.tenant, t, at, c.want)
+			return
+		}
+		c.emitted = append(c.emitted, int(t))
+	}
+}
+
+// finish checks the request's answer: the reference exactly, with the
+// tokens streamed, or a typed error with a stable code; never twice.
+func (c *client) finish(f handoff.Finish) {
+	w := c.w
+	res := f.Result
+	if err := res.Validate(); err != nil {
+		w.fail("answers", "client %d got an invalid result: %v", c.id, err)
+	}
+	if f.Cause != nil {
+		c.refused(res.Err)
+		return
+	}
+	got := make([]int, len(res.Tokens))
+	for i, t := range res.Tokens {
+		got[i] = int(t)
+	}
+	switch {
+	case c.done:
+		w.fail("answers", "client %d got an answer after its request ended (%s)", c.id, c.outcome)
+	case !slices.Equal(got, c.want) || !slices.Equal(f.Tokens, c.want):
+		w.fail("answers", "client %d (%s) got the answer %v; the reference answer is %v", c.id, c.tenant, got, c.want)
+	case !slices.Equal(c.emitted, c.want):
+		w.fail("answers", "client %d was streamed %v, and answered %v", c.id, c.emitted, got)
+	}
+	c.end("answered")
+	w.count[Answered]++
+}
+
+// refused ends the request with an error, which must carry a stable code.
+func (c *client) refused(e *messages.WireError) {
+	w := c.w
+	switch {
+	case c.done:
+		w.fail("answers", "client %d got an error (%v) after its request ended (%s)", c.id, e, c.outcome)
+		return
+	case e == nil || e.Code < messages.CodePromptTooLong || e.Code > messages.CodeForbidden:
+		w.fail("typed errors", "client %d failed without a stable error code: %v", c.id, e)
+		return
+	case e.Code == messages.CodePromptTooLong && c.fits:
+		w.fail("admission", "client %d was refused as too long by its decode node on a path that holds it: %v", c.id, e)
+	}
+	switch e.Code {
+	case messages.CodeIntegrity:
+		w.count[IntegrityRefused]++
+	case messages.CodeBusy:
+		w.count[BusyRefused]++
+	}
+	w.count[Failed]++
+	c.end(e.Code.String())
+}
+
+// nodeLost ends the request when its decode node's run is gone: the
+// client's connection broke.
+func (c *client) nodeLost(why string) {
+	if c.done {
+		return
+	}
+	c.w.trace.line(fmt.Sprintf("  client %d: connection lost: %s", c.id, why))
+	c.refused(&messages.WireError{Code: messages.CodeNodeLost, Message: why})
+}
+
+func (c *client) end(outcome string) {
+	c.done, c.outcome = true, outcome
+	c.w.open--
+}

@@ -1,0 +1,129 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Counter names one path a run can reach: a fault injected, or what the
+// system did about one. They are the "sometimes" assertions of the
+// simulator: a fault kind a campaign enables must reach its paths in some
+// run (Required), or the campaign tested less than it claims.
+type Counter uint8
+
+// The counters.
+const (
+	FramesDropped Counter = iota
+	ControlDropped
+	Duplicated
+	DuplicatePlanDropped
+	Delayed
+	PrefillDeadline
+	Reordered
+	Misdirected
+	StrangerRefused
+	BatchCorrupted
+	BatchRefusedChecksum
+	BatchRefusedMalformed
+	PartitionCut
+	Crashed
+	Restarted
+	PeerLost
+	RetryOtherPeer
+	DeadRunDropped
+	PoolShrunk
+	ReserveRetried
+	BusyRefused
+	ClockJumped
+	ReclaimFreed
+	AckLostReclaimed
+	BitFlipped
+	IntegrityRefused
+	StaleTagRefused
+	WrongOwnerRefused
+	OversizeRefused
+	CancelMidDecode
+	CancelBeforeDecode
+	LateIgnored
+	Answered
+	Failed
+	counters
+)
+
+var counterNames = [counters]string{
+	"frame batch dropped", "control message dropped", "message duplicated", "duplicate plan dropped by source",
+	"message delayed past prefill timeout", "prefill deadline fired", "message reordered", "message misdirected",
+	"stranger's message refused", "frame batch corrupted", "corrupt batch refused by checksum",
+	"corrupt batch refused as malformed", "message cut by partition", "node crashed", "node restarted",
+	"peer lost stepped into request", "retry with another peer", "message to a dead run dropped",
+	"pool shrunk by dummy owner", "reservation retried", "request refused busy", "clock jumped",
+	"reclaim deadline freed a page", "ack lost, source freed at reclaim", "page bit flipped at rest",
+	"request failed integrity", "stale tag refused by pool", "wrong owner refused by pool",
+	"oversize prompt refused", "cancel mid-decode", "cancel before decode", "late message ignored",
+	"request answered", "request failed cleanly",
+}
+
+func (c Counter) String() string { return counterNames[c] }
+
+// required are the counters each fault kind must reach.
+var required = [kinds][]Counter{
+	Drop:      {FramesDropped, ControlDropped},
+	Duplicate: {Duplicated, DuplicatePlanDropped},
+	Delay:     {Delayed, PrefillDeadline},
+	Reorder:   {Reordered},
+	Misdirect: {Misdirected, StrangerRefused},
+	Corrupt:   {BatchCorrupted, BatchRefusedChecksum},
+	Partition: {PartitionCut},
+	Crash:     {Crashed, Restarted, PeerLost, RetryOtherPeer, DeadRunDropped},
+	Shrink:    {PoolShrunk, ReserveRetried},
+	ClockJump: {ClockJumped, ReclaimFreed, AckLostReclaimed, StaleTagRefused},
+	BitFlip:   {BitFlipped, IntegrityRefused},
+	Oversize:  {OversizeRefused},
+	Cancel:    {CancelMidDecode, CancelBeforeDecode},
+}
+
+// Required lists the counters kind must reach.
+func Required(k Kind) []Counter { return required[k] }
+
+// Counters count how often a run (or a sweep, summed) reached each path.
+type Counters [counters]uint64
+
+// Add adds o into c.
+func (c *Counters) Add(o Counters) {
+	for i := range c {
+		c[i] += o[i]
+	}
+}
+
+// Unreached lists, for every kind enabled in f, the counters it requires
+// that stayed at zero, as "Kind: counter".
+func (c *Counters) Unreached(f Faults) []string {
+	var out []string
+	for _, k := range f.Enabled() {
+		for _, r := range required[k] {
+			if c[r] == 0 {
+				out = append(out, fmt.Sprintf("%s: %s", k, r))
+			}
+		}
+	}
+	return out
+}
+
+// WriteTable writes one line per counter: its count, its name and the
+// fault kinds that require it.
+func (c *Counters) WriteTable(w io.Writer) {
+	var by [counters][]string
+	for k, rs := range required {
+		for _, r := range rs {
+			by[r] = append(by[r], Kind(k).String())
+		}
+	}
+	for i, n := range c {
+		req := ""
+		if len(by[i]) > 0 {
+			req = "required by " + strings.Join(by[i], ", ")
+		}
+		fmt.Fprintf(w, "%10d  %-38s %s\n", n, Counter(i), req)
+	}
+}

@@ -1,0 +1,363 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/handoff"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// dreq is one request on its decode run: the core, its client, and the
+// decode worker admission chose for it.
+type dreq struct {
+	n        *node
+	r        *handoff.Request
+	c        *client
+	name     string
+	attempts []uint64 // every attempt's request id, the current last
+	worker   int
+	decoding bool // handed to its decode worker
+}
+
+// worker is one decode worker: jobs waiting to begin, and sequences that
+// step in turn, one token each DecodeStep.
+type worker struct {
+	queued, active []*djob
+	turn           int
+	armed          bool
+}
+
+type djob struct {
+	dr    *dreq
+	start handoff.StartDecode
+	seq   *handoff.Sequence
+}
+
+// admit takes a routed request on this run.
+func (n *node) admit(c *client) {
+	key := handoff.ClientKey{Client: c.tenant, ID: c.id}
+	wk, err := n.adm.Admit(handoff.Ask{Key: key, PromptTokens: len(c.prompt), MaxTokens: c.maxNew, Routed: true})
+	if err != nil {
+		c.refused(handoff.Wire(err))
+		return
+	}
+	n.nextID++
+	dr := &dreq{n: n, c: c, name: strconv.FormatUint(n.nextID, 10), attempts: []uint64{n.nextID}, worker: wk}
+	dr.r = handoff.NewRequest(n.cfg, kv.Owner{Request: n.nextID, Tenant: c.tenant}, c.id, c.prompt, c.maxNew, c.peer)
+	n.adm.Started(dr.name, key, wk)
+	n.reqs[n.nextID] = dr
+	n.live = append(n.live, dr)
+	n.w.all = append(n.w.all, dr)
+	c.dr = dr
+	dr.run(handoff.Start{})
+}
+
+func (dr *dreq) run(ev handoff.Event) {
+	n := dr.n
+	who := fmt.Sprintf("%s request %s (client %d)", n.addr, dr.name, dr.c.id)
+	var m handoff.Machine = traced{m: dr.r, t: &n.w.trace, who: who}
+	if late := dr.late(ev); late != "" {
+		m = &quiet{Machine: m, dr: dr, what: late}
+	}
+	handoff.Run(m, ev, n.w.now, dr.do)
+}
+
+// late says what ev is when it is a message of an attempt the request
+// abandoned: frames or a TransferDone naming an earlier attempt's id.
+func (dr *dreq) late(ev handoff.Event) string {
+	earlier := func(id uint64) bool {
+		return id != dr.r.Owner().Request && slices.Contains(dr.attempts, id)
+	}
+	switch e := ev.(type) {
+	case handoff.TransferIn:
+		if earlier(e.Done.RequestID) {
+			return fmt.Sprintf("the TransferDone of abandoned attempt %d", e.Done.RequestID)
+		}
+	case handoff.FramesIn:
+		for _, f := range e.Frames {
+			if !earlier(f.Owner.Request) || f.Owner.Tenant != dr.r.Owner().Tenant {
+				return ""
+			}
+		}
+		return fmt.Sprintf("%d frames of an abandoned attempt", len(e.Frames))
+	}
+	return ""
+}
+
+// quiet is the check that a late message changes nothing: a request steps
+// it without any effect.
+type quiet struct {
+	handoff.Machine
+	dr    *dreq
+	what  string
+	after bool
+}
+
+func (q *quiet) Step(ev handoff.Event, now time.Time) []handoff.Effect {
+	effects := q.Machine.Step(ev, now)
+	if !q.after && len(effects) > 0 {
+		q.dr.n.w.fail("late messages ignored", "request %s (client %d) on attempt %d took %s: its first effect is %s",
+			q.dr.name, q.dr.c.id, q.dr.r.Owner().Request, q.what, describe(effects[0]))
+	}
+	q.after = true
+	return effects
+}
+
+func (dr *dreq) do(e handoff.Effect) handoff.Event {
+	n, w := dr.n, dr.n.w
+	switch e := e.(type) {
+	case handoff.Reserve:
+		return handoff.ExecReserve(n.pages, e)
+	case handoff.Release:
+		handoff.ExecRelease(n.pages, e, nil)
+	case handoff.SendPlan:
+		return dr.send(e.To, e.Plan)
+	case handoff.SendAbort:
+		if ev := dr.send(e.To, e.Abort); ev != nil {
+			w.fail("messages", "%s request %s built an invalid abort: %v", n.addr, dr.name, ev.(handoff.Failed).Err)
+		}
+	case handoff.SendAck:
+		return dr.send(e.To, e.Ack)
+	case handoff.Write:
+		return handoff.ExecWrite(n.pages, e)
+	case handoff.SealVerify:
+		return handoff.ExecSealVerify(n.pages, e)
+	case handoff.StartDecode:
+		dr.decoding = true
+		wk := n.workers[dr.worker]
+		wk.queued = append(wk.queued, &djob{dr: dr, start: e})
+		n.armWorker(dr.worker)
+	case handoff.CancelDecode:
+		n.cancelDecode(e.Owner)
+	case handoff.Emit:
+		dr.c.emit(e.Chunk)
+	case handoff.Finish:
+		n.adm.Ended(dr.name)
+		n.live = slices.DeleteFunc(n.live, func(x *dreq) bool { return x == dr })
+		if errors.Is(e.Cause, handoff.ErrCancelled) {
+			if dr.decoding {
+				w.count[CancelMidDecode]++
+			} else {
+				w.count[CancelBeforeDecode]++
+			}
+		}
+		dr.c.finish(e)
+	case handoff.Timer:
+		n.at(e.After, "timer "+describe(e.Event)+" of request "+dr.name, func() { dr.timer(e.Event) })
+	case handoff.Pick:
+		return n.pick(dr, e)
+	case handoff.Retry:
+		w.count[RetryOtherPeer]++
+	case handoff.Refuse:
+		w.count[StrangerRefused]++
+	default:
+		w.fail("effects", "%s request %s asked for %T, which is not a request effect", n.addr, dr.name, e)
+	}
+	return nil
+}
+
+// timer steps a timer the request armed, counting the fault paths it
+// stands for.
+func (dr *dreq) timer(ev handoff.Event) {
+	if !dr.r.Done() {
+		switch e := ev.(type) {
+		case handoff.PrefillDeadline:
+			if e.Attempt == dr.r.Owner().Request {
+				dr.n.w.count[PrefillDeadline]++
+			}
+		case handoff.RetryReserve:
+			dr.n.w.count[ReserveRetried]++
+		}
+	}
+	dr.run(ev)
+}
+
+// send sends a control message to the prefill peer's run; a message that
+// fails its own validation fails the request.
+func (dr *dreq) send(to handoff.Peer, m messages.Message) handoff.Event {
+	n, err := dr.n.w.node(to.Address)
+	if err == nil {
+		err = dr.n.sendMessage(n, to.Incarnation, m)
+	}
+	if err != nil {
+		return handoff.Failed{Err: err}
+	}
+	return nil
+}
+
+// pick chooses another prefill peer for a retry: one membership reports
+// up, not excluded, and whose pool holds the prompt (the one admission
+// rule, checked by the oracle like the router's choice).
+func (n *node) pick(dr *dreq, e handoff.Pick) handoff.Event {
+	c := dr.c
+	var ok []*node
+	for _, p := range alive(n.w.prefill) {
+		if !e.Exclude[p.known] && handoff.Admit(n.w.limits, len(c.prompt), c.maxNew, p.pagesN, n.pagesN) == nil {
+			ok = append(ok, p)
+		}
+	}
+	if len(ok) == 0 {
+		return handoff.Picked{}
+	}
+	p := ok[n.w.rng.IntN(len(ok))]
+	n.w.checkPath(c, p, n, nil)
+	n.nextID++
+	n.reqs[n.nextID] = dr
+	dr.attempts = append(dr.attempts, n.nextID)
+	return handoff.Picked{Peer: p.peer(), Attempt: n.nextID, OK: true}
+}
+
+// requestFor is the request a message for attempt id reaches: its own, or
+// another live one when the message was misdirected.
+func (n *node) requestFor(other bool, id uint64) *dreq {
+	if other {
+		others := slices.DeleteFunc(slices.Clone(n.live), func(x *dreq) bool { return n.reqs[id] == x })
+		if len(others) > 0 {
+			return others[n.w.rng.IntN(len(others))]
+		}
+	}
+	dr := n.reqs[id]
+	if dr == nil {
+		n.w.trace.line(fmt.Sprintf("  %s: no request %d", n.addr, id))
+	}
+	return dr
+}
+
+// framesIn hands each request its frames, labelled for the oracle, saying
+// whether they came from the planned peer: from the identity that serves
+// its address, as the data plane proved it.
+func (n *node) framesIn(frames []kv.Frame, shadow []label, from handoff.Peer) {
+	for i, f := range frames {
+		if i < len(shadow) && len(f.Payload) > 0 {
+			n.pages.shadow[&f.Payload[0]] = shadow[i]
+		}
+	}
+	for len(frames) > 0 {
+		id := frames[0].Owner.Request
+		end := 1
+		for end < len(frames) && frames[end].Owner.Request == id {
+			end++
+		}
+		group := frames[:end:end]
+		frames = frames[end:]
+		if dr := n.requestFor(false, id); dr != nil {
+			dr.run(handoff.FramesIn{Frames: group, Stranger: from.Address != dr.r.Peer().Address, From: from.Address})
+		}
+	}
+}
+
+// requestIn takes a control message for a request.
+func (n *node) requestIn(d *delivery, m messages.Message) {
+	done, ok := m.(*messages.TransferDone)
+	if !ok {
+		n.w.fail("messages", "%s got a %T, which no node sends to decode", n.addr, m)
+		return
+	}
+	// As the actors' shell does, a report is the planned peer's when it
+	// comes from the planned address, whose identity the remote boundary
+	// proved.
+	if dr := n.requestFor(d.other, done.RequestID); dr != nil {
+		dr.run(handoff.TransferIn{Done: done, FromPrefill: d.from.addr == dr.r.Peer().Address, From: d.from.addr})
+	}
+}
+
+// peerLost is membership's word that a run died, for every request of
+// this run planning with it.
+func (n *node) peerLost(inc uint64) {
+	if n.inc == 0 {
+		return
+	}
+	for _, dr := range slices.Clone(n.live) {
+		if dr.r.Peer().Incarnation == inc {
+			n.w.count[PeerLost]++
+			dr.run(handoff.PeerLost{Incarnation: inc})
+		}
+	}
+}
+
+func (n *node) armWorker(i int) {
+	wk := n.workers[i]
+	if wk.armed || len(wk.queued)+len(wk.active) == 0 {
+		return
+	}
+	wk.armed = true
+	n.at(n.w.opt.Timing.DecodeStep, fmt.Sprintf("decode worker %d", i), func() {
+		wk.armed = false
+		n.work(wk)
+		n.armWorker(i)
+	})
+}
+
+// work begins the first job waiting, or else steps the next sequence by
+// one token.
+func (n *node) work(wk *worker) {
+	if len(wk.queued) > 0 {
+		j := wk.queued[0]
+		wk.queued = wk.queued[1:]
+		seq, err := handoff.Begin(n.w.engine, n.pages, j.start, gpu.EOS)
+		if err != nil {
+			j.dr.run(handoff.DecodeEnded{Err: err})
+			return
+		}
+		j.seq = seq
+		wk.active = append(wk.active, j)
+		j.dr.run(handoff.TokenIn{Token: j.start.Next})
+		if seq.Ended() {
+			n.endJob(wk, j, nil)
+		}
+		return
+	}
+	if len(wk.active) == 0 {
+		return
+	}
+	wk.turn = (wk.turn + 1) % len(wk.active)
+	j := wk.active[wk.turn]
+	tok, done, err := j.seq.Step(n.pages)
+	if err == nil {
+		j.dr.run(handoff.TokenIn{Token: tok})
+	}
+	if done {
+		n.endJob(wk, j, err)
+	}
+}
+
+// endJob closes a sequence that ended and tells its request.
+func (n *node) endJob(wk *worker, j *djob, err error) {
+	i := slices.Index(wk.active, j)
+	if i < 0 {
+		return // withdrawn by its request meanwhile
+	}
+	wk.active = slices.Delete(wk.active, i, i+1)
+	j.dr.run(handoff.DecodeEnded{Err: errors.Join(err, j.seq.Close(n.pages))})
+}
+
+// cancelDecode withdraws owner's job from its worker, giving back its
+// leases.
+func (n *node) cancelDecode(owner kv.Owner) {
+	for _, wk := range n.workers {
+		mine := func(j *djob) bool { return j.start.Manifest.Owner == owner }
+		wk.queued = slices.DeleteFunc(wk.queued, mine)
+		if i := slices.IndexFunc(wk.active, mine); i >= 0 {
+			j := wk.active[i]
+			wk.active = slices.Delete(wk.active, i, i+1)
+			if err := j.seq.Close(n.pages); err != nil {
+				n.w.trace.line("  leases given back with " + err.Error())
+			}
+		}
+	}
+}
+
+// messageIn routes a control message to the node's role.
+func (n *node) messageIn(d *delivery, m messages.Message) {
+	if n.role == rolePrefill {
+		n.sourceIn(d, m)
+		return
+	}
+	n.requestIn(d, m)
+}

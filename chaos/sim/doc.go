@@ -1,0 +1,64 @@
+// Package sim is the deterministic simulator of the prefill → decode
+// handoff (in the manner of FoundationDB's simulation and TigerBeetle's
+// VOPR): a whole cluster in one goroutine, built from one seed, driven by
+// the same pure cores a node runs (package handoff), with faults drawn from
+// the seed and every invariant checked after every step.
+//
+// # Common path
+//
+// Run(seed, DefaultOptions()) builds a world and runs it to quiescence:
+// PrefillNodes prefill and DecodeNodes decode nodes, each with a run
+// (incarnation), one kv.Pool of a size drawn for it, and its cores
+// (prefill: a handoff.Source and the reference engine; decode: a
+// handoff.Admission, a handoff.Request per request and decode workers
+// stepping handoff.Sequences); a router that picks a decode and a prefill
+// node membership reports up and checks handoff.Admit against their pools;
+// and Requests client requests of several tenants. Control messages (plan,
+// done, ack, abort) cross a simulated network encoded by package messages;
+// KV frames cross a simulated data plane encoded as kv batches, one
+// connection per send, acknowledged batch by batch as package cluster's
+// is. Time is a simulated clock; every timer a core asks for is a scheduled
+// step. The Result says whether an invariant broke (Violation, with the
+// command that replays the seed), the paths the run reached (Counters) and
+// a hash of its trace. Sweep runs many seeds in parallel.
+//
+// # Faults
+//
+// Faults enables each kind with a probability; a run injects each enabled
+// kind with probability 3/4 (swarm testing): lost, duplicated, delayed,
+// reordered and misdirected messages and frame batches, corrupted batches,
+// partitions, crashes with a restart under a new incarnation (peers hear
+// handoff.PeerLost after a detection delay), pools shrunk by a dummy owner,
+// clock jumps past the reclaim deadlines, bit flips in sealed pages before
+// their reader verifies them, oversize prompts and cancellations. The
+// Counters are the "sometimes" assertions: Unreached lists the paths an
+// enabled kind never reached, which a campaign treats as a failure.
+//
+// # Invariants
+//
+// After every step: every page is free or owned by the owner of the one
+// tenancy a reservation handed out, the pool let no other owner at it, and
+// its generation only grew (kv.Pool.Inspect agrees with the oracle); a
+// source page awaiting decode's acknowledgement is freed only by the ack
+// (itself only after decode's ack, an abort or a failed transfer) or by its
+// reclaim deadline; a late message of an abandoned attempt changes nothing;
+// a corrupted batch never passes the decoder and an intact one always does.
+// At every read through a lease: every row returned was computed for the
+// lease's owner on that run (the provenance oracle: rows are labelled when
+// written, and labels travel with the frames). At every answer: tokens
+// streamed and the result equal the reference (gpu.ReferenceEngine, cut at
+// EOS), or the request ends with one error of a stable
+// messages.ErrorCode; never twice; a request is refused as prompt_too_long
+// exactly when the smallest pool on its path cannot hold it. At the end:
+// every request ended, no page is still owned, and once the reclaim
+// deadline has passed every page of every pool is free. A core's panic is a
+// violation too.
+//
+// # Determinism and concurrency
+//
+// A World is single-threaded and takes every random choice from one PCG
+// seeded by its seed, in the order of its steps; nothing iterates a map
+// where the order matters. The same seed and build give the same trace,
+// step by step (TestSimSeed -seed N -v prints it). Sweep runs worlds on
+// several goroutines, one world each.
+package sim

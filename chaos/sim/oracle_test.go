@@ -1,0 +1,311 @@
+package sim
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/handoff"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// The oracle must be able to fail: each test here breaks one invariant by
+// hand, in a world built and not run, and wants that invariant named.
+
+func quietWorld(t *testing.T) *World {
+	t.Helper()
+	opt := DefaultOptions()
+	opt.Faults = Faults{}
+	w := newWorld(1, opt)
+	if w.violation != nil {
+		t.Fatal(w.violation)
+	}
+	return w
+}
+
+func wantViolation(t *testing.T, w *World, invariant, contains string) {
+	t.Helper()
+	switch v := w.violation; {
+	case v == nil:
+		t.Fatalf("no violation, want %q", invariant)
+	case v.Invariant != invariant || !strings.Contains(v.Message, contains):
+		t.Fatalf("violation %q: %s\nwant %q containing %q", v.Invariant, v.Message, invariant, contains)
+	}
+}
+
+var alice = kv.Owner{Request: 1, Tenant: "tenant-a"}
+
+// sealedPage reserves, fills and seals one page of n's pool through the
+// oracle, as owner.
+func sealedPage(t *testing.T, n *node, owner kv.Owner) kv.Tag {
+	t.Helper()
+	tags, err := n.pages.Reserve(owner, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := make([]byte, n.pages.pool.Geometry().BytesPerToken())
+	if err := n.pages.Write(tags[0], owner, 0, row); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.pages.Seal(tags[0], owner); err != nil {
+		t.Fatal(err)
+	}
+	return tags[0]
+}
+
+func TestOracleCatchesAWrongAnswer(t *testing.T) {
+	w := quietWorld(t)
+	c := w.clients[0]
+	c.want = []int{1, 2, 3}
+	c.emit(&messages.TokenChunk{RequestID: c.id, Seq: 1, Tokens: []uint32{1}})
+	if w.violation != nil {
+		t.Fatalf("a right token: %v", w.violation)
+	}
+	c.emit(&messages.TokenChunk{RequestID: c.id, Seq: 2, Tokens: []uint32{7}})
+	wantViolation(t, w, "answers", "streamed token 7 at position 1")
+
+	w = quietWorld(t)
+	c = w.clients[0]
+	c.want, c.emitted = []int{1, 2}, []int{1, 2}
+	c.finish(handoff.Finish{Tokens: []int{1, 3}, Result: &messages.GenerateResult{RequestID: c.id, Tokens: []uint32{1, 3},
+		FinishReason: messages.FinishLength}})
+	wantViolation(t, w, "answers", "got the answer [1 3]")
+}
+
+func TestOracleCatchesAnAnswerAfterAnError(t *testing.T) {
+	w := quietWorld(t)
+	c := w.clients[0]
+	c.nodeLost("gone")
+	c.emit(&messages.TokenChunk{RequestID: c.id, Seq: 1, Tokens: []uint32{uint32(c.want[0])}})
+	wantViolation(t, w, "answers", "after its request ended (node_lost)")
+}
+
+func TestOracleCatchesAnUntypedError(t *testing.T) {
+	w := quietWorld(t)
+	w.clients[0].refused(&messages.WireError{Code: 99, Message: "who knows"})
+	wantViolation(t, w, "typed errors", "without a stable error code")
+}
+
+func TestOracleCatchesAdmissionPastTheSmallestPool(t *testing.T) {
+	w := quietWorld(t)
+	c := w.clients[0]
+	c.prompt, c.maxNew = make([]int, 40), 1
+	w.prefill[0].pagesN = 9 // 36 tokens
+	w.checkPath(c, w.prefill[0], w.decode[0], nil)
+	wantViolation(t, w, "admission", "cannot hold it")
+
+	w = quietWorld(t)
+	c = w.clients[0]
+	c.prompt, c.maxNew = make([]int, 4), 1
+	w.checkPath(c, w.prefill[0], w.decode[0], &handoff.BusyError{Where: "x"})
+	wantViolation(t, w, "admission", "refused on a path that holds it")
+}
+
+func TestOracleCatchesAPageOwnedWithoutAReservation(t *testing.T) {
+	w := quietWorld(t)
+	n := w.decode[0]
+	if _, err := n.pages.pool.Reserve(alice, 0, 1, w.now); err != nil { // behind the oracle's back
+		t.Fatal(err)
+	}
+	w.checkStep()
+	wantViolation(t, w, "one owner", "no reservation handed it out")
+}
+
+func TestOracleCatchesAnAccessByAnotherOwner(t *testing.T) {
+	w := quietWorld(t)
+	n := w.decode[0]
+	tag := sealedPage(t, n, alice)
+	n.pages.held[tag.Index].owner.Request = 2 // as if the pool had let request 1 into request 2's page
+	if _, err := n.pages.Lease(tag, alice); err != nil {
+		t.Fatal(err)
+	}
+	wantViolation(t, w, "one owner", "let request 1 of tenant \"tenant-a\" lease page")
+}
+
+func TestOracleCatchesAGenerationThatDidNotGrow(t *testing.T) {
+	w := quietWorld(t)
+	n := w.decode[0]
+	n.pages.gen[0] = 5 // a page that had a tenancy at generation 5, now handed out at 1
+	if _, err := n.pages.Reserve(alice, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	wantViolation(t, w, "generations grow", "at generation 1; its previous tenancy")
+}
+
+func TestOracleCatchesARowOfAnotherTenant(t *testing.T) {
+	w := quietWorld(t)
+	n := w.decode[0]
+	tag := sealedPage(t, n, alice)
+	n.pages.rows[int(tag.Index)*n.pages.pt] = label{inc: n.inc, owner: kv.Owner{Request: 9, Tenant: "tenant-b"}}
+	l, err := n.pages.Lease(tag, alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := n.pages.Read(l); err != nil {
+		t.Fatal(err)
+	}
+	wantViolation(t, w, "provenance", "another tenant's bytes")
+}
+
+func TestOracleCatchesASourcePageFreedBeforeItsAck(t *testing.T) {
+	w := quietWorld(t)
+	n := w.prefill[0]
+	tag := sealedPage(t, n, alice)
+	if err := n.pages.AwaitAck(tag, alice); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.pages.pool.Ack(tag, alice); err != nil { // behind the oracle's back
+		t.Fatal(err)
+	}
+	if err := n.pages.Release(tag, alice); err != nil {
+		t.Fatal(err)
+	}
+	w.checkStep()
+	wantViolation(t, w, "release after ack", "freed while it awaited decode's acknowledgement")
+}
+
+func TestOracleCatchesAPageLeftOwned(t *testing.T) {
+	w := quietWorld(t)
+	for _, c := range w.clients {
+		c.end("answered")
+	}
+	sealedPage(t, w.decode[1], alice)
+	w.q = nil // nothing else happens
+	w.run()
+	wantViolation(t, w, "pages released", "1 pages owned after every request ended")
+}
+
+func TestOracleCatchesAPageNotFreedAtItsDeadline(t *testing.T) {
+	w := quietWorld(t)
+	for _, c := range w.clients {
+		c.end("answered")
+	}
+	n := w.prefill[0]
+	tag := sealedPage(t, n, alice)
+	if err := n.pages.AwaitAck(tag, alice); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.pages.Release(tag, alice); err != nil { // released, its ack never to come
+		t.Fatal(err)
+	}
+	w.opt.Timing.ReclaimAfter, w.opt.Timing.Tick = 0, time.Millisecond // the end looks before the pool's deadline
+	w.q = nil
+	w.run()
+	wantViolation(t, w, "pages freed", "1 pages not free")
+}
+
+func TestOracleCatchesARequestThatNeverEnded(t *testing.T) {
+	w := quietWorld(t)
+	w.q = nil
+	w.run()
+	wantViolation(t, w, "liveness", "never got an answer or an error")
+
+	w = quietWorld(t)
+	w.opt.StepsMax = 3
+	w.run()
+	wantViolation(t, w, "liveness", "has not quiesced after 3 steps")
+}
+
+func TestOracleCatchesCorruptionThatPassedTheDecoder(t *testing.T) {
+	w := quietWorld(t)
+	g := w.limits.Geometry
+	frame := func(b byte) []byte {
+		f := kv.Frame{Owner: alice, Source: kv.Tag{Incarnation: 1, Generation: 1}, Dest: kv.Tag{Incarnation: 2, Generation: 1},
+			Tokens: 1, Payload: bytes.Repeat([]byte{b}, g.BytesPerToken())}
+		body, err := kv.AppendBatch(nil, []kv.Frame{f}, w.batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return body
+	}
+	// Bytes that differ from those sent yet decode: what a checksum that
+	// misses a change lets through.
+	if _, err := w.decodeBatch(&batch{body: frame(1), sent: frame(2)}); err != nil {
+		t.Fatal(err)
+	}
+	wantViolation(t, w, "corruption refused", "passed the decoder")
+
+	w = quietWorld(t)
+	garbage := []byte("KVB1 not a batch")
+	if _, err := w.decodeBatch(&batch{body: garbage, sent: garbage}); err == nil {
+		t.Fatal("garbage decoded")
+	}
+	wantViolation(t, w, "corruption refused", "an intact batch was refused")
+}
+
+// chatty answers every event with an effect.
+type chatty struct{}
+
+func (chatty) Step(handoff.Event, time.Time) []handoff.Effect {
+	return []handoff.Effect{handoff.Emit{Chunk: &messages.TokenChunk{RequestID: 1, Seq: 1, Tokens: []uint32{1}}}}
+}
+
+func TestOracleCatchesALateMessageThatChangedSomething(t *testing.T) {
+	w := quietWorld(t)
+	dr := &dreq{n: w.decode[0], c: w.clients[0], name: "1"}
+	q := &quiet{Machine: chatty{}, dr: dr, what: "a late TransferDone"}
+	dr.r = handoff.NewRequest(w.decode[0].cfg, alice, 1, []int{gpu.BOS}, 1, w.prefill[0].peer())
+	q.Step(handoff.Start{}, w.now)
+	wantViolation(t, w, "late messages ignored", "took a late TransferDone")
+}
+
+func TestOracleTurnsAPanicIntoAViolation(t *testing.T) {
+	w := quietWorld(t)
+	w.guard(func() { panic("kv: two owners") })
+	wantViolation(t, w, "panic", "kv: two owners")
+}
+
+func TestUnreachedNamesEachRequiredCounter(t *testing.T) {
+	var c Counters
+	f := Faults{Corrupt: 0.1}
+	if got, want := c.Unreached(f), []string{"Corrupt: frame batch corrupted", "Corrupt: corrupt batch refused by checksum"}; !slices.Equal(got, want) {
+		t.Fatalf("unreached %q, want %q", got, want)
+	}
+	c[BatchCorrupted], c[BatchRefusedChecksum] = 1, 1
+	if got := c.Unreached(f); len(got) != 0 {
+		t.Fatalf("unreached %q with both counted", got)
+	}
+}
+
+func TestSimIsDeterministic(t *testing.T) {
+	opt := DefaultOptions()
+	var trace bytes.Buffer
+	traced := opt
+	traced.Trace = &trace
+	hashes := map[uint64]uint64{}
+	for seed := uint64(1); seed <= 20; seed++ {
+		a, b := Run(seed, opt), Run(seed, traced)
+		if a.TraceHash != b.TraceHash || a.Steps != b.Steps || a.Counters != b.Counters {
+			t.Fatalf("seed %d ran twice: hash %x and %x, %d and %d steps", seed, a.TraceHash, b.TraceHash, a.Steps, b.Steps)
+		}
+		if other, dup := hashes[a.TraceHash]; dup {
+			t.Fatalf("seeds %d and %d have the same trace hash %x", other, seed, a.TraceHash)
+		}
+		hashes[a.TraceHash] = seed
+	}
+	if !strings.Contains(trace.String(), "step 1 ") {
+		t.Fatalf("the trace has no steps: %.200q", trace.String())
+	}
+}
+
+func TestInvalidOptionsAreAViolation(t *testing.T) {
+	opt := DefaultOptions()
+	opt.Timing.OwnedTimeout = opt.Timing.RequestTimeout
+	r := Run(1, opt)
+	if r.Violation == nil || r.Violation.Invariant != "options" || !strings.Contains(r.Violation.Message, "OwnedTimeout") {
+		t.Fatalf("violation %v, want options naming OwnedTimeout", r.Violation)
+	}
+}
+
+func TestOracleCatchesASourceAckBeforeDecodes(t *testing.T) {
+	w := quietWorld(t)
+	n := w.prefill[0]
+	tag := sealedPage(t, n, alice)
+	n.jobs[alice.Request] = &job{local: alice.Request} // planned, and neither acknowledged, aborted nor failed
+	n.doSource(handoff.Ack{Owner: alice, Tags: []kv.Tag{tag}}, nil, 0)
+	wantViolation(t, w, "release after ack", "without decode's ack, an abort or a failed transfer")
+}
