@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -26,11 +27,19 @@ const (
 	// pools are free again: failure detection (a few seconds with the local
 	// timers), the transfer's retry or failure, and --reclaim-after.
 	reclaimTimeout = 30 * time.Second
-	pollInterval   = 20 * time.Millisecond
 )
 
 // clusterArgs are the flags every cluster node of these tests runs with.
-var clusterArgs = []string{"--reclaim-after", "2s", "--prefill-timeout", "10s", "--request-timeout", "1m"}
+// Their bounds decide only how long a broken cluster takes to fail: none
+// may end work that a slow machine is still doing. A transfer's
+// --prefill-timeout counts its wait in the prefill node's queue, and
+// TestBinaryClusterDrain queues four prefills of 700 to 940 tokens on one
+// worker (about 5 s of one core, so a 10 s bound failed them as node_lost
+// on a loaded machine); a drain past --drain-timeout leaves with requests
+// still in flight. Both are as long as a request may take. A killed node
+// is reported by membership within seconds, long before either.
+var clusterArgs = []string{"--reclaim-after", "2s", "--request-timeout", "1m", "--prefill-timeout", "1m",
+	"--drain-timeout", "1m"}
 
 // member is a node run process of a cluster and what its readiness line
 // said.
@@ -97,29 +106,11 @@ func statusOf(t *testing.T, addr string) (*messages.StatusReply, error) {
 	return testControl(t).status(addr, statusPollTimeout)
 }
 
-// waitFor polls cond until it holds, or fails the test after within.
-func waitFor(t *testing.T, what string, within time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(pollInterval)
-	defer tick.Stop()
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s; last: %s", what, within, last)
-		}
-		<-tick.C
-	}
-}
-
 // waitConverged waits until every member sees exactly the members given,
 // all alive.
 func waitConverged(t *testing.T, ms ...*member) {
 	t.Helper()
-	waitFor(t, "membership converges", convergeTimeout, func() (bool, string) {
+	testwait.Report(t, "membership converges", convergeTimeout, func() (bool, string) {
 		for _, m := range ms {
 			s, err := statusOf(t, m.addr)
 			if err != nil {
@@ -367,22 +358,24 @@ func TestBinaryClusterDrain(t *testing.T) {
 	}()
 	// Every request is admitted before the drain begins: one routed to the
 	// node after it began draining, before the router heard of it, would be
-	// refused (see the package documentation).
+	// refused (see the package documentation). Admitted only grows, so the
+	// wait ends however fast the requests are; the drained node is the one
+	// that admitted most of them.
 	var victim, other *member
-	waitFor(t, "every request is in flight on a decode node", commandTimeout, func() (bool, string) {
-		inFlight := make([]uint32, len(decodes))
+	testwait.Report(t, "every request admitted by a decode node", commandTimeout, func() (bool, string) {
+		admitted := make([]uint64, len(decodes))
 		for i, d := range decodes {
 			s, err := statusOf(t, d.addr)
 			if err != nil {
 				return false, err.Error()
 			}
-			inFlight[i] = s.Node.InFlight
+			admitted[i] = s.Node.Admitted
 		}
-		if int(inFlight[0]+inFlight[1]) < len(during) {
-			return false, fmt.Sprintf("in flight %v", inFlight)
+		if int(admitted[0]+admitted[1]) < len(during) {
+			return false, fmt.Sprintf("admitted %v", admitted)
 		}
 		victim, other = decodes[0], decodes[1]
-		if inFlight[1] > inFlight[0] {
+		if admitted[1] > admitted[0] {
 			victim, other = other, victim
 		}
 		return true, ""
@@ -397,7 +390,7 @@ func TestBinaryClusterDrain(t *testing.T) {
 		code, stdout, stderr := runBinary(t, "", "drain", "--endpoint", victim.addr, "--wait")
 		drained <- result{code, stdout, stderr}
 	}()
-	waitFor(t, "the router sees the drain", convergeTimeout, func() (bool, string) {
+	testwait.Report(t, "the router sees the drain", convergeTimeout, func() (bool, string) {
 		s, err := statusOf(t, router.addr)
 		if err != nil {
 			return false, err.Error()
@@ -419,6 +412,7 @@ func TestBinaryClusterDrain(t *testing.T) {
 	if d.code != exitOK || !strings.Contains(d.stdout, "drained "+victim.addr) {
 		t.Errorf("drain: exit %d; stdout:\n%s\nstderr:\n%s", d.code, d.stdout, d.stderr)
 	}
+	t.Logf("drain said: %s", strings.TrimSpace(d.stdout))
 	if code := victim.exitCode(t, exitTimeout); code != exitOK {
 		t.Errorf("the drained node exited %d, want 0; stderr:\n%s", code, victim.stderr)
 	}
@@ -481,7 +475,7 @@ func TestBinaryClusterPrefillKilled(t *testing.T) {
 		generateAll(t, router.addr, []*request{long})
 	}()
 	var victim, survivor *member
-	waitFor(t, "a prefill node holds the request's pages", commandTimeout, func() (bool, string) {
+	testwait.Report(t, "a prefill node holds the request's pages", commandTimeout, func() (bool, string) {
 		for i, p := range prefills {
 			if s, err := statusOf(t, p.addr); err == nil && !allFree(s.Node.Pools) {
 				victim, survivor = p, prefills[1-i]
@@ -506,7 +500,7 @@ func TestBinaryClusterPrefillKilled(t *testing.T) {
 	}
 
 	for _, m := range []*member{decode, survivor} {
-		waitFor(t, m.role+" pools entirely free", reclaimTimeout, func() (bool, string) {
+		testwait.Report(t, m.role+" pools entirely free", reclaimTimeout, func() (bool, string) {
 			s, err := statusOf(t, m.addr)
 			if err != nil {
 				return false, err.Error()
