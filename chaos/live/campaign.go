@@ -171,7 +171,9 @@ func (c *Campaign) Run(ctx context.Context) (*Report, error) {
 	close(stop)
 	<-injected
 	p.stop()
-	if err := checker.Wait(ctx); err != nil {
+	// The references end on their own, interrupted or not: the report of
+	// an interrupted campaign checks what it sent.
+	if err := checker.Wait(context.WithoutCancel(ctx)); err != nil {
 		return nil, err
 	}
 	faultsEnd := time.Since(start)
@@ -269,8 +271,26 @@ func (c *Campaign) one(ctx context.Context, r Request, start time.Time) Outcome 
 	if err == nil {
 		o.Answer = res.Tokens
 	}
-	o.Err = err
+	o.Err = withoutNilWireErrors(err)
 	return o
+}
+
+// withoutNilWireErrors is err without the nil *messages.WireError values
+// joined into it: a request cancelled after the node had answered comes
+// back as ctx's error joined with the answer's error, which is then a nil
+// *messages.WireError whose Error method cannot run.
+func withoutNilWireErrors(err error) error {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return err
+	}
+	var kept []error
+	for _, e := range j.Unwrap() {
+		if we, ok := e.(*messages.WireError); !ok || we != nil {
+			kept = append(kept, e)
+		}
+	}
+	return errors.Join(kept...)
 }
 
 // afterFaults is what the campaign found once the faults were over.

@@ -86,6 +86,9 @@ type Verdict struct {
 	Owner                     string
 	// Bytes is the length of the wrong tokens' text.
 	Bytes int
+	// StreamGap: a correct answer whose stream brought fewer of its
+	// tokens (none wrong).
+	StreamGap bool
 	// Why says, for a wrong outcome, what differed.
 	Why string
 }
@@ -192,16 +195,17 @@ func (c *Checker) Check(o Outcome) Verdict {
 		case !slices.Equal(o.Answer, want):
 			return c.wrong(o, o.Answer, fmt.Sprintf("answered %d tokens, the reference is %d; first difference at %d",
 				len(o.Answer), len(want), max(divergence(o.Answer, want), min(len(o.Answer), len(want)))))
-		case !o.Cancelled && !slices.Equal(o.Streamed, o.Answer):
-			return c.wrong(o, o.Streamed, fmt.Sprintf("streamed %d tokens of an answer of %d", len(o.Streamed), len(o.Answer)))
 		}
-		return Verdict{Class: Correct}
+		// Every token streamed is the reference's (checked above); a
+		// stream that lost some (a chunk lost with its connection, and
+		// the client refusing those after it) delivered no wrong byte.
+		return Verdict{Class: Correct, StreamGap: !o.Cancelled && len(o.Streamed) < len(o.Answer)}
+	}
+	if o.Cancelled && errors.Is(o.Err, context.Canceled) {
+		return Verdict{Class: Cancelled, Code: CodeCancelled}
 	}
 	code := CodeOf(o.Err)
-	switch {
-	case o.Cancelled && errors.Is(o.Err, context.Canceled):
-		return Verdict{Class: Cancelled, Code: CodeCancelled}
-	case r.Oversize && code == messages.CodePromptTooLong.String():
+	if r.Oversize && code == messages.CodePromptTooLong.String() {
 		return Verdict{Class: Refused, Code: code}
 	}
 	return Verdict{Class: CleanError, Code: code}
@@ -211,7 +215,7 @@ func (c *Checker) Check(o Outcome) Verdict {
 func CodeOf(err error) string {
 	var we *messages.WireError
 	switch {
-	case errors.As(err, &we):
+	case errors.As(err, &we) && we != nil:
 		return we.Code.String()
 	case errors.Is(err, context.Canceled):
 		return CodeCancelled

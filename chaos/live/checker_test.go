@@ -54,7 +54,10 @@ func TestCheckerClassifies(t *testing.T) {
 			Err: wire(messages.CodeIntegrity)}, Verdict{Class: Wrong, CrossTenant: true, Owner: "tenant-1"}},
 		{"a clean error after the reference's first token", Outcome{Request: req(0, 0), Streamed: want[:1],
 			Err: wire(messages.CodeNodeLost)}, Verdict{Class: CleanError, Code: "node_lost"}},
-		{"a stream shorter than the answer", Outcome{Request: req(0, 0), Streamed: want[:1], Answer: want}, Verdict{Class: Wrong}},
+		{"a stream shorter than the answer", Outcome{Request: req(0, 0), Streamed: want[:1], Answer: want},
+			Verdict{Class: Correct, StreamGap: true}},
+		{"a stream longer than the answer", Outcome{Request: req(0, 0), Streamed: append(slices.Clone(want), 1), Answer: want},
+			Verdict{Class: Wrong}},
 		{"cancelled", Outcome{Request: req(0, 0), Streamed: want[:1], Cancelled: true,
 			Err: errors.Join(context.Canceled, wire(messages.CodeCancelled))}, Verdict{Class: Cancelled, Code: CodeCancelled}},
 		{"oversize refused", Outcome{Request: oversize, Err: wire(messages.CodePromptTooLong)},
@@ -69,7 +72,7 @@ func TestCheckerClassifies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			v := c.Check(tc.o)
 			if v.Class != tc.want.Class || v.Code != tc.want.Code || v.CrossTenant != tc.want.CrossTenant ||
-				v.CrossRequest != tc.want.CrossRequest || v.Owner != tc.want.Owner {
+				v.CrossRequest != tc.want.CrossRequest || v.Owner != tc.want.Owner || v.StreamGap != tc.want.StreamGap {
 				t.Fatalf("verdict %+v, want %+v", v, tc.want)
 			}
 			if v.Class == Wrong && v.Why == "" {
@@ -154,5 +157,23 @@ func TestReportCountsWrongAnswers(t *testing.T) {
 	if rep.Passed() || rep.Wrong != 1 || rep.CrossTenantAnswers != 1 || rep.CrossTenantBytes != len(gpu.ByteTokenizer{}.Decode(other)) ||
 		rep.Requests.ByClass["correct"] != 1 {
 		t.Fatalf("one correct and one cross-tenant answer: %+v, violations %v", rep.Requests, rep.Violations)
+	}
+}
+
+// A request cancelled after the node answered comes back from the client
+// as ctx's error joined with the answer's nil *messages.WireError: the
+// campaign keeps the cancellation, and nothing calls the nil's Error.
+func TestCancelledAfterTheAnswer(t *testing.T) {
+	err := errors.Join(context.Canceled, (*messages.WireError)(nil))
+	if code := CodeOf(err); code != CodeCancelled {
+		t.Errorf("CodeOf: %q, want %q", code, CodeCancelled)
+	}
+	clean := withoutNilWireErrors(err)
+	if !errors.Is(clean, context.Canceled) || clean.Error() != context.Canceled.Error() {
+		t.Errorf("cleaned: %v", clean)
+	}
+	node := &messages.WireError{Code: messages.CodeCancelled}
+	if kept := withoutNilWireErrors(errors.Join(context.Canceled, node)); !errors.Is(kept, node) {
+		t.Errorf("the node's own error was dropped: %v", kept)
 	}
 }

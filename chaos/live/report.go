@@ -190,6 +190,10 @@ type Report struct {
 	// InNodeFaults are the in-node faults the nodes injected, by kind,
 	// over every incarnation read.
 	InNodeFaults map[string]uint64 `json:"in_node_faults,omitempty"`
+	// StreamGaps are correct answers whose stream lost tokens (none
+	// wrong): the client refuses a chunk out of sequence, and the final
+	// answer carries them all.
+	StreamGaps int `json:"stream_gaps"`
 	// PagesLeaked are the pages not free once the cluster was quiet, of
 	// PagesTotal in every pool read.
 	PagesLeaked int `json:"pages_leaked"`
@@ -383,6 +387,9 @@ func (r *Report) count(records []record) {
 		}
 		if v.Class == Correct {
 			answered = append(answered, o.End-o.Start)
+		}
+		if v.StreamGap {
+			r.StreamGaps++
 		}
 		r.Records = append(r.Records, RequestRecord{Index: o.Request.Index, Tenant: o.Request.Tenant, Prompt: o.Request.Prompt,
 			PromptBytes: len(o.Request.Text), MaxTokens: o.Request.MaxTokens, Oversize: o.Request.Oversize,
@@ -588,6 +595,7 @@ func (r *Report) WriteSummary(w io.Writer) error {
 		r.CrossRequestAnswers, r.CrossTenantBytes)
 	fmt.Fprintf(w, "rows read that another tenant wrote: %d, another request: %d (counted by chaos builds)\n",
 		r.CrossTenantRows, r.CrossRequestRows)
+	fmt.Fprintf(w, "correct answers whose stream lost tokens (none wrong): %d\n", r.StreamGaps)
 	fmt.Fprintf(w, "pages leaked: %d of %d in %d pools read\n", r.PagesLeaked, r.PagesTotal, r.pools())
 	fmt.Fprintf(w, "latency, answered (%d): p50 %s, p99 %s, max %s; all but oversize (%d): p50 %s, p99 %s, max %s\n",
 		r.Latency.Count, ms(r.Latency.P50), ms(r.Latency.P99), ms(r.Latency.Max),

@@ -277,9 +277,14 @@ func (r *RoguePeer) ask(to *actor.PID, m messages.Message) (*messages.WireError,
 	return nil, fmt.Errorf("live: rogue: answered %T", res)
 }
 
-// forbidden makes an attack of an answer that must be forbidden.
+// forbidden makes an attack of an answer that must be forbidden. No
+// answer at all (it may be lost on a connection a fault broke) leaves the
+// verdict to the node's count, since a node that took the forgery would
+// not count a refusal.
 func forbidden(a Attack, we *messages.WireError, err error) Attack {
 	switch {
+	case errors.Is(err, actor.ErrTimeout):
+		a.Refused, a.Detail = true, "no answer within "+rogueAnswerTimeout.String()+": the count decides"
 	case err != nil:
 		a.Detail = err.Error()
 	case we == nil:

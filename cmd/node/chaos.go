@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -40,13 +41,27 @@ const (
 	chaosCallTimeout = 5 * time.Second
 	// rogueName names the rogue's certificates.
 	rogueName = "rogue"
+	// chaosQuiesceMargin is what the quiesce timeout allows beyond the
+	// nodes' own reclaim timers.
+	chaosQuiesceMargin = 10 * time.Second
 )
 
 // chaosNodeArgs are the flags of every node a campaign starts, before
-// those after "--": timers short enough that a request a fault strands
-// fails in seconds and its pages are reclaimed well within the quiesce
-// timeout.
-var chaosNodeArgs = []string{"--prefill-timeout", "5s", "--reclaim-after", "2s", "--owned-page-timeout", "40s"}
+// those after "--" (which override them): timers short enough that a
+// request a fault strands fails in seconds, and its pages are reclaimed
+// within the quiesce timeout.
+func chaosNodeArgs(o chaosOptions) []string {
+	return []string{"--prefill-timeout", "5s", "--reclaim-after", chaosReclaimAfter.String(),
+		"--request-timeout", o.RequestTimeout.String(), "--owned-page-timeout", chaosOwnedPages(o).String(),
+		"--context-tokens", strconv.Itoa(o.Workload.ContextTokens), "--page-tokens", strconv.Itoa(o.PageTokens)}
+}
+
+// chaosReclaimAfter is the nodes' --reclaim-after.
+const chaosReclaimAfter = 2 * time.Second
+
+// chaosOwnedPages is the nodes' --owned-page-timeout: twice the request
+// timeout, which it must exceed.
+func chaosOwnedPages(o chaosOptions) time.Duration { return 2 * o.RequestTimeout }
 
 // chaosOptions are the flags of "node chaos".
 type chaosOptions struct {
@@ -67,13 +82,13 @@ type chaosOptions struct {
 	creds    credFlags
 	Report   string
 	Plot     string
-	seedSet  bool
+	// changed says whether a flag was given.
+	changed func(name string) bool
 }
 
 func newChaosCmd() *cobra.Command {
 	o := chaosOptions{Config: live.Config{Requests: 1000, Concurrency: 8, Workload: live.DefaultWorkloadConfig(),
-		Schedule: live.DefaultScheduleConfig(), Model: actors.DefaultConfig().Model, SettleTimeout: time.Minute,
-		QuiesceTimeout: 52 * time.Second},
+		Schedule: live.DefaultScheduleConfig(), Model: actors.DefaultConfig().Model, SettleTimeout: time.Minute},
 		Kinds: "all", FrameFaults: chaosFrameFaults, Prefill: 2, Decode: 2, PageTokens: actors.DefaultConfig().PageTokens,
 		RequestTimeout: chaosRequestTimeout, ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second}
 	cmd := &cobra.Command{
@@ -85,7 +100,7 @@ func newChaosCmd() *cobra.Command {
 			if o.NodeArgs, err = nodeArgs(cmd, args); err != nil {
 				return err
 			}
-			o.seedSet = cmd.Flags().Changed("seed")
+			o.changed = cmd.Flags().Changed
 			if err := o.check(); err != nil {
 				return usageError{err}
 			}
@@ -186,7 +201,7 @@ func (o *chaosOptions) bind(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", o.ReadyTimeout, "bound on the start of the cluster, and of each restart")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", o.StopTimeout, "how long a node may take to stop after SIGTERM before it is killed")
 	fs.DurationVar(&o.SettleTimeout, "settle-timeout", o.SettleTimeout, "bound, after the faults, on every node serving and seeing every other")
-	fs.DurationVar(&o.QuiesceTimeout, "quiesce-timeout", o.QuiesceTimeout, "bound, after settling, on every page being free; a page not free by then is leaked")
+	fs.DurationVar(&o.QuiesceTimeout, "quiesce-timeout", o.QuiesceTimeout, "bound, after settling, on every page being free; a page not free by then is leaked (default: the nodes' owned-page timeout, 2 × --request-timeout, and 12s)")
 	fs.StringVar(&o.LogDir, "log-dir", o.LogDir, "directory for the nodes' logs (default: a new temporary directory)")
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of a running cluster's router: start no cluster")
 	o.creds.bind(fs, "the only operator-*.crt in --certs")
@@ -196,8 +211,13 @@ func (o *chaosOptions) bind(fs *pflag.FlagSet) {
 
 // check validates the flags before anything starts.
 func (o *chaosOptions) check() error {
-	if !o.seedSet {
+	if !o.changed("seed") {
 		o.Seed = rand.Uint64()
+	}
+	if !o.changed("quiesce-timeout") {
+		// A page held by an owner a fault took is reclaimed after the
+		// nodes' owned-page timeout and reclaim delay.
+		o.QuiesceTimeout = chaosOwnedPages(*o) + chaosReclaimAfter + chaosQuiesceMargin
 	}
 	kinds, err := parseKinds(o.Kinds)
 	if err != nil {

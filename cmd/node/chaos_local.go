@@ -98,7 +98,9 @@ func nodeNames(prefill, decode int) []string {
 }
 
 // plan chooses every node's addresses and, with network, starts its
-// proxies; frames is the in-node fault spec (its seed is drawn per node).
+// proxies; frames is the in-node fault spec, whose seed plan derives from
+// the campaign's for each node (a restarted node draws the same faults
+// again).
 func (e *chaosEnv) plan(o chaosOptions, network *live.Network, frames string) (chaosPlan, error) {
 	p := chaosPlan{}
 	var ports fixedPorts
@@ -226,10 +228,8 @@ func (e *chaosEnv) frames(o chaosOptions) string {
 // other; ctx interrupts the start.
 func (e *chaosEnv) startCluster(ctx context.Context, log *slog.Logger, bin, dir string, plan chaosPlan,
 	o chaosOptions) (*chaosCluster, error) {
-	nodeArgs := append(slices.Clone(chaosNodeArgs), "--request-timeout", o.RequestTimeout.String(),
-		"--context-tokens", strconv.Itoa(o.Workload.ContextTokens), "--page-tokens", strconv.Itoa(o.PageTokens))
 	uo := upOptions{Prefill: o.Prefill, Decode: o.Decode, Listen: plan["router-0"].listen, LogDir: o.LogDir,
-		ReadyTimeout: o.ReadyTimeout, StopTimeout: o.StopTimeout, NodeArgs: append(nodeArgs, o.NodeArgs...)}
+		ReadyTimeout: o.ReadyTimeout, StopTimeout: o.StopTimeout, NodeArgs: append(chaosNodeArgs(o), o.NodeArgs...)}
 	lc := &localCluster{bin: bin, o: uo, creds: credFlags{Dir: dir}, log: log, args: plan.args,
 		exits: make(chan *child, 1+o.Prefill+o.Decode)}
 	cl := &chaosCluster{lc: lc, start: time.Now(), locks: map[string]*sync.Mutex{}, expected: map[*child]bool{},
