@@ -523,6 +523,8 @@ func remoteEnv(log *slog.Logger, o chaosOptions) (*chaosEnv, error) {
 		switch {
 		case k == live.Frames:
 			return "a running cluster's in-node faults are its own (node run --faults); its counts are reported"
+		case k == live.Pressure && !chaosBuild:
+			return "only a chaos build holds pages, and not every node of this cluster is one"
 		case !e.controls.Can(k):
 			return fmt.Sprintf("they need %s, which a campaign against a running cluster does not have", k.Needs())
 		}

@@ -60,6 +60,14 @@
 // "node generate" sends one prompt to a node (client.Dial) and prints the
 // text as the tokens arrive, then a summary to stderr.
 //
+// "node chaos" runs a chaos campaign (package chaos/live): a seeded
+// multi-tenant workload under a seeded fault schedule, every answer
+// checked against the reference engine and every pool read afterwards.
+// It starts its own cluster with node up's code (localCluster: a throwaway
+// CA, each node on fixed ports behind toxiproxy proxies it advertises,
+// restarted on the same ones after a kill) or targets a running one at
+// --endpoint; it exits 3 when it found a violation.
+//
 // drain --wait asks without Wait and watches the node until it no longer
 // answers as the run it drained, which also covers a node restarted at the
 // same address and one that died during the drain.
@@ -67,7 +75,8 @@
 // Exit codes: 0 success, 1 the command ran and failed (preflight refused
 // the node, discovery failed, the node refused a request), 2 usage error
 // (flags, arguments, configuration), 70 an actor broke an invariant and the
-// node stopped, 130 Ctrl-C interrupted a request. "node up" exits 1 when a
+// node stopped, 3 node chaos found a violation, 130 Ctrl-C interrupted a
+// request. "node up" exits 1 when a
 // node fails; status and drain exit 1 when the node cannot be reached. An
 // error that decides its own code implements exitCoder; any other error
 // is 1.
