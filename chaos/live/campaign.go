@@ -177,9 +177,15 @@ func (c *Campaign) Run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	faultsEnd := time.Since(start)
-	after := afterFaults{settle: c.Cluster.Settle(c.SettleTimeout)}
+	var after afterFaults
+	// Interrupted, the campaign reads the pools once and reports at once.
+	if ctx.Err() == nil {
+		after.settle = c.Cluster.Settle(c.SettleTimeout)
+	}
 	after.nodes, after.unread = quiesce(ctx, c.Cluster, c.QuiesceTimeout)
-	after.probes = c.probe(ctx, w, checker, start)
+	if ctx.Err() == nil {
+		after.probes = c.probe(ctx, w, checker, start)
+	}
 	after.departed = in.Departed()
 	return buildReport(c, t, in.Applied(), c.Cluster.Crashes(), after, start, faultsEnd, kindsOf(sched)), nil
 }

@@ -37,8 +37,9 @@ var classStyle = [classes]struct {
 }
 
 // WritePlot draws the report as a PNG: above, each request's latency
-// (log scale) at the time it was sent, by outcome, over the fault windows
-// shaded by kind; below, the fault windows, one lane per kind.
+// (log scale) at the time it was sent, by outcome, over the windows of the
+// faults that take a node out (kill, pause, partition) shaded by kind;
+// below, every fault window, one lane per kind.
 func (r *Report) WritePlot(w io.Writer) error {
 	end := math.Max(time.Duration(r.Wall).Seconds(), 1)
 	top, err := r.latencyPlot(end)
@@ -85,6 +86,9 @@ func (r *Report) latencyPlot(end float64) (*plot.Plot, error) {
 	}
 	p.Y.Min, p.Y.Max = lo/1.5, hi*1.5
 	for _, f := range r.FaultLog {
+		if !f.Kind.disrupts() {
+			continue // in the lanes below only: shading every window hides the points
+		}
 		band, err := window(f, p.Y.Min, p.Y.Max)
 		if err != nil {
 			return nil, err

@@ -604,11 +604,7 @@ func (r *Report) WriteSummary(w io.Writer) error {
 	fmt.Fprintf(w, "\nrogue: %d rounds, %d attacks: %d refused and counted, %d skipped, %d not\n", r.Rogue.Rounds,
 		r.Rogue.Attacks, r.Rogue.RefusedCounted, r.Rogue.Skipped, len(r.Rogue.Failed))
 	if r.FrameFaults != "" {
-		var counts []string
-		for _, k := range slices.Sorted(maps.Keys(r.InNodeFaults)) {
-			counts = append(counts, fmt.Sprintf("%s %d", k, r.InNodeFaults[k]))
-		}
-		fmt.Fprintf(w, "in-node faults (%s): injected %s\n", r.FrameFaults, strings.Join(counts, ", "))
+		fmt.Fprintf(w, "in-node faults (%s): injected %s\n", r.FrameFaults, countsText(r.InNodeFaults))
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
@@ -632,12 +628,25 @@ func (r *Report) WriteSummary(w io.Writer) error {
 func (r *Report) classNote(c Class) string {
 	switch c {
 	case Refused:
-		return fmt.Sprintf("oversize prompts: %d; refused prompt_too_long %d, answered %d, other %v", r.Requests.Oversize.Total,
-			r.Requests.Oversize.Refused, r.Requests.Oversize.Answered, r.Requests.Oversize.Other)
+		return fmt.Sprintf("oversize prompts: %d; refused prompt_too_long %d, answered %d, other codes: %s", r.Requests.Oversize.Total,
+			r.Requests.Oversize.Refused, r.Requests.Oversize.Answered, countsText(r.Requests.Oversize.Other))
 	case CleanError:
 		return "by code:"
 	}
 	return ""
+}
+
+// countsText is counts by name, in name order: "busy 2, node_lost 5";
+// "none" when there are none.
+func countsText[N int | uint64](counts map[string]N) string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		out = append(out, fmt.Sprintf("%s %d", k, counts[k]))
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
 }
 
 func (r *Report) pools() int {
@@ -658,12 +667,8 @@ func (r *Report) writeFaults(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "FAULT KIND\tFAULTS\tREQUESTS DURING\tCORRECT\tCLEAN ERRORS\tWRONG\tERROR SHARE\tCLEAN SHARE OF FAILED\tERRORS BY CODE")
 	for _, s := range r.ByFault {
-		var codes []string
-		for _, code := range slices.Sorted(maps.Keys(s.ByCode)) {
-			codes = append(codes, fmt.Sprintf("%s %d", code, s.ByCode[code]))
-		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1f%%\t%.1f%%\t%s\n", s.Kind, s.Faults, s.Requests, s.Correct, s.CleanErrors,
-			s.Wrong, 100*s.ErrorShare, 100*s.CleanShare, strings.Join(codes, ", "))
+			s.Wrong, 100*s.ErrorShare, 100*s.CleanShare, countsText(s.ByCode))
 	}
 	tw.Flush()
 }
