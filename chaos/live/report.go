@@ -554,8 +554,8 @@ func (r *Report) violations() {
 		add("the cluster did not settle after the faults: %s", r.Settle)
 	}
 	for _, p := range r.Probes {
-		if p.Verdict.Class != Correct {
-			add("%s's probe after the faults: %s %s %s%s", p.Tenant, p.Verdict.Class, p.Verdict.Code, p.Error, p.Verdict.Why)
+		if !p.Recovered() {
+			add("%s's probe after the faults, try %d: %s %s%s", p.Tenant, p.Attempts, p.Verdict.Class, p.Error, p.Verdict.Why)
 		}
 	}
 }
@@ -601,6 +601,14 @@ func (r *Report) WriteSummary(w io.Writer) error {
 		r.Latency.Count, ms(r.Latency.P50), ms(r.Latency.P99), ms(r.Latency.Max),
 		r.LatencyAll.Count, ms(r.LatencyAll.P50), ms(r.LatencyAll.P99), ms(r.LatencyAll.Max))
 	r.writeFaults(w)
+	recovered, tries := 0, 0
+	for _, p := range r.Probes {
+		tries += p.Attempts
+		if p.Recovered() {
+			recovered++
+		}
+	}
+	fmt.Fprintf(w, "\nprobes after the faults: %d of %d tenants answered their reference (%d tries)", recovered, len(r.Probes), tries)
 	fmt.Fprintf(w, "\nrogue: %d rounds, %d attacks: %d refused and counted, %d skipped, %d not\n", r.Rogue.Rounds,
 		r.Rogue.Attacks, r.Rogue.RefusedCounted, r.Rogue.Skipped, len(r.Rogue.Failed))
 	if r.FrameFaults != "" {
