@@ -13,7 +13,7 @@ import (
 // client is one client request and its oracle: the reference answer, the
 // tokens streamed so far, and how it ended.
 type client struct {
-	w      *World
+	w      *world
 	id     uint64
 	tenant string
 	prompt []int
@@ -36,7 +36,7 @@ type client struct {
 // buildClients draws the workload: prompts of random lengths (some too long
 // for their path, some shared by tenants), token budgets, arrival times and
 // cancellations.
-func (w *World) buildClients() {
+func (w *world) buildClients() {
 	o := w.opt
 	for i := range o.Requests {
 		c := &client{w: w, id: uint64(i + 1), tenant: fmt.Sprintf("tenant-%c", 'a'+w.rng.IntN(o.Tenants))}
@@ -61,7 +61,7 @@ func (w *World) buildClients() {
 
 // oversize is a prompt length too long for some bound: the context window,
 // the context with the tokens asked for, or the smallest prefill pool.
-func (w *World) oversize(maxNew int) int {
+func (w *world) oversize(maxNew int) int {
 	o := w.opt
 	switch w.rng.IntN(3) {
 	case 0:
@@ -72,7 +72,7 @@ func (w *World) oversize(maxNew int) int {
 	return o.PrefillPagesMin*o.PageTokens + 1 + w.rng.IntN(4*o.PageTokens)
 }
 
-func (w *World) prompt(n int) []int {
+func (w *world) prompt(n int) []int {
 	p := make([]int, n)
 	p[0] = gpu.BOS
 	for i := 1; i < n; i++ {
@@ -83,7 +83,7 @@ func (w *World) prompt(n int) []int {
 
 // reference is the single-node answer, cut at EOS, or nil when the
 // context cannot hold the request.
-func (w *World) reference(prompt []int, maxNew int) []int {
+func (w *world) reference(prompt []int, maxNew int) []int {
 	if len(prompt)+maxNew > w.opt.ContextTokens {
 		return nil
 	}
@@ -149,7 +149,7 @@ func (c *client) withdraw() {
 // smallest pool on its path hold it: the prompt in prefill's pool, the
 // prompt and every token it may generate in decode's. A refusal is a
 // prompt_too_long.
-func (w *World) checkPath(c *client, p, d *node, err error) {
+func (w *world) checkPath(c *client, p, d *node, err error) {
 	pt := w.opt.PageTokens
 	pages := func(tokens int) int { return (tokens + pt - 1) / pt }
 	fits := c.maxNew <= w.opt.MaxTokensMax && len(c.prompt)+c.maxNew <= w.opt.ContextTokens &&
@@ -174,7 +174,7 @@ func (c *client) emit(chunk *messages.TokenChunk) {
 	case c.done:
 		w.fail("answers", "client %d got token chunk %d after its request ended (%s)", c.id, chunk.Seq, c.outcome)
 		return
-	case len(c.emitted) > 0 && chunk.Seq != c.seq+1:
+	case chunk.Seq != c.seq+1: // from 1, as package client counts them
 		w.fail("answers", "client %d got chunk %d after chunk %d", c.id, chunk.Seq, c.seq)
 		return
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
 )
 
 // The data plane, as package cluster runs it: one connection per send, to
@@ -49,6 +50,21 @@ var (
 	errReset     = errors.New("sim: data plane connection reset by a partition")
 	errCancelled = errors.New("sim: send cancelled")
 )
+
+// refusedError is the receiver's refusal of a batch, as the sender hears
+// it: like package cluster's, it matches kv.ErrRefused.
+type refusedError struct {
+	addr string
+	err  error
+}
+
+func (e *refusedError) Error() string {
+	return fmt.Sprintf("sim: data plane at %s refused a batch: %v", e.addr, e.err)
+}
+
+func (e *refusedError) Is(target error) bool { return target == kv.ErrRefused }
+
+func (e *refusedError) Unwrap() error { return e.err }
 
 // recentMax is how many frames a prefill run remembers to misdirect
 // others to.
@@ -125,13 +141,12 @@ func (n *node) readdress(f *kv.Frame) {
 		if r.Owner.Request == f.Owner.Request && r.Dest.Incarnation == f.Dest.Incarnation {
 			continue
 		}
-		switch w.rng.IntN(3) {
-		case 0:
+		which := w.rng.IntN(3) // the page, the owner, or both
+		if which != 1 {
 			f.Dest = r.Dest
-		case 1:
+		}
+		if which != 0 {
 			f.Owner = r.Owner
-		default:
-			f.Dest, f.Owner = r.Dest, r.Owner
 		}
 		w.count[Misdirected]++
 		w.trace.line(fmt.Sprintf("  data plane: frame readdressed to %d/%s %s", f.Owner.Request, f.Owner.Tenant, f.Dest))
@@ -230,15 +245,16 @@ func (n *node) dataIn(s *send, b *batch, from handoff.Peer) error {
 	}
 	if n.inc == 0 || n.inc != s.toInc {
 		n.w.count[DeadRunDropped]++
-		return fmt.Errorf("sim: data plane at %s refused the connection: it serves no run %x", n.addr, s.toInc)
+		return &messages.WireError{Code: messages.CodeNodeLost, Message: "data plane refused the connection: the run it expects is gone",
+			Where: n.addr, Have: n.inc, Limit: s.toInc}
 	}
 	frames, err := n.w.decodeBatch(b)
 	if err != nil {
-		return err
+		return &refusedError{addr: n.addr, err: err}
 	}
 	for _, f := range frames {
 		if f.Dest.Incarnation != n.inc {
-			return &kv.StaleTagError{Page: f.Dest.Index, Have: f.Dest}
+			return &refusedError{addr: n.addr, err: &kv.StaleTagError{Page: f.Dest.Index, Have: f.Dest}}
 		}
 	}
 	n.framesIn(frames, b.shadow, from)
@@ -247,7 +263,7 @@ func (n *node) dataIn(s *send, b *batch, from handoff.Peer) error {
 
 // decodeBatch is the data plane's decoder with the oracle's check around
 // it: a batch is refused exactly when its bytes are not those sent.
-func (w *World) decodeBatch(b *batch) ([]kv.Frame, error) {
+func (w *world) decodeBatch(b *batch) ([]kv.Frame, error) {
 	frames, _, err := kv.DecodeBatch(b.body, w.batch)
 	intact := bytes.Equal(b.body, b.sent)
 	var sum *kv.ChecksumMismatchError

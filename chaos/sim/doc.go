@@ -56,7 +56,7 @@
 //
 // # Determinism and concurrency
 //
-// A World is single-threaded and takes every random choice from one PCG
+// A world is single-threaded and takes every random choice from one PCG
 // seeded by its seed, in the order of its steps; nothing iterates a map
 // where the order matters. The same seed and build give the same trace,
 // step by step (TestSimSeed -seed N -v prints it). Sweep runs worlds on

@@ -11,7 +11,7 @@ import (
 // buildFaults schedules the run's faults of the world itself, each kind up
 // to three times at random times while clients send: partitions, crashes,
 // pool shrinks, clock jumps and bit flips.
-func (w *World) buildFaults() {
+func (w *world) buildFaults() {
 	t := w.opt.Timing
 	window := t.Arrivals + t.PrefillTimeout
 	for _, f := range []struct {
@@ -34,7 +34,7 @@ func (w *World) buildFaults() {
 }
 
 // partition cuts a prefill node from a decode node for a while.
-func (w *World) partition() {
+func (w *world) partition() {
 	t := w.opt.Timing
 	p := partition{a: w.prefill[w.rng.IntN(len(w.prefill))], b: w.decode[w.rng.IntN(len(w.decode))], from: w.now}
 	p.until = w.now.Add(w.between(t.PrefillTimeout/2, 3*t.PrefillTimeout))
@@ -43,7 +43,7 @@ func (w *World) partition() {
 }
 
 // shrink has a dummy owner hold some of a pool's free pages for a while.
-func (w *World) shrink() {
+func (w *world) shrink() {
 	n := w.nodes[w.rng.IntN(len(w.nodes))]
 	if n.inc == 0 {
 		return
@@ -72,7 +72,7 @@ func (w *World) shrink() {
 
 // jump moves the clock past the reclaim deadline, or now and then past the
 // owned timeout, and has every pool tick at once.
-func (w *World) jump() {
+func (w *world) jump() {
 	t := w.opt.Timing
 	d := w.between(t.ReclaimAfter, 2*t.ReclaimAfter)
 	if w.rng.IntN(3) == 0 {
@@ -93,7 +93,7 @@ func (w *World) jump() {
 // page computed and not yet sent, or a decode page verified and not yet
 // begun (Begin verifies again). It tries again a little later, tries
 // times, when no page is in such a window.
-func (w *World) flip(tries int) {
+func (w *world) flip(tries int) {
 	var cands []struct {
 		n   *node
 		tag kv.Tag
@@ -103,6 +103,9 @@ func (w *World) flip(tries int) {
 			continue
 		}
 		for _, t := range n.atRest() {
+			if n.pages.flippedAt(t) {
+				continue // a second flip could undo the first
+			}
 			cands = append(cands, struct {
 				n   *node
 				tag kv.Tag
@@ -170,7 +173,7 @@ func sortTags(ts []kv.Tag) []kv.Tag {
 
 // checkStep is the check after every step: every live pool agrees with the
 // oracle.
-func (w *World) checkStep() {
+func (w *world) checkStep() {
 	for _, n := range w.nodes {
 		if n.inc != 0 {
 			n.pages.check()
@@ -182,7 +185,7 @@ func (w *World) checkStep() {
 // ended; no page is owned any more (a page still reserved, filling, sealed
 // or leased is a leak that only the owned timeout would end); and once the
 // reclaim deadline has passed, every page of every pool is free.
-func (w *World) checkEnd() {
+func (w *world) checkEnd() {
 	for _, c := range w.clients {
 		if !c.done {
 			w.fail("liveness", "client %d (%s) never got an answer or an error", c.id, c.tenant)

@@ -36,7 +36,7 @@ type partition struct {
 	from, until time.Time
 }
 
-func (w *World) partitioned(a, b *node) bool {
+func (w *world) partitioned(a, b *node) bool {
 	for _, p := range w.parts {
 		if (p.a == a && p.b == b || p.a == b && p.b == a) && !w.now.Before(p.from) && w.now.Before(p.until) {
 			return true
@@ -58,7 +58,7 @@ func (n *node) sendMessage(to *node, inc uint64, m messages.Message) error {
 // errBadAddress: a message names an address no node has.
 var errBadAddress = errors.New("sim: no node at that address")
 
-func (w *World) node(addr string) (*node, error) {
+func (w *world) node(addr string) (*node, error) {
 	i := slices.IndexFunc(w.nodes, func(n *node) bool { return n.addr == addr })
 	if i < 0 {
 		return nil, fmt.Errorf("%w: %q", errBadAddress, addr)
@@ -70,7 +70,7 @@ func (w *World) node(addr string) (*node, error) {
 // partition or a drop loses it, a misdirect sends it to another node of the
 // receiver's role or has the decode node hand it to another request, a
 // delay or reorder holds it back, a duplicate sends it twice.
-func (w *World) send(d *delivery) {
+func (w *world) send(d *delivery) {
 	switch {
 	case w.partitioned(d.from, d.to):
 		w.count[PartitionCut]++
@@ -98,7 +98,7 @@ func (w *World) send(d *delivery) {
 
 // misdirect sends d to another node of the same role, or has its decode
 // node hand it to another request.
-func (w *World) misdirect(d *delivery) {
+func (w *world) misdirect(d *delivery) {
 	peers := w.prefill
 	if d.to.role == roleDecode {
 		peers = w.decode
@@ -120,7 +120,7 @@ func (w *World) misdirect(d *delivery) {
 
 // latency is a message's one-way delay: the network's, plus a delay past
 // the prefill timeout or a smaller one that lets later messages overtake.
-func (w *World) latency(what string) time.Duration {
+func (w *world) latency(what string) time.Duration {
 	t := w.opt.Timing
 	lat := w.between(t.Latency, t.Latency+t.Jitter)
 	switch {
@@ -136,7 +136,7 @@ func (w *World) latency(what string) time.Duration {
 	return lat
 }
 
-func (w *World) arrive(d *delivery) {
+func (w *world) arrive(d *delivery) {
 	n := d.to
 	if n.inc == 0 || d.toInc != n.inc {
 		w.count[DeadRunDropped]++

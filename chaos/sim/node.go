@@ -29,7 +29,7 @@ func (r role) String() string {
 // and the cores of its role. Everything but the address and the pool size
 // is lost in a crash.
 type node struct {
-	w      *World
+	w      *world
 	role   role
 	addr   string
 	pagesN int
@@ -55,7 +55,7 @@ type node struct {
 	workers []*worker
 }
 
-func (w *World) newNode(r role, i, pagesMin, pagesMax int) *node {
+func (w *world) newNode(r role, i, pagesMin, pagesMax int) *node {
 	return &node{w: w, role: r, addr: fmt.Sprintf("%s-%d:7000", r, i), pagesN: pagesMin + w.rng.IntN(pagesMax-pagesMin+1)}
 }
 

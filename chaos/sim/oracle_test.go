@@ -16,7 +16,7 @@ import (
 // The oracle must be able to fail: each test here breaks one invariant by
 // hand, in a world built and not run, and wants that invariant named.
 
-func quietWorld(t *testing.T) *World {
+func quietWorld(t *testing.T) *world {
 	t.Helper()
 	opt := DefaultOptions()
 	opt.Faults = Faults{}
@@ -27,7 +27,7 @@ func quietWorld(t *testing.T) *World {
 	return w
 }
 
-func wantViolation(t *testing.T, w *World, invariant, contains string) {
+func wantViolation(t *testing.T, w *world, invariant, contains string) {
 	t.Helper()
 	switch v := w.violation; {
 	case v == nil:
@@ -39,21 +39,23 @@ func wantViolation(t *testing.T, w *World, invariant, contains string) {
 
 var alice = kv.Owner{Request: 1, Tenant: "tenant-a"}
 
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // sealedPage reserves, fills and seals one page of n's pool through the
 // oracle, as owner.
 func sealedPage(t *testing.T, n *node, owner kv.Owner) kv.Tag {
 	t.Helper()
 	tags, err := n.pages.Reserve(owner, 0, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	row := make([]byte, n.pages.pool.Geometry().BytesPerToken())
-	if err := n.pages.Write(tags[0], owner, 0, row); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n.pages.Seal(tags[0], owner); err != nil {
-		t.Fatal(err)
-	}
+	must(t, n.pages.Write(tags[0], owner, 0, row))
+	_, err = n.pages.Seal(tags[0], owner)
+	must(t, err)
 	return tags[0]
 }
 
@@ -120,9 +122,8 @@ func TestOracleCatchesAnAccessByAnotherOwner(t *testing.T) {
 	n := w.decode[0]
 	tag := sealedPage(t, n, alice)
 	n.pages.held[tag.Index].owner.Request = 2 // as if the pool had let request 1 into request 2's page
-	if _, err := n.pages.Lease(tag, alice); err != nil {
-		t.Fatal(err)
-	}
+	_, err := n.pages.Lease(tag, alice)
+	must(t, err)
 	wantViolation(t, w, "one owner", "let request 1 of tenant \"tenant-a\" lease page")
 }
 
@@ -130,9 +131,8 @@ func TestOracleCatchesAGenerationThatDidNotGrow(t *testing.T) {
 	w := quietWorld(t)
 	n := w.decode[0]
 	n.pages.gen[0] = 5 // a page that had a tenancy at generation 5, now handed out at 1
-	if _, err := n.pages.Reserve(alice, 0, 1); err != nil {
-		t.Fatal(err)
-	}
+	_, err := n.pages.Reserve(alice, 0, 1)
+	must(t, err)
 	wantViolation(t, w, "generations grow", "at generation 1; its previous tenancy")
 }
 
@@ -142,12 +142,9 @@ func TestOracleCatchesARowOfAnotherTenant(t *testing.T) {
 	tag := sealedPage(t, n, alice)
 	n.pages.rows[int(tag.Index)*n.pages.pt] = label{inc: n.inc, owner: kv.Owner{Request: 9, Tenant: "tenant-b"}}
 	l, err := n.pages.Lease(tag, alice)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := n.pages.Read(l); err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
+	_, _, err = n.pages.Read(l)
+	must(t, err)
 	wantViolation(t, w, "provenance", "another tenant's bytes")
 }
 
@@ -155,15 +152,9 @@ func TestOracleCatchesASourcePageFreedBeforeItsAck(t *testing.T) {
 	w := quietWorld(t)
 	n := w.prefill[0]
 	tag := sealedPage(t, n, alice)
-	if err := n.pages.AwaitAck(tag, alice); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.pages.pool.Ack(tag, alice); err != nil { // behind the oracle's back
-		t.Fatal(err)
-	}
-	if err := n.pages.Release(tag, alice); err != nil {
-		t.Fatal(err)
-	}
+	must(t, n.pages.AwaitAck(tag, alice))
+	must(t, n.pages.pool.Ack(tag, alice)) // behind the oracle's back
+	must(t, n.pages.Release(tag, alice))
 	w.checkStep()
 	wantViolation(t, w, "release after ack", "freed while it awaited decode's acknowledgement")
 }
@@ -186,12 +177,8 @@ func TestOracleCatchesAPageNotFreedAtItsDeadline(t *testing.T) {
 	}
 	n := w.prefill[0]
 	tag := sealedPage(t, n, alice)
-	if err := n.pages.AwaitAck(tag, alice); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.pages.Release(tag, alice); err != nil { // released, its ack never to come
-		t.Fatal(err)
-	}
+	must(t, n.pages.AwaitAck(tag, alice))
+	must(t, n.pages.Release(tag, alice))                               // released, its ack never to come
 	w.opt.Timing.ReclaimAfter, w.opt.Timing.Tick = 0, time.Millisecond // the end looks before the pool's deadline
 	w.q = nil
 	w.run()

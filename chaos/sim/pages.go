@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
@@ -19,8 +20,11 @@ type label struct {
 var flipped = label{owner: kv.Owner{Tenant: "(bit flipped at rest)"}}
 
 func (l label) String() string {
-	if l == flipped {
+	switch l {
+	case flipped:
 		return "bytes flipped at rest"
+	case label{}:
+		return "bytes no tenancy wrote"
 	}
 	return fmt.Sprintf("bytes computed for %s on run %x", l.owner, l.inc)
 }
@@ -170,12 +174,22 @@ func (p *pages) checkRows(l kv.Lease, n int) {
 			continue
 		}
 		what := "another request's or attempt's bytes"
-		if got.owner.Tenant != want.owner.Tenant {
+		switch {
+		case got == flipped:
+			what = "corrupted bytes"
+		case got.owner.Tenant != want.owner.Tenant:
 			what = "another tenant's bytes"
 		}
 		p.fail("provenance", "%s read row %d of page %s through its lease and got %s: %s", l.Owner, r, l.Tag, what, got)
 		return
 	}
+}
+
+// flippedAt reports whether a row of tag's page already had a bit
+// flipped.
+func (p *pages) flippedAt(tag kv.Tag) bool {
+	base := int(tag.Index) * p.pt
+	return slices.Contains(p.rows[base:base+p.pool.Inspect(tag.Index).Tokens], flipped)
 }
 
 func (p *pages) Unlease(l kv.Lease) error {

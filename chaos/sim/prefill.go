@@ -32,7 +32,7 @@ type prefilled struct {
 }
 
 // parseSender is the node and run a JobKey's sender names (senderKey).
-func (w *World) parseSender(s string) (*node, uint64, error) {
+func (w *world) parseSender(s string) (*node, uint64, error) {
 	addr, hex, _ := strings.Cut(s, "/")
 	inc, err := strconv.ParseUint(hex, 16, 64)
 	if err != nil {

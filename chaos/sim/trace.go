@@ -3,7 +3,6 @@ package sim
 import (
 	"fmt"
 	"hash"
-	"hash/fnv"
 	"io"
 	"strings"
 	"time"
@@ -18,37 +17,19 @@ import (
 // simulated time), never a pointer, so two runs of a seed hash the same.
 type tracer struct {
 	out   io.Writer
-	hash  hash64
+	hash  hash.Hash64
 	start time.Time
-	at    string
-}
-
-type hash64 struct{ h hash.Hash64 }
-
-func (h *hash64) write(s string) {
-	if h.h == nil {
-		h.h = fnv.New64a()
-	}
-	io.WriteString(h.h, s)
-}
-
-func (h *hash64) Sum64() uint64 {
-	if h.h == nil {
-		return 0
-	}
-	return h.h.Sum64()
 }
 
 func (t *tracer) line(s string) {
-	t.hash.write(s)
+	io.WriteString(t.hash, s)
 	if t.out != nil {
 		fmt.Fprintln(t.out, s)
 	}
 }
 
 func (t *tracer) step(n int, now time.Time, what string) {
-	t.at = fmt.Sprintf("+%s", now.Sub(t.start))
-	t.line(fmt.Sprintf("step %d %s %s", n, t.at, what))
+	t.line(fmt.Sprintf("step %d +%s %s", n, now.Sub(t.start), what))
 }
 
 // machine traces one Step of a core: the event and the effects it gave.

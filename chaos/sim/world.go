@@ -3,6 +3,7 @@ package sim
 import (
 	"container/heap"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"runtime/debug"
 	"strings"
@@ -47,8 +48,8 @@ func (v *Violation) Error() string {
 		v.Seed, v.Step, v.At, v.Invariant, v.Message, Replay(v.Seed))
 }
 
-// Replay is the command that replays seed step by step with its trace,
-// under this build's mutant tag if it has one.
+// Replay is the command that replays seed of DefaultOptions step by step
+// with its trace, under this build's mutant tag if it has one.
 func Replay(seed uint64) string {
 	tags := ""
 	if mutant.Active != "" {
@@ -84,9 +85,9 @@ func (q *queue) Pop() any {
 	return it
 }
 
-// World is one simulated cluster: its nodes, clients, network and clock,
+// world is one simulated cluster: its nodes, clients, network and clock,
 // every random choice drawn from one PCG seeded with the run's seed.
-type World struct {
+type world struct {
 	opt    Options
 	seed   uint64
 	rng    *rand.Rand
@@ -125,9 +126,9 @@ func Run(seed uint64, opt Options) Result {
 }
 
 // newWorld builds the world of seed under opt, ready to run.
-func newWorld(seed uint64, opt Options) *World {
-	w := &World{opt: opt, seed: seed}
-	w.trace.out = opt.Trace
+func newWorld(seed uint64, opt Options) *world {
+	w := &world{opt: opt, seed: seed}
+	w.trace.out, w.trace.hash = opt.Trace, fnv.New64a()
 	w.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	w.start = time.Unix(1_000_000, 0)
 	w.now = w.start
@@ -140,7 +141,7 @@ func newWorld(seed uint64, opt Options) *World {
 	return w
 }
 
-func (w *World) result() Result {
+func (w *world) result() Result {
 	r := Result{Seed: w.seed, Steps: w.steps, Requests: len(w.clients), Outcomes: map[string]int{},
 		Elapsed: w.now.Sub(w.start), Counters: w.count, TraceHash: w.trace.hash.Sum64(), Violation: w.violation}
 	for _, c := range w.clients {
@@ -151,7 +152,7 @@ func (w *World) result() Result {
 	return r
 }
 
-func (w *World) run() {
+func (w *world) run() {
 	for w.q.Len() > 0 && w.violation == nil {
 		if w.steps >= w.opt.StepsMax {
 			w.fail("liveness", "the run has not quiesced after %d steps (%d requests open, %d steps queued)", w.steps, w.open, w.q.Len())
@@ -174,7 +175,7 @@ func (w *World) run() {
 
 // guard runs fn and turns a panic into a violation: the cores panic on a
 // broken invariant (two owners of a page, a generation going backwards).
-func (w *World) guard(fn func()) (ok bool) {
+func (w *world) guard(fn func()) (ok bool) {
 	defer func() {
 		if p := recover(); p != nil {
 			stack := strings.SplitN(string(debug.Stack()), "\n", 12)
@@ -187,7 +188,7 @@ func (w *World) guard(fn func()) (ok bool) {
 }
 
 // fail records the first broken invariant; the run stops after the step.
-func (w *World) fail(invariant, format string, args ...any) {
+func (w *world) fail(invariant, format string, args ...any) {
 	if w.violation != nil {
 		return
 	}
@@ -197,13 +198,13 @@ func (w *World) fail(invariant, format string, args ...any) {
 }
 
 // after schedules fn to run d from now; what names it in the trace.
-func (w *World) after(d time.Duration, what string, fn func()) {
+func (w *world) after(d time.Duration, what string, fn func()) {
 	w.seq++
 	heap.Push(&w.q, &item{at: w.now.Add(d), seq: w.seq, what: what, fn: fn})
 }
 
 // between draws a duration in [lo, hi].
-func (w *World) between(lo, hi time.Duration) time.Duration {
+func (w *world) between(lo, hi time.Duration) time.Duration {
 	if hi <= lo {
 		return lo
 	}
@@ -212,12 +213,12 @@ func (w *World) between(lo, hi time.Duration) time.Duration {
 
 // chance reports true with probability p of kind k, when the run injects
 // k.
-func (w *World) chance(k Kind) bool {
+func (w *world) chance(k Kind) bool {
 	return w.on[k] && w.rng.Float64() < w.opt.Faults.prob(k)
 }
 
 // newIncarnation draws a run id no node has had.
-func (w *World) newIncarnation() uint64 {
+func (w *world) newIncarnation() uint64 {
 	for {
 		inc := w.rng.Uint64() >> 16 // short in traces, still unique in practice
 		if inc != 0 && !w.incs[inc] {
@@ -229,7 +230,7 @@ func (w *World) newIncarnation() uint64 {
 
 // build draws the world: which faults run, the nodes, the clients and the
 // scheduled faults.
-func (w *World) build() {
+func (w *world) build() {
 	for _, k := range allKinds {
 		w.on[k] = w.opt.Faults.prob(k) > 0 && w.rng.IntN(4) != 0
 	}
@@ -263,7 +264,7 @@ func (w *World) build() {
 	w.buildFaults()
 }
 
-func (w *World) describeWorld() string {
+func (w *world) describeWorld() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "world seed=%d faults:", w.seed)
 	for _, k := range allKinds {
