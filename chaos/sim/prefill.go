@@ -15,7 +15,6 @@ import (
 // it: whom its rows are computed for, and what ended it so far.
 type job struct {
 	key    handoff.JobKey
-	from   *node  // the plan's sender
 	target label  // the plan's owner on its decode run
 	local  uint64 // the source pages' owner here
 	// acked, aborted: decode's ack or abort for the plan reached the
@@ -26,10 +25,7 @@ type job struct {
 
 // prefilled is a plan computed and not yet sent: the frames, and the
 // leases that keep their payloads (the source pages' bytes) in place.
-type prefilled struct {
-	frames handoff.Frames
-	plan   *messages.TransferPlan
-}
+type prefilled struct{ frames handoff.Frames }
 
 // parseSender is the node and run a JobKey's sender names (senderKey).
 func (w *world) parseSender(s string) (*node, uint64, error) {
@@ -98,7 +94,7 @@ func (n *node) doSource(e handoff.Effect, from *node, inc uint64) handoff.Event 
 			w.count[DuplicatePlanDropped]++
 		}
 	case handoff.Prefill:
-		n.prefill(e, from)
+		n.prefill(e)
 	case handoff.SendFrames:
 		n.startSend(e)
 	case handoff.CancelSend:
@@ -139,14 +135,14 @@ func (n *node) reply(to *node, inc uint64, done *messages.TransferDone) {
 
 // prefill computes the plan now and answers after the compute time, so
 // that an abort can land while it runs.
-func (n *node) prefill(e handoff.Prefill, from *node) {
-	j := &job{key: e.Key, from: from, local: e.Local.Request, target: label{owner: e.Owner}}
+func (n *node) prefill(e handoff.Prefill) {
+	j := &job{key: e.Key, local: e.Local.Request, target: label{owner: e.Owner}}
 	if len(e.Plan.DestTags) > 0 {
 		j.target.inc = e.Plan.DestTags[0].Incarnation
 	}
 	n.jobs[j.local], n.byKey[e.Key] = j, j
 	out, fr := handoff.ExecPrefill(n.w.engine, n.pages, e)
-	n.ready[e.Key] = &prefilled{frames: fr, plan: e.Plan}
+	n.ready[e.Key] = &prefilled{frames: fr}
 	t := n.w.opt.Timing
 	compute := time.Duration(len(e.Plan.PromptTokens))*t.PrefillPerToken + n.w.between(0, t.Latency)
 	n.at(compute, "prefill computed", func() {
