@@ -160,10 +160,13 @@ func (a *Admission) InFlight() []string {
 // Load is the number of requests in flight per decode worker.
 func (a *Admission) Load() []int { return append([]int(nil), a.load...) }
 
-// Wire is what a client is told of err, with its stable code. Refusals by
-// the pool (stale tag, wrong owner or tenant, checksum, token range) are
-// integrity failures: the answer is withheld rather than risked.
-func Wire(err error) *messages.WireError {
+// Wire is what a client is told of err, with its stable code, cut to the
+// wire's bounds. Refusals by the pool (stale tag, wrong owner or tenant,
+// checksum, token range) are integrity failures: the answer is withheld
+// rather than risked.
+func Wire(err error) *messages.WireError { return wire(err).Bounded() }
+
+func wire(err error) *messages.WireError {
 	var w interface{ Wire() *messages.WireError }
 	var ex *kv.PoolExhaustedError
 	switch {

@@ -218,3 +218,59 @@ func TestPickedPeerWithUnknownPoolIsAdmitted(t *testing.T) {
 		t.Fatalf("8-token prompt, picked peer of unknown pool: %v", err)
 	}
 }
+
+// A failure however long (here a send that joined many refusals) is told
+// within the wire's bounds, so the TransferDone carrying it goes out.
+func TestWireIsBounded(t *testing.T) {
+	var err error
+	for i := range 200 {
+		err = errors.Join(err, &kv.StaleTagError{Page: uint32(i), Have: kv.Tag{Incarnation: prefillInc, Index: uint32(i)}})
+	}
+	w := Wire(err)
+	if len(w.Message) > messages.ErrorMessageBytesMax || len(err.Error()) <= messages.ErrorMessageBytesMax {
+		t.Fatalf("message of %d bytes for an error of %d, bound %d", len(w.Message), len(err.Error()), messages.ErrorMessageBytesMax)
+	}
+	done := &messages.TransferDone{RequestID: 1, Tenant: "acme", Err: w}
+	if verr := done.Validate(); verr != nil {
+		t.Fatalf("a transfer done telling of it fails its own validation: %v", verr)
+	}
+}
+
+// A TransferDone of another tenant's request that carries this request's
+// id (a report misdirected between decode nodes) changes nothing.
+func TestRequestIgnoresAnotherTenantsTransferDone(t *testing.T) {
+	d := newDriver(t, 16)
+	d.hook = func(e Effect) (Event, bool) {
+		_, plan := e.(SendPlan)
+		return nil, plan // the plan is lost: the request waits for its peer
+	}
+	d.start(prompt8, 4)
+	before := len(d.order)
+	d.step(d.req, TransferIn{Done: &messages.TransferDone{RequestID: 1, Tenant: "other", Err: &messages.WireError{
+		Code: messages.CodeIntegrity, Message: "its own failure"}}, FromPrefill: true})
+	if d.req.Done() || len(d.order) != before || d.req.Counts().Ignored != 1 {
+		t.Fatalf("another tenant's report: done %t, effects %v, counts %+v", d.req.Done(), d.order[before:], d.req.Counts())
+	}
+}
+
+// A plan aborted while its frames were on their way, whose send then
+// fails (cut short by the abort), is not answered: nobody waits for it.
+func TestSourceAnswersNoAbortedPlan(t *testing.T) {
+	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 4, SendsMax: 1,
+		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute})
+	now := time.Unix(0, 0)
+	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
+		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
+	key := JobKey{Sender: "d", ID: 3}
+	src := []kv.Tag{{Incarnation: prefillInc, Index: 0, Generation: 1}}
+	s.Step(PlanIn{Key: key, Plan: plan}, now)
+	s.Step(Next{}, now)
+	s.Step(Prefilled{Key: key, Sources: src, Marked: 1, Sums: []uint64{1}}, now)
+	s.Step(AbortIn{Key: key, Tenant: "acme"}, now)
+	eff := s.Step(Sent{Key: key, Err: errors.New("send cancelled")}, now)
+	want := []Effect{Ack{Owner: kv.Owner{Request: 1, Tenant: "acme"}, Tags: src},
+		Release{Owner: kv.Owner{Request: 1, Tenant: "acme"}, Tags: src}, Ended{Key: key}}
+	if fmt.Sprint(eff) != fmt.Sprint(want) {
+		t.Fatalf("effects %+v, want %+v", eff, want)
+	}
+}

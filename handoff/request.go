@@ -298,8 +298,9 @@ func (r *Request) stranger(what, from string) *StrangerError {
 func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
 	m := e.Done
 	switch {
-	case m.RequestID != r.owner.Request && !mutant.Is(mutant.LateDoneAccepted), r.phase != phasePrefill:
-		r.counts.Ignored++ // an abandoned attempt's, or a duplicate
+	case m.Tenant != r.owner.Tenant, m.RequestID != r.owner.Request && !mutant.Is(mutant.LateDoneAccepted),
+		r.phase != phasePrefill:
+		r.counts.Ignored++ // another tenant's, an abandoned attempt's, or a duplicate
 		return nil
 	case !e.FromPrefill:
 		return []Effect{Refuse{Err: r.stranger("transfer done", e.From)}} // without effect: see FramesIn

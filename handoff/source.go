@@ -305,6 +305,11 @@ func (s *Source) prefilled(e Prefilled, now time.Time) []Effect {
 // failed transfer will not be acknowledged, so its pages are acknowledged
 // here.
 func (s *Source) sent(j *job, err error, now time.Time) []Effect {
+	if err != nil && s.done.Has(j.key, now) {
+		// Aborted, and its send cut short: nobody waits for an answer.
+		return []Effect{Ack{Owner: j.local, Tags: j.sources[:j.marked]}, Release{Owner: j.local, Tags: j.sources},
+			Ended{Key: j.key}}
+	}
 	var out []Effect
 	if err != nil {
 		out = append(out, Ack{Owner: j.local, Tags: j.sources[:j.marked]})

@@ -208,6 +208,18 @@ func (e *WireError) validate(in TypeCode, field string) error {
 	return checkLen(in, field+".where", len(e.Where), WhereBytesMax)
 }
 
+// Bounded is e with its message and where cut to their limits (on a UTF-8
+// boundary), so that it passes validation however long the error it tells
+// of was; nil stays nil.
+func (e *WireError) Bounded() *WireError {
+	if e == nil || len(e.Message) <= ErrorMessageBytesMax && len(e.Where) <= WhereBytesMax {
+		return e
+	}
+	b := *e
+	b.Message, b.Where = truncate(e.Message, ErrorMessageBytesMax), truncate(e.Where, WhereBytesMax)
+	return &b
+}
+
 // ToWireError is what to tell a peer or client about err: err itself if it
 // is (or wraps) a *WireError; CodeBadRequest with the numbers for a message
 // this package refused; CodeInternal otherwise.
