@@ -67,10 +67,11 @@ func (n *Node) plannedReceiver(auth *trust.Authority, addr string, inc uint64) (
 
 // verifiedMember is the alive, verified member for which match holds.
 func (n *Node) verifiedMember(match func(Member) bool) (Member, bool) {
-	if n.members == nil {
+	mem := n.mem()
+	if mem == nil {
 		return Member{}, false
 	}
-	for _, m := range n.members.Members() {
+	for _, m := range mem.Members() {
 		if m.State == StateAlive && m.Verified && match(m) {
 			return m, true
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -157,10 +158,12 @@ var roleOf = map[actors.Role]Role{
 // admission or router), its membership, its KV data plane and its control
 // actor.
 type Node struct {
-	cfg     NodeConfig
-	log     *slog.Logger
-	actors  *actors.Node
-	members *Membership
+	cfg    NodeConfig
+	log    *slog.Logger
+	actors *actors.Node
+	// members is set once, after the actors start (which may ask it
+	// before: it is nil until then).
+	members atomic.Pointer[Membership]
 	data    *DataPlaneServer
 	// dataAddr is where peers reach the data plane: DataAdvertise, or the
 	// address it listens on; "" without one.
@@ -229,6 +232,17 @@ func (n *Node) start() error {
 	if n.actors, err = actors.Start(cfg.Actors, opt); err != nil {
 		return err
 	}
+	// Membership exists before the router and the control actor, which
+	// read it from their first message on; the node joins (and so becomes
+	// known) only once both serve.
+	meta := Meta{Role: roleOf[cfg.Actors.Role], Incarnation: cfg.Actors.Incarnation, RemoteAddr: n.actors.Address(),
+		DataAddr: n.dataAddr}
+	meta.CapacityPages, meta.FreePages = n.pages()
+	mem, err := Start(cfg.Gossip.Secured(cfg.Auth), meta)
+	if err != nil {
+		return err
+	}
+	n.members.Store(mem)
 	if cfg.Actors.Role == actors.RoleRouter {
 		r := &routerActor{cfg: &n.cfg.Actors, members: n.membersNow, draining: n.isDraining, log: n.log, counters: n.rc,
 			auth: cfg.Auth, mailbox: n.actors.Mailbox()}
@@ -245,14 +259,8 @@ func (n *Node) start() error {
 		actor.WithMailbox(n.actors.MailboxFrom(trust.RoleOperator))), ControlName); err != nil {
 		return err
 	}
-	meta := Meta{Role: roleOf[cfg.Actors.Role], Incarnation: cfg.Actors.Incarnation, RemoteAddr: n.actors.Address(),
-		DataAddr: n.dataAddr}
-	meta.CapacityPages, meta.FreePages = n.pages()
-	if n.members, err = Start(cfg.Gossip.Secured(cfg.Auth), meta); err != nil {
-		return err
-	}
 	if len(cfg.Gossip.JoinAddrs) > 0 {
-		if _, err := n.members.Join(cfg.Gossip.JoinAddrs); err != nil {
+		if _, err := n.mem().Join(cfg.Gossip.JoinAddrs); err != nil {
 			return fmt.Errorf("cluster: join %v: %w", cfg.Gossip.JoinAddrs, err)
 		}
 	}
@@ -262,6 +270,9 @@ func (n *Node) start() error {
 	return nil
 }
 
+// mem is the node's membership; nil until it has started.
+func (n *Node) mem() *Membership { return n.members.Load() }
+
 // isDraining says whether the node is draining.
 func (n *Node) isDraining() bool {
 	n.mu.Lock()
@@ -270,15 +281,16 @@ func (n *Node) isDraining() bool {
 }
 
 // membersNow is the membership as of now; the router reads it per request.
-func (n *Node) membersNow() []Member { return n.members.Members() }
+func (n *Node) membersNow() []Member { return n.mem().Members() }
 
 // pickPrefill chooses the alive, non-draining prefill member with the most
 // free pages that the request has not failed on yet.
 func (n *Node) pickPrefill(exclude map[uint64]bool) (actors.PrefillPeer, bool) {
-	if n.members == nil {
+	mem := n.mem()
+	if mem == nil {
 		return actors.PrefillPeer{}, false
 	}
-	for _, m := range candidates(n.members.Members(), prefills) {
+	for _, m := range candidates(mem.Members(), prefills) {
 		if !exclude[m.Meta.Incarnation] {
 			return actors.PrefillPeer{PID: actor.NewPID(m.Meta.RemoteAddr, actors.PrefillName),
 				Incarnation: m.Meta.Incarnation, Pages: int(m.Meta.CapacityPages)}, true
@@ -341,14 +353,14 @@ func (n *Node) watch() {
 		select {
 		case <-n.quit:
 			return
-		case _, ok := <-n.members.Events():
+		case _, ok := <-n.mem().Events():
 			if !ok {
 				return
 			}
 		case <-t.C:
 		}
 		alive := map[uint64]bool{}
-		for _, m := range n.members.Members() {
+		for _, m := range n.mem().Members() {
 			if m.State == StateAlive {
 				alive[m.Meta.Incarnation] = true
 				known[m.Meta.Incarnation] = m.Name
@@ -388,11 +400,11 @@ func (n *Node) updateMeta() {
 	// publish after the drain published "draining".
 	n.metaMu.Lock()
 	defer n.metaMu.Unlock()
-	meta := n.members.Meta()
+	meta := n.mem().Meta()
 	meta.CapacityPages, meta.FreePages = n.pages()
 	meta.Draining = n.isDraining()
-	if meta != n.members.Meta() {
-		if err := n.members.UpdateMeta(meta); err != nil {
+	if meta != n.mem().Meta() {
+		if err := n.mem().UpdateMeta(meta); err != nil {
 			n.log.Warn("metadata update failed", "err", err)
 		}
 	}
@@ -407,7 +419,7 @@ func (n *Node) Address() string { return n.actors.Address() }
 func (n *Node) DataAddr() string { return n.dataAddr }
 
 // GossipAddr is where the node gossips: what others join.
-func (n *Node) GossipAddr() string { return n.members.LocalAddr().String() }
+func (n *Node) GossipAddr() string { return n.mem().LocalAddr().String() }
 
 // Incarnation is this run's id.
 func (n *Node) Incarnation() uint64 { return n.cfg.Actors.Incarnation }
@@ -416,7 +428,7 @@ func (n *Node) Incarnation() uint64 { return n.cfg.Actors.Incarnation }
 func (n *Node) Actors() *actors.Node { return n.actors }
 
 // Members is the membership as this node sees it.
-func (n *Node) Members() []Member { return n.members.Members() }
+func (n *Node) Members() []Member { return n.mem().Members() }
 
 // Stopped is closed when the node has drained and left.
 func (n *Node) Stopped() <-chan struct{} { return n.stopped }
@@ -489,8 +501,8 @@ func (n *Node) inFlight() (int, error) {
 func (n *Node) Stop() error {
 	var err error
 	n.stopOnce.Do(func() {
-		if n.members != nil {
-			err = n.members.Leave(n.cfg.LeaveTimeout)
+		if n.mem() != nil {
+			err = n.mem().Leave(n.cfg.LeaveTimeout)
 		}
 		n.shutdown()
 		close(n.stopped)
@@ -509,8 +521,8 @@ func (n *Node) down() {
 	n.bg.Wait()
 	n.held.stop()
 	var errs []error
-	if n.members != nil {
-		errs = append(errs, n.members.Shutdown())
+	if n.mem() != nil {
+		errs = append(errs, n.mem().Shutdown())
 	}
 	if n.data != nil {
 		errs = append(errs, n.data.Close())
@@ -531,7 +543,7 @@ func (n *Node) status() *messages.StatusReply {
 	draining := n.draining
 	n.mu.Unlock()
 	rep := &messages.StatusReply{Node: messages.NodeStatus{
-		Name: n.members.Name(), Role: string(n.cfg.Actors.Role), Incarnation: n.Incarnation(),
+		Name: n.mem().Name(), Role: string(n.cfg.Actors.Role), Incarnation: n.Incarnation(),
 		Address: n.Address(), Draining: draining, InFlight: uint32(a.InFlight) + n.rc.inFlight(),
 		Admitted: a.Admitted + n.rc.routed.Load(), Completed: a.Completed + n.rc.completed.Load(),
 		Failed:          a.Failed + n.rc.failed.Load() + n.rc.lost.Load(),
@@ -558,7 +570,7 @@ func (n *Node) status() *messages.StatusReply {
 				CrossTenantRows: s.Cross.Tenant, CrossRequestRows: s.Cross.Request})
 		}
 	}
-	for _, m := range n.members.Members() {
+	for _, m := range n.mem().Members() {
 		if len(rep.Members) == messages.MembersMax {
 			break
 		}
