@@ -142,10 +142,11 @@ func (a *admissionActor) Receive(c actor.Context) {
 		}
 		if m.DecodeIncarnation != a.cfg.Incarnation {
 			// Routed to an earlier run of this node, at the same address:
-			// the router's relay for it is answering "node lost" already.
+			// for the client, the node it was sent to is lost (and the
+			// router learns of the new run from membership).
 			a.counters.rejectedBad.Add(1)
-			a.reject(c, m.RequestID, &BadRequestError{Reason: fmt.Sprintf("routed to decode node incarnation %x, this is %x",
-				m.DecodeIncarnation, a.cfg.Incarnation)})
+			a.reject(c, m.RequestID, &messages.WireError{Code: messages.CodeNodeLost, Where: "decode node",
+				Message: fmt.Sprintf("routed to decode node incarnation %x, this is %x", m.DecodeIncarnation, a.cfg.Incarnation)})
 			return
 		}
 		peer := PrefillPeer{PID: actor.NewPID(m.Prefill, PrefillName), Incarnation: m.PrefillIncarnation}

@@ -94,3 +94,18 @@ func TestAbortedQueuedPlanLeavesNothingInTheWorker(t *testing.T) {
 		t.Fatalf("gated pool: %+v, %v; want every page free", s, err)
 	}
 }
+
+// A request routed to an earlier run of this node, at the same address,
+// is answered node_lost: for the client, the node it was sent to is gone.
+func TestRoutedToAnEarlierRunIsNodeLost(t *testing.T) {
+	n := startNode(t, testConfig())
+	m := &messages.RoutedRequest{RequestID: 4, Tenant: "a", Prompt: "p", MaxTokens: 1, Prefill: "127.0.0.1:1",
+		PrefillIncarnation: 1, DecodeIncarnation: n.Config().Incarnation + 1}
+	res, err := n.Root().RequestFuture(n.Admission(), m, time.Minute).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := res.(*messages.GenerateResult).Err; e == nil || e.Code != messages.CodeNodeLost {
+		t.Fatalf("routed to another run: %+v, want node_lost", e)
+	}
+}
