@@ -252,6 +252,9 @@ func (c *Client) await(ctx context.Context, id uint64, tenant string, rx *actor.
 			case *messages.Undecodable:
 				return Result{}, m
 			case *messages.GenerateResult:
+				if cancelled && m.Err == nil {
+					return Result{}, ctx.Err() // answered before the cancel reached the node
+				}
 				if cancelled {
 					return Result{}, errors.Join(ctx.Err(), m.Err)
 				}

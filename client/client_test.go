@@ -93,3 +93,27 @@ func TestNoAnswerIsNodeLost(t *testing.T) {
 		})
 	}
 }
+
+// A request cancelled after the node had answered it (the cancel crossed
+// the result) ends with the context's error alone.
+func TestCancelCrossingTheAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sys := messages.NewActorSystem(nil)
+		defer sys.Shutdown()
+		ctx, cancel := context.WithCancel(context.Background())
+		node := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if m, ok := c.Message().(*messages.GenerateRequest); ok {
+				to := c.Sender()
+				cancel()
+				time.AfterFunc(time.Second, func() {
+					sys.Root.Send(to, &messages.GenerateResult{RequestID: m.RequestID, Tokens: []uint32{7},
+						FinishReason: messages.FinishLength})
+				})
+			}
+		}))
+		_, err := New(sys, node, Options{}).Generate(ctx, "acme", "hi", GenerateOptions{MaxTokens: 1}, nil)
+		if !errors.Is(err, context.Canceled) || err.Error() != context.Canceled.Error() {
+			t.Fatalf("cancelled, then answered: %v, want the context's error", err)
+		}
+	})
+}
