@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -440,6 +441,12 @@ func (e *DataPlaneLostError) Error() string {
 func (e *DataPlaneLostError) Unwrap() error { return e.Err }
 
 func (e *DataPlaneLostError) Is(target error) bool { return target == ErrDataPlaneLost }
+
+// Wire is what a client is told of e: the node its KV was on its way to
+// is lost to this transfer.
+func (e *DataPlaneLostError) Wire() *messages.WireError {
+	return &messages.WireError{Code: messages.CodeNodeLost, Message: e.Error(), Where: "data plane"}
+}
 
 // ErrDataPlanePeer is matched by *DataPlanePeerError.
 var ErrDataPlanePeer = errors.New("cluster: data plane receiver is not the node expected")
