@@ -266,7 +266,7 @@ func (g *guardedStream) checkBatch(b *remote.MessageBatch) string {
 		if p == nil || p.Address != g.pol.Self {
 			return fmt.Sprintf("target %d is at %q, not here (%s)", i, p.GetAddress(), g.pol.Self)
 		}
-		if !g.pol.targetAllowed(p.Id) {
+		if p.Id != AnonymousSender && !g.pol.targetAllowed(p.Id) {
 			return fmt.Sprintf("target %d (%q) is not an actor peers may address", i, p.Id)
 		}
 	}
@@ -289,6 +289,12 @@ func (g *guardedStream) checkBatch(b *remote.MessageBatch) string {
 			return fmt.Sprintf("envelope %d: serializer %d, want 0", i, e.SerializerId)
 		}
 	}
+	// A reply to a message this process sent without a sender names the
+	// anonymous sender the peer gave it: nothing answers there, and it is
+	// dropped here rather than refused with the whole stream.
+	b.Envelopes = slices.DeleteFunc(b.Envelopes, func(e *remote.MessageEnvelope) bool {
+		return b.Targets[e.Target].Id == AnonymousSender
+	})
 	g.nameSenders(b)
 	return ""
 }
@@ -296,7 +302,7 @@ func (g *guardedStream) checkBatch(b *remote.MessageBatch) string {
 // AnonymousSender is the actor id the guard gives a message that came
 // without a sender (protoactor's Respond sends none): a PID at the peer's
 // checked address, so that the receiver still knows who sent it. Nothing
-// answers at it; a reply to it is a dead letter at the peer.
+// answers at it; the peer's guard drops a reply to it.
 const AnonymousSender = "$anonymous"
 
 // nameSenders gives every envelope without a sender the peer's anonymous
