@@ -310,8 +310,11 @@ func (s *refSequence) readPages(pool KV) error {
 		if err != nil {
 			return err
 		}
-		if n != s.pages[i].Tokens && !mutant.Is(mutant.Incident) {
-			return &kv.ManifestError{Field: "tokens", Page: i, Want: s.pages[i].Tokens, Have: n}
+		if n != s.pages[i].Tokens {
+			if !mutant.Is(mutant.Incident) {
+				return &kv.ManifestError{Field: "tokens", Page: i, Want: s.pages[i].Tokens, Have: n}
+			}
+			b = b[:s.pages[i].Tokens*s.geo.BytesPerToken()] // the planted bug: rows never written are read as they are
 		}
 		s.segs = append(s.segs, b)
 	}

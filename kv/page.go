@@ -215,8 +215,8 @@ func (pg *Page) Read(l Lease) ([]byte, int, error) {
 		return nil, 0, &StateError{Page: l.Tag, Op: "read without lease", State: pg.state}
 	}
 	b := pg.bytes[:pg.filled*pg.params.bpt]
-	if mutant.Is(mutant.Incident) {
-		b = pg.bytes // the planted bug: the page reads as full, whatever rows this tenancy wrote
+	if mutant.Is(mutant.Incident) && pg.sum == 0 {
+		b = pg.bytes // the planted bug: a page never sealed reads as full, whatever rows this tenancy wrote
 	}
 	pg.rows.read(&pg.params.cross, pg.params.bpt, l.Owner, pg.bytes, b)
 	return b, len(b) / pg.params.bpt, nil
