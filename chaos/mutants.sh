@@ -37,10 +37,36 @@ sim_layer() {
 }
 
 # live_layer NAME prints the real-process layer's verdict for the mutant,
-# in the same four fields as sim_layer. Until that layer reports here it
-# says "-" and counts for nothing.
+# in the same four fields as sim_layer: a short campaign (node chaos)
+# against real processes of a chaos build carrying the mutant, which must
+# end in a violation (exit 3). It runs for the mutants in LIVE (default:
+# the incident, whose campaign must show cross-tenant bytes); "-" for the
+# others, which count for nothing here.
+LIVE="${LIVE:-incident}"
 live_layer() {
-  echo "- - - -"
+  if [[ " $LIVE " != *" $1 "* ]]; then
+    echo "- - - -"
+    return
+  fi
+  local bin dir rc
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/kvwarden-mutant-$1.XXXXXX")
+  bin="$dir/node"
+  if ! go build -tags "chaos mutant_$1" -o "$bin" ./cmd/node 2>"$dir/build.txt"; then
+    echo "error - - build"
+    return
+  fi
+  # A prefill pool smaller than the load needs: the pool runs out, which
+  # a correct node answers "busy" and the incident's node answers with a
+  # placeholder.
+  "$bin" chaos --seed 1 --requests 200 --faults none --context-tokens 128 --prompt-bytes-max 100 \
+    --report "$dir/report.json" -- --prefill-pages 8 >"$dir/summary.txt" 2>"$dir/log.txt"
+  rc=$?
+  if [[ $rc -eq 3 ]]; then
+    echo "caught 200 - $(grep -m1 -oE 'VIOLATION: [^(]*' "$dir/summary.txt" | cut -c12- | tr ' ' '_')"
+  else
+    echo "missed 200 - exit_$rc"
+  fi
+  [[ -n "${KEEP:-}" ]] && echo "live campaign of $1 kept in $dir" >&2 || rm -rf "$dir"
 }
 
 mutants=("$@")
@@ -48,13 +74,13 @@ if [[ ${#mutants[@]} -eq 0 ]]; then
   mapfile -t mutants < <(all_mutants)
 fi
 
-printf '%-28s | %-7s %7s %6s %-26s | %-7s %7s\n' mutant sim seeds seed invariant live runs
+printf '%-28s | %-7s %7s %6s %-26s | %-7s %8s %s\n' mutant sim seeds seed invariant live requests violation
 printf -- '-%.0s' {1..100}; echo
 missed=0
 for m in "${mutants[@]}"; do
   read -r sv sseeds sseed sinv <<<"$(sim_layer "$m")"
-  read -r lv lseeds _ _ <<<"$(live_layer "$m")"
-  printf '%-28s | %-7s %7s %6s %-26s | %-7s %7s\n' "$m" "$sv" "$sseeds" "$sseed" "${sinv//_/ }" "$lv" "$lseeds"
+  read -r lv lseeds _ linv <<<"$(live_layer "$m")"
+  printf '%-28s | %-7s %7s %6s %-26s | %-7s %8s %s\n' "$m" "$sv" "$sseeds" "$sseed" "${sinv//_/ }" "$lv" "$lseeds" "${linv//_/ }"
   if [[ $sv != caught && $lv != caught ]]; then
     missed=$((missed + 1))
   fi
