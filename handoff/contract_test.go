@@ -68,20 +68,7 @@ func (d *driver) do(e Effect) Event {
 		d.step(d.src, AbortIn{Key: key(e.Abort.RequestID), Tenant: e.Abort.Tenant})
 		return nil
 	case StartDecode:
-		s, err := Begin(d.engine, d.decode, e, gpu.EOS)
-		if err != nil {
-			d.step(d.req, DecodeEnded{Err: err})
-			return nil
-		}
-		d.step(d.req, TokenIn{Token: e.Next})
-		for done := s.Ended(); !done; {
-			var tok int
-			tok, done, err = s.Step(d.decode)
-			if err == nil {
-				d.step(d.req, TokenIn{Token: tok})
-			}
-		}
-		d.step(d.req, DecodeEnded{Err: errors.Join(err, s.Close(d.decode))})
+		d.decodeAll(e, d.step)
 		return nil
 	}
 	return d.pair.do(e) // page effects, Prefill, Emit, Finish, Timer, Pick, ...
@@ -150,17 +137,22 @@ func TestFailedAbortOnRetryReservesNothing(t *testing.T) {
 	}
 }
 
+// oneSlotSource is a Source sending one transfer at a time, and a plan of
+// one page for another node.
+func oneSlotSource() (*Source, *messages.TransferPlan, JobKey, time.Time) {
+	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 4, SendsMax: 1,
+		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute})
+	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
+		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
+	return s, plan, JobKey{Sender: "d", ID: 3}, time.Unix(0, 0)
+}
+
 // A plan withdrawn from the queue by its abort (or one aborted while its
 // frames were on their way, whose send then succeeds) leaves the Source
 // without any effect naming it: a shell that keeps per-plan state until the
 // plan's Reply (actors.workerActor.jobs) is never told to drop it.
 func TestSourceTellsTheShellWhenAPlanEndsWithoutReply(t *testing.T) {
-	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 4, SendsMax: 1,
-		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute})
-	now := time.Unix(0, 0)
-	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
-		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
-	key := JobKey{Sender: "d", ID: 3}
+	s, plan, key, now := oneSlotSource()
 	if eff := s.Step(PlanIn{Key: key, Plan: plan}, now); len(eff) != 1 || eff[0] != (Queued{Key: key}) {
 		t.Fatalf("plan: %+v", eff)
 	}
@@ -177,12 +169,7 @@ func TestSourceTellsTheShellWhenAPlanEndsWithoutReply(t *testing.T) {
 // way, and the send then succeeds (its outcome was already in the worker's
 // mailbox when the abort came).
 func TestSourceTellsTheShellWhenASentPlanWasAborted(t *testing.T) {
-	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 4, SendsMax: 1,
-		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute})
-	now := time.Unix(0, 0)
-	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
-		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
-	key := JobKey{Sender: "d", ID: 3}
+	s, plan, key, now := oneSlotSource()
 	src := []kv.Tag{{Incarnation: prefillInc, Index: 0, Generation: 1}}
 	s.Step(PlanIn{Key: key, Plan: plan}, now)
 	s.Step(Next{}, now)
@@ -256,12 +243,7 @@ func TestRequestIgnoresAnotherTenantsTransferDone(t *testing.T) {
 // A plan aborted while its frames were on their way, whose send then
 // fails (cut short by the abort), is not answered: nobody waits for it.
 func TestSourceAnswersNoAbortedPlan(t *testing.T) {
-	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 4, SendsMax: 1,
-		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute})
-	now := time.Unix(0, 0)
-	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
-		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
-	key := JobKey{Sender: "d", ID: 3}
+	s, plan, key, now := oneSlotSource()
 	src := []kv.Tag{{Incarnation: prefillInc, Index: 0, Generation: 1}}
 	s.Step(PlanIn{Key: key, Plan: plan}, now)
 	s.Step(Next{}, now)

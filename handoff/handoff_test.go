@@ -126,7 +126,7 @@ func (p *pair) do(e Effect) Event {
 	case Ack:
 		ExecAck(p.prefill, e, nil)
 	case StartDecode:
-		p.decodeAll(e)
+		p.decodeAll(e, p.step)
 	case Emit:
 		p.tokens = append(p.tokens, int(e.Chunk.Tokens[0]))
 	case Finish:
@@ -142,22 +142,23 @@ func (p *pair) do(e Effect) Event {
 	return nil
 }
 
-// decodeAll runs a decode job to its end, as a worker would.
-func (p *pair) decodeAll(e StartDecode) {
+// decodeAll runs a decode job to its end, as a worker would, stepping the
+// request with step.
+func (p *pair) decodeAll(e StartDecode, step func(Machine, Event)) {
 	s, err := Begin(p.engine, p.decode, e, gpu.EOS)
 	if err != nil {
-		p.step(p.req, DecodeEnded{Err: err})
+		step(p.req, DecodeEnded{Err: err})
 		return
 	}
-	p.step(p.req, TokenIn{Token: e.Next})
+	step(p.req, TokenIn{Token: e.Next})
 	for done := s.Ended(); !done; {
 		var tok int
 		tok, done, err = s.Step(p.decode)
 		if err == nil {
-			p.step(p.req, TokenIn{Token: tok})
+			step(p.req, TokenIn{Token: tok})
 		}
 	}
-	p.step(p.req, DecodeEnded{Err: errors.Join(err, s.Close(p.decode))})
+	step(p.req, DecodeEnded{Err: errors.Join(err, s.Close(p.decode))})
 }
 
 // freeAfterDeadlines advances the clock past every deadline and reports
