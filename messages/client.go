@@ -71,7 +71,7 @@ func (m *GenerateRequest) DecodeMsgpack(d *msgpack.Decoder) error {
 }
 
 // TokenChunk carries the next tokens of a streamed answer. Seq counts
-// chunks from 0 without gaps, so a client sees a lost chunk.
+// chunks from 1 without gaps, so a client sees a lost chunk.
 type TokenChunk struct {
 	RequestID uint64 `msgpack:"id"`
 	Seq       uint32 `msgpack:"seq,omitempty"`
