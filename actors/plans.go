@@ -18,8 +18,7 @@ import (
 type DataPlaneOf func(remoteAddr string) (dataAddr string, id trust.Identity, ok bool)
 
 // DataPlaneMismatchError: a transfer plan from another node names a data
-// plane that is not the one membership says that node advertises (or the
-// node is not a member at all). Sending there would hand a tenant's KV to
+// plane that is not the one membership says that node advertises. Sending there would hand a tenant's KV to
 // whoever the plan chose.
 type DataPlaneMismatchError struct {
 	Sender     string // who sent the plan, as authenticated
@@ -37,6 +36,23 @@ func (e *DataPlaneMismatchError) Error() string {
 // Wire is what a client is told of e.
 func (e *DataPlaneMismatchError) Wire() *messages.WireError {
 	return &messages.WireError{Code: messages.CodeForbidden, Message: e.Error()}
+}
+
+// NotMemberError: a transfer plan came from a node that membership does
+// not know as a verified member (yet): its data plane is unknown, so its
+// KV goes nowhere. Told as busy: the request may be retried.
+type NotMemberError struct {
+	Sender  string // who sent the plan, as authenticated
+	Address string // its remote address
+}
+
+func (e *NotMemberError) Error() string {
+	return fmt.Sprintf("actors: plan from %s at %s, which is not a verified member here (yet)", e.Sender, e.Address)
+}
+
+// Wire is what a client is told of e.
+func (e *NotMemberError) Wire() *messages.WireError {
+	return &messages.WireError{Code: messages.CodeBusy, Message: e.Error(), Where: "membership"}
 }
 
 // planPolicy is who may have a prefill node compute and send KV: nodes
@@ -62,6 +78,14 @@ func (p planPolicy) check(c actor.Context, m *messages.TransferPlan) error {
 	mismatch := &DataPlaneMismatchError{Sender: s.String(), Named: m.DataPlane}
 	if p.dataPlaneOf != nil {
 		addr, id, ok := p.dataPlaneOf(c.Sender().Address)
+		if !ok {
+			// Not a verified member (yet): a node that just (re)started is
+			// not known everywhere at once. Nothing is sent to it, and its
+			// request may retry elsewhere or later.
+			p.auth.Refuse(trust.RefusedStranger, "transfer plan", "sender", s.String(), "request", m.RequestID,
+				"data_plane", m.DataPlane, "member", "unknown")
+			return &NotMemberError{Sender: s.String(), Address: c.Sender().Address}
+		}
 		mismatch.Advertised = addr
 		// An insecure node knows nobody's identity; membership's word
 		// on the address is all there is.

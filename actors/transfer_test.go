@@ -333,3 +333,31 @@ func TestBlackHoleDataPlaneStallsOnlyItsTransfer(t *testing.T) {
 		t.Fatalf("the transfer to the black hole: %v, want node lost", err)
 	}
 }
+
+// A plan from a node membership does not know (yet) is refused, counted,
+// and told as busy, not as forbidden: a decode node that just restarted is
+// not known everywhere at once, and its request may be retried.
+func TestPlanFromAnUnknownNodeIsBusy(t *testing.T) {
+	cfg := testConfig()
+	prefillCfg := cfg
+	prefillCfg.Role = RolePrefill
+	auth := trust.Insecure(nil)
+	p := startRemoteNode(t, prefillCfg, Options{Auth: auth,
+		DataPlaneOf: func(string) (string, trust.Identity, bool) { return "", trust.Identity{}, false }})
+	decodeCfg := cfg
+	decodeCfg.Role = RoleDecode
+	pick := func(exclude map[uint64]bool) (PrefillPeer, bool) {
+		inc := p.Config().Incarnation
+		return PrefillPeer{PID: actor.NewPID(p.Address(), PrefillName), Incarnation: inc, Pages: cfg.PrefillPages}, !exclude[inc]
+	}
+	d := startRemoteNode(t, decodeCfg, Options{Auth: trust.Insecure(nil), DataPlane: "127.0.0.1:1", Pick: pick})
+	before := auth.Refused()[trust.RefusedStranger]
+	_, err := localClient(d).Generate(context.Background(), "acme", "hello", client.GenerateOptions{MaxTokens: 2}, nil)
+	var we *messages.WireError
+	if !errors.As(err, &we) || we.Code != messages.CodeBusy || we.Where != "membership" {
+		t.Fatalf("a plan from a node not yet a member: %v, want busy (membership)", err)
+	}
+	if got := auth.Refused()[trust.RefusedStranger]; got != before+1 {
+		t.Fatalf("stranger refusals went from %d to %d, want one more", before, got)
+	}
+}
