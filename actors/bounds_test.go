@@ -12,21 +12,14 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
 // waitFor polls cond until it holds or d has passed.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// waitFor waits for cond, failing the test if it does not hold within d.
+var waitFor = testwait.For
 
 // TestFullMailboxAnswersBusy: an actor blocked with a full mailbox of 2
 // does not make its senders wait. A request that expects an answer

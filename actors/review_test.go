@@ -10,6 +10,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -89,13 +90,7 @@ func TestReadRefusedAfterReclaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait for the reclaim: the page's generation moves on.
-	deadline := time.Now().Add(10 * time.Second)
-	for pool.gens[tag.Index].Load() == tag.Generation {
-		if time.Now().After(deadline) {
-			t.Fatal("page not reclaimed")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, "the page reclaimed", 10*time.Second, func() bool { return pool.gens[tag.Index].Load() != tag.Generation })
 	// Bob may now hold the very same physical page.
 	bobTag := fill(bob, 'B')
 	b, _, err := c.Read(l)
@@ -133,18 +128,11 @@ func TestReserveTimeoutIsUndone(t *testing.T) {
 		t.Fatalf("reserve whose answer is lost: %v", err)
 	}
 	// The undo travels pool → pages → pool; wait for the frees to land.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Report(t, "every page free after an undone reservation", 10*time.Second, func() (bool, string) {
 		s, err := pool.Status(n.Root())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s.Free == s.Capacity && s.Reservations == 4 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after an undone reservation: %+v", s)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return s.Free == s.Capacity && s.Reservations == 4, fmt.Sprintf("%+v", s)
+	})
 }

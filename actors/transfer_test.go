@@ -200,13 +200,9 @@ func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 // waitStrangers waits until n has counted k stranger refusals in all.
 func waitStrangers(t *testing.T, n *Node, k uint64) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for n.Auth().Refused()[trust.RefusedStranger] < k {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d stranger refusals not counted within a minute", k)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, fmt.Sprintf("%d stranger refusals counted", k), time.Minute, func() bool {
+		return n.Auth().Refused()[trust.RefusedStranger] >= k
+	})
 }
 
 // prefillAs plays the planned prefill node p of n, honestly but for the
