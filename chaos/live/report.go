@@ -11,6 +11,8 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+
+	"github.com/kvwarden/kvwarden/messages"
 )
 
 // tally collects the outcomes and verdicts as requests end, and the
@@ -190,6 +192,12 @@ type Report struct {
 	// InNodeFaults are the in-node faults the nodes injected, by kind,
 	// over every incarnation read.
 	InNodeFaults map[string]uint64 `json:"in_node_faults,omitempty"`
+	// Unexplained counts, by code, requests of the workload that failed
+	// with a code no fault explains: internal (a bug by its definition),
+	// an error of the client itself, bad_request or forbidden (the
+	// workload's requests are valid and sent with their tenant's
+	// certificate). Each is a violation.
+	Unexplained map[string]int `json:"unexplained_errors,omitempty"`
 	// StreamGaps are correct answers whose stream lost tokens (none
 	// wrong): the client refuses a chunk out of sequence, and the final
 	// answer carries them all.
@@ -258,15 +266,16 @@ type Latencies struct {
 
 // KindShare is how the requests whose time overlapped a kind's windows
 // ended, oversize and cancelled ones left out. ErrorShare is the share of
-// them that failed cleanly; CleanShare the share of the failures that
-// were clean errors (1 when none failed: anything less is a wrong
-// answer).
+// them that failed with an error; CleanShare the share of the failures
+// that were clean errors, with a code a fault explains (1 when none
+// failed: anything less is a wrong answer or an unexplained error).
 type KindShare struct {
 	Kind        string  `json:"kind"`
 	Faults      int     `json:"faults"`
 	Requests    int     `json:"requests"`
 	Correct     int     `json:"correct"`
 	CleanErrors int     `json:"clean_errors"`
+	Unexplained int     `json:"unexplained_errors"` // of CleanErrors, see Report.Unexplained
 	Wrong       int     `json:"wrong"`
 	ErrorShare  float64 `json:"error_share"`
 	CleanShare  float64 `json:"clean_share"`
@@ -362,6 +371,7 @@ func buildReport(c *Campaign, t *tally, applied []Applied, crashes []Crash, afte
 // count fills the request counts, latencies and records.
 func (r *Report) count(records []record) {
 	r.Requests = Counts{ByClass: map[string]int{}, ByCode: map[string]int{}, Oversize: OversizeCounts{Other: map[string]int{}}}
+	r.Unexplained = map[string]int{}
 	var answered, all []time.Duration
 	for _, rec := range records {
 		o, v := rec.o, rec.v
@@ -370,6 +380,9 @@ func (r *Report) count(records []record) {
 		switch v.Class {
 		case CleanError:
 			r.Requests.ByCode[v.Code]++
+			if Unexplained(v.Code) {
+				r.Unexplained[v.Code]++
+			}
 		case Wrong:
 			r.Wrong++
 			if v.CrossTenant {
@@ -495,6 +508,16 @@ func shares(records []record, applied []Applied) []KindShare {
 	return append(out, none.finish())
 }
 
+// Unexplained says whether a workload request's failure with code is one
+// no fault explains (see Report.Unexplained).
+func Unexplained(code string) bool {
+	switch code {
+	case messages.CodeInternal.String(), CodeClient, messages.CodeBadRequest.String(), messages.CodeForbidden.String():
+		return true
+	}
+	return false
+}
+
 // counts says whether a record counts in the shares by fault kind.
 func counts(rec record) bool { return !rec.o.Request.Oversize && rec.v.Class != Cancelled }
 
@@ -510,6 +533,9 @@ func (s *KindShare) add(v Verdict) {
 	case CleanError:
 		s.CleanErrors++
 		s.ByCode[v.Code]++
+		if Unexplained(v.Code) {
+			s.Unexplained++
+		}
 	case Wrong:
 		s.Wrong++
 	}
@@ -521,7 +547,7 @@ func (s KindShare) finish() KindShare {
 	}
 	s.CleanShare = 1
 	if failed := s.CleanErrors + s.Wrong; failed > 0 {
-		s.CleanShare = float64(s.CleanErrors) / float64(failed)
+		s.CleanShare = float64(s.CleanErrors-s.Unexplained) / float64(failed)
 	}
 	return s
 }
@@ -536,6 +562,12 @@ func (r *Report) violations() {
 	if r.CrossTenantRows > 0 || r.CrossRequestRows > 0 {
 		add("the nodes' reads returned %d rows another tenant wrote and %d another request wrote", r.CrossTenantRows,
 			r.CrossRequestRows)
+	}
+	if n := total(r.Unexplained); n > 0 {
+		add("%d requests failed with a code no fault explains: %s", n, countsText(r.Unexplained))
+	}
+	if o := r.Requests.Oversize; o.Answered > 0 || total(o.Other) > 0 {
+		add("oversize prompts not refused with prompt_too_long: %d answered, other codes: %s", o.Answered, countsText(o.Other))
 	}
 	if r.PagesLeaked > 0 {
 		add("%d pages leaked: not free once the cluster was quiet", r.PagesLeaked)
@@ -642,6 +674,15 @@ func (r *Report) classNote(c Class) string {
 		return "by code:"
 	}
 	return ""
+}
+
+// total is the sum of counts.
+func total(counts map[string]int) int {
+	n := 0
+	for _, c := range counts {
+		n += c
+	}
+	return n
 }
 
 // countsText is counts by name, in name order: "busy 2, node_lost 5";

@@ -12,7 +12,7 @@ import (
 )
 
 // craftedReport is the report of four requests under two faults, one of
-// them a wrong answer.
+// them a wrong answer and one a client's own error.
 func craftedReport(t *testing.T) *Report {
 	t.Helper()
 	w, c := checkerFixture(t)
@@ -48,8 +48,9 @@ func TestReportOutputs(t *testing.T) {
 	for _, s := range r.ByFault {
 		shares[s.Kind] = s
 	}
+	// The client's own error explains nothing: it is no clean error.
 	if k, l, n := shares["kill"], shares["latency"], shares["none"]; k.Wrong != 1 || k.CleanShare != 0 || l.CleanErrors != 1 ||
-		l.CleanShare != 1 || n.Correct != 2 {
+		l.Unexplained != 1 || l.CleanShare != 0 || n.Correct != 2 {
 		t.Fatalf("shares by kind: %+v", shares)
 	}
 
@@ -77,7 +78,8 @@ func TestReportOutputs(t *testing.T) {
 	if err := r.WriteSummary(&sum); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"seed 77: 4 requests, 2 faults", "FAIL", "FAULT KIND", "kill", "VIOLATION: 1 wrong answers"} {
+	for _, want := range []string{"seed 77: 4 requests, 2 faults", "FAIL", "FAULT KIND", "kill", "VIOLATION: 1 wrong answers",
+		"VIOLATION: 1 requests failed with a code no fault explains: client_error 1"} {
 		if !strings.Contains(sum.String(), want) {
 			t.Errorf("summary lacks %q:\n%s", want, sum.String())
 		}

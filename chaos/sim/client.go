@@ -227,6 +227,11 @@ func (c *client) refused(e *messages.WireError) {
 	case e == nil || e.Code < messages.CodePromptTooLong || e.Code > messages.CodeForbidden:
 		w.fail("typed errors", "client %d failed without a stable error code: %v", c.id, e)
 		return
+	case e.Code == messages.CodeInternal || e.Code == messages.CodeBadRequest || e.Code == messages.CodeForbidden:
+		// The workload's requests are valid and their own tenant's: no
+		// fault explains these (internal is a bug by its definition).
+		w.fail("typed errors", "client %d failed with %s, which no fault explains: %v", c.id, e.Code, e)
+		return
 	case e.Code == messages.CodePromptTooLong && c.fits:
 		w.fail("admission", "client %d was refused as too long by its decode node on a path that holds it: %v", c.id, e)
 	}

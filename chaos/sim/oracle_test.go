@@ -92,6 +92,12 @@ func TestOracleCatchesAnUntypedError(t *testing.T) {
 	wantViolation(t, w, "typed errors", "without a stable error code")
 }
 
+func TestOracleCatchesAnErrorNoFaultExplains(t *testing.T) {
+	w := quietWorld(t)
+	w.clients[0].refused(&messages.WireError{Code: messages.CodeInternal, Message: "a bug"})
+	wantViolation(t, w, "typed errors", "failed with internal, which no fault explains")
+}
+
 func TestOracleCatchesAdmissionPastTheSmallestPool(t *testing.T) {
 	w := quietWorld(t)
 	c := w.clients[0]
