@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -430,7 +431,9 @@ func latencyOf(ds []time.Duration) Latencies {
 	}
 	slices.Sort(ds)
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	at := func(q float64) time.Duration { return ds[min(int(q*float64(len(ds))), len(ds)-1)] }
+	// The nearest rank: the smallest value with at least q of them at or
+	// below it.
+	at := func(q float64) time.Duration { return ds[max(int(math.Ceil(q*float64(len(ds))))-1, 0)] }
 	return Latencies{Count: len(ds), P50: ms(at(0.5)), P99: ms(at(0.99)), Max: ms(ds[len(ds)-1])}
 }
 
@@ -603,7 +606,8 @@ func (r *Report) WriteJSON(w io.Writer) error {
 }
 
 // WriteSummary writes the report's summary tables.
-func (r *Report) WriteSummary(w io.Writer) error {
+func (r *Report) WriteSummary(out io.Writer) error {
+	w := &stickyWriter{w: out}
 	verdict := "PASS"
 	if !r.Passed() {
 		verdict = "FAIL"
@@ -662,7 +666,22 @@ func (r *Report) WriteSummary(w io.Writer) error {
 	if r.Replay != "" {
 		fmt.Fprintf(w, "replay: %s\n", r.Replay)
 	}
-	return nil
+	return w.err
+}
+
+// stickyWriter writes to w until a write fails, and keeps that error.
+type stickyWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (s *stickyWriter) Write(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := s.w.Write(p)
+	s.err = err
+	return n, err
 }
 
 func (r *Report) classNote(c Class) string {
