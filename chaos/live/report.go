@@ -211,9 +211,13 @@ type Report struct {
 	// requests but oversize ones.
 	Latency    Latencies `json:"latency_answered"`
 	LatencyAll Latencies `json:"latency_all"`
-	// FaultsByKind counts the faults injected; ByFault says how the
-	// requests that overlapped each kind's windows ended.
+	// FaultsByKind counts the faults injected (and healed) without an
+	// error; ByFault says how the requests that overlapped each such
+	// kind's windows ended. FaultsFailed are those that failed to inject
+	// or heal: each is a violation, since the campaign did not test what
+	// its schedule said.
 	FaultsByKind map[string]int `json:"faults_by_kind"`
+	FaultsFailed []string       `json:"faults_failed,omitempty"`
 	ByFault      []KindShare    `json:"by_fault_kind"`
 	// Unreached are kinds asked for and never injected.
 	Unreached []string      `json:"unreached_kinds,omitempty"`
@@ -350,7 +354,7 @@ func buildReport(c *Campaign, t *tally, applied []Applied, crashes []Crash, afte
 		FaultsByKind: map[string]int{}}
 	r.count(records)
 	r.faults(applied, kinds)
-	r.ByFault = shares(records, applied)
+	r.ByFault = shares(records, slices.DeleteFunc(slices.Clone(applied), func(a Applied) bool { return a.Err != "" }))
 	for _, n := range after.nodes {
 		for _, p := range n.Pools {
 			r.PagesTotal += p.Capacity
@@ -458,7 +462,11 @@ func (r *Report) nodeCounts(nodes []NodeFigures, bytesPerToken int) {
 // the kinds never reached.
 func (r *Report) faults(applied []Applied, kinds []Kind) {
 	for _, a := range applied {
-		r.FaultsByKind[a.Kind.String()]++
+		if a.Err != "" {
+			r.FaultsFailed = append(r.FaultsFailed, fmt.Sprintf("#%d %s %s: %s", a.Seq, a.Kind, a.Target, a.Err))
+		} else {
+			r.FaultsByKind[a.Kind.String()]++
+		}
 		r.FaultLog = append(r.FaultLog, FaultRecord{Seq: a.Seq, Kind: a.Kind, Target: a.Target, At: jsonDuration(a.At),
 			For: jsonDuration(a.For), Start: jsonDuration(a.Start), End: jsonDuration(a.End), Latency: jsonDuration(a.Latency),
 			BandwidthKiBps: a.BandwidthKiBps, Pages: a.Pages, Err: a.Err, Attacks: a.Attacks})
@@ -571,6 +579,9 @@ func (r *Report) violations() {
 	}
 	if o := r.Requests.Oversize; o.Answered > 0 || total(o.Other) > 0 {
 		add("oversize prompts not refused with prompt_too_long: %d answered, other codes: %s", o.Answered, countsText(o.Other))
+	}
+	for _, f := range r.FaultsFailed {
+		add("fault %s", f)
 	}
 	if r.PagesLeaked > 0 {
 		add("%d pages leaked: not free once the cluster was quiet", r.PagesLeaked)

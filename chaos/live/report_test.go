@@ -97,3 +97,18 @@ func TestReportOutputs(t *testing.T) {
 		t.Fatalf("plot of %v, want 1200 × 800", b)
 	}
 }
+
+// A fault that failed to inject is no fault injected: it is listed, is a
+// violation, and its kind, never injected, is unreached.
+func TestFailedInjectionIsAViolation(t *testing.T) {
+	applied := []Applied{{Fault: Fault{Seq: 0, Kind: Bandwidth, Target: "decode-0"}, Start: 0, End: time.Second,
+		Err: "toxic not added: connection refused"}}
+	camp := &Campaign{Config: Config{Seed: 1, Model: gpu.DefaultModelConfig()}}
+	r := buildReport(camp, newTally(time.Now()), applied, nil, afterFaults{}, time.Now(), time.Second, []Kind{Bandwidth})
+	if r.FaultsByKind["bandwidth"] != 0 || len(r.FaultsFailed) != 1 || len(r.Unreached) != 1 || len(r.ByFault) != 1 {
+		t.Fatalf("faults %v, failed %v, unreached %v, shares %+v", r.FaultsByKind, r.FaultsFailed, r.Unreached, r.ByFault)
+	}
+	if r.Passed() || !strings.Contains(strings.Join(r.Violations, "\n"), "toxic not added") {
+		t.Fatalf("violations %v, want the failed fault", r.Violations)
+	}
+}
