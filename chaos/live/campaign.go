@@ -71,7 +71,8 @@ type Generator interface {
 type Config struct {
 	// Seed seeds every random choice: the workload and the schedule.
 	Seed uint64
-	// Requests is how many requests to send; 0 sends until Duration.
+	// Requests is how many requests to send; 0 sends until Duration (and
+	// at most RequestsMax).
 	Requests int
 	// Duration bounds the time requests are sent for; 0 sends Requests.
 	Duration time.Duration
@@ -117,6 +118,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Model.Validate(); err != nil {
 		return err
+	}
+	if c.Workload.ContextTokens > c.Model.ContextTokens {
+		return fmt.Errorf("live: context window (%d tokens) exceeds the model's (%d)", c.Workload.ContextTokens, c.Model.ContextTokens)
 	}
 	if slices.ContainsFunc(c.Schedule.Kinds, Kind.scheduled) {
 		return c.Schedule.Validate()
@@ -239,7 +243,11 @@ func (c *Campaign) send(ctx context.Context, w *Workload, checker *Checker, t *t
 		defer timer.Stop()
 		end = timer.C
 	}
-	for i := 0; c.Requests == 0 || i < c.Requests; i++ {
+	limit := c.Requests
+	if limit == 0 {
+		limit = RequestsMax // until Duration, and never more outcomes than the report keeps
+	}
+	for i := 0; i < limit; i++ {
 		if c.Rate > 0 {
 			pace := time.NewTimer(time.Until(start.Add(time.Duration(float64(i) / c.Rate * float64(time.Second)))))
 			select {

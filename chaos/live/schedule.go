@@ -58,21 +58,25 @@ func DefaultScheduleConfig() ScheduleConfig {
 		LatencyMax: 200 * time.Millisecond, BandwidthKiBps: 256, PressurePagesMax: 64}
 }
 
+// faultWindowMax bounds a fault window: the longest a node may hold pages
+// under pressure.
+const faultWindowMax = messages.PressureDurationMsMax * time.Millisecond
+
 // Validate reports the first setting out of range, with its value.
 func (c ScheduleConfig) Validate() error {
 	switch {
 	case c.Every <= 0:
 		return fmt.Errorf("live: the mean time between faults (%s) must be positive", c.Every)
-	case c.LengthMin <= 0 || c.LengthMax < c.LengthMin:
-		return fmt.Errorf("live: fault windows from %s to %s: want 0 < min ≤ max", c.LengthMin, c.LengthMax)
+	case c.LengthMin <= 0 || c.LengthMax < c.LengthMin || c.LengthMax > faultWindowMax:
+		return fmt.Errorf("live: fault windows from %s to %s: want 0 < min ≤ max ≤ %s", c.LengthMin, c.LengthMax, faultWindowMax)
 	case c.AtOnceMax < 1:
 		return fmt.Errorf("live: faults at once (%d) must be at least 1", c.AtOnceMax)
 	case c.LatencyMax < 4*time.Millisecond:
 		return fmt.Errorf("live: latency (%s) must be at least 4ms", c.LatencyMax)
 	case c.BandwidthKiBps < 1:
 		return fmt.Errorf("live: bandwidth (%d KiB/s) must be at least 1", c.BandwidthKiBps)
-	case c.PressurePagesMax < 1:
-		return fmt.Errorf("live: pressure pages (%d) must be at least 1", c.PressurePagesMax)
+	case c.PressurePagesMax < 1 || c.PressurePagesMax > messages.PressurePagesMax:
+		return fmt.Errorf("live: pressure pages (%d) must be 1 to %d", c.PressurePagesMax, messages.PressurePagesMax)
 	}
 	for _, r := range c.Roles {
 		if r != messages.RolePrefill && r != messages.RoleDecode && r != messages.RoleRouter && r != messages.RoleAll {
