@@ -409,7 +409,8 @@ func dialWithin(ctx context.Context, dial Dialer, addr string, inc uint64) (Fram
 				d.s.Close()
 			}
 		}()
-		return nil, fmt.Errorf("actors: dial of data plane %s: %w", addr, ctx.Err())
+		return nil, &messages.WireError{Code: messages.CodeNodeLost, Where: "data plane",
+			Message: fmt.Sprintf("actors: dial of data plane %s: %v", addr, ctx.Err())}
 	}
 }
 

@@ -448,6 +448,25 @@ func (e *DataPlaneLostError) Wire() *messages.WireError {
 	return &messages.WireError{Code: messages.CodeNodeLost, Message: e.Error(), Where: "data plane"}
 }
 
+// DataPlaneDialError: no connection to the data plane at Addr came to be:
+// the dial or the TLS handshake (Stage) failed, with Err. For the transfer
+// that needed it, the receiver is lost.
+type DataPlaneDialError struct {
+	Addr, Stage string
+	Err         error
+}
+
+func (e *DataPlaneDialError) Error() string {
+	return fmt.Sprintf("cluster: data plane %s with %s: %v", e.Stage, e.Addr, e.Err)
+}
+
+func (e *DataPlaneDialError) Unwrap() error { return e.Err }
+
+// Wire is what a client is told of e.
+func (e *DataPlaneDialError) Wire() *messages.WireError {
+	return &messages.WireError{Code: messages.CodeNodeLost, Message: e.Error(), Where: "data plane"}
+}
+
 // ErrDataPlanePeer is matched by *DataPlanePeerError.
 var ErrDataPlanePeer = errors.New("cluster: data plane receiver is not the node expected")
 

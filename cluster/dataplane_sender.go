@@ -134,7 +134,7 @@ func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64, want trust.Ide
 	deadline := time.Now().Add(cfg.DialTimeout)
 	raw, err := (&net.Dialer{Deadline: deadline}).Dial("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: data plane dial %s: %w", addr, err)
+		return nil, &DataPlaneDialError{Addr: addr, Stage: "dial", Err: err}
 	}
 	cfg.tuneSocket(raw)
 	raw.SetDeadline(deadline)
@@ -180,7 +180,7 @@ func dpClientTLS(raw net.Conn, cfg DataPlaneConfig, addr string, want trust.Iden
 	coalesce := newDPCoalescer(raw)
 	tc := tls.Client(coalesce, tcfg)
 	if err := tc.Handshake(); err != nil {
-		return nil, nil, fmt.Errorf("cluster: data plane TLS handshake with %s: %w", addr, err)
+		return nil, nil, &DataPlaneDialError{Addr: addr, Stage: "TLS handshake", Err: err}
 	}
 	// ClientTLS's VerifyConnection has checked this already; this reads
 	// the result.
