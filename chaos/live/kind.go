@@ -54,13 +54,6 @@ func (k Kind) String() string {
 // MarshalText spells a kind by its name, in reports.
 func (k Kind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
 
-// UnmarshalText reads a kind's name.
-func (k *Kind) UnmarshalText(b []byte) error {
-	v, err := ParseKind(string(b))
-	*k = v
-	return err
-}
-
 // ParseKind reads one kind's name.
 func ParseKind(s string) (Kind, error) {
 	for k, name := range kindNames {

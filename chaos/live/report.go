@@ -156,12 +156,6 @@ type jsonDuration time.Duration
 
 func (d jsonDuration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
 
-func (d *jsonDuration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(string(b))
-	*d = jsonDuration(v)
-	return err
-}
-
 // Report is a campaign's findings; Violations lists what must never
 // happen, and happened.
 type Report struct {

@@ -9,7 +9,7 @@ import (
 // Counter names one path a run can reach: a fault injected, or what the
 // system did about one. They are the "sometimes" assertions of the
 // simulator: a fault kind a campaign enables must reach its paths in some
-// run (Required), or the campaign tested less than it claims.
+// run, or the campaign tested less than it claims.
 type Counter uint8
 
 // The counters.
@@ -82,9 +82,6 @@ var required = [kinds][]Counter{
 	Oversize:  {OversizeRefused},
 	Cancel:    {CancelMidDecode, CancelBeforeDecode},
 }
-
-// Required lists the counters kind must reach.
-func Required(k Kind) []Counter { return required[k] }
 
 // Counters count how often a run (or a sweep, summed) reached each path.
 type Counters [counters]uint64

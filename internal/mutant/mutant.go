@@ -32,10 +32,6 @@ const (
 	LateDoneAccepted = "late_done_accepted"
 )
 
-// All lists every mutant.
-var All = []string{Incident, NoTagCheck, EarlyRelease, NoGenBump, ChecksumSkipsHeader, NoManifestVerify,
-	AdmitIgnoresSmallestPool, LateDoneAccepted}
-
 // Is reports whether this build carries mutant name. It is a constant
 // expression, so a normal build compiles the guarded code only.
 func Is(name string) bool { return Active == name }
