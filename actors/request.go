@@ -37,9 +37,8 @@ type requestActor struct {
 	client   *actor.PID // where TokenChunk and GenerateResult go
 	route    route
 	// pick chooses another prefill peer when a transfer fails before any
-	// token was streamed; picked is the PID of the one it chose last.
-	pick   PrefillPicker
-	picked *actor.PID
+	// token was streamed.
+	pick PrefillPicker
 	// registry maps request ids to this actor for the data plane; the
 	// actor keeps its own entry, which changes with each attempt.
 	registry *sync.Map
@@ -153,7 +152,6 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		if !ok {
 			return handoff.Picked{}
 		}
-		r.picked = peer.PID
 		return handoff.Picked{Peer: handoff.Peer{Address: peer.PID.Address, Incarnation: peer.Incarnation},
 			Attempt: r.counters.requestIDs.Add(1), OK: true}
 	case handoff.Retry:
@@ -164,7 +162,7 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		// attempt still sends names the old one and is dropped.
 		r.registry.Delete(e.Old)
 		r.registry.Store(e.New, c.Self())
-		r.route.prefill = r.picked
+		r.route.prefill = actor.NewPID(e.To.Address, PrefillName) // every node's dispatcher
 		r.counters.retried.Add(1)
 	case handoff.Refuse:
 		r.cause = e.Err
