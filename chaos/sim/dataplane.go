@@ -193,10 +193,8 @@ func (n *node) transmit(s *send, b *batch) {
 	w := n.w
 	t := w.opt.Timing
 	lat := w.between(t.Latency, t.Latency+t.Jitter)
-	if w.chance(Delay) {
-		lat += w.between(t.PrefillTimeout/2, 2*t.PrefillTimeout)
-		w.count[Delayed]++
-		w.trace.line("  data plane: batch delayed")
+	if d, delayed := w.delay("data plane: batch"); delayed {
+		lat += d
 	}
 	at := w.now.Add(lat)
 	if at.Before(s.last) {

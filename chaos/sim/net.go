@@ -118,16 +118,25 @@ func (w *world) misdirect(d *delivery) {
 	w.count[Misdirected]++
 }
 
+// delay draws the Delay fault for what: a delay past the prefill timeout.
+func (w *world) delay(what string) (time.Duration, bool) {
+	if !w.chance(Delay) {
+		return 0, false
+	}
+	t := w.opt.Timing
+	w.count[Delayed]++
+	w.trace.line("  " + what + " delayed")
+	return w.between(t.PrefillTimeout/2, 2*t.PrefillTimeout), true
+}
+
 // latency is a message's one-way delay: the network's, plus a delay past
 // the prefill timeout or a smaller one that lets later messages overtake.
 func (w *world) latency(what string) time.Duration {
 	t := w.opt.Timing
 	lat := w.between(t.Latency, t.Latency+t.Jitter)
-	switch {
-	case w.chance(Delay):
-		lat += w.between(t.PrefillTimeout/2, 2*t.PrefillTimeout)
-		w.count[Delayed]++
-		w.trace.line("  net: " + what + " delayed")
+	switch d, delayed := w.delay("net: " + what); {
+	case delayed:
+		lat += d
 	case w.chance(Reorder):
 		lat += w.between(t.Jitter, 10*(t.Latency+t.Jitter))
 		w.count[Reordered]++
