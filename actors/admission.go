@@ -9,7 +9,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -231,7 +231,7 @@ func Reject(c actor.Context, id uint64, err error) error {
 // passes, spawns its request actor on the decode worker admission chose.
 // peer is the prefill node a router chose; nil means choose here.
 func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, peer *PrefillPeer) {
-	prompt := gpu.ByteTokenizer{}.Encode(text)
+	prompt := engine.ByteTokenizer{}.Encode(text)
 	ask := handoff.Ask{Key: handoff.ClientKey{Client: senderKey(c), ID: id}, PromptTokens: len(prompt), MaxTokens: maxTokens,
 		Routed: peer != nil}
 	if peer == nil {
@@ -281,5 +281,5 @@ func (a *admissionActor) spawn(c actor.Context, key handoff.ClientKey, d int, te
 func (c *Config) requestConfig(dataPlane string) handoff.RequestConfig {
 	return handoff.RequestConfig{Geometry: c.Geometry(), Incarnation: c.Incarnation, DataPlane: dataPlane,
 		RequestTimeout: c.RequestTimeout, PrefillTimeout: c.PrefillTimeout, ReserveWait: c.ReserveWait,
-		ReserveRetry: c.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: gpu.EOS}
+		ReserveRetry: c.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: engine.EOS}
 }

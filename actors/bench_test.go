@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/kv"
 
 	"github.com/kvwarden/kvwarden/trust"
@@ -34,7 +34,7 @@ func benchPrompts() []string {
 // directLoop is the same work on one engine and one kv.Pool, with no actor,
 // message, transfer or verification: prefill then greedy decode, request
 // after request. It returns the tokens generated.
-func directLoop(b *testing.B, cfg Config, engine gpu.Engine, prompts []string) int {
+func directLoop(b *testing.B, cfg Config, e engine.Engine, prompts []string) int {
 	pool, err := kv.NewPool(kv.DefaultConfig(cfg.Geometry(), cfg.DecodePages, 1))
 	if err != nil {
 		b.Fatal(err)
@@ -43,16 +43,16 @@ func directLoop(b *testing.B, cfg Config, engine gpu.Engine, prompts []string) i
 	tokens := 0
 	for i, p := range prompts {
 		owner := kv.Owner{Request: uint64(i + 1), Tenant: "bench"}
-		prompt := gpu.ByteTokenizer{}.Encode(p)
+		prompt := engine.ByteTokenizer{}.Encode(p)
 		tags, err := pool.Reserve(owner, 0, g.PagesFor(len(prompt)), time.Now())
 		if err != nil {
 			b.Fatal(err)
 		}
-		pre, err := engine.Prefill(pool, owner, tags, prompt)
+		pre, err := e.Prefill(pool, owner, tags, prompt)
 		if err != nil {
 			b.Fatal(err)
 		}
-		seq, err := engine.Decode(pool, pre.Manifest, pre.First)
+		seq, err := e.Decode(pool, pre.Manifest, pre.First)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -73,7 +73,7 @@ func directLoop(b *testing.B, cfg Config, engine gpu.Engine, prompts []string) i
 				b.Fatal(err)
 			}
 			tokens++
-			if tok == gpu.EOS {
+			if tok == engine.EOS {
 				break
 			}
 		}
@@ -127,7 +127,7 @@ func BenchmarkServe(b *testing.B) {
 	}
 	defer n.Stop()
 	c := client.New(n.Root().ActorSystem(), n.Admission(), client.Options{Auth: trust.Insecure(nil)})
-	engine, err := gpu.NewReferenceEngine(cfg.Model)
+	eng, err := engine.NewReferenceEngine(cfg.Model)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func BenchmarkServe(b *testing.B) {
 	var dTokens, aTokens int
 	for b.Loop() {
 		s := time.Now()
-		dTokens += directLoop(b, cfg, engine, prompts)
+		dTokens += directLoop(b, cfg, eng, prompts)
 		direct += time.Since(s)
 		s = time.Now()
 		aTokens += actorPath(b, c, prompts)

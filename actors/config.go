@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -45,7 +45,7 @@ type Config struct {
 	// kind it does not run are ignored.
 	Role Role
 	// Model is the model every worker computes.
-	Model gpu.ModelConfig
+	Model engine.ModelConfig
 	// PageTokens is the tokens one KV page holds.
 	PageTokens int
 	// PrefillWorkers and DecodeWorkers are how many GPU-worker actors of
@@ -117,7 +117,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Role:                  RoleAll,
-		Model:                 gpu.DefaultModelConfig(),
+		Model:                 engine.DefaultModelConfig(),
 		PageTokens:            16,
 		PrefillWorkers:        1,
 		DecodeWorkers:         1,

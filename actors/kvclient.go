@@ -7,7 +7,7 @@ import (
 
 var _ handoff.Pages = (*pageClient)(nil)
 
-// pageClient is a handoff.Pages (and so a gpu.KV) whose every call is a message to a page actor of
+// pageClient is a handoff.Pages (and so an engine.KV) whose every call is a message to a page actor of
 // one pool: the engine computes over page actors exactly as over a
 // kv.Pool. A lease's bytes come back with the lease (same process only),
 // and Read serves them while this client holds the lease: sealed bytes do

@@ -12,7 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -104,7 +104,7 @@ func Start(cfg Config, opt Options) (*Node, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	engine, err := gpu.NewReferenceEngine(cfg.Model)
+	engine, err := engine.NewReferenceEngine(cfg.Model)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +137,7 @@ func Start(cfg Config, opt Options) (*Node, error) {
 	return n, nil
 }
 
-func (n *Node) spawn(engine gpu.Engine, sup actor.SupervisorStrategy, opt Options) error {
+func (n *Node) spawn(engine engine.Engine, sup actor.SupervisorStrategy, opt Options) error {
 	cfg := &n.cfg
 	workers := func(role string, count, pages int, out *[]*actor.PID) ([]*Pool, error) {
 		var pools []*Pool

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 
 	"github.com/kvwarden/kvwarden/trust"
@@ -74,10 +74,10 @@ func localClient(n *Node) *client.Client {
 	return client.New(n.Root().ActorSystem(), n.Admission(), client.Options{NoAnswerAfter: 3 * time.Minute, Auth: trust.Insecure(nil)})
 }
 
-// reference is the single-engine answer (gpu.Answer).
+// reference is the single-engine answer (engine.Answer).
 func reference(t *testing.T, cfg Config, prompt string, maxTokens int) []int {
 	t.Helper()
-	want, err := gpu.Answer(cfg.Model, prompt, maxTokens)
+	want, err := engine.Answer(cfg.Model, prompt, maxTokens)
 	if err != nil {
 		t.Fatal(err)
 	}

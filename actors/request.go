@@ -9,7 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/chaos/faults"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -180,7 +180,7 @@ func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 		r.counters.failed.Add(1)
 		r.log.Info("request failed", "owner", r.core.Owner().String(), "err", e.Cause)
 	} else {
-		res.Text = gpu.ByteTokenizer{}.Decode(e.Tokens)
+		res.Text = engine.ByteTokenizer{}.Decode(e.Tokens)
 		r.counters.completed.Add(1)
 		r.counters.phases.add(*e.Phases)
 	}

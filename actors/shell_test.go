@@ -10,7 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -18,13 +18,13 @@ import (
 // gatedEngine blocks its first Prefill until gate closes, so that the
 // worker is busy while more messages queue in its mailbox.
 type gatedEngine struct {
-	gpu.Engine
+	engine.Engine
 	entered chan struct{}
 	gate    chan struct{}
 	first   bool
 }
 
-func (g *gatedEngine) Prefill(pool gpu.KV, owner kv.Owner, tags []kv.Tag, prompt []int) (gpu.Prefilled, error) {
+func (g *gatedEngine) Prefill(pool engine.KV, owner kv.Owner, tags []kv.Tag, prompt []int) (engine.Prefilled, error) {
 	if !g.first {
 		g.first = true
 		close(g.entered)
@@ -36,7 +36,7 @@ func (g *gatedEngine) Prefill(pool gpu.KV, owner kv.Owner, tags []kv.Tag, prompt
 func TestAbortedQueuedPlanLeavesNothingInTheWorker(t *testing.T) {
 	cfg := testConfig()
 	n := startNode(t, cfg)
-	ref, err := gpu.NewReferenceEngine(cfg.Model)
+	ref, err := engine.NewReferenceEngine(cfg.Model)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/messages/messagestest"
@@ -212,7 +212,7 @@ func waitStrangers(t *testing.T, n *Node, k uint64) {
 func prefillAs(t *testing.T, n *Node, p *messagestest.Peer, id trust.Identity, plan *messages.TransferPlan, to *actor.PID, firstOff int) {
 	t.Helper()
 	cfg := n.Config()
-	engine, err := gpu.NewReferenceEngine(cfg.Model)
+	engine, err := engine.NewReferenceEngine(cfg.Model)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -125,7 +125,7 @@ type sequence struct {
 // silent peer holds up its own transfer, never the worker.
 type workerActor struct {
 	role     string
-	engine   gpu.Engine
+	engine   engine.Engine
 	pool     *Pool
 	kv       *pageClient
 	limits   kv.BatchLimits
@@ -149,7 +149,7 @@ type workerActor struct {
 }
 
 // newWorker is a worker of role over engine and pool, with no dialer.
-func newWorker(role string, engine gpu.Engine, pool *Pool, cfg *Config, log *slog.Logger, policy planPolicy) *workerActor {
+func newWorker(role string, engine engine.Engine, pool *Pool, cfg *Config, log *slog.Logger, policy planPolicy) *workerActor {
 	return &workerActor{role: role, engine: engine, pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
 		timeout: cfg.PrefillTimeout, log: log, stats: &workerCounters{}, policy: policy,
 		src: handoff.NewSource(handoff.SourceConfig{Role: role, PageTokens: cfg.PageTokens, QueueMax: cfg.QueueMax,
@@ -455,7 +455,7 @@ func (w *workerActor) pruneSenders() {
 // sequence for the steps to come, if any.
 func (w *workerActor) startDecode(c actor.Context, job DecodeJob) {
 	owner := job.Manifest.Owner
-	s, err := handoff.Begin(w.engine, w.kv, job.StartDecode, gpu.EOS)
+	s, err := handoff.Begin(w.engine, w.kv, job.StartDecode, engine.EOS)
 	if err != nil {
 		var first *FirstTokenError
 		if errors.As(err, &first) {

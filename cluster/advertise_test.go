@@ -18,7 +18,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
@@ -115,7 +115,7 @@ func TestAdvertisedThroughProxies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want, _ := gpu.Answer(cfg.Actors.Model, prompt, 6); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
+	if want, _ := engine.Answer(cfg.Actors.Model, prompt, 6); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
 		t.Fatalf("answer %v, reference %v", res.Tokens, want)
 	}
 	if remote.bytes.Load() == remoteBefore || data.conns.Load() == dataBefore {

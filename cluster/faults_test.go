@@ -17,7 +17,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -52,7 +52,7 @@ func startPair(t *testing.T) (p, d *Node) {
 
 // answerOrClean asks for maxTokens after prompt and checks the outcome: the
 // reference answer, or an error with a wire code; it says which.
-func answerOrClean(t *testing.T, c *client.Client, model gpu.ModelConfig, tenant, prompt string, maxTokens int) error {
+func answerOrClean(t *testing.T, c *client.Client, model engine.ModelConfig, tenant, prompt string, maxTokens int) error {
 	res, err := c.Generate(context.Background(), tenant, prompt, client.GenerateOptions{MaxTokens: maxTokens}, nil)
 	if err != nil {
 		var we *messages.WireError
@@ -61,7 +61,7 @@ func answerOrClean(t *testing.T, c *client.Client, model gpu.ModelConfig, tenant
 		}
 		return err
 	}
-	if want, _ := gpu.Answer(model, prompt, maxTokens); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
+	if want, _ := engine.Answer(model, prompt, maxTokens); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
 		t.Errorf("%s's request under faults answered %v, reference %v", tenant, res.Tokens, want)
 	}
 	return nil

@@ -18,7 +18,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 
 	"github.com/kvwarden/kvwarden/trust"
@@ -142,7 +142,7 @@ func TestRouterPrefillDecode(t *testing.T) {
 			prompt := strings.Repeat(fmt.Sprintf("tenant %d prompt; ", i%3), 10)[:10+i*17]
 			res, err := clients[i%3].Generate(context.Background(), fmt.Sprintf("t%d", i%3), prompt, client.GenerateOptions{MaxTokens: 12}, nil)
 			if err == nil {
-				want, _ := gpu.Answer(r.cfg.Actors.Model, prompt, 12)
+				want, _ := engine.Answer(r.cfg.Actors.Model, prompt, 12)
 				if fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
 					err = fmt.Errorf("prompt %d: got %v, reference %v", i, res.Tokens, want)
 				}
@@ -208,7 +208,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 	if got.err != nil {
 		t.Fatalf("request after its prefill node died: %v", got.err)
 	}
-	want, _ := gpu.Answer(d.cfg.Actors.Model, prompt, 8)
+	want, _ := engine.Answer(d.cfg.Actors.Model, prompt, 8)
 	if fmt.Sprint(got.tokens) != fmt.Sprint(want) {
 		t.Fatalf("retried answer %v, reference %v", got.tokens, want)
 	}
@@ -270,7 +270,7 @@ func TestTransferAfterIdleDataPlane(t *testing.T) {
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
-		if want, _ := gpu.Answer(cfg.Actors.Model, prompt, 4); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
+		if want, _ := engine.Answer(cfg.Actors.Model, prompt, 4); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
 			t.Fatalf("request %d: %v, reference %v", i, res.Tokens, want)
 		}
 		// The scenario is an idle period: the server closes the
@@ -306,7 +306,7 @@ func TestRouterDrainFinishesRelays(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("request relayed through a draining router: %v", err)
 	}
-	if want, _ := gpu.Answer(r.cfg.Actors.Model, prompt, maxTokens); fmt.Sprint(got) != fmt.Sprint(want) {
+	if want, _ := engine.Answer(r.cfg.Actors.Model, prompt, maxTokens); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("answer through a draining router: %v, reference %v", got, want)
 	}
 	_, err = c.Generate(context.Background(), "acme", "too late", client.GenerateOptions{MaxTokens: 2}, nil)

@@ -11,7 +11,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/actors"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -130,7 +130,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		return
 	}
 	d, p := ds[0], ps[0]
-	prompt := len(gpu.ByteTokenizer{}.Encode(m.Prompt))
+	prompt := len(engine.ByteTokenizer{}.Encode(m.Prompt))
 	if err := handoff.Admit(r.cfg.Limits(), prompt, int(m.MaxTokens), int(p.Meta.CapacityPages), int(d.Meta.CapacityPages)); err != nil {
 		if _, ok := err.(*actors.PromptTooLongError); ok {
 			reject(err, &r.counters.rejectedTooLong)

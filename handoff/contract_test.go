@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -35,7 +35,7 @@ func (d *driver) step(m Machine, ev Event) { Run(m, ev, d.now, d.do) }
 func (d *driver) start(prompt []int, maxNew int) {
 	cfg := RequestConfig{Geometry: d.decode.Geometry(), Incarnation: decodeInc, DataPlane: "decode:1",
 		RequestTimeout: time.Minute, PrefillTimeout: 10 * time.Second, ReserveWait: time.Second,
-		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: gpu.EOS}
+		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: engine.EOS}
 	d.req = NewRequest(cfg, kv.Owner{Request: 1, Tenant: "acme"}, 7, prompt, maxNew, Peer{Address: "prefill:1", Incarnation: prefillInc})
 	d.step(d.req, Start{})
 }
@@ -83,7 +83,7 @@ func (d *driver) after() []string {
 	return d.order[i+1:]
 }
 
-var prompt8 = []int{gpu.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g'}
+var prompt8 = []int{engine.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g'}
 
 // Run's contract: an effect that is answered is the last of its step. Both
 // shells answer SendAck with Failed (a message that failed its own

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -16,7 +16,7 @@ import (
 type pair struct {
 	t                 *testing.T
 	now               time.Time
-	engine            *gpu.ReferenceEngine
+	engine            *engine.ReferenceEngine
 	decode, prefill   PoolPages
 	req               *Request
 	src               *Source
@@ -35,8 +35,8 @@ const (
 	prefillInc = 0xa1
 )
 
-func tinyModel() gpu.ModelConfig {
-	c := gpu.DefaultModelConfig()
+func tinyModel() engine.ModelConfig {
+	c := engine.DefaultModelConfig()
 	c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.HiddenDim, c.ContextTokens = 32, 1, 2, 1, 16, 64, 256
 	return c
 }
@@ -44,7 +44,7 @@ func tinyModel() gpu.ModelConfig {
 func newPair(t *testing.T, decodePages, prefillPages int) *pair {
 	t.Helper()
 	p := &pair{t: t, now: time.Unix(1_000_000, 0), frames: map[JobKey]Frames{}}
-	e, err := gpu.NewReferenceEngine(tinyModel())
+	e, err := engine.NewReferenceEngine(tinyModel())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func newPair(t *testing.T, decodePages, prefillPages int) *pair {
 func (p *pair) start(prompt []int, maxNew int) {
 	cfg := RequestConfig{Geometry: p.decode.Geometry(), Incarnation: decodeInc, DataPlane: "decode:1",
 		RequestTimeout: time.Minute, PrefillTimeout: 10 * time.Second, ReserveWait: time.Second,
-		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: gpu.EOS}
+		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: engine.EOS}
 	p.req = NewRequest(cfg, kv.Owner{Request: 1, Tenant: "acme"}, 7, prompt, maxNew, Peer{Address: "prefill:1", Incarnation: prefillInc})
 	p.step(p.req, Start{})
 }
@@ -145,7 +145,7 @@ func (p *pair) do(e Effect) Event {
 // decodeAll runs a decode job to its end, as a worker would, stepping the
 // request with step.
 func (p *pair) decodeAll(e StartDecode, step func(Machine, Event)) {
-	s, err := Begin(p.engine, p.decode, e, gpu.EOS)
+	s, err := Begin(p.engine, p.decode, e, engine.EOS)
 	if err != nil {
 		step(p.req, DecodeEnded{Err: err})
 		return
@@ -178,13 +178,13 @@ func (p *pair) freeAfterDeadlines() (busy int) {
 
 func TestHandoffAnswersTheReference(t *testing.T) {
 	p := newPair(t, 16, 16)
-	prompt := []int{gpu.BOS, 'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}
+	prompt := []int{engine.BOS, 'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}
 	p.start(prompt, 6)
 	want, err := p.engine.Reference(prompt, 6)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if i := slices.Index(want, gpu.EOS); i >= 0 {
+	if i := slices.Index(want, engine.EOS); i >= 0 {
 		want = want[:i+1]
 	}
 	if p.finish == nil || p.finish.Cause != nil {
@@ -208,7 +208,7 @@ func TestHandoffAnswersTheReference(t *testing.T) {
 }
 
 func TestHandoffFailsCleanly(t *testing.T) {
-	prompt := []int{gpu.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g'}
+	prompt := []int{engine.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g'}
 	for _, tc := range []struct {
 		name  string
 		setup func(p *pair)
@@ -240,7 +240,7 @@ func TestHandoffFailsCleanly(t *testing.T) {
 
 func TestHandoffRetriesAReservationUntilReserveWait(t *testing.T) {
 	p := newPair(t, 2, 16) // the prompt needs 2 pages and decoding 1 more
-	p.start([]int{gpu.BOS, 'a', 'b', 'c', 'd', 'e'}, 3)
+	p.start([]int{engine.BOS, 'a', 'b', 'c', 'd', 'e'}, 3)
 	if p.finish != nil || len(p.timers) != 2 {
 		t.Fatalf("finish %+v, timers %+v: want a retry armed", p.finish, p.timers)
 	}
@@ -334,7 +334,7 @@ func (f *failingAwait) AwaitAck(tag kv.Tag, owner kv.Owner) error {
 func TestPrefillThatFailsLeavesNoLease(t *testing.T) {
 	p := newPair(t, 16, 16)
 	pool := &failingAwait{PoolPages: p.prefill}
-	prompt := []uint32{gpu.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'} // 3 pages of 4 tokens
+	prompt := []uint32{engine.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'} // 3 pages of 4 tokens
 	dest, err := p.decode.Reserve(kv.Owner{Request: 9, Tenant: "acme"}, 0, 3)
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -14,7 +14,7 @@ import (
 // the page lifecycle's. A *kv.Pool with a clock, or a client of page
 // actors.
 type Pages interface {
-	gpu.KV
+	engine.KV
 	// Reserve takes n pages for owner from sequence position first, all
 	// or nothing.
 	Reserve(owner kv.Owner, first, n int) ([]kv.Tag, error)
@@ -129,7 +129,7 @@ func (f *Frames) Unlease(p Pages) error {
 // it as awaiting decode's ack. On failure no lease is left and no frame
 // returned; the source pages reserved are named in the Prefilled, for the
 // Source to release.
-func ExecPrefill(engine gpu.Engine, p Pages, e Prefill) (Prefilled, Frames) {
+func ExecPrefill(engine engine.Engine, p Pages, e Prefill) (Prefilled, Frames) {
 	out, fr := prefill(engine, p, e)
 	if out.Err != nil {
 		out.Err = errors.Join(out.Err, fr.Unlease(p))
@@ -138,7 +138,7 @@ func ExecPrefill(engine gpu.Engine, p Pages, e Prefill) (Prefilled, Frames) {
 	return out, fr
 }
 
-func prefill(engine gpu.Engine, p Pages, e Prefill) (Prefilled, Frames) {
+func prefill(engine engine.Engine, p Pages, e Prefill) (Prefilled, Frames) {
 	out := Prefilled{Key: e.Key}
 	var fr Frames
 	prompt := make([]int, len(e.Plan.PromptTokens))
@@ -220,7 +220,7 @@ func (e *FirstTokenError) Wire() *messages.WireError {
 // Sequence is one decode job running on a worker.
 type Sequence struct {
 	job       StartDecode
-	seq       gpu.Sequence
+	seq       engine.Sequence
 	generated int
 	eos       int
 }
@@ -234,7 +234,7 @@ func (s *Sequence) Owner() kv.Owner { return s.job.Manifest.Owner }
 // give; on an error the job has streamed nothing and holds no lease. The
 // job's first token is then e.Next, and the sequence steps the rest
 // unless Ended.
-func Begin(engine gpu.Engine, p gpu.KV, e StartDecode, eos int) (*Sequence, error) {
+func Begin(engine engine.Engine, p engine.KV, e StartDecode, eos int) (*Sequence, error) {
 	seq, err := engine.Decode(p, e.Manifest, e.Next)
 	if err != nil {
 		return nil, err
@@ -252,7 +252,7 @@ func (s *Sequence) Ended() bool { return s.job.Next == s.eos || s.job.MaxNew == 
 // Step generates the next token, granting the sequence a spare page when
 // it needs one; done says the job has every token (or met EOS, or failed),
 // after which it is not stepped again.
-func (s *Sequence) Step(p gpu.KV) (tok int, done bool, err error) {
+func (s *Sequence) Step(p engine.KV) (tok int, done bool, err error) {
 	if first, need := s.seq.NeedsPage(); need {
 		if len(s.job.Spare) == 0 {
 			return 0, true, fmt.Errorf("handoff: sequence needs a page at position %d and none is reserved", first)
@@ -271,4 +271,4 @@ func (s *Sequence) Step(p gpu.KV) (tok int, done bool, err error) {
 }
 
 // Close gives back every lease of the sequence.
-func (s *Sequence) Close(p gpu.KV) error { return s.seq.Close(p) }
+func (s *Sequence) Close(p engine.KV) error { return s.seq.Close(p) }

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -86,7 +86,7 @@ type Config struct {
 	Workload WorkloadConfig
 	Schedule ScheduleConfig
 	// Model is the model the nodes serve, for the references.
-	Model gpu.ModelConfig
+	Model engine.ModelConfig
 	// SettleTimeout bounds the wait, once the faults end, for every node
 	// to serve and see every other; QuiesceTimeout the wait after it for
 	// every page to be free. A page not free by then is leaked: it must

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -96,7 +96,7 @@ type Verdict struct {
 // Checker compares outcomes with the reference engine. References are
 // computed once per distinct prompt, with every token a request may ask
 // for; a request's reference is its first MaxTokens, ended at the first
-// EOS as gpu.Answer ends it. It is safe for concurrent use.
+// EOS as engine.Answer ends it. It is safe for concurrent use.
 type Checker struct {
 	w     *Workload
 	ready chan struct{}
@@ -106,7 +106,7 @@ type Checker struct {
 
 // NewChecker starts computing the workload's references on workers
 // goroutines, each with its own engine of model; Check waits for them.
-func NewChecker(model gpu.ModelConfig, w *Workload, workers int) *Checker {
+func NewChecker(model engine.ModelConfig, w *Workload, workers int) *Checker {
 	c := &Checker{w: w, ready: make(chan struct{})}
 	go func() {
 		defer close(c.ready)
@@ -115,7 +115,7 @@ func NewChecker(model gpu.ModelConfig, w *Workload, workers int) *Checker {
 	return c
 }
 
-func (c *Checker) compute(model gpu.ModelConfig, workers int) error {
+func (c *Checker) compute(model engine.ModelConfig, workers int) error {
 	cfg := c.w.Config()
 	c.refs = make([][][]int, cfg.Tenants)
 	type job struct{ t, j int }
@@ -123,13 +123,13 @@ func (c *Checker) compute(model gpu.ModelConfig, workers int) error {
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
 	for i := range workers {
-		e, err := gpu.NewReferenceEngine(model)
+		e, err := engine.NewReferenceEngine(model)
 		if err != nil {
 			return err
 		}
 		wg.Go(func() {
 			for jb := range jobs {
-				ref, err := e.Reference(gpu.ByteTokenizer{}.Encode(c.w.Prompt(jb.t, jb.j)), cfg.MaxTokensMax)
+				ref, err := e.Reference(engine.ByteTokenizer{}.Encode(c.w.Prompt(jb.t, jb.j)), cfg.MaxTokensMax)
 				if err != nil && errs[i] == nil {
 					errs[i] = fmt.Errorf("live: reference of tenant %d's prompt %d: %w", jb.t, jb.j, err)
 				}
@@ -166,10 +166,10 @@ func (c *Checker) Reference(t, j, maxTokens int) []int {
 }
 
 // answerOf is the answer of at most n tokens that a reference of more
-// gives: its first n, ended at the first EOS, as gpu.Answer ends them.
+// gives: its first n, ended at the first EOS, as engine.Answer ends them.
 func answerOf(ref []int, n int) []int {
 	out := ref[:min(n, len(ref))]
-	if i := slices.Index(out, gpu.EOS); i >= 0 {
+	if i := slices.Index(out, engine.EOS); i >= 0 {
 		out = out[:i+1]
 	}
 	return out
@@ -245,7 +245,7 @@ func tokenAt(tokens []int, i int) string {
 // if any prompt's but o's own: first another prompt of the same tenant,
 // then another tenant's.
 func (c *Checker) wrong(o Outcome, got []int, why string) Verdict {
-	v := Verdict{Class: Wrong, Why: why, Bytes: len(gpu.ByteTokenizer{}.Decode(got))}
+	v := Verdict{Class: Wrong, Why: why, Bytes: len(engine.ByteTokenizer{}.Decode(got))}
 	if len(got) == 0 {
 		return v
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -18,7 +18,7 @@ func checkerFixture(t *testing.T) (*Workload, *Checker) {
 	t.Helper()
 	w := newTestWorkload(t, 21, WorkloadConfig{Tenants: 2, PromptsPerTenant: 2, PromptBytesMin: 30, PromptBytesMax: 60,
 		MaxTokensMax: 8, ContextTokens: 256})
-	c := NewChecker(gpu.DefaultModelConfig(), w, 2)
+	c := NewChecker(engine.DefaultModelConfig(), w, 2)
 	if err := c.Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func craftedStatus(name, role string, pools ...messages.PoolStatus) *messages.St
 func reportOf(t *testing.T, c Cluster) *Report {
 	t.Helper()
 	figs, unread := quiesce(context.Background(), c, time.Nanosecond)
-	camp := &Campaign{Config: Config{Seed: 1, Model: gpu.DefaultModelConfig()}}
+	camp := &Campaign{Config: Config{Seed: 1, Model: engine.DefaultModelConfig()}}
 	return buildReport(camp, newTally(time.Now()), nil, nil, afterFaults{nodes: figs, unread: unread}, time.Now(), 0, nil)
 }
 
@@ -135,7 +135,7 @@ func TestCheckerFindsCrossReads(t *testing.T) {
 			messages.PoolStatus{Name: "decode-0", Capacity: 64, Free: 64, CrossTenantRows: 2}),
 	}
 	r := reportOf(t, cross)
-	bpt := gpu.DefaultModelConfig().Geometry(1).BytesPerToken()
+	bpt := engine.DefaultModelConfig().Geometry(1).BytesPerToken()
 	if r.Passed() || r.CrossTenantRows != 2 || r.CrossTenantBytes != 2*bpt {
 		t.Fatalf("2 cross-tenant rows: rows %d, bytes %d (want %d), violations %v", r.CrossTenantRows, r.CrossTenantBytes,
 			2*bpt, r.Violations)
@@ -152,9 +152,9 @@ func TestReportCountsWrongAnswers(t *testing.T) {
 		o.End = time.Duration(i+1) * time.Millisecond
 		tl.add(o, c.Check(o))
 	}
-	camp := &Campaign{Config: Config{Seed: 1, Model: gpu.DefaultModelConfig()}}
+	camp := &Campaign{Config: Config{Seed: 1, Model: engine.DefaultModelConfig()}}
 	rep := buildReport(camp, tl, nil, nil, afterFaults{}, time.Now(), 0, nil)
-	if rep.Passed() || rep.Wrong != 1 || rep.CrossTenantAnswers != 1 || rep.CrossTenantBytes != len(gpu.ByteTokenizer{}.Decode(other)) ||
+	if rep.Passed() || rep.Wrong != 1 || rep.CrossTenantAnswers != 1 || rep.CrossTenantBytes != len(engine.ByteTokenizer{}.Decode(other)) ||
 		rep.Requests.ByClass["correct"] != 1 {
 		t.Fatalf("one correct and one cross-tenant answer: %+v, violations %v", rep.Requests, rep.Violations)
 	}

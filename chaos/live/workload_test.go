@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 )
 
 func newTestWorkload(t *testing.T, seed uint64, cfg WorkloadConfig) *Workload {
@@ -113,21 +113,21 @@ func TestWorkloadRefuses(t *testing.T) {
 }
 
 // The checker's answer of n tokens, cut from a reference of more, is the
-// one gpu.Answer computes for n: what a node must answer.
+// one engine.Answer computes for n: what a node must answer.
 func TestAnswerOfIsGPUAnswer(t *testing.T) {
-	cfg := gpu.DefaultModelConfig()
+	cfg := engine.DefaultModelConfig()
 	w := newTestWorkload(t, 5, WorkloadConfig{Tenants: 2, PromptsPerTenant: 2, PromptBytesMin: 24, PromptBytesMax: 48,
 		MaxTokensMax: 24, ContextTokens: 2048})
 	c := NewChecker(cfg, w, 2)
 	for tn := range 2 {
 		for j := range 2 {
 			for _, n := range []int{1, 5, 24} {
-				want, err := gpu.Answer(cfg, w.Prompt(tn, j), n)
+				want, err := engine.Answer(cfg, w.Prompt(tn, j), n)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if got := c.Reference(tn, j, n); !slices.Equal(got, want) {
-					t.Errorf("tenant %d prompt %d, %d tokens: %v, gpu.Answer %v", tn, j, n, got, want)
+					t.Errorf("tenant %d prompt %d, %d tokens: %v, engine.Answer %v", tn, j, n, got, want)
 				}
 			}
 		}

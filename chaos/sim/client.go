@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -74,7 +74,7 @@ func (w *world) oversize(maxNew int) int {
 
 func (w *world) prompt(n int) []int {
 	p := make([]int, n)
-	p[0] = gpu.BOS
+	p[0] = engine.BOS
 	for i := 1; i < n; i++ {
 		p[i] = 'a' + w.rng.IntN(26)
 	}
@@ -96,7 +96,7 @@ func (w *world) reference(prompt []int, maxNew int) []int {
 		w.fail("options", "reference of %d tokens: %v", len(prompt), err)
 		return nil
 	}
-	if i := slices.Index(ref, gpu.EOS); i >= 0 {
+	if i := slices.Index(ref, engine.EOS); i >= 0 {
 		ref = ref[:i+1]
 	}
 	w.refs[key] = ref

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -300,7 +300,7 @@ func (n *node) work(wk *worker) {
 	if len(wk.queued) > 0 {
 		j := wk.queued[0]
 		wk.queued = wk.queued[1:]
-		seq, err := handoff.Begin(n.w.engine, n.pages, j.start, gpu.EOS)
+		seq, err := handoff.Begin(n.w.engine, n.pages, j.start, engine.EOS)
 		if err != nil {
 			j.dr.run(handoff.DecodeEnded{Err: err})
 			return

@@ -46,7 +46,7 @@
 // At every read through a lease: every row returned was computed for the
 // lease's owner on that run (the provenance oracle: rows are labelled when
 // written, and labels travel with the frames). At every answer: tokens
-// streamed and the result equal the reference (gpu.ReferenceEngine, cut at
+// streamed and the result equal the reference (engine.ReferenceEngine, cut at
 // EOS), or the request ends with one error of a stable
 // messages.ErrorCode; never twice; a request is refused as prompt_too_long
 // exactly when the smallest pool on its path cannot hold it. At the end:

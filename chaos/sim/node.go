@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 )
@@ -84,7 +84,7 @@ func (n *node) boot() {
 		n.adm = handoff.NewAdmission(w.limits, 64, w.opt.DecodeWorkers, n.pagesN)
 		n.cfg = handoff.RequestConfig{Geometry: w.limits.Geometry, Incarnation: n.inc, DataPlane: n.addr,
 			RequestTimeout: t.RequestTimeout, PrefillTimeout: t.PrefillTimeout, ReserveWait: t.ReserveWait,
-			ReserveRetry: t.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: gpu.EOS}
+			ReserveRetry: t.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: engine.EOS}
 		n.reqs, n.live, n.nextID = map[uint64]*dreq{}, nil, 0
 		n.workers = make([]*worker, w.opt.DecodeWorkers)
 		for i := range n.workers {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -241,7 +241,7 @@ func TestOracleCatchesALateMessageThatChangedSomething(t *testing.T) {
 	w := quietWorld(t)
 	dr := &dreq{n: w.decode[0], c: w.clients[0], name: "1"}
 	q := &quiet{Machine: chatty{}, dr: dr, what: "a late TransferDone"}
-	dr.r = handoff.NewRequest(w.decode[0].cfg, alice, 1, []int{gpu.BOS}, 1, w.prefill[0].peer())
+	dr.r = handoff.NewRequest(w.decode[0].cfg, alice, 1, []int{engine.BOS}, 1, w.prefill[0].peer())
 	q.Step(handoff.Start{}, w.now)
 	wantViolation(t, w, "late messages ignored", "took a late TransferDone")
 }

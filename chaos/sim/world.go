@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
@@ -96,7 +96,7 @@ type world struct {
 	q      queue
 	seq    uint64
 	steps  int
-	engine *gpu.ReferenceEngine
+	engine *engine.ReferenceEngine
 	limits handoff.Limits
 	batch  kv.BatchLimits
 	on     [kinds]bool // the fault kinds this run injects
@@ -234,9 +234,9 @@ func (w *world) build() {
 	for _, k := range allKinds {
 		w.on[k] = w.opt.Faults.prob(k) > 0 && w.rng.IntN(4) != 0
 	}
-	m := gpu.DefaultModelConfig()
+	m := engine.DefaultModelConfig()
 	m.Dim, m.Layers, m.Heads, m.KVHeads, m.HeadDim, m.HiddenDim, m.ContextTokens = 32, 1, 2, 1, 16, 64, w.opt.ContextTokens
-	e, err := gpu.NewReferenceEngine(m)
+	e, err := engine.NewReferenceEngine(m)
 	if err != nil {
 		w.fail("options", "model: %v", err)
 		return

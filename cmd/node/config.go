@@ -59,7 +59,7 @@ type nodeConfig struct {
 	// ignores them. ContextTokens and PageTokens are shared: run advertises
 	// ContextTokens and pages every pool by PageTokens. The other sizing
 	// fields do not apply to run, whose workers compute the reference model
-	// (gpu.DefaultModelConfig) with the geometry that model has.
+	// (engine.DefaultModelConfig) with the geometry that model has.
 
 	// Role is what the node serves: "all" (its own prefill and decode
 	// workers and admission), or one cluster role: "prefill", "decode" or

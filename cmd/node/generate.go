@@ -12,11 +12,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"log/slog"
+
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
-	"log/slog"
 )
 
 // reachTimeout bounds the TCP connection generate opens first to find out
@@ -196,7 +197,7 @@ func (p *tokenPrinter) token(tok int) {
 	p.tokens++
 	// One token at a time: the byte tokenizer's ids are bytes, so the
 	// bytes of a multi-byte character arrive in order and print whole.
-	if text := (gpu.ByteTokenizer{}).Decode([]int{tok}); text != "" && p.err == nil {
+	if text := (engine.ByteTokenizer{}).Decode([]int{tok}); text != "" && p.err == nil {
 		var n int
 		n, p.err = io.WriteString(p.w, text)
 		p.bytes += n

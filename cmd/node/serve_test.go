@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/actors"
-	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/engine"
 )
 
 // Bounds for the binary tests. They are generous on purpose: the tests must
@@ -240,11 +240,11 @@ func runBinary(t *testing.T, stdin string, args ...string) (int, string, string)
 // tokens, cut after EOS as the node cuts them, as text.
 func referenceText(t *testing.T, cfg actors.Config, prompt string, maxTokens int) (string, int) {
 	t.Helper()
-	want, err := gpu.Answer(cfg.Model, prompt, maxTokens)
+	want, err := engine.Answer(cfg.Model, prompt, maxTokens)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return gpu.ByteTokenizer{}.Decode(want), len(want)
+	return engine.ByteTokenizer{}.Decode(want), len(want)
 }
 
 // TestBinaryRunGenerateStop is the whole path through the real binaries: a

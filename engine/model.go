@@ -1,4 +1,4 @@
-package gpu
+package engine
 
 import (
 	"fmt"
@@ -108,20 +108,20 @@ func (c ModelConfig) Validate() error {
 		{"HiddenDim", c.HiddenDim, 1}, {"ContextTokens", c.ContextTokens, 1},
 	} {
 		if f.v < f.min || f.v > modelDimMax {
-			return fmt.Errorf("gpu: model %s (%d) must be in [%d, %d]", f.name, f.v, f.min, modelDimMax)
+			return fmt.Errorf("engine: model %s (%d) must be in [%d, %d]", f.name, f.v, f.min, modelDimMax)
 		}
 	}
 	switch {
 	case c.Heads%c.KVHeads != 0:
-		return fmt.Errorf("gpu: model Heads (%d) must be a multiple of KVHeads (%d)", c.Heads, c.KVHeads)
+		return fmt.Errorf("engine: model Heads (%d) must be a multiple of KVHeads (%d)", c.Heads, c.KVHeads)
 	case c.HeadDim%2 != 0:
-		return fmt.Errorf("gpu: model HeadDim (%d) must be even for rotary positions", c.HeadDim)
+		return fmt.Errorf("engine: model HeadDim (%d) must be even for rotary positions", c.HeadDim)
 	case !(c.RoPETheta > 1) || math.IsInf(c.RoPETheta, 0):
-		return fmt.Errorf("gpu: model RoPETheta (%g) must be a finite number greater than 1", c.RoPETheta)
+		return fmt.Errorf("engine: model RoPETheta (%g) must be a finite number greater than 1", c.RoPETheta)
 	case !(c.NormEps > 0) || math.IsInf(c.NormEps, 0):
-		return fmt.Errorf("gpu: model NormEps (%g) must be a finite positive number", c.NormEps)
+		return fmt.Errorf("engine: model NormEps (%g) must be a finite positive number", c.NormEps)
 	case c.KVDType != 0 && c.KVDType.Size() == 0:
-		return fmt.Errorf("gpu: model KVDType (%d) must be zero, f32, f16 or bf16", uint8(c.KVDType))
+		return fmt.Errorf("engine: model KVDType (%d) must be zero, f32, f16 or bf16", uint8(c.KVDType))
 	}
 	return c.Geometry(1).Validate()
 }

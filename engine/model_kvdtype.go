@@ -1,4 +1,4 @@
-package gpu
+package engine
 
 import (
 	"encoding/binary"
@@ -36,7 +36,7 @@ func encodeKV(dst []byte, src []float32, dt kv.DType) {
 			le.PutUint16(dst[2*i:], f32ToBF16(f))
 		}
 	default:
-		panic(fmt.Sprintf("gpu: KV dtype %s has no codec", dt))
+		panic(fmt.Sprintf("engine: KV dtype %s has no codec", dt))
 	}
 }
 

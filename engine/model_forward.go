@@ -1,4 +1,4 @@
-package gpu
+package engine
 
 import (
 	"fmt"
@@ -49,11 +49,11 @@ func (m *model) forward(s *scratch, tokens []int, pos0 int, past [][]byte, rows 
 	c := &m.cfg
 	n := len(tokens)
 	if n < 1 || n > s.rows || len(rows) != n*m.geo.BytesPerToken() || pos0+n > c.ContextTokens {
-		panic(fmt.Sprintf("gpu: forward of %d tokens at position %d into %d row bytes: scratch holds %d, row is %d bytes, context %d",
+		panic(fmt.Sprintf("engine: forward of %d tokens at position %d into %d row bytes: scratch holds %d, row is %d bytes, context %d",
 			n, pos0, len(rows), s.rows, m.geo.BytesPerToken(), c.ContextTokens))
 	}
 	if held := rowsIn(past, m.geo.BytesPerToken()); held != pos0 {
-		panic(fmt.Sprintf("gpu: forward at position %d given %d past rows", pos0, held))
+		panic(fmt.Sprintf("engine: forward at position %d given %d past rows", pos0, held))
 	}
 	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	for t, tok := range tokens {
@@ -93,7 +93,7 @@ func rowsIn(segs [][]byte, bpt int) int {
 	n := 0
 	for _, b := range segs {
 		if len(b)%bpt != 0 {
-			panic(fmt.Sprintf("gpu: KV segment of %d bytes is not whole %d-byte rows", len(b), bpt))
+			panic(fmt.Sprintf("engine: KV segment of %d bytes is not whole %d-byte rows", len(b), bpt))
 		}
 		n += len(b) / bpt
 	}

@@ -1,4 +1,4 @@
-package gpu
+package engine
 
 import (
 	"bytes"
@@ -98,7 +98,7 @@ type ContextFullError struct {
 }
 
 func (e *ContextFullError) Error() string {
-	return fmt.Sprintf("gpu: %d tokens exceed the model's context window of %d tokens", e.Tokens, e.Limit)
+	return fmt.Sprintf("engine: %d tokens exceed the model's context window of %d tokens", e.Tokens, e.Limit)
 }
 
 // TokenError: a token id is outside the model's vocabulary.
@@ -107,7 +107,7 @@ type TokenError struct {
 }
 
 func (e *TokenError) Error() string {
-	return fmt.Sprintf("gpu: token %d at index %d is outside the vocabulary [0, %d)", e.Token, e.Index, e.Vocab)
+	return fmt.Sprintf("engine: token %d at index %d is outside the vocabulary [0, %d)", e.Token, e.Index, e.Vocab)
 }
 
 // GeometryError: the pool's page geometry is not the model's.
@@ -116,7 +116,7 @@ type GeometryError struct {
 }
 
 func (e *GeometryError) Error() string {
-	return fmt.Sprintf("gpu: pool geometry (%s) does not fit the model (%s)", e.Pool, e.Model)
+	return fmt.Sprintf("engine: pool geometry (%s) does not fit the model (%s)", e.Pool, e.Model)
 }
 
 // NeedPageError: the sequence's tail is a full page and no page is granted.
@@ -125,14 +125,14 @@ type NeedPageError struct {
 }
 
 func (e *NeedPageError) Error() string {
-	return fmt.Sprintf("gpu: sequence at %d tokens has a full tail of %d tokens and needs a granted page", e.Tokens, e.PageTokens)
+	return fmt.Sprintf("engine: sequence at %d tokens has a full tail of %d tokens and needs a granted page", e.Tokens, e.PageTokens)
 }
 
 // ErrEmptyPrompt: prefill of zero tokens.
-var ErrEmptyPrompt = errors.New("gpu: prompt has no tokens")
+var ErrEmptyPrompt = errors.New("engine: prompt has no tokens")
 
 // ErrSequenceClosed: a call on a closed sequence.
-var ErrSequenceClosed = errors.New("gpu: sequence closed")
+var ErrSequenceClosed = errors.New("engine: sequence closed")
 
 // ReferenceEngine is the built-in engine: a small transformer computed in
 // float32 on the CPU with weights generated from the config's seed. It
@@ -326,7 +326,7 @@ func (s *refSequence) First(pool KV, last int) (int, error) {
 		return 0, err
 	}
 	if len(s.pages) == 0 || s.tailN != 0 || s.pos != s.promptTokens() {
-		return 0, errors.New("gpu: the first token is recomputed only before the first step")
+		return 0, errors.New("engine: the first token is recomputed only before the first step")
 	}
 	if last < 0 || last >= s.m.cfg.Vocab {
 		return 0, &TokenError{Index: 0, Token: last, Vocab: s.m.cfg.Vocab}
@@ -342,7 +342,7 @@ func (s *refSequence) First(pool KV, last int) (int, error) {
 	row := s.tail[:bpt] // the tail is empty before the first step
 	tok := s.m.forward(s.sc, s.in[:], s.pos-1, s.segs, row)
 	if !bytes.Equal(row, held) {
-		return 0, fmt.Errorf("gpu: the prompt's last KV row (position %d) is not the one its token gives", s.pos-1)
+		return 0, fmt.Errorf("engine: the prompt's last KV row (position %d) is not the one its token gives", s.pos-1)
 	}
 	return tok, nil
 }
@@ -385,7 +385,7 @@ func (s *refSequence) flush(pool KV) error {
 			return nil
 		}
 	}
-	s.broken = fmt.Errorf("gpu: sequence unusable: page %s written but not sealed and leased: %w", tag, err)
+	s.broken = fmt.Errorf("engine: sequence unusable: page %s written but not sealed and leased: %w", tag, err)
 	return s.broken
 }
 
@@ -398,7 +398,7 @@ func (s *refSequence) GrantPage(tag kv.Tag) error {
 		return err
 	}
 	if s.spareOK {
-		return fmt.Errorf("gpu: sequence already holds granted page %s; refused %s", s.spare, tag)
+		return fmt.Errorf("engine: sequence already holds granted page %s; refused %s", s.spare, tag)
 	}
 	s.spare, s.spareOK = tag, true
 	return nil
@@ -454,7 +454,7 @@ func (e *ReferenceEngine) Reference(prompt []int, maxNew int) ([]int, error) {
 		return nil, err
 	}
 	if maxNew < 1 {
-		return nil, fmt.Errorf("gpu: reference of %d new tokens: want at least 1", maxNew)
+		return nil, fmt.Errorf("engine: reference of %d new tokens: want at least 1", maxNew)
 	}
 	// The last generated token is returned, never fed, so its KV is not kept.
 	held := len(prompt) + maxNew - 1
