@@ -144,9 +144,21 @@ type ReferenceEngine struct {
 
 var _ Engine = (*ReferenceEngine)(nil)
 
-// NewReferenceEngine validates cfg and generates the weights.
+// NewReferenceEngine validates cfg and generates the weights from its
+// seed.
 func NewReferenceEngine(cfg ModelConfig) (*ReferenceEngine, error) {
-	m, err := newModel(cfg)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return NewEngine(cfg, seededWeights(cfg))
+}
+
+// NewEngine is the reference engine over weights w of the model cfg, which
+// it validates against each other (every array's length; every weight
+// finite). The engine keeps w and shares it with every sequence: nothing
+// may change it afterwards.
+func NewEngine(cfg ModelConfig, w Weights) (*ReferenceEngine, error) {
+	m, err := newModel(cfg, w)
 	if err != nil {
 		return nil, err
 	}

@@ -156,31 +156,84 @@ func (c ModelConfig) Params() int {
 // step.
 func (c ModelConfig) WeightBytes() int64 { return 4 * int64(c.Params()) }
 
-// layerWeights are one block's weights. Matrices are row-major with one row
-// per output element, so every output is one dot product over a contiguous
-// row.
-type layerWeights struct {
-	attnNorm []float32 // Dim
-	wq       []float32 // Heads·HeadDim × Dim
-	wk, wv   []float32 // KVHeads·HeadDim × Dim
-	wo       []float32 // Dim × Heads·HeadDim
-	mlpNorm  []float32 // Dim
-	w1, w3   []float32 // HiddenDim × Dim (gate, up)
-	w2       []float32 // Dim × HiddenDim (down)
+// Weights are a model's float32 parameters, in llama2.c's layout: every
+// matrix is row-major with one row per output element ([out][in], y = W·x),
+// so every output is one dot product over a contiguous row.
+type Weights struct {
+	Embed  []float32 // Vocab × Dim
+	Layers []LayerWeights
+	Norm   []float32 // Dim: the final RMSNorm
+	// Out is the output head, Vocab × Dim; the same slice as Embed when the
+	// config's TiedEmbeddings is set.
+	Out []float32
+}
+
+// LayerWeights are one block's weights.
+type LayerWeights struct {
+	AttnNorm []float32 // Dim
+	WQ       []float32 // Heads·HeadDim × Dim
+	WK, WV   []float32 // KVHeads·HeadDim × Dim
+	WO       []float32 // Dim × Heads·HeadDim
+	MLPNorm  []float32 // Dim
+	W1, W3   []float32 // HiddenDim × Dim (gate, up)
+	W2       []float32 // Dim × HiddenDim (down)
+}
+
+// check reports the first array whose length is not what c implies, and
+// the first weight that is NaN or infinite.
+func (w *Weights) check(c ModelConfig) error {
+	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	if len(w.Layers) != c.Layers {
+		return fmt.Errorf("engine: weights have %d layers, the model %d", len(w.Layers), c.Layers)
+	}
+	type array struct {
+		name string
+		v    []float32
+		want int
+	}
+	arrays := []array{{"embedding", w.Embed, c.Vocab * c.Dim}, {"final norm", w.Norm, c.Dim}, {"output head", w.Out, c.Vocab * c.Dim}}
+	for i, l := range w.Layers {
+		for _, a := range []array{{"attention norm", l.AttnNorm, c.Dim}, {"wq", l.WQ, qd * c.Dim},
+			{"wk", l.WK, kvd * c.Dim}, {"wv", l.WV, kvd * c.Dim}, {"wo", l.WO, c.Dim * qd},
+			{"ffn norm", l.MLPNorm, c.Dim}, {"w1", l.W1, c.HiddenDim * c.Dim},
+			{"w2", l.W2, c.Dim * c.HiddenDim}, {"w3", l.W3, c.HiddenDim * c.Dim}} {
+			a.name = fmt.Sprintf("layer %d %s", i, a.name)
+			arrays = append(arrays, a)
+		}
+	}
+	for _, a := range arrays {
+		if len(a.v) != a.want {
+			return fmt.Errorf("engine: %s has %d weights, the model %d", a.name, len(a.v), a.want)
+		}
+		for j, f := range a.v {
+			if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+				return &WeightError{Array: a.name, Index: j, Value: f}
+			}
+		}
+	}
+	return nil
+}
+
+// WeightError: a weight is NaN or infinite.
+type WeightError struct {
+	Array string
+	Index int
+	Value float32
+}
+
+func (e *WeightError) Error() string {
+	return fmt.Sprintf("engine: %s weight %d is %g: every weight must be finite", e.Array, e.Index, e.Value)
 }
 
 // model is the immutable part of the reference engine: weights and rotary
 // tables. Nothing in it changes after newModel, so any number of sequences
 // may read it.
 type model struct {
-	cfg    ModelConfig
-	geo    kv.Geometry // PageTokens is 1: only the token-row layout is used
-	embed  []float32   // Vocab × Dim
-	layers []layerWeights
-	norm   []float32 // Dim
-	out    []float32 // Vocab × Dim; aliases embed when tied
-	cos    []float32 // ContextTokens × HeadDim/2
-	sin    []float32
+	cfg ModelConfig
+	geo kv.Geometry // PageTokens is 1: only the token-row layout is used
+	w   Weights
+	cos []float32 // ContextTokens × HeadDim/2
+	sin []float32
 }
 
 // Gains applied to the generated weights. Uniform weights in ±sqrt(3/fanIn)
@@ -193,33 +246,42 @@ const (
 	unitGain  = 1.0
 )
 
-func newModel(cfg ModelConfig) (*model, error) {
+// seededWeights generates the weights of cfg from its Seed.
+func seededWeights(cfg ModelConfig) Weights {
+	rng := splitMix64(cfg.Seed)
+	qd, kvd := cfg.Heads*cfg.HeadDim, cfg.KVHeads*cfg.HeadDim
+	w := Weights{Embed: rng.uniform(cfg.Vocab*cfg.Dim, 1, unitGain), Layers: make([]LayerWeights, cfg.Layers)}
+	for i := range w.Layers {
+		w.Layers[i] = LayerWeights{
+			AttnNorm: ones(cfg.Dim),
+			WQ:       rng.uniform(qd*cfg.Dim, cfg.Dim, queryGain),
+			WK:       rng.uniform(kvd*cfg.Dim, cfg.Dim, unitGain),
+			WV:       rng.uniform(kvd*cfg.Dim, cfg.Dim, unitGain),
+			WO:       rng.uniform(cfg.Dim*qd, qd, unitGain),
+			MLPNorm:  ones(cfg.Dim),
+			W1:       rng.uniform(cfg.HiddenDim*cfg.Dim, cfg.Dim, unitGain),
+			W3:       rng.uniform(cfg.HiddenDim*cfg.Dim, cfg.Dim, unitGain),
+			W2:       rng.uniform(cfg.Dim*cfg.HiddenDim, cfg.HiddenDim, unitGain),
+		}
+	}
+	w.Norm = ones(cfg.Dim)
+	w.Out = w.Embed
+	if !cfg.TiedEmbeddings {
+		w.Out = rng.uniform(cfg.Vocab*cfg.Dim, cfg.Dim, unitGain)
+	}
+	return w
+}
+
+// newModel validates cfg and w against each other and precomputes the
+// rotary tables. The model keeps w; nothing may change it afterwards.
+func newModel(cfg ModelConfig, w Weights) (*model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	rng := splitMix64(cfg.Seed)
-	qd, kvd := cfg.Heads*cfg.HeadDim, cfg.KVHeads*cfg.HeadDim
-	m := &model{cfg: cfg, geo: cfg.Geometry(1)}
-	m.embed = rng.uniform(cfg.Vocab*cfg.Dim, 1, unitGain)
-	m.layers = make([]layerWeights, cfg.Layers)
-	for i := range m.layers {
-		m.layers[i] = layerWeights{
-			attnNorm: ones(cfg.Dim),
-			wq:       rng.uniform(qd*cfg.Dim, cfg.Dim, queryGain),
-			wk:       rng.uniform(kvd*cfg.Dim, cfg.Dim, unitGain),
-			wv:       rng.uniform(kvd*cfg.Dim, cfg.Dim, unitGain),
-			wo:       rng.uniform(cfg.Dim*qd, qd, unitGain),
-			mlpNorm:  ones(cfg.Dim),
-			w1:       rng.uniform(cfg.HiddenDim*cfg.Dim, cfg.Dim, unitGain),
-			w3:       rng.uniform(cfg.HiddenDim*cfg.Dim, cfg.Dim, unitGain),
-			w2:       rng.uniform(cfg.Dim*cfg.HiddenDim, cfg.HiddenDim, unitGain),
-		}
+	if err := w.check(cfg); err != nil {
+		return nil, err
 	}
-	m.norm = ones(cfg.Dim)
-	m.out = m.embed
-	if !cfg.TiedEmbeddings {
-		m.out = rng.uniform(cfg.Vocab*cfg.Dim, cfg.Dim, unitGain)
-	}
+	m := &model{cfg: cfg, geo: cfg.Geometry(1), w: w}
 	m.cos, m.sin = ropeTables(cfg.ContextTokens, cfg.HeadDim, cfg.RoPETheta)
 	return m, nil
 }

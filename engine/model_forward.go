@@ -57,15 +57,15 @@ func (m *model) forward(s *scratch, tokens []int, pos0 int, past [][]byte, rows 
 	}
 	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	for t, tok := range tokens {
-		copy(s.x[t*c.Dim:(t+1)*c.Dim], m.embed[tok*c.Dim:(tok+1)*c.Dim])
+		copy(s.x[t*c.Dim:(t+1)*c.Dim], m.w.Embed[tok*c.Dim:(tok+1)*c.Dim])
 	}
 	x, xb := s.x[:n*c.Dim], s.xb[:n*c.Dim]
-	for l := range m.layers {
-		w := &m.layers[l]
-		rmsNorm(xb, x, w.attnNorm, c.Dim, float32(c.NormEps))
-		matmulRows(s.q[:n*qd], xb, w.wq, c.Dim)
-		matmulRows(s.k[:n*kvd], xb, w.wk, c.Dim)
-		matmulRows(s.v[:n*kvd], xb, w.wv, c.Dim)
+	for l := range m.w.Layers {
+		w := &m.w.Layers[l]
+		rmsNorm(xb, x, w.AttnNorm, c.Dim, float32(c.NormEps))
+		matmulRows(s.q[:n*qd], xb, w.WQ, c.Dim)
+		matmulRows(s.k[:n*kvd], xb, w.WK, c.Dim)
+		matmulRows(s.v[:n*kvd], xb, w.WV, c.Dim)
 		for t := range n {
 			m.rope(s.q[t*qd:(t+1)*qd], pos0+t)
 			m.rope(s.k[t*kvd:(t+1)*kvd], pos0+t)
@@ -74,18 +74,18 @@ func (m *model) forward(s *scratch, tokens []int, pos0 int, past [][]byte, rows 
 		for t := range n {
 			m.attend(s, l, s.q[t*qd:(t+1)*qd], s.att[t*qd:(t+1)*qd], past, rows[:(t+1)*m.geo.BytesPerToken()])
 		}
-		matmulRows(s.o[:n*c.Dim], s.att[:n*qd], w.wo, qd)
+		matmulRows(s.o[:n*c.Dim], s.att[:n*qd], w.WO, qd)
 		addInto(x, s.o[:n*c.Dim])
-		rmsNorm(xb, x, w.mlpNorm, c.Dim, float32(c.NormEps))
-		matmulRows(s.h1[:n*c.HiddenDim], xb, w.w1, c.Dim)
-		matmulRows(s.h3[:n*c.HiddenDim], xb, w.w3, c.Dim)
+		rmsNorm(xb, x, w.MLPNorm, c.Dim, float32(c.NormEps))
+		matmulRows(s.h1[:n*c.HiddenDim], xb, w.W1, c.Dim)
+		matmulRows(s.h3[:n*c.HiddenDim], xb, w.W3, c.Dim)
 		swiGLU(s.h1[:n*c.HiddenDim], s.h3[:n*c.HiddenDim])
-		matmulRows(s.o[:n*c.Dim], s.h1[:n*c.HiddenDim], w.w2, c.HiddenDim)
+		matmulRows(s.o[:n*c.Dim], s.h1[:n*c.HiddenDim], w.W2, c.HiddenDim)
 		addInto(x, s.o[:n*c.Dim])
 	}
 	last := xb[:c.Dim]
-	rmsNorm(last, x[(n-1)*c.Dim:], m.norm, c.Dim, float32(c.NormEps))
-	matmulRows(s.logits, last, m.out, c.Dim)
+	rmsNorm(last, x[(n-1)*c.Dim:], m.w.Norm, c.Dim, float32(c.NormEps))
+	matmulRows(s.logits, last, m.w.Out, c.Dim)
 	return argmax(s.logits)
 }
 
