@@ -37,11 +37,12 @@ func engineFor(t testing.TB, cfg ModelConfig) *ReferenceEngine {
 	return e
 }
 
-// testPrompt is n tokens of text starting with salt, so that prompts of
-// different salts differ from position 0 on, and so in every KV row.
+// testPrompt is n tokens (n ≥ 1): BOS, then text starting with salt, so
+// that prompts of different salts differ from position 1 on, and so in
+// every KV row after BOS's.
 func testPrompt(n int, salt string) []int {
 	s := salt + strings.Repeat(": the quick brown fox jumps over the lazy dog", n/40+1)
-	return tok.Encode(s[:n])
+	return tok.Encode(s[:n-1])
 }
 
 // fragmentedPool is a pool whose free list is shuffled by seed and of which
@@ -652,12 +653,25 @@ func TestModelConfigValidate(t *testing.T) {
 
 func TestByteTokenizer(t *testing.T) {
 	for _, s := range []string{"", "hello", "naïve ☃", "\x00\xff\xfe"} {
-		if got := tok.Decode(tok.Encode(s)); got != s {
-			t.Errorf("round trip of %q gives %q", s, got)
+		ids := tok.Encode(s)
+		if len(ids) != 1+len(s) || ids[0] != BOS {
+			t.Fatalf("Encode(%q) = %v: want BOS and one id per byte", s, ids)
+		}
+		var b []byte
+		for i, id := range ids[1:] {
+			b = append(b, tok.Piece(ids[i], id)...)
+		}
+		if string(b) != s {
+			t.Errorf("round trip of %q gives %q", s, b)
 		}
 	}
-	if got := tok.Decode([]int{BOS, 'h', 'i', EOS, 300}); got != "hi\uFFFD" {
-		t.Errorf("decode of specials and an unknown id: %q", got)
+	for _, id := range []int{BOS, EOS, 300, -1} {
+		if p := tok.Piece(BOS, id); p != nil {
+			t.Errorf("Piece(%d) = %q, want nothing", id, p)
+		}
+	}
+	if tok.Stop() != EOS || tok.BOS() != BOS || tok.Vocab() != TokenizerVocab {
+		t.Errorf("specials: BOS %d, Stop %d, Vocab %d", tok.BOS(), tok.Stop(), tok.Vocab())
 	}
 }
 

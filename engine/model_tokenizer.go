@@ -1,37 +1,46 @@
 package engine
 
-import "strings"
-
-// ByteTokenizer maps text to token ids byte by byte: ids 0 to 255 are the
-// bytes, BOS and EOS the specials. It needs no vocabulary file and encodes
-// every string, so a prompt is never refused for its encoding.
+// ByteTokenizer is the built-in model's tokenizer: ids 0 to 255 are the
+// bytes, BOS and EOS the specials, and generation stops at EOS. It needs no
+// vocabulary file and encodes every string, so a prompt is never refused
+// for its encoding.
 type ByteTokenizer struct{}
 
-// Encode returns one token per byte of s, ids 0 to 255, with
-// no specials added (prepend BOS where a caller wants one).
+var _ Tokenizer = ByteTokenizer{}
+
+// Vocab is TokenizerVocab.
+func (ByteTokenizer) Vocab() int { return TokenizerVocab }
+
+// BOS is the id every prompt starts with.
+func (ByteTokenizer) BOS() int { return BOS }
+
+// Stop is EOS.
+func (ByteTokenizer) Stop() int { return EOS }
+
+// Encode returns BOS and then one token per byte of s, ids 0 to 255.
 func (ByteTokenizer) Encode(s string) []int {
-	ids := make([]int, len(s))
+	ids := make([]int, 1+len(s))
+	ids[0] = BOS
 	for i := range len(s) {
-		ids[i] = int(s[i])
+		ids[1+i] = int(s[i])
 	}
 	return ids
 }
 
-// Decode turns ids back into bytes. BOS and EOS are dropped; any other id
-// outside 0 to 255 (possible when Vocab is larger than TokenizerVocab)
-// becomes U+FFFD, so that it shows in the text instead of vanishing.
-// Decode(Encode(s)) == s for every s.
-func (ByteTokenizer) Decode(ids []int) string {
-	var b strings.Builder
-	b.Grow(len(ids))
-	for _, id := range ids {
-		switch {
-		case id >= 0 && id < 256:
-			b.WriteByte(byte(id))
-		case id == BOS || id == EOS:
-		default:
-			b.WriteRune('\uFFFD')
-		}
+// Piece is the byte id stands for, a slice of a shared table that the
+// caller must not change; BOS, EOS and ids outside the bytes (possible when
+// Vocab is larger than TokenizerVocab) stand for none.
+func (ByteTokenizer) Piece(_, id int) []byte {
+	if id >= 0 && id < 256 {
+		return everyByte[id : id+1 : id+1]
 	}
-	return b.String()
+	return nil
 }
+
+// everyByte holds the bytes 0 to 255 in order.
+var everyByte = func() (b [256]byte) {
+	for i := range b {
+		b[i] = byte(i)
+	}
+	return b
+}()
