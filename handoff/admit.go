@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -169,6 +170,7 @@ func Wire(err error) *messages.WireError { return wire(err).Bounded() }
 func wire(err error) *messages.WireError {
 	var w interface{ Wire() *messages.WireError }
 	var ex *kv.PoolExhaustedError
+	var fp *engine.FingerprintError
 	switch {
 	case errors.As(err, &w):
 		return w.Wire()
@@ -181,6 +183,8 @@ func wire(err error) *messages.WireError {
 			Have: uint64(ex.Need), Limit: uint64(ex.Free), Where: "kv pool"}
 	case errors.Is(err, kv.ErrRefused):
 		return &messages.WireError{Code: messages.CodeIntegrity, Message: err.Error()}
+	case errors.As(err, &fp):
+		return &messages.WireError{Code: messages.CodeModelMismatch, Message: err.Error(), Where: "model fingerprint"}
 	}
 	return messages.ToWireError(err)
 }

@@ -35,7 +35,7 @@ func (d *driver) step(m Machine, ev Event) { Run(m, ev, d.now, d.do) }
 func (d *driver) start(prompt []int, maxNew int) {
 	cfg := RequestConfig{Geometry: d.decode.Geometry(), Incarnation: decodeInc, DataPlane: "decode:1",
 		RequestTimeout: time.Minute, PrefillTimeout: 10 * time.Second, ReserveWait: time.Second,
-		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: engine.EOS}
+		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: engine.EOS, Model: testModel.String()}
 	d.req = NewRequest(cfg, kv.Owner{Request: 1, Tenant: "acme"}, 7, prompt, maxNew, Peer{Address: "prefill:1", Incarnation: prefillInc})
 	d.step(d.req, Start{})
 }
@@ -141,9 +141,9 @@ func TestFailedAbortOnRetryReservesNothing(t *testing.T) {
 // one page for another node.
 func oneSlotSource() (*Source, *messages.TransferPlan, JobKey, time.Time) {
 	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 4, SendsMax: 1,
-		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute})
+		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute, Model: testModel})
 	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
-		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
+		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1", Model: testModel.String()}
 	return s, plan, JobKey{Sender: "d", ID: 3}, time.Unix(0, 0)
 }
 

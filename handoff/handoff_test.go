@@ -3,6 +3,7 @@ package handoff
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,6 +30,10 @@ type pair struct {
 	sendFails         error
 	corruptFirstFrame bool
 }
+
+// testModel stands for the fingerprint of the model every node of a test
+// computes.
+var testModel = engine.Fingerprint{0x6b, 0x76}
 
 const (
 	decodeInc  = 0xd1
@@ -63,14 +68,14 @@ func newPair(t *testing.T, decodePages, prefillPages int) *pair {
 		*x.pages = PoolPages{Pool: pool, Now: clock}
 	}
 	p.src = NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 4, SendsMax: 2,
-		ReclaimAfter: 30 * time.Second, DonePlansMax: 16, DoneFor: time.Minute})
+		ReclaimAfter: 30 * time.Second, DonePlansMax: 16, DoneFor: time.Minute, Model: testModel})
 	return p
 }
 
 func (p *pair) start(prompt []int, maxNew int) {
 	cfg := RequestConfig{Geometry: p.decode.Geometry(), Incarnation: decodeInc, DataPlane: "decode:1",
 		RequestTimeout: time.Minute, PrefillTimeout: 10 * time.Second, ReserveWait: time.Second,
-		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: engine.EOS}
+		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: engine.EOS, Model: testModel.String()}
 	p.req = NewRequest(cfg, kv.Owner{Request: 1, Tenant: "acme"}, 7, prompt, maxNew, Peer{Address: "prefill:1", Incarnation: prefillInc})
 	p.step(p.req, Start{})
 }
@@ -258,12 +263,34 @@ func TestHandoffRetriesAReservationUntilReserveWait(t *testing.T) {
 	}
 }
 
+// TestSourceRefusesAnotherModel: a plan from a decode node computing
+// another model is refused with both fingerprints, before any work.
+func TestSourceRefusesAnotherModel(t *testing.T) {
+	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 1, SendsMax: 1,
+		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute, Model: testModel})
+	other := engine.Fingerprint{0xee}
+	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
+		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1", Model: other.String()}
+	eff := s.Step(PlanIn{Key: JobKey{Sender: "d", ID: 3}, Plan: plan}, time.Unix(0, 0))
+	var fp *engine.FingerprintError
+	if len(eff) != 1 || !errors.As(eff[0].(RefusePlan).Err, &fp) || fp.Ours != testModel || fp.Theirs != other {
+		t.Fatalf("a plan for model %s, to a worker of %s: %+v", other, testModel, eff)
+	}
+	if w := Wire(fp); w.Code != messages.CodeModelMismatch || !strings.Contains(w.Message, other.String()) ||
+		!strings.Contains(w.Message, testModel.String()) {
+		t.Fatalf("on the wire: %+v", w)
+	}
+	if c := s.Counts(); c.Queued != 0 {
+		t.Fatalf("the refused plan was queued: %+v", c)
+	}
+}
+
 func TestSourceDropsDuplicatesAndForeignAcks(t *testing.T) {
 	s := NewSource(SourceConfig{Role: "prefill", PageTokens: 4, QueueMax: 1, SendsMax: 1,
-		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute})
+		ReclaimAfter: time.Second, DonePlansMax: 4, DoneFor: time.Minute, Model: testModel})
 	now := time.Unix(0, 0)
 	plan := &messages.TransferPlan{RequestID: 3, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{1, 2},
-		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1"}
+		PageTokens: 4, DestTags: []kv.Tag{{Incarnation: decodeInc, Index: 0, Generation: 1}}, DataPlane: "d:1", Model: testModel.String()}
 	key := JobKey{Sender: "d", ID: 3}
 	if eff := s.Step(PlanIn{Key: key, Plan: plan}, now); len(eff) != 1 || eff[0] != (Queued{Key: key}) {
 		t.Fatalf("first plan: %+v", eff)
@@ -340,7 +367,7 @@ func TestPrefillThatFailsLeavesNoLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	plan := &messages.TransferPlan{RequestID: 9, Tenant: "acme", TokenCount: uint32(len(prompt)), PromptTokens: prompt,
-		PageTokens: 4, DestTags: dest}
+		PageTokens: 4, DestTags: dest, Model: testModel.String()}
 	local := kv.Owner{Request: 1, Tenant: "acme"}
 	out, fr := ExecPrefill(p.engine, pool, Prefill{Key: JobKey{ID: 9}, Plan: plan, Owner: plan.Owner(), Local: local})
 	if out.Err == nil || len(fr.Frames) != 0 || len(fr.Leases) != 0 || out.Marked != 1 || len(out.Sources) != 3 {

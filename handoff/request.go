@@ -25,8 +25,11 @@ type RequestConfig struct {
 	// RetriesMax bounds how many other prefill peers a request tries after
 	// the first failed before any token was streamed.
 	RetriesMax int
-	// EOS is the model's end-of-sequence token.
+	// EOS is the model's stop token: generation ends when it comes.
 	EOS int
+	// Model is the fingerprint of the model decode computes, named in
+	// every plan (engine.Fingerprint's String).
+	Model string
 }
 
 // RetriesMax is the number of retries a node's requests make: at most
@@ -197,7 +200,7 @@ func (r *Request) reserved(e Reserved, now time.Time) []Effect {
 	r.sources = make([]kv.Tag, len(r.dest))
 	r.phase = phasePrefill
 	plan := &messages.TransferPlan{RequestID: r.owner.Request, Tenant: r.owner.Tenant, TokenCount: uint32(len(r.prompt)),
-		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest}
+		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest, Model: r.cfg.Model}
 	if r.peer.Incarnation != r.cfg.Incarnation {
 		plan.DataPlane = r.cfg.DataPlane
 	}

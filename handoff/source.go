@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -16,6 +17,9 @@ type SourceConfig struct {
 	Role string
 	// PageTokens is the worker's pool's page size; a plan must share it.
 	PageTokens int
+	// Model is the fingerprint of the model the worker computes; a plan
+	// must name the same.
+	Model engine.Fingerprint
 	// QueueMax bounds the plans waiting to start; SendsMax the transfers
 	// to other nodes' data planes in flight at once.
 	QueueMax, SendsMax int
@@ -250,6 +254,9 @@ func (s *Source) planIn(e PlanIn, now time.Time) []Effect {
 	case err != nil:
 	case int(e.Plan.PageTokens) != s.cfg.PageTokens:
 		err = &BadRequestError{Reason: fmt.Sprintf("plan pages of %d tokens, this pool's hold %d", e.Plan.PageTokens, s.cfg.PageTokens)}
+	case e.Plan.Model != s.cfg.Model.String():
+		theirs, _ := engine.ParseFingerprint(e.Plan.Model) // a plan's fingerprint was validated on arrival
+		err = &engine.FingerprintError{Ours: s.cfg.Model, Theirs: theirs}
 	case s.find(e.Key) != nil || s.done.Has(e.Key, now):
 		// A duplicate of a plan in hand, or of one that ended: answering
 		// it with an error would make the request abandon the transfer

@@ -16,6 +16,10 @@ import (
 
 // samples holds one valid message of every type with every field set, so
 // that round trips exercise every key.
+
+// testFingerprint is a well-formed model fingerprint.
+const testFingerprint = "00112233445566778899aabbccddeeff"
+
 func samples() []Message {
 	return []Message{
 		&GenerateRequest{RequestID: 7, Tenant: "acme", Prompt: "The capital of France is", MaxTokens: 16, Stream: true},
@@ -26,7 +30,7 @@ func samples() []Message {
 		&CancelRequest{RequestID: 7, Tenant: "acme"},
 		&TransferPlan{RequestID: 1 << 40, Tenant: "globex", TokenCount: 5, PromptTokens: []uint32{1, 2, 3, 4, 5}, PageTokens: 2,
 			DestTags:  []kv.Tag{{Incarnation: math.MaxUint64, Index: 0, Generation: 1}, {Incarnation: 9, Index: math.MaxUint32, Generation: 2}, {Incarnation: 9, Index: 4, Generation: math.MaxUint64}},
-			DataPlane: "decode-1.internal:7070"},
+			DataPlane: "decode-1.internal:7070", Model: testFingerprint},
 		&TransferAck{RequestID: 1 << 40, Tenant: "globex", TokenCount: 5, Pages: 3},
 		&TransferAbort{RequestID: 1 << 40, Tenant: "globex", Reason: WireError{Code: CodeIntegrity, Message: "checksum mismatch on page 2", Have: 2, Where: "decode"}},
 		&TransferDone{RequestID: 1 << 40, Tenant: "globex", First: 70000, Frames: 3, Source: 9, Sums: []uint64{1, 1 << 63, 7}},
@@ -219,7 +223,7 @@ func TestWorstCaseFits(t *testing.T) {
 		&GenerateResult{RequestID: math.MaxUint64, FinishReason: FinishError, Err: &werr},
 		&CancelRequest{RequestID: math.MaxUint64, Tenant: tenant},
 		&TransferPlan{RequestID: math.MaxUint64, Tenant: tenant, TokenCount: PromptTokensMax, PromptTokens: big(PromptTokensMax),
-			PageTokens: PromptTokensMax / PlanTagsMax, DestTags: tags, DataPlane: addr},
+			PageTokens: PromptTokensMax / PlanTagsMax, DestTags: tags, DataPlane: addr, Model: testFingerprint},
 		&TransferAck{RequestID: math.MaxUint64, Tenant: tenant, TokenCount: PromptTokensMax, Pages: PlanTagsMax},
 		&TransferAbort{RequestID: math.MaxUint64, Tenant: tenant, Reason: werr},
 		&TransferDone{RequestID: math.MaxUint64, Tenant: tenant, First: math.MaxUint32, Frames: math.MaxUint32,
@@ -297,6 +301,9 @@ func TestValidateRefuses(t *testing.T) {
 		{"ack zero pages", &TransferAck{RequestID: 1, Tenant: "a", TokenCount: 1}, &invalid},
 		{"plan data plane without port", func() Message { p := okPlan(); p.DataPlane = "decode-1"; return p }(), &invalid},
 		{"plan data plane empty port", func() Message { p := okPlan(); p.DataPlane = "decode-1:"; return p }(), &invalid},
+		{"plan no model", func() Message { p := okPlan(); p.Model = ""; return p }(), &invalid},
+		{"plan model in capitals", func() Message { p := okPlan(); p.Model = strings.ToUpper(testFingerprint); return p }(), &invalid},
+		{"plan short model", func() Message { p := okPlan(); p.Model = testFingerprint[1:]; return p }(), &invalid},
 		{"plan long data plane", func() Message { p := okPlan(); p.DataPlane = strings.Repeat("h", AddrBytesMax) + ":1"; return p }(), &tooLarge},
 		{"done zero id", &TransferDone{Tenant: "a", Frames: 1, Source: 1, Sums: []uint64{1}}, &invalid},
 		{"done bad tenant", &TransferDone{RequestID: 1, Tenant: "a b", Frames: 1, Source: 1, Sums: []uint64{1}}, &invalid},

@@ -122,6 +122,11 @@ const (
 	// CodeForbidden: the sender's credential does not allow the request
 	// (another tenant's name, a role that may not send it).
 	CodeForbidden ErrorCode = 8
+	// CodeModelMismatch: two nodes on the request's path compute different
+	// models (weights, tokenizer or KV type); the KV one computed would
+	// decode into a wrong answer on the other. Message names both
+	// fingerprints.
+	CodeModelMismatch ErrorCode = 9
 )
 
 func (c ErrorCode) String() string {
@@ -142,6 +147,8 @@ func (c ErrorCode) String() string {
 		return "internal"
 	case CodeForbidden:
 		return "forbidden"
+	case CodeModelMismatch:
+		return "model_mismatch"
 	}
 	return fmt.Sprintf("code(%d)", uint16(c))
 }
@@ -154,7 +161,7 @@ func (c ErrorCode) HTTPStatus() int {
 		return http.StatusBadRequest
 	case CodeBusy:
 		return http.StatusTooManyRequests
-	case CodeNodeLost:
+	case CodeNodeLost, CodeModelMismatch:
 		return http.StatusServiceUnavailable
 	case CodeCancelled:
 		return 499 // client closed request, as nginx reports it

@@ -109,7 +109,7 @@ func TestRemoteEndToEnd(t *testing.T) {
 
 	t.Run("transfer plan with tags", func(t *testing.T) {
 		plan := &TransferPlan{RequestID: 1 << 50, Tenant: "globex", TokenCount: 5, PromptTokens: []uint32{1, 2, 3, 4, math.MaxUint32}, PageTokens: 2,
-			DestTags: []kv.Tag{{Incarnation: math.MaxUint64, Index: 0, Generation: 1}, {Incarnation: 9, Index: math.MaxUint32, Generation: 2}, {Incarnation: 9, Index: 4, Generation: math.MaxUint64}}}
+			DestTags: []kv.Tag{{Incarnation: math.MaxUint64, Index: 0, Generation: 1}, {Incarnation: 9, Index: math.MaxUint32, Generation: 2}, {Incarnation: 9, Index: 4, Generation: math.MaxUint64}}, Model: testFingerprint}
 		echo, err := Request(a.sys.Root, pid, plan, remoteTimeout)
 		if err != nil {
 			t.Fatal(err)

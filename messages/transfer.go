@@ -44,9 +44,14 @@ type TransferPlan struct {
 	// sends the frames. Empty means decode is in the same process: the
 	// frames go back as actor messages to the plan's sender.
 	DataPlane string `msgpack:"data_plane,omitempty"`
+	// Model is the fingerprint of the model decode computes, as
+	// FingerprintDigits lowercase hexadecimal digits: prefill refuses a
+	// plan for another model instead of sending KV that would decode
+	// into a wrong answer.
+	Model string `msgpack:"model"`
 }
 
-var transferPlanKeys = []string{"id", "tenant", "token_count", "prompt_tokens", "page_tokens", "dest_tags", "data_plane"}
+var transferPlanKeys = []string{"id", "tenant", "token_count", "prompt_tokens", "page_tokens", "dest_tags", "data_plane", "model"}
 
 func (*TransferPlan) TypeCode() TypeCode { return TypeTransferPlan }
 
@@ -78,7 +83,27 @@ func (m *TransferPlan) Validate() error {
 	if err := checkTags(t, "dest_tags", m.DestTags); err != nil {
 		return err
 	}
+	if err := CheckFingerprint(t, "model", m.Model); err != nil {
+		return err
+	}
 	return checkAddr(t, "data_plane", m.DataPlane, true)
+}
+
+// FingerprintDigits is the length of a model fingerprint in hexadecimal
+// digits (16 bytes).
+const FingerprintDigits = 32
+
+// CheckFingerprint refuses a model fingerprint that is not
+// FingerprintDigits lowercase hexadecimal digits.
+func CheckFingerprint(t TypeCode, field, fp string) error {
+	ok := len(fp) == FingerprintDigits
+	for i := 0; ok && i < len(fp); i++ {
+		ok = '0' <= fp[i] && fp[i] <= '9' || 'a' <= fp[i] && fp[i] <= 'f'
+	}
+	if !ok {
+		return &InvalidFieldError{t, field, fmt.Sprintf("%q", fp), fmt.Sprintf("%d lowercase hexadecimal digits", FingerprintDigits)}
+	}
+	return nil
 }
 
 // checkTags refuses the zero incarnation and generation (kv starts both at
@@ -125,8 +150,10 @@ func (m *TransferPlan) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readU32(d, t, "page_tokens", &m.PageTokens)
 		case 5:
 			return readTags(d, t, "dest_tags", PlanTagsMax, &m.DestTags)
-		default:
+		case 6:
 			return readString(d, t, "data_plane", AddrBytesMax, &m.DataPlane)
+		default:
+			return readString(d, t, "model", FingerprintDigits, &m.Model)
 		}
 	})
 }
