@@ -212,11 +212,17 @@ type NodeStatus struct {
 	// of faults.Kind in its order, at most FaultKindsMax; none without
 	// Faults.
 	FaultCounts []uint64 `msgpack:"fault_counts,omitempty"`
+	// Model names the model the node serves (a file name, or "builtin"),
+	// at most NodeNameBytesMax bytes of UTF-8; ModelFingerprint is its
+	// fingerprint, FingerprintDigits hexadecimal digits. A node of a build
+	// before models had fingerprints sends neither.
+	Model            string `msgpack:"model,omitempty"`
+	ModelFingerprint string `msgpack:"model_fp,omitempty"`
 }
 
 var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "draining", "in_flight",
 	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools", "insecure", "identity", "refused",
-	"chaos", "faults", "fault_counts"}
+	"chaos", "faults", "fault_counts", "model", "model_fp"}
 
 func (s *NodeStatus) validate(t TypeCode, field string) error {
 	if err := checkName(t, field+".name", s.Name, NodeNameBytesMax); err != nil {
@@ -242,6 +248,14 @@ func (s *NodeStatus) validate(t TypeCode, field string) error {
 	}
 	if err := s.validateFaults(t, field); err != nil {
 		return err
+	}
+	if s.Model != "" || s.ModelFingerprint != "" {
+		if err := checkName(t, field+".model", s.Model, NodeNameBytesMax); err != nil {
+			return err
+		}
+		if err := CheckFingerprint(t, field+".model_fp", s.ModelFingerprint); err != nil {
+			return err
+		}
 	}
 	for i := range s.Pools {
 		if err := s.Pools[i].validate(t, fmt.Sprintf("%s.pools[%d]", field, i)); err != nil {
@@ -313,8 +327,12 @@ func (s *NodeStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readBool(d, t, field+".chaos", &s.Chaos)
 		case 17:
 			return readString(d, t, field+".faults", FaultSpecBytesMax, &s.Faults)
-		default:
+		case 18:
 			return readCounts(d, t, field+".fault_counts", FaultKindsMax, &s.FaultCounts)
+		case 19:
+			return readString(d, t, field+".model", NodeNameBytesMax, &s.Model)
+		default:
+			return readString(d, t, field+".model_fp", FingerprintDigits, &s.ModelFingerprint)
 		}
 	})
 }
@@ -385,10 +403,14 @@ type MemberStatus struct {
 	// Verified: the certificate found at the member's address names the
 	// member's role and name (always true on an insecure node).
 	Verified bool `msgpack:"verified,omitempty"`
+	// Model is the fingerprint of the model the member serves,
+	// FingerprintDigits hexadecimal digits ("" from a build before
+	// fingerprints).
+	Model string `msgpack:"model,omitempty"`
 }
 
 var memberStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "state", "capacity", "free", "draining",
-	"verified"}
+	"verified", "model"}
 
 func (s *MemberStatus) validate(t TypeCode, field string) error {
 	if err := checkName(t, field+".name", s.Name, NodeNameBytesMax); err != nil {
@@ -402,6 +424,11 @@ func (s *MemberStatus) validate(t TypeCode, field string) error {
 	}
 	if err := checkAddr(t, field+".data_plane", s.DataPlane, true); err != nil {
 		return err
+	}
+	if s.Model != "" {
+		if err := CheckFingerprint(t, field+".model", s.Model); err != nil {
+			return err
+		}
 	}
 	return checkWord(t, field+".state", s.State, memberStates)
 }
@@ -427,8 +454,10 @@ func (s *MemberStatus) decode(d *msgpack.Decoder, t TypeCode, field string) erro
 			return readU32(d, t, field+".free", &s.FreePages)
 		case 8:
 			return readBool(d, t, field+".draining", &s.Draining)
-		default:
+		case 9:
 			return readBool(d, t, field+".verified", &s.Verified)
+		default:
+			return readString(d, t, field+".model", FingerprintDigits, &s.Model)
 		}
 	})
 }

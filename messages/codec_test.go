@@ -43,9 +43,10 @@ func samples() []Message {
 				Pools: []PoolStatus{{Name: "gpu0", Capacity: 4096, Free: 4000, CrossTenantRows: 3, CrossRequestRows: math.MaxUint64},
 					{Name: "host", Capacity: math.MaxUint32, Free: math.MaxUint32}},
 				Identity: "kvwarden://prod/decode/decode-1", Refused: []uint64{0, 3, math.MaxUint64},
-				Chaos: true, Faults: "seed=7,frame-drop=0.02,ack-drop=1", FaultCounts: []uint64{4, 0, 0, 0, 0, math.MaxUint64}},
+				Chaos: true, Faults: "seed=7,frame-drop=0.02,ack-drop=1", FaultCounts: []uint64{4, 0, 0, 0, 0, math.MaxUint64},
+				Model: "stories260K.bin", ModelFingerprint: testFingerprint},
 			Members: []MemberStatus{
-				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true, Verified: true},
+				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true, Verified: true, Model: testFingerprint},
 				{Name: "router", Role: RoleRouter, Incarnation: 1, Address: "[fe80::1]:8090", State: MemberSuspect},
 			},
 		},
@@ -214,7 +215,8 @@ func TestWorstCaseFits(t *testing.T) {
 	members := make([]MemberStatus, MembersMax)
 	for i := range members {
 		members[i] = MemberStatus{Name: name, Role: RolePrefill, Incarnation: math.MaxUint64, Address: addr, DataPlane: addr,
-			State: MemberSuspect, CapacityPages: math.MaxUint32, FreePages: math.MaxUint32, Draining: true, Verified: true}
+			State: MemberSuspect, CapacityPages: math.MaxUint32, FreePages: math.MaxUint32, Draining: true, Verified: true,
+			Model: testFingerprint}
 	}
 	worst := []Message{
 		&GenerateRequest{RequestID: math.MaxUint64, Tenant: tenant, Prompt: prompt, MaxTokens: GenerateTokensMax, Stream: true},
@@ -239,7 +241,8 @@ func TestWorstCaseFits(t *testing.T) {
 				Identity: strings.Repeat("i", IdentityBytesMax), Refused: slices.Repeat([]uint64{math.MaxUint64}, RefusalKindsMax),
 				// The longest valid spec: spaces around an item are allowed.
 				Chaos: true, Faults: "seed=18446744073709551615" + strings.Repeat(" ", FaultSpecBytesMax-len("seed=18446744073709551615")),
-				FaultCounts: slices.Repeat([]uint64{math.MaxUint64}, FaultKindsMax)},
+				FaultCounts: slices.Repeat([]uint64{math.MaxUint64}, FaultKindsMax),
+				Model: name, ModelFingerprint: testFingerprint},
 			Members: members,
 		},
 		&DrainRequest{Wait: true},
@@ -362,6 +365,9 @@ func TestValidateRefuses(t *testing.T) {
 		}(), &tooLarge},
 		{"status member bad data plane", func() Message { s := okStatus(); s.Members[0].DataPlane = "prefill-1"; return s }(), &invalid},
 		{"status member unknown state", func() Message { s := okStatus(); s.Members[0].State = "gone"; return s }(), &invalid},
+		{"status model without fingerprint", func() Message { s := okStatus(); s.Node.ModelFingerprint = ""; return s }(), &invalid},
+		{"status fingerprint without model", func() Message { s := okStatus(); s.Node.Model = ""; return s }(), &invalid},
+		{"status member bad model", func() Message { s := okStatus(); s.Members[0].Model = "xyz"; return s }(), &invalid},
 		{"drain done in flight", &DrainReply{InFlight: 1, Done: true}, &invalid},
 		{"status faults not a spec", func() Message { s := okStatus(); s.Node.Faults = "frame-drop=2"; return s }(), &invalid},
 		{"status faults unknown kind", func() Message { s := okStatus(); s.Node.Faults = "seed=1,frame-delay=1"; return s }(), &invalid},
