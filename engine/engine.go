@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
@@ -140,6 +141,11 @@ var ErrSequenceClosed = errors.New("engine: sequence closed")
 // over paged KV, where a stale or foreign page changes the answer.
 type ReferenceEngine struct {
 	m *model
+	// scratches are forward-pass activations for decode steps, shared by
+	// the engine's sequences: a step takes one for the pass and puts it
+	// back, so a sequence holds none between steps, and steps allocate
+	// nothing once the pool holds one as large as the largest batch.
+	scratches sync.Pool
 }
 
 var _ Engine = (*ReferenceEngine)(nil)
@@ -213,7 +219,10 @@ func (e *ReferenceEngine) Prefill(pool KV, owner kv.Owner, tags []kv.Tag, prompt
 	}
 	bpt := g.BytesPerToken()
 	rows := make([]byte, len(prompt)*bpt)
-	first := e.m.forward(newScratch(e.m.cfg, len(prompt)), prompt, 0, nil, rows)
+	sc := newScratch(e.m.cfg, len(prompt), 1)
+	fr := sc.prefillRows(e.m, prompt, 0, nil, rows)
+	e.m.forward(sc, fr)
+	first := fr[len(fr)-1].next
 	pos := 0
 	for i := range m.Pages {
 		mp := &m.Pages[i]
@@ -245,13 +254,12 @@ func (e *ReferenceEngine) Decode(pool KV, m *kv.Manifest, next int) (Sequence, e
 	}
 	pagesMax := len(m.Pages) + g.PagesFor(e.m.cfg.ContextTokens-m.Tokens)
 	s := &refSequence{
-		m: e.m, geo: g, owner: m.Owner,
+		e: e, m: e.m, geo: g, owner: m.Owner,
 		pages:  make([]kv.ManifestPage, 0, pagesMax),
 		leases: make([]kv.Lease, 0, pagesMax),
 		segs:   make([][]byte, 0, pagesMax+1),
 		tail:   make([]byte, g.PageBytes()),
 		pos:    m.Tokens, next: next,
-		sc: newScratch(e.m.cfg, 1),
 	}
 	for _, mp := range m.Pages {
 		l, err := pool.Lease(mp.Tag, m.Owner)
@@ -265,8 +273,10 @@ func (e *ReferenceEngine) Decode(pool KV, m *kv.Manifest, next int) (Sequence, e
 }
 
 // refSequence is the ReferenceEngine's Sequence. Everything a step needs is
-// allocated when it starts, so steps allocate nothing.
+// allocated when it starts, or borrowed from the engine for the step, so
+// steps allocate nothing.
 type refSequence struct {
+	e       *ReferenceEngine
 	m       *model
 	geo     kv.Geometry
 	owner   kv.Owner
@@ -277,40 +287,70 @@ type refSequence struct {
 	tailN   int
 	spare   kv.Tag
 	spareOK bool
-	pos     int    // positions whose KV is held: pages + tail
-	next    int    // the token the next step feeds
-	in      [1]int // next as a slice, without allocating per step
-	sc      *scratch
+	pos     int   // positions whose KV is held: pages + tail
+	next    int   // the token the next step feeds
 	broken  error // set when a page was written but not sealed or leased
 	closed  bool
 }
 
 func (s *refSequence) Step(pool KV) (int, error) {
-	if err := s.usable(); err != nil {
+	if err := s.prepare(pool); err != nil {
 		return 0, err
 	}
-	if s.pos >= s.m.cfg.ContextTokens {
-		return 0, &ContextFullError{Tokens: s.pos + 1, Limit: s.m.cfg.ContextTokens}
-	}
-	if s.tailN == s.geo.PageTokens {
-		if err := s.flush(pool); err != nil {
-			return 0, err
-		}
-	}
-	// Every page is read again under its lease at every step: the bytes a
-	// Read returns are valid only until the pool next changes, and a page
-	// reclaimed in between must fail here rather than be read.
 	if err := s.readPages(pool); err != nil {
 		return 0, err
 	}
+	sc := s.e.scratch(1)
+	rows := sc.fwd[:1]
+	rows[0] = s.row()
+	s.m.forward(sc, rows)
+	tok := s.commit(&rows[0])
+	s.e.scratches.Put(sc)
+	return tok, nil
+}
+
+// prepare makes the checks of a step that change nothing, and moves a full
+// tail to its granted page: everything a step writes to the pool, before
+// any page is read.
+func (s *refSequence) prepare(pool KV) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if s.pos >= s.m.cfg.ContextTokens {
+		return &ContextFullError{Tokens: s.pos + 1, Limit: s.m.cfg.ContextTokens}
+	}
+	if s.tailN == s.geo.PageTokens {
+		return s.flush(pool)
+	}
+	return nil
+}
+
+// row is the forward row of the step after readPages: the next token at
+// the next position, attending to the pages and the tail held, its KV row
+// going to the tail.
+func (s *refSequence) row() fwdRow {
 	bpt := s.geo.BytesPerToken()
 	s.segs = append(s.segs, s.tail[:s.tailN*bpt])
-	s.in[0] = s.next
-	tok := s.m.forward(s.sc, s.in[:], s.pos, s.segs, s.tail[s.tailN*bpt:(s.tailN+1)*bpt])
+	return fwdRow{tok: s.next, pos: s.pos, past: s.segs, cur: s.tail[s.tailN*bpt : (s.tailN+1)*bpt], logits: true}
+}
+
+// commit takes the step whose row r the forward pass computed: its KV row
+// is held in the tail, and its token is the one to feed next.
+func (s *refSequence) commit(r *fwdRow) int {
+	s.segs = s.segs[:0] // the bytes of a Read are not to be kept past the step
 	s.tailN++
 	s.pos++
-	s.next = tok
-	return tok, nil
+	s.next = r.next
+	return r.next
+}
+
+// scratch is a forward pass's activations for up to rows rows, from the
+// pool when it holds one large enough; the caller puts it back.
+func (e *ReferenceEngine) scratch(rows int) *scratch {
+	if sc, _ := e.scratches.Get().(*scratch); sc != nil && sc.rows >= rows {
+		return sc
+	}
+	return newScratch(e.m.cfg, rows, rows)
 }
 
 // readPages reads every page again under its lease into s.segs, checking
@@ -350,10 +390,15 @@ func (s *refSequence) First(pool KV, last int) (int, error) {
 	lastPage := s.segs[len(s.segs)-1]
 	held := lastPage[len(lastPage)-bpt:]
 	s.segs[len(s.segs)-1] = lastPage[:len(lastPage)-bpt]
-	s.in[0] = last
-	row := s.tail[:bpt] // the tail is empty before the first step
-	tok := s.m.forward(s.sc, s.in[:], s.pos-1, s.segs, row)
-	if !bytes.Equal(row, held) {
+	sc := s.e.scratch(1)
+	rows := sc.fwd[:1]
+	// The tail is empty before the first step: the row goes to its start.
+	rows[0] = fwdRow{tok: last, pos: s.pos - 1, past: s.segs, cur: s.tail[:bpt], logits: true}
+	s.m.forward(sc, rows)
+	tok := rows[0].next
+	s.e.scratches.Put(sc)
+	s.segs = s.segs[:0]
+	if !bytes.Equal(s.tail[:bpt], held) {
 		return 0, fmt.Errorf("engine: the prompt's last KV row (position %d) is not the one its token gives", s.pos-1)
 	}
 	return tok, nil
@@ -476,12 +521,16 @@ func (e *ReferenceEngine) Reference(prompt []int, maxNew int) ([]int, error) {
 	bpt := e.m.geo.BytesPerToken()
 	cache := make([]byte, held*bpt)
 	out := make([]int, 0, maxNew)
-	out = append(out, e.m.forward(newScratch(e.m.cfg, len(prompt)), prompt, 0, nil, cache[:len(prompt)*bpt]))
-	sc := newScratch(e.m.cfg, 1)
+	sc := newScratch(e.m.cfg, len(prompt), 1)
+	rows := sc.prefillRows(e.m, prompt, 0, nil, cache[:len(prompt)*bpt])
+	e.m.forward(sc, rows)
+	out = append(out, rows[len(rows)-1].next)
 	past := make([][]byte, 1)
 	for pos := len(prompt); len(out) < maxNew; pos++ {
 		past[0] = cache[:pos*bpt]
-		out = append(out, e.m.forward(sc, out[len(out)-1:], pos, past, cache[pos*bpt:(pos+1)*bpt]))
+		row := sc.prefillRows(e.m, out[len(out)-1:], pos, past, cache[pos*bpt:(pos+1)*bpt])
+		e.m.forward(sc, row)
+		out = append(out, row[0].next)
 	}
 	return out, nil
 }

@@ -3,90 +3,175 @@ package engine
 import (
 	"fmt"
 	"math"
+	"sync"
 )
 
 // The forward pass is written once and shared by every path (prefill, paged
-// decode, the contiguous reference): they differ only in where the KV rows
-// of earlier positions live. Attention visits positions in order, and every
-// sum is taken in one fixed order, so the same tokens give the same bits
-// whatever pages hold the KV.
+// decode one sequence or a batch at a time, the contiguous reference): they
+// differ only in where the KV rows of earlier positions live and in which
+// tokens go through the weights together. Each row of a pass carries its own
+// position and KV, attention visits a row's positions in order, and every
+// sum is taken in the kernels' one fixed order, so the same tokens give the
+// same bits whatever pages hold the KV, whatever rows share the pass, and
+// however many goroutines compute it.
 
-// scratch holds the activations of a forward pass over up to rows tokens.
-// A sequence allocates it once and reuses it on every step.
-type scratch struct {
-	rows   int
-	x      []float32 // rows × Dim: the residual stream
-	xb     []float32 // rows × Dim: normalised input of a sublayer
-	q      []float32 // rows × Heads·HeadDim
-	k, v   []float32 // rows × KVHeads·HeadDim
-	att    []float32 // rows × Heads·HeadDim: attention output
-	o      []float32 // rows × Dim: sublayer output
-	h1, h3 []float32 // rows × HiddenDim
-	scores []float32 // ContextTokens: one head's attention weights
-	logits []float32 // Vocab
+// fwdRow is one token of a forward pass.
+type fwdRow struct {
+	tok int
+	pos int // the token's position in its sequence
+	// past holds the KV rows of the sequence's positions before those of
+	// cur, in order, as segments of whole token rows (a page's bytes, a
+	// tail, or one contiguous cache).
+	past [][]byte
+	// cur is the KV rows the pass computes for the sequence up to this
+	// token: the last is the token's own, which the pass writes; those
+	// before it are earlier rows of the same pass (a prompt's), written in
+	// each layer before any row reads them.
+	cur []byte
+	// logits asks for the greedy next token, which the pass leaves in next.
+	logits bool
+	next   int
 }
 
-func newScratch(c ModelConfig, rows int) *scratch {
+// scratch holds the activations of a forward pass over up to rows tokens,
+// logitRows of which ask for logits. It is reused from pass to pass.
+type scratch struct {
+	rows, logitRows int
+	x               []float32 // rows × Dim: the residual stream
+	xb              []float32 // rows × Dim: normalised input of a sublayer
+	q               []float32 // rows × Heads·HeadDim
+	k, v            []float32 // rows × KVHeads·HeadDim
+	att             []float32 // rows × Heads·HeadDim: attention output
+	o               []float32 // rows × Dim: sublayer output
+	h1, h3          []float32 // rows × HiddenDim
+	logits          []float32 // logitRows × Vocab
+	// scores holds, for each part attention may split into, the attention
+	// weights of one KV head's query heads: Heads/KVHeads × ContextTokens.
+	scores [][]float32
+	fwd    []fwdRow // rows: the pass's rows, for its callers to fill
+	mm     matmulJob
+	at     attendJob
+	wg     sync.WaitGroup
+}
+
+func newScratch(c ModelConfig, rows, logitRows int) *scratch {
 	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
-	return &scratch{
-		rows: rows,
-		x:    make([]float32, rows*c.Dim), xb: make([]float32, rows*c.Dim),
+	helpers.once.Do(startHelpers)
+	s := &scratch{
+		rows: rows, logitRows: logitRows,
+		x: make([]float32, rows*c.Dim), xb: make([]float32, rows*c.Dim),
 		q: make([]float32, rows*qd), k: make([]float32, rows*kvd), v: make([]float32, rows*kvd),
 		att: make([]float32, rows*qd), o: make([]float32, rows*c.Dim),
 		h1: make([]float32, rows*c.HiddenDim), h3: make([]float32, rows*c.HiddenDim),
-		scores: make([]float32, c.ContextTokens), logits: make([]float32, c.Vocab),
+		logits: make([]float32, logitRows*c.Vocab),
+		scores: make([][]float32, helpers.n+1),
+		fwd:    make([]fwdRow, rows),
 	}
+	for i := range s.scores {
+		s.scores[i] = make([]float32, c.Heads/c.KVHeads*c.ContextTokens)
+	}
+	return s
 }
 
-// forward runs tokens, at positions pos0, pos0+1, …, through the model and
-// returns the greedy next token after the last of them.
-//
-// past holds the KV rows of positions 0..pos0-1 in order, as segments of
-// whole token rows (a page's bytes, a tail, or one contiguous cache); rows
-// receives the KV rows of the new tokens, len(tokens) × BytesPerToken bytes.
-// Each new token attends to past and to the new rows up to itself.
-func (m *model) forward(s *scratch, tokens []int, pos0 int, past [][]byte, rows []byte) int {
-	c := &m.cfg
-	n := len(tokens)
-	if n < 1 || n > s.rows || len(rows) != n*m.geo.BytesPerToken() || pos0+n > c.ContextTokens {
-		panic(fmt.Sprintf("engine: forward of %d tokens at position %d into %d row bytes: scratch holds %d, row is %d bytes, context %d",
-			n, pos0, len(rows), s.rows, m.geo.BytesPerToken(), c.ContextTokens))
+// prefillRows fills s.fwd with the rows of tokens at positions pos0,
+// pos0+1, … of one sequence, after past, writing their KV to kv
+// (len(tokens) rows); the last asks for logits. It returns the rows.
+func (s *scratch) prefillRows(m *model, tokens []int, pos0 int, past [][]byte, kv []byte) []fwdRow {
+	bpt := m.geo.BytesPerToken()
+	rows := s.fwd[:len(tokens)]
+	for t, tok := range tokens {
+		rows[t] = fwdRow{tok: tok, pos: pos0 + t, past: past, cur: kv[:(t+1)*bpt], logits: t == len(tokens)-1}
 	}
-	if held := rowsIn(past, m.geo.BytesPerToken()); held != pos0 {
-		panic(fmt.Sprintf("engine: forward at position %d given %d past rows", pos0, held))
+	return rows
+}
+
+// forward runs rows through the model: each row's token, at its position,
+// attends to its past and cur. It writes each row's KV row (the last of its
+// cur) and, for the rows that ask, the greedy next token.
+func (m *model) forward(s *scratch, rows []fwdRow) {
+	c := &m.cfg
+	n, bpt := len(rows), m.geo.BytesPerToken()
+	if n < 1 || n > s.rows {
+		panic(fmt.Sprintf("engine: forward of %d rows with scratch for %d", n, s.rows))
 	}
 	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
-	for t, tok := range tokens {
-		copy(s.x[t*c.Dim:(t+1)*c.Dim], m.w.Embed[tok*c.Dim:(tok+1)*c.Dim])
+	nl, work := 0, 0
+	for t := range rows {
+		r := &rows[t]
+		if len(r.cur) < bpt || len(r.cur)%bpt != 0 || r.pos >= c.ContextTokens || r.tok < 0 || r.tok >= c.Vocab {
+			panic(fmt.Sprintf("engine: forward of token %d at position %d with %d bytes of rows: rows are %d bytes, context %d, vocabulary %d",
+				r.tok, r.pos, len(r.cur), bpt, c.ContextTokens, c.Vocab))
+		}
+		if held := rowsIn(r.past, bpt) + len(r.cur)/bpt - 1; held != r.pos {
+			panic(fmt.Sprintf("engine: forward at position %d given %d earlier rows", r.pos, held))
+		}
+		if r.logits {
+			nl++
+		}
+		work += (r.pos + 1) * 2 * qd
+		copy(s.x[t*c.Dim:(t+1)*c.Dim], m.w.Embed[r.tok*c.Dim:(r.tok+1)*c.Dim])
 	}
+	if nl > s.logitRows {
+		panic(fmt.Sprintf("engine: forward of %d rows for logits with scratch for %d", nl, s.logitRows))
+	}
+	attParts := splitParts(work, attendSplitMin)
 	x, xb := s.x[:n*c.Dim], s.xb[:n*c.Dim]
+	q, k, v, att := s.q[:n*qd], s.k[:n*kvd], s.v[:n*kvd], s.att[:n*qd]
+	h1, h3, o := s.h1[:n*c.HiddenDim], s.h3[:n*c.HiddenDim], s.o[:n*c.Dim]
 	for l := range m.w.Layers {
 		w := &m.w.Layers[l]
 		rmsNorm(xb, x, w.AttnNorm, c.Dim, float32(c.NormEps))
-		matmulRows(s.q[:n*qd], xb, w.WQ, c.Dim)
-		matmulRows(s.k[:n*kvd], xb, w.WK, c.Dim)
-		matmulRows(s.v[:n*kvd], xb, w.WV, c.Dim)
-		for t := range n {
-			m.rope(s.q[t*qd:(t+1)*qd], pos0+t)
-			m.rope(s.k[t*kvd:(t+1)*kvd], pos0+t)
-			m.storeKV(rows[t*m.geo.BytesPerToken():], l, s.k[t*kvd:(t+1)*kvd], s.v[t*kvd:(t+1)*kvd])
+		s.matmul(q, xb, w.WQ, c.Dim)
+		s.matmul(k, xb, w.WK, c.Dim)
+		s.matmul(v, xb, w.WV, c.Dim)
+		for t := range rows {
+			r := &rows[t]
+			m.rope(q[t*qd:(t+1)*qd], r.pos)
+			m.rope(k[t*kvd:(t+1)*kvd], r.pos)
+			m.storeKV(r.cur[len(r.cur)-bpt:], l, k[t*kvd:(t+1)*kvd], v[t*kvd:(t+1)*kvd])
 		}
-		for t := range n {
-			m.attend(s, l, s.q[t*qd:(t+1)*qd], s.att[t*qd:(t+1)*qd], past, rows[:(t+1)*m.geo.BytesPerToken()])
-		}
-		matmulRows(s.o[:n*c.Dim], s.att[:n*qd], w.WO, qd)
-		addInto(x, s.o[:n*c.Dim])
+		s.at = attendJob{m: m, s: s, l: l, rows: rows}
+		split(&s.at, attParts, &s.wg)
+		s.matmul(o, att, w.WO, qd)
+		kern.add(x, o)
 		rmsNorm(xb, x, w.MLPNorm, c.Dim, float32(c.NormEps))
-		matmulRows(s.h1[:n*c.HiddenDim], xb, w.W1, c.Dim)
-		matmulRows(s.h3[:n*c.HiddenDim], xb, w.W3, c.Dim)
-		swiGLU(s.h1[:n*c.HiddenDim], s.h3[:n*c.HiddenDim])
-		matmulRows(s.o[:n*c.Dim], s.h1[:n*c.HiddenDim], w.W2, c.HiddenDim)
-		addInto(x, s.o[:n*c.Dim])
+		s.matmul(h1, xb, w.W1, c.Dim)
+		s.matmul(h3, xb, w.W3, c.Dim)
+		kern.swiGLU(h1, h3)
+		s.matmul(o, h1, w.W2, c.HiddenDim)
+		kern.add(x, o)
 	}
-	last := xb[:c.Dim]
-	rmsNorm(last, x[(n-1)*c.Dim:], m.w.Norm, c.Dim, float32(c.NormEps))
-	matmulRows(s.logits, last, m.w.Out, c.Dim)
-	return argmax(s.logits)
+	s.at = attendJob{}
+	// Only the rows that ask go through the output head, the largest
+	// matrix of a small model.
+	j := 0
+	for t := range rows {
+		if rows[t].logits {
+			rmsNorm(xb[j*c.Dim:(j+1)*c.Dim], x[t*c.Dim:(t+1)*c.Dim], m.w.Norm, c.Dim, float32(c.NormEps))
+			j++
+		}
+	}
+	s.matmul(s.logits[:nl*c.Vocab], xb[:nl*c.Dim], m.w.Out, c.Dim)
+	j = 0
+	for t := range rows {
+		if rows[t].logits {
+			rows[t].next = argmax(s.logits[j*c.Vocab : (j+1)*c.Vocab])
+			j++
+		}
+	}
+}
+
+// matmul sets out[t][j] = dot(x[t], w[j]) for every row t of x (width in)
+// and every row j of w, split between goroutines when it is large.
+func (s *scratch) matmul(out, x, w []float32, in int) {
+	outs := len(w) / in
+	if parts := splitParts(len(x)*outs, matmulSplitMin); parts > 1 && outs >= 16*parts {
+		s.mm = matmulJob{out: out, x: x, w: w, in: in, outs: outs}
+		split(&s.mm, parts, &s.wg)
+		s.mm = matmulJob{}
+		return
+	}
+	kern.matmul(out, x, w, in, outs, 0, outs)
 }
 
 func rowsIn(segs [][]byte, bpt int) int {
@@ -109,39 +194,61 @@ func (m *model) storeKV(row []byte, l int, k, v []float32) {
 	}
 }
 
-// attend computes every query head of one position in layer l over the KV
-// rows of past then cur, in position order.
-func (m *model) attend(s *scratch, l int, q, out []float32, past [][]byte, cur []byte) {
+// attendJob is one layer's attention for the rows of a pass, in (row, KV
+// head) items: part p takes the items p, p+parts, …, so that the long rows
+// of a prompt's end spread over the parts.
+type attendJob struct {
+	m    *model
+	s    *scratch
+	l    int
+	rows []fwdRow
+}
+
+func (j *attendJob) run(p, parts int) {
+	c := &j.m.cfg
+	qd := c.Heads * c.HeadDim
+	for i := p; i < len(j.rows)*c.KVHeads; i += parts {
+		t, g := i/c.KVHeads, i%c.KVHeads
+		r := &j.rows[t]
+		j.m.attendHead(j.s.scores[p], j.l, g, j.s.q[t*qd:(t+1)*qd], j.s.att[t*qd:(t+1)*qd], r.past, r.cur)
+	}
+}
+
+// attendHead computes, in layer l, the query heads that KV head g serves
+// (of the row whose queries are q) over the KV rows of past then cur, in
+// position order, into their part of out. Each K and V row is read once
+// for all of those heads.
+func (m *model) attendHead(scores []float32, l, g int, q, out []float32, past [][]byte, cur []byte) {
 	c := &m.cfg
-	hd, bpt, dt := c.HeadDim, m.geo.BytesPerToken(), m.geo.DType
+	hd, bpt, dt, ctx := c.HeadDim, m.geo.BytesPerToken(), m.geo.DType, c.ContextTokens
 	group := c.Heads / c.KVHeads
 	scale := float32(1 / math.Sqrt(float64(hd)))
-	for h := range c.Heads {
-		qh, oh := q[h*hd:(h+1)*hd], out[h*hd:(h+1)*hd]
-		kOff, vOff := m.geo.Offset(l, h/group, false), m.geo.Offset(l, h/group, true)
-		n := 0
-		for _, seg := range past {
-			for r := 0; r < len(seg); r += bpt {
-				s.scores[n] = dotKV(qh, seg[r+kOff:], dt) * scale
-				n++
-			}
+	q, out = q[g*group*hd:(g+1)*group*hd], out[g*group*hd:(g+1)*group*hd]
+	kOff, vOff := m.geo.Offset(l, g, false), m.geo.Offset(l, g, true)
+	n := 0
+	for i := 0; i <= len(past); i++ {
+		seg := cur
+		if i < len(past) {
+			seg = past[i]
 		}
-		for r := 0; r < len(cur); r += bpt {
-			s.scores[n] = dotKV(qh, cur[r+kOff:], dt) * scale
-			n++
+		if rows := len(seg) / bpt; rows > 0 {
+			kern.scores(scores[n:], ctx, q, group, hd, seg[kOff:], rows, bpt, dt, scale)
+			n += rows
 		}
-		softmax(s.scores[:n])
-		clear(oh)
-		n = 0
-		for _, seg := range past {
-			for r := 0; r < len(seg); r += bpt {
-				axpyKV(oh, s.scores[n], seg[r+vOff:], dt)
-				n++
-			}
+	}
+	for h := range group {
+		softmax(scores[h*ctx : h*ctx+n])
+	}
+	clear(out)
+	n = 0
+	for i := 0; i <= len(past); i++ {
+		seg := cur
+		if i < len(past) {
+			seg = past[i]
 		}
-		for r := 0; r < len(cur); r += bpt {
-			axpyKV(oh, s.scores[n], cur[r+vOff:], dt)
-			n++
+		if rows := len(seg) / bpt; rows > 0 {
+			kern.accumV(out, group, hd, scores[n:], ctx, seg[vOff:], rows, bpt, dt)
+			n += rows
 		}
 	}
 }
@@ -160,87 +267,22 @@ func (m *model) rope(x []float32, pos int) {
 	}
 }
 
-// dot is the one inner product every matrix product uses. Four partial sums
-// break the dependency chain; their order is fixed, so results are too.
-//
-// The explicit float32 conversions of products here and in the other
-// kernels forbid the compiler to fuse a multiply and an add (Go does on
-// arm64, not on amd64), so that the same inputs give the same bits on every
-// platform: the KV computed by one node is decoded by another.
-func dot(a, b []float32) float32 {
-	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		s0 += float32(a[i] * b[i])
-		s1 += float32(a[i+1] * b[i+1])
-		s2 += float32(a[i+2] * b[i+2])
-		s3 += float32(a[i+3] * b[i+3])
-	}
-	for ; i < len(a); i++ {
-		s0 += float32(a[i] * b[i])
-	}
-	return (s0 + s1) + (s2 + s3)
-}
-
-// matmulRows sets out[t][j] = dot(x[t], w[j]) for every row t of x (width
-// in) and every row j of w. The loop over w is outside so that a weight row
-// is read from memory once for all of x's rows.
-func matmulRows(out, x, w []float32, in int) {
-	rows, outs := len(x)/in, len(w)/in
-	for j := range outs {
-		wj := w[j*in : (j+1)*in]
-		for t := range rows {
-			out[t*outs+j] = dot(x[t*in:(t+1)*in], wj)
-		}
-	}
-}
-
 // rmsNorm normalises each dim-wide row of x by its root mean square and
 // scales it by weight.
 func rmsNorm(out, x, weight []float32, dim int, eps float32) {
 	for r := 0; r+dim <= len(out); r += dim {
 		xr := x[r : r+dim]
-		ss := dot(xr, xr)/float32(dim) + eps
+		ss := kern.dot(xr, xr)/float32(dim) + eps
 		inv := float32(1 / math.Sqrt(float64(ss)))
-		for i, w := range weight {
-			out[r+i] = xr[i] * inv * w
-		}
-	}
-}
-
-// swiGLU sets gate[i] = silu(gate[i]) · up[i].
-func swiGLU(gate, up []float32) {
-	up = up[:len(gate)]
-	for i, g := range gate {
-		gate[i] = g / (1 + exp32(-g)) * up[i]
-	}
-}
-
-func addInto(x, d []float32) {
-	d = d[:len(x)]
-	for i := range x {
-		x[i] += d[i]
+		kern.mulScale(out[r:r+dim], xr, weight, inv)
 	}
 }
 
 // softmax replaces x with exp(x - max) / sum, subtracting the max so that
 // exp cannot overflow.
 func softmax(x []float32) {
-	mx := x[0]
-	for _, v := range x[1:] {
-		mx = max(mx, v)
-	}
-	var sum float32
-	for i, v := range x {
-		e := exp32(v - mx)
-		x[i] = e
-		sum += e
-	}
-	inv := 1 / sum
-	for i := range x {
-		x[i] *= inv
-	}
+	sum := kern.expSubSum(x, kern.max(x))
+	kern.scale(x, 1/sum)
 }
 
 // argmax is the greedy choice: the first index of the largest value, so ties
@@ -254,39 +296,3 @@ func argmax(x []float32) int {
 	}
 	return best
 }
-
-// exp32 is e^x rounded to float32. It is computed here, with additions,
-// products rounded one by one and exact scaling by a power of two, because
-// math.Exp has per-architecture assembly whose last bits differ, and an
-// attention weight one ulp off can change a greedy token on another node.
-//
-// x = k·ln2 + r with |r| ≤ ln2/2; e^r is its Taylor series to r^11/11!,
-// whose truncation error (below 1e-13 relative) vanishes in the rounding to
-// float32.
-func exp32(x float32) float32 {
-	switch {
-	case x != x:
-		return x
-	case x > 89:
-		return float32(math.Inf(1))
-	case x < -104:
-		return 0
-	}
-	const (
-		log2e = 1.4426950408889634
-		ln2Hi = 6.93147180369123816490e-01 // ln2's leading bits: k·ln2Hi is exact
-		ln2Lo = 1.90821492927058770002e-10
-	)
-	xd := float64(x)
-	k := math.Floor(float64(xd*log2e) + 0.5)
-	r := float64(xd-float64(k*ln2Hi)) - float64(k*ln2Lo)
-	p := 1.0 / 39916800 // 1/11!
-	for _, c := range expTaylor {
-		p = float64(p*r) + c
-	}
-	return float32(math.Ldexp(p, int(k)))
-}
-
-// expTaylor is 1/10!, 1/9!, …, 1/1!, 1/0!: Horner's order for exp32.
-var expTaylor = [...]float64{1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720,
-	1.0 / 120, 1.0 / 24, 1.0 / 6, 1.0 / 2, 1, 1}

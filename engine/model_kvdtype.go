@@ -12,9 +12,10 @@ import (
 // model computes in float32, rounds to the page type when it stores a row,
 // and reads the rounded values back for attention — also for the token it
 // has just computed — so that every path sees exactly the stored bits.
-// Reading goes through encoding/binary rather than an unsafe cast: the Go
-// compiler turns the little-endian load into one instruction, and pages stay
-// plain bytes with one defined layout on every platform.
+// The generic kernels read through encoding/binary rather than an unsafe
+// cast: the Go compiler turns the little-endian load into one instruction,
+// and pages stay plain bytes with one defined layout on every platform. The
+// AVX2 kernels load the same little-endian lanes directly.
 
 // encodeKV stores src as len(src) elements of type dt at the start of dst.
 func encodeKV(dst []byte, src []float32, dt kv.DType) {
@@ -40,38 +41,21 @@ func encodeKV(dst []byte, src []float32, dt kv.DType) {
 	}
 }
 
-// dotKV is dot(q, k) for the len(q) elements of k stored at the start of b.
-// Its summation order is dot's.
-func dotKV(q []float32, b []byte, dt kv.DType) float32 {
+// decodeKV widens the len(dst) elements of type dt stored at the start of
+// src to float32.
+func decodeKV(dst []float32, src []byte, dt kv.DType) {
 	le := binary.LittleEndian
-	var s0, s1, s2, s3 float32
-	switch dt {
-	case kv.F32:
-		b = b[:4*len(q)]
-		i := 0
-		for ; i+4 <= len(q); i += 4 {
-			s0 += float32(q[i] * math.Float32frombits(le.Uint32(b[4*i:])))
-			s1 += float32(q[i+1] * math.Float32frombits(le.Uint32(b[4*i+4:])))
-			s2 += float32(q[i+2] * math.Float32frombits(le.Uint32(b[4*i+8:])))
-			s3 += float32(q[i+3] * math.Float32frombits(le.Uint32(b[4*i+12:])))
+	if dt == kv.F32 {
+		src = src[:4*len(dst)]
+		for i := range dst {
+			dst[i] = math.Float32frombits(le.Uint32(src[4*i:]))
 		}
-		for ; i < len(q); i++ {
-			s0 += float32(q[i] * math.Float32frombits(le.Uint32(b[4*i:])))
-		}
-	default:
-		b = b[:2*len(q)]
-		i := 0
-		for ; i+4 <= len(q); i += 4 {
-			s0 += float32(q[i] * half(le.Uint16(b[2*i:]), dt))
-			s1 += float32(q[i+1] * half(le.Uint16(b[2*i+2:]), dt))
-			s2 += float32(q[i+2] * half(le.Uint16(b[2*i+4:]), dt))
-			s3 += float32(q[i+3] * half(le.Uint16(b[2*i+6:]), dt))
-		}
-		for ; i < len(q); i++ {
-			s0 += float32(q[i] * half(le.Uint16(b[2*i:]), dt))
-		}
+		return
 	}
-	return (s0 + s1) + (s2 + s3)
+	src = src[:2*len(dst)]
+	for i := range dst {
+		dst[i] = half(le.Uint16(src[2*i:]), dt)
+	}
 }
 
 // axpyKV adds w times the len(out) elements stored at the start of b to

@@ -1,0 +1,865 @@
+// Command asm generates the engine's AVX2 kernels: kernels_amd64.s and the
+// Go declarations in kernels_stub_amd64.go (run by go generate in engine).
+//
+// Every kernel computes exactly the bits of its pure-Go counterpart in
+// engine/kernels_generic.go, which defines the order of every sum: a dot
+// product of n elements keeps eight partial sums, element i going to sum
+// i mod 8 in increasing i, and adds them as ((s0+s1)+(s2+s3)) +
+// ((s4+s5)+(s6+s7)). In a vector register the eight sums are the eight
+// lanes of one accumulator, and the tree is two horizontal adds and the
+// sum of the two 128-bit halves. Multiplications and additions stay
+// separate instructions (no FMA), because the Go code rounds each product
+// before adding it, and exp is the package's own: float64 Horner steps and
+// an exact scaling by 2^k, the same operations in four lanes.
+//
+// A tail of fewer than eight elements is read with a masked load, which
+// reads zeros into the lanes past the end (and never faults there). A zero
+// lane adds +0 to its partial sum, which changes nothing: a sum that starts
+// at +0 is never -0 under round-to-nearest, and x + (+0) = x for every
+// other x.
+package main
+
+import (
+	"fmt"
+	"math"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+func main() {
+	constants()
+	dotKernel()
+	for _, t := range matmulTiles {
+		matmulKernel(t[0], t[1])
+	}
+	for _, dt := range dtypes {
+		for h := 1; h <= 4; h++ {
+			scoresKernel(dt, h)
+			for _, d := range []int{1, 2, 4} {
+				if accumVFits(dt, h, d) {
+					accumVKernel(dt, h, d)
+				}
+			}
+		}
+	}
+	maxKernel()
+	expSubSumKernel()
+	scaleKernel()
+	mulScaleKernel()
+	addKernel()
+	swiGLUKernel()
+	Generate()
+}
+
+// matmulTiles are the (rows of x, rows of w) blocks a matmul kernel
+// computes at once: at most eight accumulators, so that they, the loaded
+// vectors and the mask fit in the sixteen YMM registers.
+var matmulTiles = [][2]int{{1, 8}, {1, 4}, {1, 2}, {1, 1}, {2, 4}, {2, 2}, {2, 1}, {3, 2}, {3, 1}, {4, 2}, {4, 1}}
+
+// dtype is an element type of K and V in KV pages.
+type dtype struct {
+	name string
+	size int // bytes per element
+}
+
+var dtypes = []dtype{{"F32", 4}, {"F16", 2}, {"BF16", 2}}
+
+// Constants, each repeated across a whole YMM register so that it can be
+// an instruction's memory operand.
+var (
+	cMask                                          Mem // eight all-ones lanes, then eight zero lanes
+	cSign, cAbs7FFF, cF16Bias, cF16InfNaN, cF16Min Mem
+	cF16Sub, cOne, cInf, cNegInf, c89, cNeg104     Mem
+	cLog2e, cHalf, cLn2Hi, cLn2Lo, cP11, c1023     Mem
+	cTaylor                                        []Mem
+)
+
+// expTaylor is 1/10!, …, 1/0!, as in exp32.
+var expTaylor = []float64{1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720,
+	1.0 / 120, 1.0 / 24, 1.0 / 6, 1.0 / 2, 1, 1}
+
+func constants() {
+	tab := GLOBL("kconst", RODATA|NOPTR)
+	off := 0
+	u32 := func(v uint32) Mem {
+		m := tab.Offset(off)
+		for i := 0; i < 8; i++ {
+			DATA(off, U32(v))
+			off += 4
+		}
+		return m
+	}
+	u64 := func(v uint64) Mem {
+		m := tab.Offset(off)
+		for i := 0; i < 4; i++ {
+			DATA(off, U64(v))
+			off += 8
+		}
+		return m
+	}
+	f32 := func(v float32) Mem { return u32(math.Float32bits(v)) }
+	f64 := func(v float64) Mem { return u64(math.Float64bits(v)) }
+	cMask = u32(0xffffffff)
+	u32(0)
+	cSign = u32(0x80000000)
+	cAbs7FFF = u32(0x7fff)
+	cF16Bias = u32(112 << 23) // binary16 exponent bias 15 to binary32's 127
+	cF16InfNaN = u32(0x7bff)  // above it: exponent 31, infinity or NaN
+	cF16Min = u32(0x3ff)      // above it: a normal number
+	cF16Sub = f32(1.0 / (1 << 24))
+	cOne = f32(1)
+	cInf = f32(float32(math.Inf(1)))
+	cNegInf = f32(float32(math.Inf(-1)))
+	c89 = f32(89)
+	cNeg104 = f32(-104)
+	cLog2e = f64(1.4426950408889634)
+	cHalf = f64(0.5)
+	cLn2Hi = f64(6.93147180369123816490e-01)
+	cLn2Lo = f64(1.90821492927058770002e-10)
+	cP11 = f64(1.0 / 39916800)
+	for _, c := range expTaylor {
+		cTaylor = append(cTaylor, f64(c))
+	}
+	c1023 = u64(1023)
+}
+
+// gpParam loads the integer or pointer parameter name.
+func gpParam(name string) GPVirtual {
+	r := GP64()
+	Load(Param(name), r)
+	return r
+}
+
+// label returns a label name unique in the file.
+var labels int
+
+func label(name string) string {
+	labels++
+	return fmt.Sprintf("%s%d", name, labels)
+}
+
+// tailMask loads the mask of the first rem lanes (0 < rem < 8).
+func tailMask(rem GPVirtual) VecVirtual {
+	base, idx, mask := GP64(), GP64(), YMM()
+	LEAQ(cMask, base)
+	MOVQ(rem, idx)
+	NEGQ(idx)
+	VMOVDQU(Mem{Base: base, Index: idx, Scale: 4, Disp: 32}, mask)
+	return mask
+}
+
+// hadd is VHADDPS: pairwise sums of a's lanes, then b's, in each half.
+func hadd(a, b VecVirtual) VecVirtual {
+	d := YMM()
+	VHADDPS(b, a, d)
+	return d
+}
+
+// reduce sums each accumulator's eight lanes in the canonical tree and
+// returns the sums in lanes 0, 1, … of one register: an XMM register for up
+// to four accumulators, a YMM register for five to eight.
+func reduce(accs []VecVirtual) VecVirtual {
+	pairs := func(v []VecVirtual) []VecVirtual {
+		var out []VecVirtual
+		for i := 0; i < len(v); i += 2 {
+			b := v[i]
+			if i+1 < len(v) {
+				b = v[i+1]
+			}
+			out = append(out, hadd(v[i], b))
+		}
+		return out
+	}
+	l1 := pairs(accs)
+	l2 := pairs(l1)
+	if len(accs) <= 4 {
+		hi, r := XMM(), XMM()
+		VEXTRACTF128(U8(1), l2[0], hi)
+		VADDPS(hi, l2[0].AsX(), r)
+		return r
+	}
+	lo, hi, r := YMM(), YMM(), YMM()
+	VPERM2F128(U8(0x20), l2[1], l2[0], lo)
+	VPERM2F128(U8(0x31), l2[1], l2[0], hi)
+	VADDPS(hi, lo, r)
+	return r
+}
+
+// lane returns an XMM register whose lane i%4 is lane i of r.
+func lane(r VecVirtual, i int) Register {
+	if i < 4 {
+		return r.AsX()
+	}
+	hi := XMM()
+	VEXTRACTF128(U8(1), r, hi)
+	return hi
+}
+
+// storeLane stores lane i of r (as lane returns it) to m.
+func storeLane(x Register, i int, m Mem) {
+	if i%4 == 0 {
+		VMOVSS(x, m)
+	} else {
+		VEXTRACTPS(U8(i%4), x, m)
+	}
+}
+
+func dotKernel() {
+	TEXT("dotAVX2", NOSPLIT, "func(a, b *float32, n int) float32")
+	Doc("dotAVX2 is dotGeneric of the n elements at a and b.")
+	a, b, n := gpParam("a"), gpParam("b"), gpParam("n")
+	acc := YMM()
+	VXORPS(acc, acc, acc)
+	chunks := GP64()
+	MOVQ(n, chunks)
+	SHRQ(U8(3), chunks)
+	loop, tail, done := label("loop"), label("tail"), label("done")
+	Label(loop)
+	TESTQ(chunks, chunks)
+	JZ(LabelRef(tail))
+	t := YMM()
+	VMOVUPS(Mem{Base: a}, t)
+	VMULPS(Mem{Base: b}, t, t)
+	VADDPS(t, acc, acc)
+	ADDQ(U8(32), a)
+	ADDQ(U8(32), b)
+	DECQ(chunks)
+	JMP(LabelRef(loop))
+	Label(tail)
+	ANDQ(U8(7), n)
+	JZ(LabelRef(done))
+	mask := tailMask(n)
+	x, y := YMM(), YMM()
+	VMASKMOVPS(Mem{Base: a}, mask, x)
+	VMASKMOVPS(Mem{Base: b}, mask, y)
+	VMULPS(y, x, x)
+	VADDPS(x, acc, acc)
+	Label(done)
+	r := reduce([]VecVirtual{acc})
+	VZEROUPPER()
+	Store(r, ReturnIndex(0))
+	RET()
+}
+
+// rowAddr addresses row i of rows stride bytes apart starting at base, with
+// the registers rowAddrs sets up.
+type rowAddr struct {
+	base, base3     GPVirtual // row 0, row 3
+	stride, stride3 GPVirtual // one row, three rows
+}
+
+func newRowAddr(base, stride GPVirtual, rows int) rowAddr {
+	a := rowAddr{base: base, stride: stride}
+	if rows > 3 {
+		a.base3 = GP64()
+		a.stride3 = GP64()
+		LEAQ(Mem{Base: stride, Index: stride, Scale: 2}, a.stride3)
+		LEAQ(Mem{Base: base, Index: a.stride3, Scale: 1}, a.base3)
+	}
+	return a
+}
+
+// at is the address of row i (i < 8) plus disp bytes.
+func (a rowAddr) at(i, disp int) Mem {
+	switch i {
+	case 0:
+		return Mem{Base: a.base, Disp: disp}
+	case 1, 2, 4:
+		return Mem{Base: a.base, Index: a.stride, Scale: uint8(i), Disp: disp}
+	case 3:
+		return Mem{Base: a.base3, Disp: disp}
+	case 5:
+		return Mem{Base: a.base3, Index: a.stride, Scale: 2, Disp: disp}
+	case 6:
+		return Mem{Base: a.base, Index: a.stride3, Scale: 2, Disp: disp}
+	case 7:
+		return Mem{Base: a.base3, Index: a.stride, Scale: 4, Disp: disp}
+	}
+	panic("row out of range")
+}
+
+// advance moves row 0 (and row 3) on by d bytes.
+func (a rowAddr) advance(d Op) {
+	ADDQ(d, a.base)
+	if a.base3 != nil {
+		ADDQ(d, a.base3)
+	}
+}
+
+func (a rowAddr) retreat(d Op) {
+	SUBQ(d, a.base)
+	if a.base3 != nil {
+		SUBQ(d, a.base3)
+	}
+}
+
+// matmulKernel computes R rows of x against cols rows of w, C rows of w at a
+// time: out[r·outStride + c] = dot(x[r·xStride:], w[c·n:]) over n elements.
+func matmulKernel(R, C int) {
+	TEXT(fmt.Sprintf("matmulR%dC%d", R, C), NOSPLIT,
+		"func(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)")
+	Doc(fmt.Sprintf("matmulR%dC%d sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])", R, C),
+		fmt.Sprintf("for r < %d and c < cols, %d rows of w at a time; cols is a multiple of %d.", R, C, C))
+	x, xs := gpParam("x"), gpParam("xStride")
+	w, n := gpParam("w"), gpParam("n")
+	cols, out, os := gpParam("cols"), gpParam("out"), gpParam("outStride")
+	SHLQ(U8(2), xs)
+	SHLQ(U8(2), os)
+	nb := GP64() // bytes per row of w
+	MOVQ(n, nb)
+	SHLQ(U8(2), nb)
+	xa := newRowAddr(x, xs, R)
+	wa := newRowAddr(w, nb, C)
+	fb := GP64() // bytes of whole chunks
+	MOVQ(nb, fb)
+	ANDQ(I8(-32), fb)
+	var mask VecVirtual
+	rem := GP64()
+	MOVQ(n, rem)
+	ANDQ(U8(7), rem)
+	noMask := label("nomask")
+	mask = YMM()
+	VXORPS(mask, mask, mask)
+	JZ(LabelRef(noMask))
+	m := tailMask(rem)
+	VMOVUPS(m, mask)
+	Label(noMask)
+
+	outer, end := label("cols"), label("end")
+	Label(outer)
+	TESTQ(cols, cols)
+	JZ(LabelRef(end))
+	acc := make([]VecVirtual, R*C)
+	for i := range acc {
+		acc[i] = YMM()
+		VXORPS(acc[i], acc[i], acc[i])
+	}
+	k := GP64()
+	XORQ(k, k)
+	body := func(masked bool) {
+		load := func(m Mem) VecVirtual {
+			v := YMM()
+			if masked {
+				VMASKMOVPS(m, mask, v)
+			} else {
+				VMOVUPS(m, v)
+			}
+			return v
+		}
+		if R == 1 {
+			xv := load(xa.at(0, 0))
+			for c := 0; c < C; c++ {
+				t := YMM()
+				if masked {
+					VMASKMOVPS(wa.at(c, 0), mask, t)
+					VMULPS(xv, t, t)
+				} else {
+					VMULPS(wa.at(c, 0), xv, t)
+				}
+				VADDPS(t, acc[c], acc[c])
+			}
+			return
+		}
+		wv := make([]VecVirtual, C)
+		for c := range wv {
+			wv[c] = load(wa.at(c, 0))
+		}
+		for r := 0; r < R; r++ {
+			xv := load(xa.at(r, 0))
+			for c := 0; c < C; c++ {
+				t := YMM()
+				VMULPS(wv[c], xv, t)
+				VADDPS(t, acc[r*C+c], acc[r*C+c])
+			}
+		}
+	}
+	loop, tail, store := label("loop"), label("tail"), label("store")
+	Label(loop)
+	CMPQ(k, fb)
+	JAE(LabelRef(tail))
+	body(false)
+	ADDQ(U8(32), k)
+	xa.advance(U8(32))
+	wa.advance(U8(32))
+	JMP(LabelRef(loop))
+	Label(tail)
+	CMPQ(k, nb)
+	JAE(LabelRef(store))
+	body(true)
+	Label(store)
+	xa.retreat(k)
+	wa.retreat(k)
+	r := reduce(acc)
+	p := GP64()
+	MOVQ(out, p)
+	for row := 0; row < R; row++ {
+		if row > 0 {
+			ADDQ(os, p)
+		}
+		first := row * C
+		switch {
+		case C == 8:
+			VMOVUPS(r, Mem{Base: p})
+		case C == 4:
+			VMOVUPS(lane(r, first), Mem{Base: p})
+		case C == 2 && first%4 == 0:
+			VMOVLPS(lane(r, first), Mem{Base: p})
+		case C == 2:
+			VMOVHPS(lane(r, first), Mem{Base: p})
+		default:
+			storeLane(lane(r, first), first, Mem{Base: p})
+		}
+	}
+	// Next C rows of w, C outputs on.
+	LEAQ(Mem{Base: w, Index: nb, Scale: uint8(C)}, w)
+	if wa.base3 != nil {
+		LEAQ(Mem{Base: w, Index: wa.stride3, Scale: 1}, wa.base3)
+	}
+	ADDQ(U32(4*C), out)
+	SUBQ(U32(C), cols)
+	JMP(LabelRef(outer))
+	Label(end)
+	VZEROUPPER()
+	RET()
+}
+
+// loadKV reads eight elements of type dt at m, widened to float32 exactly
+// as engine's decoders do (f16ToF32 keeps a NaN's payload as it is, and so
+// does this; F16C's VCVTPH2PS would quiet it).
+func loadKV(dt dtype, m Mem) VecVirtual {
+	v := YMM()
+	switch dt.name {
+	case "F32":
+		VMOVUPS(m, v)
+	case "BF16":
+		VPMOVZXWD(m, v)
+		VPSLLD(U8(16), v, v)
+	case "F16":
+		h, em, sgn := YMM(), YMM(), YMM()
+		VPMOVZXWD(m, h)
+		VPAND(cAbs7FFF, h, em)
+		VPXOR(em, h, sgn)
+		VPSLLD(U8(16), sgn, sgn)
+		VPSLLD(U8(13), em, v)
+		VPADDD(cF16Bias, v, v) // a normal number's bits
+		VPCMPGTD(cF16InfNaN, em, h)
+		VPAND(cF16Bias, h, h)
+		VPADDD(h, v, v)       // exponent 31 goes to 255
+		VCVTDQ2PS(em, h)      // a subnormal's value: its mantissa …
+		VMULPS(cF16Sub, h, h) // … times 2^-24, exactly
+		VPCMPGTD(cF16Min, em, em)
+		VBLENDVPS(em, v, h, v) // normal (or more) where em > 0x3ff, else subnormal
+		VPOR(sgn, v, v)
+	}
+	return v
+}
+
+// scoresKernel: out[h·outStride + r] = dot(q[h·hd:][:hd], K_r) · scale for
+// the H query heads at q and the n rows at k, stride bytes apart; hd is a
+// multiple of 8.
+func scoresKernel(dt dtype, H int) {
+	name := fmt.Sprintf("scores%sH%d", dt.name, H)
+	TEXT(name, NOSPLIT, "func(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)")
+	Doc(name+" sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale",
+		fmt.Sprintf("for the %d heads h and the n rows r of %s keys; hd is a multiple of 8.", H, dt.name))
+	q := gpParam("q")
+	hd := gpParam("hd")
+	k, stride, n := gpParam("k"), gpParam("stride"), gpParam("n")
+	out, os := gpParam("out"), gpParam("outStride")
+	sx := Load(Param("scale"), XMM())
+	scale := YMM()
+	VBROADCASTSS(sx, scale)
+	SHLQ(U8(2), os)
+	qs := make([]GPVirtual, H)
+	outs := make([]GPVirtual, H)
+	hdb := GP64() // bytes of one head's q
+	MOVQ(hd, hdb)
+	SHLQ(U8(2), hdb)
+	for h := range qs {
+		qs[h], outs[h] = GP64(), GP64()
+		if h == 0 {
+			MOVQ(q, qs[h])
+			MOVQ(out, outs[h])
+		} else {
+			LEAQ(Mem{Base: qs[h-1], Index: hdb, Scale: 1}, qs[h])
+			LEAQ(Mem{Base: outs[h-1], Index: os, Scale: 1}, outs[h])
+		}
+	}
+	kb := GP64() // bytes of one row's key
+	MOVQ(hd, kb)
+	SHLQ(U8(uint8(math.Log2(float64(dt.size)))), kb)
+	qScale := uint8(4 / dt.size)
+	rows, done := label("rows"), label("done")
+	Label(rows)
+	TESTQ(n, n)
+	JZ(LabelRef(done))
+	acc := make([]VecVirtual, H)
+	for h := range acc {
+		acc[h] = YMM()
+		VXORPS(acc[h], acc[h], acc[h])
+	}
+	j := GP64()
+	XORQ(j, j)
+	chunks := label("chunks")
+	Label(chunks)
+	kv := loadKV(dt, Mem{Base: k, Index: j, Scale: 1})
+	for h := range acc {
+		t := YMM()
+		VMULPS(Mem{Base: qs[h], Index: j, Scale: qScale}, kv, t)
+		VADDPS(t, acc[h], acc[h])
+	}
+	ADDQ(U8(uint8(8*dt.size)), j)
+	CMPQ(j, kb)
+	JB(LabelRef(chunks))
+	r := reduce(acc)
+	VMULPS(scale.AsX(), r, r)
+	for h := range acc {
+		storeLane(r, h, Mem{Base: outs[h]})
+		ADDQ(U8(4), outs[h])
+	}
+	ADDQ(stride, k)
+	DECQ(n)
+	JMP(LabelRef(rows))
+	Label(done)
+	VZEROUPPER()
+	RET()
+}
+
+// accumVFits says whether the accumulators, the loaded rows and the
+// temporaries of an accumV kernel fit in the YMM registers.
+func accumVFits(dt dtype, H, D int) bool {
+	temps := 2 // the broadcast weight and a product
+	if dt.name == "F16" {
+		temps += 3
+	}
+	return H*D <= 8 && H*D+D+temps <= 16
+}
+
+// accumVKernel: out[h·hd + d] += w[h·wStride + r] · V_r[d] for r = 0, 1, …,
+// n-1 in order, for the H heads at out and the n rows of values at v, stride
+// bytes apart; hd is a multiple of 8·D. Each output lane is one chain of
+// additions in row order, as in the generic code; D chunks of eight lanes
+// at a time keep H·D chains in flight.
+func accumVKernel(dt dtype, H, D int) {
+	name := fmt.Sprintf("accumV%sH%dD%d", dt.name, H, D)
+	TEXT(name, NOSPLIT, "func(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)")
+	Doc(name+" adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of "+dt.name+" values",
+		fmt.Sprintf("in order, for the %d heads h; hd is a multiple of %d.", H, 8*D))
+	out, hd := gpParam("out"), gpParam("hd")
+	w, ws := gpParam("w"), gpParam("wStride")
+	v, stride, n := gpParam("v"), gpParam("stride"), gpParam("n")
+	SHLQ(U8(2), ws)
+	SHLQ(U8(2), hd) // bytes of one head's output
+	wh := make([]GPVirtual, H)
+	for h := range wh {
+		wh[h] = GP64()
+		if h == 0 {
+			MOVQ(w, wh[h])
+		} else {
+			LEAQ(Mem{Base: wh[h-1], Index: ws, Scale: 1}, wh[h])
+		}
+	}
+	dq := GP64() // byte offset of the chunk in a head's output
+	XORQ(dq, dq)
+	groups, done := label("groups"), label("done")
+	Label(groups)
+	CMPQ(dq, hd)
+	JAE(LabelRef(done))
+	acc := make([]VecVirtual, H*D)
+	p := GP64()
+	MOVQ(out, p)
+	for h := 0; h < H; h++ {
+		if h > 0 {
+			ADDQ(hd, p)
+		}
+		for d := 0; d < D; d++ {
+			acc[h*D+d] = YMM()
+			VMOVUPS(Mem{Base: p, Index: dq, Scale: 1, Disp: 32 * d}, acc[h*D+d])
+		}
+	}
+	vp := GP64()
+	MOVQ(dq, vp)
+	if dt.size == 2 {
+		SHRQ(U8(1), vp)
+	}
+	ADDQ(v, vp)
+	cnt := GP64()
+	MOVQ(n, cnt)
+	rows, rowsDone := label("rows"), label("rowsdone")
+	Label(rows)
+	TESTQ(cnt, cnt)
+	JZ(LabelRef(rowsDone))
+	vv := make([]VecVirtual, D)
+	for d := range vv {
+		vv[d] = loadKV(dt, Mem{Base: vp, Disp: 8 * dt.size * d})
+	}
+	for h := 0; h < H; h++ {
+		b := YMM()
+		VBROADCASTSS(Mem{Base: wh[h]}, b)
+		for d := 0; d < D; d++ {
+			t := YMM()
+			VMULPS(vv[d], b, t)
+			VADDPS(t, acc[h*D+d], acc[h*D+d])
+		}
+		ADDQ(U8(4), wh[h])
+	}
+	ADDQ(stride, vp)
+	DECQ(cnt)
+	JMP(LabelRef(rows))
+	Label(rowsDone)
+	MOVQ(out, p)
+	for h := 0; h < H; h++ {
+		if h > 0 {
+			ADDQ(hd, p)
+		}
+		for d := 0; d < D; d++ {
+			VMOVUPS(acc[h*D+d], Mem{Base: p, Index: dq, Scale: 1, Disp: 32 * d})
+		}
+	}
+	// Back to row 0 of the weights for the next chunks.
+	MOVQ(n, cnt)
+	SHLQ(U8(2), cnt)
+	for h := range wh {
+		SUBQ(cnt, wh[h])
+	}
+	ADDQ(U32(32*D), dq)
+	JMP(LabelRef(groups))
+	Label(done)
+	VZEROUPPER()
+	RET()
+}
+
+// elementwise emits a loop over the n float32 elements at the pointers
+// ptrs, eight at a time, then a masked tail: body gets the byte offset of
+// the chunk and, in the tail, the mask (nil in whole chunks).
+func elementwise(n GPVirtual, body func(off GPVirtual, mask VecVirtual)) {
+	off, fb := GP64(), GP64()
+	XORQ(off, off)
+	MOVQ(n, fb)
+	SHLQ(U8(2), fb)
+	ANDQ(I8(-32), fb)
+	loop, tail, done := label("loop"), label("tail"), label("done")
+	Label(loop)
+	CMPQ(off, fb)
+	JAE(LabelRef(tail))
+	body(off, nil)
+	ADDQ(U8(32), off)
+	JMP(LabelRef(loop))
+	Label(tail)
+	ANDQ(U8(7), n)
+	JZ(LabelRef(done))
+	body(off, tailMask(n))
+	Label(done)
+}
+
+// loadF32 loads eight float32 at m, or the lanes of mask (zeros elsewhere).
+func loadF32(m Mem, mask VecVirtual) VecVirtual {
+	v := YMM()
+	if mask == nil {
+		VMOVUPS(m, v)
+	} else {
+		VMASKMOVPS(m, mask, v)
+	}
+	return v
+}
+
+func storeF32(v VecVirtual, m Mem, mask VecVirtual) {
+	if mask == nil {
+		VMOVUPS(v, m)
+	} else {
+		VMASKMOVPS(v, mask, m)
+	}
+}
+
+// maxPair is the larger of a and b lane by lane as Go's max has it for
+// numbers: VMAXPS returns its second operand when both are zeros, so the
+// AND of both orders makes max(-0, +0) +0 either way.
+func maxPair(a, b VecVirtual) VecVirtual {
+	m1, m2 := YMM(), YMM()
+	VMAXPS(b, a, m1)
+	VMAXPS(a, b, m2)
+	VANDPS(m2, m1, m1)
+	return m1
+}
+
+func maxKernel() {
+	TEXT("maxAVX2", NOSPLIT, "func(x *float32, n int) float32")
+	Doc("maxAVX2 is the largest of the n ≥ 1 elements at x, as Go's max gives it; NaN if any is NaN.")
+	x, n := gpParam("x"), gpParam("n")
+	m, nan := YMM(), YMM()
+	VMOVUPS(cNegInf, m)
+	VXORPS(nan, nan, nan)
+	elementwise(n, func(off GPVirtual, mask VecVirtual) {
+		v := loadF32(Mem{Base: x, Index: off, Scale: 1}, mask)
+		if mask != nil {
+			ni := YMM()
+			VMOVUPS(cNegInf, ni)
+			VBLENDVPS(mask, v, ni, v) // lanes past the end are -Inf
+		}
+		u := YMM()
+		VCMPPS(U8(3), v, v, u)
+		VORPS(u, nan, nan)
+		VMOVUPS(maxPair(m, v), m)
+	})
+	hi := YMM()
+	VPERM2F128(U8(0x11), m, m, hi)
+	m4 := maxPair(m, hi)
+	s := YMM()
+	VPERMILPS(U8(0x4e), m4, s)
+	m2 := maxPair(m4, s)
+	VPERMILPS(U8(0xb1), m2, s)
+	m1 := maxPair(m2, s)
+	bits := GP32()
+	VMOVMSKPS(nan, bits)
+	isNum := label("num")
+	TESTL(bits, bits)
+	JZ(LabelRef(isNum))
+	VMOVUPS(cInf, m1) // an infinity minus itself is NaN
+	VSUBPS(m1, m1, m1)
+	Label(isNum)
+	VZEROUPPER()
+	Store(m1.AsX(), ReturnIndex(0))
+	RET()
+}
+
+// exp32x8 is exp32 of each lane of x.
+func exp32x8(x VecVirtual) VecVirtual {
+	res := YMM()
+	for half := 0; half < 2; half++ {
+		xs := x.AsX()
+		if half == 1 {
+			xs = XMM()
+			VEXTRACTF128(U8(1), x, xs)
+		}
+		xd, t, kd, r, p := YMM(), YMM(), YMM(), YMM(), YMM()
+		VCVTPS2PD(xs, xd)
+		VMULPD(cLog2e, xd, t)
+		VADDPD(cHalf, t, t)
+		VROUNDPD(U8(9), t, kd) // floor
+		VMULPD(cLn2Hi, kd, t)
+		VSUBPD(t, xd, r)
+		VMULPD(cLn2Lo, kd, t)
+		VSUBPD(t, r, r)
+		VMOVUPD(cP11, p)
+		for _, c := range cTaylor {
+			VMULPD(r, p, p)
+			VADDPD(c, p, p)
+		}
+		ki, e := XMM(), YMM()
+		VCVTTPD2DQY(kd, ki)
+		VPMOVSXDQ(ki, e)
+		VPADDQ(c1023, e, e)
+		VPSLLQ(U8(52), e, e) // 2^k, exactly: k is in [-151, 129] here
+		VMULPD(e, p, p)
+		if half == 0 {
+			VCVTPD2PSY(p, res.AsX())
+		} else {
+			f := XMM()
+			VCVTPD2PSY(p, f)
+			VINSERTF128(U8(1), f, res, res)
+		}
+	}
+	m := YMM()
+	VCMPPS(U8(0x1e), c89, x, m) // x > 89
+	VBLENDVPS(m, cInf, res, res)
+	VCMPPS(U8(0x11), cNeg104, x, m) // x < -104
+	VANDNPS(res, m, res)
+	VCMPPS(U8(3), x, x, m) // NaN
+	VBLENDVPS(m, x, res, res)
+	return res
+}
+
+func expSubSumKernel() {
+	TEXT("expSubSumAVX2", NOSPLIT, "func(x *float32, n int, mx float32) float32")
+	Doc("expSubSumAVX2 is expSubSumGeneric of the n elements at x.")
+	x, n := gpParam("x"), gpParam("n")
+	mxs := Load(Param("mx"), XMM())
+	mx, acc := YMM(), YMM()
+	VBROADCASTSS(mxs, mx)
+	VXORPS(acc, acc, acc)
+	elementwise(n, func(off GPVirtual, mask VecVirtual) {
+		m := Mem{Base: x, Index: off, Scale: 1}
+		v := loadF32(m, mask)
+		VSUBPS(mx, v, v)
+		e := exp32x8(v)
+		storeF32(e, m, mask)
+		if mask != nil {
+			VANDPS(mask, e, e)
+		}
+		VADDPS(e, acc, acc)
+	})
+	r := reduce([]VecVirtual{acc})
+	VZEROUPPER()
+	Store(r, ReturnIndex(0))
+	RET()
+}
+
+func scaleKernel() {
+	TEXT("scaleAVX2", NOSPLIT, "func(x *float32, n int, s float32)")
+	Doc("scaleAVX2 multiplies the n elements at x by s.")
+	x, n := gpParam("x"), gpParam("n")
+	ss := Load(Param("s"), XMM())
+	s := YMM()
+	VBROADCASTSS(ss, s)
+	elementwise(n, func(off GPVirtual, mask VecVirtual) {
+		m := Mem{Base: x, Index: off, Scale: 1}
+		v := loadF32(m, mask)
+		VMULPS(s, v, v)
+		storeF32(v, m, mask)
+	})
+	VZEROUPPER()
+	RET()
+}
+
+func mulScaleKernel() {
+	TEXT("mulScaleAVX2", NOSPLIT, "func(out, x, w *float32, n int, s float32)")
+	Doc("mulScaleAVX2 sets out[i] = x[i]·s·w[i] for the n elements.")
+	out, x, w := gpParam("out"), gpParam("x"), gpParam("w")
+	n := gpParam("n")
+	ss := Load(Param("s"), XMM())
+	s := YMM()
+	VBROADCASTSS(ss, s)
+	elementwise(n, func(off GPVirtual, mask VecVirtual) {
+		v := loadF32(Mem{Base: x, Index: off, Scale: 1}, mask)
+		VMULPS(s, v, v)
+		VMULPS(loadF32(Mem{Base: w, Index: off, Scale: 1}, mask), v, v)
+		storeF32(v, Mem{Base: out, Index: off, Scale: 1}, mask)
+	})
+	VZEROUPPER()
+	RET()
+}
+
+func addKernel() {
+	TEXT("addAVX2", NOSPLIT, "func(x, d *float32, n int)")
+	Doc("addAVX2 adds the n elements at d to those at x.")
+	x, d, n := gpParam("x"), gpParam("d"), gpParam("n")
+	elementwise(n, func(off GPVirtual, mask VecVirtual) {
+		m := Mem{Base: x, Index: off, Scale: 1}
+		v := loadF32(m, mask)
+		VADDPS(loadF32(Mem{Base: d, Index: off, Scale: 1}, mask), v, v)
+		storeF32(v, m, mask)
+	})
+	VZEROUPPER()
+	RET()
+}
+
+func swiGLUKernel() {
+	TEXT("swiGLUAVX2", NOSPLIT, "func(gate, up *float32, n int)")
+	Doc("swiGLUAVX2 sets gate[i] = gate[i] / (1 + exp32(-gate[i])) · up[i] for the n elements.")
+	gate, up, n := gpParam("gate"), gpParam("up"), gpParam("n")
+	elementwise(n, func(off GPVirtual, mask VecVirtual) {
+		m := Mem{Base: gate, Index: off, Scale: 1}
+		g := loadF32(m, mask)
+		ng := YMM()
+		VXORPS(cSign, g, ng)
+		e := exp32x8(ng)
+		VADDPS(cOne, e, e)
+		VDIVPS(e, g, g)
+		VMULPS(loadF32(Mem{Base: up, Index: off, Scale: 1}, mask), g, g)
+		storeF32(g, m, mask)
+	})
+	VZEROUPPER()
+	RET()
+}

@@ -1,0 +1,228 @@
+package engine
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/cpu"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// The AVX2 kernels are generated, with the summation order of the generic
+// kernels built in (see internal/asm); the .s file and its declarations are
+// committed, so that building needs no generator.
+//go:generate go run -C internal/asm . -out ../../kernels_amd64.s -stubs ../../kernels_stub_amd64.go -pkg engine
+
+// avx2Kernels wraps the assembly: each wrapper checks the bounds the
+// assembly relies on (so that a wrong length panics as Go code would,
+// rather than reading past a slice) and hands shapes the assembly does not
+// cover, such as a head width that is not a multiple of 8, to the generic
+// kernel, which computes the same bits.
+var avx2Kernels = kernelSet{
+	name: "avx2", dot: dotAVX2Slices, matmul: matmulAVX2, scores: scoresAVX2, accumV: accumVAVX2,
+	max: maxAVX2Slice, expSubSum: expSubSumAVX2Slice, scale: scaleAVX2Slice, mulScale: mulScaleAVX2Slices,
+	add: addAVX2Slices, swiGLU: swiGLUAVX2Slices,
+}
+
+// fastKernels are the sets this CPU can run besides the generic one, for
+// the tests that compare them bit for bit.
+var fastKernels []*kernelSet
+
+func init() {
+	if cpu.X86.HasAVX2 {
+		kern = &avx2Kernels
+		fastKernels = append(fastKernels, &avx2Kernels)
+	}
+}
+
+func dotAVX2Slices(a, b []float32) float32 {
+	if len(a) == 0 {
+		return 0
+	}
+	b = b[:len(a)]
+	return dotAVX2(&a[0], &b[0], len(a))
+}
+
+// matmulTile is one generated block kernel: rows of x against cols rows of
+// w, c at a time.
+type matmulTile struct {
+	c int
+	f func(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+}
+
+// matmulTiles[r] are the kernels for r rows of x, widest block first.
+var matmulTiles = [5][]matmulTile{
+	1: {{8, matmulR1C8}, {4, matmulR1C4}, {2, matmulR1C2}, {1, matmulR1C1}},
+	2: {{4, matmulR2C4}, {2, matmulR2C2}, {1, matmulR2C1}},
+	3: {{2, matmulR3C2}, {1, matmulR3C1}},
+	4: {{2, matmulR4C2}, {1, matmulR4C1}},
+}
+
+// matmulBlockBytes bounds the bytes of w one pass over a block of rows of x
+// reads, so that the block of w stays in the L1 and L2 caches while it is
+// read again for each group of four rows.
+const matmulBlockBytes = 64 << 10
+
+func matmulAVX2(out, x, w []float32, in, outs, j0, j1 int) {
+	rows := len(x) / in
+	if rows == 0 || j0 >= j1 {
+		return
+	}
+	if j0 < 0 || j1 > outs || len(x) != rows*in || len(w) < j1*in || len(out) < (rows-1)*outs+j1 {
+		panic(fmt.Sprintf("engine: matmul of %d×%d by %d×%d into %d outputs, columns [%d, %d)",
+			rows, in, len(w)/in, in, len(out), j0, j1))
+	}
+	block := j1 - j0
+	if rows > 4 {
+		block = max(8, matmulBlockBytes/(4*in)&^7)
+	}
+	for jb := j0; jb < j1; jb += block {
+		je := min(jb+block, j1)
+		for t := 0; t < rows; {
+			r := min(rows-t, 4)
+			j := jb
+			for _, tile := range matmulTiles[r] {
+				if cols := (je - j) / tile.c * tile.c; cols > 0 {
+					tile.f(&x[t*in], in, &w[j*in], in, cols, &out[t*outs+j], outs)
+					j += cols
+				}
+			}
+			t += r
+		}
+	}
+}
+
+// dtypeIndex numbers the KV dtypes the kernels decode: f32, f16, bf16.
+func dtypeIndex(dt kv.DType) int {
+	switch dt {
+	case kv.F32:
+		return 0
+	case kv.F16:
+		return 1
+	case kv.BF16:
+		return 2
+	}
+	panic(fmt.Sprintf("engine: KV dtype %s has no kernel", dt))
+}
+
+// scoresTiles[dtype][h-1] scores h query heads at once.
+var scoresTiles = [3][4]func(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32){
+	{scoresF32H1, scoresF32H2, scoresF32H3, scoresF32H4},
+	{scoresF16H1, scoresF16H2, scoresF16H3, scoresF16H4},
+	{scoresBF16H1, scoresBF16H2, scoresBF16H3, scoresBF16H4},
+}
+
+// checkKV panics unless rows rows of hd elements of dt, stride bytes apart,
+// lie in b.
+func checkKV(b []byte, hd, rows, stride int, dt kv.DType) {
+	if stride < 0 || len(b) < (rows-1)*stride+hd*dt.Size() {
+		panic(fmt.Sprintf("engine: %d KV rows of %d %s elements %d bytes apart in %d bytes", rows, hd, dt, stride, len(b)))
+	}
+}
+
+func scoresAVX2(dst []float32, dstStride int, q []float32, heads, hd int, k []byte, rows, stride int, dt kv.DType, scale float32) {
+	if rows == 0 || heads == 0 {
+		return
+	}
+	if hd%8 != 0 {
+		scoresGeneric(dst, dstStride, q, heads, hd, k, rows, stride, dt, scale)
+		return
+	}
+	checkKV(k, hd, rows, stride, dt)
+	_, _ = q[heads*hd-1], dst[(heads-1)*dstStride+rows-1]
+	tiles := &scoresTiles[dtypeIndex(dt)]
+	for h := 0; h < heads; h += 4 {
+		n := min(4, heads-h)
+		tiles[n-1](&q[h*hd], hd, &k[0], stride, rows, &dst[h*dstStride], dstStride, scale)
+	}
+}
+
+// accumVTile is one generated weighted-sum kernel: h heads, d chunks of 8
+// lanes at a time.
+type accumVTile struct {
+	d int
+	f func(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
+}
+
+// accumVTiles[dtype][h-1] are the kernels for h heads, most chunks first.
+var accumVTiles = [3][4][]accumVTile{
+	{
+		{{4, accumVF32H1D4}, {2, accumVF32H1D2}, {1, accumVF32H1D1}},
+		{{4, accumVF32H2D4}, {2, accumVF32H2D2}, {1, accumVF32H2D1}},
+		{{2, accumVF32H3D2}, {1, accumVF32H3D1}},
+		{{2, accumVF32H4D2}, {1, accumVF32H4D1}},
+	},
+	{
+		{{4, accumVF16H1D4}, {2, accumVF16H1D2}, {1, accumVF16H1D1}},
+		{{2, accumVF16H2D2}, {1, accumVF16H2D1}},
+		{{2, accumVF16H3D2}, {1, accumVF16H3D1}},
+		{{2, accumVF16H4D2}, {1, accumVF16H4D1}},
+	},
+	{
+		{{4, accumVBF16H1D4}, {2, accumVBF16H1D2}, {1, accumVBF16H1D1}},
+		{{4, accumVBF16H2D4}, {2, accumVBF16H2D2}, {1, accumVBF16H2D1}},
+		{{2, accumVBF16H3D2}, {1, accumVBF16H3D1}},
+		{{2, accumVBF16H4D2}, {1, accumVBF16H4D1}},
+	},
+}
+
+func accumVAVX2(out []float32, heads, hd int, w []float32, wStride int, v []byte, rows, stride int, dt kv.DType) {
+	if rows == 0 || heads == 0 {
+		return
+	}
+	if hd%8 != 0 {
+		accumVGeneric(out, heads, hd, w, wStride, v, rows, stride, dt)
+		return
+	}
+	checkKV(v, hd, rows, stride, dt)
+	_, _ = out[heads*hd-1], w[(heads-1)*wStride+rows-1]
+	tiles := &accumVTiles[dtypeIndex(dt)]
+	for h := 0; h < heads; h += 4 {
+		n := min(4, heads-h)
+		for _, t := range tiles[n-1] {
+			if hd%(8*t.d) == 0 {
+				t.f(&out[h*hd], hd, &w[h*wStride], wStride, &v[0], stride, rows)
+				break
+			}
+		}
+	}
+}
+
+func maxAVX2Slice(x []float32) float32 {
+	_ = x[0]
+	return maxAVX2(&x[0], len(x))
+}
+
+func expSubSumAVX2Slice(x []float32, mx float32) float32 {
+	if len(x) == 0 {
+		return 0
+	}
+	return expSubSumAVX2(&x[0], len(x), mx)
+}
+
+func scaleAVX2Slice(x []float32, s float32) {
+	if len(x) > 0 {
+		scaleAVX2(&x[0], len(x), s)
+	}
+}
+
+func mulScaleAVX2Slices(out, x, w []float32, s float32) {
+	if len(out) > 0 {
+		x, w = x[:len(out)], w[:len(out)]
+		mulScaleAVX2(&out[0], &x[0], &w[0], len(out), s)
+	}
+}
+
+func addAVX2Slices(x, d []float32) {
+	if len(x) > 0 {
+		d = d[:len(x)]
+		addAVX2(&x[0], &d[0], len(x))
+	}
+}
+
+func swiGLUAVX2Slices(gate, up []float32) {
+	if len(gate) > 0 {
+		up = up[:len(gate)]
+		swiGLUAVX2(&gate[0], &up[0], len(gate))
+	}
+}
