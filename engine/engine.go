@@ -132,6 +132,9 @@ func (e *NeedPageError) Error() string {
 // ErrEmptyPrompt: prefill of zero tokens.
 var ErrEmptyPrompt = errors.New("engine: prompt has no tokens")
 
+// ErrSequenceTwice: a sequence given to StepBatch twice in one call.
+var ErrSequenceTwice = errors.New("engine: sequence given twice in one batch")
+
 // ErrSequenceClosed: a call on a closed sequence.
 var ErrSequenceClosed = errors.New("engine: sequence closed")
 
@@ -291,6 +294,7 @@ type refSequence struct {
 	next    int   // the token the next step feeds
 	broken  error // set when a page was written but not sealed or leased
 	closed  bool
+	batched bool // in the StepBatch running now
 }
 
 func (s *refSequence) Step(pool KV) (int, error) {
@@ -342,6 +346,84 @@ func (s *refSequence) commit(r *fwdRow) int {
 	s.pos++
 	s.next = r.next
 	return r.next
+}
+
+// StepBatch steps each sequence of seqs as its Step would, and sets toks[i]
+// and errs[i] to what seqs[i].Step(pool) would have returned; toks and errs
+// are at least as long as seqs.
+//
+// The reference engine's sequences step together, one forward pass per
+// engine: each weight matrix is read once for all of them, and each
+// sequence gets exactly the bits its own Step would compute. Each is
+// checked as Step checks it (closed or unusable, the context full, a full
+// tail without a granted page, every page read again under its lease), and
+// a sequence that fails fails alone, as its Step would have failed, while
+// the others step. Every sequence's checks and page writes come before any
+// page is read, since a write to the pool may move the bytes an earlier
+// Read returned. Sequences of other engines step one by one, and a
+// sequence given twice steps once: its second place gets
+// ErrSequenceTwice.
+func StepBatch(pool KV, seqs []Sequence, toks []int, errs []error) {
+	toks, errs = toks[:len(seqs)], errs[:len(seqs)]
+	for i, s := range seqs {
+		toks[i], errs[i] = 0, nil
+		switch rs, ok := s.(*refSequence); {
+		case !ok:
+			toks[i], errs[i] = s.Step(pool)
+		case rs.batched:
+			errs[i] = ErrSequenceTwice
+		default:
+			rs.batched = true
+			errs[i] = rs.prepare(pool)
+		}
+	}
+	// in is the sequence at i if it is still to step in this batch.
+	in := func(i int) *refSequence {
+		if rs, ok := seqs[i].(*refSequence); ok && errs[i] == nil && rs.batched {
+			return rs
+		}
+		return nil
+	}
+	for i := range seqs {
+		if rs := in(i); rs != nil {
+			errs[i] = rs.readPages(pool)
+		}
+	}
+	for {
+		var e *ReferenceEngine
+		n := 0
+		for i := range seqs {
+			if rs := in(i); rs != nil && (e == nil || rs.e == e) {
+				e = rs.e
+				n++
+			}
+		}
+		if e == nil {
+			break
+		}
+		sc := e.scratch(n)
+		rows := sc.fwd[:0]
+		for i := range seqs {
+			if rs := in(i); rs != nil && rs.e == e {
+				rows = append(rows, rs.row())
+			}
+		}
+		e.m.forward(sc, rows)
+		j := 0
+		for i := range seqs {
+			if rs := in(i); rs != nil && rs.e == e {
+				toks[i] = rs.commit(&rows[j])
+				rs.batched = false
+				j++
+			}
+		}
+		e.scratches.Put(sc)
+	}
+	for _, s := range seqs {
+		if rs, ok := s.(*refSequence); ok {
+			rs.batched = false
+		}
+	}
 }
 
 // scratch is a forward pass's activations for up to rows rows, from the

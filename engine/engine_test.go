@@ -731,3 +731,217 @@ func TestExp32(t *testing.T) {
 		t.Fatalf("exp32 limits: %g %g %g", exp32(-200), exp32(200), exp32(0))
 	}
 }
+
+// stepBatch steps seqs together, granting a fresh page to each that asks,
+// and returns the outcomes.
+func stepBatch(t testing.TB, p *kv.Pool, seqs []Sequence) ([]int, []error) {
+	t.Helper()
+	for _, s := range seqs {
+		if at, need := s.NeedsPage(); need {
+			if err := s.GrantPage(reserve(t, p, s.Manifest().Owner, at, 1)[0]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	toks, errs := make([]int, len(seqs)), make([]error, len(seqs))
+	StepBatch(p, seqs, toks, errs)
+	return toks, errs
+}
+
+// TestStepBatchEqualsReference decodes sequences of different prompt
+// lengths together, across many page boundaries, each batch step computing
+// them all in one pass: every sequence must give the reference's answer.
+func TestStepBatchEqualsReference(t *testing.T) {
+	for _, cfg := range []ModelConfig{DefaultModelConfig(), oddModelConfig()} {
+		for _, dt := range []kv.DType{kv.F32, kv.BF16} {
+			cfg.KVDType = dt
+			t.Run(fmt.Sprintf("dim=%d/%s", cfg.Dim, dt), func(t *testing.T) {
+				e := engineFor(t, cfg)
+				p := fragmentedPool(t, cfg.Geometry(4), 512, 11, 12)
+				lengths := []int{1, 3, 4, 7, 30, 61}
+				var seqs []Sequence
+				got := make([][]int, len(lengths))
+				for i, n := range lengths {
+					o := kv.Owner{Request: uint64(100 + i), Tenant: "batch"}
+					pf := prefill(t, e, p, o, testPrompt(n, fmt.Sprint(i)))
+					s, err := e.Decode(p, pf.Manifest, pf.First)
+					if err != nil {
+						t.Fatal(err)
+					}
+					seqs, got[i] = append(seqs, s), []int{pf.First}
+				}
+				const maxNew = 14
+				for len(got[0]) < maxNew {
+					toks, errs := stepBatch(t, p, seqs)
+					for i := range seqs {
+						if errs[i] != nil {
+							t.Fatalf("sequence %d at %d tokens: %v", i, seqs[i].Tokens(), errs[i])
+						}
+						got[i] = append(got[i], toks[i])
+					}
+				}
+				for i, n := range lengths {
+					if want := reference(t, e, testPrompt(n, fmt.Sprint(i)), maxNew); !slices.Equal(got[i], want) {
+						t.Errorf("sequence %d (prompt of %d) in a batch:\n got %v\nwant %v", i, n, got[i], want)
+					}
+					if err := seqs[i].Manifest().Verify(p); err != nil {
+						t.Errorf("sequence %d: %v", i, err)
+					}
+					if err := seqs[i].Close(p); err != nil {
+						t.Error(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestStepBatchFailsAlone puts in one batch a sequence of each way a step
+// fails (a full tail with no page, closed, a page reclaimed, the context
+// full, given twice) next to two that are well: each failing one gets the
+// error its Step gives and is left as it was, the others step, and all
+// that can go on end with the reference's answer. The sequences at a
+// context of 40 are another engine's, which steps in a pass of its own.
+func TestStepBatchFailsAlone(t *testing.T) {
+	cfg := DefaultModelConfig()
+	short := cfg
+	short.ContextTokens = 40
+	e, es := engineFor(t, cfg), engineFor(t, short)
+	p := fragmentedPool(t, cfg.Geometry(4), 256, 13, 14)
+	type seq struct {
+		e      *ReferenceEngine
+		prompt []int
+		s      Sequence
+		got    []int
+	}
+	start := func(e *ReferenceEngine, n int, salt string, req uint64) *seq {
+		prompt := testPrompt(n, salt)
+		pf := prefill(t, e, p, kv.Owner{Request: req, Tenant: "fail"}, prompt)
+		s, err := e.Decode(p, pf.Manifest, pf.First)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &seq{e: e, prompt: prompt, s: s, got: []int{pf.First}}
+	}
+	well, noPage, closed := start(e, 9, "well", 1), start(e, 8, "nopage", 2), start(e, 5, "closed", 3)
+	reclaimed, full, shortWell := start(e, 10, "reclaim", 4), start(es, 39, "full", 5), start(es, 20, "short", 6)
+	// Four steps fill each tail; full steps once, to the end of its context.
+	for range 4 {
+		for _, q := range []*seq{well, noPage, closed, reclaimed, full, shortWell} {
+			if q == full && len(q.got) > 1 {
+				continue
+			}
+			next, err := q.s.Step(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q.got = append(q.got, next)
+		}
+	}
+	if err := closed.s.Close(p); err != nil {
+		t.Fatal(err)
+	}
+	if freed, err := p.Release(reclaimed.s.Manifest().Pages[0].Tag, reclaimed.s.Manifest().Owner, epoch); err != nil || freed {
+		t.Fatalf("release of a leased page: freed %t, %v", freed, err)
+	}
+	// Past the released page's reclaim delay, before any owned page's.
+	p.Tick(epoch.Add(time.Minute))
+	// Every tail is full: all but noPage get the page they ask for.
+	for _, q := range []*seq{well, reclaimed, shortWell} {
+		at, need := q.s.NeedsPage()
+		if !need {
+			t.Fatalf("a full tail at %d tokens needs no page", q.s.Tokens())
+		}
+		if err := q.s.GrantPage(reserve(t, p, q.s.Manifest().Owner, at, 1)[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	batch := []Sequence{well.s, noPage.s, closed.s, reclaimed.s, full.s, well.s, shortWell.s}
+	before := make([]int, len(batch))
+	for i, s := range batch {
+		before[i] = s.Tokens()
+	}
+	toks, errs := make([]int, len(batch)), make([]error, len(batch))
+	StepBatch(p, batch, toks, errs)
+	var needPage *NeedPageError
+	var stale *kv.StaleTagError
+	var ctxFull *ContextFullError
+	for i, c := range []struct {
+		name string
+		ok   func(error) bool
+	}{
+		{"well", func(err error) bool { return err == nil }},
+		{"no page", func(err error) bool { return errors.As(err, &needPage) }},
+		{"closed", func(err error) bool { return errors.Is(err, ErrSequenceClosed) }},
+		{"reclaimed", func(err error) bool { return errors.As(err, &stale) }},
+		{"context full", func(err error) bool { return errors.As(err, &ctxFull) && ctxFull.Limit == 40 }},
+		{"twice", func(err error) bool { return errors.Is(err, ErrSequenceTwice) }},
+		{"short well", func(err error) bool { return err == nil }},
+	} {
+		if !c.ok(errs[i]) {
+			t.Errorf("%s: %v", c.name, errs[i])
+		}
+		stepped := 0
+		if errs[i] == nil {
+			stepped = 1
+		}
+		if c.name != "twice" && batch[i].Tokens() != before[i]+stepped {
+			t.Errorf("%s: %d tokens after the batch, %d before", c.name, batch[i].Tokens(), before[i])
+		}
+	}
+	if well.s.Tokens() != before[0]+1 {
+		t.Errorf("a sequence given twice stepped to %d tokens from %d", well.s.Tokens(), before[0])
+	}
+	well.got = append(well.got, toks[0])
+	shortWell.got = append(shortWell.got, toks[6])
+	// The page the failed sequence asked for lets it go on, in a batch with
+	// the others that can.
+	if at, need := noPage.s.NeedsPage(); !need {
+		t.Fatal("the sequence refused for want of a page needs none")
+	} else if err := noPage.s.GrantPage(reserve(t, p, noPage.s.Manifest().Owner, at, 1)[0]); err != nil {
+		t.Fatal(err)
+	}
+	live := []*seq{well, noPage, shortWell}
+	for len(well.got) < 16 {
+		seqs := []Sequence{well.s, noPage.s, shortWell.s}
+		toks, errs := stepBatch(t, p, seqs)
+		for i, q := range live {
+			if errs[i] != nil {
+				t.Fatalf("sequence %d: %v", i, errs[i])
+			}
+			q.got = append(q.got, toks[i])
+		}
+	}
+	for _, q := range live {
+		if want := reference(t, q.e, q.prompt, len(q.got)); !slices.Equal(q.got, want) {
+			t.Errorf("prompt of %d tokens:\n got %v\nwant %v", len(q.prompt), q.got, want)
+		}
+	}
+}
+
+func TestStepBatchAllocatesNothing(t *testing.T) {
+	e := engineFor(t, DefaultModelConfig())
+	p := fragmentedPool(t, e.Config().Geometry(128), 32, 10, 10)
+	var seqs []Sequence
+	for i := range 4 {
+		o := kv.Owner{Request: uint64(10 + i), Tenant: "alloc"}
+		pf := prefill(t, e, p, o, testPrompt(20+i, "alloc"))
+		s, err := e.Decode(p, pf.Manifest, pf.First)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, s)
+	}
+	toks, errs := make([]int, len(seqs)), make([]error, len(seqs))
+	if n := testing.AllocsPerRun(50, func() {
+		StepBatch(p, seqs, toks, errs)
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}); n != 0 {
+		t.Fatalf("a batch step allocates %v times", n)
+	}
+}
