@@ -3,6 +3,8 @@ package handoff
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/internal/mutant"
@@ -253,21 +255,86 @@ func (s *Sequence) Ended() bool { return s.job.Next == s.eos || s.job.MaxNew == 
 // it needs one; done says the job has every token (or met EOS, or failed),
 // after which it is not stepped again.
 func (s *Sequence) Step(p engine.KV) (tok int, done bool, err error) {
-	if first, need := s.seq.NeedsPage(); need {
-		if len(s.job.Spare) == 0 {
-			return 0, true, fmt.Errorf("handoff: sequence needs a page at position %d and none is reserved", first)
-		}
-		if err := s.seq.GrantPage(s.job.Spare[0]); err != nil {
-			return 0, true, err
-		}
-		s.job.Spare = s.job.Spare[1:]
-	}
-	tok, err = s.seq.Step(p)
-	if err != nil {
+	if err := s.grant(); err != nil {
 		return 0, true, err
 	}
+	st := s.stepped(s.seq.Step(p))
+	return st.Token, st.Done, st.Err
+}
+
+// Stepped is one sequence's outcome in a StepBatch: what its Step would
+// have returned.
+type Stepped struct {
+	Token int
+	Done  bool
+	Err   error
+}
+
+// StepBatch is Step for each sequence of seqs, computed together
+// (engine.StepBatch: each weight matrix read once for all of them, every
+// sequence getting the token its own Step would give), and sets out[i] to
+// seqs[i]'s outcome; out is at least as long as seqs. A sequence that fails
+// (no spare page left for it, a page of it refused, its context full) is
+// done alone, and the others step.
+func StepBatch(p engine.KV, seqs []*Sequence, out []Stepped) {
+	b, _ := batches.Get().(*batch)
+	if b == nil {
+		b = new(batch)
+	}
+	out = out[:len(seqs)]
+	b.seqs, b.at = b.seqs[:0], b.at[:0]
+	for i, s := range seqs {
+		if err := s.grant(); err != nil {
+			out[i] = Stepped{Done: true, Err: err}
+			continue
+		}
+		b.seqs = append(b.seqs, s.seq)
+		b.at = append(b.at, i)
+	}
+	n := len(b.seqs)
+	b.toks, b.errs = slices.Grow(b.toks[:0], n)[:n], slices.Grow(b.errs[:0], n)[:n]
+	engine.StepBatch(p, b.seqs, b.toks, b.errs)
+	for j, i := range b.at {
+		out[i] = seqs[i].stepped(b.toks[j], b.errs[j])
+	}
+	clear(b.seqs) // the pool keeps no sequence or error alive
+	clear(b.errs)
+	batches.Put(b)
+}
+
+// batch is StepBatch's buffers, reused from call to call.
+type batch struct {
+	seqs []engine.Sequence
+	at   []int // seqs[j] is the StepBatch's seqs[at[j]]
+	toks []int
+	errs []error
+}
+
+var batches sync.Pool
+
+// grant gives the sequence its next spare page when it needs one.
+func (s *Sequence) grant() error {
+	first, need := s.seq.NeedsPage()
+	if !need {
+		return nil
+	}
+	if len(s.job.Spare) == 0 {
+		return fmt.Errorf("handoff: sequence needs a page at position %d and none is reserved", first)
+	}
+	if err := s.seq.GrantPage(s.job.Spare[0]); err != nil {
+		return err
+	}
+	s.job.Spare = s.job.Spare[1:]
+	return nil
+}
+
+// stepped is the outcome of the engine's step that gave tok and err.
+func (s *Sequence) stepped(tok int, err error) Stepped {
+	if err != nil {
+		return Stepped{Done: true, Err: err}
+	}
 	s.generated++
-	return tok, tok == s.eos || s.generated >= s.job.MaxNew, nil
+	return Stepped{Token: tok, Done: tok == s.eos || s.generated >= s.job.MaxNew}
 }
 
 // Close gives back every lease of the sequence.
