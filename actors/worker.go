@@ -307,22 +307,41 @@ func (w *workerActor) kick(c actor.Context) {
 }
 
 // runStep starts at most one queued plan, then runs one decode step of up
-// to batchMax sequences, round robin.
+// to batchMax sequences, round robin, in one batched step of the engine
+// (handoff.StepBatch: each weight matrix read once for all of them).
 func (w *workerActor) runStep(c actor.Context) {
 	if w.src.Startable() {
 		w.run(c, handoff.Next{})
 	}
-	n := min(len(w.seqs), w.batchMax)
-	for i := 0; i < n && len(w.seqs) > 0; i++ {
-		idx := (w.next + i) % len(w.seqs)
-		if done, err := w.decodeStep(c, w.seqs[idx]); done {
-			w.finish(c, idx, err)
-			i-- // the slice shrank under the loop
-			n--
+	if n := min(len(w.seqs), w.batchMax); n > 0 {
+		indexOf := func(s *sequence) int {
+			for i, x := range w.seqs {
+				if x == s {
+					return i
+				}
+			}
+			return -1
 		}
-	}
-	if len(w.seqs) > 0 {
-		w.next = (w.next + n) % len(w.seqs)
+		batch, seqs := make([]*sequence, n), make([]*handoff.Sequence, n)
+		for i := range batch {
+			batch[i] = w.seqs[(w.next+i)%len(w.seqs)]
+			seqs[i] = batch[i].Sequence
+		}
+		var resume *sequence // where the next step's batch starts
+		if n < len(w.seqs) {
+			resume = w.seqs[(w.next+n)%len(w.seqs)]
+		}
+		out := make([]handoff.Stepped, n)
+		handoff.StepBatch(w.kv, seqs, out)
+		for i, s := range batch {
+			if done, err := w.decodeStep(c, s, out[i]); done {
+				w.finish(c, indexOf(s), err)
+			}
+		}
+		w.next = 0
+		if resume != nil {
+			w.next = indexOf(resume)
+		}
 	}
 	w.stats.steps.Add(1)
 }
@@ -472,14 +491,13 @@ func (w *workerActor) startDecode(c actor.Context, job DecodeJob) {
 	w.seqs = append(w.seqs, &sequence{Sequence: s, replyTo: job.ReplyTo})
 }
 
-// decodeStep runs one step of s and reports whether s is finished, and
-// why if it failed.
-func (w *workerActor) decodeStep(c actor.Context, s *sequence) (done bool, err error) {
-	tok, done, err := s.Step(w.kv)
-	if err == nil {
-		c.Send(s.replyTo, TokenOut{Owner: s.Owner(), Token: tok})
+// decodeStep streams the token of s's step, whose outcome is out, and
+// reports whether s is finished, and why if it failed.
+func (w *workerActor) decodeStep(c actor.Context, s *sequence, out handoff.Stepped) (done bool, err error) {
+	if out.Err == nil {
+		c.Send(s.replyTo, TokenOut{Owner: s.Owner(), Token: out.Token})
 	}
-	return done, err
+	return out.Done, out.Err
 }
 
 // finish closes sequence idx (giving back its leases) and reports it.
