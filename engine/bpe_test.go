@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvwarden/kvwarden/internal/stories"
 )
 
 // vocabEntry is one token of a tokenizer file.
@@ -82,7 +84,7 @@ func idsOf(tb testing.TB, bpe *BPETokenizer, p ...string) []int {
 
 func readTok512(tb testing.TB) *BPETokenizer {
 	tb.Helper()
-	_, tokPath := stories260K(tb)
+	_, tokPath := stories.Files(tb)
 	bpe, err := ReadTokenizer(tokPath, 512)
 	if err != nil {
 		tb.Fatal(err)
@@ -277,7 +279,7 @@ func TestTokenizerRoundTrip(t *testing.T) {
 // BOS merge included.
 func TestStories260KEncode(t *testing.T) {
 	bpe := readTok512(t)
-	for _, text := range append(slices.Clone(roundTripTexts), publishedText(t)) {
+	for _, text := range append(slices.Clone(roundTripTexts), stories.Published(t)) {
 		if got, want := bpe.Encode(text), naiveEncode(bpe, text, true); !slices.Equal(got, want) {
 			t.Errorf("Encode(%q) = %v, llama2.c's %v", text, got, want)
 		}
@@ -285,7 +287,7 @@ func TestStories260KEncode(t *testing.T) {
 }
 
 func TestTokenizerWrongVocab(t *testing.T) {
-	_, tokPath := stories260K(t)
+	_, tokPath := stories.Files(t)
 	data, err := os.ReadFile(tokPath)
 	if err != nil {
 		t.Fatal(err)
@@ -436,7 +438,7 @@ func FuzzParseTokenizer(f *testing.F) {
 
 // encodeBenchText is about n bytes of the model card's story, repeated.
 func encodeBenchText(b *testing.B, n int) string {
-	s := publishedText(b) + "\n"
+	s := stories.Published(b) + "\n"
 	return strings.Repeat(s, n/len(s)+1)[:n]
 }
 
@@ -475,7 +477,7 @@ func BenchmarkBPEEncodeHeapVsNaive(b *testing.B) {
 // TestTokenizerFile checks tokenizerFile against the real tok512.bin,
 // whose fixed start vocabEntries must reproduce byte for byte.
 func TestTokenizerFile(t *testing.T) {
-	_, tokPath := stories260K(t)
+	_, tokPath := stories.Files(t)
 	data, err := os.ReadFile(tokPath)
 	if err != nil {
 		t.Fatal(err)

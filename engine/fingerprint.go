@@ -84,6 +84,9 @@ func fingerprint(cfg ModelConfig, w *Weights, tok Tokenizer) Fingerprint {
 	floats(w.Out)
 	word(uint64(tok.BOS()))
 	word(uint64(tok.Stop()))
+	if bpe, ok := tok.(*BPETokenizer); ok {
+		floats(bpe.scores) // merge scores decide how text encodes
+	}
 	for id := range tok.Vocab() {
 		for _, prev := range []int{tok.BOS(), id} {
 			p := tok.Piece(prev, id)

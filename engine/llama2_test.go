@@ -12,51 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvwarden/kvwarden/internal/stories"
 	"github.com/kvwarden/kvwarden/kv"
 )
-
-// stories260KDir is where the shared model lives, from the package
-// directory: ../shared/models/stories260K/ relative to the repository
-// root.
-var stories260KDir = filepath.Join("..", "..", "shared", "models", "stories260K")
-
-// stories260K returns the paths of the stories260K checkpoint and its
-// tokenizer. Without them the test is skipped, or fails when CI is set: CI
-// must run the tests that need the real model.
-func stories260K(tb testing.TB) (modelPath, tokPath string) {
-	tb.Helper()
-	modelPath = filepath.Join(stories260KDir, "stories260K.bin")
-	tokPath = filepath.Join(stories260KDir, "tok512.bin")
-	for _, p := range []string{modelPath, tokPath} {
-		if _, err := os.Stat(p); err != nil {
-			if os.Getenv("CI") == "true" {
-				tb.Fatalf("the stories260K model is required in CI: %v", err)
-			}
-			tb.Skipf("the stories260K model is not at %s: %v", stories260KDir, err)
-		}
-	}
-	return modelPath, tokPath
-}
-
-// publishedText is the text the model card says greedy decoding produces:
-// the fenced block under the README's "What it must say", without the
-// newline that closes its last line.
-func publishedText(tb testing.TB) string {
-	tb.Helper()
-	readme, err := os.ReadFile(filepath.Join(stories260KDir, "README.md"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(readme), "## What it must say")
-	if ok {
-		_, section, ok = strings.Cut(section, "```\n")
-	}
-	text, _, closed := strings.Cut(section, "\n```")
-	if !ok || !closed {
-		tb.Fatal("the README has no fenced block under \"What it must say\"")
-	}
-	return text
-}
 
 // stories260KHeader is the header the README publishes.
 var stories260KHeader = ModelConfig{Dim: 64, HiddenDim: 172, Layers: 5, Heads: 8, KVHeads: 4, HeadDim: 8,
@@ -64,7 +22,7 @@ var stories260KHeader = ModelConfig{Dim: 64, HiddenDim: 172, Layers: 5, Heads: 8
 
 func readStories260K(t *testing.T) (ModelConfig, Weights, []byte) {
 	t.Helper()
-	modelPath, _ := stories260K(t)
+	modelPath, _ := stories.Files(t)
 	cfg, w, err := ReadCheckpoint(modelPath, CheckpointOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -112,8 +70,8 @@ func TestStories260KCheckpoint(t *testing.T) {
 // forward pass and decoder: greedy decoding of the real model from an empty
 // prompt gives the model card's text, byte for byte.
 func TestStories260KGreedy(t *testing.T) {
-	modelPath, tokPath := stories260K(t)
-	want := publishedText(t)
+	modelPath, tokPath := stories.Files(t)
+	want := stories.Published(t)
 	cfg, w, err := ReadCheckpoint(modelPath, CheckpointOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +117,7 @@ func sharedPrefixLen(a, b string) int {
 }
 
 func TestCheckpointSizeRefused(t *testing.T) {
-	modelPath, _ := stories260K(t)
+	modelPath, _ := stories.Files(t)
 	data, err := os.ReadFile(modelPath)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,134 @@
+package engine
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"unicode/utf8"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// Model is what a node serves: a model's config and weights, the engine
+// that computes them, the tokenizer that defines its tokens, and a
+// fingerprint of all of these. It is immutable, and one Model is shared by
+// every worker of a node.
+type Model struct {
+	name   string
+	cfg    ModelConfig
+	engine *ReferenceEngine
+	tok    Tokenizer
+	fp     Fingerprint
+}
+
+// NewModel validates cfg, w and tok against each other (the tokenizer's
+// vocabulary must be the model's) and computes the fingerprint. name says
+// where the model came from, for people: a file name, or "builtin".
+func NewModel(name string, cfg ModelConfig, w Weights, tok Tokenizer) (*Model, error) {
+	if name == "" || len(name) > ModelNameBytesMax || !utf8.ValidString(name) {
+		return nil, fmt.Errorf("engine: model name %q must be 1 to %d bytes of UTF-8", name, ModelNameBytesMax)
+	}
+	if tok.Vocab() != cfg.Vocab {
+		return nil, &VocabError{Model: cfg.Vocab, Tokenizer: tok.Vocab()}
+	}
+	for _, id := range []int{tok.BOS(), tok.Stop()} {
+		if id < 0 || id >= cfg.Vocab {
+			return nil, &TokenError{Index: 0, Token: id, Vocab: cfg.Vocab}
+		}
+	}
+	e, err := NewEngine(cfg, w)
+	if err != nil {
+		return nil, err
+	}
+	return &Model{name: name, cfg: cfg, engine: e, tok: tok, fp: fingerprint(cfg, &w, tok)}, nil
+}
+
+// BuiltinModel is the embedded default of cfg: weights generated from its
+// seed and the byte tokenizer. It needs no files.
+func BuiltinModel(cfg ModelConfig) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return NewModel("builtin", cfg, seededWeights(cfg), ByteTokenizer{})
+}
+
+// LoadModel reads a llama2.c checkpoint and its tokenizer
+// (ReadCheckpoint, ReadTokenizer), each validated before its arrays are
+// allocated, with K and V of type kvDType in KV pages (zero means f32).
+// The model is named after the checkpoint's file.
+func LoadModel(modelPath, tokenizerPath string, kvDType kv.DType) (*Model, error) {
+	cfg, w, err := ReadCheckpoint(modelPath, CheckpointOptions{KVDType: kvDType})
+	if err != nil {
+		return nil, err
+	}
+	tok, err := ReadTokenizer(tokenizerPath, cfg.Vocab)
+	if err != nil {
+		return nil, err
+	}
+	return NewModel(modelName(modelPath), cfg, w, tok)
+}
+
+// modelName is the base name of path, shortened to ModelNameBytesMax bytes
+// on a character boundary.
+func modelName(path string) string {
+	name := filepath.Base(path)
+	for len(name) > ModelNameBytesMax {
+		_, size := utf8.DecodeLastRuneInString(name)
+		name = name[:len(name)-size]
+	}
+	return name
+}
+
+// ModelNameBytesMax bounds a model's name, in bytes.
+const ModelNameBytesMax = 128
+
+// VocabError: the tokenizer's vocabulary is not the model's.
+type VocabError struct {
+	Model, Tokenizer int
+}
+
+func (e *VocabError) Error() string {
+	return fmt.Sprintf("engine: the tokenizer has %d tokens, the model %d: they must be the same", e.Tokenizer, e.Model)
+}
+
+// Name says where the model came from.
+func (m *Model) Name() string { return m.name }
+
+// Config is the model's shape.
+func (m *Model) Config() ModelConfig { return m.cfg }
+
+// Engine computes the model; it is shared, like the model.
+func (m *Model) Engine() Engine { return m.engine }
+
+// Tokenizer defines the model's tokens.
+func (m *Model) Tokenizer() Tokenizer { return m.tok }
+
+// Fingerprint identifies the model's function: config, weights and
+// tokenizer.
+func (m *Model) Fingerprint() Fingerprint { return m.fp }
+
+// Reference is the engine's Reference over the tokens of the text prompt:
+// maxNew greedy tokens, not cut at the stop token. It may be called from
+// any number of goroutines at once.
+func (m *Model) Reference(prompt string, maxNew int) ([]int, error) {
+	return m.engine.Reference(m.tok.Encode(prompt), maxNew)
+}
+
+// Answer is what a node serving m answers for the text prompt with at most
+// maxNew tokens: the reference over the prompt's tokens, ending at the
+// first Stop token if one comes (the Stop token included). Every serving
+// path must give exactly this.
+func (m *Model) Answer(prompt string, maxNew int) ([]int, error) {
+	tokens, err := m.Reference(prompt, maxNew)
+	if i := slices.Index(tokens, m.tok.Stop()); i >= 0 {
+		tokens = tokens[:i+1]
+	}
+	return tokens, err
+}
+
+// Text is the text of tokens generated after prompt: the pieces after the
+// prompt's last token, joined into UTF-8.
+func (m *Model) Text(prompt string, tokens []int) string {
+	p := m.tok.Encode(prompt)
+	return DecodeText(m.tok, p[len(p)-1], tokens)
+}
