@@ -109,6 +109,7 @@ type Drain struct{}
 // decode worker with the fewest requests.
 type admissionActor struct {
 	cfg       *Config
+	model     *engine.Model
 	log       *slog.Logger
 	counters  *nodeCounters
 	decode    []*actor.PID
@@ -231,7 +232,7 @@ func Reject(c actor.Context, id uint64, err error) error {
 // passes, spawns its request actor on the decode worker admission chose.
 // peer is the prefill node a router chose; nil means choose here.
 func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, peer *PrefillPeer) {
-	prompt := engine.ByteTokenizer{}.Encode(text)
+	prompt := a.model.Tokenizer().Encode(text)
 	ask := handoff.Ask{Key: handoff.ClientKey{Client: senderKey(c), ID: id}, PromptTokens: len(prompt), MaxTokens: maxTokens,
 		Routed: peer != nil}
 	if peer == nil {
@@ -263,9 +264,11 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 func (a *admissionActor) spawn(c actor.Context, key handoff.ClientKey, d int, tenant string, prompt []int, maxTokens int,
 	peer PrefillPeer) error {
 	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
-	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane), owner, key.ID, prompt, maxTokens,
+	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane, a.model), owner, key.ID, prompt, maxTokens,
 		handoff.Peer{Address: peer.PID.Address, Incarnation: peer.Incarnation})
+	tok, last := a.model.Tokenizer(), prompt[len(prompt)-1]
 	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, core: core, client: c.Sender(),
+		tok: tok, last: last, text: engine.NewTextDecoder(tok, last),
 		route: route{prefill: peer.PID, decode: a.decode[d], decodePool: a.dPools[d]}, pick: a.pick,
 		registry: a.registry, auth: a.auth}
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return req },
@@ -278,8 +281,9 @@ func (a *admissionActor) spawn(c actor.Context, key handoff.ClientKey, d int, te
 }
 
 // requestConfig is what every request of the node shares.
-func (c *Config) requestConfig(dataPlane string) handoff.RequestConfig {
+func (c *Config) requestConfig(dataPlane string, model *engine.Model) handoff.RequestConfig {
 	return handoff.RequestConfig{Geometry: c.Geometry(), Incarnation: c.Incarnation, DataPlane: dataPlane,
 		RequestTimeout: c.RequestTimeout, PrefillTimeout: c.PrefillTimeout, ReserveWait: c.ReserveWait,
-		ReserveRetry: c.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: engine.EOS}
+		ReserveRetry: c.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: model.Tokenizer().Stop(),
+		Model: model.Fingerprint().String()}
 }

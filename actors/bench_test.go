@@ -121,7 +121,7 @@ func actorPath(b *testing.B, c *client.Client, prompts []string) int {
 // on one goroutine, as a single engine would.
 func BenchmarkServe(b *testing.B) {
 	cfg := DefaultLocalConfig()
-	n, err := Start(cfg, Options{})
+	n, err := Start(cfg, withModel(b, cfg, Options{}))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func BenchmarkServe(b *testing.B) {
 // from the client's call to its error.
 func BenchmarkAdmissionReject(b *testing.B) {
 	cfg := DefaultLocalConfig()
-	n, err := Start(cfg, Options{})
+	n, err := Start(cfg, withModel(b, cfg, Options{}))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -58,7 +59,7 @@ func TestFullMailboxAnswersBusy(t *testing.T) {
 		{"routed", &messages.RoutedRequest{RequestID: 4, Tenant: "a", Prompt: "p", MaxTokens: 1, Prefill: "127.0.0.1:1",
 			PrefillIncarnation: 1, DecodeIncarnation: 1}, func(r any) error { return r.(*messages.GenerateResult).Err }},
 		{"plan", &messages.TransferPlan{RequestID: 5, Tenant: "a", TokenCount: 1, PromptTokens: []uint32{1}, PageTokens: 16,
-			DestTags: []kv.Tag{{Incarnation: 1, Index: 0, Generation: 1}}}, func(r any) error { return r.(*messages.TransferDone).Err }},
+			DestTags: []kv.Tag{{Incarnation: 1, Index: 0, Generation: 1}}, Model: engine.Fingerprint{1}.String()}, func(r any) error { return r.(*messages.TransferDone).Err }},
 	} {
 		res, err := sys.Root.RequestFuture(pid, tc.m, 5*time.Second).Result()
 		if err != nil {
@@ -178,7 +179,8 @@ func TestDuplicatePlanAfterAckNotRerun(t *testing.T) {
 		}
 	}))
 	plan := &messages.TransferPlan{RequestID: 1 << 40, Tenant: "acme", TokenCount: 3, PromptTokens: []uint32{'a', 'b', 'c'},
-		PageTokens: uint32(n.Config().PageTokens), DestTags: []kv.Tag{{Incarnation: 9, Index: 0, Generation: 1}}}
+		PageTokens: uint32(n.Config().PageTokens), DestTags: []kv.Tag{{Incarnation: 9, Index: 0, Generation: 1}},
+		Model: n.Model().Fingerprint().String()}
 	n.Root().RequestWithCustomSender(n.dispatcher, plan, decoder)
 	select {
 	case m := <-done:

@@ -28,13 +28,13 @@ func TestSendsOffTheWorker(t *testing.T) {
 	const hanging = "127.0.0.1:1"
 	unblock := make(chan struct{})
 	t.Cleanup(func() { close(unblock) })
-	n, err := Start(cfg, Options{Dial: func(addr string, inc uint64) (FrameSender, error) {
+	n, err := Start(cfg, withModel(t, cfg, Options{Dial: func(addr string, inc uint64) (FrameSender, error) {
 		if addr == hanging {
 			<-unblock
 			return nil, errors.New("test dialer: released")
 		}
 		return dialFrames(addr, lim)
-	}})
+	}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,8 @@ func TestSendsOffTheWorker(t *testing.T) {
 	send := func(id uint64, dataPlane string) {
 		n.Root().RequestWithCustomSender(n.dispatcher, &messages.TransferPlan{RequestID: id, Tenant: "acme", TokenCount: 3,
 			PromptTokens: []uint32{'a', 'b', 'c'}, PageTokens: uint32(cfg.PageTokens),
-			DestTags: []kv.Tag{{Incarnation: 9, Index: uint32(id), Generation: 1}}, DataPlane: dataPlane}, decoder)
+			DestTags: []kv.Tag{{Incarnation: 9, Index: uint32(id), Generation: 1}}, DataPlane: dataPlane,
+			Model: n.Model().Fingerprint().String()}, decoder)
 	}
 	send(1, blackHole(t))
 	send(2, hanging)

@@ -3,6 +3,7 @@ package actors
 import (
 	crand "crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -29,6 +30,7 @@ const AdmissionName = "admission"
 // admission actor, optionally reachable through protoactor remote.
 type Node struct {
 	cfg        Config
+	model      *engine.Model
 	log        *slog.Logger
 	sys        *actor.ActorSystem
 	root       *actor.RootContext
@@ -47,6 +49,10 @@ type Node struct {
 
 // Options are what a node takes besides its Config.
 type Options struct {
+	// Model is what every worker computes and admission tokenizes with;
+	// required, and its config must be Config.Model. One Model is shared
+	// by every worker: its weights are read, never copied.
+	Model *engine.Model
 	// Listen is the host:port protoactor remote serves on ("127.0.0.1:0"
 	// picks a port); empty means no remote: in-process clients only.
 	Listen string
@@ -76,6 +82,9 @@ type Options struct {
 	DataPlaneOf DataPlaneOf
 }
 
+// Model is what the node serves.
+func (n *Node) Model() *engine.Model { return n.model }
+
 // DrawIncarnation gives the configuration an incarnation if it has none:
 // a random non-zero value, so a restarted node is never taken for its old
 // self. Start calls it; a caller that needs the incarnation before Start
@@ -104,11 +113,13 @@ func Start(cfg Config, opt Options) (*Node, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	engine, err := engine.NewReferenceEngine(cfg.Model)
-	if err != nil {
-		return nil, err
+	if opt.Model == nil {
+		return nil, errors.New("actors: Options.Model is required: the model the node serves")
 	}
-	n := &Node{cfg: cfg, log: log, counters: &nodeCounters{}, fatal: make(chan *InvariantError, 1)}
+	if got := opt.Model.Config(); got != cfg.Model {
+		return nil, fmt.Errorf("actors: Options.Model computes %+v, not Config.Model %+v", got, cfg.Model)
+	}
+	n := &Node{cfg: cfg, model: opt.Model, log: log, counters: &nodeCounters{}, fatal: make(chan *InvariantError, 1)}
 	n.sys = messages.NewActorSystem(log)
 	sup := &stopOnPanic{log: log, fatal: func(e *InvariantError) {
 		select {
@@ -125,19 +136,20 @@ func Start(cfg Config, opt Options) (*Node, error) {
 		n.auth = trust.Insecure(log)
 	}
 	if opt.Listen != "" {
+		var err error
 		if n.remote, err = messages.StartRemoteAdvertised(n.sys, opt.Listen, opt.Advertise, n.auth); err != nil {
 			n.sys.Shutdown()
 			return nil, fmt.Errorf("actors: %w", err)
 		}
 	}
-	if err := n.spawn(engine, sup, opt); err != nil {
+	if err := n.spawn(opt.Model, sup, opt); err != nil {
 		n.Stop()
 		return nil, err
 	}
 	return n, nil
 }
 
-func (n *Node) spawn(engine engine.Engine, sup actor.SupervisorStrategy, opt Options) error {
+func (n *Node) spawn(model *engine.Model, sup actor.SupervisorStrategy, opt Options) error {
 	cfg := &n.cfg
 	workers := func(role string, count, pages int, out *[]*actor.PID) ([]*Pool, error) {
 		var pools []*Pool
@@ -148,7 +160,7 @@ func (n *Node) spawn(engine engine.Engine, sup actor.SupervisorStrategy, opt Opt
 			if err != nil {
 				return nil, err
 			}
-			w := newWorker(role, engine, pool, cfg, n.log.With("worker", name), planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf})
+			w := newWorker(role, model, pool, cfg, n.log.With("worker", name), planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf})
 			w.dial = opt.Dial
 			mb := n.Mailbox()
 			if role == "prefill" {
@@ -191,7 +203,7 @@ func (n *Node) spawn(engine engine.Engine, sup actor.SupervisorStrategy, opt Opt
 		return err
 	}
 	n.pools = append(n.pools, dPools...)
-	adm := &admissionActor{cfg: cfg, log: n.log, counters: n.counters, decode: n.decode, dPools: dPools,
+	adm := &admissionActor{cfg: cfg, model: model, log: n.log, counters: n.counters, decode: n.decode, dPools: dPools,
 		pick: pick, dataPlane: opt.DataPlane, registry: &n.registry, auth: n.auth, mailbox: n.Mailbox()}
 	n.admission, err = n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return adm },
 		actor.WithMailbox(n.Mailbox()), actor.WithSupervisor(sup)), AdmissionName)

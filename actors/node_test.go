@@ -40,10 +40,33 @@ func startNode(t *testing.T, cfg Config) *Node {
 	return startNodeWith(t, cfg, Options{})
 }
 
+// builtinModels holds each config's built-in model once per test binary.
+var builtinModels sync.Map // engine.ModelConfig → *engine.Model
+
+// withModel is opt with, unless it names one, the built-in model of
+// cfg.Model.
+func withModel(t testing.TB, cfg Config, opt Options) Options {
+	t.Helper()
+	if opt.Model != nil {
+		return opt
+	}
+	if m, ok := builtinModels.Load(cfg.Model); ok {
+		opt.Model = m.(*engine.Model)
+		return opt
+	}
+	m, err := engine.BuiltinModel(cfg.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	builtinModels.Store(cfg.Model, m)
+	opt.Model = m
+	return opt
+}
+
 // startNodeWith is startNode with options.
 func startNodeWith(t *testing.T, cfg Config, opt Options) *Node {
 	t.Helper()
-	n, err := Start(cfg, opt)
+	n, err := Start(cfg, withModel(t, cfg, opt))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,10 +97,10 @@ func localClient(n *Node) *client.Client {
 	return client.New(n.Root().ActorSystem(), n.Admission(), client.Options{NoAnswerAfter: 3 * time.Minute, Auth: trust.Insecure(nil)})
 }
 
-// reference is the single-engine answer (engine.Answer).
+// reference is the single-engine answer (engine.Model.Answer).
 func reference(t *testing.T, cfg Config, prompt string, maxTokens int) []int {
 	t.Helper()
-	want, err := engine.Answer(cfg.Model, prompt, maxTokens)
+	want, err := withModel(t, cfg, Options{}).Model.Answer(prompt, maxTokens)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +161,7 @@ func TestOversizePromptRefusedBeforeAnyPage(t *testing.T) {
 	n := startNode(t, cfg)
 	c := localClient(n)
 	for _, tc := range []struct {
-		prompt int
+		prompt int // tokens: BOS and prompt-1 bytes
 		max    int
 		where  string
 		have   uint64
@@ -147,7 +170,7 @@ func TestOversizePromptRefusedBeforeAnyPage(t *testing.T) {
 		{cfg.ContextTokens + 1, 1, "context window", uint64(cfg.ContextTokens + 1), uint64(cfg.ContextTokens)},
 		{cfg.ContextTokens - 4, 10, "context window (prompt + max_tokens)", uint64(cfg.ContextTokens + 6), uint64(cfg.ContextTokens)},
 	} {
-		_, err := c.Generate(context.Background(), "acme", strings.Repeat("x", tc.prompt), client.GenerateOptions{MaxTokens: tc.max}, nil)
+		_, err := c.Generate(context.Background(), "acme", strings.Repeat("x", tc.prompt-1), client.GenerateOptions{MaxTokens: tc.max}, nil)
 		var we *messages.WireError
 		if !errors.As(err, &we) || we.Code != messages.CodePromptTooLong || we.Where != tc.where || we.Have != tc.have || we.Limit != tc.limit {
 			t.Fatalf("prompt of %d + %d: got %v", tc.prompt, tc.max, err)
@@ -184,7 +207,8 @@ func TestSmallestPoolOnPathRefuses(t *testing.T) {
 	cfg := testConfig()
 	cfg.PrefillPages = 4 // 64 tokens
 	n := startNode(t, cfg)
-	_, err := localClient(n).Generate(context.Background(), "acme", strings.Repeat("y", 65), client.GenerateOptions{MaxTokens: 1}, nil)
+	// BOS and 64 bytes: 65 tokens.
+	_, err := localClient(n).Generate(context.Background(), "acme", strings.Repeat("y", 64), client.GenerateOptions{MaxTokens: 1}, nil)
 	var we *messages.WireError
 	if !errors.As(err, &we) || we.Code != messages.CodePromptTooLong || we.Where != "prefill pool" || we.Have != 65 || we.Limit != 64 {
 		t.Fatalf("prompt of 65 over a 64-token prefill pool: %v", err)

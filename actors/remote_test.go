@@ -21,7 +21,7 @@ import (
 // its own actor system, to a node serving on a loopback port.
 func TestRemoteClient(t *testing.T) {
 	cfg := testConfig()
-	n, err := Start(cfg, Options{Listen: "127.0.0.1:0", Auth: trust.Insecure(nil)})
+	n, err := Start(cfg, withModel(t, cfg, Options{Listen: "127.0.0.1:0", Auth: trust.Insecure(nil)}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,13 @@ type requestActor struct {
 	counters *nodeCounters
 	core     *handoff.Request
 	client   *actor.PID // where TokenChunk and GenerateResult go
-	route    route
+	// tok is the model's tokenizer and last the prompt's last token,
+	// after which the generated text starts; text joins streamed pieces
+	// into UTF-8.
+	tok   engine.Tokenizer
+	last  int
+	text  *engine.TextDecoder
+	route route
 	// pick chooses another prefill peer when a transfer fails before any
 	// token was streamed.
 	pick PrefillPicker
@@ -139,6 +145,9 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 	case handoff.Emit:
 		// Tokens and the result name this actor as their sender, so that
 		// the client can tell them from anyone else's.
+		for _, t := range e.Chunk.Tokens {
+			e.Chunk.Text += r.text.Push(int(t))
+		}
 		if err := messages.SendFrom(c, r.client, e.Chunk); err != nil {
 			r.log.Error("token chunk refused", "err", err)
 		}
@@ -180,7 +189,7 @@ func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 		r.counters.failed.Add(1)
 		r.log.Info("request failed", "owner", r.core.Owner().String(), "err", e.Cause)
 	} else {
-		res.Text = engine.ByteTokenizer{}.Decode(e.Tokens)
+		res.Text = engine.DecodeText(r.tok, r.last, e.Tokens)
 		r.counters.completed.Add(1)
 		r.counters.phases.add(*e.Phases)
 	}

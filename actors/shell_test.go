@@ -36,17 +36,14 @@ func (g *gatedEngine) Prefill(pool engine.KV, owner kv.Owner, tags []kv.Tag, pro
 func TestAbortedQueuedPlanLeavesNothingInTheWorker(t *testing.T) {
 	cfg := testConfig()
 	n := startNode(t, cfg)
-	ref, err := engine.NewReferenceEngine(cfg.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng := &gatedEngine{Engine: ref, entered: make(chan struct{}), gate: make(chan struct{})}
+	eng := &gatedEngine{Engine: n.Model().Engine(), entered: make(chan struct{}), gate: make(chan struct{})}
 	pool, err := spawnPool(n.Root(), "gated-prefill/pool", cfg.pool(8, n.Config().Incarnation), n.Mailbox(), cfg.CallTimeout,
 		time.Now, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newWorker("prefill", eng, pool, &cfg, slog.New(slog.DiscardHandler), planPolicy{auth: n.Auth()})
+	w := newWorker("prefill", n.Model(), pool, &cfg, slog.New(slog.DiscardHandler), planPolicy{auth: n.Auth()})
+	w.engine = eng
 	worker, err := n.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return w },
 		actor.WithMailbox(n.Mailbox())), "gated-prefill")
 	if err != nil {
@@ -61,7 +58,8 @@ func TestAbortedQueuedPlanLeavesNothingInTheWorker(t *testing.T) {
 	}))
 	plan := func(id uint64) *messages.TransferPlan {
 		return &messages.TransferPlan{RequestID: id, Tenant: "acme", TokenCount: 3, PromptTokens: []uint32{'a', 'b', 'c'},
-			PageTokens: uint32(cfg.PageTokens), DestTags: []kv.Tag{{Incarnation: 9, Index: 0, Generation: 1}}}
+			PageTokens: uint32(cfg.PageTokens), DestTags: []kv.Tag{{Incarnation: 9, Index: 0, Generation: 1}},
+			Model: n.Model().Fingerprint().String()}
 	}
 	n.Root().RequestWithCustomSender(worker, plan(1), decoder)
 	<-eng.entered // the worker computes plan 1; what follows waits in its mailbox

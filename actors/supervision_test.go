@@ -14,7 +14,7 @@ import (
 // the making) and checks that the node reports it and that the actor was
 // stopped, not restarted with fresh state.
 func TestInvariantFailureStopsNotRestarts(t *testing.T) {
-	n, err := Start(testConfig(), Options{})
+	n, err := Start(testConfig(), withModel(t, testConfig(), Options{}))
 	if err != nil {
 		t.Fatal(err)
 	}

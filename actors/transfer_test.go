@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,7 +54,8 @@ func TestPlanOnlyFromDecodeToItsDataPlane(t *testing.T) {
 	}})
 	plan := func(id uint64, dataPlane string) *messages.TransferPlan {
 		return &messages.TransferPlan{RequestID: id, Tenant: "acme", TokenCount: 2, PromptTokens: []uint32{'h', 'i'},
-			PageTokens: uint32(cfg.PageTokens), DestTags: []kv.Tag{{Incarnation: 9, Index: 0, Generation: 1}}, DataPlane: dataPlane}
+			PageTokens: uint32(cfg.PageTokens), DestTags: []kv.Tag{{Incarnation: 9, Index: 0, Generation: 1}}, DataPlane: dataPlane,
+			Model: n.Model().Fingerprint().String()}
 	}
 	forbidden := &messages.WireError{Code: messages.CodeForbidden}
 	for i, tc := range []struct {
@@ -78,9 +80,20 @@ func TestPlanOnlyFromDecodeToItsDataPlane(t *testing.T) {
 			t.Errorf("%s: %s refusals went from %d to %d", tc.name, tc.refuse, before, got)
 		}
 	}
+	// A decode node of another model: refused before any prefill, both
+	// fingerprints named, told as model_mismatch.
+	other := plan(5, advertised)
+	other.Model = engine.Fingerprint{0xee}.String()
+	inbox, answers := decode.Inbox(t, "request-other-model")
+	decode.Sys.Root.RequestWithCustomSender(actor.NewPID(n.Address(), PrefillName), other, inbox)
+	if done := messagestest.Next(t, "another model's plan", answers, time.Minute).Message.(*messages.TransferDone); done.Err == nil ||
+		done.Err.Code != messages.CodeModelMismatch || !strings.Contains(done.Err.Message, other.Model) ||
+		!strings.Contains(done.Err.Message, n.Model().Fingerprint().String()) {
+		t.Errorf("a plan for model %s answered %+v, want model_mismatch naming both fingerprints", other.Model, done)
+	}
 	// The decode node's own plan to its own data plane runs (and fails
 	// at the send: this node has no data plane dialer).
-	inbox, answers := decode.Inbox(t, "request-ok")
+	inbox, answers = decode.Inbox(t, "request-ok")
 	decode.Sys.Root.RequestWithCustomSender(actor.NewPID(n.Address(), PrefillName), plan(4, advertised), inbox)
 	if done := messagestest.Next(t, "a decode node's plan", answers, time.Minute).Message.(*messages.TransferDone); done.Err == nil ||
 		done.Err.Code == messages.CodeForbidden {

@@ -126,6 +126,7 @@ type sequence struct {
 type workerActor struct {
 	role     string
 	engine   engine.Engine
+	stop     int // the model's stop token
 	pool     *Pool
 	kv       *pageClient
 	limits   kv.BatchLimits
@@ -148,13 +149,13 @@ type workerActor struct {
 	fault    func([]kv.Frame)
 }
 
-// newWorker is a worker of role over engine and pool, with no dialer.
-func newWorker(role string, engine engine.Engine, pool *Pool, cfg *Config, log *slog.Logger, policy planPolicy) *workerActor {
-	return &workerActor{role: role, engine: engine, pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
+// newWorker is a worker of role computing model over pool, with no dialer.
+func newWorker(role string, model *engine.Model, pool *Pool, cfg *Config, log *slog.Logger, policy planPolicy) *workerActor {
+	return &workerActor{role: role, engine: model.Engine(), stop: model.Tokenizer().Stop(), pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
 		timeout: cfg.PrefillTimeout, log: log, stats: &workerCounters{}, policy: policy,
 		src: handoff.NewSource(handoff.SourceConfig{Role: role, PageTokens: cfg.PageTokens, QueueMax: cfg.QueueMax,
 			SendsMax: cfg.TransferSendsMax, ReclaimAfter: cfg.ReclaimAfter, DonePlansMax: cfg.DonePlansMax,
-			DoneFor: cfg.PrefillTimeout})}
+			DoneFor: cfg.PrefillTimeout, Model: model.Fingerprint()})}
 }
 
 // prefillJob is the shell's part of one plan the worker runs.
@@ -474,7 +475,7 @@ func (w *workerActor) pruneSenders() {
 // sequence for the steps to come, if any.
 func (w *workerActor) startDecode(c actor.Context, job DecodeJob) {
 	owner := job.Manifest.Owner
-	s, err := handoff.Begin(w.engine, w.kv, job.StartDecode, engine.EOS)
+	s, err := handoff.Begin(w.engine, w.kv, job.StartDecode, w.stop)
 	if err != nil {
 		var first *FirstTokenError
 		if errors.As(err, &first) {

@@ -141,6 +141,11 @@ func (c *Client) Close() {
 type GenerateOptions struct {
 	// MaxTokens is the most tokens to generate, at least 1.
 	MaxTokens int
+	// OnText, if set, receives the text of each streamed chunk as the node
+	// decoded it, on the client's goroutine: complete UTF-8 characters,
+	// joined from the model's byte pieces. What the stream held back at
+	// its end (an incomplete character) is in Result.Text only.
+	OnText func(string)
 }
 
 // Result is a finished generation.
@@ -193,7 +198,7 @@ func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt Genera
 	}
 	defer c.sys.Root.Stop(rx)
 	c.sys.Root.RequestWithCustomSender(c.target, req, rx)
-	return c.await(ctx, id, tenant, rx, inbox, onToken)
+	return c.await(ctx, id, tenant, rx, inbox, onToken, opt.OnText)
 }
 
 // fromNode says whether a message for request id came from the node the
@@ -225,7 +230,8 @@ func (c *Client) inSequence(seq uint32, last *uint32) bool {
 // request's id, out of sequence) the client has dropped.
 func (c *Client) Refused() uint64 { return c.refused.Load() }
 
-func (c *Client) await(ctx context.Context, id uint64, tenant string, rx *actor.PID, inbox chan any, onToken func(int)) (Result, error) {
+func (c *Client) await(ctx context.Context, id uint64, tenant string, rx *actor.PID, inbox chan any, onToken func(int),
+	onText func(string)) (Result, error) {
 	cancelled := false
 	timer := time.NewTimer(c.timeout)
 	defer timer.Stop()
@@ -248,6 +254,9 @@ func (c *Client) await(ctx context.Context, id uint64, tenant string, rx *actor.
 					if onToken != nil && !cancelled {
 						onToken(int(t))
 					}
+				}
+				if onText != nil && !cancelled && m.Text != "" {
+					onText(m.Text)
 				}
 			case *messages.Undecodable:
 				return Result{}, m

@@ -18,7 +18,6 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
@@ -92,7 +91,7 @@ func TestAdvertisedThroughProxies(t *testing.T) {
 	cfg.Listen, cfg.DataListen = listen, dataListen
 	cfg.Advertise, cfg.DataAdvertise = remote.addr(), data.addr()
 	cfg.Gossip.JoinAddrs = []string{p.GossipAddr()}
-	d, err := StartNode(cfg, nil)
+	d, err := StartNode(withModel(t, cfg), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +114,7 @@ func TestAdvertisedThroughProxies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want, _ := engine.Answer(cfg.Actors.Model, prompt, 6); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
+	if want, _ := withModel(t, cfg).Model.Answer(prompt, 6); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
 		t.Fatalf("answer %v, reference %v", res.Tokens, want)
 	}
 	if remote.bytes.Load() == remoteBefore || data.conns.Load() == dataBefore {

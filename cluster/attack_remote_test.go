@@ -39,7 +39,7 @@ func attackVictim(t *testing.T, ca *trusttest.CA) *Node {
 	t.Helper()
 	cfg := DefaultLocalNodeConfig(actors.RoleAll)
 	cfg.Auth = ca.Authority(t, trust.RoleAll, "victim", nil)
-	n, err := StartNode(cfg, nil)
+	n, err := StartNode(withModel(t, cfg), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -40,7 +41,7 @@ import (
 //
 //	off  size  field
 //	  0     4  magic "KVH1" (hello) or "KVR1" (reply)
-//	  4     1  version (1)
+//	  4     1  version (2)
 //	  5     1  status (reply only; zero in a hello)
 //	  6     2  reserved, zero
 //	  8     8  incarnation of the side that writes it
@@ -50,6 +51,7 @@ import (
 //	 32     4  frame bytes per token
 //	 36     4  reserved, zero
 //	 40     8  batch bytes max
+//	 48    16  fingerprint of the model the writer computes (non-zero)
 //
 // Acknowledgement:
 //
@@ -62,8 +64,8 @@ import (
 const (
 	dpHelloMagic   = "KVH1"
 	dpReplyMagic   = "KVR1"
-	dpVersion      = 1
-	dpHelloBytes   = 48
+	dpVersion      = 2
+	dpHelloBytes   = 64
 	dpAckBytes     = 24
 	dpNoFrame      = 0xFFFFFFFF
 	dpInFlightMax  = 1 << 12
@@ -149,6 +151,10 @@ type DataPlaneConfig struct {
 	// into one while the handler has the other) when its hello is
 	// accepted, so ConnectionsMax times that must fit.
 	ServerBufferBytesMax int64
+	// Model is the fingerprint of the model this node computes: a
+	// receiver refuses a hello from a sender of another model, whose KV
+	// would decode into a wrong answer. Must be non-zero.
+	Model engine.Fingerprint
 	// Incarnation is this node's incarnation: a receiver refuses a hello
 	// that expects another, and a frame whose destination tag names
 	// another. Must be non-zero.
@@ -226,6 +232,8 @@ func (c DataPlaneConfig) logger() *slog.Logger {
 func (c DataPlaneConfig) Validate() error {
 	fl := c.Batch.Frame
 	switch {
+	case c.Model.IsZero():
+		return errors.New("cluster: data plane Model (the model fingerprint) must be set")
 	case fl.PageTokens < 1 || fl.BytesPerToken < 1:
 		return fmt.Errorf("cluster: data plane Batch.Frame (page tokens %d, bytes per token %d) must be at least 1 each",
 			fl.PageTokens, fl.BytesPerToken)
@@ -319,8 +327,11 @@ const (
 	// DataPlaneForbidden: the sender's certificate names a role that does
 	// not prefill, so it has no KV to send.
 	DataPlaneForbidden DataPlaneStatus = 10
+	// DataPlaneHelloModel: the two sides compute different models (their
+	// fingerprints differ).
+	DataPlaneHelloModel DataPlaneStatus = 11
 
-	dpStatusCount = 11
+	dpStatusCount = 12
 )
 
 func (s DataPlaneStatus) String() string {
@@ -347,6 +358,8 @@ func (s DataPlaneStatus) String() string {
 		return "busy"
 	case DataPlaneForbidden:
 		return "sender's role may not send KV"
+	case DataPlaneHelloModel:
+		return "hello from a node of another model"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
@@ -407,6 +420,9 @@ type DataPlaneHelloError struct {
 	// Self is the sender's own identity (zero when insecure), which a
 	// DataPlaneForbidden refusal is about.
 	Self trust.Identity
+	// Ours and Theirs are the sender's and the receiver's model
+	// fingerprints.
+	Ours, Theirs engine.Fingerprint
 }
 
 func (e *DataPlaneHelloError) Error() string {
@@ -418,8 +434,19 @@ func (e *DataPlaneHelloError) Error() string {
 			e.Addr, e.Local.Frame.PageTokens, e.Local.Frame.BytesPerToken, e.Remote.Frame.PageTokens, e.Remote.Frame.BytesPerToken)
 	case DataPlaneForbidden:
 		return fmt.Sprintf("cluster: data plane %s refused hello: %s (this node is %s)", e.Addr, e.Status, e.Self)
+	case DataPlaneHelloModel:
+		return fmt.Sprintf("cluster: data plane %s refused hello: the receiver computes model %s, this node %s", e.Addr, e.Theirs, e.Ours)
 	}
 	return fmt.Sprintf("cluster: data plane %s refused hello: %s", e.Addr, e.Status)
+}
+
+// Unwrap gives, for a hello refused for its model, the
+// *engine.FingerprintError that reaches the client as model_mismatch.
+func (e *DataPlaneHelloError) Unwrap() error {
+	if e.Status != DataPlaneHelloModel {
+		return nil
+	}
+	return &engine.FingerprintError{Ours: e.Ours, Theirs: e.Theirs}
 }
 
 func (e *DataPlaneHelloError) Is(target error) bool { return target == ErrDataPlaneRefused }
@@ -493,7 +520,8 @@ type dpHello struct {
 	incarnation uint64 // the writer's
 	expect      uint64 // the other side's, as the writer expects it
 	limits      kv.BatchLimits
-	reserved    bool // a reserved field was non-zero
+	model       engine.Fingerprint // the writer's
+	reserved    bool               // a reserved field was non-zero
 }
 
 func (h *dpHello) encode() [dpHelloBytes]byte {
@@ -510,6 +538,7 @@ func (h *dpHello) encode() [dpHelloBytes]byte {
 	le.PutUint32(b[28:], uint32(h.limits.Frame.PageTokens))
 	le.PutUint32(b[32:], uint32(h.limits.Frame.BytesPerToken))
 	le.PutUint64(b[40:], uint64(h.limits.BytesMax))
+	copy(b[48:], h.model[:])
 	return b
 }
 
@@ -529,7 +558,10 @@ func decodeDPHello(b []byte, reply bool) (dpHello, error) {
 	// Limits are read as uint32/uint64 and clamped so that int conversion
 	// cannot wrap on any platform; the caller checks them against its own.
 	clamp := func(v uint64) int { return int(min(v, 1<<40)) }
+	var model engine.Fingerprint
+	copy(model[:], b[48:])
 	return dpHello{
+		model:       model,
 		reply:       reply,
 		version:     b[4],
 		status:      DataPlaneStatus(b[5]),

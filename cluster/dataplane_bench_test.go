@@ -123,7 +123,7 @@ func benchDataPlane(b *testing.B, g kv.Geometry, inflight int) {
 func benchSender(b *testing.B, g kv.Geometry, inflight int, recv, send *trust.Authority) *DataPlaneSender {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	rcfg := DefaultDataPlaneConfig(g, 2)
-	rcfg.Logger, rcfg.Auth = quiet, recv
+	rcfg.Logger, rcfg.Auth, rcfg.Model = quiet, recv, testModel
 	srv, err := ListenDataPlane(rcfg, "127.0.0.1:0", func(DataPlaneBatch) error { return nil })
 	if err != nil {
 		b.Fatal(err)
@@ -131,7 +131,7 @@ func benchSender(b *testing.B, g kv.Geometry, inflight int, recv, send *trust.Au
 	b.Cleanup(func() { srv.Close() })
 	scfg := DefaultDataPlaneConfig(g, 1)
 	scfg.InFlightMax = inflight
-	scfg.Logger, scfg.Auth = quiet, send
+	scfg.Logger, scfg.Auth, scfg.Model = quiet, send, testModel
 	snd, err := DialDataPlane(scfg, srv.Addr().String(), 2, recv.Self())
 	if err != nil {
 		b.Fatal(err)

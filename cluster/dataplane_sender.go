@@ -199,7 +199,7 @@ func dpClientTLS(raw net.Conn, cfg DataPlaneConfig, addr string, want trust.Iden
 // dpHandshake writes the hello, reads the reply and returns the batch
 // bounds both sides accept. The caller bounds it with a deadline.
 func dpHandshake(conn net.Conn, cfg DataPlaneConfig, addr string, peer uint64) (kv.BatchLimits, error) {
-	h := dpHello{version: dpVersion, incarnation: cfg.Incarnation, expect: peer, limits: cfg.Batch}
+	h := dpHello{version: dpVersion, incarnation: cfg.Incarnation, expect: peer, limits: cfg.Batch, model: cfg.Model}
 	b := h.encode()
 	if _, err := conn.Write(b[:]); err != nil {
 		return kv.BatchLimits{}, fmt.Errorf("cluster: data plane hello to %s: %w", addr, err)
@@ -212,11 +212,11 @@ func dpHandshake(conn net.Conn, cfg DataPlaneConfig, addr string, peer uint64) (
 		return kv.BatchLimits{}, err
 	}
 	herr := &DataPlaneHelloError{Addr: addr, Status: r.status, Want: peer, Have: r.incarnation, Local: cfg.Batch, Remote: r.limits,
-		Self: cfg.Auth.Self()}
+		Self: cfg.Auth.Self(), Ours: cfg.Model, Theirs: r.model}
 	switch {
 	case r.status != DataPlaneOK:
 		return kv.BatchLimits{}, herr
-	case r.version != dpVersion || r.reserved || r.limits.Validate() != nil:
+	case r.version != dpVersion || r.reserved || r.limits.Validate() != nil || r.model.IsZero():
 		herr.Status = DataPlaneHelloMalformed
 		return kv.BatchLimits{}, herr
 	case r.incarnation != peer:
@@ -224,6 +224,9 @@ func dpHandshake(conn net.Conn, cfg DataPlaneConfig, addr string, peer uint64) (
 		return kv.BatchLimits{}, herr
 	case r.limits.Frame != cfg.Batch.Frame:
 		herr.Status = DataPlaneHelloLimits
+		return kv.BatchLimits{}, herr
+	case r.model != cfg.Model:
+		herr.Status = DataPlaneHelloModel
 		return kv.BatchLimits{}, herr
 	}
 	// Both sides' bounds hold a full-page frame of the same geometry, so

@@ -64,6 +64,8 @@ type DataPlaneServerStats struct {
 	// (RefusedPeerBusy), a role that does not prefill (RefusedForbidden).
 	RefusedBusy, RefusedPeerBusy, RefusedForbidden                                          uint64
 	RefusedHelloIncarnation, RefusedHelloVersion, RefusedHelloLimits, RefusedHelloMalformed uint64
+	// RefusedHelloModel counts hellos from senders of another model.
+	RefusedHelloModel uint64
 	// Batches, frames and bytes (batch headers included) decoded.
 	BatchesReceived, FramesReceived, BytesReceived uint64
 	// Batches and frames the handler accepted.
@@ -80,15 +82,15 @@ type DataPlaneServerStats struct {
 }
 
 type dpServerCounters struct {
-	accepted, active                                            atomic.Uint64
-	handshakesBusy, handshakesFailed, helloTimeouts, noHello    atomic.Uint64
-	busy, peerBusy, forbidden                                   atomic.Uint64
-	helloIncarnation, helloVersion, helloLimits, helloMalformed atomic.Uint64
-	batches, frames, bytes                                      atomic.Uint64
-	batchesOK, framesOK                                         atomic.Uint64
-	wrongIncarnation, rejected, handlerFailed                   atomic.Uint64
-	malformedChecksum, malformedOther                           atomic.Uint64
-	idle, readErrors, writeErrors                               atomic.Uint64
+	accepted, active                                                        atomic.Uint64
+	handshakesBusy, handshakesFailed, helloTimeouts, noHello                atomic.Uint64
+	busy, peerBusy, forbidden                                               atomic.Uint64
+	helloIncarnation, helloVersion, helloLimits, helloMalformed, helloModel atomic.Uint64
+	batches, frames, bytes                                                  atomic.Uint64
+	batchesOK, framesOK                                                     atomic.Uint64
+	wrongIncarnation, rejected, handlerFailed                               atomic.Uint64
+	malformedChecksum, malformedOther                                       atomic.Uint64
+	idle, readErrors, writeErrors                                           atomic.Uint64
 }
 
 // DataPlaneServer receives batches on one listener. Its methods are safe
@@ -163,8 +165,8 @@ func (s *DataPlaneServer) Stats() DataPlaneServerStats {
 		RefusedBusy: c.busy.Load(), RefusedPeerBusy: c.peerBusy.Load(), RefusedForbidden: c.forbidden.Load(),
 		RefusedHelloIncarnation: c.helloIncarnation.Load(),
 		RefusedHelloVersion:     c.helloVersion.Load(), RefusedHelloLimits: c.helloLimits.Load(),
-		RefusedHelloMalformed: c.helloMalformed.Load(),
-		BatchesReceived:       c.batches.Load(), FramesReceived: c.frames.Load(), BytesReceived: c.bytes.Load(),
+		RefusedHelloMalformed: c.helloMalformed.Load(), RefusedHelloModel: c.helloModel.Load(),
+		BatchesReceived: c.batches.Load(), FramesReceived: c.frames.Load(), BytesReceived: c.bytes.Load(),
 		BatchesAccepted: c.batchesOK.Load(), FramesAccepted: c.framesOK.Load(),
 		RefusedWrongIncarnation: c.wrongIncarnation.Load(), RefusedByHandler: c.rejected.Load(),
 		HandlerFailed:     c.handlerFailed.Load(),
@@ -242,7 +244,8 @@ type dpPeer struct {
 }
 
 func (s *DataPlaneServer) reply(conn net.Conn, st DataPlaneStatus) error {
-	h := dpHello{reply: true, version: dpVersion, status: st, incarnation: s.cfg.Incarnation, limits: s.cfg.Batch}
+	h := dpHello{reply: true, version: dpVersion, status: st, incarnation: s.cfg.Incarnation, limits: s.cfg.Batch,
+		model: s.cfg.Model}
 	b := h.encode()
 	conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	_, err := conn.Write(b[:])
@@ -358,19 +361,22 @@ func (s *DataPlaneServer) check(p *dpPeer, h dpHello) DataPlaneStatus {
 	switch {
 	case h.version != dpVersion:
 		st, counter = DataPlaneHelloVersion, &s.c.helloVersion
-	case h.reserved || h.status != DataPlaneOK || h.incarnation == 0 || h.limits.Validate() != nil:
+	case h.reserved || h.status != DataPlaneOK || h.incarnation == 0 || h.limits.Validate() != nil || h.model.IsZero():
 		st, counter = DataPlaneHelloMalformed, &s.c.helloMalformed
 	case h.expect != s.cfg.Incarnation:
 		st, counter = DataPlaneHelloIncarnation, &s.c.helloIncarnation
 	case h.limits.Frame != s.cfg.Batch.Frame:
 		st, counter = DataPlaneHelloLimits, &s.c.helloLimits
+	case h.model != s.cfg.Model:
+		st, counter = DataPlaneHelloModel, &s.c.helloModel
 	}
 	if st != DataPlaneOK {
 		counter.Add(1)
 		s.log.Warn("cluster: data plane refused hello", "remote", p.raw.RemoteAddr(), "reason", st,
 			"version", h.version, "sender", fmt.Sprintf("%x", h.incarnation),
 			"expected", fmt.Sprintf("%x", h.expect), "incarnation", fmt.Sprintf("%x", s.cfg.Incarnation),
-			"page_tokens", h.limits.Frame.PageTokens, "bytes_per_token", h.limits.Frame.BytesPerToken)
+			"page_tokens", h.limits.Frame.PageTokens, "bytes_per_token", h.limits.Frame.BytesPerToken,
+			"model", h.model.String(), "own_model", s.cfg.Model.String())
 		return st
 	}
 	return s.take(p)

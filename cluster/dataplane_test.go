@@ -16,7 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
@@ -33,6 +36,7 @@ const (
 // plain TCP (dpSecure makes it TLS).
 func dpTestConfig(t testing.TB, inc uint64) DataPlaneConfig {
 	c := DefaultLocalDataPlaneConfig(dpGeom, inc)
+	c.Model = testModel
 	c.Batch.PagesMax = 3
 	c.Batch.BytesMax = 3 * c.Batch.Frame.FrameBytesMax()
 	c.InFlightMax = 2
@@ -327,6 +331,19 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 	}
 	t.Log(err)
 
+	// Another model: refused with both fingerprints, told to the client as
+	// model_mismatch.
+	otherModel := dpTestConfig(t, dpSenderInc)
+	otherModel.Model = engine.Fingerprint{0xee}
+	_, err = DialDataPlane(otherModel, addr, dpReceiverInc, trust.Identity{})
+	var fp *engine.FingerprintError
+	if !errors.As(err, &herr) || herr.Status != DataPlaneHelloModel || !errors.As(err, &fp) ||
+		fp.Ours != otherModel.Model || fp.Theirs != testModel || handoff.Wire(err).Code != messages.CodeModelMismatch ||
+		!strings.Contains(err.Error(), testModel.String()) || !strings.Contains(err.Error(), otherModel.Model.String()) {
+		t.Fatalf("dial = %v, want hello refused for the model, naming both fingerprints", err)
+	}
+	t.Log(err)
+
 	// Not the protocol at all, and another version.
 	for _, tc := range []struct {
 		name  string
@@ -334,14 +351,16 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 		reply bool
 	}{
 		{"garbage", func(b []byte) { copy(b, "GET / HTTP/1.1\r\n") }, false},
-		{"version", func(b []byte) { b[4] = 2 }, true},
+		{"version", func(b []byte) { b[4] = dpVersion + 1 }, true},
 		{"zero sender", func(b []byte) { clear(b[8:16]) }, true},
+		{"no model", func(b []byte) { clear(b[48:64]) }, true},
 	} {
 		conn, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := dpHello{version: dpVersion, incarnation: dpSenderInc, expect: dpReceiverInc, limits: dpTestConfig(t, 1).Batch}
+		h := dpHello{version: dpVersion, incarnation: dpSenderInc, expect: dpReceiverInc, limits: dpTestConfig(t, 1).Batch,
+			model: testModel}
 		b := h.encode()
 		tc.hello(b[:])
 		conn.Write(b[:])
@@ -361,7 +380,7 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 
 	rs := srv.Stats()
 	if rs.RefusedHelloIncarnation != 1 || rs.RefusedHelloLimits != 1 || rs.RefusedHelloVersion != 1 ||
-		rs.RefusedHelloMalformed != 2 || rs.BatchesReceived != 0 {
+		rs.RefusedHelloMalformed != 3 || rs.RefusedHelloModel != 1 || rs.BatchesReceived != 0 {
 		t.Fatalf("server stats %+v", rs)
 	}
 	// Still serving.
@@ -685,7 +704,7 @@ func TestDataPlaneAckTimeout(t *testing.T) {
 
 func TestDataPlaneConfigValidate(t *testing.T) {
 	def := DefaultDataPlaneConfig(kv.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, PageTokens: 16, DType: kv.F16}, 1)
-	def.Auth = trust.Insecure(nil)
+	def.Auth, def.Model = trust.Insecure(nil), testModel
 	if err := def.Validate(); err != nil {
 		t.Fatalf("default config: %v", err)
 	}
@@ -694,6 +713,7 @@ func TestDataPlaneConfigValidate(t *testing.T) {
 		edit func(*DataPlaneConfig)
 	}{
 		{"Incarnation must be non-zero", func(c *DataPlaneConfig) { c.Incarnation = 0 }},
+		{"Model (the model fingerprint) must be set", func(c *DataPlaneConfig) { c.Model = engine.Fingerprint{} }},
 		{"InFlightMax (0)", func(c *DataPlaneConfig) { c.InFlightMax = 0 }},
 		{"InFlightMax (5000)", func(c *DataPlaneConfig) { c.InFlightMax = 5000 }},
 		{"PagesMax (0)", func(c *DataPlaneConfig) { c.Batch.PagesMax = 0 }},

@@ -52,7 +52,7 @@ func startPair(t *testing.T) (p, d *Node) {
 
 // answerOrClean asks for maxTokens after prompt and checks the outcome: the
 // reference answer, or an error with a wire code; it says which.
-func answerOrClean(t *testing.T, c *client.Client, model engine.ModelConfig, tenant, prompt string, maxTokens int) error {
+func answerOrClean(t *testing.T, c *client.Client, model *engine.Model, tenant, prompt string, maxTokens int) error {
 	res, err := c.Generate(context.Background(), tenant, prompt, client.GenerateOptions{MaxTokens: maxTokens}, nil)
 	if err != nil {
 		var we *messages.WireError
@@ -61,7 +61,7 @@ func answerOrClean(t *testing.T, c *client.Client, model engine.ModelConfig, ten
 		}
 		return err
 	}
-	if want, _ := engine.Answer(model, prompt, maxTokens); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
+	if want, _ := model.Answer(prompt, maxTokens); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
 		t.Errorf("%s's request under faults answered %v, reference %v", tenant, res.Tokens, want)
 	}
 	return nil
@@ -76,7 +76,7 @@ func TestCorruptFramesRefusedByChecksum(t *testing.T) {
 	p, d := startPair(t)
 	inj := injectFaults(t, "seed=1,frame-corrupt=1")
 	c := tenantClient(t, d.Address(), "acme")
-	model := d.cfg.Actors.Model
+	model := d.actors.Model()
 	if err := answerOrClean(t, c, model, "acme", "a prompt whose frames all arrive corrupted", 4); err == nil {
 		t.Fatal("a request whose every frame was corrupted answered")
 	}
@@ -111,7 +111,7 @@ func TestFaultedTransfersRightOrClean(t *testing.T) {
 	for _, tn := range tenants {
 		clients[tn] = tenantClient(t, d.Address(), tn)
 	}
-	model := d.cfg.Actors.Model
+	model := d.actors.Model()
 	const requests = 24
 	var wg sync.WaitGroup
 	errs := make([]error, requests)

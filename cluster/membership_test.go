@@ -65,6 +65,7 @@ func testMeta() Meta {
 		DataAddr:      fmt.Sprintf("127.0.0.1:%d", port+1),
 		CapacityPages: 1024,
 		FreePages:     1024,
+		Model:         testModel,
 	}
 }
 
@@ -477,7 +478,7 @@ func TestUndecodableMemberExcluded(t *testing.T) {
 	bad := []string{"garbage", "name-mismatch"}
 	good := testMeta()
 	mismatch, err := EncodeMeta(nil, Meta{Role: good.Role, Incarnation: good.Incarnation, StartedUnixMilli: 1,
-		RemoteAddr: good.RemoteAddr, DataAddr: good.DataAddr})
+		RemoteAddr: good.RemoteAddr, DataAddr: good.DataAddr, Model: testModel})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,13 +9,14 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
 // MetaVersion is the only metadata encoding this package writes and reads.
 // A peer that gossips another version is refused (counted, logged and kept
 // out of Members) rather than half understood.
-const MetaVersion uint8 = 1
+const MetaVersion uint8 = 2
 
 // AddrLenMax is the longest address, in bytes, that Meta may carry in
 // RemoteAddr or DataAddr. It is chosen so that MetaEncodedLenMax stays under
@@ -34,15 +35,16 @@ const AddrLenMax = 200
 //	    11    8 started, Unix milliseconds (non-zero)
 //	    19    4 pool capacity, pages
 //	    23    4 free pages (≤ capacity)
-//	    27    1 length of RemoteAddr (1..AddrLenMax)
-//	    28    n RemoteAddr
+//	    27   16 model fingerprint (non-zero)
+//	    43    1 length of RemoteAddr (1..AddrLenMax)
+//	    44    n RemoteAddr
 //	     .    1 length of DataAddr (0..AddrLenMax)
 //	     .    m DataAddr
 //
 // Nothing may follow DataAddr. Every accepted input re-encodes to the same
 // bytes, so two members agree on what a metadata blob means.
 const (
-	metaFixedLen = 1 + 1 + 1 + 8 + 8 + 4 + 4
+	metaFixedLen = 1 + 1 + 1 + 8 + 8 + 4 + 4 + len(engine.Fingerprint{})
 	// MetaEncodedLenMax is the worst-case encoded size: both addresses at
 	// AddrLenMax.
 	MetaEncodedLenMax = metaFixedLen + 1 + AddrLenMax + 1 + AddrLenMax
@@ -145,6 +147,10 @@ type Meta struct {
 	CapacityPages uint32
 	// FreePages is how many of those pages are free; ≤ CapacityPages.
 	FreePages uint32
+	// Model is the fingerprint of the model the node serves (for a
+	// router, the one whose tokenizer it counts prompts with); nodes of
+	// one request's path must share it. Required.
+	Model engine.Fingerprint
 	// Draining is set while the node takes no new work.
 	Draining bool
 	// Leaving is set by Membership.Leave just before the node announces
@@ -236,6 +242,8 @@ func (m Meta) validate(sizeLimit int) error {
 		return &MetaFieldError{Field: "incarnation", Reason: "must be non-zero"}
 	case m.StartedUnixMilli == 0:
 		return &MetaFieldError{Field: "started", Reason: "must be non-zero"}
+	case m.Model.IsZero():
+		return &MetaFieldError{Field: "model fingerprint", Reason: "must be non-zero"}
 	case m.FreePages > m.CapacityPages:
 		return &MetaFieldError{Field: "free pages", Value: uint64(m.FreePages), Limit: uint64(m.CapacityPages),
 			Reason: "more free pages than the pool holds"}
@@ -319,6 +327,7 @@ func EncodeMeta(dst []byte, m Meta) ([]byte, error) {
 	dst = le.AppendUint64(dst, m.StartedUnixMilli)
 	dst = le.AppendUint32(dst, m.CapacityPages)
 	dst = le.AppendUint32(dst, m.FreePages)
+	dst = append(dst, m.Model[:]...)
 	// Validate bounded both lengths by AddrLenMax < 256.
 	dst = append(dst, uint8(len(m.RemoteAddr)))
 	dst = append(dst, m.RemoteAddr...)
@@ -388,6 +397,7 @@ func DecodeMeta(b []byte) (Meta, error) {
 		CapacityPages:    le.Uint32(fixed[19:]),
 		FreePages:        le.Uint32(fixed[23:]),
 	}
+	copy(m.Model[:], fixed[27:])
 	if m.RemoteAddr, err = r.addr("remote address"); err != nil {
 		return Meta{}, err
 	}

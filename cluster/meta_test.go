@@ -8,10 +8,14 @@ import (
 	"testing"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/kvwarden/kvwarden/engine"
 	"pgregory.net/rapid"
 )
 
 // longAddr is a valid host:port of exactly n bytes.
+// testModel stands for the fingerprint of the model a test's nodes serve.
+var testModel = engine.Fingerprint{0x6b, 0x76}
+
 func longAddr(n int) string {
 	const port = ":65535"
 	return strings.Repeat("h", n-len(port)) + port
@@ -26,6 +30,7 @@ func validMeta() Meta {
 		DataAddr:         "10.0.0.7:8091",
 		CapacityPages:    4096,
 		FreePages:        4000,
+		Model:            testModel,
 	}
 }
 
@@ -94,6 +99,8 @@ func TestMetaRoundTripProperty(t *testing.T) {
 			Draining:         rapid.Bool().Draw(t, "draining"),
 			Leaving:          rapid.Bool().Draw(t, "leaving"),
 		}
+		copy(m.Model[:], rapid.SliceOfN(rapid.Byte(), len(m.Model), len(m.Model)).Draw(t, "model"))
+		m.Model[0] |= 1 // non-zero
 		if m.Role == RoleRouter {
 			m.CapacityPages, m.FreePages = 0, 0
 		} else {
@@ -178,9 +185,11 @@ func TestMetaDecodeRefusals(t *testing.T) {
 		want any
 		text string
 	}{
-		{"empty", nil, &MetaTruncatedError{}, "need 27 bytes, have 0"},
+		{"empty", nil, &MetaTruncatedError{}, "need 43 bytes, have 0"},
 		{"oversized", make([]byte, memberlist.MetaMaxSize+1), &MetaSizeError{}, "513 bytes, limit 512"},
-		{"version 2", edit(func(b []byte) []byte { b[0] = 2; return b }), &MetaVersionError{}, "version 2"},
+		{"version 1", edit(func(b []byte) []byte { b[0] = 1; return b }), &MetaVersionError{}, "version 1"},
+		{"version 3", edit(func(b []byte) []byte { b[0] = 3; return b }), &MetaVersionError{}, "version 3"},
+		{"no model", edit(func(b []byte) []byte { clear(b[27:43]); return b }), &MetaFieldError{}, "model fingerprint"},
 		{"version 0", edit(func(b []byte) []byte { b[0] = 0; return b }), &MetaVersionError{}, "version 0"},
 		{"unknown flag", edit(func(b []byte) []byte { b[2] = 0x84; return b }), &MetaFieldError{}, "flags = 132 (limit 3)"},
 		{"role 9", edit(func(b []byte) []byte { b[1] = 9; return b }), &MetaFieldError{}, "role = 9"},
@@ -259,7 +268,7 @@ func TestParseRole(t *testing.T) {
 // fuzzers, the input is also tried split in two to catch any state carried
 // between calls.
 func FuzzDecodeMeta(f *testing.F) {
-	for _, m := range []Meta{validMeta(), {Role: RoleRouter, Incarnation: 1, StartedUnixMilli: 1, RemoteAddr: "[::1]:1"}} {
+	for _, m := range []Meta{validMeta(), {Role: RoleRouter, Incarnation: 1, StartedUnixMilli: 1, RemoteAddr: "[::1]:1", Model: testModel}} {
 		enc, err := EncodeMeta(nil, m)
 		if err != nil {
 			f.Fatal(err)

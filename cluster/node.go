@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/chaos/faults"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -63,6 +64,9 @@ type NodeConfig struct {
 	// Auth holds the node's credentials for every transport (remote, data
 	// plane, gossip); trust.Insecure runs without. Required.
 	Auth *trust.Authority
+	// Model is what the node serves, shared by its workers; its config
+	// must be Actors.Model. Required.
+	Model *engine.Model
 }
 
 // DefaultLocalNodeConfig is a node of role on loopback with fast timers.
@@ -146,6 +150,10 @@ func (c *NodeConfig) dataPlane() DataPlaneConfig {
 	if d.Incarnation == 0 {
 		d.Incarnation = 1 // validated before the incarnation is drawn
 	}
+	d.Model = engine.Fingerprint{1} // validated before the model is loaded; StartNode requires it
+	if c.Model != nil {
+		d.Model = c.Model.Fingerprint()
+	}
 	return d
 }
 
@@ -194,6 +202,9 @@ func StartNode(cfg NodeConfig, log *slog.Logger) (*Node, error) {
 	if cfg.Auth == nil {
 		return nil, errors.New("cluster: NodeConfig.Auth is required (trust.Insecure runs without credentials)")
 	}
+	if cfg.Model == nil {
+		return nil, errors.New("cluster: NodeConfig.Model is required: the model the node serves (engine.BuiltinModel or engine.LoadModel)")
+	}
 	if err := cfg.Actors.DrawIncarnation(); err != nil {
 		return nil, err
 	}
@@ -209,7 +220,7 @@ func (n *Node) start() error {
 	cfg := &n.cfg
 	dp := cfg.dataPlane()
 	dp.Logger = n.log
-	opt := actors.Options{Listen: cfg.Listen, Advertise: cfg.Advertise, Log: n.log, Pick: n.pickPrefill, Auth: cfg.Auth,
+	opt := actors.Options{Model: cfg.Model, Listen: cfg.Listen, Advertise: cfg.Advertise, Log: n.log, Pick: n.pickPrefill, Auth: cfg.Auth,
 		Dial:        func(addr string, inc uint64) (actors.FrameSender, error) { return n.dialPlanned(dp, addr, inc) },
 		DataPlaneOf: n.dataPlaneOf}
 	if holdsPool(cfg.Actors.Role) && cfg.Actors.Role.Decodes() {
@@ -236,7 +247,7 @@ func (n *Node) start() error {
 	// read it from their first message on; the node joins (and so becomes
 	// known) only once both serve.
 	meta := Meta{Role: roleOf[cfg.Actors.Role], Incarnation: cfg.Actors.Incarnation, RemoteAddr: n.actors.Address(),
-		DataAddr: n.dataAddr}
+		DataAddr: n.dataAddr, Model: n.actors.Model().Fingerprint()}
 	meta.CapacityPages, meta.FreePages = n.pages()
 	mem, err := Start(cfg.Gossip.Secured(cfg.Auth), meta)
 	if err != nil {
@@ -244,7 +255,7 @@ func (n *Node) start() error {
 	}
 	n.members.Store(mem)
 	if cfg.Actors.Role == actors.RoleRouter {
-		r := &routerActor{cfg: &n.cfg.Actors, members: n.membersNow, draining: n.isDraining, log: n.log, counters: n.rc,
+		r := &routerActor{cfg: &n.cfg.Actors, model: n.actors.Model(), members: n.membersNow, draining: n.isDraining, log: n.log, counters: n.rc,
 			auth: cfg.Auth, mailbox: n.actors.Mailbox()}
 		// A relay that panics is stopped, never restarted: a restart would
 		// send its request to the decode node a second time.
@@ -290,7 +301,7 @@ func (n *Node) pickPrefill(exclude map[uint64]bool) (actors.PrefillPeer, bool) {
 	if mem == nil {
 		return actors.PrefillPeer{}, false
 	}
-	for _, m := range candidates(mem.Members(), prefills) {
+	for _, m := range candidates(mem.Members(), prefills, n.actors.Model().Fingerprint()) {
 		if !exclude[m.Meta.Incarnation] {
 			return actors.PrefillPeer{PID: actor.NewPID(m.Meta.RemoteAddr, actors.PrefillName),
 				Incarnation: m.Meta.Incarnation, Pages: int(m.Meta.CapacityPages)}, true
@@ -548,7 +559,8 @@ func (n *Node) status() *messages.StatusReply {
 		Admitted: a.Admitted + n.rc.routed.Load(), Completed: a.Completed + n.rc.completed.Load(),
 		Failed:          a.Failed + n.rc.failed.Load() + n.rc.lost.Load(),
 		RejectedTooLong: a.RejectedTooLong + n.rc.rejectedTooLong.Load(),
-		RejectedBusy:    a.RejectedBusy + n.rc.rejectedBusy.Load()}}
+		RejectedBusy:    a.RejectedBusy + n.rc.rejectedBusy.Load(),
+		Model:           n.actors.Model().Name(), ModelFingerprint: n.actors.Model().Fingerprint().String()}}
 	rep.Node.DataPlane = n.dataAddr
 	auth := n.cfg.Auth
 	rep.Node.Insecure = auth.Insecure()
@@ -577,7 +589,7 @@ func (n *Node) status() *messages.StatusReply {
 		rep.Members = append(rep.Members, messages.MemberStatus{Name: m.Name, Role: m.Meta.Role.String(),
 			Incarnation: m.Meta.Incarnation, Address: m.Meta.RemoteAddr, DataPlane: m.Meta.DataAddr,
 			State: m.State.String(), CapacityPages: m.Meta.CapacityPages, FreePages: m.Meta.FreePages,
-			Draining: m.Meta.Draining, Verified: m.Verified})
+			Draining: m.Meta.Draining, Verified: m.Verified, Model: m.Meta.Model.String()})
 	}
 	return rep
 }

@@ -46,6 +46,29 @@ func tenantClient(t testing.TB, addr, tenant string) *client.Client {
 	return c
 }
 
+// builtinModels holds each config's built-in model once per test binary.
+var builtinModels sync.Map // engine.ModelConfig → *engine.Model
+
+// withModel is cfg serving, unless it names a model, the built-in model of
+// cfg.Actors.Model.
+func withModel(t testing.TB, cfg NodeConfig) NodeConfig {
+	t.Helper()
+	if cfg.Model != nil {
+		return cfg
+	}
+	if m, ok := builtinModels.Load(cfg.Actors.Model); ok {
+		cfg.Model = m.(*engine.Model)
+		return cfg
+	}
+	m, err := engine.BuiltinModel(cfg.Actors.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	builtinModels.Store(cfg.Actors.Model, m)
+	cfg.Model = m
+	return cfg
+}
+
 func startClusterNode(t testing.TB, role actors.Role, join ...string) *Node {
 	t.Helper()
 	return startNodeAs(t, testAuth(t, role), role, join...)
@@ -54,13 +77,22 @@ func startClusterNode(t testing.TB, role actors.Role, join ...string) *Node {
 // startNodeAs starts a node of role holding auth's credentials.
 func startNodeAs(t testing.TB, auth *trust.Authority, role actors.Role, join ...string) *Node {
 	t.Helper()
+	return startNodeServing(t, auth, role, nil, join...)
+}
+
+// startNodeServing is startNodeAs serving model (nil: the built-in one).
+func startNodeServing(t testing.TB, auth *trust.Authority, role actors.Role, model *engine.Model, join ...string) *Node {
+	t.Helper()
 	cfg := DefaultLocalNodeConfig(role)
+	if model != nil {
+		cfg.Model, cfg.Actors.Model = model, model.Config()
+	}
 	cfg.Auth = auth
 	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
 	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 512, 64
 	cfg.Actors.PrefillTimeout = 3 * time.Second
 	cfg.Gossip.JoinAddrs = join
-	n, err := StartNode(cfg, nil)
+	n, err := StartNode(withModel(t, cfg), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +159,38 @@ func startTrio(t *testing.T) (p, d, r *Node, c *client.Client) {
 	return p, d, r, c
 }
 
+// TestOtherModelNotRouted: a prefill node serving other weights joins the
+// cluster but gets no work; with no prefill node of the router's model,
+// a request is refused as busy, naming the other model's members, and
+// nothing is computed.
+func TestOtherModelNotRouted(t *testing.T) {
+	cfg := actors.DefaultLocalConfig().Model
+	cfg.Seed++
+	other, err := engine.BuiltinModel(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startNodeServing(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, other)
+	d := startClusterNode(t, actors.RoleDecode, p.GossipAddr())
+	r := startClusterNode(t, actors.RoleRouter, p.GossipAddr())
+	for _, n := range []*Node{p, d, r} {
+		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 })
+	}
+	if fp := d.actors.Model().Fingerprint(); fp == other.Fingerprint() {
+		t.Fatalf("two seeds, one fingerprint %s", fp)
+	}
+	_, err = tenantClient(t, r.Address(), "acme").Generate(context.Background(), "acme", "hello",
+		client.GenerateOptions{MaxTokens: 4}, nil)
+	var we *messages.WireError
+	if !errors.As(err, &we) || we.Code != messages.CodeBusy || !strings.Contains(we.Message, "0 prefill nodes of model") ||
+		!strings.Contains(we.Message, "1 members serve other models") {
+		t.Fatalf("a request with only another model's prefill node: %v", err)
+	}
+	if s := p.status(); s.Node.InFlight != 0 || !allFree(p) || s.Node.ModelFingerprint != other.Fingerprint().String() {
+		t.Fatalf("the other model's prefill node: %+v", s.Node)
+	}
+}
+
 func TestRouterPrefillDecode(t *testing.T) {
 	p, d, r, _ := startTrio(t)
 	clients := make([]*client.Client, 3)
@@ -142,7 +206,7 @@ func TestRouterPrefillDecode(t *testing.T) {
 			prompt := strings.Repeat(fmt.Sprintf("tenant %d prompt; ", i%3), 10)[:10+i*17]
 			res, err := clients[i%3].Generate(context.Background(), fmt.Sprintf("t%d", i%3), prompt, client.GenerateOptions{MaxTokens: 12}, nil)
 			if err == nil {
-				want, _ := engine.Answer(r.cfg.Actors.Model, prompt, 12)
+				want, _ := withModel(t, r.cfg).Model.Answer(prompt, 12)
 				if fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
 					err = fmt.Errorf("prompt %d: got %v, reference %v", i, res.Tokens, want)
 				}
@@ -168,7 +232,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 	big.Auth = testAuth(t, actors.RolePrefill)
 	big.Actors.PrefillPages, big.Actors.ContextTokens, big.Actors.MaxTokensMax = 128, 512, 64
 	big.Actors.PrefillTimeout = 3 * time.Second
-	doomed, err := StartNode(big, nil)
+	doomed, err := StartNode(withModel(t, big), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +272,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 	if got.err != nil {
 		t.Fatalf("request after its prefill node died: %v", got.err)
 	}
-	want, _ := engine.Answer(d.cfg.Actors.Model, prompt, 8)
+	want, _ := withModel(t, d.cfg).Model.Answer(prompt, 8)
 	if fmt.Sprint(got.tokens) != fmt.Sprint(want) {
 		t.Fatalf("retried answer %v, reference %v", got.tokens, want)
 	}
@@ -253,7 +317,7 @@ func TestTransferAfterIdleDataPlane(t *testing.T) {
 	cfg.DataPlane.IdleTimeout = 200 * time.Millisecond
 	p := startClusterNode(t, actors.RolePrefill)
 	cfg.Gossip.JoinAddrs = []string{p.GossipAddr()}
-	d, err := StartNode(cfg, nil)
+	d, err := StartNode(withModel(t, cfg), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +334,7 @@ func TestTransferAfterIdleDataPlane(t *testing.T) {
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
-		if want, _ := engine.Answer(cfg.Actors.Model, prompt, 4); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
+		if want, _ := withModel(t, cfg).Model.Answer(prompt, 4); fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
 			t.Fatalf("request %d: %v, reference %v", i, res.Tokens, want)
 		}
 		// The scenario is an idle period: the server closes the
@@ -306,7 +370,7 @@ func TestRouterDrainFinishesRelays(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("request relayed through a draining router: %v", err)
 	}
-	if want, _ := engine.Answer(r.cfg.Actors.Model, prompt, maxTokens); fmt.Sprint(got) != fmt.Sprint(want) {
+	if want, _ := withModel(t, r.cfg).Model.Answer(prompt, maxTokens); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("answer through a draining router: %v, reference %v", got, want)
 	}
 	_, err = c.Generate(context.Background(), "acme", "too late", client.GenerateOptions{MaxTokens: 2}, nil)

@@ -39,6 +39,7 @@ func (c *routerCounters) inFlight() uint32 {
 // tells the client "node lost" if its decode node goes.
 type routerActor struct {
 	cfg      *actors.Config
+	model    *engine.Model // its tokenizer counts prompts; routes go to members of its fingerprint
 	members  func() []Member
 	draining func() bool
 	log      *slog.Logger
@@ -96,16 +97,28 @@ func (r *routerActor) Receive(c actor.Context) {
 }
 
 // candidates are the alive, verified, non-draining members whose role
-// does kind, most free pages first.
-func candidates(ms []Member, kind func(Role) bool) []Member {
+// does kind and who serve the model of fingerprint model, most free pages
+// first.
+func candidates(ms []Member, kind func(Role) bool, model engine.Fingerprint) []Member {
 	var out []Member
 	for _, m := range ms {
-		if m.State == StateAlive && m.Verified && !m.Meta.Draining && kind(m.Meta.Role) {
+		if m.State == StateAlive && m.Verified && !m.Meta.Draining && kind(m.Meta.Role) && m.Meta.Model == model {
 			out = append(out, m)
 		}
 	}
 	slices.SortStableFunc(out, func(a, b Member) int { return cmp.Compare(b.Meta.FreePages, a.Meta.FreePages) })
 	return out
+}
+
+// otherModels counts the members that serve another model than model.
+func otherModels(ms []Member, model engine.Fingerprint) int {
+	n := 0
+	for _, m := range ms {
+		if m.Meta.Model != model {
+			n++
+		}
+	}
+	return n
 }
 
 func prefills(r Role) bool { return r == RolePrefill || r == RoleAll }
@@ -123,14 +136,19 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		return
 	}
 	ms := r.members()
-	ds, ps := candidates(ms, decodes), candidates(ms, prefills)
+	fp := r.model.Fingerprint()
+	ds, ps := candidates(ms, decodes, fp), candidates(ms, prefills, fp)
 	if len(ds) == 0 || len(ps) == 0 {
-		reject(&actors.BusyError{Where: fmt.Sprintf("cluster (%d decode, %d prefill nodes available)", len(ds), len(ps))},
-			&r.counters.rejectedBusy)
+		where := fmt.Sprintf("cluster (%d decode, %d prefill nodes available)", len(ds), len(ps))
+		if other := otherModels(ms, fp); other > 0 {
+			where = fmt.Sprintf("cluster (%d decode, %d prefill nodes of model %s available; %d members serve other models)",
+				len(ds), len(ps), fp.Short(), other)
+		}
+		reject(&actors.BusyError{Where: where}, &r.counters.rejectedBusy)
 		return
 	}
 	d, p := ds[0], ps[0]
-	prompt := len(engine.ByteTokenizer{}.Encode(m.Prompt))
+	prompt := len(r.model.Tokenizer().Encode(m.Prompt))
 	if err := handoff.Admit(r.cfg.Limits(), prompt, int(m.MaxTokens), int(p.Meta.CapacityPages), int(d.Meta.CapacityPages)); err != nil {
 		if _, ok := err.(*actors.PromptTooLongError); ok {
 			reject(err, &r.counters.rejectedTooLong)

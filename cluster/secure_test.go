@@ -17,7 +17,6 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/messages/messagestest"
 	"github.com/kvwarden/kvwarden/trust"
@@ -155,7 +154,7 @@ func TestCredentialsDecide(t *testing.T) {
 	}
 	forbidden := &messages.WireError{Code: messages.CodeForbidden}
 	res, err := acme.Generate(context.Background(), "acme", "hello", client.GenerateOptions{MaxTokens: 4}, nil)
-	if want, _ := engine.Answer(n.cfg.Actors.Model, "hello", 4); err != nil || fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
+	if want, _ := n.actors.Model().Answer("hello", 4); err != nil || fmt.Sprint(res.Tokens) != fmt.Sprint(want) {
 		t.Fatalf("acme as acme: %v, %v; want the reference %v", res.Tokens, err, want)
 	}
 	if err := gen(acme, "globex"); !errors.Is(err, forbidden) {

@@ -51,7 +51,7 @@ func verified(ev Event) bool   { return ev.Member.Verified }
 func unverified(ev Event) bool { return !ev.Member.Verified }
 
 func candidateNames(m *Membership, kind func(Role) bool) []string {
-	return memberNames(candidates(m.Members(), kind))
+	return memberNames(candidates(m.Members(), kind, testModel))
 }
 
 // Each member is listed unverified when it joins, and verified once its

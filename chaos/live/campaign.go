@@ -85,8 +85,8 @@ type Config struct {
 	// lists no kind but Frames).
 	Workload WorkloadConfig
 	Schedule ScheduleConfig
-	// Model is the model the nodes serve, for the references.
-	Model engine.ModelConfig
+	// Model is the model the nodes serve, for the references. Required.
+	Model *engine.Model
 	// SettleTimeout bounds the wait, once the faults end, for every node
 	// to serve and see every other; QuiesceTimeout the wait after it for
 	// every page to be free. A page not free by then is leaked: it must
@@ -116,11 +116,11 @@ func (c Config) Validate() error {
 	if err := c.Workload.Validate(); err != nil {
 		return err
 	}
-	if err := c.Model.Validate(); err != nil {
-		return err
+	if c.Model == nil {
+		return errors.New("live: Model is required: the model the nodes serve")
 	}
-	if c.Workload.ContextTokens > c.Model.ContextTokens {
-		return fmt.Errorf("live: context window (%d tokens) exceeds the model's (%d)", c.Workload.ContextTokens, c.Model.ContextTokens)
+	if ctx := c.Model.Config().ContextTokens; c.Workload.ContextTokens > ctx {
+		return fmt.Errorf("live: context window (%d tokens) exceeds the model's (%d)", c.Workload.ContextTokens, ctx)
 	}
 	if slices.ContainsFunc(c.Schedule.Kinds, Kind.scheduled) {
 		return c.Schedule.Validate()

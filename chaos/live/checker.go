@@ -96,26 +96,28 @@ type Verdict struct {
 // Checker compares outcomes with the reference engine. References are
 // computed once per distinct prompt, with every token a request may ask
 // for; a request's reference is its first MaxTokens, ended at the first
-// EOS as engine.Answer ends it. It is safe for concurrent use.
+// stop token as engine.Model.Answer ends it. It is safe for concurrent
+// use.
 type Checker struct {
+	model *engine.Model
 	w     *Workload
 	ready chan struct{}
 	err   error
 	refs  [][][]int // by tenant, then prompt
 }
 
-// NewChecker starts computing the workload's references on workers
-// goroutines, each with its own engine of model; Check waits for them.
-func NewChecker(model engine.ModelConfig, w *Workload, workers int) *Checker {
-	c := &Checker{w: w, ready: make(chan struct{})}
+// NewChecker starts computing the workload's references of model on
+// workers goroutines; Check waits for them.
+func NewChecker(model *engine.Model, w *Workload, workers int) *Checker {
+	c := &Checker{model: model, w: w, ready: make(chan struct{})}
 	go func() {
 		defer close(c.ready)
-		c.err = c.compute(model, max(workers, 1))
+		c.err = c.compute(max(workers, 1))
 	}()
 	return c
 }
 
-func (c *Checker) compute(model engine.ModelConfig, workers int) error {
+func (c *Checker) compute(workers int) error {
 	cfg := c.w.Config()
 	c.refs = make([][][]int, cfg.Tenants)
 	type job struct{ t, j int }
@@ -123,13 +125,9 @@ func (c *Checker) compute(model engine.ModelConfig, workers int) error {
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
 	for i := range workers {
-		e, err := engine.NewReferenceEngine(model)
-		if err != nil {
-			return err
-		}
 		wg.Go(func() {
 			for jb := range jobs {
-				ref, err := e.Reference(engine.ByteTokenizer{}.Encode(c.w.Prompt(jb.t, jb.j)), cfg.MaxTokensMax)
+				ref, err := c.model.Reference(c.w.Prompt(jb.t, jb.j), cfg.MaxTokensMax)
 				if err != nil && errs[i] == nil {
 					errs[i] = fmt.Errorf("live: reference of tenant %d's prompt %d: %w", jb.t, jb.j, err)
 				}
@@ -162,14 +160,15 @@ func (c *Checker) Wait(ctx context.Context) error {
 // Reference is the answer of tenant t's prompt j with at most maxTokens.
 func (c *Checker) Reference(t, j, maxTokens int) []int {
 	<-c.ready
-	return answerOf(c.refs[t][j], maxTokens)
+	return c.answerOf(c.refs[t][j], maxTokens)
 }
 
 // answerOf is the answer of at most n tokens that a reference of more
-// gives: its first n, ended at the first EOS, as engine.Answer ends them.
-func answerOf(ref []int, n int) []int {
+// gives: its first n, ended at the first stop token, as
+// engine.Model.Answer ends them.
+func (c *Checker) answerOf(ref []int, n int) []int {
 	out := ref[:min(n, len(ref))]
-	if i := slices.Index(out, engine.EOS); i >= 0 {
+	if i := slices.Index(out, c.model.Tokenizer().Stop()); i >= 0 {
 		out = out[:i+1]
 	}
 	return out
@@ -245,7 +244,7 @@ func tokenAt(tokens []int, i int) string {
 // if any prompt's but o's own: first another prompt of the same tenant,
 // then another tenant's.
 func (c *Checker) wrong(o Outcome, got []int, why string) Verdict {
-	v := Verdict{Class: Wrong, Why: why, Bytes: len(engine.ByteTokenizer{}.Decode(got))}
+	v := Verdict{Class: Wrong, Why: why, Bytes: len(engine.DecodeText(c.model.Tokenizer(), -1, got))}
 	if len(got) == 0 {
 		return v
 	}
@@ -258,7 +257,7 @@ func (c *Checker) wrong(o Outcome, got []int, why string) Verdict {
 	}
 	for _, t := range order {
 		for j, ref := range c.refs[t] {
-			if (t == own && j == o.Request.Prompt) || !slices.Equal(got, answerOf(ref, len(got))) {
+			if (t == own && j == o.Request.Prompt) || !slices.Equal(got, c.answerOf(ref, len(got))) {
 				continue
 			}
 			v.Owner, v.CrossRequest, v.CrossTenant = TenantName(t), t == own, t != own

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,12 +14,28 @@ import (
 	"github.com/kvwarden/kvwarden/messages"
 )
 
+// defaultModel is the built-in default model, built once per test binary.
+func defaultModel(t testing.TB) *engine.Model {
+	t.Helper()
+	defaultOnce.Do(func() { defaultM, defaultErr = engine.BuiltinModel(engine.DefaultModelConfig()) })
+	if defaultErr != nil {
+		t.Fatal(defaultErr)
+	}
+	return defaultM
+}
+
+var (
+	defaultOnce sync.Once
+	defaultM    *engine.Model
+	defaultErr  error
+)
+
 // checkerFixture is a checker over two tenants of two prompts each.
 func checkerFixture(t *testing.T) (*Workload, *Checker) {
 	t.Helper()
 	w := newTestWorkload(t, 21, WorkloadConfig{Tenants: 2, PromptsPerTenant: 2, PromptBytesMin: 30, PromptBytesMax: 60,
 		MaxTokensMax: 8, ContextTokens: 256})
-	c := NewChecker(engine.DefaultModelConfig(), w, 2)
+	c := NewChecker(defaultModel(t), w, 2)
 	if err := c.Wait(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +124,7 @@ func craftedStatus(name, role string, pools ...messages.PoolStatus) *messages.St
 func reportOf(t *testing.T, c Cluster) *Report {
 	t.Helper()
 	figs, unread := quiesce(context.Background(), c, time.Nanosecond)
-	camp := &Campaign{Config: Config{Seed: 1, Model: engine.DefaultModelConfig()}}
+	camp := &Campaign{Config: Config{Seed: 1, Model: defaultModel(t)}}
 	return buildReport(camp, newTally(time.Now()), nil, nil, afterFaults{nodes: figs, unread: unread}, time.Now(), 0, nil)
 }
 
@@ -152,9 +169,9 @@ func TestReportCountsWrongAnswers(t *testing.T) {
 		o.End = time.Duration(i+1) * time.Millisecond
 		tl.add(o, c.Check(o))
 	}
-	camp := &Campaign{Config: Config{Seed: 1, Model: engine.DefaultModelConfig()}}
+	camp := &Campaign{Config: Config{Seed: 1, Model: defaultModel(t)}}
 	rep := buildReport(camp, tl, nil, nil, afterFaults{}, time.Now(), 0, nil)
-	if rep.Passed() || rep.Wrong != 1 || rep.CrossTenantAnswers != 1 || rep.CrossTenantBytes != len(engine.ByteTokenizer{}.Decode(other)) ||
+	if rep.Passed() || rep.Wrong != 1 || rep.CrossTenantAnswers != 1 || rep.CrossTenantBytes != len(engine.DecodeText(engine.ByteTokenizer{}, -1, other)) ||
 		rep.Requests.ByClass["correct"] != 1 {
 		t.Fatalf("one correct and one cross-tenant answer: %+v, violations %v", rep.Requests, rep.Violations)
 	}

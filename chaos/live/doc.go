@@ -35,7 +35,7 @@
 // are its tokens and every tenant's prompts differ. The Checker computes
 // each distinct prompt's reference once with the most tokens a request
 // may ask for; a request's reference is its first MaxTokens, ended at the
-// first EOS as engine.Answer ends it. A streamed token or an answer that is
+// first stop token as engine.Model.Answer ends it. A streamed token or an answer that is
 // not the reference's is wrong, and when it is another prompt's reference
 // the checker says whose: another tenant's (cross-tenant) or the same
 // tenant's (cross-request). Oversize prompts must be refused with

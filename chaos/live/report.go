@@ -356,7 +356,7 @@ func buildReport(c *Campaign, t *tally, applied []Applied, crashes []Crash, afte
 		}
 	}
 	r.Departed = after.departed
-	r.nodeCounts(append(slices.Clone(after.nodes), after.departed...), c.Model.Geometry(1).BytesPerToken())
+	r.nodeCounts(append(slices.Clone(after.nodes), after.departed...), c.Model.Config().Geometry(1).BytesPerToken())
 	for _, cr := range crashes {
 		r.Crashes = append(r.Crashes, CrashRecord{Node: cr.Node, Status: cr.Status, At: jsonDuration(cr.At)})
 	}
@@ -517,7 +517,8 @@ func shares(records []record, applied []Applied) []KindShare {
 // no fault explains (see Report.Unexplained).
 func Unexplained(code string) bool {
 	switch code {
-	case messages.CodeInternal.String(), CodeClient, messages.CodeBadRequest.String(), messages.CodeForbidden.String():
+	case messages.CodeInternal.String(), CodeClient, messages.CodeBadRequest.String(), messages.CodeForbidden.String(),
+		messages.CodeModelMismatch.String():
 		return true
 	}
 	return false

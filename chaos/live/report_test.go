@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kvwarden/kvwarden/engine"
 )
 
 // craftedReport is the report of four requests under two faults, one of
@@ -34,7 +32,7 @@ func craftedReport(t *testing.T) *Report {
 		{Fault: Fault{Seq: 1, Kind: Latency, Target: "router-0", Latency: 50 * time.Millisecond}, Start: time.Second,
 			End: 1500 * time.Millisecond},
 	}
-	camp := &Campaign{Config: Config{Seed: 77, Model: engine.DefaultModelConfig()}}
+	camp := &Campaign{Config: Config{Seed: 77, Model: defaultModel(t)}}
 	return buildReport(camp, tl, applied, nil, afterFaults{}, time.Now().Add(-3*time.Second), 2*time.Second, []Kind{Kill, Latency, Pause})
 }
 
@@ -103,7 +101,7 @@ func TestReportOutputs(t *testing.T) {
 func TestFailedInjectionIsAViolation(t *testing.T) {
 	applied := []Applied{{Fault: Fault{Seq: 0, Kind: Bandwidth, Target: "decode-0"}, Start: 0, End: time.Second,
 		Err: "toxic not added: connection refused"}}
-	camp := &Campaign{Config: Config{Seed: 1, Model: engine.DefaultModelConfig()}}
+	camp := &Campaign{Config: Config{Seed: 1, Model: defaultModel(t)}}
 	r := buildReport(camp, newTally(time.Now()), applied, nil, afterFaults{}, time.Now(), time.Second, []Kind{Bandwidth})
 	if r.FaultsByKind["bandwidth"] != 0 || len(r.FaultsFailed) != 1 || len(r.Unreached) != 1 || len(r.ByFault) != 1 {
 		t.Fatalf("faults %v, failed %v, unreached %v, shares %+v", r.FaultsByKind, r.FaultsFailed, r.Unreached, r.ByFault)

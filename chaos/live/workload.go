@@ -27,8 +27,9 @@ type WorkloadConfig struct {
 	// PromptsPerTenant is how many distinct prompts each tenant sends, 1
 	// to PromptsPerTenantMax; every request is one of them (or oversize).
 	PromptsPerTenant int
-	// PromptBytesMin and PromptBytesMax bound a prompt's length in bytes
-	// (= tokens), canary header included.
+	// PromptBytesMin and PromptBytesMax bound a prompt's length in bytes,
+	// canary header included: with the built-in model's byte tokenizer a
+	// prompt is BOS and one token per byte.
 	PromptBytesMin, PromptBytesMax int
 	// MaxTokensMax bounds what a request asks to generate: drawn from
 	// [1, MaxTokensMax].
@@ -65,8 +66,8 @@ func (c WorkloadConfig) Validate() error {
 			promptHeaderBytesMax+1)
 	case c.MaxTokensMax < 1:
 		return fmt.Errorf("live: max tokens (%d) must be at least 1", c.MaxTokensMax)
-	case c.PromptBytesMax+c.MaxTokensMax > c.ContextTokens:
-		return fmt.Errorf("live: a prompt of %d bytes and %d tokens to generate exceed the %d-token context window: "+
+	case c.PromptBytesMax+1+c.MaxTokensMax > c.ContextTokens:
+		return fmt.Errorf("live: a prompt of %d bytes (and BOS) and %d tokens to generate exceed the %d-token context window: "+
 			"every prompt but an oversize one must fit", c.PromptBytesMax, c.MaxTokensMax, c.ContextTokens)
 	case !(c.Oversize >= 0 && c.Oversize <= 1) || !(c.Cancel >= 0 && c.Cancel <= 1):
 		return fmt.Errorf("live: the shares of oversize prompts (%g) and cancellations (%g) must be in [0, 1]",

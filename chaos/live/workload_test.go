@@ -6,8 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/kvwarden/kvwarden/engine"
 )
 
 func newTestWorkload(t *testing.T, seed uint64, cfg WorkloadConfig) *Workload {
@@ -99,7 +97,7 @@ func TestWorkloadRefuses(t *testing.T) {
 		{"tenants", func(c *WorkloadConfig) { c.Tenants = 0 }, "tenants (0)"},
 		{"too many tenants", func(c *WorkloadConfig) { c.Tenants = TenantsMax + 1 }, "tenants (65)"},
 		{"prompt shorter than its header", func(c *WorkloadConfig) { c.PromptBytesMin = 10 }, "prompt bytes from 10"},
-		{"prompts that do not fit", func(c *WorkloadConfig) { c.PromptBytesMax = 2040 }, "a prompt of 2040 bytes and 16 tokens"},
+		{"prompts that do not fit", func(c *WorkloadConfig) { c.PromptBytesMax = 2040 }, "a prompt of 2040 bytes (and BOS) and 16 tokens"},
 		{"share", func(c *WorkloadConfig) { c.Oversize = 1.5 }, "oversize prompts (1.5)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,21 +111,21 @@ func TestWorkloadRefuses(t *testing.T) {
 }
 
 // The checker's answer of n tokens, cut from a reference of more, is the
-// one engine.Answer computes for n: what a node must answer.
+// one engine.Model.Answer computes for n: what a node must answer.
 func TestAnswerOfIsGPUAnswer(t *testing.T) {
-	cfg := engine.DefaultModelConfig()
+	m := defaultModel(t)
 	w := newTestWorkload(t, 5, WorkloadConfig{Tenants: 2, PromptsPerTenant: 2, PromptBytesMin: 24, PromptBytesMax: 48,
 		MaxTokensMax: 24, ContextTokens: 2048})
-	c := NewChecker(cfg, w, 2)
+	c := NewChecker(m, w, 2)
 	for tn := range 2 {
 		for j := range 2 {
 			for _, n := range []int{1, 5, 24} {
-				want, err := engine.Answer(cfg, w.Prompt(tn, j), n)
+				want, err := m.Answer(w.Prompt(tn, j), n)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if got := c.Reference(tn, j, n); !slices.Equal(got, want) {
-					t.Errorf("tenant %d prompt %d, %d tokens: %v, engine.Answer %v", tn, j, n, got, want)
+					t.Errorf("tenant %d prompt %d, %d tokens: %v, Model.Answer %v", tn, j, n, got, want)
 				}
 			}
 		}

@@ -224,10 +224,11 @@ func (c *client) refused(e *messages.WireError) {
 	case c.done:
 		w.fail("answers", "client %d got an error (%v) after its request ended (%s)", c.id, e, c.outcome)
 		return
-	case e == nil || e.Code < messages.CodePromptTooLong || e.Code > messages.CodeForbidden:
+	case e == nil || e.Code < messages.CodePromptTooLong || e.Code > messages.CodeModelMismatch:
 		w.fail("typed errors", "client %d failed without a stable error code: %v", c.id, e)
 		return
-	case e.Code == messages.CodeInternal || e.Code == messages.CodeBadRequest || e.Code == messages.CodeForbidden:
+	case e.Code == messages.CodeInternal || e.Code == messages.CodeBadRequest || e.Code == messages.CodeForbidden ||
+		e.Code == messages.CodeModelMismatch:
 		// The workload's requests are valid and their own tenant's: no
 		// fault explains these (internal is a bug by its definition).
 		w.fail("typed errors", "client %d failed with %s, which no fault explains: %v", c.id, e.Code, e)

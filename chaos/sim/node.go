@@ -17,6 +17,10 @@ const (
 	roleDecode
 )
 
+// simModel stands for the fingerprint of the one model every node of a
+// world computes: the simulator checks the handoff, not fingerprints.
+var simModel = engine.Fingerprint{'s', 'i', 'm'}
+
 func (r role) String() string {
 	if r == rolePrefill {
 		return "prefill"
@@ -76,7 +80,7 @@ func (n *node) boot() {
 	switch n.role {
 	case rolePrefill:
 		n.src = handoff.NewSource(handoff.SourceConfig{Role: "prefill", PageTokens: w.opt.PageTokens, QueueMax: 8, SendsMax: 2,
-			ReclaimAfter: t.ReclaimAfter, DonePlansMax: 64, DoneFor: t.DoneFor})
+			ReclaimAfter: t.ReclaimAfter, DonePlansMax: 64, DoneFor: t.DoneFor, Model: simModel})
 		n.ready, n.sends = map[handoff.JobKey]*prefilled{}, map[handoff.JobKey]*send{}
 		n.jobs, n.byKey = map[uint64]*job{}, map[handoff.JobKey]*job{}
 		n.nextArmd, n.recent = false, nil
@@ -84,7 +88,7 @@ func (n *node) boot() {
 		n.adm = handoff.NewAdmission(w.limits, 64, w.opt.DecodeWorkers, n.pagesN)
 		n.cfg = handoff.RequestConfig{Geometry: w.limits.Geometry, Incarnation: n.inc, DataPlane: n.addr,
 			RequestTimeout: t.RequestTimeout, PrefillTimeout: t.PrefillTimeout, ReserveWait: t.ReserveWait,
-			ReserveRetry: t.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: engine.EOS}
+			ReserveRetry: t.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: engine.EOS, Model: simModel.String()}
 		n.reqs, n.live, n.nextID = map[uint64]*dreq{}, nil, 0
 		n.workers = make([]*worker, w.opt.DecodeWorkers)
 		for i := range n.workers {
