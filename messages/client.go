@@ -17,7 +17,8 @@ import (
 type GenerateRequest struct {
 	RequestID uint64 `msgpack:"id"`
 	Tenant    string `msgpack:"tenant"`
-	// Prompt is UTF-8 text, 1 to PromptBytesMax bytes. Admission compares
+	// Prompt is UTF-8 text, 0 to PromptBytesMax bytes: the model's BOS
+	// comes first, so an empty prompt is a prompt of one token. Admission compares
 	// its token count with the context window and the KV pools, which are
 	// node configuration and usually far below what this limit allows.
 	Prompt string `msgpack:"prompt"`
@@ -43,7 +44,7 @@ func (m *GenerateRequest) Validate() error {
 // checkPrompt checks the prompt and max_tokens of a GenerateRequest or of
 // the RoutedRequest it became.
 func checkPrompt(t TypeCode, prompt string, maxTokens uint32) error {
-	if err := checkRange(t, "prompt", uint64(len(prompt)), 1, PromptBytesMax); err != nil {
+	if err := checkLen(t, "prompt", len(prompt), PromptBytesMax); err != nil {
 		return err
 	}
 	if err := checkUTF8(t, "prompt", prompt); err != nil {

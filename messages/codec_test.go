@@ -242,7 +242,7 @@ func TestWorstCaseFits(t *testing.T) {
 				// The longest valid spec: spaces around an item are allowed.
 				Chaos: true, Faults: "seed=18446744073709551615" + strings.Repeat(" ", FaultSpecBytesMax-len("seed=18446744073709551615")),
 				FaultCounts: slices.Repeat([]uint64{math.MaxUint64}, FaultKindsMax),
-				Model: name, ModelFingerprint: testFingerprint},
+				Model:       name, ModelFingerprint: testFingerprint},
 			Members: members,
 		},
 		&DrainRequest{Wait: true},
@@ -276,7 +276,6 @@ func TestValidateRefuses(t *testing.T) {
 		{"long tenant", &CancelRequest{RequestID: 1, Tenant: strings.Repeat("a", TenantBytesMax+1)}, &tooLarge},
 		{"tenant with space", &CancelRequest{RequestID: 1, Tenant: "a b"}, &invalid},
 		{"tenant non-ascii", &CancelRequest{RequestID: 1, Tenant: "é"}, &invalid},
-		{"empty prompt", &GenerateRequest{RequestID: 1, Tenant: "a", MaxTokens: 1}, &invalid},
 		{"long prompt", &GenerateRequest{RequestID: 1, Tenant: "a", Prompt: strings.Repeat("p", PromptBytesMax+1), MaxTokens: 1}, &tooLarge},
 		{"bad utf8 prompt", &GenerateRequest{RequestID: 1, Tenant: "a", Prompt: "\xff", MaxTokens: 1}, &invalid},
 		{"zero max tokens", &GenerateRequest{RequestID: 1, Tenant: "a", Prompt: "p"}, &invalid},
@@ -320,7 +319,6 @@ func TestValidateRefuses(t *testing.T) {
 		{"done zero error code", &TransferDone{RequestID: 1, Tenant: "a", Err: &WireError{}}, &invalid},
 		{"routed zero id", func() Message { r := okRouted(); r.RequestID = 0; return r }(), &invalid},
 		{"routed empty tenant", func() Message { r := okRouted(); r.Tenant = ""; return r }(), &invalid},
-		{"routed empty prompt", func() Message { r := okRouted(); r.Prompt = ""; return r }(), &invalid},
 		{"routed long prompt", func() Message { r := okRouted(); r.Prompt = strings.Repeat("p", PromptBytesMax+1); return r }(), &tooLarge},
 		{"routed bad utf8 prompt", func() Message { r := okRouted(); r.Prompt = "\xff"; return r }(), &invalid},
 		{"routed zero max tokens", func() Message { r := okRouted(); r.MaxTokens = 0; return r }(), &invalid},
@@ -454,7 +452,6 @@ func TestDecodeRefuses(t *testing.T) {
 		{"id as string", frame(t, TypeGenerateRequest, 1, with("id", "1")), &malformed},
 		{"id as float", frame(t, TypeGenerateRequest, 1, with("id", 1.0)), &malformed},
 		{"max_tokens overflows uint32", frame(t, TypeGenerateRequest, 1, with("max_tokens", uint64(1)<<32+1)), &malformed},
-		{"missing prompt", frame(t, TypeGenerateRequest, 1, map[string]any{"id": 1, "tenant": "a", "max_tokens": 1}), &invalid},
 		{"tenant too long", frame(t, TypeGenerateRequest, 1, with("tenant", strings.Repeat("a", TenantBytesMax+1))), &tooLarge},
 		{"prompt not a string", frame(t, TypeGenerateRequest, 1, with("prompt", []int{1})), &malformed},
 		// An array header claiming 2^32-1 elements in 5 bytes: refused
@@ -569,6 +566,22 @@ func TestStableCodes(t *testing.T) {
 	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3}
 	if !slices.Equal(got, want) {
 		t.Fatalf("stable codes changed: %v, want %v", got, want)
+	}
+}
+
+// TestEmptyPromptIsAPrompt: the model's BOS comes first, so a request
+// without prompt text is a request of one token, and crosses the wire.
+func TestEmptyPromptIsAPrompt(t *testing.T) {
+	for _, m := range []Message{&GenerateRequest{RequestID: 1, Tenant: "a", MaxTokens: 1},
+		func() Message { r := sampleOf[*RoutedRequest](); r.Prompt = ""; return r }()} {
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatalf("Encode(%T with an empty prompt) = %v", m, err)
+		}
+		got, err := Decode(b)
+		if err != nil || !reflect.DeepEqual(got, m) {
+			t.Fatalf("round trip of %+v: %+v, %v", m, got, err)
+		}
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/chaos/live"
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -88,7 +89,7 @@ type chaosOptions struct {
 
 func newChaosCmd() *cobra.Command {
 	o := chaosOptions{Config: live.Config{Requests: 1000, Concurrency: 8, Workload: live.DefaultWorkloadConfig(),
-		Schedule: live.DefaultScheduleConfig(), Model: actors.DefaultConfig().Model, SettleTimeout: time.Minute},
+		Schedule: live.DefaultScheduleConfig(), SettleTimeout: time.Minute},
 		Kinds: "all", FrameFaults: chaosFrameFaults, Prefill: 2, Decode: 2, PageTokens: actors.DefaultConfig().PageTokens,
 		RequestTimeout: chaosRequestTimeout, ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second}
 	cmd := &cobra.Command{
@@ -101,6 +102,11 @@ func newChaosCmd() *cobra.Command {
 				return err
 			}
 			o.changed = cmd.Flags().Changed
+			// The campaign's nodes serve the built-in model, which the
+			// checker computes the references of.
+			if o.Model, err = engine.BuiltinModel(actors.DefaultConfig().Model); err != nil {
+				return err
+			}
 			if err := o.check(); err != nil {
 				return usageError{err}
 			}
@@ -376,6 +382,7 @@ func writeOutputs(stdout io.Writer, r *live.Report, o chaosOptions) error {
 	return nil
 }
 
+// isTerminal says whether w is a terminal (a character device).
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
@@ -469,7 +476,7 @@ func (e *chaosEnv) startRogue(log *slog.Logger, dir string, o chaosOptions) erro
 	for t := range tenants {
 		tenants[t] = live.TenantName(t)
 	}
-	r, err := live.NewRogue(auths[0], auths[1], o.Model.Geometry(o.PageTokens), tenants)
+	r, err := live.NewRogue(auths[0], auths[1], o.Model.Config().Geometry(o.PageTokens), tenants)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/internal/stories"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -299,9 +300,6 @@ func TestBinaryUp(t *testing.T) {
 	}
 }
 
-// TestBinaryUpNodeFails: a node that cannot start (here its pools are
-// refused by preflight) makes up stop the others and exit 1 with the end
-// of the node's log.
 // TestBinaryUpPrompt is the README's main command: up with --prompt brings
 // a cluster up, prints the reference answer for the prompt, stops every node
 // and exits 0.
@@ -322,6 +320,26 @@ func TestBinaryUpPrompt(t *testing.T) {
 	}
 }
 
+// TestBinaryUpStories: up serving stories260K, router, prefill and decode
+// each its own process with the KV moved over the data plane, writes the
+// model card's story from an empty prompt, word for word.
+func TestBinaryUpStories(t *testing.T) {
+	model, tok := stories.Files(t)
+	code, stdout, stderr := runBinary(t, "", "up", "--listen", freeTCPAddr(t),
+		"--gossip-base-port", strconv.Itoa(freeGossipPort(t)), "--log-dir", t.TempDir(),
+		"--model", model, "--tokenizer", tok, "--prompt", "")
+	if code != exitOK {
+		t.Fatalf("up --model --prompt \"\": exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if want := stories.Published(t); !strings.Contains(stdout, "\n"+want+"\n") ||
+		!strings.Contains(stdout, fmt.Sprintf("%d tokens, finish length", stories.PublishedTokens)) {
+		t.Fatalf("up did not print the published story:\n%s", stdout)
+	}
+}
+
+// TestBinaryUpNodeFails: a node that cannot start (here its pools are
+// refused by preflight) makes up stop the others and exit 1 with the end
+// of the node's log.
 func TestBinaryUpNodeFails(t *testing.T) {
 	code, stdout, stderr := runBinary(t, "", "up", "--listen", freeTCPAddr(t), "--gossip-base-port", "0",
 		"--log-dir", t.TempDir(), "--", "--prefill-pages", "8")

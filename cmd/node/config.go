@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/kv"
 )
@@ -47,8 +48,17 @@ type nodeConfig struct {
 	// and for everything else kept back; 0 means none.
 	WeightBytes  int64 `json:"weight_bytes"`
 	ReserveBytes int64 `json:"reserve_bytes"`
+	// Model and Tokenizer are the paths of a llama2.c checkpoint and of
+	// its tokenizer: both, or neither for the built-in model
+	// (engine.DefaultModelConfig: weights from a seed, the byte
+	// tokenizer). With a model, preflight takes the KV geometry (layers,
+	// KV heads, head dim) and the weight bytes from it, and refuses
+	// --layers, --kv-heads, --head-dim and --weight-bytes.
+	Model     string `json:"model"`
+	Tokenizer string `json:"tokenizer"`
 	// Layers, KVHeads, HeadDim, PageTokens and DType are the KV geometry
-	// (kv.Geometry); DType is f32, f16 or bf16.
+	// (kv.Geometry); DType is f32, f16 or bf16, and is also the KV type of
+	// the model "node run" serves.
 	Layers     int    `json:"layers"`
 	KVHeads    int    `json:"kv_heads"`
 	HeadDim    int    `json:"head_dim"`
@@ -56,10 +66,11 @@ type nodeConfig struct {
 	DType      string `json:"dtype"`
 
 	// The fields below configure the node "node run" serves; preflight
-	// ignores them. ContextTokens and PageTokens are shared: run advertises
-	// ContextTokens and pages every pool by PageTokens. The other sizing
-	// fields do not apply to run, whose workers compute the reference model
-	// (engine.DefaultModelConfig) with the geometry that model has.
+	// ignores them. ContextTokens, PageTokens, DType, Model and Tokenizer
+	// are shared: run advertises ContextTokens, pages every pool by
+	// PageTokens and serves Model (or the built-in one) with DType KV.
+	// The other sizing fields do not apply to run, whose pools take the
+	// geometry of the model it serves.
 
 	// Role is what the node serves: "all" (its own prefill and decode
 	// workers and admission), or one cluster role: "prefill", "decode" or
@@ -202,6 +213,33 @@ func (c *nodeConfig) bindFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.HeadDim, "head-dim", c.HeadDim, "elements per head")
 	fs.IntVar(&c.PageTokens, "page-tokens", c.PageTokens, "tokens per KV page")
 	fs.StringVar(&c.DType, "dtype", c.DType, "KV element type: f32, f16 or bf16")
+	c.bindModelFlags(fs)
+}
+
+// bindModelFlags registers --model and --tokenizer.
+func (c *nodeConfig) bindModelFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Model, "model", c.Model, "llama2.c checkpoint to serve (with --tokenizer); empty: the built-in model")
+	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "llama2.c tokenizer of --model (tokenizer.bin format)")
+}
+
+// model loads the model c names, with K and V of type DType in KV pages:
+// the checkpoint and tokenizer at Model and Tokenizer, or the built-in
+// model.
+func (c nodeConfig) model() (*engine.Model, error) {
+	dtype, err := kv.ParseDType(c.DType)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--dtype: %w", err)}
+	}
+	switch {
+	case c.Model == "" && c.Tokenizer == "":
+		cfg := engine.DefaultModelConfig()
+		cfg.KVDType = dtype
+		return engine.BuiltinModel(cfg)
+	case c.Model == "" || c.Tokenizer == "":
+		return nil, usageError{fmt.Errorf("--model %q and --tokenizer %q: give both (a llama2.c checkpoint and its tokenizer) or neither",
+			c.Model, c.Tokenizer)}
+	}
+	return engine.LoadModel(c.Model, c.Tokenizer, dtype)
 }
 
 // load reads the JSON file at path (if any) into c and then re-applies the
@@ -251,7 +289,9 @@ func (c *nodeConfig) readFile(path string) error {
 }
 
 // build validates c and turns it into the gpu package's configurations.
-func (c nodeConfig) build() (gpu.DiscoveryConfig, gpu.PreflightConfig, error) {
+// With a model, the KV geometry and the weight bytes are the model's (the
+// geometry its pools get in "node run"), else the flags'.
+func (c nodeConfig) build(m *engine.Model) (gpu.DiscoveryConfig, gpu.PreflightConfig, error) {
 	d := gpu.DiscoveryConfig{Source: gpu.DeviceSource(c.Devices), CPUMemoryBytes: c.CPUMemoryBytes,
 		DevicesMax: gpu.DefaultDevicesMax}
 	if err := d.Validate(); err != nil {
@@ -271,6 +311,10 @@ func (c nodeConfig) build() (gpu.DiscoveryConfig, gpu.PreflightConfig, error) {
 			ReserveBytes:   c.ReserveBytes,
 			KVPoolTokens:   c.KVPoolTokens,
 		},
+	}
+	if m != nil {
+		p.Sizing.Geometry = m.Config().Geometry(c.PageTokens)
+		p.Sizing.WeightBytes = m.Config().WeightBytes()
 	}
 	return d, p, p.Validate()
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,7 +14,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvwarden/kvwarden/trust"
-	"io"
 )
 
 // certsEnv names the credentials directory when --certs is not given.

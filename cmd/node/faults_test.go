@@ -28,11 +28,16 @@ func TestServeFaultsAndPressure(t *testing.T) {
 	const spec = "seed=3,frame-drop=0.5"
 	cfg := defaultNodeConfig()
 	cfg.ContextTokens = int64(actors.DefaultConfig().ContextTokens)
+	cfg.DType = actors.DefaultConfig().Model.KVDType.String()
 	cfg.Listen = "127.0.0.1:0"
 	if faults.Available {
 		cfg.Faults = spec
 	}
-	nc, err := cfg.clusterNode()
+	model, err := cfg.model()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := cfg.clusterNode(model)
 	if err != nil {
 		t.Fatal(err)
 	}

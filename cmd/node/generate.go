@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,7 +17,6 @@ import (
 	"log/slog"
 
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -32,17 +33,23 @@ const reachTimeout = 5 * time.Second
 const cancelGrace = 5 * time.Second
 
 // generateOptions are the flags of "node generate".
+// defaultMaxTokens is what generate and up ask for unless told: the 256
+// positions llama2.c's runner generates by default.
+const defaultMaxTokens = 256
+
 type generateOptions struct {
-	Endpoint      string
-	Tenant        string
-	Prompt        string
+	Endpoint string
+	Tenant   string
+	Prompt   string
+	// PromptGiven says --prompt was given: an empty prompt is a prompt.
+	PromptGiven   bool
 	MaxTokens     int
 	NoAnswerAfter time.Duration
 	creds         credFlags
 }
 
 func newGenerateCmd() *cobra.Command {
-	o := generateOptions{Endpoint: defaultEndpoint, MaxTokens: 32, NoAnswerAfter: client.DefaultNoAnswerAfter}
+	o := generateOptions{Endpoint: defaultEndpoint, MaxTokens: defaultMaxTokens, NoAnswerAfter: client.DefaultNoAnswerAfter}
 	cmd := &cobra.Command{
 		Use:   "generate",
 		Short: "Send one prompt to a node and stream the generated text",
@@ -56,6 +63,7 @@ Exit codes: 0 generated, 1 the node refused or failed the request (printed as
 error, 130 interrupted by Ctrl-C (the request is cancelled on the node).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.PromptGiven = cmd.Flags().Changed("prompt")
 			prompt, err := o.check(cmd.InOrStdin())
 			if err != nil {
 				return usageError{err}
@@ -71,7 +79,7 @@ error, 130 interrupted by Ctrl-C (the request is cancelled on the node).`,
 	fs := cmd.Flags()
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the node (where node run listens)")
 	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant the request belongs to (required)")
-	fs.StringVar(&o.Prompt, "prompt", o.Prompt, "the prompt; - reads it from stdin (required)")
+	fs.StringVar(&o.Prompt, "prompt", o.Prompt, "the prompt, \"\" for none (the model's BOS alone); - reads it from stdin (required)")
 	fs.IntVar(&o.MaxTokens, "max-tokens", o.MaxTokens, "most tokens to generate")
 	fs.DurationVar(&o.NoAnswerAfter, "no-answer-after", o.NoAnswerAfter, "give the node up as lost after this long without a message from it")
 	o.creds.bind(fs, "tenant-<--tenant>")
@@ -102,8 +110,8 @@ func (o generateOptions) check(stdin io.Reader) (string, error) {
 	switch {
 	case o.Tenant == "":
 		return "", fmt.Errorf("--tenant is required")
-	case prompt == "":
-		return "", fmt.Errorf("the prompt is empty: give --prompt TEXT, or --prompt - to read it from stdin")
+	case !o.PromptGiven:
+		return "", fmt.Errorf("--prompt is required: give --prompt TEXT, --prompt \"\" for none, or --prompt - to read it from stdin")
 	case o.MaxTokens < 1 || o.MaxTokens > messages.GenerateTokensMax:
 		return "", fmt.Errorf("--max-tokens (%d) must be 1 to %d", o.MaxTokens, messages.GenerateTokensMax)
 	}
@@ -133,14 +141,14 @@ func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, 
 		}
 		return fmt.Errorf("generate: %w", err)
 	}
-	p := &tokenPrinter{w: stdout, start: time.Now()}
+	p := &tokenPrinter{w: stdout, start: time.Now(), escape: isTerminal(stdout)}
 	type answer struct {
 		res client.Result
 		err error
 	}
 	answered := make(chan answer, 1)
 	go func() {
-		res, err := c.Generate(ctx, o.Tenant, prompt, client.GenerateOptions{MaxTokens: o.MaxTokens}, p.token)
+		res, err := c.Generate(ctx, o.Tenant, prompt, client.GenerateOptions{MaxTokens: o.MaxTokens, OnText: p.text}, p.token)
 		answered <- answer{res, err}
 	}()
 	var a answer
@@ -164,50 +172,94 @@ func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, 
 		p.finish(p.printed())
 		return a.err
 	}
+	p.rest(a.res.Text)
 	p.finish(true)
 	fmt.Fprintf(stderr, "%d tokens, finish %s, time to first token %s, total %s\n",
 		len(a.res.Tokens), a.res.Finish, roundDuration(p.firstToken()), roundDuration(time.Since(p.start)))
 	return nil
 }
 
-// tokenPrinter writes each token's text as it arrives. The client calls
-// token on its own goroutine; finish stops the printing, so that nothing is
-// written after the line is ended.
+// tokenPrinter writes the answer's text as it streams in: the node decodes
+// the model's tokens and sends the text of each chunk, whole UTF-8
+// characters only. On a terminal, control characters are written escaped
+// (\x1b, not an escape sequence the terminal would obey): the text is the
+// model's, and the model's is anyone's. The client calls token and text on
+// its own goroutine; finish stops the printing, so that nothing is written
+// after the line is ended.
 type tokenPrinter struct {
-	w     io.Writer
-	start time.Time
+	w      io.Writer
+	start  time.Time
+	escape bool
 
 	mu     sync.Mutex
 	first  time.Duration // since start; set by the first token
 	tokens int
-	bytes  int
+	wrote  int // bytes of the answer's text written, before escaping
+	bytes  int // bytes written
 	done   bool
-	err    error // the first write error; later tokens are not written
+	err    error // the first write error; later text is not written
 }
 
-func (p *tokenPrinter) token(tok int) {
+func (p *tokenPrinter) token(int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.done {
-		return
-	}
 	if p.tokens == 0 {
 		p.first = time.Since(p.start)
 	}
 	p.tokens++
-	// One token at a time: the byte tokenizer's ids are bytes, so the
-	// bytes of a multi-byte character arrive in order and print whole.
-	if text := (engine.ByteTokenizer{}).Decode([]int{tok}); text != "" && p.err == nil {
-		var n int
-		n, p.err = io.WriteString(p.w, text)
-		p.bytes += n
+}
+
+func (p *tokenPrinter) text(s string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.write(s)
+}
+
+// rest writes what of the whole answer's text the stream held back: the
+// bytes of an incomplete character at its end.
+func (p *tokenPrinter) rest(answer string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.wrote < len(answer) {
+		p.write(answer[p.wrote:])
 	}
+}
+
+func (p *tokenPrinter) write(s string) {
+	if p.done || p.err != nil {
+		return
+	}
+	p.wrote += len(s)
+	if p.escape {
+		s = escapeControls(s)
+	}
+	var n int
+	n, p.err = io.WriteString(p.w, s)
+	p.bytes += n
 }
 
 func (p *tokenPrinter) printed() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.bytes > 0
+}
+
+// escapeControls writes every control character of s but newline and tab
+// (C0, DEL and C1) as a Go escape, and invalid UTF-8 as U+FFFD.
+func escapeControls(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToValidUTF8(s, "\uFFFD") {
+		switch {
+		case r == '\n' || r == '\t':
+			b.WriteRune(r)
+		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 func (p *tokenPrinter) firstToken() time.Duration {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
 )
 
@@ -26,7 +27,19 @@ when every device passes, 1 when any fails and 2 on a usage error.`,
 			if err := cfg.load(cmd.Flags(), *configPath); err != nil {
 				return usageError{err}
 			}
-			discovery, preflight, err := cfg.build()
+			var model *engine.Model
+			if cfg.Model != "" || cfg.Tokenizer != "" {
+				for _, f := range []string{"layers", "kv-heads", "head-dim", "weight-bytes"} {
+					if cmd.Flags().Changed(f) {
+						return usageError{fmt.Errorf("--%s: the geometry and weights are --model's; give one or the other", f)}
+					}
+				}
+				var err error
+				if model, err = cfg.model(); err != nil {
+					return err
+				}
+			}
+			discovery, preflight, err := cfg.build(model)
 			if err != nil {
 				return usageError{err}
 			}

@@ -18,6 +18,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -40,6 +41,7 @@ const stopTimeout = 30 * time.Second
 func newRunCmd() *cobra.Command {
 	cfg := defaultNodeConfig()
 	cfg.ContextTokens = int64(actors.DefaultConfig().ContextTokens)
+	cfg.DType = actors.DefaultConfig().Model.KVDType.String()
 	var configPath *string
 	var creds credFlags
 	logLevel := slog.LevelInfo
@@ -85,7 +87,14 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			if err := cfg.load(cmd.Flags(), *configPath); err != nil {
 				return usageError{err}
 			}
-			nc, err := cfg.clusterNode()
+			model, err := cfg.model()
+			if err != nil {
+				return err
+			}
+			if ctx := int64(model.Config().ContextTokens); !cmd.Flags().Changed("context-tokens") && cfg.ContextTokens > ctx {
+				cfg.ContextTokens = ctx // the default window, cut to a smaller model's
+			}
+			nc, err := cfg.clusterNode(model)
 			if err != nil {
 				return usageError{err}
 			}
@@ -111,6 +120,8 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 	}
 	configPath = configFlag(cmd)
 	cfg.bindServeFlags(cmd.Flags())
+	cfg.bindModelFlags(cmd.Flags())
+	cmd.Flags().StringVar(&cfg.DType, "dtype", cfg.DType, "KV element type of the model served: f32, f16 or bf16")
 	creds.bind(cmd.Flags(), "the only <role>-*.crt in --certs")
 	cmd.Flags().TextVar(&logLevel, "log-level", logLevel, "least level logged to stderr: debug, info, warn or error")
 	return cmd
@@ -143,11 +154,12 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.DurationVar((*time.Duration)(&c.DrainTimeout), "drain-timeout", time.Duration(c.DrainTimeout), "bound on a drain; past it the node leaves with requests still in flight")
 }
 
-// serving validates c's serving settings and turns them into the actors
-// package's configuration; settings without a flag keep
+// serving validates c's serving settings for model m and turns them into
+// the actors package's configuration; settings without a flag keep
 // actors.DefaultConfig's values.
-func (c nodeConfig) serving() (actors.Config, error) {
+func (c nodeConfig) serving(m *engine.Model) (actors.Config, error) {
 	a := actors.DefaultConfig()
+	a.Model = m.Config()
 	role, err := actors.ParseRole(c.Role)
 	if err != nil {
 		return a, fmt.Errorf("--role %q is not a role: want all, prefill, decode or router", c.Role)
@@ -174,8 +186,8 @@ func (c nodeConfig) serving() (actors.Config, error) {
 // and gets cluster.DefaultLocalNodeConfig's fast timers, so that a lost
 // member is noticed in seconds; any other address gets the LAN timers of
 // cluster.DefaultConfig and cluster.DefaultDataPlaneConfig.
-func (c nodeConfig) clusterNode() (cluster.NodeConfig, error) {
-	a, err := c.serving()
+func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
+	a, err := c.serving(m)
 	if err != nil {
 		return cluster.NodeConfig{}, err
 	}
@@ -199,7 +211,7 @@ func (c nodeConfig) clusterNode() (cluster.NodeConfig, error) {
 		nc.Gossip = cluster.DefaultConfig()
 		nc.DataPlane = cluster.DefaultDataPlaneConfig(a.Geometry(), 1)
 	}
-	nc.Actors = a
+	nc.Actors, nc.Model = a, m
 	nc.Listen, nc.DataListen = c.Listen, c.Data
 	nc.Advertise, nc.DataAdvertise = c.Advertise, c.DataAdvertise
 	nc.Gossip.BindAddr, nc.Gossip.BindPort = host.String(), port
@@ -372,7 +384,8 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, signals <
 		"role", a.Role, "gossip", n.GossipAddr(), "join", cfg.Gossip.JoinAddrs,
 		"context_tokens", a.ContextTokens, "page_tokens", a.PageTokens, "prefill_workers", a.PrefillWorkers,
 		"decode_workers", a.DecodeWorkers, "queue_max", a.QueueMax, "identity", cfg.Auth.Self().URI(),
-		"insecure", cfg.Auth.Insecure())
+		"insecure", cfg.Auth.Insecure(), "model", cfg.Model.Name(), "model_fingerprint", cfg.Model.Fingerprint().String(),
+		"kv_dtype", a.Model.KVDType.String())
 	return wait(log, n, signals, n.Actors().Fatal(), n.Stopped())
 }
 

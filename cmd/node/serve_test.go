@@ -240,11 +240,15 @@ func runBinary(t *testing.T, stdin string, args ...string) (int, string, string)
 // tokens, cut after EOS as the node cuts them, as text.
 func referenceText(t *testing.T, cfg actors.Config, prompt string, maxTokens int) (string, int) {
 	t.Helper()
-	want, err := engine.Answer(cfg.Model, prompt, maxTokens)
+	m, err := engine.BuiltinModel(cfg.Model)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return engine.ByteTokenizer{}.Decode(want), len(want)
+	want, err := m.Answer(prompt, maxTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Text(prompt, want), len(want)
 }
 
 // TestBinaryRunGenerateStop is the whole path through the real binaries: a
@@ -287,11 +291,11 @@ func TestBinaryRunGenerateStop(t *testing.T) {
 
 	t.Run("oversize prompt", func(t *testing.T) {
 		code, stdout, stderr := runBinary(t, "", "generate", "--endpoint", addr, "--tenant", "acme",
-			"--prompt", strings.Repeat("x", 300), "--max-tokens", "8")
+			"--prompt", strings.Repeat("x", 299), "--max-tokens", "8")
 		if code != exitFailed || stdout != "" {
 			t.Fatalf("exit %d, want %d, and stdout %q, want nothing; stderr:\n%s", code, exitFailed, stdout, stderr)
 		}
-		for _, want := range []string{"node: prompt_too_long (1): ", "300", "256"} {
+		for _, want := range []string{"node: prompt_too_long (1): ", "300 tokens", "256"} {
 			if !strings.Contains(stderr, want) {
 				t.Errorf("stderr lacks %q:\n%s", want, stderr)
 			}
@@ -474,7 +478,7 @@ func TestGenerateRefusals(t *testing.T) {
 		want string
 	}{
 		{"no tenant", []string{"--prompt", "hi"}, "--tenant is required"},
-		{"no prompt", []string{"--tenant", "acme"}, "the prompt is empty"},
+		{"no prompt", []string{"--tenant", "acme"}, "--prompt is required"},
 		{"zero tokens", []string{"--tenant", "acme", "--prompt", "hi", "--max-tokens", "0"}, "--max-tokens (0) must be 1 to"},
 		{"endpoint", []string{"--tenant", "acme", "--prompt", "hi", "--endpoint", "localhost"}, `--endpoint "localhost"`},
 		{"patience", []string{"--tenant", "acme", "--prompt", "hi", "--no-answer-after", "0s"}, "--no-answer-after (0s) must be positive"},
@@ -509,7 +513,11 @@ func TestGenerateNoNode(t *testing.T) {
 // exits 70.
 func TestInvariantFailureExitsSeventy(t *testing.T) {
 	cfg := actors.DefaultLocalConfig()
-	n, err := actors.Start(cfg, actors.Options{})
+	m, err := engine.BuiltinModel(cfg.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := actors.Start(cfg, actors.Options{Model: m})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,6 +88,9 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	if n.DataPlane != "" {
 		fmt.Fprintf(w, "  data plane %s\n", n.DataPlane)
 	}
+	if n.Model != "" {
+		fmt.Fprintf(w, "  model %s, fingerprint %s\n", n.Model, n.ModelFingerprint)
+	}
 	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d failed, %d rejected too long, %d rejected busy\n",
 		n.InFlight, n.Admitted, n.Completed, n.Failed, n.RejectedTooLong, n.RejectedBusy)
 	if n.Chaos {
@@ -112,14 +115,18 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	fmt.Fprintf(w, "  refused:%s\n", counted(n.Refused, trust.RefusalNames()))
 	fmt.Fprintf(w, "\n%d members:\n", len(s.Members))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tROLE\tINCARNATION\tADDRESS\tDATA PLANE\tSTATE\tCAPACITY\tFREE\tDRAINING\tVERIFIED")
+	fmt.Fprintln(tw, "NAME\tROLE\tINCARNATION\tADDRESS\tDATA PLANE\tSTATE\tCAPACITY\tFREE\tDRAINING\tVERIFIED\tMODEL")
 	for _, m := range s.Members {
 		dp := m.DataPlane
 		if dp == "" {
 			dp = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%016x\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", m.Name, m.Role, m.Incarnation, m.Address, dp, m.State,
-			m.CapacityPages, m.FreePages, yesNo(m.Draining), yesNo(m.Verified))
+		model := "-"
+		if len(m.Model) >= 12 {
+			model = m.Model[:12] // as engine.Fingerprint.Short writes it
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%016x\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", m.Name, m.Role, m.Incarnation, m.Address, dp, m.State,
+			m.CapacityPages, m.FreePages, yesNo(m.Draining), yesNo(m.Verified), model)
 	}
 	tw.Flush()
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -52,11 +53,17 @@ type upOptions struct {
 	ReadyTimeout    time.Duration
 	StopTimeout     time.Duration
 	NodeArgs        []string
-	// Prompt, when set, is sent once the cluster is up (as Tenant, with at
-	// most MaxTokens), its answer printed, and the cluster stopped.
-	Prompt    string
-	Tenant    string
-	MaxTokens int
+	// Prompt, when PromptGiven, is sent once the cluster is up (as
+	// Tenant, with at most MaxTokens), its answer printed, and the cluster
+	// stopped; "" is a prompt (the model's BOS alone).
+	Prompt      string
+	PromptGiven bool
+	Tenant      string
+	MaxTokens   int
+	// Model and Tokenizer are the llama2.c checkpoint and tokenizer every
+	// node serves (both, or neither for the built-in model); up loads them
+	// once to check them before it starts any node.
+	Model, Tokenizer string
 	// Insecure runs every node --insecure; otherwise up makes a throwaway
 	// CA and certificates for its nodes in localCertsDir(Listen).
 	Insecure bool
@@ -64,7 +71,7 @@ type upOptions struct {
 
 func newUpCmd() *cobra.Command {
 	o := upOptions{Prefill: 1, Decode: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
-		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second, Tenant: "demo", MaxTokens: 32}
+		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second, Tenant: "demo", MaxTokens: defaultMaxTokens}
 	cmd := &cobra.Command{
 		Use:   "up [flags] [-- node run flags]",
 		Short: "Start a local cluster: a router and prefill and decode nodes on loopback",
@@ -95,8 +102,12 @@ usage error.`,
 			if o.NodeArgs, err = nodeArgs(cmd, args); err != nil {
 				return err
 			}
+			o.PromptGiven = cmd.Flags().Changed("prompt")
 			if err := o.check(); err != nil {
 				return usageError{err}
+			}
+			if err := o.checkModel(); err != nil {
+				return err
 			}
 			signals := make(chan os.Signal, 1)
 			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
@@ -116,6 +127,8 @@ usage error.`,
 	fs.StringVar(&o.Prompt, "prompt", o.Prompt, "send this prompt once the cluster is up, print the answer, then stop the cluster")
 	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant of the --prompt request")
 	fs.IntVar(&o.MaxTokens, "max-tokens", o.MaxTokens, "most tokens to generate for --prompt")
+	fs.StringVar(&o.Model, "model", o.Model, "llama2.c checkpoint every node serves (with --tokenizer); empty: the built-in model")
+	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "llama2.c tokenizer of --model")
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "run every node --insecure (no certificates, nobody authenticated)")
 	return cmd
 }
@@ -145,6 +158,28 @@ func (o upOptions) check() error {
 		return fmt.Errorf("--ready-timeout (%s) and --stop-timeout (%s) must be positive", o.ReadyTimeout, o.StopTimeout)
 	}
 	return checkListen("--listen", o.Listen)
+}
+
+// checkModel loads --model and --tokenizer once, so that a wrong path or
+// file fails before any node starts, and makes both paths absolute for the
+// nodes.
+func (o *upOptions) checkModel() error {
+	if o.Model == "" && o.Tokenizer == "" {
+		return nil
+	}
+	m, err := nodeConfig{Model: o.Model, Tokenizer: o.Tokenizer, DType: kv.F32.String()}.model()
+	if err != nil {
+		return err
+	}
+	for _, p := range []*string{&o.Model, &o.Tokenizer} {
+		if *p, err = filepath.Abs(*p); err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+	}
+	if ctx := m.Config().ContextTokens; o.PromptGiven && o.MaxTokens >= ctx {
+		return usageError{fmt.Errorf("--max-tokens (%d) leaves no room for a prompt in %s's %d-token context", o.MaxTokens, m.Name(), ctx)}
+	}
+	return nil
 }
 
 // up starts the cluster, prints it and waits; every node it started has
@@ -186,7 +221,7 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 		return err
 	}
 	c.print(stdout)
-	if o.Prompt != "" {
+	if o.PromptGiven {
 		return c.demo(stdout, signals)
 	}
 	for {
@@ -210,7 +245,7 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 // demo sends the --prompt request to the router and prints its answer as
 // "node generate" would; a signal cancels it.
 func (c *localCluster) demo(stdout io.Writer, signals <-chan os.Signal) error {
-	g := generateOptions{Endpoint: c.o.Listen, Tenant: c.o.Tenant, Prompt: c.o.Prompt, MaxTokens: c.o.MaxTokens,
+	g := generateOptions{Endpoint: c.o.Listen, Tenant: c.o.Tenant, Prompt: c.o.Prompt, PromptGiven: true, MaxTokens: c.o.MaxTokens,
 		NoAnswerAfter: client.DefaultNoAnswerAfter, creds: c.creds}
 	prompt, err := g.check(nil)
 	if err != nil {
@@ -237,10 +272,14 @@ var errSignalled = errors.New("up: stopped by a signal")
 // and gossips at --gossip-base-port, the others take free ports and join
 // the router's gossip address, join.
 func (c *localCluster) upArgs(_, role, join string) []string {
-	if role == "router" {
-		return []string{"--listen", c.o.Listen, "--gossip", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort))}
+	var model []string
+	if c.o.Model != "" {
+		model = []string{"--model", c.o.Model, "--tokenizer", c.o.Tokenizer}
 	}
-	return []string{"--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0", "--join", join}
+	if role == "router" {
+		return append(model, "--listen", c.o.Listen, "--gossip", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort)))
+	}
+	return append(model, "--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0", "--join", join)
 }
 
 // startAll starts the router, then the prefill and decode nodes joining
