@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/internal/stories"
 
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -111,4 +112,46 @@ func BenchmarkTTFTSecured(b *testing.B) {
 	b.ReportMetric(float64(secure.took)/float64(n)/1e6, "secure-ttft-ms")
 	b.ReportMetric(float64(insecure.took)/float64(n)/1e6, "insecure-ttft-ms")
 	b.ReportMetric(float64(secure.took)/float64(insecure.took), "secure/insecure")
+}
+
+// BenchmarkStories is stories260K's single-stream generation of the
+// published story (256 tokens from an empty prompt), tokens per second:
+// the engine alone (one contiguous cache, no pages), one node of role all,
+// and a router, prefill and decode node on loopback, side by side in one
+// run. Run with:
+//
+//	go test ./cluster -run '^$' -bench Stories -benchtime 20x
+func BenchmarkStories(b *testing.B) {
+	m, _, c := storiesTrio(b)
+	all := startNodeServing(b, testAuth(b, actors.RoleAll), actors.RoleAll, m)
+	one := tenantClient(b, all.Address(), "acme")
+	generate := func(b *testing.B, c *client.Client) int {
+		res, err := c.Generate(context.Background(), "acme", "", client.GenerateOptions{MaxTokens: stories.PublishedTokens}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return len(res.Tokens)
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(b *testing.B) int
+	}{
+		{"engine", func(b *testing.B) int {
+			out, err := m.Answer("", stories.PublishedTokens)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return len(out)
+		}},
+		{"one-node", func(b *testing.B) int { return generate(b, one) }},
+		{"cluster", func(b *testing.B) int { return generate(b, c) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			tokens := 0
+			for b.Loop() {
+				tokens += tc.run(b)
+			}
+			b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tok/s")
+		})
+	}
 }

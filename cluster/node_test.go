@@ -90,6 +90,9 @@ func startNodeServing(t testing.TB, auth *trust.Authority, role actors.Role, mod
 	cfg.Auth = auth
 	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
 	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 512, 64
+	if model != nil {
+		cfg.Actors.MaxTokensMax = 256 // room for stories260K's published story
+	}
 	cfg.Actors.PrefillTimeout = 3 * time.Second
 	cfg.Gossip.JoinAddrs = join
 	n, err := StartNode(withModel(t, cfg), nil)
