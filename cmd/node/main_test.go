@@ -6,8 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvwarden/kvwarden/internal/stories"
 )
 
 // runNode runs the command in process and returns its exit code and
@@ -51,6 +54,10 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{"geometry", []string{"preflight", "--context-tokens", "5", "--page-tokens", "0"}, "PageTokens (0)"},
 		{"devices", []string{"preflight", "--context-tokens", "5", "--devices", "tpu"}, `device source "tpu"`},
 		{"missing config file", []string{"preflight", "--context-tokens", "5", "--config", "/nonexistent/node.json"}, "/nonexistent/node.json"},
+		{"model without tokenizer", []string{"run", "--model", "m.bin"}, `--model "m.bin" and --tokenizer "": give both`},
+		{"tokenizer without model", []string{"up", "--tokenizer", "t.bin"}, `--model "" and --tokenizer "t.bin": give both`},
+		{"geometry and a model", []string{"preflight", "--context-tokens", "5", "--model", "m.bin", "--tokenizer", "t.bin", "--layers", "8"},
+			"--layers: the geometry and weights are --model's"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -59,6 +66,35 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 				t.Fatalf("exit %d, want %d with %q; output:\n%s", code, exitUsage, tc.want, out)
 			}
 		})
+	}
+}
+
+// TestModelFiles: preflight sizes pools from a loaded model's geometry and
+// weights; a truncated checkpoint, or another tokenizer, is refused before
+// any node starts, with the numbers.
+func TestModelFiles(t *testing.T) {
+	model, tok := stories.Files(t)
+	code, out := runNode("preflight", "--context-tokens", "512", "--kv-pool-tokens", "4096", "--model", model, "--tokenizer", tok)
+	// stories260K: 5 layers × 4 KV heads × head dim 8, K and V, bf16 (preflight's default type).
+	if code != exitOK || !strings.Contains(out, "layers=5 kv_heads=4 head_dim=8") {
+		t.Fatalf("exit %d, want 0 with the model's geometry:\n%s", code, out)
+	}
+	data, err := os.ReadFile(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := filepath.Join(t.TempDir(), "short.bin")
+	if err := os.WriteFile(short, data[:len(data)-4], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out = runNode("up", "--model", short, "--tokenizer", tok, "--prompt", "")
+	if code != exitFailed || !strings.Contains(out, strconv.Itoa(len(data)-4)) || !strings.Contains(out, strconv.Itoa(len(data))) ||
+		strings.Contains(out, "started") {
+		t.Fatalf("a truncated checkpoint: exit %d, want %d naming both sizes before any node starts:\n%s", code, exitFailed, out)
+	}
+	code, out = runNode("run", "--model", model, "--tokenizer", model)
+	if code != exitFailed || !strings.Contains(out, "tokenizer") {
+		t.Fatalf("a checkpoint given as the tokenizer: exit %d, want %d:\n%s", code, exitFailed, out)
 	}
 }
 
