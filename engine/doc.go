@@ -14,18 +14,34 @@
 // keeps no per-request state, so sequences of many requests interleave on
 // one engine.
 //
-// ReferenceEngine is the built-in engine: a small transformer (RMSNorm,
-// rotary positions, grouped-query attention, SwiGLU) in pure-Go float32,
-// with weights generated from a seed and a byte-level tokenizer. Reference
-// computes the same greedy continuation with one contiguous in-memory KV
-// cache and is the single-node oracle: any path, over any pages in any
-// pool, must equal it bit for bit. Multiply-adds are never fused and exp is
+// ReferenceEngine computes a Llama-architecture transformer (RMSNorm,
+// rotary positions on adjacent pairs, grouped-query attention, SwiGLU) in
+// float32 on the CPU. Reference computes the same greedy continuation with
+// one contiguous in-memory KV cache and is the single-node oracle: any
+// path, over any pages in any pool, batched or not, must equal it bit for
+// bit. Every sum has one order, which the generic Go kernels define and the
+// vector kernels reproduce; multiply-adds are never fused and exp is
 // computed in the package, so the result does not depend on the CPU's
-// fused-multiply-add or math assembly.
+// vector width, fused-multiply-add or math assembly.
+//
+// # Models and tokens
+//
+// A Model is what a node serves: config, Weights (llama2.c's layout), the
+// Tokenizer that defines its tokens, and a Fingerprint of all three with
+// the KV type. BuiltinModel generates weights from the config's seed and
+// uses the ByteTokenizer: no files, noise for text, fast for tests.
+// LoadModel reads a llama2.c checkpoint (ReadCheckpoint: the legacy format
+// or the versioned float32 export) and its tokenizer.bin (ReadTokenizer:
+// SentencePiece-style BPE with byte fallback), validating every header
+// value, the file size the header implies and every weight before the
+// arrays are allocated. Every prompt starts with the tokenizer's BOS;
+// generation ends at its Stop token; TextDecoder joins the byte pieces of
+// streamed tokens into UTF-8.
 //
 // # Concurrency and ownership
 //
-// Engines and sequences, like the pool they read, are used by one goroutine
-// at a time. The weights are immutable once built and shared by every
-// engine and sequence of a node.
+// Sequences, like the pool they read, are used by one goroutine at a time.
+// A Model, its weights, its tokenizer and its engine are immutable once
+// built and shared by every worker of a node; Reference and Model.Answer
+// may be called from any number of goroutines at once.
 package engine
