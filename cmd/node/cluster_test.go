@@ -278,7 +278,7 @@ func TestBinaryUp(t *testing.T) {
 		t.Errorf("status lacks the router or 3 members:\n%s", stdout)
 	}
 	for _, role := range []string{"router", "prefill", "decode"} {
-		if !regexp.MustCompile(`(?m)^\S+-[0-9a-f]{16}\s+` + role + `\s.*\salive\s.*\syes$`).MatchString(stdout) {
+		if !regexp.MustCompile(`(?m)^\S+-[0-9a-f]{16}\s+` + role + `\s.*\salive\s.*\syes\s+[0-9a-f]{12}$`).MatchString(stdout) {
 			t.Errorf("status lacks an alive %s member:\n%s", role, stdout)
 		}
 	}
