@@ -18,7 +18,10 @@ type kernelSet struct {
 	scores func(dst []float32, dstStride int, q []float32, heads, hd int, k []byte, rows, stride int, dt kv.DType, scale float32)
 	// accumV is accumVGeneric: the weighted sum of the values of rows
 	// positions into each of heads outputs, in position order.
-	accumV    func(out []float32, heads, hd int, w []float32, wStride int, v []byte, rows, stride int, dt kv.DType)
+	accumV func(out []float32, heads, hd int, w []float32, wStride int, v []byte, rows, stride int, dt kv.DType)
+	// prefetch asks for rows rows of bytes bytes at b, stride bytes
+	// apart, to be read soon; a hint, which changes no result.
+	prefetch  func(b []byte, rows, stride, bytes int)
 	max       func(x []float32) float32
 	expSubSum func(x []float32, mx float32) float32
 	scale     func(x []float32, s float32)
@@ -31,7 +34,7 @@ type kernelSet struct {
 // a faster set runs.
 var genericKernels = kernelSet{
 	name: "generic", dot: dotGeneric, matmul: matmulGeneric, scores: scoresGeneric, accumV: accumVGeneric,
-	max: maxGeneric, expSubSum: expSubSumGeneric, scale: scaleGeneric, mulScale: mulScaleGeneric,
+	prefetch: prefetchGeneric, max: maxGeneric, expSubSum: expSubSumGeneric, scale: scaleGeneric, mulScale: mulScaleGeneric,
 	add: addGeneric, swiGLU: swiGLUGeneric,
 }
 

@@ -20,7 +20,7 @@ import (
 // kernel, which computes the same bits.
 var avx2Kernels = kernelSet{
 	name: "avx2", dot: dotAVX2Slices, matmul: matmulAVX2, scores: scoresAVX2, accumV: accumVAVX2,
-	max: maxAVX2Slice, expSubSum: expSubSumAVX2Slice, scale: scaleAVX2Slice, mulScale: mulScaleAVX2Slices,
+	prefetch: prefetchAVX2Slice, max: maxAVX2Slice, expSubSum: expSubSumAVX2Slice, scale: scaleAVX2Slice, mulScale: mulScaleAVX2Slices,
 	add: addAVX2Slices, swiGLU: swiGLUAVX2Slices,
 }
 
@@ -58,10 +58,14 @@ var matmulTiles = [5][]matmulTile{
 	4: {{2, matmulR4C2}, {1, matmulR4C1}},
 }
 
-// matmulBlockBytes bounds the bytes of w one pass over a block of rows of x
-// reads, so that the block of w stays in the L1 and L2 caches while it is
-// read again for each group of four rows.
-const matmulBlockBytes = 64 << 10
+// A product of many rows of x goes in blocks: a block of rows of x (at
+// most matmulRowBytes, to stay in the L1 cache) against a block of rows of
+// w (at most matmulColBytes, to stay in L2) that each group of four rows of
+// x reads again.
+const (
+	matmulRowBytes = 32 << 10
+	matmulColBytes = 64 << 10
+)
 
 func matmulAVX2(out, x, w []float32, in, outs, j0, j1 int) {
 	rows := len(x) / in
@@ -72,22 +76,26 @@ func matmulAVX2(out, x, w []float32, in, outs, j0, j1 int) {
 		panic(fmt.Sprintf("engine: matmul of %d×%d by %d×%d into %d outputs, columns [%d, %d)",
 			rows, in, len(w)/in, in, len(out), j0, j1))
 	}
-	block := j1 - j0
+	rowBlock, colBlock := rows, j1-j0
 	if rows > 4 {
-		block = max(8, matmulBlockBytes/(4*in)&^7)
+		rowBlock = max(4, matmulRowBytes/(4*in)&^3)
+		colBlock = max(8, matmulColBytes/(4*in)&^7)
 	}
-	for jb := j0; jb < j1; jb += block {
-		je := min(jb+block, j1)
-		for t := 0; t < rows; {
-			r := min(rows-t, 4)
-			j := jb
-			for _, tile := range matmulTiles[r] {
-				if cols := (je - j) / tile.c * tile.c; cols > 0 {
-					tile.f(&x[t*in], in, &w[j*in], in, cols, &out[t*outs+j], outs)
-					j += cols
+	for tb := 0; tb < rows; tb += rowBlock {
+		te := min(tb+rowBlock, rows)
+		for jb := j0; jb < j1; jb += colBlock {
+			je := min(jb+colBlock, j1)
+			for t := tb; t < te; {
+				r := min(te-t, 4)
+				j := jb
+				for _, tile := range matmulTiles[r] {
+					if cols := (je - j) / tile.c * tile.c; cols > 0 {
+						tile.f(&x[t*in], in, &w[j*in], in, cols, &out[t*outs+j], outs)
+						j += cols
+					}
 				}
+				t += r
 			}
-			t += r
 		}
 	}
 }
@@ -185,6 +193,14 @@ func accumVAVX2(out []float32, heads, hd int, w []float32, wStride int, v []byte
 				break
 			}
 		}
+	}
+}
+
+// prefetchAVX2Slice asks for rows of b; a prefetch never faults, so rows
+// past the end of b are only a hint wasted.
+func prefetchAVX2Slice(b []byte, rows, stride, bytes int) {
+	if len(b) > 0 && rows > 0 && bytes > 0 {
+		prefetchAVX2(&b[0], stride, rows, bytes)
 	}
 }
 

@@ -1293,7 +1293,7 @@ end66:
 	RET
 
 // func scoresF32H1(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresF32H1(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -1309,19 +1309,22 @@ TEXT ·scoresF32H1(SB), NOSPLIT, $0-60
 	SHLQ         $0x02, R8
 	MOVQ         DI, DI
 	SHLQ         $0x02, CX
+	IMUL3Q       $0x00000004, BX, R8
+	ADDQ         DX, R8
 
 rows70:
 	TESTQ  SI, SI
 	JZ     done71
 	VXORPS Y1, Y1, Y1
-	XORQ   R8, R8
+	XORQ   R9, R9
 
 chunks72:
-	VMOVUPS      (DX)(R8*1), Y2
-	VMULPS       (AX)(R8*1), Y2, Y2
+	PREFETCHT0   (R8)(R9*1)
+	VMOVUPS      (DX)(R9*1), Y2
+	VMULPS       (AX)(R9*1), Y2, Y2
 	VADDPS       Y2, Y1, Y1
-	ADDQ         $0x20, R8
-	CMPQ         R8, CX
+	ADDQ         $0x20, R9
+	CMPQ         R9, CX
 	JB           chunks72
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
@@ -1331,6 +1334,7 @@ chunks72:
 	VMOVSS       X1, (DI)
 	ADDQ         $0x04, DI
 	ADDQ         BX, DX
+	ADDQ         BX, R8
 	DECQ         SI
 	JMP          rows70
 
@@ -1339,7 +1343,7 @@ done71:
 	RET
 
 // func accumVF32H1D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·accumVF32H1D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -1359,26 +1363,30 @@ groups73:
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
 	ADDQ    SI, R9
-	MOVQ    R8, R10
+	IMUL3Q  $0x00000004, DI, R10
+	ADDQ    R9, R10
+	MOVQ    R8, R11
 
 rows75:
-	TESTQ        R10, R10
+	TESTQ        R11, R11
 	JZ           rowsdone76
+	PREFETCHT0   (R10)
 	VMOVUPS      (R9), Y1
 	VBROADCASTSS (DX), Y2
 	VMULPS       Y1, Y2, Y1
 	VADDPS       Y1, Y0, Y0
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	DECQ         R10
+	ADDQ         DI, R10
+	DECQ         R11
 	JMP          rows75
 
 rowsdone76:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
-	MOVQ    R8, R10
-	SHLQ    $0x02, R10
-	SUBQ    R10, DX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
 	ADDQ    $0x00000020, BX
 	JMP     groups73
 
@@ -1387,7 +1395,7 @@ done74:
 	RET
 
 // func accumVF32H1D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·accumVF32H1D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -1408,12 +1416,16 @@ groups77:
 	VMOVUPS 32(R9)(BX*1), Y1
 	MOVQ    BX, R9
 	ADDQ    SI, R9
-	MOVQ    R8, R10
+	IMUL3Q  $0x00000004, DI, R10
+	ADDQ    R9, R10
+	MOVQ    R8, R11
 
 rows79:
-	TESTQ        R10, R10
+	TESTQ        R11, R11
 	JZ           rowsdone80
+	PREFETCHT0   (R10)
 	VMOVUPS      (R9), Y2
+	PREFETCHT0   32(R10)
 	VMOVUPS      32(R9), Y3
 	VBROADCASTSS (DX), Y4
 	VMULPS       Y2, Y4, Y2
@@ -1422,16 +1434,17 @@ rows79:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	DECQ         R10
+	ADDQ         DI, R10
+	DECQ         R11
 	JMP          rows79
 
 rowsdone80:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
-	MOVQ    R8, R10
-	SHLQ    $0x02, R10
-	SUBQ    R10, DX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
 	ADDQ    $0x00000040, BX
 	JMP     groups77
 
@@ -1440,7 +1453,7 @@ done78:
 	RET
 
 // func accumVF32H1D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·accumVF32H1D4(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -1463,14 +1476,20 @@ groups81:
 	VMOVUPS 96(R9)(BX*1), Y3
 	MOVQ    BX, R9
 	ADDQ    SI, R9
-	MOVQ    R8, R10
+	IMUL3Q  $0x00000004, DI, R10
+	ADDQ    R9, R10
+	MOVQ    R8, R11
 
 rows83:
-	TESTQ        R10, R10
+	TESTQ        R11, R11
 	JZ           rowsdone84
+	PREFETCHT0   (R10)
 	VMOVUPS      (R9), Y4
+	PREFETCHT0   32(R10)
 	VMOVUPS      32(R9), Y5
+	PREFETCHT0   64(R10)
 	VMOVUPS      64(R9), Y6
+	PREFETCHT0   96(R10)
 	VMOVUPS      96(R9), Y7
 	VBROADCASTSS (DX), Y8
 	VMULPS       Y4, Y8, Y4
@@ -1483,7 +1502,8 @@ rows83:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	DECQ         R10
+	ADDQ         DI, R10
+	DECQ         R11
 	JMP          rows83
 
 rowsdone84:
@@ -1492,9 +1512,9 @@ rowsdone84:
 	VMOVUPS Y1, 32(R9)(BX*1)
 	VMOVUPS Y2, 64(R9)(BX*1)
 	VMOVUPS Y3, 96(R9)(BX*1)
-	MOVQ    R8, R10
-	SHLQ    $0x02, R10
-	SUBQ    R10, DX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
 	ADDQ    $0x00000080, BX
 	JMP     groups81
 
@@ -1503,7 +1523,7 @@ done82:
 	RET
 
 // func scoresF32H2(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresF32H2(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -1521,22 +1541,25 @@ TEXT ·scoresF32H2(SB), NOSPLIT, $0-60
 	LEAQ         (AX)(R9*1), R9
 	LEAQ         (DI)(R8*1), R8
 	SHLQ         $0x02, CX
+	IMUL3Q       $0x00000004, BX, R10
+	ADDQ         DX, R10
 
 rows85:
 	TESTQ  SI, SI
 	JZ     done86
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   R10, R10
+	XORQ   R11, R11
 
 chunks87:
-	VMOVUPS      (DX)(R10*1), Y3
-	VMULPS       (AX)(R10*1), Y3, Y4
+	PREFETCHT0   (R10)(R11*1)
+	VMOVUPS      (DX)(R11*1), Y3
+	VMULPS       (AX)(R11*1), Y3, Y4
 	VADDPS       Y4, Y1, Y1
-	VMULPS       (R9)(R10*1), Y3, Y3
+	VMULPS       (R9)(R11*1), Y3, Y3
 	VADDPS       Y3, Y2, Y2
-	ADDQ         $0x20, R10
-	CMPQ         R10, CX
+	ADDQ         $0x20, R11
+	CMPQ         R11, CX
 	JB           chunks87
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
@@ -1548,6 +1571,7 @@ chunks87:
 	VEXTRACTPS   $0x01, X1, (R8)
 	ADDQ         $0x04, R8
 	ADDQ         BX, DX
+	ADDQ         BX, R10
 	DECQ         SI
 	JMP          rows85
 
@@ -1556,7 +1580,7 @@ done86:
 	RET
 
 // func accumVF32H2D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·accumVF32H2D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -1579,11 +1603,14 @@ groups88:
 	VMOVUPS (R10)(R9*1), Y1
 	MOVQ    R9, R10
 	ADDQ    SI, R10
-	MOVQ    R8, R11
+	IMUL3Q  $0x00000004, DI, R11
+	ADDQ    R10, R11
+	MOVQ    R8, R12
 
 rows90:
-	TESTQ        R11, R11
+	TESTQ        R12, R12
 	JZ           rowsdone91
+	PREFETCHT0   (R11)
 	VMOVUPS      (R10), Y2
 	VBROADCASTSS (DX), Y3
 	VMULPS       Y2, Y3, Y3
@@ -1594,7 +1621,8 @@ rows90:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	DECQ         R11
+	ADDQ         DI, R11
+	DECQ         R12
 	JMP          rows90
 
 rowsdone91:
@@ -1602,10 +1630,10 @@ rowsdone91:
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
 	VMOVUPS Y1, (R10)(R9*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
-	SUBQ    R11, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, BX
 	ADDQ    $0x00000020, R9
 	JMP     groups88
 
@@ -1614,7 +1642,7 @@ done89:
 	RET
 
 // func accumVF32H2D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·accumVF32H2D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -1639,12 +1667,16 @@ groups92:
 	VMOVUPS 32(R10)(R9*1), Y3
 	MOVQ    R9, R10
 	ADDQ    SI, R10
-	MOVQ    R8, R11
+	IMUL3Q  $0x00000004, DI, R11
+	ADDQ    R10, R11
+	MOVQ    R8, R12
 
 rows94:
-	TESTQ        R11, R11
+	TESTQ        R12, R12
 	JZ           rowsdone95
+	PREFETCHT0   (R11)
 	VMOVUPS      (R10), Y4
+	PREFETCHT0   32(R11)
 	VMOVUPS      32(R10), Y5
 	VBROADCASTSS (DX), Y6
 	VMULPS       Y4, Y6, Y7
@@ -1659,7 +1691,8 @@ rows94:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	DECQ         R11
+	ADDQ         DI, R11
+	DECQ         R12
 	JMP          rows94
 
 rowsdone95:
@@ -1669,10 +1702,10 @@ rowsdone95:
 	ADDQ    CX, R10
 	VMOVUPS Y2, (R10)(R9*1)
 	VMOVUPS Y3, 32(R10)(R9*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
-	SUBQ    R11, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, BX
 	ADDQ    $0x00000040, R9
 	JMP     groups92
 
@@ -1681,7 +1714,7 @@ done93:
 	RET
 
 // func accumVF32H2D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·accumVF32H2D4(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -1710,14 +1743,20 @@ groups96:
 	VMOVUPS 96(R10)(R9*1), Y7
 	MOVQ    R9, R10
 	ADDQ    SI, R10
-	MOVQ    R8, R11
+	IMUL3Q  $0x00000004, DI, R11
+	ADDQ    R10, R11
+	MOVQ    R8, R12
 
 rows98:
-	TESTQ        R11, R11
+	TESTQ        R12, R12
 	JZ           rowsdone99
+	PREFETCHT0   (R11)
 	VMOVUPS      (R10), Y8
+	PREFETCHT0   32(R11)
 	VMOVUPS      32(R10), Y9
+	PREFETCHT0   64(R11)
 	VMOVUPS      64(R10), Y10
+	PREFETCHT0   96(R11)
 	VMOVUPS      96(R10), Y11
 	VBROADCASTSS (DX), Y12
 	VMULPS       Y8, Y12, Y13
@@ -1740,7 +1779,8 @@ rows98:
 	VADDPS       Y8, Y7, Y7
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	DECQ         R11
+	ADDQ         DI, R11
+	DECQ         R12
 	JMP          rows98
 
 rowsdone99:
@@ -1754,10 +1794,10 @@ rowsdone99:
 	VMOVUPS Y5, 32(R10)(R9*1)
 	VMOVUPS Y6, 64(R10)(R9*1)
 	VMOVUPS Y7, 96(R10)(R9*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
-	SUBQ    R11, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, BX
 	ADDQ    $0x00000080, R9
 	JMP     groups96
 
@@ -1766,7 +1806,7 @@ done97:
 	RET
 
 // func scoresF32H3(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresF32H3(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -1786,6 +1826,8 @@ TEXT ·scoresF32H3(SB), NOSPLIT, $0-60
 	LEAQ         (R10)(R9*1), R9
 	LEAQ         (R11)(R8*1), R8
 	SHLQ         $0x02, CX
+	IMUL3Q       $0x00000004, BX, R12
+	ADDQ         DX, R12
 
 rows100:
 	TESTQ  SI, SI
@@ -1793,18 +1835,19 @@ rows100:
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   R12, R12
+	XORQ   R13, R13
 
 chunks102:
-	VMOVUPS      (DX)(R12*1), Y4
-	VMULPS       (AX)(R12*1), Y4, Y5
+	PREFETCHT0   (R12)(R13*1)
+	VMOVUPS      (DX)(R13*1), Y4
+	VMULPS       (AX)(R13*1), Y4, Y5
 	VADDPS       Y5, Y1, Y1
-	VMULPS       (R10)(R12*1), Y4, Y5
+	VMULPS       (R10)(R13*1), Y4, Y5
 	VADDPS       Y5, Y2, Y2
-	VMULPS       (R9)(R12*1), Y4, Y4
+	VMULPS       (R9)(R13*1), Y4, Y4
 	VADDPS       Y4, Y3, Y3
-	ADDQ         $0x20, R12
-	CMPQ         R12, CX
+	ADDQ         $0x20, R13
+	CMPQ         R13, CX
 	JB           chunks102
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y3, Y3, Y2
@@ -1819,6 +1862,7 @@ chunks102:
 	VEXTRACTPS   $0x02, X1, (R8)
 	ADDQ         $0x04, R8
 	ADDQ         BX, DX
+	ADDQ         BX, R12
 	DECQ         SI
 	JMP          rows100
 
@@ -1827,7 +1871,7 @@ done101:
 	RET
 
 // func accumVF32H3D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·accumVF32H3D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -1853,11 +1897,14 @@ groups103:
 	VMOVUPS (R11)(R10*1), Y2
 	MOVQ    R10, R11
 	ADDQ    SI, R11
-	MOVQ    R8, R12
+	IMUL3Q  $0x00000004, DI, R12
+	ADDQ    R11, R12
+	MOVQ    R8, R13
 
 rows105:
-	TESTQ        R12, R12
+	TESTQ        R13, R13
 	JZ           rowsdone106
+	PREFETCHT0   (R12)
 	VMOVUPS      (R11), Y3
 	VBROADCASTSS (DX), Y4
 	VMULPS       Y3, Y4, Y4
@@ -1872,7 +1919,8 @@ rows105:
 	VADDPS       Y3, Y2, Y2
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	DECQ         R12
+	ADDQ         DI, R12
+	DECQ         R13
 	JMP          rows105
 
 rowsdone106:
@@ -1882,11 +1930,11 @@ rowsdone106:
 	VMOVUPS Y1, (R11)(R10*1)
 	ADDQ    CX, R11
 	VMOVUPS Y2, (R11)(R10*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, R9
-	SUBQ    R12, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, BX
 	ADDQ    $0x00000020, R10
 	JMP     groups103
 
@@ -1895,7 +1943,7 @@ done104:
 	RET
 
 // func accumVF32H3D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·accumVF32H3D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -1924,12 +1972,16 @@ groups107:
 	VMOVUPS 32(R11)(R10*1), Y5
 	MOVQ    R10, R11
 	ADDQ    SI, R11
-	MOVQ    R8, R12
+	IMUL3Q  $0x00000004, DI, R12
+	ADDQ    R11, R12
+	MOVQ    R8, R13
 
 rows109:
-	TESTQ        R12, R12
+	TESTQ        R13, R13
 	JZ           rowsdone110
+	PREFETCHT0   (R12)
 	VMOVUPS      (R11), Y6
+	PREFETCHT0   32(R12)
 	VMOVUPS      32(R11), Y7
 	VBROADCASTSS (DX), Y8
 	VMULPS       Y6, Y8, Y9
@@ -1950,7 +2002,8 @@ rows109:
 	VADDPS       Y6, Y5, Y5
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	DECQ         R12
+	ADDQ         DI, R12
+	DECQ         R13
 	JMP          rows109
 
 rowsdone110:
@@ -1963,11 +2016,11 @@ rowsdone110:
 	ADDQ    CX, R11
 	VMOVUPS Y4, (R11)(R10*1)
 	VMOVUPS Y5, 32(R11)(R10*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, R9
-	SUBQ    R12, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, BX
 	ADDQ    $0x00000040, R10
 	JMP     groups107
 
@@ -1976,7 +2029,7 @@ done108:
 	RET
 
 // func scoresF32H4(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresF32H4(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -1998,6 +2051,8 @@ TEXT ·scoresF32H4(SB), NOSPLIT, $0-60
 	LEAQ         (R12)(R9*1), R9
 	LEAQ         (R13)(R8*1), R8
 	SHLQ         $0x02, CX
+	IMUL3Q       $0x00000004, BX, R14
+	ADDQ         DX, R14
 
 rows111:
 	TESTQ  SI, SI
@@ -2006,20 +2061,21 @@ rows111:
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   R14, R14
+	XORQ   R15, R15
 
 chunks113:
-	VMOVUPS      (DX)(R14*1), Y5
-	VMULPS       (AX)(R14*1), Y5, Y6
+	PREFETCHT0   (R14)(R15*1)
+	VMOVUPS      (DX)(R15*1), Y5
+	VMULPS       (AX)(R15*1), Y5, Y6
 	VADDPS       Y6, Y1, Y1
-	VMULPS       (R10)(R14*1), Y5, Y6
+	VMULPS       (R10)(R15*1), Y5, Y6
 	VADDPS       Y6, Y2, Y2
-	VMULPS       (R12)(R14*1), Y5, Y6
+	VMULPS       (R12)(R15*1), Y5, Y6
 	VADDPS       Y6, Y3, Y3
-	VMULPS       (R9)(R14*1), Y5, Y5
+	VMULPS       (R9)(R15*1), Y5, Y5
 	VADDPS       Y5, Y4, Y4
-	ADDQ         $0x20, R14
-	CMPQ         R14, CX
+	ADDQ         $0x20, R15
+	CMPQ         R15, CX
 	JB           chunks113
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
@@ -2036,6 +2092,7 @@ chunks113:
 	VEXTRACTPS   $0x03, X1, (R8)
 	ADDQ         $0x04, R8
 	ADDQ         BX, DX
+	ADDQ         BX, R14
 	DECQ         SI
 	JMP          rows111
 
@@ -2044,7 +2101,7 @@ done112:
 	RET
 
 // func accumVF32H4D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·accumVF32H4D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2073,11 +2130,14 @@ groups114:
 	VMOVUPS (R12)(R11*1), Y3
 	MOVQ    R11, R12
 	ADDQ    SI, R12
-	MOVQ    R8, R13
+	IMUL3Q  $0x00000004, DI, R13
+	ADDQ    R12, R13
+	MOVQ    R8, R14
 
 rows116:
-	TESTQ        R13, R13
+	TESTQ        R14, R14
 	JZ           rowsdone117
+	PREFETCHT0   (R13)
 	VMOVUPS      (R12), Y4
 	VBROADCASTSS (DX), Y5
 	VMULPS       Y4, Y5, Y5
@@ -2096,7 +2156,8 @@ rows116:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	DECQ         R13
+	ADDQ         DI, R13
+	DECQ         R14
 	JMP          rows116
 
 rowsdone117:
@@ -2108,12 +2169,12 @@ rowsdone117:
 	VMOVUPS Y2, (R12)(R11*1)
 	ADDQ    CX, R12
 	VMOVUPS Y3, (R12)(R11*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, R10
-	SUBQ    R13, BX
+	MOVQ    R8, R14
+	SHLQ    $0x02, R14
+	SUBQ    R14, DX
+	SUBQ    R14, R9
+	SUBQ    R14, R10
+	SUBQ    R14, BX
 	ADDQ    $0x00000020, R11
 	JMP     groups114
 
@@ -2122,7 +2183,7 @@ done115:
 	RET
 
 // func accumVF32H4D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·accumVF32H4D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2155,12 +2216,16 @@ groups118:
 	VMOVUPS 32(R12)(R11*1), Y7
 	MOVQ    R11, R12
 	ADDQ    SI, R12
-	MOVQ    R8, R13
+	IMUL3Q  $0x00000004, DI, R13
+	ADDQ    R12, R13
+	MOVQ    R8, R14
 
 rows120:
-	TESTQ        R13, R13
+	TESTQ        R14, R14
 	JZ           rowsdone121
+	PREFETCHT0   (R13)
 	VMOVUPS      (R12), Y8
+	PREFETCHT0   32(R13)
 	VMOVUPS      32(R12), Y9
 	VBROADCASTSS (DX), Y10
 	VMULPS       Y8, Y10, Y11
@@ -2187,7 +2252,8 @@ rows120:
 	VADDPS       Y8, Y7, Y7
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	DECQ         R13
+	ADDQ         DI, R13
+	DECQ         R14
 	JMP          rows120
 
 rowsdone121:
@@ -2203,12 +2269,12 @@ rowsdone121:
 	ADDQ    CX, R12
 	VMOVUPS Y6, (R12)(R11*1)
 	VMOVUPS Y7, 32(R12)(R11*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, R10
-	SUBQ    R13, BX
+	MOVQ    R8, R14
+	SHLQ    $0x02, R14
+	SUBQ    R14, DX
+	SUBQ    R14, R9
+	SUBQ    R14, R10
+	SUBQ    R14, BX
 	ADDQ    $0x00000040, R11
 	JMP     groups118
 
@@ -2217,7 +2283,7 @@ done119:
 	RET
 
 // func scoresF16H1(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresF16H1(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -2233,15 +2299,18 @@ TEXT ·scoresF16H1(SB), NOSPLIT, $0-60
 	SHLQ         $0x02, R8
 	MOVQ         DI, DI
 	SHLQ         $0x01, CX
+	IMUL3Q       $0x00000004, BX, R8
+	ADDQ         DX, R8
 
 rows122:
 	TESTQ  SI, SI
 	JZ     done123
 	VXORPS Y1, Y1, Y1
-	XORQ   R8, R8
+	XORQ   R9, R9
 
 chunks124:
-	VPMOVZXWD    (DX)(R8*1), Y3
+	PREFETCHT0   (R8)(R9*1)
+	VPMOVZXWD    (DX)(R9*1), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
 	VPXOR        Y4, Y3, Y5
 	VPSLLD       $0x10, Y5, Y5
@@ -2255,10 +2324,10 @@ chunks124:
 	VPCMPGTD     kconst<>+192(SB), Y4, Y4
 	VBLENDVPS    Y4, Y2, Y3, Y2
 	VPOR         Y5, Y2, Y2
-	VMULPS       (AX)(R8*2), Y2, Y2
+	VMULPS       (AX)(R9*2), Y2, Y2
 	VADDPS       Y2, Y1, Y1
-	ADDQ         $0x10, R8
-	CMPQ         R8, CX
+	ADDQ         $0x10, R9
+	CMPQ         R9, CX
 	JB           chunks124
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
@@ -2268,6 +2337,7 @@ chunks124:
 	VMOVSS       X1, (DI)
 	ADDQ         $0x04, DI
 	ADDQ         BX, DX
+	ADDQ         BX, R8
 	DECQ         SI
 	JMP          rows122
 
@@ -2276,7 +2346,7 @@ done123:
 	RET
 
 // func accumVF16H1D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVF16H1D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2297,11 +2367,14 @@ groups125:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	MOVQ    R8, R10
+	IMUL3Q  $0x00000004, DI, R10
+	ADDQ    R9, R10
+	MOVQ    R8, R11
 
 rows127:
-	TESTQ        R10, R10
+	TESTQ        R11, R11
 	JZ           rowsdone128
+	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y2
 	VPAND        kconst<>+96(SB), Y2, Y3
 	VPXOR        Y3, Y2, Y4
@@ -2321,15 +2394,16 @@ rows127:
 	VADDPS       Y1, Y0, Y0
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	DECQ         R10
+	ADDQ         DI, R10
+	DECQ         R11
 	JMP          rows127
 
 rowsdone128:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
-	MOVQ    R8, R10
-	SHLQ    $0x02, R10
-	SUBQ    R10, DX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
 	ADDQ    $0x00000020, BX
 	JMP     groups125
 
@@ -2338,7 +2412,7 @@ done126:
 	RET
 
 // func accumVF16H1D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVF16H1D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2360,11 +2434,14 @@ groups129:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	MOVQ    R8, R10
+	IMUL3Q  $0x00000004, DI, R10
+	ADDQ    R9, R10
+	MOVQ    R8, R11
 
 rows131:
-	TESTQ        R10, R10
+	TESTQ        R11, R11
 	JZ           rowsdone132
+	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
 	VPXOR        Y4, Y3, Y5
@@ -2379,6 +2456,7 @@ rows131:
 	VPCMPGTD     kconst<>+192(SB), Y4, Y4
 	VBLENDVPS    Y4, Y2, Y3, Y2
 	VPOR         Y5, Y2, Y2
+	PREFETCHT0   16(R10)
 	VPMOVZXWD    16(R9), Y4
 	VPAND        kconst<>+96(SB), Y4, Y5
 	VPXOR        Y5, Y4, Y6
@@ -2400,16 +2478,17 @@ rows131:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	DECQ         R10
+	ADDQ         DI, R10
+	DECQ         R11
 	JMP          rows131
 
 rowsdone132:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
-	MOVQ    R8, R10
-	SHLQ    $0x02, R10
-	SUBQ    R10, DX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
 	ADDQ    $0x00000040, BX
 	JMP     groups129
 
@@ -2418,7 +2497,7 @@ done130:
 	RET
 
 // func accumVF16H1D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVF16H1D4(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2442,11 +2521,14 @@ groups133:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	MOVQ    R8, R10
+	IMUL3Q  $0x00000004, DI, R10
+	ADDQ    R9, R10
+	MOVQ    R8, R11
 
 rows135:
-	TESTQ        R10, R10
+	TESTQ        R11, R11
 	JZ           rowsdone136
+	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -2461,6 +2543,7 @@ rows135:
 	VPCMPGTD     kconst<>+192(SB), Y6, Y6
 	VBLENDVPS    Y6, Y4, Y5, Y4
 	VPOR         Y7, Y4, Y4
+	PREFETCHT0   16(R10)
 	VPMOVZXWD    16(R9), Y6
 	VPAND        kconst<>+96(SB), Y6, Y7
 	VPXOR        Y7, Y6, Y8
@@ -2475,6 +2558,7 @@ rows135:
 	VPCMPGTD     kconst<>+192(SB), Y7, Y7
 	VBLENDVPS    Y7, Y5, Y6, Y5
 	VPOR         Y8, Y5, Y5
+	PREFETCHT0   32(R10)
 	VPMOVZXWD    32(R9), Y7
 	VPAND        kconst<>+96(SB), Y7, Y8
 	VPXOR        Y8, Y7, Y9
@@ -2489,6 +2573,7 @@ rows135:
 	VPCMPGTD     kconst<>+192(SB), Y8, Y8
 	VBLENDVPS    Y8, Y6, Y7, Y6
 	VPOR         Y9, Y6, Y6
+	PREFETCHT0   48(R10)
 	VPMOVZXWD    48(R9), Y8
 	VPAND        kconst<>+96(SB), Y8, Y9
 	VPXOR        Y9, Y8, Y10
@@ -2514,7 +2599,8 @@ rows135:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	DECQ         R10
+	ADDQ         DI, R10
+	DECQ         R11
 	JMP          rows135
 
 rowsdone136:
@@ -2523,9 +2609,9 @@ rowsdone136:
 	VMOVUPS Y1, 32(R9)(BX*1)
 	VMOVUPS Y2, 64(R9)(BX*1)
 	VMOVUPS Y3, 96(R9)(BX*1)
-	MOVQ    R8, R10
-	SHLQ    $0x02, R10
-	SUBQ    R10, DX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
 	ADDQ    $0x00000080, BX
 	JMP     groups133
 
@@ -2534,7 +2620,7 @@ done134:
 	RET
 
 // func scoresF16H2(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresF16H2(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -2552,16 +2638,19 @@ TEXT ·scoresF16H2(SB), NOSPLIT, $0-60
 	LEAQ         (AX)(R9*1), R9
 	LEAQ         (DI)(R8*1), R8
 	SHLQ         $0x01, CX
+	IMUL3Q       $0x00000004, BX, R10
+	ADDQ         DX, R10
 
 rows137:
 	TESTQ  SI, SI
 	JZ     done138
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   R10, R10
+	XORQ   R11, R11
 
 chunks139:
-	VPMOVZXWD    (DX)(R10*1), Y4
+	PREFETCHT0   (R10)(R11*1)
+	VPMOVZXWD    (DX)(R11*1), Y4
 	VPAND        kconst<>+96(SB), Y4, Y5
 	VPXOR        Y5, Y4, Y6
 	VPSLLD       $0x10, Y6, Y6
@@ -2575,12 +2664,12 @@ chunks139:
 	VPCMPGTD     kconst<>+192(SB), Y5, Y5
 	VBLENDVPS    Y5, Y3, Y4, Y3
 	VPOR         Y6, Y3, Y3
-	VMULPS       (AX)(R10*2), Y3, Y4
+	VMULPS       (AX)(R11*2), Y3, Y4
 	VADDPS       Y4, Y1, Y1
-	VMULPS       (R9)(R10*2), Y3, Y3
+	VMULPS       (R9)(R11*2), Y3, Y3
 	VADDPS       Y3, Y2, Y2
-	ADDQ         $0x10, R10
-	CMPQ         R10, CX
+	ADDQ         $0x10, R11
+	CMPQ         R11, CX
 	JB           chunks139
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
@@ -2592,6 +2681,7 @@ chunks139:
 	VEXTRACTPS   $0x01, X1, (R8)
 	ADDQ         $0x04, R8
 	ADDQ         BX, DX
+	ADDQ         BX, R10
 	DECQ         SI
 	JMP          rows137
 
@@ -2600,7 +2690,7 @@ done138:
 	RET
 
 // func accumVF16H2D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVF16H2D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2624,11 +2714,14 @@ groups140:
 	MOVQ    R9, R10
 	SHRQ    $0x01, R10
 	ADDQ    SI, R10
-	MOVQ    R8, R11
+	IMUL3Q  $0x00000004, DI, R11
+	ADDQ    R10, R11
+	MOVQ    R8, R12
 
 rows142:
-	TESTQ        R11, R11
+	TESTQ        R12, R12
 	JZ           rowsdone143
+	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
 	VPXOR        Y4, Y3, Y5
@@ -2652,7 +2745,8 @@ rows142:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	DECQ         R11
+	ADDQ         DI, R11
+	DECQ         R12
 	JMP          rows142
 
 rowsdone143:
@@ -2660,10 +2754,10 @@ rowsdone143:
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
 	VMOVUPS Y1, (R10)(R9*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
-	SUBQ    R11, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, BX
 	ADDQ    $0x00000020, R9
 	JMP     groups140
 
@@ -2672,7 +2766,7 @@ done141:
 	RET
 
 // func accumVF16H2D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVF16H2D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2698,11 +2792,14 @@ groups144:
 	MOVQ    R9, R10
 	SHRQ    $0x01, R10
 	ADDQ    SI, R10
-	MOVQ    R8, R11
+	IMUL3Q  $0x00000004, DI, R11
+	ADDQ    R10, R11
+	MOVQ    R8, R12
 
 rows146:
-	TESTQ        R11, R11
+	TESTQ        R12, R12
 	JZ           rowsdone147
+	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -2717,6 +2814,7 @@ rows146:
 	VPCMPGTD     kconst<>+192(SB), Y6, Y6
 	VBLENDVPS    Y6, Y4, Y5, Y4
 	VPOR         Y7, Y4, Y4
+	PREFETCHT0   16(R11)
 	VPMOVZXWD    16(R10), Y6
 	VPAND        kconst<>+96(SB), Y6, Y7
 	VPXOR        Y7, Y6, Y8
@@ -2744,7 +2842,8 @@ rows146:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	DECQ         R11
+	ADDQ         DI, R11
+	DECQ         R12
 	JMP          rows146
 
 rowsdone147:
@@ -2754,10 +2853,10 @@ rowsdone147:
 	ADDQ    CX, R10
 	VMOVUPS Y2, (R10)(R9*1)
 	VMOVUPS Y3, 32(R10)(R9*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
-	SUBQ    R11, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, BX
 	ADDQ    $0x00000040, R9
 	JMP     groups144
 
@@ -2766,7 +2865,7 @@ done145:
 	RET
 
 // func scoresF16H3(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresF16H3(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -2786,6 +2885,8 @@ TEXT ·scoresF16H3(SB), NOSPLIT, $0-60
 	LEAQ         (R10)(R9*1), R9
 	LEAQ         (R11)(R8*1), R8
 	SHLQ         $0x01, CX
+	IMUL3Q       $0x00000004, BX, R12
+	ADDQ         DX, R12
 
 rows148:
 	TESTQ  SI, SI
@@ -2793,10 +2894,11 @@ rows148:
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   R12, R12
+	XORQ   R13, R13
 
 chunks150:
-	VPMOVZXWD    (DX)(R12*1), Y5
+	PREFETCHT0   (R12)(R13*1)
+	VPMOVZXWD    (DX)(R13*1), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
 	VPSLLD       $0x10, Y7, Y7
@@ -2810,14 +2912,14 @@ chunks150:
 	VPCMPGTD     kconst<>+192(SB), Y6, Y6
 	VBLENDVPS    Y6, Y4, Y5, Y4
 	VPOR         Y7, Y4, Y4
-	VMULPS       (AX)(R12*2), Y4, Y5
+	VMULPS       (AX)(R13*2), Y4, Y5
 	VADDPS       Y5, Y1, Y1
-	VMULPS       (R10)(R12*2), Y4, Y5
+	VMULPS       (R10)(R13*2), Y4, Y5
 	VADDPS       Y5, Y2, Y2
-	VMULPS       (R9)(R12*2), Y4, Y4
+	VMULPS       (R9)(R13*2), Y4, Y4
 	VADDPS       Y4, Y3, Y3
-	ADDQ         $0x10, R12
-	CMPQ         R12, CX
+	ADDQ         $0x10, R13
+	CMPQ         R13, CX
 	JB           chunks150
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y3, Y3, Y2
@@ -2832,6 +2934,7 @@ chunks150:
 	VEXTRACTPS   $0x02, X1, (R8)
 	ADDQ         $0x04, R8
 	ADDQ         BX, DX
+	ADDQ         BX, R12
 	DECQ         SI
 	JMP          rows148
 
@@ -2840,7 +2943,7 @@ done149:
 	RET
 
 // func accumVF16H3D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVF16H3D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2867,11 +2970,14 @@ groups151:
 	MOVQ    R10, R11
 	SHRQ    $0x01, R11
 	ADDQ    SI, R11
-	MOVQ    R8, R12
+	IMUL3Q  $0x00000004, DI, R12
+	ADDQ    R11, R12
+	MOVQ    R8, R13
 
 rows153:
-	TESTQ        R12, R12
+	TESTQ        R13, R13
 	JZ           rowsdone154
+	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y4
 	VPAND        kconst<>+96(SB), Y4, Y5
 	VPXOR        Y5, Y4, Y6
@@ -2899,7 +3005,8 @@ rows153:
 	VADDPS       Y3, Y2, Y2
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	DECQ         R12
+	ADDQ         DI, R12
+	DECQ         R13
 	JMP          rows153
 
 rowsdone154:
@@ -2909,11 +3016,11 @@ rowsdone154:
 	VMOVUPS Y1, (R11)(R10*1)
 	ADDQ    CX, R11
 	VMOVUPS Y2, (R11)(R10*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, R9
-	SUBQ    R12, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, BX
 	ADDQ    $0x00000020, R10
 	JMP     groups151
 
@@ -2922,7 +3029,7 @@ done152:
 	RET
 
 // func accumVF16H3D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVF16H3D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2952,11 +3059,14 @@ groups155:
 	MOVQ    R10, R11
 	SHRQ    $0x01, R11
 	ADDQ    SI, R11
-	MOVQ    R8, R12
+	IMUL3Q  $0x00000004, DI, R12
+	ADDQ    R11, R12
+	MOVQ    R8, R13
 
 rows157:
-	TESTQ        R12, R12
+	TESTQ        R13, R13
 	JZ           rowsdone158
+	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y7
 	VPAND        kconst<>+96(SB), Y7, Y8
 	VPXOR        Y8, Y7, Y9
@@ -2971,6 +3081,7 @@ rows157:
 	VPCMPGTD     kconst<>+192(SB), Y8, Y8
 	VBLENDVPS    Y8, Y6, Y7, Y6
 	VPOR         Y9, Y6, Y6
+	PREFETCHT0   16(R12)
 	VPMOVZXWD    16(R11), Y8
 	VPAND        kconst<>+96(SB), Y8, Y9
 	VPXOR        Y9, Y8, Y10
@@ -3004,7 +3115,8 @@ rows157:
 	VADDPS       Y6, Y5, Y5
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	DECQ         R12
+	ADDQ         DI, R12
+	DECQ         R13
 	JMP          rows157
 
 rowsdone158:
@@ -3017,11 +3129,11 @@ rowsdone158:
 	ADDQ    CX, R11
 	VMOVUPS Y4, (R11)(R10*1)
 	VMOVUPS Y5, 32(R11)(R10*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, R9
-	SUBQ    R12, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, BX
 	ADDQ    $0x00000040, R10
 	JMP     groups155
 
@@ -3030,7 +3142,7 @@ done156:
 	RET
 
 // func scoresF16H4(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresF16H4(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -3052,6 +3164,8 @@ TEXT ·scoresF16H4(SB), NOSPLIT, $0-60
 	LEAQ         (R12)(R9*1), R9
 	LEAQ         (R13)(R8*1), R8
 	SHLQ         $0x01, CX
+	IMUL3Q       $0x00000004, BX, R14
+	ADDQ         DX, R14
 
 rows159:
 	TESTQ  SI, SI
@@ -3060,10 +3174,11 @@ rows159:
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   R14, R14
+	XORQ   R15, R15
 
 chunks161:
-	VPMOVZXWD    (DX)(R14*1), Y6
+	PREFETCHT0   (R14)(R15*1)
+	VPMOVZXWD    (DX)(R15*1), Y6
 	VPAND        kconst<>+96(SB), Y6, Y7
 	VPXOR        Y7, Y6, Y8
 	VPSLLD       $0x10, Y8, Y8
@@ -3077,16 +3192,16 @@ chunks161:
 	VPCMPGTD     kconst<>+192(SB), Y7, Y7
 	VBLENDVPS    Y7, Y5, Y6, Y5
 	VPOR         Y8, Y5, Y5
-	VMULPS       (AX)(R14*2), Y5, Y6
+	VMULPS       (AX)(R15*2), Y5, Y6
 	VADDPS       Y6, Y1, Y1
-	VMULPS       (R10)(R14*2), Y5, Y6
+	VMULPS       (R10)(R15*2), Y5, Y6
 	VADDPS       Y6, Y2, Y2
-	VMULPS       (R12)(R14*2), Y5, Y6
+	VMULPS       (R12)(R15*2), Y5, Y6
 	VADDPS       Y6, Y3, Y3
-	VMULPS       (R9)(R14*2), Y5, Y5
+	VMULPS       (R9)(R15*2), Y5, Y5
 	VADDPS       Y5, Y4, Y4
-	ADDQ         $0x10, R14
-	CMPQ         R14, CX
+	ADDQ         $0x10, R15
+	CMPQ         R15, CX
 	JB           chunks161
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
@@ -3103,6 +3218,7 @@ chunks161:
 	VEXTRACTPS   $0x03, X1, (R8)
 	ADDQ         $0x04, R8
 	ADDQ         BX, DX
+	ADDQ         BX, R14
 	DECQ         SI
 	JMP          rows159
 
@@ -3111,7 +3227,7 @@ done160:
 	RET
 
 // func accumVF16H4D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVF16H4D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3141,11 +3257,14 @@ groups162:
 	MOVQ    R11, R12
 	SHRQ    $0x01, R12
 	ADDQ    SI, R12
-	MOVQ    R8, R13
+	IMUL3Q  $0x00000004, DI, R13
+	ADDQ    R12, R13
+	MOVQ    R8, R14
 
 rows164:
-	TESTQ        R13, R13
+	TESTQ        R14, R14
 	JZ           rowsdone165
+	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -3177,7 +3296,8 @@ rows164:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	DECQ         R13
+	ADDQ         DI, R13
+	DECQ         R14
 	JMP          rows164
 
 rowsdone165:
@@ -3189,12 +3309,12 @@ rowsdone165:
 	VMOVUPS Y2, (R12)(R11*1)
 	ADDQ    CX, R12
 	VMOVUPS Y3, (R12)(R11*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, R10
-	SUBQ    R13, BX
+	MOVQ    R8, R14
+	SHLQ    $0x02, R14
+	SUBQ    R14, DX
+	SUBQ    R14, R9
+	SUBQ    R14, R10
+	SUBQ    R14, BX
 	ADDQ    $0x00000020, R11
 	JMP     groups162
 
@@ -3203,7 +3323,7 @@ done163:
 	RET
 
 // func accumVF16H4D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVF16H4D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3237,11 +3357,14 @@ groups166:
 	MOVQ    R11, R12
 	SHRQ    $0x01, R12
 	ADDQ    SI, R12
-	MOVQ    R8, R13
+	IMUL3Q  $0x00000004, DI, R13
+	ADDQ    R12, R13
+	MOVQ    R8, R14
 
 rows168:
-	TESTQ        R13, R13
+	TESTQ        R14, R14
 	JZ           rowsdone169
+	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y9
 	VPAND        kconst<>+96(SB), Y9, Y10
 	VPXOR        Y10, Y9, Y11
@@ -3256,6 +3379,7 @@ rows168:
 	VPCMPGTD     kconst<>+192(SB), Y10, Y10
 	VBLENDVPS    Y10, Y8, Y9, Y8
 	VPOR         Y11, Y8, Y8
+	PREFETCHT0   16(R13)
 	VPMOVZXWD    16(R12), Y10
 	VPAND        kconst<>+96(SB), Y10, Y11
 	VPXOR        Y11, Y10, Y12
@@ -3295,7 +3419,8 @@ rows168:
 	VADDPS       Y8, Y7, Y7
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	DECQ         R13
+	ADDQ         DI, R13
+	DECQ         R14
 	JMP          rows168
 
 rowsdone169:
@@ -3311,12 +3436,12 @@ rowsdone169:
 	ADDQ    CX, R12
 	VMOVUPS Y6, (R12)(R11*1)
 	VMOVUPS Y7, 32(R12)(R11*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, R10
-	SUBQ    R13, BX
+	MOVQ    R8, R14
+	SHLQ    $0x02, R14
+	SUBQ    R14, DX
+	SUBQ    R14, R9
+	SUBQ    R14, R10
+	SUBQ    R14, BX
 	ADDQ    $0x00000040, R11
 	JMP     groups166
 
@@ -3325,7 +3450,7 @@ done167:
 	RET
 
 // func scoresBF16H1(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresBF16H1(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -3341,20 +3466,23 @@ TEXT ·scoresBF16H1(SB), NOSPLIT, $0-60
 	SHLQ         $0x02, R8
 	MOVQ         DI, DI
 	SHLQ         $0x01, CX
+	IMUL3Q       $0x00000004, BX, R8
+	ADDQ         DX, R8
 
 rows170:
 	TESTQ  SI, SI
 	JZ     done171
 	VXORPS Y1, Y1, Y1
-	XORQ   R8, R8
+	XORQ   R9, R9
 
 chunks172:
-	VPMOVZXWD    (DX)(R8*1), Y2
+	PREFETCHT0   (R8)(R9*1)
+	VPMOVZXWD    (DX)(R9*1), Y2
 	VPSLLD       $0x10, Y2, Y2
-	VMULPS       (AX)(R8*2), Y2, Y2
+	VMULPS       (AX)(R9*2), Y2, Y2
 	VADDPS       Y2, Y1, Y1
-	ADDQ         $0x10, R8
-	CMPQ         R8, CX
+	ADDQ         $0x10, R9
+	CMPQ         R9, CX
 	JB           chunks172
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
@@ -3364,6 +3492,7 @@ chunks172:
 	VMOVSS       X1, (DI)
 	ADDQ         $0x04, DI
 	ADDQ         BX, DX
+	ADDQ         BX, R8
 	DECQ         SI
 	JMP          rows170
 
@@ -3372,7 +3501,7 @@ done171:
 	RET
 
 // func accumVBF16H1D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVBF16H1D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3393,11 +3522,14 @@ groups173:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	MOVQ    R8, R10
+	IMUL3Q  $0x00000004, DI, R10
+	ADDQ    R9, R10
+	MOVQ    R8, R11
 
 rows175:
-	TESTQ        R10, R10
+	TESTQ        R11, R11
 	JZ           rowsdone176
+	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y1
 	VPSLLD       $0x10, Y1, Y1
 	VBROADCASTSS (DX), Y2
@@ -3405,15 +3537,16 @@ rows175:
 	VADDPS       Y1, Y0, Y0
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	DECQ         R10
+	ADDQ         DI, R10
+	DECQ         R11
 	JMP          rows175
 
 rowsdone176:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
-	MOVQ    R8, R10
-	SHLQ    $0x02, R10
-	SUBQ    R10, DX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
 	ADDQ    $0x00000020, BX
 	JMP     groups173
 
@@ -3422,7 +3555,7 @@ done174:
 	RET
 
 // func accumVBF16H1D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVBF16H1D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3444,13 +3577,17 @@ groups177:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	MOVQ    R8, R10
+	IMUL3Q  $0x00000004, DI, R10
+	ADDQ    R9, R10
+	MOVQ    R8, R11
 
 rows179:
-	TESTQ        R10, R10
+	TESTQ        R11, R11
 	JZ           rowsdone180
+	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y2
 	VPSLLD       $0x10, Y2, Y2
+	PREFETCHT0   16(R10)
 	VPMOVZXWD    16(R9), Y3
 	VPSLLD       $0x10, Y3, Y3
 	VBROADCASTSS (DX), Y4
@@ -3460,16 +3597,17 @@ rows179:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	DECQ         R10
+	ADDQ         DI, R10
+	DECQ         R11
 	JMP          rows179
 
 rowsdone180:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
-	MOVQ    R8, R10
-	SHLQ    $0x02, R10
-	SUBQ    R10, DX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
 	ADDQ    $0x00000040, BX
 	JMP     groups177
 
@@ -3478,7 +3616,7 @@ done178:
 	RET
 
 // func accumVBF16H1D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVBF16H1D4(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3502,17 +3640,23 @@ groups181:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	MOVQ    R8, R10
+	IMUL3Q  $0x00000004, DI, R10
+	ADDQ    R9, R10
+	MOVQ    R8, R11
 
 rows183:
-	TESTQ        R10, R10
+	TESTQ        R11, R11
 	JZ           rowsdone184
+	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y4
 	VPSLLD       $0x10, Y4, Y4
+	PREFETCHT0   16(R10)
 	VPMOVZXWD    16(R9), Y5
 	VPSLLD       $0x10, Y5, Y5
+	PREFETCHT0   32(R10)
 	VPMOVZXWD    32(R9), Y6
 	VPSLLD       $0x10, Y6, Y6
+	PREFETCHT0   48(R10)
 	VPMOVZXWD    48(R9), Y7
 	VPSLLD       $0x10, Y7, Y7
 	VBROADCASTSS (DX), Y8
@@ -3526,7 +3670,8 @@ rows183:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	DECQ         R10
+	ADDQ         DI, R10
+	DECQ         R11
 	JMP          rows183
 
 rowsdone184:
@@ -3535,9 +3680,9 @@ rowsdone184:
 	VMOVUPS Y1, 32(R9)(BX*1)
 	VMOVUPS Y2, 64(R9)(BX*1)
 	VMOVUPS Y3, 96(R9)(BX*1)
-	MOVQ    R8, R10
-	SHLQ    $0x02, R10
-	SUBQ    R10, DX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
 	ADDQ    $0x00000080, BX
 	JMP     groups181
 
@@ -3546,7 +3691,7 @@ done182:
 	RET
 
 // func scoresBF16H2(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresBF16H2(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -3564,23 +3709,26 @@ TEXT ·scoresBF16H2(SB), NOSPLIT, $0-60
 	LEAQ         (AX)(R9*1), R9
 	LEAQ         (DI)(R8*1), R8
 	SHLQ         $0x01, CX
+	IMUL3Q       $0x00000004, BX, R10
+	ADDQ         DX, R10
 
 rows185:
 	TESTQ  SI, SI
 	JZ     done186
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   R10, R10
+	XORQ   R11, R11
 
 chunks187:
-	VPMOVZXWD    (DX)(R10*1), Y3
+	PREFETCHT0   (R10)(R11*1)
+	VPMOVZXWD    (DX)(R11*1), Y3
 	VPSLLD       $0x10, Y3, Y3
-	VMULPS       (AX)(R10*2), Y3, Y4
+	VMULPS       (AX)(R11*2), Y3, Y4
 	VADDPS       Y4, Y1, Y1
-	VMULPS       (R9)(R10*2), Y3, Y3
+	VMULPS       (R9)(R11*2), Y3, Y3
 	VADDPS       Y3, Y2, Y2
-	ADDQ         $0x10, R10
-	CMPQ         R10, CX
+	ADDQ         $0x10, R11
+	CMPQ         R11, CX
 	JB           chunks187
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
@@ -3592,6 +3740,7 @@ chunks187:
 	VEXTRACTPS   $0x01, X1, (R8)
 	ADDQ         $0x04, R8
 	ADDQ         BX, DX
+	ADDQ         BX, R10
 	DECQ         SI
 	JMP          rows185
 
@@ -3600,7 +3749,7 @@ done186:
 	RET
 
 // func accumVBF16H2D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVBF16H2D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3624,11 +3773,14 @@ groups188:
 	MOVQ    R9, R10
 	SHRQ    $0x01, R10
 	ADDQ    SI, R10
-	MOVQ    R8, R11
+	IMUL3Q  $0x00000004, DI, R11
+	ADDQ    R10, R11
+	MOVQ    R8, R12
 
 rows190:
-	TESTQ        R11, R11
+	TESTQ        R12, R12
 	JZ           rowsdone191
+	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y2
 	VPSLLD       $0x10, Y2, Y2
 	VBROADCASTSS (DX), Y3
@@ -3640,7 +3792,8 @@ rows190:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	DECQ         R11
+	ADDQ         DI, R11
+	DECQ         R12
 	JMP          rows190
 
 rowsdone191:
@@ -3648,10 +3801,10 @@ rowsdone191:
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
 	VMOVUPS Y1, (R10)(R9*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
-	SUBQ    R11, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, BX
 	ADDQ    $0x00000020, R9
 	JMP     groups188
 
@@ -3660,7 +3813,7 @@ done189:
 	RET
 
 // func accumVBF16H2D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVBF16H2D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3686,13 +3839,17 @@ groups192:
 	MOVQ    R9, R10
 	SHRQ    $0x01, R10
 	ADDQ    SI, R10
-	MOVQ    R8, R11
+	IMUL3Q  $0x00000004, DI, R11
+	ADDQ    R10, R11
+	MOVQ    R8, R12
 
 rows194:
-	TESTQ        R11, R11
+	TESTQ        R12, R12
 	JZ           rowsdone195
+	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y4
 	VPSLLD       $0x10, Y4, Y4
+	PREFETCHT0   16(R11)
 	VPMOVZXWD    16(R10), Y5
 	VPSLLD       $0x10, Y5, Y5
 	VBROADCASTSS (DX), Y6
@@ -3708,7 +3865,8 @@ rows194:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	DECQ         R11
+	ADDQ         DI, R11
+	DECQ         R12
 	JMP          rows194
 
 rowsdone195:
@@ -3718,10 +3876,10 @@ rowsdone195:
 	ADDQ    CX, R10
 	VMOVUPS Y2, (R10)(R9*1)
 	VMOVUPS Y3, 32(R10)(R9*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
-	SUBQ    R11, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, BX
 	ADDQ    $0x00000040, R9
 	JMP     groups192
 
@@ -3730,7 +3888,7 @@ done193:
 	RET
 
 // func accumVBF16H2D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVBF16H2D4(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3760,17 +3918,23 @@ groups196:
 	MOVQ    R9, R10
 	SHRQ    $0x01, R10
 	ADDQ    SI, R10
-	MOVQ    R8, R11
+	IMUL3Q  $0x00000004, DI, R11
+	ADDQ    R10, R11
+	MOVQ    R8, R12
 
 rows198:
-	TESTQ        R11, R11
+	TESTQ        R12, R12
 	JZ           rowsdone199
+	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y8
 	VPSLLD       $0x10, Y8, Y8
+	PREFETCHT0   16(R11)
 	VPMOVZXWD    16(R10), Y9
 	VPSLLD       $0x10, Y9, Y9
+	PREFETCHT0   32(R11)
 	VPMOVZXWD    32(R10), Y10
 	VPSLLD       $0x10, Y10, Y10
+	PREFETCHT0   48(R11)
 	VPMOVZXWD    48(R10), Y11
 	VPSLLD       $0x10, Y11, Y11
 	VBROADCASTSS (DX), Y12
@@ -3794,7 +3958,8 @@ rows198:
 	VADDPS       Y8, Y7, Y7
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	DECQ         R11
+	ADDQ         DI, R11
+	DECQ         R12
 	JMP          rows198
 
 rowsdone199:
@@ -3808,10 +3973,10 @@ rowsdone199:
 	VMOVUPS Y5, 32(R10)(R9*1)
 	VMOVUPS Y6, 64(R10)(R9*1)
 	VMOVUPS Y7, 96(R10)(R9*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
-	SUBQ    R11, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, BX
 	ADDQ    $0x00000080, R9
 	JMP     groups196
 
@@ -3820,7 +3985,7 @@ done197:
 	RET
 
 // func scoresBF16H3(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresBF16H3(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -3840,6 +4005,8 @@ TEXT ·scoresBF16H3(SB), NOSPLIT, $0-60
 	LEAQ         (R10)(R9*1), R9
 	LEAQ         (R11)(R8*1), R8
 	SHLQ         $0x01, CX
+	IMUL3Q       $0x00000004, BX, R12
+	ADDQ         DX, R12
 
 rows200:
 	TESTQ  SI, SI
@@ -3847,19 +4014,20 @@ rows200:
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   R12, R12
+	XORQ   R13, R13
 
 chunks202:
-	VPMOVZXWD    (DX)(R12*1), Y4
+	PREFETCHT0   (R12)(R13*1)
+	VPMOVZXWD    (DX)(R13*1), Y4
 	VPSLLD       $0x10, Y4, Y4
-	VMULPS       (AX)(R12*2), Y4, Y5
+	VMULPS       (AX)(R13*2), Y4, Y5
 	VADDPS       Y5, Y1, Y1
-	VMULPS       (R10)(R12*2), Y4, Y5
+	VMULPS       (R10)(R13*2), Y4, Y5
 	VADDPS       Y5, Y2, Y2
-	VMULPS       (R9)(R12*2), Y4, Y4
+	VMULPS       (R9)(R13*2), Y4, Y4
 	VADDPS       Y4, Y3, Y3
-	ADDQ         $0x10, R12
-	CMPQ         R12, CX
+	ADDQ         $0x10, R13
+	CMPQ         R13, CX
 	JB           chunks202
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y3, Y3, Y2
@@ -3874,6 +4042,7 @@ chunks202:
 	VEXTRACTPS   $0x02, X1, (R8)
 	ADDQ         $0x04, R8
 	ADDQ         BX, DX
+	ADDQ         BX, R12
 	DECQ         SI
 	JMP          rows200
 
@@ -3882,7 +4051,7 @@ done201:
 	RET
 
 // func accumVBF16H3D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVBF16H3D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3909,11 +4078,14 @@ groups203:
 	MOVQ    R10, R11
 	SHRQ    $0x01, R11
 	ADDQ    SI, R11
-	MOVQ    R8, R12
+	IMUL3Q  $0x00000004, DI, R12
+	ADDQ    R11, R12
+	MOVQ    R8, R13
 
 rows205:
-	TESTQ        R12, R12
+	TESTQ        R13, R13
 	JZ           rowsdone206
+	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y3
 	VPSLLD       $0x10, Y3, Y3
 	VBROADCASTSS (DX), Y4
@@ -3929,7 +4101,8 @@ rows205:
 	VADDPS       Y3, Y2, Y2
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	DECQ         R12
+	ADDQ         DI, R12
+	DECQ         R13
 	JMP          rows205
 
 rowsdone206:
@@ -3939,11 +4112,11 @@ rowsdone206:
 	VMOVUPS Y1, (R11)(R10*1)
 	ADDQ    CX, R11
 	VMOVUPS Y2, (R11)(R10*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, R9
-	SUBQ    R12, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, BX
 	ADDQ    $0x00000020, R10
 	JMP     groups203
 
@@ -3952,7 +4125,7 @@ done204:
 	RET
 
 // func accumVBF16H3D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVBF16H3D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3982,13 +4155,17 @@ groups207:
 	MOVQ    R10, R11
 	SHRQ    $0x01, R11
 	ADDQ    SI, R11
-	MOVQ    R8, R12
+	IMUL3Q  $0x00000004, DI, R12
+	ADDQ    R11, R12
+	MOVQ    R8, R13
 
 rows209:
-	TESTQ        R12, R12
+	TESTQ        R13, R13
 	JZ           rowsdone210
+	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y6
 	VPSLLD       $0x10, Y6, Y6
+	PREFETCHT0   16(R12)
 	VPMOVZXWD    16(R11), Y7
 	VPSLLD       $0x10, Y7, Y7
 	VBROADCASTSS (DX), Y8
@@ -4010,7 +4187,8 @@ rows209:
 	VADDPS       Y6, Y5, Y5
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	DECQ         R12
+	ADDQ         DI, R12
+	DECQ         R13
 	JMP          rows209
 
 rowsdone210:
@@ -4023,11 +4201,11 @@ rowsdone210:
 	ADDQ    CX, R11
 	VMOVUPS Y4, (R11)(R10*1)
 	VMOVUPS Y5, 32(R11)(R10*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, R9
-	SUBQ    R12, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, BX
 	ADDQ    $0x00000040, R10
 	JMP     groups207
 
@@ -4036,7 +4214,7 @@ done208:
 	RET
 
 // func scoresBF16H4(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresBF16H4(SB), NOSPLIT, $0-60
 	MOVQ         q+0(FP), AX
 	MOVQ         hd+8(FP), CX
@@ -4058,6 +4236,8 @@ TEXT ·scoresBF16H4(SB), NOSPLIT, $0-60
 	LEAQ         (R12)(R9*1), R9
 	LEAQ         (R13)(R8*1), R8
 	SHLQ         $0x01, CX
+	IMUL3Q       $0x00000004, BX, R14
+	ADDQ         DX, R14
 
 rows211:
 	TESTQ  SI, SI
@@ -4066,21 +4246,22 @@ rows211:
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   R14, R14
+	XORQ   R15, R15
 
 chunks213:
-	VPMOVZXWD    (DX)(R14*1), Y5
+	PREFETCHT0   (R14)(R15*1)
+	VPMOVZXWD    (DX)(R15*1), Y5
 	VPSLLD       $0x10, Y5, Y5
-	VMULPS       (AX)(R14*2), Y5, Y6
+	VMULPS       (AX)(R15*2), Y5, Y6
 	VADDPS       Y6, Y1, Y1
-	VMULPS       (R10)(R14*2), Y5, Y6
+	VMULPS       (R10)(R15*2), Y5, Y6
 	VADDPS       Y6, Y2, Y2
-	VMULPS       (R12)(R14*2), Y5, Y6
+	VMULPS       (R12)(R15*2), Y5, Y6
 	VADDPS       Y6, Y3, Y3
-	VMULPS       (R9)(R14*2), Y5, Y5
+	VMULPS       (R9)(R15*2), Y5, Y5
 	VADDPS       Y5, Y4, Y4
-	ADDQ         $0x10, R14
-	CMPQ         R14, CX
+	ADDQ         $0x10, R15
+	CMPQ         R15, CX
 	JB           chunks213
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
@@ -4097,6 +4278,7 @@ chunks213:
 	VEXTRACTPS   $0x03, X1, (R8)
 	ADDQ         $0x04, R8
 	ADDQ         BX, DX
+	ADDQ         BX, R14
 	DECQ         SI
 	JMP          rows211
 
@@ -4105,7 +4287,7 @@ done212:
 	RET
 
 // func accumVBF16H4D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVBF16H4D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -4135,11 +4317,14 @@ groups214:
 	MOVQ    R11, R12
 	SHRQ    $0x01, R12
 	ADDQ    SI, R12
-	MOVQ    R8, R13
+	IMUL3Q  $0x00000004, DI, R13
+	ADDQ    R12, R13
+	MOVQ    R8, R14
 
 rows216:
-	TESTQ        R13, R13
+	TESTQ        R14, R14
 	JZ           rowsdone217
+	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y4
 	VPSLLD       $0x10, Y4, Y4
 	VBROADCASTSS (DX), Y5
@@ -4159,7 +4344,8 @@ rows216:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	DECQ         R13
+	ADDQ         DI, R13
+	DECQ         R14
 	JMP          rows216
 
 rowsdone217:
@@ -4171,12 +4357,12 @@ rowsdone217:
 	VMOVUPS Y2, (R12)(R11*1)
 	ADDQ    CX, R12
 	VMOVUPS Y3, (R12)(R11*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, R10
-	SUBQ    R13, BX
+	MOVQ    R8, R14
+	SHLQ    $0x02, R14
+	SUBQ    R14, DX
+	SUBQ    R14, R9
+	SUBQ    R14, R10
+	SUBQ    R14, BX
 	ADDQ    $0x00000020, R11
 	JMP     groups214
 
@@ -4185,7 +4371,7 @@ done215:
 	RET
 
 // func accumVBF16H4D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2
+// Requires: AVX, AVX2, MMX+
 TEXT ·accumVBF16H4D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -4219,13 +4405,17 @@ groups218:
 	MOVQ    R11, R12
 	SHRQ    $0x01, R12
 	ADDQ    SI, R12
-	MOVQ    R8, R13
+	IMUL3Q  $0x00000004, DI, R13
+	ADDQ    R12, R13
+	MOVQ    R8, R14
 
 rows220:
-	TESTQ        R13, R13
+	TESTQ        R14, R14
 	JZ           rowsdone221
+	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y8
 	VPSLLD       $0x10, Y8, Y8
+	PREFETCHT0   16(R13)
 	VPMOVZXWD    16(R12), Y9
 	VPSLLD       $0x10, Y9, Y9
 	VBROADCASTSS (DX), Y10
@@ -4253,7 +4443,8 @@ rows220:
 	VADDPS       Y8, Y7, Y7
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	DECQ         R13
+	ADDQ         DI, R13
+	DECQ         R14
 	JMP          rows220
 
 rowsdone221:
@@ -4269,17 +4460,47 @@ rowsdone221:
 	ADDQ    CX, R12
 	VMOVUPS Y6, (R12)(R11*1)
 	VMOVUPS Y7, 32(R12)(R11*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, R10
-	SUBQ    R13, BX
+	MOVQ    R8, R14
+	SHLQ    $0x02, R14
+	SUBQ    R14, DX
+	SUBQ    R14, R9
+	SUBQ    R14, R10
+	SUBQ    R14, BX
 	ADDQ    $0x00000040, R11
 	JMP     groups218
 
 done219:
 	VZEROUPPER
+	RET
+
+// func prefetchAVX2(p *byte, stride int, n int, bytes int)
+// Requires: MMX+
+TEXT ·prefetchAVX2(SB), NOSPLIT, $0-32
+	MOVQ p+0(FP), AX
+	MOVQ stride+8(FP), CX
+	MOVQ n+16(FP), DX
+	MOVQ bytes+24(FP), BX
+	DECQ BX
+
+rows222:
+	TESTQ DX, DX
+	JZ    done223
+	XORQ  SI, SI
+
+lines224:
+	CMPQ       SI, BX
+	JAE        linesdone225
+	PREFETCHT0 (AX)(SI*1)
+	ADDQ       $0x40, SI
+	JMP        lines224
+
+linesdone225:
+	PREFETCHT0 (AX)(BX*1)
+	ADDQ       CX, AX
+	DECQ       DX
+	JMP        rows222
+
+done223:
 	RET
 
 // func maxAVX2(x *float32, n int) float32
@@ -4294,9 +4515,9 @@ TEXT ·maxAVX2(SB), NOSPLIT, $0-20
 	SHLQ    $0x02, BX
 	ANDQ    $-32, BX
 
-loop222:
+loop226:
 	CMPQ    DX, BX
-	JAE     tail223
+	JAE     tail227
 	VMOVUPS (AX)(DX*1), Y2
 	VCMPPS  $0x03, Y2, Y2, Y3
 	VORPS   Y3, Y1, Y1
@@ -4305,11 +4526,11 @@ loop222:
 	VANDPS  Y0, Y3, Y3
 	VMOVUPS Y3, Y0
 	ADDQ    $0x20, DX
-	JMP     loop222
+	JMP     loop226
 
-tail223:
+tail227:
 	ANDQ       $0x07, CX
-	JZ         done224
+	JZ         done228
 	LEAQ       kconst<>+0(SB), BX
 	NEGQ       CX
 	VMOVDQU    32(BX)(CX*4), Y2
@@ -4323,7 +4544,7 @@ tail223:
 	VANDPS     Y0, Y2, Y2
 	VMOVUPS    Y2, Y0
 
-done224:
+done228:
 	VPERM2F128 $0x11, Y0, Y0, Y2
 	VMAXPS     Y2, Y0, Y3
 	VMAXPS     Y0, Y2, Y0
@@ -4338,11 +4559,11 @@ done224:
 	VANDPS     Y0, Y3, Y3
 	VMOVMSKPS  Y1, AX
 	TESTL      AX, AX
-	JZ         num225
+	JZ         num229
 	VMOVUPS    kconst<>+288(SB), Y3
 	VSUBPS     Y3, Y3, Y3
 
-num225:
+num229:
 	VZEROUPPER
 	MOVSS X3, ret+16(FP)
 	RET
@@ -4360,9 +4581,9 @@ TEXT ·expSubSumAVX2(SB), NOSPLIT, $0-28
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-loop226:
+loop230:
 	CMPQ         DX, BX
-	JAE          tail227
+	JAE          tail231
 	VMOVUPS      (AX)(DX*1), Y2
 	VSUBPS       Y0, Y2, Y2
 	VCVTPS2PD    X2, Y4
@@ -4450,11 +4671,11 @@ loop226:
 	VMOVUPS      Y3, (AX)(DX*1)
 	VADDPS       Y3, Y1, Y1
 	ADDQ         $0x20, DX
-	JMP          loop226
+	JMP          loop230
 
-tail227:
+tail231:
 	ANDQ         $0x07, CX
-	JZ           done228
+	JZ           done232
 	LEAQ         kconst<>+0(SB), BX
 	NEGQ         CX
 	VMOVDQU      32(BX)(CX*4), Y2
@@ -4546,7 +4767,7 @@ tail227:
 	VANDPS       Y2, Y7, Y7
 	VADDPS       Y7, Y1, Y1
 
-done228:
+done232:
 	VHADDPS      Y1, Y1, Y0
 	VHADDPS      Y0, Y0, Y0
 	VEXTRACTF128 $0x01, Y0, X1
@@ -4567,18 +4788,18 @@ TEXT ·scaleAVX2(SB), NOSPLIT, $0-20
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-loop229:
+loop233:
 	CMPQ    DX, BX
-	JAE     tail230
+	JAE     tail234
 	VMOVUPS (AX)(DX*1), Y1
 	VMULPS  Y0, Y1, Y1
 	VMOVUPS Y1, (AX)(DX*1)
 	ADDQ    $0x20, DX
-	JMP     loop229
+	JMP     loop233
 
-tail230:
+tail234:
 	ANDQ       $0x07, CX
-	JZ         done231
+	JZ         done235
 	LEAQ       kconst<>+0(SB), BX
 	NEGQ       CX
 	VMOVDQU    32(BX)(CX*4), Y1
@@ -4586,7 +4807,7 @@ tail230:
 	VMULPS     Y0, Y2, Y2
 	VMASKMOVPS Y2, Y1, (AX)(DX*1)
 
-done231:
+done235:
 	VZEROUPPER
 	RET
 
@@ -4604,20 +4825,20 @@ TEXT ·mulScaleAVX2(SB), NOSPLIT, $0-36
 	SHLQ         $0x02, DI
 	ANDQ         $-32, DI
 
-loop232:
+loop236:
 	CMPQ    SI, DI
-	JAE     tail233
+	JAE     tail237
 	VMOVUPS (CX)(SI*1), Y1
 	VMULPS  Y0, Y1, Y1
 	VMOVUPS (DX)(SI*1), Y2
 	VMULPS  Y2, Y1, Y1
 	VMOVUPS Y1, (AX)(SI*1)
 	ADDQ    $0x20, SI
-	JMP     loop232
+	JMP     loop236
 
-tail233:
+tail237:
 	ANDQ       $0x07, BX
-	JZ         done234
+	JZ         done238
 	LEAQ       kconst<>+0(SB), DI
 	NEGQ       BX
 	VMOVDQU    32(DI)(BX*4), Y1
@@ -4627,7 +4848,7 @@ tail233:
 	VMULPS     Y0, Y2, Y2
 	VMASKMOVPS Y2, Y1, (AX)(SI*1)
 
-done234:
+done238:
 	VZEROUPPER
 	RET
 
@@ -4642,19 +4863,19 @@ TEXT ·addAVX2(SB), NOSPLIT, $0-24
 	SHLQ $0x02, SI
 	ANDQ $-32, SI
 
-loop235:
+loop239:
 	CMPQ    BX, SI
-	JAE     tail236
+	JAE     tail240
 	VMOVUPS (AX)(BX*1), Y0
 	VMOVUPS (CX)(BX*1), Y1
 	VADDPS  Y1, Y0, Y0
 	VMOVUPS Y0, (AX)(BX*1)
 	ADDQ    $0x20, BX
-	JMP     loop235
+	JMP     loop239
 
-tail236:
+tail240:
 	ANDQ       $0x07, DX
-	JZ         done237
+	JZ         done241
 	LEAQ       kconst<>+0(SB), SI
 	NEGQ       DX
 	VMOVDQU    32(SI)(DX*4), Y0
@@ -4663,7 +4884,7 @@ tail236:
 	VADDPS     Y2, Y1, Y1
 	VMASKMOVPS Y1, Y0, (AX)(BX*1)
 
-done237:
+done241:
 	VZEROUPPER
 	RET
 
@@ -4678,9 +4899,9 @@ TEXT ·swiGLUAVX2(SB), NOSPLIT, $0-24
 	SHLQ $0x02, SI
 	ANDQ $-32, SI
 
-loop238:
+loop242:
 	CMPQ         BX, SI
-	JAE          tail239
+	JAE          tail243
 	VMOVUPS      (AX)(BX*1), Y0
 	VXORPS       kconst<>+64(SB), Y0, Y1
 	VCVTPS2PD    X1, Y3
@@ -4771,11 +4992,11 @@ loop238:
 	VMULPS       Y1, Y0, Y0
 	VMOVUPS      Y0, (AX)(BX*1)
 	ADDQ         $0x20, BX
-	JMP          loop238
+	JMP          loop242
 
-tail239:
+tail243:
 	ANDQ         $0x07, DX
-	JZ           done240
+	JZ           done244
 	LEAQ         kconst<>+0(SB), SI
 	NEGQ         DX
 	VMOVDQU      32(SI)(DX*4), Y0
@@ -4869,6 +5090,6 @@ tail239:
 	VMULPS       Y2, Y1, Y1
 	VMASKMOVPS   Y1, Y0, (AX)(BX*1)
 
-done240:
+done244:
 	VZEROUPPER
 	RET

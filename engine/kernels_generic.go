@@ -111,6 +111,9 @@ func accumVGeneric(out []float32, heads, hd int, w []float32, wStride int, v []b
 	}
 }
 
+// prefetchGeneric leaves prefetching to the hardware.
+func prefetchGeneric(b []byte, rows, stride, bytes int) {}
+
 // maxGeneric is the largest element of x (at least one): the softmax's
 // shift, which keeps exp from overflowing.
 func maxGeneric(x []float32) float32 {

@@ -213,6 +213,9 @@ func accumVBF16H4D1(out *float32, hd int, w *float32, wStride int, v *byte, stri
 // in order, for the 4 heads h; hd is a multiple of 16.
 func accumVBF16H4D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
 
+// prefetchAVX2 asks for the cache lines of n rows of bytes ≥ 1 bytes at p, stride bytes apart.
+func prefetchAVX2(p *byte, stride int, n int, bytes int)
+
 // maxAVX2 is the largest of the n ≥ 1 elements at x, as Go's max gives it; NaN if any is NaN.
 func maxAVX2(x *float32, n int) float32
 

@@ -217,7 +217,8 @@ func (j *attendJob) run(p, parts int) {
 // attendHead computes, in layer l, the query heads that KV head g serves
 // (of the row whose queries are q) over the KV rows of past then cur, in
 // position order, into their part of out. Each K and V row is read once
-// for all of those heads.
+// for all of those heads, and the next segment's rows are asked for while
+// a segment's are computed on: a sequence's pages lie anywhere in the pool.
 func (m *model) attendHead(scores []float32, l, g int, q, out []float32, past [][]byte, cur []byte) {
 	c := &m.cfg
 	hd, bpt, dt, ctx := c.HeadDim, m.geo.BytesPerToken(), m.geo.DType, c.ContextTokens
@@ -225,31 +226,49 @@ func (m *model) attendHead(scores []float32, l, g int, q, out []float32, past []
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	q, out = q[g*group*hd:(g+1)*group*hd], out[g*group*hd:(g+1)*group*hd]
 	kOff, vOff := m.geo.Offset(l, g, false), m.geo.Offset(l, g, true)
+	m.prefetchSegment(past, cur, 0, kOff)
 	n := 0
 	for i := 0; i <= len(past); i++ {
-		seg := cur
-		if i < len(past) {
-			seg = past[i]
-		}
+		seg := segment(past, cur, i)
+		m.prefetchSegment(past, cur, i+1, kOff)
 		if rows := len(seg) / bpt; rows > 0 {
 			kern.scores(scores[n:], ctx, q, group, hd, seg[kOff:], rows, bpt, dt, scale)
 			n += rows
 		}
 	}
+	m.prefetchSegment(past, cur, 0, vOff)
 	for h := range group {
 		softmax(scores[h*ctx : h*ctx+n])
 	}
 	clear(out)
 	n = 0
 	for i := 0; i <= len(past); i++ {
-		seg := cur
-		if i < len(past) {
-			seg = past[i]
-		}
+		seg := segment(past, cur, i)
+		m.prefetchSegment(past, cur, i+1, vOff)
 		if rows := len(seg) / bpt; rows > 0 {
 			kern.accumV(out, group, hd, scores[n:], ctx, seg[vOff:], rows, bpt, dt)
 			n += rows
 		}
+	}
+}
+
+// segment is the i-th segment of KV rows a row attends to: past's, then cur.
+func segment(past [][]byte, cur []byte, i int) []byte {
+	if i < len(past) {
+		return past[i]
+	}
+	return cur
+}
+
+// prefetchSegment asks for one head's K or V (at off in each row) of the
+// i-th segment of past then cur, if there is one.
+func (m *model) prefetchSegment(past [][]byte, cur []byte, i, off int) {
+	if i > len(past) {
+		return
+	}
+	bpt := m.geo.BytesPerToken()
+	if seg := segment(past, cur, i); len(seg) >= bpt {
+		kern.prefetch(seg[off:], len(seg)/bpt, bpt, m.cfg.HeadDim*m.geo.DType.Size())
 	}
 }
 

@@ -44,6 +44,7 @@ func main() {
 			}
 		}
 	}
+	prefetchKernel()
 	maxKernel()
 	expSubSumKernel()
 	scaleKernel()
@@ -491,6 +492,7 @@ func scoresKernel(dt dtype, H int) {
 	MOVQ(hd, kb)
 	SHLQ(U8(uint8(math.Log2(float64(dt.size)))), kb)
 	qScale := uint8(4 / dt.size)
+	kpf := prefetchPointer(k, stride)
 	rows, done := label("rows"), label("done")
 	Label(rows)
 	TESTQ(n, n)
@@ -504,6 +506,7 @@ func scoresKernel(dt dtype, H int) {
 	XORQ(j, j)
 	chunks := label("chunks")
 	Label(chunks)
+	PREFETCHT0(Mem{Base: kpf, Index: j, Scale: 1})
 	kv := loadKV(dt, Mem{Base: k, Index: j, Scale: 1})
 	for h := range acc {
 		t := YMM()
@@ -520,11 +523,27 @@ func scoresKernel(dt dtype, H int) {
 		ADDQ(U8(4), outs[h])
 	}
 	ADDQ(stride, k)
+	ADDQ(stride, kpf)
 	DECQ(n)
 	JMP(LabelRef(rows))
 	Label(done)
 	VZEROUPPER()
 	RET()
+}
+
+// prefetchRows is how many rows ahead the attention kernels ask for the
+// K or V they will read: pages sit anywhere in a pool and a sequence's
+// rows are a whole row apart, so that the hardware prefetchers do not see
+// them coming, and a batch's KV is too large for the caches. A prefetch
+// past the end of a page is a hint that never faults.
+const prefetchRows = 4
+
+// prefetchPointer is p plus prefetchRows rows of stride bytes.
+func prefetchPointer(p, stride GPVirtual) GPVirtual {
+	q := GP64()
+	IMUL3Q(U32(prefetchRows), stride, q)
+	ADDQ(p, q)
+	return q
 }
 
 // accumVFits says whether the accumulators, the loaded rows and the
@@ -585,6 +604,7 @@ func accumVKernel(dt dtype, H, D int) {
 		SHRQ(U8(1), vp)
 	}
 	ADDQ(v, vp)
+	vpf := prefetchPointer(vp, stride)
 	cnt := GP64()
 	MOVQ(n, cnt)
 	rows, rowsDone := label("rows"), label("rowsdone")
@@ -593,6 +613,7 @@ func accumVKernel(dt dtype, H, D int) {
 	JZ(LabelRef(rowsDone))
 	vv := make([]VecVirtual, D)
 	for d := range vv {
+		PREFETCHT0(Mem{Base: vpf, Disp: 8 * dt.size * d})
 		vv[d] = loadKV(dt, Mem{Base: vp, Disp: 8 * dt.size * d})
 	}
 	for h := 0; h < H; h++ {
@@ -606,6 +627,7 @@ func accumVKernel(dt dtype, H, D int) {
 		ADDQ(U8(4), wh[h])
 	}
 	ADDQ(stride, vp)
+	ADDQ(stride, vpf)
 	DECQ(cnt)
 	JMP(LabelRef(rows))
 	Label(rowsDone)
@@ -628,6 +650,33 @@ func accumVKernel(dt dtype, H, D int) {
 	JMP(LabelRef(groups))
 	Label(done)
 	VZEROUPPER()
+	RET()
+}
+
+func prefetchKernel() {
+	TEXT("prefetchAVX2", NOSPLIT, "func(p *byte, stride int, n int, bytes int)")
+	Doc("prefetchAVX2 asks for the cache lines of n rows of bytes ≥ 1 bytes at p, stride bytes apart.")
+	p, stride, n, bytes := gpParam("p"), gpParam("stride"), gpParam("n"), gpParam("bytes")
+	DECQ(bytes) // the offset of a row's last byte
+	rows, done := label("rows"), label("done")
+	Label(rows)
+	TESTQ(n, n)
+	JZ(LabelRef(done))
+	off := GP64()
+	XORQ(off, off)
+	lines, linesDone := label("lines"), label("linesdone")
+	Label(lines)
+	CMPQ(off, bytes)
+	JAE(LabelRef(linesDone))
+	PREFETCHT0(Mem{Base: p, Index: off, Scale: 1})
+	ADDQ(U8(64), off)
+	JMP(LabelRef(lines))
+	Label(linesDone)
+	PREFETCHT0(Mem{Base: p, Index: bytes, Scale: 1})
+	ADDQ(stride, p)
+	DECQ(n)
+	JMP(LabelRef(rows))
+	Label(done)
 	RET()
 }
 
