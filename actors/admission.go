@@ -232,7 +232,12 @@ func Reject(c actor.Context, id uint64, err error) error {
 // passes, spawns its request actor on the decode worker admission chose.
 // peer is the prefill node a router chose; nil means choose here.
 func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, peer *PrefillPeer) {
-	prompt := a.model.Tokenizer().Encode(text)
+	prompt, err := handoff.Encode(a.cfg.Limits(), a.model.Tokenizer(), text)
+	if err != nil {
+		a.counters.rejectedTooLong.Add(1)
+		a.reject(c, id, err)
+		return
+	}
 	ask := handoff.Ask{Key: handoff.ClientKey{Client: senderKey(c), ID: id}, PromptTokens: len(prompt), MaxTokens: maxTokens,
 		Routed: peer != nil}
 	if peer == nil {

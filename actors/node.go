@@ -119,6 +119,12 @@ func Start(cfg Config, opt Options) (*Node, error) {
 	if got := opt.Model.Config(); got != cfg.Model {
 		return nil, fmt.Errorf("actors: Options.Model computes %+v, not Config.Model %+v", got, cfg.Model)
 	}
+	// An answer's text must fit its message: each token is at most
+	// PieceBytesMax bytes, each of which may decode to U+FFFD's three.
+	if most := int64(cfg.MaxTokensMax) * 3 * int64(opt.Model.Tokenizer().PieceBytesMax()); most > messages.TextBytesMax {
+		return nil, fmt.Errorf("actors: MaxTokensMax (%d) tokens of up to %d bytes each may decode to %d bytes of text, more than a result carries (%d)",
+			cfg.MaxTokensMax, opt.Model.Tokenizer().PieceBytesMax(), most, messages.TextBytesMax)
+	}
 	n := &Node{cfg: cfg, model: opt.Model, log: log, counters: &nodeCounters{}, fatal: make(chan *InvariantError, 1)}
 	n.sys = messages.NewActorSystem(log)
 	sup := &stopOnPanic{log: log, fatal: func(e *InvariantError) {

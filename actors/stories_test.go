@@ -64,6 +64,29 @@ func TestStoriesPublishedText(t *testing.T) {
 	if len(res.Tokens) != stories.PublishedTokens || res.Finish != "length" {
 		t.Fatalf("%d tokens, finish %s: want %d, length", len(res.Tokens), res.Finish, stories.PublishedTokens)
 	}
+	stopsAtBOS(t, opt.Model, localClient(n))
+}
+
+// stopsAtBOS: generation stops where the model emits its stop token (BOS
+// for stories260K): after "The little dog" the reference emits it as its
+// 218th token, so a node that stopped at another token, or at none,
+// answers otherwise.
+func stopsAtBOS(t *testing.T, m *engine.Model, c *client.Client) {
+	t.Helper()
+	const prompt = "The little dog"
+	res, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: stories.PublishedTokens}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := m.Answer(prompt, stories.PublishedTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stop := m.Tokenizer().Stop(); len(want) != 218 || want[217] != stop || res.Finish != "stop" ||
+		!slices.Equal(res.Tokens, want) {
+		t.Fatalf("%q: the node answered %d tokens (finish %s), the reference %d ending %d; the stop token is %d",
+			prompt, len(res.Tokens), res.Finish, len(want), want[len(want)-1], stop)
+	}
 }
 
 // TestStoriesPathsAgree: prompts of text, answered by a node over pages

@@ -222,11 +222,11 @@ func dpHandshake(conn net.Conn, cfg DataPlaneConfig, addr string, peer uint64) (
 	case r.incarnation != peer:
 		herr.Status = DataPlaneHelloIncarnation
 		return kv.BatchLimits{}, herr
-	case r.limits.Frame != cfg.Batch.Frame:
-		herr.Status = DataPlaneHelloLimits
-		return kv.BatchLimits{}, herr
 	case r.model != cfg.Model:
 		herr.Status = DataPlaneHelloModel
+		return kv.BatchLimits{}, herr
+	case r.limits.Frame != cfg.Batch.Frame:
+		herr.Status = DataPlaneHelloLimits
 		return kv.BatchLimits{}, herr
 	}
 	// Both sides' bounds hold a full-page frame of the same geometry, so

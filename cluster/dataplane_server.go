@@ -365,10 +365,10 @@ func (s *DataPlaneServer) check(p *dpPeer, h dpHello) DataPlaneStatus {
 		st, counter = DataPlaneHelloMalformed, &s.c.helloMalformed
 	case h.expect != s.cfg.Incarnation:
 		st, counter = DataPlaneHelloIncarnation, &s.c.helloIncarnation
-	case h.limits.Frame != s.cfg.Batch.Frame:
-		st, counter = DataPlaneHelloLimits, &s.c.helloLimits
 	case h.model != s.cfg.Model:
 		st, counter = DataPlaneHelloModel, &s.c.helloModel
+	case h.limits.Frame != s.cfg.Batch.Frame:
+		st, counter = DataPlaneHelloLimits, &s.c.helloLimits
 	}
 	if st != DataPlaneOK {
 		counter.Add(1)

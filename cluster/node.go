@@ -157,6 +157,15 @@ func (c *NodeConfig) dataPlane() DataPlaneConfig {
 	return d
 }
 
+// A status names the model as engine.Model.Name does, and every message
+// spells a fingerprint as engine.Fingerprint.String does.
+var (
+	_ [messages.NodeNameBytesMax - engine.ModelNameBytesMax]struct{}
+	_ [engine.ModelNameBytesMax - messages.NodeNameBytesMax]struct{}
+	_ [messages.FingerprintDigits - 2*len(engine.Fingerprint{})]struct{}
+	_ [2*len(engine.Fingerprint{}) - messages.FingerprintDigits]struct{}
+)
+
 var roleOf = map[actors.Role]Role{
 	actors.RolePrefill: RolePrefill, actors.RoleDecode: RoleDecode,
 	actors.RoleRouter: RoleRouter, actors.RoleAll: RoleAll,

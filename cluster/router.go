@@ -148,8 +148,11 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		return
 	}
 	d, p := ds[0], ps[0]
-	prompt := len(r.model.Tokenizer().Encode(m.Prompt))
-	if err := handoff.Admit(r.cfg.Limits(), prompt, int(m.MaxTokens), int(p.Meta.CapacityPages), int(d.Meta.CapacityPages)); err != nil {
+	prompt, err := handoff.Encode(r.cfg.Limits(), r.model.Tokenizer(), m.Prompt)
+	if err == nil {
+		err = handoff.Admit(r.cfg.Limits(), len(prompt), int(m.MaxTokens), int(p.Meta.CapacityPages), int(d.Meta.CapacityPages))
+	}
+	if err != nil {
 		if _, ok := err.(*actors.PromptTooLongError); ok {
 			reject(err, &r.counters.rejectedTooLong)
 		} else {

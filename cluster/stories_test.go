@@ -36,17 +36,25 @@ func storiesTrio(t testing.TB) (*engine.Model, *Node, *client.Client) {
 // the in-process reference does, and write the published story.
 func TestStoriesAcrossNodes(t *testing.T) {
 	m, _, c := storiesTrio(t)
-	for _, p := range []string{"Once upon a time", "Tom had a red kite.", "", "naïve ☃ 🙂"} {
-		res, err := c.Generate(context.Background(), "acme", p, client.GenerateOptions{MaxTokens: 64}, nil)
+	for _, tc := range []struct {
+		prompt string
+		max    int
+		finish string
+	}{
+		{"Once upon a time", 64, "length"}, {"Tom had a red kite.", 64, "length"}, {"", 64, "length"}, {"naïve ☃ 🙂", 64, "length"},
+		// The reference emits the stop token (BOS) as the 218th token.
+		{"The little dog", stories.PublishedTokens, "stop"},
+	} {
+		res, err := c.Generate(context.Background(), "acme", tc.prompt, client.GenerateOptions{MaxTokens: tc.max}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := m.Answer(p, 64)
+		want, err := m.Answer(tc.prompt, tc.max)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(res.Tokens, want) || res.Text != m.Text(p, want) {
-			t.Fatalf("prompt %q: the cluster answered %q, the reference %q", p, res.Text, m.Text(p, want))
+		if !slices.Equal(res.Tokens, want) || res.Text != m.Text(tc.prompt, want) || res.Finish != tc.finish {
+			t.Fatalf("prompt %q: the cluster answered %q (finish %s), the reference %q", tc.prompt, res.Text, res.Finish, m.Text(tc.prompt, want))
 		}
 	}
 	res, err := c.Generate(context.Background(), "acme", "", client.GenerateOptions{MaxTokens: stories.PublishedTokens}, nil)

@@ -80,9 +80,9 @@ func (e *TokenizerFormatError) Error() string {
 	p := pathPrefix(e.Path)
 	switch e.Field {
 	case "max_token_length":
-		return fmt.Sprintf("engine: tokenizer %smax_token_length %g must be in [1, %d] bytes", p, e.Value, e.Limit)
+		return fmt.Sprintf("engine: tokenizer %smax_token_length %.0f must be in [1, %d] bytes", p, e.Value, e.Limit)
 	case "length":
-		return fmt.Sprintf("engine: tokenizer %stoken %d at byte %d: length %g must be in [0, max_token_length %d]", p, e.Token, e.Offset, e.Value, e.Limit)
+		return fmt.Sprintf("engine: tokenizer %stoken %d at byte %d: length %.0f must be in [0, max_token_length %d]", p, e.Token, e.Offset, e.Value, e.Limit)
 	case "score":
 		return fmt.Sprintf("engine: tokenizer %stoken %d at byte %d: score %g must be finite", p, e.Token, e.Offset, e.Value)
 	case "entry":
@@ -91,11 +91,11 @@ func (e *TokenizerFormatError) Error() string {
 		}
 		return fmt.Sprintf("engine: tokenizer %stoken %d at byte %d: the file ends inside the entry (%d bytes left)", p, e.Token, e.Offset, e.Limit)
 	case "vocab":
-		return fmt.Sprintf("engine: tokenizer %sof %g tokens: byte fallback needs at least %d", p, e.Value, e.Limit)
+		return fmt.Sprintf("engine: tokenizer %sof %.0f tokens: byte fallback needs at least %d", p, e.Value, e.Limit)
 	case "byte piece":
 		return fmt.Sprintf("engine: tokenizer %stoken %d is %q; byte fallback needs <0x%02X>", p, e.Token, e.Piece, e.Token-bpeByte)
 	case "size":
-		return fmt.Sprintf("engine: tokenizer %sis %g bytes, more than the %d its vocabulary's tokens can take", p, e.Value, e.Limit)
+		return fmt.Sprintf("engine: tokenizer %sis %.0f bytes, more than the %d its vocabulary's tokens can take", p, e.Value, e.Limit)
 	case "space":
 		return fmt.Sprintf("engine: tokenizer %shas no piece \" \", which starts every non-empty text", p)
 	}
@@ -200,6 +200,10 @@ func (t *BPETokenizer) Vocab() int { return len(t.pieces) }
 
 // BOS is id 1, which every encoded prompt starts with.
 func (t *BPETokenizer) BOS() int { return bpeBOS }
+
+// PieceBytesMax is the file's max_token_length: no piece, and no merge, is
+// longer.
+func (t *BPETokenizer) PieceBytesMax() int { return t.maxLen }
 
 // Stop is id 1, BOS: llama2.c's models end a text by starting the next.
 func (t *BPETokenizer) Stop() int { return bpeBOS }

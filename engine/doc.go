@@ -32,9 +32,9 @@
 // uses the ByteTokenizer: no files, noise for text, fast for tests.
 // LoadModel reads a llama2.c checkpoint (ReadCheckpoint: the legacy format
 // or the versioned float32 export) and its tokenizer.bin (ReadTokenizer:
-// SentencePiece-style BPE with byte fallback), validating every header
-// value, the file size the header implies and every weight before the
-// arrays are allocated. Every prompt starts with the tokenizer's BOS;
+// SentencePiece-style BPE with byte fallback): every header value and the
+// file size the header implies are checked before the arrays are
+// allocated, and every weight before the model serves. Every prompt starts with the tokenizer's BOS;
 // generation ends at its Stop token; TextDecoder joins the byte pieces of
 // streamed tokens into UTF-8.
 //

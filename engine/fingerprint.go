@@ -39,7 +39,7 @@ type FingerprintError struct {
 }
 
 func (e *FingerprintError) Error() string {
-	return fmt.Sprintf("engine: model fingerprint %s is not this node's %s: the peer runs other weights or another tokenizer", e.Theirs, e.Ours)
+	return fmt.Sprintf("engine: model fingerprint %s is not this node's %s: the peer runs other weights, another tokenizer or another KV type (--dtype)", e.Theirs, e.Ours)
 }
 
 // fingerprint hashes everything the model's output depends on, in a fixed

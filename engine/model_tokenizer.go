@@ -27,9 +27,12 @@ func (ByteTokenizer) Encode(s string) []int {
 	return ids
 }
 
+// PieceBytesMax is 1: every token is one byte.
+func (ByteTokenizer) PieceBytesMax() int { return 1 }
+
 // Piece is the byte id stands for, a slice of a shared table that the
-// caller must not change; BOS, EOS and ids outside the bytes (possible when
-// Vocab is larger than TokenizerVocab) stand for none.
+// caller must not change; BOS, EOS and ids outside 0 to 257 stand for
+// none.
 func (ByteTokenizer) Piece(_, id int) []byte {
 	if id >= 0 && id < 256 {
 		return everyByte[id : id+1 : id+1]

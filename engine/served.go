@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/kvwarden/kvwarden/kv"
@@ -31,9 +32,12 @@ func NewModel(name string, cfg ModelConfig, w Weights, tok Tokenizer) (*Model, e
 	if tok.Vocab() != cfg.Vocab {
 		return nil, &VocabError{Model: cfg.Vocab, Tokenizer: tok.Vocab()}
 	}
-	for _, id := range []int{tok.BOS(), tok.Stop()} {
-		if id < 0 || id >= cfg.Vocab {
-			return nil, &TokenError{Index: 0, Token: id, Vocab: cfg.Vocab}
+	for _, sp := range []struct {
+		name string
+		id   int
+	}{{"BOS", tok.BOS()}, {"stop", tok.Stop()}} {
+		if sp.id < 0 || sp.id >= cfg.Vocab {
+			return nil, fmt.Errorf("engine: the tokenizer's %s token %d is outside the vocabulary [0, %d)", sp.name, sp.id, cfg.Vocab)
 		}
 	}
 	e, err := NewEngine(cfg, w)
@@ -71,7 +75,7 @@ func LoadModel(modelPath, tokenizerPath string, kvDType kv.DType) (*Model, error
 // modelName is the base name of path, shortened to ModelNameBytesMax bytes
 // on a character boundary.
 func modelName(path string) string {
-	name := filepath.Base(path)
+	name := strings.ToValidUTF8(filepath.Base(path), "\uFFFD")
 	for len(name) > ModelNameBytesMax {
 		_, size := utf8.DecodeLastRuneInString(name)
 		name = name[:len(name)-size]

@@ -27,6 +27,14 @@ func (p pieceTokenizer) Vocab() int { return len(p) }
 func (p pieceTokenizer) BOS() int   { return 0 }
 func (p pieceTokenizer) Stop() int  { return 0 }
 
+func (p pieceTokenizer) PieceBytesMax() int {
+	n := 1
+	for _, piece := range p {
+		n = max(n, len(piece))
+	}
+	return n
+}
+
 func (p pieceTokenizer) Encode(text string) []int {
 	ids := []int{0}
 	for i := range len(text) {

@@ -47,6 +47,18 @@ func Admit(l Limits, promptTokens, maxTokens, prefillPages, decodePages int) err
 	return nil
 }
 
+// Encode is the prompt text in the model's tokens; a text that certainly
+// exceeds the context window is refused by its length alone, unencoded
+// (engine.EncodeWithin), so that a stranger's megabyte prompt costs no
+// tokenizer work in an actor that serves everyone.
+func Encode(l Limits, tok engine.Tokenizer, text string) (prompt []int, err error) {
+	prompt, n := engine.EncodeWithin(tok, text, l.ContextTokens)
+	if prompt == nil {
+		return nil, &PromptTooLongError{Tokens: n, Limit: l.ContextTokens, Where: "context window", AtLeast: true}
+	}
+	return prompt, nil
+}
+
 // ClientKey names a request as its client does: the client and its request
 // id.
 type ClientKey struct {

@@ -13,10 +13,17 @@ import (
 type PromptTooLongError struct {
 	Tokens, Limit int
 	Where         string
+	// AtLeast says Tokens is a lower bound: the prompt was refused by its
+	// length in bytes, unencoded (engine.EncodeWithin).
+	AtLeast bool
 }
 
 func (e *PromptTooLongError) Error() string {
-	return fmt.Sprintf("handoff: prompt too long: needs %d tokens, %s holds %d", e.Tokens, e.Where, e.Limit)
+	least := ""
+	if e.AtLeast {
+		least = "at least "
+	}
+	return fmt.Sprintf("handoff: prompt too long: needs %s%d tokens, %s holds %d", least, e.Tokens, e.Where, e.Limit)
 }
 
 // Wire is what a client is told of e.

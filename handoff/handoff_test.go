@@ -319,6 +319,25 @@ func TestSourceDropsDuplicatesAndForeignAcks(t *testing.T) {
 	}
 }
 
+// TestEncodeRefusesUnencoded: a prompt longer than the context window can
+// hold, at the most bytes a token stands for, is refused by its length
+// with the count it needs at least; one that may fit is encoded.
+func TestEncodeRefusesUnencoded(t *testing.T) {
+	l := Limits{ContextTokens: 64}
+	if p, err := Encode(l, engine.ByteTokenizer{}, strings.Repeat("x", 63)); err != nil || len(p) != 64 {
+		t.Fatalf("63 bytes and BOS in a 64-token window: %d tokens, %v", len(p), err)
+	}
+	p, err := Encode(l, engine.ByteTokenizer{}, strings.Repeat("x", 1<<20))
+	var long *PromptTooLongError
+	if p != nil || !errors.As(err, &long) || !long.AtLeast || long.Tokens != 1<<20+1 || long.Limit != 64 ||
+		!strings.Contains(err.Error(), "needs at least 1048577 tokens, context window holds 64") {
+		t.Fatalf("a 1 MiB prompt: %d tokens, %v", len(p), err)
+	}
+	if w := Wire(err); w.Code != messages.CodePromptTooLong || w.Have != 1<<20+1 {
+		t.Fatalf("on the wire: %+v", w)
+	}
+}
+
 func TestAdmitNamesTheSmallestPool(t *testing.T) {
 	l := Limits{ContextTokens: 64, MaxTokensMax: 16, Geometry: tinyModel().Geometry(4)}
 	for _, tc := range []struct {

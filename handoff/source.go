@@ -252,11 +252,11 @@ func (s *Source) planIn(e PlanIn, now time.Time) []Effect {
 	err := e.Refused
 	switch {
 	case err != nil:
-	case int(e.Plan.PageTokens) != s.cfg.PageTokens:
-		err = &BadRequestError{Reason: fmt.Sprintf("plan pages of %d tokens, this pool's hold %d", e.Plan.PageTokens, s.cfg.PageTokens)}
 	case e.Plan.Model != s.cfg.Model.String():
 		theirs, _ := engine.ParseFingerprint(e.Plan.Model) // a plan's fingerprint was validated on arrival
 		err = &engine.FingerprintError{Ours: s.cfg.Model, Theirs: theirs}
+	case int(e.Plan.PageTokens) != s.cfg.PageTokens:
+		err = &BadRequestError{Reason: fmt.Sprintf("plan pages of %d tokens, this pool's hold %d", e.Plan.PageTokens, s.cfg.PageTokens)}
 	case s.find(e.Key) != nil || s.done.Has(e.Key, now):
 		// A duplicate of a plan in hand, or of one that ended: answering
 		// it with an error would make the request abandon the transfer

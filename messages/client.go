@@ -78,9 +78,10 @@ type TokenChunk struct {
 	Seq       uint32 `msgpack:"seq,omitempty"`
 	// Tokens holds 1 to ChunkTokensMax token ids.
 	Tokens []uint32 `msgpack:"tokens"`
-	// Text is the detokenized text of Tokens, at most TextBytesMax bytes. It
-	// may end or begin inside a UTF-8 sequence that spans chunks, so it is
-	// not checked for UTF-8.
+	// Text is the detokenized text of Tokens, at most TextBytesMax bytes:
+	// whole UTF-8 characters, the bytes of one whose pieces have not all
+	// come held back for a later chunk (or, at the end, the result). It is
+	// not checked for UTF-8: a node of another build may split one.
 	Text string `msgpack:"text,omitempty"`
 }
 

@@ -74,10 +74,16 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 // any node starts, with the numbers.
 func TestModelFiles(t *testing.T) {
 	model, tok := stories.Files(t)
-	code, out := runNode("preflight", "--context-tokens", "512", "--kv-pool-tokens", "4096", "--model", model, "--tokenizer", tok)
-	// stories260K: 5 layers × 4 KV heads × head dim 8, K and V, bf16 (preflight's default type).
-	if code != exitOK || !strings.Contains(out, "layers=5 kv_heads=4 head_dim=8") {
-		t.Fatalf("exit %d, want 0 with the model's geometry:\n%s", code, out)
+	// stories260K: 5 layers × 4 KV heads × head dim 8, K and V in f32 as
+	// run serves them: 1280 bytes a token; its 512-token window unless told.
+	code, out := runNode("preflight", "--kv-pool-tokens", "4096", "--model", model, "--tokenizer", tok)
+	if code != exitOK || !strings.Contains(out, "layers=5 kv_heads=4 head_dim=8") || !strings.Contains(out, "dtype=f32") ||
+		!strings.Contains(out, "hold the 512-token context window") {
+		t.Fatalf("exit %d, want 0 with the model's geometry and window:\n%s", code, out)
+	}
+	code, out = runNode("preflight", "--context-tokens", "4096", "--kv-pool-tokens", "8192", "--model", model, "--tokenizer", tok)
+	if code != exitUsage || !strings.Contains(out, "--context-tokens (4096) exceeds stories260K.bin's context window of 512 tokens") {
+		t.Fatalf("a window beyond the model's: exit %d, want %d:\n%s", code, exitUsage, out)
 	}
 	data, err := os.ReadFile(model)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
 )
@@ -34,9 +35,17 @@ when every device passes, 1 when any fails and 2 on a usage error.`,
 						return usageError{fmt.Errorf("--%s: the geometry and weights are --model's; give one or the other", f)}
 					}
 				}
+				// What "node run --model" would serve: its KV type unless
+				// told, and the model's context window unless told.
+				if !cmd.Flags().Changed("dtype") {
+					cfg.DType = actors.DefaultConfig().Model.KVDType.String()
+				}
 				var err error
 				if model, err = cfg.model(); err != nil {
 					return err
+				}
+				if err := fitContext(cmd.Flags(), &cfg, model); err != nil {
+					return usageError{err}
 				}
 			}
 			discovery, preflight, err := cfg.build(model)

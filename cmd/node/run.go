@@ -91,8 +91,8 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			if err != nil {
 				return err
 			}
-			if ctx := int64(model.Config().ContextTokens); !cmd.Flags().Changed("context-tokens") && cfg.ContextTokens > ctx {
-				cfg.ContextTokens = ctx // the default window, cut to a smaller model's
+			if err := fitContext(cmd.Flags(), &cfg, model); err != nil {
+				return usageError{err}
 			}
 			nc, err := cfg.clusterNode(model)
 			if err != nil {
@@ -152,6 +152,20 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.DurationVar((*time.Duration)(&c.PrefillTimeout), "prefill-timeout", time.Duration(c.PrefillTimeout), "bound on one KV transfer from a prefill worker; past it the transfer is retried elsewhere")
 	fs.DurationVar((*time.Duration)(&c.OwnedPageTimeout), "owned-page-timeout", time.Duration(c.OwnedPageTimeout), "bound on how long a page stays owned before it is reclaimed (must exceed --request-timeout and --prefill-timeout)")
 	fs.DurationVar((*time.Duration)(&c.DrainTimeout), "drain-timeout", time.Duration(c.DrainTimeout), "bound on a drain; past it the node leaves with requests still in flight")
+}
+
+// fitContext gives c the context window of model m when none was set (a
+// default of 0, or run's default larger than m's), and refuses one larger
+// than m's: no node can advertise a window its model cannot compute.
+func fitContext(fs *pflag.FlagSet, c *nodeConfig, m *engine.Model) error {
+	ctx := int64(m.Config().ContextTokens)
+	if !fs.Changed("context-tokens") && (c.ContextTokens == 0 || c.ContextTokens == int64(actors.DefaultConfig().ContextTokens)) {
+		c.ContextTokens = ctx
+	}
+	if c.ContextTokens > ctx {
+		return fmt.Errorf("--context-tokens (%d) exceeds %s's context window of %d tokens", c.ContextTokens, m.Name(), ctx)
+	}
+	return nil
 }
 
 // serving validates c's serving settings for model m and turns them into
