@@ -59,12 +59,15 @@ var matmulTiles = [5][]matmulTile{
 }
 
 // A product of many rows of x goes in blocks: a block of rows of x (at
-// most matmulRowBytes, to stay in the L1 cache) against a block of rows of
-// w (at most matmulColBytes, to stay in L2) that each group of four rows of
-// x reads again.
+// least matmulBlockRows, more while they take at most matmulRowBytes)
+// against a block of rows of w (at most matmulColBytes, small enough to
+// stay in the L1 cache while each group of four rows of x reads it again).
+// A decode batch's rows of x are one block, so that w, too large for the
+// caches, streams from memory once per product.
 const (
-	matmulRowBytes = 32 << 10
-	matmulColBytes = 64 << 10
+	matmulBlockRows = 16
+	matmulRowBytes  = 16 << 10
+	matmulColBytes  = 8 << 10
 )
 
 func matmulAVX2(out, x, w []float32, in, outs, j0, j1 int) {
@@ -78,7 +81,7 @@ func matmulAVX2(out, x, w []float32, in, outs, j0, j1 int) {
 	}
 	rowBlock, colBlock := rows, j1-j0
 	if rows > 4 {
-		rowBlock = max(4, matmulRowBytes/(4*in)&^3)
+		rowBlock = max(matmulBlockRows, matmulRowBytes/(4*in)&^3)
 		colBlock = max(8, matmulColBytes/(4*in)&^7)
 	}
 	for tb := 0; tb < rows; tb += rowBlock {
@@ -113,11 +116,34 @@ func dtypeIndex(dt kv.DType) int {
 	panic(fmt.Sprintf("engine: KV dtype %s has no kernel", dt))
 }
 
-// scoresTiles[dtype][h-1] scores h query heads at once.
-var scoresTiles = [3][4]func(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32){
-	{scoresF32H1, scoresF32H2, scoresF32H3, scoresF32H4},
-	{scoresF16H1, scoresF16H2, scoresF16H3, scoresF16H4},
-	{scoresBF16H1, scoresBF16H2, scoresBF16H3, scoresBF16H4},
+// scoresTile is one generated scores kernel: heads query heads against
+// cols rows of keys, c at a time.
+type scoresTile struct {
+	c int
+	f func(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+}
+
+// scoresTiles[dtype][h] are the kernels for h query heads, widest block
+// first.
+var scoresTiles = [3][5][]scoresTile{
+	{
+		1: {{8, scoresF32R1C8}, {4, scoresF32R1C4}, {2, scoresF32R1C2}, {1, scoresF32R1C1}},
+		2: {{4, scoresF32R2C4}, {2, scoresF32R2C2}, {1, scoresF32R2C1}},
+		3: {{2, scoresF32R3C2}, {1, scoresF32R3C1}},
+		4: {{2, scoresF32R4C2}, {1, scoresF32R4C1}},
+	},
+	{
+		1: {{8, scoresF16R1C8}, {4, scoresF16R1C4}, {2, scoresF16R1C2}, {1, scoresF16R1C1}},
+		2: {{4, scoresF16R2C4}, {2, scoresF16R2C2}, {1, scoresF16R2C1}},
+		3: {{2, scoresF16R3C2}, {1, scoresF16R3C1}},
+		4: {{2, scoresF16R4C2}, {1, scoresF16R4C1}},
+	},
+	{
+		1: {{8, scoresBF16R1C8}, {4, scoresBF16R1C4}, {2, scoresBF16R1C2}, {1, scoresBF16R1C1}},
+		2: {{4, scoresBF16R2C4}, {2, scoresBF16R2C2}, {1, scoresBF16R2C1}},
+		3: {{2, scoresBF16R3C2}, {1, scoresBF16R3C1}},
+		4: {{2, scoresBF16R4C2}, {1, scoresBF16R4C1}},
+	},
 }
 
 // checkKV panics unless rows rows of hd elements of dt, stride bytes apart,
@@ -140,8 +166,13 @@ func scoresAVX2(dst []float32, dstStride int, q []float32, heads, hd int, k []by
 	_, _ = q[heads*hd-1], dst[(heads-1)*dstStride+rows-1]
 	tiles := &scoresTiles[dtypeIndex(dt)]
 	for h := 0; h < heads; h += 4 {
-		n := min(4, heads-h)
-		tiles[n-1](&q[h*hd], hd, &k[0], stride, rows, &dst[h*dstStride], dstStride, scale)
+		n, r := min(4, heads-h), 0
+		for _, t := range tiles[n] {
+			if cols := (rows - r) / t.c * t.c; cols > 0 {
+				t.f(&q[h*hd], hd, &k[r*stride], stride, hd, cols, &dst[h*dstStride+r], dstStride, scale)
+				r += cols
+			}
+		}
 	}
 }
 

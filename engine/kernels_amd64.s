@@ -220,32 +220,34 @@ done3:
 // func matmulR1C8(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
 TEXT ·matmulR1C8(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, CX
-	SHLQ    $0x02, CX
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
+	SHLQ    $0x02, R9
 	LEAQ    (CX)(CX*2), R9
-	LEAQ    (DX)(R9*1), R8
-	MOVQ    CX, R10
-	ANDQ    $-32, R10
-	ANDQ    $0x07, BX
+	LEAQ    (SI)(R9*1), BX
+	MOVQ    AX, R10
+	SHLQ    $0x02, R10
+	MOVQ    R10, R11
+	ANDQ    $-32, R11
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask4
-	LEAQ    kconst<>+0(SB), R11
-	NEGQ    BX
-	VMOVDQU 32(R11)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), R12
+	NEGQ    AX
+	VMOVDQU 32(R12)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask4:
 cols5:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end6
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -255,67 +257,67 @@ cols5:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop7:
-	CMPQ    BX, R10
+	CMPQ    AX, R11
 	JAE     tail8
-	VMOVUPS (AX), Y9
-	VMULPS  (DX), Y9, Y10
+	VMOVUPS (DX), Y9
+	VMULPS  (SI), Y9, Y10
 	VADDPS  Y10, Y1, Y1
-	VMULPS  (DX)(CX*1), Y9, Y10
+	VMULPS  (SI)(CX*1), Y9, Y10
 	VADDPS  Y10, Y2, Y2
-	VMULPS  (DX)(CX*2), Y9, Y10
+	VMULPS  (SI)(CX*2), Y9, Y10
 	VADDPS  Y10, Y3, Y3
-	VMULPS  (R8), Y9, Y10
+	VMULPS  (BX), Y9, Y10
 	VADDPS  Y10, Y4, Y4
-	VMULPS  (DX)(CX*4), Y9, Y10
+	VMULPS  (SI)(CX*4), Y9, Y10
 	VADDPS  Y10, Y5, Y5
-	VMULPS  (R8)(CX*2), Y9, Y10
+	VMULPS  (BX)(CX*2), Y9, Y10
 	VADDPS  Y10, Y6, Y6
-	VMULPS  (DX)(R9*2), Y9, Y10
+	VMULPS  (SI)(R9*2), Y9, Y10
 	VADDPS  Y10, Y7, Y7
-	VMULPS  (R8)(CX*4), Y9, Y9
+	VMULPS  (BX)(CX*4), Y9, Y9
 	VADDPS  Y9, Y8, Y8
-	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, R8
+	ADDQ    $0x20, SI
+	ADDQ    $0x20, BX
 	JMP     loop7
 
 tail8:
-	CMPQ       BX, CX
+	CMPQ       AX, R10
 	JAE        store9
-	VMASKMOVPS (AX), Y0, Y9
-	VMASKMOVPS (DX), Y0, Y10
+	VMASKMOVPS (DX), Y0, Y9
+	VMASKMOVPS (SI), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y1, Y1
-	VMASKMOVPS (DX)(CX*1), Y0, Y10
+	VMASKMOVPS (SI)(CX*1), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y2, Y2
-	VMASKMOVPS (DX)(CX*2), Y0, Y10
+	VMASKMOVPS (SI)(CX*2), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y3, Y3
-	VMASKMOVPS (R8), Y0, Y10
+	VMASKMOVPS (BX), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y4, Y4
-	VMASKMOVPS (DX)(CX*4), Y0, Y10
+	VMASKMOVPS (SI)(CX*4), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y5, Y5
-	VMASKMOVPS (R8)(CX*2), Y0, Y10
+	VMASKMOVPS (BX)(CX*2), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y6, Y6
-	VMASKMOVPS (DX)(R9*2), Y0, Y10
+	VMASKMOVPS (SI)(R9*2), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y7, Y7
-	VMASKMOVPS (R8)(CX*4), Y0, Y10
-	VMULPS     Y9, Y10, Y10
-	VADDPS     Y10, Y8, Y8
+	VMASKMOVPS (BX)(CX*4), Y0, Y10
+	VMULPS     Y9, Y10, Y9
+	VADDPS     Y9, Y8, Y8
 
 store9:
-	SUBQ       BX, AX
-	SUBQ       BX, DX
-	SUBQ       BX, R8
+	SUBQ       AX, DX
+	SUBQ       AX, SI
+	SUBQ       AX, BX
 	VHADDPS    Y2, Y1, Y1
 	VHADDPS    Y4, Y3, Y2
 	VHADDPS    Y6, Y5, Y3
@@ -325,12 +327,12 @@ store9:
 	VPERM2F128 $0x20, Y2, Y1, Y3
 	VPERM2F128 $0x31, Y2, Y1, Y1
 	VADDPS     Y1, Y3, Y1
-	MOVQ       DI, BX
-	VMOVUPS    Y1, (BX)
-	LEAQ       (DX)(CX*8), DX
-	LEAQ       (DX)(R9*1), R8
-	ADDQ       $0x00000020, DI
-	SUBQ       $0x00000008, SI
+	MOVQ       R8, AX
+	VMOVUPS    Y1, (AX)
+	LEAQ       (SI)(CX*8), SI
+	LEAQ       (SI)(R9*1), BX
+	ADDQ       $0x00000020, R8
+	SUBQ       $0x00000008, DI
 	JMP        cols5
 
 end6:
@@ -340,89 +342,91 @@ end6:
 // func matmulR1C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
 TEXT ·matmulR1C4(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, CX
-	SHLQ    $0x02, CX
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
+	SHLQ    $0x02, R9
 	LEAQ    (CX)(CX*2), R9
-	LEAQ    (DX)(R9*1), R8
-	MOVQ    CX, R10
-	ANDQ    $-32, R10
-	ANDQ    $0x07, BX
+	LEAQ    (SI)(R9*1), BX
+	MOVQ    AX, R10
+	SHLQ    $0x02, R10
+	MOVQ    R10, R11
+	ANDQ    $-32, R11
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask10
-	LEAQ    kconst<>+0(SB), R11
-	NEGQ    BX
-	VMOVDQU 32(R11)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), R12
+	NEGQ    AX
+	VMOVDQU 32(R12)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask10:
 cols11:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end12
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop13:
-	CMPQ    BX, R10
+	CMPQ    AX, R11
 	JAE     tail14
-	VMOVUPS (AX), Y5
-	VMULPS  (DX), Y5, Y6
+	VMOVUPS (DX), Y5
+	VMULPS  (SI), Y5, Y6
 	VADDPS  Y6, Y1, Y1
-	VMULPS  (DX)(CX*1), Y5, Y6
+	VMULPS  (SI)(CX*1), Y5, Y6
 	VADDPS  Y6, Y2, Y2
-	VMULPS  (DX)(CX*2), Y5, Y6
+	VMULPS  (SI)(CX*2), Y5, Y6
 	VADDPS  Y6, Y3, Y3
-	VMULPS  (R8), Y5, Y5
+	VMULPS  (BX), Y5, Y5
 	VADDPS  Y5, Y4, Y4
-	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, R8
+	ADDQ    $0x20, SI
+	ADDQ    $0x20, BX
 	JMP     loop13
 
 tail14:
-	CMPQ       BX, CX
+	CMPQ       AX, R10
 	JAE        store15
-	VMASKMOVPS (AX), Y0, Y5
-	VMASKMOVPS (DX), Y0, Y6
+	VMASKMOVPS (DX), Y0, Y5
+	VMASKMOVPS (SI), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y1, Y1
-	VMASKMOVPS (DX)(CX*1), Y0, Y6
+	VMASKMOVPS (SI)(CX*1), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y2, Y2
-	VMASKMOVPS (DX)(CX*2), Y0, Y6
+	VMASKMOVPS (SI)(CX*2), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y3, Y3
-	VMASKMOVPS (R8), Y0, Y6
-	VMULPS     Y5, Y6, Y6
-	VADDPS     Y6, Y4, Y4
+	VMASKMOVPS (BX), Y0, Y6
+	VMULPS     Y5, Y6, Y5
+	VADDPS     Y5, Y4, Y4
 
 store15:
-	SUBQ         BX, AX
-	SUBQ         BX, DX
-	SUBQ         BX, R8
+	SUBQ         AX, DX
+	SUBQ         AX, SI
+	SUBQ         AX, BX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         DI, BX
-	VMOVUPS      X1, (BX)
-	LEAQ         (DX)(CX*4), DX
-	LEAQ         (DX)(R9*1), R8
-	ADDQ         $0x00000010, DI
-	SUBQ         $0x00000004, SI
+	MOVQ         R8, AX
+	VMOVUPS      X1, (AX)
+	LEAQ         (SI)(CX*4), SI
+	LEAQ         (SI)(R9*1), BX
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
 	JMP          cols11
 
 end12:
@@ -432,71 +436,73 @@ end12:
 // func matmulR1C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
 TEXT ·matmulR1C2(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, CX
-	SHLQ    $0x02, CX
-	MOVQ    CX, R8
-	ANDQ    $-32, R8
-	ANDQ    $0x07, BX
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
+	SHLQ    $0x02, R9
+	MOVQ    AX, BX
+	SHLQ    $0x02, BX
+	MOVQ    BX, R9
+	ANDQ    $-32, R9
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask16
-	LEAQ    kconst<>+0(SB), R9
-	NEGQ    BX
-	VMOVDQU 32(R9)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), R10
+	NEGQ    AX
+	VMOVDQU 32(R10)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask16:
 cols17:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end18
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop19:
-	CMPQ    BX, R8
+	CMPQ    AX, R9
 	JAE     tail20
-	VMOVUPS (AX), Y3
-	VMULPS  (DX), Y3, Y4
+	VMOVUPS (DX), Y3
+	VMULPS  (SI), Y3, Y4
 	VADDPS  Y4, Y1, Y1
-	VMULPS  (DX)(CX*1), Y3, Y3
+	VMULPS  (SI)(CX*1), Y3, Y3
 	VADDPS  Y3, Y2, Y2
-	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
 	JMP     loop19
 
 tail20:
-	CMPQ       BX, CX
+	CMPQ       AX, BX
 	JAE        store21
-	VMASKMOVPS (AX), Y0, Y3
-	VMASKMOVPS (DX), Y0, Y4
+	VMASKMOVPS (DX), Y0, Y3
+	VMASKMOVPS (SI), Y0, Y4
 	VMULPS     Y3, Y4, Y4
 	VADDPS     Y4, Y1, Y1
-	VMASKMOVPS (DX)(CX*1), Y0, Y4
-	VMULPS     Y3, Y4, Y4
-	VADDPS     Y4, Y2, Y2
+	VMASKMOVPS (SI)(CX*1), Y0, Y4
+	VMULPS     Y3, Y4, Y3
+	VADDPS     Y3, Y2, Y2
 
 store21:
-	SUBQ         BX, AX
-	SUBQ         BX, DX
+	SUBQ         AX, DX
+	SUBQ         AX, SI
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         DI, BX
-	VMOVLPS      X1, (BX)
-	LEAQ         (DX)(CX*2), DX
-	ADDQ         $0x00000008, DI
-	SUBQ         $0x00000002, SI
+	MOVQ         R8, AX
+	VMOVLPS      X1, (AX)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
 	JMP          cols17
 
 end18:
@@ -506,65 +512,67 @@ end18:
 // func matmulR1C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
 TEXT ·matmulR1C1(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, CX
-	SHLQ    $0x02, CX
-	MOVQ    CX, R8
-	ANDQ    $-32, R8
-	ANDQ    $0x07, BX
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
+	SHLQ    $0x02, R9
+	MOVQ    AX, BX
+	SHLQ    $0x02, BX
+	MOVQ    BX, R9
+	ANDQ    $-32, R9
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask22
-	LEAQ    kconst<>+0(SB), R9
-	NEGQ    BX
-	VMOVDQU 32(R9)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), R10
+	NEGQ    AX
+	VMOVDQU 32(R10)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask22:
 cols23:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end24
 	VXORPS Y1, Y1, Y1
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop25:
-	CMPQ    BX, R8
+	CMPQ    AX, R9
 	JAE     tail26
-	VMOVUPS (AX), Y2
-	VMULPS  (DX), Y2, Y2
+	VMOVUPS (DX), Y2
+	VMULPS  (SI), Y2, Y2
 	VADDPS  Y2, Y1, Y1
-	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
 	JMP     loop25
 
 tail26:
-	CMPQ       BX, CX
+	CMPQ       AX, BX
 	JAE        store27
-	VMASKMOVPS (AX), Y0, Y2
-	VMASKMOVPS (DX), Y0, Y3
-	VMULPS     Y2, Y3, Y3
-	VADDPS     Y3, Y1, Y1
+	VMASKMOVPS (DX), Y0, Y2
+	VMASKMOVPS (SI), Y0, Y3
+	VMULPS     Y2, Y3, Y2
+	VADDPS     Y2, Y1, Y1
 
 store27:
-	SUBQ         BX, AX
-	SUBQ         BX, DX
+	SUBQ         AX, DX
+	SUBQ         AX, SI
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         DI, BX
-	VMOVSS       X1, (BX)
-	LEAQ         (DX)(CX*1), DX
-	ADDQ         $0x00000004, DI
-	SUBQ         $0x00000001, SI
+	MOVQ         R8, AX
+	VMOVSS       X1, (AX)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
 	JMP          cols23
 
 end24:
@@ -572,34 +580,39 @@ end24:
 	RET
 
 // func matmulR2C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
-// Requires: AVX
-TEXT ·matmulR2C4(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+// Requires: AVX, MMX+
+TEXT ·matmulR2C4(SB), NOSPLIT, $8-56
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, R9
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
 	SHLQ    $0x02, R9
-	LEAQ    (R9)(R9*2), R11
-	LEAQ    (DX)(R11*1), R10
-	MOVQ    R9, R12
-	ANDQ    $-32, R12
-	ANDQ    $0x07, BX
+	LEAQ    (CX)(CX*2), R11
+	LEAQ    (SI)(R11*1), R10
+	IMUL3Q  $0x00000020, CX, R12
+	ADDQ    SI, R12
+	LEAQ    (R12)(R11*1), R13
+	MOVQ    AX, R14
+	SHLQ    $0x02, R14
+	MOVQ    R14, R15
+	ANDQ    $-32, R15
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask28
-	LEAQ    kconst<>+0(SB), R13
-	NEGQ    BX
-	VMOVDQU 32(R13)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), BP
+	NEGQ    AX
+	VMOVDQU 32(BP)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask28:
 cols29:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end30
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -609,47 +622,20 @@ cols29:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop31:
-	CMPQ    BX, R12
-	JAE     tail32
-	VMOVUPS (DX), Y9
-	VMOVUPS (DX)(R9*1), Y10
-	VMOVUPS (DX)(R9*2), Y11
-	VMOVUPS (R10), Y12
-	VMOVUPS (AX), Y13
-	VMULPS  Y9, Y13, Y14
-	VADDPS  Y14, Y1, Y1
-	VMULPS  Y10, Y13, Y14
-	VADDPS  Y14, Y2, Y2
-	VMULPS  Y11, Y13, Y14
-	VADDPS  Y14, Y3, Y3
-	VMULPS  Y12, Y13, Y13
-	VADDPS  Y13, Y4, Y4
-	VMOVUPS (AX)(CX*1), Y13
-	VMULPS  Y9, Y13, Y9
-	VADDPS  Y9, Y5, Y5
-	VMULPS  Y10, Y13, Y9
-	VADDPS  Y9, Y6, Y6
-	VMULPS  Y11, Y13, Y9
-	VADDPS  Y9, Y7, Y7
-	VMULPS  Y12, Y13, Y9
-	VADDPS  Y9, Y8, Y8
-	ADDQ    $0x20, BX
-	ADDQ    $0x20, AX
-	ADDQ    $0x20, DX
-	ADDQ    $0x20, R10
-	JMP     loop31
-
-tail32:
-	CMPQ       BX, R9
-	JAE        store33
-	VMASKMOVPS (DX), Y0, Y9
-	VMASKMOVPS (DX)(R9*1), Y0, Y10
-	VMASKMOVPS (DX)(R9*2), Y0, Y11
-	VMASKMOVPS (R10), Y0, Y12
-	VMASKMOVPS (AX), Y0, Y13
+	CMPQ       AX, R15
+	JAE        tail32
+	PREFETCHT0 (R12)
+	VMOVUPS    (SI), Y9
+	PREFETCHT0 (R12)(CX*1)
+	VMOVUPS    (SI)(CX*1), Y10
+	PREFETCHT0 (R12)(CX*2)
+	VMOVUPS    (SI)(CX*2), Y11
+	PREFETCHT0 (R13)
+	VMOVUPS    (R10), Y12
+	VMOVUPS    (DX), Y13
 	VMULPS     Y9, Y13, Y14
 	VADDPS     Y14, Y1, Y1
 	VMULPS     Y10, Y13, Y14
@@ -658,7 +644,40 @@ tail32:
 	VADDPS     Y14, Y3, Y3
 	VMULPS     Y12, Y13, Y13
 	VADDPS     Y13, Y4, Y4
-	VMASKMOVPS (AX)(CX*1), Y0, Y13
+	VMOVUPS    (DX)(BX*1), Y13
+	VMULPS     Y9, Y13, Y9
+	VADDPS     Y9, Y5, Y5
+	VMULPS     Y10, Y13, Y9
+	VADDPS     Y9, Y6, Y6
+	VMULPS     Y11, Y13, Y9
+	VADDPS     Y9, Y7, Y7
+	VMULPS     Y12, Y13, Y9
+	VADDPS     Y9, Y8, Y8
+	ADDQ       $0x20, AX
+	ADDQ       $0x20, DX
+	ADDQ       $0x20, SI
+	ADDQ       $0x20, R10
+	ADDQ       $0x20, R12
+	ADDQ       $0x20, R13
+	JMP        loop31
+
+tail32:
+	CMPQ       AX, R14
+	JAE        store33
+	VMASKMOVPS (SI), Y0, Y9
+	VMASKMOVPS (SI)(CX*1), Y0, Y10
+	VMASKMOVPS (SI)(CX*2), Y0, Y11
+	VMASKMOVPS (R10), Y0, Y12
+	VMASKMOVPS (DX), Y0, Y13
+	VMULPS     Y9, Y13, Y14
+	VADDPS     Y14, Y1, Y1
+	VMULPS     Y10, Y13, Y14
+	VADDPS     Y14, Y2, Y2
+	VMULPS     Y11, Y13, Y14
+	VADDPS     Y14, Y3, Y3
+	VMULPS     Y12, Y13, Y13
+	VADDPS     Y13, Y4, Y4
+	VMASKMOVPS (DX)(BX*1), Y0, Y13
 	VMULPS     Y9, Y13, Y9
 	VADDPS     Y9, Y5, Y5
 	VMULPS     Y10, Y13, Y9
@@ -669,9 +688,13 @@ tail32:
 	VADDPS     Y9, Y8, Y8
 
 store33:
-	SUBQ         BX, AX
-	SUBQ         BX, DX
-	SUBQ         BX, R10
+	SUBQ         AX, DX
+	SUBQ         AX, R12
+	SUBQ         AX, R13
+	LEAQ         (R12)(CX*4), R12
+	LEAQ         (R12)(R11*1), R13
+	SUBQ         AX, SI
+	SUBQ         AX, R10
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -681,15 +704,15 @@ store33:
 	VPERM2F128   $0x20, Y2, Y1, Y3
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
-	MOVQ         DI, BX
-	VMOVUPS      X1, (BX)
-	ADDQ         R8, BX
+	MOVQ         R8, AX
+	VMOVUPS      X1, (AX)
+	ADDQ         R9, AX
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVUPS      X1, (BX)
-	LEAQ         (DX)(R9*4), DX
-	LEAQ         (DX)(R11*1), R10
-	ADDQ         $0x00000010, DI
-	SUBQ         $0x00000004, SI
+	VMOVUPS      X1, (AX)
+	LEAQ         (SI)(CX*4), SI
+	LEAQ         (SI)(R11*1), R10
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
 	JMP          cols29
 
 end30:
@@ -697,90 +720,99 @@ end30:
 	RET
 
 // func matmulR2C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·matmulR2C2(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, R9
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
 	SHLQ    $0x02, R9
-	MOVQ    R9, R10
-	ANDQ    $-32, R10
-	ANDQ    $0x07, BX
+	IMUL3Q  $0x00000010, CX, R10
+	ADDQ    SI, R10
+	MOVQ    AX, R11
+	SHLQ    $0x02, R11
+	MOVQ    R11, R12
+	ANDQ    $-32, R12
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask34
-	LEAQ    kconst<>+0(SB), R11
-	NEGQ    BX
-	VMOVDQU 32(R11)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), R13
+	NEGQ    AX
+	VMOVDQU 32(R13)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask34:
 cols35:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end36
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop37:
-	CMPQ    BX, R10
-	JAE     tail38
-	VMOVUPS (DX), Y5
-	VMOVUPS (DX)(R9*1), Y6
-	VMOVUPS (AX), Y7
-	VMULPS  Y5, Y7, Y8
-	VADDPS  Y8, Y1, Y1
-	VMULPS  Y6, Y7, Y7
-	VADDPS  Y7, Y2, Y2
-	VMOVUPS (AX)(CX*1), Y7
-	VMULPS  Y5, Y7, Y5
-	VADDPS  Y5, Y3, Y3
-	VMULPS  Y6, Y7, Y5
-	VADDPS  Y5, Y4, Y4
-	ADDQ    $0x20, BX
-	ADDQ    $0x20, AX
-	ADDQ    $0x20, DX
-	JMP     loop37
-
-tail38:
-	CMPQ       BX, R9
-	JAE        store39
-	VMASKMOVPS (DX), Y0, Y5
-	VMASKMOVPS (DX)(R9*1), Y0, Y6
-	VMASKMOVPS (AX), Y0, Y7
+	CMPQ       AX, R12
+	JAE        tail38
+	PREFETCHT0 (R10)
+	VMOVUPS    (SI), Y5
+	PREFETCHT0 (R10)(CX*1)
+	VMOVUPS    (SI)(CX*1), Y6
+	VMOVUPS    (DX), Y7
 	VMULPS     Y5, Y7, Y8
 	VADDPS     Y8, Y1, Y1
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y2, Y2
-	VMASKMOVPS (AX)(CX*1), Y0, Y7
+	VMOVUPS    (DX)(BX*1), Y7
+	VMULPS     Y5, Y7, Y5
+	VADDPS     Y5, Y3, Y3
+	VMULPS     Y6, Y7, Y5
+	VADDPS     Y5, Y4, Y4
+	ADDQ       $0x20, AX
+	ADDQ       $0x20, DX
+	ADDQ       $0x20, SI
+	ADDQ       $0x20, R10
+	JMP        loop37
+
+tail38:
+	CMPQ       AX, R11
+	JAE        store39
+	VMASKMOVPS (SI), Y0, Y5
+	VMASKMOVPS (SI)(CX*1), Y0, Y6
+	VMASKMOVPS (DX), Y0, Y7
+	VMULPS     Y5, Y7, Y8
+	VADDPS     Y8, Y1, Y1
+	VMULPS     Y6, Y7, Y7
+	VADDPS     Y7, Y2, Y2
+	VMASKMOVPS (DX)(BX*1), Y0, Y7
 	VMULPS     Y5, Y7, Y5
 	VADDPS     Y5, Y3, Y3
 	VMULPS     Y6, Y7, Y5
 	VADDPS     Y5, Y4, Y4
 
 store39:
-	SUBQ         BX, AX
-	SUBQ         BX, DX
+	SUBQ         AX, DX
+	SUBQ         AX, R10
+	LEAQ         (R10)(CX*2), R10
+	SUBQ         AX, SI
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         DI, BX
-	VMOVLPS      X1, (BX)
-	ADDQ         R8, BX
-	VMOVHPS      X1, (BX)
-	LEAQ         (DX)(R9*2), DX
-	ADDQ         $0x00000008, DI
-	SUBQ         $0x00000002, SI
+	MOVQ         R8, AX
+	VMOVLPS      X1, (AX)
+	ADDQ         R9, AX
+	VMOVHPS      X1, (AX)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
 	JMP          cols35
 
 end36:
@@ -788,77 +820,85 @@ end36:
 	RET
 
 // func matmulR2C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·matmulR2C1(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, R9
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
 	SHLQ    $0x02, R9
-	MOVQ    R9, R10
-	ANDQ    $-32, R10
-	ANDQ    $0x07, BX
+	IMUL3Q  $0x00000008, CX, R10
+	ADDQ    SI, R10
+	MOVQ    AX, R11
+	SHLQ    $0x02, R11
+	MOVQ    R11, R12
+	ANDQ    $-32, R12
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask40
-	LEAQ    kconst<>+0(SB), R11
-	NEGQ    BX
-	VMOVDQU 32(R11)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), R13
+	NEGQ    AX
+	VMOVDQU 32(R13)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask40:
 cols41:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end42
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop43:
-	CMPQ    BX, R10
-	JAE     tail44
-	VMOVUPS (DX), Y3
-	VMOVUPS (AX), Y4
-	VMULPS  Y3, Y4, Y4
-	VADDPS  Y4, Y1, Y1
-	VMOVUPS (AX)(CX*1), Y4
-	VMULPS  Y3, Y4, Y3
-	VADDPS  Y3, Y2, Y2
-	ADDQ    $0x20, BX
-	ADDQ    $0x20, AX
-	ADDQ    $0x20, DX
-	JMP     loop43
-
-tail44:
-	CMPQ       BX, R9
-	JAE        store45
-	VMASKMOVPS (DX), Y0, Y3
-	VMASKMOVPS (AX), Y0, Y4
+	CMPQ       AX, R12
+	JAE        tail44
+	PREFETCHT0 (R10)
+	VMOVUPS    (SI), Y3
+	VMOVUPS    (DX), Y4
 	VMULPS     Y3, Y4, Y4
 	VADDPS     Y4, Y1, Y1
-	VMASKMOVPS (AX)(CX*1), Y0, Y4
+	VMOVUPS    (DX)(BX*1), Y4
+	VMULPS     Y3, Y4, Y3
+	VADDPS     Y3, Y2, Y2
+	ADDQ       $0x20, AX
+	ADDQ       $0x20, DX
+	ADDQ       $0x20, SI
+	ADDQ       $0x20, R10
+	JMP        loop43
+
+tail44:
+	CMPQ       AX, R11
+	JAE        store45
+	VMASKMOVPS (SI), Y0, Y3
+	VMASKMOVPS (DX), Y0, Y4
+	VMULPS     Y3, Y4, Y4
+	VADDPS     Y4, Y1, Y1
+	VMASKMOVPS (DX)(BX*1), Y0, Y4
 	VMULPS     Y3, Y4, Y3
 	VADDPS     Y3, Y2, Y2
 
 store45:
-	SUBQ         BX, AX
-	SUBQ         BX, DX
+	SUBQ         AX, DX
+	SUBQ         AX, R10
+	LEAQ         (R10)(CX*1), R10
+	SUBQ         AX, SI
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         DI, BX
-	VMOVSS       X1, (BX)
-	ADDQ         R8, BX
-	VEXTRACTPS   $0x01, X1, (BX)
-	LEAQ         (DX)(R9*1), DX
-	ADDQ         $0x00000004, DI
-	SUBQ         $0x00000001, SI
+	MOVQ         R8, AX
+	VMOVSS       X1, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x01, X1, (AX)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
 	JMP          cols41
 
 end42:
@@ -866,32 +906,36 @@ end42:
 	RET
 
 // func matmulR3C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·matmulR3C2(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, R9
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
 	SHLQ    $0x02, R9
-	MOVQ    R9, R10
-	ANDQ    $-32, R10
-	ANDQ    $0x07, BX
+	IMUL3Q  $0x00000010, CX, R10
+	ADDQ    SI, R10
+	MOVQ    AX, R11
+	SHLQ    $0x02, R11
+	MOVQ    R11, R12
+	ANDQ    $-32, R12
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask46
-	LEAQ    kconst<>+0(SB), R11
-	NEGQ    BX
-	VMOVDQU 32(R11)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), R13
+	NEGQ    AX
+	VMOVDQU 32(R13)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask46:
 cols47:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end48
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -899,57 +943,62 @@ cols47:
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop49:
-	CMPQ    BX, R10
-	JAE     tail50
-	VMOVUPS (DX), Y7
-	VMOVUPS (DX)(R9*1), Y8
-	VMOVUPS (AX), Y9
-	VMULPS  Y7, Y9, Y10
-	VADDPS  Y10, Y1, Y1
-	VMULPS  Y8, Y9, Y9
-	VADDPS  Y9, Y2, Y2
-	VMOVUPS (AX)(CX*1), Y9
-	VMULPS  Y7, Y9, Y10
-	VADDPS  Y10, Y3, Y3
-	VMULPS  Y8, Y9, Y9
-	VADDPS  Y9, Y4, Y4
-	VMOVUPS (AX)(CX*2), Y9
-	VMULPS  Y7, Y9, Y7
-	VADDPS  Y7, Y5, Y5
-	VMULPS  Y8, Y9, Y7
-	VADDPS  Y7, Y6, Y6
-	ADDQ    $0x20, BX
-	ADDQ    $0x20, AX
-	ADDQ    $0x20, DX
-	JMP     loop49
-
-tail50:
-	CMPQ       BX, R9
-	JAE        store51
-	VMASKMOVPS (DX), Y0, Y7
-	VMASKMOVPS (DX)(R9*1), Y0, Y8
-	VMASKMOVPS (AX), Y0, Y9
+	CMPQ       AX, R12
+	JAE        tail50
+	PREFETCHT0 (R10)
+	VMOVUPS    (SI), Y7
+	PREFETCHT0 (R10)(CX*1)
+	VMOVUPS    (SI)(CX*1), Y8
+	VMOVUPS    (DX), Y9
 	VMULPS     Y7, Y9, Y10
 	VADDPS     Y10, Y1, Y1
 	VMULPS     Y8, Y9, Y9
 	VADDPS     Y9, Y2, Y2
-	VMASKMOVPS (AX)(CX*1), Y0, Y9
+	VMOVUPS    (DX)(BX*1), Y9
 	VMULPS     Y7, Y9, Y10
 	VADDPS     Y10, Y3, Y3
 	VMULPS     Y8, Y9, Y9
 	VADDPS     Y9, Y4, Y4
-	VMASKMOVPS (AX)(CX*2), Y0, Y9
+	VMOVUPS    (DX)(BX*2), Y9
+	VMULPS     Y7, Y9, Y7
+	VADDPS     Y7, Y5, Y5
+	VMULPS     Y8, Y9, Y7
+	VADDPS     Y7, Y6, Y6
+	ADDQ       $0x20, AX
+	ADDQ       $0x20, DX
+	ADDQ       $0x20, SI
+	ADDQ       $0x20, R10
+	JMP        loop49
+
+tail50:
+	CMPQ       AX, R11
+	JAE        store51
+	VMASKMOVPS (SI), Y0, Y7
+	VMASKMOVPS (SI)(CX*1), Y0, Y8
+	VMASKMOVPS (DX), Y0, Y9
+	VMULPS     Y7, Y9, Y10
+	VADDPS     Y10, Y1, Y1
+	VMULPS     Y8, Y9, Y9
+	VADDPS     Y9, Y2, Y2
+	VMASKMOVPS (DX)(BX*1), Y0, Y9
+	VMULPS     Y7, Y9, Y10
+	VADDPS     Y10, Y3, Y3
+	VMULPS     Y8, Y9, Y9
+	VADDPS     Y9, Y4, Y4
+	VMASKMOVPS (DX)(BX*2), Y0, Y9
 	VMULPS     Y7, Y9, Y7
 	VADDPS     Y7, Y5, Y5
 	VMULPS     Y8, Y9, Y7
 	VADDPS     Y7, Y6, Y6
 
 store51:
-	SUBQ         BX, AX
-	SUBQ         BX, DX
+	SUBQ         AX, DX
+	SUBQ         AX, R10
+	LEAQ         (R10)(CX*2), R10
+	SUBQ         AX, SI
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -958,16 +1007,16 @@ store51:
 	VPERM2F128   $0x20, Y2, Y1, Y3
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
-	MOVQ         DI, BX
-	VMOVLPS      X1, (BX)
-	ADDQ         R8, BX
-	VMOVHPS      X1, (BX)
-	ADDQ         R8, BX
+	MOVQ         R8, AX
+	VMOVLPS      X1, (AX)
+	ADDQ         R9, AX
+	VMOVHPS      X1, (AX)
+	ADDQ         R9, AX
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVLPS      X1, (BX)
-	LEAQ         (DX)(R9*2), DX
-	ADDQ         $0x00000008, DI
-	SUBQ         $0x00000002, SI
+	VMOVLPS      X1, (AX)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
 	JMP          cols47
 
 end48:
@@ -975,87 +1024,95 @@ end48:
 	RET
 
 // func matmulR3C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·matmulR3C1(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, R9
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
 	SHLQ    $0x02, R9
-	MOVQ    R9, R10
-	ANDQ    $-32, R10
-	ANDQ    $0x07, BX
+	IMUL3Q  $0x00000008, CX, R10
+	ADDQ    SI, R10
+	MOVQ    AX, R11
+	SHLQ    $0x02, R11
+	MOVQ    R11, R12
+	ANDQ    $-32, R12
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask52
-	LEAQ    kconst<>+0(SB), R11
-	NEGQ    BX
-	VMOVDQU 32(R11)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), R13
+	NEGQ    AX
+	VMOVDQU 32(R13)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask52:
 cols53:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end54
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop55:
-	CMPQ    BX, R10
-	JAE     tail56
-	VMOVUPS (DX), Y4
-	VMOVUPS (AX), Y5
-	VMULPS  Y4, Y5, Y5
-	VADDPS  Y5, Y1, Y1
-	VMOVUPS (AX)(CX*1), Y5
-	VMULPS  Y4, Y5, Y5
-	VADDPS  Y5, Y2, Y2
-	VMOVUPS (AX)(CX*2), Y5
-	VMULPS  Y4, Y5, Y4
-	VADDPS  Y4, Y3, Y3
-	ADDQ    $0x20, BX
-	ADDQ    $0x20, AX
-	ADDQ    $0x20, DX
-	JMP     loop55
-
-tail56:
-	CMPQ       BX, R9
-	JAE        store57
-	VMASKMOVPS (DX), Y0, Y4
-	VMASKMOVPS (AX), Y0, Y5
+	CMPQ       AX, R12
+	JAE        tail56
+	PREFETCHT0 (R10)
+	VMOVUPS    (SI), Y4
+	VMOVUPS    (DX), Y5
 	VMULPS     Y4, Y5, Y5
 	VADDPS     Y5, Y1, Y1
-	VMASKMOVPS (AX)(CX*1), Y0, Y5
+	VMOVUPS    (DX)(BX*1), Y5
 	VMULPS     Y4, Y5, Y5
 	VADDPS     Y5, Y2, Y2
-	VMASKMOVPS (AX)(CX*2), Y0, Y5
+	VMOVUPS    (DX)(BX*2), Y5
+	VMULPS     Y4, Y5, Y4
+	VADDPS     Y4, Y3, Y3
+	ADDQ       $0x20, AX
+	ADDQ       $0x20, DX
+	ADDQ       $0x20, SI
+	ADDQ       $0x20, R10
+	JMP        loop55
+
+tail56:
+	CMPQ       AX, R11
+	JAE        store57
+	VMASKMOVPS (SI), Y0, Y4
+	VMASKMOVPS (DX), Y0, Y5
+	VMULPS     Y4, Y5, Y5
+	VADDPS     Y5, Y1, Y1
+	VMASKMOVPS (DX)(BX*1), Y0, Y5
+	VMULPS     Y4, Y5, Y5
+	VADDPS     Y5, Y2, Y2
+	VMASKMOVPS (DX)(BX*2), Y0, Y5
 	VMULPS     Y4, Y5, Y4
 	VADDPS     Y4, Y3, Y3
 
 store57:
-	SUBQ         BX, AX
-	SUBQ         BX, DX
+	SUBQ         AX, DX
+	SUBQ         AX, R10
+	LEAQ         (R10)(CX*1), R10
+	SUBQ         AX, SI
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y3, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         DI, BX
-	VMOVSS       X1, (BX)
-	ADDQ         R8, BX
-	VEXTRACTPS   $0x01, X1, (BX)
-	ADDQ         R8, BX
-	VEXTRACTPS   $0x02, X1, (BX)
-	LEAQ         (DX)(R9*1), DX
-	ADDQ         $0x00000004, DI
-	SUBQ         $0x00000001, SI
+	MOVQ         R8, AX
+	VMOVSS       X1, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x01, X1, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x02, X1, (AX)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
 	JMP          cols53
 
 end54:
@@ -1063,34 +1120,38 @@ end54:
 	RET
 
 // func matmulR4C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·matmulR4C2(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, R9
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
 	SHLQ    $0x02, R9
-	LEAQ    (CX)(CX*2), R10
-	LEAQ    (AX)(R10*1), R10
-	MOVQ    R9, R11
-	ANDQ    $-32, R11
-	ANDQ    $0x07, BX
+	LEAQ    (BX)(BX*2), R10
+	LEAQ    (DX)(R10*1), R10
+	IMUL3Q  $0x00000010, CX, R11
+	ADDQ    SI, R11
+	MOVQ    AX, R12
+	SHLQ    $0x02, R12
+	MOVQ    R12, R13
+	ANDQ    $-32, R13
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask58
-	LEAQ    kconst<>+0(SB), R12
-	NEGQ    BX
-	VMOVDQU 32(R12)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), R14
+	NEGQ    AX
+	VMOVDQU 32(R14)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask58:
 cols59:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end60
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -1100,55 +1161,58 @@ cols59:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop61:
-	CMPQ    BX, R11
-	JAE     tail62
-	VMOVUPS (DX), Y9
-	VMOVUPS (DX)(R9*1), Y10
-	VMOVUPS (AX), Y11
-	VMULPS  Y9, Y11, Y12
-	VADDPS  Y12, Y1, Y1
-	VMULPS  Y10, Y11, Y11
-	VADDPS  Y11, Y2, Y2
-	VMOVUPS (AX)(CX*1), Y11
-	VMULPS  Y9, Y11, Y12
-	VADDPS  Y12, Y3, Y3
-	VMULPS  Y10, Y11, Y11
-	VADDPS  Y11, Y4, Y4
-	VMOVUPS (AX)(CX*2), Y11
-	VMULPS  Y9, Y11, Y12
-	VADDPS  Y12, Y5, Y5
-	VMULPS  Y10, Y11, Y11
-	VADDPS  Y11, Y6, Y6
-	VMOVUPS (R10), Y11
-	VMULPS  Y9, Y11, Y9
-	VADDPS  Y9, Y7, Y7
-	VMULPS  Y10, Y11, Y9
-	VADDPS  Y9, Y8, Y8
-	ADDQ    $0x20, BX
-	ADDQ    $0x20, AX
-	ADDQ    $0x20, R10
-	ADDQ    $0x20, DX
-	JMP     loop61
-
-tail62:
-	CMPQ       BX, R9
-	JAE        store63
-	VMASKMOVPS (DX), Y0, Y9
-	VMASKMOVPS (DX)(R9*1), Y0, Y10
-	VMASKMOVPS (AX), Y0, Y11
+	CMPQ       AX, R13
+	JAE        tail62
+	PREFETCHT0 (R11)
+	VMOVUPS    (SI), Y9
+	PREFETCHT0 (R11)(CX*1)
+	VMOVUPS    (SI)(CX*1), Y10
+	VMOVUPS    (DX), Y11
 	VMULPS     Y9, Y11, Y12
 	VADDPS     Y12, Y1, Y1
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y2, Y2
-	VMASKMOVPS (AX)(CX*1), Y0, Y11
+	VMOVUPS    (DX)(BX*1), Y11
 	VMULPS     Y9, Y11, Y12
 	VADDPS     Y12, Y3, Y3
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y4, Y4
-	VMASKMOVPS (AX)(CX*2), Y0, Y11
+	VMOVUPS    (DX)(BX*2), Y11
+	VMULPS     Y9, Y11, Y12
+	VADDPS     Y12, Y5, Y5
+	VMULPS     Y10, Y11, Y11
+	VADDPS     Y11, Y6, Y6
+	VMOVUPS    (R10), Y11
+	VMULPS     Y9, Y11, Y9
+	VADDPS     Y9, Y7, Y7
+	VMULPS     Y10, Y11, Y9
+	VADDPS     Y9, Y8, Y8
+	ADDQ       $0x20, AX
+	ADDQ       $0x20, DX
+	ADDQ       $0x20, R10
+	ADDQ       $0x20, SI
+	ADDQ       $0x20, R11
+	JMP        loop61
+
+tail62:
+	CMPQ       AX, R12
+	JAE        store63
+	VMASKMOVPS (SI), Y0, Y9
+	VMASKMOVPS (SI)(CX*1), Y0, Y10
+	VMASKMOVPS (DX), Y0, Y11
+	VMULPS     Y9, Y11, Y12
+	VADDPS     Y12, Y1, Y1
+	VMULPS     Y10, Y11, Y11
+	VADDPS     Y11, Y2, Y2
+	VMASKMOVPS (DX)(BX*1), Y0, Y11
+	VMULPS     Y9, Y11, Y12
+	VADDPS     Y12, Y3, Y3
+	VMULPS     Y10, Y11, Y11
+	VADDPS     Y11, Y4, Y4
+	VMASKMOVPS (DX)(BX*2), Y0, Y11
 	VMULPS     Y9, Y11, Y12
 	VADDPS     Y12, Y5, Y5
 	VMULPS     Y10, Y11, Y11
@@ -1160,9 +1224,11 @@ tail62:
 	VADDPS     Y9, Y8, Y8
 
 store63:
-	SUBQ         BX, AX
-	SUBQ         BX, R10
-	SUBQ         BX, DX
+	SUBQ         AX, DX
+	SUBQ         AX, R10
+	SUBQ         AX, R11
+	LEAQ         (R11)(CX*2), R11
+	SUBQ         AX, SI
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -1172,19 +1238,19 @@ store63:
 	VPERM2F128   $0x20, Y2, Y1, Y3
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
-	MOVQ         DI, BX
-	VMOVLPS      X1, (BX)
-	ADDQ         R8, BX
-	VMOVHPS      X1, (BX)
-	ADDQ         R8, BX
+	MOVQ         R8, AX
+	VMOVLPS      X1, (AX)
+	ADDQ         R9, AX
+	VMOVHPS      X1, (AX)
+	ADDQ         R9, AX
 	VEXTRACTF128 $0x01, Y1, X2
-	VMOVLPS      X2, (BX)
-	ADDQ         R8, BX
+	VMOVLPS      X2, (AX)
+	ADDQ         R9, AX
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVHPS      X1, (BX)
-	LEAQ         (DX)(R9*2), DX
-	ADDQ         $0x00000008, DI
-	SUBQ         $0x00000002, SI
+	VMOVHPS      X1, (AX)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
 	JMP          cols59
 
 end60:
@@ -1192,74 +1258,80 @@ end60:
 	RET
 
 // func matmulR4C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
-// Requires: AVX
+// Requires: AVX, MMX+
 TEXT ·matmulR4C1(SB), NOSPLIT, $0-56
-	MOVQ    x+0(FP), AX
-	MOVQ    xStride+8(FP), CX
-	MOVQ    w+16(FP), DX
-	MOVQ    n+24(FP), BX
-	MOVQ    cols+32(FP), SI
-	MOVQ    out+40(FP), DI
-	MOVQ    outStride+48(FP), R8
+	MOVQ    n+24(FP), AX
+	MOVQ    AX, CX
 	SHLQ    $0x02, CX
-	SHLQ    $0x02, R8
-	MOVQ    BX, R9
+	MOVQ    x+0(FP), DX
+	MOVQ    xStride+8(FP), BX
+	MOVQ    w+16(FP), SI
+	MOVQ    cols+32(FP), DI
+	MOVQ    out+40(FP), R8
+	MOVQ    outStride+48(FP), R9
+	SHLQ    $0x02, BX
 	SHLQ    $0x02, R9
-	LEAQ    (CX)(CX*2), R10
-	LEAQ    (AX)(R10*1), R10
-	MOVQ    R9, R11
-	ANDQ    $-32, R11
-	ANDQ    $0x07, BX
+	LEAQ    (BX)(BX*2), R10
+	LEAQ    (DX)(R10*1), R10
+	IMUL3Q  $0x00000008, CX, R11
+	ADDQ    SI, R11
+	MOVQ    AX, R12
+	SHLQ    $0x02, R12
+	MOVQ    R12, R13
+	ANDQ    $-32, R13
+	ANDQ    $0x07, AX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask64
-	LEAQ    kconst<>+0(SB), R12
-	NEGQ    BX
-	VMOVDQU 32(R12)(BX*4), Y0
+	LEAQ    kconst<>+0(SB), R14
+	NEGQ    AX
+	VMOVDQU 32(R14)(AX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask64:
 cols65:
-	TESTQ  SI, SI
+	TESTQ  DI, DI
 	JZ     end66
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   BX, BX
+	XORQ   AX, AX
 
 loop67:
-	CMPQ    BX, R11
-	JAE     tail68
-	VMOVUPS (DX), Y5
-	VMOVUPS (AX), Y6
-	VMULPS  Y5, Y6, Y6
-	VADDPS  Y6, Y1, Y1
-	VMOVUPS (AX)(CX*1), Y6
-	VMULPS  Y5, Y6, Y6
-	VADDPS  Y6, Y2, Y2
-	VMOVUPS (AX)(CX*2), Y6
-	VMULPS  Y5, Y6, Y6
-	VADDPS  Y6, Y3, Y3
-	VMOVUPS (R10), Y6
-	VMULPS  Y5, Y6, Y5
-	VADDPS  Y5, Y4, Y4
-	ADDQ    $0x20, BX
-	ADDQ    $0x20, AX
-	ADDQ    $0x20, R10
-	ADDQ    $0x20, DX
-	JMP     loop67
-
-tail68:
-	CMPQ       BX, R9
-	JAE        store69
-	VMASKMOVPS (DX), Y0, Y5
-	VMASKMOVPS (AX), Y0, Y6
+	CMPQ       AX, R13
+	JAE        tail68
+	PREFETCHT0 (R11)
+	VMOVUPS    (SI), Y5
+	VMOVUPS    (DX), Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y1, Y1
-	VMASKMOVPS (AX)(CX*1), Y0, Y6
+	VMOVUPS    (DX)(BX*1), Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y2, Y2
-	VMASKMOVPS (AX)(CX*2), Y0, Y6
+	VMOVUPS    (DX)(BX*2), Y6
+	VMULPS     Y5, Y6, Y6
+	VADDPS     Y6, Y3, Y3
+	VMOVUPS    (R10), Y6
+	VMULPS     Y5, Y6, Y5
+	VADDPS     Y5, Y4, Y4
+	ADDQ       $0x20, AX
+	ADDQ       $0x20, DX
+	ADDQ       $0x20, R10
+	ADDQ       $0x20, SI
+	ADDQ       $0x20, R11
+	JMP        loop67
+
+tail68:
+	CMPQ       AX, R12
+	JAE        store69
+	VMASKMOVPS (SI), Y0, Y5
+	VMASKMOVPS (DX), Y0, Y6
+	VMULPS     Y5, Y6, Y6
+	VADDPS     Y6, Y1, Y1
+	VMASKMOVPS (DX)(BX*1), Y0, Y6
+	VMULPS     Y5, Y6, Y6
+	VADDPS     Y6, Y2, Y2
+	VMASKMOVPS (DX)(BX*2), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y3, Y3
 	VMASKMOVPS (R10), Y0, Y6
@@ -1267,78 +1339,1149 @@ tail68:
 	VADDPS     Y5, Y4, Y4
 
 store69:
-	SUBQ         BX, AX
-	SUBQ         BX, R10
-	SUBQ         BX, DX
+	SUBQ         AX, DX
+	SUBQ         AX, R10
+	SUBQ         AX, R11
+	LEAQ         (R11)(CX*1), R11
+	SUBQ         AX, SI
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         DI, BX
-	VMOVSS       X1, (BX)
-	ADDQ         R8, BX
-	VEXTRACTPS   $0x01, X1, (BX)
-	ADDQ         R8, BX
-	VEXTRACTPS   $0x02, X1, (BX)
-	ADDQ         R8, BX
-	VEXTRACTPS   $0x03, X1, (BX)
-	LEAQ         (DX)(R9*1), DX
-	ADDQ         $0x00000004, DI
-	SUBQ         $0x00000001, SI
+	MOVQ         R8, AX
+	VMOVSS       X1, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x01, X1, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x02, X1, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x03, X1, (AX)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
 	JMP          cols65
 
 end66:
 	VZEROUPPER
 	RET
 
-// func scoresF32H1(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresF32H1(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
+// func scoresF32R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R1C8(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R8
-	SHLQ         $0x02, R8
-	MOVQ         DI, DI
-	SHLQ         $0x02, CX
-	IMUL3Q       $0x00000004, BX, R8
-	ADDQ         DX, R8
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (CX)(CX*2), R9
+	LEAQ         (SI)(R9*1), BX
+	MOVQ         AX, R10
+	SHLQ         $0x02, R10
+	MOVQ         R10, R11
+	ANDQ         $-32, R11
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask70
+	LEAQ         kconst<>+0(SB), R12
+	NEGQ         AX
+	VMOVDQU      32(R12)(AX*4), Y1
+	VMOVUPS      Y1, Y1
 
-rows70:
-	TESTQ  SI, SI
-	JZ     done71
-	VXORPS Y1, Y1, Y1
-	XORQ   R9, R9
+nomask70:
+cols71:
+	TESTQ  DI, DI
+	JZ     end72
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	XORQ   AX, AX
 
-chunks72:
-	PREFETCHT0   (R8)(R9*1)
-	VMOVUPS      (DX)(R9*1), Y2
-	VMULPS       (AX)(R9*1), Y2, Y2
-	VADDPS       Y2, Y1, Y1
-	ADDQ         $0x20, R9
-	CMPQ         R9, CX
-	JB           chunks72
-	VHADDPS      Y1, Y1, Y1
-	VHADDPS      Y1, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X2
-	VADDPS       X2, X1, X1
-	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	ADDQ         BX, DX
-	ADDQ         BX, R8
-	DECQ         SI
-	JMP          rows70
+loop73:
+	CMPQ    AX, R11
+	JAE     tail74
+	VMOVUPS (DX), Y10
+	VMULPS  (SI), Y10, Y11
+	VADDPS  Y11, Y2, Y2
+	VMULPS  (SI)(CX*1), Y10, Y11
+	VADDPS  Y11, Y3, Y3
+	VMULPS  (SI)(CX*2), Y10, Y11
+	VADDPS  Y11, Y4, Y4
+	VMULPS  (BX), Y10, Y11
+	VADDPS  Y11, Y5, Y5
+	VMULPS  (SI)(CX*4), Y10, Y11
+	VADDPS  Y11, Y6, Y6
+	VMULPS  (BX)(CX*2), Y10, Y11
+	VADDPS  Y11, Y7, Y7
+	VMULPS  (SI)(R9*2), Y10, Y11
+	VADDPS  Y11, Y8, Y8
+	VMULPS  (BX)(CX*4), Y10, Y10
+	VADDPS  Y10, Y9, Y9
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
+	ADDQ    $0x20, BX
+	JMP     loop73
 
-done71:
+tail74:
+	CMPQ       AX, R10
+	JAE        store75
+	VMASKMOVPS (DX), Y1, Y10
+	VMASKMOVPS (SI), Y1, Y11
+	VMULPS     Y10, Y11, Y11
+	VADDPS     Y11, Y2, Y2
+	VMASKMOVPS (SI)(CX*1), Y1, Y11
+	VMULPS     Y10, Y11, Y11
+	VADDPS     Y11, Y3, Y3
+	VMASKMOVPS (SI)(CX*2), Y1, Y11
+	VMULPS     Y10, Y11, Y11
+	VADDPS     Y11, Y4, Y4
+	VMASKMOVPS (BX), Y1, Y11
+	VMULPS     Y10, Y11, Y11
+	VADDPS     Y11, Y5, Y5
+	VMASKMOVPS (SI)(CX*4), Y1, Y11
+	VMULPS     Y10, Y11, Y11
+	VADDPS     Y11, Y6, Y6
+	VMASKMOVPS (BX)(CX*2), Y1, Y11
+	VMULPS     Y10, Y11, Y11
+	VADDPS     Y11, Y7, Y7
+	VMASKMOVPS (SI)(R9*2), Y1, Y11
+	VMULPS     Y10, Y11, Y11
+	VADDPS     Y11, Y8, Y8
+	VMASKMOVPS (BX)(CX*4), Y1, Y11
+	VMULPS     Y10, Y11, Y10
+	VADDPS     Y10, Y9, Y9
+
+store75:
+	SUBQ       AX, DX
+	SUBQ       AX, SI
+	SUBQ       AX, BX
+	VHADDPS    Y3, Y2, Y2
+	VHADDPS    Y5, Y4, Y3
+	VHADDPS    Y7, Y6, Y4
+	VHADDPS    Y9, Y8, Y5
+	VHADDPS    Y3, Y2, Y2
+	VHADDPS    Y5, Y4, Y3
+	VPERM2F128 $0x20, Y3, Y2, Y4
+	VPERM2F128 $0x31, Y3, Y2, Y2
+	VADDPS     Y2, Y4, Y2
+	VMULPS     Y0, Y2, Y2
+	MOVQ       R8, AX
+	VMOVUPS    Y2, (AX)
+	LEAQ       (SI)(CX*8), SI
+	LEAQ       (SI)(R9*1), BX
+	ADDQ       $0x00000020, R8
+	SUBQ       $0x00000008, DI
+	JMP        cols71
+
+end72:
+	VZEROUPPER
+	RET
+
+// func scoresF32R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R1C4(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (CX)(CX*2), R9
+	LEAQ         (SI)(R9*1), BX
+	MOVQ         AX, R10
+	SHLQ         $0x02, R10
+	MOVQ         R10, R11
+	ANDQ         $-32, R11
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask76
+	LEAQ         kconst<>+0(SB), R12
+	NEGQ         AX
+	VMOVDQU      32(R12)(AX*4), Y1
+	VMOVUPS      Y1, Y1
+
+nomask76:
+cols77:
+	TESTQ  DI, DI
+	JZ     end78
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	XORQ   AX, AX
+
+loop79:
+	CMPQ    AX, R11
+	JAE     tail80
+	VMOVUPS (DX), Y6
+	VMULPS  (SI), Y6, Y7
+	VADDPS  Y7, Y2, Y2
+	VMULPS  (SI)(CX*1), Y6, Y7
+	VADDPS  Y7, Y3, Y3
+	VMULPS  (SI)(CX*2), Y6, Y7
+	VADDPS  Y7, Y4, Y4
+	VMULPS  (BX), Y6, Y6
+	VADDPS  Y6, Y5, Y5
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
+	ADDQ    $0x20, BX
+	JMP     loop79
+
+tail80:
+	CMPQ       AX, R10
+	JAE        store81
+	VMASKMOVPS (DX), Y1, Y6
+	VMASKMOVPS (SI), Y1, Y7
+	VMULPS     Y6, Y7, Y7
+	VADDPS     Y7, Y2, Y2
+	VMASKMOVPS (SI)(CX*1), Y1, Y7
+	VMULPS     Y6, Y7, Y7
+	VADDPS     Y7, Y3, Y3
+	VMASKMOVPS (SI)(CX*2), Y1, Y7
+	VMULPS     Y6, Y7, Y7
+	VADDPS     Y7, Y4, Y4
+	VMASKMOVPS (BX), Y1, Y7
+	VMULPS     Y6, Y7, Y6
+	VADDPS     Y6, Y5, Y5
+
+store81:
+	SUBQ         AX, DX
+	SUBQ         AX, SI
+	SUBQ         AX, BX
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y5, Y4, Y3
+	VHADDPS      Y3, Y2, Y2
+	VEXTRACTF128 $0x01, Y2, X3
+	VADDPS       X3, X2, X2
+	VMULPS       X0, X2, X2
+	MOVQ         R8, AX
+	VMOVUPS      X2, (AX)
+	LEAQ         (SI)(CX*4), SI
+	LEAQ         (SI)(R9*1), BX
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols77
+
+end78:
+	VZEROUPPER
+	RET
+
+// func scoresF32R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R1C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	MOVQ         AX, BX
+	SHLQ         $0x02, BX
+	MOVQ         BX, R9
+	ANDQ         $-32, R9
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask82
+	LEAQ         kconst<>+0(SB), R10
+	NEGQ         AX
+	VMOVDQU      32(R10)(AX*4), Y1
+	VMOVUPS      Y1, Y1
+
+nomask82:
+cols83:
+	TESTQ  DI, DI
+	JZ     end84
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   AX, AX
+
+loop85:
+	CMPQ    AX, R9
+	JAE     tail86
+	VMOVUPS (DX), Y4
+	VMULPS  (SI), Y4, Y5
+	VADDPS  Y5, Y2, Y2
+	VMULPS  (SI)(CX*1), Y4, Y4
+	VADDPS  Y4, Y3, Y3
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
+	JMP     loop85
+
+tail86:
+	CMPQ       AX, BX
+	JAE        store87
+	VMASKMOVPS (DX), Y1, Y4
+	VMASKMOVPS (SI), Y1, Y5
+	VMULPS     Y4, Y5, Y5
+	VADDPS     Y5, Y2, Y2
+	VMASKMOVPS (SI)(CX*1), Y1, Y5
+	VMULPS     Y4, Y5, Y4
+	VADDPS     Y4, Y3, Y3
+
+store87:
+	SUBQ         AX, DX
+	SUBQ         AX, SI
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y2, Y2, Y2
+	VEXTRACTF128 $0x01, Y2, X3
+	VADDPS       X3, X2, X2
+	VMULPS       X0, X2, X2
+	MOVQ         R8, AX
+	VMOVLPS      X2, (AX)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols83
+
+end84:
+	VZEROUPPER
+	RET
+
+// func scoresF32R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R1C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	MOVQ         AX, BX
+	SHLQ         $0x02, BX
+	MOVQ         BX, R9
+	ANDQ         $-32, R9
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask88
+	LEAQ         kconst<>+0(SB), R10
+	NEGQ         AX
+	VMOVDQU      32(R10)(AX*4), Y1
+	VMOVUPS      Y1, Y1
+
+nomask88:
+cols89:
+	TESTQ  DI, DI
+	JZ     end90
+	VXORPS Y2, Y2, Y2
+	XORQ   AX, AX
+
+loop91:
+	CMPQ    AX, R9
+	JAE     tail92
+	VMOVUPS (DX), Y3
+	VMULPS  (SI), Y3, Y3
+	VADDPS  Y3, Y2, Y2
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
+	JMP     loop91
+
+tail92:
+	CMPQ       AX, BX
+	JAE        store93
+	VMASKMOVPS (DX), Y1, Y3
+	VMASKMOVPS (SI), Y1, Y4
+	VMULPS     Y3, Y4, Y3
+	VADDPS     Y3, Y2, Y2
+
+store93:
+	SUBQ         AX, DX
+	SUBQ         AX, SI
+	VHADDPS      Y2, Y2, Y2
+	VHADDPS      Y2, Y2, Y2
+	VEXTRACTF128 $0x01, Y2, X3
+	VADDPS       X3, X2, X2
+	VMULPS       X0, X2, X2
+	MOVQ         R8, AX
+	VMOVSS       X2, (AX)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols89
+
+end90:
+	VZEROUPPER
+	RET
+
+// func scoresF32R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R2C4(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (CX)(CX*2), R11
+	LEAQ         (SI)(R11*1), R10
+	MOVQ         AX, R12
+	SHLQ         $0x02, R12
+	MOVQ         R12, R13
+	ANDQ         $-32, R13
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask94
+	LEAQ         kconst<>+0(SB), R14
+	NEGQ         AX
+	VMOVDQU      32(R14)(AX*4), Y1
+	VMOVUPS      Y1, Y1
+
+nomask94:
+cols95:
+	TESTQ  DI, DI
+	JZ     end96
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	XORQ   AX, AX
+
+loop97:
+	CMPQ    AX, R13
+	JAE     tail98
+	VMOVUPS (SI), Y10
+	VMOVUPS (SI)(CX*1), Y11
+	VMOVUPS (SI)(CX*2), Y12
+	VMOVUPS (R10), Y13
+	VMOVUPS (DX), Y14
+	VMULPS  Y10, Y14, Y15
+	VADDPS  Y15, Y2, Y2
+	VMULPS  Y11, Y14, Y15
+	VADDPS  Y15, Y3, Y3
+	VMULPS  Y12, Y14, Y15
+	VADDPS  Y15, Y4, Y4
+	VMULPS  Y13, Y14, Y14
+	VADDPS  Y14, Y5, Y5
+	VMOVUPS (DX)(BX*1), Y14
+	VMULPS  Y10, Y14, Y10
+	VADDPS  Y10, Y6, Y6
+	VMULPS  Y11, Y14, Y10
+	VADDPS  Y10, Y7, Y7
+	VMULPS  Y12, Y14, Y10
+	VADDPS  Y10, Y8, Y8
+	VMULPS  Y13, Y14, Y10
+	VADDPS  Y10, Y9, Y9
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
+	ADDQ    $0x20, R10
+	JMP     loop97
+
+tail98:
+	CMPQ       AX, R12
+	JAE        store99
+	VMASKMOVPS (SI), Y1, Y10
+	VMASKMOVPS (SI)(CX*1), Y1, Y11
+	VMASKMOVPS (SI)(CX*2), Y1, Y12
+	VMASKMOVPS (R10), Y1, Y13
+	VMASKMOVPS (DX), Y1, Y14
+	VMULPS     Y10, Y14, Y15
+	VADDPS     Y15, Y2, Y2
+	VMULPS     Y11, Y14, Y15
+	VADDPS     Y15, Y3, Y3
+	VMULPS     Y12, Y14, Y15
+	VADDPS     Y15, Y4, Y4
+	VMULPS     Y13, Y14, Y14
+	VADDPS     Y14, Y5, Y5
+	VMASKMOVPS (DX)(BX*1), Y1, Y14
+	VMULPS     Y10, Y14, Y10
+	VADDPS     Y10, Y6, Y6
+	VMULPS     Y11, Y14, Y10
+	VADDPS     Y10, Y7, Y7
+	VMULPS     Y12, Y14, Y10
+	VADDPS     Y10, Y8, Y8
+	VMULPS     Y13, Y14, Y10
+	VADDPS     Y10, Y9, Y9
+
+store99:
+	SUBQ         AX, DX
+	SUBQ         AX, SI
+	SUBQ         AX, R10
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y5, Y4, Y3
+	VHADDPS      Y7, Y6, Y4
+	VHADDPS      Y9, Y8, Y5
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y5, Y4, Y3
+	VPERM2F128   $0x20, Y3, Y2, Y4
+	VPERM2F128   $0x31, Y3, Y2, Y2
+	VADDPS       Y2, Y4, Y2
+	VMULPS       Y0, Y2, Y2
+	MOVQ         R8, AX
+	VMOVUPS      X2, (AX)
+	ADDQ         R9, AX
+	VEXTRACTF128 $0x01, Y2, X2
+	VMOVUPS      X2, (AX)
+	LEAQ         (SI)(CX*4), SI
+	LEAQ         (SI)(R11*1), R10
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols95
+
+end96:
+	VZEROUPPER
+	RET
+
+// func scoresF32R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R2C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	MOVQ         AX, R10
+	SHLQ         $0x02, R10
+	MOVQ         R10, R11
+	ANDQ         $-32, R11
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask100
+	LEAQ         kconst<>+0(SB), R12
+	NEGQ         AX
+	VMOVDQU      32(R12)(AX*4), Y1
+	VMOVUPS      Y1, Y1
+
+nomask100:
+cols101:
+	TESTQ  DI, DI
+	JZ     end102
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	XORQ   AX, AX
+
+loop103:
+	CMPQ    AX, R11
+	JAE     tail104
+	VMOVUPS (SI), Y6
+	VMOVUPS (SI)(CX*1), Y7
+	VMOVUPS (DX), Y8
+	VMULPS  Y6, Y8, Y9
+	VADDPS  Y9, Y2, Y2
+	VMULPS  Y7, Y8, Y8
+	VADDPS  Y8, Y3, Y3
+	VMOVUPS (DX)(BX*1), Y8
+	VMULPS  Y6, Y8, Y6
+	VADDPS  Y6, Y4, Y4
+	VMULPS  Y7, Y8, Y6
+	VADDPS  Y6, Y5, Y5
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
+	JMP     loop103
+
+tail104:
+	CMPQ       AX, R10
+	JAE        store105
+	VMASKMOVPS (SI), Y1, Y6
+	VMASKMOVPS (SI)(CX*1), Y1, Y7
+	VMASKMOVPS (DX), Y1, Y8
+	VMULPS     Y6, Y8, Y9
+	VADDPS     Y9, Y2, Y2
+	VMULPS     Y7, Y8, Y8
+	VADDPS     Y8, Y3, Y3
+	VMASKMOVPS (DX)(BX*1), Y1, Y8
+	VMULPS     Y6, Y8, Y6
+	VADDPS     Y6, Y4, Y4
+	VMULPS     Y7, Y8, Y6
+	VADDPS     Y6, Y5, Y5
+
+store105:
+	SUBQ         AX, DX
+	SUBQ         AX, SI
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y5, Y4, Y3
+	VHADDPS      Y3, Y2, Y2
+	VEXTRACTF128 $0x01, Y2, X3
+	VADDPS       X3, X2, X2
+	VMULPS       X0, X2, X2
+	MOVQ         R8, AX
+	VMOVLPS      X2, (AX)
+	ADDQ         R9, AX
+	VMOVHPS      X2, (AX)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols101
+
+end102:
+	VZEROUPPER
+	RET
+
+// func scoresF32R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R2C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	MOVQ         AX, R10
+	SHLQ         $0x02, R10
+	MOVQ         R10, R11
+	ANDQ         $-32, R11
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask106
+	LEAQ         kconst<>+0(SB), R12
+	NEGQ         AX
+	VMOVDQU      32(R12)(AX*4), Y1
+	VMOVUPS      Y1, Y1
+
+nomask106:
+cols107:
+	TESTQ  DI, DI
+	JZ     end108
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   AX, AX
+
+loop109:
+	CMPQ    AX, R11
+	JAE     tail110
+	VMOVUPS (SI), Y4
+	VMOVUPS (DX), Y5
+	VMULPS  Y4, Y5, Y5
+	VADDPS  Y5, Y2, Y2
+	VMOVUPS (DX)(BX*1), Y5
+	VMULPS  Y4, Y5, Y4
+	VADDPS  Y4, Y3, Y3
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
+	JMP     loop109
+
+tail110:
+	CMPQ       AX, R10
+	JAE        store111
+	VMASKMOVPS (SI), Y1, Y4
+	VMASKMOVPS (DX), Y1, Y5
+	VMULPS     Y4, Y5, Y5
+	VADDPS     Y5, Y2, Y2
+	VMASKMOVPS (DX)(BX*1), Y1, Y5
+	VMULPS     Y4, Y5, Y4
+	VADDPS     Y4, Y3, Y3
+
+store111:
+	SUBQ         AX, DX
+	SUBQ         AX, SI
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y2, Y2, Y2
+	VEXTRACTF128 $0x01, Y2, X3
+	VADDPS       X3, X2, X2
+	VMULPS       X0, X2, X2
+	MOVQ         R8, AX
+	VMOVSS       X2, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x01, X2, (AX)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols107
+
+end108:
+	VZEROUPPER
+	RET
+
+// func scoresF32R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R3C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	MOVQ         AX, R10
+	SHLQ         $0x02, R10
+	MOVQ         R10, R11
+	ANDQ         $-32, R11
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask112
+	LEAQ         kconst<>+0(SB), R12
+	NEGQ         AX
+	VMOVDQU      32(R12)(AX*4), Y1
+	VMOVUPS      Y1, Y1
+
+nomask112:
+cols113:
+	TESTQ  DI, DI
+	JZ     end114
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   AX, AX
+
+loop115:
+	CMPQ    AX, R11
+	JAE     tail116
+	VMOVUPS (SI), Y8
+	VMOVUPS (SI)(CX*1), Y9
+	VMOVUPS (DX), Y10
+	VMULPS  Y8, Y10, Y11
+	VADDPS  Y11, Y2, Y2
+	VMULPS  Y9, Y10, Y10
+	VADDPS  Y10, Y3, Y3
+	VMOVUPS (DX)(BX*1), Y10
+	VMULPS  Y8, Y10, Y11
+	VADDPS  Y11, Y4, Y4
+	VMULPS  Y9, Y10, Y10
+	VADDPS  Y10, Y5, Y5
+	VMOVUPS (DX)(BX*2), Y10
+	VMULPS  Y8, Y10, Y8
+	VADDPS  Y8, Y6, Y6
+	VMULPS  Y9, Y10, Y8
+	VADDPS  Y8, Y7, Y7
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
+	JMP     loop115
+
+tail116:
+	CMPQ       AX, R10
+	JAE        store117
+	VMASKMOVPS (SI), Y1, Y8
+	VMASKMOVPS (SI)(CX*1), Y1, Y9
+	VMASKMOVPS (DX), Y1, Y10
+	VMULPS     Y8, Y10, Y11
+	VADDPS     Y11, Y2, Y2
+	VMULPS     Y9, Y10, Y10
+	VADDPS     Y10, Y3, Y3
+	VMASKMOVPS (DX)(BX*1), Y1, Y10
+	VMULPS     Y8, Y10, Y11
+	VADDPS     Y11, Y4, Y4
+	VMULPS     Y9, Y10, Y10
+	VADDPS     Y10, Y5, Y5
+	VMASKMOVPS (DX)(BX*2), Y1, Y10
+	VMULPS     Y8, Y10, Y8
+	VADDPS     Y8, Y6, Y6
+	VMULPS     Y9, Y10, Y8
+	VADDPS     Y8, Y7, Y7
+
+store117:
+	SUBQ         AX, DX
+	SUBQ         AX, SI
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y5, Y4, Y3
+	VHADDPS      Y7, Y6, Y4
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y4, Y4, Y3
+	VPERM2F128   $0x20, Y3, Y2, Y4
+	VPERM2F128   $0x31, Y3, Y2, Y2
+	VADDPS       Y2, Y4, Y2
+	VMULPS       Y0, Y2, Y2
+	MOVQ         R8, AX
+	VMOVLPS      X2, (AX)
+	ADDQ         R9, AX
+	VMOVHPS      X2, (AX)
+	ADDQ         R9, AX
+	VEXTRACTF128 $0x01, Y2, X2
+	VMOVLPS      X2, (AX)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols113
+
+end114:
+	VZEROUPPER
+	RET
+
+// func scoresF32R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R3C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	MOVQ         AX, R10
+	SHLQ         $0x02, R10
+	MOVQ         R10, R11
+	ANDQ         $-32, R11
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask118
+	LEAQ         kconst<>+0(SB), R12
+	NEGQ         AX
+	VMOVDQU      32(R12)(AX*4), Y1
+	VMOVUPS      Y1, Y1
+
+nomask118:
+cols119:
+	TESTQ  DI, DI
+	JZ     end120
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	XORQ   AX, AX
+
+loop121:
+	CMPQ    AX, R11
+	JAE     tail122
+	VMOVUPS (SI), Y5
+	VMOVUPS (DX), Y6
+	VMULPS  Y5, Y6, Y6
+	VADDPS  Y6, Y2, Y2
+	VMOVUPS (DX)(BX*1), Y6
+	VMULPS  Y5, Y6, Y6
+	VADDPS  Y6, Y3, Y3
+	VMOVUPS (DX)(BX*2), Y6
+	VMULPS  Y5, Y6, Y5
+	VADDPS  Y5, Y4, Y4
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, SI
+	JMP     loop121
+
+tail122:
+	CMPQ       AX, R10
+	JAE        store123
+	VMASKMOVPS (SI), Y1, Y5
+	VMASKMOVPS (DX), Y1, Y6
+	VMULPS     Y5, Y6, Y6
+	VADDPS     Y6, Y2, Y2
+	VMASKMOVPS (DX)(BX*1), Y1, Y6
+	VMULPS     Y5, Y6, Y6
+	VADDPS     Y6, Y3, Y3
+	VMASKMOVPS (DX)(BX*2), Y1, Y6
+	VMULPS     Y5, Y6, Y5
+	VADDPS     Y5, Y4, Y4
+
+store123:
+	SUBQ         AX, DX
+	SUBQ         AX, SI
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y4, Y4, Y3
+	VHADDPS      Y3, Y2, Y2
+	VEXTRACTF128 $0x01, Y2, X3
+	VADDPS       X3, X2, X2
+	VMULPS       X0, X2, X2
+	MOVQ         R8, AX
+	VMOVSS       X2, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x01, X2, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x02, X2, (AX)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols119
+
+end120:
+	VZEROUPPER
+	RET
+
+// func scoresF32R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R4C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (BX)(BX*2), R10
+	LEAQ         (DX)(R10*1), R10
+	MOVQ         AX, R11
+	SHLQ         $0x02, R11
+	MOVQ         R11, R12
+	ANDQ         $-32, R12
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask124
+	LEAQ         kconst<>+0(SB), R13
+	NEGQ         AX
+	VMOVDQU      32(R13)(AX*4), Y1
+	VMOVUPS      Y1, Y1
+
+nomask124:
+cols125:
+	TESTQ  DI, DI
+	JZ     end126
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	XORQ   AX, AX
+
+loop127:
+	CMPQ    AX, R12
+	JAE     tail128
+	VMOVUPS (SI), Y10
+	VMOVUPS (SI)(CX*1), Y11
+	VMOVUPS (DX), Y12
+	VMULPS  Y10, Y12, Y13
+	VADDPS  Y13, Y2, Y2
+	VMULPS  Y11, Y12, Y12
+	VADDPS  Y12, Y3, Y3
+	VMOVUPS (DX)(BX*1), Y12
+	VMULPS  Y10, Y12, Y13
+	VADDPS  Y13, Y4, Y4
+	VMULPS  Y11, Y12, Y12
+	VADDPS  Y12, Y5, Y5
+	VMOVUPS (DX)(BX*2), Y12
+	VMULPS  Y10, Y12, Y13
+	VADDPS  Y13, Y6, Y6
+	VMULPS  Y11, Y12, Y12
+	VADDPS  Y12, Y7, Y7
+	VMOVUPS (R10), Y12
+	VMULPS  Y10, Y12, Y10
+	VADDPS  Y10, Y8, Y8
+	VMULPS  Y11, Y12, Y10
+	VADDPS  Y10, Y9, Y9
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, R10
+	ADDQ    $0x20, SI
+	JMP     loop127
+
+tail128:
+	CMPQ       AX, R11
+	JAE        store129
+	VMASKMOVPS (SI), Y1, Y10
+	VMASKMOVPS (SI)(CX*1), Y1, Y11
+	VMASKMOVPS (DX), Y1, Y12
+	VMULPS     Y10, Y12, Y13
+	VADDPS     Y13, Y2, Y2
+	VMULPS     Y11, Y12, Y12
+	VADDPS     Y12, Y3, Y3
+	VMASKMOVPS (DX)(BX*1), Y1, Y12
+	VMULPS     Y10, Y12, Y13
+	VADDPS     Y13, Y4, Y4
+	VMULPS     Y11, Y12, Y12
+	VADDPS     Y12, Y5, Y5
+	VMASKMOVPS (DX)(BX*2), Y1, Y12
+	VMULPS     Y10, Y12, Y13
+	VADDPS     Y13, Y6, Y6
+	VMULPS     Y11, Y12, Y12
+	VADDPS     Y12, Y7, Y7
+	VMASKMOVPS (R10), Y1, Y12
+	VMULPS     Y10, Y12, Y10
+	VADDPS     Y10, Y8, Y8
+	VMULPS     Y11, Y12, Y10
+	VADDPS     Y10, Y9, Y9
+
+store129:
+	SUBQ         AX, DX
+	SUBQ         AX, R10
+	SUBQ         AX, SI
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y5, Y4, Y3
+	VHADDPS      Y7, Y6, Y4
+	VHADDPS      Y9, Y8, Y5
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y5, Y4, Y3
+	VPERM2F128   $0x20, Y3, Y2, Y4
+	VPERM2F128   $0x31, Y3, Y2, Y2
+	VADDPS       Y2, Y4, Y2
+	VMULPS       Y0, Y2, Y2
+	MOVQ         R8, AX
+	VMOVLPS      X2, (AX)
+	ADDQ         R9, AX
+	VMOVHPS      X2, (AX)
+	ADDQ         R9, AX
+	VEXTRACTF128 $0x01, Y2, X3
+	VMOVLPS      X3, (AX)
+	ADDQ         R9, AX
+	VEXTRACTF128 $0x01, Y2, X2
+	VMOVHPS      X2, (AX)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols125
+
+end126:
+	VZEROUPPER
+	RET
+
+// func scoresF32R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF32R4C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (BX)(BX*2), R10
+	LEAQ         (DX)(R10*1), R10
+	MOVQ         AX, R11
+	SHLQ         $0x02, R11
+	MOVQ         R11, R12
+	ANDQ         $-32, R12
+	ANDQ         $0x07, AX
+	VXORPS       Y1, Y1, Y1
+	JZ           nomask130
+	LEAQ         kconst<>+0(SB), R13
+	NEGQ         AX
+	VMOVDQU      32(R13)(AX*4), Y1
+	VMOVUPS      Y1, Y1
+
+nomask130:
+cols131:
+	TESTQ  DI, DI
+	JZ     end132
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	XORQ   AX, AX
+
+loop133:
+	CMPQ    AX, R12
+	JAE     tail134
+	VMOVUPS (SI), Y6
+	VMOVUPS (DX), Y7
+	VMULPS  Y6, Y7, Y7
+	VADDPS  Y7, Y2, Y2
+	VMOVUPS (DX)(BX*1), Y7
+	VMULPS  Y6, Y7, Y7
+	VADDPS  Y7, Y3, Y3
+	VMOVUPS (DX)(BX*2), Y7
+	VMULPS  Y6, Y7, Y7
+	VADDPS  Y7, Y4, Y4
+	VMOVUPS (R10), Y7
+	VMULPS  Y6, Y7, Y6
+	VADDPS  Y6, Y5, Y5
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, R10
+	ADDQ    $0x20, SI
+	JMP     loop133
+
+tail134:
+	CMPQ       AX, R11
+	JAE        store135
+	VMASKMOVPS (SI), Y1, Y6
+	VMASKMOVPS (DX), Y1, Y7
+	VMULPS     Y6, Y7, Y7
+	VADDPS     Y7, Y2, Y2
+	VMASKMOVPS (DX)(BX*1), Y1, Y7
+	VMULPS     Y6, Y7, Y7
+	VADDPS     Y7, Y3, Y3
+	VMASKMOVPS (DX)(BX*2), Y1, Y7
+	VMULPS     Y6, Y7, Y7
+	VADDPS     Y7, Y4, Y4
+	VMASKMOVPS (R10), Y1, Y7
+	VMULPS     Y6, Y7, Y6
+	VADDPS     Y6, Y5, Y5
+
+store135:
+	SUBQ         AX, DX
+	SUBQ         AX, R10
+	SUBQ         AX, SI
+	VHADDPS      Y3, Y2, Y2
+	VHADDPS      Y5, Y4, Y3
+	VHADDPS      Y3, Y2, Y2
+	VEXTRACTF128 $0x01, Y2, X3
+	VADDPS       X3, X2, X2
+	VMULPS       X0, X2, X2
+	MOVQ         R8, AX
+	VMOVSS       X2, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x01, X2, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x02, X2, (AX)
+	ADDQ         R9, AX
+	VEXTRACTPS   $0x03, X2, (AX)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols131
+
+end132:
 	VZEROUPPER
 	RET
 
@@ -1356,9 +2499,9 @@ TEXT ·accumVF32H1D1(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups73:
+groups136:
 	CMPQ    BX, CX
-	JAE     done74
+	JAE     done137
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
@@ -1367,9 +2510,9 @@ groups73:
 	ADDQ    R9, R10
 	MOVQ    R8, R11
 
-rows75:
+rows138:
 	TESTQ        R11, R11
-	JZ           rowsdone76
+	JZ           rowsdone139
 	PREFETCHT0   (R10)
 	VMOVUPS      (R9), Y1
 	VBROADCASTSS (DX), Y2
@@ -1379,18 +2522,18 @@ rows75:
 	ADDQ         DI, R9
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows75
+	JMP          rows138
 
-rowsdone76:
+rowsdone139:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	MOVQ    R8, R11
 	SHLQ    $0x02, R11
 	SUBQ    R11, DX
 	ADDQ    $0x00000020, BX
-	JMP     groups73
+	JMP     groups136
 
-done74:
+done137:
 	VZEROUPPER
 	RET
 
@@ -1408,9 +2551,9 @@ TEXT ·accumVF32H1D2(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups77:
+groups140:
 	CMPQ    BX, CX
-	JAE     done78
+	JAE     done141
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -1420,9 +2563,9 @@ groups77:
 	ADDQ    R9, R10
 	MOVQ    R8, R11
 
-rows79:
+rows142:
 	TESTQ        R11, R11
-	JZ           rowsdone80
+	JZ           rowsdone143
 	PREFETCHT0   (R10)
 	VMOVUPS      (R9), Y2
 	PREFETCHT0   32(R10)
@@ -1436,9 +2579,9 @@ rows79:
 	ADDQ         DI, R9
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows79
+	JMP          rows142
 
-rowsdone80:
+rowsdone143:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -1446,9 +2589,9 @@ rowsdone80:
 	SHLQ    $0x02, R11
 	SUBQ    R11, DX
 	ADDQ    $0x00000040, BX
-	JMP     groups77
+	JMP     groups140
 
-done78:
+done141:
 	VZEROUPPER
 	RET
 
@@ -1466,9 +2609,9 @@ TEXT ·accumVF32H1D4(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups81:
+groups144:
 	CMPQ    BX, CX
-	JAE     done82
+	JAE     done145
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -1480,9 +2623,9 @@ groups81:
 	ADDQ    R9, R10
 	MOVQ    R8, R11
 
-rows83:
+rows146:
 	TESTQ        R11, R11
-	JZ           rowsdone84
+	JZ           rowsdone147
 	PREFETCHT0   (R10)
 	VMOVUPS      (R9), Y4
 	PREFETCHT0   32(R10)
@@ -1504,9 +2647,9 @@ rows83:
 	ADDQ         DI, R9
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows83
+	JMP          rows146
 
-rowsdone84:
+rowsdone147:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -1516,66 +2659,9 @@ rowsdone84:
 	SHLQ    $0x02, R11
 	SUBQ    R11, DX
 	ADDQ    $0x00000080, BX
-	JMP     groups81
+	JMP     groups144
 
-done82:
-	VZEROUPPER
-	RET
-
-// func scoresF32H2(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresF32H2(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
-	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R9
-	SHLQ         $0x02, R9
-	MOVQ         DI, DI
-	LEAQ         (AX)(R9*1), R9
-	LEAQ         (DI)(R8*1), R8
-	SHLQ         $0x02, CX
-	IMUL3Q       $0x00000004, BX, R10
-	ADDQ         DX, R10
-
-rows85:
-	TESTQ  SI, SI
-	JZ     done86
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	XORQ   R11, R11
-
-chunks87:
-	PREFETCHT0   (R10)(R11*1)
-	VMOVUPS      (DX)(R11*1), Y3
-	VMULPS       (AX)(R11*1), Y3, Y4
-	VADDPS       Y4, Y1, Y1
-	VMULPS       (R9)(R11*1), Y3, Y3
-	VADDPS       Y3, Y2, Y2
-	ADDQ         $0x20, R11
-	CMPQ         R11, CX
-	JB           chunks87
-	VHADDPS      Y2, Y1, Y1
-	VHADDPS      Y1, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X2
-	VADDPS       X2, X1, X1
-	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	VEXTRACTPS   $0x01, X1, (R8)
-	ADDQ         $0x04, R8
-	ADDQ         BX, DX
-	ADDQ         BX, R10
-	DECQ         SI
-	JMP          rows85
-
-done86:
+done145:
 	VZEROUPPER
 	RET
 
@@ -1594,9 +2680,9 @@ TEXT ·accumVF32H2D1(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups88:
+groups148:
 	CMPQ    R9, CX
-	JAE     done89
+	JAE     done149
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	ADDQ    CX, R10
@@ -1607,9 +2693,9 @@ groups88:
 	ADDQ    R10, R11
 	MOVQ    R8, R12
 
-rows90:
+rows150:
 	TESTQ        R12, R12
-	JZ           rowsdone91
+	JZ           rowsdone151
 	PREFETCHT0   (R11)
 	VMOVUPS      (R10), Y2
 	VBROADCASTSS (DX), Y3
@@ -1623,9 +2709,9 @@ rows90:
 	ADDQ         DI, R10
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows90
+	JMP          rows150
 
-rowsdone91:
+rowsdone151:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
@@ -1635,9 +2721,9 @@ rowsdone91:
 	SUBQ    R12, DX
 	SUBQ    R12, BX
 	ADDQ    $0x00000020, R9
-	JMP     groups88
+	JMP     groups148
 
-done89:
+done149:
 	VZEROUPPER
 	RET
 
@@ -1656,9 +2742,9 @@ TEXT ·accumVF32H2D2(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups92:
+groups152:
 	CMPQ    R9, CX
-	JAE     done93
+	JAE     done153
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -1671,9 +2757,9 @@ groups92:
 	ADDQ    R10, R11
 	MOVQ    R8, R12
 
-rows94:
+rows154:
 	TESTQ        R12, R12
-	JZ           rowsdone95
+	JZ           rowsdone155
 	PREFETCHT0   (R11)
 	VMOVUPS      (R10), Y4
 	PREFETCHT0   32(R11)
@@ -1693,9 +2779,9 @@ rows94:
 	ADDQ         DI, R10
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows94
+	JMP          rows154
 
-rowsdone95:
+rowsdone155:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -1707,9 +2793,9 @@ rowsdone95:
 	SUBQ    R12, DX
 	SUBQ    R12, BX
 	ADDQ    $0x00000040, R9
-	JMP     groups92
+	JMP     groups152
 
-done93:
+done153:
 	VZEROUPPER
 	RET
 
@@ -1728,9 +2814,9 @@ TEXT ·accumVF32H2D4(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups96:
+groups156:
 	CMPQ    R9, CX
-	JAE     done97
+	JAE     done157
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -1747,9 +2833,9 @@ groups96:
 	ADDQ    R10, R11
 	MOVQ    R8, R12
 
-rows98:
+rows158:
 	TESTQ        R12, R12
-	JZ           rowsdone99
+	JZ           rowsdone159
 	PREFETCHT0   (R11)
 	VMOVUPS      (R10), Y8
 	PREFETCHT0   32(R11)
@@ -1781,9 +2867,9 @@ rows98:
 	ADDQ         DI, R10
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows98
+	JMP          rows158
 
-rowsdone99:
+rowsdone159:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -1799,74 +2885,9 @@ rowsdone99:
 	SUBQ    R12, DX
 	SUBQ    R12, BX
 	ADDQ    $0x00000080, R9
-	JMP     groups96
+	JMP     groups156
 
-done97:
-	VZEROUPPER
-	RET
-
-// func scoresF32H3(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresF32H3(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
-	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R9
-	SHLQ         $0x02, R9
-	MOVQ         DI, DI
-	LEAQ         (AX)(R9*1), R10
-	LEAQ         (DI)(R8*1), R11
-	LEAQ         (R10)(R9*1), R9
-	LEAQ         (R11)(R8*1), R8
-	SHLQ         $0x02, CX
-	IMUL3Q       $0x00000004, BX, R12
-	ADDQ         DX, R12
-
-rows100:
-	TESTQ  SI, SI
-	JZ     done101
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ   R13, R13
-
-chunks102:
-	PREFETCHT0   (R12)(R13*1)
-	VMOVUPS      (DX)(R13*1), Y4
-	VMULPS       (AX)(R13*1), Y4, Y5
-	VADDPS       Y5, Y1, Y1
-	VMULPS       (R10)(R13*1), Y4, Y5
-	VADDPS       Y5, Y2, Y2
-	VMULPS       (R9)(R13*1), Y4, Y4
-	VADDPS       Y4, Y3, Y3
-	ADDQ         $0x20, R13
-	CMPQ         R13, CX
-	JB           chunks102
-	VHADDPS      Y2, Y1, Y1
-	VHADDPS      Y3, Y3, Y2
-	VHADDPS      Y2, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X2
-	VADDPS       X2, X1, X1
-	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	VEXTRACTPS   $0x01, X1, (R11)
-	ADDQ         $0x04, R11
-	VEXTRACTPS   $0x02, X1, (R8)
-	ADDQ         $0x04, R8
-	ADDQ         BX, DX
-	ADDQ         BX, R12
-	DECQ         SI
-	JMP          rows100
-
-done101:
+done157:
 	VZEROUPPER
 	RET
 
@@ -1886,9 +2907,9 @@ TEXT ·accumVF32H3D1(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups103:
+groups160:
 	CMPQ    R10, CX
-	JAE     done104
+	JAE     done161
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	ADDQ    CX, R11
@@ -1901,9 +2922,9 @@ groups103:
 	ADDQ    R11, R12
 	MOVQ    R8, R13
 
-rows105:
+rows162:
 	TESTQ        R13, R13
-	JZ           rowsdone106
+	JZ           rowsdone163
 	PREFETCHT0   (R12)
 	VMOVUPS      (R11), Y3
 	VBROADCASTSS (DX), Y4
@@ -1921,9 +2942,9 @@ rows105:
 	ADDQ         DI, R11
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows105
+	JMP          rows162
 
-rowsdone106:
+rowsdone163:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	ADDQ    CX, R11
@@ -1936,9 +2957,9 @@ rowsdone106:
 	SUBQ    R13, R9
 	SUBQ    R13, BX
 	ADDQ    $0x00000020, R10
-	JMP     groups103
+	JMP     groups160
 
-done104:
+done161:
 	VZEROUPPER
 	RET
 
@@ -1958,9 +2979,9 @@ TEXT ·accumVF32H3D2(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups107:
+groups164:
 	CMPQ    R10, CX
-	JAE     done108
+	JAE     done165
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	VMOVUPS 32(R11)(R10*1), Y1
@@ -1976,9 +2997,9 @@ groups107:
 	ADDQ    R11, R12
 	MOVQ    R8, R13
 
-rows109:
+rows166:
 	TESTQ        R13, R13
-	JZ           rowsdone110
+	JZ           rowsdone167
 	PREFETCHT0   (R12)
 	VMOVUPS      (R11), Y6
 	PREFETCHT0   32(R12)
@@ -2004,9 +3025,9 @@ rows109:
 	ADDQ         DI, R11
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows109
+	JMP          rows166
 
-rowsdone110:
+rowsdone167:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	VMOVUPS Y1, 32(R11)(R10*1)
@@ -2022,81 +3043,9 @@ rowsdone110:
 	SUBQ    R13, R9
 	SUBQ    R13, BX
 	ADDQ    $0x00000040, R10
-	JMP     groups107
+	JMP     groups164
 
-done108:
-	VZEROUPPER
-	RET
-
-// func scoresF32H4(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresF32H4(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
-	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R9
-	SHLQ         $0x02, R9
-	MOVQ         DI, DI
-	LEAQ         (AX)(R9*1), R10
-	LEAQ         (DI)(R8*1), R11
-	LEAQ         (R10)(R9*1), R12
-	LEAQ         (R11)(R8*1), R13
-	LEAQ         (R12)(R9*1), R9
-	LEAQ         (R13)(R8*1), R8
-	SHLQ         $0x02, CX
-	IMUL3Q       $0x00000004, BX, R14
-	ADDQ         DX, R14
-
-rows111:
-	TESTQ  SI, SI
-	JZ     done112
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	XORQ   R15, R15
-
-chunks113:
-	PREFETCHT0   (R14)(R15*1)
-	VMOVUPS      (DX)(R15*1), Y5
-	VMULPS       (AX)(R15*1), Y5, Y6
-	VADDPS       Y6, Y1, Y1
-	VMULPS       (R10)(R15*1), Y5, Y6
-	VADDPS       Y6, Y2, Y2
-	VMULPS       (R12)(R15*1), Y5, Y6
-	VADDPS       Y6, Y3, Y3
-	VMULPS       (R9)(R15*1), Y5, Y5
-	VADDPS       Y5, Y4, Y4
-	ADDQ         $0x20, R15
-	CMPQ         R15, CX
-	JB           chunks113
-	VHADDPS      Y2, Y1, Y1
-	VHADDPS      Y4, Y3, Y2
-	VHADDPS      Y2, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X2
-	VADDPS       X2, X1, X1
-	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	VEXTRACTPS   $0x01, X1, (R11)
-	ADDQ         $0x04, R11
-	VEXTRACTPS   $0x02, X1, (R13)
-	ADDQ         $0x04, R13
-	VEXTRACTPS   $0x03, X1, (R8)
-	ADDQ         $0x04, R8
-	ADDQ         BX, DX
-	ADDQ         BX, R14
-	DECQ         SI
-	JMP          rows111
-
-done112:
+done165:
 	VZEROUPPER
 	RET
 
@@ -2117,9 +3066,9 @@ TEXT ·accumVF32H4D1(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups114:
+groups168:
 	CMPQ    R11, CX
-	JAE     done115
+	JAE     done169
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	ADDQ    CX, R12
@@ -2134,9 +3083,9 @@ groups114:
 	ADDQ    R12, R13
 	MOVQ    R8, R14
 
-rows116:
+rows170:
 	TESTQ        R14, R14
-	JZ           rowsdone117
+	JZ           rowsdone171
 	PREFETCHT0   (R13)
 	VMOVUPS      (R12), Y4
 	VBROADCASTSS (DX), Y5
@@ -2158,9 +3107,9 @@ rows116:
 	ADDQ         DI, R12
 	ADDQ         DI, R13
 	DECQ         R14
-	JMP          rows116
+	JMP          rows170
 
-rowsdone117:
+rowsdone171:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	ADDQ    CX, R12
@@ -2176,9 +3125,9 @@ rowsdone117:
 	SUBQ    R14, R10
 	SUBQ    R14, BX
 	ADDQ    $0x00000020, R11
-	JMP     groups114
+	JMP     groups168
 
-done115:
+done169:
 	VZEROUPPER
 	RET
 
@@ -2199,9 +3148,9 @@ TEXT ·accumVF32H4D2(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups118:
+groups172:
 	CMPQ    R11, CX
-	JAE     done119
+	JAE     done173
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	VMOVUPS 32(R12)(R11*1), Y1
@@ -2220,9 +3169,9 @@ groups118:
 	ADDQ    R12, R13
 	MOVQ    R8, R14
 
-rows120:
+rows174:
 	TESTQ        R14, R14
-	JZ           rowsdone121
+	JZ           rowsdone175
 	PREFETCHT0   (R13)
 	VMOVUPS      (R12), Y8
 	PREFETCHT0   32(R13)
@@ -2254,9 +3203,9 @@ rows120:
 	ADDQ         DI, R12
 	ADDQ         DI, R13
 	DECQ         R14
-	JMP          rows120
+	JMP          rows174
 
-rowsdone121:
+rowsdone175:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	VMOVUPS Y1, 32(R12)(R11*1)
@@ -2276,72 +3225,1212 @@ rowsdone121:
 	SUBQ    R14, R10
 	SUBQ    R14, BX
 	ADDQ    $0x00000040, R11
-	JMP     groups118
+	JMP     groups172
 
-done119:
+done173:
 	VZEROUPPER
 	RET
 
-// func scoresF16H1(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresF16H1(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
+// func scoresF16R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R1C8(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R8
-	SHLQ         $0x02, R8
-	MOVQ         DI, DI
-	SHLQ         $0x01, CX
-	IMUL3Q       $0x00000004, BX, R8
-	ADDQ         DX, R8
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (CX)(CX*2), R9
+	LEAQ         (SI)(R9*1), BX
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
 
-rows122:
-	TESTQ  SI, SI
-	JZ     done123
+cols176:
+	TESTQ  DI, DI
+	JZ     end177
 	VXORPS Y1, Y1, Y1
-	XORQ   R9, R9
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	XORQ   R10, R10
 
-chunks124:
-	PREFETCHT0   (R8)(R9*1)
-	VPMOVZXWD    (DX)(R9*1), Y3
-	VPAND        kconst<>+96(SB), Y3, Y4
-	VPXOR        Y4, Y3, Y5
-	VPSLLD       $0x10, Y5, Y5
-	VPSLLD       $0x0d, Y4, Y2
-	VPADDD       kconst<>+128(SB), Y2, Y2
-	VPCMPGTD     kconst<>+160(SB), Y4, Y3
-	VPAND        kconst<>+128(SB), Y3, Y3
-	VPADDD       Y3, Y2, Y2
-	VCVTDQ2PS    Y4, Y3
-	VMULPS       kconst<>+224(SB), Y3, Y3
-	VPCMPGTD     kconst<>+192(SB), Y4, Y4
-	VBLENDVPS    Y4, Y2, Y3, Y2
-	VPOR         Y5, Y2, Y2
-	VMULPS       (AX)(R9*2), Y2, Y2
-	VADDPS       Y2, Y1, Y1
-	ADDQ         $0x10, R9
-	CMPQ         R9, CX
-	JB           chunks124
+loop178:
+	CMPQ      R10, AX
+	JAE       tail179
+	VMOVUPS   (DX), Y9
+	VPMOVZXWD (SI), Y11
+	VPAND     kconst<>+96(SB), Y11, Y12
+	VPXOR     Y12, Y11, Y13
+	VPSLLD    $0x10, Y13, Y13
+	VPSLLD    $0x0d, Y12, Y10
+	VPADDD    kconst<>+128(SB), Y10, Y10
+	VPCMPGTD  kconst<>+160(SB), Y12, Y11
+	VPAND     kconst<>+128(SB), Y11, Y11
+	VPADDD    Y11, Y10, Y10
+	VCVTDQ2PS Y12, Y11
+	VMULPS    kconst<>+224(SB), Y11, Y11
+	VPCMPGTD  kconst<>+192(SB), Y12, Y12
+	VBLENDVPS Y12, Y10, Y11, Y10
+	VPOR      Y13, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y1, Y1
+	VPMOVZXWD (SI)(CX*1), Y11
+	VPAND     kconst<>+96(SB), Y11, Y12
+	VPXOR     Y12, Y11, Y13
+	VPSLLD    $0x10, Y13, Y13
+	VPSLLD    $0x0d, Y12, Y10
+	VPADDD    kconst<>+128(SB), Y10, Y10
+	VPCMPGTD  kconst<>+160(SB), Y12, Y11
+	VPAND     kconst<>+128(SB), Y11, Y11
+	VPADDD    Y11, Y10, Y10
+	VCVTDQ2PS Y12, Y11
+	VMULPS    kconst<>+224(SB), Y11, Y11
+	VPCMPGTD  kconst<>+192(SB), Y12, Y12
+	VBLENDVPS Y12, Y10, Y11, Y10
+	VPOR      Y13, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y2, Y2
+	VPMOVZXWD (SI)(CX*2), Y11
+	VPAND     kconst<>+96(SB), Y11, Y12
+	VPXOR     Y12, Y11, Y13
+	VPSLLD    $0x10, Y13, Y13
+	VPSLLD    $0x0d, Y12, Y10
+	VPADDD    kconst<>+128(SB), Y10, Y10
+	VPCMPGTD  kconst<>+160(SB), Y12, Y11
+	VPAND     kconst<>+128(SB), Y11, Y11
+	VPADDD    Y11, Y10, Y10
+	VCVTDQ2PS Y12, Y11
+	VMULPS    kconst<>+224(SB), Y11, Y11
+	VPCMPGTD  kconst<>+192(SB), Y12, Y12
+	VBLENDVPS Y12, Y10, Y11, Y10
+	VPOR      Y13, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y3, Y3
+	VPMOVZXWD (BX), Y11
+	VPAND     kconst<>+96(SB), Y11, Y12
+	VPXOR     Y12, Y11, Y13
+	VPSLLD    $0x10, Y13, Y13
+	VPSLLD    $0x0d, Y12, Y10
+	VPADDD    kconst<>+128(SB), Y10, Y10
+	VPCMPGTD  kconst<>+160(SB), Y12, Y11
+	VPAND     kconst<>+128(SB), Y11, Y11
+	VPADDD    Y11, Y10, Y10
+	VCVTDQ2PS Y12, Y11
+	VMULPS    kconst<>+224(SB), Y11, Y11
+	VPCMPGTD  kconst<>+192(SB), Y12, Y12
+	VBLENDVPS Y12, Y10, Y11, Y10
+	VPOR      Y13, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y4, Y4
+	VPMOVZXWD (SI)(CX*4), Y11
+	VPAND     kconst<>+96(SB), Y11, Y12
+	VPXOR     Y12, Y11, Y13
+	VPSLLD    $0x10, Y13, Y13
+	VPSLLD    $0x0d, Y12, Y10
+	VPADDD    kconst<>+128(SB), Y10, Y10
+	VPCMPGTD  kconst<>+160(SB), Y12, Y11
+	VPAND     kconst<>+128(SB), Y11, Y11
+	VPADDD    Y11, Y10, Y10
+	VCVTDQ2PS Y12, Y11
+	VMULPS    kconst<>+224(SB), Y11, Y11
+	VPCMPGTD  kconst<>+192(SB), Y12, Y12
+	VBLENDVPS Y12, Y10, Y11, Y10
+	VPOR      Y13, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y5, Y5
+	VPMOVZXWD (BX)(CX*2), Y11
+	VPAND     kconst<>+96(SB), Y11, Y12
+	VPXOR     Y12, Y11, Y13
+	VPSLLD    $0x10, Y13, Y13
+	VPSLLD    $0x0d, Y12, Y10
+	VPADDD    kconst<>+128(SB), Y10, Y10
+	VPCMPGTD  kconst<>+160(SB), Y12, Y11
+	VPAND     kconst<>+128(SB), Y11, Y11
+	VPADDD    Y11, Y10, Y10
+	VCVTDQ2PS Y12, Y11
+	VMULPS    kconst<>+224(SB), Y11, Y11
+	VPCMPGTD  kconst<>+192(SB), Y12, Y12
+	VBLENDVPS Y12, Y10, Y11, Y10
+	VPOR      Y13, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y6, Y6
+	VPMOVZXWD (SI)(R9*2), Y11
+	VPAND     kconst<>+96(SB), Y11, Y12
+	VPXOR     Y12, Y11, Y13
+	VPSLLD    $0x10, Y13, Y13
+	VPSLLD    $0x0d, Y12, Y10
+	VPADDD    kconst<>+128(SB), Y10, Y10
+	VPCMPGTD  kconst<>+160(SB), Y12, Y11
+	VPAND     kconst<>+128(SB), Y11, Y11
+	VPADDD    Y11, Y10, Y10
+	VCVTDQ2PS Y12, Y11
+	VMULPS    kconst<>+224(SB), Y11, Y11
+	VPCMPGTD  kconst<>+192(SB), Y12, Y12
+	VBLENDVPS Y12, Y10, Y11, Y10
+	VPOR      Y13, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y7, Y7
+	VPMOVZXWD (BX)(CX*4), Y11
+	VPAND     kconst<>+96(SB), Y11, Y12
+	VPXOR     Y12, Y11, Y13
+	VPSLLD    $0x10, Y13, Y13
+	VPSLLD    $0x0d, Y12, Y10
+	VPADDD    kconst<>+128(SB), Y10, Y10
+	VPCMPGTD  kconst<>+160(SB), Y12, Y11
+	VPAND     kconst<>+128(SB), Y11, Y11
+	VPADDD    Y11, Y10, Y10
+	VCVTDQ2PS Y12, Y11
+	VMULPS    kconst<>+224(SB), Y11, Y11
+	VPCMPGTD  kconst<>+192(SB), Y12, Y12
+	VBLENDVPS Y12, Y10, Y11, Y10
+	VPOR      Y13, Y10, Y10
+	VMULPS    Y9, Y10, Y9
+	VADDPS    Y9, Y8, Y8
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	ADDQ      $0x10, BX
+	JMP       loop178
+
+tail179:
+	SUBQ       R10, DX
+	SHRQ       $0x01, R10
+	SUBQ       R10, SI
+	SUBQ       R10, BX
+	VHADDPS    Y2, Y1, Y1
+	VHADDPS    Y4, Y3, Y2
+	VHADDPS    Y6, Y5, Y3
+	VHADDPS    Y8, Y7, Y4
+	VHADDPS    Y2, Y1, Y1
+	VHADDPS    Y4, Y3, Y2
+	VPERM2F128 $0x20, Y2, Y1, Y3
+	VPERM2F128 $0x31, Y2, Y1, Y1
+	VADDPS     Y1, Y3, Y1
+	VMULPS     Y0, Y1, Y1
+	MOVQ       R8, BX
+	VMOVUPS    Y1, (BX)
+	LEAQ       (SI)(CX*8), SI
+	LEAQ       (SI)(R9*1), BX
+	ADDQ       $0x00000020, R8
+	SUBQ       $0x00000008, DI
+	JMP        cols176
+
+end177:
+	VZEROUPPER
+	RET
+
+// func scoresF16R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R1C4(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (CX)(CX*2), R9
+	LEAQ         (SI)(R9*1), BX
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols181:
+	TESTQ  DI, DI
+	JZ     end182
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	XORQ   R10, R10
+
+loop183:
+	CMPQ      R10, AX
+	JAE       tail184
+	VMOVUPS   (DX), Y5
+	VPMOVZXWD (SI), Y7
+	VPAND     kconst<>+96(SB), Y7, Y8
+	VPXOR     Y8, Y7, Y9
+	VPSLLD    $0x10, Y9, Y9
+	VPSLLD    $0x0d, Y8, Y6
+	VPADDD    kconst<>+128(SB), Y6, Y6
+	VPCMPGTD  kconst<>+160(SB), Y8, Y7
+	VPAND     kconst<>+128(SB), Y7, Y7
+	VPADDD    Y7, Y6, Y6
+	VCVTDQ2PS Y8, Y7
+	VMULPS    kconst<>+224(SB), Y7, Y7
+	VPCMPGTD  kconst<>+192(SB), Y8, Y8
+	VBLENDVPS Y8, Y6, Y7, Y6
+	VPOR      Y9, Y6, Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y1, Y1
+	VPMOVZXWD (SI)(CX*1), Y7
+	VPAND     kconst<>+96(SB), Y7, Y8
+	VPXOR     Y8, Y7, Y9
+	VPSLLD    $0x10, Y9, Y9
+	VPSLLD    $0x0d, Y8, Y6
+	VPADDD    kconst<>+128(SB), Y6, Y6
+	VPCMPGTD  kconst<>+160(SB), Y8, Y7
+	VPAND     kconst<>+128(SB), Y7, Y7
+	VPADDD    Y7, Y6, Y6
+	VCVTDQ2PS Y8, Y7
+	VMULPS    kconst<>+224(SB), Y7, Y7
+	VPCMPGTD  kconst<>+192(SB), Y8, Y8
+	VBLENDVPS Y8, Y6, Y7, Y6
+	VPOR      Y9, Y6, Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y2, Y2
+	VPMOVZXWD (SI)(CX*2), Y7
+	VPAND     kconst<>+96(SB), Y7, Y8
+	VPXOR     Y8, Y7, Y9
+	VPSLLD    $0x10, Y9, Y9
+	VPSLLD    $0x0d, Y8, Y6
+	VPADDD    kconst<>+128(SB), Y6, Y6
+	VPCMPGTD  kconst<>+160(SB), Y8, Y7
+	VPAND     kconst<>+128(SB), Y7, Y7
+	VPADDD    Y7, Y6, Y6
+	VCVTDQ2PS Y8, Y7
+	VMULPS    kconst<>+224(SB), Y7, Y7
+	VPCMPGTD  kconst<>+192(SB), Y8, Y8
+	VBLENDVPS Y8, Y6, Y7, Y6
+	VPOR      Y9, Y6, Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y3, Y3
+	VPMOVZXWD (BX), Y7
+	VPAND     kconst<>+96(SB), Y7, Y8
+	VPXOR     Y8, Y7, Y9
+	VPSLLD    $0x10, Y9, Y9
+	VPSLLD    $0x0d, Y8, Y6
+	VPADDD    kconst<>+128(SB), Y6, Y6
+	VPCMPGTD  kconst<>+160(SB), Y8, Y7
+	VPAND     kconst<>+128(SB), Y7, Y7
+	VPADDD    Y7, Y6, Y6
+	VCVTDQ2PS Y8, Y7
+	VMULPS    kconst<>+224(SB), Y7, Y7
+	VPCMPGTD  kconst<>+192(SB), Y8, Y8
+	VBLENDVPS Y8, Y6, Y7, Y6
+	VPOR      Y9, Y6, Y6
+	VMULPS    Y5, Y6, Y5
+	VADDPS    Y5, Y4, Y4
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	ADDQ      $0x10, BX
+	JMP       loop183
+
+tail184:
+	SUBQ         R10, DX
+	SHRQ         $0x01, R10
+	SUBQ         R10, SI
+	SUBQ         R10, BX
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, BX
+	VMOVUPS      X1, (BX)
+	LEAQ         (SI)(CX*4), SI
+	LEAQ         (SI)(R9*1), BX
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols181
+
+end182:
+	VZEROUPPER
+	RET
+
+// func scoresF16R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R1C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols186:
+	TESTQ  DI, DI
+	JZ     end187
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	XORQ   BX, BX
+
+loop188:
+	CMPQ      BX, AX
+	JAE       tail189
+	VMOVUPS   (DX), Y3
+	VPMOVZXWD (SI), Y5
+	VPAND     kconst<>+96(SB), Y5, Y6
+	VPXOR     Y6, Y5, Y7
+	VPSLLD    $0x10, Y7, Y7
+	VPSLLD    $0x0d, Y6, Y4
+	VPADDD    kconst<>+128(SB), Y4, Y4
+	VPCMPGTD  kconst<>+160(SB), Y6, Y5
+	VPAND     kconst<>+128(SB), Y5, Y5
+	VPADDD    Y5, Y4, Y4
+	VCVTDQ2PS Y6, Y5
+	VMULPS    kconst<>+224(SB), Y5, Y5
+	VPCMPGTD  kconst<>+192(SB), Y6, Y6
+	VBLENDVPS Y6, Y4, Y5, Y4
+	VPOR      Y7, Y4, Y4
+	VMULPS    Y3, Y4, Y4
+	VADDPS    Y4, Y1, Y1
+	VPMOVZXWD (SI)(CX*1), Y5
+	VPAND     kconst<>+96(SB), Y5, Y6
+	VPXOR     Y6, Y5, Y7
+	VPSLLD    $0x10, Y7, Y7
+	VPSLLD    $0x0d, Y6, Y4
+	VPADDD    kconst<>+128(SB), Y4, Y4
+	VPCMPGTD  kconst<>+160(SB), Y6, Y5
+	VPAND     kconst<>+128(SB), Y5, Y5
+	VPADDD    Y5, Y4, Y4
+	VCVTDQ2PS Y6, Y5
+	VMULPS    kconst<>+224(SB), Y5, Y5
+	VPCMPGTD  kconst<>+192(SB), Y6, Y6
+	VBLENDVPS Y6, Y4, Y5, Y4
+	VPOR      Y7, Y4, Y4
+	VMULPS    Y3, Y4, Y3
+	VADDPS    Y3, Y2, Y2
+	ADDQ      $0x20, BX
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop188
+
+tail189:
+	SUBQ         BX, DX
+	SHRQ         $0x01, BX
+	SUBQ         BX, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y1, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, BX
+	VMOVLPS      X1, (BX)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols186
+
+end187:
+	VZEROUPPER
+	RET
+
+// func scoresF16R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R1C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols191:
+	TESTQ  DI, DI
+	JZ     end192
+	VXORPS Y1, Y1, Y1
+	XORQ   BX, BX
+
+loop193:
+	CMPQ      BX, AX
+	JAE       tail194
+	VMOVUPS   (DX), Y2
+	VPMOVZXWD (SI), Y4
+	VPAND     kconst<>+96(SB), Y4, Y5
+	VPXOR     Y5, Y4, Y6
+	VPSLLD    $0x10, Y6, Y6
+	VPSLLD    $0x0d, Y5, Y3
+	VPADDD    kconst<>+128(SB), Y3, Y3
+	VPCMPGTD  kconst<>+160(SB), Y5, Y4
+	VPAND     kconst<>+128(SB), Y4, Y4
+	VPADDD    Y4, Y3, Y3
+	VCVTDQ2PS Y5, Y4
+	VMULPS    kconst<>+224(SB), Y4, Y4
+	VPCMPGTD  kconst<>+192(SB), Y5, Y5
+	VBLENDVPS Y5, Y3, Y4, Y3
+	VPOR      Y6, Y3, Y3
+	VMULPS    Y2, Y3, Y2
+	VADDPS    Y2, Y1, Y1
+	ADDQ      $0x20, BX
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop193
+
+tail194:
+	SUBQ         BX, DX
+	SHRQ         $0x01, BX
+	SUBQ         BX, SI
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	ADDQ         BX, DX
-	ADDQ         BX, R8
-	DECQ         SI
-	JMP          rows122
+	MOVQ         R8, BX
+	VMOVSS       X1, (BX)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols191
 
-done123:
+end192:
+	VZEROUPPER
+	RET
+
+// func scoresF16R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R2C4(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (CX)(CX*2), R11
+	LEAQ         (SI)(R11*1), R10
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols196:
+	TESTQ  DI, DI
+	JZ     end197
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	XORQ   R12, R12
+
+loop198:
+	CMPQ      R12, AX
+	JAE       tail199
+	VPMOVZXWD (SI), Y10
+	VPAND     kconst<>+96(SB), Y10, Y11
+	VPXOR     Y11, Y10, Y12
+	VPSLLD    $0x10, Y12, Y12
+	VPSLLD    $0x0d, Y11, Y9
+	VPADDD    kconst<>+128(SB), Y9, Y9
+	VPCMPGTD  kconst<>+160(SB), Y11, Y10
+	VPAND     kconst<>+128(SB), Y10, Y10
+	VPADDD    Y10, Y9, Y9
+	VCVTDQ2PS Y11, Y10
+	VMULPS    kconst<>+224(SB), Y10, Y10
+	VPCMPGTD  kconst<>+192(SB), Y11, Y11
+	VBLENDVPS Y11, Y9, Y10, Y9
+	VPOR      Y12, Y9, Y9
+	VPMOVZXWD (SI)(CX*1), Y11
+	VPAND     kconst<>+96(SB), Y11, Y12
+	VPXOR     Y12, Y11, Y13
+	VPSLLD    $0x10, Y13, Y13
+	VPSLLD    $0x0d, Y12, Y10
+	VPADDD    kconst<>+128(SB), Y10, Y10
+	VPCMPGTD  kconst<>+160(SB), Y12, Y11
+	VPAND     kconst<>+128(SB), Y11, Y11
+	VPADDD    Y11, Y10, Y10
+	VCVTDQ2PS Y12, Y11
+	VMULPS    kconst<>+224(SB), Y11, Y11
+	VPCMPGTD  kconst<>+192(SB), Y12, Y12
+	VBLENDVPS Y12, Y10, Y11, Y10
+	VPOR      Y13, Y10, Y10
+	VPMOVZXWD (SI)(CX*2), Y12
+	VPAND     kconst<>+96(SB), Y12, Y13
+	VPXOR     Y13, Y12, Y14
+	VPSLLD    $0x10, Y14, Y14
+	VPSLLD    $0x0d, Y13, Y11
+	VPADDD    kconst<>+128(SB), Y11, Y11
+	VPCMPGTD  kconst<>+160(SB), Y13, Y12
+	VPAND     kconst<>+128(SB), Y12, Y12
+	VPADDD    Y12, Y11, Y11
+	VCVTDQ2PS Y13, Y12
+	VMULPS    kconst<>+224(SB), Y12, Y12
+	VPCMPGTD  kconst<>+192(SB), Y13, Y13
+	VBLENDVPS Y13, Y11, Y12, Y11
+	VPOR      Y14, Y11, Y11
+	VPMOVZXWD (R10), Y13
+	VPAND     kconst<>+96(SB), Y13, Y14
+	VPXOR     Y14, Y13, Y15
+	VPSLLD    $0x10, Y15, Y15
+	VPSLLD    $0x0d, Y14, Y12
+	VPADDD    kconst<>+128(SB), Y12, Y12
+	VPCMPGTD  kconst<>+160(SB), Y14, Y13
+	VPAND     kconst<>+128(SB), Y13, Y13
+	VPADDD    Y13, Y12, Y12
+	VCVTDQ2PS Y14, Y13
+	VMULPS    kconst<>+224(SB), Y13, Y13
+	VPCMPGTD  kconst<>+192(SB), Y14, Y14
+	VBLENDVPS Y14, Y12, Y13, Y12
+	VPOR      Y15, Y12, Y12
+	VMOVUPS   (DX), Y13
+	VMULPS    Y9, Y13, Y14
+	VADDPS    Y14, Y1, Y1
+	VMULPS    Y10, Y13, Y14
+	VADDPS    Y14, Y2, Y2
+	VMULPS    Y11, Y13, Y14
+	VADDPS    Y14, Y3, Y3
+	VMULPS    Y12, Y13, Y13
+	VADDPS    Y13, Y4, Y4
+	VMOVUPS   (DX)(BX*1), Y13
+	VMULPS    Y9, Y13, Y9
+	VADDPS    Y9, Y5, Y5
+	VMULPS    Y10, Y13, Y9
+	VADDPS    Y9, Y6, Y6
+	VMULPS    Y11, Y13, Y9
+	VADDPS    Y9, Y7, Y7
+	VMULPS    Y12, Y13, Y9
+	VADDPS    Y9, Y8, Y8
+	ADDQ      $0x20, R12
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	ADDQ      $0x10, R10
+	JMP       loop198
+
+tail199:
+	SUBQ         R12, DX
+	SHRQ         $0x01, R12
+	SUBQ         R12, SI
+	SUBQ         R12, R10
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y6, Y5, Y3
+	VHADDPS      Y8, Y7, Y4
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VPERM2F128   $0x20, Y2, Y1, Y3
+	VPERM2F128   $0x31, Y2, Y1, Y1
+	VADDPS       Y1, Y3, Y1
+	VMULPS       Y0, Y1, Y1
+	MOVQ         R8, R10
+	VMOVUPS      X1, (R10)
+	ADDQ         R9, R10
+	VEXTRACTF128 $0x01, Y1, X1
+	VMOVUPS      X1, (R10)
+	LEAQ         (SI)(CX*4), SI
+	LEAQ         (SI)(R11*1), R10
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols196
+
+end197:
+	VZEROUPPER
+	RET
+
+// func scoresF16R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R2C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols201:
+	TESTQ  DI, DI
+	JZ     end202
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	XORQ   R10, R10
+
+loop203:
+	CMPQ      R10, AX
+	JAE       tail204
+	VPMOVZXWD (SI), Y6
+	VPAND     kconst<>+96(SB), Y6, Y7
+	VPXOR     Y7, Y6, Y8
+	VPSLLD    $0x10, Y8, Y8
+	VPSLLD    $0x0d, Y7, Y5
+	VPADDD    kconst<>+128(SB), Y5, Y5
+	VPCMPGTD  kconst<>+160(SB), Y7, Y6
+	VPAND     kconst<>+128(SB), Y6, Y6
+	VPADDD    Y6, Y5, Y5
+	VCVTDQ2PS Y7, Y6
+	VMULPS    kconst<>+224(SB), Y6, Y6
+	VPCMPGTD  kconst<>+192(SB), Y7, Y7
+	VBLENDVPS Y7, Y5, Y6, Y5
+	VPOR      Y8, Y5, Y5
+	VPMOVZXWD (SI)(CX*1), Y7
+	VPAND     kconst<>+96(SB), Y7, Y8
+	VPXOR     Y8, Y7, Y9
+	VPSLLD    $0x10, Y9, Y9
+	VPSLLD    $0x0d, Y8, Y6
+	VPADDD    kconst<>+128(SB), Y6, Y6
+	VPCMPGTD  kconst<>+160(SB), Y8, Y7
+	VPAND     kconst<>+128(SB), Y7, Y7
+	VPADDD    Y7, Y6, Y6
+	VCVTDQ2PS Y8, Y7
+	VMULPS    kconst<>+224(SB), Y7, Y7
+	VPCMPGTD  kconst<>+192(SB), Y8, Y8
+	VBLENDVPS Y8, Y6, Y7, Y6
+	VPOR      Y9, Y6, Y6
+	VMOVUPS   (DX), Y7
+	VMULPS    Y5, Y7, Y8
+	VADDPS    Y8, Y1, Y1
+	VMULPS    Y6, Y7, Y7
+	VADDPS    Y7, Y2, Y2
+	VMOVUPS   (DX)(BX*1), Y7
+	VMULPS    Y5, Y7, Y5
+	VADDPS    Y5, Y3, Y3
+	VMULPS    Y6, Y7, Y5
+	VADDPS    Y5, Y4, Y4
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop203
+
+tail204:
+	SUBQ         R10, DX
+	SHRQ         $0x01, R10
+	SUBQ         R10, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, R10
+	VMOVLPS      X1, (R10)
+	ADDQ         R9, R10
+	VMOVHPS      X1, (R10)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols201
+
+end202:
+	VZEROUPPER
+	RET
+
+// func scoresF16R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R2C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols206:
+	TESTQ  DI, DI
+	JZ     end207
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	XORQ   R10, R10
+
+loop208:
+	CMPQ      R10, AX
+	JAE       tail209
+	VPMOVZXWD (SI), Y4
+	VPAND     kconst<>+96(SB), Y4, Y5
+	VPXOR     Y5, Y4, Y6
+	VPSLLD    $0x10, Y6, Y6
+	VPSLLD    $0x0d, Y5, Y3
+	VPADDD    kconst<>+128(SB), Y3, Y3
+	VPCMPGTD  kconst<>+160(SB), Y5, Y4
+	VPAND     kconst<>+128(SB), Y4, Y4
+	VPADDD    Y4, Y3, Y3
+	VCVTDQ2PS Y5, Y4
+	VMULPS    kconst<>+224(SB), Y4, Y4
+	VPCMPGTD  kconst<>+192(SB), Y5, Y5
+	VBLENDVPS Y5, Y3, Y4, Y3
+	VPOR      Y6, Y3, Y3
+	VMOVUPS   (DX), Y4
+	VMULPS    Y3, Y4, Y4
+	VADDPS    Y4, Y1, Y1
+	VMOVUPS   (DX)(BX*1), Y4
+	VMULPS    Y3, Y4, Y3
+	VADDPS    Y3, Y2, Y2
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop208
+
+tail209:
+	SUBQ         R10, DX
+	SHRQ         $0x01, R10
+	SUBQ         R10, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y1, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, R10
+	VMOVSS       X1, (R10)
+	ADDQ         R9, R10
+	VEXTRACTPS   $0x01, X1, (R10)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols206
+
+end207:
+	VZEROUPPER
+	RET
+
+// func scoresF16R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R3C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols211:
+	TESTQ  DI, DI
+	JZ     end212
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	XORQ   R10, R10
+
+loop213:
+	CMPQ      R10, AX
+	JAE       tail214
+	VPMOVZXWD (SI), Y8
+	VPAND     kconst<>+96(SB), Y8, Y9
+	VPXOR     Y9, Y8, Y10
+	VPSLLD    $0x10, Y10, Y10
+	VPSLLD    $0x0d, Y9, Y7
+	VPADDD    kconst<>+128(SB), Y7, Y7
+	VPCMPGTD  kconst<>+160(SB), Y9, Y8
+	VPAND     kconst<>+128(SB), Y8, Y8
+	VPADDD    Y8, Y7, Y7
+	VCVTDQ2PS Y9, Y8
+	VMULPS    kconst<>+224(SB), Y8, Y8
+	VPCMPGTD  kconst<>+192(SB), Y9, Y9
+	VBLENDVPS Y9, Y7, Y8, Y7
+	VPOR      Y10, Y7, Y7
+	VPMOVZXWD (SI)(CX*1), Y9
+	VPAND     kconst<>+96(SB), Y9, Y10
+	VPXOR     Y10, Y9, Y11
+	VPSLLD    $0x10, Y11, Y11
+	VPSLLD    $0x0d, Y10, Y8
+	VPADDD    kconst<>+128(SB), Y8, Y8
+	VPCMPGTD  kconst<>+160(SB), Y10, Y9
+	VPAND     kconst<>+128(SB), Y9, Y9
+	VPADDD    Y9, Y8, Y8
+	VCVTDQ2PS Y10, Y9
+	VMULPS    kconst<>+224(SB), Y9, Y9
+	VPCMPGTD  kconst<>+192(SB), Y10, Y10
+	VBLENDVPS Y10, Y8, Y9, Y8
+	VPOR      Y11, Y8, Y8
+	VMOVUPS   (DX), Y9
+	VMULPS    Y7, Y9, Y10
+	VADDPS    Y10, Y1, Y1
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y2, Y2
+	VMOVUPS   (DX)(BX*1), Y9
+	VMULPS    Y7, Y9, Y10
+	VADDPS    Y10, Y3, Y3
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y4, Y4
+	VMOVUPS   (DX)(BX*2), Y9
+	VMULPS    Y7, Y9, Y7
+	VADDPS    Y7, Y5, Y5
+	VMULPS    Y8, Y9, Y7
+	VADDPS    Y7, Y6, Y6
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop213
+
+tail214:
+	SUBQ         R10, DX
+	SHRQ         $0x01, R10
+	SUBQ         R10, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y6, Y5, Y3
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y3, Y3, Y2
+	VPERM2F128   $0x20, Y2, Y1, Y3
+	VPERM2F128   $0x31, Y2, Y1, Y1
+	VADDPS       Y1, Y3, Y1
+	VMULPS       Y0, Y1, Y1
+	MOVQ         R8, R10
+	VMOVLPS      X1, (R10)
+	ADDQ         R9, R10
+	VMOVHPS      X1, (R10)
+	ADDQ         R9, R10
+	VEXTRACTF128 $0x01, Y1, X1
+	VMOVLPS      X1, (R10)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols211
+
+end212:
+	VZEROUPPER
+	RET
+
+// func scoresF16R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R3C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols216:
+	TESTQ  DI, DI
+	JZ     end217
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R10, R10
+
+loop218:
+	CMPQ      R10, AX
+	JAE       tail219
+	VPMOVZXWD (SI), Y5
+	VPAND     kconst<>+96(SB), Y5, Y6
+	VPXOR     Y6, Y5, Y7
+	VPSLLD    $0x10, Y7, Y7
+	VPSLLD    $0x0d, Y6, Y4
+	VPADDD    kconst<>+128(SB), Y4, Y4
+	VPCMPGTD  kconst<>+160(SB), Y6, Y5
+	VPAND     kconst<>+128(SB), Y5, Y5
+	VPADDD    Y5, Y4, Y4
+	VCVTDQ2PS Y6, Y5
+	VMULPS    kconst<>+224(SB), Y5, Y5
+	VPCMPGTD  kconst<>+192(SB), Y6, Y6
+	VBLENDVPS Y6, Y4, Y5, Y4
+	VPOR      Y7, Y4, Y4
+	VMOVUPS   (DX), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y1, Y1
+	VMOVUPS   (DX)(BX*1), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y2, Y2
+	VMOVUPS   (DX)(BX*2), Y5
+	VMULPS    Y4, Y5, Y4
+	VADDPS    Y4, Y3, Y3
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop218
+
+tail219:
+	SUBQ         R10, DX
+	SHRQ         $0x01, R10
+	SUBQ         R10, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y3, Y3, Y2
+	VHADDPS      Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, R10
+	VMOVSS       X1, (R10)
+	ADDQ         R9, R10
+	VEXTRACTPS   $0x01, X1, (R10)
+	ADDQ         R9, R10
+	VEXTRACTPS   $0x02, X1, (R10)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols216
+
+end217:
+	VZEROUPPER
+	RET
+
+// func scoresF16R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R4C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (BX)(BX*2), R10
+	LEAQ         (DX)(R10*1), R10
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols221:
+	TESTQ  DI, DI
+	JZ     end222
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	XORQ   R11, R11
+
+loop223:
+	CMPQ      R11, AX
+	JAE       tail224
+	VPMOVZXWD (SI), Y10
+	VPAND     kconst<>+96(SB), Y10, Y11
+	VPXOR     Y11, Y10, Y12
+	VPSLLD    $0x10, Y12, Y12
+	VPSLLD    $0x0d, Y11, Y9
+	VPADDD    kconst<>+128(SB), Y9, Y9
+	VPCMPGTD  kconst<>+160(SB), Y11, Y10
+	VPAND     kconst<>+128(SB), Y10, Y10
+	VPADDD    Y10, Y9, Y9
+	VCVTDQ2PS Y11, Y10
+	VMULPS    kconst<>+224(SB), Y10, Y10
+	VPCMPGTD  kconst<>+192(SB), Y11, Y11
+	VBLENDVPS Y11, Y9, Y10, Y9
+	VPOR      Y12, Y9, Y9
+	VPMOVZXWD (SI)(CX*1), Y11
+	VPAND     kconst<>+96(SB), Y11, Y12
+	VPXOR     Y12, Y11, Y13
+	VPSLLD    $0x10, Y13, Y13
+	VPSLLD    $0x0d, Y12, Y10
+	VPADDD    kconst<>+128(SB), Y10, Y10
+	VPCMPGTD  kconst<>+160(SB), Y12, Y11
+	VPAND     kconst<>+128(SB), Y11, Y11
+	VPADDD    Y11, Y10, Y10
+	VCVTDQ2PS Y12, Y11
+	VMULPS    kconst<>+224(SB), Y11, Y11
+	VPCMPGTD  kconst<>+192(SB), Y12, Y12
+	VBLENDVPS Y12, Y10, Y11, Y10
+	VPOR      Y13, Y10, Y10
+	VMOVUPS   (DX), Y11
+	VMULPS    Y9, Y11, Y12
+	VADDPS    Y12, Y1, Y1
+	VMULPS    Y10, Y11, Y11
+	VADDPS    Y11, Y2, Y2
+	VMOVUPS   (DX)(BX*1), Y11
+	VMULPS    Y9, Y11, Y12
+	VADDPS    Y12, Y3, Y3
+	VMULPS    Y10, Y11, Y11
+	VADDPS    Y11, Y4, Y4
+	VMOVUPS   (DX)(BX*2), Y11
+	VMULPS    Y9, Y11, Y12
+	VADDPS    Y12, Y5, Y5
+	VMULPS    Y10, Y11, Y11
+	VADDPS    Y11, Y6, Y6
+	VMOVUPS   (R10), Y11
+	VMULPS    Y9, Y11, Y9
+	VADDPS    Y9, Y7, Y7
+	VMULPS    Y10, Y11, Y9
+	VADDPS    Y9, Y8, Y8
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, DX
+	ADDQ      $0x20, R10
+	ADDQ      $0x10, SI
+	JMP       loop223
+
+tail224:
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	SHRQ         $0x01, R11
+	SUBQ         R11, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y6, Y5, Y3
+	VHADDPS      Y8, Y7, Y4
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VPERM2F128   $0x20, Y2, Y1, Y3
+	VPERM2F128   $0x31, Y2, Y1, Y1
+	VADDPS       Y1, Y3, Y1
+	VMULPS       Y0, Y1, Y1
+	MOVQ         R8, R11
+	VMOVLPS      X1, (R11)
+	ADDQ         R9, R11
+	VMOVHPS      X1, (R11)
+	ADDQ         R9, R11
+	VEXTRACTF128 $0x01, Y1, X2
+	VMOVLPS      X2, (R11)
+	ADDQ         R9, R11
+	VEXTRACTF128 $0x01, Y1, X1
+	VMOVHPS      X1, (R11)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols221
+
+end222:
+	VZEROUPPER
+	RET
+
+// func scoresF16R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresF16R4C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (BX)(BX*2), R10
+	LEAQ         (DX)(R10*1), R10
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols226:
+	TESTQ  DI, DI
+	JZ     end227
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	XORQ   R11, R11
+
+loop228:
+	CMPQ      R11, AX
+	JAE       tail229
+	VPMOVZXWD (SI), Y6
+	VPAND     kconst<>+96(SB), Y6, Y7
+	VPXOR     Y7, Y6, Y8
+	VPSLLD    $0x10, Y8, Y8
+	VPSLLD    $0x0d, Y7, Y5
+	VPADDD    kconst<>+128(SB), Y5, Y5
+	VPCMPGTD  kconst<>+160(SB), Y7, Y6
+	VPAND     kconst<>+128(SB), Y6, Y6
+	VPADDD    Y6, Y5, Y5
+	VCVTDQ2PS Y7, Y6
+	VMULPS    kconst<>+224(SB), Y6, Y6
+	VPCMPGTD  kconst<>+192(SB), Y7, Y7
+	VBLENDVPS Y7, Y5, Y6, Y5
+	VPOR      Y8, Y5, Y5
+	VMOVUPS   (DX), Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y1, Y1
+	VMOVUPS   (DX)(BX*1), Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y2, Y2
+	VMOVUPS   (DX)(BX*2), Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y3, Y3
+	VMOVUPS   (R10), Y6
+	VMULPS    Y5, Y6, Y5
+	VADDPS    Y5, Y4, Y4
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, DX
+	ADDQ      $0x20, R10
+	ADDQ      $0x10, SI
+	JMP       loop228
+
+tail229:
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	SHRQ         $0x01, R11
+	SUBQ         R11, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, R11
+	VMOVSS       X1, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x01, X1, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x02, X1, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x03, X1, (R11)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols226
+
+end227:
 	VZEROUPPER
 	RET
 
@@ -2359,9 +4448,9 @@ TEXT ·accumVF16H1D1(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups125:
+groups231:
 	CMPQ    BX, CX
-	JAE     done126
+	JAE     done232
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
@@ -2371,9 +4460,9 @@ groups125:
 	ADDQ    R9, R10
 	MOVQ    R8, R11
 
-rows127:
+rows233:
 	TESTQ        R11, R11
-	JZ           rowsdone128
+	JZ           rowsdone234
 	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y2
 	VPAND        kconst<>+96(SB), Y2, Y3
@@ -2396,18 +4485,18 @@ rows127:
 	ADDQ         DI, R9
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows127
+	JMP          rows233
 
-rowsdone128:
+rowsdone234:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	MOVQ    R8, R11
 	SHLQ    $0x02, R11
 	SUBQ    R11, DX
 	ADDQ    $0x00000020, BX
-	JMP     groups125
+	JMP     groups231
 
-done126:
+done232:
 	VZEROUPPER
 	RET
 
@@ -2425,9 +4514,9 @@ TEXT ·accumVF16H1D2(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups129:
+groups235:
 	CMPQ    BX, CX
-	JAE     done130
+	JAE     done236
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -2438,9 +4527,9 @@ groups129:
 	ADDQ    R9, R10
 	MOVQ    R8, R11
 
-rows131:
+rows237:
 	TESTQ        R11, R11
-	JZ           rowsdone132
+	JZ           rowsdone238
 	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
@@ -2480,9 +4569,9 @@ rows131:
 	ADDQ         DI, R9
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows131
+	JMP          rows237
 
-rowsdone132:
+rowsdone238:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -2490,9 +4579,9 @@ rowsdone132:
 	SHLQ    $0x02, R11
 	SUBQ    R11, DX
 	ADDQ    $0x00000040, BX
-	JMP     groups129
+	JMP     groups235
 
-done130:
+done236:
 	VZEROUPPER
 	RET
 
@@ -2510,9 +4599,9 @@ TEXT ·accumVF16H1D4(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups133:
+groups239:
 	CMPQ    BX, CX
-	JAE     done134
+	JAE     done240
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -2525,9 +4614,9 @@ groups133:
 	ADDQ    R9, R10
 	MOVQ    R8, R11
 
-rows135:
+rows241:
 	TESTQ        R11, R11
-	JZ           rowsdone136
+	JZ           rowsdone242
 	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
@@ -2601,9 +4690,9 @@ rows135:
 	ADDQ         DI, R9
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows135
+	JMP          rows241
 
-rowsdone136:
+rowsdone242:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -2613,79 +4702,9 @@ rowsdone136:
 	SHLQ    $0x02, R11
 	SUBQ    R11, DX
 	ADDQ    $0x00000080, BX
-	JMP     groups133
+	JMP     groups239
 
-done134:
-	VZEROUPPER
-	RET
-
-// func scoresF16H2(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresF16H2(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
-	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R9
-	SHLQ         $0x02, R9
-	MOVQ         DI, DI
-	LEAQ         (AX)(R9*1), R9
-	LEAQ         (DI)(R8*1), R8
-	SHLQ         $0x01, CX
-	IMUL3Q       $0x00000004, BX, R10
-	ADDQ         DX, R10
-
-rows137:
-	TESTQ  SI, SI
-	JZ     done138
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	XORQ   R11, R11
-
-chunks139:
-	PREFETCHT0   (R10)(R11*1)
-	VPMOVZXWD    (DX)(R11*1), Y4
-	VPAND        kconst<>+96(SB), Y4, Y5
-	VPXOR        Y5, Y4, Y6
-	VPSLLD       $0x10, Y6, Y6
-	VPSLLD       $0x0d, Y5, Y3
-	VPADDD       kconst<>+128(SB), Y3, Y3
-	VPCMPGTD     kconst<>+160(SB), Y5, Y4
-	VPAND        kconst<>+128(SB), Y4, Y4
-	VPADDD       Y4, Y3, Y3
-	VCVTDQ2PS    Y5, Y4
-	VMULPS       kconst<>+224(SB), Y4, Y4
-	VPCMPGTD     kconst<>+192(SB), Y5, Y5
-	VBLENDVPS    Y5, Y3, Y4, Y3
-	VPOR         Y6, Y3, Y3
-	VMULPS       (AX)(R11*2), Y3, Y4
-	VADDPS       Y4, Y1, Y1
-	VMULPS       (R9)(R11*2), Y3, Y3
-	VADDPS       Y3, Y2, Y2
-	ADDQ         $0x10, R11
-	CMPQ         R11, CX
-	JB           chunks139
-	VHADDPS      Y2, Y1, Y1
-	VHADDPS      Y1, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X2
-	VADDPS       X2, X1, X1
-	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	VEXTRACTPS   $0x01, X1, (R8)
-	ADDQ         $0x04, R8
-	ADDQ         BX, DX
-	ADDQ         BX, R10
-	DECQ         SI
-	JMP          rows137
-
-done138:
+done240:
 	VZEROUPPER
 	RET
 
@@ -2704,9 +4723,9 @@ TEXT ·accumVF16H2D1(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups140:
+groups243:
 	CMPQ    R9, CX
-	JAE     done141
+	JAE     done244
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	ADDQ    CX, R10
@@ -2718,9 +4737,9 @@ groups140:
 	ADDQ    R10, R11
 	MOVQ    R8, R12
 
-rows142:
+rows245:
 	TESTQ        R12, R12
-	JZ           rowsdone143
+	JZ           rowsdone246
 	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
@@ -2747,9 +4766,9 @@ rows142:
 	ADDQ         DI, R10
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows142
+	JMP          rows245
 
-rowsdone143:
+rowsdone246:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
@@ -2759,9 +4778,9 @@ rowsdone143:
 	SUBQ    R12, DX
 	SUBQ    R12, BX
 	ADDQ    $0x00000020, R9
-	JMP     groups140
+	JMP     groups243
 
-done141:
+done244:
 	VZEROUPPER
 	RET
 
@@ -2780,9 +4799,9 @@ TEXT ·accumVF16H2D2(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups144:
+groups247:
 	CMPQ    R9, CX
-	JAE     done145
+	JAE     done248
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -2796,9 +4815,9 @@ groups144:
 	ADDQ    R10, R11
 	MOVQ    R8, R12
 
-rows146:
+rows249:
 	TESTQ        R12, R12
-	JZ           rowsdone147
+	JZ           rowsdone250
 	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
@@ -2844,9 +4863,9 @@ rows146:
 	ADDQ         DI, R10
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows146
+	JMP          rows249
 
-rowsdone147:
+rowsdone250:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -2858,87 +4877,9 @@ rowsdone147:
 	SUBQ    R12, DX
 	SUBQ    R12, BX
 	ADDQ    $0x00000040, R9
-	JMP     groups144
+	JMP     groups247
 
-done145:
-	VZEROUPPER
-	RET
-
-// func scoresF16H3(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresF16H3(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
-	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R9
-	SHLQ         $0x02, R9
-	MOVQ         DI, DI
-	LEAQ         (AX)(R9*1), R10
-	LEAQ         (DI)(R8*1), R11
-	LEAQ         (R10)(R9*1), R9
-	LEAQ         (R11)(R8*1), R8
-	SHLQ         $0x01, CX
-	IMUL3Q       $0x00000004, BX, R12
-	ADDQ         DX, R12
-
-rows148:
-	TESTQ  SI, SI
-	JZ     done149
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ   R13, R13
-
-chunks150:
-	PREFETCHT0   (R12)(R13*1)
-	VPMOVZXWD    (DX)(R13*1), Y5
-	VPAND        kconst<>+96(SB), Y5, Y6
-	VPXOR        Y6, Y5, Y7
-	VPSLLD       $0x10, Y7, Y7
-	VPSLLD       $0x0d, Y6, Y4
-	VPADDD       kconst<>+128(SB), Y4, Y4
-	VPCMPGTD     kconst<>+160(SB), Y6, Y5
-	VPAND        kconst<>+128(SB), Y5, Y5
-	VPADDD       Y5, Y4, Y4
-	VCVTDQ2PS    Y6, Y5
-	VMULPS       kconst<>+224(SB), Y5, Y5
-	VPCMPGTD     kconst<>+192(SB), Y6, Y6
-	VBLENDVPS    Y6, Y4, Y5, Y4
-	VPOR         Y7, Y4, Y4
-	VMULPS       (AX)(R13*2), Y4, Y5
-	VADDPS       Y5, Y1, Y1
-	VMULPS       (R10)(R13*2), Y4, Y5
-	VADDPS       Y5, Y2, Y2
-	VMULPS       (R9)(R13*2), Y4, Y4
-	VADDPS       Y4, Y3, Y3
-	ADDQ         $0x10, R13
-	CMPQ         R13, CX
-	JB           chunks150
-	VHADDPS      Y2, Y1, Y1
-	VHADDPS      Y3, Y3, Y2
-	VHADDPS      Y2, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X2
-	VADDPS       X2, X1, X1
-	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	VEXTRACTPS   $0x01, X1, (R11)
-	ADDQ         $0x04, R11
-	VEXTRACTPS   $0x02, X1, (R8)
-	ADDQ         $0x04, R8
-	ADDQ         BX, DX
-	ADDQ         BX, R12
-	DECQ         SI
-	JMP          rows148
-
-done149:
+done248:
 	VZEROUPPER
 	RET
 
@@ -2958,9 +4899,9 @@ TEXT ·accumVF16H3D1(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups151:
+groups251:
 	CMPQ    R10, CX
-	JAE     done152
+	JAE     done252
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	ADDQ    CX, R11
@@ -2974,9 +4915,9 @@ groups151:
 	ADDQ    R11, R12
 	MOVQ    R8, R13
 
-rows153:
+rows253:
 	TESTQ        R13, R13
-	JZ           rowsdone154
+	JZ           rowsdone254
 	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y4
 	VPAND        kconst<>+96(SB), Y4, Y5
@@ -3007,9 +4948,9 @@ rows153:
 	ADDQ         DI, R11
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows153
+	JMP          rows253
 
-rowsdone154:
+rowsdone254:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	ADDQ    CX, R11
@@ -3022,9 +4963,9 @@ rowsdone154:
 	SUBQ    R13, R9
 	SUBQ    R13, BX
 	ADDQ    $0x00000020, R10
-	JMP     groups151
+	JMP     groups251
 
-done152:
+done252:
 	VZEROUPPER
 	RET
 
@@ -3044,9 +4985,9 @@ TEXT ·accumVF16H3D2(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups155:
+groups255:
 	CMPQ    R10, CX
-	JAE     done156
+	JAE     done256
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	VMOVUPS 32(R11)(R10*1), Y1
@@ -3063,9 +5004,9 @@ groups155:
 	ADDQ    R11, R12
 	MOVQ    R8, R13
 
-rows157:
+rows257:
 	TESTQ        R13, R13
-	JZ           rowsdone158
+	JZ           rowsdone258
 	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y7
 	VPAND        kconst<>+96(SB), Y7, Y8
@@ -3117,9 +5058,9 @@ rows157:
 	ADDQ         DI, R11
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows157
+	JMP          rows257
 
-rowsdone158:
+rowsdone258:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	VMOVUPS Y1, 32(R11)(R10*1)
@@ -3135,94 +5076,9 @@ rowsdone158:
 	SUBQ    R13, R9
 	SUBQ    R13, BX
 	ADDQ    $0x00000040, R10
-	JMP     groups155
+	JMP     groups255
 
-done156:
-	VZEROUPPER
-	RET
-
-// func scoresF16H4(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresF16H4(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
-	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R9
-	SHLQ         $0x02, R9
-	MOVQ         DI, DI
-	LEAQ         (AX)(R9*1), R10
-	LEAQ         (DI)(R8*1), R11
-	LEAQ         (R10)(R9*1), R12
-	LEAQ         (R11)(R8*1), R13
-	LEAQ         (R12)(R9*1), R9
-	LEAQ         (R13)(R8*1), R8
-	SHLQ         $0x01, CX
-	IMUL3Q       $0x00000004, BX, R14
-	ADDQ         DX, R14
-
-rows159:
-	TESTQ  SI, SI
-	JZ     done160
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	XORQ   R15, R15
-
-chunks161:
-	PREFETCHT0   (R14)(R15*1)
-	VPMOVZXWD    (DX)(R15*1), Y6
-	VPAND        kconst<>+96(SB), Y6, Y7
-	VPXOR        Y7, Y6, Y8
-	VPSLLD       $0x10, Y8, Y8
-	VPSLLD       $0x0d, Y7, Y5
-	VPADDD       kconst<>+128(SB), Y5, Y5
-	VPCMPGTD     kconst<>+160(SB), Y7, Y6
-	VPAND        kconst<>+128(SB), Y6, Y6
-	VPADDD       Y6, Y5, Y5
-	VCVTDQ2PS    Y7, Y6
-	VMULPS       kconst<>+224(SB), Y6, Y6
-	VPCMPGTD     kconst<>+192(SB), Y7, Y7
-	VBLENDVPS    Y7, Y5, Y6, Y5
-	VPOR         Y8, Y5, Y5
-	VMULPS       (AX)(R15*2), Y5, Y6
-	VADDPS       Y6, Y1, Y1
-	VMULPS       (R10)(R15*2), Y5, Y6
-	VADDPS       Y6, Y2, Y2
-	VMULPS       (R12)(R15*2), Y5, Y6
-	VADDPS       Y6, Y3, Y3
-	VMULPS       (R9)(R15*2), Y5, Y5
-	VADDPS       Y5, Y4, Y4
-	ADDQ         $0x10, R15
-	CMPQ         R15, CX
-	JB           chunks161
-	VHADDPS      Y2, Y1, Y1
-	VHADDPS      Y4, Y3, Y2
-	VHADDPS      Y2, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X2
-	VADDPS       X2, X1, X1
-	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	VEXTRACTPS   $0x01, X1, (R11)
-	ADDQ         $0x04, R11
-	VEXTRACTPS   $0x02, X1, (R13)
-	ADDQ         $0x04, R13
-	VEXTRACTPS   $0x03, X1, (R8)
-	ADDQ         $0x04, R8
-	ADDQ         BX, DX
-	ADDQ         BX, R14
-	DECQ         SI
-	JMP          rows159
-
-done160:
+done256:
 	VZEROUPPER
 	RET
 
@@ -3243,9 +5099,9 @@ TEXT ·accumVF16H4D1(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups162:
+groups259:
 	CMPQ    R11, CX
-	JAE     done163
+	JAE     done260
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	ADDQ    CX, R12
@@ -3261,9 +5117,9 @@ groups162:
 	ADDQ    R12, R13
 	MOVQ    R8, R14
 
-rows164:
+rows261:
 	TESTQ        R14, R14
-	JZ           rowsdone165
+	JZ           rowsdone262
 	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
@@ -3298,9 +5154,9 @@ rows164:
 	ADDQ         DI, R12
 	ADDQ         DI, R13
 	DECQ         R14
-	JMP          rows164
+	JMP          rows261
 
-rowsdone165:
+rowsdone262:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	ADDQ    CX, R12
@@ -3316,9 +5172,9 @@ rowsdone165:
 	SUBQ    R14, R10
 	SUBQ    R14, BX
 	ADDQ    $0x00000020, R11
-	JMP     groups162
+	JMP     groups259
 
-done163:
+done260:
 	VZEROUPPER
 	RET
 
@@ -3339,9 +5195,9 @@ TEXT ·accumVF16H4D2(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups166:
+groups263:
 	CMPQ    R11, CX
-	JAE     done167
+	JAE     done264
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	VMOVUPS 32(R12)(R11*1), Y1
@@ -3361,9 +5217,9 @@ groups166:
 	ADDQ    R12, R13
 	MOVQ    R8, R14
 
-rows168:
+rows265:
 	TESTQ        R14, R14
-	JZ           rowsdone169
+	JZ           rowsdone266
 	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y9
 	VPAND        kconst<>+96(SB), Y9, Y10
@@ -3421,9 +5277,9 @@ rows168:
 	ADDQ         DI, R12
 	ADDQ         DI, R13
 	DECQ         R14
-	JMP          rows168
+	JMP          rows265
 
-rowsdone169:
+rowsdone266:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	VMOVUPS Y1, 32(R12)(R11*1)
@@ -3443,60 +5299,876 @@ rowsdone169:
 	SUBQ    R14, R10
 	SUBQ    R14, BX
 	ADDQ    $0x00000040, R11
-	JMP     groups166
+	JMP     groups263
 
-done167:
+done264:
 	VZEROUPPER
 	RET
 
-// func scoresBF16H1(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresBF16H1(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
+// func scoresBF16R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R1C8(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R8
-	SHLQ         $0x02, R8
-	MOVQ         DI, DI
-	SHLQ         $0x01, CX
-	IMUL3Q       $0x00000004, BX, R8
-	ADDQ         DX, R8
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (CX)(CX*2), R9
+	LEAQ         (SI)(R9*1), BX
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
 
-rows170:
-	TESTQ  SI, SI
-	JZ     done171
+cols267:
+	TESTQ  DI, DI
+	JZ     end268
 	VXORPS Y1, Y1, Y1
-	XORQ   R9, R9
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	XORQ   R10, R10
 
-chunks172:
-	PREFETCHT0   (R8)(R9*1)
-	VPMOVZXWD    (DX)(R9*1), Y2
-	VPSLLD       $0x10, Y2, Y2
-	VMULPS       (AX)(R9*2), Y2, Y2
-	VADDPS       Y2, Y1, Y1
-	ADDQ         $0x10, R9
-	CMPQ         R9, CX
-	JB           chunks172
+loop269:
+	CMPQ      R10, AX
+	JAE       tail270
+	VMOVUPS   (DX), Y9
+	VPMOVZXWD (SI), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y1, Y1
+	VPMOVZXWD (SI)(CX*1), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y2, Y2
+	VPMOVZXWD (SI)(CX*2), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y3, Y3
+	VPMOVZXWD (BX), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y4, Y4
+	VPMOVZXWD (SI)(CX*4), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y5, Y5
+	VPMOVZXWD (BX)(CX*2), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y6, Y6
+	VPMOVZXWD (SI)(R9*2), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y7, Y7
+	VPMOVZXWD (BX)(CX*4), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VMULPS    Y9, Y10, Y9
+	VADDPS    Y9, Y8, Y8
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	ADDQ      $0x10, BX
+	JMP       loop269
+
+tail270:
+	SUBQ       R10, DX
+	SHRQ       $0x01, R10
+	SUBQ       R10, SI
+	SUBQ       R10, BX
+	VHADDPS    Y2, Y1, Y1
+	VHADDPS    Y4, Y3, Y2
+	VHADDPS    Y6, Y5, Y3
+	VHADDPS    Y8, Y7, Y4
+	VHADDPS    Y2, Y1, Y1
+	VHADDPS    Y4, Y3, Y2
+	VPERM2F128 $0x20, Y2, Y1, Y3
+	VPERM2F128 $0x31, Y2, Y1, Y1
+	VADDPS     Y1, Y3, Y1
+	VMULPS     Y0, Y1, Y1
+	MOVQ       R8, BX
+	VMOVUPS    Y1, (BX)
+	LEAQ       (SI)(CX*8), SI
+	LEAQ       (SI)(R9*1), BX
+	ADDQ       $0x00000020, R8
+	SUBQ       $0x00000008, DI
+	JMP        cols267
+
+end268:
+	VZEROUPPER
+	RET
+
+// func scoresBF16R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R1C4(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (CX)(CX*2), R9
+	LEAQ         (SI)(R9*1), BX
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols272:
+	TESTQ  DI, DI
+	JZ     end273
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	XORQ   R10, R10
+
+loop274:
+	CMPQ      R10, AX
+	JAE       tail275
+	VMOVUPS   (DX), Y5
+	VPMOVZXWD (SI), Y6
+	VPSLLD    $0x10, Y6, Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y1, Y1
+	VPMOVZXWD (SI)(CX*1), Y6
+	VPSLLD    $0x10, Y6, Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y2, Y2
+	VPMOVZXWD (SI)(CX*2), Y6
+	VPSLLD    $0x10, Y6, Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y3, Y3
+	VPMOVZXWD (BX), Y6
+	VPSLLD    $0x10, Y6, Y6
+	VMULPS    Y5, Y6, Y5
+	VADDPS    Y5, Y4, Y4
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	ADDQ      $0x10, BX
+	JMP       loop274
+
+tail275:
+	SUBQ         R10, DX
+	SHRQ         $0x01, R10
+	SUBQ         R10, SI
+	SUBQ         R10, BX
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, BX
+	VMOVUPS      X1, (BX)
+	LEAQ         (SI)(CX*4), SI
+	LEAQ         (SI)(R9*1), BX
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols272
+
+end273:
+	VZEROUPPER
+	RET
+
+// func scoresBF16R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R1C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols277:
+	TESTQ  DI, DI
+	JZ     end278
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	XORQ   BX, BX
+
+loop279:
+	CMPQ      BX, AX
+	JAE       tail280
+	VMOVUPS   (DX), Y3
+	VPMOVZXWD (SI), Y4
+	VPSLLD    $0x10, Y4, Y4
+	VMULPS    Y3, Y4, Y4
+	VADDPS    Y4, Y1, Y1
+	VPMOVZXWD (SI)(CX*1), Y4
+	VPSLLD    $0x10, Y4, Y4
+	VMULPS    Y3, Y4, Y3
+	VADDPS    Y3, Y2, Y2
+	ADDQ      $0x20, BX
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop279
+
+tail280:
+	SUBQ         BX, DX
+	SHRQ         $0x01, BX
+	SUBQ         BX, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y1, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, BX
+	VMOVLPS      X1, (BX)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols277
+
+end278:
+	VZEROUPPER
+	RET
+
+// func scoresBF16R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R1C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols282:
+	TESTQ  DI, DI
+	JZ     end283
+	VXORPS Y1, Y1, Y1
+	XORQ   BX, BX
+
+loop284:
+	CMPQ      BX, AX
+	JAE       tail285
+	VMOVUPS   (DX), Y2
+	VPMOVZXWD (SI), Y3
+	VPSLLD    $0x10, Y3, Y3
+	VMULPS    Y2, Y3, Y2
+	VADDPS    Y2, Y1, Y1
+	ADDQ      $0x20, BX
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop284
+
+tail285:
+	SUBQ         BX, DX
+	SHRQ         $0x01, BX
+	SUBQ         BX, SI
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	ADDQ         BX, DX
-	ADDQ         BX, R8
-	DECQ         SI
-	JMP          rows170
+	MOVQ         R8, BX
+	VMOVSS       X1, (BX)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols282
 
-done171:
+end283:
+	VZEROUPPER
+	RET
+
+// func scoresBF16R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R2C4(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (CX)(CX*2), R11
+	LEAQ         (SI)(R11*1), R10
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols287:
+	TESTQ  DI, DI
+	JZ     end288
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	XORQ   R12, R12
+
+loop289:
+	CMPQ      R12, AX
+	JAE       tail290
+	VPMOVZXWD (SI), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VPMOVZXWD (SI)(CX*1), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VPMOVZXWD (SI)(CX*2), Y11
+	VPSLLD    $0x10, Y11, Y11
+	VPMOVZXWD (R10), Y12
+	VPSLLD    $0x10, Y12, Y12
+	VMOVUPS   (DX), Y13
+	VMULPS    Y9, Y13, Y14
+	VADDPS    Y14, Y1, Y1
+	VMULPS    Y10, Y13, Y14
+	VADDPS    Y14, Y2, Y2
+	VMULPS    Y11, Y13, Y14
+	VADDPS    Y14, Y3, Y3
+	VMULPS    Y12, Y13, Y13
+	VADDPS    Y13, Y4, Y4
+	VMOVUPS   (DX)(BX*1), Y13
+	VMULPS    Y9, Y13, Y9
+	VADDPS    Y9, Y5, Y5
+	VMULPS    Y10, Y13, Y9
+	VADDPS    Y9, Y6, Y6
+	VMULPS    Y11, Y13, Y9
+	VADDPS    Y9, Y7, Y7
+	VMULPS    Y12, Y13, Y9
+	VADDPS    Y9, Y8, Y8
+	ADDQ      $0x20, R12
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	ADDQ      $0x10, R10
+	JMP       loop289
+
+tail290:
+	SUBQ         R12, DX
+	SHRQ         $0x01, R12
+	SUBQ         R12, SI
+	SUBQ         R12, R10
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y6, Y5, Y3
+	VHADDPS      Y8, Y7, Y4
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VPERM2F128   $0x20, Y2, Y1, Y3
+	VPERM2F128   $0x31, Y2, Y1, Y1
+	VADDPS       Y1, Y3, Y1
+	VMULPS       Y0, Y1, Y1
+	MOVQ         R8, R10
+	VMOVUPS      X1, (R10)
+	ADDQ         R9, R10
+	VEXTRACTF128 $0x01, Y1, X1
+	VMOVUPS      X1, (R10)
+	LEAQ         (SI)(CX*4), SI
+	LEAQ         (SI)(R11*1), R10
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols287
+
+end288:
+	VZEROUPPER
+	RET
+
+// func scoresBF16R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R2C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols292:
+	TESTQ  DI, DI
+	JZ     end293
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	XORQ   R10, R10
+
+loop294:
+	CMPQ      R10, AX
+	JAE       tail295
+	VPMOVZXWD (SI), Y5
+	VPSLLD    $0x10, Y5, Y5
+	VPMOVZXWD (SI)(CX*1), Y6
+	VPSLLD    $0x10, Y6, Y6
+	VMOVUPS   (DX), Y7
+	VMULPS    Y5, Y7, Y8
+	VADDPS    Y8, Y1, Y1
+	VMULPS    Y6, Y7, Y7
+	VADDPS    Y7, Y2, Y2
+	VMOVUPS   (DX)(BX*1), Y7
+	VMULPS    Y5, Y7, Y5
+	VADDPS    Y5, Y3, Y3
+	VMULPS    Y6, Y7, Y5
+	VADDPS    Y5, Y4, Y4
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop294
+
+tail295:
+	SUBQ         R10, DX
+	SHRQ         $0x01, R10
+	SUBQ         R10, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, R10
+	VMOVLPS      X1, (R10)
+	ADDQ         R9, R10
+	VMOVHPS      X1, (R10)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols292
+
+end293:
+	VZEROUPPER
+	RET
+
+// func scoresBF16R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R2C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols297:
+	TESTQ  DI, DI
+	JZ     end298
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	XORQ   R10, R10
+
+loop299:
+	CMPQ      R10, AX
+	JAE       tail300
+	VPMOVZXWD (SI), Y3
+	VPSLLD    $0x10, Y3, Y3
+	VMOVUPS   (DX), Y4
+	VMULPS    Y3, Y4, Y4
+	VADDPS    Y4, Y1, Y1
+	VMOVUPS   (DX)(BX*1), Y4
+	VMULPS    Y3, Y4, Y3
+	VADDPS    Y3, Y2, Y2
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop299
+
+tail300:
+	SUBQ         R10, DX
+	SHRQ         $0x01, R10
+	SUBQ         R10, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y1, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, R10
+	VMOVSS       X1, (R10)
+	ADDQ         R9, R10
+	VEXTRACTPS   $0x01, X1, (R10)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols297
+
+end298:
+	VZEROUPPER
+	RET
+
+// func scoresBF16R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R3C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols302:
+	TESTQ  DI, DI
+	JZ     end303
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	XORQ   R10, R10
+
+loop304:
+	CMPQ      R10, AX
+	JAE       tail305
+	VPMOVZXWD (SI), Y7
+	VPSLLD    $0x10, Y7, Y7
+	VPMOVZXWD (SI)(CX*1), Y8
+	VPSLLD    $0x10, Y8, Y8
+	VMOVUPS   (DX), Y9
+	VMULPS    Y7, Y9, Y10
+	VADDPS    Y10, Y1, Y1
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y2, Y2
+	VMOVUPS   (DX)(BX*1), Y9
+	VMULPS    Y7, Y9, Y10
+	VADDPS    Y10, Y3, Y3
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y4, Y4
+	VMOVUPS   (DX)(BX*2), Y9
+	VMULPS    Y7, Y9, Y7
+	VADDPS    Y7, Y5, Y5
+	VMULPS    Y8, Y9, Y7
+	VADDPS    Y7, Y6, Y6
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop304
+
+tail305:
+	SUBQ         R10, DX
+	SHRQ         $0x01, R10
+	SUBQ         R10, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y6, Y5, Y3
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y3, Y3, Y2
+	VPERM2F128   $0x20, Y2, Y1, Y3
+	VPERM2F128   $0x31, Y2, Y1, Y1
+	VADDPS       Y1, Y3, Y1
+	VMULPS       Y0, Y1, Y1
+	MOVQ         R8, R10
+	VMOVLPS      X1, (R10)
+	ADDQ         R9, R10
+	VMOVHPS      X1, (R10)
+	ADDQ         R9, R10
+	VEXTRACTF128 $0x01, Y1, X1
+	VMOVLPS      X1, (R10)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols302
+
+end303:
+	VZEROUPPER
+	RET
+
+// func scoresBF16R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R3C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols307:
+	TESTQ  DI, DI
+	JZ     end308
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R10, R10
+
+loop309:
+	CMPQ      R10, AX
+	JAE       tail310
+	VPMOVZXWD (SI), Y4
+	VPSLLD    $0x10, Y4, Y4
+	VMOVUPS   (DX), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y1, Y1
+	VMOVUPS   (DX)(BX*1), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y2, Y2
+	VMOVUPS   (DX)(BX*2), Y5
+	VMULPS    Y4, Y5, Y4
+	VADDPS    Y4, Y3, Y3
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, DX
+	ADDQ      $0x10, SI
+	JMP       loop309
+
+tail310:
+	SUBQ         R10, DX
+	SHRQ         $0x01, R10
+	SUBQ         R10, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y3, Y3, Y2
+	VHADDPS      Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, R10
+	VMOVSS       X1, (R10)
+	ADDQ         R9, R10
+	VEXTRACTPS   $0x01, X1, (R10)
+	ADDQ         R9, R10
+	VEXTRACTPS   $0x02, X1, (R10)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols307
+
+end308:
+	VZEROUPPER
+	RET
+
+// func scoresBF16R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R4C2(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (BX)(BX*2), R10
+	LEAQ         (DX)(R10*1), R10
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols312:
+	TESTQ  DI, DI
+	JZ     end313
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	XORQ   R11, R11
+
+loop314:
+	CMPQ      R11, AX
+	JAE       tail315
+	VPMOVZXWD (SI), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VPMOVZXWD (SI)(CX*1), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VMOVUPS   (DX), Y11
+	VMULPS    Y9, Y11, Y12
+	VADDPS    Y12, Y1, Y1
+	VMULPS    Y10, Y11, Y11
+	VADDPS    Y11, Y2, Y2
+	VMOVUPS   (DX)(BX*1), Y11
+	VMULPS    Y9, Y11, Y12
+	VADDPS    Y12, Y3, Y3
+	VMULPS    Y10, Y11, Y11
+	VADDPS    Y11, Y4, Y4
+	VMOVUPS   (DX)(BX*2), Y11
+	VMULPS    Y9, Y11, Y12
+	VADDPS    Y12, Y5, Y5
+	VMULPS    Y10, Y11, Y11
+	VADDPS    Y11, Y6, Y6
+	VMOVUPS   (R10), Y11
+	VMULPS    Y9, Y11, Y9
+	VADDPS    Y9, Y7, Y7
+	VMULPS    Y10, Y11, Y9
+	VADDPS    Y9, Y8, Y8
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, DX
+	ADDQ      $0x20, R10
+	ADDQ      $0x10, SI
+	JMP       loop314
+
+tail315:
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	SHRQ         $0x01, R11
+	SUBQ         R11, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y6, Y5, Y3
+	VHADDPS      Y8, Y7, Y4
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VPERM2F128   $0x20, Y2, Y1, Y3
+	VPERM2F128   $0x31, Y2, Y1, Y1
+	VADDPS       Y1, Y3, Y1
+	VMULPS       Y0, Y1, Y1
+	MOVQ         R8, R11
+	VMOVLPS      X1, (R11)
+	ADDQ         R9, R11
+	VMOVHPS      X1, (R11)
+	ADDQ         R9, R11
+	VEXTRACTF128 $0x01, Y1, X2
+	VMOVLPS      X2, (R11)
+	ADDQ         R9, R11
+	VEXTRACTF128 $0x01, Y1, X1
+	VMOVHPS      X1, (R11)
+	LEAQ         (SI)(CX*2), SI
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols312
+
+end313:
+	VZEROUPPER
+	RET
+
+// func scoresBF16R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·scoresBF16R4C1(SB), NOSPLIT, $0-68
+	MOVQ         hd+32(FP), AX
+	MOVQ         stride+24(FP), CX
+	MOVSS        scale+64(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVQ         q+0(FP), DX
+	MOVQ         hdStride+8(FP), BX
+	MOVQ         k+16(FP), SI
+	MOVQ         cols+40(FP), DI
+	MOVQ         out+48(FP), R8
+	MOVQ         outStride+56(FP), R9
+	SHLQ         $0x02, BX
+	SHLQ         $0x02, R9
+	LEAQ         (BX)(BX*2), R10
+	LEAQ         (DX)(R10*1), R10
+	SHLQ         $0x02, AX
+	ANDQ         $-32, AX
+
+cols317:
+	TESTQ  DI, DI
+	JZ     end318
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	XORQ   R11, R11
+
+loop319:
+	CMPQ      R11, AX
+	JAE       tail320
+	VPMOVZXWD (SI), Y5
+	VPSLLD    $0x10, Y5, Y5
+	VMOVUPS   (DX), Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y1, Y1
+	VMOVUPS   (DX)(BX*1), Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y2, Y2
+	VMOVUPS   (DX)(BX*2), Y6
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y3, Y3
+	VMOVUPS   (R10), Y6
+	VMULPS    Y5, Y6, Y5
+	VADDPS    Y5, Y4, Y4
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, DX
+	ADDQ      $0x20, R10
+	ADDQ      $0x10, SI
+	JMP       loop319
+
+tail320:
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	SHRQ         $0x01, R11
+	SUBQ         R11, SI
+	VHADDPS      Y2, Y1, Y1
+	VHADDPS      Y4, Y3, Y2
+	VHADDPS      Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X1
+	VMULPS       X0, X1, X1
+	MOVQ         R8, R11
+	VMOVSS       X1, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x01, X1, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x02, X1, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x03, X1, (R11)
+	LEAQ         (SI)(CX*1), SI
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols317
+
+end318:
 	VZEROUPPER
 	RET
 
@@ -3514,9 +6186,9 @@ TEXT ·accumVBF16H1D1(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups173:
+groups322:
 	CMPQ    BX, CX
-	JAE     done174
+	JAE     done323
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
@@ -3526,9 +6198,9 @@ groups173:
 	ADDQ    R9, R10
 	MOVQ    R8, R11
 
-rows175:
+rows324:
 	TESTQ        R11, R11
-	JZ           rowsdone176
+	JZ           rowsdone325
 	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y1
 	VPSLLD       $0x10, Y1, Y1
@@ -3539,18 +6211,18 @@ rows175:
 	ADDQ         DI, R9
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows175
+	JMP          rows324
 
-rowsdone176:
+rowsdone325:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	MOVQ    R8, R11
 	SHLQ    $0x02, R11
 	SUBQ    R11, DX
 	ADDQ    $0x00000020, BX
-	JMP     groups173
+	JMP     groups322
 
-done174:
+done323:
 	VZEROUPPER
 	RET
 
@@ -3568,9 +6240,9 @@ TEXT ·accumVBF16H1D2(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups177:
+groups326:
 	CMPQ    BX, CX
-	JAE     done178
+	JAE     done327
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -3581,9 +6253,9 @@ groups177:
 	ADDQ    R9, R10
 	MOVQ    R8, R11
 
-rows179:
+rows328:
 	TESTQ        R11, R11
-	JZ           rowsdone180
+	JZ           rowsdone329
 	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y2
 	VPSLLD       $0x10, Y2, Y2
@@ -3599,9 +6271,9 @@ rows179:
 	ADDQ         DI, R9
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows179
+	JMP          rows328
 
-rowsdone180:
+rowsdone329:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -3609,9 +6281,9 @@ rowsdone180:
 	SHLQ    $0x02, R11
 	SUBQ    R11, DX
 	ADDQ    $0x00000040, BX
-	JMP     groups177
+	JMP     groups326
 
-done178:
+done327:
 	VZEROUPPER
 	RET
 
@@ -3629,9 +6301,9 @@ TEXT ·accumVBF16H1D4(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups181:
+groups330:
 	CMPQ    BX, CX
-	JAE     done182
+	JAE     done331
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -3644,9 +6316,9 @@ groups181:
 	ADDQ    R9, R10
 	MOVQ    R8, R11
 
-rows183:
+rows332:
 	TESTQ        R11, R11
-	JZ           rowsdone184
+	JZ           rowsdone333
 	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y4
 	VPSLLD       $0x10, Y4, Y4
@@ -3672,9 +6344,9 @@ rows183:
 	ADDQ         DI, R9
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows183
+	JMP          rows332
 
-rowsdone184:
+rowsdone333:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -3684,67 +6356,9 @@ rowsdone184:
 	SHLQ    $0x02, R11
 	SUBQ    R11, DX
 	ADDQ    $0x00000080, BX
-	JMP     groups181
+	JMP     groups330
 
-done182:
-	VZEROUPPER
-	RET
-
-// func scoresBF16H2(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresBF16H2(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
-	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R9
-	SHLQ         $0x02, R9
-	MOVQ         DI, DI
-	LEAQ         (AX)(R9*1), R9
-	LEAQ         (DI)(R8*1), R8
-	SHLQ         $0x01, CX
-	IMUL3Q       $0x00000004, BX, R10
-	ADDQ         DX, R10
-
-rows185:
-	TESTQ  SI, SI
-	JZ     done186
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	XORQ   R11, R11
-
-chunks187:
-	PREFETCHT0   (R10)(R11*1)
-	VPMOVZXWD    (DX)(R11*1), Y3
-	VPSLLD       $0x10, Y3, Y3
-	VMULPS       (AX)(R11*2), Y3, Y4
-	VADDPS       Y4, Y1, Y1
-	VMULPS       (R9)(R11*2), Y3, Y3
-	VADDPS       Y3, Y2, Y2
-	ADDQ         $0x10, R11
-	CMPQ         R11, CX
-	JB           chunks187
-	VHADDPS      Y2, Y1, Y1
-	VHADDPS      Y1, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X2
-	VADDPS       X2, X1, X1
-	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	VEXTRACTPS   $0x01, X1, (R8)
-	ADDQ         $0x04, R8
-	ADDQ         BX, DX
-	ADDQ         BX, R10
-	DECQ         SI
-	JMP          rows185
-
-done186:
+done331:
 	VZEROUPPER
 	RET
 
@@ -3763,9 +6377,9 @@ TEXT ·accumVBF16H2D1(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups188:
+groups334:
 	CMPQ    R9, CX
-	JAE     done189
+	JAE     done335
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	ADDQ    CX, R10
@@ -3777,9 +6391,9 @@ groups188:
 	ADDQ    R10, R11
 	MOVQ    R8, R12
 
-rows190:
+rows336:
 	TESTQ        R12, R12
-	JZ           rowsdone191
+	JZ           rowsdone337
 	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y2
 	VPSLLD       $0x10, Y2, Y2
@@ -3794,9 +6408,9 @@ rows190:
 	ADDQ         DI, R10
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows190
+	JMP          rows336
 
-rowsdone191:
+rowsdone337:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
@@ -3806,9 +6420,9 @@ rowsdone191:
 	SUBQ    R12, DX
 	SUBQ    R12, BX
 	ADDQ    $0x00000020, R9
-	JMP     groups188
+	JMP     groups334
 
-done189:
+done335:
 	VZEROUPPER
 	RET
 
@@ -3827,9 +6441,9 @@ TEXT ·accumVBF16H2D2(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups192:
+groups338:
 	CMPQ    R9, CX
-	JAE     done193
+	JAE     done339
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -3843,9 +6457,9 @@ groups192:
 	ADDQ    R10, R11
 	MOVQ    R8, R12
 
-rows194:
+rows340:
 	TESTQ        R12, R12
-	JZ           rowsdone195
+	JZ           rowsdone341
 	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y4
 	VPSLLD       $0x10, Y4, Y4
@@ -3867,9 +6481,9 @@ rows194:
 	ADDQ         DI, R10
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows194
+	JMP          rows340
 
-rowsdone195:
+rowsdone341:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -3881,9 +6495,9 @@ rowsdone195:
 	SUBQ    R12, DX
 	SUBQ    R12, BX
 	ADDQ    $0x00000040, R9
-	JMP     groups192
+	JMP     groups338
 
-done193:
+done339:
 	VZEROUPPER
 	RET
 
@@ -3902,9 +6516,9 @@ TEXT ·accumVBF16H2D4(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups196:
+groups342:
 	CMPQ    R9, CX
-	JAE     done197
+	JAE     done343
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -3922,9 +6536,9 @@ groups196:
 	ADDQ    R10, R11
 	MOVQ    R8, R12
 
-rows198:
+rows344:
 	TESTQ        R12, R12
-	JZ           rowsdone199
+	JZ           rowsdone345
 	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y8
 	VPSLLD       $0x10, Y8, Y8
@@ -3960,9 +6574,9 @@ rows198:
 	ADDQ         DI, R10
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows198
+	JMP          rows344
 
-rowsdone199:
+rowsdone345:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -3978,75 +6592,9 @@ rowsdone199:
 	SUBQ    R12, DX
 	SUBQ    R12, BX
 	ADDQ    $0x00000080, R9
-	JMP     groups196
+	JMP     groups342
 
-done197:
-	VZEROUPPER
-	RET
-
-// func scoresBF16H3(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresBF16H3(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
-	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R9
-	SHLQ         $0x02, R9
-	MOVQ         DI, DI
-	LEAQ         (AX)(R9*1), R10
-	LEAQ         (DI)(R8*1), R11
-	LEAQ         (R10)(R9*1), R9
-	LEAQ         (R11)(R8*1), R8
-	SHLQ         $0x01, CX
-	IMUL3Q       $0x00000004, BX, R12
-	ADDQ         DX, R12
-
-rows200:
-	TESTQ  SI, SI
-	JZ     done201
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ   R13, R13
-
-chunks202:
-	PREFETCHT0   (R12)(R13*1)
-	VPMOVZXWD    (DX)(R13*1), Y4
-	VPSLLD       $0x10, Y4, Y4
-	VMULPS       (AX)(R13*2), Y4, Y5
-	VADDPS       Y5, Y1, Y1
-	VMULPS       (R10)(R13*2), Y4, Y5
-	VADDPS       Y5, Y2, Y2
-	VMULPS       (R9)(R13*2), Y4, Y4
-	VADDPS       Y4, Y3, Y3
-	ADDQ         $0x10, R13
-	CMPQ         R13, CX
-	JB           chunks202
-	VHADDPS      Y2, Y1, Y1
-	VHADDPS      Y3, Y3, Y2
-	VHADDPS      Y2, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X2
-	VADDPS       X2, X1, X1
-	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	VEXTRACTPS   $0x01, X1, (R11)
-	ADDQ         $0x04, R11
-	VEXTRACTPS   $0x02, X1, (R8)
-	ADDQ         $0x04, R8
-	ADDQ         BX, DX
-	ADDQ         BX, R12
-	DECQ         SI
-	JMP          rows200
-
-done201:
+done343:
 	VZEROUPPER
 	RET
 
@@ -4066,9 +6614,9 @@ TEXT ·accumVBF16H3D1(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups203:
+groups346:
 	CMPQ    R10, CX
-	JAE     done204
+	JAE     done347
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	ADDQ    CX, R11
@@ -4082,9 +6630,9 @@ groups203:
 	ADDQ    R11, R12
 	MOVQ    R8, R13
 
-rows205:
+rows348:
 	TESTQ        R13, R13
-	JZ           rowsdone206
+	JZ           rowsdone349
 	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y3
 	VPSLLD       $0x10, Y3, Y3
@@ -4103,9 +6651,9 @@ rows205:
 	ADDQ         DI, R11
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows205
+	JMP          rows348
 
-rowsdone206:
+rowsdone349:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	ADDQ    CX, R11
@@ -4118,9 +6666,9 @@ rowsdone206:
 	SUBQ    R13, R9
 	SUBQ    R13, BX
 	ADDQ    $0x00000020, R10
-	JMP     groups203
+	JMP     groups346
 
-done204:
+done347:
 	VZEROUPPER
 	RET
 
@@ -4140,9 +6688,9 @@ TEXT ·accumVBF16H3D2(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups207:
+groups350:
 	CMPQ    R10, CX
-	JAE     done208
+	JAE     done351
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	VMOVUPS 32(R11)(R10*1), Y1
@@ -4159,9 +6707,9 @@ groups207:
 	ADDQ    R11, R12
 	MOVQ    R8, R13
 
-rows209:
+rows352:
 	TESTQ        R13, R13
-	JZ           rowsdone210
+	JZ           rowsdone353
 	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y6
 	VPSLLD       $0x10, Y6, Y6
@@ -4189,9 +6737,9 @@ rows209:
 	ADDQ         DI, R11
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows209
+	JMP          rows352
 
-rowsdone210:
+rowsdone353:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	VMOVUPS Y1, 32(R11)(R10*1)
@@ -4207,82 +6755,9 @@ rowsdone210:
 	SUBQ    R13, R9
 	SUBQ    R13, BX
 	ADDQ    $0x00000040, R10
-	JMP     groups207
+	JMP     groups350
 
-done208:
-	VZEROUPPER
-	RET
-
-// func scoresBF16H4(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, MMX+, SSE
-TEXT ·scoresBF16H4(SB), NOSPLIT, $0-60
-	MOVQ         q+0(FP), AX
-	MOVQ         hd+8(FP), CX
-	MOVQ         k+16(FP), DX
-	MOVQ         stride+24(FP), BX
-	MOVQ         n+32(FP), SI
-	MOVQ         out+40(FP), DI
-	MOVQ         outStride+48(FP), R8
-	MOVSS        scale+56(FP), X0
-	VBROADCASTSS X0, Y0
-	SHLQ         $0x02, R8
-	MOVQ         CX, R9
-	SHLQ         $0x02, R9
-	MOVQ         DI, DI
-	LEAQ         (AX)(R9*1), R10
-	LEAQ         (DI)(R8*1), R11
-	LEAQ         (R10)(R9*1), R12
-	LEAQ         (R11)(R8*1), R13
-	LEAQ         (R12)(R9*1), R9
-	LEAQ         (R13)(R8*1), R8
-	SHLQ         $0x01, CX
-	IMUL3Q       $0x00000004, BX, R14
-	ADDQ         DX, R14
-
-rows211:
-	TESTQ  SI, SI
-	JZ     done212
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	XORQ   R15, R15
-
-chunks213:
-	PREFETCHT0   (R14)(R15*1)
-	VPMOVZXWD    (DX)(R15*1), Y5
-	VPSLLD       $0x10, Y5, Y5
-	VMULPS       (AX)(R15*2), Y5, Y6
-	VADDPS       Y6, Y1, Y1
-	VMULPS       (R10)(R15*2), Y5, Y6
-	VADDPS       Y6, Y2, Y2
-	VMULPS       (R12)(R15*2), Y5, Y6
-	VADDPS       Y6, Y3, Y3
-	VMULPS       (R9)(R15*2), Y5, Y5
-	VADDPS       Y5, Y4, Y4
-	ADDQ         $0x10, R15
-	CMPQ         R15, CX
-	JB           chunks213
-	VHADDPS      Y2, Y1, Y1
-	VHADDPS      Y4, Y3, Y2
-	VHADDPS      Y2, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X2
-	VADDPS       X2, X1, X1
-	VMULPS       X0, X1, X1
-	VMOVSS       X1, (DI)
-	ADDQ         $0x04, DI
-	VEXTRACTPS   $0x01, X1, (R11)
-	ADDQ         $0x04, R11
-	VEXTRACTPS   $0x02, X1, (R13)
-	ADDQ         $0x04, R13
-	VEXTRACTPS   $0x03, X1, (R8)
-	ADDQ         $0x04, R8
-	ADDQ         BX, DX
-	ADDQ         BX, R14
-	DECQ         SI
-	JMP          rows211
-
-done212:
+done351:
 	VZEROUPPER
 	RET
 
@@ -4303,9 +6778,9 @@ TEXT ·accumVBF16H4D1(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups214:
+groups354:
 	CMPQ    R11, CX
-	JAE     done215
+	JAE     done355
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	ADDQ    CX, R12
@@ -4321,9 +6796,9 @@ groups214:
 	ADDQ    R12, R13
 	MOVQ    R8, R14
 
-rows216:
+rows356:
 	TESTQ        R14, R14
-	JZ           rowsdone217
+	JZ           rowsdone357
 	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y4
 	VPSLLD       $0x10, Y4, Y4
@@ -4346,9 +6821,9 @@ rows216:
 	ADDQ         DI, R12
 	ADDQ         DI, R13
 	DECQ         R14
-	JMP          rows216
+	JMP          rows356
 
-rowsdone217:
+rowsdone357:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	ADDQ    CX, R12
@@ -4364,9 +6839,9 @@ rowsdone217:
 	SUBQ    R14, R10
 	SUBQ    R14, BX
 	ADDQ    $0x00000020, R11
-	JMP     groups214
+	JMP     groups354
 
-done215:
+done355:
 	VZEROUPPER
 	RET
 
@@ -4387,9 +6862,9 @@ TEXT ·accumVBF16H4D2(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups218:
+groups358:
 	CMPQ    R11, CX
-	JAE     done219
+	JAE     done359
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	VMOVUPS 32(R12)(R11*1), Y1
@@ -4409,9 +6884,9 @@ groups218:
 	ADDQ    R12, R13
 	MOVQ    R8, R14
 
-rows220:
+rows360:
 	TESTQ        R14, R14
-	JZ           rowsdone221
+	JZ           rowsdone361
 	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y8
 	VPSLLD       $0x10, Y8, Y8
@@ -4445,9 +6920,9 @@ rows220:
 	ADDQ         DI, R12
 	ADDQ         DI, R13
 	DECQ         R14
-	JMP          rows220
+	JMP          rows360
 
-rowsdone221:
+rowsdone361:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	VMOVUPS Y1, 32(R12)(R11*1)
@@ -4467,9 +6942,9 @@ rowsdone221:
 	SUBQ    R14, R10
 	SUBQ    R14, BX
 	ADDQ    $0x00000040, R11
-	JMP     groups218
+	JMP     groups358
 
-done219:
+done359:
 	VZEROUPPER
 	RET
 
@@ -4482,25 +6957,25 @@ TEXT ·prefetchAVX2(SB), NOSPLIT, $0-32
 	MOVQ bytes+24(FP), BX
 	DECQ BX
 
-rows222:
+rows362:
 	TESTQ DX, DX
-	JZ    done223
+	JZ    done363
 	XORQ  SI, SI
 
-lines224:
+lines364:
 	CMPQ       SI, BX
-	JAE        linesdone225
+	JAE        linesdone365
 	PREFETCHT0 (AX)(SI*1)
 	ADDQ       $0x40, SI
-	JMP        lines224
+	JMP        lines364
 
-linesdone225:
+linesdone365:
 	PREFETCHT0 (AX)(BX*1)
 	ADDQ       CX, AX
 	DECQ       DX
-	JMP        rows222
+	JMP        rows362
 
-done223:
+done363:
 	RET
 
 // func maxAVX2(x *float32, n int) float32
@@ -4515,9 +6990,9 @@ TEXT ·maxAVX2(SB), NOSPLIT, $0-20
 	SHLQ    $0x02, BX
 	ANDQ    $-32, BX
 
-loop226:
+loop366:
 	CMPQ    DX, BX
-	JAE     tail227
+	JAE     tail367
 	VMOVUPS (AX)(DX*1), Y2
 	VCMPPS  $0x03, Y2, Y2, Y3
 	VORPS   Y3, Y1, Y1
@@ -4526,11 +7001,11 @@ loop226:
 	VANDPS  Y0, Y3, Y3
 	VMOVUPS Y3, Y0
 	ADDQ    $0x20, DX
-	JMP     loop226
+	JMP     loop366
 
-tail227:
+tail367:
 	ANDQ       $0x07, CX
-	JZ         done228
+	JZ         done368
 	LEAQ       kconst<>+0(SB), BX
 	NEGQ       CX
 	VMOVDQU    32(BX)(CX*4), Y2
@@ -4544,7 +7019,7 @@ tail227:
 	VANDPS     Y0, Y2, Y2
 	VMOVUPS    Y2, Y0
 
-done228:
+done368:
 	VPERM2F128 $0x11, Y0, Y0, Y2
 	VMAXPS     Y2, Y0, Y3
 	VMAXPS     Y0, Y2, Y0
@@ -4559,11 +7034,11 @@ done228:
 	VANDPS     Y0, Y3, Y3
 	VMOVMSKPS  Y1, AX
 	TESTL      AX, AX
-	JZ         num229
+	JZ         num369
 	VMOVUPS    kconst<>+288(SB), Y3
 	VSUBPS     Y3, Y3, Y3
 
-num229:
+num369:
 	VZEROUPPER
 	MOVSS X3, ret+16(FP)
 	RET
@@ -4581,9 +7056,9 @@ TEXT ·expSubSumAVX2(SB), NOSPLIT, $0-28
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-loop230:
+loop370:
 	CMPQ         DX, BX
-	JAE          tail231
+	JAE          tail371
 	VMOVUPS      (AX)(DX*1), Y2
 	VSUBPS       Y0, Y2, Y2
 	VCVTPS2PD    X2, Y4
@@ -4671,11 +7146,11 @@ loop230:
 	VMOVUPS      Y3, (AX)(DX*1)
 	VADDPS       Y3, Y1, Y1
 	ADDQ         $0x20, DX
-	JMP          loop230
+	JMP          loop370
 
-tail231:
+tail371:
 	ANDQ         $0x07, CX
-	JZ           done232
+	JZ           done372
 	LEAQ         kconst<>+0(SB), BX
 	NEGQ         CX
 	VMOVDQU      32(BX)(CX*4), Y2
@@ -4767,7 +7242,7 @@ tail231:
 	VANDPS       Y2, Y7, Y7
 	VADDPS       Y7, Y1, Y1
 
-done232:
+done372:
 	VHADDPS      Y1, Y1, Y0
 	VHADDPS      Y0, Y0, Y0
 	VEXTRACTF128 $0x01, Y0, X1
@@ -4788,18 +7263,18 @@ TEXT ·scaleAVX2(SB), NOSPLIT, $0-20
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-loop233:
+loop373:
 	CMPQ    DX, BX
-	JAE     tail234
+	JAE     tail374
 	VMOVUPS (AX)(DX*1), Y1
 	VMULPS  Y0, Y1, Y1
 	VMOVUPS Y1, (AX)(DX*1)
 	ADDQ    $0x20, DX
-	JMP     loop233
+	JMP     loop373
 
-tail234:
+tail374:
 	ANDQ       $0x07, CX
-	JZ         done235
+	JZ         done375
 	LEAQ       kconst<>+0(SB), BX
 	NEGQ       CX
 	VMOVDQU    32(BX)(CX*4), Y1
@@ -4807,7 +7282,7 @@ tail234:
 	VMULPS     Y0, Y2, Y2
 	VMASKMOVPS Y2, Y1, (AX)(DX*1)
 
-done235:
+done375:
 	VZEROUPPER
 	RET
 
@@ -4825,20 +7300,20 @@ TEXT ·mulScaleAVX2(SB), NOSPLIT, $0-36
 	SHLQ         $0x02, DI
 	ANDQ         $-32, DI
 
-loop236:
+loop376:
 	CMPQ    SI, DI
-	JAE     tail237
+	JAE     tail377
 	VMOVUPS (CX)(SI*1), Y1
 	VMULPS  Y0, Y1, Y1
 	VMOVUPS (DX)(SI*1), Y2
 	VMULPS  Y2, Y1, Y1
 	VMOVUPS Y1, (AX)(SI*1)
 	ADDQ    $0x20, SI
-	JMP     loop236
+	JMP     loop376
 
-tail237:
+tail377:
 	ANDQ       $0x07, BX
-	JZ         done238
+	JZ         done378
 	LEAQ       kconst<>+0(SB), DI
 	NEGQ       BX
 	VMOVDQU    32(DI)(BX*4), Y1
@@ -4848,7 +7323,7 @@ tail237:
 	VMULPS     Y0, Y2, Y2
 	VMASKMOVPS Y2, Y1, (AX)(SI*1)
 
-done238:
+done378:
 	VZEROUPPER
 	RET
 
@@ -4863,19 +7338,19 @@ TEXT ·addAVX2(SB), NOSPLIT, $0-24
 	SHLQ $0x02, SI
 	ANDQ $-32, SI
 
-loop239:
+loop379:
 	CMPQ    BX, SI
-	JAE     tail240
+	JAE     tail380
 	VMOVUPS (AX)(BX*1), Y0
 	VMOVUPS (CX)(BX*1), Y1
 	VADDPS  Y1, Y0, Y0
 	VMOVUPS Y0, (AX)(BX*1)
 	ADDQ    $0x20, BX
-	JMP     loop239
+	JMP     loop379
 
-tail240:
+tail380:
 	ANDQ       $0x07, DX
-	JZ         done241
+	JZ         done381
 	LEAQ       kconst<>+0(SB), SI
 	NEGQ       DX
 	VMOVDQU    32(SI)(DX*4), Y0
@@ -4884,7 +7359,7 @@ tail240:
 	VADDPS     Y2, Y1, Y1
 	VMASKMOVPS Y1, Y0, (AX)(BX*1)
 
-done241:
+done381:
 	VZEROUPPER
 	RET
 
@@ -4899,9 +7374,9 @@ TEXT ·swiGLUAVX2(SB), NOSPLIT, $0-24
 	SHLQ $0x02, SI
 	ANDQ $-32, SI
 
-loop242:
+loop382:
 	CMPQ         BX, SI
-	JAE          tail243
+	JAE          tail383
 	VMOVUPS      (AX)(BX*1), Y0
 	VXORPS       kconst<>+64(SB), Y0, Y1
 	VCVTPS2PD    X1, Y3
@@ -4992,11 +7467,11 @@ loop242:
 	VMULPS       Y1, Y0, Y0
 	VMOVUPS      Y0, (AX)(BX*1)
 	ADDQ         $0x20, BX
-	JMP          loop242
+	JMP          loop382
 
-tail243:
+tail383:
 	ANDQ         $0x07, DX
-	JZ           done244
+	JZ           done384
 	LEAQ         kconst<>+0(SB), SI
 	NEGQ         DX
 	VMOVDQU      32(SI)(DX*4), Y0
@@ -5090,6 +7565,6 @@ tail243:
 	VMULPS       Y2, Y1, Y1
 	VMASKMOVPS   Y1, Y0, (AX)(BX*1)
 
-done244:
+done384:
 	VZEROUPPER
 	RET

@@ -49,9 +49,49 @@ func matmulR4C2(x *float32, xStride int, w *float32, n int, cols int, out *float
 // for r < 4 and c < cols, 1 rows of w at a time; cols is a multiple of 1.
 func matmulR4C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// scoresF32H1 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 1 heads h and the n rows r of F32 keys; hd is a multiple of 8.
-func scoresF32H1(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
+// scoresF32R1C8 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 8 rows of F32 keys at a time; cols is a multiple of 8, hd of 8.
+func scoresF32R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF32R1C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 4 rows of F32 keys at a time; cols is a multiple of 4, hd of 8.
+func scoresF32R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF32R1C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 2 rows of F32 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresF32R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF32R1C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 1 rows of F32 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresF32R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF32R2C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 2 and c < cols, 4 rows of F32 keys at a time; cols is a multiple of 4, hd of 8.
+func scoresF32R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF32R2C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 2 and c < cols, 2 rows of F32 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresF32R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF32R2C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 2 and c < cols, 1 rows of F32 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresF32R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF32R3C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 3 and c < cols, 2 rows of F32 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresF32R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF32R3C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 3 and c < cols, 1 rows of F32 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresF32R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF32R4C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 4 and c < cols, 2 rows of F32 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresF32R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF32R4C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 4 and c < cols, 1 rows of F32 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresF32R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // accumVF32H1D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F32 values
 // in order, for the 1 heads h; hd is a multiple of 8.
@@ -65,10 +105,6 @@ func accumVF32H1D2(out *float32, hd int, w *float32, wStride int, v *byte, strid
 // in order, for the 1 heads h; hd is a multiple of 32.
 func accumVF32H1D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
 
-// scoresF32H2 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 2 heads h and the n rows r of F32 keys; hd is a multiple of 8.
-func scoresF32H2(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-
 // accumVF32H2D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F32 values
 // in order, for the 2 heads h; hd is a multiple of 8.
 func accumVF32H2D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
@@ -81,10 +117,6 @@ func accumVF32H2D2(out *float32, hd int, w *float32, wStride int, v *byte, strid
 // in order, for the 2 heads h; hd is a multiple of 32.
 func accumVF32H2D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
 
-// scoresF32H3 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 3 heads h and the n rows r of F32 keys; hd is a multiple of 8.
-func scoresF32H3(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-
 // accumVF32H3D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F32 values
 // in order, for the 3 heads h; hd is a multiple of 8.
 func accumVF32H3D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
@@ -92,10 +124,6 @@ func accumVF32H3D1(out *float32, hd int, w *float32, wStride int, v *byte, strid
 // accumVF32H3D2 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F32 values
 // in order, for the 3 heads h; hd is a multiple of 16.
 func accumVF32H3D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-
-// scoresF32H4 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 4 heads h and the n rows r of F32 keys; hd is a multiple of 8.
-func scoresF32H4(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
 
 // accumVF32H4D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F32 values
 // in order, for the 4 heads h; hd is a multiple of 8.
@@ -105,9 +133,49 @@ func accumVF32H4D1(out *float32, hd int, w *float32, wStride int, v *byte, strid
 // in order, for the 4 heads h; hd is a multiple of 16.
 func accumVF32H4D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
 
-// scoresF16H1 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 1 heads h and the n rows r of F16 keys; hd is a multiple of 8.
-func scoresF16H1(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
+// scoresF16R1C8 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 8 rows of F16 keys at a time; cols is a multiple of 8, hd of 8.
+func scoresF16R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF16R1C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 4 rows of F16 keys at a time; cols is a multiple of 4, hd of 8.
+func scoresF16R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF16R1C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 2 rows of F16 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresF16R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF16R1C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 1 rows of F16 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresF16R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF16R2C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 2 and c < cols, 4 rows of F16 keys at a time; cols is a multiple of 4, hd of 8.
+func scoresF16R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF16R2C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 2 and c < cols, 2 rows of F16 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresF16R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF16R2C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 2 and c < cols, 1 rows of F16 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresF16R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF16R3C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 3 and c < cols, 2 rows of F16 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresF16R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF16R3C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 3 and c < cols, 1 rows of F16 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresF16R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF16R4C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 4 and c < cols, 2 rows of F16 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresF16R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresF16R4C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 4 and c < cols, 1 rows of F16 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresF16R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // accumVF16H1D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F16 values
 // in order, for the 1 heads h; hd is a multiple of 8.
@@ -121,10 +189,6 @@ func accumVF16H1D2(out *float32, hd int, w *float32, wStride int, v *byte, strid
 // in order, for the 1 heads h; hd is a multiple of 32.
 func accumVF16H1D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
 
-// scoresF16H2 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 2 heads h and the n rows r of F16 keys; hd is a multiple of 8.
-func scoresF16H2(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-
 // accumVF16H2D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F16 values
 // in order, for the 2 heads h; hd is a multiple of 8.
 func accumVF16H2D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
@@ -132,10 +196,6 @@ func accumVF16H2D1(out *float32, hd int, w *float32, wStride int, v *byte, strid
 // accumVF16H2D2 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F16 values
 // in order, for the 2 heads h; hd is a multiple of 16.
 func accumVF16H2D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-
-// scoresF16H3 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 3 heads h and the n rows r of F16 keys; hd is a multiple of 8.
-func scoresF16H3(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
 
 // accumVF16H3D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F16 values
 // in order, for the 3 heads h; hd is a multiple of 8.
@@ -145,10 +205,6 @@ func accumVF16H3D1(out *float32, hd int, w *float32, wStride int, v *byte, strid
 // in order, for the 3 heads h; hd is a multiple of 16.
 func accumVF16H3D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
 
-// scoresF16H4 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 4 heads h and the n rows r of F16 keys; hd is a multiple of 8.
-func scoresF16H4(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-
 // accumVF16H4D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F16 values
 // in order, for the 4 heads h; hd is a multiple of 8.
 func accumVF16H4D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
@@ -157,9 +213,49 @@ func accumVF16H4D1(out *float32, hd int, w *float32, wStride int, v *byte, strid
 // in order, for the 4 heads h; hd is a multiple of 16.
 func accumVF16H4D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
 
-// scoresBF16H1 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 1 heads h and the n rows r of BF16 keys; hd is a multiple of 8.
-func scoresBF16H1(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
+// scoresBF16R1C8 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 8 rows of BF16 keys at a time; cols is a multiple of 8, hd of 8.
+func scoresBF16R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresBF16R1C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 4 rows of BF16 keys at a time; cols is a multiple of 4, hd of 8.
+func scoresBF16R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresBF16R1C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 2 rows of BF16 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresBF16R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresBF16R1C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 1 and c < cols, 1 rows of BF16 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresBF16R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresBF16R2C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 2 and c < cols, 4 rows of BF16 keys at a time; cols is a multiple of 4, hd of 8.
+func scoresBF16R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresBF16R2C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 2 and c < cols, 2 rows of BF16 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresBF16R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresBF16R2C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 2 and c < cols, 1 rows of BF16 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresBF16R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresBF16R3C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 3 and c < cols, 2 rows of BF16 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresBF16R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresBF16R3C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 3 and c < cols, 1 rows of BF16 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresBF16R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresBF16R4C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 4 and c < cols, 2 rows of BF16 keys at a time; cols is a multiple of 2, hd of 8.
+func scoresBF16R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+
+// scoresBF16R4C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
+// for h < 4 and c < cols, 1 rows of BF16 keys at a time; cols is a multiple of 1, hd of 8.
+func scoresBF16R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // accumVBF16H1D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of BF16 values
 // in order, for the 1 heads h; hd is a multiple of 8.
@@ -173,10 +269,6 @@ func accumVBF16H1D2(out *float32, hd int, w *float32, wStride int, v *byte, stri
 // in order, for the 1 heads h; hd is a multiple of 32.
 func accumVBF16H1D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
 
-// scoresBF16H2 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 2 heads h and the n rows r of BF16 keys; hd is a multiple of 8.
-func scoresBF16H2(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-
 // accumVBF16H2D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of BF16 values
 // in order, for the 2 heads h; hd is a multiple of 8.
 func accumVBF16H2D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
@@ -189,10 +281,6 @@ func accumVBF16H2D2(out *float32, hd int, w *float32, wStride int, v *byte, stri
 // in order, for the 2 heads h; hd is a multiple of 32.
 func accumVBF16H2D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
 
-// scoresBF16H3 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 3 heads h and the n rows r of BF16 keys; hd is a multiple of 8.
-func scoresBF16H3(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
-
 // accumVBF16H3D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of BF16 values
 // in order, for the 3 heads h; hd is a multiple of 8.
 func accumVBF16H3D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
@@ -200,10 +288,6 @@ func accumVBF16H3D1(out *float32, hd int, w *float32, wStride int, v *byte, stri
 // accumVBF16H3D2 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of BF16 values
 // in order, for the 3 heads h; hd is a multiple of 16.
 func accumVBF16H3D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-
-// scoresBF16H4 sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale
-// for the 4 heads h and the n rows r of BF16 keys; hd is a multiple of 8.
-func scoresBF16H4(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)
 
 // accumVBF16H4D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of BF16 values
 // in order, for the 4 heads h; hd is a multiple of 8.

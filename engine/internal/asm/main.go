@@ -35,8 +35,10 @@ func main() {
 		matmulKernel(t[0], t[1])
 	}
 	for _, dt := range dtypes {
+		for _, t := range matmulTiles {
+			scoresKernel(dt, t[0], t[1])
+		}
 		for h := 1; h <= 4; h++ {
-			scoresKernel(dt, h)
 			for _, d := range []int{1, 2, 4} {
 				if accumVFits(dt, h, d) {
 					accumVKernel(dt, h, d)
@@ -54,9 +56,9 @@ func main() {
 	Generate()
 }
 
-// matmulTiles are the (rows of x, rows of w) blocks a matmul kernel
-// computes at once: at most eight accumulators, so that they, the loaded
-// vectors and the mask fit in the sixteen YMM registers.
+// matmulTiles are the (rows of x, rows of w) blocks a matmul or scores
+// kernel computes at once: at most eight accumulators, so that they, the
+// loaded vectors and the mask fit in the sixteen YMM registers.
 var matmulTiles = [][2]int{{1, 8}, {1, 4}, {1, 2}, {1, 1}, {2, 4}, {2, 2}, {2, 1}, {3, 2}, {3, 1}, {4, 2}, {4, 1}}
 
 // dtype is an element type of K and V in KV pages.
@@ -299,34 +301,86 @@ func (a rowAddr) retreat(d Op) {
 // matmulKernel computes R rows of x against cols rows of w, C rows of w at a
 // time: out[r·outStride + c] = dot(x[r·xStride:], w[c·n:]) over n elements.
 func matmulKernel(R, C int) {
-	TEXT(fmt.Sprintf("matmulR%dC%d", R, C), NOSPLIT,
-		"func(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)")
-	Doc(fmt.Sprintf("matmulR%dC%d sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])", R, C),
+	name := fmt.Sprintf("matmulR%dC%d", R, C)
+	TEXT(name, NOSPLIT, "func(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)")
+	Doc(name+" sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])",
 		fmt.Sprintf("for r < %d and c < cols, %d rows of w at a time; cols is a multiple of %d.", R, C, C))
-	x, xs := gpParam("x"), gpParam("xStride")
-	w, n := gpParam("w"), gpParam("n")
+	n := gpParam("n")
+	ws := GP64() // bytes per row of w
+	MOVQ(n, ws)
+	SHLQ(U8(2), ws)
+	tileKernel(R, C, dtypes[0], n, ws, nil)
+}
+
+// scoresKernel computes the attention scores of R query heads against cols
+// rows of keys of type dt, C rows at a time: out[h·outStride + c] =
+// dot(q[h·hd:][:hd], K_c)·scale, where K_c is hd elements at k[c·stride:],
+// and hd is a multiple of 8.
+func scoresKernel(dt dtype, R, C int) {
+	name := fmt.Sprintf("scores%sR%dC%d", dt.name, R, C)
+	TEXT(name, NOSPLIT, "func(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)")
+	Doc(name+" sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale",
+		fmt.Sprintf("for h < %d and c < cols, %d rows of %s keys at a time; cols is a multiple of %d, hd of 8.", R, C, dt.name, C))
+	n, ws := gpParam("hd"), gpParam("stride")
+	sx := Load(Param("scale"), XMM())
+	scale := YMM()
+	VBROADCASTSS(sx, scale)
+	tileKernel(R, C, dt, n, ws, scale)
+}
+
+// tileKernel is the body of matmulKernel and scoresKernel, after their
+// parameters n (the elements of a dot product) and ws (the bytes between
+// rows of w): the products of R rows of x (the parameter "x", or "q", with
+// its stride in elements) with C rows of w at a time, cols rows in all,
+// multiplied by scale if it is not nil. A tail of n mod 8 elements is read
+// masked for f32; a 16-bit w has no tail.
+func tileKernel(R, C int, dt dtype, n, ws GPVirtual, scale VecVirtual) {
+	xName, wName := "x", "w"
+	if scale != nil {
+		xName, wName = "q", "k"
+	}
+	x, xs := gpParam(xName), gpParam(map[string]string{"x": "xStride", "q": "hdStride"}[xName])
+	w := gpParam(wName)
 	cols, out, os := gpParam("cols"), gpParam("out"), gpParam("outStride")
 	SHLQ(U8(2), xs)
 	SHLQ(U8(2), os)
-	nb := GP64() // bytes per row of w
-	MOVQ(n, nb)
-	SHLQ(U8(2), nb)
 	xa := newRowAddr(x, xs, R)
-	wa := newRowAddr(w, nb, C)
-	fb := GP64() // bytes of whole chunks
-	MOVQ(nb, fb)
+	wa := newRowAddr(w, ws, C)
+	// A block of rows of x reads w once for each group of R rows: the
+	// first reads it from memory, in a stream the hardware prefetchers
+	// keep ahead of only when many streams run at once, as in the R = 1
+	// kernels. Prefetches keep matmulPrefetchTiles blocks of C rows of w
+	// ahead of the ones computed on.
+	var pw rowAddr
+	prefetch := R > 1 && scale == nil
+	if prefetch {
+		pw = rowAddr{base: GP64(), stride: ws, stride3: wa.stride3}
+		IMUL3Q(U32(matmulPrefetchTiles*C), ws, pw.base)
+		ADDQ(w, pw.base)
+		if C > 3 {
+			pw.base3 = GP64()
+			LEAQ(Mem{Base: pw.base, Index: wa.stride3, Scale: 1}, pw.base3)
+		}
+	}
+	xb := GP64() // bytes of a row of x, and of its whole chunks
+	MOVQ(n, xb)
+	SHLQ(U8(2), xb)
+	fb := GP64()
+	MOVQ(xb, fb)
 	ANDQ(I8(-32), fb)
 	var mask VecVirtual
-	rem := GP64()
-	MOVQ(n, rem)
-	ANDQ(U8(7), rem)
-	noMask := label("nomask")
-	mask = YMM()
-	VXORPS(mask, mask, mask)
-	JZ(LabelRef(noMask))
-	m := tailMask(rem)
-	VMOVUPS(m, mask)
-	Label(noMask)
+	if dt.size == 4 {
+		rem := GP64()
+		MOVQ(n, rem)
+		ANDQ(U8(7), rem)
+		noMask := label("nomask")
+		mask = YMM()
+		VXORPS(mask, mask, mask)
+		JZ(LabelRef(noMask))
+		m := tailMask(rem)
+		VMOVUPS(m, mask)
+		Label(noMask)
+	}
 
 	outer, end := label("cols"), label("end")
 	Label(outer)
@@ -337,10 +391,10 @@ func matmulKernel(R, C int) {
 		acc[i] = YMM()
 		VXORPS(acc[i], acc[i], acc[i])
 	}
-	k := GP64()
+	k := GP64() // bytes of x done
 	XORQ(k, k)
 	body := func(masked bool) {
-		load := func(m Mem) VecVirtual {
+		loadX := func(m Mem) VecVirtual {
 			v := YMM()
 			if masked {
 				VMASKMOVPS(m, mask, v)
@@ -349,15 +403,22 @@ func matmulKernel(R, C int) {
 			}
 			return v
 		}
+		loadW := func(c int) VecVirtual {
+			if masked {
+				v := YMM()
+				VMASKMOVPS(wa.at(c, 0), mask, v)
+				return v
+			}
+			return loadKV(dt, wa.at(c, 0))
+		}
 		if R == 1 {
-			xv := load(xa.at(0, 0))
+			xv := loadX(xa.at(0, 0))
 			for c := 0; c < C; c++ {
 				t := YMM()
-				if masked {
-					VMASKMOVPS(wa.at(c, 0), mask, t)
-					VMULPS(xv, t, t)
-				} else {
+				if !masked && dt.size == 4 {
 					VMULPS(wa.at(c, 0), xv, t)
+				} else {
+					VMULPS(xv, loadW(c), t)
 				}
 				VADDPS(t, acc[c], acc[c])
 			}
@@ -365,10 +426,13 @@ func matmulKernel(R, C int) {
 		}
 		wv := make([]VecVirtual, C)
 		for c := range wv {
-			wv[c] = load(wa.at(c, 0))
+			if prefetch && !masked {
+				PREFETCHT0(pw.at(c, 0))
+			}
+			wv[c] = loadW(c)
 		}
 		for r := 0; r < R; r++ {
-			xv := load(xa.at(r, 0))
+			xv := loadX(xa.at(r, 0))
 			for c := 0; c < C; c++ {
 				t := YMM()
 				VMULPS(wv[c], xv, t)
@@ -383,16 +447,38 @@ func matmulKernel(R, C int) {
 	body(false)
 	ADDQ(U8(32), k)
 	xa.advance(U8(32))
-	wa.advance(U8(32))
+	wa.advance(U8(uint8(8 * dt.size)))
+	if prefetch {
+		pw.advance(U8(32))
+	}
 	JMP(LabelRef(loop))
 	Label(tail)
-	CMPQ(k, nb)
-	JAE(LabelRef(store))
-	body(true)
+	if mask != nil {
+		CMPQ(k, xb)
+		JAE(LabelRef(store))
+		body(true)
+	}
 	Label(store)
 	xa.retreat(k)
+	if prefetch {
+		pw.retreat(k)
+		LEAQ(Mem{Base: pw.base, Index: ws, Scale: uint8(C)}, pw.base)
+		if pw.base3 != nil {
+			LEAQ(Mem{Base: pw.base, Index: wa.stride3, Scale: 1}, pw.base3)
+		}
+	}
+	if dt.size == 2 {
+		SHRQ(U8(1), k)
+	}
 	wa.retreat(k)
 	r := reduce(acc)
+	if scale != nil {
+		if len(acc) <= 4 {
+			VMULPS(scale.AsX(), r, r)
+		} else {
+			VMULPS(scale, r, r)
+		}
+	}
 	p := GP64()
 	MOVQ(out, p)
 	for row := 0; row < R; row++ {
@@ -414,7 +500,7 @@ func matmulKernel(R, C int) {
 		}
 	}
 	// Next C rows of w, C outputs on.
-	LEAQ(Mem{Base: w, Index: nb, Scale: uint8(C)}, w)
+	LEAQ(Mem{Base: w, Index: ws, Scale: uint8(C)}, w)
 	if wa.base3 != nil {
 		LEAQ(Mem{Base: w, Index: wa.stride3, Scale: 1}, wa.base3)
 	}
@@ -457,79 +543,9 @@ func loadKV(dt dtype, m Mem) VecVirtual {
 	return v
 }
 
-// scoresKernel: out[h·outStride + r] = dot(q[h·hd:][:hd], K_r) · scale for
-// the H query heads at q and the n rows at k, stride bytes apart; hd is a
-// multiple of 8.
-func scoresKernel(dt dtype, H int) {
-	name := fmt.Sprintf("scores%sH%d", dt.name, H)
-	TEXT(name, NOSPLIT, "func(q *float32, hd int, k *byte, stride int, n int, out *float32, outStride int, scale float32)")
-	Doc(name+" sets out[h·outStride+r] = dotKVGeneric(q[h·hd:][:hd], k[r·stride:])·scale",
-		fmt.Sprintf("for the %d heads h and the n rows r of %s keys; hd is a multiple of 8.", H, dt.name))
-	q := gpParam("q")
-	hd := gpParam("hd")
-	k, stride, n := gpParam("k"), gpParam("stride"), gpParam("n")
-	out, os := gpParam("out"), gpParam("outStride")
-	sx := Load(Param("scale"), XMM())
-	scale := YMM()
-	VBROADCASTSS(sx, scale)
-	SHLQ(U8(2), os)
-	qs := make([]GPVirtual, H)
-	outs := make([]GPVirtual, H)
-	hdb := GP64() // bytes of one head's q
-	MOVQ(hd, hdb)
-	SHLQ(U8(2), hdb)
-	for h := range qs {
-		qs[h], outs[h] = GP64(), GP64()
-		if h == 0 {
-			MOVQ(q, qs[h])
-			MOVQ(out, outs[h])
-		} else {
-			LEAQ(Mem{Base: qs[h-1], Index: hdb, Scale: 1}, qs[h])
-			LEAQ(Mem{Base: outs[h-1], Index: os, Scale: 1}, outs[h])
-		}
-	}
-	kb := GP64() // bytes of one row's key
-	MOVQ(hd, kb)
-	SHLQ(U8(uint8(math.Log2(float64(dt.size)))), kb)
-	qScale := uint8(4 / dt.size)
-	kpf := prefetchPointer(k, stride)
-	rows, done := label("rows"), label("done")
-	Label(rows)
-	TESTQ(n, n)
-	JZ(LabelRef(done))
-	acc := make([]VecVirtual, H)
-	for h := range acc {
-		acc[h] = YMM()
-		VXORPS(acc[h], acc[h], acc[h])
-	}
-	j := GP64()
-	XORQ(j, j)
-	chunks := label("chunks")
-	Label(chunks)
-	PREFETCHT0(Mem{Base: kpf, Index: j, Scale: 1})
-	kv := loadKV(dt, Mem{Base: k, Index: j, Scale: 1})
-	for h := range acc {
-		t := YMM()
-		VMULPS(Mem{Base: qs[h], Index: j, Scale: qScale}, kv, t)
-		VADDPS(t, acc[h], acc[h])
-	}
-	ADDQ(U8(uint8(8*dt.size)), j)
-	CMPQ(j, kb)
-	JB(LabelRef(chunks))
-	r := reduce(acc)
-	VMULPS(scale.AsX(), r, r)
-	for h := range acc {
-		storeLane(r, h, Mem{Base: outs[h]})
-		ADDQ(U8(4), outs[h])
-	}
-	ADDQ(stride, k)
-	ADDQ(stride, kpf)
-	DECQ(n)
-	JMP(LabelRef(rows))
-	Label(done)
-	VZEROUPPER()
-	RET()
-}
+// matmulPrefetchTiles is how many blocks of rows of w ahead a matmul
+// kernel of more than one row of x prefetches.
+const matmulPrefetchTiles = 8
 
 // prefetchRows is how many rows ahead the attention kernels ask for the
 // K or V they will read: pages sit anywhere in a pool and a sequence's
