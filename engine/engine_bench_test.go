@@ -319,15 +319,12 @@ func BenchmarkKernels(b *testing.B) {
 		encodeKV(cache, benchFloats(len(cache)/dt.Size(), 4), dt)
 		qd := c.Heads * c.HeadDim
 		q, att := benchFloats(qd, 5), make([]float32, qd)
-		scores := make([]float32, c.Heads/c.KVHeads*c.ContextTokens)
+		scores := make([]float32, c.Heads*c.ContextTokens)
 		past := [][]byte{cache[:(ctx-1)*m.geo.BytesPerToken()]}
 		cur := cache[(ctx-1)*m.geo.BytesPerToken():]
 		b.Run(fmt.Sprintf("attention/%s/ctx=%d", dt, ctx), func(b *testing.B) {
-			sideBySide(b, func() {
-				for g := range c.KVHeads {
-					m.attendHead(scores, 0, g, q, att, past, cur)
-				}
-			}, func() { oldAttend(m, scores, 0, q, att, past, cur) })
+			sideBySide(b, func() { m.attendHeads(scores, 0, 0, c.KVHeads, q, att, past, cur) },
+				func() { oldAttend(m, scores, 0, q, att, past, cur) })
 		})
 	}
 	b.Run("softmax/1024", func(b *testing.B) {

@@ -46,7 +46,7 @@ type scratch struct {
 	h1, h3          []float32 // rows × HiddenDim
 	logits          []float32 // logitRows × Vocab
 	// scores holds, for each part attention may split into, the attention
-	// weights of one KV head's query heads: Heads/KVHeads × ContextTokens.
+	// weights of every query head: Heads × ContextTokens.
 	scores [][]float32
 	fwd    []fwdRow // rows: the pass's rows, for its callers to fill
 	mm     matmulJob
@@ -68,7 +68,7 @@ func newScratch(c ModelConfig, rows, logitRows int) *scratch {
 		fwd:    make([]fwdRow, rows),
 	}
 	for i := range s.scores {
-		s.scores[i] = make([]float32, c.Heads/c.KVHeads*c.ContextTokens)
+		s.scores[i] = make([]float32, c.Heads*c.ContextTokens)
 	}
 	return s
 }
@@ -130,7 +130,7 @@ func (m *model) forward(s *scratch, rows []fwdRow) {
 			m.rope(k[t*kvd:(t+1)*kvd], r.pos)
 			m.storeKV(r.cur[len(r.cur)-bpt:], l, k[t*kvd:(t+1)*kvd], v[t*kvd:(t+1)*kvd])
 		}
-		s.at = attendJob{m: m, s: s, l: l, rows: rows}
+		s.at = attendJob{m: m, s: s, l: l, rows: rows, perHead: len(rows) < attParts}
 		split(&s.at, attParts, &s.wg)
 		s.matmul(o, att, w.WO, qd)
 		kern.add(x, o)
@@ -194,59 +194,73 @@ func (m *model) storeKV(row []byte, l int, k, v []float32) {
 	}
 }
 
-// attendJob is one layer's attention for the rows of a pass, in (row, KV
-// head) items: part p takes the items p, p+parts, …, so that the long rows
+// attendJob is one layer's attention for the rows of a pass, in items of
+// one row's KV heads: all of them, or, when there are fewer rows than
+// parts, one. Part p takes the items p, p+parts, …, so that the long rows
 // of a prompt's end spread over the parts.
 type attendJob struct {
-	m    *model
-	s    *scratch
-	l    int
-	rows []fwdRow
+	m       *model
+	s       *scratch
+	l       int
+	rows    []fwdRow
+	perHead bool
 }
 
 func (j *attendJob) run(p, parts int) {
 	c := &j.m.cfg
 	qd := c.Heads * c.HeadDim
-	for i := p; i < len(j.rows)*c.KVHeads; i += parts {
-		t, g := i/c.KVHeads, i%c.KVHeads
+	heads := 1
+	if !j.perHead {
+		heads = c.KVHeads
+	}
+	for i := p; i < len(j.rows)*c.KVHeads/heads; i += parts {
+		t, g := i*heads/c.KVHeads, i*heads%c.KVHeads
 		r := &j.rows[t]
-		j.m.attendHead(j.s.scores[p], j.l, g, j.s.q[t*qd:(t+1)*qd], j.s.att[t*qd:(t+1)*qd], r.past, r.cur)
+		j.m.attendHeads(j.s.scores[p], j.l, g, g+heads, j.s.q[t*qd:(t+1)*qd], j.s.att[t*qd:(t+1)*qd], r.past, r.cur)
 	}
 }
 
-// attendHead computes, in layer l, the query heads that KV head g serves
-// (of the row whose queries are q) over the KV rows of past then cur, in
-// position order, into their part of out. Each K and V row is read once
-// for all of those heads, and the next segment's rows are asked for while
-// a segment's are computed on: a sequence's pages lie anywhere in the pool.
-func (m *model) attendHead(scores []float32, l, g int, q, out []float32, past [][]byte, cur []byte) {
+// attendHeads computes, in layer l, the query heads that KV heads g0 to
+// g1-1 serve (of the row whose queries are q) over the KV rows of past then
+// cur, in position order, into their part of out. Each K and V row is read
+// once for all of those heads, the K (and then the V) of all the KV heads
+// of a row together, and the next segment's rows are asked for while a
+// segment's are computed on: a sequence's pages lie anywhere in the pool.
+func (m *model) attendHeads(scores []float32, l, g0, g1 int, q, out []float32, past [][]byte, cur []byte) {
 	c := &m.cfg
 	hd, bpt, dt, ctx := c.HeadDim, m.geo.BytesPerToken(), m.geo.DType, c.ContextTokens
 	group := c.Heads / c.KVHeads
 	scale := float32(1 / math.Sqrt(float64(hd)))
-	q, out = q[g*group*hd:(g+1)*group*hd], out[g*group*hd:(g+1)*group*hd]
-	kOff, vOff := m.geo.Offset(l, g, false), m.geo.Offset(l, g, true)
-	m.prefetchSegment(past, cur, 0, kOff)
+	kOff, vOff := m.geo.Offset(l, g0, false), m.geo.Offset(l, g0, true)
+	heads := (g1 - g0) * hd * dt.Size() // bytes of one row's K, or V, of the heads
+	// The K pass asks for the V too, which lies next to it in each row.
+	m.prefetchSegment(past, cur, 0, kOff, vOff-kOff+heads)
 	n := 0
 	for i := 0; i <= len(past); i++ {
 		seg := segment(past, cur, i)
-		m.prefetchSegment(past, cur, i+1, kOff)
+		m.prefetchSegment(past, cur, i+1, kOff, vOff-kOff+heads)
 		if rows := len(seg) / bpt; rows > 0 {
-			kern.scores(scores[n:], ctx, q, group, hd, seg[kOff:], rows, bpt, dt, scale)
+			for g := g0; g < g1; g++ {
+				kern.scores(scores[(g-g0)*group*ctx+n:], ctx, q[g*group*hd:(g+1)*group*hd], group, hd,
+					seg[m.geo.Offset(l, g, false):], rows, bpt, dt, scale)
+			}
 			n += rows
 		}
 	}
-	m.prefetchSegment(past, cur, 0, vOff)
-	for h := range group {
+	for h := range (g1 - g0) * group {
 		softmax(scores[h*ctx : h*ctx+n])
 	}
+	out = out[g0*group*hd : g1*group*hd]
 	clear(out)
 	n = 0
 	for i := 0; i <= len(past); i++ {
 		seg := segment(past, cur, i)
-		m.prefetchSegment(past, cur, i+1, vOff)
+		m.prefetchSegment(past, cur, i+1, vOff, heads)
 		if rows := len(seg) / bpt; rows > 0 {
-			kern.accumV(out, group, hd, scores[n:], ctx, seg[vOff:], rows, bpt, dt)
+			for g := g0; g < g1; g++ {
+				kern.accumV(out[(g-g0)*group*hd:], group, hd, scores[(g-g0)*group*ctx+n:], ctx,
+					seg[m.geo.Offset(l, g, true):], rows, bpt, dt)
+			}
 			n += rows
 		}
 	}
@@ -260,15 +274,15 @@ func segment(past [][]byte, cur []byte, i int) []byte {
 	return cur
 }
 
-// prefetchSegment asks for one head's K or V (at off in each row) of the
-// i-th segment of past then cur, if there is one.
-func (m *model) prefetchSegment(past [][]byte, cur []byte, i, off int) {
+// prefetchSegment asks for the bytes at off of each row of the i-th
+// segment of past then cur, if there is one.
+func (m *model) prefetchSegment(past [][]byte, cur []byte, i, off, bytes int) {
 	if i > len(past) {
 		return
 	}
 	bpt := m.geo.BytesPerToken()
 	if seg := segment(past, cur, i); len(seg) >= bpt {
-		kern.prefetch(seg[off:], len(seg)/bpt, bpt, m.cfg.HeadDim*m.geo.DType.Size())
+		kern.prefetch(seg[off:], len(seg)/bpt, bpt, bytes)
 	}
 }
 
