@@ -564,30 +564,9 @@ func (s *refSequence) Close(pool KV) error {
 	return errors.Join(errs...)
 }
 
-// Reference generates maxNew greedy tokens after prompt with the model of
-// cfg, keeping the KV in one contiguous buffer: no pool, no pages, no tags.
-// It is the single-node oracle every other path must equal bit for bit.
-func Reference(cfg ModelConfig, prompt []int, maxNew int) ([]int, error) {
-	e, err := NewReferenceEngine(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return e.Reference(prompt, maxNew)
-}
-
-// Answer is what a node serving cfg answers for the text prompt with at
-// most maxNew tokens: Reference over the prompt's bytes, ending at the
-// first EOS if one comes. Every serving path must give exactly this.
-func Answer(cfg ModelConfig, prompt string, maxNew int) ([]int, error) {
-	tokens, err := Reference(cfg, ByteTokenizer{}.Encode(prompt), maxNew)
-	if i := slices.Index(tokens, EOS); i >= 0 {
-		tokens = tokens[:i+1]
-	}
-	return tokens, err
-}
-
-// Reference is the package function Reference on this engine's weights,
-// which saves generating them again.
+// Reference generates maxNew greedy tokens after prompt, keeping the KV in
+// one contiguous buffer: no pool, no pages, no tags. It is the single-node
+// oracle every other path must equal bit for bit.
 func (e *ReferenceEngine) Reference(prompt []int, maxNew int) ([]int, error) {
 	if err := e.checkPrompt(prompt); err != nil {
 		return nil, err

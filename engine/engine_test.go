@@ -606,7 +606,11 @@ func TestReferenceNotDegenerate(t *testing.T) {
 
 func TestReferenceDeterministic(t *testing.T) {
 	prompt := tok.Encode("determinism")
-	a, err := Reference(DefaultModelConfig(), prompt, 32)
+	fresh, err := NewReferenceEngine(DefaultModelConfig()) // weights generated again
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := fresh.Reference(prompt, 32)
 	if err != nil {
 		t.Fatal(err)
 	}
