@@ -102,7 +102,9 @@ func matmulPeak(cores int) float64 {
 // bytes, so the roofline is generous: a ratio of 1 would mean the step
 // runs at memcpy speed. A batch of more than one also reports x-batch1,
 // its tokens per second over those of one sequence stepped alone in the
-// same run.
+// same run, and x-batch1-roofline, the most x-batch1 can be when both run
+// at the roofline: the KV of every sequence is read at every step, so a
+// long context bounds what a batch gains.
 //
 // Each sequence has its own copy of one prompt's KV, so that the batch
 // reads as many distinct bytes as different prompts would, and restarts
@@ -139,6 +141,11 @@ func BenchmarkDecode(b *testing.B) {
 						one := &decodeRun{e: e, p: p, pfs: pfs[:1]}
 						b.ReportMetric(float64(batch)*one.stepTime(b, ctx)/stepNs, "x-batch1")
 						one.close(b)
+						// What x-batch1 would be if both steps ran at the
+						// roofline: the batch reads the weights once, but
+						// every sequence's KV.
+						one1 := bm.cfg.WeightBytes() + (bytes-bm.cfg.WeightBytes())/int64(batch)
+						b.ReportMetric(float64(batch)*float64(one1)/float64(bytes), "x-batch1-roofline")
 					}
 				})
 			}

@@ -6,11 +6,12 @@ import (
 )
 
 // A step with enough work splits it between goroutines: the output rows of
-// a large matrix product, or the (row, KV head) pairs of attention. Every
+// a large matrix product, or the rows (or KV heads) of attention. Every
 // output element is computed by one kernel call whose bits do not depend on
 // which other elements it is computed with, so a split changes the speed
-// only. Small work runs on the caller alone: waking a helper costs
-// microseconds, which a small model's step at batch 1 would feel.
+// only. Small work runs on the caller alone: waking a helper goroutine
+// takes tens of microseconds on a virtual machine, which a small model's
+// step would feel, so a split must give each part more work than that.
 
 // partsMax bounds the goroutines one piece of work is split across.
 const partsMax = 8
@@ -19,10 +20,10 @@ const partsMax = 8
 // variables so that a test can split everything, or nothing.
 var (
 	// matmulSplitMin is multiply-adds of one matrix product.
-	matmulSplitMin = 1 << 18
+	matmulSplitMin = 1 << 21
 	// attendSplitMin is multiply-adds of one layer's attention: scores and
 	// weighted sums over every position of every row.
-	attendSplitMin = 1 << 17
+	attendSplitMin = 1 << 21
 )
 
 // job is work in parts that may run at once: run(p, parts) does part p.
