@@ -558,6 +558,9 @@ func TestReclaimedPageFailsStep(t *testing.T) {
 }
 
 func TestStepAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's instrumentation allocates; go test without -race counts")
+	}
 	e := engineFor(t, DefaultModelConfig())
 	p := fragmentedPool(t, e.Config().Geometry(128), 8, 10, 10)
 	pf := prefill(t, e, p, ownerA, testPrompt(20, "alloc"))
@@ -925,6 +928,9 @@ func TestStepBatchFailsAlone(t *testing.T) {
 }
 
 func TestStepBatchAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's instrumentation allocates; go test without -race counts")
+	}
 	e := engineFor(t, DefaultModelConfig())
 	p := fragmentedPool(t, e.Config().Geometry(128), 32, 10, 10)
 	var seqs []Sequence
