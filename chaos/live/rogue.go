@@ -336,7 +336,10 @@ func (r *RoguePeer) plan(p, target roundTarget, rnd *mrand.Rand) Attack {
 	m := &messages.TransferPlan{RequestID: 1 + rnd.Uint64N(1<<62), Tenant: r.tenants[rnd.IntN(len(r.tenants))],
 		TokenCount: uint32(len(tokens)), PromptTokens: tokens, PageTokens: uint32(r.geometry.PageTokens),
 		DestTags:  []kv.Tag{{Incarnation: target.Incarnation, Index: rnd.Uint32N(64), Generation: 1 + rnd.Uint64N(1<<16)}},
-		DataPlane: target.status.Node.DataPlane}
+		DataPlane: target.status.Node.DataPlane,
+		// The prefill node's own model, as its status (and gossip) tells
+		// anyone: the plan is refused for who sends it, not for its model.
+		Model: p.status.Node.ModelFingerprint}
 	we, err := r.ask(actor.NewPID(p.Addr, actors.PrefillName), m)
 	return forbidden(Attack{Name: "transfer plan as a tenant", Node: p.Name, Want: names(trust.RefusedRole)}, we, err)
 }
