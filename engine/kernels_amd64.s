@@ -2486,7 +2486,7 @@ end132:
 	RET
 
 // func accumVF32H1D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, MMX+
+// Requires: AVX
 TEXT ·accumVF32H1D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2506,30 +2506,26 @@ groups136:
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
 	ADDQ    SI, R9
-	IMUL3Q  $0x00000004, DI, R10
-	ADDQ    R9, R10
-	MOVQ    R8, R11
+	MOVQ    R8, R10
 
 rows138:
-	TESTQ        R11, R11
+	TESTQ        R10, R10
 	JZ           rowsdone139
-	PREFETCHT0   (R10)
 	VMOVUPS      (R9), Y1
 	VBROADCASTSS (DX), Y2
 	VMULPS       Y1, Y2, Y1
 	VADDPS       Y1, Y0, Y0
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	ADDQ         DI, R10
-	DECQ         R11
+	DECQ         R10
 	JMP          rows138
 
 rowsdone139:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
+	MOVQ    R8, R10
+	SHLQ    $0x02, R10
+	SUBQ    R10, DX
 	ADDQ    $0x00000020, BX
 	JMP     groups136
 
@@ -2538,7 +2534,7 @@ done137:
 	RET
 
 // func accumVF32H1D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, MMX+
+// Requires: AVX
 TEXT ·accumVF32H1D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2559,16 +2555,12 @@ groups140:
 	VMOVUPS 32(R9)(BX*1), Y1
 	MOVQ    BX, R9
 	ADDQ    SI, R9
-	IMUL3Q  $0x00000004, DI, R10
-	ADDQ    R9, R10
-	MOVQ    R8, R11
+	MOVQ    R8, R10
 
 rows142:
-	TESTQ        R11, R11
+	TESTQ        R10, R10
 	JZ           rowsdone143
-	PREFETCHT0   (R10)
 	VMOVUPS      (R9), Y2
-	PREFETCHT0   32(R10)
 	VMOVUPS      32(R9), Y3
 	VBROADCASTSS (DX), Y4
 	VMULPS       Y2, Y4, Y2
@@ -2577,17 +2569,16 @@ rows142:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	ADDQ         DI, R10
-	DECQ         R11
+	DECQ         R10
 	JMP          rows142
 
 rowsdone143:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
+	MOVQ    R8, R10
+	SHLQ    $0x02, R10
+	SUBQ    R10, DX
 	ADDQ    $0x00000040, BX
 	JMP     groups140
 
@@ -2596,7 +2587,7 @@ done141:
 	RET
 
 // func accumVF32H1D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, MMX+
+// Requires: AVX
 TEXT ·accumVF32H1D4(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2619,20 +2610,14 @@ groups144:
 	VMOVUPS 96(R9)(BX*1), Y3
 	MOVQ    BX, R9
 	ADDQ    SI, R9
-	IMUL3Q  $0x00000004, DI, R10
-	ADDQ    R9, R10
-	MOVQ    R8, R11
+	MOVQ    R8, R10
 
 rows146:
-	TESTQ        R11, R11
+	TESTQ        R10, R10
 	JZ           rowsdone147
-	PREFETCHT0   (R10)
 	VMOVUPS      (R9), Y4
-	PREFETCHT0   32(R10)
 	VMOVUPS      32(R9), Y5
-	PREFETCHT0   64(R10)
 	VMOVUPS      64(R9), Y6
-	PREFETCHT0   96(R10)
 	VMOVUPS      96(R9), Y7
 	VBROADCASTSS (DX), Y8
 	VMULPS       Y4, Y8, Y4
@@ -2645,8 +2630,7 @@ rows146:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	ADDQ         DI, R10
-	DECQ         R11
+	DECQ         R10
 	JMP          rows146
 
 rowsdone147:
@@ -2655,9 +2639,9 @@ rowsdone147:
 	VMOVUPS Y1, 32(R9)(BX*1)
 	VMOVUPS Y2, 64(R9)(BX*1)
 	VMOVUPS Y3, 96(R9)(BX*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
+	MOVQ    R8, R10
+	SHLQ    $0x02, R10
+	SUBQ    R10, DX
 	ADDQ    $0x00000080, BX
 	JMP     groups144
 
@@ -2666,7 +2650,7 @@ done145:
 	RET
 
 // func accumVF32H2D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, MMX+
+// Requires: AVX
 TEXT ·accumVF32H2D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2689,14 +2673,11 @@ groups148:
 	VMOVUPS (R10)(R9*1), Y1
 	MOVQ    R9, R10
 	ADDQ    SI, R10
-	IMUL3Q  $0x00000004, DI, R11
-	ADDQ    R10, R11
-	MOVQ    R8, R12
+	MOVQ    R8, R11
 
 rows150:
-	TESTQ        R12, R12
+	TESTQ        R11, R11
 	JZ           rowsdone151
-	PREFETCHT0   (R11)
 	VMOVUPS      (R10), Y2
 	VBROADCASTSS (DX), Y3
 	VMULPS       Y2, Y3, Y3
@@ -2707,8 +2688,7 @@ rows150:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	ADDQ         DI, R11
-	DECQ         R12
+	DECQ         R11
 	JMP          rows150
 
 rowsdone151:
@@ -2716,10 +2696,10 @@ rowsdone151:
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
 	VMOVUPS Y1, (R10)(R9*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, BX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
+	SUBQ    R11, BX
 	ADDQ    $0x00000020, R9
 	JMP     groups148
 
@@ -2728,7 +2708,7 @@ done149:
 	RET
 
 // func accumVF32H2D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, MMX+
+// Requires: AVX
 TEXT ·accumVF32H2D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2753,16 +2733,12 @@ groups152:
 	VMOVUPS 32(R10)(R9*1), Y3
 	MOVQ    R9, R10
 	ADDQ    SI, R10
-	IMUL3Q  $0x00000004, DI, R11
-	ADDQ    R10, R11
-	MOVQ    R8, R12
+	MOVQ    R8, R11
 
 rows154:
-	TESTQ        R12, R12
+	TESTQ        R11, R11
 	JZ           rowsdone155
-	PREFETCHT0   (R11)
 	VMOVUPS      (R10), Y4
-	PREFETCHT0   32(R11)
 	VMOVUPS      32(R10), Y5
 	VBROADCASTSS (DX), Y6
 	VMULPS       Y4, Y6, Y7
@@ -2777,8 +2753,7 @@ rows154:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	ADDQ         DI, R11
-	DECQ         R12
+	DECQ         R11
 	JMP          rows154
 
 rowsdone155:
@@ -2788,10 +2763,10 @@ rowsdone155:
 	ADDQ    CX, R10
 	VMOVUPS Y2, (R10)(R9*1)
 	VMOVUPS Y3, 32(R10)(R9*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, BX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
+	SUBQ    R11, BX
 	ADDQ    $0x00000040, R9
 	JMP     groups152
 
@@ -2800,7 +2775,7 @@ done153:
 	RET
 
 // func accumVF32H2D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, MMX+
+// Requires: AVX
 TEXT ·accumVF32H2D4(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2829,20 +2804,14 @@ groups156:
 	VMOVUPS 96(R10)(R9*1), Y7
 	MOVQ    R9, R10
 	ADDQ    SI, R10
-	IMUL3Q  $0x00000004, DI, R11
-	ADDQ    R10, R11
-	MOVQ    R8, R12
+	MOVQ    R8, R11
 
 rows158:
-	TESTQ        R12, R12
+	TESTQ        R11, R11
 	JZ           rowsdone159
-	PREFETCHT0   (R11)
 	VMOVUPS      (R10), Y8
-	PREFETCHT0   32(R11)
 	VMOVUPS      32(R10), Y9
-	PREFETCHT0   64(R11)
 	VMOVUPS      64(R10), Y10
-	PREFETCHT0   96(R11)
 	VMOVUPS      96(R10), Y11
 	VBROADCASTSS (DX), Y12
 	VMULPS       Y8, Y12, Y13
@@ -2865,8 +2834,7 @@ rows158:
 	VADDPS       Y8, Y7, Y7
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	ADDQ         DI, R11
-	DECQ         R12
+	DECQ         R11
 	JMP          rows158
 
 rowsdone159:
@@ -2880,10 +2848,10 @@ rowsdone159:
 	VMOVUPS Y5, 32(R10)(R9*1)
 	VMOVUPS Y6, 64(R10)(R9*1)
 	VMOVUPS Y7, 96(R10)(R9*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, BX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
+	SUBQ    R11, BX
 	ADDQ    $0x00000080, R9
 	JMP     groups156
 
@@ -2892,7 +2860,7 @@ done157:
 	RET
 
 // func accumVF32H3D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, MMX+
+// Requires: AVX
 TEXT ·accumVF32H3D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2918,14 +2886,11 @@ groups160:
 	VMOVUPS (R11)(R10*1), Y2
 	MOVQ    R10, R11
 	ADDQ    SI, R11
-	IMUL3Q  $0x00000004, DI, R12
-	ADDQ    R11, R12
-	MOVQ    R8, R13
+	MOVQ    R8, R12
 
 rows162:
-	TESTQ        R13, R13
+	TESTQ        R12, R12
 	JZ           rowsdone163
-	PREFETCHT0   (R12)
 	VMOVUPS      (R11), Y3
 	VBROADCASTSS (DX), Y4
 	VMULPS       Y3, Y4, Y4
@@ -2940,8 +2905,7 @@ rows162:
 	VADDPS       Y3, Y2, Y2
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	ADDQ         DI, R12
-	DECQ         R13
+	DECQ         R12
 	JMP          rows162
 
 rowsdone163:
@@ -2951,11 +2915,11 @@ rowsdone163:
 	VMOVUPS Y1, (R11)(R10*1)
 	ADDQ    CX, R11
 	VMOVUPS Y2, (R11)(R10*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, R9
+	SUBQ    R12, BX
 	ADDQ    $0x00000020, R10
 	JMP     groups160
 
@@ -2964,7 +2928,7 @@ done161:
 	RET
 
 // func accumVF32H3D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, MMX+
+// Requires: AVX
 TEXT ·accumVF32H3D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -2993,16 +2957,12 @@ groups164:
 	VMOVUPS 32(R11)(R10*1), Y5
 	MOVQ    R10, R11
 	ADDQ    SI, R11
-	IMUL3Q  $0x00000004, DI, R12
-	ADDQ    R11, R12
-	MOVQ    R8, R13
+	MOVQ    R8, R12
 
 rows166:
-	TESTQ        R13, R13
+	TESTQ        R12, R12
 	JZ           rowsdone167
-	PREFETCHT0   (R12)
 	VMOVUPS      (R11), Y6
-	PREFETCHT0   32(R12)
 	VMOVUPS      32(R11), Y7
 	VBROADCASTSS (DX), Y8
 	VMULPS       Y6, Y8, Y9
@@ -3023,8 +2983,7 @@ rows166:
 	VADDPS       Y6, Y5, Y5
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	ADDQ         DI, R12
-	DECQ         R13
+	DECQ         R12
 	JMP          rows166
 
 rowsdone167:
@@ -3037,11 +2996,11 @@ rowsdone167:
 	ADDQ    CX, R11
 	VMOVUPS Y4, (R11)(R10*1)
 	VMOVUPS Y5, 32(R11)(R10*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, R9
+	SUBQ    R12, BX
 	ADDQ    $0x00000040, R10
 	JMP     groups164
 
@@ -3050,7 +3009,7 @@ done165:
 	RET
 
 // func accumVF32H4D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, MMX+
+// Requires: AVX
 TEXT ·accumVF32H4D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3079,14 +3038,11 @@ groups168:
 	VMOVUPS (R12)(R11*1), Y3
 	MOVQ    R11, R12
 	ADDQ    SI, R12
-	IMUL3Q  $0x00000004, DI, R13
-	ADDQ    R12, R13
-	MOVQ    R8, R14
+	MOVQ    R8, R13
 
 rows170:
-	TESTQ        R14, R14
+	TESTQ        R13, R13
 	JZ           rowsdone171
-	PREFETCHT0   (R13)
 	VMOVUPS      (R12), Y4
 	VBROADCASTSS (DX), Y5
 	VMULPS       Y4, Y5, Y5
@@ -3105,8 +3061,7 @@ rows170:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	ADDQ         DI, R13
-	DECQ         R14
+	DECQ         R13
 	JMP          rows170
 
 rowsdone171:
@@ -3118,12 +3073,12 @@ rowsdone171:
 	VMOVUPS Y2, (R12)(R11*1)
 	ADDQ    CX, R12
 	VMOVUPS Y3, (R12)(R11*1)
-	MOVQ    R8, R14
-	SHLQ    $0x02, R14
-	SUBQ    R14, DX
-	SUBQ    R14, R9
-	SUBQ    R14, R10
-	SUBQ    R14, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, R10
+	SUBQ    R13, BX
 	ADDQ    $0x00000020, R11
 	JMP     groups168
 
@@ -3132,7 +3087,7 @@ done169:
 	RET
 
 // func accumVF32H4D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, MMX+
+// Requires: AVX
 TEXT ·accumVF32H4D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -3165,16 +3120,12 @@ groups172:
 	VMOVUPS 32(R12)(R11*1), Y7
 	MOVQ    R11, R12
 	ADDQ    SI, R12
-	IMUL3Q  $0x00000004, DI, R13
-	ADDQ    R12, R13
-	MOVQ    R8, R14
+	MOVQ    R8, R13
 
 rows174:
-	TESTQ        R14, R14
+	TESTQ        R13, R13
 	JZ           rowsdone175
-	PREFETCHT0   (R13)
 	VMOVUPS      (R12), Y8
-	PREFETCHT0   32(R13)
 	VMOVUPS      32(R12), Y9
 	VBROADCASTSS (DX), Y10
 	VMULPS       Y8, Y10, Y11
@@ -3201,8 +3152,7 @@ rows174:
 	VADDPS       Y8, Y7, Y7
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	ADDQ         DI, R13
-	DECQ         R14
+	DECQ         R13
 	JMP          rows174
 
 rowsdone175:
@@ -3218,12 +3168,12 @@ rowsdone175:
 	ADDQ    CX, R12
 	VMOVUPS Y6, (R12)(R11*1)
 	VMOVUPS Y7, 32(R12)(R11*1)
-	MOVQ    R8, R14
-	SHLQ    $0x02, R14
-	SUBQ    R14, DX
-	SUBQ    R14, R9
-	SUBQ    R14, R10
-	SUBQ    R14, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, R10
+	SUBQ    R13, BX
 	ADDQ    $0x00000040, R11
 	JMP     groups172
 
@@ -4435,7 +4385,7 @@ end227:
 	RET
 
 // func accumVF16H1D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVF16H1D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -4456,14 +4406,11 @@ groups231:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	IMUL3Q  $0x00000004, DI, R10
-	ADDQ    R9, R10
-	MOVQ    R8, R11
+	MOVQ    R8, R10
 
 rows233:
-	TESTQ        R11, R11
+	TESTQ        R10, R10
 	JZ           rowsdone234
-	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y2
 	VPAND        kconst<>+96(SB), Y2, Y3
 	VPXOR        Y3, Y2, Y4
@@ -4483,16 +4430,15 @@ rows233:
 	VADDPS       Y1, Y0, Y0
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	ADDQ         DI, R10
-	DECQ         R11
+	DECQ         R10
 	JMP          rows233
 
 rowsdone234:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
+	MOVQ    R8, R10
+	SHLQ    $0x02, R10
+	SUBQ    R10, DX
 	ADDQ    $0x00000020, BX
 	JMP     groups231
 
@@ -4501,7 +4447,7 @@ done232:
 	RET
 
 // func accumVF16H1D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVF16H1D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -4523,14 +4469,11 @@ groups235:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	IMUL3Q  $0x00000004, DI, R10
-	ADDQ    R9, R10
-	MOVQ    R8, R11
+	MOVQ    R8, R10
 
 rows237:
-	TESTQ        R11, R11
+	TESTQ        R10, R10
 	JZ           rowsdone238
-	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
 	VPXOR        Y4, Y3, Y5
@@ -4545,7 +4488,6 @@ rows237:
 	VPCMPGTD     kconst<>+192(SB), Y4, Y4
 	VBLENDVPS    Y4, Y2, Y3, Y2
 	VPOR         Y5, Y2, Y2
-	PREFETCHT0   16(R10)
 	VPMOVZXWD    16(R9), Y4
 	VPAND        kconst<>+96(SB), Y4, Y5
 	VPXOR        Y5, Y4, Y6
@@ -4567,17 +4509,16 @@ rows237:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	ADDQ         DI, R10
-	DECQ         R11
+	DECQ         R10
 	JMP          rows237
 
 rowsdone238:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
+	MOVQ    R8, R10
+	SHLQ    $0x02, R10
+	SUBQ    R10, DX
 	ADDQ    $0x00000040, BX
 	JMP     groups235
 
@@ -4586,7 +4527,7 @@ done236:
 	RET
 
 // func accumVF16H1D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVF16H1D4(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -4610,14 +4551,11 @@ groups239:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	IMUL3Q  $0x00000004, DI, R10
-	ADDQ    R9, R10
-	MOVQ    R8, R11
+	MOVQ    R8, R10
 
 rows241:
-	TESTQ        R11, R11
+	TESTQ        R10, R10
 	JZ           rowsdone242
-	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -4632,7 +4570,6 @@ rows241:
 	VPCMPGTD     kconst<>+192(SB), Y6, Y6
 	VBLENDVPS    Y6, Y4, Y5, Y4
 	VPOR         Y7, Y4, Y4
-	PREFETCHT0   16(R10)
 	VPMOVZXWD    16(R9), Y6
 	VPAND        kconst<>+96(SB), Y6, Y7
 	VPXOR        Y7, Y6, Y8
@@ -4647,7 +4584,6 @@ rows241:
 	VPCMPGTD     kconst<>+192(SB), Y7, Y7
 	VBLENDVPS    Y7, Y5, Y6, Y5
 	VPOR         Y8, Y5, Y5
-	PREFETCHT0   32(R10)
 	VPMOVZXWD    32(R9), Y7
 	VPAND        kconst<>+96(SB), Y7, Y8
 	VPXOR        Y8, Y7, Y9
@@ -4662,7 +4598,6 @@ rows241:
 	VPCMPGTD     kconst<>+192(SB), Y8, Y8
 	VBLENDVPS    Y8, Y6, Y7, Y6
 	VPOR         Y9, Y6, Y6
-	PREFETCHT0   48(R10)
 	VPMOVZXWD    48(R9), Y8
 	VPAND        kconst<>+96(SB), Y8, Y9
 	VPXOR        Y9, Y8, Y10
@@ -4688,8 +4623,7 @@ rows241:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	ADDQ         DI, R10
-	DECQ         R11
+	DECQ         R10
 	JMP          rows241
 
 rowsdone242:
@@ -4698,9 +4632,9 @@ rowsdone242:
 	VMOVUPS Y1, 32(R9)(BX*1)
 	VMOVUPS Y2, 64(R9)(BX*1)
 	VMOVUPS Y3, 96(R9)(BX*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
+	MOVQ    R8, R10
+	SHLQ    $0x02, R10
+	SUBQ    R10, DX
 	ADDQ    $0x00000080, BX
 	JMP     groups239
 
@@ -4709,7 +4643,7 @@ done240:
 	RET
 
 // func accumVF16H2D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVF16H2D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -4733,14 +4667,11 @@ groups243:
 	MOVQ    R9, R10
 	SHRQ    $0x01, R10
 	ADDQ    SI, R10
-	IMUL3Q  $0x00000004, DI, R11
-	ADDQ    R10, R11
-	MOVQ    R8, R12
+	MOVQ    R8, R11
 
 rows245:
-	TESTQ        R12, R12
+	TESTQ        R11, R11
 	JZ           rowsdone246
-	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
 	VPXOR        Y4, Y3, Y5
@@ -4764,8 +4695,7 @@ rows245:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	ADDQ         DI, R11
-	DECQ         R12
+	DECQ         R11
 	JMP          rows245
 
 rowsdone246:
@@ -4773,10 +4703,10 @@ rowsdone246:
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
 	VMOVUPS Y1, (R10)(R9*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, BX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
+	SUBQ    R11, BX
 	ADDQ    $0x00000020, R9
 	JMP     groups243
 
@@ -4785,7 +4715,7 @@ done244:
 	RET
 
 // func accumVF16H2D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVF16H2D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -4811,14 +4741,11 @@ groups247:
 	MOVQ    R9, R10
 	SHRQ    $0x01, R10
 	ADDQ    SI, R10
-	IMUL3Q  $0x00000004, DI, R11
-	ADDQ    R10, R11
-	MOVQ    R8, R12
+	MOVQ    R8, R11
 
 rows249:
-	TESTQ        R12, R12
+	TESTQ        R11, R11
 	JZ           rowsdone250
-	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -4833,7 +4760,6 @@ rows249:
 	VPCMPGTD     kconst<>+192(SB), Y6, Y6
 	VBLENDVPS    Y6, Y4, Y5, Y4
 	VPOR         Y7, Y4, Y4
-	PREFETCHT0   16(R11)
 	VPMOVZXWD    16(R10), Y6
 	VPAND        kconst<>+96(SB), Y6, Y7
 	VPXOR        Y7, Y6, Y8
@@ -4861,8 +4787,7 @@ rows249:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	ADDQ         DI, R11
-	DECQ         R12
+	DECQ         R11
 	JMP          rows249
 
 rowsdone250:
@@ -4872,10 +4797,10 @@ rowsdone250:
 	ADDQ    CX, R10
 	VMOVUPS Y2, (R10)(R9*1)
 	VMOVUPS Y3, 32(R10)(R9*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, BX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
+	SUBQ    R11, BX
 	ADDQ    $0x00000040, R9
 	JMP     groups247
 
@@ -4884,7 +4809,7 @@ done248:
 	RET
 
 // func accumVF16H3D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVF16H3D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -4911,14 +4836,11 @@ groups251:
 	MOVQ    R10, R11
 	SHRQ    $0x01, R11
 	ADDQ    SI, R11
-	IMUL3Q  $0x00000004, DI, R12
-	ADDQ    R11, R12
-	MOVQ    R8, R13
+	MOVQ    R8, R12
 
 rows253:
-	TESTQ        R13, R13
+	TESTQ        R12, R12
 	JZ           rowsdone254
-	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y4
 	VPAND        kconst<>+96(SB), Y4, Y5
 	VPXOR        Y5, Y4, Y6
@@ -4946,8 +4868,7 @@ rows253:
 	VADDPS       Y3, Y2, Y2
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	ADDQ         DI, R12
-	DECQ         R13
+	DECQ         R12
 	JMP          rows253
 
 rowsdone254:
@@ -4957,11 +4878,11 @@ rowsdone254:
 	VMOVUPS Y1, (R11)(R10*1)
 	ADDQ    CX, R11
 	VMOVUPS Y2, (R11)(R10*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, R9
+	SUBQ    R12, BX
 	ADDQ    $0x00000020, R10
 	JMP     groups251
 
@@ -4970,7 +4891,7 @@ done252:
 	RET
 
 // func accumVF16H3D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVF16H3D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -5000,14 +4921,11 @@ groups255:
 	MOVQ    R10, R11
 	SHRQ    $0x01, R11
 	ADDQ    SI, R11
-	IMUL3Q  $0x00000004, DI, R12
-	ADDQ    R11, R12
-	MOVQ    R8, R13
+	MOVQ    R8, R12
 
 rows257:
-	TESTQ        R13, R13
+	TESTQ        R12, R12
 	JZ           rowsdone258
-	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y7
 	VPAND        kconst<>+96(SB), Y7, Y8
 	VPXOR        Y8, Y7, Y9
@@ -5022,7 +4940,6 @@ rows257:
 	VPCMPGTD     kconst<>+192(SB), Y8, Y8
 	VBLENDVPS    Y8, Y6, Y7, Y6
 	VPOR         Y9, Y6, Y6
-	PREFETCHT0   16(R12)
 	VPMOVZXWD    16(R11), Y8
 	VPAND        kconst<>+96(SB), Y8, Y9
 	VPXOR        Y9, Y8, Y10
@@ -5056,8 +4973,7 @@ rows257:
 	VADDPS       Y6, Y5, Y5
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	ADDQ         DI, R12
-	DECQ         R13
+	DECQ         R12
 	JMP          rows257
 
 rowsdone258:
@@ -5070,11 +4986,11 @@ rowsdone258:
 	ADDQ    CX, R11
 	VMOVUPS Y4, (R11)(R10*1)
 	VMOVUPS Y5, 32(R11)(R10*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, R9
+	SUBQ    R12, BX
 	ADDQ    $0x00000040, R10
 	JMP     groups255
 
@@ -5083,7 +4999,7 @@ done256:
 	RET
 
 // func accumVF16H4D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVF16H4D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -5113,14 +5029,11 @@ groups259:
 	MOVQ    R11, R12
 	SHRQ    $0x01, R12
 	ADDQ    SI, R12
-	IMUL3Q  $0x00000004, DI, R13
-	ADDQ    R12, R13
-	MOVQ    R8, R14
+	MOVQ    R8, R13
 
 rows261:
-	TESTQ        R14, R14
+	TESTQ        R13, R13
 	JZ           rowsdone262
-	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -5152,8 +5065,7 @@ rows261:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	ADDQ         DI, R13
-	DECQ         R14
+	DECQ         R13
 	JMP          rows261
 
 rowsdone262:
@@ -5165,12 +5077,12 @@ rowsdone262:
 	VMOVUPS Y2, (R12)(R11*1)
 	ADDQ    CX, R12
 	VMOVUPS Y3, (R12)(R11*1)
-	MOVQ    R8, R14
-	SHLQ    $0x02, R14
-	SUBQ    R14, DX
-	SUBQ    R14, R9
-	SUBQ    R14, R10
-	SUBQ    R14, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, R10
+	SUBQ    R13, BX
 	ADDQ    $0x00000020, R11
 	JMP     groups259
 
@@ -5179,7 +5091,7 @@ done260:
 	RET
 
 // func accumVF16H4D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVF16H4D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -5213,14 +5125,11 @@ groups263:
 	MOVQ    R11, R12
 	SHRQ    $0x01, R12
 	ADDQ    SI, R12
-	IMUL3Q  $0x00000004, DI, R13
-	ADDQ    R12, R13
-	MOVQ    R8, R14
+	MOVQ    R8, R13
 
 rows265:
-	TESTQ        R14, R14
+	TESTQ        R13, R13
 	JZ           rowsdone266
-	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y9
 	VPAND        kconst<>+96(SB), Y9, Y10
 	VPXOR        Y10, Y9, Y11
@@ -5235,7 +5144,6 @@ rows265:
 	VPCMPGTD     kconst<>+192(SB), Y10, Y10
 	VBLENDVPS    Y10, Y8, Y9, Y8
 	VPOR         Y11, Y8, Y8
-	PREFETCHT0   16(R13)
 	VPMOVZXWD    16(R12), Y10
 	VPAND        kconst<>+96(SB), Y10, Y11
 	VPXOR        Y11, Y10, Y12
@@ -5275,8 +5183,7 @@ rows265:
 	VADDPS       Y8, Y7, Y7
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	ADDQ         DI, R13
-	DECQ         R14
+	DECQ         R13
 	JMP          rows265
 
 rowsdone266:
@@ -5292,12 +5199,12 @@ rowsdone266:
 	ADDQ    CX, R12
 	VMOVUPS Y6, (R12)(R11*1)
 	VMOVUPS Y7, 32(R12)(R11*1)
-	MOVQ    R8, R14
-	SHLQ    $0x02, R14
-	SUBQ    R14, DX
-	SUBQ    R14, R9
-	SUBQ    R14, R10
-	SUBQ    R14, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, R10
+	SUBQ    R13, BX
 	ADDQ    $0x00000040, R11
 	JMP     groups263
 
@@ -6173,7 +6080,7 @@ end318:
 	RET
 
 // func accumVBF16H1D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVBF16H1D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -6194,14 +6101,11 @@ groups322:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	IMUL3Q  $0x00000004, DI, R10
-	ADDQ    R9, R10
-	MOVQ    R8, R11
+	MOVQ    R8, R10
 
 rows324:
-	TESTQ        R11, R11
+	TESTQ        R10, R10
 	JZ           rowsdone325
-	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y1
 	VPSLLD       $0x10, Y1, Y1
 	VBROADCASTSS (DX), Y2
@@ -6209,16 +6113,15 @@ rows324:
 	VADDPS       Y1, Y0, Y0
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	ADDQ         DI, R10
-	DECQ         R11
+	DECQ         R10
 	JMP          rows324
 
 rowsdone325:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
+	MOVQ    R8, R10
+	SHLQ    $0x02, R10
+	SUBQ    R10, DX
 	ADDQ    $0x00000020, BX
 	JMP     groups322
 
@@ -6227,7 +6130,7 @@ done323:
 	RET
 
 // func accumVBF16H1D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVBF16H1D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -6249,17 +6152,13 @@ groups326:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	IMUL3Q  $0x00000004, DI, R10
-	ADDQ    R9, R10
-	MOVQ    R8, R11
+	MOVQ    R8, R10
 
 rows328:
-	TESTQ        R11, R11
+	TESTQ        R10, R10
 	JZ           rowsdone329
-	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y2
 	VPSLLD       $0x10, Y2, Y2
-	PREFETCHT0   16(R10)
 	VPMOVZXWD    16(R9), Y3
 	VPSLLD       $0x10, Y3, Y3
 	VBROADCASTSS (DX), Y4
@@ -6269,17 +6168,16 @@ rows328:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	ADDQ         DI, R10
-	DECQ         R11
+	DECQ         R10
 	JMP          rows328
 
 rowsdone329:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
+	MOVQ    R8, R10
+	SHLQ    $0x02, R10
+	SUBQ    R10, DX
 	ADDQ    $0x00000040, BX
 	JMP     groups326
 
@@ -6288,7 +6186,7 @@ done327:
 	RET
 
 // func accumVBF16H1D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVBF16H1D4(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -6312,23 +6210,17 @@ groups330:
 	MOVQ    BX, R9
 	SHRQ    $0x01, R9
 	ADDQ    SI, R9
-	IMUL3Q  $0x00000004, DI, R10
-	ADDQ    R9, R10
-	MOVQ    R8, R11
+	MOVQ    R8, R10
 
 rows332:
-	TESTQ        R11, R11
+	TESTQ        R10, R10
 	JZ           rowsdone333
-	PREFETCHT0   (R10)
 	VPMOVZXWD    (R9), Y4
 	VPSLLD       $0x10, Y4, Y4
-	PREFETCHT0   16(R10)
 	VPMOVZXWD    16(R9), Y5
 	VPSLLD       $0x10, Y5, Y5
-	PREFETCHT0   32(R10)
 	VPMOVZXWD    32(R9), Y6
 	VPSLLD       $0x10, Y6, Y6
-	PREFETCHT0   48(R10)
 	VPMOVZXWD    48(R9), Y7
 	VPSLLD       $0x10, Y7, Y7
 	VBROADCASTSS (DX), Y8
@@ -6342,8 +6234,7 @@ rows332:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
-	ADDQ         DI, R10
-	DECQ         R11
+	DECQ         R10
 	JMP          rows332
 
 rowsdone333:
@@ -6352,9 +6243,9 @@ rowsdone333:
 	VMOVUPS Y1, 32(R9)(BX*1)
 	VMOVUPS Y2, 64(R9)(BX*1)
 	VMOVUPS Y3, 96(R9)(BX*1)
-	MOVQ    R8, R11
-	SHLQ    $0x02, R11
-	SUBQ    R11, DX
+	MOVQ    R8, R10
+	SHLQ    $0x02, R10
+	SUBQ    R10, DX
 	ADDQ    $0x00000080, BX
 	JMP     groups330
 
@@ -6363,7 +6254,7 @@ done331:
 	RET
 
 // func accumVBF16H2D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVBF16H2D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -6387,14 +6278,11 @@ groups334:
 	MOVQ    R9, R10
 	SHRQ    $0x01, R10
 	ADDQ    SI, R10
-	IMUL3Q  $0x00000004, DI, R11
-	ADDQ    R10, R11
-	MOVQ    R8, R12
+	MOVQ    R8, R11
 
 rows336:
-	TESTQ        R12, R12
+	TESTQ        R11, R11
 	JZ           rowsdone337
-	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y2
 	VPSLLD       $0x10, Y2, Y2
 	VBROADCASTSS (DX), Y3
@@ -6406,8 +6294,7 @@ rows336:
 	VADDPS       Y2, Y1, Y1
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	ADDQ         DI, R11
-	DECQ         R12
+	DECQ         R11
 	JMP          rows336
 
 rowsdone337:
@@ -6415,10 +6302,10 @@ rowsdone337:
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
 	VMOVUPS Y1, (R10)(R9*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, BX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
+	SUBQ    R11, BX
 	ADDQ    $0x00000020, R9
 	JMP     groups334
 
@@ -6427,7 +6314,7 @@ done335:
 	RET
 
 // func accumVBF16H2D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVBF16H2D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -6453,17 +6340,13 @@ groups338:
 	MOVQ    R9, R10
 	SHRQ    $0x01, R10
 	ADDQ    SI, R10
-	IMUL3Q  $0x00000004, DI, R11
-	ADDQ    R10, R11
-	MOVQ    R8, R12
+	MOVQ    R8, R11
 
 rows340:
-	TESTQ        R12, R12
+	TESTQ        R11, R11
 	JZ           rowsdone341
-	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y4
 	VPSLLD       $0x10, Y4, Y4
-	PREFETCHT0   16(R11)
 	VPMOVZXWD    16(R10), Y5
 	VPSLLD       $0x10, Y5, Y5
 	VBROADCASTSS (DX), Y6
@@ -6479,8 +6362,7 @@ rows340:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	ADDQ         DI, R11
-	DECQ         R12
+	DECQ         R11
 	JMP          rows340
 
 rowsdone341:
@@ -6490,10 +6372,10 @@ rowsdone341:
 	ADDQ    CX, R10
 	VMOVUPS Y2, (R10)(R9*1)
 	VMOVUPS Y3, 32(R10)(R9*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, BX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
+	SUBQ    R11, BX
 	ADDQ    $0x00000040, R9
 	JMP     groups338
 
@@ -6502,7 +6384,7 @@ done339:
 	RET
 
 // func accumVBF16H2D4(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVBF16H2D4(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -6532,23 +6414,17 @@ groups342:
 	MOVQ    R9, R10
 	SHRQ    $0x01, R10
 	ADDQ    SI, R10
-	IMUL3Q  $0x00000004, DI, R11
-	ADDQ    R10, R11
-	MOVQ    R8, R12
+	MOVQ    R8, R11
 
 rows344:
-	TESTQ        R12, R12
+	TESTQ        R11, R11
 	JZ           rowsdone345
-	PREFETCHT0   (R11)
 	VPMOVZXWD    (R10), Y8
 	VPSLLD       $0x10, Y8, Y8
-	PREFETCHT0   16(R11)
 	VPMOVZXWD    16(R10), Y9
 	VPSLLD       $0x10, Y9, Y9
-	PREFETCHT0   32(R11)
 	VPMOVZXWD    32(R10), Y10
 	VPSLLD       $0x10, Y10, Y10
-	PREFETCHT0   48(R11)
 	VPMOVZXWD    48(R10), Y11
 	VPSLLD       $0x10, Y11, Y11
 	VBROADCASTSS (DX), Y12
@@ -6572,8 +6448,7 @@ rows344:
 	VADDPS       Y8, Y7, Y7
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
-	ADDQ         DI, R11
-	DECQ         R12
+	DECQ         R11
 	JMP          rows344
 
 rowsdone345:
@@ -6587,10 +6462,10 @@ rowsdone345:
 	VMOVUPS Y5, 32(R10)(R9*1)
 	VMOVUPS Y6, 64(R10)(R9*1)
 	VMOVUPS Y7, 96(R10)(R9*1)
-	MOVQ    R8, R12
-	SHLQ    $0x02, R12
-	SUBQ    R12, DX
-	SUBQ    R12, BX
+	MOVQ    R8, R11
+	SHLQ    $0x02, R11
+	SUBQ    R11, DX
+	SUBQ    R11, BX
 	ADDQ    $0x00000080, R9
 	JMP     groups342
 
@@ -6599,7 +6474,7 @@ done343:
 	RET
 
 // func accumVBF16H3D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVBF16H3D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -6626,14 +6501,11 @@ groups346:
 	MOVQ    R10, R11
 	SHRQ    $0x01, R11
 	ADDQ    SI, R11
-	IMUL3Q  $0x00000004, DI, R12
-	ADDQ    R11, R12
-	MOVQ    R8, R13
+	MOVQ    R8, R12
 
 rows348:
-	TESTQ        R13, R13
+	TESTQ        R12, R12
 	JZ           rowsdone349
-	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y3
 	VPSLLD       $0x10, Y3, Y3
 	VBROADCASTSS (DX), Y4
@@ -6649,8 +6521,7 @@ rows348:
 	VADDPS       Y3, Y2, Y2
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	ADDQ         DI, R12
-	DECQ         R13
+	DECQ         R12
 	JMP          rows348
 
 rowsdone349:
@@ -6660,11 +6531,11 @@ rowsdone349:
 	VMOVUPS Y1, (R11)(R10*1)
 	ADDQ    CX, R11
 	VMOVUPS Y2, (R11)(R10*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, R9
+	SUBQ    R12, BX
 	ADDQ    $0x00000020, R10
 	JMP     groups346
 
@@ -6673,7 +6544,7 @@ done347:
 	RET
 
 // func accumVBF16H3D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVBF16H3D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -6703,17 +6574,13 @@ groups350:
 	MOVQ    R10, R11
 	SHRQ    $0x01, R11
 	ADDQ    SI, R11
-	IMUL3Q  $0x00000004, DI, R12
-	ADDQ    R11, R12
-	MOVQ    R8, R13
+	MOVQ    R8, R12
 
 rows352:
-	TESTQ        R13, R13
+	TESTQ        R12, R12
 	JZ           rowsdone353
-	PREFETCHT0   (R12)
 	VPMOVZXWD    (R11), Y6
 	VPSLLD       $0x10, Y6, Y6
-	PREFETCHT0   16(R12)
 	VPMOVZXWD    16(R11), Y7
 	VPSLLD       $0x10, Y7, Y7
 	VBROADCASTSS (DX), Y8
@@ -6735,8 +6602,7 @@ rows352:
 	VADDPS       Y6, Y5, Y5
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
-	ADDQ         DI, R12
-	DECQ         R13
+	DECQ         R12
 	JMP          rows352
 
 rowsdone353:
@@ -6749,11 +6615,11 @@ rowsdone353:
 	ADDQ    CX, R11
 	VMOVUPS Y4, (R11)(R10*1)
 	VMOVUPS Y5, 32(R11)(R10*1)
-	MOVQ    R8, R13
-	SHLQ    $0x02, R13
-	SUBQ    R13, DX
-	SUBQ    R13, R9
-	SUBQ    R13, BX
+	MOVQ    R8, R12
+	SHLQ    $0x02, R12
+	SUBQ    R12, DX
+	SUBQ    R12, R9
+	SUBQ    R12, BX
 	ADDQ    $0x00000040, R10
 	JMP     groups350
 
@@ -6762,7 +6628,7 @@ done351:
 	RET
 
 // func accumVBF16H4D1(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVBF16H4D1(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -6792,14 +6658,11 @@ groups354:
 	MOVQ    R11, R12
 	SHRQ    $0x01, R12
 	ADDQ    SI, R12
-	IMUL3Q  $0x00000004, DI, R13
-	ADDQ    R12, R13
-	MOVQ    R8, R14
+	MOVQ    R8, R13
 
 rows356:
-	TESTQ        R14, R14
+	TESTQ        R13, R13
 	JZ           rowsdone357
-	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y4
 	VPSLLD       $0x10, Y4, Y4
 	VBROADCASTSS (DX), Y5
@@ -6819,8 +6682,7 @@ rows356:
 	VADDPS       Y4, Y3, Y3
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	ADDQ         DI, R13
-	DECQ         R14
+	DECQ         R13
 	JMP          rows356
 
 rowsdone357:
@@ -6832,12 +6694,12 @@ rowsdone357:
 	VMOVUPS Y2, (R12)(R11*1)
 	ADDQ    CX, R12
 	VMOVUPS Y3, (R12)(R11*1)
-	MOVQ    R8, R14
-	SHLQ    $0x02, R14
-	SUBQ    R14, DX
-	SUBQ    R14, R9
-	SUBQ    R14, R10
-	SUBQ    R14, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, R10
+	SUBQ    R13, BX
 	ADDQ    $0x00000020, R11
 	JMP     groups354
 
@@ -6846,7 +6708,7 @@ done355:
 	RET
 
 // func accumVBF16H4D2(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)
-// Requires: AVX, AVX2, MMX+
+// Requires: AVX, AVX2
 TEXT ·accumVBF16H4D2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), AX
 	MOVQ hd+8(FP), CX
@@ -6880,17 +6742,13 @@ groups358:
 	MOVQ    R11, R12
 	SHRQ    $0x01, R12
 	ADDQ    SI, R12
-	IMUL3Q  $0x00000004, DI, R13
-	ADDQ    R12, R13
-	MOVQ    R8, R14
+	MOVQ    R8, R13
 
 rows360:
-	TESTQ        R14, R14
+	TESTQ        R13, R13
 	JZ           rowsdone361
-	PREFETCHT0   (R13)
 	VPMOVZXWD    (R12), Y8
 	VPSLLD       $0x10, Y8, Y8
-	PREFETCHT0   16(R13)
 	VPMOVZXWD    16(R12), Y9
 	VPSLLD       $0x10, Y9, Y9
 	VBROADCASTSS (DX), Y10
@@ -6918,8 +6776,7 @@ rows360:
 	VADDPS       Y8, Y7, Y7
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
-	ADDQ         DI, R13
-	DECQ         R14
+	DECQ         R13
 	JMP          rows360
 
 rowsdone361:
@@ -6935,12 +6792,12 @@ rowsdone361:
 	ADDQ    CX, R12
 	VMOVUPS Y6, (R12)(R11*1)
 	VMOVUPS Y7, 32(R12)(R11*1)
-	MOVQ    R8, R14
-	SHLQ    $0x02, R14
-	SUBQ    R14, DX
-	SUBQ    R14, R9
-	SUBQ    R14, R10
-	SUBQ    R14, BX
+	MOVQ    R8, R13
+	SHLQ    $0x02, R13
+	SUBQ    R13, DX
+	SUBQ    R13, R9
+	SUBQ    R13, R10
+	SUBQ    R13, BX
 	ADDQ    $0x00000040, R11
 	JMP     groups358
 

@@ -233,7 +233,9 @@ func (m *model) attendHeads(scores []float32, l, g0, g1 int, q, out []float32, p
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	kOff, vOff := m.geo.Offset(l, g0, false), m.geo.Offset(l, g0, true)
 	heads := (g1 - g0) * hd * dt.Size() // bytes of one row's K, or V, of the heads
-	// The K pass asks for the V too, which lies next to it in each row.
+	// The K pass asks for the V too, which lies next to it in each row;
+	// the V pass asks again, for a long context whose V left the L2 cache
+	// during the K pass.
 	m.prefetchSegment(past, cur, 0, kOff, vOff-kOff+heads)
 	n := 0
 	for i := 0; i <= len(past); i++ {

@@ -547,21 +547,6 @@ func loadKV(dt dtype, m Mem) VecVirtual {
 // kernel of more than one row of x prefetches.
 const matmulPrefetchTiles = 8
 
-// prefetchRows is how many rows ahead the attention kernels ask for the
-// K or V they will read: pages sit anywhere in a pool and a sequence's
-// rows are a whole row apart, so that the hardware prefetchers do not see
-// them coming, and a batch's KV is too large for the caches. A prefetch
-// past the end of a page is a hint that never faults.
-const prefetchRows = 4
-
-// prefetchPointer is p plus prefetchRows rows of stride bytes.
-func prefetchPointer(p, stride GPVirtual) GPVirtual {
-	q := GP64()
-	IMUL3Q(U32(prefetchRows), stride, q)
-	ADDQ(p, q)
-	return q
-}
-
 // accumVFits says whether the accumulators, the loaded rows and the
 // temporaries of an accumV kernel fit in the YMM registers.
 func accumVFits(dt dtype, H, D int) bool {
@@ -620,7 +605,6 @@ func accumVKernel(dt dtype, H, D int) {
 		SHRQ(U8(1), vp)
 	}
 	ADDQ(v, vp)
-	vpf := prefetchPointer(vp, stride)
 	cnt := GP64()
 	MOVQ(n, cnt)
 	rows, rowsDone := label("rows"), label("rowsdone")
@@ -629,7 +613,6 @@ func accumVKernel(dt dtype, H, D int) {
 	JZ(LabelRef(rowsDone))
 	vv := make([]VecVirtual, D)
 	for d := range vv {
-		PREFETCHT0(Mem{Base: vpf, Disp: 8 * dt.size * d})
 		vv[d] = loadKV(dt, Mem{Base: vp, Disp: 8 * dt.size * d})
 	}
 	for h := 0; h < H; h++ {
@@ -643,7 +626,6 @@ func accumVKernel(dt dtype, H, D int) {
 		ADDQ(U8(4), wh[h])
 	}
 	ADDQ(stride, vp)
-	ADDQ(stride, vpf)
 	DECQ(cnt)
 	JMP(LabelRef(rows))
 	Label(rowsDone)
