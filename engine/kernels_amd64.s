@@ -6918,90 +6918,90 @@ loop370:
 	JAE          tail371
 	VMOVUPS      (AX)(DX*1), Y2
 	VSUBPS       Y0, Y2, Y2
-	VCVTPS2PD    X2, Y4
-	VMULPD       kconst<>+416(SB), Y4, Y5
-	VADDPD       kconst<>+448(SB), Y5, Y5
-	VROUNDPD     $0x09, Y5, Y6
-	VMULPD       kconst<>+480(SB), Y6, Y5
-	VSUBPD       Y5, Y4, Y4
-	VMULPD       kconst<>+512(SB), Y6, Y5
-	VSUBPD       Y5, Y4, Y4
-	VMOVUPD      kconst<>+544(SB), Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+576(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+608(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+640(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+672(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+704(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+736(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+768(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+800(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+832(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+864(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+896(SB), Y5, Y5
-	VCVTTPD2DQY  Y6, X3
-	VPMOVSXDQ    X3, Y4
-	VPADDQ       kconst<>+928(SB), Y4, Y4
-	VPSLLQ       $0x34, Y4, Y4
-	VMULPD       Y4, Y5, Y5
-	VCVTPD2PSY   Y5, X3
+	VCVTPS2PD    X2, Y3
 	VEXTRACTF128 $0x01, Y2, X4
-	VCVTPS2PD    X4, Y4
-	VMULPD       kconst<>+416(SB), Y4, Y5
-	VADDPD       kconst<>+448(SB), Y5, Y5
-	VROUNDPD     $0x09, Y5, Y6
-	VMULPD       kconst<>+480(SB), Y6, Y5
-	VSUBPD       Y5, Y4, Y4
-	VMULPD       kconst<>+512(SB), Y6, Y5
-	VSUBPD       Y5, Y4, Y4
-	VMOVUPD      kconst<>+544(SB), Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+576(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+608(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+640(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+672(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+704(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+736(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+768(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+800(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+832(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+864(SB), Y5, Y5
-	VMULPD       Y4, Y5, Y5
-	VADDPD       kconst<>+896(SB), Y5, Y5
-	VCVTTPD2DQY  Y6, X4
-	VPMOVSXDQ    X4, Y4
-	VPADDQ       kconst<>+928(SB), Y4, Y4
-	VPSLLQ       $0x34, Y4, Y4
-	VMULPD       Y4, Y5, Y5
-	VCVTPD2PSY   Y5, X4
-	VINSERTF128  $0x01, X4, Y3, Y3
-	VCMPPS       $0x1e, kconst<>+352(SB), Y2, Y4
-	VBLENDVPS    Y4, kconst<>+288(SB), Y3, Y3
-	VCMPPS       $0x11, kconst<>+384(SB), Y2, Y4
-	VANDNPS      Y3, Y4, Y3
-	VCMPPS       $0x03, Y2, Y2, Y4
-	VBLENDVPS    Y4, Y2, Y3, Y3
-	VMOVUPS      Y3, (AX)(DX*1)
-	VADDPS       Y3, Y1, Y1
+	VCVTPS2PD    X4, Y6
+	VMULPD       kconst<>+416(SB), Y3, Y4
+	VMULPD       kconst<>+416(SB), Y6, Y7
+	VADDPD       kconst<>+448(SB), Y4, Y4
+	VROUNDPD     $0x09, Y4, Y5
+	VADDPD       kconst<>+448(SB), Y7, Y7
+	VROUNDPD     $0x09, Y7, Y8
+	VMULPD       kconst<>+480(SB), Y5, Y4
+	VSUBPD       Y4, Y3, Y3
+	VMULPD       kconst<>+480(SB), Y8, Y7
+	VSUBPD       Y7, Y6, Y6
+	VMULPD       kconst<>+512(SB), Y5, Y4
+	VSUBPD       Y4, Y3, Y3
+	VMOVUPD      kconst<>+544(SB), Y4
+	VMULPD       kconst<>+512(SB), Y8, Y7
+	VSUBPD       Y7, Y6, Y6
+	VMOVUPD      kconst<>+544(SB), Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+576(SB), Y4, Y4
+	VADDPD       kconst<>+576(SB), Y7, Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+608(SB), Y4, Y4
+	VADDPD       kconst<>+608(SB), Y7, Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+640(SB), Y4, Y4
+	VADDPD       kconst<>+640(SB), Y7, Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+672(SB), Y4, Y4
+	VADDPD       kconst<>+672(SB), Y7, Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+704(SB), Y4, Y4
+	VADDPD       kconst<>+704(SB), Y7, Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+736(SB), Y4, Y4
+	VADDPD       kconst<>+736(SB), Y7, Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+768(SB), Y4, Y4
+	VADDPD       kconst<>+768(SB), Y7, Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+800(SB), Y4, Y4
+	VADDPD       kconst<>+800(SB), Y7, Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+832(SB), Y4, Y4
+	VADDPD       kconst<>+832(SB), Y7, Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+864(SB), Y4, Y4
+	VADDPD       kconst<>+864(SB), Y7, Y7
+	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
+	VADDPD       kconst<>+896(SB), Y4, Y4
+	VADDPD       kconst<>+896(SB), Y7, Y7
+	VCVTTPD2DQY  Y5, X3
+	VPMOVSXDQ    X3, Y3
+	VPADDQ       kconst<>+928(SB), Y3, Y3
+	VPSLLQ       $0x34, Y3, Y3
+	VMULPD       Y3, Y4, Y4
+	VCVTPD2PSY   Y4, X9
+	VCVTTPD2DQY  Y8, X3
+	VPMOVSXDQ    X3, Y3
+	VPADDQ       kconst<>+928(SB), Y3, Y3
+	VPSLLQ       $0x34, Y3, Y3
+	VMULPD       Y3, Y7, Y7
+	VCVTPD2PSY   Y7, X3
+	VINSERTF128  $0x01, X3, Y9, Y9
+	VCMPPS       $0x1e, kconst<>+352(SB), Y2, Y3
+	VBLENDVPS    Y3, kconst<>+288(SB), Y9, Y9
+	VCMPPS       $0x11, kconst<>+384(SB), Y2, Y3
+	VANDNPS      Y9, Y3, Y9
+	VCMPPS       $0x03, Y2, Y2, Y3
+	VBLENDVPS    Y3, Y2, Y9, Y9
+	VMOVUPS      Y9, (AX)(DX*1)
+	VADDPS       Y9, Y1, Y1
 	ADDQ         $0x20, DX
 	JMP          loop370
 
@@ -7014,90 +7014,90 @@ tail371:
 	VMASKMOVPS   (AX)(DX*1), Y2, Y3
 	VSUBPS       Y0, Y3, Y3
 	VCVTPS2PD    X3, Y0
+	VEXTRACTF128 $0x01, Y3, X4
+	VCVTPS2PD    X4, Y6
 	VMULPD       kconst<>+416(SB), Y0, Y4
+	VMULPD       kconst<>+416(SB), Y6, Y7
 	VADDPD       kconst<>+448(SB), Y4, Y4
 	VROUNDPD     $0x09, Y4, Y5
+	VADDPD       kconst<>+448(SB), Y7, Y7
+	VROUNDPD     $0x09, Y7, Y8
 	VMULPD       kconst<>+480(SB), Y5, Y4
 	VSUBPD       Y4, Y0, Y0
+	VMULPD       kconst<>+480(SB), Y8, Y7
+	VSUBPD       Y7, Y6, Y6
 	VMULPD       kconst<>+512(SB), Y5, Y4
 	VSUBPD       Y4, Y0, Y0
 	VMOVUPD      kconst<>+544(SB), Y4
+	VMULPD       kconst<>+512(SB), Y8, Y7
+	VSUBPD       Y7, Y6, Y6
+	VMOVUPD      kconst<>+544(SB), Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+576(SB), Y4, Y4
+	VADDPD       kconst<>+576(SB), Y7, Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+608(SB), Y4, Y4
+	VADDPD       kconst<>+608(SB), Y7, Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+640(SB), Y4, Y4
+	VADDPD       kconst<>+640(SB), Y7, Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+672(SB), Y4, Y4
+	VADDPD       kconst<>+672(SB), Y7, Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+704(SB), Y4, Y4
+	VADDPD       kconst<>+704(SB), Y7, Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+736(SB), Y4, Y4
+	VADDPD       kconst<>+736(SB), Y7, Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+768(SB), Y4, Y4
+	VADDPD       kconst<>+768(SB), Y7, Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+800(SB), Y4, Y4
+	VADDPD       kconst<>+800(SB), Y7, Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+832(SB), Y4, Y4
+	VADDPD       kconst<>+832(SB), Y7, Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+864(SB), Y4, Y4
+	VADDPD       kconst<>+864(SB), Y7, Y7
 	VMULPD       Y0, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+896(SB), Y4, Y4
+	VADDPD       kconst<>+896(SB), Y7, Y7
 	VCVTTPD2DQY  Y5, X0
 	VPMOVSXDQ    X0, Y0
 	VPADDQ       kconst<>+928(SB), Y0, Y0
 	VPSLLQ       $0x34, Y0, Y0
 	VMULPD       Y0, Y4, Y4
-	VCVTPD2PSY   Y4, X7
-	VEXTRACTF128 $0x01, Y3, X0
-	VCVTPS2PD    X0, Y0
-	VMULPD       kconst<>+416(SB), Y0, Y4
-	VADDPD       kconst<>+448(SB), Y4, Y4
-	VROUNDPD     $0x09, Y4, Y5
-	VMULPD       kconst<>+480(SB), Y5, Y4
-	VSUBPD       Y4, Y0, Y0
-	VMULPD       kconst<>+512(SB), Y5, Y4
-	VSUBPD       Y4, Y0, Y0
-	VMOVUPD      kconst<>+544(SB), Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+576(SB), Y4, Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+608(SB), Y4, Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+640(SB), Y4, Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+672(SB), Y4, Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+704(SB), Y4, Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+736(SB), Y4, Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+768(SB), Y4, Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+800(SB), Y4, Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+832(SB), Y4, Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+864(SB), Y4, Y4
-	VMULPD       Y0, Y4, Y4
-	VADDPD       kconst<>+896(SB), Y4, Y4
-	VCVTTPD2DQY  Y5, X0
+	VCVTPD2PSY   Y4, X10
+	VCVTTPD2DQY  Y8, X0
 	VPMOVSXDQ    X0, Y0
 	VPADDQ       kconst<>+928(SB), Y0, Y0
 	VPSLLQ       $0x34, Y0, Y0
-	VMULPD       Y0, Y4, Y4
-	VCVTPD2PSY   Y4, X0
-	VINSERTF128  $0x01, X0, Y7, Y7
+	VMULPD       Y0, Y7, Y7
+	VCVTPD2PSY   Y7, X0
+	VINSERTF128  $0x01, X0, Y10, Y10
 	VCMPPS       $0x1e, kconst<>+352(SB), Y3, Y0
-	VBLENDVPS    Y0, kconst<>+288(SB), Y7, Y7
+	VBLENDVPS    Y0, kconst<>+288(SB), Y10, Y10
 	VCMPPS       $0x11, kconst<>+384(SB), Y3, Y0
-	VANDNPS      Y7, Y0, Y7
+	VANDNPS      Y10, Y0, Y10
 	VCMPPS       $0x03, Y3, Y3, Y0
-	VBLENDVPS    Y0, Y3, Y7, Y7
-	VMASKMOVPS   Y7, Y2, (AX)(DX*1)
-	VANDPS       Y2, Y7, Y7
-	VADDPS       Y7, Y1, Y1
+	VBLENDVPS    Y0, Y3, Y10, Y10
+	VMASKMOVPS   Y10, Y2, (AX)(DX*1)
+	VANDPS       Y2, Y10, Y10
+	VADDPS       Y10, Y1, Y1
 
 done372:
 	VHADDPS      Y1, Y1, Y0
@@ -7236,90 +7236,90 @@ loop382:
 	JAE          tail383
 	VMOVUPS      (AX)(BX*1), Y0
 	VXORPS       kconst<>+64(SB), Y0, Y1
-	VCVTPS2PD    X1, Y3
-	VMULPD       kconst<>+416(SB), Y3, Y4
-	VADDPD       kconst<>+448(SB), Y4, Y4
-	VROUNDPD     $0x09, Y4, Y5
-	VMULPD       kconst<>+480(SB), Y5, Y4
-	VSUBPD       Y4, Y3, Y3
-	VMULPD       kconst<>+512(SB), Y5, Y4
-	VSUBPD       Y4, Y3, Y3
-	VMOVUPD      kconst<>+544(SB), Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+576(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+608(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+640(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+672(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+704(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+736(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+768(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+800(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+832(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+864(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+896(SB), Y4, Y4
-	VCVTTPD2DQY  Y5, X2
-	VPMOVSXDQ    X2, Y3
-	VPADDQ       kconst<>+928(SB), Y3, Y3
-	VPSLLQ       $0x34, Y3, Y3
-	VMULPD       Y3, Y4, Y4
-	VCVTPD2PSY   Y4, X2
+	VCVTPS2PD    X1, Y2
 	VEXTRACTF128 $0x01, Y1, X3
-	VCVTPS2PD    X3, Y3
-	VMULPD       kconst<>+416(SB), Y3, Y4
-	VADDPD       kconst<>+448(SB), Y4, Y4
-	VROUNDPD     $0x09, Y4, Y5
-	VMULPD       kconst<>+480(SB), Y5, Y4
-	VSUBPD       Y4, Y3, Y3
-	VMULPD       kconst<>+512(SB), Y5, Y4
-	VSUBPD       Y4, Y3, Y3
-	VMOVUPD      kconst<>+544(SB), Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+576(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+608(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+640(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+672(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+704(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+736(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+768(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+800(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+832(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+864(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+896(SB), Y4, Y4
-	VCVTTPD2DQY  Y5, X3
-	VPMOVSXDQ    X3, Y3
-	VPADDQ       kconst<>+928(SB), Y3, Y3
-	VPSLLQ       $0x34, Y3, Y3
-	VMULPD       Y3, Y4, Y4
-	VCVTPD2PSY   Y4, X3
-	VINSERTF128  $0x01, X3, Y2, Y2
-	VCMPPS       $0x1e, kconst<>+352(SB), Y1, Y3
-	VBLENDVPS    Y3, kconst<>+288(SB), Y2, Y2
-	VCMPPS       $0x11, kconst<>+384(SB), Y1, Y3
-	VANDNPS      Y2, Y3, Y2
-	VCMPPS       $0x03, Y1, Y1, Y3
-	VBLENDVPS    Y3, Y1, Y2, Y2
-	VADDPS       kconst<>+256(SB), Y2, Y2
-	VDIVPS       Y2, Y0, Y0
+	VCVTPS2PD    X3, Y5
+	VMULPD       kconst<>+416(SB), Y2, Y3
+	VMULPD       kconst<>+416(SB), Y5, Y6
+	VADDPD       kconst<>+448(SB), Y3, Y3
+	VROUNDPD     $0x09, Y3, Y4
+	VADDPD       kconst<>+448(SB), Y6, Y6
+	VROUNDPD     $0x09, Y6, Y7
+	VMULPD       kconst<>+480(SB), Y4, Y3
+	VSUBPD       Y3, Y2, Y2
+	VMULPD       kconst<>+480(SB), Y7, Y6
+	VSUBPD       Y6, Y5, Y5
+	VMULPD       kconst<>+512(SB), Y4, Y3
+	VSUBPD       Y3, Y2, Y2
+	VMOVUPD      kconst<>+544(SB), Y3
+	VMULPD       kconst<>+512(SB), Y7, Y6
+	VSUBPD       Y6, Y5, Y5
+	VMOVUPD      kconst<>+544(SB), Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+576(SB), Y3, Y3
+	VADDPD       kconst<>+576(SB), Y6, Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+608(SB), Y3, Y3
+	VADDPD       kconst<>+608(SB), Y6, Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+640(SB), Y3, Y3
+	VADDPD       kconst<>+640(SB), Y6, Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+672(SB), Y3, Y3
+	VADDPD       kconst<>+672(SB), Y6, Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+704(SB), Y3, Y3
+	VADDPD       kconst<>+704(SB), Y6, Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+736(SB), Y3, Y3
+	VADDPD       kconst<>+736(SB), Y6, Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+768(SB), Y3, Y3
+	VADDPD       kconst<>+768(SB), Y6, Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+800(SB), Y3, Y3
+	VADDPD       kconst<>+800(SB), Y6, Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+832(SB), Y3, Y3
+	VADDPD       kconst<>+832(SB), Y6, Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+864(SB), Y3, Y3
+	VADDPD       kconst<>+864(SB), Y6, Y6
+	VMULPD       Y2, Y3, Y3
+	VMULPD       Y5, Y6, Y6
+	VADDPD       kconst<>+896(SB), Y3, Y3
+	VADDPD       kconst<>+896(SB), Y6, Y6
+	VCVTTPD2DQY  Y4, X2
+	VPMOVSXDQ    X2, Y2
+	VPADDQ       kconst<>+928(SB), Y2, Y2
+	VPSLLQ       $0x34, Y2, Y2
+	VMULPD       Y2, Y3, Y3
+	VCVTPD2PSY   Y3, X8
+	VCVTTPD2DQY  Y7, X2
+	VPMOVSXDQ    X2, Y2
+	VPADDQ       kconst<>+928(SB), Y2, Y2
+	VPSLLQ       $0x34, Y2, Y2
+	VMULPD       Y2, Y6, Y6
+	VCVTPD2PSY   Y6, X2
+	VINSERTF128  $0x01, X2, Y8, Y8
+	VCMPPS       $0x1e, kconst<>+352(SB), Y1, Y2
+	VBLENDVPS    Y2, kconst<>+288(SB), Y8, Y8
+	VCMPPS       $0x11, kconst<>+384(SB), Y1, Y2
+	VANDNPS      Y8, Y2, Y8
+	VCMPPS       $0x03, Y1, Y1, Y2
+	VBLENDVPS    Y2, Y1, Y8, Y8
+	VADDPS       kconst<>+256(SB), Y8, Y8
+	VDIVPS       Y8, Y0, Y0
 	VMOVUPS      (CX)(BX*1), Y1
 	VMULPS       Y1, Y0, Y0
 	VMOVUPS      Y0, (AX)(BX*1)
@@ -7335,89 +7335,89 @@ tail383:
 	VMASKMOVPS   (AX)(BX*1), Y0, Y1
 	VXORPS       kconst<>+64(SB), Y1, Y2
 	VCVTPS2PD    X2, Y3
+	VEXTRACTF128 $0x01, Y2, X4
+	VCVTPS2PD    X4, Y6
 	VMULPD       kconst<>+416(SB), Y3, Y4
+	VMULPD       kconst<>+416(SB), Y6, Y7
 	VADDPD       kconst<>+448(SB), Y4, Y4
 	VROUNDPD     $0x09, Y4, Y5
+	VADDPD       kconst<>+448(SB), Y7, Y7
+	VROUNDPD     $0x09, Y7, Y8
 	VMULPD       kconst<>+480(SB), Y5, Y4
 	VSUBPD       Y4, Y3, Y3
+	VMULPD       kconst<>+480(SB), Y8, Y7
+	VSUBPD       Y7, Y6, Y6
 	VMULPD       kconst<>+512(SB), Y5, Y4
 	VSUBPD       Y4, Y3, Y3
 	VMOVUPD      kconst<>+544(SB), Y4
+	VMULPD       kconst<>+512(SB), Y8, Y7
+	VSUBPD       Y7, Y6, Y6
+	VMOVUPD      kconst<>+544(SB), Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+576(SB), Y4, Y4
+	VADDPD       kconst<>+576(SB), Y7, Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+608(SB), Y4, Y4
+	VADDPD       kconst<>+608(SB), Y7, Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+640(SB), Y4, Y4
+	VADDPD       kconst<>+640(SB), Y7, Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+672(SB), Y4, Y4
+	VADDPD       kconst<>+672(SB), Y7, Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+704(SB), Y4, Y4
+	VADDPD       kconst<>+704(SB), Y7, Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+736(SB), Y4, Y4
+	VADDPD       kconst<>+736(SB), Y7, Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+768(SB), Y4, Y4
+	VADDPD       kconst<>+768(SB), Y7, Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+800(SB), Y4, Y4
+	VADDPD       kconst<>+800(SB), Y7, Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+832(SB), Y4, Y4
+	VADDPD       kconst<>+832(SB), Y7, Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+864(SB), Y4, Y4
+	VADDPD       kconst<>+864(SB), Y7, Y7
 	VMULPD       Y3, Y4, Y4
+	VMULPD       Y6, Y7, Y7
 	VADDPD       kconst<>+896(SB), Y4, Y4
+	VADDPD       kconst<>+896(SB), Y7, Y7
 	VCVTTPD2DQY  Y5, X3
 	VPMOVSXDQ    X3, Y3
 	VPADDQ       kconst<>+928(SB), Y3, Y3
 	VPSLLQ       $0x34, Y3, Y3
 	VMULPD       Y3, Y4, Y4
-	VCVTPD2PSY   Y4, X6
-	VEXTRACTF128 $0x01, Y2, X3
-	VCVTPS2PD    X3, Y3
-	VMULPD       kconst<>+416(SB), Y3, Y4
-	VADDPD       kconst<>+448(SB), Y4, Y4
-	VROUNDPD     $0x09, Y4, Y5
-	VMULPD       kconst<>+480(SB), Y5, Y4
-	VSUBPD       Y4, Y3, Y3
-	VMULPD       kconst<>+512(SB), Y5, Y4
-	VSUBPD       Y4, Y3, Y3
-	VMOVUPD      kconst<>+544(SB), Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+576(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+608(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+640(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+672(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+704(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+736(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+768(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+800(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+832(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+864(SB), Y4, Y4
-	VMULPD       Y3, Y4, Y4
-	VADDPD       kconst<>+896(SB), Y4, Y4
-	VCVTTPD2DQY  Y5, X3
+	VCVTPD2PSY   Y4, X9
+	VCVTTPD2DQY  Y8, X3
 	VPMOVSXDQ    X3, Y3
 	VPADDQ       kconst<>+928(SB), Y3, Y3
 	VPSLLQ       $0x34, Y3, Y3
-	VMULPD       Y3, Y4, Y4
-	VCVTPD2PSY   Y4, X3
-	VINSERTF128  $0x01, X3, Y6, Y6
+	VMULPD       Y3, Y7, Y7
+	VCVTPD2PSY   Y7, X3
+	VINSERTF128  $0x01, X3, Y9, Y9
 	VCMPPS       $0x1e, kconst<>+352(SB), Y2, Y3
-	VBLENDVPS    Y3, kconst<>+288(SB), Y6, Y6
+	VBLENDVPS    Y3, kconst<>+288(SB), Y9, Y9
 	VCMPPS       $0x11, kconst<>+384(SB), Y2, Y3
-	VANDNPS      Y6, Y3, Y6
+	VANDNPS      Y9, Y3, Y9
 	VCMPPS       $0x03, Y2, Y2, Y3
-	VBLENDVPS    Y3, Y2, Y6, Y6
-	VADDPS       kconst<>+256(SB), Y6, Y6
-	VDIVPS       Y6, Y1, Y1
+	VBLENDVPS    Y3, Y2, Y9, Y9
+	VADDPS       kconst<>+256(SB), Y9, Y9
+	VDIVPS       Y9, Y1, Y1
 	VMASKMOVPS   (CX)(BX*1), Y0, Y2
 	VMULPS       Y2, Y1, Y1
 	VMASKMOVPS   Y1, Y0, (AX)(BX*1)

@@ -773,38 +773,55 @@ func maxKernel() {
 
 // exp32x8 is exp32 of each lane of x.
 func exp32x8(x VecVirtual) VecVirtual {
-	res := YMM()
-	for half := 0; half < 2; half++ {
+	// The two halves' float64 lanes go step by step side by side, so that
+	// the out-of-order core has two chains of Horner steps to overlap.
+	var xd, t, kd, r, p [2]VecVirtual
+	for h := range 2 {
 		xs := x.AsX()
-		if half == 1 {
+		if h == 1 {
 			xs = XMM()
 			VEXTRACTF128(U8(1), x, xs)
 		}
-		xd, t, kd, r, p := YMM(), YMM(), YMM(), YMM(), YMM()
-		VCVTPS2PD(xs, xd)
-		VMULPD(cLog2e, xd, t)
-		VADDPD(cHalf, t, t)
-		VROUNDPD(U8(9), t, kd) // floor
-		VMULPD(cLn2Hi, kd, t)
-		VSUBPD(t, xd, r)
-		VMULPD(cLn2Lo, kd, t)
-		VSUBPD(t, r, r)
-		VMOVUPD(cP11, p)
-		for _, c := range cTaylor {
-			VMULPD(r, p, p)
-			VADDPD(c, p, p)
+		xd[h], t[h], kd[h], r[h], p[h] = YMM(), YMM(), YMM(), YMM(), YMM()
+		VCVTPS2PD(xs, xd[h])
+	}
+	for h := range 2 {
+		VMULPD(cLog2e, xd[h], t[h])
+	}
+	for h := range 2 {
+		VADDPD(cHalf, t[h], t[h])
+		VROUNDPD(U8(9), t[h], kd[h]) // floor
+	}
+	for h := range 2 {
+		VMULPD(cLn2Hi, kd[h], t[h])
+		VSUBPD(t[h], xd[h], r[h])
+	}
+	for h := range 2 {
+		VMULPD(cLn2Lo, kd[h], t[h])
+		VSUBPD(t[h], r[h], r[h])
+		VMOVUPD(cP11, p[h])
+	}
+	for _, c := range cTaylor {
+		for h := range 2 {
+			VMULPD(r[h], p[h], p[h])
 		}
+		for h := range 2 {
+			VADDPD(c, p[h], p[h])
+		}
+	}
+	res := YMM()
+	for h := range 2 {
 		ki, e := XMM(), YMM()
-		VCVTTPD2DQY(kd, ki)
+		VCVTTPD2DQY(kd[h], ki)
 		VPMOVSXDQ(ki, e)
 		VPADDQ(c1023, e, e)
 		VPSLLQ(U8(52), e, e) // 2^k, exactly: k is in [-151, 129] here
-		VMULPD(e, p, p)
-		if half == 0 {
-			VCVTPD2PSY(p, res.AsX())
+		VMULPD(e, p[h], p[h])
+		if h == 0 {
+			VCVTPD2PSY(p[h], res.AsX())
 		} else {
 			f := XMM()
-			VCVTPD2PSY(p, f)
+			VCVTPD2PSY(p[h], f)
 			VINSERTF128(U8(1), f, res, res)
 		}
 	}
