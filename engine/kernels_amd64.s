@@ -220,29 +220,29 @@ done3:
 // func matmulR1C8(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
 TEXT ·matmulR1C8(SB), NOSPLIT, $0-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	LEAQ    (CX)(CX*2), R9
-	LEAQ    (SI)(R9*1), BX
-	MOVQ    AX, R10
+	LEAQ    (SI)(SI*2), R9
+	LEAQ    (DX)(R9*1), CX
+	MOVQ    BX, R10
 	SHLQ    $0x02, R10
 	MOVQ    R10, R11
 	ANDQ    $-32, R11
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask4
 	LEAQ    kconst<>+0(SB), R12
-	NEGQ    AX
-	VMOVDQU 32(R12)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(R12)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask4:
@@ -257,67 +257,67 @@ cols5:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop7:
-	CMPQ    AX, R11
+	CMPQ    BX, R11
 	JAE     tail8
-	VMOVUPS (DX), Y9
-	VMULPS  (SI), Y9, Y10
+	VMOVUPS (AX), Y9
+	VMULPS  (DX), Y9, Y10
 	VADDPS  Y10, Y1, Y1
-	VMULPS  (SI)(CX*1), Y9, Y10
+	VMULPS  (DX)(SI*1), Y9, Y10
 	VADDPS  Y10, Y2, Y2
-	VMULPS  (SI)(CX*2), Y9, Y10
+	VMULPS  (DX)(SI*2), Y9, Y10
 	VADDPS  Y10, Y3, Y3
-	VMULPS  (BX), Y9, Y10
+	VMULPS  (CX), Y9, Y10
 	VADDPS  Y10, Y4, Y4
-	VMULPS  (SI)(CX*4), Y9, Y10
+	VMULPS  (DX)(SI*4), Y9, Y10
 	VADDPS  Y10, Y5, Y5
-	VMULPS  (BX)(CX*2), Y9, Y10
+	VMULPS  (CX)(SI*2), Y9, Y10
 	VADDPS  Y10, Y6, Y6
-	VMULPS  (SI)(R9*2), Y9, Y10
+	VMULPS  (DX)(R9*2), Y9, Y10
 	VADDPS  Y10, Y7, Y7
-	VMULPS  (BX)(CX*4), Y9, Y9
+	VMULPS  (CX)(SI*4), Y9, Y9
 	VADDPS  Y9, Y8, Y8
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
-	ADDQ    $0x20, BX
+	ADDQ    $0x20, CX
 	JMP     loop7
 
 tail8:
-	CMPQ       AX, R10
+	CMPQ       BX, R10
 	JAE        store9
-	VMASKMOVPS (DX), Y0, Y9
-	VMASKMOVPS (SI), Y0, Y10
+	VMASKMOVPS (AX), Y0, Y9
+	VMASKMOVPS (DX), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y1, Y1
-	VMASKMOVPS (SI)(CX*1), Y0, Y10
+	VMASKMOVPS (DX)(SI*1), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y2, Y2
-	VMASKMOVPS (SI)(CX*2), Y0, Y10
+	VMASKMOVPS (DX)(SI*2), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y3, Y3
-	VMASKMOVPS (BX), Y0, Y10
+	VMASKMOVPS (CX), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y4, Y4
-	VMASKMOVPS (SI)(CX*4), Y0, Y10
+	VMASKMOVPS (DX)(SI*4), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y5, Y5
-	VMASKMOVPS (BX)(CX*2), Y0, Y10
+	VMASKMOVPS (CX)(SI*2), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y6, Y6
-	VMASKMOVPS (SI)(R9*2), Y0, Y10
+	VMASKMOVPS (DX)(R9*2), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y7, Y7
-	VMASKMOVPS (BX)(CX*4), Y0, Y10
+	VMASKMOVPS (CX)(SI*4), Y0, Y10
 	VMULPS     Y9, Y10, Y9
 	VADDPS     Y9, Y8, Y8
 
 store9:
-	SUBQ       AX, DX
-	SUBQ       AX, SI
-	SUBQ       AX, BX
+	SUBQ       BX, AX
+	SUBQ       BX, DX
+	SUBQ       BX, CX
 	VHADDPS    Y2, Y1, Y1
 	VHADDPS    Y4, Y3, Y2
 	VHADDPS    Y6, Y5, Y3
@@ -327,10 +327,10 @@ store9:
 	VPERM2F128 $0x20, Y2, Y1, Y3
 	VPERM2F128 $0x31, Y2, Y1, Y1
 	VADDPS     Y1, Y3, Y1
-	MOVQ       R8, AX
-	VMOVUPS    Y1, (AX)
-	LEAQ       (SI)(CX*8), SI
-	LEAQ       (SI)(R9*1), BX
+	MOVQ       R8, CX
+	VMOVUPS    Y1, (CX)
+	LEAQ       (DX)(SI*8), DX
+	LEAQ       (DX)(R9*1), CX
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
 	JMP        cols5
@@ -342,29 +342,29 @@ end6:
 // func matmulR1C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
 TEXT ·matmulR1C4(SB), NOSPLIT, $0-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	LEAQ    (CX)(CX*2), R9
-	LEAQ    (SI)(R9*1), BX
-	MOVQ    AX, R10
+	LEAQ    (SI)(SI*2), R9
+	LEAQ    (DX)(R9*1), CX
+	MOVQ    BX, R10
 	SHLQ    $0x02, R10
 	MOVQ    R10, R11
 	ANDQ    $-32, R11
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask10
 	LEAQ    kconst<>+0(SB), R12
-	NEGQ    AX
-	VMOVDQU 32(R12)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(R12)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask10:
@@ -375,56 +375,56 @@ cols11:
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop13:
-	CMPQ    AX, R11
+	CMPQ    BX, R11
 	JAE     tail14
-	VMOVUPS (DX), Y5
-	VMULPS  (SI), Y5, Y6
+	VMOVUPS (AX), Y5
+	VMULPS  (DX), Y5, Y6
 	VADDPS  Y6, Y1, Y1
-	VMULPS  (SI)(CX*1), Y5, Y6
+	VMULPS  (DX)(SI*1), Y5, Y6
 	VADDPS  Y6, Y2, Y2
-	VMULPS  (SI)(CX*2), Y5, Y6
+	VMULPS  (DX)(SI*2), Y5, Y6
 	VADDPS  Y6, Y3, Y3
-	VMULPS  (BX), Y5, Y5
+	VMULPS  (CX), Y5, Y5
 	VADDPS  Y5, Y4, Y4
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
-	ADDQ    $0x20, BX
+	ADDQ    $0x20, CX
 	JMP     loop13
 
 tail14:
-	CMPQ       AX, R10
+	CMPQ       BX, R10
 	JAE        store15
-	VMASKMOVPS (DX), Y0, Y5
-	VMASKMOVPS (SI), Y0, Y6
+	VMASKMOVPS (AX), Y0, Y5
+	VMASKMOVPS (DX), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y1, Y1
-	VMASKMOVPS (SI)(CX*1), Y0, Y6
+	VMASKMOVPS (DX)(SI*1), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y2, Y2
-	VMASKMOVPS (SI)(CX*2), Y0, Y6
+	VMASKMOVPS (DX)(SI*2), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y3, Y3
-	VMASKMOVPS (BX), Y0, Y6
+	VMASKMOVPS (CX), Y0, Y6
 	VMULPS     Y5, Y6, Y5
 	VADDPS     Y5, Y4, Y4
 
 store15:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
-	SUBQ         AX, BX
+	SUBQ         BX, AX
+	SUBQ         BX, DX
+	SUBQ         BX, CX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         R8, AX
-	VMOVUPS      X1, (AX)
-	LEAQ         (SI)(CX*4), SI
-	LEAQ         (SI)(R9*1), BX
+	MOVQ         R8, CX
+	VMOVUPS      X1, (CX)
+	LEAQ         (DX)(SI*4), DX
+	LEAQ         (DX)(R9*1), CX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
 	JMP          cols11
@@ -436,27 +436,27 @@ end12:
 // func matmulR1C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
 TEXT ·matmulR1C2(SB), NOSPLIT, $0-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	MOVQ    AX, BX
-	SHLQ    $0x02, BX
-	MOVQ    BX, R9
+	MOVQ    BX, CX
+	SHLQ    $0x02, CX
+	MOVQ    CX, R9
 	ANDQ    $-32, R9
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask16
 	LEAQ    kconst<>+0(SB), R10
-	NEGQ    AX
-	VMOVDQU 32(R10)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(R10)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask16:
@@ -465,42 +465,42 @@ cols17:
 	JZ     end18
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop19:
-	CMPQ    AX, R9
+	CMPQ    BX, R9
 	JAE     tail20
-	VMOVUPS (DX), Y3
-	VMULPS  (SI), Y3, Y4
+	VMOVUPS (AX), Y3
+	VMULPS  (DX), Y3, Y4
 	VADDPS  Y4, Y1, Y1
-	VMULPS  (SI)(CX*1), Y3, Y3
+	VMULPS  (DX)(SI*1), Y3, Y3
 	VADDPS  Y3, Y2, Y2
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
 	JMP     loop19
 
 tail20:
-	CMPQ       AX, BX
+	CMPQ       BX, CX
 	JAE        store21
-	VMASKMOVPS (DX), Y0, Y3
-	VMASKMOVPS (SI), Y0, Y4
+	VMASKMOVPS (AX), Y0, Y3
+	VMASKMOVPS (DX), Y0, Y4
 	VMULPS     Y3, Y4, Y4
 	VADDPS     Y4, Y1, Y1
-	VMASKMOVPS (SI)(CX*1), Y0, Y4
+	VMASKMOVPS (DX)(SI*1), Y0, Y4
 	VMULPS     Y3, Y4, Y3
 	VADDPS     Y3, Y2, Y2
 
 store21:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         R8, AX
-	VMOVLPS      X1, (AX)
-	LEAQ         (SI)(CX*2), SI
+	MOVQ         R8, BX
+	VMOVLPS      X1, (BX)
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols17
@@ -512,27 +512,27 @@ end18:
 // func matmulR1C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
 TEXT ·matmulR1C1(SB), NOSPLIT, $0-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	MOVQ    AX, BX
-	SHLQ    $0x02, BX
-	MOVQ    BX, R9
+	MOVQ    BX, CX
+	SHLQ    $0x02, CX
+	MOVQ    CX, R9
 	ANDQ    $-32, R9
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask22
 	LEAQ    kconst<>+0(SB), R10
-	NEGQ    AX
-	VMOVDQU 32(R10)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(R10)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask22:
@@ -540,37 +540,37 @@ cols23:
 	TESTQ  DI, DI
 	JZ     end24
 	VXORPS Y1, Y1, Y1
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop25:
-	CMPQ    AX, R9
+	CMPQ    BX, R9
 	JAE     tail26
-	VMOVUPS (DX), Y2
-	VMULPS  (SI), Y2, Y2
+	VMOVUPS (AX), Y2
+	VMULPS  (DX), Y2, Y2
 	VADDPS  Y2, Y1, Y1
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
 	JMP     loop25
 
 tail26:
-	CMPQ       AX, BX
+	CMPQ       BX, CX
 	JAE        store27
-	VMASKMOVPS (DX), Y0, Y2
-	VMASKMOVPS (SI), Y0, Y3
+	VMASKMOVPS (AX), Y0, Y2
+	VMASKMOVPS (DX), Y0, Y3
 	VMULPS     Y2, Y3, Y2
 	VADDPS     Y2, Y1, Y1
 
 store27:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, DX
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         R8, AX
-	VMOVSS       X1, (AX)
-	LEAQ         (SI)(CX*1), SI
+	MOVQ         R8, BX
+	VMOVSS       X1, (BX)
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols23
@@ -582,32 +582,32 @@ end24:
 // func matmulR2C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
 TEXT ·matmulR2C4(SB), NOSPLIT, $8-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	LEAQ    (CX)(CX*2), R11
-	LEAQ    (SI)(R11*1), R10
-	IMUL3Q  $0x00000020, CX, R12
-	ADDQ    SI, R12
+	LEAQ    (SI)(SI*2), R11
+	LEAQ    (DX)(R11*1), R10
+	IMUL3Q  $0x00000020, SI, R12
+	ADDQ    DX, R12
 	LEAQ    (R12)(R11*1), R13
-	MOVQ    AX, R14
+	MOVQ    BX, R14
 	SHLQ    $0x02, R14
 	MOVQ    R14, R15
 	ANDQ    $-32, R15
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask28
 	LEAQ    kconst<>+0(SB), BP
-	NEGQ    AX
-	VMOVDQU 32(BP)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(BP)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask28:
@@ -622,20 +622,20 @@ cols29:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop31:
-	CMPQ       AX, R15
+	CMPQ       BX, R15
 	JAE        tail32
 	PREFETCHT0 (R12)
-	VMOVUPS    (SI), Y9
-	PREFETCHT0 (R12)(CX*1)
-	VMOVUPS    (SI)(CX*1), Y10
-	PREFETCHT0 (R12)(CX*2)
-	VMOVUPS    (SI)(CX*2), Y11
+	VMOVUPS    (DX), Y9
+	PREFETCHT0 (R12)(SI*1)
+	VMOVUPS    (DX)(SI*1), Y10
+	PREFETCHT0 (R12)(SI*2)
+	VMOVUPS    (DX)(SI*2), Y11
 	PREFETCHT0 (R13)
 	VMOVUPS    (R10), Y12
-	VMOVUPS    (DX), Y13
+	VMOVUPS    (AX), Y13
 	VMULPS     Y9, Y13, Y14
 	VADDPS     Y14, Y1, Y1
 	VMULPS     Y10, Y13, Y14
@@ -644,7 +644,7 @@ loop31:
 	VADDPS     Y14, Y3, Y3
 	VMULPS     Y12, Y13, Y13
 	VADDPS     Y13, Y4, Y4
-	VMOVUPS    (DX)(BX*1), Y13
+	VMOVUPS    (AX)(CX*1), Y13
 	VMULPS     Y9, Y13, Y9
 	VADDPS     Y9, Y5, Y5
 	VMULPS     Y10, Y13, Y9
@@ -653,22 +653,22 @@ loop31:
 	VADDPS     Y9, Y7, Y7
 	VMULPS     Y12, Y13, Y9
 	VADDPS     Y9, Y8, Y8
+	ADDQ       $0x20, BX
 	ADDQ       $0x20, AX
 	ADDQ       $0x20, DX
-	ADDQ       $0x20, SI
 	ADDQ       $0x20, R10
 	ADDQ       $0x20, R12
 	ADDQ       $0x20, R13
 	JMP        loop31
 
 tail32:
-	CMPQ       AX, R14
+	CMPQ       BX, R14
 	JAE        store33
-	VMASKMOVPS (SI), Y0, Y9
-	VMASKMOVPS (SI)(CX*1), Y0, Y10
-	VMASKMOVPS (SI)(CX*2), Y0, Y11
+	VMASKMOVPS (DX), Y0, Y9
+	VMASKMOVPS (DX)(SI*1), Y0, Y10
+	VMASKMOVPS (DX)(SI*2), Y0, Y11
 	VMASKMOVPS (R10), Y0, Y12
-	VMASKMOVPS (DX), Y0, Y13
+	VMASKMOVPS (AX), Y0, Y13
 	VMULPS     Y9, Y13, Y14
 	VADDPS     Y14, Y1, Y1
 	VMULPS     Y10, Y13, Y14
@@ -677,7 +677,7 @@ tail32:
 	VADDPS     Y14, Y3, Y3
 	VMULPS     Y12, Y13, Y13
 	VADDPS     Y13, Y4, Y4
-	VMASKMOVPS (DX)(BX*1), Y0, Y13
+	VMASKMOVPS (AX)(CX*1), Y0, Y13
 	VMULPS     Y9, Y13, Y9
 	VADDPS     Y9, Y5, Y5
 	VMULPS     Y10, Y13, Y9
@@ -688,13 +688,13 @@ tail32:
 	VADDPS     Y9, Y8, Y8
 
 store33:
-	SUBQ         AX, DX
-	SUBQ         AX, R12
-	SUBQ         AX, R13
-	LEAQ         (R12)(CX*4), R12
+	SUBQ         BX, AX
+	SUBQ         BX, R12
+	SUBQ         BX, R13
+	LEAQ         (R12)(SI*4), R12
 	LEAQ         (R12)(R11*1), R13
-	SUBQ         AX, SI
-	SUBQ         AX, R10
+	SUBQ         BX, DX
+	SUBQ         BX, R10
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -704,13 +704,13 @@ store33:
 	VPERM2F128   $0x20, Y2, Y1, Y3
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
-	MOVQ         R8, AX
-	VMOVUPS      X1, (AX)
-	ADDQ         R9, AX
+	MOVQ         R8, BX
+	VMOVUPS      X1, (BX)
+	ADDQ         R9, BX
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVUPS      X1, (AX)
-	LEAQ         (SI)(CX*4), SI
-	LEAQ         (SI)(R11*1), R10
+	VMOVUPS      X1, (BX)
+	LEAQ         (DX)(SI*4), DX
+	LEAQ         (DX)(R11*1), R10
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
 	JMP          cols29
@@ -722,29 +722,29 @@ end30:
 // func matmulR2C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
 TEXT ·matmulR2C2(SB), NOSPLIT, $0-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	IMUL3Q  $0x00000010, CX, R10
-	ADDQ    SI, R10
-	MOVQ    AX, R11
+	IMUL3Q  $0x00000010, SI, R10
+	ADDQ    DX, R10
+	MOVQ    BX, R11
 	SHLQ    $0x02, R11
 	MOVQ    R11, R12
 	ANDQ    $-32, R12
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask34
 	LEAQ    kconst<>+0(SB), R13
-	NEGQ    AX
-	VMOVDQU 32(R13)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(R13)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask34:
@@ -755,62 +755,62 @@ cols35:
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop37:
-	CMPQ       AX, R12
+	CMPQ       BX, R12
 	JAE        tail38
 	PREFETCHT0 (R10)
-	VMOVUPS    (SI), Y5
-	PREFETCHT0 (R10)(CX*1)
-	VMOVUPS    (SI)(CX*1), Y6
-	VMOVUPS    (DX), Y7
+	VMOVUPS    (DX), Y5
+	PREFETCHT0 (R10)(SI*1)
+	VMOVUPS    (DX)(SI*1), Y6
+	VMOVUPS    (AX), Y7
 	VMULPS     Y5, Y7, Y8
 	VADDPS     Y8, Y1, Y1
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y2, Y2
-	VMOVUPS    (DX)(BX*1), Y7
+	VMOVUPS    (AX)(CX*1), Y7
 	VMULPS     Y5, Y7, Y5
 	VADDPS     Y5, Y3, Y3
 	VMULPS     Y6, Y7, Y5
 	VADDPS     Y5, Y4, Y4
+	ADDQ       $0x20, BX
 	ADDQ       $0x20, AX
 	ADDQ       $0x20, DX
-	ADDQ       $0x20, SI
 	ADDQ       $0x20, R10
 	JMP        loop37
 
 tail38:
-	CMPQ       AX, R11
+	CMPQ       BX, R11
 	JAE        store39
-	VMASKMOVPS (SI), Y0, Y5
-	VMASKMOVPS (SI)(CX*1), Y0, Y6
-	VMASKMOVPS (DX), Y0, Y7
+	VMASKMOVPS (DX), Y0, Y5
+	VMASKMOVPS (DX)(SI*1), Y0, Y6
+	VMASKMOVPS (AX), Y0, Y7
 	VMULPS     Y5, Y7, Y8
 	VADDPS     Y8, Y1, Y1
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y2, Y2
-	VMASKMOVPS (DX)(BX*1), Y0, Y7
+	VMASKMOVPS (AX)(CX*1), Y0, Y7
 	VMULPS     Y5, Y7, Y5
 	VADDPS     Y5, Y3, Y3
 	VMULPS     Y6, Y7, Y5
 	VADDPS     Y5, Y4, Y4
 
 store39:
-	SUBQ         AX, DX
-	SUBQ         AX, R10
-	LEAQ         (R10)(CX*2), R10
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, R10
+	LEAQ         (R10)(SI*2), R10
+	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         R8, AX
-	VMOVLPS      X1, (AX)
-	ADDQ         R9, AX
-	VMOVHPS      X1, (AX)
-	LEAQ         (SI)(CX*2), SI
+	MOVQ         R8, BX
+	VMOVLPS      X1, (BX)
+	ADDQ         R9, BX
+	VMOVHPS      X1, (BX)
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols35
@@ -822,29 +822,29 @@ end36:
 // func matmulR2C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
 TEXT ·matmulR2C1(SB), NOSPLIT, $0-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	IMUL3Q  $0x00000008, CX, R10
-	ADDQ    SI, R10
-	MOVQ    AX, R11
+	IMUL3Q  $0x00000008, SI, R10
+	ADDQ    DX, R10
+	MOVQ    BX, R11
 	SHLQ    $0x02, R11
 	MOVQ    R11, R12
 	ANDQ    $-32, R12
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask40
 	LEAQ    kconst<>+0(SB), R13
-	NEGQ    AX
-	VMOVDQU 32(R13)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(R13)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask40:
@@ -853,50 +853,50 @@ cols41:
 	JZ     end42
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop43:
-	CMPQ       AX, R12
+	CMPQ       BX, R12
 	JAE        tail44
 	PREFETCHT0 (R10)
-	VMOVUPS    (SI), Y3
-	VMOVUPS    (DX), Y4
+	VMOVUPS    (DX), Y3
+	VMOVUPS    (AX), Y4
 	VMULPS     Y3, Y4, Y4
 	VADDPS     Y4, Y1, Y1
-	VMOVUPS    (DX)(BX*1), Y4
+	VMOVUPS    (AX)(CX*1), Y4
 	VMULPS     Y3, Y4, Y3
 	VADDPS     Y3, Y2, Y2
+	ADDQ       $0x20, BX
 	ADDQ       $0x20, AX
 	ADDQ       $0x20, DX
-	ADDQ       $0x20, SI
 	ADDQ       $0x20, R10
 	JMP        loop43
 
 tail44:
-	CMPQ       AX, R11
+	CMPQ       BX, R11
 	JAE        store45
-	VMASKMOVPS (SI), Y0, Y3
-	VMASKMOVPS (DX), Y0, Y4
+	VMASKMOVPS (DX), Y0, Y3
+	VMASKMOVPS (AX), Y0, Y4
 	VMULPS     Y3, Y4, Y4
 	VADDPS     Y4, Y1, Y1
-	VMASKMOVPS (DX)(BX*1), Y0, Y4
+	VMASKMOVPS (AX)(CX*1), Y0, Y4
 	VMULPS     Y3, Y4, Y3
 	VADDPS     Y3, Y2, Y2
 
 store45:
-	SUBQ         AX, DX
-	SUBQ         AX, R10
-	LEAQ         (R10)(CX*1), R10
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, R10
+	LEAQ         (R10)(SI*1), R10
+	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         R8, AX
-	VMOVSS       X1, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x01, X1, (AX)
-	LEAQ         (SI)(CX*1), SI
+	MOVQ         R8, BX
+	VMOVSS       X1, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x01, X1, (BX)
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols41
@@ -908,29 +908,29 @@ end42:
 // func matmulR3C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
 TEXT ·matmulR3C2(SB), NOSPLIT, $0-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	IMUL3Q  $0x00000010, CX, R10
-	ADDQ    SI, R10
-	MOVQ    AX, R11
+	IMUL3Q  $0x00000010, SI, R10
+	ADDQ    DX, R10
+	MOVQ    BX, R11
 	SHLQ    $0x02, R11
 	MOVQ    R11, R12
 	ANDQ    $-32, R12
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask46
 	LEAQ    kconst<>+0(SB), R13
-	NEGQ    AX
-	VMOVDQU 32(R13)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(R13)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask46:
@@ -943,62 +943,62 @@ cols47:
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop49:
-	CMPQ       AX, R12
+	CMPQ       BX, R12
 	JAE        tail50
 	PREFETCHT0 (R10)
-	VMOVUPS    (SI), Y7
-	PREFETCHT0 (R10)(CX*1)
-	VMOVUPS    (SI)(CX*1), Y8
-	VMOVUPS    (DX), Y9
+	VMOVUPS    (DX), Y7
+	PREFETCHT0 (R10)(SI*1)
+	VMOVUPS    (DX)(SI*1), Y8
+	VMOVUPS    (AX), Y9
 	VMULPS     Y7, Y9, Y10
 	VADDPS     Y10, Y1, Y1
 	VMULPS     Y8, Y9, Y9
 	VADDPS     Y9, Y2, Y2
-	VMOVUPS    (DX)(BX*1), Y9
+	VMOVUPS    (AX)(CX*1), Y9
 	VMULPS     Y7, Y9, Y10
 	VADDPS     Y10, Y3, Y3
 	VMULPS     Y8, Y9, Y9
 	VADDPS     Y9, Y4, Y4
-	VMOVUPS    (DX)(BX*2), Y9
+	VMOVUPS    (AX)(CX*2), Y9
 	VMULPS     Y7, Y9, Y7
 	VADDPS     Y7, Y5, Y5
 	VMULPS     Y8, Y9, Y7
 	VADDPS     Y7, Y6, Y6
+	ADDQ       $0x20, BX
 	ADDQ       $0x20, AX
 	ADDQ       $0x20, DX
-	ADDQ       $0x20, SI
 	ADDQ       $0x20, R10
 	JMP        loop49
 
 tail50:
-	CMPQ       AX, R11
+	CMPQ       BX, R11
 	JAE        store51
-	VMASKMOVPS (SI), Y0, Y7
-	VMASKMOVPS (SI)(CX*1), Y0, Y8
-	VMASKMOVPS (DX), Y0, Y9
+	VMASKMOVPS (DX), Y0, Y7
+	VMASKMOVPS (DX)(SI*1), Y0, Y8
+	VMASKMOVPS (AX), Y0, Y9
 	VMULPS     Y7, Y9, Y10
 	VADDPS     Y10, Y1, Y1
 	VMULPS     Y8, Y9, Y9
 	VADDPS     Y9, Y2, Y2
-	VMASKMOVPS (DX)(BX*1), Y0, Y9
+	VMASKMOVPS (AX)(CX*1), Y0, Y9
 	VMULPS     Y7, Y9, Y10
 	VADDPS     Y10, Y3, Y3
 	VMULPS     Y8, Y9, Y9
 	VADDPS     Y9, Y4, Y4
-	VMASKMOVPS (DX)(BX*2), Y0, Y9
+	VMASKMOVPS (AX)(CX*2), Y0, Y9
 	VMULPS     Y7, Y9, Y7
 	VADDPS     Y7, Y5, Y5
 	VMULPS     Y8, Y9, Y7
 	VADDPS     Y7, Y6, Y6
 
 store51:
-	SUBQ         AX, DX
-	SUBQ         AX, R10
-	LEAQ         (R10)(CX*2), R10
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, R10
+	LEAQ         (R10)(SI*2), R10
+	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -1007,14 +1007,14 @@ store51:
 	VPERM2F128   $0x20, Y2, Y1, Y3
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
-	MOVQ         R8, AX
-	VMOVLPS      X1, (AX)
-	ADDQ         R9, AX
-	VMOVHPS      X1, (AX)
-	ADDQ         R9, AX
+	MOVQ         R8, BX
+	VMOVLPS      X1, (BX)
+	ADDQ         R9, BX
+	VMOVHPS      X1, (BX)
+	ADDQ         R9, BX
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVLPS      X1, (AX)
-	LEAQ         (SI)(CX*2), SI
+	VMOVLPS      X1, (BX)
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols47
@@ -1026,29 +1026,29 @@ end48:
 // func matmulR3C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
 TEXT ·matmulR3C1(SB), NOSPLIT, $0-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	IMUL3Q  $0x00000008, CX, R10
-	ADDQ    SI, R10
-	MOVQ    AX, R11
+	IMUL3Q  $0x00000008, SI, R10
+	ADDQ    DX, R10
+	MOVQ    BX, R11
 	SHLQ    $0x02, R11
 	MOVQ    R11, R12
 	ANDQ    $-32, R12
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask52
 	LEAQ    kconst<>+0(SB), R13
-	NEGQ    AX
-	VMOVDQU 32(R13)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(R13)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask52:
@@ -1058,59 +1058,59 @@ cols53:
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop55:
-	CMPQ       AX, R12
+	CMPQ       BX, R12
 	JAE        tail56
 	PREFETCHT0 (R10)
-	VMOVUPS    (SI), Y4
-	VMOVUPS    (DX), Y5
+	VMOVUPS    (DX), Y4
+	VMOVUPS    (AX), Y5
 	VMULPS     Y4, Y5, Y5
 	VADDPS     Y5, Y1, Y1
-	VMOVUPS    (DX)(BX*1), Y5
+	VMOVUPS    (AX)(CX*1), Y5
 	VMULPS     Y4, Y5, Y5
 	VADDPS     Y5, Y2, Y2
-	VMOVUPS    (DX)(BX*2), Y5
+	VMOVUPS    (AX)(CX*2), Y5
 	VMULPS     Y4, Y5, Y4
 	VADDPS     Y4, Y3, Y3
+	ADDQ       $0x20, BX
 	ADDQ       $0x20, AX
 	ADDQ       $0x20, DX
-	ADDQ       $0x20, SI
 	ADDQ       $0x20, R10
 	JMP        loop55
 
 tail56:
-	CMPQ       AX, R11
+	CMPQ       BX, R11
 	JAE        store57
-	VMASKMOVPS (SI), Y0, Y4
-	VMASKMOVPS (DX), Y0, Y5
+	VMASKMOVPS (DX), Y0, Y4
+	VMASKMOVPS (AX), Y0, Y5
 	VMULPS     Y4, Y5, Y5
 	VADDPS     Y5, Y1, Y1
-	VMASKMOVPS (DX)(BX*1), Y0, Y5
+	VMASKMOVPS (AX)(CX*1), Y0, Y5
 	VMULPS     Y4, Y5, Y5
 	VADDPS     Y5, Y2, Y2
-	VMASKMOVPS (DX)(BX*2), Y0, Y5
+	VMASKMOVPS (AX)(CX*2), Y0, Y5
 	VMULPS     Y4, Y5, Y4
 	VADDPS     Y4, Y3, Y3
 
 store57:
-	SUBQ         AX, DX
-	SUBQ         AX, R10
-	LEAQ         (R10)(CX*1), R10
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, R10
+	LEAQ         (R10)(SI*1), R10
+	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y3, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         R8, AX
-	VMOVSS       X1, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x01, X1, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x02, X1, (AX)
-	LEAQ         (SI)(CX*1), SI
+	MOVQ         R8, BX
+	VMOVSS       X1, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x01, X1, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x02, X1, (BX)
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols53
@@ -1122,31 +1122,31 @@ end54:
 // func matmulR4C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
 TEXT ·matmulR4C2(SB), NOSPLIT, $0-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	LEAQ    (BX)(BX*2), R10
-	LEAQ    (DX)(R10*1), R10
-	IMUL3Q  $0x00000010, CX, R11
-	ADDQ    SI, R11
-	MOVQ    AX, R12
+	LEAQ    (CX)(CX*2), R10
+	LEAQ    (AX)(R10*1), R10
+	IMUL3Q  $0x00000010, SI, R11
+	ADDQ    DX, R11
+	MOVQ    BX, R12
 	SHLQ    $0x02, R12
 	MOVQ    R12, R13
 	ANDQ    $-32, R13
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask58
 	LEAQ    kconst<>+0(SB), R14
-	NEGQ    AX
-	VMOVDQU 32(R14)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(R14)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask58:
@@ -1161,26 +1161,26 @@ cols59:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop61:
-	CMPQ       AX, R13
+	CMPQ       BX, R13
 	JAE        tail62
 	PREFETCHT0 (R11)
-	VMOVUPS    (SI), Y9
-	PREFETCHT0 (R11)(CX*1)
-	VMOVUPS    (SI)(CX*1), Y10
-	VMOVUPS    (DX), Y11
+	VMOVUPS    (DX), Y9
+	PREFETCHT0 (R11)(SI*1)
+	VMOVUPS    (DX)(SI*1), Y10
+	VMOVUPS    (AX), Y11
 	VMULPS     Y9, Y11, Y12
 	VADDPS     Y12, Y1, Y1
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y2, Y2
-	VMOVUPS    (DX)(BX*1), Y11
+	VMOVUPS    (AX)(CX*1), Y11
 	VMULPS     Y9, Y11, Y12
 	VADDPS     Y12, Y3, Y3
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y4, Y4
-	VMOVUPS    (DX)(BX*2), Y11
+	VMOVUPS    (AX)(CX*2), Y11
 	VMULPS     Y9, Y11, Y12
 	VADDPS     Y12, Y5, Y5
 	VMULPS     Y10, Y11, Y11
@@ -1190,29 +1190,29 @@ loop61:
 	VADDPS     Y9, Y7, Y7
 	VMULPS     Y10, Y11, Y9
 	VADDPS     Y9, Y8, Y8
+	ADDQ       $0x20, BX
 	ADDQ       $0x20, AX
-	ADDQ       $0x20, DX
 	ADDQ       $0x20, R10
-	ADDQ       $0x20, SI
+	ADDQ       $0x20, DX
 	ADDQ       $0x20, R11
 	JMP        loop61
 
 tail62:
-	CMPQ       AX, R12
+	CMPQ       BX, R12
 	JAE        store63
-	VMASKMOVPS (SI), Y0, Y9
-	VMASKMOVPS (SI)(CX*1), Y0, Y10
-	VMASKMOVPS (DX), Y0, Y11
+	VMASKMOVPS (DX), Y0, Y9
+	VMASKMOVPS (DX)(SI*1), Y0, Y10
+	VMASKMOVPS (AX), Y0, Y11
 	VMULPS     Y9, Y11, Y12
 	VADDPS     Y12, Y1, Y1
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y2, Y2
-	VMASKMOVPS (DX)(BX*1), Y0, Y11
+	VMASKMOVPS (AX)(CX*1), Y0, Y11
 	VMULPS     Y9, Y11, Y12
 	VADDPS     Y12, Y3, Y3
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y4, Y4
-	VMASKMOVPS (DX)(BX*2), Y0, Y11
+	VMASKMOVPS (AX)(CX*2), Y0, Y11
 	VMULPS     Y9, Y11, Y12
 	VADDPS     Y12, Y5, Y5
 	VMULPS     Y10, Y11, Y11
@@ -1224,11 +1224,11 @@ tail62:
 	VADDPS     Y9, Y8, Y8
 
 store63:
-	SUBQ         AX, DX
-	SUBQ         AX, R10
-	SUBQ         AX, R11
-	LEAQ         (R11)(CX*2), R11
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, R10
+	SUBQ         BX, R11
+	LEAQ         (R11)(SI*2), R11
+	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -1238,17 +1238,17 @@ store63:
 	VPERM2F128   $0x20, Y2, Y1, Y3
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
-	MOVQ         R8, AX
-	VMOVLPS      X1, (AX)
-	ADDQ         R9, AX
-	VMOVHPS      X1, (AX)
-	ADDQ         R9, AX
+	MOVQ         R8, BX
+	VMOVLPS      X1, (BX)
+	ADDQ         R9, BX
+	VMOVHPS      X1, (BX)
+	ADDQ         R9, BX
 	VEXTRACTF128 $0x01, Y1, X2
-	VMOVLPS      X2, (AX)
-	ADDQ         R9, AX
+	VMOVLPS      X2, (BX)
+	ADDQ         R9, BX
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVHPS      X1, (AX)
-	LEAQ         (SI)(CX*2), SI
+	VMOVHPS      X1, (BX)
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols59
@@ -1260,31 +1260,31 @@ end60:
 // func matmulR4C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
 TEXT ·matmulR4C1(SB), NOSPLIT, $0-56
-	MOVQ    n+24(FP), AX
-	MOVQ    AX, CX
-	SHLQ    $0x02, CX
-	MOVQ    x+0(FP), DX
-	MOVQ    xStride+8(FP), BX
-	MOVQ    w+16(FP), SI
+	MOVQ    x+0(FP), AX
+	MOVQ    xStride+8(FP), CX
+	MOVQ    w+16(FP), DX
+	MOVQ    n+24(FP), BX
+	MOVQ    BX, SI
+	SHLQ    $0x02, SI
 	MOVQ    cols+32(FP), DI
 	MOVQ    out+40(FP), R8
 	MOVQ    outStride+48(FP), R9
-	SHLQ    $0x02, BX
+	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	LEAQ    (BX)(BX*2), R10
-	LEAQ    (DX)(R10*1), R10
-	IMUL3Q  $0x00000008, CX, R11
-	ADDQ    SI, R11
-	MOVQ    AX, R12
+	LEAQ    (CX)(CX*2), R10
+	LEAQ    (AX)(R10*1), R10
+	IMUL3Q  $0x00000008, SI, R11
+	ADDQ    DX, R11
+	MOVQ    BX, R12
 	SHLQ    $0x02, R12
 	MOVQ    R12, R13
 	ANDQ    $-32, R13
-	ANDQ    $0x07, AX
+	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask64
 	LEAQ    kconst<>+0(SB), R14
-	NEGQ    AX
-	VMOVDQU 32(R14)(AX*4), Y0
+	NEGQ    BX
+	VMOVDQU 32(R14)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask64:
@@ -1295,43 +1295,43 @@ cols65:
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop67:
-	CMPQ       AX, R13
+	CMPQ       BX, R13
 	JAE        tail68
 	PREFETCHT0 (R11)
-	VMOVUPS    (SI), Y5
-	VMOVUPS    (DX), Y6
+	VMOVUPS    (DX), Y5
+	VMOVUPS    (AX), Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y1, Y1
-	VMOVUPS    (DX)(BX*1), Y6
+	VMOVUPS    (AX)(CX*1), Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y2, Y2
-	VMOVUPS    (DX)(BX*2), Y6
+	VMOVUPS    (AX)(CX*2), Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y3, Y3
 	VMOVUPS    (R10), Y6
 	VMULPS     Y5, Y6, Y5
 	VADDPS     Y5, Y4, Y4
+	ADDQ       $0x20, BX
 	ADDQ       $0x20, AX
-	ADDQ       $0x20, DX
 	ADDQ       $0x20, R10
-	ADDQ       $0x20, SI
+	ADDQ       $0x20, DX
 	ADDQ       $0x20, R11
 	JMP        loop67
 
 tail68:
-	CMPQ       AX, R12
+	CMPQ       BX, R12
 	JAE        store69
-	VMASKMOVPS (SI), Y0, Y5
-	VMASKMOVPS (DX), Y0, Y6
+	VMASKMOVPS (DX), Y0, Y5
+	VMASKMOVPS (AX), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y1, Y1
-	VMASKMOVPS (DX)(BX*1), Y0, Y6
+	VMASKMOVPS (AX)(CX*1), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y2, Y2
-	VMASKMOVPS (DX)(BX*2), Y0, Y6
+	VMASKMOVPS (AX)(CX*2), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y3, Y3
 	VMASKMOVPS (R10), Y0, Y6
@@ -1339,25 +1339,25 @@ tail68:
 	VADDPS     Y5, Y4, Y4
 
 store69:
-	SUBQ         AX, DX
-	SUBQ         AX, R10
-	SUBQ         AX, R11
-	LEAQ         (R11)(CX*1), R11
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, R10
+	SUBQ         BX, R11
+	LEAQ         (R11)(SI*1), R11
+	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         R8, AX
-	VMOVSS       X1, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x01, X1, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x02, X1, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x03, X1, (AX)
-	LEAQ         (SI)(CX*1), SI
+	MOVQ         R8, BX
+	VMOVSS       X1, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x01, X1, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x02, X1, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x03, X1, (BX)
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols65
@@ -1369,30 +1369,30 @@ end66:
 // func scoresF32R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R1C8(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (CX)(CX*2), R9
-	LEAQ         (SI)(R9*1), BX
-	MOVQ         AX, R10
+	LEAQ         (SI)(SI*2), R9
+	LEAQ         (DX)(R9*1), CX
+	MOVQ         BX, R10
 	SHLQ         $0x02, R10
 	MOVQ         R10, R11
 	ANDQ         $-32, R11
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask70
 	LEAQ         kconst<>+0(SB), R12
-	NEGQ         AX
-	VMOVDQU      32(R12)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R12)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask70:
@@ -1407,67 +1407,67 @@ cols71:
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
 	VXORPS Y9, Y9, Y9
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop73:
-	CMPQ    AX, R11
+	CMPQ    BX, R11
 	JAE     tail74
-	VMOVUPS (DX), Y10
-	VMULPS  (SI), Y10, Y11
+	VMOVUPS (AX), Y10
+	VMULPS  (DX), Y10, Y11
 	VADDPS  Y11, Y2, Y2
-	VMULPS  (SI)(CX*1), Y10, Y11
+	VMULPS  (DX)(SI*1), Y10, Y11
 	VADDPS  Y11, Y3, Y3
-	VMULPS  (SI)(CX*2), Y10, Y11
+	VMULPS  (DX)(SI*2), Y10, Y11
 	VADDPS  Y11, Y4, Y4
-	VMULPS  (BX), Y10, Y11
+	VMULPS  (CX), Y10, Y11
 	VADDPS  Y11, Y5, Y5
-	VMULPS  (SI)(CX*4), Y10, Y11
+	VMULPS  (DX)(SI*4), Y10, Y11
 	VADDPS  Y11, Y6, Y6
-	VMULPS  (BX)(CX*2), Y10, Y11
+	VMULPS  (CX)(SI*2), Y10, Y11
 	VADDPS  Y11, Y7, Y7
-	VMULPS  (SI)(R9*2), Y10, Y11
+	VMULPS  (DX)(R9*2), Y10, Y11
 	VADDPS  Y11, Y8, Y8
-	VMULPS  (BX)(CX*4), Y10, Y10
+	VMULPS  (CX)(SI*4), Y10, Y10
 	VADDPS  Y10, Y9, Y9
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
-	ADDQ    $0x20, BX
+	ADDQ    $0x20, CX
 	JMP     loop73
 
 tail74:
-	CMPQ       AX, R10
+	CMPQ       BX, R10
 	JAE        store75
-	VMASKMOVPS (DX), Y1, Y10
-	VMASKMOVPS (SI), Y1, Y11
+	VMASKMOVPS (AX), Y1, Y10
+	VMASKMOVPS (DX), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y2, Y2
-	VMASKMOVPS (SI)(CX*1), Y1, Y11
+	VMASKMOVPS (DX)(SI*1), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y3, Y3
-	VMASKMOVPS (SI)(CX*2), Y1, Y11
+	VMASKMOVPS (DX)(SI*2), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y4, Y4
-	VMASKMOVPS (BX), Y1, Y11
+	VMASKMOVPS (CX), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y5, Y5
-	VMASKMOVPS (SI)(CX*4), Y1, Y11
+	VMASKMOVPS (DX)(SI*4), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y6, Y6
-	VMASKMOVPS (BX)(CX*2), Y1, Y11
+	VMASKMOVPS (CX)(SI*2), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y7, Y7
-	VMASKMOVPS (SI)(R9*2), Y1, Y11
+	VMASKMOVPS (DX)(R9*2), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y8, Y8
-	VMASKMOVPS (BX)(CX*4), Y1, Y11
+	VMASKMOVPS (CX)(SI*4), Y1, Y11
 	VMULPS     Y10, Y11, Y10
 	VADDPS     Y10, Y9, Y9
 
 store75:
-	SUBQ       AX, DX
-	SUBQ       AX, SI
-	SUBQ       AX, BX
+	SUBQ       BX, AX
+	SUBQ       BX, DX
+	SUBQ       BX, CX
 	VHADDPS    Y3, Y2, Y2
 	VHADDPS    Y5, Y4, Y3
 	VHADDPS    Y7, Y6, Y4
@@ -1478,10 +1478,10 @@ store75:
 	VPERM2F128 $0x31, Y3, Y2, Y2
 	VADDPS     Y2, Y4, Y2
 	VMULPS     Y0, Y2, Y2
-	MOVQ       R8, AX
-	VMOVUPS    Y2, (AX)
-	LEAQ       (SI)(CX*8), SI
-	LEAQ       (SI)(R9*1), BX
+	MOVQ       R8, CX
+	VMOVUPS    Y2, (CX)
+	LEAQ       (DX)(SI*8), DX
+	LEAQ       (DX)(R9*1), CX
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
 	JMP        cols71
@@ -1493,30 +1493,30 @@ end72:
 // func scoresF32R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R1C4(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (CX)(CX*2), R9
-	LEAQ         (SI)(R9*1), BX
-	MOVQ         AX, R10
+	LEAQ         (SI)(SI*2), R9
+	LEAQ         (DX)(R9*1), CX
+	MOVQ         BX, R10
 	SHLQ         $0x02, R10
 	MOVQ         R10, R11
 	ANDQ         $-32, R11
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask76
 	LEAQ         kconst<>+0(SB), R12
-	NEGQ         AX
-	VMOVDQU      32(R12)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R12)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask76:
@@ -1527,57 +1527,57 @@ cols77:
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop79:
-	CMPQ    AX, R11
+	CMPQ    BX, R11
 	JAE     tail80
-	VMOVUPS (DX), Y6
-	VMULPS  (SI), Y6, Y7
+	VMOVUPS (AX), Y6
+	VMULPS  (DX), Y6, Y7
 	VADDPS  Y7, Y2, Y2
-	VMULPS  (SI)(CX*1), Y6, Y7
+	VMULPS  (DX)(SI*1), Y6, Y7
 	VADDPS  Y7, Y3, Y3
-	VMULPS  (SI)(CX*2), Y6, Y7
+	VMULPS  (DX)(SI*2), Y6, Y7
 	VADDPS  Y7, Y4, Y4
-	VMULPS  (BX), Y6, Y6
+	VMULPS  (CX), Y6, Y6
 	VADDPS  Y6, Y5, Y5
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
-	ADDQ    $0x20, BX
+	ADDQ    $0x20, CX
 	JMP     loop79
 
 tail80:
-	CMPQ       AX, R10
+	CMPQ       BX, R10
 	JAE        store81
-	VMASKMOVPS (DX), Y1, Y6
-	VMASKMOVPS (SI), Y1, Y7
+	VMASKMOVPS (AX), Y1, Y6
+	VMASKMOVPS (DX), Y1, Y7
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y2, Y2
-	VMASKMOVPS (SI)(CX*1), Y1, Y7
+	VMASKMOVPS (DX)(SI*1), Y1, Y7
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y3, Y3
-	VMASKMOVPS (SI)(CX*2), Y1, Y7
+	VMASKMOVPS (DX)(SI*2), Y1, Y7
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y4, Y4
-	VMASKMOVPS (BX), Y1, Y7
+	VMASKMOVPS (CX), Y1, Y7
 	VMULPS     Y6, Y7, Y6
 	VADDPS     Y6, Y5, Y5
 
 store81:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
-	SUBQ         AX, BX
+	SUBQ         BX, AX
+	SUBQ         BX, DX
+	SUBQ         BX, CX
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y3, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
 	VADDPS       X3, X2, X2
 	VMULPS       X0, X2, X2
-	MOVQ         R8, AX
-	VMOVUPS      X2, (AX)
-	LEAQ         (SI)(CX*4), SI
-	LEAQ         (SI)(R9*1), BX
+	MOVQ         R8, CX
+	VMOVUPS      X2, (CX)
+	LEAQ         (DX)(SI*4), DX
+	LEAQ         (DX)(R9*1), CX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
 	JMP          cols77
@@ -1589,28 +1589,28 @@ end78:
 // func scoresF32R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R1C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         AX, BX
-	SHLQ         $0x02, BX
-	MOVQ         BX, R9
+	MOVQ         BX, CX
+	SHLQ         $0x02, CX
+	MOVQ         CX, R9
 	ANDQ         $-32, R9
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask82
 	LEAQ         kconst<>+0(SB), R10
-	NEGQ         AX
-	VMOVDQU      32(R10)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R10)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask82:
@@ -1619,43 +1619,43 @@ cols83:
 	JZ     end84
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop85:
-	CMPQ    AX, R9
+	CMPQ    BX, R9
 	JAE     tail86
-	VMOVUPS (DX), Y4
-	VMULPS  (SI), Y4, Y5
+	VMOVUPS (AX), Y4
+	VMULPS  (DX), Y4, Y5
 	VADDPS  Y5, Y2, Y2
-	VMULPS  (SI)(CX*1), Y4, Y4
+	VMULPS  (DX)(SI*1), Y4, Y4
 	VADDPS  Y4, Y3, Y3
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
 	JMP     loop85
 
 tail86:
-	CMPQ       AX, BX
+	CMPQ       BX, CX
 	JAE        store87
-	VMASKMOVPS (DX), Y1, Y4
-	VMASKMOVPS (SI), Y1, Y5
+	VMASKMOVPS (AX), Y1, Y4
+	VMASKMOVPS (DX), Y1, Y5
 	VMULPS     Y4, Y5, Y5
 	VADDPS     Y5, Y2, Y2
-	VMASKMOVPS (SI)(CX*1), Y1, Y5
+	VMASKMOVPS (DX)(SI*1), Y1, Y5
 	VMULPS     Y4, Y5, Y4
 	VADDPS     Y4, Y3, Y3
 
 store87:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, DX
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y2, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
 	VADDPS       X3, X2, X2
 	VMULPS       X0, X2, X2
-	MOVQ         R8, AX
-	VMOVLPS      X2, (AX)
-	LEAQ         (SI)(CX*2), SI
+	MOVQ         R8, BX
+	VMOVLPS      X2, (BX)
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols83
@@ -1667,28 +1667,28 @@ end84:
 // func scoresF32R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R1C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         AX, BX
-	SHLQ         $0x02, BX
-	MOVQ         BX, R9
+	MOVQ         BX, CX
+	SHLQ         $0x02, CX
+	MOVQ         CX, R9
 	ANDQ         $-32, R9
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask88
 	LEAQ         kconst<>+0(SB), R10
-	NEGQ         AX
-	VMOVDQU      32(R10)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R10)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask88:
@@ -1696,38 +1696,38 @@ cols89:
 	TESTQ  DI, DI
 	JZ     end90
 	VXORPS Y2, Y2, Y2
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop91:
-	CMPQ    AX, R9
+	CMPQ    BX, R9
 	JAE     tail92
-	VMOVUPS (DX), Y3
-	VMULPS  (SI), Y3, Y3
+	VMOVUPS (AX), Y3
+	VMULPS  (DX), Y3, Y3
 	VADDPS  Y3, Y2, Y2
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
 	JMP     loop91
 
 tail92:
-	CMPQ       AX, BX
+	CMPQ       BX, CX
 	JAE        store93
-	VMASKMOVPS (DX), Y1, Y3
-	VMASKMOVPS (SI), Y1, Y4
+	VMASKMOVPS (AX), Y1, Y3
+	VMASKMOVPS (DX), Y1, Y4
 	VMULPS     Y3, Y4, Y3
 	VADDPS     Y3, Y2, Y2
 
 store93:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, DX
 	VHADDPS      Y2, Y2, Y2
 	VHADDPS      Y2, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
 	VADDPS       X3, X2, X2
 	VMULPS       X0, X2, X2
-	MOVQ         R8, AX
-	VMOVSS       X2, (AX)
-	LEAQ         (SI)(CX*1), SI
+	MOVQ         R8, BX
+	VMOVSS       X2, (BX)
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols89
@@ -1739,30 +1739,30 @@ end90:
 // func scoresF32R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R2C4(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (CX)(CX*2), R11
-	LEAQ         (SI)(R11*1), R10
-	MOVQ         AX, R12
+	LEAQ         (SI)(SI*2), R11
+	LEAQ         (DX)(R11*1), R10
+	MOVQ         BX, R12
 	SHLQ         $0x02, R12
 	MOVQ         R12, R13
 	ANDQ         $-32, R13
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask94
 	LEAQ         kconst<>+0(SB), R14
-	NEGQ         AX
-	VMOVDQU      32(R14)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R14)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask94:
@@ -1777,16 +1777,16 @@ cols95:
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
 	VXORPS Y9, Y9, Y9
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop97:
-	CMPQ    AX, R13
+	CMPQ    BX, R13
 	JAE     tail98
-	VMOVUPS (SI), Y10
-	VMOVUPS (SI)(CX*1), Y11
-	VMOVUPS (SI)(CX*2), Y12
+	VMOVUPS (DX), Y10
+	VMOVUPS (DX)(SI*1), Y11
+	VMOVUPS (DX)(SI*2), Y12
 	VMOVUPS (R10), Y13
-	VMOVUPS (DX), Y14
+	VMOVUPS (AX), Y14
 	VMULPS  Y10, Y14, Y15
 	VADDPS  Y15, Y2, Y2
 	VMULPS  Y11, Y14, Y15
@@ -1795,7 +1795,7 @@ loop97:
 	VADDPS  Y15, Y4, Y4
 	VMULPS  Y13, Y14, Y14
 	VADDPS  Y14, Y5, Y5
-	VMOVUPS (DX)(BX*1), Y14
+	VMOVUPS (AX)(CX*1), Y14
 	VMULPS  Y10, Y14, Y10
 	VADDPS  Y10, Y6, Y6
 	VMULPS  Y11, Y14, Y10
@@ -1804,20 +1804,20 @@ loop97:
 	VADDPS  Y10, Y8, Y8
 	VMULPS  Y13, Y14, Y10
 	VADDPS  Y10, Y9, Y9
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
 	ADDQ    $0x20, R10
 	JMP     loop97
 
 tail98:
-	CMPQ       AX, R12
+	CMPQ       BX, R12
 	JAE        store99
-	VMASKMOVPS (SI), Y1, Y10
-	VMASKMOVPS (SI)(CX*1), Y1, Y11
-	VMASKMOVPS (SI)(CX*2), Y1, Y12
+	VMASKMOVPS (DX), Y1, Y10
+	VMASKMOVPS (DX)(SI*1), Y1, Y11
+	VMASKMOVPS (DX)(SI*2), Y1, Y12
 	VMASKMOVPS (R10), Y1, Y13
-	VMASKMOVPS (DX), Y1, Y14
+	VMASKMOVPS (AX), Y1, Y14
 	VMULPS     Y10, Y14, Y15
 	VADDPS     Y15, Y2, Y2
 	VMULPS     Y11, Y14, Y15
@@ -1826,7 +1826,7 @@ tail98:
 	VADDPS     Y15, Y4, Y4
 	VMULPS     Y13, Y14, Y14
 	VADDPS     Y14, Y5, Y5
-	VMASKMOVPS (DX)(BX*1), Y1, Y14
+	VMASKMOVPS (AX)(CX*1), Y1, Y14
 	VMULPS     Y10, Y14, Y10
 	VADDPS     Y10, Y6, Y6
 	VMULPS     Y11, Y14, Y10
@@ -1837,9 +1837,9 @@ tail98:
 	VADDPS     Y10, Y9, Y9
 
 store99:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
-	SUBQ         AX, R10
+	SUBQ         BX, AX
+	SUBQ         BX, DX
+	SUBQ         BX, R10
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y7, Y6, Y4
@@ -1850,13 +1850,13 @@ store99:
 	VPERM2F128   $0x31, Y3, Y2, Y2
 	VADDPS       Y2, Y4, Y2
 	VMULPS       Y0, Y2, Y2
-	MOVQ         R8, AX
-	VMOVUPS      X2, (AX)
-	ADDQ         R9, AX
+	MOVQ         R8, BX
+	VMOVUPS      X2, (BX)
+	ADDQ         R9, BX
 	VEXTRACTF128 $0x01, Y2, X2
-	VMOVUPS      X2, (AX)
-	LEAQ         (SI)(CX*4), SI
-	LEAQ         (SI)(R11*1), R10
+	VMOVUPS      X2, (BX)
+	LEAQ         (DX)(SI*4), DX
+	LEAQ         (DX)(R11*1), R10
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
 	JMP          cols95
@@ -1868,28 +1868,28 @@ end96:
 // func scoresF32R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R2C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         AX, R10
+	MOVQ         BX, R10
 	SHLQ         $0x02, R10
 	MOVQ         R10, R11
 	ANDQ         $-32, R11
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask100
 	LEAQ         kconst<>+0(SB), R12
-	NEGQ         AX
-	VMOVDQU      32(R12)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R12)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask100:
@@ -1900,58 +1900,58 @@ cols101:
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop103:
-	CMPQ    AX, R11
+	CMPQ    BX, R11
 	JAE     tail104
-	VMOVUPS (SI), Y6
-	VMOVUPS (SI)(CX*1), Y7
-	VMOVUPS (DX), Y8
+	VMOVUPS (DX), Y6
+	VMOVUPS (DX)(SI*1), Y7
+	VMOVUPS (AX), Y8
 	VMULPS  Y6, Y8, Y9
 	VADDPS  Y9, Y2, Y2
 	VMULPS  Y7, Y8, Y8
 	VADDPS  Y8, Y3, Y3
-	VMOVUPS (DX)(BX*1), Y8
+	VMOVUPS (AX)(CX*1), Y8
 	VMULPS  Y6, Y8, Y6
 	VADDPS  Y6, Y4, Y4
 	VMULPS  Y7, Y8, Y6
 	VADDPS  Y6, Y5, Y5
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
 	JMP     loop103
 
 tail104:
-	CMPQ       AX, R10
+	CMPQ       BX, R10
 	JAE        store105
-	VMASKMOVPS (SI), Y1, Y6
-	VMASKMOVPS (SI)(CX*1), Y1, Y7
-	VMASKMOVPS (DX), Y1, Y8
+	VMASKMOVPS (DX), Y1, Y6
+	VMASKMOVPS (DX)(SI*1), Y1, Y7
+	VMASKMOVPS (AX), Y1, Y8
 	VMULPS     Y6, Y8, Y9
 	VADDPS     Y9, Y2, Y2
 	VMULPS     Y7, Y8, Y8
 	VADDPS     Y8, Y3, Y3
-	VMASKMOVPS (DX)(BX*1), Y1, Y8
+	VMASKMOVPS (AX)(CX*1), Y1, Y8
 	VMULPS     Y6, Y8, Y6
 	VADDPS     Y6, Y4, Y4
 	VMULPS     Y7, Y8, Y6
 	VADDPS     Y6, Y5, Y5
 
 store105:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, DX
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y3, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
 	VADDPS       X3, X2, X2
 	VMULPS       X0, X2, X2
-	MOVQ         R8, AX
-	VMOVLPS      X2, (AX)
-	ADDQ         R9, AX
-	VMOVHPS      X2, (AX)
-	LEAQ         (SI)(CX*2), SI
+	MOVQ         R8, BX
+	VMOVLPS      X2, (BX)
+	ADDQ         R9, BX
+	VMOVHPS      X2, (BX)
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols101
@@ -1963,28 +1963,28 @@ end102:
 // func scoresF32R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R2C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         AX, R10
+	MOVQ         BX, R10
 	SHLQ         $0x02, R10
 	MOVQ         R10, R11
 	ANDQ         $-32, R11
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask106
 	LEAQ         kconst<>+0(SB), R12
-	NEGQ         AX
-	VMOVDQU      32(R12)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R12)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask106:
@@ -1993,47 +1993,47 @@ cols107:
 	JZ     end108
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop109:
-	CMPQ    AX, R11
+	CMPQ    BX, R11
 	JAE     tail110
-	VMOVUPS (SI), Y4
-	VMOVUPS (DX), Y5
+	VMOVUPS (DX), Y4
+	VMOVUPS (AX), Y5
 	VMULPS  Y4, Y5, Y5
 	VADDPS  Y5, Y2, Y2
-	VMOVUPS (DX)(BX*1), Y5
+	VMOVUPS (AX)(CX*1), Y5
 	VMULPS  Y4, Y5, Y4
 	VADDPS  Y4, Y3, Y3
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
 	JMP     loop109
 
 tail110:
-	CMPQ       AX, R10
+	CMPQ       BX, R10
 	JAE        store111
-	VMASKMOVPS (SI), Y1, Y4
-	VMASKMOVPS (DX), Y1, Y5
+	VMASKMOVPS (DX), Y1, Y4
+	VMASKMOVPS (AX), Y1, Y5
 	VMULPS     Y4, Y5, Y5
 	VADDPS     Y5, Y2, Y2
-	VMASKMOVPS (DX)(BX*1), Y1, Y5
+	VMASKMOVPS (AX)(CX*1), Y1, Y5
 	VMULPS     Y4, Y5, Y4
 	VADDPS     Y4, Y3, Y3
 
 store111:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, DX
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y2, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
 	VADDPS       X3, X2, X2
 	VMULPS       X0, X2, X2
-	MOVQ         R8, AX
-	VMOVSS       X2, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x01, X2, (AX)
-	LEAQ         (SI)(CX*1), SI
+	MOVQ         R8, BX
+	VMOVSS       X2, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x01, X2, (BX)
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols107
@@ -2045,28 +2045,28 @@ end108:
 // func scoresF32R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R3C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         AX, R10
+	MOVQ         BX, R10
 	SHLQ         $0x02, R10
 	MOVQ         R10, R11
 	ANDQ         $-32, R11
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask112
 	LEAQ         kconst<>+0(SB), R12
-	NEGQ         AX
-	VMOVDQU      32(R12)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R12)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask112:
@@ -2079,57 +2079,57 @@ cols113:
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop115:
-	CMPQ    AX, R11
+	CMPQ    BX, R11
 	JAE     tail116
-	VMOVUPS (SI), Y8
-	VMOVUPS (SI)(CX*1), Y9
-	VMOVUPS (DX), Y10
+	VMOVUPS (DX), Y8
+	VMOVUPS (DX)(SI*1), Y9
+	VMOVUPS (AX), Y10
 	VMULPS  Y8, Y10, Y11
 	VADDPS  Y11, Y2, Y2
 	VMULPS  Y9, Y10, Y10
 	VADDPS  Y10, Y3, Y3
-	VMOVUPS (DX)(BX*1), Y10
+	VMOVUPS (AX)(CX*1), Y10
 	VMULPS  Y8, Y10, Y11
 	VADDPS  Y11, Y4, Y4
 	VMULPS  Y9, Y10, Y10
 	VADDPS  Y10, Y5, Y5
-	VMOVUPS (DX)(BX*2), Y10
+	VMOVUPS (AX)(CX*2), Y10
 	VMULPS  Y8, Y10, Y8
 	VADDPS  Y8, Y6, Y6
 	VMULPS  Y9, Y10, Y8
 	VADDPS  Y8, Y7, Y7
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
 	JMP     loop115
 
 tail116:
-	CMPQ       AX, R10
+	CMPQ       BX, R10
 	JAE        store117
-	VMASKMOVPS (SI), Y1, Y8
-	VMASKMOVPS (SI)(CX*1), Y1, Y9
-	VMASKMOVPS (DX), Y1, Y10
+	VMASKMOVPS (DX), Y1, Y8
+	VMASKMOVPS (DX)(SI*1), Y1, Y9
+	VMASKMOVPS (AX), Y1, Y10
 	VMULPS     Y8, Y10, Y11
 	VADDPS     Y11, Y2, Y2
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y3, Y3
-	VMASKMOVPS (DX)(BX*1), Y1, Y10
+	VMASKMOVPS (AX)(CX*1), Y1, Y10
 	VMULPS     Y8, Y10, Y11
 	VADDPS     Y11, Y4, Y4
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y5, Y5
-	VMASKMOVPS (DX)(BX*2), Y1, Y10
+	VMASKMOVPS (AX)(CX*2), Y1, Y10
 	VMULPS     Y8, Y10, Y8
 	VADDPS     Y8, Y6, Y6
 	VMULPS     Y9, Y10, Y8
 	VADDPS     Y8, Y7, Y7
 
 store117:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, DX
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y7, Y6, Y4
@@ -2139,14 +2139,14 @@ store117:
 	VPERM2F128   $0x31, Y3, Y2, Y2
 	VADDPS       Y2, Y4, Y2
 	VMULPS       Y0, Y2, Y2
-	MOVQ         R8, AX
-	VMOVLPS      X2, (AX)
-	ADDQ         R9, AX
-	VMOVHPS      X2, (AX)
-	ADDQ         R9, AX
+	MOVQ         R8, BX
+	VMOVLPS      X2, (BX)
+	ADDQ         R9, BX
+	VMOVHPS      X2, (BX)
+	ADDQ         R9, BX
 	VEXTRACTF128 $0x01, Y2, X2
-	VMOVLPS      X2, (AX)
-	LEAQ         (SI)(CX*2), SI
+	VMOVLPS      X2, (BX)
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols113
@@ -2158,28 +2158,28 @@ end114:
 // func scoresF32R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R3C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         AX, R10
+	MOVQ         BX, R10
 	SHLQ         $0x02, R10
 	MOVQ         R10, R11
 	ANDQ         $-32, R11
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask118
 	LEAQ         kconst<>+0(SB), R12
-	NEGQ         AX
-	VMOVDQU      32(R12)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R12)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask118:
@@ -2189,56 +2189,56 @@ cols119:
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop121:
-	CMPQ    AX, R11
+	CMPQ    BX, R11
 	JAE     tail122
-	VMOVUPS (SI), Y5
-	VMOVUPS (DX), Y6
+	VMOVUPS (DX), Y5
+	VMOVUPS (AX), Y6
 	VMULPS  Y5, Y6, Y6
 	VADDPS  Y6, Y2, Y2
-	VMOVUPS (DX)(BX*1), Y6
+	VMOVUPS (AX)(CX*1), Y6
 	VMULPS  Y5, Y6, Y6
 	VADDPS  Y6, Y3, Y3
-	VMOVUPS (DX)(BX*2), Y6
+	VMOVUPS (AX)(CX*2), Y6
 	VMULPS  Y5, Y6, Y5
 	VADDPS  Y5, Y4, Y4
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, SI
 	JMP     loop121
 
 tail122:
-	CMPQ       AX, R10
+	CMPQ       BX, R10
 	JAE        store123
-	VMASKMOVPS (SI), Y1, Y5
-	VMASKMOVPS (DX), Y1, Y6
+	VMASKMOVPS (DX), Y1, Y5
+	VMASKMOVPS (AX), Y1, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y2, Y2
-	VMASKMOVPS (DX)(BX*1), Y1, Y6
+	VMASKMOVPS (AX)(CX*1), Y1, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y3, Y3
-	VMASKMOVPS (DX)(BX*2), Y1, Y6
+	VMASKMOVPS (AX)(CX*2), Y1, Y6
 	VMULPS     Y5, Y6, Y5
 	VADDPS     Y5, Y4, Y4
 
 store123:
-	SUBQ         AX, DX
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, DX
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y4, Y4, Y3
 	VHADDPS      Y3, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
 	VADDPS       X3, X2, X2
 	VMULPS       X0, X2, X2
-	MOVQ         R8, AX
-	VMOVSS       X2, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x01, X2, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x02, X2, (AX)
-	LEAQ         (SI)(CX*1), SI
+	MOVQ         R8, BX
+	VMOVSS       X2, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x01, X2, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x02, X2, (BX)
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols119
@@ -2250,30 +2250,30 @@ end120:
 // func scoresF32R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R4C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (BX)(BX*2), R10
-	LEAQ         (DX)(R10*1), R10
-	MOVQ         AX, R11
+	LEAQ         (CX)(CX*2), R10
+	LEAQ         (AX)(R10*1), R10
+	MOVQ         BX, R11
 	SHLQ         $0x02, R11
 	MOVQ         R11, R12
 	ANDQ         $-32, R12
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask124
 	LEAQ         kconst<>+0(SB), R13
-	NEGQ         AX
-	VMOVDQU      32(R13)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R13)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask124:
@@ -2288,24 +2288,24 @@ cols125:
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
 	VXORPS Y9, Y9, Y9
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop127:
-	CMPQ    AX, R12
+	CMPQ    BX, R12
 	JAE     tail128
-	VMOVUPS (SI), Y10
-	VMOVUPS (SI)(CX*1), Y11
-	VMOVUPS (DX), Y12
+	VMOVUPS (DX), Y10
+	VMOVUPS (DX)(SI*1), Y11
+	VMOVUPS (AX), Y12
 	VMULPS  Y10, Y12, Y13
 	VADDPS  Y13, Y2, Y2
 	VMULPS  Y11, Y12, Y12
 	VADDPS  Y12, Y3, Y3
-	VMOVUPS (DX)(BX*1), Y12
+	VMOVUPS (AX)(CX*1), Y12
 	VMULPS  Y10, Y12, Y13
 	VADDPS  Y13, Y4, Y4
 	VMULPS  Y11, Y12, Y12
 	VADDPS  Y12, Y5, Y5
-	VMOVUPS (DX)(BX*2), Y12
+	VMOVUPS (AX)(CX*2), Y12
 	VMULPS  Y10, Y12, Y13
 	VADDPS  Y13, Y6, Y6
 	VMULPS  Y11, Y12, Y12
@@ -2315,28 +2315,28 @@ loop127:
 	VADDPS  Y10, Y8, Y8
 	VMULPS  Y11, Y12, Y10
 	VADDPS  Y10, Y9, Y9
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
-	ADDQ    $0x20, DX
 	ADDQ    $0x20, R10
-	ADDQ    $0x20, SI
+	ADDQ    $0x20, DX
 	JMP     loop127
 
 tail128:
-	CMPQ       AX, R11
+	CMPQ       BX, R11
 	JAE        store129
-	VMASKMOVPS (SI), Y1, Y10
-	VMASKMOVPS (SI)(CX*1), Y1, Y11
-	VMASKMOVPS (DX), Y1, Y12
+	VMASKMOVPS (DX), Y1, Y10
+	VMASKMOVPS (DX)(SI*1), Y1, Y11
+	VMASKMOVPS (AX), Y1, Y12
 	VMULPS     Y10, Y12, Y13
 	VADDPS     Y13, Y2, Y2
 	VMULPS     Y11, Y12, Y12
 	VADDPS     Y12, Y3, Y3
-	VMASKMOVPS (DX)(BX*1), Y1, Y12
+	VMASKMOVPS (AX)(CX*1), Y1, Y12
 	VMULPS     Y10, Y12, Y13
 	VADDPS     Y13, Y4, Y4
 	VMULPS     Y11, Y12, Y12
 	VADDPS     Y12, Y5, Y5
-	VMASKMOVPS (DX)(BX*2), Y1, Y12
+	VMASKMOVPS (AX)(CX*2), Y1, Y12
 	VMULPS     Y10, Y12, Y13
 	VADDPS     Y13, Y6, Y6
 	VMULPS     Y11, Y12, Y12
@@ -2348,9 +2348,9 @@ tail128:
 	VADDPS     Y10, Y9, Y9
 
 store129:
-	SUBQ         AX, DX
-	SUBQ         AX, R10
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, R10
+	SUBQ         BX, DX
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y7, Y6, Y4
@@ -2361,17 +2361,17 @@ store129:
 	VPERM2F128   $0x31, Y3, Y2, Y2
 	VADDPS       Y2, Y4, Y2
 	VMULPS       Y0, Y2, Y2
-	MOVQ         R8, AX
-	VMOVLPS      X2, (AX)
-	ADDQ         R9, AX
-	VMOVHPS      X2, (AX)
-	ADDQ         R9, AX
+	MOVQ         R8, BX
+	VMOVLPS      X2, (BX)
+	ADDQ         R9, BX
+	VMOVHPS      X2, (BX)
+	ADDQ         R9, BX
 	VEXTRACTF128 $0x01, Y2, X3
-	VMOVLPS      X3, (AX)
-	ADDQ         R9, AX
+	VMOVLPS      X3, (BX)
+	ADDQ         R9, BX
 	VEXTRACTF128 $0x01, Y2, X2
-	VMOVHPS      X2, (AX)
-	LEAQ         (SI)(CX*2), SI
+	VMOVHPS      X2, (BX)
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols125
@@ -2383,30 +2383,30 @@ end126:
 // func scoresF32R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF32R4C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (BX)(BX*2), R10
-	LEAQ         (DX)(R10*1), R10
-	MOVQ         AX, R11
+	LEAQ         (CX)(CX*2), R10
+	LEAQ         (AX)(R10*1), R10
+	MOVQ         BX, R11
 	SHLQ         $0x02, R11
 	MOVQ         R11, R12
 	ANDQ         $-32, R12
-	ANDQ         $0x07, AX
+	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
 	JZ           nomask130
 	LEAQ         kconst<>+0(SB), R13
-	NEGQ         AX
-	VMOVDQU      32(R13)(AX*4), Y1
+	NEGQ         BX
+	VMOVDQU      32(R13)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
 nomask130:
@@ -2417,41 +2417,41 @@ cols131:
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
-	XORQ   AX, AX
+	XORQ   BX, BX
 
 loop133:
-	CMPQ    AX, R12
+	CMPQ    BX, R12
 	JAE     tail134
-	VMOVUPS (SI), Y6
-	VMOVUPS (DX), Y7
+	VMOVUPS (DX), Y6
+	VMOVUPS (AX), Y7
 	VMULPS  Y6, Y7, Y7
 	VADDPS  Y7, Y2, Y2
-	VMOVUPS (DX)(BX*1), Y7
+	VMOVUPS (AX)(CX*1), Y7
 	VMULPS  Y6, Y7, Y7
 	VADDPS  Y7, Y3, Y3
-	VMOVUPS (DX)(BX*2), Y7
+	VMOVUPS (AX)(CX*2), Y7
 	VMULPS  Y6, Y7, Y7
 	VADDPS  Y7, Y4, Y4
 	VMOVUPS (R10), Y7
 	VMULPS  Y6, Y7, Y6
 	VADDPS  Y6, Y5, Y5
+	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
-	ADDQ    $0x20, DX
 	ADDQ    $0x20, R10
-	ADDQ    $0x20, SI
+	ADDQ    $0x20, DX
 	JMP     loop133
 
 tail134:
-	CMPQ       AX, R11
+	CMPQ       BX, R11
 	JAE        store135
-	VMASKMOVPS (SI), Y1, Y6
-	VMASKMOVPS (DX), Y1, Y7
+	VMASKMOVPS (DX), Y1, Y6
+	VMASKMOVPS (AX), Y1, Y7
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y2, Y2
-	VMASKMOVPS (DX)(BX*1), Y1, Y7
+	VMASKMOVPS (AX)(CX*1), Y1, Y7
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y3, Y3
-	VMASKMOVPS (DX)(BX*2), Y1, Y7
+	VMASKMOVPS (AX)(CX*2), Y1, Y7
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y4, Y4
 	VMASKMOVPS (R10), Y1, Y7
@@ -2459,24 +2459,24 @@ tail134:
 	VADDPS     Y6, Y5, Y5
 
 store135:
-	SUBQ         AX, DX
-	SUBQ         AX, R10
-	SUBQ         AX, SI
+	SUBQ         BX, AX
+	SUBQ         BX, R10
+	SUBQ         BX, DX
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y3, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
 	VADDPS       X3, X2, X2
 	VMULPS       X0, X2, X2
-	MOVQ         R8, AX
-	VMOVSS       X2, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x01, X2, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x02, X2, (AX)
-	ADDQ         R9, AX
-	VEXTRACTPS   $0x03, X2, (AX)
-	LEAQ         (SI)(CX*1), SI
+	MOVQ         R8, BX
+	VMOVSS       X2, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x01, X2, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x02, X2, (BX)
+	ADDQ         R9, BX
+	VEXTRACTPS   $0x03, X2, (BX)
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols131
@@ -3184,22 +3184,22 @@ done173:
 // func scoresF16R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R1C8(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (CX)(CX*2), R9
-	LEAQ         (SI)(R9*1), BX
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	LEAQ         (SI)(SI*2), R9
+	LEAQ         (DX)(R9*1), CX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols176:
 	TESTQ  DI, DI
@@ -3215,10 +3215,10 @@ cols176:
 	XORQ   R10, R10
 
 loop178:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail179
-	VMOVUPS   (DX), Y9
-	VPMOVZXWD (SI), Y11
+	VMOVUPS   (AX), Y9
+	VPMOVZXWD (DX), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3234,7 +3234,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y1, Y1
-	VPMOVZXWD (SI)(CX*1), Y11
+	VPMOVZXWD (DX)(SI*1), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3250,7 +3250,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y2, Y2
-	VPMOVZXWD (SI)(CX*2), Y11
+	VPMOVZXWD (DX)(SI*2), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3266,7 +3266,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y3, Y3
-	VPMOVZXWD (BX), Y11
+	VPMOVZXWD (CX), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3282,7 +3282,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y4, Y4
-	VPMOVZXWD (SI)(CX*4), Y11
+	VPMOVZXWD (DX)(SI*4), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3298,7 +3298,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y5, Y5
-	VPMOVZXWD (BX)(CX*2), Y11
+	VPMOVZXWD (CX)(SI*2), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3314,7 +3314,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y6, Y6
-	VPMOVZXWD (SI)(R9*2), Y11
+	VPMOVZXWD (DX)(R9*2), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3330,7 +3330,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y7, Y7
-	VPMOVZXWD (BX)(CX*4), Y11
+	VPMOVZXWD (CX)(SI*4), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3347,16 +3347,16 @@ loop178:
 	VMULPS    Y9, Y10, Y9
 	VADDPS    Y9, Y8, Y8
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
-	ADDQ      $0x10, BX
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, CX
 	JMP       loop178
 
 tail179:
-	SUBQ       R10, DX
+	SUBQ       R10, AX
 	SHRQ       $0x01, R10
-	SUBQ       R10, SI
-	SUBQ       R10, BX
+	SUBQ       R10, DX
+	SUBQ       R10, CX
 	VHADDPS    Y2, Y1, Y1
 	VHADDPS    Y4, Y3, Y2
 	VHADDPS    Y6, Y5, Y3
@@ -3367,10 +3367,10 @@ tail179:
 	VPERM2F128 $0x31, Y2, Y1, Y1
 	VADDPS     Y1, Y3, Y1
 	VMULPS     Y0, Y1, Y1
-	MOVQ       R8, BX
-	VMOVUPS    Y1, (BX)
-	LEAQ       (SI)(CX*8), SI
-	LEAQ       (SI)(R9*1), BX
+	MOVQ       R8, CX
+	VMOVUPS    Y1, (CX)
+	LEAQ       (DX)(SI*8), DX
+	LEAQ       (DX)(R9*1), CX
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
 	JMP        cols176
@@ -3382,22 +3382,22 @@ end177:
 // func scoresF16R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R1C4(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (CX)(CX*2), R9
-	LEAQ         (SI)(R9*1), BX
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	LEAQ         (SI)(SI*2), R9
+	LEAQ         (DX)(R9*1), CX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols181:
 	TESTQ  DI, DI
@@ -3409,10 +3409,10 @@ cols181:
 	XORQ   R10, R10
 
 loop183:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail184
-	VMOVUPS   (DX), Y5
-	VPMOVZXWD (SI), Y7
+	VMOVUPS   (AX), Y5
+	VPMOVZXWD (DX), Y7
 	VPAND     kconst<>+96(SB), Y7, Y8
 	VPXOR     Y8, Y7, Y9
 	VPSLLD    $0x10, Y9, Y9
@@ -3428,7 +3428,7 @@ loop183:
 	VPOR      Y9, Y6, Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y1, Y1
-	VPMOVZXWD (SI)(CX*1), Y7
+	VPMOVZXWD (DX)(SI*1), Y7
 	VPAND     kconst<>+96(SB), Y7, Y8
 	VPXOR     Y8, Y7, Y9
 	VPSLLD    $0x10, Y9, Y9
@@ -3444,7 +3444,7 @@ loop183:
 	VPOR      Y9, Y6, Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y2, Y2
-	VPMOVZXWD (SI)(CX*2), Y7
+	VPMOVZXWD (DX)(SI*2), Y7
 	VPAND     kconst<>+96(SB), Y7, Y8
 	VPXOR     Y8, Y7, Y9
 	VPSLLD    $0x10, Y9, Y9
@@ -3460,7 +3460,7 @@ loop183:
 	VPOR      Y9, Y6, Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y3, Y3
-	VPMOVZXWD (BX), Y7
+	VPMOVZXWD (CX), Y7
 	VPAND     kconst<>+96(SB), Y7, Y8
 	VPXOR     Y8, Y7, Y9
 	VPSLLD    $0x10, Y9, Y9
@@ -3477,26 +3477,26 @@ loop183:
 	VMULPS    Y5, Y6, Y5
 	VADDPS    Y5, Y4, Y4
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
-	ADDQ      $0x10, BX
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, CX
 	JMP       loop183
 
 tail184:
-	SUBQ         R10, DX
+	SUBQ         R10, AX
 	SHRQ         $0x01, R10
-	SUBQ         R10, SI
-	SUBQ         R10, BX
+	SUBQ         R10, DX
+	SUBQ         R10, CX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, BX
-	VMOVUPS      X1, (BX)
-	LEAQ         (SI)(CX*4), SI
-	LEAQ         (SI)(R9*1), BX
+	MOVQ         R8, CX
+	VMOVUPS      X1, (CX)
+	LEAQ         (DX)(SI*4), DX
+	LEAQ         (DX)(R9*1), CX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
 	JMP          cols181
@@ -3508,20 +3508,21 @@ end182:
 // func scoresF16R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R1C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	MOVQ         BX, CX
+	SHLQ         $0x02, CX
+	ANDQ         $-32, CX
 
 cols186:
 	TESTQ  DI, DI
@@ -3531,10 +3532,10 @@ cols186:
 	XORQ   BX, BX
 
 loop188:
-	CMPQ      BX, AX
+	CMPQ      BX, CX
 	JAE       tail189
-	VMOVUPS   (DX), Y3
-	VPMOVZXWD (SI), Y5
+	VMOVUPS   (AX), Y3
+	VPMOVZXWD (DX), Y5
 	VPAND     kconst<>+96(SB), Y5, Y6
 	VPXOR     Y6, Y5, Y7
 	VPSLLD    $0x10, Y7, Y7
@@ -3550,7 +3551,7 @@ loop188:
 	VPOR      Y7, Y4, Y4
 	VMULPS    Y3, Y4, Y4
 	VADDPS    Y4, Y1, Y1
-	VPMOVZXWD (SI)(CX*1), Y5
+	VPMOVZXWD (DX)(SI*1), Y5
 	VPAND     kconst<>+96(SB), Y5, Y6
 	VPXOR     Y6, Y5, Y7
 	VPSLLD    $0x10, Y7, Y7
@@ -3567,14 +3568,14 @@ loop188:
 	VMULPS    Y3, Y4, Y3
 	VADDPS    Y3, Y2, Y2
 	ADDQ      $0x20, BX
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop188
 
 tail189:
-	SUBQ         BX, DX
+	SUBQ         BX, AX
 	SHRQ         $0x01, BX
-	SUBQ         BX, SI
+	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
@@ -3582,7 +3583,7 @@ tail189:
 	VMULPS       X0, X1, X1
 	MOVQ         R8, BX
 	VMOVLPS      X1, (BX)
-	LEAQ         (SI)(CX*2), SI
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols186
@@ -3594,20 +3595,21 @@ end187:
 // func scoresF16R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R1C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	MOVQ         BX, CX
+	SHLQ         $0x02, CX
+	ANDQ         $-32, CX
 
 cols191:
 	TESTQ  DI, DI
@@ -3616,10 +3618,10 @@ cols191:
 	XORQ   BX, BX
 
 loop193:
-	CMPQ      BX, AX
+	CMPQ      BX, CX
 	JAE       tail194
-	VMOVUPS   (DX), Y2
-	VPMOVZXWD (SI), Y4
+	VMOVUPS   (AX), Y2
+	VPMOVZXWD (DX), Y4
 	VPAND     kconst<>+96(SB), Y4, Y5
 	VPXOR     Y5, Y4, Y6
 	VPSLLD    $0x10, Y6, Y6
@@ -3636,14 +3638,14 @@ loop193:
 	VMULPS    Y2, Y3, Y2
 	VADDPS    Y2, Y1, Y1
 	ADDQ      $0x20, BX
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop193
 
 tail194:
-	SUBQ         BX, DX
+	SUBQ         BX, AX
 	SHRQ         $0x01, BX
-	SUBQ         BX, SI
+	SUBQ         BX, DX
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
@@ -3651,7 +3653,7 @@ tail194:
 	VMULPS       X0, X1, X1
 	MOVQ         R8, BX
 	VMOVSS       X1, (BX)
-	LEAQ         (SI)(CX*1), SI
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols191
@@ -3663,22 +3665,22 @@ end192:
 // func scoresF16R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R2C4(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (CX)(CX*2), R11
-	LEAQ         (SI)(R11*1), R10
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	LEAQ         (SI)(SI*2), R11
+	LEAQ         (DX)(R11*1), R10
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols196:
 	TESTQ  DI, DI
@@ -3694,9 +3696,9 @@ cols196:
 	XORQ   R12, R12
 
 loop198:
-	CMPQ      R12, AX
+	CMPQ      R12, BX
 	JAE       tail199
-	VPMOVZXWD (SI), Y10
+	VPMOVZXWD (DX), Y10
 	VPAND     kconst<>+96(SB), Y10, Y11
 	VPXOR     Y11, Y10, Y12
 	VPSLLD    $0x10, Y12, Y12
@@ -3710,7 +3712,7 @@ loop198:
 	VPCMPGTD  kconst<>+192(SB), Y11, Y11
 	VBLENDVPS Y11, Y9, Y10, Y9
 	VPOR      Y12, Y9, Y9
-	VPMOVZXWD (SI)(CX*1), Y11
+	VPMOVZXWD (DX)(SI*1), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3724,7 +3726,7 @@ loop198:
 	VPCMPGTD  kconst<>+192(SB), Y12, Y12
 	VBLENDVPS Y12, Y10, Y11, Y10
 	VPOR      Y13, Y10, Y10
-	VPMOVZXWD (SI)(CX*2), Y12
+	VPMOVZXWD (DX)(SI*2), Y12
 	VPAND     kconst<>+96(SB), Y12, Y13
 	VPXOR     Y13, Y12, Y14
 	VPSLLD    $0x10, Y14, Y14
@@ -3752,7 +3754,7 @@ loop198:
 	VPCMPGTD  kconst<>+192(SB), Y14, Y14
 	VBLENDVPS Y14, Y12, Y13, Y12
 	VPOR      Y15, Y12, Y12
-	VMOVUPS   (DX), Y13
+	VMOVUPS   (AX), Y13
 	VMULPS    Y9, Y13, Y14
 	VADDPS    Y14, Y1, Y1
 	VMULPS    Y10, Y13, Y14
@@ -3761,7 +3763,7 @@ loop198:
 	VADDPS    Y14, Y3, Y3
 	VMULPS    Y12, Y13, Y13
 	VADDPS    Y13, Y4, Y4
-	VMOVUPS   (DX)(BX*1), Y13
+	VMOVUPS   (AX)(CX*1), Y13
 	VMULPS    Y9, Y13, Y9
 	VADDPS    Y9, Y5, Y5
 	VMULPS    Y10, Y13, Y9
@@ -3771,15 +3773,15 @@ loop198:
 	VMULPS    Y12, Y13, Y9
 	VADDPS    Y9, Y8, Y8
 	ADDQ      $0x20, R12
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	ADDQ      $0x10, R10
 	JMP       loop198
 
 tail199:
-	SUBQ         R12, DX
+	SUBQ         R12, AX
 	SHRQ         $0x01, R12
-	SUBQ         R12, SI
+	SUBQ         R12, DX
 	SUBQ         R12, R10
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
@@ -3796,8 +3798,8 @@ tail199:
 	ADDQ         R9, R10
 	VEXTRACTF128 $0x01, Y1, X1
 	VMOVUPS      X1, (R10)
-	LEAQ         (SI)(CX*4), SI
-	LEAQ         (SI)(R11*1), R10
+	LEAQ         (DX)(SI*4), DX
+	LEAQ         (DX)(R11*1), R10
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
 	JMP          cols196
@@ -3809,20 +3811,20 @@ end197:
 // func scoresF16R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R2C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols201:
 	TESTQ  DI, DI
@@ -3834,9 +3836,9 @@ cols201:
 	XORQ   R10, R10
 
 loop203:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail204
-	VPMOVZXWD (SI), Y6
+	VPMOVZXWD (DX), Y6
 	VPAND     kconst<>+96(SB), Y6, Y7
 	VPXOR     Y7, Y6, Y8
 	VPSLLD    $0x10, Y8, Y8
@@ -3850,7 +3852,7 @@ loop203:
 	VPCMPGTD  kconst<>+192(SB), Y7, Y7
 	VBLENDVPS Y7, Y5, Y6, Y5
 	VPOR      Y8, Y5, Y5
-	VPMOVZXWD (SI)(CX*1), Y7
+	VPMOVZXWD (DX)(SI*1), Y7
 	VPAND     kconst<>+96(SB), Y7, Y8
 	VPXOR     Y8, Y7, Y9
 	VPSLLD    $0x10, Y9, Y9
@@ -3864,25 +3866,25 @@ loop203:
 	VPCMPGTD  kconst<>+192(SB), Y8, Y8
 	VBLENDVPS Y8, Y6, Y7, Y6
 	VPOR      Y9, Y6, Y6
-	VMOVUPS   (DX), Y7
+	VMOVUPS   (AX), Y7
 	VMULPS    Y5, Y7, Y8
 	VADDPS    Y8, Y1, Y1
 	VMULPS    Y6, Y7, Y7
 	VADDPS    Y7, Y2, Y2
-	VMOVUPS   (DX)(BX*1), Y7
+	VMOVUPS   (AX)(CX*1), Y7
 	VMULPS    Y5, Y7, Y5
 	VADDPS    Y5, Y3, Y3
 	VMULPS    Y6, Y7, Y5
 	VADDPS    Y5, Y4, Y4
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop203
 
 tail204:
-	SUBQ         R10, DX
+	SUBQ         R10, AX
 	SHRQ         $0x01, R10
-	SUBQ         R10, SI
+	SUBQ         R10, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
@@ -3893,7 +3895,7 @@ tail204:
 	VMOVLPS      X1, (R10)
 	ADDQ         R9, R10
 	VMOVHPS      X1, (R10)
-	LEAQ         (SI)(CX*2), SI
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols201
@@ -3905,20 +3907,20 @@ end202:
 // func scoresF16R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R2C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols206:
 	TESTQ  DI, DI
@@ -3928,9 +3930,9 @@ cols206:
 	XORQ   R10, R10
 
 loop208:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail209
-	VPMOVZXWD (SI), Y4
+	VPMOVZXWD (DX), Y4
 	VPAND     kconst<>+96(SB), Y4, Y5
 	VPXOR     Y5, Y4, Y6
 	VPSLLD    $0x10, Y6, Y6
@@ -3944,21 +3946,21 @@ loop208:
 	VPCMPGTD  kconst<>+192(SB), Y5, Y5
 	VBLENDVPS Y5, Y3, Y4, Y3
 	VPOR      Y6, Y3, Y3
-	VMOVUPS   (DX), Y4
+	VMOVUPS   (AX), Y4
 	VMULPS    Y3, Y4, Y4
 	VADDPS    Y4, Y1, Y1
-	VMOVUPS   (DX)(BX*1), Y4
+	VMOVUPS   (AX)(CX*1), Y4
 	VMULPS    Y3, Y4, Y3
 	VADDPS    Y3, Y2, Y2
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop208
 
 tail209:
-	SUBQ         R10, DX
+	SUBQ         R10, AX
 	SHRQ         $0x01, R10
-	SUBQ         R10, SI
+	SUBQ         R10, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
@@ -3968,7 +3970,7 @@ tail209:
 	VMOVSS       X1, (R10)
 	ADDQ         R9, R10
 	VEXTRACTPS   $0x01, X1, (R10)
-	LEAQ         (SI)(CX*1), SI
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols206
@@ -3980,20 +3982,20 @@ end207:
 // func scoresF16R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R3C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols211:
 	TESTQ  DI, DI
@@ -4007,9 +4009,9 @@ cols211:
 	XORQ   R10, R10
 
 loop213:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail214
-	VPMOVZXWD (SI), Y8
+	VPMOVZXWD (DX), Y8
 	VPAND     kconst<>+96(SB), Y8, Y9
 	VPXOR     Y9, Y8, Y10
 	VPSLLD    $0x10, Y10, Y10
@@ -4023,7 +4025,7 @@ loop213:
 	VPCMPGTD  kconst<>+192(SB), Y9, Y9
 	VBLENDVPS Y9, Y7, Y8, Y7
 	VPOR      Y10, Y7, Y7
-	VPMOVZXWD (SI)(CX*1), Y9
+	VPMOVZXWD (DX)(SI*1), Y9
 	VPAND     kconst<>+96(SB), Y9, Y10
 	VPXOR     Y10, Y9, Y11
 	VPSLLD    $0x10, Y11, Y11
@@ -4037,30 +4039,30 @@ loop213:
 	VPCMPGTD  kconst<>+192(SB), Y10, Y10
 	VBLENDVPS Y10, Y8, Y9, Y8
 	VPOR      Y11, Y8, Y8
-	VMOVUPS   (DX), Y9
+	VMOVUPS   (AX), Y9
 	VMULPS    Y7, Y9, Y10
 	VADDPS    Y10, Y1, Y1
 	VMULPS    Y8, Y9, Y9
 	VADDPS    Y9, Y2, Y2
-	VMOVUPS   (DX)(BX*1), Y9
+	VMOVUPS   (AX)(CX*1), Y9
 	VMULPS    Y7, Y9, Y10
 	VADDPS    Y10, Y3, Y3
 	VMULPS    Y8, Y9, Y9
 	VADDPS    Y9, Y4, Y4
-	VMOVUPS   (DX)(BX*2), Y9
+	VMOVUPS   (AX)(CX*2), Y9
 	VMULPS    Y7, Y9, Y7
 	VADDPS    Y7, Y5, Y5
 	VMULPS    Y8, Y9, Y7
 	VADDPS    Y7, Y6, Y6
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop213
 
 tail214:
-	SUBQ         R10, DX
+	SUBQ         R10, AX
 	SHRQ         $0x01, R10
-	SUBQ         R10, SI
+	SUBQ         R10, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -4077,7 +4079,7 @@ tail214:
 	ADDQ         R9, R10
 	VEXTRACTF128 $0x01, Y1, X1
 	VMOVLPS      X1, (R10)
-	LEAQ         (SI)(CX*2), SI
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols211
@@ -4089,20 +4091,20 @@ end212:
 // func scoresF16R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R3C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols216:
 	TESTQ  DI, DI
@@ -4113,9 +4115,9 @@ cols216:
 	XORQ   R10, R10
 
 loop218:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail219
-	VPMOVZXWD (SI), Y5
+	VPMOVZXWD (DX), Y5
 	VPAND     kconst<>+96(SB), Y5, Y6
 	VPXOR     Y6, Y5, Y7
 	VPSLLD    $0x10, Y7, Y7
@@ -4129,24 +4131,24 @@ loop218:
 	VPCMPGTD  kconst<>+192(SB), Y6, Y6
 	VBLENDVPS Y6, Y4, Y5, Y4
 	VPOR      Y7, Y4, Y4
-	VMOVUPS   (DX), Y5
+	VMOVUPS   (AX), Y5
 	VMULPS    Y4, Y5, Y5
 	VADDPS    Y5, Y1, Y1
-	VMOVUPS   (DX)(BX*1), Y5
+	VMOVUPS   (AX)(CX*1), Y5
 	VMULPS    Y4, Y5, Y5
 	VADDPS    Y5, Y2, Y2
-	VMOVUPS   (DX)(BX*2), Y5
+	VMOVUPS   (AX)(CX*2), Y5
 	VMULPS    Y4, Y5, Y4
 	VADDPS    Y4, Y3, Y3
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop218
 
 tail219:
-	SUBQ         R10, DX
+	SUBQ         R10, AX
 	SHRQ         $0x01, R10
-	SUBQ         R10, SI
+	SUBQ         R10, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y3, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
@@ -4159,7 +4161,7 @@ tail219:
 	VEXTRACTPS   $0x01, X1, (R10)
 	ADDQ         R9, R10
 	VEXTRACTPS   $0x02, X1, (R10)
-	LEAQ         (SI)(CX*1), SI
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols216
@@ -4171,22 +4173,22 @@ end217:
 // func scoresF16R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R4C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (BX)(BX*2), R10
-	LEAQ         (DX)(R10*1), R10
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	LEAQ         (CX)(CX*2), R10
+	LEAQ         (AX)(R10*1), R10
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols221:
 	TESTQ  DI, DI
@@ -4202,9 +4204,9 @@ cols221:
 	XORQ   R11, R11
 
 loop223:
-	CMPQ      R11, AX
+	CMPQ      R11, BX
 	JAE       tail224
-	VPMOVZXWD (SI), Y10
+	VPMOVZXWD (DX), Y10
 	VPAND     kconst<>+96(SB), Y10, Y11
 	VPXOR     Y11, Y10, Y12
 	VPSLLD    $0x10, Y12, Y12
@@ -4218,7 +4220,7 @@ loop223:
 	VPCMPGTD  kconst<>+192(SB), Y11, Y11
 	VBLENDVPS Y11, Y9, Y10, Y9
 	VPOR      Y12, Y9, Y9
-	VPMOVZXWD (SI)(CX*1), Y11
+	VPMOVZXWD (DX)(SI*1), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -4232,17 +4234,17 @@ loop223:
 	VPCMPGTD  kconst<>+192(SB), Y12, Y12
 	VBLENDVPS Y12, Y10, Y11, Y10
 	VPOR      Y13, Y10, Y10
-	VMOVUPS   (DX), Y11
+	VMOVUPS   (AX), Y11
 	VMULPS    Y9, Y11, Y12
 	VADDPS    Y12, Y1, Y1
 	VMULPS    Y10, Y11, Y11
 	VADDPS    Y11, Y2, Y2
-	VMOVUPS   (DX)(BX*1), Y11
+	VMOVUPS   (AX)(CX*1), Y11
 	VMULPS    Y9, Y11, Y12
 	VADDPS    Y12, Y3, Y3
 	VMULPS    Y10, Y11, Y11
 	VADDPS    Y11, Y4, Y4
-	VMOVUPS   (DX)(BX*2), Y11
+	VMOVUPS   (AX)(CX*2), Y11
 	VMULPS    Y9, Y11, Y12
 	VADDPS    Y12, Y5, Y5
 	VMULPS    Y10, Y11, Y11
@@ -4253,16 +4255,16 @@ loop223:
 	VMULPS    Y10, Y11, Y9
 	VADDPS    Y9, Y8, Y8
 	ADDQ      $0x20, R11
-	ADDQ      $0x20, DX
+	ADDQ      $0x20, AX
 	ADDQ      $0x20, R10
-	ADDQ      $0x10, SI
+	ADDQ      $0x10, DX
 	JMP       loop223
 
 tail224:
-	SUBQ         R11, DX
+	SUBQ         R11, AX
 	SUBQ         R11, R10
 	SHRQ         $0x01, R11
-	SUBQ         R11, SI
+	SUBQ         R11, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -4283,7 +4285,7 @@ tail224:
 	ADDQ         R9, R11
 	VEXTRACTF128 $0x01, Y1, X1
 	VMOVHPS      X1, (R11)
-	LEAQ         (SI)(CX*2), SI
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols221
@@ -4295,22 +4297,22 @@ end222:
 // func scoresF16R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresF16R4C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (BX)(BX*2), R10
-	LEAQ         (DX)(R10*1), R10
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	LEAQ         (CX)(CX*2), R10
+	LEAQ         (AX)(R10*1), R10
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols226:
 	TESTQ  DI, DI
@@ -4322,9 +4324,9 @@ cols226:
 	XORQ   R11, R11
 
 loop228:
-	CMPQ      R11, AX
+	CMPQ      R11, BX
 	JAE       tail229
-	VPMOVZXWD (SI), Y6
+	VPMOVZXWD (DX), Y6
 	VPAND     kconst<>+96(SB), Y6, Y7
 	VPXOR     Y7, Y6, Y8
 	VPSLLD    $0x10, Y8, Y8
@@ -4338,29 +4340,29 @@ loop228:
 	VPCMPGTD  kconst<>+192(SB), Y7, Y7
 	VBLENDVPS Y7, Y5, Y6, Y5
 	VPOR      Y8, Y5, Y5
-	VMOVUPS   (DX), Y6
+	VMOVUPS   (AX), Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y1, Y1
-	VMOVUPS   (DX)(BX*1), Y6
+	VMOVUPS   (AX)(CX*1), Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y2, Y2
-	VMOVUPS   (DX)(BX*2), Y6
+	VMOVUPS   (AX)(CX*2), Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y3, Y3
 	VMOVUPS   (R10), Y6
 	VMULPS    Y5, Y6, Y5
 	VADDPS    Y5, Y4, Y4
 	ADDQ      $0x20, R11
-	ADDQ      $0x20, DX
+	ADDQ      $0x20, AX
 	ADDQ      $0x20, R10
-	ADDQ      $0x10, SI
+	ADDQ      $0x10, DX
 	JMP       loop228
 
 tail229:
-	SUBQ         R11, DX
+	SUBQ         R11, AX
 	SUBQ         R11, R10
 	SHRQ         $0x01, R11
-	SUBQ         R11, SI
+	SUBQ         R11, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
@@ -4375,7 +4377,7 @@ tail229:
 	VEXTRACTPS   $0x02, X1, (R11)
 	ADDQ         R9, R11
 	VEXTRACTPS   $0x03, X1, (R11)
-	LEAQ         (SI)(CX*1), SI
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols226
@@ -5215,22 +5217,22 @@ done264:
 // func scoresBF16R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R1C8(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (CX)(CX*2), R9
-	LEAQ         (SI)(R9*1), BX
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	LEAQ         (SI)(SI*2), R9
+	LEAQ         (DX)(R9*1), CX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols267:
 	TESTQ  DI, DI
@@ -5246,52 +5248,52 @@ cols267:
 	XORQ   R10, R10
 
 loop269:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail270
-	VMOVUPS   (DX), Y9
-	VPMOVZXWD (SI), Y10
+	VMOVUPS   (AX), Y9
+	VPMOVZXWD (DX), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y1, Y1
-	VPMOVZXWD (SI)(CX*1), Y10
+	VPMOVZXWD (DX)(SI*1), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y2, Y2
-	VPMOVZXWD (SI)(CX*2), Y10
+	VPMOVZXWD (DX)(SI*2), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y3, Y3
-	VPMOVZXWD (BX), Y10
+	VPMOVZXWD (CX), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y4, Y4
-	VPMOVZXWD (SI)(CX*4), Y10
+	VPMOVZXWD (DX)(SI*4), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y5, Y5
-	VPMOVZXWD (BX)(CX*2), Y10
+	VPMOVZXWD (CX)(SI*2), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y6, Y6
-	VPMOVZXWD (SI)(R9*2), Y10
+	VPMOVZXWD (DX)(R9*2), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y7, Y7
-	VPMOVZXWD (BX)(CX*4), Y10
+	VPMOVZXWD (CX)(SI*4), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y9
 	VADDPS    Y9, Y8, Y8
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
-	ADDQ      $0x10, BX
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, CX
 	JMP       loop269
 
 tail270:
-	SUBQ       R10, DX
+	SUBQ       R10, AX
 	SHRQ       $0x01, R10
-	SUBQ       R10, SI
-	SUBQ       R10, BX
+	SUBQ       R10, DX
+	SUBQ       R10, CX
 	VHADDPS    Y2, Y1, Y1
 	VHADDPS    Y4, Y3, Y2
 	VHADDPS    Y6, Y5, Y3
@@ -5302,10 +5304,10 @@ tail270:
 	VPERM2F128 $0x31, Y2, Y1, Y1
 	VADDPS     Y1, Y3, Y1
 	VMULPS     Y0, Y1, Y1
-	MOVQ       R8, BX
-	VMOVUPS    Y1, (BX)
-	LEAQ       (SI)(CX*8), SI
-	LEAQ       (SI)(R9*1), BX
+	MOVQ       R8, CX
+	VMOVUPS    Y1, (CX)
+	LEAQ       (DX)(SI*8), DX
+	LEAQ       (DX)(R9*1), CX
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
 	JMP        cols267
@@ -5317,22 +5319,22 @@ end268:
 // func scoresBF16R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R1C4(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (CX)(CX*2), R9
-	LEAQ         (SI)(R9*1), BX
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	LEAQ         (SI)(SI*2), R9
+	LEAQ         (DX)(R9*1), CX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols272:
 	TESTQ  DI, DI
@@ -5344,46 +5346,46 @@ cols272:
 	XORQ   R10, R10
 
 loop274:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail275
-	VMOVUPS   (DX), Y5
-	VPMOVZXWD (SI), Y6
+	VMOVUPS   (AX), Y5
+	VPMOVZXWD (DX), Y6
 	VPSLLD    $0x10, Y6, Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y1, Y1
-	VPMOVZXWD (SI)(CX*1), Y6
+	VPMOVZXWD (DX)(SI*1), Y6
 	VPSLLD    $0x10, Y6, Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y2, Y2
-	VPMOVZXWD (SI)(CX*2), Y6
+	VPMOVZXWD (DX)(SI*2), Y6
 	VPSLLD    $0x10, Y6, Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y3, Y3
-	VPMOVZXWD (BX), Y6
+	VPMOVZXWD (CX), Y6
 	VPSLLD    $0x10, Y6, Y6
 	VMULPS    Y5, Y6, Y5
 	VADDPS    Y5, Y4, Y4
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
-	ADDQ      $0x10, BX
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, CX
 	JMP       loop274
 
 tail275:
-	SUBQ         R10, DX
+	SUBQ         R10, AX
 	SHRQ         $0x01, R10
-	SUBQ         R10, SI
-	SUBQ         R10, BX
+	SUBQ         R10, DX
+	SUBQ         R10, CX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, BX
-	VMOVUPS      X1, (BX)
-	LEAQ         (SI)(CX*4), SI
-	LEAQ         (SI)(R9*1), BX
+	MOVQ         R8, CX
+	VMOVUPS      X1, (CX)
+	LEAQ         (DX)(SI*4), DX
+	LEAQ         (DX)(R9*1), CX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
 	JMP          cols272
@@ -5395,20 +5397,21 @@ end273:
 // func scoresBF16R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R1C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	MOVQ         BX, CX
+	SHLQ         $0x02, CX
+	ANDQ         $-32, CX
 
 cols277:
 	TESTQ  DI, DI
@@ -5418,26 +5421,26 @@ cols277:
 	XORQ   BX, BX
 
 loop279:
-	CMPQ      BX, AX
+	CMPQ      BX, CX
 	JAE       tail280
-	VMOVUPS   (DX), Y3
-	VPMOVZXWD (SI), Y4
+	VMOVUPS   (AX), Y3
+	VPMOVZXWD (DX), Y4
 	VPSLLD    $0x10, Y4, Y4
 	VMULPS    Y3, Y4, Y4
 	VADDPS    Y4, Y1, Y1
-	VPMOVZXWD (SI)(CX*1), Y4
+	VPMOVZXWD (DX)(SI*1), Y4
 	VPSLLD    $0x10, Y4, Y4
 	VMULPS    Y3, Y4, Y3
 	VADDPS    Y3, Y2, Y2
 	ADDQ      $0x20, BX
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop279
 
 tail280:
-	SUBQ         BX, DX
+	SUBQ         BX, AX
 	SHRQ         $0x01, BX
-	SUBQ         BX, SI
+	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
@@ -5445,7 +5448,7 @@ tail280:
 	VMULPS       X0, X1, X1
 	MOVQ         R8, BX
 	VMOVLPS      X1, (BX)
-	LEAQ         (SI)(CX*2), SI
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols277
@@ -5457,20 +5460,21 @@ end278:
 // func scoresBF16R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R1C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	MOVQ         BX, CX
+	SHLQ         $0x02, CX
+	ANDQ         $-32, CX
 
 cols282:
 	TESTQ  DI, DI
@@ -5479,22 +5483,22 @@ cols282:
 	XORQ   BX, BX
 
 loop284:
-	CMPQ      BX, AX
+	CMPQ      BX, CX
 	JAE       tail285
-	VMOVUPS   (DX), Y2
-	VPMOVZXWD (SI), Y3
+	VMOVUPS   (AX), Y2
+	VPMOVZXWD (DX), Y3
 	VPSLLD    $0x10, Y3, Y3
 	VMULPS    Y2, Y3, Y2
 	VADDPS    Y2, Y1, Y1
 	ADDQ      $0x20, BX
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop284
 
 tail285:
-	SUBQ         BX, DX
+	SUBQ         BX, AX
 	SHRQ         $0x01, BX
-	SUBQ         BX, SI
+	SUBQ         BX, DX
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
@@ -5502,7 +5506,7 @@ tail285:
 	VMULPS       X0, X1, X1
 	MOVQ         R8, BX
 	VMOVSS       X1, (BX)
-	LEAQ         (SI)(CX*1), SI
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols282
@@ -5514,22 +5518,22 @@ end283:
 // func scoresBF16R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R2C4(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (CX)(CX*2), R11
-	LEAQ         (SI)(R11*1), R10
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	LEAQ         (SI)(SI*2), R11
+	LEAQ         (DX)(R11*1), R10
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols287:
 	TESTQ  DI, DI
@@ -5545,17 +5549,17 @@ cols287:
 	XORQ   R12, R12
 
 loop289:
-	CMPQ      R12, AX
+	CMPQ      R12, BX
 	JAE       tail290
-	VPMOVZXWD (SI), Y9
+	VPMOVZXWD (DX), Y9
 	VPSLLD    $0x10, Y9, Y9
-	VPMOVZXWD (SI)(CX*1), Y10
+	VPMOVZXWD (DX)(SI*1), Y10
 	VPSLLD    $0x10, Y10, Y10
-	VPMOVZXWD (SI)(CX*2), Y11
+	VPMOVZXWD (DX)(SI*2), Y11
 	VPSLLD    $0x10, Y11, Y11
 	VPMOVZXWD (R10), Y12
 	VPSLLD    $0x10, Y12, Y12
-	VMOVUPS   (DX), Y13
+	VMOVUPS   (AX), Y13
 	VMULPS    Y9, Y13, Y14
 	VADDPS    Y14, Y1, Y1
 	VMULPS    Y10, Y13, Y14
@@ -5564,7 +5568,7 @@ loop289:
 	VADDPS    Y14, Y3, Y3
 	VMULPS    Y12, Y13, Y13
 	VADDPS    Y13, Y4, Y4
-	VMOVUPS   (DX)(BX*1), Y13
+	VMOVUPS   (AX)(CX*1), Y13
 	VMULPS    Y9, Y13, Y9
 	VADDPS    Y9, Y5, Y5
 	VMULPS    Y10, Y13, Y9
@@ -5574,15 +5578,15 @@ loop289:
 	VMULPS    Y12, Y13, Y9
 	VADDPS    Y9, Y8, Y8
 	ADDQ      $0x20, R12
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	ADDQ      $0x10, R10
 	JMP       loop289
 
 tail290:
-	SUBQ         R12, DX
+	SUBQ         R12, AX
 	SHRQ         $0x01, R12
-	SUBQ         R12, SI
+	SUBQ         R12, DX
 	SUBQ         R12, R10
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
@@ -5599,8 +5603,8 @@ tail290:
 	ADDQ         R9, R10
 	VEXTRACTF128 $0x01, Y1, X1
 	VMOVUPS      X1, (R10)
-	LEAQ         (SI)(CX*4), SI
-	LEAQ         (SI)(R11*1), R10
+	LEAQ         (DX)(SI*4), DX
+	LEAQ         (DX)(R11*1), R10
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
 	JMP          cols287
@@ -5612,20 +5616,20 @@ end288:
 // func scoresBF16R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R2C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols292:
 	TESTQ  DI, DI
@@ -5637,31 +5641,31 @@ cols292:
 	XORQ   R10, R10
 
 loop294:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail295
-	VPMOVZXWD (SI), Y5
+	VPMOVZXWD (DX), Y5
 	VPSLLD    $0x10, Y5, Y5
-	VPMOVZXWD (SI)(CX*1), Y6
+	VPMOVZXWD (DX)(SI*1), Y6
 	VPSLLD    $0x10, Y6, Y6
-	VMOVUPS   (DX), Y7
+	VMOVUPS   (AX), Y7
 	VMULPS    Y5, Y7, Y8
 	VADDPS    Y8, Y1, Y1
 	VMULPS    Y6, Y7, Y7
 	VADDPS    Y7, Y2, Y2
-	VMOVUPS   (DX)(BX*1), Y7
+	VMOVUPS   (AX)(CX*1), Y7
 	VMULPS    Y5, Y7, Y5
 	VADDPS    Y5, Y3, Y3
 	VMULPS    Y6, Y7, Y5
 	VADDPS    Y5, Y4, Y4
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop294
 
 tail295:
-	SUBQ         R10, DX
+	SUBQ         R10, AX
 	SHRQ         $0x01, R10
-	SUBQ         R10, SI
+	SUBQ         R10, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
@@ -5672,7 +5676,7 @@ tail295:
 	VMOVLPS      X1, (R10)
 	ADDQ         R9, R10
 	VMOVHPS      X1, (R10)
-	LEAQ         (SI)(CX*2), SI
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols292
@@ -5684,20 +5688,20 @@ end293:
 // func scoresBF16R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R2C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols297:
 	TESTQ  DI, DI
@@ -5707,25 +5711,25 @@ cols297:
 	XORQ   R10, R10
 
 loop299:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail300
-	VPMOVZXWD (SI), Y3
+	VPMOVZXWD (DX), Y3
 	VPSLLD    $0x10, Y3, Y3
-	VMOVUPS   (DX), Y4
+	VMOVUPS   (AX), Y4
 	VMULPS    Y3, Y4, Y4
 	VADDPS    Y4, Y1, Y1
-	VMOVUPS   (DX)(BX*1), Y4
+	VMOVUPS   (AX)(CX*1), Y4
 	VMULPS    Y3, Y4, Y3
 	VADDPS    Y3, Y2, Y2
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop299
 
 tail300:
-	SUBQ         R10, DX
+	SUBQ         R10, AX
 	SHRQ         $0x01, R10
-	SUBQ         R10, SI
+	SUBQ         R10, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
@@ -5735,7 +5739,7 @@ tail300:
 	VMOVSS       X1, (R10)
 	ADDQ         R9, R10
 	VEXTRACTPS   $0x01, X1, (R10)
-	LEAQ         (SI)(CX*1), SI
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols297
@@ -5747,20 +5751,20 @@ end298:
 // func scoresBF16R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R3C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols302:
 	TESTQ  DI, DI
@@ -5774,36 +5778,36 @@ cols302:
 	XORQ   R10, R10
 
 loop304:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail305
-	VPMOVZXWD (SI), Y7
+	VPMOVZXWD (DX), Y7
 	VPSLLD    $0x10, Y7, Y7
-	VPMOVZXWD (SI)(CX*1), Y8
+	VPMOVZXWD (DX)(SI*1), Y8
 	VPSLLD    $0x10, Y8, Y8
-	VMOVUPS   (DX), Y9
+	VMOVUPS   (AX), Y9
 	VMULPS    Y7, Y9, Y10
 	VADDPS    Y10, Y1, Y1
 	VMULPS    Y8, Y9, Y9
 	VADDPS    Y9, Y2, Y2
-	VMOVUPS   (DX)(BX*1), Y9
+	VMOVUPS   (AX)(CX*1), Y9
 	VMULPS    Y7, Y9, Y10
 	VADDPS    Y10, Y3, Y3
 	VMULPS    Y8, Y9, Y9
 	VADDPS    Y9, Y4, Y4
-	VMOVUPS   (DX)(BX*2), Y9
+	VMOVUPS   (AX)(CX*2), Y9
 	VMULPS    Y7, Y9, Y7
 	VADDPS    Y7, Y5, Y5
 	VMULPS    Y8, Y9, Y7
 	VADDPS    Y7, Y6, Y6
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop304
 
 tail305:
-	SUBQ         R10, DX
+	SUBQ         R10, AX
 	SHRQ         $0x01, R10
-	SUBQ         R10, SI
+	SUBQ         R10, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -5820,7 +5824,7 @@ tail305:
 	ADDQ         R9, R10
 	VEXTRACTF128 $0x01, Y1, X1
 	VMOVLPS      X1, (R10)
-	LEAQ         (SI)(CX*2), SI
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols302
@@ -5832,20 +5836,20 @@ end303:
 // func scoresBF16R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R3C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols307:
 	TESTQ  DI, DI
@@ -5856,28 +5860,28 @@ cols307:
 	XORQ   R10, R10
 
 loop309:
-	CMPQ      R10, AX
+	CMPQ      R10, BX
 	JAE       tail310
-	VPMOVZXWD (SI), Y4
+	VPMOVZXWD (DX), Y4
 	VPSLLD    $0x10, Y4, Y4
-	VMOVUPS   (DX), Y5
+	VMOVUPS   (AX), Y5
 	VMULPS    Y4, Y5, Y5
 	VADDPS    Y5, Y1, Y1
-	VMOVUPS   (DX)(BX*1), Y5
+	VMOVUPS   (AX)(CX*1), Y5
 	VMULPS    Y4, Y5, Y5
 	VADDPS    Y5, Y2, Y2
-	VMOVUPS   (DX)(BX*2), Y5
+	VMOVUPS   (AX)(CX*2), Y5
 	VMULPS    Y4, Y5, Y4
 	VADDPS    Y4, Y3, Y3
 	ADDQ      $0x20, R10
-	ADDQ      $0x20, DX
-	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
 	JMP       loop309
 
 tail310:
-	SUBQ         R10, DX
+	SUBQ         R10, AX
 	SHRQ         $0x01, R10
-	SUBQ         R10, SI
+	SUBQ         R10, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y3, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
@@ -5890,7 +5894,7 @@ tail310:
 	VEXTRACTPS   $0x01, X1, (R10)
 	ADDQ         R9, R10
 	VEXTRACTPS   $0x02, X1, (R10)
-	LEAQ         (SI)(CX*1), SI
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols307
@@ -5902,22 +5906,22 @@ end308:
 // func scoresBF16R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R4C2(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (BX)(BX*2), R10
-	LEAQ         (DX)(R10*1), R10
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	LEAQ         (CX)(CX*2), R10
+	LEAQ         (AX)(R10*1), R10
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols312:
 	TESTQ  DI, DI
@@ -5933,23 +5937,23 @@ cols312:
 	XORQ   R11, R11
 
 loop314:
-	CMPQ      R11, AX
+	CMPQ      R11, BX
 	JAE       tail315
-	VPMOVZXWD (SI), Y9
+	VPMOVZXWD (DX), Y9
 	VPSLLD    $0x10, Y9, Y9
-	VPMOVZXWD (SI)(CX*1), Y10
+	VPMOVZXWD (DX)(SI*1), Y10
 	VPSLLD    $0x10, Y10, Y10
-	VMOVUPS   (DX), Y11
+	VMOVUPS   (AX), Y11
 	VMULPS    Y9, Y11, Y12
 	VADDPS    Y12, Y1, Y1
 	VMULPS    Y10, Y11, Y11
 	VADDPS    Y11, Y2, Y2
-	VMOVUPS   (DX)(BX*1), Y11
+	VMOVUPS   (AX)(CX*1), Y11
 	VMULPS    Y9, Y11, Y12
 	VADDPS    Y12, Y3, Y3
 	VMULPS    Y10, Y11, Y11
 	VADDPS    Y11, Y4, Y4
-	VMOVUPS   (DX)(BX*2), Y11
+	VMOVUPS   (AX)(CX*2), Y11
 	VMULPS    Y9, Y11, Y12
 	VADDPS    Y12, Y5, Y5
 	VMULPS    Y10, Y11, Y11
@@ -5960,16 +5964,16 @@ loop314:
 	VMULPS    Y10, Y11, Y9
 	VADDPS    Y9, Y8, Y8
 	ADDQ      $0x20, R11
-	ADDQ      $0x20, DX
+	ADDQ      $0x20, AX
 	ADDQ      $0x20, R10
-	ADDQ      $0x10, SI
+	ADDQ      $0x10, DX
 	JMP       loop314
 
 tail315:
-	SUBQ         R11, DX
+	SUBQ         R11, AX
 	SUBQ         R11, R10
 	SHRQ         $0x01, R11
-	SUBQ         R11, SI
+	SUBQ         R11, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -5990,7 +5994,7 @@ tail315:
 	ADDQ         R9, R11
 	VEXTRACTF128 $0x01, Y1, X1
 	VMOVHPS      X1, (R11)
-	LEAQ         (SI)(CX*2), SI
+	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
 	JMP          cols312
@@ -6002,22 +6006,22 @@ end313:
 // func scoresBF16R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, SSE
 TEXT ·scoresBF16R4C1(SB), NOSPLIT, $0-68
-	MOVQ         hd+32(FP), AX
-	MOVQ         stride+24(FP), CX
+	MOVQ         q+0(FP), AX
+	MOVQ         hdStride+8(FP), CX
+	MOVQ         k+16(FP), DX
+	MOVQ         hd+32(FP), BX
+	MOVQ         stride+24(FP), SI
 	MOVSS        scale+64(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         q+0(FP), DX
-	MOVQ         hdStride+8(FP), BX
-	MOVQ         k+16(FP), SI
 	MOVQ         cols+40(FP), DI
 	MOVQ         out+48(FP), R8
 	MOVQ         outStride+56(FP), R9
-	SHLQ         $0x02, BX
+	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (BX)(BX*2), R10
-	LEAQ         (DX)(R10*1), R10
-	SHLQ         $0x02, AX
-	ANDQ         $-32, AX
+	LEAQ         (CX)(CX*2), R10
+	LEAQ         (AX)(R10*1), R10
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
 cols317:
 	TESTQ  DI, DI
@@ -6029,33 +6033,33 @@ cols317:
 	XORQ   R11, R11
 
 loop319:
-	CMPQ      R11, AX
+	CMPQ      R11, BX
 	JAE       tail320
-	VPMOVZXWD (SI), Y5
+	VPMOVZXWD (DX), Y5
 	VPSLLD    $0x10, Y5, Y5
-	VMOVUPS   (DX), Y6
+	VMOVUPS   (AX), Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y1, Y1
-	VMOVUPS   (DX)(BX*1), Y6
+	VMOVUPS   (AX)(CX*1), Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y2, Y2
-	VMOVUPS   (DX)(BX*2), Y6
+	VMOVUPS   (AX)(CX*2), Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y3, Y3
 	VMOVUPS   (R10), Y6
 	VMULPS    Y5, Y6, Y5
 	VADDPS    Y5, Y4, Y4
 	ADDQ      $0x20, R11
-	ADDQ      $0x20, DX
+	ADDQ      $0x20, AX
 	ADDQ      $0x20, R10
-	ADDQ      $0x10, SI
+	ADDQ      $0x10, DX
 	JMP       loop319
 
 tail320:
-	SUBQ         R11, DX
+	SUBQ         R11, AX
 	SUBQ         R11, R10
 	SHRQ         $0x01, R11
-	SUBQ         R11, SI
+	SUBQ         R11, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
@@ -6070,7 +6074,7 @@ tail320:
 	VEXTRACTPS   $0x02, X1, (R11)
 	ADDQ         R9, R11
 	VEXTRACTPS   $0x03, X1, (R11)
-	LEAQ         (SI)(CX*1), SI
+	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
 	JMP          cols317

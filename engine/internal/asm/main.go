@@ -305,11 +305,11 @@ func matmulKernel(R, C int) {
 	TEXT(name, NOSPLIT, "func(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)")
 	Doc(name+" sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])",
 		fmt.Sprintf("for r < %d and c < cols, %d rows of w at a time; cols is a multiple of %d.", R, C, C))
-	n := gpParam("n")
+	x, xs, w, n := gpParam("x"), gpParam("xStride"), gpParam("w"), gpParam("n")
 	ws := GP64() // bytes per row of w
 	MOVQ(n, ws)
 	SHLQ(U8(2), ws)
-	tileKernel(R, C, dtypes[0], n, ws, nil)
+	tileKernel(R, C, dtypes[0], x, xs, w, n, ws, nil)
 }
 
 // scoresKernel computes the attention scores of R query heads against cols
@@ -321,26 +321,21 @@ func scoresKernel(dt dtype, R, C int) {
 	TEXT(name, NOSPLIT, "func(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)")
 	Doc(name+" sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale",
 		fmt.Sprintf("for h < %d and c < cols, %d rows of %s keys at a time; cols is a multiple of %d, hd of 8.", R, C, dt.name, C))
+	q, qs, k := gpParam("q"), gpParam("hdStride"), gpParam("k")
 	n, ws := gpParam("hd"), gpParam("stride")
 	sx := Load(Param("scale"), XMM())
 	scale := YMM()
 	VBROADCASTSS(sx, scale)
-	tileKernel(R, C, dt, n, ws, scale)
+	tileKernel(R, C, dt, q, qs, k, n, ws, scale)
 }
 
-// tileKernel is the body of matmulKernel and scoresKernel, after their
-// parameters n (the elements of a dot product) and ws (the bytes between
-// rows of w): the products of R rows of x (the parameter "x", or "q", with
-// its stride in elements) with C rows of w at a time, cols rows in all,
-// multiplied by scale if it is not nil. A tail of n mod 8 elements is read
-// masked for f32; a 16-bit w has no tail.
-func tileKernel(R, C int, dt dtype, n, ws GPVirtual, scale VecVirtual) {
-	xName, wName := "x", "w"
-	if scale != nil {
-		xName, wName = "q", "k"
-	}
-	x, xs := gpParam(xName), gpParam(map[string]string{"x": "xStride", "q": "hdStride"}[xName])
-	w := gpParam(wName)
+// tileKernel is the body of matmulKernel and scoresKernel: the dot
+// products of n elements of R rows of x (xs elements apart) with C rows of
+// w of type dt (ws bytes apart) at a time, for the parameter cols rows of
+// w in all, into the parameter out, multiplied by scale if it is not nil.
+// A tail of n mod 8 elements is read masked for f32; a 16-bit w has no
+// tail.
+func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual) {
 	cols, out, os := gpParam("cols"), gpParam("out"), gpParam("outStride")
 	SHLQ(U8(2), xs)
 	SHLQ(U8(2), os)
