@@ -263,7 +263,7 @@ func (d *decodeRun) stepTime(b *testing.B, ctx int) float64 {
 	var spent time.Duration
 	steps := 0
 	for spent < 200*time.Millisecond {
-		if d.seqs == nil || len(d.seqs) == 0 || d.seqs[0].Tokens() == ctx+restartSteps {
+		if len(d.seqs) == 0 || d.seqs[0].Tokens() == ctx+restartSteps {
 			d.restart(b)
 		}
 		start := time.Now()
