@@ -14,8 +14,10 @@ type kernelSet struct {
 	// rows t of x and the rows j0 ≤ j < j1 of w.
 	matmul func(out, x, w []float32, in, outs, j0, j1 int)
 	// scores is scoresGeneric: each of heads query heads against the keys
-	// of rows positions, stride bytes apart.
-	scores func(dst []float32, dstStride int, q []float32, heads, hd int, k []byte, rows, stride int, dt kv.DType, scale float32)
+	// of rows positions, stride bytes apart. A kernel may prefetch the
+	// keys at nextK and the values at nextV of the rows of the page to be
+	// scored after this one (nil if none).
+	scores func(dst []float32, dstStride int, q []float32, heads, hd int, k, nextK, nextV []byte, rows, stride int, dt kv.DType, scale float32)
 	// accumV is accumVGeneric: the weighted sum of the values of rows
 	// positions into each of heads outputs, in position order.
 	accumV func(out []float32, heads, hd int, w []float32, wStride int, v []byte, rows, stride int, dt kv.DType)

@@ -120,7 +120,7 @@ func dtypeIndex(dt kv.DType) int {
 // cols rows of keys, c at a time.
 type scoresTile struct {
 	c int
-	f func(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+	f func(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 }
 
 // scoresTiles[dtype][h] are the kernels for h query heads, widest block
@@ -154,12 +154,22 @@ func checkKV(b []byte, hd, rows, stride int, dt kv.DType) {
 	}
 }
 
-func scoresAVX2(dst []float32, dstStride int, q []float32, heads, hd int, k []byte, rows, stride int, dt kv.DType, scale float32) {
+// nextRows is the first byte of next, the rows a kernel prefetches, or of
+// k when there are none: a prefetch never faults, so rows past next's end
+// are a hint wasted, no more.
+func nextRows(next, k []byte) *byte {
+	if len(next) > 0 {
+		return &next[0]
+	}
+	return &k[0]
+}
+
+func scoresAVX2(dst []float32, dstStride int, q []float32, heads, hd int, k, nextK, nextV []byte, rows, stride int, dt kv.DType, scale float32) {
 	if rows == 0 || heads == 0 {
 		return
 	}
 	if hd%8 != 0 {
-		scoresGeneric(dst, dstStride, q, heads, hd, k, rows, stride, dt, scale)
+		scoresGeneric(dst, dstStride, q, heads, hd, k, nextK, nextV, rows, stride, dt, scale)
 		return
 	}
 	checkKV(k, hd, rows, stride, dt)
@@ -169,7 +179,8 @@ func scoresAVX2(dst []float32, dstStride int, q []float32, heads, hd int, k []by
 		n, r := min(4, heads-h), 0
 		for _, t := range tiles[n] {
 			if cols := (rows - r) / t.c * t.c; cols > 0 {
-				t.f(&q[h*hd], hd, &k[r*stride], stride, hd, cols, &dst[h*dstStride+r], dstStride, scale)
+				t.f(&q[h*hd], hd, &k[r*stride], nextRows(tail(nextK, r*stride), k), nextRows(tail(nextV, r*stride), k),
+					stride, hd, cols, &dst[h*dstStride+r], dstStride, scale)
 				r += cols
 			}
 		}

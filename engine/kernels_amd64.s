@@ -231,8 +231,8 @@ TEXT ·matmulR1C8(SB), NOSPLIT, $0-56
 	MOVQ    outStride+48(FP), R9
 	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	LEAQ    (SI)(SI*2), R9
-	LEAQ    (DX)(R9*1), CX
+	LEAQ    (SI)(SI*2), CX
+	LEAQ    (DX)(CX*1), R9
 	MOVQ    BX, R10
 	SHLQ    $0x02, R10
 	MOVQ    R10, R11
@@ -269,20 +269,20 @@ loop7:
 	VADDPS  Y10, Y2, Y2
 	VMULPS  (DX)(SI*2), Y9, Y10
 	VADDPS  Y10, Y3, Y3
-	VMULPS  (CX), Y9, Y10
+	VMULPS  (DX)(CX*1), Y9, Y10
 	VADDPS  Y10, Y4, Y4
 	VMULPS  (DX)(SI*4), Y9, Y10
 	VADDPS  Y10, Y5, Y5
-	VMULPS  (CX)(SI*2), Y9, Y10
+	VMULPS  (R9)(SI*2), Y9, Y10
 	VADDPS  Y10, Y6, Y6
-	VMULPS  (DX)(R9*2), Y9, Y10
+	VMULPS  (DX)(CX*2), Y9, Y10
 	VADDPS  Y10, Y7, Y7
-	VMULPS  (CX)(SI*4), Y9, Y9
+	VMULPS  (R9)(SI*4), Y9, Y9
 	VADDPS  Y9, Y8, Y8
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, CX
+	ADDQ    $0x20, R9
 	JMP     loop7
 
 tail8:
@@ -298,26 +298,26 @@ tail8:
 	VMASKMOVPS (DX)(SI*2), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y3, Y3
-	VMASKMOVPS (CX), Y0, Y10
+	VMASKMOVPS (DX)(CX*1), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y4, Y4
 	VMASKMOVPS (DX)(SI*4), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y5, Y5
-	VMASKMOVPS (CX)(SI*2), Y0, Y10
+	VMASKMOVPS (R9)(SI*2), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y6, Y6
-	VMASKMOVPS (DX)(R9*2), Y0, Y10
+	VMASKMOVPS (DX)(CX*2), Y0, Y10
 	VMULPS     Y9, Y10, Y10
 	VADDPS     Y10, Y7, Y7
-	VMASKMOVPS (CX)(SI*4), Y0, Y10
+	VMASKMOVPS (R9)(SI*4), Y0, Y10
 	VMULPS     Y9, Y10, Y9
 	VADDPS     Y9, Y8, Y8
 
 store9:
 	SUBQ       BX, AX
 	SUBQ       BX, DX
-	SUBQ       BX, CX
+	SUBQ       BX, R9
 	VHADDPS    Y2, Y1, Y1
 	VHADDPS    Y4, Y3, Y2
 	VHADDPS    Y6, Y5, Y3
@@ -327,10 +327,10 @@ store9:
 	VPERM2F128 $0x20, Y2, Y1, Y3
 	VPERM2F128 $0x31, Y2, Y1, Y1
 	VADDPS     Y1, Y3, Y1
-	MOVQ       R8, CX
-	VMOVUPS    Y1, (CX)
+	MOVQ       R8, BX
+	VMOVUPS    Y1, (BX)
 	LEAQ       (DX)(SI*8), DX
-	LEAQ       (DX)(R9*1), CX
+	LEAQ       (DX)(CX*1), R9
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
 	JMP        cols5
@@ -353,18 +353,17 @@ TEXT ·matmulR1C4(SB), NOSPLIT, $0-56
 	MOVQ    outStride+48(FP), R9
 	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	LEAQ    (SI)(SI*2), R9
-	LEAQ    (DX)(R9*1), CX
-	MOVQ    BX, R10
-	SHLQ    $0x02, R10
-	MOVQ    R10, R11
-	ANDQ    $-32, R11
+	LEAQ    (SI)(SI*2), CX
+	MOVQ    BX, R9
+	SHLQ    $0x02, R9
+	MOVQ    R9, R10
+	ANDQ    $-32, R10
 	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask10
-	LEAQ    kconst<>+0(SB), R12
+	LEAQ    kconst<>+0(SB), R11
 	NEGQ    BX
-	VMOVDQU 32(R12)(BX*4), Y0
+	VMOVDQU 32(R11)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask10:
@@ -378,7 +377,7 @@ cols11:
 	XORQ   BX, BX
 
 loop13:
-	CMPQ    BX, R11
+	CMPQ    BX, R10
 	JAE     tail14
 	VMOVUPS (AX), Y5
 	VMULPS  (DX), Y5, Y6
@@ -387,16 +386,15 @@ loop13:
 	VADDPS  Y6, Y2, Y2
 	VMULPS  (DX)(SI*2), Y5, Y6
 	VADDPS  Y6, Y3, Y3
-	VMULPS  (CX), Y5, Y5
+	VMULPS  (DX)(CX*1), Y5, Y5
 	VADDPS  Y5, Y4, Y4
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, CX
 	JMP     loop13
 
 tail14:
-	CMPQ       BX, R10
+	CMPQ       BX, R9
 	JAE        store15
 	VMASKMOVPS (AX), Y0, Y5
 	VMASKMOVPS (DX), Y0, Y6
@@ -408,23 +406,21 @@ tail14:
 	VMASKMOVPS (DX)(SI*2), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y3, Y3
-	VMASKMOVPS (CX), Y0, Y6
+	VMASKMOVPS (DX)(CX*1), Y0, Y6
 	VMULPS     Y5, Y6, Y5
 	VADDPS     Y5, Y4, Y4
 
 store15:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
-	SUBQ         BX, CX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
-	MOVQ         R8, CX
-	VMOVUPS      X1, (CX)
+	MOVQ         R8, BX
+	VMOVUPS      X1, (BX)
 	LEAQ         (DX)(SI*4), DX
-	LEAQ         (DX)(R9*1), CX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
 	JMP          cols11
@@ -581,7 +577,7 @@ end24:
 
 // func matmulR2C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
-TEXT ·matmulR2C4(SB), NOSPLIT, $8-56
+TEXT ·matmulR2C4(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -593,21 +589,19 @@ TEXT ·matmulR2C4(SB), NOSPLIT, $8-56
 	MOVQ    outStride+48(FP), R9
 	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
-	LEAQ    (SI)(SI*2), R11
-	LEAQ    (DX)(R11*1), R10
-	IMUL3Q  $0x00000020, SI, R12
-	ADDQ    DX, R12
-	LEAQ    (R12)(R11*1), R13
-	MOVQ    BX, R14
-	SHLQ    $0x02, R14
-	MOVQ    R14, R15
-	ANDQ    $-32, R15
+	LEAQ    (SI)(SI*2), R10
+	IMUL3Q  $0x00000020, SI, R11
+	ADDQ    DX, R11
+	MOVQ    BX, R12
+	SHLQ    $0x02, R12
+	MOVQ    R12, R13
+	ANDQ    $-32, R13
 	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
 	JZ      nomask28
-	LEAQ    kconst<>+0(SB), BP
+	LEAQ    kconst<>+0(SB), R14
 	NEGQ    BX
-	VMOVDQU 32(BP)(BX*4), Y0
+	VMOVDQU 32(R14)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
 nomask28:
@@ -625,49 +619,51 @@ cols29:
 	XORQ   BX, BX
 
 loop31:
-	CMPQ       BX, R15
+	CMPQ       BX, R13
 	JAE        tail32
-	PREFETCHT0 (R12)
-	VMOVUPS    (DX), Y9
-	PREFETCHT0 (R12)(SI*1)
-	VMOVUPS    (DX)(SI*1), Y10
-	PREFETCHT0 (R12)(SI*2)
-	VMOVUPS    (DX)(SI*2), Y11
-	PREFETCHT0 (R13)
-	VMOVUPS    (R10), Y12
-	VMOVUPS    (AX), Y13
-	VMULPS     Y9, Y13, Y14
-	VADDPS     Y14, Y1, Y1
-	VMULPS     Y10, Y13, Y14
-	VADDPS     Y14, Y2, Y2
-	VMULPS     Y11, Y13, Y14
-	VADDPS     Y14, Y3, Y3
-	VMULPS     Y12, Y13, Y13
-	VADDPS     Y13, Y4, Y4
-	VMOVUPS    (AX)(CX*1), Y13
-	VMULPS     Y9, Y13, Y9
-	VADDPS     Y9, Y5, Y5
-	VMULPS     Y10, Y13, Y9
-	VADDPS     Y9, Y6, Y6
-	VMULPS     Y11, Y13, Y9
-	VADDPS     Y9, Y7, Y7
-	VMULPS     Y12, Y13, Y9
-	VADDPS     Y9, Y8, Y8
-	ADDQ       $0x20, BX
-	ADDQ       $0x20, AX
-	ADDQ       $0x20, DX
-	ADDQ       $0x20, R10
-	ADDQ       $0x20, R12
-	ADDQ       $0x20, R13
-	JMP        loop31
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch34
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R11)(R10*1)
+
+noprefetch34:
+	VMOVUPS (DX), Y9
+	VMOVUPS (DX)(SI*1), Y10
+	VMOVUPS (DX)(SI*2), Y11
+	VMOVUPS (DX)(R10*1), Y12
+	VMOVUPS (AX), Y13
+	VMULPS  Y9, Y13, Y14
+	VADDPS  Y14, Y1, Y1
+	VMULPS  Y10, Y13, Y14
+	VADDPS  Y14, Y2, Y2
+	VMULPS  Y11, Y13, Y14
+	VADDPS  Y14, Y3, Y3
+	VMULPS  Y12, Y13, Y13
+	VADDPS  Y13, Y4, Y4
+	VMOVUPS (AX)(CX*1), Y13
+	VMULPS  Y9, Y13, Y9
+	VADDPS  Y9, Y5, Y5
+	VMULPS  Y10, Y13, Y9
+	VADDPS  Y9, Y6, Y6
+	VMULPS  Y11, Y13, Y9
+	VADDPS  Y9, Y7, Y7
+	VMULPS  Y12, Y13, Y9
+	VADDPS  Y9, Y8, Y8
+	ADDQ    $0x20, BX
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, R11
+	JMP     loop31
 
 tail32:
-	CMPQ       BX, R14
+	CMPQ       BX, R12
 	JAE        store33
 	VMASKMOVPS (DX), Y0, Y9
 	VMASKMOVPS (DX)(SI*1), Y0, Y10
 	VMASKMOVPS (DX)(SI*2), Y0, Y11
-	VMASKMOVPS (R10), Y0, Y12
+	VMASKMOVPS (DX)(R10*1), Y0, Y12
 	VMASKMOVPS (AX), Y0, Y13
 	VMULPS     Y9, Y13, Y14
 	VADDPS     Y14, Y1, Y1
@@ -689,12 +685,9 @@ tail32:
 
 store33:
 	SUBQ         BX, AX
-	SUBQ         BX, R12
-	SUBQ         BX, R13
-	LEAQ         (R12)(SI*4), R12
-	LEAQ         (R12)(R11*1), R13
 	SUBQ         BX, DX
-	SUBQ         BX, R10
+	SUBQ         BX, R11
+	LEAQ         (R11)(SI*4), R11
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -710,7 +703,6 @@ store33:
 	VEXTRACTF128 $0x01, Y1, X1
 	VMOVUPS      X1, (BX)
 	LEAQ         (DX)(SI*4), DX
-	LEAQ         (DX)(R11*1), R10
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
 	JMP          cols29
@@ -741,48 +733,52 @@ TEXT ·matmulR2C2(SB), NOSPLIT, $0-56
 	ANDQ    $-32, R12
 	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
-	JZ      nomask34
+	JZ      nomask35
 	LEAQ    kconst<>+0(SB), R13
 	NEGQ    BX
 	VMOVDQU 32(R13)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
-nomask34:
-cols35:
+nomask35:
+cols36:
 	TESTQ  DI, DI
-	JZ     end36
+	JZ     end37
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	XORQ   BX, BX
 
-loop37:
+loop38:
 	CMPQ       BX, R12
-	JAE        tail38
+	JAE        tail39
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch41
 	PREFETCHT0 (R10)
-	VMOVUPS    (DX), Y5
 	PREFETCHT0 (R10)(SI*1)
-	VMOVUPS    (DX)(SI*1), Y6
-	VMOVUPS    (AX), Y7
-	VMULPS     Y5, Y7, Y8
-	VADDPS     Y8, Y1, Y1
-	VMULPS     Y6, Y7, Y7
-	VADDPS     Y7, Y2, Y2
-	VMOVUPS    (AX)(CX*1), Y7
-	VMULPS     Y5, Y7, Y5
-	VADDPS     Y5, Y3, Y3
-	VMULPS     Y6, Y7, Y5
-	VADDPS     Y5, Y4, Y4
-	ADDQ       $0x20, BX
-	ADDQ       $0x20, AX
-	ADDQ       $0x20, DX
-	ADDQ       $0x20, R10
-	JMP        loop37
 
-tail38:
+noprefetch41:
+	VMOVUPS (DX), Y5
+	VMOVUPS (DX)(SI*1), Y6
+	VMOVUPS (AX), Y7
+	VMULPS  Y5, Y7, Y8
+	VADDPS  Y8, Y1, Y1
+	VMULPS  Y6, Y7, Y7
+	VADDPS  Y7, Y2, Y2
+	VMOVUPS (AX)(CX*1), Y7
+	VMULPS  Y5, Y7, Y5
+	VADDPS  Y5, Y3, Y3
+	VMULPS  Y6, Y7, Y5
+	VADDPS  Y5, Y4, Y4
+	ADDQ    $0x20, BX
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, R10
+	JMP     loop38
+
+tail39:
 	CMPQ       BX, R11
-	JAE        store39
+	JAE        store40
 	VMASKMOVPS (DX), Y0, Y5
 	VMASKMOVPS (DX)(SI*1), Y0, Y6
 	VMASKMOVPS (AX), Y0, Y7
@@ -796,11 +792,11 @@ tail38:
 	VMULPS     Y6, Y7, Y5
 	VADDPS     Y5, Y4, Y4
 
-store39:
+store40:
 	SUBQ         BX, AX
+	SUBQ         BX, DX
 	SUBQ         BX, R10
 	LEAQ         (R10)(SI*2), R10
-	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
@@ -813,9 +809,9 @@ store39:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols35
+	JMP          cols36
 
-end36:
+end37:
 	VZEROUPPER
 	RET
 
@@ -841,40 +837,44 @@ TEXT ·matmulR2C1(SB), NOSPLIT, $0-56
 	ANDQ    $-32, R12
 	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
-	JZ      nomask40
+	JZ      nomask42
 	LEAQ    kconst<>+0(SB), R13
 	NEGQ    BX
 	VMOVDQU 32(R13)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
-nomask40:
-cols41:
+nomask42:
+cols43:
 	TESTQ  DI, DI
-	JZ     end42
+	JZ     end44
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	XORQ   BX, BX
 
-loop43:
+loop45:
 	CMPQ       BX, R12
-	JAE        tail44
+	JAE        tail46
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch48
 	PREFETCHT0 (R10)
-	VMOVUPS    (DX), Y3
-	VMOVUPS    (AX), Y4
-	VMULPS     Y3, Y4, Y4
-	VADDPS     Y4, Y1, Y1
-	VMOVUPS    (AX)(CX*1), Y4
-	VMULPS     Y3, Y4, Y3
-	VADDPS     Y3, Y2, Y2
-	ADDQ       $0x20, BX
-	ADDQ       $0x20, AX
-	ADDQ       $0x20, DX
-	ADDQ       $0x20, R10
-	JMP        loop43
 
-tail44:
+noprefetch48:
+	VMOVUPS (DX), Y3
+	VMOVUPS (AX), Y4
+	VMULPS  Y3, Y4, Y4
+	VADDPS  Y4, Y1, Y1
+	VMOVUPS (AX)(CX*1), Y4
+	VMULPS  Y3, Y4, Y3
+	VADDPS  Y3, Y2, Y2
+	ADDQ    $0x20, BX
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, R10
+	JMP     loop45
+
+tail46:
 	CMPQ       BX, R11
-	JAE        store45
+	JAE        store47
 	VMASKMOVPS (DX), Y0, Y3
 	VMASKMOVPS (AX), Y0, Y4
 	VMULPS     Y3, Y4, Y4
@@ -883,11 +883,11 @@ tail44:
 	VMULPS     Y3, Y4, Y3
 	VADDPS     Y3, Y2, Y2
 
-store45:
+store47:
 	SUBQ         BX, AX
+	SUBQ         BX, DX
 	SUBQ         BX, R10
 	LEAQ         (R10)(SI*1), R10
-	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
@@ -899,9 +899,9 @@ store45:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols41
+	JMP          cols43
 
-end42:
+end44:
 	VZEROUPPER
 	RET
 
@@ -927,16 +927,16 @@ TEXT ·matmulR3C2(SB), NOSPLIT, $0-56
 	ANDQ    $-32, R12
 	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
-	JZ      nomask46
+	JZ      nomask49
 	LEAQ    kconst<>+0(SB), R13
 	NEGQ    BX
 	VMOVDQU 32(R13)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
-nomask46:
-cols47:
+nomask49:
+cols50:
 	TESTQ  DI, DI
-	JZ     end48
+	JZ     end51
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -945,37 +945,41 @@ cols47:
 	VXORPS Y6, Y6, Y6
 	XORQ   BX, BX
 
-loop49:
+loop52:
 	CMPQ       BX, R12
-	JAE        tail50
+	JAE        tail53
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch55
 	PREFETCHT0 (R10)
-	VMOVUPS    (DX), Y7
 	PREFETCHT0 (R10)(SI*1)
-	VMOVUPS    (DX)(SI*1), Y8
-	VMOVUPS    (AX), Y9
-	VMULPS     Y7, Y9, Y10
-	VADDPS     Y10, Y1, Y1
-	VMULPS     Y8, Y9, Y9
-	VADDPS     Y9, Y2, Y2
-	VMOVUPS    (AX)(CX*1), Y9
-	VMULPS     Y7, Y9, Y10
-	VADDPS     Y10, Y3, Y3
-	VMULPS     Y8, Y9, Y9
-	VADDPS     Y9, Y4, Y4
-	VMOVUPS    (AX)(CX*2), Y9
-	VMULPS     Y7, Y9, Y7
-	VADDPS     Y7, Y5, Y5
-	VMULPS     Y8, Y9, Y7
-	VADDPS     Y7, Y6, Y6
-	ADDQ       $0x20, BX
-	ADDQ       $0x20, AX
-	ADDQ       $0x20, DX
-	ADDQ       $0x20, R10
-	JMP        loop49
 
-tail50:
+noprefetch55:
+	VMOVUPS (DX), Y7
+	VMOVUPS (DX)(SI*1), Y8
+	VMOVUPS (AX), Y9
+	VMULPS  Y7, Y9, Y10
+	VADDPS  Y10, Y1, Y1
+	VMULPS  Y8, Y9, Y9
+	VADDPS  Y9, Y2, Y2
+	VMOVUPS (AX)(CX*1), Y9
+	VMULPS  Y7, Y9, Y10
+	VADDPS  Y10, Y3, Y3
+	VMULPS  Y8, Y9, Y9
+	VADDPS  Y9, Y4, Y4
+	VMOVUPS (AX)(CX*2), Y9
+	VMULPS  Y7, Y9, Y7
+	VADDPS  Y7, Y5, Y5
+	VMULPS  Y8, Y9, Y7
+	VADDPS  Y7, Y6, Y6
+	ADDQ    $0x20, BX
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, R10
+	JMP     loop52
+
+tail53:
 	CMPQ       BX, R11
-	JAE        store51
+	JAE        store54
 	VMASKMOVPS (DX), Y0, Y7
 	VMASKMOVPS (DX)(SI*1), Y0, Y8
 	VMASKMOVPS (AX), Y0, Y9
@@ -994,11 +998,11 @@ tail50:
 	VMULPS     Y8, Y9, Y7
 	VADDPS     Y7, Y6, Y6
 
-store51:
+store54:
 	SUBQ         BX, AX
+	SUBQ         BX, DX
 	SUBQ         BX, R10
 	LEAQ         (R10)(SI*2), R10
-	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -1017,9 +1021,9 @@ store51:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols47
+	JMP          cols50
 
-end48:
+end51:
 	VZEROUPPER
 	RET
 
@@ -1045,44 +1049,48 @@ TEXT ·matmulR3C1(SB), NOSPLIT, $0-56
 	ANDQ    $-32, R12
 	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
-	JZ      nomask52
+	JZ      nomask56
 	LEAQ    kconst<>+0(SB), R13
 	NEGQ    BX
 	VMOVDQU 32(R13)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
-nomask52:
-cols53:
+nomask56:
+cols57:
 	TESTQ  DI, DI
-	JZ     end54
+	JZ     end58
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	XORQ   BX, BX
 
-loop55:
+loop59:
 	CMPQ       BX, R12
-	JAE        tail56
+	JAE        tail60
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch62
 	PREFETCHT0 (R10)
-	VMOVUPS    (DX), Y4
-	VMOVUPS    (AX), Y5
-	VMULPS     Y4, Y5, Y5
-	VADDPS     Y5, Y1, Y1
-	VMOVUPS    (AX)(CX*1), Y5
-	VMULPS     Y4, Y5, Y5
-	VADDPS     Y5, Y2, Y2
-	VMOVUPS    (AX)(CX*2), Y5
-	VMULPS     Y4, Y5, Y4
-	VADDPS     Y4, Y3, Y3
-	ADDQ       $0x20, BX
-	ADDQ       $0x20, AX
-	ADDQ       $0x20, DX
-	ADDQ       $0x20, R10
-	JMP        loop55
 
-tail56:
+noprefetch62:
+	VMOVUPS (DX), Y4
+	VMOVUPS (AX), Y5
+	VMULPS  Y4, Y5, Y5
+	VADDPS  Y5, Y1, Y1
+	VMOVUPS (AX)(CX*1), Y5
+	VMULPS  Y4, Y5, Y5
+	VADDPS  Y5, Y2, Y2
+	VMOVUPS (AX)(CX*2), Y5
+	VMULPS  Y4, Y5, Y4
+	VADDPS  Y4, Y3, Y3
+	ADDQ    $0x20, BX
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, R10
+	JMP     loop59
+
+tail60:
 	CMPQ       BX, R11
-	JAE        store57
+	JAE        store61
 	VMASKMOVPS (DX), Y0, Y4
 	VMASKMOVPS (AX), Y0, Y5
 	VMULPS     Y4, Y5, Y5
@@ -1094,11 +1102,11 @@ tail56:
 	VMULPS     Y4, Y5, Y4
 	VADDPS     Y4, Y3, Y3
 
-store57:
+store61:
 	SUBQ         BX, AX
+	SUBQ         BX, DX
 	SUBQ         BX, R10
 	LEAQ         (R10)(SI*1), R10
-	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y3, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
@@ -1113,9 +1121,9 @@ store57:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols53
+	JMP          cols57
 
-end54:
+end58:
 	VZEROUPPER
 	RET
 
@@ -1134,7 +1142,6 @@ TEXT ·matmulR4C2(SB), NOSPLIT, $0-56
 	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
 	LEAQ    (CX)(CX*2), R10
-	LEAQ    (AX)(R10*1), R10
 	IMUL3Q  $0x00000010, SI, R11
 	ADDQ    DX, R11
 	MOVQ    BX, R12
@@ -1143,16 +1150,16 @@ TEXT ·matmulR4C2(SB), NOSPLIT, $0-56
 	ANDQ    $-32, R13
 	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
-	JZ      nomask58
+	JZ      nomask63
 	LEAQ    kconst<>+0(SB), R14
 	NEGQ    BX
 	VMOVDQU 32(R14)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
-nomask58:
-cols59:
+nomask63:
+cols64:
 	TESTQ  DI, DI
-	JZ     end60
+	JZ     end65
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -1163,43 +1170,46 @@ cols59:
 	VXORPS Y8, Y8, Y8
 	XORQ   BX, BX
 
-loop61:
+loop66:
 	CMPQ       BX, R13
-	JAE        tail62
+	JAE        tail67
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch69
 	PREFETCHT0 (R11)
-	VMOVUPS    (DX), Y9
 	PREFETCHT0 (R11)(SI*1)
-	VMOVUPS    (DX)(SI*1), Y10
-	VMOVUPS    (AX), Y11
-	VMULPS     Y9, Y11, Y12
-	VADDPS     Y12, Y1, Y1
-	VMULPS     Y10, Y11, Y11
-	VADDPS     Y11, Y2, Y2
-	VMOVUPS    (AX)(CX*1), Y11
-	VMULPS     Y9, Y11, Y12
-	VADDPS     Y12, Y3, Y3
-	VMULPS     Y10, Y11, Y11
-	VADDPS     Y11, Y4, Y4
-	VMOVUPS    (AX)(CX*2), Y11
-	VMULPS     Y9, Y11, Y12
-	VADDPS     Y12, Y5, Y5
-	VMULPS     Y10, Y11, Y11
-	VADDPS     Y11, Y6, Y6
-	VMOVUPS    (R10), Y11
-	VMULPS     Y9, Y11, Y9
-	VADDPS     Y9, Y7, Y7
-	VMULPS     Y10, Y11, Y9
-	VADDPS     Y9, Y8, Y8
-	ADDQ       $0x20, BX
-	ADDQ       $0x20, AX
-	ADDQ       $0x20, R10
-	ADDQ       $0x20, DX
-	ADDQ       $0x20, R11
-	JMP        loop61
 
-tail62:
+noprefetch69:
+	VMOVUPS (DX), Y9
+	VMOVUPS (DX)(SI*1), Y10
+	VMOVUPS (AX), Y11
+	VMULPS  Y9, Y11, Y12
+	VADDPS  Y12, Y1, Y1
+	VMULPS  Y10, Y11, Y11
+	VADDPS  Y11, Y2, Y2
+	VMOVUPS (AX)(CX*1), Y11
+	VMULPS  Y9, Y11, Y12
+	VADDPS  Y12, Y3, Y3
+	VMULPS  Y10, Y11, Y11
+	VADDPS  Y11, Y4, Y4
+	VMOVUPS (AX)(CX*2), Y11
+	VMULPS  Y9, Y11, Y12
+	VADDPS  Y12, Y5, Y5
+	VMULPS  Y10, Y11, Y11
+	VADDPS  Y11, Y6, Y6
+	VMOVUPS (AX)(R10*1), Y11
+	VMULPS  Y9, Y11, Y9
+	VADDPS  Y9, Y7, Y7
+	VMULPS  Y10, Y11, Y9
+	VADDPS  Y9, Y8, Y8
+	ADDQ    $0x20, BX
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, R11
+	JMP     loop66
+
+tail67:
 	CMPQ       BX, R12
-	JAE        store63
+	JAE        store68
 	VMASKMOVPS (DX), Y0, Y9
 	VMASKMOVPS (DX)(SI*1), Y0, Y10
 	VMASKMOVPS (AX), Y0, Y11
@@ -1217,18 +1227,17 @@ tail62:
 	VADDPS     Y12, Y5, Y5
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y6, Y6
-	VMASKMOVPS (R10), Y0, Y11
+	VMASKMOVPS (AX)(R10*1), Y0, Y11
 	VMULPS     Y9, Y11, Y9
 	VADDPS     Y9, Y7, Y7
 	VMULPS     Y10, Y11, Y9
 	VADDPS     Y9, Y8, Y8
 
-store63:
+store68:
 	SUBQ         BX, AX
-	SUBQ         BX, R10
+	SUBQ         BX, DX
 	SUBQ         BX, R11
 	LEAQ         (R11)(SI*2), R11
-	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -1251,9 +1260,9 @@ store63:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols59
+	JMP          cols64
 
-end60:
+end65:
 	VZEROUPPER
 	RET
 
@@ -1272,7 +1281,6 @@ TEXT ·matmulR4C1(SB), NOSPLIT, $0-56
 	SHLQ    $0x02, CX
 	SHLQ    $0x02, R9
 	LEAQ    (CX)(CX*2), R10
-	LEAQ    (AX)(R10*1), R10
 	IMUL3Q  $0x00000008, SI, R11
 	ADDQ    DX, R11
 	MOVQ    BX, R12
@@ -1281,49 +1289,52 @@ TEXT ·matmulR4C1(SB), NOSPLIT, $0-56
 	ANDQ    $-32, R13
 	ANDQ    $0x07, BX
 	VXORPS  Y0, Y0, Y0
-	JZ      nomask64
+	JZ      nomask70
 	LEAQ    kconst<>+0(SB), R14
 	NEGQ    BX
 	VMOVDQU 32(R14)(BX*4), Y0
 	VMOVUPS Y0, Y0
 
-nomask64:
-cols65:
+nomask70:
+cols71:
 	TESTQ  DI, DI
-	JZ     end66
+	JZ     end72
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	XORQ   BX, BX
 
-loop67:
+loop73:
 	CMPQ       BX, R13
-	JAE        tail68
+	JAE        tail74
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch76
 	PREFETCHT0 (R11)
-	VMOVUPS    (DX), Y5
-	VMOVUPS    (AX), Y6
-	VMULPS     Y5, Y6, Y6
-	VADDPS     Y6, Y1, Y1
-	VMOVUPS    (AX)(CX*1), Y6
-	VMULPS     Y5, Y6, Y6
-	VADDPS     Y6, Y2, Y2
-	VMOVUPS    (AX)(CX*2), Y6
-	VMULPS     Y5, Y6, Y6
-	VADDPS     Y6, Y3, Y3
-	VMOVUPS    (R10), Y6
-	VMULPS     Y5, Y6, Y5
-	VADDPS     Y5, Y4, Y4
-	ADDQ       $0x20, BX
-	ADDQ       $0x20, AX
-	ADDQ       $0x20, R10
-	ADDQ       $0x20, DX
-	ADDQ       $0x20, R11
-	JMP        loop67
 
-tail68:
+noprefetch76:
+	VMOVUPS (DX), Y5
+	VMOVUPS (AX), Y6
+	VMULPS  Y5, Y6, Y6
+	VADDPS  Y6, Y1, Y1
+	VMOVUPS (AX)(CX*1), Y6
+	VMULPS  Y5, Y6, Y6
+	VADDPS  Y6, Y2, Y2
+	VMOVUPS (AX)(CX*2), Y6
+	VMULPS  Y5, Y6, Y6
+	VADDPS  Y6, Y3, Y3
+	VMOVUPS (AX)(R10*1), Y6
+	VMULPS  Y5, Y6, Y5
+	VADDPS  Y5, Y4, Y4
+	ADDQ    $0x20, BX
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, R11
+	JMP     loop73
+
+tail74:
 	CMPQ       BX, R12
-	JAE        store69
+	JAE        store75
 	VMASKMOVPS (DX), Y0, Y5
 	VMASKMOVPS (AX), Y0, Y6
 	VMULPS     Y5, Y6, Y6
@@ -1334,16 +1345,15 @@ tail68:
 	VMASKMOVPS (AX)(CX*2), Y0, Y6
 	VMULPS     Y5, Y6, Y6
 	VADDPS     Y6, Y3, Y3
-	VMASKMOVPS (R10), Y0, Y6
+	VMASKMOVPS (AX)(R10*1), Y0, Y6
 	VMULPS     Y5, Y6, Y5
 	VADDPS     Y5, Y4, Y4
 
-store69:
+store75:
 	SUBQ         BX, AX
-	SUBQ         BX, R10
+	SUBQ         BX, DX
 	SUBQ         BX, R11
 	LEAQ         (R11)(SI*1), R11
-	SUBQ         BX, DX
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
@@ -1360,45 +1370,49 @@ store69:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols65
+	JMP          cols71
 
-end66:
+end72:
 	VZEROUPPER
 	RET
 
-// func scoresF32R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R1C8(SB), NOSPLIT, $0-68
+// func scoresF32R1C8(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R1C8(SB), NOSPLIT, $8-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (SI)(SI*2), R9
-	LEAQ         (DX)(R9*1), CX
-	MOVQ         BX, R10
-	SHLQ         $0x02, R10
-	MOVQ         R10, R11
-	ANDQ         $-32, R11
+	LEAQ         (SI)(SI*2), CX
+	LEAQ         (DX)(CX*1), R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
+	LEAQ         (R10)(CX*1), R12
+	LEAQ         (R11)(CX*1), R13
+	MOVQ         BX, R14
+	SHLQ         $0x02, R14
+	MOVQ         R14, R15
+	ANDQ         $-32, R15
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask70
-	LEAQ         kconst<>+0(SB), R12
+	JZ           nomask77
+	LEAQ         kconst<>+0(SB), BP
 	NEGQ         BX
-	VMOVDQU      32(R12)(BX*4), Y1
+	VMOVDQU      32(BP)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask70:
-cols71:
+nomask77:
+cols78:
 	TESTQ  DI, DI
-	JZ     end72
+	JZ     end79
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
@@ -1409,9 +1423,29 @@ cols71:
 	VXORPS Y9, Y9, Y9
 	XORQ   BX, BX
 
-loop73:
-	CMPQ    BX, R11
-	JAE     tail74
+loop80:
+	CMPQ       BX, R15
+	JAE        tail81
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch83
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R10)(SI*2)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R10)(CX*1)
+	PREFETCHT0 (R11)(CX*1)
+	PREFETCHT0 (R10)(SI*4)
+	PREFETCHT0 (R11)(SI*4)
+	PREFETCHT0 (R12)(SI*2)
+	PREFETCHT0 (R13)(SI*2)
+	PREFETCHT0 (R10)(CX*2)
+	PREFETCHT0 (R11)(CX*2)
+	PREFETCHT0 (R12)(SI*4)
+	PREFETCHT0 (R13)(SI*4)
+
+noprefetch83:
 	VMOVUPS (AX), Y10
 	VMULPS  (DX), Y10, Y11
 	VADDPS  Y11, Y2, Y2
@@ -1419,25 +1453,29 @@ loop73:
 	VADDPS  Y11, Y3, Y3
 	VMULPS  (DX)(SI*2), Y10, Y11
 	VADDPS  Y11, Y4, Y4
-	VMULPS  (CX), Y10, Y11
+	VMULPS  (DX)(CX*1), Y10, Y11
 	VADDPS  Y11, Y5, Y5
 	VMULPS  (DX)(SI*4), Y10, Y11
 	VADDPS  Y11, Y6, Y6
-	VMULPS  (CX)(SI*2), Y10, Y11
+	VMULPS  (R9)(SI*2), Y10, Y11
 	VADDPS  Y11, Y7, Y7
-	VMULPS  (DX)(R9*2), Y10, Y11
+	VMULPS  (DX)(CX*2), Y10, Y11
 	VADDPS  Y11, Y8, Y8
-	VMULPS  (CX)(SI*4), Y10, Y10
+	VMULPS  (R9)(SI*4), Y10, Y10
 	VADDPS  Y10, Y9, Y9
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, CX
-	JMP     loop73
+	ADDQ    $0x20, R9
+	ADDQ    $0x20, R10
+	ADDQ    $0x20, R12
+	ADDQ    $0x20, R11
+	ADDQ    $0x20, R13
+	JMP     loop80
 
-tail74:
-	CMPQ       BX, R10
-	JAE        store75
+tail81:
+	CMPQ       BX, R14
+	JAE        store82
 	VMASKMOVPS (AX), Y1, Y10
 	VMASKMOVPS (DX), Y1, Y11
 	VMULPS     Y10, Y11, Y11
@@ -1448,26 +1486,34 @@ tail74:
 	VMASKMOVPS (DX)(SI*2), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y4, Y4
-	VMASKMOVPS (CX), Y1, Y11
+	VMASKMOVPS (DX)(CX*1), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y5, Y5
 	VMASKMOVPS (DX)(SI*4), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y6, Y6
-	VMASKMOVPS (CX)(SI*2), Y1, Y11
+	VMASKMOVPS (R9)(SI*2), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y7, Y7
-	VMASKMOVPS (DX)(R9*2), Y1, Y11
+	VMASKMOVPS (DX)(CX*2), Y1, Y11
 	VMULPS     Y10, Y11, Y11
 	VADDPS     Y11, Y8, Y8
-	VMASKMOVPS (CX)(SI*4), Y1, Y11
+	VMASKMOVPS (R9)(SI*4), Y1, Y11
 	VMULPS     Y10, Y11, Y10
 	VADDPS     Y10, Y9, Y9
 
-store75:
+store82:
 	SUBQ       BX, AX
 	SUBQ       BX, DX
-	SUBQ       BX, CX
+	SUBQ       BX, R9
+	SUBQ       BX, R10
+	SUBQ       BX, R12
+	LEAQ       (R10)(SI*8), R10
+	LEAQ       (R10)(CX*1), R12
+	SUBQ       BX, R11
+	SUBQ       BX, R13
+	LEAQ       (R11)(SI*8), R11
+	LEAQ       (R11)(CX*1), R13
 	VHADDPS    Y3, Y2, Y2
 	VHADDPS    Y5, Y4, Y3
 	VHADDPS    Y7, Y6, Y4
@@ -1478,60 +1524,73 @@ store75:
 	VPERM2F128 $0x31, Y3, Y2, Y2
 	VADDPS     Y2, Y4, Y2
 	VMULPS     Y0, Y2, Y2
-	MOVQ       R8, CX
-	VMOVUPS    Y2, (CX)
+	MOVQ       R8, BX
+	VMOVUPS    Y2, (BX)
 	LEAQ       (DX)(SI*8), DX
-	LEAQ       (DX)(R9*1), CX
+	LEAQ       (DX)(CX*1), R9
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
-	JMP        cols71
+	JMP        cols78
 
-end72:
+end79:
 	VZEROUPPER
 	RET
 
-// func scoresF32R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R1C4(SB), NOSPLIT, $0-68
+// func scoresF32R1C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R1C4(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (SI)(SI*2), R9
-	LEAQ         (DX)(R9*1), CX
-	MOVQ         BX, R10
-	SHLQ         $0x02, R10
-	MOVQ         R10, R11
-	ANDQ         $-32, R11
+	LEAQ         (SI)(SI*2), CX
+	MOVQ         nextK+24(FP), R9
+	MOVQ         nextV+32(FP), R10
+	MOVQ         BX, R11
+	SHLQ         $0x02, R11
+	MOVQ         R11, R12
+	ANDQ         $-32, R12
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask76
-	LEAQ         kconst<>+0(SB), R12
+	JZ           nomask84
+	LEAQ         kconst<>+0(SB), R13
 	NEGQ         BX
-	VMOVDQU      32(R12)(BX*4), Y1
+	VMOVDQU      32(R13)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask76:
-cols77:
+nomask84:
+cols85:
 	TESTQ  DI, DI
-	JZ     end78
+	JZ     end86
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	XORQ   BX, BX
 
-loop79:
-	CMPQ    BX, R11
-	JAE     tail80
+loop87:
+	CMPQ       BX, R12
+	JAE        tail88
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch90
+	PREFETCHT0 (R9)
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R9)(SI*2)
+	PREFETCHT0 (R10)(SI*2)
+	PREFETCHT0 (R9)(CX*1)
+	PREFETCHT0 (R10)(CX*1)
+
+noprefetch90:
 	VMOVUPS (AX), Y6
 	VMULPS  (DX), Y6, Y7
 	VADDPS  Y7, Y2, Y2
@@ -1539,17 +1598,18 @@ loop79:
 	VADDPS  Y7, Y3, Y3
 	VMULPS  (DX)(SI*2), Y6, Y7
 	VADDPS  Y7, Y4, Y4
-	VMULPS  (CX), Y6, Y6
+	VMULPS  (DX)(CX*1), Y6, Y6
 	VADDPS  Y6, Y5, Y5
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, CX
-	JMP     loop79
+	ADDQ    $0x20, R9
+	ADDQ    $0x20, R10
+	JMP     loop87
 
-tail80:
-	CMPQ       BX, R10
-	JAE        store81
+tail88:
+	CMPQ       BX, R11
+	JAE        store89
 	VMASKMOVPS (AX), Y1, Y6
 	VMASKMOVPS (DX), Y1, Y7
 	VMULPS     Y6, Y7, Y7
@@ -1560,70 +1620,82 @@ tail80:
 	VMASKMOVPS (DX)(SI*2), Y1, Y7
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y4, Y4
-	VMASKMOVPS (CX), Y1, Y7
+	VMASKMOVPS (DX)(CX*1), Y1, Y7
 	VMULPS     Y6, Y7, Y6
 	VADDPS     Y6, Y5, Y5
 
-store81:
+store89:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
-	SUBQ         BX, CX
+	SUBQ         BX, R9
+	LEAQ         (R9)(SI*4), R9
+	SUBQ         BX, R10
+	LEAQ         (R10)(SI*4), R10
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y3, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
 	VADDPS       X3, X2, X2
 	VMULPS       X0, X2, X2
-	MOVQ         R8, CX
-	VMOVUPS      X2, (CX)
+	MOVQ         R8, BX
+	VMOVUPS      X2, (BX)
 	LEAQ         (DX)(SI*4), DX
-	LEAQ         (DX)(R9*1), CX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols77
+	JMP          cols85
 
-end78:
+end86:
 	VZEROUPPER
 	RET
 
-// func scoresF32R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R1C2(SB), NOSPLIT, $0-68
+// func scoresF32R1C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R1C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         BX, CX
-	SHLQ         $0x02, CX
-	MOVQ         CX, R9
-	ANDQ         $-32, R9
+	MOVQ         nextK+24(FP), CX
+	MOVQ         nextV+32(FP), R9
+	MOVQ         BX, R10
+	SHLQ         $0x02, R10
+	MOVQ         R10, R11
+	ANDQ         $-32, R11
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask82
-	LEAQ         kconst<>+0(SB), R10
+	JZ           nomask91
+	LEAQ         kconst<>+0(SB), R12
 	NEGQ         BX
-	VMOVDQU      32(R10)(BX*4), Y1
+	VMOVDQU      32(R12)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask82:
-cols83:
+nomask91:
+cols92:
 	TESTQ  DI, DI
-	JZ     end84
+	JZ     end93
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	XORQ   BX, BX
 
-loop85:
-	CMPQ    BX, R9
-	JAE     tail86
+loop94:
+	CMPQ       BX, R11
+	JAE        tail95
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch97
+	PREFETCHT0 (CX)
+	PREFETCHT0 (R9)
+	PREFETCHT0 (CX)(SI*1)
+	PREFETCHT0 (R9)(SI*1)
+
+noprefetch97:
 	VMOVUPS (AX), Y4
 	VMULPS  (DX), Y4, Y5
 	VADDPS  Y5, Y2, Y2
@@ -1632,11 +1704,13 @@ loop85:
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	JMP     loop85
+	ADDQ    $0x20, CX
+	ADDQ    $0x20, R9
+	JMP     loop94
 
-tail86:
-	CMPQ       BX, CX
-	JAE        store87
+tail95:
+	CMPQ       BX, R10
+	JAE        store96
 	VMASKMOVPS (AX), Y1, Y4
 	VMASKMOVPS (DX), Y1, Y5
 	VMULPS     Y4, Y5, Y5
@@ -1645,9 +1719,13 @@ tail86:
 	VMULPS     Y4, Y5, Y4
 	VADDPS     Y4, Y3, Y3
 
-store87:
+store96:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
+	SUBQ         BX, CX
+	LEAQ         (CX)(SI*2), CX
+	SUBQ         BX, R9
+	LEAQ         (R9)(SI*2), R9
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y2, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
@@ -1658,68 +1736,82 @@ store87:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols83
+	JMP          cols92
 
-end84:
+end93:
 	VZEROUPPER
 	RET
 
-// func scoresF32R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R1C1(SB), NOSPLIT, $0-68
+// func scoresF32R1C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R1C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         BX, CX
-	SHLQ         $0x02, CX
-	MOVQ         CX, R9
-	ANDQ         $-32, R9
+	MOVQ         nextK+24(FP), CX
+	MOVQ         nextV+32(FP), R9
+	MOVQ         BX, R10
+	SHLQ         $0x02, R10
+	MOVQ         R10, R11
+	ANDQ         $-32, R11
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask88
-	LEAQ         kconst<>+0(SB), R10
+	JZ           nomask98
+	LEAQ         kconst<>+0(SB), R12
 	NEGQ         BX
-	VMOVDQU      32(R10)(BX*4), Y1
+	VMOVDQU      32(R12)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask88:
-cols89:
+nomask98:
+cols99:
 	TESTQ  DI, DI
-	JZ     end90
+	JZ     end100
 	VXORPS Y2, Y2, Y2
 	XORQ   BX, BX
 
-loop91:
-	CMPQ    BX, R9
-	JAE     tail92
+loop101:
+	CMPQ       BX, R11
+	JAE        tail102
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch104
+	PREFETCHT0 (CX)
+	PREFETCHT0 (R9)
+
+noprefetch104:
 	VMOVUPS (AX), Y3
 	VMULPS  (DX), Y3, Y3
 	VADDPS  Y3, Y2, Y2
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	JMP     loop91
+	ADDQ    $0x20, CX
+	ADDQ    $0x20, R9
+	JMP     loop101
 
-tail92:
-	CMPQ       BX, CX
-	JAE        store93
+tail102:
+	CMPQ       BX, R10
+	JAE        store103
 	VMASKMOVPS (AX), Y1, Y3
 	VMASKMOVPS (DX), Y1, Y4
 	VMULPS     Y3, Y4, Y3
 	VADDPS     Y3, Y2, Y2
 
-store93:
+store103:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
+	SUBQ         BX, CX
+	LEAQ         (CX)(SI*1), CX
+	SUBQ         BX, R9
+	LEAQ         (R9)(SI*1), R9
 	VHADDPS      Y2, Y2, Y2
 	VHADDPS      Y2, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
@@ -1730,45 +1822,46 @@ store93:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols89
+	JMP          cols99
 
-end90:
+end100:
 	VZEROUPPER
 	RET
 
-// func scoresF32R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R2C4(SB), NOSPLIT, $0-68
+// func scoresF32R2C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R2C4(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (SI)(SI*2), R11
-	LEAQ         (DX)(R11*1), R10
-	MOVQ         BX, R12
-	SHLQ         $0x02, R12
-	MOVQ         R12, R13
-	ANDQ         $-32, R13
+	LEAQ         (SI)(SI*2), R10
+	MOVQ         nextK+24(FP), R11
+	MOVQ         nextV+32(FP), R12
+	MOVQ         BX, R13
+	SHLQ         $0x02, R13
+	MOVQ         R13, R14
+	ANDQ         $-32, R14
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask94
-	LEAQ         kconst<>+0(SB), R14
+	JZ           nomask105
+	LEAQ         kconst<>+0(SB), R15
 	NEGQ         BX
-	VMOVDQU      32(R14)(BX*4), Y1
+	VMOVDQU      32(R15)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask94:
-cols95:
+nomask105:
+cols106:
 	TESTQ  DI, DI
-	JZ     end96
+	JZ     end107
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
@@ -1779,13 +1872,25 @@ cols95:
 	VXORPS Y9, Y9, Y9
 	XORQ   BX, BX
 
-loop97:
-	CMPQ    BX, R13
-	JAE     tail98
+loop108:
+	CMPQ       BX, R14
+	JAE        tail109
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch111
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R12)(SI*1)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R12)(SI*2)
+	PREFETCHT0 (R11)(R10*1)
+	PREFETCHT0 (R12)(R10*1)
+
+noprefetch111:
 	VMOVUPS (DX), Y10
 	VMOVUPS (DX)(SI*1), Y11
 	VMOVUPS (DX)(SI*2), Y12
-	VMOVUPS (R10), Y13
+	VMOVUPS (DX)(R10*1), Y13
 	VMOVUPS (AX), Y14
 	VMULPS  Y10, Y14, Y15
 	VADDPS  Y15, Y2, Y2
@@ -1807,16 +1912,17 @@ loop97:
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	ADDQ    $0x20, R10
-	JMP     loop97
+	ADDQ    $0x20, R11
+	ADDQ    $0x20, R12
+	JMP     loop108
 
-tail98:
-	CMPQ       BX, R12
-	JAE        store99
+tail109:
+	CMPQ       BX, R13
+	JAE        store110
 	VMASKMOVPS (DX), Y1, Y10
 	VMASKMOVPS (DX)(SI*1), Y1, Y11
 	VMASKMOVPS (DX)(SI*2), Y1, Y12
-	VMASKMOVPS (R10), Y1, Y13
+	VMASKMOVPS (DX)(R10*1), Y1, Y13
 	VMASKMOVPS (AX), Y1, Y14
 	VMULPS     Y10, Y14, Y15
 	VADDPS     Y15, Y2, Y2
@@ -1836,10 +1942,13 @@ tail98:
 	VMULPS     Y13, Y14, Y10
 	VADDPS     Y10, Y9, Y9
 
-store99:
+store110:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
-	SUBQ         BX, R10
+	SUBQ         BX, R11
+	LEAQ         (R11)(SI*4), R11
+	SUBQ         BX, R12
+	LEAQ         (R12)(SI*4), R12
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y7, Y6, Y4
@@ -1856,55 +1965,64 @@ store99:
 	VEXTRACTF128 $0x01, Y2, X2
 	VMOVUPS      X2, (BX)
 	LEAQ         (DX)(SI*4), DX
-	LEAQ         (DX)(R11*1), R10
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols95
+	JMP          cols106
 
-end96:
+end107:
 	VZEROUPPER
 	RET
 
-// func scoresF32R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R2C2(SB), NOSPLIT, $0-68
+// func scoresF32R2C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R2C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         BX, R10
-	SHLQ         $0x02, R10
-	MOVQ         R10, R11
-	ANDQ         $-32, R11
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
+	MOVQ         BX, R12
+	SHLQ         $0x02, R12
+	MOVQ         R12, R13
+	ANDQ         $-32, R13
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask100
-	LEAQ         kconst<>+0(SB), R12
+	JZ           nomask112
+	LEAQ         kconst<>+0(SB), R14
 	NEGQ         BX
-	VMOVDQU      32(R12)(BX*4), Y1
+	VMOVDQU      32(R14)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask100:
-cols101:
+nomask112:
+cols113:
 	TESTQ  DI, DI
-	JZ     end102
+	JZ     end114
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	XORQ   BX, BX
 
-loop103:
-	CMPQ    BX, R11
-	JAE     tail104
+loop115:
+	CMPQ       BX, R13
+	JAE        tail116
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch118
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R11)(SI*1)
+
+noprefetch118:
 	VMOVUPS (DX), Y6
 	VMOVUPS (DX)(SI*1), Y7
 	VMOVUPS (AX), Y8
@@ -1920,11 +2038,13 @@ loop103:
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	JMP     loop103
+	ADDQ    $0x20, R10
+	ADDQ    $0x20, R11
+	JMP     loop115
 
-tail104:
-	CMPQ       BX, R10
-	JAE        store105
+tail116:
+	CMPQ       BX, R12
+	JAE        store117
 	VMASKMOVPS (DX), Y1, Y6
 	VMASKMOVPS (DX)(SI*1), Y1, Y7
 	VMASKMOVPS (AX), Y1, Y8
@@ -1938,9 +2058,13 @@ tail104:
 	VMULPS     Y7, Y8, Y6
 	VADDPS     Y6, Y5, Y5
 
-store105:
+store117:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
+	SUBQ         BX, R10
+	LEAQ         (R10)(SI*2), R10
+	SUBQ         BX, R11
+	LEAQ         (R11)(SI*2), R11
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y3, Y2, Y2
@@ -1954,50 +2078,58 @@ store105:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols101
+	JMP          cols113
 
-end102:
+end114:
 	VZEROUPPER
 	RET
 
-// func scoresF32R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R2C1(SB), NOSPLIT, $0-68
+// func scoresF32R2C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R2C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         BX, R10
-	SHLQ         $0x02, R10
-	MOVQ         R10, R11
-	ANDQ         $-32, R11
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
+	MOVQ         BX, R12
+	SHLQ         $0x02, R12
+	MOVQ         R12, R13
+	ANDQ         $-32, R13
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask106
-	LEAQ         kconst<>+0(SB), R12
+	JZ           nomask119
+	LEAQ         kconst<>+0(SB), R14
 	NEGQ         BX
-	VMOVDQU      32(R12)(BX*4), Y1
+	VMOVDQU      32(R14)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask106:
-cols107:
+nomask119:
+cols120:
 	TESTQ  DI, DI
-	JZ     end108
+	JZ     end121
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	XORQ   BX, BX
 
-loop109:
-	CMPQ    BX, R11
-	JAE     tail110
+loop122:
+	CMPQ       BX, R13
+	JAE        tail123
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch125
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+
+noprefetch125:
 	VMOVUPS (DX), Y4
 	VMOVUPS (AX), Y5
 	VMULPS  Y4, Y5, Y5
@@ -2008,11 +2140,13 @@ loop109:
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	JMP     loop109
+	ADDQ    $0x20, R10
+	ADDQ    $0x20, R11
+	JMP     loop122
 
-tail110:
-	CMPQ       BX, R10
-	JAE        store111
+tail123:
+	CMPQ       BX, R12
+	JAE        store124
 	VMASKMOVPS (DX), Y1, Y4
 	VMASKMOVPS (AX), Y1, Y5
 	VMULPS     Y4, Y5, Y5
@@ -2021,9 +2155,13 @@ tail110:
 	VMULPS     Y4, Y5, Y4
 	VADDPS     Y4, Y3, Y3
 
-store111:
+store124:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
+	SUBQ         BX, R10
+	LEAQ         (R10)(SI*1), R10
+	SUBQ         BX, R11
+	LEAQ         (R11)(SI*1), R11
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y2, Y2, Y2
 	VEXTRACTF128 $0x01, Y2, X3
@@ -2036,43 +2174,45 @@ store111:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols107
+	JMP          cols120
 
-end108:
+end121:
 	VZEROUPPER
 	RET
 
-// func scoresF32R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R3C2(SB), NOSPLIT, $0-68
+// func scoresF32R3C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R3C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         BX, R10
-	SHLQ         $0x02, R10
-	MOVQ         R10, R11
-	ANDQ         $-32, R11
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
+	MOVQ         BX, R12
+	SHLQ         $0x02, R12
+	MOVQ         R12, R13
+	ANDQ         $-32, R13
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask112
-	LEAQ         kconst<>+0(SB), R12
+	JZ           nomask126
+	LEAQ         kconst<>+0(SB), R14
 	NEGQ         BX
-	VMOVDQU      32(R12)(BX*4), Y1
+	VMOVDQU      32(R14)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask112:
-cols113:
+nomask126:
+cols127:
 	TESTQ  DI, DI
-	JZ     end114
+	JZ     end128
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
@@ -2081,9 +2221,17 @@ cols113:
 	VXORPS Y7, Y7, Y7
 	XORQ   BX, BX
 
-loop115:
-	CMPQ    BX, R11
-	JAE     tail116
+loop129:
+	CMPQ       BX, R13
+	JAE        tail130
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch132
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R11)(SI*1)
+
+noprefetch132:
 	VMOVUPS (DX), Y8
 	VMOVUPS (DX)(SI*1), Y9
 	VMOVUPS (AX), Y10
@@ -2104,11 +2252,13 @@ loop115:
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	JMP     loop115
+	ADDQ    $0x20, R10
+	ADDQ    $0x20, R11
+	JMP     loop129
 
-tail116:
-	CMPQ       BX, R10
-	JAE        store117
+tail130:
+	CMPQ       BX, R12
+	JAE        store131
 	VMASKMOVPS (DX), Y1, Y8
 	VMASKMOVPS (DX)(SI*1), Y1, Y9
 	VMASKMOVPS (AX), Y1, Y10
@@ -2127,9 +2277,13 @@ tail116:
 	VMULPS     Y9, Y10, Y8
 	VADDPS     Y8, Y7, Y7
 
-store117:
+store131:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
+	SUBQ         BX, R10
+	LEAQ         (R10)(SI*2), R10
+	SUBQ         BX, R11
+	LEAQ         (R11)(SI*2), R11
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y7, Y6, Y4
@@ -2149,51 +2303,59 @@ store117:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols113
+	JMP          cols127
 
-end114:
+end128:
 	VZEROUPPER
 	RET
 
-// func scoresF32R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R3C1(SB), NOSPLIT, $0-68
+// func scoresF32R3C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R3C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         BX, R10
-	SHLQ         $0x02, R10
-	MOVQ         R10, R11
-	ANDQ         $-32, R11
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
+	MOVQ         BX, R12
+	SHLQ         $0x02, R12
+	MOVQ         R12, R13
+	ANDQ         $-32, R13
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask118
-	LEAQ         kconst<>+0(SB), R12
+	JZ           nomask133
+	LEAQ         kconst<>+0(SB), R14
 	NEGQ         BX
-	VMOVDQU      32(R12)(BX*4), Y1
+	VMOVDQU      32(R14)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask118:
-cols119:
+nomask133:
+cols134:
 	TESTQ  DI, DI
-	JZ     end120
+	JZ     end135
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	XORQ   BX, BX
 
-loop121:
-	CMPQ    BX, R11
-	JAE     tail122
+loop136:
+	CMPQ       BX, R13
+	JAE        tail137
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch139
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+
+noprefetch139:
 	VMOVUPS (DX), Y5
 	VMOVUPS (AX), Y6
 	VMULPS  Y5, Y6, Y6
@@ -2207,11 +2369,13 @@ loop121:
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
 	ADDQ    $0x20, DX
-	JMP     loop121
+	ADDQ    $0x20, R10
+	ADDQ    $0x20, R11
+	JMP     loop136
 
-tail122:
-	CMPQ       BX, R10
-	JAE        store123
+tail137:
+	CMPQ       BX, R12
+	JAE        store138
 	VMASKMOVPS (DX), Y1, Y5
 	VMASKMOVPS (AX), Y1, Y6
 	VMULPS     Y5, Y6, Y6
@@ -2223,9 +2387,13 @@ tail122:
 	VMULPS     Y5, Y6, Y5
 	VADDPS     Y5, Y4, Y4
 
-store123:
+store138:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
+	SUBQ         BX, R10
+	LEAQ         (R10)(SI*1), R10
+	SUBQ         BX, R11
+	LEAQ         (R11)(SI*1), R11
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y4, Y4, Y3
 	VHADDPS      Y3, Y2, Y2
@@ -2241,45 +2409,46 @@ store123:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols119
+	JMP          cols134
 
-end120:
+end135:
 	VZEROUPPER
 	RET
 
-// func scoresF32R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R4C2(SB), NOSPLIT, $0-68
+// func scoresF32R4C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R4C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
 	LEAQ         (CX)(CX*2), R10
-	LEAQ         (AX)(R10*1), R10
-	MOVQ         BX, R11
-	SHLQ         $0x02, R11
-	MOVQ         R11, R12
-	ANDQ         $-32, R12
+	MOVQ         nextK+24(FP), R11
+	MOVQ         nextV+32(FP), R12
+	MOVQ         BX, R13
+	SHLQ         $0x02, R13
+	MOVQ         R13, R14
+	ANDQ         $-32, R14
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask124
-	LEAQ         kconst<>+0(SB), R13
+	JZ           nomask140
+	LEAQ         kconst<>+0(SB), R15
 	NEGQ         BX
-	VMOVDQU      32(R13)(BX*4), Y1
+	VMOVDQU      32(R15)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask124:
-cols125:
+nomask140:
+cols141:
 	TESTQ  DI, DI
-	JZ     end126
+	JZ     end142
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
@@ -2290,9 +2459,17 @@ cols125:
 	VXORPS Y9, Y9, Y9
 	XORQ   BX, BX
 
-loop127:
-	CMPQ    BX, R12
-	JAE     tail128
+loop143:
+	CMPQ       BX, R14
+	JAE        tail144
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch146
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R12)(SI*1)
+
+noprefetch146:
 	VMOVUPS (DX), Y10
 	VMOVUPS (DX)(SI*1), Y11
 	VMOVUPS (AX), Y12
@@ -2310,20 +2487,21 @@ loop127:
 	VADDPS  Y13, Y6, Y6
 	VMULPS  Y11, Y12, Y12
 	VADDPS  Y12, Y7, Y7
-	VMOVUPS (R10), Y12
+	VMOVUPS (AX)(R10*1), Y12
 	VMULPS  Y10, Y12, Y10
 	VADDPS  Y10, Y8, Y8
 	VMULPS  Y11, Y12, Y10
 	VADDPS  Y10, Y9, Y9
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
-	ADDQ    $0x20, R10
 	ADDQ    $0x20, DX
-	JMP     loop127
+	ADDQ    $0x20, R11
+	ADDQ    $0x20, R12
+	JMP     loop143
 
-tail128:
-	CMPQ       BX, R11
-	JAE        store129
+tail144:
+	CMPQ       BX, R13
+	JAE        store145
 	VMASKMOVPS (DX), Y1, Y10
 	VMASKMOVPS (DX)(SI*1), Y1, Y11
 	VMASKMOVPS (AX), Y1, Y12
@@ -2341,16 +2519,19 @@ tail128:
 	VADDPS     Y13, Y6, Y6
 	VMULPS     Y11, Y12, Y12
 	VADDPS     Y12, Y7, Y7
-	VMASKMOVPS (R10), Y1, Y12
+	VMASKMOVPS (AX)(R10*1), Y1, Y12
 	VMULPS     Y10, Y12, Y10
 	VADDPS     Y10, Y8, Y8
 	VMULPS     Y11, Y12, Y10
 	VADDPS     Y10, Y9, Y9
 
-store129:
+store145:
 	SUBQ         BX, AX
-	SUBQ         BX, R10
 	SUBQ         BX, DX
+	SUBQ         BX, R11
+	LEAQ         (R11)(SI*2), R11
+	SUBQ         BX, R12
+	LEAQ         (R12)(SI*2), R12
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y7, Y6, Y4
@@ -2374,54 +2555,61 @@ store129:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols125
+	JMP          cols141
 
-end126:
+end142:
 	VZEROUPPER
 	RET
 
-// func scoresF32R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF32R4C1(SB), NOSPLIT, $0-68
+// func scoresF32R4C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF32R4C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
 	LEAQ         (CX)(CX*2), R10
-	LEAQ         (AX)(R10*1), R10
-	MOVQ         BX, R11
-	SHLQ         $0x02, R11
-	MOVQ         R11, R12
-	ANDQ         $-32, R12
+	MOVQ         nextK+24(FP), R11
+	MOVQ         nextV+32(FP), R12
+	MOVQ         BX, R13
+	SHLQ         $0x02, R13
+	MOVQ         R13, R14
+	ANDQ         $-32, R14
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask130
-	LEAQ         kconst<>+0(SB), R13
+	JZ           nomask147
+	LEAQ         kconst<>+0(SB), R15
 	NEGQ         BX
-	VMOVDQU      32(R13)(BX*4), Y1
+	VMOVDQU      32(R15)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask130:
-cols131:
+nomask147:
+cols148:
 	TESTQ  DI, DI
-	JZ     end132
+	JZ     end149
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	XORQ   BX, BX
 
-loop133:
-	CMPQ    BX, R12
-	JAE     tail134
+loop150:
+	CMPQ       BX, R14
+	JAE        tail151
+	TESTQ      $0x0000003f, BX
+	JNZ        noprefetch153
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+
+noprefetch153:
 	VMOVUPS (DX), Y6
 	VMOVUPS (AX), Y7
 	VMULPS  Y6, Y7, Y7
@@ -2432,18 +2620,19 @@ loop133:
 	VMOVUPS (AX)(CX*2), Y7
 	VMULPS  Y6, Y7, Y7
 	VADDPS  Y7, Y4, Y4
-	VMOVUPS (R10), Y7
+	VMOVUPS (AX)(R10*1), Y7
 	VMULPS  Y6, Y7, Y6
 	VADDPS  Y6, Y5, Y5
 	ADDQ    $0x20, BX
 	ADDQ    $0x20, AX
-	ADDQ    $0x20, R10
 	ADDQ    $0x20, DX
-	JMP     loop133
+	ADDQ    $0x20, R11
+	ADDQ    $0x20, R12
+	JMP     loop150
 
-tail134:
-	CMPQ       BX, R11
-	JAE        store135
+tail151:
+	CMPQ       BX, R13
+	JAE        store152
 	VMASKMOVPS (DX), Y1, Y6
 	VMASKMOVPS (AX), Y1, Y7
 	VMULPS     Y6, Y7, Y7
@@ -2454,14 +2643,17 @@ tail134:
 	VMASKMOVPS (AX)(CX*2), Y1, Y7
 	VMULPS     Y6, Y7, Y7
 	VADDPS     Y7, Y4, Y4
-	VMASKMOVPS (R10), Y1, Y7
+	VMASKMOVPS (AX)(R10*1), Y1, Y7
 	VMULPS     Y6, Y7, Y6
 	VADDPS     Y6, Y5, Y5
 
-store135:
+store152:
 	SUBQ         BX, AX
-	SUBQ         BX, R10
 	SUBQ         BX, DX
+	SUBQ         BX, R11
+	LEAQ         (R11)(SI*1), R11
+	SUBQ         BX, R12
+	LEAQ         (R12)(SI*1), R12
 	VHADDPS      Y3, Y2, Y2
 	VHADDPS      Y5, Y4, Y3
 	VHADDPS      Y3, Y2, Y2
@@ -2479,9 +2671,9 @@ store135:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols131
+	JMP          cols148
 
-end132:
+end149:
 	VZEROUPPER
 	RET
 
@@ -2499,18 +2691,18 @@ TEXT ·accumVF32H1D1(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups136:
+groups154:
 	CMPQ    BX, CX
-	JAE     done137
+	JAE     done155
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows138:
+rows156:
 	TESTQ        R10, R10
-	JZ           rowsdone139
+	JZ           rowsdone157
 	VMOVUPS      (R9), Y1
 	VBROADCASTSS (DX), Y2
 	VMULPS       Y1, Y2, Y1
@@ -2518,18 +2710,18 @@ rows138:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows138
+	JMP          rows156
 
-rowsdone139:
+rowsdone157:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	MOVQ    R8, R10
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000020, BX
-	JMP     groups136
+	JMP     groups154
 
-done137:
+done155:
 	VZEROUPPER
 	RET
 
@@ -2547,9 +2739,9 @@ TEXT ·accumVF32H1D2(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups140:
+groups158:
 	CMPQ    BX, CX
-	JAE     done141
+	JAE     done159
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -2557,9 +2749,9 @@ groups140:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows142:
+rows160:
 	TESTQ        R10, R10
-	JZ           rowsdone143
+	JZ           rowsdone161
 	VMOVUPS      (R9), Y2
 	VMOVUPS      32(R9), Y3
 	VBROADCASTSS (DX), Y4
@@ -2570,9 +2762,9 @@ rows142:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows142
+	JMP          rows160
 
-rowsdone143:
+rowsdone161:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -2580,9 +2772,9 @@ rowsdone143:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000040, BX
-	JMP     groups140
+	JMP     groups158
 
-done141:
+done159:
 	VZEROUPPER
 	RET
 
@@ -2600,9 +2792,9 @@ TEXT ·accumVF32H1D4(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups144:
+groups162:
 	CMPQ    BX, CX
-	JAE     done145
+	JAE     done163
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -2612,9 +2804,9 @@ groups144:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows146:
+rows164:
 	TESTQ        R10, R10
-	JZ           rowsdone147
+	JZ           rowsdone165
 	VMOVUPS      (R9), Y4
 	VMOVUPS      32(R9), Y5
 	VMOVUPS      64(R9), Y6
@@ -2631,9 +2823,9 @@ rows146:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows146
+	JMP          rows164
 
-rowsdone147:
+rowsdone165:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -2643,9 +2835,9 @@ rowsdone147:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000080, BX
-	JMP     groups144
+	JMP     groups162
 
-done145:
+done163:
 	VZEROUPPER
 	RET
 
@@ -2664,9 +2856,9 @@ TEXT ·accumVF32H2D1(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups148:
+groups166:
 	CMPQ    R9, CX
-	JAE     done149
+	JAE     done167
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	ADDQ    CX, R10
@@ -2675,9 +2867,9 @@ groups148:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows150:
+rows168:
 	TESTQ        R11, R11
-	JZ           rowsdone151
+	JZ           rowsdone169
 	VMOVUPS      (R10), Y2
 	VBROADCASTSS (DX), Y3
 	VMULPS       Y2, Y3, Y3
@@ -2689,9 +2881,9 @@ rows150:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows150
+	JMP          rows168
 
-rowsdone151:
+rowsdone169:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
@@ -2701,9 +2893,9 @@ rowsdone151:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000020, R9
-	JMP     groups148
+	JMP     groups166
 
-done149:
+done167:
 	VZEROUPPER
 	RET
 
@@ -2722,9 +2914,9 @@ TEXT ·accumVF32H2D2(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups152:
+groups170:
 	CMPQ    R9, CX
-	JAE     done153
+	JAE     done171
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -2735,9 +2927,9 @@ groups152:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows154:
+rows172:
 	TESTQ        R11, R11
-	JZ           rowsdone155
+	JZ           rowsdone173
 	VMOVUPS      (R10), Y4
 	VMOVUPS      32(R10), Y5
 	VBROADCASTSS (DX), Y6
@@ -2754,9 +2946,9 @@ rows154:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows154
+	JMP          rows172
 
-rowsdone155:
+rowsdone173:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -2768,9 +2960,9 @@ rowsdone155:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000040, R9
-	JMP     groups152
+	JMP     groups170
 
-done153:
+done171:
 	VZEROUPPER
 	RET
 
@@ -2789,9 +2981,9 @@ TEXT ·accumVF32H2D4(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups156:
+groups174:
 	CMPQ    R9, CX
-	JAE     done157
+	JAE     done175
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -2806,9 +2998,9 @@ groups156:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows158:
+rows176:
 	TESTQ        R11, R11
-	JZ           rowsdone159
+	JZ           rowsdone177
 	VMOVUPS      (R10), Y8
 	VMOVUPS      32(R10), Y9
 	VMOVUPS      64(R10), Y10
@@ -2835,9 +3027,9 @@ rows158:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows158
+	JMP          rows176
 
-rowsdone159:
+rowsdone177:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -2853,9 +3045,9 @@ rowsdone159:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000080, R9
-	JMP     groups156
+	JMP     groups174
 
-done157:
+done175:
 	VZEROUPPER
 	RET
 
@@ -2875,9 +3067,9 @@ TEXT ·accumVF32H3D1(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups160:
+groups178:
 	CMPQ    R10, CX
-	JAE     done161
+	JAE     done179
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	ADDQ    CX, R11
@@ -2888,9 +3080,9 @@ groups160:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows162:
+rows180:
 	TESTQ        R12, R12
-	JZ           rowsdone163
+	JZ           rowsdone181
 	VMOVUPS      (R11), Y3
 	VBROADCASTSS (DX), Y4
 	VMULPS       Y3, Y4, Y4
@@ -2906,9 +3098,9 @@ rows162:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows162
+	JMP          rows180
 
-rowsdone163:
+rowsdone181:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	ADDQ    CX, R11
@@ -2921,9 +3113,9 @@ rowsdone163:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000020, R10
-	JMP     groups160
+	JMP     groups178
 
-done161:
+done179:
 	VZEROUPPER
 	RET
 
@@ -2943,9 +3135,9 @@ TEXT ·accumVF32H3D2(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups164:
+groups182:
 	CMPQ    R10, CX
-	JAE     done165
+	JAE     done183
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	VMOVUPS 32(R11)(R10*1), Y1
@@ -2959,9 +3151,9 @@ groups164:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows166:
+rows184:
 	TESTQ        R12, R12
-	JZ           rowsdone167
+	JZ           rowsdone185
 	VMOVUPS      (R11), Y6
 	VMOVUPS      32(R11), Y7
 	VBROADCASTSS (DX), Y8
@@ -2984,9 +3176,9 @@ rows166:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows166
+	JMP          rows184
 
-rowsdone167:
+rowsdone185:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	VMOVUPS Y1, 32(R11)(R10*1)
@@ -3002,9 +3194,9 @@ rowsdone167:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000040, R10
-	JMP     groups164
+	JMP     groups182
 
-done165:
+done183:
 	VZEROUPPER
 	RET
 
@@ -3025,9 +3217,9 @@ TEXT ·accumVF32H4D1(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups168:
+groups186:
 	CMPQ    R11, CX
-	JAE     done169
+	JAE     done187
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	ADDQ    CX, R12
@@ -3040,9 +3232,9 @@ groups168:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows170:
+rows188:
 	TESTQ        R13, R13
-	JZ           rowsdone171
+	JZ           rowsdone189
 	VMOVUPS      (R12), Y4
 	VBROADCASTSS (DX), Y5
 	VMULPS       Y4, Y5, Y5
@@ -3062,9 +3254,9 @@ rows170:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows170
+	JMP          rows188
 
-rowsdone171:
+rowsdone189:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	ADDQ    CX, R12
@@ -3080,9 +3272,9 @@ rowsdone171:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000020, R11
-	JMP     groups168
+	JMP     groups186
 
-done169:
+done187:
 	VZEROUPPER
 	RET
 
@@ -3103,9 +3295,9 @@ TEXT ·accumVF32H4D2(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups172:
+groups190:
 	CMPQ    R11, CX
-	JAE     done173
+	JAE     done191
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	VMOVUPS 32(R12)(R11*1), Y1
@@ -3122,9 +3314,9 @@ groups172:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows174:
+rows192:
 	TESTQ        R13, R13
-	JZ           rowsdone175
+	JZ           rowsdone193
 	VMOVUPS      (R12), Y8
 	VMOVUPS      32(R12), Y9
 	VBROADCASTSS (DX), Y10
@@ -3153,9 +3345,9 @@ rows174:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows174
+	JMP          rows192
 
-rowsdone175:
+rowsdone193:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	VMOVUPS Y1, 32(R12)(R11*1)
@@ -3175,35 +3367,39 @@ rowsdone175:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000040, R11
-	JMP     groups172
+	JMP     groups190
 
-done173:
+done191:
 	VZEROUPPER
 	RET
 
-// func scoresF16R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R1C8(SB), NOSPLIT, $0-68
+// func scoresF16R1C8(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R1C8(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (SI)(SI*2), R9
-	LEAQ         (DX)(R9*1), CX
+	LEAQ         (SI)(SI*2), CX
+	LEAQ         (DX)(CX*1), R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
+	LEAQ         (R10)(CX*1), R12
+	LEAQ         (R11)(CX*1), R13
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols176:
+cols194:
 	TESTQ  DI, DI
-	JZ     end177
+	JZ     end195
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -3212,11 +3408,31 @@ cols176:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   R10, R10
+	XORQ   R14, R14
 
-loop178:
-	CMPQ      R10, BX
-	JAE       tail179
+loop196:
+	CMPQ       R14, BX
+	JAE        tail197
+	TESTQ      $0x0000003f, R14
+	JNZ        noprefetch199
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R10)(SI*2)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R10)(CX*1)
+	PREFETCHT0 (R11)(CX*1)
+	PREFETCHT0 (R10)(SI*4)
+	PREFETCHT0 (R11)(SI*4)
+	PREFETCHT0 (R12)(SI*2)
+	PREFETCHT0 (R13)(SI*2)
+	PREFETCHT0 (R10)(CX*2)
+	PREFETCHT0 (R11)(CX*2)
+	PREFETCHT0 (R12)(SI*4)
+	PREFETCHT0 (R13)(SI*4)
+
+noprefetch199:
 	VMOVUPS   (AX), Y9
 	VPMOVZXWD (DX), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
@@ -3266,7 +3482,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y3, Y3
-	VPMOVZXWD (CX), Y11
+	VPMOVZXWD (DX)(CX*1), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3298,7 +3514,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y5, Y5
-	VPMOVZXWD (CX)(SI*2), Y11
+	VPMOVZXWD (R9)(SI*2), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3314,7 +3530,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y6, Y6
-	VPMOVZXWD (DX)(R9*2), Y11
+	VPMOVZXWD (DX)(CX*2), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3330,7 +3546,7 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y7, Y7
-	VPMOVZXWD (CX)(SI*4), Y11
+	VPMOVZXWD (R9)(SI*4), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
 	VPXOR     Y12, Y11, Y13
 	VPSLLD    $0x10, Y13, Y13
@@ -3346,17 +3562,29 @@ loop178:
 	VPOR      Y13, Y10, Y10
 	VMULPS    Y9, Y10, Y9
 	VADDPS    Y9, Y8, Y8
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R14
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	ADDQ      $0x10, CX
-	JMP       loop178
+	ADDQ      $0x10, R9
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R12
+	ADDQ      $0x10, R11
+	ADDQ      $0x10, R13
+	JMP       loop196
 
-tail179:
-	SUBQ       R10, AX
-	SHRQ       $0x01, R10
-	SUBQ       R10, DX
-	SUBQ       R10, CX
+tail197:
+	SUBQ       R14, AX
+	SHRQ       $0x01, R14
+	SUBQ       R14, DX
+	SUBQ       R14, R9
+	SUBQ       R14, R10
+	SUBQ       R14, R12
+	LEAQ       (R10)(SI*8), R10
+	LEAQ       (R10)(CX*1), R12
+	SUBQ       R14, R11
+	SUBQ       R14, R13
+	LEAQ       (R11)(SI*8), R11
+	LEAQ       (R11)(CX*1), R13
 	VHADDPS    Y2, Y1, Y1
 	VHADDPS    Y4, Y3, Y2
 	VHADDPS    Y6, Y5, Y3
@@ -3367,50 +3595,63 @@ tail179:
 	VPERM2F128 $0x31, Y2, Y1, Y1
 	VADDPS     Y1, Y3, Y1
 	VMULPS     Y0, Y1, Y1
-	MOVQ       R8, CX
-	VMOVUPS    Y1, (CX)
+	MOVQ       R8, R9
+	VMOVUPS    Y1, (R9)
 	LEAQ       (DX)(SI*8), DX
-	LEAQ       (DX)(R9*1), CX
+	LEAQ       (DX)(CX*1), R9
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
-	JMP        cols176
+	JMP        cols194
 
-end177:
+end195:
 	VZEROUPPER
 	RET
 
-// func scoresF16R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R1C4(SB), NOSPLIT, $0-68
+// func scoresF16R1C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R1C4(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (SI)(SI*2), R9
-	LEAQ         (DX)(R9*1), CX
+	LEAQ         (SI)(SI*2), CX
+	MOVQ         nextK+24(FP), R9
+	MOVQ         nextV+32(FP), R10
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols181:
+cols200:
 	TESTQ  DI, DI
-	JZ     end182
+	JZ     end201
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   R10, R10
+	XORQ   R11, R11
 
-loop183:
-	CMPQ      R10, BX
-	JAE       tail184
+loop202:
+	CMPQ       R11, BX
+	JAE        tail203
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch205
+	PREFETCHT0 (R9)
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R9)(SI*2)
+	PREFETCHT0 (R10)(SI*2)
+	PREFETCHT0 (R9)(CX*1)
+	PREFETCHT0 (R10)(CX*1)
+
+noprefetch205:
 	VMOVUPS   (AX), Y5
 	VPMOVZXWD (DX), Y7
 	VPAND     kconst<>+96(SB), Y7, Y8
@@ -3460,7 +3701,7 @@ loop183:
 	VPOR      Y9, Y6, Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y3, Y3
-	VPMOVZXWD (CX), Y7
+	VPMOVZXWD (DX)(CX*1), Y7
 	VPAND     kconst<>+96(SB), Y7, Y8
 	VPXOR     Y8, Y7, Y9
 	VPSLLD    $0x10, Y9, Y9
@@ -3476,64 +3717,76 @@ loop183:
 	VPOR      Y9, Y6, Y6
 	VMULPS    Y5, Y6, Y5
 	VADDPS    Y5, Y4, Y4
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R11
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	ADDQ      $0x10, CX
-	JMP       loop183
+	ADDQ      $0x10, R9
+	ADDQ      $0x10, R10
+	JMP       loop202
 
-tail184:
-	SUBQ         R10, AX
-	SHRQ         $0x01, R10
-	SUBQ         R10, DX
-	SUBQ         R10, CX
+tail203:
+	SUBQ         R11, AX
+	SHRQ         $0x01, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R9
+	LEAQ         (R9)(SI*4), R9
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*4), R10
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, CX
-	VMOVUPS      X1, (CX)
+	MOVQ         R8, R11
+	VMOVUPS      X1, (R11)
 	LEAQ         (DX)(SI*4), DX
-	LEAQ         (DX)(R9*1), CX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols181
+	JMP          cols200
 
-end182:
+end201:
 	VZEROUPPER
 	RET
 
-// func scoresF16R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R1C2(SB), NOSPLIT, $0-68
+// func scoresF16R1C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R1C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         BX, CX
-	SHLQ         $0x02, CX
-	ANDQ         $-32, CX
+	MOVQ         nextK+24(FP), CX
+	MOVQ         nextV+32(FP), R9
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
-cols186:
+cols206:
 	TESTQ  DI, DI
-	JZ     end187
+	JZ     end207
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   BX, BX
+	XORQ   R10, R10
 
-loop188:
-	CMPQ      BX, CX
-	JAE       tail189
+loop208:
+	CMPQ       R10, BX
+	JAE        tail209
+	TESTQ      $0x0000003f, R10
+	JNZ        noprefetch211
+	PREFETCHT0 (CX)
+	PREFETCHT0 (R9)
+	PREFETCHT0 (CX)(SI*1)
+	PREFETCHT0 (R9)(SI*1)
+
+noprefetch211:
 	VMOVUPS   (AX), Y3
 	VPMOVZXWD (DX), Y5
 	VPAND     kconst<>+96(SB), Y5, Y6
@@ -3567,59 +3820,72 @@ loop188:
 	VPOR      Y7, Y4, Y4
 	VMULPS    Y3, Y4, Y3
 	VADDPS    Y3, Y2, Y2
-	ADDQ      $0x20, BX
+	ADDQ      $0x20, R10
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop188
+	ADDQ      $0x10, CX
+	ADDQ      $0x10, R9
+	JMP       loop208
 
-tail189:
-	SUBQ         BX, AX
-	SHRQ         $0x01, BX
-	SUBQ         BX, DX
+tail209:
+	SUBQ         R10, AX
+	SHRQ         $0x01, R10
+	SUBQ         R10, DX
+	SUBQ         R10, CX
+	LEAQ         (CX)(SI*2), CX
+	SUBQ         R10, R9
+	LEAQ         (R9)(SI*2), R9
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, BX
-	VMOVLPS      X1, (BX)
+	MOVQ         R8, R10
+	VMOVLPS      X1, (R10)
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols186
+	JMP          cols206
 
-end187:
+end207:
 	VZEROUPPER
 	RET
 
-// func scoresF16R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R1C1(SB), NOSPLIT, $0-68
+// func scoresF16R1C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R1C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         BX, CX
-	SHLQ         $0x02, CX
-	ANDQ         $-32, CX
+	MOVQ         nextK+24(FP), CX
+	MOVQ         nextV+32(FP), R9
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
-cols191:
+cols212:
 	TESTQ  DI, DI
-	JZ     end192
+	JZ     end213
 	VXORPS Y1, Y1, Y1
-	XORQ   BX, BX
+	XORQ   R10, R10
 
-loop193:
-	CMPQ      BX, CX
-	JAE       tail194
+loop214:
+	CMPQ       R10, BX
+	JAE        tail215
+	TESTQ      $0x0000003f, R10
+	JNZ        noprefetch217
+	PREFETCHT0 (CX)
+	PREFETCHT0 (R9)
+
+noprefetch217:
 	VMOVUPS   (AX), Y2
 	VPMOVZXWD (DX), Y4
 	VPAND     kconst<>+96(SB), Y4, Y5
@@ -3637,54 +3903,61 @@ loop193:
 	VPOR      Y6, Y3, Y3
 	VMULPS    Y2, Y3, Y2
 	VADDPS    Y2, Y1, Y1
-	ADDQ      $0x20, BX
+	ADDQ      $0x20, R10
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop193
+	ADDQ      $0x10, CX
+	ADDQ      $0x10, R9
+	JMP       loop214
 
-tail194:
-	SUBQ         BX, AX
-	SHRQ         $0x01, BX
-	SUBQ         BX, DX
+tail215:
+	SUBQ         R10, AX
+	SHRQ         $0x01, R10
+	SUBQ         R10, DX
+	SUBQ         R10, CX
+	LEAQ         (CX)(SI*1), CX
+	SUBQ         R10, R9
+	LEAQ         (R9)(SI*1), R9
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, BX
-	VMOVSS       X1, (BX)
+	MOVQ         R8, R10
+	VMOVSS       X1, (R10)
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols191
+	JMP          cols212
 
-end192:
+end213:
 	VZEROUPPER
 	RET
 
-// func scoresF16R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R2C4(SB), NOSPLIT, $0-68
+// func scoresF16R2C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R2C4(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (SI)(SI*2), R11
-	LEAQ         (DX)(R11*1), R10
+	LEAQ         (SI)(SI*2), R10
+	MOVQ         nextK+24(FP), R11
+	MOVQ         nextV+32(FP), R12
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols196:
+cols218:
 	TESTQ  DI, DI
-	JZ     end197
+	JZ     end219
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -3693,11 +3966,23 @@ cols196:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   R12, R12
+	XORQ   R13, R13
 
-loop198:
-	CMPQ      R12, BX
-	JAE       tail199
+loop220:
+	CMPQ       R13, BX
+	JAE        tail221
+	TESTQ      $0x0000003f, R13
+	JNZ        noprefetch223
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R12)(SI*1)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R12)(SI*2)
+	PREFETCHT0 (R11)(R10*1)
+	PREFETCHT0 (R12)(R10*1)
+
+noprefetch223:
 	VPMOVZXWD (DX), Y10
 	VPAND     kconst<>+96(SB), Y10, Y11
 	VPXOR     Y11, Y10, Y12
@@ -3740,7 +4025,7 @@ loop198:
 	VPCMPGTD  kconst<>+192(SB), Y13, Y13
 	VBLENDVPS Y13, Y11, Y12, Y11
 	VPOR      Y14, Y11, Y11
-	VPMOVZXWD (R10), Y13
+	VPMOVZXWD (DX)(R10*1), Y13
 	VPAND     kconst<>+96(SB), Y13, Y14
 	VPXOR     Y14, Y13, Y15
 	VPSLLD    $0x10, Y15, Y15
@@ -3772,17 +4057,21 @@ loop198:
 	VADDPS    Y9, Y7, Y7
 	VMULPS    Y12, Y13, Y9
 	VADDPS    Y9, Y8, Y8
-	ADDQ      $0x20, R12
+	ADDQ      $0x20, R13
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	ADDQ      $0x10, R10
-	JMP       loop198
+	ADDQ      $0x10, R11
+	ADDQ      $0x10, R12
+	JMP       loop220
 
-tail199:
-	SUBQ         R12, AX
-	SHRQ         $0x01, R12
-	SUBQ         R12, DX
-	SUBQ         R12, R10
+tail221:
+	SUBQ         R13, AX
+	SHRQ         $0x01, R13
+	SUBQ         R13, DX
+	SUBQ         R13, R11
+	LEAQ         (R11)(SI*4), R11
+	SUBQ         R13, R12
+	LEAQ         (R12)(SI*4), R12
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -3793,51 +4082,60 @@ tail199:
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
 	VMULPS       Y0, Y1, Y1
-	MOVQ         R8, R10
-	VMOVUPS      X1, (R10)
-	ADDQ         R9, R10
+	MOVQ         R8, R13
+	VMOVUPS      X1, (R13)
+	ADDQ         R9, R13
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVUPS      X1, (R10)
+	VMOVUPS      X1, (R13)
 	LEAQ         (DX)(SI*4), DX
-	LEAQ         (DX)(R11*1), R10
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols196
+	JMP          cols218
 
-end197:
+end219:
 	VZEROUPPER
 	RET
 
-// func scoresF16R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R2C2(SB), NOSPLIT, $0-68
+// func scoresF16R2C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R2C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols201:
+cols224:
 	TESTQ  DI, DI
-	JZ     end202
+	JZ     end225
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   R10, R10
+	XORQ   R12, R12
 
-loop203:
-	CMPQ      R10, BX
-	JAE       tail204
+loop226:
+	CMPQ       R12, BX
+	JAE        tail227
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch229
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R11)(SI*1)
+
+noprefetch229:
 	VPMOVZXWD (DX), Y6
 	VPAND     kconst<>+96(SB), Y6, Y7
 	VPXOR     Y7, Y6, Y8
@@ -3876,62 +4174,76 @@ loop203:
 	VADDPS    Y5, Y3, Y3
 	VMULPS    Y6, Y7, Y5
 	VADDPS    Y5, Y4, Y4
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R12
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop203
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R11
+	JMP       loop226
 
-tail204:
-	SUBQ         R10, AX
-	SHRQ         $0x01, R10
-	SUBQ         R10, DX
+tail227:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R10
+	LEAQ         (R10)(SI*2), R10
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*2), R11
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, R10
-	VMOVLPS      X1, (R10)
-	ADDQ         R9, R10
-	VMOVHPS      X1, (R10)
+	MOVQ         R8, R12
+	VMOVLPS      X1, (R12)
+	ADDQ         R9, R12
+	VMOVHPS      X1, (R12)
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols201
+	JMP          cols224
 
-end202:
+end225:
 	VZEROUPPER
 	RET
 
-// func scoresF16R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R2C1(SB), NOSPLIT, $0-68
+// func scoresF16R2C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R2C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols206:
+cols230:
 	TESTQ  DI, DI
-	JZ     end207
+	JZ     end231
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   R10, R10
+	XORQ   R12, R12
 
-loop208:
-	CMPQ      R10, BX
-	JAE       tail209
+loop232:
+	CMPQ       R12, BX
+	JAE        tail233
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch235
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+
+noprefetch235:
 	VPMOVZXWD (DX), Y4
 	VPAND     kconst<>+96(SB), Y4, Y5
 	VPXOR     Y5, Y4, Y6
@@ -3952,65 +4264,81 @@ loop208:
 	VMOVUPS   (AX)(CX*1), Y4
 	VMULPS    Y3, Y4, Y3
 	VADDPS    Y3, Y2, Y2
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R12
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop208
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R11
+	JMP       loop232
 
-tail209:
-	SUBQ         R10, AX
-	SHRQ         $0x01, R10
-	SUBQ         R10, DX
+tail233:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R10
+	LEAQ         (R10)(SI*1), R10
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*1), R11
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, R10
-	VMOVSS       X1, (R10)
-	ADDQ         R9, R10
-	VEXTRACTPS   $0x01, X1, (R10)
+	MOVQ         R8, R12
+	VMOVSS       X1, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x01, X1, (R12)
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols206
+	JMP          cols230
 
-end207:
+end231:
 	VZEROUPPER
 	RET
 
-// func scoresF16R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R3C2(SB), NOSPLIT, $0-68
+// func scoresF16R3C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R3C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols211:
+cols236:
 	TESTQ  DI, DI
-	JZ     end212
+	JZ     end237
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
-	XORQ   R10, R10
+	XORQ   R12, R12
 
-loop213:
-	CMPQ      R10, BX
-	JAE       tail214
+loop238:
+	CMPQ       R12, BX
+	JAE        tail239
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch241
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R11)(SI*1)
+
+noprefetch241:
 	VPMOVZXWD (DX), Y8
 	VPAND     kconst<>+96(SB), Y8, Y9
 	VPXOR     Y9, Y8, Y10
@@ -4054,15 +4382,21 @@ loop213:
 	VADDPS    Y7, Y5, Y5
 	VMULPS    Y8, Y9, Y7
 	VADDPS    Y7, Y6, Y6
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R12
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop213
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R11
+	JMP       loop238
 
-tail214:
-	SUBQ         R10, AX
-	SHRQ         $0x01, R10
-	SUBQ         R10, DX
+tail239:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R10
+	LEAQ         (R10)(SI*2), R10
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*2), R11
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -4072,51 +4406,59 @@ tail214:
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
 	VMULPS       Y0, Y1, Y1
-	MOVQ         R8, R10
-	VMOVLPS      X1, (R10)
-	ADDQ         R9, R10
-	VMOVHPS      X1, (R10)
-	ADDQ         R9, R10
+	MOVQ         R8, R12
+	VMOVLPS      X1, (R12)
+	ADDQ         R9, R12
+	VMOVHPS      X1, (R12)
+	ADDQ         R9, R12
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVLPS      X1, (R10)
+	VMOVLPS      X1, (R12)
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols211
+	JMP          cols236
 
-end212:
+end237:
 	VZEROUPPER
 	RET
 
-// func scoresF16R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R3C1(SB), NOSPLIT, $0-68
+// func scoresF16R3C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R3C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols216:
+cols242:
 	TESTQ  DI, DI
-	JZ     end217
+	JZ     end243
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   R10, R10
+	XORQ   R12, R12
 
-loop218:
-	CMPQ      R10, BX
-	JAE       tail219
+loop244:
+	CMPQ       R12, BX
+	JAE        tail245
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch247
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+
+noprefetch247:
 	VPMOVZXWD (DX), Y5
 	VPAND     kconst<>+96(SB), Y5, Y6
 	VPXOR     Y6, Y5, Y7
@@ -4140,59 +4482,66 @@ loop218:
 	VMOVUPS   (AX)(CX*2), Y5
 	VMULPS    Y4, Y5, Y4
 	VADDPS    Y4, Y3, Y3
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R12
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop218
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R11
+	JMP       loop244
 
-tail219:
-	SUBQ         R10, AX
-	SHRQ         $0x01, R10
-	SUBQ         R10, DX
+tail245:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R10
+	LEAQ         (R10)(SI*1), R10
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*1), R11
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y3, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, R10
-	VMOVSS       X1, (R10)
-	ADDQ         R9, R10
-	VEXTRACTPS   $0x01, X1, (R10)
-	ADDQ         R9, R10
-	VEXTRACTPS   $0x02, X1, (R10)
+	MOVQ         R8, R12
+	VMOVSS       X1, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x01, X1, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x02, X1, (R12)
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols216
+	JMP          cols242
 
-end217:
+end243:
 	VZEROUPPER
 	RET
 
-// func scoresF16R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R4C2(SB), NOSPLIT, $0-68
+// func scoresF16R4C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R4C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
 	LEAQ         (CX)(CX*2), R10
-	LEAQ         (AX)(R10*1), R10
+	MOVQ         nextK+24(FP), R11
+	MOVQ         nextV+32(FP), R12
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols221:
+cols248:
 	TESTQ  DI, DI
-	JZ     end222
+	JZ     end249
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -4201,11 +4550,19 @@ cols221:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   R11, R11
+	XORQ   R13, R13
 
-loop223:
-	CMPQ      R11, BX
-	JAE       tail224
+loop250:
+	CMPQ       R13, BX
+	JAE        tail251
+	TESTQ      $0x0000003f, R13
+	JNZ        noprefetch253
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R12)(SI*1)
+
+noprefetch253:
 	VPMOVZXWD (DX), Y10
 	VPAND     kconst<>+96(SB), Y10, Y11
 	VPXOR     Y11, Y10, Y12
@@ -4249,22 +4606,26 @@ loop223:
 	VADDPS    Y12, Y5, Y5
 	VMULPS    Y10, Y11, Y11
 	VADDPS    Y11, Y6, Y6
-	VMOVUPS   (R10), Y11
+	VMOVUPS   (AX)(R10*1), Y11
 	VMULPS    Y9, Y11, Y9
 	VADDPS    Y9, Y7, Y7
 	VMULPS    Y10, Y11, Y9
 	VADDPS    Y9, Y8, Y8
-	ADDQ      $0x20, R11
+	ADDQ      $0x20, R13
 	ADDQ      $0x20, AX
-	ADDQ      $0x20, R10
 	ADDQ      $0x10, DX
-	JMP       loop223
+	ADDQ      $0x10, R11
+	ADDQ      $0x10, R12
+	JMP       loop250
 
-tail224:
-	SUBQ         R11, AX
-	SUBQ         R11, R10
-	SHRQ         $0x01, R11
-	SUBQ         R11, DX
+tail251:
+	SUBQ         R13, AX
+	SHRQ         $0x01, R13
+	SUBQ         R13, DX
+	SUBQ         R13, R11
+	LEAQ         (R11)(SI*2), R11
+	SUBQ         R13, R12
+	LEAQ         (R12)(SI*2), R12
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -4275,57 +4636,64 @@ tail224:
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
 	VMULPS       Y0, Y1, Y1
-	MOVQ         R8, R11
-	VMOVLPS      X1, (R11)
-	ADDQ         R9, R11
-	VMOVHPS      X1, (R11)
-	ADDQ         R9, R11
+	MOVQ         R8, R13
+	VMOVLPS      X1, (R13)
+	ADDQ         R9, R13
+	VMOVHPS      X1, (R13)
+	ADDQ         R9, R13
 	VEXTRACTF128 $0x01, Y1, X2
-	VMOVLPS      X2, (R11)
-	ADDQ         R9, R11
+	VMOVLPS      X2, (R13)
+	ADDQ         R9, R13
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVHPS      X1, (R11)
+	VMOVHPS      X1, (R13)
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols221
+	JMP          cols248
 
-end222:
+end249:
 	VZEROUPPER
 	RET
 
-// func scoresF16R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresF16R4C1(SB), NOSPLIT, $0-68
+// func scoresF16R4C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresF16R4C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
 	LEAQ         (CX)(CX*2), R10
-	LEAQ         (AX)(R10*1), R10
+	MOVQ         nextK+24(FP), R11
+	MOVQ         nextV+32(FP), R12
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols226:
+cols254:
 	TESTQ  DI, DI
-	JZ     end227
+	JZ     end255
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   R11, R11
+	XORQ   R13, R13
 
-loop228:
-	CMPQ      R11, BX
-	JAE       tail229
+loop256:
+	CMPQ       R13, BX
+	JAE        tail257
+	TESTQ      $0x0000003f, R13
+	JNZ        noprefetch259
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+
+noprefetch259:
 	VPMOVZXWD (DX), Y6
 	VPAND     kconst<>+96(SB), Y6, Y7
 	VPXOR     Y7, Y6, Y8
@@ -4349,40 +4717,44 @@ loop228:
 	VMOVUPS   (AX)(CX*2), Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y3, Y3
-	VMOVUPS   (R10), Y6
+	VMOVUPS   (AX)(R10*1), Y6
 	VMULPS    Y5, Y6, Y5
 	VADDPS    Y5, Y4, Y4
-	ADDQ      $0x20, R11
+	ADDQ      $0x20, R13
 	ADDQ      $0x20, AX
-	ADDQ      $0x20, R10
 	ADDQ      $0x10, DX
-	JMP       loop228
+	ADDQ      $0x10, R11
+	ADDQ      $0x10, R12
+	JMP       loop256
 
-tail229:
-	SUBQ         R11, AX
-	SUBQ         R11, R10
-	SHRQ         $0x01, R11
-	SUBQ         R11, DX
+tail257:
+	SUBQ         R13, AX
+	SHRQ         $0x01, R13
+	SUBQ         R13, DX
+	SUBQ         R13, R11
+	LEAQ         (R11)(SI*1), R11
+	SUBQ         R13, R12
+	LEAQ         (R12)(SI*1), R12
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, R11
-	VMOVSS       X1, (R11)
-	ADDQ         R9, R11
-	VEXTRACTPS   $0x01, X1, (R11)
-	ADDQ         R9, R11
-	VEXTRACTPS   $0x02, X1, (R11)
-	ADDQ         R9, R11
-	VEXTRACTPS   $0x03, X1, (R11)
+	MOVQ         R8, R13
+	VMOVSS       X1, (R13)
+	ADDQ         R9, R13
+	VEXTRACTPS   $0x01, X1, (R13)
+	ADDQ         R9, R13
+	VEXTRACTPS   $0x02, X1, (R13)
+	ADDQ         R9, R13
+	VEXTRACTPS   $0x03, X1, (R13)
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols226
+	JMP          cols254
 
-end227:
+end255:
 	VZEROUPPER
 	RET
 
@@ -4400,9 +4772,9 @@ TEXT ·accumVF16H1D1(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups231:
+groups260:
 	CMPQ    BX, CX
-	JAE     done232
+	JAE     done261
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
@@ -4410,9 +4782,9 @@ groups231:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows233:
+rows262:
 	TESTQ        R10, R10
-	JZ           rowsdone234
+	JZ           rowsdone263
 	VPMOVZXWD    (R9), Y2
 	VPAND        kconst<>+96(SB), Y2, Y3
 	VPXOR        Y3, Y2, Y4
@@ -4433,18 +4805,18 @@ rows233:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows233
+	JMP          rows262
 
-rowsdone234:
+rowsdone263:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	MOVQ    R8, R10
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000020, BX
-	JMP     groups231
+	JMP     groups260
 
-done232:
+done261:
 	VZEROUPPER
 	RET
 
@@ -4462,9 +4834,9 @@ TEXT ·accumVF16H1D2(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups235:
+groups264:
 	CMPQ    BX, CX
-	JAE     done236
+	JAE     done265
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -4473,9 +4845,9 @@ groups235:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows237:
+rows266:
 	TESTQ        R10, R10
-	JZ           rowsdone238
+	JZ           rowsdone267
 	VPMOVZXWD    (R9), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
 	VPXOR        Y4, Y3, Y5
@@ -4512,9 +4884,9 @@ rows237:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows237
+	JMP          rows266
 
-rowsdone238:
+rowsdone267:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -4522,9 +4894,9 @@ rowsdone238:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000040, BX
-	JMP     groups235
+	JMP     groups264
 
-done236:
+done265:
 	VZEROUPPER
 	RET
 
@@ -4542,9 +4914,9 @@ TEXT ·accumVF16H1D4(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups239:
+groups268:
 	CMPQ    BX, CX
-	JAE     done240
+	JAE     done269
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -4555,9 +4927,9 @@ groups239:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows241:
+rows270:
 	TESTQ        R10, R10
-	JZ           rowsdone242
+	JZ           rowsdone271
 	VPMOVZXWD    (R9), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -4626,9 +4998,9 @@ rows241:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows241
+	JMP          rows270
 
-rowsdone242:
+rowsdone271:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -4638,9 +5010,9 @@ rowsdone242:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000080, BX
-	JMP     groups239
+	JMP     groups268
 
-done240:
+done269:
 	VZEROUPPER
 	RET
 
@@ -4659,9 +5031,9 @@ TEXT ·accumVF16H2D1(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups243:
+groups272:
 	CMPQ    R9, CX
-	JAE     done244
+	JAE     done273
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	ADDQ    CX, R10
@@ -4671,9 +5043,9 @@ groups243:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows245:
+rows274:
 	TESTQ        R11, R11
-	JZ           rowsdone246
+	JZ           rowsdone275
 	VPMOVZXWD    (R10), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
 	VPXOR        Y4, Y3, Y5
@@ -4698,9 +5070,9 @@ rows245:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows245
+	JMP          rows274
 
-rowsdone246:
+rowsdone275:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
@@ -4710,9 +5082,9 @@ rowsdone246:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000020, R9
-	JMP     groups243
+	JMP     groups272
 
-done244:
+done273:
 	VZEROUPPER
 	RET
 
@@ -4731,9 +5103,9 @@ TEXT ·accumVF16H2D2(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups247:
+groups276:
 	CMPQ    R9, CX
-	JAE     done248
+	JAE     done277
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -4745,9 +5117,9 @@ groups247:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows249:
+rows278:
 	TESTQ        R11, R11
-	JZ           rowsdone250
+	JZ           rowsdone279
 	VPMOVZXWD    (R10), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -4790,9 +5162,9 @@ rows249:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows249
+	JMP          rows278
 
-rowsdone250:
+rowsdone279:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -4804,9 +5176,9 @@ rowsdone250:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000040, R9
-	JMP     groups247
+	JMP     groups276
 
-done248:
+done277:
 	VZEROUPPER
 	RET
 
@@ -4826,9 +5198,9 @@ TEXT ·accumVF16H3D1(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups251:
+groups280:
 	CMPQ    R10, CX
-	JAE     done252
+	JAE     done281
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	ADDQ    CX, R11
@@ -4840,9 +5212,9 @@ groups251:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows253:
+rows282:
 	TESTQ        R12, R12
-	JZ           rowsdone254
+	JZ           rowsdone283
 	VPMOVZXWD    (R11), Y4
 	VPAND        kconst<>+96(SB), Y4, Y5
 	VPXOR        Y5, Y4, Y6
@@ -4871,9 +5243,9 @@ rows253:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows253
+	JMP          rows282
 
-rowsdone254:
+rowsdone283:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	ADDQ    CX, R11
@@ -4886,9 +5258,9 @@ rowsdone254:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000020, R10
-	JMP     groups251
+	JMP     groups280
 
-done252:
+done281:
 	VZEROUPPER
 	RET
 
@@ -4908,9 +5280,9 @@ TEXT ·accumVF16H3D2(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups255:
+groups284:
 	CMPQ    R10, CX
-	JAE     done256
+	JAE     done285
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	VMOVUPS 32(R11)(R10*1), Y1
@@ -4925,9 +5297,9 @@ groups255:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows257:
+rows286:
 	TESTQ        R12, R12
-	JZ           rowsdone258
+	JZ           rowsdone287
 	VPMOVZXWD    (R11), Y7
 	VPAND        kconst<>+96(SB), Y7, Y8
 	VPXOR        Y8, Y7, Y9
@@ -4976,9 +5348,9 @@ rows257:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows257
+	JMP          rows286
 
-rowsdone258:
+rowsdone287:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	VMOVUPS Y1, 32(R11)(R10*1)
@@ -4994,9 +5366,9 @@ rowsdone258:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000040, R10
-	JMP     groups255
+	JMP     groups284
 
-done256:
+done285:
 	VZEROUPPER
 	RET
 
@@ -5017,9 +5389,9 @@ TEXT ·accumVF16H4D1(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups259:
+groups288:
 	CMPQ    R11, CX
-	JAE     done260
+	JAE     done289
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	ADDQ    CX, R12
@@ -5033,9 +5405,9 @@ groups259:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows261:
+rows290:
 	TESTQ        R13, R13
-	JZ           rowsdone262
+	JZ           rowsdone291
 	VPMOVZXWD    (R12), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -5068,9 +5440,9 @@ rows261:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows261
+	JMP          rows290
 
-rowsdone262:
+rowsdone291:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	ADDQ    CX, R12
@@ -5086,9 +5458,9 @@ rowsdone262:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000020, R11
-	JMP     groups259
+	JMP     groups288
 
-done260:
+done289:
 	VZEROUPPER
 	RET
 
@@ -5109,9 +5481,9 @@ TEXT ·accumVF16H4D2(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups263:
+groups292:
 	CMPQ    R11, CX
-	JAE     done264
+	JAE     done293
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	VMOVUPS 32(R12)(R11*1), Y1
@@ -5129,9 +5501,9 @@ groups263:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows265:
+rows294:
 	TESTQ        R13, R13
-	JZ           rowsdone266
+	JZ           rowsdone295
 	VPMOVZXWD    (R12), Y9
 	VPAND        kconst<>+96(SB), Y9, Y10
 	VPXOR        Y10, Y9, Y11
@@ -5186,9 +5558,9 @@ rows265:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows265
+	JMP          rows294
 
-rowsdone266:
+rowsdone295:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	VMOVUPS Y1, 32(R12)(R11*1)
@@ -5208,35 +5580,39 @@ rowsdone266:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000040, R11
-	JMP     groups263
+	JMP     groups292
 
-done264:
+done293:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R1C8(SB), NOSPLIT, $0-68
+// func scoresBF16R1C8(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R1C8(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (SI)(SI*2), R9
-	LEAQ         (DX)(R9*1), CX
+	LEAQ         (SI)(SI*2), CX
+	LEAQ         (DX)(CX*1), R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
+	LEAQ         (R10)(CX*1), R12
+	LEAQ         (R11)(CX*1), R13
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols267:
+cols296:
 	TESTQ  DI, DI
-	JZ     end268
+	JZ     end297
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -5245,11 +5621,31 @@ cols267:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   R10, R10
+	XORQ   R14, R14
 
-loop269:
-	CMPQ      R10, BX
-	JAE       tail270
+loop298:
+	CMPQ       R14, BX
+	JAE        tail299
+	TESTQ      $0x0000003f, R14
+	JNZ        noprefetch301
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R10)(SI*2)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R10)(CX*1)
+	PREFETCHT0 (R11)(CX*1)
+	PREFETCHT0 (R10)(SI*4)
+	PREFETCHT0 (R11)(SI*4)
+	PREFETCHT0 (R12)(SI*2)
+	PREFETCHT0 (R13)(SI*2)
+	PREFETCHT0 (R10)(CX*2)
+	PREFETCHT0 (R11)(CX*2)
+	PREFETCHT0 (R12)(SI*4)
+	PREFETCHT0 (R13)(SI*4)
+
+noprefetch301:
 	VMOVUPS   (AX), Y9
 	VPMOVZXWD (DX), Y10
 	VPSLLD    $0x10, Y10, Y10
@@ -5263,7 +5659,7 @@ loop269:
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y3, Y3
-	VPMOVZXWD (CX), Y10
+	VPMOVZXWD (DX)(CX*1), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y4, Y4
@@ -5271,29 +5667,41 @@ loop269:
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y5, Y5
-	VPMOVZXWD (CX)(SI*2), Y10
+	VPMOVZXWD (R9)(SI*2), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y6, Y6
-	VPMOVZXWD (DX)(R9*2), Y10
+	VPMOVZXWD (DX)(CX*2), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y10
 	VADDPS    Y10, Y7, Y7
-	VPMOVZXWD (CX)(SI*4), Y10
+	VPMOVZXWD (R9)(SI*4), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VMULPS    Y9, Y10, Y9
 	VADDPS    Y9, Y8, Y8
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R14
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	ADDQ      $0x10, CX
-	JMP       loop269
+	ADDQ      $0x10, R9
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R12
+	ADDQ      $0x10, R11
+	ADDQ      $0x10, R13
+	JMP       loop298
 
-tail270:
-	SUBQ       R10, AX
-	SHRQ       $0x01, R10
-	SUBQ       R10, DX
-	SUBQ       R10, CX
+tail299:
+	SUBQ       R14, AX
+	SHRQ       $0x01, R14
+	SUBQ       R14, DX
+	SUBQ       R14, R9
+	SUBQ       R14, R10
+	SUBQ       R14, R12
+	LEAQ       (R10)(SI*8), R10
+	LEAQ       (R10)(CX*1), R12
+	SUBQ       R14, R11
+	SUBQ       R14, R13
+	LEAQ       (R11)(SI*8), R11
+	LEAQ       (R11)(CX*1), R13
 	VHADDPS    Y2, Y1, Y1
 	VHADDPS    Y4, Y3, Y2
 	VHADDPS    Y6, Y5, Y3
@@ -5304,50 +5712,63 @@ tail270:
 	VPERM2F128 $0x31, Y2, Y1, Y1
 	VADDPS     Y1, Y3, Y1
 	VMULPS     Y0, Y1, Y1
-	MOVQ       R8, CX
-	VMOVUPS    Y1, (CX)
+	MOVQ       R8, R9
+	VMOVUPS    Y1, (R9)
 	LEAQ       (DX)(SI*8), DX
-	LEAQ       (DX)(R9*1), CX
+	LEAQ       (DX)(CX*1), R9
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
-	JMP        cols267
+	JMP        cols296
 
-end268:
+end297:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R1C4(SB), NOSPLIT, $0-68
+// func scoresBF16R1C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R1C4(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (SI)(SI*2), R9
-	LEAQ         (DX)(R9*1), CX
+	LEAQ         (SI)(SI*2), CX
+	MOVQ         nextK+24(FP), R9
+	MOVQ         nextV+32(FP), R10
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols272:
+cols302:
 	TESTQ  DI, DI
-	JZ     end273
+	JZ     end303
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   R10, R10
+	XORQ   R11, R11
 
-loop274:
-	CMPQ      R10, BX
-	JAE       tail275
+loop304:
+	CMPQ       R11, BX
+	JAE        tail305
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch307
+	PREFETCHT0 (R9)
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R9)(SI*2)
+	PREFETCHT0 (R10)(SI*2)
+	PREFETCHT0 (R9)(CX*1)
+	PREFETCHT0 (R10)(CX*1)
+
+noprefetch307:
 	VMOVUPS   (AX), Y5
 	VPMOVZXWD (DX), Y6
 	VPSLLD    $0x10, Y6, Y6
@@ -5361,68 +5782,80 @@ loop274:
 	VPSLLD    $0x10, Y6, Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y3, Y3
-	VPMOVZXWD (CX), Y6
+	VPMOVZXWD (DX)(CX*1), Y6
 	VPSLLD    $0x10, Y6, Y6
 	VMULPS    Y5, Y6, Y5
 	VADDPS    Y5, Y4, Y4
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R11
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	ADDQ      $0x10, CX
-	JMP       loop274
+	ADDQ      $0x10, R9
+	ADDQ      $0x10, R10
+	JMP       loop304
 
-tail275:
-	SUBQ         R10, AX
-	SHRQ         $0x01, R10
-	SUBQ         R10, DX
-	SUBQ         R10, CX
+tail305:
+	SUBQ         R11, AX
+	SHRQ         $0x01, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R9
+	LEAQ         (R9)(SI*4), R9
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*4), R10
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, CX
-	VMOVUPS      X1, (CX)
+	MOVQ         R8, R11
+	VMOVUPS      X1, (R11)
 	LEAQ         (DX)(SI*4), DX
-	LEAQ         (DX)(R9*1), CX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols272
+	JMP          cols302
 
-end273:
+end303:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R1C2(SB), NOSPLIT, $0-68
+// func scoresBF16R1C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R1C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         BX, CX
-	SHLQ         $0x02, CX
-	ANDQ         $-32, CX
+	MOVQ         nextK+24(FP), CX
+	MOVQ         nextV+32(FP), R9
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
-cols277:
+cols308:
 	TESTQ  DI, DI
-	JZ     end278
+	JZ     end309
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   BX, BX
+	XORQ   R10, R10
 
-loop279:
-	CMPQ      BX, CX
-	JAE       tail280
+loop310:
+	CMPQ       R10, BX
+	JAE        tail311
+	TESTQ      $0x0000003f, R10
+	JNZ        noprefetch313
+	PREFETCHT0 (CX)
+	PREFETCHT0 (R9)
+	PREFETCHT0 (CX)(SI*1)
+	PREFETCHT0 (R9)(SI*1)
+
+noprefetch313:
 	VMOVUPS   (AX), Y3
 	VPMOVZXWD (DX), Y4
 	VPSLLD    $0x10, Y4, Y4
@@ -5432,112 +5865,132 @@ loop279:
 	VPSLLD    $0x10, Y4, Y4
 	VMULPS    Y3, Y4, Y3
 	VADDPS    Y3, Y2, Y2
-	ADDQ      $0x20, BX
+	ADDQ      $0x20, R10
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop279
+	ADDQ      $0x10, CX
+	ADDQ      $0x10, R9
+	JMP       loop310
 
-tail280:
-	SUBQ         BX, AX
-	SHRQ         $0x01, BX
-	SUBQ         BX, DX
+tail311:
+	SUBQ         R10, AX
+	SHRQ         $0x01, R10
+	SUBQ         R10, DX
+	SUBQ         R10, CX
+	LEAQ         (CX)(SI*2), CX
+	SUBQ         R10, R9
+	LEAQ         (R9)(SI*2), R9
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, BX
-	VMOVLPS      X1, (BX)
+	MOVQ         R8, R10
+	VMOVLPS      X1, (R10)
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols277
+	JMP          cols308
 
-end278:
+end309:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R1C1(SB), NOSPLIT, $0-68
+// func scoresBF16R1C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R1C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	MOVQ         BX, CX
-	SHLQ         $0x02, CX
-	ANDQ         $-32, CX
+	MOVQ         nextK+24(FP), CX
+	MOVQ         nextV+32(FP), R9
+	SHLQ         $0x02, BX
+	ANDQ         $-32, BX
 
-cols282:
+cols314:
 	TESTQ  DI, DI
-	JZ     end283
+	JZ     end315
 	VXORPS Y1, Y1, Y1
-	XORQ   BX, BX
+	XORQ   R10, R10
 
-loop284:
-	CMPQ      BX, CX
-	JAE       tail285
+loop316:
+	CMPQ       R10, BX
+	JAE        tail317
+	TESTQ      $0x0000003f, R10
+	JNZ        noprefetch319
+	PREFETCHT0 (CX)
+	PREFETCHT0 (R9)
+
+noprefetch319:
 	VMOVUPS   (AX), Y2
 	VPMOVZXWD (DX), Y3
 	VPSLLD    $0x10, Y3, Y3
 	VMULPS    Y2, Y3, Y2
 	VADDPS    Y2, Y1, Y1
-	ADDQ      $0x20, BX
+	ADDQ      $0x20, R10
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop284
+	ADDQ      $0x10, CX
+	ADDQ      $0x10, R9
+	JMP       loop316
 
-tail285:
-	SUBQ         BX, AX
-	SHRQ         $0x01, BX
-	SUBQ         BX, DX
+tail317:
+	SUBQ         R10, AX
+	SHRQ         $0x01, R10
+	SUBQ         R10, DX
+	SUBQ         R10, CX
+	LEAQ         (CX)(SI*1), CX
+	SUBQ         R10, R9
+	LEAQ         (R9)(SI*1), R9
 	VHADDPS      Y1, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, BX
-	VMOVSS       X1, (BX)
+	MOVQ         R8, R10
+	VMOVSS       X1, (R10)
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols282
+	JMP          cols314
 
-end283:
+end315:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R2C4(SB), NOSPLIT, $0-68
+// func scoresBF16R2C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R2C4(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
-	LEAQ         (SI)(SI*2), R11
-	LEAQ         (DX)(R11*1), R10
+	LEAQ         (SI)(SI*2), R10
+	MOVQ         nextK+24(FP), R11
+	MOVQ         nextV+32(FP), R12
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols287:
+cols320:
 	TESTQ  DI, DI
-	JZ     end288
+	JZ     end321
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -5546,18 +5999,30 @@ cols287:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   R12, R12
+	XORQ   R13, R13
 
-loop289:
-	CMPQ      R12, BX
-	JAE       tail290
+loop322:
+	CMPQ       R13, BX
+	JAE        tail323
+	TESTQ      $0x0000003f, R13
+	JNZ        noprefetch325
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R12)(SI*1)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R12)(SI*2)
+	PREFETCHT0 (R11)(R10*1)
+	PREFETCHT0 (R12)(R10*1)
+
+noprefetch325:
 	VPMOVZXWD (DX), Y9
 	VPSLLD    $0x10, Y9, Y9
 	VPMOVZXWD (DX)(SI*1), Y10
 	VPSLLD    $0x10, Y10, Y10
 	VPMOVZXWD (DX)(SI*2), Y11
 	VPSLLD    $0x10, Y11, Y11
-	VPMOVZXWD (R10), Y12
+	VPMOVZXWD (DX)(R10*1), Y12
 	VPSLLD    $0x10, Y12, Y12
 	VMOVUPS   (AX), Y13
 	VMULPS    Y9, Y13, Y14
@@ -5577,17 +6042,21 @@ loop289:
 	VADDPS    Y9, Y7, Y7
 	VMULPS    Y12, Y13, Y9
 	VADDPS    Y9, Y8, Y8
-	ADDQ      $0x20, R12
+	ADDQ      $0x20, R13
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	ADDQ      $0x10, R10
-	JMP       loop289
+	ADDQ      $0x10, R11
+	ADDQ      $0x10, R12
+	JMP       loop322
 
-tail290:
-	SUBQ         R12, AX
-	SHRQ         $0x01, R12
-	SUBQ         R12, DX
-	SUBQ         R12, R10
+tail323:
+	SUBQ         R13, AX
+	SHRQ         $0x01, R13
+	SUBQ         R13, DX
+	SUBQ         R13, R11
+	LEAQ         (R11)(SI*4), R11
+	SUBQ         R13, R12
+	LEAQ         (R12)(SI*4), R12
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -5598,51 +6067,60 @@ tail290:
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
 	VMULPS       Y0, Y1, Y1
-	MOVQ         R8, R10
-	VMOVUPS      X1, (R10)
-	ADDQ         R9, R10
+	MOVQ         R8, R13
+	VMOVUPS      X1, (R13)
+	ADDQ         R9, R13
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVUPS      X1, (R10)
+	VMOVUPS      X1, (R13)
 	LEAQ         (DX)(SI*4), DX
-	LEAQ         (DX)(R11*1), R10
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols287
+	JMP          cols320
 
-end288:
+end321:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R2C2(SB), NOSPLIT, $0-68
+// func scoresBF16R2C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R2C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols292:
+cols326:
 	TESTQ  DI, DI
-	JZ     end293
+	JZ     end327
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   R10, R10
+	XORQ   R12, R12
 
-loop294:
-	CMPQ      R10, BX
-	JAE       tail295
+loop328:
+	CMPQ       R12, BX
+	JAE        tail329
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch331
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R11)(SI*1)
+
+noprefetch331:
 	VPMOVZXWD (DX), Y5
 	VPSLLD    $0x10, Y5, Y5
 	VPMOVZXWD (DX)(SI*1), Y6
@@ -5657,62 +6135,76 @@ loop294:
 	VADDPS    Y5, Y3, Y3
 	VMULPS    Y6, Y7, Y5
 	VADDPS    Y5, Y4, Y4
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R12
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop294
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R11
+	JMP       loop328
 
-tail295:
-	SUBQ         R10, AX
-	SHRQ         $0x01, R10
-	SUBQ         R10, DX
+tail329:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R10
+	LEAQ         (R10)(SI*2), R10
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*2), R11
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, R10
-	VMOVLPS      X1, (R10)
-	ADDQ         R9, R10
-	VMOVHPS      X1, (R10)
+	MOVQ         R8, R12
+	VMOVLPS      X1, (R12)
+	ADDQ         R9, R12
+	VMOVHPS      X1, (R12)
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols292
+	JMP          cols326
 
-end293:
+end327:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R2C1(SB), NOSPLIT, $0-68
+// func scoresBF16R2C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R2C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols297:
+cols332:
 	TESTQ  DI, DI
-	JZ     end298
+	JZ     end333
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   R10, R10
+	XORQ   R12, R12
 
-loop299:
-	CMPQ      R10, BX
-	JAE       tail300
+loop334:
+	CMPQ       R12, BX
+	JAE        tail335
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch337
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+
+noprefetch337:
 	VPMOVZXWD (DX), Y3
 	VPSLLD    $0x10, Y3, Y3
 	VMOVUPS   (AX), Y4
@@ -5721,65 +6213,81 @@ loop299:
 	VMOVUPS   (AX)(CX*1), Y4
 	VMULPS    Y3, Y4, Y3
 	VADDPS    Y3, Y2, Y2
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R12
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop299
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R11
+	JMP       loop334
 
-tail300:
-	SUBQ         R10, AX
-	SHRQ         $0x01, R10
-	SUBQ         R10, DX
+tail335:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R10
+	LEAQ         (R10)(SI*1), R10
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*1), R11
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y1, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, R10
-	VMOVSS       X1, (R10)
-	ADDQ         R9, R10
-	VEXTRACTPS   $0x01, X1, (R10)
+	MOVQ         R8, R12
+	VMOVSS       X1, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x01, X1, (R12)
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols297
+	JMP          cols332
 
-end298:
+end333:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R3C2(SB), NOSPLIT, $0-68
+// func scoresBF16R3C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R3C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols302:
+cols338:
 	TESTQ  DI, DI
-	JZ     end303
+	JZ     end339
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
-	XORQ   R10, R10
+	XORQ   R12, R12
 
-loop304:
-	CMPQ      R10, BX
-	JAE       tail305
+loop340:
+	CMPQ       R12, BX
+	JAE        tail341
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch343
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R11)(SI*1)
+
+noprefetch343:
 	VPMOVZXWD (DX), Y7
 	VPSLLD    $0x10, Y7, Y7
 	VPMOVZXWD (DX)(SI*1), Y8
@@ -5799,15 +6307,21 @@ loop304:
 	VADDPS    Y7, Y5, Y5
 	VMULPS    Y8, Y9, Y7
 	VADDPS    Y7, Y6, Y6
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R12
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop304
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R11
+	JMP       loop340
 
-tail305:
-	SUBQ         R10, AX
-	SHRQ         $0x01, R10
-	SUBQ         R10, DX
+tail341:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R10
+	LEAQ         (R10)(SI*2), R10
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*2), R11
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -5817,51 +6331,59 @@ tail305:
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
 	VMULPS       Y0, Y1, Y1
-	MOVQ         R8, R10
-	VMOVLPS      X1, (R10)
-	ADDQ         R9, R10
-	VMOVHPS      X1, (R10)
-	ADDQ         R9, R10
+	MOVQ         R8, R12
+	VMOVLPS      X1, (R12)
+	ADDQ         R9, R12
+	VMOVHPS      X1, (R12)
+	ADDQ         R9, R12
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVLPS      X1, (R10)
+	VMOVLPS      X1, (R12)
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols302
+	JMP          cols338
 
-end303:
+end339:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R3C1(SB), NOSPLIT, $0-68
+// func scoresBF16R3C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R3C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
+	MOVQ         nextK+24(FP), R10
+	MOVQ         nextV+32(FP), R11
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols307:
+cols344:
 	TESTQ  DI, DI
-	JZ     end308
+	JZ     end345
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   R10, R10
+	XORQ   R12, R12
 
-loop309:
-	CMPQ      R10, BX
-	JAE       tail310
+loop346:
+	CMPQ       R12, BX
+	JAE        tail347
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch349
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R11)
+
+noprefetch349:
 	VPMOVZXWD (DX), Y4
 	VPSLLD    $0x10, Y4, Y4
 	VMOVUPS   (AX), Y5
@@ -5873,59 +6395,66 @@ loop309:
 	VMOVUPS   (AX)(CX*2), Y5
 	VMULPS    Y4, Y5, Y4
 	VADDPS    Y4, Y3, Y3
-	ADDQ      $0x20, R10
+	ADDQ      $0x20, R12
 	ADDQ      $0x20, AX
 	ADDQ      $0x10, DX
-	JMP       loop309
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R11
+	JMP       loop346
 
-tail310:
-	SUBQ         R10, AX
-	SHRQ         $0x01, R10
-	SUBQ         R10, DX
+tail347:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R10
+	LEAQ         (R10)(SI*1), R10
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*1), R11
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y3, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, R10
-	VMOVSS       X1, (R10)
-	ADDQ         R9, R10
-	VEXTRACTPS   $0x01, X1, (R10)
-	ADDQ         R9, R10
-	VEXTRACTPS   $0x02, X1, (R10)
+	MOVQ         R8, R12
+	VMOVSS       X1, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x01, X1, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x02, X1, (R12)
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols307
+	JMP          cols344
 
-end308:
+end345:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R4C2(SB), NOSPLIT, $0-68
+// func scoresBF16R4C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R4C2(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
 	LEAQ         (CX)(CX*2), R10
-	LEAQ         (AX)(R10*1), R10
+	MOVQ         nextK+24(FP), R11
+	MOVQ         nextV+32(FP), R12
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols312:
+cols350:
 	TESTQ  DI, DI
-	JZ     end313
+	JZ     end351
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -5934,11 +6463,19 @@ cols312:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8
-	XORQ   R11, R11
+	XORQ   R13, R13
 
-loop314:
-	CMPQ      R11, BX
-	JAE       tail315
+loop352:
+	CMPQ       R13, BX
+	JAE        tail353
+	TESTQ      $0x0000003f, R13
+	JNZ        noprefetch355
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R12)(SI*1)
+
+noprefetch355:
 	VPMOVZXWD (DX), Y9
 	VPSLLD    $0x10, Y9, Y9
 	VPMOVZXWD (DX)(SI*1), Y10
@@ -5958,22 +6495,26 @@ loop314:
 	VADDPS    Y12, Y5, Y5
 	VMULPS    Y10, Y11, Y11
 	VADDPS    Y11, Y6, Y6
-	VMOVUPS   (R10), Y11
+	VMOVUPS   (AX)(R10*1), Y11
 	VMULPS    Y9, Y11, Y9
 	VADDPS    Y9, Y7, Y7
 	VMULPS    Y10, Y11, Y9
 	VADDPS    Y9, Y8, Y8
-	ADDQ      $0x20, R11
+	ADDQ      $0x20, R13
 	ADDQ      $0x20, AX
-	ADDQ      $0x20, R10
 	ADDQ      $0x10, DX
-	JMP       loop314
+	ADDQ      $0x10, R11
+	ADDQ      $0x10, R12
+	JMP       loop352
 
-tail315:
-	SUBQ         R11, AX
-	SUBQ         R11, R10
-	SHRQ         $0x01, R11
-	SUBQ         R11, DX
+tail353:
+	SUBQ         R13, AX
+	SHRQ         $0x01, R13
+	SUBQ         R13, DX
+	SUBQ         R13, R11
+	LEAQ         (R11)(SI*2), R11
+	SUBQ         R13, R12
+	LEAQ         (R12)(SI*2), R12
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y6, Y5, Y3
@@ -5984,57 +6525,64 @@ tail315:
 	VPERM2F128   $0x31, Y2, Y1, Y1
 	VADDPS       Y1, Y3, Y1
 	VMULPS       Y0, Y1, Y1
-	MOVQ         R8, R11
-	VMOVLPS      X1, (R11)
-	ADDQ         R9, R11
-	VMOVHPS      X1, (R11)
-	ADDQ         R9, R11
+	MOVQ         R8, R13
+	VMOVLPS      X1, (R13)
+	ADDQ         R9, R13
+	VMOVHPS      X1, (R13)
+	ADDQ         R9, R13
 	VEXTRACTF128 $0x01, Y1, X2
-	VMOVLPS      X2, (R11)
-	ADDQ         R9, R11
+	VMOVLPS      X2, (R13)
+	ADDQ         R9, R13
 	VEXTRACTF128 $0x01, Y1, X1
-	VMOVHPS      X1, (R11)
+	VMOVHPS      X1, (R13)
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols312
+	JMP          cols350
 
-end313:
+end351:
 	VZEROUPPER
 	RET
 
-// func scoresBF16R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
-// Requires: AVX, AVX2, SSE
-TEXT ·scoresBF16R4C1(SB), NOSPLIT, $0-68
+// func scoresBF16R4C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// Requires: AVX, AVX2, MMX+, SSE
+TEXT ·scoresBF16R4C1(SB), NOSPLIT, $0-84
 	MOVQ         q+0(FP), AX
 	MOVQ         hdStride+8(FP), CX
 	MOVQ         k+16(FP), DX
-	MOVQ         hd+32(FP), BX
-	MOVQ         stride+24(FP), SI
-	MOVSS        scale+64(FP), X0
+	MOVQ         hd+48(FP), BX
+	MOVQ         stride+40(FP), SI
+	MOVSS        scale+80(FP), X0
 	VBROADCASTSS X0, Y0
-	MOVQ         cols+40(FP), DI
-	MOVQ         out+48(FP), R8
-	MOVQ         outStride+56(FP), R9
+	MOVQ         cols+56(FP), DI
+	MOVQ         out+64(FP), R8
+	MOVQ         outStride+72(FP), R9
 	SHLQ         $0x02, CX
 	SHLQ         $0x02, R9
 	LEAQ         (CX)(CX*2), R10
-	LEAQ         (AX)(R10*1), R10
+	MOVQ         nextK+24(FP), R11
+	MOVQ         nextV+32(FP), R12
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols317:
+cols356:
 	TESTQ  DI, DI
-	JZ     end318
+	JZ     end357
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
-	XORQ   R11, R11
+	XORQ   R13, R13
 
-loop319:
-	CMPQ      R11, BX
-	JAE       tail320
+loop358:
+	CMPQ       R13, BX
+	JAE        tail359
+	TESTQ      $0x0000003f, R13
+	JNZ        noprefetch361
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R12)
+
+noprefetch361:
 	VPMOVZXWD (DX), Y5
 	VPSLLD    $0x10, Y5, Y5
 	VMOVUPS   (AX), Y6
@@ -6046,40 +6594,44 @@ loop319:
 	VMOVUPS   (AX)(CX*2), Y6
 	VMULPS    Y5, Y6, Y6
 	VADDPS    Y6, Y3, Y3
-	VMOVUPS   (R10), Y6
+	VMOVUPS   (AX)(R10*1), Y6
 	VMULPS    Y5, Y6, Y5
 	VADDPS    Y5, Y4, Y4
-	ADDQ      $0x20, R11
+	ADDQ      $0x20, R13
 	ADDQ      $0x20, AX
-	ADDQ      $0x20, R10
 	ADDQ      $0x10, DX
-	JMP       loop319
+	ADDQ      $0x10, R11
+	ADDQ      $0x10, R12
+	JMP       loop358
 
-tail320:
-	SUBQ         R11, AX
-	SUBQ         R11, R10
-	SHRQ         $0x01, R11
-	SUBQ         R11, DX
+tail359:
+	SUBQ         R13, AX
+	SHRQ         $0x01, R13
+	SUBQ         R13, DX
+	SUBQ         R13, R11
+	LEAQ         (R11)(SI*1), R11
+	SUBQ         R13, R12
+	LEAQ         (R12)(SI*1), R12
 	VHADDPS      Y2, Y1, Y1
 	VHADDPS      Y4, Y3, Y2
 	VHADDPS      Y2, Y1, Y1
 	VEXTRACTF128 $0x01, Y1, X2
 	VADDPS       X2, X1, X1
 	VMULPS       X0, X1, X1
-	MOVQ         R8, R11
-	VMOVSS       X1, (R11)
-	ADDQ         R9, R11
-	VEXTRACTPS   $0x01, X1, (R11)
-	ADDQ         R9, R11
-	VEXTRACTPS   $0x02, X1, (R11)
-	ADDQ         R9, R11
-	VEXTRACTPS   $0x03, X1, (R11)
+	MOVQ         R8, R13
+	VMOVSS       X1, (R13)
+	ADDQ         R9, R13
+	VEXTRACTPS   $0x01, X1, (R13)
+	ADDQ         R9, R13
+	VEXTRACTPS   $0x02, X1, (R13)
+	ADDQ         R9, R13
+	VEXTRACTPS   $0x03, X1, (R13)
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols317
+	JMP          cols356
 
-end318:
+end357:
 	VZEROUPPER
 	RET
 
@@ -6097,9 +6649,9 @@ TEXT ·accumVBF16H1D1(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups322:
+groups362:
 	CMPQ    BX, CX
-	JAE     done323
+	JAE     done363
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
@@ -6107,9 +6659,9 @@ groups322:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows324:
+rows364:
 	TESTQ        R10, R10
-	JZ           rowsdone325
+	JZ           rowsdone365
 	VPMOVZXWD    (R9), Y1
 	VPSLLD       $0x10, Y1, Y1
 	VBROADCASTSS (DX), Y2
@@ -6118,18 +6670,18 @@ rows324:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows324
+	JMP          rows364
 
-rowsdone325:
+rowsdone365:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	MOVQ    R8, R10
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000020, BX
-	JMP     groups322
+	JMP     groups362
 
-done323:
+done363:
 	VZEROUPPER
 	RET
 
@@ -6147,9 +6699,9 @@ TEXT ·accumVBF16H1D2(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups326:
+groups366:
 	CMPQ    BX, CX
-	JAE     done327
+	JAE     done367
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -6158,9 +6710,9 @@ groups326:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows328:
+rows368:
 	TESTQ        R10, R10
-	JZ           rowsdone329
+	JZ           rowsdone369
 	VPMOVZXWD    (R9), Y2
 	VPSLLD       $0x10, Y2, Y2
 	VPMOVZXWD    16(R9), Y3
@@ -6173,9 +6725,9 @@ rows328:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows328
+	JMP          rows368
 
-rowsdone329:
+rowsdone369:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -6183,9 +6735,9 @@ rowsdone329:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000040, BX
-	JMP     groups326
+	JMP     groups366
 
-done327:
+done367:
 	VZEROUPPER
 	RET
 
@@ -6203,9 +6755,9 @@ TEXT ·accumVBF16H1D4(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups330:
+groups370:
 	CMPQ    BX, CX
-	JAE     done331
+	JAE     done371
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -6216,9 +6768,9 @@ groups330:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows332:
+rows372:
 	TESTQ        R10, R10
-	JZ           rowsdone333
+	JZ           rowsdone373
 	VPMOVZXWD    (R9), Y4
 	VPSLLD       $0x10, Y4, Y4
 	VPMOVZXWD    16(R9), Y5
@@ -6239,9 +6791,9 @@ rows332:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows332
+	JMP          rows372
 
-rowsdone333:
+rowsdone373:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -6251,9 +6803,9 @@ rowsdone333:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000080, BX
-	JMP     groups330
+	JMP     groups370
 
-done331:
+done371:
 	VZEROUPPER
 	RET
 
@@ -6272,9 +6824,9 @@ TEXT ·accumVBF16H2D1(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups334:
+groups374:
 	CMPQ    R9, CX
-	JAE     done335
+	JAE     done375
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	ADDQ    CX, R10
@@ -6284,9 +6836,9 @@ groups334:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows336:
+rows376:
 	TESTQ        R11, R11
-	JZ           rowsdone337
+	JZ           rowsdone377
 	VPMOVZXWD    (R10), Y2
 	VPSLLD       $0x10, Y2, Y2
 	VBROADCASTSS (DX), Y3
@@ -6299,9 +6851,9 @@ rows336:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows336
+	JMP          rows376
 
-rowsdone337:
+rowsdone377:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
@@ -6311,9 +6863,9 @@ rowsdone337:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000020, R9
-	JMP     groups334
+	JMP     groups374
 
-done335:
+done375:
 	VZEROUPPER
 	RET
 
@@ -6332,9 +6884,9 @@ TEXT ·accumVBF16H2D2(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups338:
+groups378:
 	CMPQ    R9, CX
-	JAE     done339
+	JAE     done379
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -6346,9 +6898,9 @@ groups338:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows340:
+rows380:
 	TESTQ        R11, R11
-	JZ           rowsdone341
+	JZ           rowsdone381
 	VPMOVZXWD    (R10), Y4
 	VPSLLD       $0x10, Y4, Y4
 	VPMOVZXWD    16(R10), Y5
@@ -6367,9 +6919,9 @@ rows340:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows340
+	JMP          rows380
 
-rowsdone341:
+rowsdone381:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -6381,9 +6933,9 @@ rowsdone341:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000040, R9
-	JMP     groups338
+	JMP     groups378
 
-done339:
+done379:
 	VZEROUPPER
 	RET
 
@@ -6402,9 +6954,9 @@ TEXT ·accumVBF16H2D4(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups342:
+groups382:
 	CMPQ    R9, CX
-	JAE     done343
+	JAE     done383
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -6420,9 +6972,9 @@ groups342:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows344:
+rows384:
 	TESTQ        R11, R11
-	JZ           rowsdone345
+	JZ           rowsdone385
 	VPMOVZXWD    (R10), Y8
 	VPSLLD       $0x10, Y8, Y8
 	VPMOVZXWD    16(R10), Y9
@@ -6453,9 +7005,9 @@ rows344:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows344
+	JMP          rows384
 
-rowsdone345:
+rowsdone385:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -6471,9 +7023,9 @@ rowsdone345:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000080, R9
-	JMP     groups342
+	JMP     groups382
 
-done343:
+done383:
 	VZEROUPPER
 	RET
 
@@ -6493,9 +7045,9 @@ TEXT ·accumVBF16H3D1(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups346:
+groups386:
 	CMPQ    R10, CX
-	JAE     done347
+	JAE     done387
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	ADDQ    CX, R11
@@ -6507,9 +7059,9 @@ groups346:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows348:
+rows388:
 	TESTQ        R12, R12
-	JZ           rowsdone349
+	JZ           rowsdone389
 	VPMOVZXWD    (R11), Y3
 	VPSLLD       $0x10, Y3, Y3
 	VBROADCASTSS (DX), Y4
@@ -6526,9 +7078,9 @@ rows348:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows348
+	JMP          rows388
 
-rowsdone349:
+rowsdone389:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	ADDQ    CX, R11
@@ -6541,9 +7093,9 @@ rowsdone349:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000020, R10
-	JMP     groups346
+	JMP     groups386
 
-done347:
+done387:
 	VZEROUPPER
 	RET
 
@@ -6563,9 +7115,9 @@ TEXT ·accumVBF16H3D2(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups350:
+groups390:
 	CMPQ    R10, CX
-	JAE     done351
+	JAE     done391
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	VMOVUPS 32(R11)(R10*1), Y1
@@ -6580,9 +7132,9 @@ groups350:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows352:
+rows392:
 	TESTQ        R12, R12
-	JZ           rowsdone353
+	JZ           rowsdone393
 	VPMOVZXWD    (R11), Y6
 	VPSLLD       $0x10, Y6, Y6
 	VPMOVZXWD    16(R11), Y7
@@ -6607,9 +7159,9 @@ rows352:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows352
+	JMP          rows392
 
-rowsdone353:
+rowsdone393:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	VMOVUPS Y1, 32(R11)(R10*1)
@@ -6625,9 +7177,9 @@ rowsdone353:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000040, R10
-	JMP     groups350
+	JMP     groups390
 
-done351:
+done391:
 	VZEROUPPER
 	RET
 
@@ -6648,9 +7200,9 @@ TEXT ·accumVBF16H4D1(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups354:
+groups394:
 	CMPQ    R11, CX
-	JAE     done355
+	JAE     done395
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	ADDQ    CX, R12
@@ -6664,9 +7216,9 @@ groups354:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows356:
+rows396:
 	TESTQ        R13, R13
-	JZ           rowsdone357
+	JZ           rowsdone397
 	VPMOVZXWD    (R12), Y4
 	VPSLLD       $0x10, Y4, Y4
 	VBROADCASTSS (DX), Y5
@@ -6687,9 +7239,9 @@ rows356:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows356
+	JMP          rows396
 
-rowsdone357:
+rowsdone397:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	ADDQ    CX, R12
@@ -6705,9 +7257,9 @@ rowsdone357:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000020, R11
-	JMP     groups354
+	JMP     groups394
 
-done355:
+done395:
 	VZEROUPPER
 	RET
 
@@ -6728,9 +7280,9 @@ TEXT ·accumVBF16H4D2(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups358:
+groups398:
 	CMPQ    R11, CX
-	JAE     done359
+	JAE     done399
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	VMOVUPS 32(R12)(R11*1), Y1
@@ -6748,9 +7300,9 @@ groups358:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows360:
+rows400:
 	TESTQ        R13, R13
-	JZ           rowsdone361
+	JZ           rowsdone401
 	VPMOVZXWD    (R12), Y8
 	VPSLLD       $0x10, Y8, Y8
 	VPMOVZXWD    16(R12), Y9
@@ -6781,9 +7333,9 @@ rows360:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows360
+	JMP          rows400
 
-rowsdone361:
+rowsdone401:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	VMOVUPS Y1, 32(R12)(R11*1)
@@ -6803,9 +7355,9 @@ rowsdone361:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000040, R11
-	JMP     groups358
+	JMP     groups398
 
-done359:
+done399:
 	VZEROUPPER
 	RET
 
@@ -6818,25 +7370,25 @@ TEXT ·prefetchAVX2(SB), NOSPLIT, $0-32
 	MOVQ bytes+24(FP), BX
 	DECQ BX
 
-rows362:
+rows402:
 	TESTQ DX, DX
-	JZ    done363
+	JZ    done403
 	XORQ  SI, SI
 
-lines364:
+lines404:
 	CMPQ       SI, BX
-	JAE        linesdone365
+	JAE        linesdone405
 	PREFETCHT0 (AX)(SI*1)
 	ADDQ       $0x40, SI
-	JMP        lines364
+	JMP        lines404
 
-linesdone365:
+linesdone405:
 	PREFETCHT0 (AX)(BX*1)
 	ADDQ       CX, AX
 	DECQ       DX
-	JMP        rows362
+	JMP        rows402
 
-done363:
+done403:
 	RET
 
 // func maxAVX2(x *float32, n int) float32
@@ -6851,9 +7403,9 @@ TEXT ·maxAVX2(SB), NOSPLIT, $0-20
 	SHLQ    $0x02, BX
 	ANDQ    $-32, BX
 
-loop366:
+loop406:
 	CMPQ    DX, BX
-	JAE     tail367
+	JAE     tail407
 	VMOVUPS (AX)(DX*1), Y2
 	VCMPPS  $0x03, Y2, Y2, Y3
 	VORPS   Y3, Y1, Y1
@@ -6862,11 +7414,11 @@ loop366:
 	VANDPS  Y0, Y3, Y3
 	VMOVUPS Y3, Y0
 	ADDQ    $0x20, DX
-	JMP     loop366
+	JMP     loop406
 
-tail367:
+tail407:
 	ANDQ       $0x07, CX
-	JZ         done368
+	JZ         done408
 	LEAQ       kconst<>+0(SB), BX
 	NEGQ       CX
 	VMOVDQU    32(BX)(CX*4), Y2
@@ -6880,7 +7432,7 @@ tail367:
 	VANDPS     Y0, Y2, Y2
 	VMOVUPS    Y2, Y0
 
-done368:
+done408:
 	VPERM2F128 $0x11, Y0, Y0, Y2
 	VMAXPS     Y2, Y0, Y3
 	VMAXPS     Y0, Y2, Y0
@@ -6895,11 +7447,11 @@ done368:
 	VANDPS     Y0, Y3, Y3
 	VMOVMSKPS  Y1, AX
 	TESTL      AX, AX
-	JZ         num369
+	JZ         num409
 	VMOVUPS    kconst<>+288(SB), Y3
 	VSUBPS     Y3, Y3, Y3
 
-num369:
+num409:
 	VZEROUPPER
 	MOVSS X3, ret+16(FP)
 	RET
@@ -6917,9 +7469,9 @@ TEXT ·expSubSumAVX2(SB), NOSPLIT, $0-28
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-loop370:
+loop410:
 	CMPQ         DX, BX
-	JAE          tail371
+	JAE          tail411
 	VMOVUPS      (AX)(DX*1), Y2
 	VSUBPS       Y0, Y2, Y2
 	VCVTPS2PD    X2, Y3
@@ -7007,11 +7559,11 @@ loop370:
 	VMOVUPS      Y9, (AX)(DX*1)
 	VADDPS       Y9, Y1, Y1
 	ADDQ         $0x20, DX
-	JMP          loop370
+	JMP          loop410
 
-tail371:
+tail411:
 	ANDQ         $0x07, CX
-	JZ           done372
+	JZ           done412
 	LEAQ         kconst<>+0(SB), BX
 	NEGQ         CX
 	VMOVDQU      32(BX)(CX*4), Y2
@@ -7103,7 +7655,7 @@ tail371:
 	VANDPS       Y2, Y10, Y10
 	VADDPS       Y10, Y1, Y1
 
-done372:
+done412:
 	VHADDPS      Y1, Y1, Y0
 	VHADDPS      Y0, Y0, Y0
 	VEXTRACTF128 $0x01, Y0, X1
@@ -7124,18 +7676,18 @@ TEXT ·scaleAVX2(SB), NOSPLIT, $0-20
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-loop373:
+loop413:
 	CMPQ    DX, BX
-	JAE     tail374
+	JAE     tail414
 	VMOVUPS (AX)(DX*1), Y1
 	VMULPS  Y0, Y1, Y1
 	VMOVUPS Y1, (AX)(DX*1)
 	ADDQ    $0x20, DX
-	JMP     loop373
+	JMP     loop413
 
-tail374:
+tail414:
 	ANDQ       $0x07, CX
-	JZ         done375
+	JZ         done415
 	LEAQ       kconst<>+0(SB), BX
 	NEGQ       CX
 	VMOVDQU    32(BX)(CX*4), Y1
@@ -7143,7 +7695,7 @@ tail374:
 	VMULPS     Y0, Y2, Y2
 	VMASKMOVPS Y2, Y1, (AX)(DX*1)
 
-done375:
+done415:
 	VZEROUPPER
 	RET
 
@@ -7161,20 +7713,20 @@ TEXT ·mulScaleAVX2(SB), NOSPLIT, $0-36
 	SHLQ         $0x02, DI
 	ANDQ         $-32, DI
 
-loop376:
+loop416:
 	CMPQ    SI, DI
-	JAE     tail377
+	JAE     tail417
 	VMOVUPS (CX)(SI*1), Y1
 	VMULPS  Y0, Y1, Y1
 	VMOVUPS (DX)(SI*1), Y2
 	VMULPS  Y2, Y1, Y1
 	VMOVUPS Y1, (AX)(SI*1)
 	ADDQ    $0x20, SI
-	JMP     loop376
+	JMP     loop416
 
-tail377:
+tail417:
 	ANDQ       $0x07, BX
-	JZ         done378
+	JZ         done418
 	LEAQ       kconst<>+0(SB), DI
 	NEGQ       BX
 	VMOVDQU    32(DI)(BX*4), Y1
@@ -7184,7 +7736,7 @@ tail377:
 	VMULPS     Y0, Y2, Y2
 	VMASKMOVPS Y2, Y1, (AX)(SI*1)
 
-done378:
+done418:
 	VZEROUPPER
 	RET
 
@@ -7199,19 +7751,19 @@ TEXT ·addAVX2(SB), NOSPLIT, $0-24
 	SHLQ $0x02, SI
 	ANDQ $-32, SI
 
-loop379:
+loop419:
 	CMPQ    BX, SI
-	JAE     tail380
+	JAE     tail420
 	VMOVUPS (AX)(BX*1), Y0
 	VMOVUPS (CX)(BX*1), Y1
 	VADDPS  Y1, Y0, Y0
 	VMOVUPS Y0, (AX)(BX*1)
 	ADDQ    $0x20, BX
-	JMP     loop379
+	JMP     loop419
 
-tail380:
+tail420:
 	ANDQ       $0x07, DX
-	JZ         done381
+	JZ         done421
 	LEAQ       kconst<>+0(SB), SI
 	NEGQ       DX
 	VMOVDQU    32(SI)(DX*4), Y0
@@ -7220,7 +7772,7 @@ tail380:
 	VADDPS     Y2, Y1, Y1
 	VMASKMOVPS Y1, Y0, (AX)(BX*1)
 
-done381:
+done421:
 	VZEROUPPER
 	RET
 
@@ -7235,9 +7787,9 @@ TEXT ·swiGLUAVX2(SB), NOSPLIT, $0-24
 	SHLQ $0x02, SI
 	ANDQ $-32, SI
 
-loop382:
+loop422:
 	CMPQ         BX, SI
-	JAE          tail383
+	JAE          tail423
 	VMOVUPS      (AX)(BX*1), Y0
 	VXORPS       kconst<>+64(SB), Y0, Y1
 	VCVTPS2PD    X1, Y2
@@ -7328,11 +7880,11 @@ loop382:
 	VMULPS       Y1, Y0, Y0
 	VMOVUPS      Y0, (AX)(BX*1)
 	ADDQ         $0x20, BX
-	JMP          loop382
+	JMP          loop422
 
-tail383:
+tail423:
 	ANDQ         $0x07, DX
-	JZ           done384
+	JZ           done424
 	LEAQ         kconst<>+0(SB), SI
 	NEGQ         DX
 	VMOVDQU      32(SI)(DX*4), Y0
@@ -7426,6 +7978,6 @@ tail383:
 	VMULPS       Y2, Y1, Y1
 	VMASKMOVPS   Y1, Y0, (AX)(BX*1)
 
-done384:
+done424:
 	VZEROUPPER
 	RET

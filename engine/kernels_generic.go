@@ -89,8 +89,9 @@ func matmulGeneric(out, x, w []float32, in, outs, j0, j1 int) {
 
 // scoresGeneric sets dst[h·dstStride+r] = dotKV(q[h·hd:][:hd], K_r)·scale
 // for the heads query heads at q and the rows keys K_r of hd elements of
-// type dt at k[r·stride:].
-func scoresGeneric(dst []float32, dstStride int, q []float32, heads, hd int, k []byte, rows, stride int, dt kv.DType, scale float32) {
+// type dt at k[r·stride:]. It leaves prefetching nextK and nextV to the
+// hardware.
+func scoresGeneric(dst []float32, dstStride int, q []float32, heads, hd int, k, nextK, nextV []byte, rows, stride int, dt kv.DType, scale float32) {
 	for r := range rows {
 		kr := k[r*stride:]
 		for h := range heads {

@@ -51,47 +51,69 @@ func matmulR4C1(x *float32, xStride int, w *float32, n int, cols int, out *float
 
 // scoresF32R1C8 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 8 rows of F32 keys at a time; cols is a multiple of 8, hd of 8.
-func scoresF32R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R1C8(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF32R1C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 4 rows of F32 keys at a time; cols is a multiple of 4, hd of 8.
-func scoresF32R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R1C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF32R1C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 2 rows of F32 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresF32R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R1C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF32R1C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 1 rows of F32 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresF32R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R1C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF32R2C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 2 and c < cols, 4 rows of F32 keys at a time; cols is a multiple of 4, hd of 8.
-func scoresF32R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R2C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF32R2C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 2 and c < cols, 2 rows of F32 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresF32R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R2C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF32R2C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 2 and c < cols, 1 rows of F32 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresF32R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R2C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF32R3C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 3 and c < cols, 2 rows of F32 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresF32R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R3C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF32R3C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 3 and c < cols, 1 rows of F32 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresF32R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R3C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF32R4C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 4 and c < cols, 2 rows of F32 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresF32R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R4C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF32R4C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 4 and c < cols, 1 rows of F32 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresF32R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF32R4C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // accumVF32H1D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F32 values
 // in order, for the 1 heads h; hd is a multiple of 8.
@@ -135,47 +157,69 @@ func accumVF32H4D2(out *float32, hd int, w *float32, wStride int, v *byte, strid
 
 // scoresF16R1C8 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 8 rows of F16 keys at a time; cols is a multiple of 8, hd of 8.
-func scoresF16R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R1C8(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF16R1C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 4 rows of F16 keys at a time; cols is a multiple of 4, hd of 8.
-func scoresF16R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R1C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF16R1C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 2 rows of F16 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresF16R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R1C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF16R1C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 1 rows of F16 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresF16R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R1C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF16R2C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 2 and c < cols, 4 rows of F16 keys at a time; cols is a multiple of 4, hd of 8.
-func scoresF16R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R2C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF16R2C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 2 and c < cols, 2 rows of F16 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresF16R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R2C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF16R2C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 2 and c < cols, 1 rows of F16 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresF16R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R2C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF16R3C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 3 and c < cols, 2 rows of F16 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresF16R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R3C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF16R3C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 3 and c < cols, 1 rows of F16 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresF16R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R3C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF16R4C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 4 and c < cols, 2 rows of F16 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresF16R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R4C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresF16R4C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 4 and c < cols, 1 rows of F16 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresF16R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresF16R4C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // accumVF16H1D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of F16 values
 // in order, for the 1 heads h; hd is a multiple of 8.
@@ -215,47 +259,69 @@ func accumVF16H4D2(out *float32, hd int, w *float32, wStride int, v *byte, strid
 
 // scoresBF16R1C8 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 8 rows of BF16 keys at a time; cols is a multiple of 8, hd of 8.
-func scoresBF16R1C8(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R1C8(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresBF16R1C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 4 rows of BF16 keys at a time; cols is a multiple of 4, hd of 8.
-func scoresBF16R1C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R1C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresBF16R1C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 2 rows of BF16 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresBF16R1C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R1C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresBF16R1C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 1 rows of BF16 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresBF16R1C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R1C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresBF16R2C4 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 2 and c < cols, 4 rows of BF16 keys at a time; cols is a multiple of 4, hd of 8.
-func scoresBF16R2C4(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R2C4(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresBF16R2C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 2 and c < cols, 2 rows of BF16 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresBF16R2C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R2C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresBF16R2C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 2 and c < cols, 1 rows of BF16 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresBF16R2C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R2C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresBF16R3C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 3 and c < cols, 2 rows of BF16 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresBF16R3C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R3C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresBF16R3C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 3 and c < cols, 1 rows of BF16 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresBF16R3C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R3C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresBF16R4C2 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 4 and c < cols, 2 rows of BF16 keys at a time; cols is a multiple of 2, hd of 8.
-func scoresBF16R4C2(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R4C2(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // scoresBF16R4C1 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 4 and c < cols, 1 rows of BF16 keys at a time; cols is a multiple of 1, hd of 8.
-func scoresBF16R4C1(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
+// It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those
+// of the same rows of the page to be scored next, whose values are then read while in cache.
+func scoresBF16R4C1(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 
 // accumVBF16H1D1 adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of BF16 values
 // in order, for the 1 heads h; hd is a multiple of 8.

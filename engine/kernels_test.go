@@ -161,8 +161,8 @@ func TestKernelAttention(t *testing.T) {
 							q := misaligned(randomFloats(heads*hd, uint64(rows)), off)
 							dstStride := rows + off
 							want, got := make([]float32, heads*dstStride), make([]float32, heads*dstStride)
-							scoresGeneric(want, dstStride, q, heads, hd, k, rows, stride, dt, 0.17)
-							ks.scores(got, dstStride, q, heads, hd, k, rows, stride, dt, 0.17)
+							scoresGeneric(want, dstStride, q, heads, hd, k, nil, nil, rows, stride, dt, 0.17)
+							ks.scores(got, dstStride, q, heads, hd, k, k[1:], nil, rows, stride, dt, 0.17)
 							checkSame(t, "scores "+name, got, want)
 
 							w := misaligned(randomFloats(heads*dstStride, uint64(hd)), off)

@@ -233,18 +233,18 @@ func (m *model) attendHeads(scores []float32, l, g0, g1 int, q, out []float32, p
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	kOff, vOff := m.geo.Offset(l, g0, false), m.geo.Offset(l, g0, true)
 	heads := (g1 - g0) * hd * dt.Size() // bytes of one row's K, or V, of the heads
-	// The K pass asks for the V too, which lies next to it in each row;
-	// the V pass asks again, for a long context whose V left the L2 cache
-	// during the K pass.
+	// The scores kernels prefetch the next segment's K and V as they read
+	// a segment's K, so that the values are in cache when the weighted sum
+	// reads them; the first segment's are asked for here.
 	m.prefetchSegment(past, cur, 0, kOff, vOff-kOff+heads)
 	n := 0
 	for i := 0; i <= len(past); i++ {
-		seg := segment(past, cur, i)
-		m.prefetchSegment(past, cur, i+1, kOff, vOff-kOff+heads)
+		seg, next := segment(past, cur, i), m.nextSegment(past, cur, i)
 		if rows := len(seg) / bpt; rows > 0 {
 			for g := g0; g < g1; g++ {
+				off, vo := m.geo.Offset(l, g, false), m.geo.Offset(l, g, true)
 				kern.scores(scores[(g-g0)*group*ctx+n:], ctx, q[g*group*hd:(g+1)*group*hd], group, hd,
-					seg[m.geo.Offset(l, g, false):], rows, bpt, dt, scale)
+					seg[off:], tail(next, off), tail(next, vo), rows, bpt, dt, scale)
 			}
 			n += rows
 		}
@@ -257,7 +257,6 @@ func (m *model) attendHeads(scores []float32, l, g0, g1 int, q, out []float32, p
 	n = 0
 	for i := 0; i <= len(past); i++ {
 		seg := segment(past, cur, i)
-		m.prefetchSegment(past, cur, i+1, vOff, heads)
 		if rows := len(seg) / bpt; rows > 0 {
 			for g := g0; g < g1; g++ {
 				kern.accumV(out[(g-g0)*group*hd:], group, hd, scores[(g-g0)*group*ctx+n:], ctx,
@@ -274,6 +273,24 @@ func segment(past [][]byte, cur []byte, i int) []byte {
 		return past[i]
 	}
 	return cur
+}
+
+// nextSegment is the segment after the i-th that holds rows, nil if none.
+func (m *model) nextSegment(past [][]byte, cur []byte, i int) []byte {
+	for i++; i <= len(past); i++ {
+		if seg := segment(past, cur, i); len(seg) >= m.geo.BytesPerToken() {
+			return seg
+		}
+	}
+	return nil
+}
+
+// tail is b from off on, nil if b is no longer than off.
+func tail(b []byte, off int) []byte {
+	if len(b) <= off {
+		return nil
+	}
+	return b[off:]
 }
 
 // prefetchSegment asks for the bytes at off of each row of the i-th

@@ -247,18 +247,20 @@ func dotKernel() {
 }
 
 // rowAddr addresses row i of rows stride bytes apart starting at base, with
-// the registers rowAddrs sets up.
+// the registers newRowAddr sets up.
 type rowAddr struct {
-	base, base3     GPVirtual // row 0, row 3
+	base, base3     GPVirtual // row 0, row 3 (for more than five rows)
 	stride, stride3 GPVirtual // one row, three rows
 }
 
 func newRowAddr(base, stride GPVirtual, rows int) rowAddr {
 	a := rowAddr{base: base, stride: stride}
 	if rows > 3 {
-		a.base3 = GP64()
 		a.stride3 = GP64()
 		LEAQ(Mem{Base: stride, Index: stride, Scale: 2}, a.stride3)
+	}
+	if rows > 5 {
+		a.base3 = GP64()
 		LEAQ(Mem{Base: base, Index: a.stride3, Scale: 1}, a.base3)
 	}
 	return a
@@ -272,7 +274,7 @@ func (a rowAddr) at(i, disp int) Mem {
 	case 1, 2, 4:
 		return Mem{Base: a.base, Index: a.stride, Scale: uint8(i), Disp: disp}
 	case 3:
-		return Mem{Base: a.base3, Disp: disp}
+		return Mem{Base: a.base, Index: a.stride3, Scale: 1, Disp: disp}
 	case 5:
 		return Mem{Base: a.base3, Index: a.stride, Scale: 2, Disp: disp}
 	case 6:
@@ -318,9 +320,11 @@ func matmulKernel(R, C int) {
 // and hd is a multiple of 8.
 func scoresKernel(dt dtype, R, C int) {
 	name := fmt.Sprintf("scores%sR%dC%d", dt.name, R, C)
-	TEXT(name, NOSPLIT, "func(q *float32, hdStride int, k *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)")
+	TEXT(name, NOSPLIT, "func(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)")
 	Doc(name+" sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale",
-		fmt.Sprintf("for h < %d and c < cols, %d rows of %s keys at a time; cols is a multiple of %d, hd of 8.", R, C, dt.name, C))
+		fmt.Sprintf("for h < %d and c < cols, %d rows of %s keys at a time; cols is a multiple of %d, hd of 8.", R, C, dt.name, C),
+		"It prefetches the keys at nextK and the values at nextV as it reads the keys at k: those",
+		"of the same rows of the page to be scored next, whose values are then read while in cache.")
 	q, qs, k := gpParam("q"), gpParam("hdStride"), gpParam("k")
 	n, ws := gpParam("hd"), gpParam("stride")
 	sx := Load(Param("scale"), XMM())
@@ -346,16 +350,40 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 	// keep ahead of only when many streams run at once, as in the R = 1
 	// kernels. Prefetches keep matmulPrefetchTiles blocks of C rows of w
 	// ahead of the ones computed on.
-	var pw rowAddr
-	prefetch := R > 1 && scale == nil
+	// A scores kernel prefetches the keys and values of the next page's
+	// rows at the offsets it reads in this one.
+	var pw, pv rowAddr
+	prefetch := R > 1 || scale != nil
 	if prefetch {
 		pw = rowAddr{base: GP64(), stride: ws, stride3: wa.stride3}
-		IMUL3Q(U32(matmulPrefetchTiles*C), ws, pw.base)
-		ADDQ(w, pw.base)
-		if C > 3 {
-			pw.base3 = GP64()
-			LEAQ(Mem{Base: pw.base, Index: wa.stride3, Scale: 1}, pw.base3)
+		if scale != nil {
+			Load(Param("nextK"), pw.base)
+			pv = rowAddr{base: GP64(), stride: ws, stride3: wa.stride3}
+			Load(Param("nextV"), pv.base)
+		} else {
+			IMUL3Q(U32(matmulPrefetchTiles*C), ws, pw.base)
+			ADDQ(w, pw.base)
 		}
+		for _, a := range []*rowAddr{&pw, &pv} {
+			if a.base != nil && C > 5 {
+				a.base3 = GP64()
+				LEAQ(Mem{Base: a.base, Index: wa.stride3, Scale: 1}, a.base3)
+			}
+		}
+	}
+	// prefetchRows asks for the lines at the current offset of the rows
+	// ahead, once per 64 bytes of x.
+	prefetchRows := func(k GPVirtual) {
+		skip := label("noprefetch")
+		TESTQ(U32(63), k)
+		JNZ(LabelRef(skip))
+		for c := 0; c < C; c++ {
+			PREFETCHT0(pw.at(c, 0))
+			if pv.base != nil {
+				PREFETCHT0(pv.at(c, 0))
+			}
+		}
+		Label(skip)
 	}
 	xb := GP64() // bytes of a row of x, and of its whole chunks
 	MOVQ(n, xb)
@@ -406,6 +434,9 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 			}
 			return loadKV(dt, wa.at(c, 0))
 		}
+		if prefetch && !masked {
+			prefetchRows(k)
+		}
 		if R == 1 {
 			xv := loadX(xa.at(0, 0))
 			for c := 0; c < C; c++ {
@@ -421,9 +452,6 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 		}
 		wv := make([]VecVirtual, C)
 		for c := range wv {
-			if prefetch && !masked {
-				PREFETCHT0(pw.at(c, 0))
-			}
 			wv[c] = loadW(c)
 		}
 		for r := 0; r < R; r++ {
@@ -444,7 +472,10 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 	xa.advance(U8(32))
 	wa.advance(U8(uint8(8 * dt.size)))
 	if prefetch {
-		pw.advance(U8(32))
+		pw.advance(U8(uint8(8 * dt.size)))
+		if pv.base != nil {
+			pv.advance(U8(uint8(8 * dt.size)))
+		}
 	}
 	JMP(LabelRef(loop))
 	Label(tail)
@@ -455,17 +486,19 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 	}
 	Label(store)
 	xa.retreat(k)
-	if prefetch {
-		pw.retreat(k)
-		LEAQ(Mem{Base: pw.base, Index: ws, Scale: uint8(C)}, pw.base)
-		if pw.base3 != nil {
-			LEAQ(Mem{Base: pw.base, Index: wa.stride3, Scale: 1}, pw.base3)
-		}
-	}
 	if dt.size == 2 {
 		SHRQ(U8(1), k)
 	}
 	wa.retreat(k)
+	for _, a := range []rowAddr{pw, pv} {
+		if a.base != nil {
+			a.retreat(k)
+			LEAQ(Mem{Base: a.base, Index: ws, Scale: uint8(C)}, a.base)
+			if a.base3 != nil {
+				LEAQ(Mem{Base: a.base, Index: wa.stride3, Scale: 1}, a.base3)
+			}
+		}
+	}
 	r := reduce(acc)
 	if scale != nil {
 		if len(acc) <= 4 {
