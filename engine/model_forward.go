@@ -236,7 +236,7 @@ func (m *model) attendHeads(scores []float32, l, g0, g1 int, q, out []float32, p
 	// The scores kernels prefetch the next segment's K and V as they read
 	// a segment's K, so that the values are in cache when the weighted sum
 	// reads them; the first segment's are asked for here.
-	m.prefetchSegment(past, cur, 0, kOff, vOff-kOff+heads)
+	m.prefetchRows(segment(past, cur, 0), kOff, vOff-kOff+heads)
 	n := 0
 	for i := 0; i <= len(past); i++ {
 		seg, next := segment(past, cur, i), m.nextSegment(past, cur, i)
@@ -293,15 +293,14 @@ func tail(b []byte, off int) []byte {
 	return b[off:]
 }
 
-// prefetchSegment asks for the bytes at off of each row of the i-th
-// segment of past then cur, if there is one.
-func (m *model) prefetchSegment(past [][]byte, cur []byte, i, off, bytes int) {
-	if i > len(past) {
-		return
-	}
-	bpt := m.geo.BytesPerToken()
-	if seg := segment(past, cur, i); len(seg) >= bpt {
-		kern.prefetch(seg[off:], len(seg)/bpt, bpt, bytes)
+// prefetchRowsMax bounds the rows prefetchRows asks for: a page's, not the
+// whole of one contiguous cache.
+const prefetchRowsMax = 32
+
+// prefetchRows asks for the bytes at off of the first rows of seg.
+func (m *model) prefetchRows(seg []byte, off, bytes int) {
+	if bpt := m.geo.BytesPerToken(); len(seg) >= bpt {
+		kern.prefetch(seg[off:], min(len(seg)/bpt, prefetchRowsMax), bpt, bytes)
 	}
 }
 
