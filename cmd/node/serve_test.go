@@ -398,7 +398,7 @@ func TestRunRefusals(t *testing.T) {
 			[]string{"prefill worker's pool holds 1024 tokens"}},
 		{"decode node pool", []string{"--role", "decode", "--decode-pages", "64", "--prefill-pages", "1"}, exitFailed,
 			[]string{"decode worker's pool holds 1024 tokens"}},
-		{"model context", []string{"--context-tokens", "4096"}, exitUsage, []string{"ContextTokens (4096) exceeds the model's context (2048)"}},
+		{"model context", []string{"--context-tokens", "4096"}, exitUsage, []string{"--context-tokens (4096) exceeds builtin's context window of 2048 tokens"}},
 		{"no workers", []string{"--decode-workers", "0"}, exitUsage, []string{"DecodeWorkers (0) must be at least 1"}},
 		{"timeout", []string{"--request-timeout", "0s"}, exitUsage, []string{"RequestTimeout (0s) must be positive"}},
 		{"listen", []string{"--listen", "7070"}, exitUsage, []string{`--listen "7070"`}},
