@@ -1,3 +1,8 @@
+//go:build !race
+
+// Like node_test.go, these start several protoactor remotes in one process,
+// which race inside protoactor itself.
+
 package cluster
 
 import (
