@@ -140,10 +140,15 @@ type workerActor struct {
 	// src is the prefill side of the worker's transfers; jobs holds, per
 	// plan it runs, what only this shell keeps: where to answer, the
 	// frames and their leases, and how to cancel the send in flight.
-	src      *handoff.Source
-	jobs     map[handoff.JobKey]*prefillJob
-	senders  map[string]FrameSender // data planes by peerKey
-	seqs     []*sequence
+	src     *handoff.Source
+	jobs    map[handoff.JobKey]*prefillJob
+	senders map[string]FrameSender // data planes by peerKey
+	seqs    []*sequence
+	// batch, stepSeqs and stepped are one step's, kept for the next so
+	// that a step allocates no slices.
+	batch    []*sequence
+	stepSeqs []*handoff.Sequence
+	stepped  []handoff.Stepped
 	next     int // round-robin start among seqs
 	stepping bool
 	fault    func([]kv.Frame)
@@ -323,17 +328,18 @@ func (w *workerActor) runStep(c actor.Context) {
 			}
 			return -1
 		}
-		batch, seqs := make([]*sequence, n), make([]*handoff.Sequence, n)
-		for i := range batch {
-			batch[i] = w.seqs[(w.next+i)%len(w.seqs)]
-			seqs[i] = batch[i].Sequence
+		batch, seqs := w.batch[:0], w.stepSeqs[:0]
+		for i := range n {
+			batch = append(batch, w.seqs[(w.next+i)%len(w.seqs)])
+			seqs = append(seqs, batch[i].Sequence)
 		}
 		var resume *sequence // where the next step's batch starts
 		if n < len(w.seqs) {
 			resume = w.seqs[(w.next+n)%len(w.seqs)]
 		}
-		out := make([]handoff.Stepped, n)
+		out := append(w.stepped[:0], make([]handoff.Stepped, n)...)
 		handoff.StepBatch(w.kv, seqs, out)
+		w.batch, w.stepSeqs, w.stepped = batch, seqs, out
 		for i, s := range batch {
 			if done, err := w.decodeStep(c, s, out[i]); done {
 				w.finish(c, indexOf(s), err)
@@ -343,6 +349,8 @@ func (w *workerActor) runStep(c actor.Context) {
 		if resume != nil {
 			w.next = indexOf(resume)
 		}
+		clear(batch) // holding no finished sequence until the next step
+		clear(seqs)
 	}
 	w.stats.steps.Add(1)
 }
