@@ -298,10 +298,16 @@ func TestDecodeLostFailsCleanly(t *testing.T) {
 			client.GenerateOptions{MaxTokens: 64}, nil)
 		done <- err
 	}()
-	waitFor(t, "the prefill node takes the plan", 10*time.Second, func() bool {
-		n, err := p.Actors().InFlight()
-		return err == nil && n > 0
-	})
+	// The transfer lasts milliseconds: looked for without a pause, so that
+	// the backing-off waitFor cannot step over it.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if n, err := p.Actors().InFlight(); err == nil && n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the prefill node took no plan within 10s")
+		}
+	}
 	d.shutdown()
 	err := <-done
 	var we *messages.WireError
