@@ -513,6 +513,9 @@ func (w *workerActor) decodeStep(c actor.Context, s *sequence, out handoff.Stepp
 func (w *workerActor) finish(c actor.Context, idx int, cause error) {
 	s := w.seqs[idx]
 	w.seqs = append(w.seqs[:idx], w.seqs[idx+1:]...)
+	if idx < w.next {
+		w.next-- // the sequence the next step starts at stays the same
+	}
 	c.Send(s.replyTo, DecodeDone{Owner: s.Owner(), Err: errors.Join(cause, s.Close(w.kv))})
 }
 

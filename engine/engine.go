@@ -28,8 +28,10 @@ type KV interface {
 // the tags reserved for it and seals them; decode verifies a manifest,
 // leases its pages and reads through the leases. An Engine holds no
 // per-request state (that lives in a Sequence), so sequences of many
-// requests may interleave on one engine. Like the pool, an Engine and its
-// sequences are used by one goroutine at a time: the one that owns the pool.
+// requests may interleave on one engine. An engine's weights are
+// immutable, and the reference engine may be used by many goroutines at
+// once (every worker of a node shares one); a Sequence, like the pool it
+// reads, is used by one goroutine at a time: the one that owns the pool.
 type Engine interface {
 	// Config is the model the engine computes.
 	Config() ModelConfig
@@ -360,11 +362,20 @@ func (s *refSequence) commit(r *fwdRow) int {
 // a sequence that fails fails alone, as its Step would have failed, while
 // the others step. Every sequence's checks and page writes come before any
 // page is read, since a write to the pool may move the bytes an earlier
-// Read returned. Sequences of other engines step one by one, and a
-// sequence given twice steps once: its second place gets
-// ErrSequenceTwice.
+// Read returned. Sequences of other engines step one by one, each place
+// by its own Step; a reference sequence given twice steps once: its second
+// place gets ErrSequenceTwice.
 func StepBatch(pool KV, seqs []Sequence, toks []int, errs []error) {
 	toks, errs = toks[:len(seqs)], errs[:len(seqs)]
+	// Cleared however the step ends, a panic in a pool's call included, so
+	// that a sequence is never left marked as in a batch.
+	defer func() {
+		for _, s := range seqs {
+			if rs, ok := s.(*refSequence); ok {
+				rs.batched = false
+			}
+		}
+	}()
 	for i, s := range seqs {
 		toks[i], errs[i] = 0, nil
 		switch rs, ok := s.(*refSequence); {
@@ -418,11 +429,6 @@ func StepBatch(pool KV, seqs []Sequence, toks []int, errs []error) {
 			}
 		}
 		e.scratches.Put(sc)
-	}
-	for _, s := range seqs {
-		if rs, ok := s.(*refSequence); ok {
-			rs.batched = false
-		}
 	}
 }
 

@@ -185,11 +185,7 @@ func exp32(x float32) float32 {
 	case x < -104:
 		return 0
 	}
-	const (
-		log2e = 1.4426950408889634
-		ln2Hi = 6.93147180369123816490e-01 // ln2's leading bits: k·ln2Hi is exact
-		ln2Lo = 1.90821492927058770002e-10
-	)
+	const log2e = 1.4426950408889634
 	xd := float64(x)
 	k := math.Floor(float64(xd*log2e) + 0.5)
 	r := float64(xd-float64(k*ln2Hi)) - float64(k*ln2Lo)

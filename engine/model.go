@@ -295,22 +295,68 @@ func ones(n int) []float32 {
 }
 
 // ropeTables precomputes cos and sin of position × frequency for every
-// position of the context. They are computed in float64 and rounded to
-// float32, so that a last-bit difference between math libraries on two
-// platforms changes a table entry only where it crosses a float32 rounding
-// boundary.
+// position of the context, in float64 rounded to float32. The frequencies
+// theta^(-2i/headDim) come from expLn and lnOf, the package's own, not
+// math.Pow: math.Exp picks a fused-multiply-add path by CPU at run time,
+// and at long contexts a last-bit difference in a frequency rounds a table
+// entry differently, so that two nodes of one build would compute
+// different KV. math.Cos and math.Sin are plain Go, the same everywhere.
 func ropeTables(positions, headDim int, theta float64) (cos, sin []float32) {
 	half := headDim / 2
 	cos = make([]float32, positions*half)
 	sin = make([]float32, positions*half)
+	lnTheta := lnOf(theta)
+	freq := make([]float64, half)
+	for i := range freq {
+		freq[i] = expLn(float64(-float64(2*i)/float64(headDim)) * lnTheta)
+	}
 	for p := range positions {
-		for i := range half {
-			a := float64(p) * math.Pow(theta, -float64(2*i)/float64(headDim))
+		for i, f := range freq {
+			a := float64(float64(p) * f)
 			cos[p*half+i] = float32(math.Cos(a))
 			sin[p*half+i] = float32(math.Sin(a))
 		}
 	}
 	return cos, sin
+}
+
+// ln2Hi and ln2Lo split ln 2 so that k·ln2Hi is exact for the k a float64
+// exponent takes.
+const (
+	ln2Hi = 6.93147180369123816490e-01
+	ln2Lo = 1.90821492927058770002e-10
+)
+
+// lnOf is the natural logarithm of x > 0 in float64, every product and
+// sum rounded on its own (the explicit conversions forbid fusing): x =
+// m·2^k with m in [√½, √2), and ln m = 2·atanh(s), s = (m-1)/(m+1), to
+// s^41, below float64's precision for |s| ≤ 0.172.
+func lnOf(x float64) float64 {
+	m, k := math.Frexp(x) // m in [½, 1)
+	if m < math.Sqrt2/2 {
+		m, k = float64(2*m), k-1
+	}
+	s := float64(float64(m-1) / float64(m+1))
+	s2 := float64(s * s)
+	sum := 1.0 / 41
+	for n := 39; n >= 1; n -= 2 {
+		sum = float64(float64(sum*s2) + 1/float64(n))
+	}
+	lnm := float64(2 * float64(s*sum))
+	return float64(float64(float64(k)*ln2Hi) + float64(float64(float64(k)*ln2Lo)+lnm))
+}
+
+// expLn is e^x in float64, each step rounded on its own: x = k·ln2 + r
+// with |r| ≤ ln2/2, and e^r by its Taylor series to r^20/20!, below
+// float64's precision.
+func expLn(x float64) float64 {
+	k := math.Floor(float64(x*(1/math.Ln2)) + 0.5)
+	r := float64(float64(x-float64(k*ln2Hi)) - float64(k*ln2Lo))
+	p := 1.0
+	for n := 20; n >= 1; n-- {
+		p = float64(float64(float64(p*r)/float64(n)) + 1)
+	}
+	return math.Ldexp(p, int(k))
 }
 
 // splitMix64 is Vigna's SplitMix64: a tiny, fast generator whose output

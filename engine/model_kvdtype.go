@@ -18,13 +18,21 @@ import (
 // AVX2 kernels load the same little-endian lanes directly.
 
 // encodeKV stores src as len(src) elements of type dt at the start of dst.
+// Every NaN is stored as the one quiet NaN of its type: the vector and
+// generic kernels agree on every number but not on a NaN's sign and
+// payload, and a page's bytes must be the same whichever computed them
+// (decode compares the KV row it recomputes with the one it received).
 func encodeKV(dst []byte, src []float32, dt kv.DType) {
 	le := binary.LittleEndian
 	switch dt {
 	case kv.F32:
 		dst = dst[:4*len(src)]
 		for i, f := range src {
-			le.PutUint32(dst[4*i:], math.Float32bits(f))
+			b := math.Float32bits(f)
+			if b&0x7fffffff > 0x7f800000 {
+				b = canonicalNaN32
+			}
+			le.PutUint32(dst[4*i:], b)
 		}
 	case kv.F16:
 		dst = dst[:2*len(src)]
@@ -83,17 +91,21 @@ func half(h uint16, dt kv.DType) float32 {
 	return f16ToF32(h)
 }
 
-// f32ToBF16 rounds to nearest, ties to even; NaN stays a quiet NaN.
+// canonicalNaN32 is the quiet NaN every stored f32 NaN becomes; 0x7fc0
+// and 0x7e00 are bf16's and f16's.
+const canonicalNaN32 = 0x7fc00000
+
+// f32ToBF16 rounds to nearest, ties to even; every NaN becomes 0x7fc0.
 func f32ToBF16(f float32) uint16 {
 	b := math.Float32bits(f)
 	if b&0x7fffffff > 0x7f800000 {
-		return uint16(b>>16) | 0x0040
+		return 0x7fc0
 	}
 	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
 }
 
 // f32ToF16 rounds to nearest, ties to even, to IEEE binary16: overflow goes
-// to infinity, tiny values to subnormals or zero, NaN to a quiet NaN.
+// to infinity, tiny values to subnormals or zero, every NaN to 0x7e00.
 func f32ToF16(f float32) uint16 {
 	b := math.Float32bits(f)
 	sign := uint16(b>>16) & 0x8000
@@ -101,7 +113,7 @@ func f32ToF16(f float32) uint16 {
 	man := b & 0x7fffff
 	switch {
 	case b&0x7fffffff > 0x7f800000:
-		return sign | 0x7e00
+		return 0x7e00 // the one quiet NaN, whatever the sign
 	case exp >= 0x1f:
 		return sign | 0x7c00
 	case exp <= 0:

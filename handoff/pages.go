@@ -275,7 +275,9 @@ type Stepped struct {
 // sequence getting the token its own Step would give), and sets out[i] to
 // seqs[i]'s outcome; out is at least as long as seqs. A sequence that fails
 // (no spare page left for it, a page of it refused, its context full) is
-// done alone, and the others step.
+// done alone, and the others step. Each sequence is in seqs at most once:
+// a second place would be done with engine.ErrSequenceTwice, and its
+// caller would close a sequence that just stepped.
 func StepBatch(p engine.KV, seqs []*Sequence, out []Stepped) {
 	b, _ := batches.Get().(*batch)
 	if b == nil {
