@@ -557,6 +557,40 @@ func (n *Node) down() {
 
 // status is the node's StatusReply: its own figures and the members it
 // sees.
+// Status is what "node status" shows of the node: its counters, pools,
+// model and the members it sees. It asks the node's actors, so it takes a
+// few messages' time.
+func (n *Node) Status() *messages.StatusReply { return n.status() }
+
+// Ready says whether the node should get work, and otherwise why: it is
+// draining or stopped, or a pool of its own does not answer, or it sees no
+// member of a role it needs (a router or a decode node without a prefill
+// node, a router without a decode node, of its own model).
+func (n *Node) Ready() error {
+	select {
+	case <-n.quit:
+		return errors.New("cluster: the node is stopping")
+	default:
+	}
+	if n.isDraining() {
+		return errors.New("cluster: the node is draining")
+	}
+	for _, p := range n.actors.Pools() {
+		if _, err := p.Status(n.actors.Root()); err != nil {
+			return fmt.Errorf("cluster: pool %s does not answer: %w", p.PID.Id, err)
+		}
+	}
+	role, fp := n.cfg.Actors.Role, n.actors.Model().Fingerprint()
+	ms := n.mem().Members()
+	if (role == actors.RoleRouter || role == actors.RoleDecode) && len(candidates(ms, prefills, fp)) == 0 {
+		return fmt.Errorf("cluster: no prefill node of model %s is alive and verified", fp.Short())
+	}
+	if role == actors.RoleRouter && len(candidates(ms, decodes, fp)) == 0 {
+		return fmt.Errorf("cluster: no decode node of model %s is alive and verified", fp.Short())
+	}
+	return nil
+}
+
 func (n *Node) status() *messages.StatusReply {
 	a, _ := n.actors.Status()
 	n.mu.Lock()

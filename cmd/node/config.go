@@ -96,6 +96,9 @@ type nodeConfig struct {
 	// node forwards them there. Empty means Listen's and Data's.
 	Advertise     string `json:"advertise"`
 	DataAdvertise string `json:"data_advertise"`
+	// HTTP is the host:port the node serves its probes (/healthz,
+	// /readyz) and Prometheus metrics (/metrics) on; empty serves none.
+	HTTP string `json:"http"`
 	// Faults is the fault spec a chaos build of the node injects
 	// (faults.Parse); empty injects none, and a production build refuses
 	// any other.

@@ -20,6 +20,7 @@ import (
 	"github.com/kvwarden/kvwarden/cluster"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/httpapi"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -66,7 +67,9 @@ preflight makes for devices) and refuses to start otherwise. When it serves
 it prints one line to stdout,
 "serving on <address> (incarnation <hex>, role <role>, gossip <address>,
 as <identity>)" (or "INSECURE: nobody authenticated" in place of the identity,
-and ", FAULTS <spec>" after it when it injects faults), then logs to stderr.
+", FAULTS <spec>" after it when it injects faults, and ", http <address>" when
+--http serves the probes /healthz and /readyz and the Prometheus metrics
+/metrics), then logs to stderr.
 <address> is the one peers reach it at: --advertise, or --listen's.
 
 --advertise and --data-advertise put a proxy in front of the node: peers
@@ -115,7 +118,7 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			signals := make(chan os.Signal, 1)
 			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(signals)
-			return serve(cmd.OutOrStdout(), log, nc, signals)
+			return serve(cmd.OutOrStdout(), log, nc, cfg.HTTP, signals)
 		},
 	}
 	configPath = configFlag(cmd)
@@ -137,6 +140,7 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.Var(&c.Join, "join", "gossip addresses of cluster members to join, comma-separated (none: start a new cluster)")
 	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "host:port peers reach the node at, when a proxy forwards it to --listen (empty: --listen's)")
 	fs.StringVar(&c.DataAdvertise, "data-advertise", c.DataAdvertise, "host:port peers reach the data plane at, when a proxy forwards it to --data (empty: --data's)")
+	fs.StringVar(&c.HTTP, "http", c.HTTP, "host:port to serve /healthz, /readyz and /metrics on, in plain HTTP (empty: none)")
 	fs.StringVar(&c.Faults, "faults", c.Faults, "faults to inject, e.g. seed=7,frame-drop=0.02,ack-drop=0.01 (chaos builds only: go build -tags chaos ./cmd/node)")
 	fs.Int64Var(&c.ContextTokens, "context-tokens", c.ContextTokens, "context window the node advertises, in tokens: prompt plus generated tokens")
 	fs.IntVar(&c.PageTokens, "page-tokens", c.PageTokens, "tokens per KV page")
@@ -211,6 +215,11 @@ func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
 	}
 	if err := checkAdvertised("--data", c.Data); err != nil {
 		return cluster.NodeConfig{}, err
+	}
+	if c.HTTP != "" {
+		if err := checkListen("--http", c.HTTP); err != nil {
+			return cluster.NodeConfig{}, err
+		}
 	}
 	if err := c.checkProxied(a.Role); err != nil {
 		return cluster.NodeConfig{}, err
@@ -378,7 +387,18 @@ func (e *poolTooSmallError) Error() string {
 func (e *poolTooSmallError) Unwrap() error { return e.Err }
 
 // serve starts the node, prints the readiness line and waits.
-func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, signals <-chan os.Signal) error {
+// With httpAddr, the node's probes and metrics (package httpapi) are
+// served there too, in plain HTTP: they are read-only and hold no tenant's
+// data.
+func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, httpAddr string, signals <-chan os.Signal) error {
+	var httpLn net.Listener
+	if httpAddr != "" {
+		var err error
+		if httpLn, err = net.Listen("tcp", httpAddr); err != nil {
+			return fmt.Errorf("run: --http: %w", err)
+		}
+		defer httpLn.Close()
+	}
 	n, err := cluster.StartNode(cfg, log)
 	if err != nil {
 		return fmt.Errorf("run: starting the %s node on %s (gossip %s): %w", cfg.Actors.Role, cfg.Listen,
@@ -390,6 +410,12 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, signals <
 	}
 	if inj := faults.Current(); inj != nil {
 		security += ", FAULTS " + inj.Spec().String()
+	}
+	if httpLn != nil {
+		srv := httpapi.Server(n, httpapi.DefaultLimits())
+		go srv.Serve(httpLn)
+		defer srv.Close()
+		security += ", http " + httpLn.Addr().String()
 	}
 	fmt.Fprintf(stdout, "serving on %s (incarnation %016x, role %s, gossip %s, %s)\n", n.Address(), n.Incarnation(),
 		cfg.Actors.Role, n.GossipAddr(), security)

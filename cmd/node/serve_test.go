@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -561,3 +563,46 @@ func TestDrainedExitsZero(t *testing.T) {
 type stopFunc func() error
 
 func (f stopFunc) Stop() error { return f() }
+
+// TestBinaryHTTPProbes: node run --http serves the probes and metrics in
+// plain HTTP at the address its readiness line names.
+func TestBinaryHTTPProbes(t *testing.T) {
+	p := startProcess(t, "run", "--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--http", "127.0.0.1:0")
+	var httpAddr string
+	select {
+	case line := <-p.stdout:
+		m := regexp.MustCompile(`, http (\S+)\)$`).FindStringSubmatch(line)
+		if readyLine.FindStringSubmatch(line) == nil || m == nil {
+			t.Fatalf("readiness line %q names no http address; stderr:\n%s", line, p.stderr)
+		}
+		httpAddr = m[1]
+	case <-time.After(readyTimeout):
+		t.Fatalf("no readiness line within %s; stderr:\n%s", readyTimeout, p.stderr)
+	}
+	for path, want := range map[string]string{"/healthz": "ok\n", "/readyz": "ready\n"} {
+		res, err := http.Get("http://" + httpAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || string(body) != want {
+			t.Fatalf("%s: %d %q", path, res.StatusCode, body)
+		}
+	}
+	res, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if !strings.Contains(string(body), `kvwarden_node_info{model="builtin"`) || !strings.Contains(string(body), "kvwarden_kv_usage_ratio{pool=") {
+		t.Fatalf("/metrics:\n%s", body)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.exitCode(t, stopTimeout); code != exitOK {
+		t.Fatalf("exit %d after SIGTERM; stderr:\n%s", code, p.stderr)
+	}
+}

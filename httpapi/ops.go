@@ -1,0 +1,173 @@
+// Package httpapi is a node's HTTP surface for operators: liveness and
+// readiness probes a load balancer or Kubernetes can use, and Prometheus
+// metrics.
+//
+//	GET /healthz  200 "ok" while the process serves HTTP at all
+//	GET /readyz   200 "ready", or 503 and why the node should get no work
+//	GET /metrics  the Prometheus text format
+//
+// Every series exists from the start, at zero; labels are the node's pools,
+// roles, member states and refusal kinds, never a request or a tenant, so
+// that their number is bounded by the configuration. Names follow
+// Prometheus' conventions (a _total suffix for counters, base units);
+// kvwarden_kv_usage_ratio means what vLLM's kv_cache_usage_perc and
+// SGLang's token_usage mean, as a 0–1 ratio.
+package httpapi
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
+)
+
+// Node is what the handlers read: a *cluster.Node.
+type Node interface {
+	// Status is the node's counters, pools and members.
+	Status() *messages.StatusReply
+	// Ready is nil when the node should get work, else why not.
+	Ready() error
+}
+
+// Limits bound what one HTTP request may cost the node.
+type Limits struct {
+	// HeaderBytesMax bounds a request's header, in bytes.
+	HeaderBytesMax int
+	// ReadTimeout bounds reading a request, WriteTimeout writing its
+	// answer; IdleTimeout how long a kept-alive connection may wait.
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+}
+
+// DefaultLimits suit probes and scrapes: small headers, answers within
+// seconds.
+func DefaultLimits() Limits {
+	return Limits{HeaderBytesMax: 16 << 10, ReadTimeout: 5 * time.Second, WriteTimeout: 10 * time.Second,
+		IdleTimeout: time.Minute}
+}
+
+// Validate reports the first limit out of range, with its value.
+func (l Limits) Validate() error {
+	switch {
+	case l.HeaderBytesMax < 1<<10 || l.HeaderBytesMax > 1<<20:
+		return fmt.Errorf("httpapi: HeaderBytesMax (%d) must be 1 KiB to 1 MiB", l.HeaderBytesMax)
+	case l.ReadTimeout <= 0 || l.WriteTimeout <= 0 || l.IdleTimeout <= 0:
+		return fmt.Errorf("httpapi: ReadTimeout (%s), WriteTimeout (%s) and IdleTimeout (%s) must be positive",
+			l.ReadTimeout, l.WriteTimeout, l.IdleTimeout)
+	}
+	return nil
+}
+
+// Server is the HTTP server of n with limits l.
+func Server(n Node, l Limits) *http.Server {
+	return &http.Server{Handler: Handler(n), MaxHeaderBytes: l.HeaderBytesMax, ReadTimeout: l.ReadTimeout,
+		ReadHeaderTimeout: l.ReadTimeout, WriteTimeout: l.WriteTimeout, IdleTimeout: l.IdleTimeout}
+}
+
+// Handler serves n's probes and metrics.
+func Handler(n Node) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&collector{n: n})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := n.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
+	return mux
+}
+
+var (
+	descInFlight = prometheus.NewDesc("kvwarden_requests_in_flight", "Requests admitted and not finished.", nil, nil)
+	descAdmitted = prometheus.NewDesc("kvwarden_requests_admitted_total", "Requests admitted (or routed, on a router).", nil, nil)
+	descFinished = prometheus.NewDesc("kvwarden_requests_finished_total", "Admitted requests that ended, by outcome.",
+		[]string{"outcome"}, nil)
+	descRejected = prometheus.NewDesc("kvwarden_requests_rejected_total", "Requests refused at admission, by bound.",
+		[]string{"reason"}, nil)
+	descPages = prometheus.NewDesc("kvwarden_kv_pages", "KV pages of each pool, by state.", []string{"pool", "state"}, nil)
+	descUsage = prometheus.NewDesc("kvwarden_kv_usage_ratio", "Share of each pool's KV pages in use, 0 to 1.",
+		[]string{"pool"}, nil)
+	descMembers = prometheus.NewDesc("kvwarden_members", "Cluster members this node sees, by role and state.",
+		[]string{"role", "state"}, nil)
+	descRefused = prometheus.NewDesc("kvwarden_refusals_total", "What the node refused from outside, by kind.",
+		[]string{"kind"}, nil)
+	descDraining = prometheus.NewDesc("kvwarden_draining", "1 while the node drains, else 0.", nil, nil)
+	descInfo     = prometheus.NewDesc("kvwarden_node_info", "The node's role and model; always 1.",
+		[]string{"role", "model", "model_fingerprint"}, nil)
+)
+
+// memberRoles and memberStates are every label value kvwarden_members
+// takes, each present at zero when no member has it.
+var (
+	memberRoles  = []string{messages.RoleAll, messages.RolePrefill, messages.RoleDecode, messages.RoleRouter}
+	memberStates = []string{messages.MemberAlive, messages.MemberSuspect, messages.MemberDead, messages.MemberLeft}
+)
+
+// collector reads the node's status at each scrape, so that every series
+// of one scrape is from one moment.
+type collector struct{ n Node }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descInFlight, descAdmitted, descFinished, descRejected, descPages, descUsage,
+		descMembers, descRefused, descDraining, descInfo} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.n.Status()
+	n := &s.Node
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge(descInFlight, float64(n.InFlight))
+	counter(descAdmitted, n.Admitted)
+	counter(descFinished, n.Completed, "completed")
+	counter(descFinished, n.Failed, "failed")
+	counter(descRejected, n.RejectedTooLong, "prompt_too_long")
+	counter(descRejected, n.RejectedBusy, "busy")
+	for _, p := range n.Pools {
+		gauge(descPages, float64(p.Capacity-p.Free), p.Name, "used")
+		gauge(descPages, float64(p.Free), p.Name, "free")
+		usage := 0.0
+		if p.Capacity > 0 {
+			usage = float64(p.Capacity-p.Free) / float64(p.Capacity)
+		}
+		gauge(descUsage, usage, p.Name)
+	}
+	members := map[[2]string]int{}
+	for _, m := range s.Members {
+		members[[2]string{m.Role, m.State}]++
+	}
+	for _, r := range memberRoles {
+		for _, st := range memberStates {
+			gauge(descMembers, float64(members[[2]string{r, st}]), r, st)
+		}
+	}
+	for i, kind := range trust.RefusalNames() {
+		v := uint64(0)
+		if i < len(n.Refused) {
+			v = n.Refused[i]
+		}
+		counter(descRefused, v, kind)
+	}
+	draining := 0.0
+	if n.Draining {
+		draining = 1
+	}
+	gauge(descDraining, draining)
+	gauge(descInfo, 1, n.Role, n.Model, n.ModelFingerprint)
+}

@@ -1,0 +1,152 @@
+//go:build !race
+
+// The node here serves protoactor remote, whose own goroutines race inside
+// protoactor (see cluster/node_test.go); the probes' code has no shared
+// state of its own.
+
+package httpapi
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/testwait"
+	"github.com/kvwarden/kvwarden/trust"
+)
+
+// startNode is a real node of role all, alone, insecure, behind a test
+// HTTP server of its handlers.
+func startNode(t *testing.T) (*cluster.Node, *httptest.Server) {
+	t.Helper()
+	cfg := cluster.DefaultLocalNodeConfig(actors.RoleAll)
+	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
+	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 512, 64
+	cfg.Auth = trust.Insecure(nil)
+	m, err := engine.BuiltinModel(cfg.Actors.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Model = m
+	n, err := cluster.StartNode(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Stop() })
+	srv := httptest.NewServer(Handler(n))
+	t.Cleanup(srv.Close)
+	return n, srv
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, string(b)
+}
+
+// metric is the value of the series named (with its labels) in a scrape.
+func metric(t *testing.T, scrape, series string) float64 {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(scrape)
+	if m == nil {
+		t.Fatalf("no series %s in the scrape:\n%s", series, scrape)
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestProbesAndMetrics: every series is there at zero before any request;
+// three requests and one refused move the counters by exactly that; each
+// pool's pages add up and its usage ratio is theirs; /readyz flips when
+// the node drains.
+func TestProbesAndMetrics(t *testing.T) {
+	n, srv := startNode(t)
+	if code, body := get(t, srv.URL+"/healthz"); code != 200 || body != "ok\n" {
+		t.Fatalf("/healthz: %d %q", code, body)
+	}
+	testwait.For(t, "the node ready", 10*time.Second, func() bool { code, _ := get(t, srv.URL+"/readyz"); return code == 200 })
+
+	_, before := get(t, srv.URL+"/metrics")
+	for _, s := range []string{`kvwarden_requests_admitted_total`, `kvwarden_requests_finished_total{outcome="completed"}`,
+		`kvwarden_requests_finished_total{outcome="failed"}`, `kvwarden_requests_rejected_total{reason="busy"}`,
+		`kvwarden_requests_rejected_total{reason="prompt_too_long"}`, `kvwarden_requests_in_flight`,
+		`kvwarden_members{role="prefill",state="dead"}`, `kvwarden_refusals_total{kind="tenant"}`, `kvwarden_draining`} {
+		if v := metric(t, before, s); v != 0 {
+			t.Errorf("%s is %g at start, want 0", s, v)
+		}
+	}
+	if v := metric(t, before, `kvwarden_members{role="all",state="alive"}`); v != 1 {
+		t.Errorf("the node sees %g alive members of role all, want itself", v)
+	}
+	if !strings.Contains(before, `kvwarden_node_info{model="builtin",model_fingerprint="`+n.Status().Node.ModelFingerprint+`",role="all"} 1`) {
+		t.Errorf("no node info in the scrape:\n%s", before)
+	}
+
+	c, err := client.Dial(n.Address(), client.Options{Auth: trust.Insecure(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for range 3 {
+		if _, err := c.Generate(context.Background(), "acme", "metrics", client.GenerateOptions{MaxTokens: 4}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Generate(context.Background(), "acme", strings.Repeat("x", 600), client.GenerateOptions{MaxTokens: 4}, nil); err == nil {
+		t.Fatal("a 601-token prompt in a 512-token window was answered")
+	}
+	_, after := get(t, srv.URL+"/metrics")
+	for s, want := range map[string]float64{`kvwarden_requests_admitted_total`: 3,
+		`kvwarden_requests_finished_total{outcome="completed"}`: 3, `kvwarden_requests_finished_total{outcome="failed"}`: 0,
+		`kvwarden_requests_rejected_total{reason="prompt_too_long"}`: 1, `kvwarden_requests_in_flight`: 0} {
+		if v := metric(t, after, s); v != want {
+			t.Errorf("after 3 requests and one too long: %s is %g, want %g", s, v, want)
+		}
+	}
+	for _, p := range n.Status().Node.Pools {
+		used, free := metric(t, after, `kvwarden_kv_pages{pool="`+p.Name+`",state="used"}`), metric(t, after, `kvwarden_kv_pages{pool="`+p.Name+`",state="free"}`)
+		ratio := metric(t, after, `kvwarden_kv_usage_ratio{pool="`+p.Name+`"}`)
+		if used+free != float64(p.Capacity) || ratio != used/float64(p.Capacity) {
+			t.Errorf("pool %s of %d pages: %g used, %g free, ratio %g", p.Name, p.Capacity, used, free, ratio)
+		}
+	}
+
+	if _, err := n.Drain(); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "not ready: cluster: the node is") {
+		t.Fatalf("/readyz after the drain: %d %q", code, body)
+	}
+}
+
+func TestLimitsValidate(t *testing.T) {
+	if err := DefaultLimits().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	l := DefaultLimits()
+	l.HeaderBytesMax = 10
+	if err := l.Validate(); err == nil || !strings.Contains(err.Error(), "HeaderBytesMax (10)") {
+		t.Fatalf("a 10-byte header bound: %v", err)
+	}
+}
