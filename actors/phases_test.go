@@ -6,6 +6,10 @@ package actors
 
 import (
 	"context"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,4 +55,43 @@ func TestCompletedRequestIgnoresNothing(t *testing.T) {
 	if got := n.counters.ignored.Load(); got != 0 {
 		t.Fatalf("one request that completed (%d completed, %d in flight) counted %d ignored messages", st.Completed, st.InFlight, got)
 	}
+}
+
+// TestOneLogLinePerRequest: every request that ends is one info line with
+// its id, tenant, outcome (and code when it failed), tokens and, when it
+// completed, its time to first token.
+func TestOneLogLinePerRequest(t *testing.T) {
+	var logs syncLog
+	n := startNodeWith(t, testConfig(), Options{Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	c := localClient(n)
+	if _, err := c.Generate(context.Background(), "acme", "hello", client.GenerateOptions{MaxTokens: 3}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Generate(context.Background(), "acme", strings.Repeat("x", 600), client.GenerateOptions{MaxTokens: 3}, nil); err == nil {
+		t.Fatal("a prompt beyond the window was answered")
+	}
+	waitFor(t, "the request's line", 10*time.Second, func() bool { return strings.Contains(logs.String(), `msg="request ended"`) })
+	lines := regexp.MustCompile(`(?m)^.*msg="request ended".*$`).FindAllString(logs.String(), -1)
+	if len(lines) != 1 || !strings.Contains(lines[0], "tenant=acme") || !strings.Contains(lines[0], "outcome=completed") ||
+		!strings.Contains(lines[0], "tokens=3") || !strings.Contains(lines[0], "ttft=") || !strings.Contains(lines[0], "finish=length") {
+		t.Fatalf("request lines (a refused prompt ends before it is a request): %q", lines)
+	}
+}
+
+// syncLog is a log buffer that the node's actors and the test share.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -185,13 +185,19 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 	r.cause = e.Cause
 	res := e.Result
+	owner := r.core.Owner()
+	attrs := []any{"id", res.RequestID, "owner", owner.String(), "tenant", owner.Tenant, "tokens", len(e.Tokens),
+		"prefill", r.route.prefill.Address}
 	if e.Cause != nil {
 		r.counters.failed.Add(1)
-		r.log.Info("request failed", "owner", r.core.Owner().String(), "err", e.Cause)
+		r.log.Info("request ended", append(attrs, "outcome", "failed", "code", handoff.Wire(e.Cause).Code.String(), "err", e.Cause)...)
 	} else {
 		res.Text = engine.DecodeText(r.tok, r.last, e.Tokens)
 		r.counters.completed.Add(1)
 		r.counters.phases.add(*e.Phases)
+		ph := e.Phases
+		r.log.Info("request ended", append(attrs, "outcome", "completed", "finish", res.FinishReason.String(),
+			"ttft", ph.Queue+ph.Prefill+ph.Transfer+ph.Verify+ph.FirstDecode)...)
 	}
 	if err := messages.SendFrom(c, r.client, res); err != nil {
 		r.log.Error("result refused by its own validation", "err", err)
