@@ -9,11 +9,11 @@ import (
 	"log/slog"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 )
 
 func TestQueuePhaseCountsTheReservation(t *testing.T) {
@@ -61,7 +61,7 @@ func TestCompletedRequestIgnoresNothing(t *testing.T) {
 // its id, tenant, outcome (and code when it failed), tokens and, when it
 // completed, its time to first token.
 func TestOneLogLinePerRequest(t *testing.T) {
-	var logs syncLog
+	var logs testwait.Buffer
 	n := startNodeWith(t, testConfig(), Options{Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	c := localClient(n)
 	if _, err := c.Generate(context.Background(), "acme", "hello", client.GenerateOptions{MaxTokens: 3}, nil); err != nil {
@@ -76,22 +76,4 @@ func TestOneLogLinePerRequest(t *testing.T) {
 		!strings.Contains(lines[0], "tokens=3") || !strings.Contains(lines[0], "ttft=") || !strings.Contains(lines[0], "finish=length") {
 		t.Fatalf("request lines (a refused prompt ends before it is a request): %q", lines)
 	}
-}
-
-// syncLog is a log buffer that the node's actors and the test share.
-type syncLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

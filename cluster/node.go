@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -335,6 +336,32 @@ func (n *Node) dataPlaneOf(remoteAddr string) (string, trust.Identity, bool) {
 	return m.Meta.DataAddr, id, true
 }
 
+// logEvent logs a membership change an operator wants to see: a member
+// joined, left, failed (and why) or came back after leaving or failing;
+// metadata updates only at debug.
+func (n *Node) logEvent(ev Event, gone map[string]bool) {
+	m := ev.Member
+	attrs := []any{"name", m.Name, "role", m.Meta.Role.String(), "incarnation", fmt.Sprintf("%016x", m.Meta.Incarnation),
+		"address", m.Meta.RemoteAddr}
+	switch ev.Kind {
+	case EventJoin:
+		if gone[m.Name] {
+			delete(gone, m.Name)
+			n.log.Info("member came back", attrs...)
+			return
+		}
+		n.log.Info("member joined", attrs...)
+	case EventLeave:
+		gone[m.Name] = true
+		n.log.Info("member left", attrs...)
+	case EventFail:
+		gone[m.Name] = true
+		n.log.Warn("member failed", append(attrs, "reason", cmp.Or(ev.Reason, "failure detection"))...)
+	default:
+		n.log.Debug("member updated", append(attrs, "free_pages", m.Meta.FreePages, "draining", m.Meta.Draining)...)
+	}
+}
+
 // pages is the capacity of the node's smallest pool and the fewest free
 // pages of any of its pools: the bottleneck a router admits and balances
 // against.
@@ -369,14 +396,16 @@ func (n *Node) watch() {
 	t := time.NewTicker(n.cfg.MetaInterval)
 	defer t.Stop()
 	known := map[uint64]string{} // incarnation → name of every member seen alive
+	gone := map[string]bool{}    // names that left or failed, to tell one that comes back
 	for {
 		select {
 		case <-n.quit:
 			return
-		case _, ok := <-n.mem().Events():
+		case ev, ok := <-n.mem().Events():
 			if !ok {
 				return
 			}
+			n.logEvent(ev, gone)
 		case <-t.C:
 		}
 		alive := map[uint64]bool{}

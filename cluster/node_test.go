@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 
 	"github.com/kvwarden/kvwarden/trust"
@@ -148,9 +150,15 @@ func allFree(nodes ...*Node) bool {
 // all see each other, and dials the router.
 func startTrio(t *testing.T) (p, d, r *Node, c *client.Client) {
 	t.Helper()
-	p = startClusterNode(t, actors.RolePrefill)
-	d = startClusterNode(t, actors.RoleDecode, p.GossipAddr())
-	r = startClusterNode(t, actors.RoleRouter, p.GossipAddr())
+	return startTrioServing(t, nil)
+}
+
+// startTrioServing is startTrio serving model (nil: the built-in one).
+func startTrioServing(t *testing.T, model *engine.Model) (p, d, r *Node, c *client.Client) {
+	t.Helper()
+	p = startNodeServing(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, model)
+	d = startNodeServing(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, model, p.GossipAddr())
+	r = startNodeServing(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, model, p.GossipAddr())
 	for _, n := range []*Node{p, d, r} {
 		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 && routable(n) })
 	}
@@ -291,25 +299,25 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 // is entirely free again (pages sent and never acknowledged go at their
 // reclaim deadline).
 func TestDecodeLostFailsCleanly(t *testing.T) {
-	p, d, _, c := startTrio(t)
+	// The large model, so that prefill, transfer and 64 decode steps take
+	// a few hundred milliseconds: time for the kill to land mid-request.
+	large, err := engine.BuiltinModel(engine.LargeModelConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, d, _, c := startTrioServing(t, large)
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Generate(context.Background(), "acme", strings.Repeat("a long prompt in transfer. ", 16)[:400],
 			client.GenerateOptions{MaxTokens: 64}, nil)
 		done <- err
 	}()
-	// The transfer lasts milliseconds: looked for without a pause, so that
-	// the backing-off waitFor cannot step over it.
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if n, err := p.Actors().InFlight(); err == nil && n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the prefill node took no plan within 10s")
-		}
-	}
+	waitFor(t, "the prefill node takes the plan", 10*time.Second, func() bool {
+		n, err := p.Actors().InFlight()
+		return err == nil && n > 0
+	})
 	d.shutdown()
-	err := <-done
+	err = <-done
 	var we *messages.WireError
 	if !errors.As(err, &we) || we.Code != messages.CodeNodeLost {
 		t.Fatalf("request on a dead decode node: %v, want node_lost", err)
@@ -387,4 +395,35 @@ func TestRouterDrainFinishesRelays(t *testing.T) {
 	if !errors.As(err, &we) || we.Code != messages.CodeBusy {
 		t.Fatalf("new request to a draining router: %v, want busy", err)
 	}
+}
+
+// TestMembershipChangesLogged: a node logs a member that joins and one
+// that leaves, at info, with its name and role.
+func TestMembershipChangesLogged(t *testing.T) {
+	var logs testwait.Buffer
+	cfg := DefaultLocalNodeConfig(actors.RoleAll)
+	cfg.Auth = testAuth(t, actors.RoleAll)
+	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
+	cfg.Actors.ContextTokens = 512
+	a, err := StartNode(withModel(t, cfg), slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Stop() })
+	b := startClusterNode(t, actors.RolePrefill, a.GossipAddr())
+	name := ""
+	waitFor(t, "b joined in a's log", 10*time.Second, func() bool {
+		for _, m := range a.Members() {
+			if m.Meta.Incarnation == b.Incarnation() {
+				name = m.Name
+			}
+		}
+		return name != "" && strings.Contains(logs.String(), `msg="member joined" name=`+name+` role=prefill`)
+	})
+	if err := b.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b left in a's log", 10*time.Second, func() bool {
+		return strings.Contains(logs.String(), `msg="member left" name=`+name+` role=prefill`)
+	})
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/chaos/faults"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -45,7 +46,7 @@ func TestServeFaultsAndPressure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testwait.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	installFaults(log, inj)
 	t.Cleanup(func() { faults.Install(nil) })

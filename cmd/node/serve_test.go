@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 )
 
 // Bounds for the binary tests. They are generous on purpose: the tests must
@@ -100,29 +101,11 @@ func makeTestCerts(bin, dir string) error {
 	return os.Setenv(certsEnv, dir)
 }
 
-// syncBuffer is a bytes.Buffer a process writes while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // process is a running node binary.
 type process struct {
 	cmd    *exec.Cmd
 	stdout chan string // lines, closed at EOF
-	stderr *syncBuffer
+	stderr *testwait.Buffer
 	exited chan struct{}
 	err    error // cmd.Wait's, once exited is closed
 }
@@ -132,7 +115,7 @@ type process struct {
 func startProcess(t *testing.T, args ...string) *process {
 	t.Helper()
 	p := &process{cmd: exec.Command(nodeBinary(t), args...), stdout: make(chan string, 16),
-		stderr: &syncBuffer{}, exited: make(chan struct{})}
+		stderr: &testwait.Buffer{}, exited: make(chan struct{})}
 	// A pipe of our own rather than StdoutPipe: Wait may then run while
 	// the lines are still being read.
 	r, w, err := os.Pipe()
@@ -523,7 +506,7 @@ func TestInvariantFailureExitsSeventy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log syncBuffer
+	var log testwait.Buffer
 	fatal := make(chan *actors.InvariantError, 1)
 	fatal <- &actors.InvariantError{Actor: "nonhost/decode-0/pool", Reason: "page 7 has two owners", Message: "*actors.Grant"}
 	err = wait(slog.New(slog.NewTextHandler(&log, nil)), actorsOnly{n}, make(chan os.Signal), fatal, nil)
@@ -548,7 +531,7 @@ func (a actorsOnly) Stop() error {
 // TestDrainedExitsZero: a node whose drain has ended (it left the cluster
 // and stopped) makes wait return nil, so run exits 0.
 func TestDrainedExitsZero(t *testing.T) {
-	var log syncBuffer
+	var log testwait.Buffer
 	drained := make(chan struct{})
 	close(drained)
 	err := wait(slog.New(slog.NewTextHandler(&log, nil)), stopFunc(func() error {
