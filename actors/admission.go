@@ -25,6 +25,7 @@ type nodeCounters struct {
 	ignored                                              atomic.Uint64 // late messages of abandoned attempts
 	admitted, rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
 	completed, failed, retried                           atomic.Uint64
+	failedBy                                             messages.CodeCounts // failed, by the code told to the client
 	framesAccepted, framesRefused                        atomic.Uint64
 	phases                                               phaseSums
 }
@@ -70,9 +71,11 @@ type AdmissionStatusReply struct {
 	Draining                                bool
 	Admitted, RejectedTooLong, RejectedBusy uint64
 	RejectedBad, Completed, Failed, Retried uint64
-	FramesAccepted, FramesRefused           uint64
-	DecodeInFlight                          []int
-	Phases                                  Phases
+	// FailedByCode is Failed by code (messages.CodeCounts.Counts).
+	FailedByCode                  []uint64
+	FramesAccepted, FramesRefused uint64
+	DecodeInFlight                []int
+	Phases                        Phases
 }
 
 // PrefillPeer is a prefill node (or this node's own dispatcher) that a
@@ -180,6 +183,7 @@ func (a *admissionActor) status() AdmissionStatusReply {
 		Admitted: a.counters.admitted.Load(), RejectedTooLong: a.counters.rejectedTooLong.Load(),
 		RejectedBusy: a.counters.rejectedBusy.Load(), RejectedBad: a.counters.rejectedBad.Load(),
 		Completed: a.counters.completed.Load(), Failed: a.counters.failed.Load(), Retried: a.counters.retried.Load(),
+		FailedByCode:   a.counters.failedBy.Counts(),
 		FramesAccepted: a.counters.framesAccepted.Load(), FramesRefused: a.counters.framesRefused.Load(),
 		DecodeInFlight: a.core.Load(), Phases: a.counters.phases.snapshot()}
 }

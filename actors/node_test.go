@@ -221,6 +221,9 @@ func TestSmallestPoolOnPathRefuses(t *testing.T) {
 
 func TestCancelMidStreamFreesPages(t *testing.T) {
 	cfg := testConfig()
+	// The large model, whose decode steps take milliseconds: the cancel
+	// after three tokens reaches the node while the request still runs.
+	cfg.Model = engine.LargeModelConfig()
 	n := startNode(t, cfg)
 	c := localClient(n)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -189,15 +189,17 @@ func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 	attrs := []any{"id", res.RequestID, "owner", owner.String(), "tenant", owner.Tenant, "tokens", len(e.Tokens),
 		"prefill", r.route.prefill.Address}
 	if e.Cause != nil {
+		code := handoff.Wire(e.Cause).Code
 		r.counters.failed.Add(1)
-		r.log.Info("request ended", append(attrs, "outcome", "failed", "code", handoff.Wire(e.Cause).Code.String(), "err", e.Cause)...)
+		r.counters.failedBy.Add(code)
+		r.log.Info("request ended", append(attrs, "outcome", "failed", "code", code.String(), "err", e.Cause)...)
 	} else {
 		res.Text = engine.DecodeText(r.tok, r.last, e.Tokens)
 		r.counters.completed.Add(1)
 		r.counters.phases.add(*e.Phases)
 		ph := e.Phases
 		r.log.Info("request ended", append(attrs, "outcome", "completed", "finish", res.FinishReason.String(),
-			"ttft", ph.Queue+ph.Prefill+ph.Transfer+ph.Verify+ph.FirstDecode)...)
+			"ttft", ph.Queue+ph.Prefill+ph.Transfer+ph.Verify)...)
 	}
 	if err := messages.SendFrom(c, r.client, res); err != nil {
 		r.log.Error("result refused by its own validation", "err", err)

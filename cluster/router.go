@@ -20,6 +20,7 @@ import (
 // routerCounters are read by status.
 type routerCounters struct {
 	routed, completed, failed, lost            atomic.Uint64
+	failedBy                                   messages.CodeCounts // failed and lost, by the code told to the client
 	rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
 	strangers                                  atomic.Uint64 // relayed messages refused: wrong sender, id or sequence
 }
@@ -186,6 +187,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		actor.WithMailbox(r.mailbox)), trust.SecretName())
 	if err != nil {
 		// Counted as routed above: it ends here, failed.
+		r.counters.failedBy.Add(messages.CodeInternal)
 		reject(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.failed)
 		return
 	}
@@ -242,6 +244,7 @@ func (rl *relay) Receive(c actor.Context) {
 		}
 		if m.Err != nil {
 			rl.counters.failed.Add(1)
+			rl.counters.failedBy.Add(m.Err.Code)
 		} else {
 			rl.counters.completed.Add(1)
 		}
@@ -290,6 +293,7 @@ func (rl *relay) pass(c actor.Context, m messages.Message) {
 // partition), and stops.
 func (rl *relay) end(c actor.Context, why string) {
 	rl.counters.lost.Add(1)
+	rl.counters.failedBy.Add(messages.CodeNodeLost)
 	c.Request(rl.admission, &messages.CancelRequest{RequestID: rl.id, Tenant: rl.request.Tenant})
 	rl.pass(c, &messages.GenerateResult{RequestID: rl.id, FinishReason: messages.FinishError,
 		Err: &messages.WireError{Code: messages.CodeNodeLost, Message: why, Where: rl.admission.Address}})

@@ -94,6 +94,8 @@ var (
 		[]string{"outcome"}, nil)
 	descRejected = prometheus.NewDesc("kvwarden_requests_rejected_total", "Requests refused at admission, by bound.",
 		[]string{"reason"}, nil)
+	descFailed = prometheus.NewDesc("kvwarden_requests_failed_total", "Admitted requests that failed, by the stable code the client was told.",
+		[]string{"code"}, nil)
 	descPages = prometheus.NewDesc("kvwarden_kv_pages", "KV pages of each pool, by state.", []string{"pool", "state"}, nil)
 	descUsage = prometheus.NewDesc("kvwarden_kv_usage_ratio", "Share of each pool's KV pages in use, 0 to 1.",
 		[]string{"pool"}, nil)
@@ -118,7 +120,7 @@ var (
 type collector struct{ n Node }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInFlight, descAdmitted, descFinished, descRejected, descPages, descUsage,
+	for _, d := range []*prometheus.Desc{descInFlight, descAdmitted, descFinished, descRejected, descFailed, descPages, descUsage,
 		descMembers, descRefused, descDraining, descInfo} {
 		ch <- d
 	}
@@ -139,6 +141,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descFinished, n.Failed, "failed")
 	counter(descRejected, n.RejectedTooLong, "prompt_too_long")
 	counter(descRejected, n.RejectedBusy, "busy")
+	for _, code := range messages.KnownCodes() {
+		v := uint64(0)
+		if int(code) < len(n.FailedByCode) {
+			v = n.FailedByCode[code]
+		}
+		counter(descFailed, v, code.String())
+	}
 	for _, p := range n.Pools {
 		gauge(descPages, float64(p.Capacity-p.Free), p.Name, "used")
 		gauge(descPages, float64(p.Free), p.Name, "free")

@@ -8,6 +8,7 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -30,6 +31,9 @@ import (
 func startNode(t *testing.T) (*cluster.Node, *httptest.Server) {
 	t.Helper()
 	cfg := cluster.DefaultLocalNodeConfig(actors.RoleAll)
+	// The large model, whose decode steps take milliseconds: a request
+	// cancelled after two tokens is still running when the cancel arrives.
+	cfg.Actors.Model = engine.LargeModelConfig()
 	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
 	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 512, 64
 	cfg.Auth = trust.Insecure(nil)
@@ -77,7 +81,8 @@ func metric(t *testing.T, scrape, series string) float64 {
 }
 
 // TestProbesAndMetrics: every series is there at zero before any request;
-// three requests and one refused move the counters by exactly that; each
+// three requests, one refused and one cancelled move the counters by
+// exactly that; each
 // pool's pages add up and its usage ratio is theirs; /readyz flips when
 // the node drains.
 func TestProbesAndMetrics(t *testing.T) {
@@ -91,7 +96,8 @@ func TestProbesAndMetrics(t *testing.T) {
 	for _, s := range []string{`kvwarden_requests_admitted_total`, `kvwarden_requests_finished_total{outcome="completed"}`,
 		`kvwarden_requests_finished_total{outcome="failed"}`, `kvwarden_requests_rejected_total{reason="busy"}`,
 		`kvwarden_requests_rejected_total{reason="prompt_too_long"}`, `kvwarden_requests_in_flight`,
-		`kvwarden_members{role="prefill",state="dead"}`, `kvwarden_refusals_total{kind="tenant"}`, `kvwarden_draining`} {
+		`kvwarden_members{role="prefill",state="dead"}`, `kvwarden_refusals_total{kind="tenant"}`, `kvwarden_draining`,
+		`kvwarden_requests_failed_total{code="cancelled"}`, `kvwarden_requests_failed_total{code="model_mismatch"}`} {
 		if v := metric(t, before, s); v != 0 {
 			t.Errorf("%s is %g at start, want 0", s, v)
 		}
@@ -116,12 +122,23 @@ func TestProbesAndMetrics(t *testing.T) {
 	if _, err := c.Generate(context.Background(), "acme", strings.Repeat("x", 600), client.GenerateOptions{MaxTokens: 4}, nil); err == nil {
 		t.Fatal("a 601-token prompt in a 512-token window was answered")
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	got := 0
+	if _, err := c.Generate(ctx, "acme", "cut short", client.GenerateOptions{MaxTokens: 64}, func(int) {
+		if got++; got == 2 {
+			cancel()
+		}
+	}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a request cancelled after 2 tokens: %v", err)
+	}
+	testwait.For(t, "the cancelled request ended", 10*time.Second, func() bool { return n.Status().Node.InFlight == 0 })
 	_, after := get(t, srv.URL+"/metrics")
-	for s, want := range map[string]float64{`kvwarden_requests_admitted_total`: 3,
-		`kvwarden_requests_finished_total{outcome="completed"}`: 3, `kvwarden_requests_finished_total{outcome="failed"}`: 0,
+	for s, want := range map[string]float64{`kvwarden_requests_admitted_total`: 4,
+		`kvwarden_requests_finished_total{outcome="completed"}`: 3, `kvwarden_requests_finished_total{outcome="failed"}`: 1,
+		`kvwarden_requests_failed_total{code="cancelled"}`: 1, `kvwarden_requests_failed_total{code="busy"}`: 0,
 		`kvwarden_requests_rejected_total{reason="prompt_too_long"}`: 1, `kvwarden_requests_in_flight`: 0} {
 		if v := metric(t, after, s); v != want {
-			t.Errorf("after 3 requests and one too long: %s is %g, want %g", s, v, want)
+			t.Errorf("after 3 requests, one too long and one cancelled: %s is %g, want %g", s, v, want)
 		}
 	}
 	for _, p := range n.Status().Node.Pools {

@@ -218,11 +218,14 @@ type NodeStatus struct {
 	// before models had fingerprints sends neither.
 	Model            string `msgpack:"model,omitempty"`
 	ModelFingerprint string `msgpack:"model_fp,omitempty"`
+	// FailedByCode counts the requests that Failed counts by the code they
+	// failed with (index: the ErrorCode), at most CodesMax.
+	FailedByCode []uint64 `msgpack:"failed_by_code,omitempty"`
 }
 
 var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "draining", "in_flight",
 	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools", "insecure", "identity", "refused",
-	"chaos", "faults", "fault_counts", "model", "model_fp"}
+	"chaos", "faults", "fault_counts", "model", "model_fp", "failed_by_code"}
 
 func (s *NodeStatus) validate(t TypeCode, field string) error {
 	if err := checkName(t, field+".name", s.Name, NodeNameBytesMax); err != nil {
@@ -247,6 +250,9 @@ func (s *NodeStatus) validate(t TypeCode, field string) error {
 		return err
 	}
 	if err := s.validateFaults(t, field); err != nil {
+		return err
+	}
+	if err := checkLen(t, field+".failed_by_code", len(s.FailedByCode), CodesMax); err != nil {
 		return err
 	}
 	if s.Model != "" || s.ModelFingerprint != "" {
@@ -331,8 +337,10 @@ func (s *NodeStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readCounts(d, t, field+".fault_counts", FaultKindsMax, &s.FaultCounts)
 		case 19:
 			return readString(d, t, field+".model", NodeNameBytesMax, &s.Model)
-		default:
+		case 20:
 			return readString(d, t, field+".model_fp", FingerprintDigits, &s.ModelFingerprint)
+		default:
+			return readCounts(d, t, field+".failed_by_code", CodesMax, &s.FailedByCode)
 		}
 	})
 }

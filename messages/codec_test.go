@@ -44,7 +44,7 @@ func samples() []Message {
 					{Name: "host", Capacity: math.MaxUint32, Free: math.MaxUint32}},
 				Identity: "kvwarden://prod/decode/decode-1", Refused: []uint64{0, 3, math.MaxUint64},
 				Chaos: true, Faults: "seed=7,frame-drop=0.02,ack-drop=1", FaultCounts: []uint64{4, 0, 0, 0, 0, math.MaxUint64},
-				Model: "stories260K.bin", ModelFingerprint: testFingerprint},
+				Model: "stories260K.bin", ModelFingerprint: testFingerprint, FailedByCode: []uint64{0, 2, 7, 0, 1}},
 			Members: []MemberStatus{
 				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true, Verified: true, Model: testFingerprint},
 				{Name: "router", Role: RoleRouter, Incarnation: 1, Address: "[fe80::1]:8090", State: MemberSuspect},
@@ -242,7 +242,7 @@ func TestWorstCaseFits(t *testing.T) {
 				// The longest valid spec: spaces around an item are allowed.
 				Chaos: true, Faults: "seed=18446744073709551615" + strings.Repeat(" ", FaultSpecBytesMax-len("seed=18446744073709551615")),
 				FaultCounts: slices.Repeat([]uint64{math.MaxUint64}, FaultKindsMax),
-				Model:       name, ModelFingerprint: testFingerprint},
+				Model:       name, ModelFingerprint: testFingerprint, FailedByCode: slices.Repeat([]uint64{math.MaxUint64}, CodesMax)},
 			Members: members,
 		},
 		&DrainRequest{Wait: true},
@@ -365,6 +365,7 @@ func TestValidateRefuses(t *testing.T) {
 		{"status member unknown state", func() Message { s := okStatus(); s.Members[0].State = "gone"; return s }(), &invalid},
 		{"status model without fingerprint", func() Message { s := okStatus(); s.Node.ModelFingerprint = ""; return s }(), &invalid},
 		{"status fingerprint without model", func() Message { s := okStatus(); s.Node.Model = ""; return s }(), &invalid},
+		{"status too many codes", func() Message { s := okStatus(); s.Node.FailedByCode = make([]uint64, CodesMax+1); return s }(), &tooLarge},
 		{"status member bad model", func() Message { s := okStatus(); s.Members[0].Model = "xyz"; return s }(), &invalid},
 		{"drain done in flight", &DrainReply{InFlight: 1, Done: true}, &invalid},
 		{"status faults not a spec", func() Message { s := okStatus(); s.Node.Faults = "frame-drop=2"; return s }(), &invalid},
@@ -566,6 +567,23 @@ func TestStableCodes(t *testing.T) {
 	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3}
 	if !slices.Equal(got, want) {
 		t.Fatalf("stable codes changed: %v, want %v", got, want)
+	}
+}
+
+// TestCodeCounts: counts by code, up to the last non-zero one; a code
+// past CodesMax counts as internal; KnownCodes names every code in order.
+func TestCodeCounts(t *testing.T) {
+	var c CodeCounts
+	c.Add(CodeBusy)
+	c.Add(CodeBusy)
+	c.Add(CodeNodeLost)
+	c.Add(ErrorCode(99))
+	if got := c.Counts(); !slices.Equal(got, []uint64{0, 0, 2, 0, 1, 0, 0, 1}) {
+		t.Fatalf("counts %v", got)
+	}
+	known := KnownCodes()
+	if len(known) != int(CodeModelMismatch) || known[0] != CodePromptTooLong || known[len(known)-1] != CodeModelMismatch {
+		t.Fatalf("known codes %v", known)
 	}
 }
 

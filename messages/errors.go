@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
+	"sync/atomic"
 )
 
 // Errors of encoding, decoding and validation. Each carries the numbers that
@@ -128,6 +130,45 @@ const (
 	// fingerprints.
 	CodeModelMismatch ErrorCode = 9
 )
+
+// CodesMax bounds every code a count by code holds (NodeStatus
+// FailedByCode): codes are below it.
+const CodesMax = 16
+
+// KnownCodes are the codes this build names, in order.
+func KnownCodes() []ErrorCode {
+	var out []ErrorCode
+	for c := ErrorCode(1); c < CodesMax; c++ {
+		if !strings.HasPrefix(c.String(), "code(") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// CodeCounts counts events by code, from any goroutine.
+type CodeCounts [CodesMax]atomic.Uint64
+
+// Add counts one of code; a code at or past CodesMax counts as
+// CodeInternal.
+func (c *CodeCounts) Add(code ErrorCode) {
+	if code >= CodesMax {
+		code = CodeInternal
+	}
+	c[code].Add(1)
+}
+
+// Counts is every count, index the code, up to the last non-zero one.
+func (c *CodeCounts) Counts() []uint64 {
+	out := make([]uint64, 0, CodesMax)
+	for i := range c {
+		out = append(out, c[i].Load())
+	}
+	for len(out) > 0 && out[len(out)-1] == 0 {
+		out = out[:len(out)-1]
+	}
+	return out
+}
 
 func (c ErrorCode) String() string {
 	switch c {

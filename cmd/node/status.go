@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -93,6 +94,15 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	}
 	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d failed, %d rejected too long, %d rejected busy\n",
 		n.InFlight, n.Admitted, n.Completed, n.Failed, n.RejectedTooLong, n.RejectedBusy)
+	var failed []string
+	for c, v := range n.FailedByCode {
+		if v > 0 {
+			failed = append(failed, fmt.Sprintf("%s %d", messages.ErrorCode(c), v))
+		}
+	}
+	if len(failed) > 0 {
+		fmt.Fprintf(w, "  failed by code: %s\n", strings.Join(failed, ", "))
+	}
 	if n.Chaos {
 		spec := "none"
 		if n.Faults != "" {
