@@ -26,6 +26,7 @@ type nodeCounters struct {
 	admitted, rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
 	completed, failed, retried                           atomic.Uint64
 	failedBy                                             messages.CodeCounts // failed, by the code told to the client
+	latencies                                            Latencies
 	framesAccepted, framesRefused                        atomic.Uint64
 	phases                                               phaseSums
 }
@@ -277,7 +278,7 @@ func (a *admissionActor) spawn(c actor.Context, key handoff.ClientKey, d int, te
 		handoff.Peer{Address: peer.PID.Address, Incarnation: peer.Incarnation})
 	tok, last := a.model.Tokenizer(), prompt[len(prompt)-1]
 	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, core: core, client: c.Sender(),
-		tok: tok, last: last, text: engine.NewTextDecoder(tok, last),
+		tok: tok, last: last, text: engine.NewTextDecoder(tok, last), times: Stream{Start: time.Now()},
 		route: route{prefill: peer.PID, decode: a.decode[d], decodePool: a.dPools[d]}, pick: a.pick,
 		registry: a.registry, auth: a.auth}
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return req },

@@ -355,6 +355,9 @@ func (n *Node) Status() (AdmissionStatusReply, error) {
 	return ask[AdmissionStatusReply](n.root, n.admission, AdmissionStatus{}, n.cfg.CallTimeout)
 }
 
+// Latencies are the request latencies of the requests this node admitted.
+func (n *Node) Latencies() LatenciesSnapshot { return n.counters.latencies.Snapshot() }
+
 // Stop shuts remote (if any) and the actor system down.
 func (n *Node) Stop() {
 	if n.remote != nil {

@@ -41,6 +41,7 @@ type requestActor struct {
 	tok   engine.Tokenizer
 	last  int
 	text  *engine.TextDecoder
+	times Stream // the request's token times, into the node's Latencies
 	route route
 	// pick chooses another prefill peer when a transfer fails before any
 	// token was streamed.
@@ -145,8 +146,10 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 	case handoff.Emit:
 		// Tokens and the result name this actor as their sender, so that
 		// the client can tell them from anyone else's.
+		now := time.Now()
 		for _, t := range e.Chunk.Tokens {
 			e.Chunk.Text += r.text.Push(int(t))
+			r.times.Token(&r.counters.latencies, now)
 		}
 		if err := messages.SendFrom(c, r.client, e.Chunk); err != nil {
 			r.log.Error("token chunk refused", "err", err)
@@ -196,6 +199,7 @@ func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 	} else {
 		res.Text = engine.DecodeText(r.tok, r.last, e.Tokens)
 		r.counters.completed.Add(1)
+		r.times.End(&r.counters.latencies, time.Now())
 		r.counters.phases.add(*e.Phases)
 		ph := e.Phases
 		r.log.Info("request ended", append(attrs, "outcome", "completed", "finish", res.FinishReason.String(),

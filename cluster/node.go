@@ -605,6 +605,12 @@ func (n *Node) down() {
 // few messages' time.
 func (n *Node) Status() *messages.StatusReply { return n.status() }
 
+// Latencies are the node's request latencies: of the requests it
+// admitted and, a router, relayed.
+func (n *Node) Latencies() actors.LatenciesSnapshot {
+	return n.actors.Latencies().Add(n.rc.latencies.Snapshot())
+}
+
 // Ready says whether the node should get work, and otherwise why: it is
 // draining or stopped, or a pool of its own does not answer, or it sees no
 // member of a role it needs (a router or a decode node without a prefill

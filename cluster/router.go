@@ -21,6 +21,7 @@ import (
 type routerCounters struct {
 	routed, completed, failed, lost            atomic.Uint64
 	failedBy                                   messages.CodeCounts // failed and lost, by the code told to the client
+	latencies                                  actors.Latencies    // of the requests relayed, as their clients saw them
 	rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
 	strangers                                  atomic.Uint64 // relayed messages refused: wrong sender, id or sequence
 }
@@ -180,7 +181,8 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	r.counters.routed.Add(1) // before the relay exists, so that in-flight never counts below zero
 	rl := &relay{client: c.Sender(), id: m.RequestID, decode: d.Meta.Incarnation,
 		admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: fwd,
-		timeout: r.cfg.RequestTimeout + relayMargin, counters: r.counters, log: r.log, auth: r.auth}
+		timeout: r.cfg.RequestTimeout + relayMargin, counters: r.counters, log: r.log, auth: r.auth,
+		times: actors.Stream{Start: time.Now()}}
 	// A secret name: the decode node is told it (as the request's sender),
 	// no one else.
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl },
@@ -211,6 +213,7 @@ type relay struct {
 	auth      *trust.Authority
 	deadline  *time.Timer
 	seq       uint32 // the last token chunk's sequence number passed on
+	times     actors.Stream
 }
 
 type relayTimeout struct{}
@@ -237,6 +240,10 @@ func (rl *relay) Receive(c actor.Context) {
 			return
 		}
 		rl.seq = m.Seq
+		now := time.Now()
+		for range m.Tokens {
+			rl.times.Token(&rl.counters.latencies, now)
+		}
 		rl.pass(c, m)
 	case *messages.GenerateResult:
 		if !rl.fromDecode(c, m.RequestID) {
@@ -247,6 +254,7 @@ func (rl *relay) Receive(c actor.Context) {
 			rl.counters.failedBy.Add(m.Err.Code)
 		} else {
 			rl.counters.completed.Add(1)
+			rl.times.End(&rl.counters.latencies, time.Now())
 		}
 		rl.pass(c, m)
 		c.Stop(c.Self())

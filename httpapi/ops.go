@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -32,6 +33,8 @@ type Node interface {
 	Status() *messages.StatusReply
 	// Ready is nil when the node should get work, else why not.
 	Ready() error
+	// Latencies are the node's request latency histograms.
+	Latencies() actors.LatenciesSnapshot
 }
 
 // Limits bound what one HTTP request may cost the node.
@@ -106,6 +109,12 @@ var (
 	descDraining = prometheus.NewDesc("kvwarden_draining", "1 while the node drains, else 0.", nil, nil)
 	descInfo     = prometheus.NewDesc("kvwarden_node_info", "The node's role and model; always 1.",
 		[]string{"role", "model", "model_fingerprint"}, nil)
+	descTTFT = prometheus.NewDesc("kvwarden_time_to_first_token_seconds",
+		"From admission (or, on a router, arrival) to the first token sent.", nil, nil)
+	descITL = prometheus.NewDesc("kvwarden_inter_token_latency_seconds",
+		"Between two consecutive tokens of one request's stream.", nil, nil)
+	descE2E = prometheus.NewDesc("kvwarden_request_duration_seconds",
+		"From admission (or arrival) to the answer of a request that completed.", nil, nil)
 )
 
 // memberRoles and memberStates are every label value kvwarden_members
@@ -121,7 +130,7 @@ type collector struct{ n Node }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInFlight, descAdmitted, descFinished, descRejected, descFailed, descPages, descUsage,
-		descMembers, descRefused, descDraining, descInfo} {
+		descMembers, descRefused, descDraining, descInfo, descTTFT, descITL, descE2E} {
 		ch <- d
 	}
 }
@@ -179,4 +188,30 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descDraining, draining)
 	gauge(descInfo, 1, n.Role, n.Model, n.ModelFingerprint)
+	l := c.n.Latencies()
+	for _, h := range []struct {
+		d *prometheus.Desc
+		s actors.LatencySnapshot
+	}{{descTTFT, l.TTFT}, {descITL, l.InterToken}, {descE2E, l.EndToEnd}} {
+		ch <- histogram(h.d, h.s)
+	}
+}
+
+// histogram is s in Prometheus' form: cumulative counts by upper bound in
+// seconds, the sum in seconds.
+func histogram(d *prometheus.Desc, s actors.LatencySnapshot) prometheus.Metric {
+	bounds := actors.LatencyBounds()
+	buckets := make(map[float64]uint64, len(bounds))
+	var cum uint64
+	for i, b := range bounds {
+		if i < len(s.Counts) {
+			cum += s.Counts[i]
+		}
+		buckets[b.Seconds()] = cum
+	}
+	total := cum
+	if len(s.Counts) > len(bounds) {
+		total += s.Counts[len(bounds)]
+	}
+	return prometheus.MustNewConstHistogram(d, total, s.Sum.Seconds(), buckets)
 }

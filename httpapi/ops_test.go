@@ -97,7 +97,9 @@ func TestProbesAndMetrics(t *testing.T) {
 		`kvwarden_requests_finished_total{outcome="failed"}`, `kvwarden_requests_rejected_total{reason="busy"}`,
 		`kvwarden_requests_rejected_total{reason="prompt_too_long"}`, `kvwarden_requests_in_flight`,
 		`kvwarden_members{role="prefill",state="dead"}`, `kvwarden_refusals_total{kind="tenant"}`, `kvwarden_draining`,
-		`kvwarden_requests_failed_total{code="cancelled"}`, `kvwarden_requests_failed_total{code="model_mismatch"}`} {
+		`kvwarden_requests_failed_total{code="cancelled"}`, `kvwarden_requests_failed_total{code="model_mismatch"}`,
+		`kvwarden_time_to_first_token_seconds_count`, `kvwarden_inter_token_latency_seconds_count`,
+		`kvwarden_request_duration_seconds_bucket{le="+Inf"}`} {
 		if v := metric(t, before, s); v != 0 {
 			t.Errorf("%s is %g at start, want 0", s, v)
 		}
@@ -140,6 +142,18 @@ func TestProbesAndMetrics(t *testing.T) {
 		if v := metric(t, after, s); v != want {
 			t.Errorf("after 3 requests, one too long and one cancelled: %s is %g, want %g", s, v, want)
 		}
+	}
+	// Every request that streamed a token has a time to first token; the
+	// three that completed a duration; their 3 × 3 gaps and the cancelled
+	// one's (at least one) are inter-token latencies.
+	if ttft, e2e, itl := metric(t, after, `kvwarden_time_to_first_token_seconds_count`),
+		metric(t, after, `kvwarden_request_duration_seconds_bucket{le="+Inf"}`),
+		metric(t, after, `kvwarden_inter_token_latency_seconds_count`); ttft != 4 || e2e != 3 || itl < 10 {
+		t.Errorf("latencies: %g first tokens, %g durations, %g gaps", ttft, e2e, itl)
+	}
+	if le1, le60 := metric(t, after, `kvwarden_request_duration_seconds_bucket{le="0.001"}`),
+		metric(t, after, `kvwarden_request_duration_seconds_bucket{le="60"}`); le1 > le60 || le60 != 3 {
+		t.Errorf("duration buckets: %g within 1 ms, %g within a minute", le1, le60)
 	}
 	for _, p := range n.Status().Node.Pools {
 		used, free := metric(t, after, `kvwarden_kv_pages{pool="`+p.Name+`",state="used"}`), metric(t, after, `kvwarden_kv_pages{pool="`+p.Name+`",state="free"}`)
