@@ -31,6 +31,7 @@ const AdmissionName = "admission"
 type Node struct {
 	cfg        Config
 	model      *engine.Model
+	runtimeLog *messages.RuntimeLogCounts
 	log        *slog.Logger
 	sys        *actor.ActorSystem
 	root       *actor.RootContext
@@ -82,6 +83,10 @@ type Options struct {
 	DataPlaneOf DataPlaneOf
 }
 
+// RuntimeLog counts protoactor's own log records, which the node's log
+// shows at debug only.
+func (n *Node) RuntimeLog() *messages.RuntimeLogCounts { return n.runtimeLog }
+
 // Model is what the node serves.
 func (n *Node) Model() *engine.Model { return n.model }
 
@@ -126,7 +131,11 @@ func Start(cfg Config, opt Options) (*Node, error) {
 			cfg.MaxTokensMax, opt.Model.Tokenizer().PieceBytesMax(), most, messages.TextBytesMax)
 	}
 	n := &Node{cfg: cfg, model: opt.Model, log: log, counters: &nodeCounters{}, fatal: make(chan *InvariantError, 1)}
-	n.sys = messages.NewActorSystem(log)
+	// protoactor's own records (endpoint chatter, dead letters) are
+	// counted and logged at debug only: the node's log is the node's.
+	runtime := messages.NewRuntimeLog(log)
+	n.runtimeLog = runtime.Counts()
+	n.sys = messages.NewActorSystem(runtime.Logger())
 	sup := &stopOnPanic{log: log, fatal: func(e *InvariantError) {
 		select {
 		case n.fatal <- e:

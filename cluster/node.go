@@ -605,6 +605,9 @@ func (n *Node) down() {
 // few messages' time.
 func (n *Node) Status() *messages.StatusReply { return n.status() }
 
+// RuntimeLog counts protoactor's own log records (actors.Node.RuntimeLog).
+func (n *Node) RuntimeLog() *messages.RuntimeLogCounts { return n.actors.RuntimeLog() }
+
 // Latencies are the node's request latencies: of the requests it
 // admitted and, a router, relayed.
 func (n *Node) Latencies() actors.LatenciesSnapshot {

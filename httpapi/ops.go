@@ -17,6 +17,7 @@ package httpapi
 import (
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,6 +36,8 @@ type Node interface {
 	Ready() error
 	// Latencies are the node's request latency histograms.
 	Latencies() actors.LatenciesSnapshot
+	// RuntimeLog counts protoactor's own log records, by level.
+	RuntimeLog() *messages.RuntimeLogCounts
 }
 
 // Limits bound what one HTTP request may cost the node.
@@ -115,6 +118,8 @@ var (
 		"Between two consecutive tokens of one request's stream.", nil, nil)
 	descE2E = prometheus.NewDesc("kvwarden_request_duration_seconds",
 		"From admission (or arrival) to the answer of a request that completed.", nil, nil)
+	descRuntimeLog = prometheus.NewDesc("kvwarden_runtime_log_records_total",
+		"protoactor's own log records (endpoint chatter, dead letters), by level; logged at debug only.", []string{"level"}, nil)
 )
 
 // memberRoles and memberStates are every label value kvwarden_members
@@ -130,7 +135,7 @@ type collector struct{ n Node }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInFlight, descAdmitted, descFinished, descRejected, descFailed, descPages, descUsage,
-		descMembers, descRefused, descDraining, descInfo, descTTFT, descITL, descE2E} {
+		descMembers, descRefused, descDraining, descInfo, descTTFT, descITL, descE2E, descRuntimeLog} {
 		ch <- d
 	}
 }
@@ -188,6 +193,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descDraining, draining)
 	gauge(descInfo, 1, n.Role, n.Model, n.ModelFingerprint)
+	rl := c.n.RuntimeLog()
+	for _, lv := range []struct {
+		name string
+		v    *atomic.Uint64
+	}{{"debug", &rl.Debug}, {"info", &rl.Info}, {"warn", &rl.Warn}, {"error", &rl.Error}} {
+		counter(descRuntimeLog, lv.v.Load(), lv.name)
+	}
 	l := c.n.Latencies()
 	for _, h := range []struct {
 		d *prometheus.Desc

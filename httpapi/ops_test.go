@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -28,7 +29,7 @@ import (
 
 // startNode is a real node of role all, alone, insecure, behind a test
 // HTTP server of its handlers.
-func startNode(t *testing.T) (*cluster.Node, *httptest.Server) {
+func startNode(t *testing.T, log *slog.Logger) (*cluster.Node, *httptest.Server) {
 	t.Helper()
 	cfg := cluster.DefaultLocalNodeConfig(actors.RoleAll)
 	// The large model, whose decode steps take milliseconds: a request
@@ -42,7 +43,7 @@ func startNode(t *testing.T) (*cluster.Node, *httptest.Server) {
 		t.Fatal(err)
 	}
 	cfg.Model = m
-	n, err := cluster.StartNode(cfg, nil)
+	n, err := cluster.StartNode(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,8 @@ func metric(t *testing.T, scrape, series string) float64 {
 // pool's pages add up and its usage ratio is theirs; /readyz flips when
 // the node drains.
 func TestProbesAndMetrics(t *testing.T) {
-	n, srv := startNode(t)
+	var logs testwait.Buffer
+	n, srv := startNode(t, slog.New(slog.NewTextHandler(&logs, nil)))
 	if code, body := get(t, srv.URL+"/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
@@ -161,6 +163,16 @@ func TestProbesAndMetrics(t *testing.T) {
 		if used+free != float64(p.Capacity) || ratio != used/float64(p.Capacity) {
 			t.Errorf("pool %s of %d pages: %g used, %g free, ratio %g", p.Name, p.Capacity, used, free, ratio)
 		}
+	}
+
+	// protoactor logged (its endpoint manager, its activator): counted, and
+	// not in the node's log at info.
+	runtime := 0.0
+	for _, lv := range []string{"debug", "info", "warn", "error"} {
+		runtime += metric(t, after, `kvwarden_runtime_log_records_total{level="`+lv+`"}`)
+	}
+	if runtime == 0 || strings.Contains(logs.String(), "runtime_level") {
+		t.Errorf("%g runtime records counted; the node's log at info:\n%s", runtime, logs.String())
 	}
 
 	if _, err := n.Drain(); err != nil {
