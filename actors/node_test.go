@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 
@@ -41,26 +42,13 @@ func startNode(t *testing.T, cfg Config) *Node {
 	return startNodeWith(t, cfg, Options{})
 }
 
-// builtinModels holds each config's built-in model once per test binary.
-var builtinModels sync.Map // engine.ModelConfig → *engine.Model
-
 // withModel is opt with, unless it names one, the built-in model of
 // cfg.Model.
 func withModel(t testing.TB, cfg Config, opt Options) Options {
 	t.Helper()
-	if opt.Model != nil {
-		return opt
+	if opt.Model == nil {
+		opt.Model = modeltest.Builtin(t, cfg.Model)
 	}
-	if m, ok := builtinModels.Load(cfg.Model); ok {
-		opt.Model = m.(*engine.Model)
-		return opt
-	}
-	m, err := engine.BuiltinModel(cfg.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	builtinModels.Store(cfg.Model, m)
-	opt.Model = m
 	return opt
 }
 

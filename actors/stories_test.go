@@ -4,37 +4,19 @@ import (
 	"context"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/internal/stories"
 	"github.com/kvwarden/kvwarden/kv"
 )
 
-// storiesModel is stories260K with K and V of type dt in KV pages, loaded
-// once per test binary and type.
-func storiesModel(t *testing.T, dt kv.DType) *engine.Model {
-	t.Helper()
-	model, tok := stories.Files(t)
-	if m, ok := storiesModels.Load(dt); ok {
-		return m.(*engine.Model)
-	}
-	m, err := engine.LoadModel(model, tok, dt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	storiesModels.Store(dt, m)
-	return m
-}
-
-var storiesModels sync.Map // kv.DType → *engine.Model
-
 // storiesConfig is testConfig serving stories260K with K and V of dt: its
 // 512-token context, room for the published 256-token answer.
 func storiesConfig(t *testing.T, dt kv.DType) (Config, Options) {
-	m := storiesModel(t, dt)
+	m := modeltest.Stories(t, dt)
 	cfg := testConfig()
 	cfg.Model = m.Config()
 	cfg.ContextTokens = m.Config().ContextTokens
@@ -95,7 +77,7 @@ func stopsAtBOS(t *testing.T, m *engine.Model, c *client.Client) {
 // text, and where they part from the f32 story is logged.
 func TestStoriesPathsAgree(t *testing.T) {
 	prompts := []string{"Once upon a time", "Lily and Ben went to the park.", "The little dog", "é 🙂"}
-	f32 := storiesModel(t, kv.F32)
+	f32 := modeltest.Stories(t, kv.F32)
 	for _, dt := range []kv.DType{kv.F32, kv.F16, kv.BF16} {
 		t.Run(dt.String(), func(t *testing.T) {
 			cfg, opt := storiesConfig(t, dt)

@@ -20,6 +20,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 
@@ -48,26 +49,13 @@ func tenantClient(t testing.TB, addr, tenant string) *client.Client {
 	return c
 }
 
-// builtinModels holds each config's built-in model once per test binary.
-var builtinModels sync.Map // engine.ModelConfig → *engine.Model
-
 // withModel is cfg serving, unless it names a model, the built-in model of
 // cfg.Actors.Model.
 func withModel(t testing.TB, cfg NodeConfig) NodeConfig {
 	t.Helper()
-	if cfg.Model != nil {
-		return cfg
+	if cfg.Model == nil {
+		cfg.Model = modeltest.Builtin(t, cfg.Actors.Model)
 	}
-	if m, ok := builtinModels.Load(cfg.Actors.Model); ok {
-		cfg.Model = m.(*engine.Model)
-		return cfg
-	}
-	m, err := engine.BuiltinModel(cfg.Actors.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	builtinModels.Store(cfg.Actors.Model, m)
-	cfg.Model = m
 	return cfg
 }
 
@@ -177,10 +165,7 @@ func startTrioServing(t *testing.T, model *engine.Model) (p, d, r *Node, c *clie
 func TestOtherModelNotRouted(t *testing.T) {
 	cfg := actors.DefaultLocalConfig().Model
 	cfg.Seed++
-	other, err := engine.BuiltinModel(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := modeltest.Builtin(t, cfg)
 	p := startNodeServing(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, other)
 	d := startClusterNode(t, actors.RoleDecode, p.GossipAddr())
 	r := startClusterNode(t, actors.RoleRouter, p.GossipAddr())
@@ -190,7 +175,7 @@ func TestOtherModelNotRouted(t *testing.T) {
 	if fp := d.actors.Model().Fingerprint(); fp == other.Fingerprint() {
 		t.Fatalf("two seeds, one fingerprint %s", fp)
 	}
-	_, err = tenantClient(t, r.Address(), "acme").Generate(context.Background(), "acme", "hello",
+	_, err := tenantClient(t, r.Address(), "acme").Generate(context.Background(), "acme", "hello",
 		client.GenerateOptions{MaxTokens: 4}, nil)
 	var we *messages.WireError
 	if !errors.As(err, &we) || we.Code != messages.CodeBusy || !strings.Contains(we.Message, "0 prefill nodes of model") ||
@@ -301,10 +286,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 func TestDecodeLostFailsCleanly(t *testing.T) {
 	// The large model, so that prefill, transfer and 64 decode steps take
 	// a few hundred milliseconds: time for the kill to land mid-request.
-	large, err := engine.BuiltinModel(engine.LargeModelConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
+	large := modeltest.Builtin(t, engine.LargeModelConfig())
 	p, d, _, c := startTrioServing(t, large)
 	done := make(chan error, 1)
 	go func() {
@@ -317,7 +299,7 @@ func TestDecodeLostFailsCleanly(t *testing.T) {
 		return err == nil && n > 0
 	})
 	d.shutdown()
-	err = <-done
+	err := <-done
 	var we *messages.WireError
 	if !errors.As(err, &we) || we.Code != messages.CodeNodeLost {
 		t.Fatalf("request on a dead decode node: %v, want node_lost", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/internal/stories"
 	"github.com/kvwarden/kvwarden/kv"
 )
@@ -22,11 +23,7 @@ import (
 // stories260K, and returns the model and a client of the router.
 func storiesTrio(t testing.TB) (*engine.Model, *Node, *client.Client) {
 	t.Helper()
-	model, tok := stories.Files(t)
-	m, err := engine.LoadModel(model, tok, kv.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := modeltest.Stories(t, kv.F32)
 	p := startNodeServing(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, m)
 	d := startNodeServing(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, m, p.GossipAddr())
 	r := startNodeServing(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, m, p.GossipAddr())

@@ -23,6 +23,7 @@ import (
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/cluster"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -38,10 +39,7 @@ func startNode(t *testing.T, log *slog.Logger) (*cluster.Node, *httptest.Server)
 	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
 	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 512, 64
 	cfg.Auth = trust.Insecure(nil)
-	m, err := engine.BuiltinModel(cfg.Actors.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := modeltest.Builtin(t, cfg.Actors.Model)
 	cfg.Model = m
 	n, err := cluster.StartNode(cfg, log)
 	if err != nil {

@@ -6,29 +6,19 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
-// defaultModel is the built-in default model, built once per test binary.
+// defaultModel is the built-in default model.
 func defaultModel(t testing.TB) *engine.Model {
 	t.Helper()
-	defaultOnce.Do(func() { defaultM, defaultErr = engine.BuiltinModel(engine.DefaultModelConfig()) })
-	if defaultErr != nil {
-		t.Fatal(defaultErr)
-	}
-	return defaultM
+	return modeltest.Builtin(t, engine.DefaultModelConfig())
 }
-
-var (
-	defaultOnce sync.Once
-	defaultM    *engine.Model
-	defaultErr  error
-)
 
 // checkerFixture is a checker over two tenants of two prompts each.
 func checkerFixture(t *testing.T) (*Workload, *Checker) {

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/actors"
-	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 )
 
@@ -225,10 +225,7 @@ func runBinary(t *testing.T, stdin string, args ...string) (int, string, string)
 // tokens, cut after EOS as the node cuts them, as text.
 func referenceText(t *testing.T, cfg actors.Config, prompt string, maxTokens int) (string, int) {
 	t.Helper()
-	m, err := engine.BuiltinModel(cfg.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := modeltest.Builtin(t, cfg.Model)
 	want, err := m.Answer(prompt, maxTokens)
 	if err != nil {
 		t.Fatal(err)
@@ -498,10 +495,7 @@ func TestGenerateNoNode(t *testing.T) {
 // exits 70.
 func TestInvariantFailureExitsSeventy(t *testing.T) {
 	cfg := actors.DefaultLocalConfig()
-	m, err := engine.BuiltinModel(cfg.Model)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := modeltest.Builtin(t, cfg.Model)
 	n, err := actors.Start(cfg, actors.Options{Model: m})
 	if err != nil {
 		t.Fatal(err)
