@@ -53,8 +53,8 @@ var _ Tokenizer = (*BPETokenizer)(nil)
 // TokenizerVocabError: a tokenizer file holds a different number of tokens
 // from the model's vocabulary.
 type TokenizerVocabError struct {
-	Path       string // empty for ParseTokenizer
-	Have, Want int    // tokens in the file, tokens in the model
+	Path       string // empty for ParseTokenizer and NewModel
+	Have, Want int    // tokens in the file (or tokenizer), tokens in the model
 }
 
 func (e *TokenizerVocabError) Error() string {

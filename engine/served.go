@@ -30,7 +30,7 @@ func NewModel(name string, cfg ModelConfig, w Weights, tok Tokenizer) (*Model, e
 		return nil, fmt.Errorf("engine: model name %q must be 1 to %d bytes of UTF-8", name, ModelNameBytesMax)
 	}
 	if tok.Vocab() != cfg.Vocab {
-		return nil, &VocabError{Model: cfg.Vocab, Tokenizer: tok.Vocab()}
+		return nil, &TokenizerVocabError{Have: tok.Vocab(), Want: cfg.Vocab}
 	}
 	for _, sp := range []struct {
 		name string
@@ -85,15 +85,6 @@ func modelName(path string) string {
 
 // ModelNameBytesMax bounds a model's name, in bytes.
 const ModelNameBytesMax = 128
-
-// VocabError: the tokenizer's vocabulary is not the model's.
-type VocabError struct {
-	Model, Tokenizer int
-}
-
-func (e *VocabError) Error() string {
-	return fmt.Sprintf("engine: the tokenizer has %d tokens, the model %d: they must be the same", e.Tokenizer, e.Model)
-}
 
 // Name says where the model came from.
 func (m *Model) Name() string { return m.name }

@@ -98,8 +98,8 @@ func TestFingerprintCoversWhatChangesAnswers(t *testing.T) {
 func TestNewModelRefuses(t *testing.T) {
 	cfg := DefaultModelConfig()
 	w := seededWeights(cfg)
-	var ve *VocabError
-	if _, err := NewModel("m", cfg, w, loadStories(t, kv.F32).Tokenizer()); !errors.As(err, &ve) || ve.Model != 258 || ve.Tokenizer != 512 {
+	var ve *TokenizerVocabError
+	if _, err := NewModel("m", cfg, w, loadStories(t, kv.F32).Tokenizer()); !errors.As(err, &ve) || ve.Want != 258 || ve.Have != 512 {
 		t.Fatalf("a 512-token tokenizer for a 258-token model: %v", err)
 	}
 	for _, name := range []string{"", strings.Repeat("n", ModelNameBytesMax+1), "\xff"} {
