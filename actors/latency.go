@@ -4,6 +4,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvwarden/kvwarden/messages"
 )
 
 // LatencyBounds are the upper bounds of a Latency's buckets, from 1 ms to
@@ -53,16 +55,7 @@ func (l *Latency) Snapshot() LatencySnapshot {
 
 // Add is the sum of two snapshots.
 func (s LatencySnapshot) Add(o LatencySnapshot) LatencySnapshot {
-	out := LatencySnapshot{Counts: make([]uint64, max(len(s.Counts), len(o.Counts))), Sum: s.Sum + o.Sum}
-	for i := range out.Counts {
-		if i < len(s.Counts) {
-			out.Counts[i] += s.Counts[i]
-		}
-		if i < len(o.Counts) {
-			out.Counts[i] += o.Counts[i]
-		}
-	}
-	return out
+	return LatencySnapshot{Counts: messages.SumCounts(s.Counts, o.Counts), Sum: s.Sum + o.Sum}
 }
 
 // Latencies are a node's request latencies: time to first token, the gap

@@ -336,20 +336,6 @@ func (n *Node) dataPlaneOf(remoteAddr string) (string, trust.Identity, bool) {
 	return m.Meta.DataAddr, id, true
 }
 
-// sumCounts adds counts by code.
-func sumCounts(a, b []uint64) []uint64 {
-	out := make([]uint64, max(len(a), len(b)))
-	for i := range out {
-		if i < len(a) {
-			out[i] += a[i]
-		}
-		if i < len(b) {
-			out[i] += b[i]
-		}
-	}
-	return out
-}
-
 // logEvent logs a membership change an operator wants to see: a member
 // joined, left, failed (and why) or came back after leaving or failing;
 // metadata updates only at debug.
@@ -656,7 +642,7 @@ func (n *Node) status() *messages.StatusReply {
 		RejectedTooLong: a.RejectedTooLong + n.rc.rejectedTooLong.Load(),
 		RejectedBusy:    a.RejectedBusy + n.rc.rejectedBusy.Load(),
 		Model:           n.actors.Model().Name(), ModelFingerprint: n.actors.Model().Fingerprint().String(),
-		FailedByCode: sumCounts(a.FailedByCode, n.rc.failedBy.Counts())}}
+		FailedByCode: messages.SumCounts(a.FailedByCode, n.rc.failedBy.Counts())}}
 	rep.Node.DataPlane = n.dataAddr
 	auth := n.cfg.Auth
 	rep.Node.Insecure = auth.Insecure()

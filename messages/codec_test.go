@@ -581,6 +581,9 @@ func TestCodeCounts(t *testing.T) {
 	if got := c.Counts(); !slices.Equal(got, []uint64{0, 0, 2, 0, 1, 0, 0, 1}) {
 		t.Fatalf("counts %v", got)
 	}
+	if sum := SumCounts([]uint64{1, 2}, []uint64{10, 20, 30}); !slices.Equal(sum, []uint64{11, 22, 30}) {
+		t.Fatalf("sum %v", sum)
+	}
 	known := KnownCodes()
 	if len(known) != int(CodeModelMismatch) || known[0] != CodePromptTooLong || known[len(known)-1] != CodeModelMismatch {
 		t.Fatalf("known codes %v", known)

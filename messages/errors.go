@@ -146,6 +146,17 @@ func KnownCodes() []ErrorCode {
 	return out
 }
 
+// SumCounts adds two lists of counts element by element; the shorter
+// counts as zeros where it ends.
+func SumCounts(a, b []uint64) []uint64 {
+	out := make([]uint64, max(len(a), len(b)))
+	copy(out, a)
+	for i, v := range b {
+		out[i] += v
+	}
+	return out
+}
+
 // CodeCounts counts events by code, from any goroutine.
 type CodeCounts [CodesMax]atomic.Uint64
 
