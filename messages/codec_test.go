@@ -21,7 +21,7 @@ import (
 const testFingerprint = "00112233445566778899aabbccddeeff"
 
 func samples() []Message {
-	return []Message{
+	return append([]Message{
 		&GenerateRequest{RequestID: 7, Tenant: "acme", Prompt: "The capital of France is", MaxTokens: 16, Stream: true},
 		&TokenChunk{RequestID: 7, Seq: 3, Tokens: []uint32{1, 300, 70000}, Text: " Paris"},
 		&GenerateResult{RequestID: 7, Tokens: []uint32{5, 6, math.MaxUint32}, Text: " Paris.", FinishReason: FinishStop},
@@ -56,7 +56,7 @@ func samples() []Message {
 		&PressureRequest{Pages: 64, DurationMs: 1500},
 		&PressureReply{Held: []PoolHeld{{Name: "decode-0/pool", Pages: 64}, {Name: "decode-1/pool", Pages: 0}}},
 		&PressureReply{Err: &WireError{Code: CodeBadRequest, Message: "no fault points"}},
-	}
+	}, inFlightSamples()...)
 }
 
 // sampleOf returns the first sample of type M, freshly built.
@@ -165,6 +165,11 @@ func TestKeysMatchTags(t *testing.T) {
 		{PressureRequest{}, pressureRequestKeys},
 		{PressureReply{}, pressureReplyKeys},
 		{PoolHeld{}, poolHeldKeys},
+		{ListInFlight{}, listInFlightKeys},
+		{InFlightList{}, inFlightListKeys},
+		{InFlight{}, inFlightKeys},
+		{CancelInFlight{}, cancelInFlightKeys},
+		{CancelInFlightReply{}, cancelInFlightReplyKeys},
 		{WireError{}, wireErrorKeys},
 		{kv.Tag{}, tagKeys},
 	}
@@ -562,9 +567,10 @@ func TestStableCodes(t *testing.T) {
 		uint16(TypeTransferPlan), uint16(TypeTransferAck), uint16(TypeTransferAbort), uint16(TypeTransferDone),
 		uint16(TypeRoutedRequest), uint16(TypeStatusRequest), uint16(TypeStatusReply), uint16(TypeDrainRequest), uint16(TypeDrainReply),
 		uint16(TypePressureRequest), uint16(TypePressureReply),
+		uint16(TypeListInFlight), uint16(TypeInFlightList), uint16(TypeCancelInFlight), uint16(TypeCancelInFlightReply),
 		uint16(CodePromptTooLong), uint16(CodeBusy), uint16(CodeIntegrity), uint16(CodeNodeLost), uint16(CodeCancelled), uint16(CodeBadRequest), uint16(CodeInternal), uint16(CodeForbidden),
 		uint16(FinishStop), uint16(FinishLength), uint16(FinishError)}
-	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3}
+	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3}
 	if !slices.Equal(got, want) {
 		t.Fatalf("stable codes changed: %v, want %v", got, want)
 	}

@@ -30,6 +30,11 @@ const (
 	TypeDrainReply      TypeCode = 13
 	TypePressureRequest TypeCode = 14
 	TypePressureReply   TypeCode = 15
+	// Operators' view of the requests in flight (inflight.go).
+	TypeListInFlight        TypeCode = 16
+	TypeInFlightList        TypeCode = 17
+	TypeCancelInFlight      TypeCode = 18
+	TypeCancelInFlightReply TypeCode = 19
 )
 
 // Message is implemented by every message that crosses an actor or node
@@ -81,6 +86,11 @@ var types = [...]typeInfo{
 	TypeDrainReply:      {"DrainReply", 1, 1, func() Message { return new(DrainReply) }},
 	TypePressureRequest: {"PressureRequest", 1, 1, func() Message { return new(PressureRequest) }},
 	TypePressureReply:   {"PressureReply", 1, 1, func() Message { return new(PressureReply) }},
+	// Operators' view of the requests in flight (inflight.go).
+	TypeListInFlight:        {"ListInFlight", 1, 1, func() Message { return new(ListInFlight) }},
+	TypeInFlightList:        {"InFlightList", 1, 1, func() Message { return new(InFlightList) }},
+	TypeCancelInFlight:      {"CancelInFlight", 1, 1, func() Message { return new(CancelInFlight) }},
+	TypeCancelInFlightReply: {"CancelInFlightReply", 1, 1, func() Message { return new(CancelInFlightReply) }},
 }
 
 func lookup(c TypeCode) (typeInfo, bool) {
