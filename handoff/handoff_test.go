@@ -29,6 +29,7 @@ type pair struct {
 	dropFrames        bool // the frames of the next send are lost
 	sendFails         error
 	corruptFirstFrame bool
+	observe           func(Effect) // called before each effect is carried out, if set
 }
 
 // testModel stands for the fingerprint of the model every node of a test
@@ -87,6 +88,9 @@ func (p *pair) step(m Machine, ev Event) {
 }
 
 func (p *pair) do(e Effect) Event {
+	if p.observe != nil {
+		p.observe(e)
+	}
 	key := JobKey{Sender: "decode:1/req", ID: p.req.Owner().Request}
 	switch e := e.(type) {
 	case Reserve:

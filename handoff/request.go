@@ -46,6 +46,45 @@ const (
 	phaseDone
 )
 
+// Stage is where a request is in its life, as an operator sees it
+// between two steps (messages.InFlight.Phase): Reserve and SealVerify are
+// answered within the step that asks, so a request is seen waiting only
+// for pages (after an exhausted pool), for its prefill peer, for the rest
+// of its KV, or for its tokens.
+type Stage uint8
+
+// The stages, in order.
+const (
+	StageQueued   Stage = iota // waiting for decode pages
+	StagePrefill               // the plan is out, no frame of this attempt has come
+	StageTransfer              // frames of this attempt are coming
+	StageDecode                // decode generates
+	StageDone                  // the client has its answer
+)
+
+// String is the stage's word: the messages.InFlight phase, or "done".
+func (s Stage) String() string {
+	switch s {
+	case StageQueued:
+		return messages.PhaseQueued
+	case StagePrefill:
+		return messages.PhasePrefill
+	case StageTransfer:
+		return messages.PhaseTransfer
+	case StageDecode:
+		return messages.PhaseDecode
+	}
+	return "done"
+}
+
+// Progress is what a request shows of itself while in flight: its stage,
+// the prefill peer of its current attempt and the tokens streamed so far.
+type Progress struct {
+	Stage  Stage
+	Peer   Peer
+	Tokens int
+}
+
 // RequestCounts are a request's own tallies, for the node's counters.
 type RequestCounts struct {
 	// Ignored: late messages (of an abandoned attempt, or after the end).
@@ -102,6 +141,25 @@ func (r *Request) Peer() Peer { return r.peer }
 
 // Done reports whether the request has answered its client.
 func (r *Request) Done() bool { return r.phase == phaseDone }
+
+// Progress is where the request is now.
+func (r *Request) Progress() Progress {
+	p := Progress{Peer: r.peer, Tokens: len(r.tokens)}
+	switch r.phase {
+	case phaseNew, phaseReserving:
+		p.Stage = StageQueued
+	case phasePrefill:
+		p.Stage = StageTransfer
+		if r.firstFrame.IsZero() {
+			p.Stage = StagePrefill
+		}
+	case phaseDecoding:
+		p.Stage = StageDecode
+	default:
+		p.Stage = StageDone
+	}
+	return p
+}
 
 // Counts are the request's tallies so far.
 func (r *Request) Counts() RequestCounts { return r.counts }

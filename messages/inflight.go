@@ -29,9 +29,6 @@ const (
 	PhasePrefill = "prefill"
 	// PhaseTransfer: KV frames are arriving from the prefill node.
 	PhaseTransfer = "transfer"
-	// PhaseVerify: the transfer is done; the pages are sealed, the
-	// manifest verified and the first token checked.
-	PhaseVerify = "verify"
 	// PhaseDecode: tokens are being generated (on a router: relayed).
 	PhaseDecode = "decode"
 	// PhaseRouted: a router sent the request to its decode node and has
@@ -39,7 +36,7 @@ const (
 	PhaseRouted = "routed"
 )
 
-var phases = []string{PhaseQueued, PhasePrefill, PhaseTransfer, PhaseVerify, PhaseDecode, PhaseRouted}
+var phases = []string{PhaseQueued, PhasePrefill, PhaseTransfer, PhaseDecode, PhaseRouted}
 
 // InFlightListMax bounds the requests of one InFlightList, in requests: a
 // node's default QueueMax, and an answer of about 180 KiB at most.
