@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/kvwarden/kvwarden/chaos/faults"
 )
@@ -221,11 +222,73 @@ type NodeStatus struct {
 	// FailedByCode counts the requests that Failed counts by the code they
 	// failed with (index: the ErrorCode), at most CodesMax.
 	FailedByCode []uint64 `msgpack:"failed_by_code,omitempty"`
+	// WaitingPages, WaitingKV and Running split the requests admitted here
+	// and in flight by where they are: waiting for decode pages, waiting
+	// for their prompt's KV (planned with a prefill node, not yet
+	// verified), and decoding.
+	WaitingPages uint32 `msgpack:"waiting_pages,omitempty"`
+	WaitingKV    uint32 `msgpack:"waiting_kv,omitempty"`
+	Running      uint32 `msgpack:"running,omitempty"`
+	// PrefillQueued counts the transfer plans the node's prefill workers
+	// hold and have not started computing; PrefillInFlight those computed
+	// whose KV is being sent or awaits decode's acknowledgement.
+	PrefillQueued   uint32 `msgpack:"prefill_queued,omitempty"`
+	PrefillInFlight uint32 `msgpack:"prefill_in_flight,omitempty"`
+	// RejectedBy counts the requests refused before they ran by the bound
+	// that refused them (actors.RejectBound, in its order), at most
+	// RejectBoundsMax.
+	RejectedBy []uint64 `msgpack:"rejected_by,omitempty"`
+	// Integrity counts what the node's integrity checks refused by reason
+	// (actors.IntegrityReason, in its order), at most IntegrityReasonsMax.
+	Integrity []uint64 `msgpack:"integrity,omitempty"`
+	// KVSent and KVReceived are the node's KV transfers as the prefill
+	// (sending) and the decode (receiving) side; nil for a side its role
+	// does not have, and from a build before they were counted.
+	KVSent     *TransferStatus `msgpack:"kv_sent,omitempty"`
+	KVReceived *TransferStatus `msgpack:"kv_received,omitempty"`
 }
 
 var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "draining", "in_flight",
 	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools", "insecure", "identity", "refused",
-	"chaos", "faults", "fault_counts", "model", "model_fp", "failed_by_code"}
+	"chaos", "faults", "fault_counts", "model", "model_fp", "failed_by_code", "waiting_pages", "waiting_kv", "running",
+	"prefill_queued", "prefill_in_flight", "rejected_by", "integrity", "kv_sent", "kv_received"}
+
+// TransferStatus is one side's account of a node's KV transfers (one per
+// request attempt): those that completed, their pages and KV bytes (the
+// frames' payloads), and those that failed, by the code of the failure.
+type TransferStatus struct {
+	Transfers uint64 `msgpack:"transfers"`
+	Pages     uint64 `msgpack:"pages"`
+	Bytes     uint64 `msgpack:"bytes"`
+	// FailedByCode is indexed by ErrorCode, at most CodesMax.
+	FailedByCode []uint64 `msgpack:"failed_by_code,omitempty"`
+}
+
+var transferStatusKeys = []string{"transfers", "pages", "bytes", "failed_by_code"}
+
+func (s *TransferStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error {
+	return fields(d, t, transferStatusKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readU64(d, t, field+".transfers", &s.Transfers)
+		case 1:
+			return readU64(d, t, field+".pages", &s.Pages)
+		case 2:
+			return readU64(d, t, field+".bytes", &s.Bytes)
+		default:
+			return readCounts(d, t, field+".failed_by_code", CodesMax, &s.FailedByCode)
+		}
+	})
+}
+
+// readTransfer reads an optional TransferStatus: nil stays nil.
+func readTransfer(d *msgpack.Decoder, t TypeCode, field string, dst **TransferStatus) error {
+	if c, err := d.PeekCode(); err == nil && c == msgpcode.Nil {
+		return d.DecodeNil()
+	}
+	*dst = &TransferStatus{}
+	return (*dst).decode(d, t, field)
+}
 
 func (s *NodeStatus) validate(t TypeCode, field string) error {
 	if err := checkName(t, field+".name", s.Name, NodeNameBytesMax); err != nil {
@@ -254,6 +317,22 @@ func (s *NodeStatus) validate(t TypeCode, field string) error {
 	}
 	if err := checkLen(t, field+".failed_by_code", len(s.FailedByCode), CodesMax); err != nil {
 		return err
+	}
+	if err := checkLen(t, field+".rejected_by", len(s.RejectedBy), RejectBoundsMax); err != nil {
+		return err
+	}
+	if err := checkLen(t, field+".integrity", len(s.Integrity), IntegrityReasonsMax); err != nil {
+		return err
+	}
+	for _, x := range []struct {
+		name string
+		s    *TransferStatus
+	}{{"kv_sent", s.KVSent}, {"kv_received", s.KVReceived}} {
+		if x.s != nil {
+			if err := checkLen(t, field+"."+x.name+".failed_by_code", len(x.s.FailedByCode), CodesMax); err != nil {
+				return err
+			}
+		}
 	}
 	if s.Model != "" || s.ModelFingerprint != "" {
 		if err := checkName(t, field+".model", s.Model, NodeNameBytesMax); err != nil {
@@ -339,8 +418,26 @@ func (s *NodeStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readString(d, t, field+".model", NodeNameBytesMax, &s.Model)
 		case 20:
 			return readString(d, t, field+".model_fp", FingerprintDigits, &s.ModelFingerprint)
-		default:
+		case 21:
 			return readCounts(d, t, field+".failed_by_code", CodesMax, &s.FailedByCode)
+		case 22:
+			return readU32(d, t, field+".waiting_pages", &s.WaitingPages)
+		case 23:
+			return readU32(d, t, field+".waiting_kv", &s.WaitingKV)
+		case 24:
+			return readU32(d, t, field+".running", &s.Running)
+		case 25:
+			return readU32(d, t, field+".prefill_queued", &s.PrefillQueued)
+		case 26:
+			return readU32(d, t, field+".prefill_in_flight", &s.PrefillInFlight)
+		case 27:
+			return readCounts(d, t, field+".rejected_by", RejectBoundsMax, &s.RejectedBy)
+		case 28:
+			return readCounts(d, t, field+".integrity", IntegrityReasonsMax, &s.Integrity)
+		case 29:
+			return readTransfer(d, t, field+".kv_sent", &s.KVSent)
+		default:
+			return readTransfer(d, t, field+".kv_received", &s.KVReceived)
 		}
 	})
 }

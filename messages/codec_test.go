@@ -44,7 +44,10 @@ func samples() []Message {
 					{Name: "host", Capacity: math.MaxUint32, Free: math.MaxUint32}},
 				Identity: "kvwarden://prod/decode/decode-1", Refused: []uint64{0, 3, math.MaxUint64},
 				Chaos: true, Faults: "seed=7,frame-drop=0.02,ack-drop=1", FaultCounts: []uint64{4, 0, 0, 0, 0, math.MaxUint64},
-				Model: "stories260K.bin", ModelFingerprint: testFingerprint, FailedByCode: []uint64{0, 2, 7, 0, 1}},
+				Model: "stories260K.bin", ModelFingerprint: testFingerprint, FailedByCode: []uint64{0, 2, 7, 0, 1},
+				WaitingPages: 1, WaitingKV: 2, Running: math.MaxUint32, PrefillQueued: 4, PrefillInFlight: 5,
+				RejectedBy: []uint64{1, 0, math.MaxUint64}, Integrity: []uint64{0, 0, 0, 9},
+				KVReceived: &TransferStatus{Transfers: 7, Pages: 21, Bytes: 1 << 40, FailedByCode: []uint64{0, 0, 0, 1}}},
 			Members: []MemberStatus{
 				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true, Verified: true, Model: testFingerprint},
 				{Name: "router", Role: RoleRouter, Incarnation: 1, Address: "[fe80::1]:8090", State: MemberSuspect},
@@ -159,6 +162,7 @@ func TestKeysMatchTags(t *testing.T) {
 		{StatusReply{}, statusReplyKeys},
 		{NodeStatus{}, nodeStatusKeys},
 		{PoolStatus{}, poolStatusKeys},
+		{TransferStatus{}, transferStatusKeys},
 		{MemberStatus{}, memberStatusKeys},
 		{DrainRequest{}, drainRequestKeys},
 		{DrainReply{}, drainReplyKeys},
@@ -217,6 +221,8 @@ func TestWorstCaseFits(t *testing.T) {
 			CrossTenantRows: math.MaxUint64, CrossRequestRows: math.MaxUint64}
 		held[i] = PoolHeld{Name: pools[i].Name, Pages: math.MaxUint32}
 	}
+	transfer := TransferStatus{Transfers: math.MaxUint64, Pages: math.MaxUint64, Bytes: math.MaxUint64,
+		FailedByCode: slices.Repeat([]uint64{math.MaxUint64}, CodesMax)}
 	members := make([]MemberStatus, MembersMax)
 	for i := range members {
 		members[i] = MemberStatus{Name: name, Role: RolePrefill, Incarnation: math.MaxUint64, Address: addr, DataPlane: addr,
@@ -247,7 +253,12 @@ func TestWorstCaseFits(t *testing.T) {
 				// The longest valid spec: spaces around an item are allowed.
 				Chaos: true, Faults: "seed=18446744073709551615" + strings.Repeat(" ", FaultSpecBytesMax-len("seed=18446744073709551615")),
 				FaultCounts: slices.Repeat([]uint64{math.MaxUint64}, FaultKindsMax),
-				Model:       name, ModelFingerprint: testFingerprint, FailedByCode: slices.Repeat([]uint64{math.MaxUint64}, CodesMax)},
+				Model:       name, ModelFingerprint: testFingerprint, FailedByCode: slices.Repeat([]uint64{math.MaxUint64}, CodesMax),
+				WaitingPages: math.MaxUint32, WaitingKV: math.MaxUint32, Running: math.MaxUint32,
+				PrefillQueued: math.MaxUint32, PrefillInFlight: math.MaxUint32,
+				RejectedBy: slices.Repeat([]uint64{math.MaxUint64}, RejectBoundsMax),
+				Integrity:  slices.Repeat([]uint64{math.MaxUint64}, IntegrityReasonsMax),
+				KVSent:     &transfer, KVReceived: &transfer},
 			Members: members,
 		},
 		&DrainRequest{Wait: true},
@@ -498,6 +509,8 @@ func TestDecodeRefuses(t *testing.T) {
 		{"drain wait not a bool", frame(t, TypeDrainRequest, 1, map[string]any{"wait": 1}), &malformed},
 		{"status long faults", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"faults": strings.Repeat("f", FaultSpecBytesMax+1)}}), &tooLarge},
 		{"status huge fault counts", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"fault_counts": make([]uint64, FaultKindsMax+1)}}), &tooLarge},
+		{"status huge integrity counts", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"integrity": make([]uint64, IntegrityReasonsMax+1)}}), &tooLarge},
+		{"status transfer unknown field", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"kv_sent": map[string]any{"rate": 1}}}), &malformed},
 		{"status cross rows negative", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"pools": []any{map[string]any{"cross_tenant_rows": -1}}}}), &malformed},
 		{"pressure pages overflow", frame(t, TypePressureRequest, 1, map[string]any{"pages": uint64(1) << 32}), &malformed},
 		{"pressure no pages", frame(t, TypePressureRequest, 1, map[string]any{"duration_ms": 1}), &invalid},
@@ -621,7 +634,8 @@ func TestStatusReplyVersion1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := m.(*StatusReply).Node; n.Chaos || n.Faults != "" || n.FaultCounts != nil || n.Pools[0].Free != 1 {
+	if n := m.(*StatusReply).Node; n.Chaos || n.Faults != "" || n.FaultCounts != nil || n.Pools[0].Free != 1 ||
+		n.KVSent != nil || n.Integrity != nil {
 		t.Fatalf("version 1 reply decoded as %+v", n)
 	}
 }

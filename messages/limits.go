@@ -70,6 +70,11 @@ const (
 	IdentityBytesMax = 200
 	// RefusalKindsMax bounds NodeStatus.Refused, in kinds.
 	RefusalKindsMax = 16
+	// RejectBoundsMax bounds NodeStatus.RejectedBy, in bounds, and
+	// IntegrityReasonsMax NodeStatus.Integrity, in reasons: room for those
+	// of newer builds.
+	RejectBoundsMax     = 16
+	IntegrityReasonsMax = 16
 
 	// Chaos.
 
