@@ -29,6 +29,7 @@ type nodeCounters struct {
 	latencies                                            Latencies
 	framesAccepted, framesRefused                        atomic.Uint64
 	phases                                               phaseSums
+	metrics                                              metricCounters
 }
 
 // Phases splits the time to first token of requests that completed, summed
@@ -171,6 +172,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 		c.Respond(a.status())
 	case *messages.Undecodable:
 		a.counters.rejectedBad.Add(1)
+		a.counters.metrics.rejectedBy.AddBound(RejectBadRequest)
 		a.log.Warn("undecodable message", "err", m.Err)
 	case *actor.Terminated:
 		a.core.Ended(m.Who.Id)
@@ -189,8 +191,10 @@ func (a *admissionActor) status() AdmissionStatusReply {
 		DecodeInFlight: a.core.Load(), Phases: a.counters.phases.snapshot()}
 }
 
-// reject answers a request that will not run.
+// reject answers a request that will not run, counting it by the bound
+// that refused it.
 func (a *admissionActor) reject(c actor.Context, id uint64, err error) {
+	a.counters.metrics.rejectedBy.Add(err)
 	if err := Reject(c, id, err); err != nil {
 		a.log.Error("rejection refused by its own validation", "err", err)
 	}

@@ -176,7 +176,7 @@ func (n *Node) spawn(model *engine.Model, sup actor.SupervisorStrategy, opt Opti
 				return nil, err
 			}
 			w := newWorker(role, model, pool, cfg, n.log.With("worker", name), planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf})
-			w.dial = opt.Dial
+			w.dial, w.metrics = opt.Dial, &n.counters.metrics
 			mb := n.Mailbox()
 			if role == "prefill" {
 				mb = n.MailboxFrom(trust.RoleDecode, trust.RoleAll) // plans, acks and aborts
@@ -237,12 +237,18 @@ func (n *Node) AcceptFrames(peer trust.Identity, frames []kv.Frame) error {
 	owner := frames[0].Owner
 	for i := range frames {
 		if frames[i].Owner != owner {
-			return &kv.WrongOwnerError{Page: frames[i].Dest, Owner: owner.Request, Have: frames[i].Owner.Request}
+			err := &kv.WrongOwnerError{Page: frames[i].Dest, Owner: owner.Request, Have: frames[i].Owner.Request}
+			n.counters.metrics.integrity.Count(err)
+			return err
 		}
 	}
 	pid, ok := n.registry.Load(owner.Request)
 	if !ok {
-		return &kv.StaleTagError{Page: frames[0].Dest.Index, Have: frames[0].Dest}
+		// No request of that id (any more): late frames of an attempt
+		// abandoned for a retry, or forged ones.
+		err := &kv.StaleTagError{Page: frames[0].Dest.Index, Have: frames[0].Dest}
+		n.counters.metrics.integrity.Count(err)
+		return err
 	}
 	// The payloads alias the data plane's buffer, which is reused once this
 	// returns, and this may return (on timeout) before the request actor has

@@ -53,6 +53,8 @@ type requestActor struct {
 	kv       *pageClient
 	seen     handoff.RequestCounts // already added to the node's counters
 	cause    error                 // why the request ended, or frames were refused, in the step in hand
+	stage    stage                 // the node's gauge the request is counted in
+	rx       receiving             // the current attempt's transfer
 }
 
 // timerFired is a handoff.Timer's event, due now.
@@ -66,6 +68,7 @@ func (r *requestActor) Receive(c actor.Context) {
 		r.run(c, handoff.Start{})
 	case *actor.Stopping:
 		r.registry.Delete(r.core.Owner().Request)
+		r.stage.move(nil)
 	case timerFired:
 		r.run(c, m.ev)
 	case FrameBatch:
@@ -115,12 +118,15 @@ func (r *requestActor) run(c actor.Context, ev handoff.Event) {
 func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 	switch e := e.(type) {
 	case handoff.Reserve:
+		r.stage.move(&r.counters.metrics.waitingPages)
 		return handoff.ExecReserve(r.kv, e)
 	case handoff.Release:
 		handoff.ExecRelease(r.kv, e, func(t kv.Tag, err error) {
 			r.log.Warn("release of decode page refused", "tag", t.String(), "err", err)
 		})
 	case handoff.SendPlan:
+		r.stage.move(&r.counters.metrics.waitingKV)
+		r.rx = receiving{on: true}
 		if err := messages.SendFrom(c, r.route.prefill, e.Plan); err != nil {
 			return handoff.Failed{Err: err}
 		}
@@ -136,10 +142,15 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 			return handoff.Failed{Err: err}
 		}
 	case handoff.Write:
-		return handoff.ExecWrite(r.kv, e)
+		w := handoff.ExecWrite(r.kv, e)
+		r.rx.written(e.Frames[:w.N], time.Now())
+		return w
 	case handoff.SealVerify:
+		r.rx.end = time.Now()
 		return handoff.ExecSealVerify(r.kv, e)
 	case handoff.StartDecode:
+		r.stage.move(&r.counters.metrics.running)
+		r.rx.done(&r.counters.metrics.received)
 		c.Send(r.route.decode, DecodeJob{StartDecode: e, ReplyTo: c.Self()})
 	case handoff.CancelDecode:
 		c.Send(r.route.decode, CancelJob{Owner: e.Owner})
@@ -176,6 +187,7 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		r.registry.Store(e.New, c.Self())
 		r.route.prefill = actor.NewPID(e.To.Address, PrefillName) // every node's dispatcher
 		r.counters.retried.Add(1)
+		r.rx.failed(&r.counters.metrics.received, e.Cause)
 	case handoff.Refuse:
 		r.cause = e.Err
 		r.auth.Refuse(trust.RefusedStranger, e.Err.What, "request", r.core.Owner().Request, "from", e.Err.From,
@@ -184,9 +196,12 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 	return nil
 }
 
-// finish answers the client and stops the actor.
+// finish answers the client and stops the actor. A request that fails an
+// integrity check here counts the refusal by its reason.
 func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 	r.cause = e.Cause
+	r.stage.move(nil)
+	r.rx.failed(&r.counters.metrics.received, e.Cause)
 	res := e.Result
 	owner := r.core.Owner()
 	attrs := []any{"id", res.RequestID, "owner", owner.String(), "tenant", owner.Tenant, "tokens", len(e.Tokens),
@@ -195,6 +210,9 @@ func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 		code := handoff.Wire(e.Cause).Code
 		r.counters.failed.Add(1)
 		r.counters.failedBy.Add(code)
+		if code == messages.CodeIntegrity || code == messages.CodeModelMismatch {
+			r.counters.metrics.integrity.Count(e.Cause)
+		}
 		r.log.Info("request ended", append(attrs, "outcome", "failed", "code", code.String(), "err", e.Cause)...)
 	} else {
 		res.Text = engine.DecodeText(r.tok, r.last, e.Tokens)

@@ -152,12 +152,16 @@ type workerActor struct {
 	next     int // round-robin start among seqs
 	stepping bool
 	fault    func([]kv.Frame)
+	// metrics are the node's; queued and inFlight what this worker counts
+	// in its prefill gauges now.
+	metrics          *metricCounters
+	queued, inFlight int
 }
 
 // newWorker is a worker of role computing model over pool, with no dialer.
 func newWorker(role string, model *engine.Model, pool *Pool, cfg *Config, log *slog.Logger, policy planPolicy) *workerActor {
 	return &workerActor{role: role, engine: model.Engine(), stop: model.Tokenizer().Stop(), pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
-		timeout: cfg.PrefillTimeout, log: log, stats: &workerCounters{}, policy: policy,
+		timeout: cfg.PrefillTimeout, log: log, stats: &workerCounters{}, policy: policy, metrics: &metricCounters{},
 		src: handoff.NewSource(handoff.SourceConfig{Role: role, PageTokens: cfg.PageTokens, QueueMax: cfg.QueueMax,
 			SendsMax: cfg.TransferSendsMax, ReclaimAfter: cfg.ReclaimAfter, DonePlansMax: cfg.DonePlansMax,
 			DoneFor: cfg.PrefillTimeout, Model: model.Fingerprint()})}
@@ -168,6 +172,7 @@ type prefillJob struct {
 	replyTo *actor.PID
 	frames  handoff.Frames
 	cancel  context.CancelFunc
+	sending time.Time // when its frames started on their way
 }
 
 func (w *workerActor) Receive(c actor.Context) {
@@ -177,6 +182,7 @@ func (w *workerActor) Receive(c actor.Context) {
 		w.jobs = map[handoff.JobKey]*prefillJob{}
 		w.senders = map[string]FrameSender{}
 	case *actor.Stopping:
+		w.publish(handoff.SourceCounts{})
 		for _, j := range w.jobs {
 			if j.cancel != nil {
 				j.cancel()
@@ -225,14 +231,25 @@ func (w *workerActor) plan(c actor.Context, m *messages.TransferPlan) {
 	w.kick(c)
 }
 
-// run steps the source and carries its effects out.
+// run steps the source, carries its effects out and publishes its queues.
 func (w *workerActor) run(c actor.Context, ev handoff.Event) {
 	handoff.RunClock(w.src, ev, time.Now, func(e handoff.Effect) handoff.Event { return w.do(c, e) })
+	w.publish(w.src.Counts())
+}
+
+// publish moves the node's prefill gauges by what changed in n since the
+// last call.
+func (w *workerActor) publish(n handoff.SourceCounts) {
+	inFlight := n.Sending + n.AwaitingAck
+	w.metrics.prefillQueued.add(n.Queued - w.queued)
+	w.metrics.prefillInFlight.add(inFlight - w.inFlight)
+	w.queued, w.inFlight = n.Queued, inFlight
 }
 
 func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 	switch e := e.(type) {
 	case handoff.RefusePlan:
+		w.metrics.integrity.Count(e.Err) // a plan of another model
 		if err := refusePlan(c, e.Plan, e.Err); err != nil {
 			w.log.Error("transfer done refused by its own validation", "err", err)
 		}
@@ -279,6 +296,7 @@ func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 // outcome comes back as a transferSent.
 func (w *workerActor) send(c actor.Context, e handoff.SendFrames) handoff.Event {
 	j := w.jobs[e.Key]
+	j.sending = time.Now()
 	var err error
 	switch {
 	case e.Plan.DataPlane == "":
@@ -292,12 +310,16 @@ func (w *workerActor) send(c actor.Context, e handoff.SendFrames) handoff.Event 
 	return w.sent(e.Key, j, err)
 }
 
-// sent is a send's outcome, once the frames' leases are given back.
+// sent is a send's outcome, once the frames' leases are given back,
+// counted as the node's transfer sent or failed.
 func (w *workerActor) sent(key handoff.JobKey, j *prefillJob, err error) handoff.Event {
 	frames := j.frames.Frames
 	if err = errors.Join(err, j.frames.Unlease(w.kv)); err == nil {
 		w.stats.batchesSent.Add(uint64(len(w.batches(frames))))
 		w.stats.framesSent.Add(uint64(len(frames)))
+		w.metrics.sent.Done(len(frames), payloadBytes(frames), time.Since(j.sending))
+	} else {
+		w.metrics.sent.Failed(err)
 	}
 	j.frames.Frames, j.cancel = nil, nil
 	return handoff.Sent{Key: key, Err: err}
