@@ -594,6 +594,27 @@ func (n *Node) Status() *messages.StatusReply { return n.status() }
 // RuntimeLog counts protoactor's own log records (actors.Node.RuntimeLog).
 func (n *Node) RuntimeLog() *messages.RuntimeLogCounts { return n.actors.RuntimeLog() }
 
+// Metrics are the node's operational counters (actors.Node.Metrics), with
+// its router's refusals by bound and what its data plane's checks refused
+// (a frame for another incarnation of the node, a checksum that does not
+// match, a malformed frame or batch, a hello of another model) among the
+// integrity refusals.
+func (n *Node) Metrics() actors.Metrics {
+	m := n.actors.Metrics()
+	m.RejectedBy = messages.SumCounts(m.RejectedBy, n.rc.rejectedBy.Counts())
+	if n.data != nil {
+		s := n.data.Stats()
+		for _, c := range []struct {
+			r actors.IntegrityReason
+			n uint64
+		}{{actors.IntegrityStaleTag, s.RefusedWrongIncarnation}, {actors.IntegrityChecksum, s.MalformedChecksum},
+			{actors.IntegrityFrame, s.MalformedOther}, {actors.IntegrityFingerprint, s.RefusedHelloModel}} {
+			m.Integrity[c.r] += c.n
+		}
+	}
+	return m
+}
+
 // Latencies are the node's request latencies: of the requests it
 // admitted and, a router, relayed.
 func (n *Node) Latencies() actors.LatenciesSnapshot {
@@ -643,6 +664,7 @@ func (n *Node) status() *messages.StatusReply {
 		RejectedBusy:    a.RejectedBusy + n.rc.rejectedBusy.Load(),
 		Model:           n.actors.Model().Name(), ModelFingerprint: n.actors.Model().Fingerprint().String(),
 		FailedByCode: messages.SumCounts(a.FailedByCode, n.rc.failedBy.Counts())}}
+	n.statusMetrics(&rep.Node)
 	rep.Node.DataPlane = n.dataAddr
 	auth := n.cfg.Auth
 	rep.Node.Insecure = auth.Insecure()
@@ -674,6 +696,21 @@ func (n *Node) status() *messages.StatusReply {
 			Draining: m.Meta.Draining, Verified: m.Verified, Model: m.Meta.Model.String()})
 	}
 	return rep
+}
+
+// statusMetrics puts the node's operational counters (Metrics) in s: a
+// transfer side only where the role has it.
+func (n *Node) statusMetrics(s *messages.NodeStatus) {
+	m := n.Metrics()
+	s.WaitingPages, s.WaitingKV, s.Running = m.WaitingPages, m.WaitingKV, m.Running
+	s.PrefillQueued, s.PrefillInFlight = m.PrefillQueued, m.PrefillInFlight
+	s.RejectedBy, s.Integrity = m.RejectedBy, m.Integrity
+	if n.cfg.Actors.Role.Prefills() {
+		s.KVSent = m.Sent.Status()
+	}
+	if n.cfg.Actors.Role.Decodes() {
+		s.KVReceived = m.Received.Status()
+	}
 }
 
 // controlActor answers operators: StatusRequest with the node's status,

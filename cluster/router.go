@@ -23,7 +23,8 @@ type routerCounters struct {
 	failedBy                                   messages.CodeCounts // failed and lost, by the code told to the client
 	latencies                                  actors.Latencies    // of the requests relayed, as their clients saw them
 	rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
-	strangers                                  atomic.Uint64 // relayed messages refused: wrong sender, id or sequence
+	rejectedBy                                 actors.RejectCounts // every refusal above, by bound
+	strangers                                  atomic.Uint64       // relayed messages refused: wrong sender, id or sequence
 }
 
 // inFlight is the routed requests not yet answered.
@@ -66,12 +67,14 @@ func (r *routerActor) Receive(c actor.Context) {
 		if c.Sender() == nil {
 			// Nobody to answer: routing it would generate for no one.
 			r.counters.rejectedBad.Add(1)
+			r.counters.rejectedBy.AddBound(actors.RejectBadRequest)
 			r.log.Warn("request without a sender dropped", "id", m.RequestID)
 			return
 		}
 		tenant, err := actors.TenantOf(r.auth, r.auth.Of(c), m.Tenant)
 		if err != nil {
 			r.counters.rejectedBad.Add(1)
+			r.counters.rejectedBy.Add(err)
 			if err := actors.Reject(c, m.RequestID, err); err != nil {
 				r.log.Error("rejection refused by its own validation", "err", err)
 			}
@@ -95,6 +98,7 @@ func (r *routerActor) Receive(c actor.Context) {
 		}
 	case *messages.Undecodable:
 		r.counters.rejectedBad.Add(1)
+		r.counters.rejectedBy.AddBound(actors.RejectBadRequest)
 	}
 }
 
@@ -127,11 +131,15 @@ func prefills(r Role) bool { return r == RolePrefill || r == RoleAll }
 func decodes(r Role) bool  { return r == RoleDecode || r == RoleAll }
 
 func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant string) {
-	reject := func(err error, counter *atomic.Uint64) {
+	answer := func(err error, counter *atomic.Uint64) {
 		counter.Add(1)
 		if err := actors.Reject(c, m.RequestID, err); err != nil {
 			r.log.Error("rejection refused by its own validation", "err", err)
 		}
+	}
+	reject := func(err error, counter *atomic.Uint64) {
+		r.counters.rejectedBy.Add(err)
+		answer(err, counter)
 	}
 	if r.draining() {
 		reject(&actors.BusyError{Where: "draining router", Have: len(r.relays), Limit: 0}, &r.counters.rejectedBusy)
@@ -190,7 +198,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	if err != nil {
 		// Counted as routed above: it ends here, failed.
 		r.counters.failedBy.Add(messages.CodeInternal)
-		reject(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.failed)
+		answer(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.failed)
 		return
 	}
 	r.relays[pid.Id] = rl
