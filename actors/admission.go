@@ -125,12 +125,14 @@ type admissionActor struct {
 	auth      *trust.Authority
 	mailbox   actor.MailboxProducer // of the request actors
 	core      *handoff.Admission
+	live      map[string]*liveRequest // by the request actor's name, what operators list
 }
 
 func (a *admissionActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.core = handoff.NewAdmission(a.cfg.Limits(), a.cfg.QueueMax, len(a.decode), a.cfg.DecodePages)
+		a.live = map[string]*liveRequest{}
 	case *messages.GenerateRequest:
 		tenant, err := TenantOf(a.auth, a.auth.Of(c), m.Tenant)
 		if err != nil {
@@ -176,6 +178,11 @@ func (a *admissionActor) Receive(c actor.Context) {
 		a.log.Warn("undecodable message", "err", m.Err)
 	case *actor.Terminated:
 		a.core.Ended(m.Who.Id)
+		delete(a.live, m.Who.Id)
+	case ListRequests:
+		a.listRequests(c, m)
+	case CancelNumber:
+		a.cancelNumber(c, m)
 	case AdmissionStatus:
 		c.Respond(a.status())
 	}
@@ -281,16 +288,21 @@ func (a *admissionActor) spawn(c actor.Context, key handoff.ClientKey, d int, te
 	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane, a.model), owner, key.ID, prompt, maxTokens,
 		handoff.Peer{Address: peer.PID.Address, Incarnation: peer.Incarnation})
 	tok, last := a.model.Tokenizer(), prompt[len(prompt)-1]
+	now := time.Now()
+	// The first attempt's id numbers the request for operators: unique in
+	// this run, and kept through retries, which take new ids.
+	live := &liveRequest{number: owner.Request, client: key.ID, tenant: tenant, since: now, progress: core.Progress()}
 	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, core: core, client: c.Sender(),
-		tok: tok, last: last, text: engine.NewTextDecoder(tok, last), times: Stream{Start: time.Now()},
+		tok: tok, last: last, text: engine.NewTextDecoder(tok, last), times: Stream{Start: now},
 		route: route{prefill: peer.PID, decode: a.decode[d], decodePool: a.dPools[d]}, pick: a.pick,
-		registry: a.registry, auth: a.auth}
+		registry: a.registry, auth: a.auth, live: live}
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return req },
 		actor.WithMailbox(a.mailbox)), trust.SecretName())
 	if err != nil {
 		return fmt.Errorf("actors: spawning the request actor: %w", err)
 	}
 	a.core.Started(pid.Id, key, d)
+	a.live[pid.Id] = live
 	return nil
 }
 

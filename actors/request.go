@@ -53,6 +53,7 @@ type requestActor struct {
 	kv       *pageClient
 	seen     handoff.RequestCounts // already added to the node's counters
 	cause    error                 // why the request ended, or frames were refused, in the step in hand
+	live     *liveRequest          // what operators see of the request, set after every step
 	stage    stage                 // the node's gauge the request is counted in
 	rx       receiving             // the current attempt's transfer
 }
@@ -108,6 +109,7 @@ func (r *requestActor) Receive(c actor.Context) {
 func (r *requestActor) run(c actor.Context, ev handoff.Event) {
 	r.cause = nil
 	handoff.RunClock(r.core, ev, time.Now, func(e handoff.Effect) handoff.Event { return r.do(c, e) })
+	r.live.set(r.core.Progress())
 	n := r.core.Counts()
 	r.counters.ignored.Add(n.Ignored - r.seen.Ignored)
 	r.counters.framesAccepted.Add(n.FramesAccepted - r.seen.FramesAccepted)
