@@ -1,0 +1,66 @@
+package testnet
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"testing"
+)
+
+// echo serves every connection by sending back what it reads.
+func echo(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func roundTrip(t *testing.T, c net.Conn, line string) {
+	t.Helper()
+	if _, err := io.WriteString(c, line+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || got != line+"\n" {
+		t.Fatalf("echo of %q through the gate: %q, %v", line, got, err)
+	}
+}
+
+// TestGateForwardsUntilShut: an open gate forwards both ways; shutting it
+// cuts the connection it forwards; opened again, it forwards new ones.
+func TestGateForwardsUntilShut(t *testing.T) {
+	g, target := NewGate(t), echo(t)
+	g.Open(target)
+	c, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	roundTrip(t, c, "through")
+	g.Shut()
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("a forwarded connection read %d bytes after the gate shut", n)
+	}
+	g.Open(target)
+	again, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	roundTrip(t, again, "again")
+}
