@@ -14,6 +14,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -716,20 +717,35 @@ func (n *Node) statusMetrics(s *messages.NodeStatus) {
 // controlActor answers operators: StatusRequest with the node's status,
 // DrainRequest by draining the node (answering at once, or when done if
 // asked to wait), PressureRequest by holding pages of the node's pools
-// (in a chaos build; others answer with an error).
+// (in a chaos build; others answer with an error), ListInFlight and
+// CancelInFlight through the actor that holds the node's requests in
+// flight (inFlight).
 type controlActor struct{ node *Node }
 
 func (c *controlActor) Receive(ctx actor.Context) {
+	var sender trust.Sender
 	switch ctx.Message().(type) {
-	case *messages.StatusRequest, *messages.DrainRequest, *messages.PressureRequest:
+	case *messages.StatusRequest, *messages.DrainRequest, *messages.PressureRequest, *messages.ListInFlight,
+		*messages.CancelInFlight:
 		// Only operators (and this process) may ask: a refusal is counted
 		// and not answered, so the asker learns nothing.
-		if s := c.node.cfg.Auth.Of(ctx); !s.May(trust.RoleOperator) {
-			c.node.cfg.Auth.Refuse(trust.RefusedRole, fmt.Sprintf("%T", ctx.Message()), "sender", s.String())
+		if sender = c.node.cfg.Auth.Of(ctx); !sender.May(trust.RoleOperator) {
+			c.node.cfg.Auth.Refuse(trust.RefusedRole, fmt.Sprintf("%T", ctx.Message()), "sender", sender.String())
 			return
 		}
 	}
 	switch m := ctx.Message().(type) {
+	case *messages.ListInFlight:
+		c.inFlight(ctx, actors.ListRequests{Max: m.Max()}, &messages.InFlightList{Incarnation: c.node.Incarnation()})
+	case *messages.CancelInFlight:
+		inc := c.node.Incarnation()
+		none := &messages.CancelInFlightReply{Err: handoff.Wire(&actors.NotInFlightError{Number: m.Number,
+			Incarnation: m.Incarnation, Self: inc})}
+		if m.Incarnation != inc {
+			c.respond(ctx, none)
+			return
+		}
+		c.inFlight(ctx, actors.CancelNumber{Number: m.Number, By: sender.String()}, none)
 	case *messages.StatusRequest:
 		if err := messages.Respond(ctx, c.node.status()); err != nil {
 			c.node.log.Error("status refused by its own validation", "err", err)
@@ -768,5 +784,27 @@ func (c *controlActor) Receive(ctx actor.Context) {
 				c.node.log.Warn("leave after drain", "err", err)
 			}
 		}()
+	}
+}
+
+// inFlight hands an operator's question about the requests in flight to
+// the actor that holds them (the router, or admission), which answers the
+// operator directly: the control actor does not wait. A node that only
+// prefills holds no request, and gets none as its answer.
+func (c *controlActor) inFlight(ctx actor.Context, q any, none messages.Message) {
+	holder := c.node.router
+	if holder == nil {
+		holder = c.node.actors.Admission()
+	}
+	if holder == nil {
+		c.respond(ctx, none)
+		return
+	}
+	ctx.RequestWithCustomSender(holder, q, ctx.Sender())
+}
+
+func (c *controlActor) respond(ctx actor.Context, m messages.Message) {
+	if err := messages.Respond(ctx, m); err != nil {
+		c.node.log.Error("control reply refused by its own validation", "type", m.TypeCode().String(), "err", err)
 	}
 }

@@ -73,6 +73,14 @@ func startNodeAs(t testing.TB, auth *trust.Authority, role actors.Role, join ...
 // startNodeServing is startNodeAs serving model (nil: the built-in one).
 func startNodeServing(t testing.TB, auth *trust.Authority, role actors.Role, model *engine.Model, join ...string) *Node {
 	t.Helper()
+	return startNodeTuned(t, auth, role, model, nil, join...)
+}
+
+// startNodeTuned is startNodeServing with the configuration changed by
+// tune, if not nil, before the node starts.
+func startNodeTuned(t testing.TB, auth *trust.Authority, role actors.Role, model *engine.Model, tune func(*NodeConfig),
+	join ...string) *Node {
+	t.Helper()
 	cfg := DefaultLocalNodeConfig(role)
 	if model != nil {
 		cfg.Model, cfg.Actors.Model = model, model.Config()
@@ -85,6 +93,9 @@ func startNodeServing(t testing.TB, auth *trust.Authority, role actors.Role, mod
 	}
 	cfg.Actors.PrefillTimeout = 3 * time.Second
 	cfg.Gossip.JoinAddrs = join
+	if tune != nil {
+		tune(&cfg)
+	}
 	n, err := StartNode(withModel(t, cfg), nil)
 	if err != nil {
 		t.Fatal(err)

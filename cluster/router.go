@@ -85,6 +85,17 @@ func (r *routerActor) Receive(c actor.Context) {
 		if pid := r.byClient[clientKey(c.Sender(), m.RequestID)]; pid != nil {
 			c.Send(pid, m)
 		}
+	case actors.ListRequests:
+		now := time.Now()
+		all := make([]messages.InFlight, 0, len(r.relays))
+		for _, rl := range r.relays {
+			all = append(all, rl.entry(now))
+		}
+		if err := messages.Respond(c, actors.InFlightList(r.cfg.Incarnation, all, m.Max)); err != nil {
+			r.log.Error("in-flight list refused by its own validation", "err", err)
+		}
+	case actors.CancelNumber:
+		r.cancelNumber(c, m)
 	case memberLost:
 		for id, rl := range r.relays {
 			if rl.decode == m.incarnation {
@@ -186,8 +197,10 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		reject(err, &r.counters.rejectedBad)
 		return
 	}
-	r.counters.routed.Add(1) // before the relay exists, so that in-flight never counts below zero
-	rl := &relay{client: c.Sender(), id: m.RequestID, decode: d.Meta.Incarnation,
+	// Counted before the relay exists, so that in-flight never counts below
+	// zero; the count numbers the request for operators.
+	number := r.counters.routed.Add(1)
+	rl := &relay{number: number, client: c.Sender(), id: m.RequestID, decode: d.Meta.Incarnation,
 		admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: fwd,
 		timeout: r.cfg.RequestTimeout + relayMargin, counters: r.counters, log: r.log, auth: r.auth,
 		times: actors.Stream{Start: time.Now()}}
@@ -210,6 +223,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 // ends with the result, with "node lost" if the decode node goes, or after
 // the request timeout with no answer.
 type relay struct {
+	number    uint64 // the router's own, for operators
 	client    *actor.PID
 	id        uint64
 	decode    uint64 // the decode node's incarnation
@@ -220,7 +234,8 @@ type relay struct {
 	log       *slog.Logger
 	auth      *trust.Authority
 	deadline  *time.Timer
-	seq       uint32 // the last token chunk's sequence number passed on
+	seq       uint32        // the last token chunk's sequence number passed on
+	tokens    atomic.Uint32 // passed on, read by the router for operators
 	times     actors.Stream
 }
 
@@ -248,6 +263,7 @@ func (rl *relay) Receive(c actor.Context) {
 			return
 		}
 		rl.seq = m.Seq
+		rl.tokens.Add(uint32(len(m.Tokens)))
 		now := time.Now()
 		for range m.Tokens {
 			rl.times.Token(&rl.counters.latencies, now)
@@ -274,6 +290,39 @@ func (rl *relay) Receive(c actor.Context) {
 		rl.end(c, fmt.Sprintf("no answer from decode node %x within %s", rl.decode, rl.timeout))
 	case *messages.Undecodable:
 		rl.log.Warn("undecodable message from a decode node", "err", m.Err)
+	}
+}
+
+// entry is the request as operators see it on the router, at now: routed
+// until a token comes back, then decoding.
+func (rl *relay) entry(now time.Time) messages.InFlight {
+	phase, tokens := messages.PhaseRouted, rl.tokens.Load()
+	if tokens > 0 {
+		phase = messages.PhaseDecode
+	}
+	return messages.InFlight{Number: rl.number, ClientID: rl.id, Tenant: rl.request.Tenant, Phase: phase,
+		Prefill: rl.request.Prefill, Decode: rl.admission.Address, AgeMs: actors.AgeMs(now.Sub(rl.times.Start)), Tokens: tokens}
+}
+
+// cancelNumber cancels the relayed request of that number, if it is in
+// flight, as its client's CancelRequest would: the decode node answers it
+// "cancelled", through the relay.
+func (r *routerActor) cancelNumber(c actor.Context, m actors.CancelNumber) {
+	rep := &messages.CancelInFlightReply{}
+	for id, rl := range r.relays {
+		if rl.number == m.Number {
+			e := rl.entry(time.Now())
+			rep.Request = &e
+			c.Send(actor.NewPID(c.Self().Address, id), &messages.CancelRequest{RequestID: rl.id, Tenant: rl.request.Tenant})
+			r.log.Info("request cancelled by an operator", "number", m.Number, "id", rl.id, "tenant", rl.request.Tenant,
+				"decode", rl.admission.Address, "operator", m.By)
+		}
+	}
+	if rep.Request == nil {
+		rep.Err = handoff.Wire(&actors.NotInFlightError{Number: m.Number, Incarnation: r.cfg.Incarnation, Self: r.cfg.Incarnation})
+	}
+	if err := messages.Respond(c, rep); err != nil {
+		r.log.Error("cancel reply refused by its own validation", "err", err)
 	}
 }
 
