@@ -8,6 +8,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -142,5 +143,25 @@ func TestInFlightOnlyForOperators(t *testing.T) {
 	if l := operatorAsk(t, op, n.Address(), &messages.ListInFlight{}).(*messages.InFlightList); l.Incarnation != n.Incarnation() ||
 		len(l.Requests) != 0 || l.Omitted != 0 {
 		t.Errorf("a prefill node lists %+v, want nothing", l)
+	}
+}
+
+// TestStatusCountsTokensOut: a node's status counts every token it
+// streamed, and a router every token it relayed.
+func TestStatusCountsTokensOut(t *testing.T) {
+	_, d, r, c := startTrio(t)
+	total := 0
+	for i, maxTokens := range []int{5, 9} {
+		res, err := c.Generate(context.Background(), "acme", fmt.Sprintf("count my tokens, %d", i),
+			client.GenerateOptions{MaxTokens: maxTokens}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += len(res.Tokens)
+	}
+	for _, n := range []*Node{d, r} {
+		if got := n.status().Node.TokensOut; got != uint64(total) {
+			t.Errorf("%s node: %d tokens out, its clients got %d", n.cfg.Actors.Role, got, total)
+		}
 	}
 }

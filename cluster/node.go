@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -666,6 +667,7 @@ func (n *Node) status() *messages.StatusReply {
 		Model:           n.actors.Model().Name(), ModelFingerprint: n.actors.Model().Fingerprint().String(),
 		FailedByCode: messages.SumCounts(a.FailedByCode, n.rc.failedBy.Counts())}}
 	n.statusMetrics(&rep.Node)
+	rep.Node.TokensOut = tokensOut(n.Latencies())
 	rep.Node.DataPlane = n.dataAddr
 	auth := n.cfg.Auth
 	rep.Node.Insecure = auth.Insecure()
@@ -712,6 +714,17 @@ func (n *Node) statusMetrics(s *messages.NodeStatus) {
 	if n.cfg.Actors.Role.Decodes() {
 		s.KVReceived = m.Received.Status()
 	}
+}
+
+// tokensOut counts the tokens a node streamed to clients: each is timed
+// once, the first of a stream as its time to first token and every other
+// as the gap before it.
+func tokensOut(l actors.LatenciesSnapshot) uint64 {
+	var n uint64
+	for _, c := range slices.Concat(l.TTFT.Counts, l.InterToken.Counts) {
+		n += c
+	}
+	return n
 }
 
 // controlActor answers operators: StatusRequest with the node's status,

@@ -246,12 +246,16 @@ type NodeStatus struct {
 	// does not have, and from a build before they were counted.
 	KVSent     *TransferStatus `msgpack:"kv_sent,omitempty"`
 	KVReceived *TransferStatus `msgpack:"kv_received,omitempty"`
+	// TokensOut counts the tokens the node streamed to clients since it
+	// started: those it generated, or a router those it relayed. Two
+	// readings a known time apart give tokens per second.
+	TokensOut uint64 `msgpack:"tokens_out,omitempty"`
 }
 
 var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "draining", "in_flight",
 	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools", "insecure", "identity", "refused",
 	"chaos", "faults", "fault_counts", "model", "model_fp", "failed_by_code", "waiting_pages", "waiting_kv", "running",
-	"prefill_queued", "prefill_in_flight", "rejected_by", "integrity", "kv_sent", "kv_received"}
+	"prefill_queued", "prefill_in_flight", "rejected_by", "integrity", "kv_sent", "kv_received", "tokens_out"}
 
 // TransferStatus is one side's account of a node's KV transfers (one per
 // request attempt): those that completed, their pages and KV bytes (the
@@ -436,8 +440,10 @@ func (s *NodeStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readCounts(d, t, field+".integrity", IntegrityReasonsMax, &s.Integrity)
 		case 29:
 			return readTransfer(d, t, field+".kv_sent", &s.KVSent)
-		default:
+		case 30:
 			return readTransfer(d, t, field+".kv_received", &s.KVReceived)
+		default:
+			return readU64(d, t, field+".tokens_out", &s.TokensOut)
 		}
 	})
 }

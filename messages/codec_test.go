@@ -47,7 +47,8 @@ func samples() []Message {
 				Model: "stories260K.bin", ModelFingerprint: testFingerprint, FailedByCode: []uint64{0, 2, 7, 0, 1},
 				WaitingPages: 1, WaitingKV: 2, Running: math.MaxUint32, PrefillQueued: 4, PrefillInFlight: 5,
 				RejectedBy: []uint64{1, 0, math.MaxUint64}, Integrity: []uint64{0, 0, 0, 9},
-				KVReceived: &TransferStatus{Transfers: 7, Pages: 21, Bytes: 1 << 40, FailedByCode: []uint64{0, 0, 0, 1}}},
+				KVReceived: &TransferStatus{Transfers: 7, Pages: 21, Bytes: 1 << 40, FailedByCode: []uint64{0, 0, 0, 1}},
+				TokensOut:  12345},
 			Members: []MemberStatus{
 				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true, Verified: true, Model: testFingerprint},
 				{Name: "router", Role: RoleRouter, Incarnation: 1, Address: "[fe80::1]:8090", State: MemberSuspect},
@@ -258,7 +259,7 @@ func TestWorstCaseFits(t *testing.T) {
 				PrefillQueued: math.MaxUint32, PrefillInFlight: math.MaxUint32,
 				RejectedBy: slices.Repeat([]uint64{math.MaxUint64}, RejectBoundsMax),
 				Integrity:  slices.Repeat([]uint64{math.MaxUint64}, IntegrityReasonsMax),
-				KVSent:     &transfer, KVReceived: &transfer},
+				KVSent:     &transfer, KVReceived: &transfer, TokensOut: math.MaxUint64},
 			Members: members,
 		},
 		&DrainRequest{Wait: true},
