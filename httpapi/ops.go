@@ -7,7 +7,8 @@
 //	GET /metrics  the Prometheus text format
 //
 // Every series exists from the start, at zero; labels are the node's pools,
-// roles, member states and refusal kinds, never a request or a tenant, so
+// roles, member states, refusal kinds, queues, transfer sides, failure codes,
+// integrity reasons and admission bounds, never a request or a tenant, so
 // that their number is bounded by the configuration. Names follow
 // Prometheus' conventions (a _total suffix for counters, base units);
 // kvwarden_kv_usage_ratio means what vLLM's kv_cache_usage_perc and
@@ -38,6 +39,10 @@ type Node interface {
 	Latencies() actors.LatenciesSnapshot
 	// RuntimeLog counts protoactor's own log records, by level.
 	RuntimeLog() *messages.RuntimeLogCounts
+	// Metrics are the node's queues, transfers, integrity refusals and
+	// refusals by bound; the collector reads its transfers here, their
+	// counts and durations from one snapshot.
+	Metrics() actors.Metrics
 }
 
 // Limits bound what one HTTP request may cost the node.
@@ -120,6 +125,25 @@ var (
 		"From admission (or arrival) to the answer of a request that completed.", nil, nil)
 	descRuntimeLog = prometheus.NewDesc("kvwarden_runtime_log_records_total",
 		"protoactor's own log records (endpoint chatter, dead letters), by level; logged at debug only.", []string{"level"}, nil)
+	descWaiting = prometheus.NewDesc("kvwarden_requests_waiting",
+		"Requests waiting, by queue: decode_pages (admitted here, for decode KV pages), decode_transfer (admitted here, for their "+
+			"prompt's KV from prefill), prefill (transfer plans this node's prefill workers have not started), prefill_transfer "+
+			"(computed here, their KV on its way or awaiting decode's acknowledgement).", []string{"queue"}, nil)
+	descRunning   = prometheus.NewDesc("kvwarden_requests_running", "Requests admitted here and decoding.", nil, nil)
+	descAdmission = prometheus.NewDesc("kvwarden_admission_rejections_total",
+		"Requests refused before they ran, by the bound that refused them.", []string{"bound"}, nil)
+	descIntegrity = prometheus.NewDesc("kvwarden_integrity_refusals_total",
+		"What the node's integrity checks refused (frames, pages, manifests, models), by reason.", []string{"reason"}, nil)
+	descTransferTime = prometheus.NewDesc("kvwarden_kv_transfer_duration_seconds",
+		"KV transfers (one per request attempt) that completed, by side: send (prefill, from the frames leaving to their "+
+			"acknowledgement, a dial included) and receive (decode, from the first frame written to prefill's report).",
+		[]string{"side"}, nil)
+	descTransferBytes = prometheus.NewDesc("kvwarden_kv_transfer_bytes_total",
+		"KV bytes (frame payloads) of the transfers that completed, by side.", []string{"side"}, nil)
+	descTransferPages = prometheus.NewDesc("kvwarden_kv_transfer_pages_total",
+		"KV pages of the transfers that completed, by side.", []string{"side"}, nil)
+	descTransferFailed = prometheus.NewDesc("kvwarden_kv_transfer_failures_total",
+		"KV transfers that failed, by side and the stable code of the failure.", []string{"side", "code"}, nil)
 )
 
 // memberRoles and memberStates are every label value kvwarden_members
@@ -135,7 +159,8 @@ type collector struct{ n Node }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInFlight, descAdmitted, descFinished, descRejected, descFailed, descPages, descUsage,
-		descMembers, descRefused, descDraining, descInfo, descTTFT, descITL, descE2E, descRuntimeLog} {
+		descMembers, descRefused, descDraining, descInfo, descTTFT, descITL, descE2E, descRuntimeLog, descWaiting, descRunning,
+		descAdmission, descIntegrity, descTransferTime, descTransferBytes, descTransferPages, descTransferFailed} {
 		ch <- d
 	}
 }
@@ -156,11 +181,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRejected, n.RejectedTooLong, "prompt_too_long")
 	counter(descRejected, n.RejectedBusy, "busy")
 	for _, code := range messages.KnownCodes() {
-		v := uint64(0)
-		if int(code) < len(n.FailedByCode) {
-			v = n.FailedByCode[code]
-		}
-		counter(descFailed, v, code.String())
+		counter(descFailed, at(n.FailedByCode, int(code)), code.String())
 	}
 	for _, p := range n.Pools {
 		gauge(descPages, float64(p.Capacity-p.Free), p.Name, "used")
@@ -181,11 +202,33 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for i, kind := range trust.RefusalNames() {
-		v := uint64(0)
-		if i < len(n.Refused) {
-			v = n.Refused[i]
+		counter(descRefused, at(n.Refused, i), kind)
+	}
+	for _, q := range []struct {
+		name string
+		v    uint32
+	}{{"decode_pages", n.WaitingPages}, {"decode_transfer", n.WaitingKV}, {"prefill", n.PrefillQueued},
+		{"prefill_transfer", n.PrefillInFlight}} {
+		gauge(descWaiting, float64(q.v), q.name)
+	}
+	gauge(descRunning, float64(n.Running))
+	for i, bound := range actors.RejectBoundNames() {
+		counter(descAdmission, at(n.RejectedBy, i), bound)
+	}
+	for i, reason := range actors.IntegrityReasonNames() {
+		counter(descIntegrity, at(n.Integrity, i), reason)
+	}
+	m := c.n.Metrics()
+	for _, side := range []struct {
+		name string
+		s    actors.TransferStats
+	}{{"send", m.Sent}, {"receive", m.Received}} {
+		ch <- histogram(descTransferTime, side.s.Duration, side.name)
+		counter(descTransferBytes, side.s.Bytes, side.name)
+		counter(descTransferPages, side.s.Pages, side.name)
+		for _, code := range messages.KnownCodes() {
+			counter(descTransferFailed, at(side.s.FailedByCode, int(code)), side.name, code.String())
 		}
-		counter(descRefused, v, kind)
 	}
 	draining := 0.0
 	if n.Draining {
@@ -209,9 +252,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// at is counts[i], or 0 past their end: a status sends counts up to the
+// last non-zero one, or of fewer kinds than this build names.
+func at(counts []uint64, i int) uint64 {
+	if i < len(counts) {
+		return counts[i]
+	}
+	return 0
+}
+
 // histogram is s in Prometheus' form: cumulative counts by upper bound in
-// seconds, the sum in seconds.
-func histogram(d *prometheus.Desc, s actors.LatencySnapshot) prometheus.Metric {
+// seconds, the sum in seconds, with labels.
+func histogram(d *prometheus.Desc, s actors.LatencySnapshot, labels ...string) prometheus.Metric {
 	bounds := actors.LatencyBounds()
 	buckets := make(map[float64]uint64, len(bounds))
 	var cum uint64
@@ -225,5 +277,5 @@ func histogram(d *prometheus.Desc, s actors.LatencySnapshot) prometheus.Metric {
 	if len(s.Counts) > len(bounds) {
 		total += s.Counts[len(bounds)]
 	}
-	return prometheus.MustNewConstHistogram(d, total, s.Sum.Seconds(), buckets)
+	return prometheus.MustNewConstHistogram(d, total, s.Sum.Seconds(), buckets, labels...)
 }

@@ -46,9 +46,15 @@ func startNode(t *testing.T, log *slog.Logger) (*cluster.Node, *httptest.Server)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Stop() })
+	return n, serve(t, n)
+}
+
+// serve is a test HTTP server of n's handlers.
+func serve(t *testing.T, n Node) *httptest.Server {
+	t.Helper()
 	srv := httptest.NewServer(Handler(n))
 	t.Cleanup(srv.Close)
-	return n, srv
+	return srv
 }
 
 func get(t *testing.T, url string) (int, string) {
@@ -104,6 +110,7 @@ func TestProbesAndMetrics(t *testing.T) {
 			t.Errorf("%s is %g at start, want 0", s, v)
 		}
 	}
+	everyNewSeriesAtZero(t, before)
 	if v := metric(t, before, `kvwarden_members{role="all",state="alive"}`); v != 1 {
 		t.Errorf("the node sees %g alive members of role all, want itself", v)
 	}
@@ -127,7 +134,14 @@ func TestProbesAndMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	got := 0
 	if _, err := c.Generate(ctx, "acme", "cut short", client.GenerateOptions{MaxTokens: 64}, func(int) {
-		if got++; got == 2 {
+		if got++; got == 1 {
+			// Streaming: decoding, and waiting for nothing.
+			_, during := get(t, srv.URL+"/metrics")
+			wantSeries(t, "while a request streams", during, map[string]float64{`kvwarden_requests_running`: 1,
+				`kvwarden_requests_in_flight`: 1, `kvwarden_requests_waiting{queue="decode_pages"}`: 0,
+				`kvwarden_requests_waiting{queue="decode_transfer"}`: 0, `kvwarden_requests_waiting{queue="prefill"}`: 0})
+		}
+		if got == 2 {
 			cancel()
 		}
 	}); !errors.Is(err, context.Canceled) {
@@ -143,6 +157,14 @@ func TestProbesAndMetrics(t *testing.T) {
 			t.Errorf("after 3 requests, one too long and one cancelled: %s is %g, want %g", s, v, want)
 		}
 	}
+	// The four that ran moved their KV from the node's prefill worker to
+	// its decode side, as messages: four transfers on each side.
+	pages, bytes := kvOf(t, n, "metrics", "metrics", "metrics", "cut short")
+	wantSeries(t, "after the requests", after, map[string]float64{
+		`kvwarden_admission_rejections_total{bound="context_window"}`: 1, `kvwarden_requests_running`: 0,
+		`kvwarden_kv_transfer_duration_seconds_count{side="send"}`: 4, `kvwarden_kv_transfer_pages_total{side="send"}`: pages,
+		`kvwarden_kv_transfer_bytes_total{side="send"}`: bytes, `kvwarden_kv_transfer_duration_seconds_count{side="receive"}`: 4,
+		`kvwarden_kv_transfer_pages_total{side="receive"}`: pages, `kvwarden_kv_transfer_bytes_total{side="receive"}`: bytes})
 	// Every request that streamed a token has a time to first token; the
 	// three that completed a duration; their 3 × 3 gaps and the cancelled
 	// one's (at least one) are inter-token latencies.

@@ -1,0 +1,412 @@
+//go:build !race
+
+// Several nodes in one process, each serving protoactor remote: see
+// ops_test.go.
+
+package httpapi
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/handoff"
+	"github.com/kvwarden/kvwarden/internal/modeltest"
+	"github.com/kvwarden/kvwarden/internal/testwait"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
+)
+
+// everyNewSeriesAtZero checks that every series of the queues, transfers,
+// integrity refusals and admission bounds is in scrape, at zero.
+func everyNewSeriesAtZero(t *testing.T, scrape string) {
+	t.Helper()
+	series := []string{`kvwarden_requests_running`}
+	for _, q := range []string{"decode_pages", "decode_transfer", "prefill", "prefill_transfer"} {
+		series = append(series, `kvwarden_requests_waiting{queue="`+q+`"}`)
+	}
+	for _, b := range actors.RejectBoundNames() {
+		series = append(series, `kvwarden_admission_rejections_total{bound="`+b+`"}`)
+	}
+	for _, r := range actors.IntegrityReasonNames() {
+		series = append(series, `kvwarden_integrity_refusals_total{reason="`+r+`"}`)
+	}
+	for _, side := range []string{"send", "receive"} {
+		series = append(series, `kvwarden_kv_transfer_duration_seconds_count{side="`+side+`"}`,
+			`kvwarden_kv_transfer_duration_seconds_bucket{side="`+side+`",le="+Inf"}`,
+			`kvwarden_kv_transfer_bytes_total{side="`+side+`"}`, `kvwarden_kv_transfer_pages_total{side="`+side+`"}`)
+		for _, code := range messages.KnownCodes() {
+			series = append(series, `kvwarden_kv_transfer_failures_total{code="`+code.String()+`",side="`+side+`"}`)
+		}
+	}
+	for _, s := range series {
+		if v := metric(t, scrape, s); v != 0 {
+			t.Errorf("%s is %g at start, want 0", s, v)
+		}
+	}
+}
+
+// wantSeries checks each series' value in scrape.
+func wantSeries(t *testing.T, when, scrape string, want map[string]float64) {
+	t.Helper()
+	for s, w := range want {
+		if v := metric(t, scrape, s); v != w {
+			t.Errorf("%s: %s is %g, want %g", when, s, v, w)
+		}
+	}
+}
+
+// scrape is n's /metrics.
+func scrape(t *testing.T, srv *httptest.Server) string {
+	t.Helper()
+	code, body := get(t, srv.URL+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d %s", code, body)
+	}
+	return body
+}
+
+// kvOf is the KV pages and bytes of prompts' prefills on n: what their
+// transfers carry.
+func kvOf(t *testing.T, n *cluster.Node, prompts ...string) (pages, bytes float64) {
+	t.Helper()
+	cfg := n.Actors().Config()
+	g := cfg.Geometry()
+	for _, p := range prompts {
+		tokens, err := handoff.Encode(cfg.Limits(), n.Actors().Model().Tokenizer(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages += float64(g.PagesFor(len(tokens)))
+		bytes += float64(len(tokens) * g.BytesPerToken())
+	}
+	return pages, bytes
+}
+
+// startAs is a real insecure node of role (with edit's changes to its
+// configuration) joined to join, behind a test HTTP server of its
+// handlers.
+func startAs(t *testing.T, role actors.Role, edit func(*cluster.NodeConfig), join ...string) (*cluster.Node, *httptest.Server) {
+	t.Helper()
+	cfg := cluster.DefaultLocalNodeConfig(role)
+	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
+	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 512, 64
+	cfg.Auth = trust.Insecure(nil)
+	cfg.Gossip.JoinAddrs = join
+	if edit != nil {
+		edit(&cfg)
+	}
+	cfg.Model = modeltest.Builtin(t, cfg.Actors.Model)
+	n, err := cluster.StartNode(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Stop() })
+	return n, serve(t, n)
+}
+
+func dial(t *testing.T, n *cluster.Node) *client.Client {
+	t.Helper()
+	c, err := client.Dial(n.Address(), client.Options{Auth: trust.Insecure(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// refusedWith checks that err is the refusal of a request with code.
+func refusedWith(t *testing.T, what string, err error, code messages.ErrorCode) {
+	t.Helper()
+	var we *messages.WireError
+	if !errors.As(err, &we) || we.Code != code {
+		t.Fatalf("%s: %v, want %s", what, err, code)
+	}
+}
+
+// TestAdmissionRejectionsByBound: each refusal of a node of role all is
+// counted once, under the bound its error names; the by-code counts move
+// with them.
+func TestAdmissionRejectionsByBound(t *testing.T) {
+	n, srv := startAs(t, actors.RoleAll, func(cfg *cluster.NodeConfig) {
+		cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 24, 8 // 384 and 128 tokens
+	})
+	c := dial(t, n)
+	gen := func(prompt string, maxTokens int) error {
+		_, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: maxTokens}, nil)
+		return err
+	}
+	// 601 tokens in a 512-token window, and 501 with 64 more to generate.
+	refusedWith(t, "over the window", gen(strings.Repeat("x", 600), 1), messages.CodePromptTooLong)
+	refusedWith(t, "over the window with max_tokens", gen(strings.Repeat("x", 500), 64), messages.CodePromptTooLong)
+	// 401 tokens: 26 pages of 16, the prefill pool holds 24.
+	refusedWith(t, "over the prefill pool", gen(strings.Repeat("x", 400), 1), messages.CodePromptTooLong)
+	// 101 tokens and 63 more: 7 + 4 pages, the decode pool holds 8.
+	refusedWith(t, "over the decode pool", gen(strings.Repeat("x", 100), 64), messages.CodePromptTooLong)
+	refusedWith(t, "max_tokens over MaxTokensMax", gen("x", 65), messages.CodeBadRequest)
+	// The admission's drain: the node's own leaves once it is done.
+	if _, err := n.Actors().Drain(); err != nil {
+		t.Fatal(err)
+	}
+	refusedWith(t, "while draining", gen("x", 1), messages.CodeBusy)
+	wantSeries(t, "after six refusals", scrape(t, srv), map[string]float64{
+		`kvwarden_admission_rejections_total{bound="context_window"}`: 2,
+		`kvwarden_admission_rejections_total{bound="prefill_pool"}`:   1,
+		`kvwarden_admission_rejections_total{bound="decode_pool"}`:    1,
+		`kvwarden_admission_rejections_total{bound="bad_request"}`:    1,
+		`kvwarden_admission_rejections_total{bound="draining"}`:       1,
+		`kvwarden_admission_rejections_total{bound="queue"}`:          0,
+		`kvwarden_admission_rejections_total{bound="other"}`:          0,
+		`kvwarden_requests_rejected_total{reason="prompt_too_long"}`:  4,
+		`kvwarden_requests_rejected_total{reason="busy"}`:             1,
+		`kvwarden_requests_admitted_total`:                            0,
+		`kvwarden_kv_transfer_duration_seconds_count{side="send"}`:    0,
+	})
+}
+
+// TestRouterRejectionsByBound: a router with no node to route to refuses
+// for want of a peer.
+func TestRouterRejectionsByBound(t *testing.T) {
+	r, srv := startAs(t, actors.RoleRouter, nil)
+	_, err := dial(t, r).Generate(context.Background(), "acme", "x", client.GenerateOptions{MaxTokens: 1}, nil)
+	refusedWith(t, "no node to route to", err, messages.CodeBusy)
+	wantSeries(t, "after the refusal", scrape(t, srv), map[string]float64{
+		`kvwarden_admission_rejections_total{bound="no_peer"}`:  1,
+		`kvwarden_admission_rejections_total{bound="draining"}`: 0,
+		`kvwarden_requests_rejected_total{reason="busy"}`:       1,
+	})
+}
+
+// startPair starts a prefill node and a decode node (with edit's changes
+// to its configuration) that see each other.
+func startPair(t *testing.T, edit func(*cluster.NodeConfig)) (p, d *cluster.Node, ps, ds *httptest.Server) {
+	t.Helper()
+	p, ps = startAs(t, actors.RolePrefill, nil)
+	d, ds = startAs(t, actors.RoleDecode, edit, p.GossipAddr())
+	testwait.For(t, "the decode node sees the prefill node", 10*time.Second, func() bool { return d.Ready() == nil })
+	return p, d, ps, ds
+}
+
+// TestKVTransferMetrics: three requests to a decode node are three
+// transfers over the data plane, counted on the prefill node as sent and on
+// the decode node as received, each of exactly its prompt's pages and KV
+// bytes; the status says the same. Then forged traffic on the decode node's
+// data plane, each kind refused by its check and counted once under its
+// reason: a frame for a request that is not there, a batch of two requests'
+// frames, a frame for another incarnation of the node, a frame whose bytes
+// do not match its checksum, and a hello of another model.
+func TestKVTransferMetrics(t *testing.T) {
+	p, d, ps, ds := startPair(t, nil)
+	c := dial(t, d)
+	prompts := []string{"one", strings.Repeat("a page and more ", 3), strings.Repeat("z", 47)} // 4, 49 and 48 tokens
+	for _, prompt := range prompts {
+		if _, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 3}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pages, bytes := kvOf(t, d, prompts...)
+	moved := func(side string) map[string]float64 {
+		return map[string]float64{`kvwarden_kv_transfer_duration_seconds_count{side="` + side + `"}`: 3,
+			`kvwarden_kv_transfer_pages_total{side="` + side + `"}`: pages, `kvwarden_kv_transfer_bytes_total{side="` + side + `"}`: bytes,
+			`kvwarden_kv_transfer_failures_total{code="node_lost",side="` + side + `"}`: 0}
+	}
+	prefill, decode := moved("send"), moved("receive")
+	prefill[`kvwarden_kv_transfer_duration_seconds_count{side="receive"}`] = 0
+	decode[`kvwarden_kv_transfer_duration_seconds_count{side="send"}`] = 0
+	wantSeries(t, "the prefill node", scrape(t, ps), prefill)
+	wantSeries(t, "the decode node", scrape(t, ds), decode)
+	want := &messages.TransferStatus{Transfers: 3, Pages: uint64(pages), Bytes: uint64(bytes)}
+	if s := p.Status().Node; s.KVSent == nil || fmt.Sprint(*s.KVSent) != fmt.Sprint(*want) || s.KVReceived != nil {
+		t.Errorf("prefill status: sent %+v, received %+v; want sent %+v", s.KVSent, s.KVReceived, want)
+	}
+	if s := d.Status().Node; s.KVReceived == nil || fmt.Sprint(*s.KVReceived) != fmt.Sprint(*want) || s.KVSent != nil {
+		t.Errorf("decode status: sent %+v, received %+v; want received %+v", s.KVSent, s.KVReceived, want)
+	}
+
+	cfg := d.Actors().Config()
+	inc := d.Incarnation()
+	forger := cluster.DefaultLocalDataPlaneConfig(cfg.Geometry(), 7)
+	forger.Batch, forger.Auth, forger.Model = cfg.BatchLimits(), trust.Insecure(nil), d.Actors().Model().Fingerprint()
+	frame := func(request uint64, dest uint64) kv.Frame {
+		return kv.Frame{Owner: kv.Owner{Request: request, Tenant: "acme"}, Dest: kv.Tag{Incarnation: dest, Index: 1, Generation: 1},
+			Tokens: 1, Payload: make([]byte, cfg.Geometry().BytesPerToken())}
+	}
+	send := func(what string, frames ...kv.Frame) {
+		s, err := cluster.DialDataPlane(forger, d.DataAddr(), inc, trust.Identity{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if err := s.Send(context.Background(), frames); !errors.Is(err, cluster.ErrDataPlaneRefused) {
+			t.Fatalf("%s: %v, want refused", what, err)
+		}
+	}
+	send("a frame for no request here", frame(1<<40, inc))
+	send("frames of two requests in one batch", frame(1<<40, inc), frame(1<<41, inc))
+	send("a frame for another incarnation", frame(1<<40, inc+2))
+	if ack := sendCorrupt(t, d.DataAddr(), forger, inc, frame(1<<40, inc)); ack != 1 {
+		t.Fatalf("a frame whose bytes do not match its checksum: acknowledged with status %d, want 1 (malformed)", ack)
+	}
+	other := forger
+	other.Model[0] ^= 1
+	if _, err := cluster.DialDataPlane(other, d.DataAddr(), inc, trust.Identity{}); !errors.Is(err, cluster.ErrDataPlaneRefused) {
+		t.Fatalf("a hello of another model: %v, want refused", err)
+	}
+	refused := map[string]float64{}
+	for _, r := range actors.IntegrityReasonNames() {
+		refused[`kvwarden_integrity_refusals_total{reason="`+r+`"}`] = 0
+	}
+	for r, n := range map[string]float64{"stale_tag": 2, "wrong_owner": 1, "checksum": 1, "fingerprint": 1} {
+		refused[`kvwarden_integrity_refusals_total{reason="`+r+`"}`] = n
+	}
+	wantSeries(t, "after five kinds of forged traffic", scrape(t, ds), refused)
+}
+
+// sendCorrupt plays the sender's side of the data plane by hand (the hello
+// and reply as cluster/dataplane.go lays them out) and sends f in a batch
+// whose last payload byte was flipped after its checksum; it returns the
+// status of the batch's acknowledgement.
+func sendCorrupt(t *testing.T, addr string, cfg cluster.DataPlaneConfig, peer uint64, f kv.Frame) byte {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	var hello [64]byte
+	le := binary.LittleEndian
+	copy(hello[:], "KVH1")
+	hello[4] = 2
+	le.PutUint64(hello[8:], cfg.Incarnation)
+	le.PutUint64(hello[16:], peer)
+	le.PutUint32(hello[24:], uint32(cfg.Batch.PagesMax))
+	le.PutUint32(hello[28:], uint32(cfg.Batch.Frame.PageTokens))
+	le.PutUint32(hello[32:], uint32(cfg.Batch.Frame.BytesPerToken))
+	le.PutUint64(hello[40:], uint64(cfg.Batch.BytesMax))
+	copy(hello[48:], cfg.Model[:])
+	if _, err := conn.Write(hello[:]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(conn, hello[:]); err != nil || string(hello[:4]) != "KVR1" || hello[5] != 0 {
+		t.Fatalf("hello reply %q, %v: want accepted", hello[:8], err)
+	}
+	batch, err := kv.AppendBatch(nil, []kv.Frame{f}, cfg.Batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch[len(batch)-1] ^= 1
+	if _, err := conn.Write(batch); err != nil {
+		t.Fatal(err)
+	}
+	var ack [24]byte
+	if _, err := io.ReadFull(conn, ack[:]); err != nil {
+		t.Fatal(err)
+	}
+	return ack[8]
+}
+
+// blackHole accepts connections and never reads or answers, until release
+// closes them.
+func blackHole(t *testing.T) (addr string, release func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	release = func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	t.Cleanup(release)
+	return l.Addr().String(), release
+}
+
+// TestKVTransferStalledAndFailed: a decode node that advertises a data
+// plane that never answers (admitting one request at a time) has its
+// request wait for its KV while the prefill node holds the transfer under
+// way; a second request meanwhile is refused for the queue. When the data
+// plane goes, the transfer fails on both sides, counted once each under
+// the code the client is told.
+func TestKVTransferStalledAndFailed(t *testing.T) {
+	hole, release := blackHole(t)
+	_, d, ps, ds := startPair(t, func(cfg *cluster.NodeConfig) {
+		cfg.DataAdvertise = hole
+		cfg.Actors.QueueMax = 1
+	})
+	c := dial(t, d)
+	failed := make(chan error, 1)
+	go func() {
+		_, err := c.Generate(context.Background(), "acme", "into the black hole", client.GenerateOptions{MaxTokens: 2}, nil)
+		failed <- err
+	}()
+	testwait.For(t, "the transfer under way", 10*time.Second, func() bool {
+		return metric(t, scrape(t, ps), `kvwarden_requests_waiting{queue="prefill_transfer"}`) == 1
+	})
+	wantSeries(t, "the decode node, its request waiting for its KV", scrape(t, ds), map[string]float64{
+		`kvwarden_requests_waiting{queue="decode_transfer"}`: 1, `kvwarden_requests_waiting{queue="decode_pages"}`: 0,
+		`kvwarden_requests_running`: 0, `kvwarden_requests_in_flight`: 1})
+	_, err := c.Generate(context.Background(), "acme", "one more", client.GenerateOptions{MaxTokens: 2}, nil)
+	refusedWith(t, "a second request with one admitted at a time", err, messages.CodeBusy)
+	release()
+	err = <-failed
+	var we *messages.WireError
+	if !errors.As(err, &we) {
+		t.Fatalf("the request into the black hole: %v, want a refusal", err)
+	}
+	code := we.Code.String()
+	testwait.For(t, "the prefill node done with the transfer", 10*time.Second, func() bool {
+		return metric(t, scrape(t, ps), `kvwarden_requests_waiting{queue="prefill_transfer"}`) == 0
+	})
+	wantSeries(t, "the prefill node", scrape(t, ps), map[string]float64{
+		`kvwarden_kv_transfer_failures_total{code="` + code + `",side="send"}`: 1,
+		`kvwarden_kv_transfer_duration_seconds_count{side="send"}`:             0})
+	wantSeries(t, "the decode node", scrape(t, ds), map[string]float64{
+		`kvwarden_kv_transfer_failures_total{code="` + code + `",side="receive"}`: 1,
+		`kvwarden_kv_transfer_duration_seconds_count{side="receive"}`:             0,
+		`kvwarden_requests_waiting{queue="decode_transfer"}`:                      0,
+		`kvwarden_admission_rejections_total{bound="queue"}`:                      1,
+		`kvwarden_requests_failed_total{code="` + code + `"}`:                     1})
+	for _, s := range []struct {
+		name   string
+		scrape string
+		side   string
+	}{{"prefill", scrape(t, ps), "send"}, {"decode", scrape(t, ds), "receive"}} {
+		total := 0.0
+		for _, c := range messages.KnownCodes() {
+			total += metric(t, s.scrape, `kvwarden_kv_transfer_failures_total{code="`+c.String()+`",side="`+s.side+`"}`)
+		}
+		if total != 1 {
+			t.Errorf("the %s node counts %g failed transfers, want 1", s.name, total)
+		}
+	}
+}
