@@ -59,7 +59,7 @@ func BuiltinModel(cfg ModelConfig) (*Model, error) {
 // LoadModel reads a llama2.c checkpoint and its tokenizer
 // (ReadCheckpoint, ReadTokenizer), each validated before its arrays are
 // allocated, with K and V of type kvDType in KV pages (zero means f32).
-// The model is named after the checkpoint's file.
+// The model is named after the checkpoint's file, without its extension.
 func LoadModel(modelPath, tokenizerPath string, kvDType kv.DType) (*Model, error) {
 	cfg, w, err := ReadCheckpoint(modelPath, CheckpointOptions{KVDType: kvDType})
 	if err != nil {
@@ -72,10 +72,15 @@ func LoadModel(modelPath, tokenizerPath string, kvDType kv.DType) (*Model, error
 	return NewModel(modelName(modelPath), cfg, w, tok)
 }
 
-// modelName is the base name of path, shortened to ModelNameBytesMax bytes
-// on a character boundary.
+// modelName is the base name of path without its extension (what an API
+// client names the model by: "stories260K"), shortened to
+// ModelNameBytesMax bytes on a character boundary.
 func modelName(path string) string {
-	name := strings.ToValidUTF8(filepath.Base(path), "\uFFFD")
+	base := filepath.Base(path)
+	if stem := strings.TrimSuffix(base, filepath.Ext(base)); stem != "" {
+		base = stem
+	}
+	name := strings.ToValidUTF8(base, "\uFFFD")
 	for len(name) > ModelNameBytesMax {
 		_, size := utf8.DecodeLastRuneInString(name)
 		name = name[:len(name)-size]

@@ -117,8 +117,10 @@ func TestNewModelRefuses(t *testing.T) {
 func TestModelName(t *testing.T) {
 	long := strings.Repeat("é", ModelNameBytesMax) // two bytes each
 	for _, tc := range []struct{ path, want string }{
-		{"/models/stories260K.bin", "stories260K.bin"},
-		{"/models/st\xffries.bin", "st\uFFFDries.bin"},
+		{"/models/stories260K.bin", "stories260K"},
+		{"/models/st\xffries.bin", "st\uFFFDries"},
+		{"/models/.bin", ".bin"},
+		{"/models/model", "model"},
 		{"/m/" + long, long[:ModelNameBytesMax]},
 		{"/m/x" + long, "x" + long[:ModelNameBytesMax-2]},
 	} {

@@ -49,16 +49,27 @@ type Node interface {
 type Limits struct {
 	// HeaderBytesMax bounds a request's header, in bytes.
 	HeaderBytesMax int
-	// ReadTimeout bounds reading a request, WriteTimeout writing its
-	// answer; IdleTimeout how long a kept-alive connection may wait.
+	// BodyBytesMax bounds an API request's body, in bytes.
+	BodyBytesMax int64
+	// ReadTimeout bounds reading a request; WriteTimeout writing an answer
+	// (for a stream, each event: a client that stops reading for longer
+	// loses its request); IdleTimeout how long a kept-alive connection
+	// may wait.
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// StopSequencesMax bounds a request's stop sequences, StopBytesMax
+	// each one's bytes.
+	StopSequencesMax, StopBytesMax int
+	// ChatMessagesMax bounds a chat completion's messages.
+	ChatMessagesMax int
+	// RetryAfter is what a 429 tells the client to wait.
+	RetryAfter time.Duration
 }
 
-// DefaultLimits suit probes and scrapes: small headers, answers within
-// seconds.
+// DefaultLimits suit probes, scrapes and API requests of prompts up to
+// messages.PromptBytesMax (JSON escaping included).
 func DefaultLimits() Limits {
-	return Limits{HeaderBytesMax: 16 << 10, ReadTimeout: 5 * time.Second, WriteTimeout: 10 * time.Second,
-		IdleTimeout: time.Minute}
+	return Limits{HeaderBytesMax: 16 << 10, BodyBytesMax: 4 << 20, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second,
+		IdleTimeout: time.Minute, StopSequencesMax: 4, StopBytesMax: 256, ChatMessagesMax: 1024, RetryAfter: time.Second}
 }
 
 // Validate reports the first limit out of range, with its value.
@@ -66,21 +77,31 @@ func (l Limits) Validate() error {
 	switch {
 	case l.HeaderBytesMax < 1<<10 || l.HeaderBytesMax > 1<<20:
 		return fmt.Errorf("httpapi: HeaderBytesMax (%d) must be 1 KiB to 1 MiB", l.HeaderBytesMax)
+	case l.BodyBytesMax < 4<<10 || l.BodyBytesMax > 64<<20:
+		return fmt.Errorf("httpapi: BodyBytesMax (%d) must be 4 KiB to 64 MiB", l.BodyBytesMax)
 	case l.ReadTimeout <= 0 || l.WriteTimeout <= 0 || l.IdleTimeout <= 0:
 		return fmt.Errorf("httpapi: ReadTimeout (%s), WriteTimeout (%s) and IdleTimeout (%s) must be positive",
 			l.ReadTimeout, l.WriteTimeout, l.IdleTimeout)
+	case l.StopSequencesMax < 1 || l.StopSequencesMax > 64 || l.StopBytesMax < 1 || l.StopBytesMax > 4<<10:
+		return fmt.Errorf("httpapi: StopSequencesMax (%d) must be 1 to 64 and StopBytesMax (%d) 1 to 4096",
+			l.StopSequencesMax, l.StopBytesMax)
+	case l.ChatMessagesMax < 1 || l.ChatMessagesMax > 1<<16:
+		return fmt.Errorf("httpapi: ChatMessagesMax (%d) must be 1 to 65536", l.ChatMessagesMax)
+	case l.RetryAfter < time.Second || l.RetryAfter > time.Hour:
+		return fmt.Errorf("httpapi: RetryAfter (%s) must be 1s to 1h", l.RetryAfter)
 	}
 	return nil
 }
 
-// Server is the HTTP server of n with limits l.
-func Server(n Node, l Limits) *http.Server {
-	return &http.Server{Handler: Handler(n), MaxHeaderBytes: l.HeaderBytesMax, ReadTimeout: l.ReadTimeout,
+// Server is the HTTP server of h with limits l.
+func Server(h http.Handler, l Limits) *http.Server {
+	return &http.Server{Handler: h, MaxHeaderBytes: l.HeaderBytesMax, ReadTimeout: l.ReadTimeout,
 		ReadHeaderTimeout: l.ReadTimeout, WriteTimeout: l.WriteTimeout, IdleTimeout: l.IdleTimeout}
 }
 
-// Handler serves n's probes and metrics.
-func Handler(n Node) http.Handler {
+// Handler serves n's probes and metrics, and, when api is given (cfg
+// .Model not nil), the OpenAI-compatible API of APIConfig.
+func Handler(n Node, api *APIConfig, l Limits) (http.Handler, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(&collector{n: n})
 	mux := http.NewServeMux()
@@ -95,7 +116,14 @@ func Handler(n Node) http.Handler {
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
-	return mux
+	if api != nil {
+		a, err := NewAPI(*api, l, reg)
+		if err != nil {
+			return nil, err
+		}
+		a.routes(mux)
+	}
+	return mux, nil
 }
 
 var (

@@ -52,7 +52,11 @@ func startNode(t *testing.T, log *slog.Logger) (*cluster.Node, *httptest.Server)
 // serve is a test HTTP server of n's handlers.
 func serve(t *testing.T, n Node) *httptest.Server {
 	t.Helper()
-	srv := httptest.NewServer(Handler(n))
+	h, err := Handler(n, nil, DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv
 }

@@ -314,6 +314,11 @@ func checkRequestID(t TypeCode, id uint64) error {
 	return nil
 }
 
+// CheckTenant is the rule every tenant name on the wire obeys, for names
+// that arrive another way (an API keys file), so that they fail where they
+// are read rather than on every request.
+func CheckTenant(tenant string) error { return checkTenant(TypeGenerateRequest, tenant) }
+
 // checkTenant wants 1 to TenantBytesMax visible ASCII bytes: tenant names
 // end up in logs, metrics labels and page owners, where an invisible or
 // look-alike character would let two tenants seem one.

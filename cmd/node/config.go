@@ -99,6 +99,10 @@ type nodeConfig struct {
 	// HTTP is the host:port the node serves its probes (/healthz,
 	// /readyz) and Prometheus metrics (/metrics) on; empty serves none.
 	HTTP string `json:"http"`
+	// APIKeys is the API keys file (httpapi.KeysFile) of the
+	// OpenAI-compatible API a router or a node of role all serves on HTTP;
+	// empty serves no API. Read again on SIGHUP.
+	APIKeys string `json:"api_keys"`
 	// Faults is the fault spec a chaos build of the node injects
 	// (faults.Parse); empty injects none, and a production build refuses
 	// any other.

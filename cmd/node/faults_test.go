@@ -54,7 +54,7 @@ func TestServeFaultsAndPressure(t *testing.T) {
 	stdout, w := io.Pipe()
 	signals := make(chan os.Signal, 1)
 	served := make(chan error, 1)
-	go func() { served <- serve(w, log, nc, "", signals) }()
+	go func() { served <- serve(w, log, nc, webOptions{}, signals) }()
 	defer func() {
 		signals <- os.Interrupt
 		if err := <-served; err != nil {

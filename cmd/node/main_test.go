@@ -82,7 +82,7 @@ func TestModelFiles(t *testing.T) {
 		t.Fatalf("exit %d, want 0 with the model's geometry and window:\n%s", code, out)
 	}
 	code, out = runNode("preflight", "--context-tokens", "4096", "--kv-pool-tokens", "8192", "--model", model, "--tokenizer", tok)
-	if code != exitUsage || !strings.Contains(out, "--context-tokens (4096) exceeds stories260K.bin's context window of 512 tokens") {
+	if code != exitUsage || !strings.Contains(out, "--context-tokens (4096) exceeds stories260K's context window of 512 tokens") {
 		t.Fatalf("a window beyond the model's: exit %d, want %d:\n%s", code, exitUsage, out)
 	}
 	data, err := os.ReadFile(model)

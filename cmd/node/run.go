@@ -6,17 +6,20 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/chaos/faults"
+	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/cluster"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
@@ -118,7 +121,17 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			signals := make(chan os.Signal, 1)
 			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(signals)
-			return serve(cmd.OutOrStdout(), log, nc, cfg.HTTP, signals)
+			web := webOptions{Addr: cfg.HTTP}
+			if cfg.APIKeys != "" {
+				if web.Keys, err = httpapi.LoadKeys(cfg.APIKeys); err != nil {
+					return err
+				}
+				reload := make(chan os.Signal, 1)
+				signal.Notify(reload, syscall.SIGHUP)
+				defer signal.Stop(reload)
+				web.Reload = reload
+			}
+			return serve(cmd.OutOrStdout(), log, nc, web, signals)
 		},
 	}
 	configPath = configFlag(cmd)
@@ -140,7 +153,8 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.Var(&c.Join, "join", "gossip addresses of cluster members to join, comma-separated (none: start a new cluster)")
 	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "host:port peers reach the node at, when a proxy forwards it to --listen (empty: --listen's)")
 	fs.StringVar(&c.DataAdvertise, "data-advertise", c.DataAdvertise, "host:port peers reach the data plane at, when a proxy forwards it to --data (empty: --data's)")
-	fs.StringVar(&c.HTTP, "http", c.HTTP, "host:port to serve /healthz, /readyz and /metrics on, in plain HTTP (empty: none)")
+	fs.StringVar(&c.HTTP, "http", c.HTTP, "host:port to serve /healthz, /readyz, /metrics and, with --api-keys, the OpenAI-compatible /v1 API on, in plain HTTP (empty: none)")
+	fs.StringVar(&c.APIKeys, "api-keys", c.APIKeys, "API keys file of the OpenAI-compatible API (router and all roles, with --http; read again on SIGHUP)")
 	fs.StringVar(&c.Faults, "faults", c.Faults, "faults to inject, e.g. seed=7,frame-drop=0.02,ack-drop=0.01 (chaos builds only: go build -tags chaos ./cmd/node)")
 	fs.Int64Var(&c.ContextTokens, "context-tokens", c.ContextTokens, "context window the node advertises, in tokens: prompt plus generated tokens")
 	fs.IntVar(&c.PageTokens, "page-tokens", c.PageTokens, "tokens per KV page")
@@ -220,6 +234,10 @@ func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
 		if err := checkListen("--http", c.HTTP); err != nil {
 			return cluster.NodeConfig{}, err
 		}
+	}
+	if c.APIKeys != "" && (c.HTTP == "" || (a.Role != actors.RoleRouter && a.Role != actors.RoleAll)) {
+		return cluster.NodeConfig{}, fmt.Errorf("--api-keys %q: the API is served by a router or a node of role all, on --http (role %s, --http %q)",
+			c.APIKeys, a.Role, c.HTTP)
 	}
 	if err := c.checkProxied(a.Role); err != nil {
 		return cluster.NodeConfig{}, err
@@ -386,15 +404,24 @@ func (e *poolTooSmallError) Error() string {
 
 func (e *poolTooSmallError) Unwrap() error { return e.Err }
 
+// webOptions are what a node serves on HTTP: nothing without Addr; the
+// probes and metrics; and, with Keys, the OpenAI-compatible API, its keys
+// read again at each signal on Reload.
+type webOptions struct {
+	Addr   string
+	Keys   *httpapi.Keys
+	Reload <-chan os.Signal
+}
+
 // serve starts the node, prints the readiness line and waits.
-// With httpAddr, the node's probes and metrics (package httpapi) are
+// With web.Addr, the node's probes and metrics (package httpapi) are
 // served there too, in plain HTTP: they are read-only and hold no tenant's
-// data.
-func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, httpAddr string, signals <-chan os.Signal) error {
+// data; with web.Keys, the API as well.
+func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, web webOptions, signals <-chan os.Signal) error {
 	var httpLn net.Listener
-	if httpAddr != "" {
+	if web.Addr != "" {
 		var err error
-		if httpLn, err = net.Listen("tcp", httpAddr); err != nil {
+		if httpLn, err = net.Listen("tcp", web.Addr); err != nil {
 			return fmt.Errorf("run: --http: %w", err)
 		}
 		defer httpLn.Close()
@@ -412,7 +439,11 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, httpAddr 
 		security += ", FAULTS " + inj.Spec().String()
 	}
 	if httpLn != nil {
-		srv := httpapi.Server(n, httpapi.DefaultLimits())
+		srv, err := webServer(log, n, web)
+		if err != nil {
+			n.Stop()
+			return err
+		}
 		go srv.Serve(httpLn)
 		defer srv.Close()
 		security += ", http " + httpLn.Addr().String()
@@ -426,7 +457,47 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, httpAddr 
 		"decode_workers", a.DecodeWorkers, "queue_max", a.QueueMax, "identity", cfg.Auth.Self().URI(),
 		"insecure", cfg.Auth.Insecure(), "model", cfg.Model.Name(), "model_fingerprint", cfg.Model.Fingerprint().String(),
 		"kv_dtype", a.Model.KVDType.String())
+	if web.Keys != nil {
+		log.Info("serving the OpenAI-compatible API", "http", httpLn.Addr().String(), "keys", web.Keys.Len(), "keys_file", web.Keys.Path())
+		go reloadKeys(log, web.Keys, web.Reload, n.Stopped())
+	}
 	return wait(log, n, signals, n.Actors().Fatal(), n.Stopped())
+}
+
+// webServer is the HTTP server of node n: probes and metrics, and the API
+// when web has keys, its requests sent to n's own admission actor (the
+// router's, on a router) as local requests of the key's tenant.
+func webServer(log *slog.Logger, n *cluster.Node, web webOptions) (*http.Server, error) {
+	l := httpapi.DefaultLimits()
+	var api *httpapi.APIConfig
+	if web.Keys != nil {
+		a := n.Actors()
+		gen := client.New(a.Root().ActorSystem(), actor.NewPID(n.Address(), actors.AdmissionName), client.Options{})
+		cfg := a.Config()
+		api = &httpapi.APIConfig{Model: a.Model(), Generator: gen, Keys: web.Keys, Node: cfg.Limits(), Log: log}
+	}
+	h, err := httpapi.Handler(n, api, l)
+	if err != nil {
+		return nil, fmt.Errorf("run: --http: %w", err)
+	}
+	return httpapi.Server(h, l), nil
+}
+
+// reloadKeys reads the keys file again at each signal on reload, until
+// stopped; a file that cannot be used is logged and the keys in use stay.
+func reloadKeys(log *slog.Logger, keys *httpapi.Keys, reload <-chan os.Signal, stopped <-chan struct{}) {
+	for {
+		select {
+		case <-reload:
+			if err := keys.Reload(); err != nil {
+				log.Error("API keys not reloaded; the keys in use stay", "err", err)
+				continue
+			}
+			log.Info("API keys reloaded", "keys", keys.Len(), "keys_file", keys.Path())
+		case <-stopped:
+			return
+		}
+	}
 }
 
 // stopper is what wait stops: a *cluster.Node, or a stand-in in tests.

@@ -1,0 +1,564 @@
+//go:build !race
+
+// The node here serves protoactor remote, whose own goroutines race inside
+// protoactor (see cluster/node_test.go); the API's own state is tested
+// under the race detector in keys_test.go and stop_test.go.
+
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/modeltest"
+	"github.com/kvwarden/kvwarden/internal/testwait"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
+)
+
+// The keys of the API tests: acme's, a limited tenant's (one request at a
+// time) and a key restricted to another model.
+const (
+	keyAcme       = "kvw-test-acme"
+	keyLimited    = "kvw-test-limited"
+	keyRestricted = "kvw-test-restricted"
+)
+
+// writeKeys writes the tests' keys file in dir.
+func writeKeys(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "keys.json")
+	for _, k := range []struct {
+		e      KeyEntry
+		limits *TenantLimits
+	}{
+		{KeyEntry{Name: "acme", Tenant: "acme", SHA256: HashKey(keyAcme)}, nil},
+		{KeyEntry{Name: "limited", Tenant: "limited", SHA256: HashKey(keyLimited)}, &TenantLimits{ConcurrentMax: 1}},
+		{KeyEntry{Name: "restricted", Tenant: "acme", SHA256: HashKey(keyRestricted), Models: []string{"another-model"}}, nil},
+	} {
+		if err := AddKey(path, k.e, k.limits); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return path
+}
+
+// apiNode is a real node of role all serving stories260K, alone and
+// insecure, and a test HTTP server of its handlers with the API.
+type apiNode struct {
+	node  *cluster.Node
+	model *engine.Model
+	keys  *Keys
+	srv   *httptest.Server
+}
+
+func startAPI(t *testing.T) *apiNode { return startAPIServing(t, modeltest.Stories(t, kv.F32)) }
+
+// startSlowAPI serves the large built-in model, whose decode steps take
+// milliseconds: a request of a few hundred tokens is still streaming when
+// its client goes away or sends another.
+func startSlowAPI(t *testing.T) *apiNode {
+	cfg := engine.LargeModelConfig()
+	cfg.ContextTokens = 512
+	return startAPIServing(t, modeltest.Builtin(t, cfg))
+}
+
+func startAPIServing(t *testing.T, m *engine.Model) *apiNode {
+	t.Helper()
+	cfg := cluster.DefaultLocalNodeConfig(actors.RoleAll)
+	cfg.Actors.Model, cfg.Model = m.Config(), m
+	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = m.Config().ContextTokens, 448
+	cfg.Auth = trust.Insecure(nil)
+	n, err := cluster.StartNode(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Stop() })
+	keys, err := LoadKeys(writeKeys(t, t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := n.Actors()
+	gen := client.New(a.Root().ActorSystem(), actor.NewPID(n.Address(), actors.AdmissionName), client.Options{})
+	h, err := Handler(n, &APIConfig{Model: m, Generator: gen, Keys: keys, Node: cfg.Actors.Limits()}, DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	testwait.For(t, "the node ready", 10*time.Second, func() bool { return n.Ready() == nil })
+	return &apiNode{node: n, model: m, keys: keys, srv: srv}
+}
+
+func (a *apiNode) sdk(key string) openai.Client {
+	return openai.NewClient(option.WithBaseURL(a.srv.URL+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0))
+}
+
+// reference is the model's answer to prompt with at most max tokens, cut
+// before the first of stops: its text and its tokens up to the one that
+// completed the stop sequence (all of them without one), and whether one
+// came.
+func (a *apiNode) reference(t *testing.T, prompt string, max int, stops ...string) (string, int, bool) {
+	t.Helper()
+	tokens, err := a.model.Answer(prompt, max)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := 1; n <= len(tokens); n++ {
+		text := a.model.Text(prompt, tokens[:n])
+		at := -1
+		for _, s := range stops {
+			if i := strings.Index(text, s); i >= 0 && (at < 0 || i < at) {
+				at = i
+			}
+		}
+		if at >= 0 {
+			return text[:at], n, true
+		}
+	}
+	return a.model.Text(prompt, tokens), len(tokens), false
+}
+
+func (a *apiNode) promptTokens(prompt string) int64 {
+	return int64(len(a.model.Tokenizer().Encode(prompt)))
+}
+
+// TestSDKCompletions: the official OpenAI Go SDK gets the reference answer
+// from /v1/completions, whole and streamed, with usage in the model's
+// tokens, and the same text cut at a stop sequence.
+func TestSDKCompletions(t *testing.T) {
+	a := startAPI(t)
+	c := a.sdk(keyAcme)
+	ctx := context.Background()
+	const prompt, max = "Once upon a time", 48
+	want, n, _ := a.reference(t, prompt, max)
+	params := openai.CompletionNewParams{Model: "stories260K", MaxTokens: openai.Int(max),
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)}}
+	res, err := c.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Choices) != 1 || res.Choices[0].Text != want || res.Choices[0].FinishReason != "length" {
+		t.Fatalf("completion %+v, want the reference %q", res.Choices, want)
+	}
+	if u := res.Usage; u.PromptTokens != a.promptTokens(prompt) || u.CompletionTokens != int64(n) || u.TotalTokens != u.PromptTokens+int64(n) {
+		t.Errorf("usage %+v, want %d prompt and %d completion tokens", u, a.promptTokens(prompt), n)
+	}
+
+	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	stream := c.Completions.NewStreaming(ctx, params)
+	var text strings.Builder
+	var finish string
+	var usage openai.CompletionUsage
+	chunks := 0
+	for stream.Next() {
+		cur := stream.Current()
+		for _, ch := range cur.Choices {
+			text.WriteString(ch.Text)
+			if ch.FinishReason != "" {
+				finish = string(ch.FinishReason)
+			}
+		}
+		if cur.Usage.TotalTokens > 0 {
+			usage = cur.Usage
+		}
+		chunks++
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if text.String() != want || finish != "length" || usage.CompletionTokens != int64(n) || chunks < 3 {
+		t.Fatalf("streamed %q (finish %q, usage %+v, %d chunks), want the reference %q", text.String(), finish, usage, chunks, want)
+	}
+
+	// A stop sequence from the middle of the reference answer: the text
+	// before it, finish "stop", and the tokens up to the one that
+	// completed it.
+	stop := want[len(want)/2 : len(want)/2+3]
+	cut, cutTokens, _ := a.reference(t, prompt, max, stop)
+	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{}
+	params.Stop = openai.CompletionNewParamsStopUnion{OfString: openai.String(stop)}
+	res, err = c.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Choices[0].Text != cut || res.Choices[0].FinishReason != "stop" || res.Usage.CompletionTokens != int64(cutTokens) {
+		t.Fatalf("with stop %q: %q (finish %s, %d tokens), want %q (%d tokens)", stop, res.Choices[0].Text,
+			res.Choices[0].FinishReason, res.Usage.CompletionTokens, cut, cutTokens)
+	}
+	stream = c.Completions.NewStreaming(ctx, params)
+	text.Reset()
+	for stream.Next() {
+		for _, ch := range stream.Current().Choices {
+			text.WriteString(ch.Text)
+		}
+	}
+	if err := stream.Err(); err != nil || text.String() != cut {
+		t.Fatalf("streamed with stop %q: %q (%v), want %q", stop, text.String(), err, cut)
+	}
+	testwait.For(t, "the stopped requests ended", 10*time.Second, func() bool { return a.node.Status().Node.InFlight == 0 })
+}
+
+// TestSDKChat: a chat completion is the reference answer to ChatPrompt's
+// text, ending at the next user turn, whole and streamed.
+func TestSDKChat(t *testing.T) {
+	a := startAPI(t)
+	c := a.sdk(keyAcme)
+	msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("Tell a story."), openai.UserMessage("Once upon a time")}
+	prompt := "System: Tell a story.\nUser: Once upon a time\nAssistant:"
+	const max = 64
+	want, n, _ := a.reference(t, prompt, max, ChatTurnStop)
+	params := openai.ChatCompletionNewParams{Model: "stories260K", Messages: msgs, MaxTokens: openai.Int(max)}
+	res, err := c.Chat.Completions.New(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Choices) != 1 || res.Choices[0].Message.Content != want || res.Choices[0].Message.Role != "assistant" {
+		t.Fatalf("chat answered %+v, want %q", res.Choices, want)
+	}
+	if u := res.Usage; u.PromptTokens != a.promptTokens(prompt) || u.CompletionTokens != int64(n) {
+		t.Errorf("usage %+v, want %d prompt and %d completion tokens", u, a.promptTokens(prompt), n)
+	}
+	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
+	acc := openai.ChatCompletionAccumulator{}
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := acc.Choices[0].Message.Content; got != want {
+		t.Fatalf("chat streamed %q, want %q", got, want)
+	}
+}
+
+// post sends body to the API's path with key (none if empty) and returns
+// the status, the Retry-After header and the decoded error object, if
+// any.
+func post(t *testing.T, url, key, body string) (int, string, errorObject) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var e errorBody
+	data, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK {
+		if err := json.Unmarshal(data, &e); err != nil {
+			t.Fatalf("status %d with a body that is not an error object: %q", res.StatusCode, data)
+		}
+	}
+	return res.StatusCode, res.Header.Get("Retry-After"), e.Error
+}
+
+// TestAPIRefusals: each refusal has its status, OpenAI's error shape and
+// our code, from the real node: no key, a wrong key, a key for another
+// model, an unknown model, unsupported parameters, a prompt the window
+// cannot hold, max_tokens out of range and a body too large.
+func TestAPIRefusals(t *testing.T) {
+	a := startAPI(t)
+	url := a.srv.URL + "/v1/completions"
+	ok := `{"model":"stories260K","prompt":"hi","max_tokens":2}`
+	for _, tc := range []struct {
+		name, key, body string
+		status          int
+		code, param     string
+	}{
+		{"no key", "", ok, 401, "missing_api_key", ""},
+		{"a wrong key", "kvw-nobody", ok, 401, "invalid_api_key", ""},
+		{"a key for another model", keyRestricted, ok, 403, "model_not_permitted", "model"},
+		{"an unknown model", keyAcme, `{"model":"gpt-4","prompt":"hi"}`, 404, "model_not_found", "model"},
+		{"no model", keyAcme, `{"prompt":"hi"}`, 400, "invalid_request", "model"},
+		{"n = 2", keyAcme, `{"model":"stories260K","prompt":"hi","n":2}`, 400, "invalid_request", "n"},
+		{"echo", keyAcme, `{"model":"stories260K","prompt":"hi","echo":true}`, 400, "invalid_request", "echo"},
+		{"token ids", keyAcme, `{"model":"stories260K","prompt":[1,2,3]}`, 400, "invalid_request", "prompt"},
+		{"five stops", keyAcme, `{"model":"stories260K","prompt":"hi","stop":["a","b","c","d","e"]}`, 400, "invalid_request", "stop"},
+		{"max_tokens 0", keyAcme, `{"model":"stories260K","prompt":"hi","max_tokens":0}`, 400, "invalid_request", "max_tokens"},
+		{"a prompt over the window", keyAcme, `{"model":"stories260K","prompt":"` + strings.Repeat("word ", 600) + `"}`, 400,
+			"prompt_too_long", ""},
+		{"not JSON", keyAcme, `{"model":`, 400, "invalid_request", ""},
+		{"a body over 4 MiB", keyAcme, `{"model":"stories260K","prompt":"` + strings.Repeat("x", 5<<20) + `"}`, 413, "body_too_large", ""},
+	} {
+		status, _, e := post(t, url, tc.key, tc.body)
+		if status != tc.status || e.Code != tc.code || (tc.param != "" && (e.Param == nil || *e.Param != tc.param)) ||
+			e.Type != errorType(tc.status) || e.Message == "" {
+			t.Errorf("%s: %d %+v, want %d code %q param %q", tc.name, status, e, tc.status, tc.code, tc.param)
+		}
+	}
+	status, _, e := post(t, url, keyAcme, `{"model":"stories260K","prompt":"`+strings.Repeat("word ", 600)+`"}`)
+	if status != 400 || e.Detail == nil || e.Detail.Code != 1 || e.Detail.Limit != 512 || e.Detail.Where != "context window" {
+		t.Errorf("a prompt over the window: %d, detail %+v, want code 1 and the window's 512 tokens", status, e.Detail)
+	}
+}
+
+// TestAPITenantLimit: the limited tenant's one request in flight holds
+// its stream open; a second is refused with 429 and Retry-After, another
+// tenant is served meanwhile, and the limited one again once its request
+// ends.
+func TestAPITenantLimit(t *testing.T) {
+	a := startSlowAPI(t)
+	url := a.srv.URL + "/v1/completions"
+	ok := `{"model":"builtin","prompt":"hi","max_tokens":2}`
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	body, _ := streamFirstEvent(t, ctx, url, keyLimited, `{"model":"builtin","prompt":"Once","max_tokens":400,"stream":true}`)
+	status, retry, e := post(t, url, keyLimited, ok)
+	if status != 429 || retry != "1" || e.Code != "tenant_concurrency_limit" || !strings.Contains(e.Message, "has 1 requests in flight, its limit is 1") {
+		t.Errorf("a limited tenant's second request: %d (Retry-After %q) %+v", status, retry, e)
+	}
+	if status, _, _ := post(t, url, keyAcme, ok); status != 200 {
+		t.Errorf("another tenant's request while the limited one is at its limit: %d", status)
+	}
+	cancel()
+	body.Close()
+	testwait.For(t, "the limited tenant served again", 10*time.Second, func() bool {
+		status, _, _ := post(t, url, keyLimited, ok)
+		return status == 200
+	})
+}
+
+// streamFirstEvent starts a streamed request and reads its first event;
+// the caller closes the body (or cancels ctx) to go away.
+func streamFirstEvent(t *testing.T, ctx context.Context, url, key, body string) (io.ReadCloser, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != 200 || res.Header.Get("Content-Type") != "text/event-stream" {
+		data, _ := io.ReadAll(res.Body)
+		t.Fatalf("stream: %d %s: %s", res.StatusCode, res.Header.Get("Content-Type"), data)
+	}
+	line, err := bufio.NewReader(res.Body).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: {") {
+		t.Fatalf("first event %q: %v", line, err)
+	}
+	return res.Body, line
+}
+
+// TestAPIDisconnect: a client that goes away mid-stream cancels its
+// request on the node, whose pages are all free again.
+func TestAPIDisconnect(t *testing.T) {
+	a := startSlowAPI(t)
+	capacity := func() (free, all uint32) {
+		for _, p := range a.node.Status().Node.Pools {
+			free, all = free+p.Free, all+p.Capacity
+		}
+		return free, all
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	body, _ := streamFirstEvent(t, ctx, a.srv.URL+"/v1/completions", keyAcme,
+		`{"model":"builtin","prompt":"Once upon a time","max_tokens":400,"stream":true}`)
+	if free, all := capacity(); free == all {
+		t.Fatalf("no page in use while a request streams (%d of %d free)", free, all)
+	}
+	cancel()
+	body.Close()
+	testwait.Report(t, "the request cancelled and its pages freed", 10*time.Second, func() (bool, string) {
+		s := a.node.Status().Node
+		free, all := capacity()
+		return s.InFlight == 0 && free == all, strconv.Itoa(int(free)) + " of " + strconv.Itoa(int(all)) + " pages free"
+	})
+	if s := a.node.Status().Node; s.Completed != 0 || s.Failed != 1 {
+		t.Errorf("after a client went away: %d completed, %d failed, want the one cancelled", s.Completed, s.Failed)
+	}
+}
+
+// TestAPIMetricsCount: the API's and the node's counters move by exactly
+// the requests sent through the API.
+func TestAPIMetricsCount(t *testing.T) {
+	a := startAPI(t)
+	_, before := get(t, a.srv.URL+"/metrics")
+	for _, s := range []string{`kvwarden_http_requests_total{route="completions",status="200"}`,
+		`kvwarden_http_requests_total{route="chat_completions",status="429"}`, `kvwarden_http_streams_aborted_total`,
+		`kvwarden_http_tenant_limited_total`} {
+		if v := metric(t, before, s); v != 0 {
+			t.Errorf("%s is %g at start, want 0", s, v)
+		}
+	}
+	ok := `{"model":"stories260K","prompt":"hi","max_tokens":3}`
+	for range 3 {
+		if status, _, _ := post(t, a.srv.URL+"/v1/completions", keyAcme, ok); status != 200 {
+			t.Fatalf("status %d", status)
+		}
+	}
+	for range 2 {
+		post(t, a.srv.URL+"/v1/completions", "", ok)
+	}
+	post(t, a.srv.URL+"/v1/chat/completions", keyAcme, `{"model":"stories260K","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`)
+	_, after := get(t, a.srv.URL+"/metrics")
+	for s, want := range map[string]float64{`kvwarden_http_requests_total{route="completions",status="200"}`: 3,
+		`kvwarden_http_requests_total{route="completions",status="401"}`:      2,
+		`kvwarden_http_requests_total{route="chat_completions",status="200"}`: 1,
+		`kvwarden_requests_admitted_total`:                                    4, `kvwarden_requests_finished_total{outcome="completed"}`: 4} {
+		if v := metric(t, after, s); v != want {
+			t.Errorf("%s is %g, want %g", s, v, want)
+		}
+	}
+}
+
+// TestModels: /v1/models lists the node's model for a key that may use
+// it, and nothing for one that may not.
+func TestModels(t *testing.T) {
+	a := startAPI(t)
+	c := a.sdk(keyAcme)
+	page, err := c.Models.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Data) != 1 || page.Data[0].ID != "stories260K" || page.Data[0].OwnedBy != "kvwarden" {
+		t.Fatalf("models %+v", page.Data)
+	}
+	m, err := c.Models.Get(context.Background(), a.model.Fingerprint().String())
+	if err != nil || m.ID != "stories260K" {
+		t.Fatalf("the model by fingerprint: %+v, %v", m, err)
+	}
+	restricted := a.sdk(keyRestricted)
+	if page, err := restricted.Models.List(context.Background()); err != nil || len(page.Data) != 0 {
+		t.Fatalf("a key for another model lists %+v (%v)", page, err)
+	}
+	var apiErr *openai.Error
+	if _, err := restricted.Models.Get(context.Background(), "stories260K"); !errors.As(err, &apiErr) || apiErr.StatusCode != 403 {
+		t.Fatalf("a key for another model gets the model: %v", err)
+	}
+}
+
+// TestKeysReload: a key added to the file is accepted after Reload; a
+// broken file leaves the keys in use as they were.
+func TestKeysReload(t *testing.T) {
+	a := startAPI(t)
+	url := a.srv.URL + "/v1/models"
+	getWith := func(key string) int {
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if got := getWith("kvw-new"); got != 401 {
+		t.Fatalf("a key not in the file: %d", got)
+	}
+	if err := AddKey(a.keys.Path(), KeyEntry{Name: "new", Tenant: "newco", SHA256: HashKey("kvw-new")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.keys.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := getWith("kvw-new"); got != 200 {
+		t.Fatalf("a key added and reloaded: %d", got)
+	}
+	if err := os.WriteFile(a.keys.Path(), []byte(`{"keys": [`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var fe *KeysFileError
+	if err := a.keys.Reload(); !errors.As(err, &fe) {
+		t.Fatalf("a broken keys file reloaded: %v", err)
+	}
+	if getWith("kvw-new") != 200 || getWith(keyAcme) != 200 {
+		t.Fatal("a broken keys file took keys away")
+	}
+}
+
+// failingGenerator streams text, then fails with err.
+type failingGenerator struct {
+	text []string
+	err  error
+}
+
+func (g failingGenerator) Generate(_ context.Context, _, _ string, opt client.GenerateOptions, onToken func(int)) (client.Result, error) {
+	for _, s := range g.text {
+		onToken(1)
+		opt.OnText(s)
+	}
+	return client.Result{}, g.err
+}
+
+// TestErrorCodes: every stable code reaches the client with its status,
+// before a stream began (a plain error answer) and after (an error event
+// and no [DONE], which the SDK reports as an error). The generator stands
+// in for the cluster: the real failures behind most codes (a lost node, a
+// checksum) cannot be made to order here; the binary's tests make a real
+// one.
+func TestErrorCodes(t *testing.T) {
+	m := modeltest.Builtin(t, engine.DefaultModelConfig())
+	keys, err := LoadKeys(writeKeys(t, t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := actors.DefaultConfig()
+	for _, code := range append(slices.Clone(messages.KnownCodes()), 42) {
+		wire := &messages.WireError{Code: code, Message: "made to order"}
+		for _, text := range [][]string{nil, {"partial ", "answer"}} {
+			api, err := NewAPI(APIConfig{Model: m, Generator: failingGenerator{text, wire}, Keys: keys, Node: node.Limits()},
+				DefaultLimits(), prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			mux := http.NewServeMux()
+			api.routes(mux)
+			srv := httptest.NewServer(mux)
+			c := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey(keyAcme), option.WithMaxRetries(0))
+			params := openai.CompletionNewParams{Model: "builtin", MaxTokens: openai.Int(8),
+				Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}}
+			_, err = c.Completions.New(context.Background(), params)
+			var apiErr *openai.Error
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != code.HTTPStatus() || apiErr.Code != code.String() {
+				t.Errorf("code %d, %d chunks, whole: %v, want status %d code %q", code, len(text), err, code.HTTPStatus(), code)
+			}
+			stream := c.Completions.NewStreaming(context.Background(), params)
+			var got strings.Builder
+			for stream.Next() {
+				for _, ch := range stream.Current().Choices {
+					got.WriteString(ch.Text)
+				}
+			}
+			err = stream.Err()
+			switch {
+			case len(text) == 0 && (!errors.As(err, &apiErr) || apiErr.StatusCode != code.HTTPStatus()):
+				t.Errorf("code %d before any text, streamed: %v, want status %d", code, err, code.HTTPStatus())
+			case len(text) > 0 && (err == nil || !strings.Contains(err.Error(), `"code":"`+code.String()+`"`) ||
+				got.String() != "partial answer"):
+				t.Errorf("code %d after text, streamed %q then %v, want the text and an error event", code, got.String(), err)
+			}
+			srv.Close()
+		}
+	}
+}

@@ -1,0 +1,272 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// completionRequest is POST /v1/completions' body: the fields read, and
+// those refused unless left at their default. Others (temperature, top_p,
+// seed, user, …) are accepted and ignored: decoding is greedy.
+type completionRequest struct {
+	common
+	Prompt json.RawMessage `json:"prompt"`
+	Echo   bool            `json:"echo"`
+	BestOf *int            `json:"best_of"`
+	Suffix *string         `json:"suffix"`
+}
+
+// promptText reads "prompt": a string, or an array of exactly one string.
+// Token ids are refused: the cluster takes text, and counts tokens itself.
+func promptText(raw json.RawMessage) (string, *apiError) {
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var list []string
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return "", badRequest("prompt", "prompt must be a string or an array of one string (token ids are not taken)")
+	}
+	if len(list) != 1 {
+		return "", badRequest("prompt", "prompt is an array of %d strings; one prompt per request", len(list))
+	}
+	return list[0], nil
+}
+
+type completionChoice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+type completionResponse struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []completionChoice `json:"choices"`
+	Usage   *usage             `json:"usage,omitempty"`
+}
+
+// completions answers POST /v1/completions.
+func (a *API) completions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if e := a.readJSON(w, r, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	e := req.check()
+	switch {
+	case e != nil:
+	case len(req.Prompt) == 0 || string(req.Prompt) == "null":
+		e = badRequest("prompt", "prompt is required")
+	case req.Echo:
+		e = badRequest("echo", "echo is not supported")
+	case req.BestOf != nil && *req.BestOf != 1:
+		e = badRequest("best_of", "best_of is %d; only one choice is generated", *req.BestOf)
+	case req.Suffix != nil && *req.Suffix != "":
+		e = badRequest("suffix", "suffix is not supported")
+	}
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	key, e := a.authorize(r, req.Model)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	g := &generation{key: key}
+	if g.prompt, e = promptText(req.Prompt); e == nil {
+		if g.stops, e = a.parseStop(req.Stop); e == nil {
+			e = a.prepare(g, req.MaxTokens, false)
+		}
+	}
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	id, created, model := newID("cmpl-"), time.Now().Unix(), a.cfg.Model.Name()
+	resp := func(choices []completionChoice, u *usage) completionResponse {
+		return completionResponse{ID: id, Object: "text_completion", Created: created, Model: model, Choices: choices, Usage: u}
+	}
+	a.serveGeneration(w, r, g, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		func(text string) any { return resp([]completionChoice{{Text: text}}, nil) },
+		func(o outcome) any { return resp([]completionChoice{{FinishReason: &o.finish}}, nil) },
+		func(u *usage) any { return resp([]completionChoice{}, u) },
+		func(text string, o outcome) any {
+			return resp([]completionChoice{{Text: text, FinishReason: &o.finish}}, usageOf(g, o))
+		})
+}
+
+// chatRequest is POST /v1/chat/completions' body.
+type chatRequest struct {
+	common
+	Messages            []chatMessage   `json:"messages"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	ResponseFormat      *responseFormat `json:"response_format"`
+}
+
+type responseFormat struct {
+	Type string `json:"type"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// text is a message's content: a string, or an array of text parts.
+func (m chatMessage) text() (string, error) {
+	var s string
+	if err := json.Unmarshal(m.Content, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(m.Content, &parts); err != nil {
+		return "", fmt.Errorf("content must be a string or an array of text parts")
+	}
+	var b strings.Builder
+	for i, p := range parts {
+		if p.Type != "text" {
+			return "", fmt.Errorf("content part %d is of type %q; only text is taken", i, p.Type)
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}
+
+// chatRoles are the roles a message may have, as the template names them.
+var chatRoles = map[string]string{"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
+
+// ChatTurnStop is the stop sequence every chat completion has besides its
+// own: the start of the next user turn in ChatPrompt's template.
+const ChatTurnStop = "\nUser:"
+
+// ChatPrompt is the text a chat becomes for a model without a chat
+// template of its own: each message on its own line as "Role: content"
+// (System, User or Assistant), then "Assistant:" for the model to go on
+// from. The model's answer ends at its end of sequence or at the next
+// "\nUser:".
+//
+//	System: You are terse.
+//	User: Hello!
+//	Assistant:
+func ChatPrompt(msgs []chatMessage) (string, *apiError) {
+	var b strings.Builder
+	for i, m := range msgs {
+		role, ok := chatRoles[m.Role]
+		if !ok {
+			return "", badRequest(fmt.Sprintf("messages[%d].role", i), "role %q; want system, developer, user or assistant", m.Role)
+		}
+		text, err := m.text()
+		if err != nil {
+			return "", badRequest(fmt.Sprintf("messages[%d].content", i), "%v", err)
+		}
+		b.WriteString(role)
+		b.WriteString(": ")
+		b.WriteString(text)
+		b.WriteString("\n")
+	}
+	b.WriteString("Assistant:")
+	return b.String(), nil
+}
+
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chatChoice struct {
+	Index        int        `json:"index"`
+	Message      *chatReply `json:"message,omitempty"`
+	Delta        *chatDelta `json:"delta,omitempty"`
+	Logprobs     any        `json:"logprobs"`
+	FinishReason *string    `json:"finish_reason"`
+}
+
+type chatReply struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type chatResponse struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []chatChoice `json:"choices"`
+	Usage   *usage       `json:"usage,omitempty"`
+}
+
+// chat answers POST /v1/chat/completions.
+func (a *API) chat(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	if e := a.readJSON(w, r, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	e := req.check()
+	switch {
+	case e != nil:
+	case len(req.Messages) == 0:
+		e = badRequest("messages", "messages is required")
+	case len(req.Messages) > a.limits.ChatMessagesMax:
+		e = badRequest("messages", "%d messages, at most %d", len(req.Messages), a.limits.ChatMessagesMax)
+	case req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text":
+		e = badRequest("response_format", "response_format %q; only text", req.ResponseFormat.Type)
+	case req.MaxTokens != nil && req.MaxCompletionTokens != nil && *req.MaxTokens != *req.MaxCompletionTokens:
+		e = badRequest("max_completion_tokens", "max_tokens (%d) and max_completion_tokens (%d) differ", *req.MaxTokens,
+			*req.MaxCompletionTokens)
+	}
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	key, e := a.authorize(r, req.Model)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	g := &generation{key: key}
+	if g.prompt, e = ChatPrompt(req.Messages); e == nil {
+		if g.stops, e = a.parseStop(req.Stop); e == nil {
+			g.stops = append(g.stops, ChatTurnStop)
+			maxTokens := req.MaxTokens
+			if req.MaxCompletionTokens != nil {
+				maxTokens = req.MaxCompletionTokens
+			}
+			e = a.prepare(g, maxTokens, true)
+		}
+	}
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	id, created, model := newID("chatcmpl-"), time.Now().Unix(), a.cfg.Model.Name()
+	chunk := func(c []chatChoice, u *usage) chatResponse {
+		return chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: model, Choices: c, Usage: u}
+	}
+	first := true
+	a.serveGeneration(w, r, g, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		func(text string) any {
+			d := &chatDelta{Content: &text}
+			if first {
+				d.Role, first = "assistant", false
+			}
+			return chunk([]chatChoice{{Delta: d}}, nil)
+		},
+		func(o outcome) any { return chunk([]chatChoice{{Delta: &chatDelta{}, FinishReason: &o.finish}}, nil) },
+		func(u *usage) any { return chunk([]chatChoice{}, u) },
+		func(text string, o outcome) any {
+			return chatResponse{ID: id, Object: "chat.completion", Created: created, Model: model, Usage: usageOf(g, o),
+				Choices: []chatChoice{{Message: &chatReply{Role: "assistant", Content: text}, FinishReason: &o.finish}}}
+		})
+}

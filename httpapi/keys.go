@@ -1,0 +1,369 @@
+package httpapi
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// Bounds of an API keys file, checked as it is read.
+const (
+	// KeysFileBytesMax bounds the file's size in bytes.
+	KeysFileBytesMax = 4 << 20
+	// KeysMax bounds its keys; TenantsMax its tenants with limits.
+	KeysMax    = 10_000
+	TenantsMax = 10_000
+	// KeyBytesMax bounds a key as a client presents it, in bytes.
+	KeyBytesMax = 256
+	// KeyNameBytesMax bounds a key's name (what logs say instead of it).
+	KeyNameBytesMax = 64
+	// ConcurrentMax bounds a tenant's concurrency limit.
+	ConcurrentMax = 1 << 16
+	// KeyModelsMax bounds the models one key may be restricted to.
+	KeyModelsMax = 64
+)
+
+// KeyPrefix starts every key NewKey makes, so that a key pasted where it
+// should not be is recognisable (secret scanners match on it).
+const KeyPrefix = "kvw-"
+
+// KeysFile is the file of API keys a node accepts: JSON, only each key's
+// SHA-256 stored, never the key.
+//
+//	{
+//	  "tenants": {"acme": {"concurrent_max": 8}},
+//	  "keys": [
+//	    {"name": "acme-ci", "tenant": "acme", "sha256": "9f86d0…", "models": ["stories260K"]}
+//	  ]
+//	}
+//
+// A key's requests run as its tenant, whatever a request says. A tenant in
+// "tenants" has at most concurrent_max requests in flight on this node,
+// counted over all its keys; a tenant not there has no limit of its own
+// (the node's queue still bounds it). "models", when present, is the only
+// models the key may use (by name or fingerprint).
+type KeysFile struct {
+	Tenants map[string]TenantLimits `json:"tenants,omitempty"`
+	Keys    []KeyEntry              `json:"keys"`
+}
+
+// TenantLimits are one tenant's limits.
+type TenantLimits struct {
+	// ConcurrentMax is the most requests the tenant may have in flight, 1
+	// to ConcurrentMax.
+	ConcurrentMax int `json:"concurrent_max"`
+}
+
+// KeyEntry is one key.
+type KeyEntry struct {
+	// Name identifies the key in logs and errors, unique in the file.
+	Name string `json:"name"`
+	// Tenant is who the key's requests run as.
+	Tenant string `json:"tenant"`
+	// SHA256 is the hex SHA-256 of the key's bytes (HashKey).
+	SHA256 string `json:"sha256"`
+	// Models, if not empty, are the only models the key may use.
+	Models []string `json:"models,omitempty"`
+}
+
+// HashKey is what a keys file stores for key: its SHA-256 in hex, as
+// `printf %s "$KEY" | sha256sum` prints it. A key is 32 random bytes, so a
+// plain hash suffices: there is no dictionary to guess from.
+func HashKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// NewKey makes a key: KeyPrefix and 32 random bytes, base64url.
+func NewKey() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("httpapi: making a key: %w", err)
+	}
+	return KeyPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
+}
+
+// KeysFileError is a keys file that cannot be used: where and why.
+type KeysFileError struct {
+	Path string
+	// Key is the index of the key entry at fault, -1 when none.
+	Key    int
+	Reason string
+}
+
+func (e *KeysFileError) Error() string {
+	if e.Key >= 0 {
+		return fmt.Sprintf("httpapi: keys file %s: key %d: %s", e.Path, e.Key, e.Reason)
+	}
+	return fmt.Sprintf("httpapi: keys file %s: %s", e.Path, e.Reason)
+}
+
+// ParseKeysFile reads and checks a keys file's content; path is for
+// errors only.
+func ParseKeysFile(path string, data []byte) (*KeysFile, error) {
+	bad := func(key int, format string, args ...any) error {
+		return &KeysFileError{Path: path, Key: key, Reason: fmt.Sprintf(format, args...)}
+	}
+	if len(data) > KeysFileBytesMax {
+		return nil, bad(-1, "%d bytes, at most %d", len(data), KeysFileBytesMax)
+	}
+	var f KeysFile
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, bad(-1, "%v (at byte %d)", err, dec.InputOffset())
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, bad(-1, "more after the JSON object (at byte %d)", dec.InputOffset())
+	}
+	switch {
+	case len(f.Keys) > KeysMax:
+		return nil, bad(-1, "%d keys, at most %d", len(f.Keys), KeysMax)
+	case len(f.Tenants) > TenantsMax:
+		return nil, bad(-1, "%d tenants with limits, at most %d", len(f.Tenants), TenantsMax)
+	}
+	for t, l := range f.Tenants {
+		if err := messages.CheckTenant(t); err != nil {
+			return nil, bad(-1, "tenant %q: %v", t, err)
+		}
+		if l.ConcurrentMax < 1 || l.ConcurrentMax > ConcurrentMax {
+			return nil, bad(-1, "tenant %q: concurrent_max %d, want 1 to %d", t, l.ConcurrentMax, ConcurrentMax)
+		}
+	}
+	names, hashes := map[string]int{}, map[string]int{}
+	for i, k := range f.Keys {
+		switch {
+		case k.Name == "" || len(k.Name) > KeyNameBytesMax:
+			return nil, bad(i, "name of %d bytes, want 1 to %d", len(k.Name), KeyNameBytesMax)
+		case strings.ContainsFunc(k.Name, func(r rune) bool { return r < 0x21 || r > 0x7e }):
+			return nil, bad(i, "name %q: want visible ASCII", k.Name)
+		case len(k.SHA256) != 2*sha256.Size || strings.ToLower(k.SHA256) != k.SHA256:
+			return nil, bad(i, "sha256 of %d characters, want %d lower-case hex digits", len(k.SHA256), 2*sha256.Size)
+		case len(k.Models) > KeyModelsMax:
+			return nil, bad(i, "%d models, at most %d", len(k.Models), KeyModelsMax)
+		}
+		if _, err := hex.DecodeString(k.SHA256); err != nil {
+			return nil, bad(i, "sha256: %v", err)
+		}
+		if err := messages.CheckTenant(k.Tenant); err != nil {
+			return nil, bad(i, "tenant: %v", err)
+		}
+		if j, ok := names[k.Name]; ok {
+			return nil, bad(i, "name %q is key %d's too", k.Name, j)
+		}
+		if j, ok := hashes[k.SHA256]; ok {
+			return nil, bad(i, "the same key as key %d (%q)", j, f.Keys[j].Name)
+		}
+		names[k.Name], hashes[k.SHA256] = i, i
+	}
+	return &f, nil
+}
+
+// Key is what an accepted key grants.
+type Key struct {
+	Name, Tenant string
+	models       []string
+}
+
+// MayUse says whether the key may use the model of name or fingerprint.
+func (k Key) MayUse(name, fingerprint string) bool {
+	return len(k.models) == 0 || slices.Contains(k.models, name) || slices.Contains(k.models, fingerprint)
+}
+
+// keySet is one reading of the keys file.
+type keySet struct {
+	byHash map[[sha256.Size]byte]Key
+	limits map[string]int // tenant → concurrent_max
+}
+
+// Keys are the API keys a node accepts, read from a keys file and read
+// again on Reload (SIGHUP); they also count each tenant's requests in
+// flight, across reloads. Safe for concurrent use.
+type Keys struct {
+	path string
+	set  atomic.Pointer[keySet]
+
+	mu       sync.Mutex
+	inFlight map[string]int // tenant → requests in flight, only those with a limit
+}
+
+// LoadKeys reads the keys file at path.
+func LoadKeys(path string) (*Keys, error) {
+	k := &Keys{path: path, inFlight: map[string]int{}}
+	if err := k.Reload(); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// Path is the keys file's path.
+func (k *Keys) Path() string { return k.path }
+
+// Reload reads the keys file again. On any error the keys in use stay as
+// they were: a broken edit never locks every client out.
+func (k *Keys) Reload() error {
+	data, err := readBounded(k.path, KeysFileBytesMax)
+	if err != nil {
+		return &KeysFileError{Path: k.path, Key: -1, Reason: err.Error()}
+	}
+	f, err := ParseKeysFile(k.path, data)
+	if err != nil {
+		return err
+	}
+	s := &keySet{byHash: make(map[[sha256.Size]byte]Key, len(f.Keys)), limits: map[string]int{}}
+	for _, e := range f.Keys {
+		var h [sha256.Size]byte
+		hex.Decode(h[:], []byte(e.SHA256)) // checked by ParseKeysFile
+		s.byHash[h] = Key{Name: e.Name, Tenant: e.Tenant, models: e.Models}
+	}
+	for t, l := range f.Tenants {
+		s.limits[t] = l.ConcurrentMax
+	}
+	k.set.Store(s)
+	return nil
+}
+
+// Len is how many keys are in use.
+func (k *Keys) Len() int { return len(k.set.Load().byHash) }
+
+// readBounded reads the file at path, refusing one over limit bytes
+// before reading it all.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("over %d bytes", limit)
+	}
+	return data, nil
+}
+
+// Authentication failures, answered with 401.
+var (
+	errNoKey  = errors.New("no API key: send the header Authorization: Bearer <key>")
+	errBadKey = errors.New("API key not accepted")
+)
+
+// Authenticate is the key of an Authorization header's bearer key.
+func (k *Keys) Authenticate(header string) (Key, error) {
+	scheme, key, ok := strings.Cut(header, " ")
+	if header == "" {
+		return Key{}, errNoKey
+	}
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return Key{}, fmt.Errorf("the Authorization header's scheme is not Bearer: %w", errNoKey)
+	}
+	key = strings.TrimSpace(key)
+	if key == "" || len(key) > KeyBytesMax {
+		return Key{}, fmt.Errorf("a key of %d bytes (want 1 to %d): %w", len(key), KeyBytesMax, errBadKey)
+	}
+	got, ok := k.set.Load().byHash[sha256.Sum256([]byte(key))]
+	if !ok {
+		return Key{}, errBadKey
+	}
+	return got, nil
+}
+
+// TenantBusyError is a request of a tenant already at its concurrency
+// limit; answered with 429 and Retry-After.
+type TenantBusyError struct {
+	Tenant      string
+	Have, Limit int
+}
+
+func (e *TenantBusyError) Error() string {
+	return fmt.Sprintf("tenant %q has %d requests in flight, its limit is %d", e.Tenant, e.Have, e.Limit)
+}
+
+// Acquire counts a request of tenant in flight, unless the tenant is at
+// its limit; release (call it once) ends it.
+func (k *Keys) Acquire(tenant string) (release func(), err error) {
+	limit, ok := k.set.Load().limits[tenant]
+	if !ok {
+		return func() {}, nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if have := k.inFlight[tenant]; have >= limit {
+		return nil, &TenantBusyError{Tenant: tenant, Have: have, Limit: limit}
+	}
+	k.inFlight[tenant]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			if k.inFlight[tenant]--; k.inFlight[tenant] <= 0 {
+				delete(k.inFlight, tenant)
+			}
+		})
+	}, nil
+}
+
+// AddKey adds e (and, if not nil, limits for e's tenant) to the keys file
+// at path, making the file if there is none. The file is checked as a node
+// would read it and replaced at once (write and rename), mode 0600: a
+// running node sees the old file or the new, whole.
+func AddKey(path string, e KeyEntry, limits *TenantLimits) error {
+	var f KeysFile
+	data, err := readBounded(path, KeysFileBytesMax)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return &KeysFileError{Path: path, Key: -1, Reason: err.Error()}
+	default:
+		old, err := ParseKeysFile(path, data)
+		if err != nil {
+			return err
+		}
+		f = *old
+	}
+	f.Keys = append(f.Keys, e)
+	if limits != nil {
+		if f.Tenants == nil {
+			f.Tenants = map[string]TenantLimits{}
+		}
+		f.Tenants[e.Tenant] = *limits
+	}
+	out, err := json.MarshalIndent(&f, "", "  ")
+	if err != nil {
+		return err
+	}
+	out = append(out, '\n')
+	if _, err := ParseKeysFile(path, out); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(out); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

@@ -1,0 +1,108 @@
+package httpapi
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestParseKeysFile: a bad file is refused naming the key and what is
+// wrong, before any key of it is used.
+func TestParseKeysFile(t *testing.T) {
+	h := HashKey("k")
+	for _, tc := range []struct{ file, want string }{
+		{`{"keys":[{"name":"a","tenant":"acme","sha256":"` + h + `"}]}`, ""},
+		{`{"keys":[{"name":"a","tenant":"acme","sha256":"` + h + `","extra":1}]}`, `unknown field "extra"`},
+		{`{"keys":[{"name":"a","tenant":"ac me","sha256":"` + h + `"}]}`, "key 0: tenant: "},
+		{`{"keys":[{"name":"a","tenant":"acme","sha256":"abc"}]}`, "key 0: sha256 of 3 characters, want 64"},
+		{`{"keys":[{"name":"a","tenant":"acme","sha256":"` + strings.ToUpper(h) + `"}]}`, "lower-case hex"},
+		{`{"keys":[{"name":"a","tenant":"acme","sha256":"` + h + `"},{"name":"a","tenant":"b","sha256":"` + HashKey("j") + `"}]}`,
+			`key 1: name "a" is key 0's too`},
+		{`{"keys":[{"name":"a","tenant":"acme","sha256":"` + h + `"},{"name":"b","tenant":"b","sha256":"` + h + `"}]}`,
+			`key 1: the same key as key 0`},
+		{`{"tenants":{"acme":{"concurrent_max":0}},"keys":[]}`, `tenant "acme": concurrent_max 0, want 1 to 65536`},
+		{`{"keys":[]} {}`, "more after the JSON object"},
+		{`{"keys":[{"name":"","tenant":"acme","sha256":"` + h + `"}]}`, "key 0: name of 0 bytes"},
+	} {
+		_, err := ParseKeysFile("f", []byte(tc.file))
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.file, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error with %q", tc.file, err, tc.want)
+		}
+	}
+	if _, err := ParseKeysFile("f", make([]byte, KeysFileBytesMax+1)); err == nil || !strings.Contains(err.Error(), "4194305 bytes, at most 4194304") {
+		t.Errorf("a file over the bound: %v", err)
+	}
+}
+
+// TestAuthenticate: only a listed key in a Bearer header is accepted, as
+// its tenant; the tenant's limit holds across goroutines and reloads.
+func TestAuthenticate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.json")
+	if err := AddKey(path, KeyEntry{Name: "a", Tenant: "acme", SHA256: HashKey("kvw-a")}, &TenantLimits{ConcurrentMax: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := os.Stat(path); err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("keys file mode %v (%v), want 0600", info.Mode(), err)
+	}
+	k, err := LoadKeys(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for header, want := range map[string]error{"": errNoKey, "Basic kvw-a": errNoKey, "Bearer kvw-b": errBadKey,
+		"Bearer " + strings.Repeat("x", KeyBytesMax+1): errBadKey} {
+		if _, err := k.Authenticate(header); !errors.Is(err, want) {
+			t.Errorf("%.20q: %v, want %v", header, err, want)
+		}
+	}
+	key, err := k.Authenticate("bearer kvw-a")
+	if err != nil || key.Tenant != "acme" || key.Name != "a" {
+		t.Fatalf("the listed key: %+v, %v", key, err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var releases []func()
+	busy := 0
+	for range 10 {
+		wg.Go(func() {
+			release, err := k.Acquire("acme")
+			mu.Lock()
+			defer mu.Unlock()
+			var be *TenantBusyError
+			switch {
+			case errors.As(err, &be) && be.Limit == 3 && be.Have == 3:
+				busy++
+			case err == nil:
+				releases = append(releases, release)
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if len(releases) != 3 || busy != 7 {
+		t.Fatalf("%d of 10 acquired and %d refused under a limit of 3", len(releases), busy)
+	}
+	if err := k.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Acquire("acme"); err == nil {
+		t.Fatal("a reload forgot the requests in flight")
+	}
+	releases[0]()
+	releases[0]() // once only
+	if _, err := k.Acquire("acme"); err != nil {
+		t.Fatalf("after one release: %v", err)
+	}
+	if _, err := k.Acquire("acme"); err == nil {
+		t.Fatal("a release counted twice")
+	}
+	if _, err := k.Acquire("other"); err != nil {
+		t.Fatalf("a tenant without a limit: %v", err)
+	}
+}

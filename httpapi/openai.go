@@ -1,0 +1,579 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/handoff"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// Generator runs one generation in the cluster: a *client.Client aimed at
+// the node's own admission actor (or router).
+type Generator interface {
+	Generate(ctx context.Context, tenant, prompt string, opt client.GenerateOptions, onToken func(int)) (client.Result, error)
+}
+
+// APIConfig is what the OpenAI-compatible API serves.
+type APIConfig struct {
+	// Model is the node's model: its name is the one model the API lists,
+	// its tokenizer counts usage.
+	Model *engine.Model
+	// Generator runs the requests.
+	Generator Generator
+	// Keys are the API keys accepted, each with its tenant.
+	Keys *Keys
+	// Node are the node's own limits (context window, most tokens per
+	// request), for max_tokens' default.
+	Node handoff.Limits
+	// Log receives a line for each request the API itself failed (5xx).
+	Log *slog.Logger
+}
+
+// DefaultCompletionTokens is max_tokens of a completion that names none,
+// as OpenAI's completions API documents it. A chat completion's default is
+// what the context window leaves after the prompt.
+const DefaultCompletionTokens = 16
+
+// API serves POST /v1/completions, POST /v1/chat/completions and GET
+// /v1/models in OpenAI's shapes. Every request needs a key (Authorization:
+// Bearer); it runs as the key's tenant. A request that fails is answered
+// with an error object and the status of its stable code
+// (messages.ErrorCode.HTTPStatus), never 200: a streamed request holds its
+// headers until the first text, so that one refused at admission still
+// gets its status, and one that fails after the stream began ends with an
+// error event and no "data: [DONE]". A client that goes away cancels its
+// request in the cluster, which frees its pages.
+type API struct {
+	cfg     APIConfig
+	limits  Limits
+	metrics *apiMetrics
+}
+
+// NewAPI checks cfg and makes the API, its metrics in reg.
+func NewAPI(cfg APIConfig, l Limits, reg prometheus.Registerer) (*API, error) {
+	switch {
+	case cfg.Model == nil || cfg.Generator == nil || cfg.Keys == nil:
+		return nil, errors.New("httpapi: an API needs a model, a generator and keys")
+	case cfg.Node.ContextTokens < 1 || cfg.Node.MaxTokensMax < 1:
+		return nil, fmt.Errorf("httpapi: the node's context (%d tokens) and most tokens per request (%d) must be positive",
+			cfg.Node.ContextTokens, cfg.Node.MaxTokensMax)
+	}
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newAPIMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &API{cfg: cfg, limits: l, metrics: m}, nil
+}
+
+// routes adds the API's routes to mux.
+func (a *API) routes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /v1/completions", a.counted(routeCompletions, a.completions))
+	mux.HandleFunc("POST /v1/chat/completions", a.counted(routeChat, a.chat))
+	mux.HandleFunc("GET /v1/models", a.counted(routeModels, a.models))
+	mux.HandleFunc("GET /v1/models/{model}", a.counted(routeModels, a.model))
+	mux.HandleFunc("/v1/", a.counted(routeOther, func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{Status: http.StatusNotFound, Code: "not_found",
+			Message: fmt.Sprintf("no %s %s here; this node serves POST /v1/completions, POST /v1/chat/completions and GET /v1/models",
+				r.Method, r.URL.Path)})
+	}))
+}
+
+// apiError is an error the API answers with: OpenAI's error object, our
+// stable code (a messages.ErrorCode's name, or the API's own) in "code",
+// and for a cluster's error its numbers under "kvwarden".
+type apiError struct {
+	Status  int
+	Code    string
+	Message string
+	Param   string
+	Wire    *messages.WireError
+	// RetryAfter, if positive, is sent as the Retry-After header.
+	RetryAfter time.Duration
+}
+
+func (e *apiError) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message) }
+
+// errorType is OpenAI's "type" of an error of status.
+func errorType(status int) string {
+	switch {
+	case status == http.StatusUnauthorized:
+		return "authentication_error"
+	case status == http.StatusForbidden:
+		return "permission_error"
+	case status == http.StatusNotFound:
+		return "not_found_error"
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status < 500:
+		return "invalid_request_error"
+	}
+	return "server_error"
+}
+
+type errorBody struct {
+	Error errorObject `json:"error"`
+}
+
+type errorObject struct {
+	Message string       `json:"message"`
+	Type    string       `json:"type"`
+	Param   *string      `json:"param"`
+	Code    string       `json:"code"`
+	Detail  *errorDetail `json:"kvwarden,omitempty"`
+}
+
+// errorDetail is a cluster error's stable numeric code and numbers.
+type errorDetail struct {
+	Code  uint16 `json:"code"`
+	Have  uint64 `json:"have,omitempty"`
+	Limit uint64 `json:"limit,omitempty"`
+	Where string `json:"where,omitempty"`
+}
+
+func (e *apiError) body() errorBody {
+	o := errorObject{Message: e.Message, Type: errorType(e.Status), Code: e.Code}
+	if e.Param != "" {
+		o.Param = &e.Param
+	}
+	if w := e.Wire; w != nil {
+		o.Detail = &errorDetail{Code: uint16(w.Code), Have: w.Have, Limit: w.Limit, Where: w.Where}
+	}
+	return errorBody{o}
+}
+
+// writeError answers with e, as JSON.
+func writeError(w http.ResponseWriter, e *apiError) {
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
+	}
+	writeJSON(w, e.Status, e.body())
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+// clusterError is the API's answer to an error a generation ended with.
+func clusterError(err error) *apiError {
+	var w *messages.WireError
+	var inv *messages.InvalidFieldError
+	switch {
+	case errors.As(err, &w):
+		return &apiError{Status: w.Code.HTTPStatus(), Code: w.Code.String(), Message: w.Error(), Wire: w}
+	case errors.As(err, &inv):
+		return &apiError{Status: http.StatusBadRequest, Code: messages.CodeBadRequest.String(), Message: inv.Error()}
+	case errors.Is(err, context.Canceled):
+		return &apiError{Status: messages.CodeCancelled.HTTPStatus(), Code: messages.CodeCancelled.String(),
+			Message: "the client went away; the request was cancelled"}
+	}
+	return &apiError{Status: http.StatusInternalServerError, Code: messages.CodeInternal.String(), Message: err.Error()}
+}
+
+func badRequest(param, format string, args ...any) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Code: "invalid_request", Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+// authorize is the key of r, and may it use model (empty: any of the
+// node's).
+func (a *API) authorize(r *http.Request, model string) (Key, *apiError) {
+	k, err := a.cfg.Keys.Authenticate(r.Header.Get("Authorization"))
+	if err != nil {
+		code := "invalid_api_key"
+		if errors.Is(err, errNoKey) {
+			code = "missing_api_key"
+		}
+		return Key{}, &apiError{Status: http.StatusUnauthorized, Code: code, Message: err.Error()}
+	}
+	m := a.cfg.Model
+	if model == "" {
+		return k, nil
+	}
+	if model != m.Name() && model != m.Fingerprint().String() {
+		return k, &apiError{Status: http.StatusNotFound, Code: "model_not_found", Param: "model",
+			Message: fmt.Sprintf("model %q is not served here; this node serves %q (fingerprint %s)", model, m.Name(), m.Fingerprint())}
+	}
+	if !k.MayUse(m.Name(), m.Fingerprint().String()) {
+		return k, &apiError{Status: http.StatusForbidden, Code: "model_not_permitted", Param: "model",
+			Message: fmt.Sprintf("key %q may not use model %q", k.Name, model)}
+	}
+	return k, nil
+}
+
+// readJSON decodes r's body, at most BodyBytesMax bytes, into v.
+func (a *API) readJSON(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	body := http.MaxBytesReader(w, r.Body, a.limits.BodyBytesMax)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return &apiError{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large",
+				Message: fmt.Sprintf("the request body is over %d bytes", tooBig.Limit)}
+		}
+		return badRequest("", "the request body is not the JSON expected: %v", err)
+	}
+	if dec.More() {
+		return badRequest("", "the request body has more after its JSON object")
+	}
+	return nil
+}
+
+// generation is one request as the API runs it.
+type generation struct {
+	key          Key
+	prompt       string
+	promptTokens int
+	maxTokens    int
+	stops        []string
+}
+
+// outcome is how a generation ended: the tokens generated and why it
+// finished, or the error; its text went to run's emit.
+type outcome struct {
+	tokens int
+	finish string
+	err    error
+}
+
+// prepare counts the prompt's tokens (for usage, and so that a prompt that
+// cannot fit is refused before it enters the cluster) and settles
+// max_tokens: given, else def's choice of default.
+func (a *API) prepare(g *generation, maxTokens *int, chat bool) *apiError {
+	prompt, err := handoff.Encode(a.cfg.Node, a.cfg.Model.Tokenizer(), g.prompt)
+	if err != nil {
+		return clusterError(handoff.Wire(err))
+	}
+	g.promptTokens = len(prompt)
+	switch {
+	case maxTokens != nil:
+		if *maxTokens < 1 || *maxTokens > a.cfg.Node.MaxTokensMax {
+			return badRequest("max_tokens", "max_tokens is %d, want 1 to %d", *maxTokens, a.cfg.Node.MaxTokensMax)
+		}
+		g.maxTokens = *maxTokens
+	case chat:
+		g.maxTokens = min(a.cfg.Node.MaxTokensMax, a.cfg.Node.ContextTokens-g.promptTokens)
+	default:
+		g.maxTokens = min(DefaultCompletionTokens, a.cfg.Node.MaxTokensMax)
+	}
+	if g.maxTokens < 1 {
+		return clusterError(handoff.Wire(&handoff.PromptTooLongError{Tokens: g.promptTokens + 1,
+			Limit: a.cfg.Node.ContextTokens, Where: "context window"}))
+	}
+	return nil
+}
+
+// run generates g, passing each piece of text that may be sent (stop
+// sequences held back and cut) to emit; an error from emit (the client
+// went away) cancels the request. A stop sequence ends the request in the
+// cluster at once.
+func (a *API) run(ctx context.Context, g *generation, emit func(string) error) outcome {
+	release, err := a.cfg.Keys.Acquire(g.key.Tenant)
+	if err != nil {
+		a.metrics.tenantLimited.Inc()
+		return outcome{err: err}
+	}
+	defer release()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		stop             = newStopText(g.stops)
+		streamed         strings.Builder
+		tokens           int
+		stopped, emitErr bool
+	)
+	send := func(text string) {
+		if text != "" && !emitErr {
+			if err := emit(text); err != nil {
+				emitErr = true
+				cancel()
+			}
+		}
+	}
+	opt := client.GenerateOptions{MaxTokens: g.maxTokens, OnText: func(text string) {
+		if stopped {
+			return
+		}
+		streamed.WriteString(text)
+		out, hit := stop.feed(text)
+		send(out)
+		if hit {
+			stopped = true
+			cancel()
+		}
+	}}
+	res, err := a.cfg.Generator.Generate(ctx, g.key.Tenant, g.prompt, opt, func(int) {
+		if !stopped {
+			tokens++
+		}
+	})
+	switch {
+	case stopped:
+		return outcome{tokens: tokens, finish: "stop"}
+	case err != nil:
+		return outcome{tokens: tokens, err: err}
+	}
+	// What the stream held back (an incomplete character) ends the text.
+	if rest, ok := strings.CutPrefix(res.Text, streamed.String()); ok {
+		out, hit := stop.feed(rest)
+		send(out)
+		if hit {
+			return outcome{tokens: len(res.Tokens), finish: "stop"}
+		}
+	}
+	send(stop.flush())
+	return outcome{tokens: len(res.Tokens), finish: res.Finish}
+}
+
+// parseStop reads "stop": absent, null, a string or an array of strings.
+func (a *API) parseStop(raw json.RawMessage) ([]string, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var stops []string
+	var one string
+	if err := json.Unmarshal(raw, &one); err == nil {
+		stops = []string{one}
+	} else if err := json.Unmarshal(raw, &stops); err != nil {
+		return nil, badRequest("stop", "stop must be a string or an array of strings")
+	}
+	if len(stops) > a.limits.StopSequencesMax {
+		return nil, badRequest("stop", "%d stop sequences, at most %d", len(stops), a.limits.StopSequencesMax)
+	}
+	for i, s := range stops {
+		if s == "" || len(s) > a.limits.StopBytesMax {
+			return nil, badRequest("stop", "stop sequence %d is %d bytes, want 1 to %d", i, len(s), a.limits.StopBytesMax)
+		}
+	}
+	return stops, nil
+}
+
+// common are the request fields completions and chat share, and those
+// the API refuses rather than ignore (it decodes greedily, one choice).
+type common struct {
+	Model         string          `json:"model"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+	Stop          json.RawMessage `json:"stop"`
+	N             *int            `json:"n"`
+	Logprobs      json.RawMessage `json:"logprobs"`
+	Tools         json.RawMessage `json:"tools"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// check refuses what the API cannot honour, with the field's name.
+func (c *common) check() *apiError {
+	switch {
+	case c.Model == "":
+		return badRequest("model", "model is required")
+	case c.N != nil && *c.N != 1:
+		return badRequest("n", "n is %d; only one choice (n = 1) is generated", *c.N)
+	case len(c.Logprobs) > 0 && string(c.Logprobs) != "null" && string(c.Logprobs) != "false" && string(c.Logprobs) != "0":
+		return badRequest("logprobs", "logprobs are not returned")
+	case len(c.Tools) > 0 && string(c.Tools) != "null" && string(c.Tools) != "[]":
+		return badRequest("tools", "tools are not supported")
+	case c.StreamOptions != nil && !c.Stream:
+		return badRequest("stream_options", "stream_options is only for stream: true")
+	}
+	return nil
+}
+
+// usage is OpenAI's token counts, in the model's tokens (the prompt's
+// BOS included).
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func usageOf(g *generation, o outcome) *usage {
+	return &usage{PromptTokens: g.promptTokens, CompletionTokens: o.tokens, TotalTokens: g.promptTokens + o.tokens}
+}
+
+// newID is a response id: prefix and 12 random bytes in hex.
+func newID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// serveGeneration runs g and answers: one JSON object from whole, or,
+// when stream, an SSE stream of the objects chunk makes, ending with the
+// one final makes (and usage's, with include_usage) and "data: [DONE]".
+func (a *API) serveGeneration(w http.ResponseWriter, r *http.Request, g *generation, stream, includeUsage bool,
+	chunk func(text string) any, final func(o outcome) any, usageChunk func(u *usage) any, whole func(text string, o outcome) any) {
+	// A generation takes as long as it takes: no write deadline until
+	// there is something to write.
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Time{})
+	if !stream {
+		var text strings.Builder
+		o := a.run(r.Context(), g, func(s string) error { text.WriteString(s); return nil })
+		if o.err != nil {
+			a.fail(w, r, o.err)
+			return
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(a.limits.WriteTimeout))
+		writeJSON(w, http.StatusOK, whole(text.String(), o))
+		return
+	}
+	s := &sse{w: w, rc: rc, timeout: a.limits.WriteTimeout}
+	o := a.run(r.Context(), g, func(text string) error { return s.event(chunk(text)) })
+	switch {
+	case o.err != nil && !s.started:
+		a.fail(w, r, o.err)
+		return
+	case o.err != nil:
+		a.metrics.streamsAborted.Inc()
+		e := a.apiErrorOf(o.err)
+		a.logFailure(r, e)
+		_ = s.event(e.body())
+		return
+	}
+	if err := s.event(final(o)); err != nil {
+		return
+	}
+	if includeUsage {
+		if err := s.event(usageChunk(usageOf(g, o))); err != nil {
+			return
+		}
+	}
+	_ = s.done()
+}
+
+// apiErrorOf is the answer to an error run returned.
+func (a *API) apiErrorOf(err error) *apiError {
+	var busy *TenantBusyError
+	if errors.As(err, &busy) {
+		return &apiError{Status: http.StatusTooManyRequests, Code: "tenant_concurrency_limit", Message: busy.Error(),
+			RetryAfter: a.limits.RetryAfter}
+	}
+	e := clusterError(err)
+	if e.Status == http.StatusTooManyRequests {
+		e.RetryAfter = a.limits.RetryAfter
+	}
+	return e
+}
+
+// fail answers a request that failed before anything was sent.
+func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
+	e := a.apiErrorOf(err)
+	a.logFailure(r, e)
+	writeError(w, e)
+}
+
+func (a *API) logFailure(r *http.Request, e *apiError) {
+	if e.Status >= 500 {
+		a.cfg.Log.Warn("http request failed", "path", r.URL.Path, "status", e.Status, "code", e.Code, "err", e.Message)
+	}
+}
+
+// sse writes one Server-Sent Events stream; the headers (status 200) go
+// with its first event.
+type sse struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+	started bool
+}
+
+func (s *sse) event(v any) error {
+	var b strings.Builder
+	b.WriteString("data: ")
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	b.WriteString("\n") // Encode ended the line; an empty one ends the event
+	return s.write(b.String())
+}
+
+func (s *sse) done() error { return s.write("data: [DONE]\n\n") }
+
+func (s *sse) write(line string) error {
+	if !s.started {
+		h := s.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no") // proxies must not hold tokens back
+		s.w.WriteHeader(http.StatusOK)
+		s.started = true
+	}
+	// A reader that stops reading does not hold the request for ever.
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.timeout))
+	if _, err := s.w.Write([]byte(line)); err != nil {
+		return err
+	}
+	return s.rc.Flush()
+}
+
+// models answers GET /v1/models: the node's model, if the key may use it.
+func (a *API) models(w http.ResponseWriter, r *http.Request) {
+	k, e := a.authorize(r, "")
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	list := modelList{Object: "list", Data: []modelObject{}}
+	m := a.cfg.Model
+	if k.MayUse(m.Name(), m.Fingerprint().String()) {
+		list.Data = append(list.Data, a.modelObject())
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// model answers GET /v1/models/{model}.
+func (a *API) model(w http.ResponseWriter, r *http.Request) {
+	if _, e := a.authorize(r, r.PathValue("model")); e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, a.modelObject())
+}
+
+type modelList struct {
+	Object string        `json:"object"`
+	Data   []modelObject `json:"data"`
+}
+
+type modelObject struct {
+	ID          string `json:"id"`
+	Object      string `json:"object"`
+	Created     int64  `json:"created"`
+	OwnedBy     string `json:"owned_by"`
+	Fingerprint string `json:"fingerprint"`
+	MaxModelLen int    `json:"max_model_len"`
+}
+
+func (a *API) modelObject() modelObject {
+	m := a.cfg.Model
+	return modelObject{ID: m.Name(), Object: "model", OwnedBy: "kvwarden", Fingerprint: m.Fingerprint().String(),
+		MaxModelLen: a.cfg.Node.ContextTokens}
+}
