@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/httpapi"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -67,11 +68,23 @@ type upOptions struct {
 	// Insecure runs every node --insecure; otherwise up makes a throwaway
 	// CA and certificates for its nodes in localCertsDir(Listen).
 	Insecure bool
+	// HTTP is where the router serves its probes, metrics and the
+	// OpenAI-compatible API (empty: nowhere); APIKey is the one key the
+	// API accepts, for Tenant.
+	HTTP, APIKey string
+	// modelName is the name of the model the nodes serve, for the API's
+	// example request.
+	modelName string
 }
+
+// exampleAPIKey is the key of node up's API unless --api-key says
+// otherwise: a cluster on loopback, for one machine's user.
+const exampleAPIKey = "kvw-local-example-key"
 
 func newUpCmd() *cobra.Command {
 	o := upOptions{Prefill: 1, Decode: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
-		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second, Tenant: "demo", MaxTokens: defaultMaxTokens}
+		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second, Tenant: "demo", MaxTokens: defaultMaxTokens,
+		HTTP: "127.0.0.1:8000", APIKey: exampleAPIKey}
 	cmd := &cobra.Command{
 		Use:   "up [flags] [-- node run flags]",
 		Short: "Start a local cluster: a router and prefill and decode nodes on loopback",
@@ -85,7 +98,10 @@ Each node's stderr (its log) goes to a file named after it (router.log,
 prefill-0.log, decode-0.log, …) in --log-dir, by default a new temporary
 directory; up prints where. Once every node serves and every node sees all
 the others alive, up prints a table of the nodes and how to send a request,
-then waits. On SIGINT or SIGTERM it stops the nodes (SIGTERM, and SIGKILL to
+then waits. The router serves the OpenAI-compatible API on --http
+(/v1/completions, /v1/chat/completions, /v1/models) with one API key,
+--api-key, whose requests run as --tenant; its keys file is in the log
+directory. On SIGINT or SIGTERM it stops the nodes (SIGTERM, and SIGKILL to
 any still running after --stop-timeout), the router first, and exits 0.
 With --prompt, up instead sends that prompt to the router once the cluster
 is up, prints the streamed answer, stops the cluster and exits with
@@ -130,6 +146,8 @@ usage error.`,
 	fs.StringVar(&o.Model, "model", o.Model, "llama2.c checkpoint every node serves (with --tokenizer); empty: the built-in model")
 	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "llama2.c tokenizer of --model")
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "run every node --insecure (no certificates, nobody authenticated)")
+	fs.StringVar(&o.HTTP, "http", o.HTTP, "host:port the router serves the OpenAI-compatible API, probes and metrics on (empty: none)")
+	fs.StringVar(&o.APIKey, "api-key", o.APIKey, "the API key of --tenant that the router's API accepts")
 	return cmd
 }
 
@@ -156,20 +174,28 @@ func (o upOptions) check() error {
 		return fmt.Errorf("--gossip-base-port (%d) must be 0 to 65535", o.GossipBasePort)
 	case o.ReadyTimeout <= 0 || o.StopTimeout <= 0:
 		return fmt.Errorf("--ready-timeout (%s) and --stop-timeout (%s) must be positive", o.ReadyTimeout, o.StopTimeout)
+	case o.HTTP != "" && (o.APIKey == "" || len(o.APIKey) > httpapi.KeyBytesMax || strings.ContainsAny(o.APIKey, " \t\r\n")):
+		return fmt.Errorf("--api-key is %d bytes; want 1 to %d without spaces", len(o.APIKey), httpapi.KeyBytesMax)
+	}
+	if o.HTTP != "" {
+		if err := checkListen("--http", o.HTTP); err != nil {
+			return err
+		}
 	}
 	return checkListen("--listen", o.Listen)
 }
 
-// checkModel loads --model and --tokenizer once, so that a wrong path or
-// file fails before any node starts, and makes both paths absolute for the
-// nodes.
+// checkModel loads --model and --tokenizer (or the built-in model) once,
+// so that a wrong path or file fails before any node starts, and makes
+// both paths absolute for the nodes.
 func (o *upOptions) checkModel() error {
-	if o.Model == "" && o.Tokenizer == "" {
-		return nil
-	}
 	m, err := nodeConfig{Model: o.Model, Tokenizer: o.Tokenizer, DType: kv.F32.String()}.model()
 	if err != nil {
 		return err
+	}
+	o.modelName = m.Name()
+	if o.Model == "" {
+		return nil
 	}
 	for _, p := range []*string{&o.Model, &o.Tokenizer} {
 		if *p, err = filepath.Abs(*p); err != nil {
@@ -199,6 +225,17 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 	log.Info("starting a local cluster", "prefill", o.Prefill, "decode", o.Decode, "logs", o.LogDir)
 	c := &localCluster{bin: bin, o: o, log: log, exits: make(chan *child, 1+o.Prefill+o.Decode)}
 	c.args = c.upArgs
+	if o.HTTP != "" {
+		// Made anew each time: a --log-dir used before may hold another.
+		c.keysPath = filepath.Join(o.LogDir, "api-keys.json")
+		if err := os.Remove(c.keysPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("up: %w", err)
+		}
+		e := httpapi.KeyEntry{Name: "up", Tenant: o.Tenant, SHA256: httpapi.HashKey(o.APIKey)}
+		if err := httpapi.AddKey(c.keysPath, e, nil); err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+	}
 	c.creds.Insecure = o.Insecure
 	if !o.Insecure {
 		if c.creds.Dir, err = makeLocalCerts(localCertsDir(o.Listen), o.Prefill, o.Decode); err != nil {
@@ -277,6 +314,9 @@ func (c *localCluster) upArgs(_, role, join string) []string {
 		model = []string{"--model", c.o.Model, "--tokenizer", c.o.Tokenizer}
 	}
 	if role == "router" {
+		if c.keysPath != "" {
+			model = append(model, "--http", c.o.HTTP, "--api-keys", c.keysPath)
+		}
 		return append(model, "--listen", c.o.Listen, "--gossip", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort)))
 	}
 	return append(model, "--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0", "--join", join)
@@ -325,6 +365,8 @@ type localCluster struct {
 	args  func(name, role, join string) []string
 	nodes []*child
 	exits chan *child // each node once, when it exits
+	// keysPath is the router's API keys file; empty without --http.
+	keysPath string
 }
 
 // child is one node process.
@@ -337,10 +379,14 @@ type child struct {
 	exited     chan struct{}
 	err        error // cmd.Wait's, once exited is closed
 
-	// From the readiness line.
-	addr, gossip string
-	incarnation  uint64
+	// From the readiness line; http is empty when the node serves none.
+	addr, gossip, http string
+	incarnation        uint64
 }
+
+// readinessHTTP is where the readiness line's last part says the node
+// serves HTTP.
+var readinessHTTP = regexp.MustCompile(`, http (\S+)$`)
 
 // start starts one node run with its log in the log directory.
 func (c *localCluster) start(name, role string, args []string) (*child, error) {
@@ -434,6 +480,9 @@ func (ch *child) parseReady(line string) error {
 		return ch.failure(fmt.Sprintf("printed incarnation %q: %v", m[2], err))
 	}
 	ch.addr, ch.incarnation, ch.gossip = m[1], inc, m[4]
+	if h := readinessHTTP.FindStringSubmatch(m[5]); h != nil {
+		ch.http = h[1]
+	}
 	return nil
 }
 
@@ -504,6 +553,13 @@ func (c *localCluster) print(w io.Writer) {
 		c.nodes[0].addr, c.o.Prefill, c.o.Decode, c.o.LogDir)
 	c.printNodes(w)
 	fmt.Fprintf(w, "\nsend a request:  node generate%s --tenant acme --prompt \"hello\"\n", endpoint)
+	if r := c.nodes[0]; r.http != "" {
+		fmt.Fprintf(w, "or over HTTP:    curl -s http://%s/v1/completions -H 'Authorization: Bearer %s' "+
+			"-H 'Content-Type: application/json' -d '{\"model\": %q, \"prompt\": \"hello\", \"max_tokens\": 32}'\n",
+			r.http, c.o.APIKey, c.o.modelName)
+		fmt.Fprintf(w, "OpenAI base URL: http://%s/v1 (API key %s, tenant %s); metrics http://%s/metrics\n", r.http, c.o.APIKey,
+			c.o.Tenant, r.http)
+	}
 	fmt.Fprintf(w, "see the cluster: node status%s\n", endpoint)
 	fmt.Fprintf(w, "drain a node:    node drain --endpoint <its address> --wait\n")
 	fmt.Fprintf(w, "stop:            Ctrl-C (or SIGTERM to pid %d)\n", os.Getpid())
