@@ -3,6 +3,8 @@ package kubernetes
 import (
 	"bufio"
 	"bytes"
+	"cmp"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -27,8 +29,10 @@ import (
 // ports the manifests name, its volumes become directories laid out as the
 // kubelet lays them out, from the Secrets that deploy/README.md's commands
 // make, and the gossip Service's name resolves to every pod's address, as
-// cluster DNS resolves a headless Service. What this leaves out is
-// Kubernetes itself: scheduling, the pod network, DNS, the kubelet.
+// cluster DNS resolves a headless Service. Run as root (as CI runs), the
+// processes run as the pods' user with their fsGroup, so that a file mode
+// the node cannot read fails here. What this leaves out is Kubernetes
+// itself: scheduling, the pod network, DNS, the kubelet.
 
 // modelDir is the stories260K model, outside the repository.
 const modelDir = repoRoot + "/../shared/models/stories260K"
@@ -185,11 +189,13 @@ func runNode(t *testing.T, dir string, args ...string) string {
 	return string(out)
 }
 
-// pod is one role's pod laid out here: its address and its volumes as
-// directories, by mount path.
+// pod is one role's pod laid out here: its address, its volumes as
+// directories by mount path, and, when the test runs as root (as CI
+// does), the user and groups its securityContext runs it as.
 type pod struct {
 	addr   string
 	mounts map[string]string
+	cred   *syscall.Credential
 }
 
 // local is path p of the pod's filesystem, here.
@@ -207,23 +213,44 @@ func (p pod) local(path string) string {
 }
 
 // layOut makes n's pod: a directory for each volume its container mounts,
-// filled as the kubelet fills it.
+// filled as the kubelet fills it: a Secret's items with the volume's mode,
+// owned by the pod's fsGroup, so that a mode the pod's user cannot read
+// fails here as it would there.
 func layOut(t *testing.T, n nodePod, secrets map[string]map[string][]byte) pod {
 	t.Helper()
 	p := pod{addr: podAddr[n.role], mounts: map[string]string{}}
+	sc := n.dep.Spec.Template.Spec.SecurityContext
+	if os.Geteuid() == 0 {
+		p.cred = &syscall.Credential{Uid: uint32(*sc.RunAsUser), Gid: uint32(*sc.RunAsGroup), Groups: []uint32{uint32(*sc.FSGroup)}}
+	}
+	model, err := filepath.Abs(modelDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not t.TempDir: its parent is open to its owner only.
+	root, err := os.MkdirTemp("", "kvwarden-pod-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	base := openDir(t, root, n.role)
 	for _, m := range n.c.VolumeMounts {
 		_, v := mountAt(n, m.MountPath)
-		dir := t.TempDir()
+		dir := openDir(t, base, v.Name)
 		switch {
 		case v.Projected != nil:
 			for _, src := range v.Projected.Sources {
-				writeItems(t, dir, secrets, src.Secret.Name, src.Secret.Items)
+				p.writeItems(t, dir, secrets, src.Secret.Name, src.Secret.Items, v.Projected.DefaultMode)
 			}
 		case v.Secret != nil:
-			writeItems(t, dir, secrets, v.Secret.SecretName, v.Secret.Items)
+			p.writeItems(t, dir, secrets, v.Secret.SecretName, v.Secret.Items, v.Secret.DefaultMode)
 		case v.PersistentVolumeClaim != nil:
-			dir = modelDir // the model volume, filled as README.md fills it
-		case v.EmptyDir == nil:
+			dir = model // the model volume, filled as README.md fills it
+		case v.EmptyDir != nil:
+			if err := os.Chmod(dir, 0o777); err != nil { // as the kubelet makes an emptyDir
+				t.Fatal(err)
+			}
+		default:
 			t.Fatalf("%s: volume %s is of a kind this test does not lay out", n.where, v.Name)
 		}
 		p.mounts[m.MountPath] = dir
@@ -231,9 +258,24 @@ func layOut(t *testing.T, n nodePod, secrets map[string]map[string][]byte) pod {
 	return p
 }
 
+// openDir makes dir/name, and dir, traversable by the pod's user.
+func openDir(t *testing.T, dir, name string) string {
+	t.Helper()
+	d := filepath.Join(dir, name)
+	if err := os.Mkdir(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(os.Chmod(dir, 0o755), os.Chmod(d, 0o755)); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // writeItems writes the items of Secret name into dir, as a Secret or
-// projected volume has them.
-func writeItems(t *testing.T, dir string, secrets map[string]map[string][]byte, name string, items []corev1.KeyToPath) {
+// projected volume has them: each with its own mode, else the volume's
+// (the API's default, 0644, if unset).
+func (p pod) writeItems(t *testing.T, dir string, secrets map[string]map[string][]byte, name string, items []corev1.KeyToPath,
+	defaultMode *int32) {
 	t.Helper()
 	s, ok := secrets[name]
 	if !ok {
@@ -244,9 +286,31 @@ func writeItems(t *testing.T, dir string, secrets map[string]map[string][]byte, 
 		if !ok {
 			t.Fatalf("the manifests mount key %s of Secret %s, which %s does not put in it", it.Key, name, readme)
 		}
-		if err := os.WriteFile(filepath.Join(dir, it.Path), b, 0o440); err != nil {
-			t.Fatal(err)
-		}
+		mode := cmp.Or(it.Mode, defaultMode, ptr(corev1.SecretVolumeSourceDefaultMode))
+		p.writeFile(t, filepath.Join(dir, it.Path), b, os.FileMode(*mode))
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// writeFile puts a file into one of the pod's Secret volumes as the
+// kubelet does: whole (a rename), with mode, owned by root and the pod's
+// fsGroup.
+func (p pod) writeFile(t *testing.T, path string, b []byte, mode os.FileMode) {
+	t.Helper()
+	tmp := path + ".new"
+	err := os.WriteFile(tmp, b, 0o600)
+	if err == nil && p.cred != nil {
+		err = os.Chown(tmp, 0, int(p.cred.Groups[0]))
+	}
+	if err == nil {
+		err = os.Chmod(tmp, mode)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -303,6 +367,7 @@ func (p pod) runArgs(n nodePod, ms []manifest) []string {
 // proc is a running pod's node process.
 type proc struct {
 	cmd     *exec.Cmd
+	node    nodePod
 	pod     pod
 	serving chan struct{} // closed at the "serving on" line
 	done    chan error    // the process's exit
@@ -326,9 +391,10 @@ func (pr *proc) output() string {
 func startPod(t *testing.T, n nodePod, ms []manifest, secrets map[string]map[string][]byte) *proc {
 	t.Helper()
 	p := layOut(t, n, secrets)
-	pr := &proc{pod: p, serving: make(chan struct{}), done: make(chan error, 1)}
+	pr := &proc{node: n, pod: p, serving: make(chan struct{}), done: make(chan error, 1)}
 	pr.cmd = exec.Command(bins.node, p.runArgs(n, ms)...)
 	pr.cmd.Env = p.env(n.c)
+	pr.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
 	pr.cmd.Stderr = pr
 	stdout, err := pr.cmd.StdoutPipe()
 	if err != nil {
@@ -456,13 +522,12 @@ func rotateKey(t *testing.T, work string, router *proc, url string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mounted := router.pod.local("/etc/kvwarden/api-keys/keys.json")
-	if err := os.WriteFile(mounted+".new", b, 0o440); err != nil {
+	mounted := router.pod.local(router.node.run["api-keys"])
+	st, err := os.Stat(mounted)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(mounted+".new", mounted); err != nil {
-		t.Fatal(err)
-	}
+	router.pod.writeFile(t, mounted, b, st.Mode())
 	if err := router.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -478,6 +543,7 @@ func preStop(t *testing.T, n nodePod, pr *proc) {
 	cmd[0], cmd[1] = bins.envexec, bins.node
 	hook := exec.Command(cmd[0], cmd[1:]...)
 	hook.Env = pr.pod.env(n.c)
+	hook.SysProcAttr = &syscall.SysProcAttr{Credential: pr.pod.cred}
 	out, err := hook.CombinedOutput()
 	if err != nil {
 		t.Fatalf("preStop %q: %v\n%s", n.c.Lifecycle.PreStop.Exec.Command, err, out)

@@ -46,7 +46,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bins.node, bins.envexec = filepath.Join(dir, "node"), filepath.Join(dir, "envexec")
-	err = errors.Join(goBuild(repoRoot, bins.node, "./cmd/node"), goBuild("..", bins.envexec, "./envexec"))
+	// Run by the pods' user too (cluster_test.go), as the image's are.
+	err = errors.Join(os.Chmod(dir, 0o755), goBuild(repoRoot, bins.node, "./cmd/node"), goBuild("..", bins.envexec, "./envexec"))
 	code := 1
 	if err == nil {
 		code = m.Run()
