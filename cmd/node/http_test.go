@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/internal/testwait"
+)
+
+// upBaseURL is the line where node up says where its API is.
+var upBaseURL = regexp.MustCompile(`^OpenAI base URL: (http://\S+/v1) \(API key (\S+), tenant (\S+)\)`)
+
+// upCluster is a node up process that has printed its cluster.
+type upCluster struct {
+	*process
+	baseURL, key, logDir string
+	pids                 map[string]int // by node name
+}
+
+// startUp runs node up with args and reads what it prints up to its last
+// line.
+func startUp(t *testing.T, args ...string) *upCluster {
+	t.Helper()
+	c := &upCluster{logDir: t.TempDir(), pids: map[string]int{}}
+	c.process = startProcess(t, append([]string{"up", "--listen", freeTCPAddr(t), "--gossip-base-port",
+		strconv.Itoa(freeGossipPort(t)), "--log-dir", c.logDir}, args...)...)
+	t.Cleanup(func() {
+		for _, pid := range c.pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	deadline := time.After(readyTimeout)
+	var out []string
+	for {
+		select {
+		case line, ok := <-c.stdout:
+			if !ok {
+				t.Fatalf("up closed stdout before the cluster was up:\n%s\nstderr:\n%s", strings.Join(out, "\n"), c.stderr)
+			}
+			out = append(out, line)
+			if m := upRow.FindStringSubmatch(line); m != nil {
+				c.pids[m[1]], _ = strconv.Atoi(m[6])
+			}
+			if m := upBaseURL.FindStringSubmatch(line); m != nil {
+				c.baseURL, c.key = m[1], m[2]
+			}
+			if strings.HasPrefix(line, "stop:") {
+				return c
+			}
+		case <-deadline:
+			t.Fatalf("up did not print the cluster within %s:\n%s\nstderr:\n%s", readyTimeout, strings.Join(out, "\n"), c.stderr)
+		}
+	}
+}
+
+// TestBinaryUpHTTP: the OpenAI SDK and plain HTTP talk to node up's router
+// with the example key: the reference answer, whole and streamed; a key
+// added with node keys new is accepted once the router has SIGHUP; a
+// decode node lost mid-stream ends the stream with a node_lost error
+// event, and no [DONE].
+func TestBinaryUpHTTP(t *testing.T) {
+	up := startUp(t, "--http", "127.0.0.1:0", "--", "--reclaim-after", "2s")
+	if up.baseURL == "" || up.key != exampleAPIKey {
+		t.Fatalf("up printed base URL %q and key %q, want the example key %q", up.baseURL, up.key, exampleAPIKey)
+	}
+	c := openai.NewClient(option.WithBaseURL(up.baseURL+"/"), option.WithAPIKey(up.key), option.WithMaxRetries(0))
+	ctx := context.Background()
+	const prompt, max = "Hello, kvwarden", 24
+	want, n := referenceText(t, actors.DefaultConfig(), prompt, max)
+	params := openai.CompletionNewParams{Model: "builtin", MaxTokens: openai.Int(max),
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)}}
+	res, err := c.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Choices[0].Text != want || res.Usage.CompletionTokens != int64(n) {
+		t.Fatalf("the router answered %q (%d tokens), the reference %q (%d)", res.Choices[0].Text, res.Usage.CompletionTokens, want, n)
+	}
+
+	// Plain HTTP, as curl sends it: the stream's last event is [DONE].
+	req, _ := http.NewRequest(http.MethodPost, up.baseURL+"/chat/completions",
+		strings.NewReader(`{"model":"builtin","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}`))
+	req.Header.Set("Authorization", "Bearer "+up.key)
+	raw, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []string
+	sc := bufio.NewScanner(raw.Body)
+	for sc.Scan() {
+		if line := sc.Text(); line != "" {
+			events = append(events, line)
+		}
+	}
+	raw.Body.Close()
+	if raw.StatusCode != 200 || len(events) < 2 || events[len(events)-1] != "data: [DONE]" ||
+		!strings.Contains(events[0], `"role":"assistant"`) {
+		t.Fatalf("a streamed chat over plain HTTP: %d, events %q", raw.StatusCode, events)
+	}
+
+	// A key made with node keys new works once the router reads its keys
+	// file again.
+	code, key, stderr := runBinary(t, "", "keys", "new", "--file", filepath.Join(up.logDir, "api-keys.json"), "--tenant", "newco")
+	if code != exitOK {
+		t.Fatalf("keys new: exit %d: %s", code, stderr)
+	}
+	key = strings.TrimSpace(key)
+	modelsWith := func(key string) int {
+		req, _ := http.NewRequest(http.MethodGet, up.baseURL+"/models", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if got := modelsWith(key); got != http.StatusUnauthorized {
+		t.Fatalf("a new key before SIGHUP: %d", got)
+	}
+	if err := syscall.Kill(up.pids["router-0"], syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "the router accepts the new key", 10*time.Second, func() bool { return modelsWith(key) == 200 })
+
+	// The decode node frozen (SIGSTOP) after the stream's first token,
+	// until membership declares it dead: the router tells the client the
+	// node was lost. (Killed outright, it would make up stop the whole
+	// cluster, the router with it.)
+	params.MaxTokens = openai.Int(1024)
+	stream := c.Completions.NewStreaming(ctx, params)
+	if !stream.Next() {
+		t.Fatalf("no first chunk: %v", stream.Err())
+	}
+	if err := syscall.Kill(up.pids["decode-0"], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	chunks := 1
+	for stream.Next() {
+		chunks++
+	}
+	if err := stream.Err(); err == nil || !strings.Contains(err.Error(), `"code":"node_lost"`) {
+		t.Fatalf("after %d chunks the stream of a killed decode node ended with %v, want a node_lost error event", chunks, err)
+	}
+}
