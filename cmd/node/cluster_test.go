@@ -548,6 +548,9 @@ func allFree(pools []messages.PoolStatus) bool {
 }
 
 func TestStatusAndDrainRefusals(t *testing.T) {
+	// The commands find the tests' credentials, which building the binary
+	// makes, even when this test runs first.
+	nodeBinary(t)
 	nothing := freeTCPAddr(t) // just closed: nothing listens there
 	for _, tc := range []struct {
 		args []string

@@ -51,11 +51,15 @@
 //
 // "node status" asks a node's control actor (cluster.ControlName) for its
 // StatusReply and prints the node, its pools and the members it sees alive
-// (--json: the reply as JSON). "node drain" asks a node to drain; with
-// --wait it watches the node until it has left. Both talk through
-// controlClient, an actor system with its own protoactor remote endpoint
-// on the local address that reaches the node, since nodes answer by
-// sending to the requester's address.
+// (--json: the reply as JSON; --watch: a compact table every --interval,
+// with what moved since the one before, until SIGINT or SIGTERM). "node
+// drain" asks a node to drain; with --wait it watches the node until it has
+// left. "node requests" lists a node's requests in flight (ListInFlight),
+// each named INCARNATION-NUMBER, the node's run and its own number for the
+// request, which "node cancel" takes (CancelInFlight). All of them talk
+// through controlClient, an actor system with its own protoactor remote
+// endpoint on the local address that reaches the node, since nodes answer
+// by sending to the requester's address.
 //
 // "node generate" sends one prompt to a node (client.Dial) and prints the
 // text as the tokens arrive, then a summary to stderr.

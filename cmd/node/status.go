@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -20,43 +25,54 @@ type statusOptions struct {
 	Endpoint string
 	Timeout  time.Duration
 	JSON     bool
+	Watch    bool
+	Interval time.Duration
 	creds    credFlags
 }
 
 func newStatusCmd() *cobra.Command {
-	o := statusOptions{Endpoint: defaultEndpoint, Timeout: 10 * time.Second}
+	o := statusOptions{Endpoint: defaultEndpoint, Timeout: 10 * time.Second, Interval: time.Second}
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Print a node's status and the cluster's members as it sees them",
 		Long: `status asks the node at --endpoint (where its node run listens) for its status
 and prints it: one line for the node (name, role, incarnation, request
-counts), one line per KV pool it holds (capacity and free pages), then a table
-of the members it sees alive, with each member's pages as it last published
-them and whether it is draining. A member that left or failed is no longer
-listed. --json prints the same as one JSON object instead.
+counts: completed, cancelled, failed, rejected too long or busy, and the
+failures by code), one line per KV pool it holds (capacity and free pages),
+then a table of the members it sees alive, with each member's pages as it
+last published them and whether it is draining. A member that left or failed
+is no longer listed. --json prints the same as one JSON object instead.
+
+--watch asks again every --interval and draws a compact table each time:
+the node's requests, tokens and errors by code (each with what it moved
+since the table before; tokens also per second), its pools' used and free
+pages and the members it sees. On a terminal each table replaces the last;
+otherwise the tables follow each other. Ctrl-C (or SIGTERM) stops it, and it
+exits 0. A failed look is shown as such and the next one is made as usual.
 
 A chaos build of the node (go build -tags chaos ./cmd/node) says so, with the
 faults it injects (node run --faults) and how many of each kind so far, and
 each pool's line counts the rows its reads returned that another tenant or
 another request wrote: 0 unless the node is broken.
 
-Exit codes: 0 printed, 1 the node could not be reached or did not answer
-within --timeout, 2 usage error.`,
+Exit codes: 0 printed (with --watch: stopped), 1 the node could not be
+reached or did not answer within --timeout, 2 usage error.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.Timeout <= 0 {
-				return usageError{fmt.Errorf("--timeout (%s) must be positive", o.Timeout)}
+			switch {
+			case o.Watch && o.Interval <= 0:
+				return usageError{fmt.Errorf("--interval (%s) must be positive", o.Interval)}
+			case o.Watch && o.JSON:
+				return usageError{fmt.Errorf("--watch draws tables; --json prints one status: give one of them")}
 			}
-			o.creds.Endpoint = o.Endpoint
-			auth, err := o.creds.operator(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			c, err := dialControlFor(o.Endpoint, auth)
+			c, err := dialOperator(cmd, &o.creds, o.Endpoint, o.Timeout)
 			if err != nil {
 				return fmt.Errorf("status: %w", err)
 			}
 			defer c.close()
+			if o.Watch {
+				return watchUntilStopped(cmd.OutOrStdout(), c, o)
+			}
 			s, err := c.status(o.Endpoint, o.Timeout)
 			if err != nil {
 				return err
@@ -74,6 +90,8 @@ within --timeout, 2 usage error.`,
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the node (where node run listens)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "how long to wait for the node's answer")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print the status as JSON")
+	fs.BoolVar(&o.Watch, "watch", o.Watch, "ask again every --interval and redraw a compact table, until Ctrl-C")
+	fs.DurationVar(&o.Interval, "interval", o.Interval, "with --watch, how often to ask")
 	o.creds.bind(fs, "the only operator-*.crt in --certs")
 	return cmd
 }
@@ -92,11 +110,12 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	if n.Model != "" {
 		fmt.Fprintf(w, "  model %s, fingerprint %s\n", n.Model, n.ModelFingerprint)
 	}
-	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d failed, %d rejected too long, %d rejected busy\n",
-		n.InFlight, n.Admitted, n.Completed, n.Failed, n.RejectedTooLong, n.RejectedBusy)
+	cancelled := countOf(n.FailedByCode, messages.CodeCancelled)
+	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d cancelled, %d failed, %d rejected too long, %d rejected busy\n",
+		n.InFlight, n.Admitted, n.Completed, cancelled, n.Failed-min(cancelled, n.Failed), n.RejectedTooLong, n.RejectedBusy)
 	var failed []string
 	for c, v := range n.FailedByCode {
-		if v > 0 {
+		if v > 0 && messages.ErrorCode(c) != messages.CodeCancelled {
 			failed = append(failed, fmt.Sprintf("%s %d", messages.ErrorCode(c), v))
 		}
 	}
@@ -163,4 +182,165 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// countOf is counts' entry for code, 0 past its end.
+func countOf(counts []uint64, code messages.ErrorCode) uint64 {
+	if int(code) < len(counts) {
+		return counts[code]
+	}
+	return 0
+}
+
+// watchUntilStopped draws the status of o.Endpoint every o.Interval until
+// SIGINT or SIGTERM, redrawing in place on a terminal.
+func watchUntilStopped(w io.Writer, c *controlClient, o statusOptions) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	tick := time.NewTicker(o.Interval)
+	defer tick.Stop()
+	ask := func() (*messages.StatusReply, error) { return c.status(o.Endpoint, o.Timeout) }
+	watchStatus(ctx, w, ask, tick.C, watchHead{endpoint: o.Endpoint, interval: o.Interval, clear: isTerminal(w)})
+	return nil
+}
+
+// clearScreen moves a terminal's cursor home and clears the screen.
+const clearScreen = "\x1b[H\x1b[2J"
+
+// watchHead is what every table of a watch starts with, and how it is
+// drawn.
+type watchHead struct {
+	endpoint string
+	interval time.Duration
+	clear    bool // redraw in place (a terminal)
+}
+
+// reading is one answer to a status request, and when it came.
+type reading struct {
+	s   *messages.StatusReply
+	err error
+	at  time.Time
+}
+
+// watchStatus draws a table of ask's answer at once and after each tick,
+// until ctx ends. Each table is written in one Write, so that a reader of
+// w sees whole tables; a look that fails is drawn as its error.
+func watchStatus(ctx context.Context, w io.Writer, ask func() (*messages.StatusReply, error), ticks <-chan time.Time, h watchHead) {
+	var prev *reading
+	for {
+		got := make(chan reading, 1)
+		go func() {
+			s, err := ask()
+			got <- reading{s: s, err: err, at: time.Now()}
+		}()
+		var r reading
+		select {
+		case <-ctx.Done():
+			return
+		case r = <-got:
+		}
+		var b bytes.Buffer
+		if h.clear {
+			b.WriteString(clearScreen)
+		}
+		drawWatch(&b, h, r, prev)
+		if _, err := w.Write(b.Bytes()); err != nil {
+			return // nobody reads what is drawn any more
+		}
+		if r.err == nil {
+			prev = &r
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticks:
+		}
+	}
+}
+
+// drawWatch writes one table of r, with what moved since prev (nil: the
+// first look, or none succeeded yet).
+func drawWatch(w io.Writer, h watchHead, r reading, prev *reading) {
+	fmt.Fprintf(w, "status of %s at %s, every %s (Ctrl-C stops)\n", h.endpoint, r.at.Format("15:04:05"), h.interval)
+	if r.err != nil {
+		fmt.Fprintf(w, "no answer: %v\n\n", r.err)
+		return
+	}
+	n := r.s.Node
+	var was *messages.NodeStatus
+	restarted := ""
+	switch {
+	case prev == nil:
+	case prev.s.Node.Incarnation != n.Incarnation:
+		restarted = fmt.Sprintf(" (restarted: was incarnation %016x)", prev.s.Node.Incarnation)
+	default:
+		was = &prev.s.Node
+	}
+	draining := ""
+	if n.Draining {
+		draining = ", draining"
+	}
+	fmt.Fprintf(w, "node %s, role %s, incarnation %016x%s%s\n", n.Name, n.Role, n.Incarnation, restarted, draining)
+	moved := func(now uint64, then func(*messages.NodeStatus) uint64) string {
+		if was == nil {
+			return fmt.Sprint(now)
+		}
+		return fmt.Sprintf("%d (%+d)", now, int64(now-then(was)))
+	}
+	cancelled := func(s *messages.NodeStatus) uint64 { return countOf(s.FailedByCode, messages.CodeCancelled) }
+	failed := func(s *messages.NodeStatus) uint64 { return s.Failed - min(cancelled(s), s.Failed) }
+	fmt.Fprintf(w, "requests  in flight %d  completed %s  cancelled %s  failed %s  rejected %s\n", n.InFlight,
+		moved(n.Completed, func(s *messages.NodeStatus) uint64 { return s.Completed }), moved(cancelled(&n), cancelled),
+		moved(failed(&n), failed), moved(n.RejectedTooLong+n.RejectedBusy, func(s *messages.NodeStatus) uint64 { return s.RejectedTooLong + s.RejectedBusy }))
+	fmt.Fprintf(w, "tokens    %d", n.TokensOut)
+	if was != nil {
+		d := n.TokensOut - was.TokensOut
+		fmt.Fprintf(w, " (%+d, %.1f/s)", int64(d), float64(d)/max(r.at.Sub(prev.at).Seconds(), 1e-3))
+	}
+	fmt.Fprintf(w, "\nerrors    %s\n", errorsByCode(n, was))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tUSED\tFREE\tCAPACITY")
+	for _, p := range n.Pools {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", p.Name, p.Capacity-p.Free, p.Free, p.Capacity)
+	}
+	tw.Flush()
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEMBER\tROLE\tSTATE\tFREE/CAPACITY\tDRAINING")
+	for _, m := range r.s.Members {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\n", m.Name, m.Role, m.State, m.FreePages, m.CapacityPages, yesNo(m.Draining))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+// errorsByCode is what the node's clients were told, by code, with what
+// moved since was (nil: nothing to compare with).
+func errorsByCode(n messages.NodeStatus, was *messages.NodeStatus) string {
+	now := told(&n)
+	var then []uint64
+	if was != nil {
+		then = told(was)
+	}
+	var out []string
+	for code, v := range now {
+		switch {
+		case v == 0:
+		case was == nil:
+			out = append(out, fmt.Sprintf("%s %d", messages.ErrorCode(code), v))
+		default:
+			out = append(out, fmt.Sprintf("%s %d (%+d)", messages.ErrorCode(code), v, int64(v-countOf(then, messages.ErrorCode(code)))))
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
+}
+
+// told counts the errors a node's clients were told, by code: the
+// failures by code and the refusals before a request ran (too long, busy).
+func told(s *messages.NodeStatus) []uint64 {
+	refused := make([]uint64, messages.CodeBusy+1)
+	refused[messages.CodePromptTooLong], refused[messages.CodeBusy] = s.RejectedTooLong, s.RejectedBusy
+	return messages.SumCounts(s.FailedByCode, refused)
 }
