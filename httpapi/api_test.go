@@ -47,7 +47,7 @@ const (
 )
 
 // writeKeys writes the tests' keys file in dir.
-func writeKeys(t *testing.T, dir string) string {
+func writeKeys(t testing.TB, dir string) string {
 	t.Helper()
 	path := filepath.Join(dir, "keys.json")
 	for _, k := range []struct {
@@ -85,7 +85,7 @@ func startSlowAPI(t *testing.T) *apiNode {
 	return startAPIServing(t, modeltest.Builtin(t, cfg))
 }
 
-func startAPIServing(t *testing.T, m *engine.Model) *apiNode {
+func startAPIServing(t testing.TB, m *engine.Model) *apiNode {
 	t.Helper()
 	cfg := cluster.DefaultLocalNodeConfig(actors.RoleAll)
 	cfg.Actors.Model, cfg.Model = m.Config(), m
