@@ -71,7 +71,8 @@ reached or did not answer within --timeout, 2 usage error.`,
 			}
 			defer c.close()
 			if o.Watch {
-				return watchUntilStopped(cmd.OutOrStdout(), c, o)
+				watchUntilStopped(cmd.OutOrStdout(), c, o)
+				return nil
 			}
 			s, err := c.status(o.Endpoint, o.Timeout)
 			if err != nil {
@@ -110,9 +111,9 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	if n.Model != "" {
 		fmt.Fprintf(w, "  model %s, fingerprint %s\n", n.Model, n.ModelFingerprint)
 	}
-	cancelled := countOf(n.FailedByCode, messages.CodeCancelled)
+	f := figuresOf(&n)
 	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d cancelled, %d failed, %d rejected too long, %d rejected busy\n",
-		n.InFlight, n.Admitted, n.Completed, cancelled, n.Failed-min(cancelled, n.Failed), n.RejectedTooLong, n.RejectedBusy)
+		n.InFlight, n.Admitted, n.Completed, f.cancelled, f.failed, n.RejectedTooLong, n.RejectedBusy)
 	var failed []string
 	for c, v := range n.FailedByCode {
 		if v > 0 && messages.ErrorCode(c) != messages.CodeCancelled {
@@ -184,6 +185,17 @@ func yesNo(b bool) string {
 	return "no"
 }
 
+// figures are the counts of a node's status that a watch compares between
+// two looks. Cancelled requests (code cancelled, which a request timeout
+// also answers) are counted apart from the other failures.
+type figures struct{ completed, cancelled, failed, rejected, tokens uint64 }
+
+func figuresOf(n *messages.NodeStatus) figures {
+	cancelled := countOf(n.FailedByCode, messages.CodeCancelled)
+	return figures{completed: n.Completed, cancelled: cancelled, failed: n.Failed - min(cancelled, n.Failed),
+		rejected: n.RejectedTooLong + n.RejectedBusy, tokens: n.TokensOut}
+}
+
 // countOf is counts' entry for code, 0 past its end.
 func countOf(counts []uint64, code messages.ErrorCode) uint64 {
 	if int(code) < len(counts) {
@@ -194,14 +206,13 @@ func countOf(counts []uint64, code messages.ErrorCode) uint64 {
 
 // watchUntilStopped draws the status of o.Endpoint every o.Interval until
 // SIGINT or SIGTERM, redrawing in place on a terminal.
-func watchUntilStopped(w io.Writer, c *controlClient, o statusOptions) error {
+func watchUntilStopped(w io.Writer, c *controlClient, o statusOptions) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	tick := time.NewTicker(o.Interval)
 	defer tick.Stop()
 	ask := func() (*messages.StatusReply, error) { return c.status(o.Endpoint, o.Timeout) }
 	watchStatus(ctx, w, ask, tick.C, watchHead{endpoint: o.Endpoint, interval: o.Interval, clear: isTerminal(w)})
-	return nil
 }
 
 // clearScreen moves a terminal's cursor home and clears the screen.
@@ -281,32 +292,40 @@ func drawWatch(w io.Writer, h watchHead, r reading, prev *reading) {
 		draining = ", draining"
 	}
 	fmt.Fprintf(w, "node %s, role %s, incarnation %016x%s%s\n", n.Name, n.Role, n.Incarnation, restarted, draining)
-	moved := func(now uint64, then func(*messages.NodeStatus) uint64) string {
+	now, then := figuresOf(&n), figures{}
+	if was != nil {
+		then = figuresOf(was)
+	}
+	moved := func(now, then uint64) string {
 		if was == nil {
 			return fmt.Sprint(now)
 		}
-		return fmt.Sprintf("%d (%+d)", now, int64(now-then(was)))
+		return fmt.Sprintf("%d (%+d)", now, int64(now-then))
 	}
-	cancelled := func(s *messages.NodeStatus) uint64 { return countOf(s.FailedByCode, messages.CodeCancelled) }
-	failed := func(s *messages.NodeStatus) uint64 { return s.Failed - min(cancelled(s), s.Failed) }
 	fmt.Fprintf(w, "requests  in flight %d  completed %s  cancelled %s  failed %s  rejected %s\n", n.InFlight,
-		moved(n.Completed, func(s *messages.NodeStatus) uint64 { return s.Completed }), moved(cancelled(&n), cancelled),
-		moved(failed(&n), failed), moved(n.RejectedTooLong+n.RejectedBusy, func(s *messages.NodeStatus) uint64 { return s.RejectedTooLong + s.RejectedBusy }))
-	fmt.Fprintf(w, "tokens    %d", n.TokensOut)
+		moved(now.completed, then.completed), moved(now.cancelled, then.cancelled), moved(now.failed, then.failed),
+		moved(now.rejected, then.rejected))
+	fmt.Fprintf(w, "tokens    %d", now.tokens)
 	if was != nil {
-		d := n.TokensOut - was.TokensOut
-		fmt.Fprintf(w, " (%+d, %.1f/s)", int64(d), float64(d)/max(r.at.Sub(prev.at).Seconds(), 1e-3))
+		d := int64(now.tokens - then.tokens)
+		fmt.Fprintf(w, " (%+d, %.1f/s)", d, float64(d)/max(r.at.Sub(prev.at).Seconds(), 1e-3))
 	}
 	fmt.Fprintf(w, "\nerrors    %s\n", errorsByCode(n, was))
+	drawPages(w, r.s)
+}
+
+// drawPages writes a watch's tables of the node's pools and of the members
+// it sees.
+func drawPages(w io.Writer, s *messages.StatusReply) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "POOL\tUSED\tFREE\tCAPACITY")
-	for _, p := range n.Pools {
+	for _, p := range s.Node.Pools {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", p.Name, p.Capacity-p.Free, p.Free, p.Capacity)
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "MEMBER\tROLE\tSTATE\tFREE/CAPACITY\tDRAINING")
-	for _, m := range r.s.Members {
+	for _, m := range s.Members {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\n", m.Name, m.Role, m.State, m.FreePages, m.CapacityPages, yesNo(m.Draining))
 	}
 	tw.Flush()
