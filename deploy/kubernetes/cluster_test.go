@@ -73,19 +73,24 @@ func TestManifestsServe(t *testing.T) {
 	work := t.TempDir()
 	secrets, keys := runCredentials(t, work)
 
+	if len(keys) == 0 {
+		t.Fatalf("%s's Credentials make no API key (node keys new)", readme)
+	}
+
 	procs := map[string]*proc{}
-	for _, n := range pods { // the router first: the others join it
+	for _, n := range pods { // in the order of roles, the router first: the others join it
 		procs[n.role] = startPod(t, n, ms, secrets)
 	}
-	router := "http://" + net.JoinHostPort(podAddr["router"], httpPort(pods[0]))
-	waitStatus(t, router+"/readyz", "", http.StatusOK)
+	router, decode := procs["router"], procs["decode"]
+	url := "http://" + net.JoinHostPort(podAddr["router"], httpPort(router.node))
+	waitStatus(t, url+"/readyz", "", http.StatusOK)
 
-	t.Run("API", func(t *testing.T) { waitStatus(t, router+"/v1/models", keys[0], http.StatusOK) })
-	t.Run("generate", func(t *testing.T) { generate(t, work, pods[0]) })
-	t.Run("keys reloaded on SIGHUP", func(t *testing.T) { rotateKey(t, work, procs["router"], router) })
+	t.Run("API", func(t *testing.T) { waitStatus(t, url+"/v1/models", keys[0], http.StatusOK) })
+	t.Run("generate", func(t *testing.T) { generate(t, work, router.node) })
+	t.Run("keys reloaded on SIGHUP", func(t *testing.T) { rotateKey(t, work, router, url) })
 	t.Run("preStop drains", func(t *testing.T) {
-		preStop(t, pods[2], procs["decode"])
-		waitStatus(t, router+"/readyz", "", http.StatusServiceUnavailable) // no decode node left
+		preStop(t, decode)
+		waitStatus(t, url+"/readyz", "", http.StatusServiceUnavailable) // no decode node left
 	})
 	for _, role := range []string{"router", "prefill"} {
 		procs[role].stop(t, syscall.SIGTERM)
@@ -107,7 +112,7 @@ func runCredentials(t *testing.T, work string) (map[string]map[string][]byte, []
 	for _, line := range cmds {
 		f := strings.Fields(line)
 		switch {
-		case slices.Equal(f[:min(3, len(f))], []string{"go", "run", "./cmd/node"}):
+		case len(f) > 3 && slices.Equal(f[:3], []string{"go", "run", "./cmd/node"}):
 			out := runNode(t, work, f[3:]...)
 			if f[3] == "keys" {
 				keys = append(keys, strings.TrimSpace(out))
@@ -534,11 +539,12 @@ func rotateKey(t *testing.T, work string, router *proc, url string) {
 	waitStatus(t, url+"/v1/models", key, http.StatusOK)
 }
 
-// preStop runs n's preStop hook as the kubelet runs an exec hook: its
-// command as written (no $(VAR) expansion), in the container's
+// preStop runs the preStop hook of pr's pod as the kubelet runs an exec
+// hook: its command as written (no $(VAR) expansion), in the container's
 // environment, /envexec and /node being the image's binaries. It must
 // drain the node: the hook and the node both exit 0.
-func preStop(t *testing.T, n nodePod, pr *proc) {
+func preStop(t *testing.T, pr *proc) {
+	n := pr.node
 	cmd := slices.Clone(n.c.Lifecycle.PreStop.Exec.Command)
 	cmd[0], cmd[1] = bins.envexec, bins.node
 	hook := exec.Command(cmd[0], cmd[1:]...)
