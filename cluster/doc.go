@@ -127,10 +127,12 @@
 // StartNode runs one member: the actors of its role (actors.Start), the
 // data plane for roles that receive KV, membership with its metadata (free
 // pages republished every MetaInterval), and a control actor answering
-// StatusRequest and DrainRequest. A router node's admission is the router
-// actor: it refuses a request that does not fit the context window or the
-// smallest pool on the path it would take (from the members' metadata),
-// then forwards it to the alive, non-draining decode node with the most
+// StatusRequest and DrainRequest, and ListInFlight and CancelInFlight
+// through the actor that holds the requests in flight (the router, or
+// admission), which answers the operator itself. A router node's admission
+// is the router actor: it refuses a request that does not fit the context
+// window or the smallest pool on the path it would take (from the members'
+// metadata), then forwards it to the alive, non-draining decode node with the most
 // free pages, with the prefill node with the most free pages chosen for
 // it, keeping the client as the sender so tokens stream from the decode
 // node straight to the client. A decode node plans each transfer with a

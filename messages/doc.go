@@ -8,8 +8,9 @@
 // TokenChunk, GenerateResult, CancelRequest for clients; TransferPlan,
 // TransferDone, TransferAck, TransferAbort for the prefill ↔ decode
 // handshake; RoutedRequest, StatusRequest, StatusReply, DrainRequest,
-// DrainReply for the cluster; PressureRequest, PressureReply for chaos
-// testers). Send them
+// DrainReply for the cluster; ListInFlight, InFlightList, CancelInFlight,
+// CancelInFlightReply for operators' view of the requests in flight;
+// PressureRequest, PressureReply for chaos testers). Send them
 // by pointer with Send, RequestFuture or Respond, which call Validate first;
 // the receiving actor type-switches on the same pointer types, whether the
 // sender was local or on another node. Encode and Decode turn a message into
