@@ -132,9 +132,9 @@
 // admission), which answers the operator itself. A router node's admission
 // is the router actor: it refuses a request that does not fit the context
 // window or the smallest pool on the path it would take (from the members'
-// metadata), then forwards it to the alive, non-draining decode node with the most
-// free pages, with the prefill node with the most free pages chosen for
-// it, keeping the client as the sender so tokens stream from the decode
+// metadata), then forwards it to the alive, non-draining decode node with
+// the most free pages, with the prefill node with the most free pages
+// chosen for it, keeping the client as the sender so tokens stream from the decode
 // node straight to the client. A decode node plans each transfer with a
 // prefill node and, if that transfer fails before any token was streamed
 // (the prefill node died, refused or timed out), plans it again with
