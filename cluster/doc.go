@@ -134,14 +134,14 @@
 // window or the smallest pool on the path it would take (from the members'
 // metadata), then forwards it to the alive, non-draining decode node with
 // the most free pages, with the prefill node with the most free pages
-// chosen for it, keeping the client as the sender so tokens stream from the decode
-// node straight to the client. A decode node plans each transfer with a
-// prefill node and, if that transfer fails before any token was streamed
-// (the prefill node died, refused or timed out), plans it again with
-// another. Membership events tell the actors which peers are gone: transfers
-// planned with a lost prefill node are retried, and a router answers
-// "node lost" to the clients of a lost decode node. Drain marks the node
-// draining in its metadata (routers skip it; its admission answers busy),
-// waits until what it has in flight is done, then leaves gracefully; no
-// admitted request is aborted by a drain.
+// chosen for it, keeping the client as the sender so tokens stream from the
+// decode node straight to the client. A decode node plans each transfer
+// with a prefill node and, if that transfer fails before any token was
+// streamed (the prefill node died, refused or timed out), plans it again
+// with another. Membership events tell the actors which peers are gone:
+// transfers planned with a lost prefill node are retried, and a router
+// answers "node lost" to the clients of a lost decode node. Drain marks the
+// node draining in its metadata (routers skip it; its admission answers
+// busy), waits until what it has in flight is done, then leaves gracefully;
+// no admitted request is aborted by a drain.
 package cluster
