@@ -562,3 +562,25 @@ func TestErrorCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestAPITenantLimitReload: a limit a reload gives a tenant counts the
+// requests it already has in flight: with one streaming, a second is
+// refused.
+func TestAPITenantLimitReload(t *testing.T) {
+	a := startSlowAPI(t)
+	url := a.srv.URL + "/v1/completions"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	body, _ := streamFirstEvent(t, ctx, url, keyAcme, `{"model":"builtin","prompt":"Once","max_tokens":400,"stream":true}`)
+	defer body.Close()
+	e := KeyEntry{Name: "acme-2", Tenant: "acme", SHA256: HashKey("kvw-test-acme-2")}
+	if err := AddKey(a.keys.Path(), e, &TenantLimits{ConcurrentMax: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.keys.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if status, _, e := post(t, url, keyAcme, `{"model":"builtin","prompt":"hi","max_tokens":2}`); status != 429 {
+		t.Errorf("acme's second request once a reload limits it to one: %d %+v, want 429", status, e)
+	}
+}

@@ -198,7 +198,7 @@ type Keys struct {
 	set  atomic.Pointer[keySet]
 
 	mu       sync.Mutex
-	inFlight map[string]int // tenant → requests in flight, only those with a limit
+	inFlight map[string]int // tenant → requests in flight, every tenant's
 }
 
 // LoadKeys reads the keys file at path.
@@ -296,15 +296,14 @@ func (e *TenantBusyError) Error() string {
 }
 
 // Acquire counts a request of tenant in flight, unless the tenant is at
-// its limit; release (call it once) ends it.
+// its limit; release (call it once) ends it. Every tenant's requests are
+// counted, a limit or none, so that a limit a reload gives a tenant counts
+// those already in flight (the map holds no more entries than requests).
 func (k *Keys) Acquire(tenant string) (release func(), err error) {
-	limit, ok := k.set.Load().limits[tenant]
-	if !ok {
-		return func() {}, nil
-	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if have := k.inFlight[tenant]; have >= limit {
+	limit, ok := k.set.Load().limits[tenant]
+	if have := k.inFlight[tenant]; ok && have >= limit {
 		return nil, &TenantBusyError{Tenant: tenant, Have: have, Limit: limit}
 	}
 	k.inFlight[tenant]++
