@@ -584,3 +584,16 @@ func TestAPITenantLimitReload(t *testing.T) {
 		t.Errorf("acme's second request once a reload limits it to one: %d %+v, want 429", status, e)
 	}
 }
+
+// TestAPIKeyBeforeBody: a request without a valid key is refused before
+// its body is read, whatever the body is.
+func TestAPIKeyBeforeBody(t *testing.T) {
+	a := startAPI(t)
+	for _, body := range []string{`{"model":`, `{"model":"stories260K","prompt":"` + strings.Repeat("x", 5<<20) + `"}`} {
+		for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+			if status, _, e := post(t, a.srv.URL+path, "kvw-nobody", body); status != 401 || e.Code != "invalid_api_key" {
+				t.Errorf("%s with a wrong key and a body of %d bytes: %d %+v, want 401", path, len(body), status, e)
+			}
+		}
+	}
+}

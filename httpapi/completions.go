@@ -54,12 +54,17 @@ type completionResponse struct {
 
 // completions answers POST /v1/completions.
 func (a *API) completions(w http.ResponseWriter, r *http.Request) {
+	key, e := a.authenticate(r)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
 	var req completionRequest
 	if e := a.readJSON(w, r, &req); e != nil {
 		writeError(w, e)
 		return
 	}
-	e := req.check()
+	e = req.check()
 	switch {
 	case e != nil:
 	case len(req.Prompt) == 0 || string(req.Prompt) == "null":
@@ -75,8 +80,7 @@ func (a *API) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	key, e := a.authorize(r, req.Model)
-	if e != nil {
+	if e := a.permit(key, req.Model); e != nil {
 		writeError(w, e)
 		return
 	}
@@ -208,12 +212,17 @@ type chatResponse struct {
 
 // chat answers POST /v1/chat/completions.
 func (a *API) chat(w http.ResponseWriter, r *http.Request) {
+	key, e := a.authenticate(r)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
 	var req chatRequest
 	if e := a.readJSON(w, r, &req); e != nil {
 		writeError(w, e)
 		return
 	}
-	e := req.check()
+	e = req.check()
 	switch {
 	case e != nil:
 	case len(req.Messages) == 0:
@@ -230,8 +239,7 @@ func (a *API) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	key, e := a.authorize(r, req.Model)
-	if e != nil {
+	if e := a.permit(key, req.Model); e != nil {
 		writeError(w, e)
 		return
 	}

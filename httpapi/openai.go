@@ -197,9 +197,9 @@ func badRequest(param, format string, args ...any) *apiError {
 	return &apiError{Status: http.StatusBadRequest, Code: "invalid_request", Param: param, Message: fmt.Sprintf(format, args...)}
 }
 
-// authorize is the key of r, and may it use model (empty: any of the
-// node's).
-func (a *API) authorize(r *http.Request, model string) (Key, *apiError) {
+// authenticate is the key of r's Authorization header; a request without
+// one is refused before its body is read.
+func (a *API) authenticate(r *http.Request) (Key, *apiError) {
 	k, err := a.cfg.Keys.Authenticate(r.Header.Get("Authorization"))
 	if err != nil {
 		code := "invalid_api_key"
@@ -208,19 +208,21 @@ func (a *API) authorize(r *http.Request, model string) (Key, *apiError) {
 		}
 		return Key{}, &apiError{Status: http.StatusUnauthorized, Code: code, Message: err.Error()}
 	}
+	return k, nil
+}
+
+// permit says whether k may use model, one of the node's.
+func (a *API) permit(k Key, model string) *apiError {
 	m := a.cfg.Model
-	if model == "" {
-		return k, nil
-	}
 	if model != m.Name() && model != m.Fingerprint().String() {
-		return k, &apiError{Status: http.StatusNotFound, Code: "model_not_found", Param: "model",
+		return &apiError{Status: http.StatusNotFound, Code: "model_not_found", Param: "model",
 			Message: fmt.Sprintf("model %q is not served here; this node serves %q (fingerprint %s)", model, m.Name(), m.Fingerprint())}
 	}
 	if !k.MayUse(m.Name(), m.Fingerprint().String()) {
-		return k, &apiError{Status: http.StatusForbidden, Code: "model_not_permitted", Param: "model",
+		return &apiError{Status: http.StatusForbidden, Code: "model_not_permitted", Param: "model",
 			Message: fmt.Sprintf("key %q may not use model %q", k.Name, model)}
 	}
-	return k, nil
+	return nil
 }
 
 // readJSON decodes r's body, at most BodyBytesMax bytes, into v.
@@ -536,7 +538,7 @@ func (s *sse) write(line string) error {
 
 // models answers GET /v1/models: the node's model, if the key may use it.
 func (a *API) models(w http.ResponseWriter, r *http.Request) {
-	k, e := a.authorize(r, "")
+	k, e := a.authenticate(r)
 	if e != nil {
 		writeError(w, e)
 		return
@@ -551,7 +553,11 @@ func (a *API) models(w http.ResponseWriter, r *http.Request) {
 
 // model answers GET /v1/models/{model}.
 func (a *API) model(w http.ResponseWriter, r *http.Request) {
-	if _, e := a.authorize(r, r.PathValue("model")); e != nil {
+	k, e := a.authenticate(r)
+	if e == nil {
+		e = a.permit(k, r.PathValue("model"))
+	}
+	if e != nil {
 		writeError(w, e)
 		return
 	}
