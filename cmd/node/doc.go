@@ -33,7 +33,14 @@
 // proxy, --advertise and --data-advertise are the addresses peers reach.
 // A binary built with -tags chaos has fault points, which --faults turns
 // on (the readiness line then ends ", FAULTS <spec>"); any other refuses
-// --faults.
+// --faults. --http serves the probes and metrics (package httpapi; the
+// readiness line then ends ", http <address>"), and on a router or a node
+// of role all, with --api-keys, the OpenAI-compatible API, whose requests
+// enter the node's own admission actor as local requests of the key's
+// tenant (client.New); SIGHUP reads the keys file again.
+//
+// "node keys new" makes an API key, adds its hash to a keys file
+// (httpapi.AddKey) and prints the key.
 //
 // "node up" starts a local cluster on loopback as child processes of the
 // same binary (os.Executable): a router on --listen gossiping at
@@ -42,7 +49,8 @@
 // run. Each child's stderr goes to <name>.log in --log-dir (a new temporary
 // directory unless given), which up prints; up reads each child's
 // readiness line, waits until every node sees every other alive, prints a
-// table of the nodes, and on SIGINT or SIGTERM stops them (router first;
+// table of the nodes (and, with --http, the router's API with one key,
+// --api-key, in api-keys.json in the log directory), and on SIGINT or SIGTERM stops them (router first;
 // SIGTERM, then SIGKILL after --stop-timeout) and exits 0. A prefill or
 // decode node that exits 0 (drained) leaves the rest serving; the router
 // exiting, or any node failing, stops the others and exits 1 with the end
