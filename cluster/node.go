@@ -586,8 +586,6 @@ func (n *Node) down() {
 	}
 }
 
-// status is the node's StatusReply: its own figures and the members it
-// sees.
 // Status is what "node status" shows of the node: its counters, pools,
 // model and the members it sees. It asks the node's actors, so it takes a
 // few messages' time.

@@ -46,15 +46,7 @@ could not be reached, did not answer, or had not left within --timeout, 2
 usage error.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.Timeout <= 0 {
-				return usageError{fmt.Errorf("--timeout (%s) must be positive", o.Timeout)}
-			}
-			o.creds.Endpoint = o.Endpoint
-			auth, err := o.creds.operator(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			c, err := dialControlFor(o.Endpoint, auth)
+			c, err := dialOperator(cmd, &o.creds, o.Endpoint, o.Timeout)
 			if err != nil {
 				return fmt.Errorf("drain: %w", err)
 			}
