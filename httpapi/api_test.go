@@ -16,6 +16,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -594,6 +595,54 @@ func TestAPIKeyBeforeBody(t *testing.T) {
 			if status, _, e := post(t, a.srv.URL+path, "kvw-nobody", body); status != 401 || e.Code != "invalid_api_key" {
 				t.Errorf("%s with a wrong key and a body of %d bytes: %d %+v, want 401", path, len(body), status, e)
 			}
+		}
+	}
+}
+
+// TestAPIArraysBounded: a body of a million empty messages, stop
+// sequences or content parts is refused at the first past its limit, its
+// cost a few times the body's bytes, not per element; content in parts
+// is still taken.
+func TestAPIArraysBounded(t *testing.T) {
+	m := modeltest.Builtin(t, engine.DefaultModelConfig())
+	keys, err := LoadKeys(writeKeys(t, t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := actors.DefaultConfig()
+	api, err := NewAPI(APIConfig{Model: m, Generator: failingGenerator{text: []string{"ok"}}, Keys: keys, Node: node.Limits()},
+		DefaultLimits(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	api.routes(mux)
+	empties := strings.Repeat(`{},`, (4<<20-100)/3) + `{}`
+	for _, tc := range []struct {
+		path, body string
+		status     int
+		message    string
+	}{
+		{"/v1/chat/completions", `{"model":"builtin","messages":[` + empties + `]}`, 400, "more than 1024 messages"},
+		{"/v1/completions", `{"model":"builtin","prompt":"x","stop":[` + strings.Repeat(`"",`, (4<<20-100)/3) + `""]}`, 400,
+			"more than 4 stop sequences"},
+		{"/v1/chat/completions", `{"model":"builtin","messages":[{"role":"user","content":[` + empties + `]}]}`, 400,
+			"content part 0 is of type"},
+		{"/v1/chat/completions", `{"model":"builtin","max_tokens":2,"messages":[{"role":"user","content":[{"type":"text","text":"Once"},{"type":"text","text":" upon"}]}]}`,
+			200, `"content":"ok"`},
+	} {
+		req := httptest.NewRequest(http.MethodPost, tc.path, strings.NewReader(tc.body))
+		req.Header.Set("Authorization", "Bearer "+keyAcme)
+		w := httptest.NewRecorder()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		mux.ServeHTTP(w, req)
+		runtime.ReadMemStats(&after)
+		if w.Code != tc.status || !strings.Contains(w.Body.String(), tc.message) {
+			t.Errorf("%s: %d %s, want %d %q", tc.path, w.Code, w.Body.String(), tc.status, tc.message)
+		}
+		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16*uint64(len(tc.body))+1<<20 {
+			t.Errorf("%s of %d bytes (%s) allocated %d MiB", tc.path, len(tc.body), tc.message, alloc>>20)
 		}
 	}
 }

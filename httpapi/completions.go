@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -110,7 +111,7 @@ func (a *API) completions(w http.ResponseWriter, r *http.Request) {
 // chatRequest is POST /v1/chat/completions' body.
 type chatRequest struct {
 	common
-	Messages            []chatMessage   `json:"messages"`
+	Messages            json.RawMessage `json:"messages"` // decoded by decodeList, at most ChatMessagesMax
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	ResponseFormat      *responseFormat `json:"response_format"`
 }
@@ -124,27 +125,46 @@ type chatMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// text is a message's content: a string, or an array of text parts.
+// text is a message's content: a string, or an array of text parts, each
+// checked and taken as it is decoded (none kept, however many the body
+// holds).
 func (m chatMessage) text() (string, error) {
 	var s string
 	if err := json.Unmarshal(m.Content, &s); err == nil {
 		return s, nil
 	}
-	var parts []struct {
+	type part struct {
 		Type string `json:"type"`
 		Text string `json:"text"`
 	}
-	if err := json.Unmarshal(m.Content, &parts); err != nil {
-		return "", fmt.Errorf("content must be a string or an array of text parts")
-	}
 	var b strings.Builder
-	for i, p := range parts {
+	i := 0
+	err := decodeEach(m.Content, func(p part) error {
 		if p.Type != "text" {
-			return "", fmt.Errorf("content part %d is of type %q; only text is taken", i, p.Type)
+			return &partTypeError{Part: i, Type: p.Type}
 		}
 		b.WriteString(p.Text)
+		i++
+		return nil
+	})
+	var typed *partTypeError
+	switch {
+	case errors.As(err, &typed):
+		return "", err
+	case err != nil:
+		return "", fmt.Errorf("content must be a string or an array of text parts")
 	}
 	return b.String(), nil
+}
+
+// partTypeError is a chat message's content part of a type not taken.
+type partTypeError struct {
+	Part int
+	Type string
+}
+
+func (e *partTypeError) Error() string {
+	return fmt.Sprintf("content part %d is of type %q; only text is taken", e.Part, e.Type)
 }
 
 // chatRoles are the roles a message may have, as the template names them.
@@ -223,12 +243,20 @@ func (a *API) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e = req.check()
+	var msgs []chatMessage
+	if e == nil && len(req.Messages) > 0 && string(req.Messages) != "null" {
+		var err error
+		var long *listTooLongError
+		if msgs, err = decodeList[chatMessage](req.Messages, a.limits.ChatMessagesMax); errors.As(err, &long) {
+			e = badRequest("messages", "more than %d messages", long.Max)
+		} else if err != nil {
+			e = badRequest("messages", "messages must be an array of messages: %v", err)
+		}
+	}
 	switch {
 	case e != nil:
-	case len(req.Messages) == 0:
+	case len(msgs) == 0:
 		e = badRequest("messages", "messages is required")
-	case len(req.Messages) > a.limits.ChatMessagesMax:
-		e = badRequest("messages", "%d messages, at most %d", len(req.Messages), a.limits.ChatMessagesMax)
 	case req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text":
 		e = badRequest("response_format", "response_format %q; only text", req.ResponseFormat.Type)
 	case req.MaxTokens != nil && req.MaxCompletionTokens != nil && *req.MaxTokens != *req.MaxCompletionTokens:
@@ -244,7 +272,7 @@ func (a *API) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g := &generation{key: key}
-	if g.prompt, e = ChatPrompt(req.Messages); e == nil {
+	if g.prompt, e = ChatPrompt(msgs); e == nil {
 		if g.stops, e = a.parseStop(req.Stop); e == nil {
 			g.stops = append(g.stops, ChatTurnStop)
 			maxTokens := req.MaxTokens

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -358,11 +359,12 @@ func (a *API) parseStop(raw json.RawMessage) ([]string, *apiError) {
 	var one string
 	if err := json.Unmarshal(raw, &one); err == nil {
 		stops = []string{one}
-	} else if err := json.Unmarshal(raw, &stops); err != nil {
+	} else if stops, err = decodeList[string](raw, a.limits.StopSequencesMax); err != nil {
+		var long *listTooLongError
+		if errors.As(err, &long) {
+			return nil, badRequest("stop", "more than %d stop sequences", long.Max)
+		}
 		return nil, badRequest("stop", "stop must be a string or an array of strings")
-	}
-	if len(stops) > a.limits.StopSequencesMax {
-		return nil, badRequest("stop", "%d stop sequences, at most %d", len(stops), a.limits.StopSequencesMax)
 	}
 	for i, s := range stops {
 		if s == "" || len(s) > a.limits.StopBytesMax {
@@ -370,6 +372,46 @@ func (a *API) parseStop(raw json.RawMessage) ([]string, *apiError) {
 		}
 	}
 	return stops, nil
+}
+
+// listTooLongError is a JSON array of a request with more than Max
+// elements.
+type listTooLongError struct{ Max int }
+
+func (e *listTooLongError) Error() string { return fmt.Sprintf("more than %d elements", e.Max) }
+
+// decodeList decodes raw, a JSON array, and refuses it at element max+1,
+// so that an array costs at most max elements however many would fit in
+// the body (a 4 MiB body holds over a million empty ones).
+func decodeList[T any](raw json.RawMessage, max int) ([]T, error) {
+	var list []T
+	err := decodeEach(raw, func(v T) error {
+		if len(list) == max {
+			return &listTooLongError{Max: max}
+		}
+		list = append(list, v)
+		return nil
+	})
+	return list, err
+}
+
+// decodeEach decodes raw, a JSON array, one element at a time, each passed
+// to take as it comes; take's error ends the decoding.
+func decodeEach[T any](raw json.RawMessage, take func(v T) error) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if t, err := dec.Token(); err != nil || t != json.Delim('[') {
+		return errors.New("not an array")
+	}
+	for dec.More() {
+		var v T
+		if err := dec.Decode(&v); err != nil {
+			return err
+		}
+		if err := take(v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // common are the request fields completions and chat share, and those
