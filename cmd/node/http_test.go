@@ -155,3 +155,26 @@ func TestBinaryUpHTTP(t *testing.T) {
 		t.Fatalf("after %d chunks the stream of a killed decode node ended with %v, want a node_lost error event", chunks, err)
 	}
 }
+
+// TestUpExampleKeyLoopbackOnly: node up serves its API with the example
+// key only on loopback; anywhere else it wants a key of the user's own.
+func TestUpExampleKeyLoopbackOnly(t *testing.T) {
+	for _, tc := range []struct {
+		http, key string
+		ok        bool
+	}{
+		{"127.0.0.1:8000", exampleAPIKey, true},
+		{"[::1]:8000", exampleAPIKey, true},
+		{"localhost:8000", exampleAPIKey, true},
+		{":8000", exampleAPIKey, false},
+		{"0.0.0.0:8000", exampleAPIKey, false},
+		{"192.0.2.1:8000", exampleAPIKey, false},
+		{"0.0.0.0:8000", "kvw-a-key-of-my-own", true},
+	} {
+		o := upOptions{Prefill: 1, Decode: 1, Listen: defaultEndpoint, ReadyTimeout: time.Second, StopTimeout: time.Second,
+			HTTP: tc.http, APIKey: tc.key}
+		if err := o.check(); (err == nil) != tc.ok {
+			t.Errorf("--http %s --api-key %s: %v, want ok %v", tc.http, tc.key, err, tc.ok)
+		}
+	}
+}

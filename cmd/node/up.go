@@ -181,8 +181,25 @@ func (o upOptions) check() error {
 		if err := checkListen("--http", o.HTTP); err != nil {
 			return err
 		}
+		if o.APIKey == exampleAPIKey && !loopbackHost(o.HTTP) {
+			return fmt.Errorf("--http %s is reachable from other machines and --api-key is the example key the README prints; "+
+				"give one of your own with --api-key", o.HTTP)
+		}
 	}
 	return checkListen("--listen", o.Listen)
+}
+
+// loopbackHost says whether host:port addr is on loopback only: an IP of
+// it or localhost, not every interface (an empty or unspecified host).
+func loopbackHost(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	return host == "localhost"
 }
 
 // checkModel loads --model and --tokenizer (or the built-in model) once,
