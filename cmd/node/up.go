@@ -476,6 +476,8 @@ func (c *localCluster) waitReady(nodes []*child, deadline time.Time, signals <-c
 			if err := ch.parseReady(line); err != nil {
 				return err
 			}
+			c.log.Info("serving", "node", ch.name, "address", ch.addr,
+				"progress", fmt.Sprintf("%d of %d nodes serving", c.serving(), 1+c.o.Prefill+c.o.Decode))
 		case <-ch.exited:
 			return ch.failure("exited before it served")
 		case <-signals:
@@ -485,6 +487,18 @@ func (c *localCluster) waitReady(nodes []*child, deadline time.Time, signals <-c
 		}
 	}
 	return nil
+}
+
+// serving is how many of the nodes started have printed their readiness
+// line.
+func (c *localCluster) serving() int {
+	n := 0
+	for _, ch := range c.nodes {
+		if ch.addr != "" {
+			n++
+		}
+	}
+	return n
 }
 
 func (ch *child) parseReady(line string) error {
@@ -518,10 +532,17 @@ func (c *localCluster) waitConverged(deadline time.Time, signals <-chan os.Signa
 	defer cc.close()
 	tick := time.NewTicker(upPollInterval)
 	defer tick.Stop()
+	start, said := time.Now(), time.Time{}
 	for {
 		lagging := c.lagging(cc, deadline)
 		if lagging == nil {
+			c.log.Info("cluster formed: every node sees every other alive", "nodes", len(c.nodes),
+				"after", time.Since(start).Round(time.Millisecond))
 			return nil
+		}
+		if time.Since(said) >= time.Second {
+			c.log.Info("waiting for the cluster to form", "progress", lagging.Error())
+			said = time.Now()
 		}
 		select {
 		case <-tick.C:
