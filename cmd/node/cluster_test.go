@@ -236,7 +236,7 @@ var upRow = regexp.MustCompile(`^(router-0|prefill-\d+|decode-\d+)\s+(router|pre
 func TestBinaryUp(t *testing.T) {
 	listen := freeTCPAddr(t)
 	up := startProcess(t, "up", "--listen", listen, "--gossip-base-port", strconv.Itoa(freeGossipPort(t)),
-		"--log-dir", t.TempDir(), "--", "--reclaim-after", "2s")
+		"--log-dir", t.TempDir(), "--http", "127.0.0.1:0", "--", "--reclaim-after", "2s")
 	var pids []int
 	t.Cleanup(func() {
 		// Normally up has stopped them; this is for a test that failed

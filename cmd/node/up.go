@@ -101,7 +101,8 @@ the others alive, up prints a table of the nodes and how to send a request,
 then waits. The router serves the OpenAI-compatible API on --http
 (/v1/completions, /v1/chat/completions, /v1/models) with one API key,
 --api-key, whose requests run as --tenant; its keys file is in the log
-directory. On SIGINT or SIGTERM it stops the nodes (SIGTERM, and SIGKILL to
+directory. The example key is accepted only on a loopback --http, and with
+--prompt there is no API unless --http is given. On SIGINT or SIGTERM it stops the nodes (SIGTERM, and SIGKILL to
 any still running after --stop-timeout), the router first, and exits 0.
 With --prompt, up instead sends that prompt to the router once the cluster
 is up, prints the streamed answer, stops the cluster and exits with
@@ -119,6 +120,11 @@ usage error.`,
 				return err
 			}
 			o.PromptGiven = cmd.Flags().Changed("prompt")
+			if o.PromptGiven && !cmd.Flags().Changed("http") {
+				// One answer, then the cluster stops: an API would be gone
+				// before anyone could use it.
+				o.HTTP = ""
+			}
 			if err := o.check(); err != nil {
 				return usageError{err}
 			}
@@ -146,7 +152,7 @@ usage error.`,
 	fs.StringVar(&o.Model, "model", o.Model, "llama2.c checkpoint every node serves (with --tokenizer); empty: the built-in model")
 	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "llama2.c tokenizer of --model")
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "run every node --insecure (no certificates, nobody authenticated)")
-	fs.StringVar(&o.HTTP, "http", o.HTTP, "host:port the router serves the OpenAI-compatible API, probes and metrics on (empty: none)")
+	fs.StringVar(&o.HTTP, "http", o.HTTP, "host:port the router serves the OpenAI-compatible API, probes and metrics on (empty: none; with --prompt, none unless given)")
 	fs.StringVar(&o.APIKey, "api-key", o.APIKey, "the API key of --tenant that the router's API accepts")
 	return cmd
 }
