@@ -44,13 +44,15 @@ type completionChoice struct {
 	FinishReason *string `json:"finish_reason"`
 }
 
-type completionResponse struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []completionChoice `json:"choices"`
-	Usage   *usage             `json:"usage,omitempty"`
+// response is the object (or, streamed, each chunk) a completion or chat
+// completion answers with, its choices of type C.
+type response[C any] struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []C    `json:"choices"`
+	Usage   *usage `json:"usage,omitempty"`
 }
 
 // completions answers POST /v1/completions.
@@ -96,8 +98,8 @@ func (a *API) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, created, model := newID("cmpl-"), time.Now().Unix(), a.cfg.Model.Name()
-	resp := func(choices []completionChoice, u *usage) completionResponse {
-		return completionResponse{ID: id, Object: "text_completion", Created: created, Model: model, Choices: choices, Usage: u}
+	resp := func(choices []completionChoice, u *usage) response[completionChoice] {
+		return response[completionChoice]{ID: id, Object: "text_completion", Created: created, Model: model, Choices: choices, Usage: u}
 	}
 	a.serveGeneration(w, r, g, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 		func(text string) any { return resp([]completionChoice{{Text: text}}, nil) },
@@ -221,15 +223,6 @@ type chatReply struct {
 	Content string `json:"content"`
 }
 
-type chatResponse struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   *usage       `json:"usage,omitempty"`
-}
-
 // chat answers POST /v1/chat/completions.
 func (a *API) chat(w http.ResponseWriter, r *http.Request) {
 	key, e := a.authenticate(r)
@@ -287,8 +280,8 @@ func (a *API) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, created, model := newID("chatcmpl-"), time.Now().Unix(), a.cfg.Model.Name()
-	chunk := func(c []chatChoice, u *usage) chatResponse {
-		return chatResponse{ID: id, Object: "chat.completion.chunk", Created: created, Model: model, Choices: c, Usage: u}
+	chunk := func(c []chatChoice, u *usage) response[chatChoice] {
+		return response[chatChoice]{ID: id, Object: "chat.completion.chunk", Created: created, Model: model, Choices: c, Usage: u}
 	}
 	first := true
 	a.serveGeneration(w, r, g, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
@@ -302,7 +295,7 @@ func (a *API) chat(w http.ResponseWriter, r *http.Request) {
 		func(o outcome) any { return chunk([]chatChoice{{Delta: &chatDelta{}, FinishReason: &o.finish}}, nil) },
 		func(u *usage) any { return chunk([]chatChoice{}, u) },
 		func(text string, o outcome) any {
-			return chatResponse{ID: id, Object: "chat.completion", Created: created, Model: model, Usage: usageOf(g, o),
+			return response[chatChoice]{ID: id, Object: "chat.completion", Created: created, Model: model, Usage: usageOf(g, o),
 				Choices: []chatChoice{{Message: &chatReply{Role: "assistant", Content: text}, FinishReason: &o.finish}}}
 		})
 }
