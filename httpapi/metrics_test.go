@@ -18,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/cluster"
@@ -98,7 +101,7 @@ func kvOf(t *testing.T, n *cluster.Node, prompts ...string) (pages, bytes float6
 // startAs is a real insecure node of role (with edit's changes to its
 // configuration) joined to join, behind a test HTTP server of its
 // handlers.
-func startAs(t *testing.T, role actors.Role, edit func(*cluster.NodeConfig), join ...string) (*cluster.Node, *httptest.Server) {
+func startAs(t testing.TB, role actors.Role, edit func(*cluster.NodeConfig), join ...string) (*cluster.Node, *httptest.Server) {
 	t.Helper()
 	cfg := cluster.DefaultLocalNodeConfig(role)
 	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
@@ -117,7 +120,7 @@ func startAs(t *testing.T, role actors.Role, edit func(*cluster.NodeConfig), joi
 	return n, serve(t, n)
 }
 
-func dial(t *testing.T, n *cluster.Node) *client.Client {
+func dial(t testing.TB, n *cluster.Node) *client.Client {
 	t.Helper()
 	c, err := client.Dial(n.Address(), client.Options{Auth: trust.Insecure(nil)})
 	if err != nil {
@@ -408,5 +411,37 @@ func TestKVTransferStalledAndFailed(t *testing.T) {
 		if total != 1 {
 			t.Errorf("the %s node counts %g failed transfers, want 1", s.name, total)
 		}
+	}
+}
+
+// TestScrapeParses reads a node's whole scrape with Prometheus' own parser:
+// every family once, of its declared type, histograms whole; and a label
+// value or help with the characters the format escapes comes back as it
+// was.
+func TestScrapeParses(t *testing.T) {
+	_, srv := startAs(t, actors.RoleAll, nil)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(strings.NewReader(scrape(t, srv)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The parser refuses a family twice; a role-all node with no API has
+	// the node's 23. A histogram's buckets are the bounds and +Inf.
+	hist := families["kvwarden_kv_transfer_duration_seconds"]
+	if len(families) != 23 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
+		len(hist.GetMetric()[0].GetHistogram().GetBucket()) != len(actors.LatencyBounds())+1 {
+		t.Fatalf("%d families; the transfer durations: %v", len(families), hist)
+	}
+	var e exposition
+	odd := "a \\ \" b\nc"
+	e.family(family{"x_total", "counter", odd})
+	e.sample("x_total", "", 3, "label", odd)
+	got, err := p.TextToMetricFamilies(strings.NewReader(string(e.b)))
+	if err != nil {
+		t.Fatalf("%v in:\n%s", err, e.b)
+	}
+	x := got["x_total"]
+	if x.GetHelp() != odd || x.GetMetric()[0].GetLabel()[0].GetValue() != odd || x.GetMetric()[0].GetCounter().GetValue() != 3 {
+		t.Fatalf("written %q, read back %v", odd, x)
 	}
 }

@@ -50,7 +50,7 @@ func startNode(t *testing.T, log *slog.Logger) (*cluster.Node, *httptest.Server)
 }
 
 // serve is a test HTTP server of n's handlers.
-func serve(t *testing.T, n Node) *httptest.Server {
+func serve(t testing.TB, n Node) *httptest.Server {
 	t.Helper()
 	h, err := Handler(n, nil, DefaultLimits())
 	if err != nil {
