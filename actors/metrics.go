@@ -144,7 +144,8 @@ const (
 	// RejectNoPeer: no node of a role the request needs is available.
 	RejectNoPeer
 	// RejectBadRequest: the request is invalid (max_tokens out of range, a
-	// request id in flight already, an undecodable message).
+	// request id in flight already, a field out of its bounds, an
+	// undecodable message).
 	RejectBadRequest
 	// RejectForbidden: the sender's credential may not make the request.
 	RejectForbidden
@@ -178,13 +179,12 @@ var rejectWhere = map[string]RejectBound{
 }
 
 // RejectBoundOf is the bound that err, a refusal of a request before it
-// ran, names.
+// ran, names: for a prompt too long or a busy node the one its Where says,
+// for any other refusal the one its stable code implies.
 func RejectBoundOf(err error) RejectBound {
 	var (
 		long *PromptTooLongError
 		busy *BusyError
-		bad  *BadRequestError
-		fb   *ForbiddenError
 	)
 	where := ""
 	switch {
@@ -192,13 +192,15 @@ func RejectBoundOf(err error) RejectBound {
 		where = long.Where
 	case errors.As(err, &busy):
 		where = busy.Where
-	case errors.As(err, &bad):
-		return RejectBadRequest
-	case errors.As(err, &fb):
-		return RejectForbidden
-	case handoff.Wire(err).Code == messages.CodeNodeLost:
-		return RejectIncarnation
 	default:
+		switch handoff.Wire(err).Code {
+		case messages.CodeBadRequest:
+			return RejectBadRequest
+		case messages.CodeForbidden:
+			return RejectForbidden
+		case messages.CodeNodeLost:
+			return RejectIncarnation
+		}
 		return RejectOther
 	}
 	where, _, _ = strings.Cut(where, " (")

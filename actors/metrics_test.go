@@ -93,7 +93,9 @@ func TestRejectBoundOf(t *testing.T) {
 		{"no cluster", &BusyError{Where: "cluster (0 decode, 1 prefill nodes available)"}, RejectNoPeer},
 		{"forbidden", &ForbiddenError{Sender: "x", Reason: "y"}, RejectForbidden},
 		{"old incarnation", &messages.WireError{Code: messages.CodeNodeLost}, RejectIncarnation},
+		{"invalid field", &messages.InvalidFieldError{Type: messages.TypeRoutedRequest, Field: "prefill"}, RejectBadRequest},
 		{"unknown bound", &BusyError{Where: "somewhere new"}, RejectOther},
+		{"internal", errors.New("spawning failed"), RejectOther},
 	} {
 		if tc.err == nil {
 			t.Fatalf("%s: no refusal", tc.name)
