@@ -48,12 +48,15 @@ func (s *stopText) flush() string {
 	return out
 }
 
-// first is where the earliest stop sequence in buf begins, -1 if none.
+// first is where the stop sequence that a text streamed through buf meets
+// first begins (the one that ends first; of two that end together, the
+// longer), -1 if none: the same place however the text is cut into pieces.
 func (s *stopText) first(buf string) int {
-	at := -1
+	at, end := -1, 0
 	for _, st := range s.stops {
-		if i := strings.Index(buf, st); i >= 0 && (at < 0 || i < at) {
-			at = i
+		i := strings.Index(buf, st)
+		if i >= 0 && (at < 0 || i+len(st) < end || (i+len(st) == end && i < at)) {
+			at, end = i, i+len(st)
 		}
 	}
 	return at

@@ -20,6 +20,8 @@ func TestStopText(t *testing.T) {
 		{[]string{"\nUser:"}, []string{"Hi", "\n", "Us", "er", ": more"}, "Hi", true},
 		{[]string{"\nUser:"}, []string{"Hi", "\n", "Use", "d"}, "Hi\nUsed", false},
 		{[]string{"cd", "bc"}, []string{"ab", "cd"}, "a", true},
+		{[]string{"abcd", "c"}, []string{"abcd"}, "ab", true},
+		{[]string{"\n", "b\n"}, []string{"b\n"}, "", true},
 		{[]string{"é"}, []string{"caf", "é!"}, "caf", true},
 		{[]string{"xx"}, []string{"axx"}, "a", true},
 	} {
@@ -42,8 +44,27 @@ func TestStopText(t *testing.T) {
 	}
 }
 
+// stopByteByByte is the text a client is owed: the text grown one byte at
+// a time until it first holds a stop sequence, cut where the earliest of
+// those it then holds begins.
+func stopByteByByte(text string, stops []string) string {
+	for n := 1; n <= len(text); n++ {
+		at := -1
+		for _, st := range stops {
+			if i := strings.Index(text[:n], st); i >= 0 && (at < 0 || i < at) {
+				at = i
+			}
+		}
+		if at >= 0 {
+			return text[:at]
+		}
+	}
+	return text
+}
+
 // TestStopTextProperty: however the text is cut into pieces, the result
-// is the whole text's, cut before its first stop sequence.
+// is the text grown byte by byte, cut before the first stop sequence it
+// comes to hold.
 func TestStopTextProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		alpha := rapid.SampledFrom([]rune("ab\n:é"))
@@ -51,12 +72,7 @@ func TestStopTextProperty(t *testing.T) {
 		stops := rapid.SliceOfN(word, 0, 3).Draw(t, "stops")
 		pieces := rapid.SliceOfN(rapid.StringOfN(alpha, 0, 5, -1), 0, 8).Draw(t, "pieces")
 		text := strings.Join(pieces, "")
-		want := text
-		for _, st := range stops {
-			if i := strings.Index(want, st); i >= 0 {
-				want = want[:i]
-			}
-		}
+		want := stopByteByByte(text, stops)
 		s := newStopText(stops)
 		var out strings.Builder
 		for _, p := range pieces {
