@@ -103,6 +103,11 @@ type nodeConfig struct {
 	// OpenAI-compatible API a router or a node of role all serves on HTTP;
 	// empty serves no API. Read again on SIGHUP.
 	APIKeys string `json:"api_keys"`
+	// HTTPTLSCert and HTTPTLSKey, both or neither, are the PEM certificate
+	// (chain) and key the node serves HTTPS with on HTTP; neither serves
+	// plain HTTP.
+	HTTPTLSCert string `json:"http_tls_cert"`
+	HTTPTLSKey  string `json:"http_tls_key"`
 	// Faults is the fault spec a chaos build of the node injects
 	// (faults.Parse); empty injects none, and a production build refuses
 	// any other.

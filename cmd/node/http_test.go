@@ -3,7 +3,17 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -16,6 +26,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/httpapi"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 )
 
@@ -177,4 +188,70 @@ func TestUpExampleKeyLoopbackOnly(t *testing.T) {
 			t.Errorf("--http %s --api-key %s: %v, want ok %v", tc.http, tc.key, err, tc.ok)
 		}
 	}
+}
+
+// TestBinaryHTTPS: with --http-tls-cert and --http-tls-key the API is
+// served over TLS only; one of the two alone is a usage error.
+func TestBinaryHTTPS(t *testing.T) {
+	dir := t.TempDir()
+	certPEM, keyPEM := selfSigned(t)
+	certFile, keyFile, keysFile := filepath.Join(dir, "http.crt"), filepath.Join(dir, "http.key"), filepath.Join(dir, "keys.json")
+	for path, data := range map[string][]byte{certFile: certPEM, keyFile: keyPEM} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := httpapi.AddKey(keysFile, httpapi.KeyEntry{Name: "acme", Tenant: "acme", SHA256: httpapi.HashKey("kvw-tls")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := runBinary(t, "", "run", "--role", "all", "--insecure", "--http", "127.0.0.1:0",
+		"--http-tls-cert", certFile); code != exitUsage || !strings.Contains(stderr, "give both") {
+		t.Fatalf("--http-tls-cert alone: exit %d: %s", code, stderr)
+	}
+	addr := freeTCPAddr(t)
+	startNode(t, "--role", "all", "--insecure", "--gossip", "127.0.0.1:0", "--http", addr, "--http-tls-cert", certFile,
+		"--http-tls-key", keyFile, "--api-keys", keysFile)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	req, _ := http.NewRequest(http.MethodGet, "https://"+addr+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer kvw-tls")
+	res, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 || res.TLS == nil {
+		t.Fatalf("/v1/models over TLS: %d (TLS %v)", res.StatusCode, res.TLS != nil)
+	}
+	plain, err := http.Get("http://" + addr + "/healthz")
+	if err == nil {
+		plain.Body.Close()
+		if plain.StatusCode == 200 {
+			t.Fatal("plain HTTP answered 200 on the HTTPS port")
+		}
+	}
+}
+
+// selfSigned is a certificate for 127.0.0.1 signed by its own key, and
+// the key, in PEM.
+func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Minute),
+		NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
 }

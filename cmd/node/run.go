@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -71,8 +72,10 @@ it prints one line to stdout,
 "serving on <address> (incarnation <hex>, role <role>, gossip <address>,
 as <identity>)" (or "INSECURE: nobody authenticated" in place of the identity,
 ", FAULTS <spec>" after it when it injects faults, and ", http <address>" when
---http serves the probes /healthz and /readyz and the Prometheus metrics
-/metrics), then logs to stderr.
+--http serves the probes /healthz and /readyz, the Prometheus metrics
+/metrics and, with --api-keys on a router or a node of role all, the
+OpenAI-compatible API under /v1; ", https <address>" with --http-tls-cert and
+--http-tls-key), then logs to stderr.
 <address> is the one peers reach it at: --advertise, or --listen's.
 
 --advertise and --data-advertise put a proxy in front of the node: peers
@@ -122,6 +125,13 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(signals)
 			web := webOptions{Addr: cfg.HTTP}
+			if cfg.HTTPTLSCert != "" {
+				cert, err := tls.LoadX509KeyPair(cfg.HTTPTLSCert, cfg.HTTPTLSKey)
+				if err != nil {
+					return fmt.Errorf("run: --http-tls-cert %s and --http-tls-key %s: %w", cfg.HTTPTLSCert, cfg.HTTPTLSKey, err)
+				}
+				web.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+			}
 			if cfg.APIKeys != "" {
 				if web.Keys, err = httpapi.LoadKeys(cfg.APIKeys); err != nil {
 					return err
@@ -155,6 +165,8 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.DataAdvertise, "data-advertise", c.DataAdvertise, "host:port peers reach the data plane at, when a proxy forwards it to --data (empty: --data's)")
 	fs.StringVar(&c.HTTP, "http", c.HTTP, "host:port to serve /healthz, /readyz, /metrics and, with --api-keys, the OpenAI-compatible /v1 API on, in plain HTTP (empty: none)")
 	fs.StringVar(&c.APIKeys, "api-keys", c.APIKeys, "API keys file of the OpenAI-compatible API (router and all roles, with --http; read again on SIGHUP)")
+	fs.StringVar(&c.HTTPTLSCert, "http-tls-cert", c.HTTPTLSCert, "PEM certificate (chain) to serve --http as HTTPS with (with --http-tls-key)")
+	fs.StringVar(&c.HTTPTLSKey, "http-tls-key", c.HTTPTLSKey, "PEM private key of --http-tls-cert")
 	fs.StringVar(&c.Faults, "faults", c.Faults, "faults to inject, e.g. seed=7,frame-drop=0.02,ack-drop=0.01 (chaos builds only: go build -tags chaos ./cmd/node)")
 	fs.Int64Var(&c.ContextTokens, "context-tokens", c.ContextTokens, "context window the node advertises, in tokens: prompt plus generated tokens")
 	fs.IntVar(&c.PageTokens, "page-tokens", c.PageTokens, "tokens per KV page")
@@ -234,6 +246,10 @@ func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
 		if err := checkListen("--http", c.HTTP); err != nil {
 			return cluster.NodeConfig{}, err
 		}
+	}
+	if (c.HTTPTLSCert == "") != (c.HTTPTLSKey == "") || (c.HTTPTLSCert != "" && c.HTTP == "") {
+		return cluster.NodeConfig{}, fmt.Errorf("--http-tls-cert %q and --http-tls-key %q: give both, with --http (%q), or neither",
+			c.HTTPTLSCert, c.HTTPTLSKey, c.HTTP)
 	}
 	if c.APIKeys != "" && (c.HTTP == "" || (a.Role != actors.RoleRouter && a.Role != actors.RoleAll)) {
 		return cluster.NodeConfig{}, fmt.Errorf("--api-keys %q: the API is served by a router or a node of role all, on --http (role %s, --http %q)",
@@ -411,6 +427,8 @@ type webOptions struct {
 	Addr   string
 	Keys   *httpapi.Keys
 	Reload <-chan os.Signal
+	// TLS, if not nil, serves HTTPS.
+	TLS *tls.Config
 }
 
 // serve starts the node, prints the readiness line and waits.
@@ -444,9 +462,15 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, web webOp
 			n.Stop()
 			return err
 		}
-		go srv.Serve(httpLn)
+		scheme := "http"
+		if web.TLS != nil {
+			scheme, srv.TLSConfig = "https", web.TLS
+			go srv.ServeTLS(httpLn, "", "")
+		} else {
+			go srv.Serve(httpLn)
+		}
 		defer srv.Close()
-		security += ", http " + httpLn.Addr().String()
+		security += ", " + scheme + " " + httpLn.Addr().String()
 	}
 	fmt.Fprintf(stdout, "serving on %s (incarnation %016x, role %s, gossip %s, %s)\n", n.Address(), n.Incarnation(),
 		cfg.Actors.Role, n.GossipAddr(), security)
@@ -458,7 +482,12 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, web webOp
 		"insecure", cfg.Auth.Insecure(), "model", cfg.Model.Name(), "model_fingerprint", cfg.Model.Fingerprint().String(),
 		"kv_dtype", a.Model.KVDType.String())
 	if web.Keys != nil {
-		log.Info("serving the OpenAI-compatible API", "http", httpLn.Addr().String(), "keys", web.Keys.Len(), "keys_file", web.Keys.Path())
+		log.Info("serving the OpenAI-compatible API", "http", httpLn.Addr().String(), "tls", web.TLS != nil, "keys", web.Keys.Len(),
+			"keys_file", web.Keys.Path())
+		if ip := httpLn.Addr().(*net.TCPAddr).IP; web.TLS == nil && !ip.IsLoopback() {
+			log.Warn("the API's keys and prompts travel in plain text: give --http-tls-cert and --http-tls-key, or serve it behind a TLS proxy",
+				"http", httpLn.Addr().String())
+		}
 		go reloadKeys(log, web.Keys, web.Reload, n.Stopped())
 	}
 	return wait(log, n, signals, n.Actors().Fatal(), n.Stopped())
