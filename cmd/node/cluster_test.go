@@ -531,10 +531,10 @@ func TestBinaryClusterPrefillKilled(t *testing.T) {
 	again := mixedRequests(2, 2, 200, 16)
 	generateAll(t, router.addr, again)
 	checkReference(t, again)
-	code, stdout, _ := runBinary(t, "", "status", "--endpoint", decode.addr, "--json")
+	code, stdout, stderr := runBinary(t, "", "status", "--endpoint", decode.addr, "--json")
 	var s messages.StatusReply
 	if err := json.Unmarshal([]byte(stdout), &s); code != exitOK || err != nil || !allFree(s.Node.Pools) {
-		t.Errorf("status --json of the decode node: exit %d, %v, want every pool free:\n%s", code, err, stdout)
+		t.Errorf("status --json of the decode node: exit %d, %v, want every pool free:\n%s\nstderr:\n%s", code, err, stdout, stderr)
 	}
 }
 

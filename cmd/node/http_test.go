@@ -48,6 +48,18 @@ func startUp(t *testing.T, args ...string) *upCluster {
 	c.process = startProcess(t, append([]string{"up", "--listen", freeTCPAddr(t), "--gossip-base-port",
 		strconv.Itoa(freeGossipPort(t)), "--log-dir", c.logDir}, args...)...)
 	t.Cleanup(func() {
+		// Stopped by a signal, up removes the credentials it made for its
+		// router's address; killed, it would leave them for whichever
+		// later node takes that port, and status would find the wrong CA.
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		for _, pid := range c.pids {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+		select {
+		case <-c.exited:
+		case <-time.After(2 * exitTimeout):
+			t.Errorf("up did not exit within %s of SIGTERM", 2*exitTimeout)
+		}
 		for _, pid := range c.pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
