@@ -94,6 +94,16 @@ func TestOperatorListsAndCancels(t *testing.T) {
 	if err := <-ended["globex"]; !errors.As(err, &we) || we.Code != messages.CodeCancelled {
 		t.Fatalf("globex's client got %v, want cancelled", err)
 	}
+	// Its client has the answer; admission forgets the request when its
+	// actor has stopped, a moment later.
+	testwait.For(t, "the cancelled request out of the list", 10*time.Second, func() bool {
+		for _, r := range listOf(t, n, 0).Requests {
+			if r.Number == globex {
+				return false
+			}
+		}
+		return true
+	})
 	for _, number := range []uint64{globex, 999} {
 		rep := cancelOf(t, n, number)
 		if rep.Err == nil || rep.Err.Code != messages.CodeBadRequest || !strings.Contains(rep.Err.Message, fmt.Sprintf("request %d of", number)) {

@@ -10,6 +10,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -21,6 +22,11 @@ import (
 // reference, and the message is counted as ignored.
 func TestLateTransferDoneWhileDecodingIgnored(t *testing.T) {
 	cfg := testConfig()
+	// The large model's decode steps take milliseconds: the request is
+	// still decoding when the test, after its first two tokens, looks it
+	// up, even on a loaded machine.
+	cfg.Model = engine.LargeModelConfig()
+	cfg.Model.ContextTokens = cfg.ContextTokens
 	n := startNode(t, cfg)
 	c := localClient(n)
 	const prompt, maxTokens = "a request that decodes for a while", 60
