@@ -57,19 +57,13 @@ type response[C any] struct {
 
 // completions answers POST /v1/completions.
 func (a *API) completions(w http.ResponseWriter, r *http.Request) {
-	key, e := a.authenticate(r)
+	var req completionRequest
+	key, e := a.begin(w, r, &req)
 	if e != nil {
 		writeError(w, e)
 		return
 	}
-	var req completionRequest
-	if e := a.readJSON(w, r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	e = req.check()
 	switch {
-	case e != nil:
 	case len(req.Prompt) == 0 || string(req.Prompt) == "null":
 		e = badRequest("prompt", "prompt is required")
 	case req.Echo:
@@ -225,19 +219,14 @@ type chatReply struct {
 
 // chat answers POST /v1/chat/completions.
 func (a *API) chat(w http.ResponseWriter, r *http.Request) {
-	key, e := a.authenticate(r)
+	var req chatRequest
+	key, e := a.begin(w, r, &req)
 	if e != nil {
 		writeError(w, e)
 		return
 	}
-	var req chatRequest
-	if e := a.readJSON(w, r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	e = req.check()
 	var msgs []chatMessage
-	if e == nil && len(req.Messages) > 0 && string(req.Messages) != "null" {
+	if len(req.Messages) > 0 && string(req.Messages) != "null" {
 		var err error
 		var long *listTooLongError
 		if msgs, err = decodeList[chatMessage](req.Messages, a.limits.ChatMessagesMax); errors.As(err, &long) {

@@ -226,6 +226,19 @@ func (a *API) permit(k Key, model string) *apiError {
 	return nil
 }
 
+// begin is the start of every generation request: the key (before any
+// of the body is read), then the body decoded into req and checked.
+func (a *API) begin(w http.ResponseWriter, r *http.Request, req interface{ check() *apiError }) (Key, *apiError) {
+	key, e := a.authenticate(r)
+	if e == nil {
+		e = a.readJSON(w, r, req)
+	}
+	if e == nil {
+		e = req.check()
+	}
+	return key, e
+}
+
 // readJSON decodes r's body, at most BodyBytesMax bytes, into v.
 func (a *API) readJSON(w http.ResponseWriter, r *http.Request, v any) *apiError {
 	body := http.MaxBytesReader(w, r.Body, a.limits.BodyBytesMax)
