@@ -218,6 +218,15 @@ func (c Config) Validate() error {
 		return fmt.Errorf("actors: ContextTokens (%d) in pages of %d tokens needs %d pages, more than the %d tags a transfer plan carries",
 			c.ContextTokens, c.PageTokens, pages, messages.PlanTagsMax)
 	}
+	if c.ContextTokens < c.PageTokens {
+		return fmt.Errorf("actors: ContextTokens (%d) is below one page of PageTokens (%d)", c.ContextTokens, c.PageTokens)
+	}
+	// Every prompt is at least the model's BOS: a request of MaxTokensMax
+	// tokens and the shortest prompt must fit the window.
+	if c.MaxTokensMax >= c.ContextTokens {
+		return fmt.Errorf("actors: MaxTokensMax (%d) leaves no room for a prompt in the ContextTokens (%d) window; want at most %d",
+			c.MaxTokensMax, c.ContextTokens, c.ContextTokens-1)
+	}
 	if c.MaxTokensMax > messages.GenerateTokensMax {
 		return fmt.Errorf("actors: MaxTokensMax (%d) exceeds the %d tokens a result carries", c.MaxTokensMax, messages.GenerateTokensMax)
 	}

@@ -187,6 +187,7 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 // fitContext gives c the context window of model m when none was set (a
 // default of 0, or run's default larger than m's), and refuses one larger
 // than m's: no node can advertise a window its model cannot compute.
+// Run's default MaxTokensMax follows the window down.
 func fitContext(fs *pflag.FlagSet, c *nodeConfig, m *engine.Model) error {
 	ctx := int64(m.Config().ContextTokens)
 	if !fs.Changed("context-tokens") && (c.ContextTokens == 0 || c.ContextTokens == int64(actors.DefaultConfig().ContextTokens)) {
@@ -194,6 +195,12 @@ func fitContext(fs *pflag.FlagSet, c *nodeConfig, m *engine.Model) error {
 	}
 	if c.ContextTokens > ctx {
 		return fmt.Errorf("--context-tokens (%d) exceeds %s's context window of %d tokens", c.ContextTokens, m.Name(), ctx)
+	}
+	// run's default for the most tokens per request shrinks to what a
+	// smaller window leaves after the shortest prompt (its BOS); one given
+	// that large is refused by actors.Config.Validate, with both numbers.
+	if def := actors.DefaultConfig().MaxTokensMax; !fs.Changed("max-tokens-max") && c.MaxTokensMax == def && int64(def) >= c.ContextTokens {
+		c.MaxTokensMax = int(max(c.ContextTokens-1, 1))
 	}
 	return nil
 }
