@@ -277,6 +277,16 @@ func (n *Node) start() error {
 			return err
 		}
 	}
+	if cfg.Actors.Role == actors.RolePrefill {
+		// Where a client looks for admission on a prefill node, it is told
+		// at once that it came to the wrong node, rather than waiting out
+		// its silence bound.
+		refuser := &notAdmission{role: cfg.Actors.Role, log: n.log}
+		if _, err = n.actors.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return refuser },
+			actor.WithMailbox(n.actors.Mailbox())), actors.AdmissionName); err != nil {
+			return err
+		}
+	}
 	ctl := &controlActor{node: n}
 	if _, err = n.actors.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return ctl },
 		actor.WithMailbox(n.actors.MailboxFrom(trust.RoleOperator))), ControlName); err != nil {

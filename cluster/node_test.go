@@ -420,3 +420,21 @@ func TestMembershipChangesLogged(t *testing.T) {
 		return strings.Contains(logs.String(), `msg="member left" name=`+name+` role=prefill`)
 	})
 }
+
+// TestPrefillNodeIsNotAdmission: a generate sent to a prefill node is
+// answered at once that it is not an admission endpoint, naming the role,
+// rather than left to the client's silence bound.
+func TestPrefillNodeIsNotAdmission(t *testing.T) {
+	cfg := DefaultLocalNodeConfig(actors.RolePrefill)
+	p := startNodeServing(t, trust.Insecure(nil), actors.RolePrefill, modeltest.Builtin(t, cfg.Actors.Model))
+	c, err := client.Dial(p.Address(), client.Options{Auth: trust.Insecure(nil), NoAnswerAfter: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.Generate(context.Background(), "acme", "hi", client.GenerateOptions{MaxTokens: 2}, nil)
+	var we *messages.WireError
+	if !errors.As(err, &we) || we.Code != messages.CodeBadRequest || !strings.Contains(we.Message, "not an admission endpoint (role prefill)") {
+		t.Fatalf("a generate to a prefill node: %v", err)
+	}
+}

@@ -113,6 +113,22 @@ func (r *routerActor) Receive(c actor.Context) {
 	}
 }
 
+// notAdmission answers every request sent to a prefill node's admission
+// name: not an admission endpoint, with the node's role.
+type notAdmission struct {
+	role actors.Role
+	log  *slog.Logger
+}
+
+func (a *notAdmission) Receive(c actor.Context) {
+	if m, ok := c.Message().(*messages.GenerateRequest); ok && c.Sender() != nil {
+		err := &actors.BadRequestError{Reason: fmt.Sprintf("not an admission endpoint (role %s): send requests to a router or a node of role decode or all", a.role)}
+		if err := actors.Reject(c, m.RequestID, err); err != nil {
+			a.log.Error("rejection refused by its own validation", "err", err)
+		}
+	}
+}
+
 // candidates are the alive, verified, non-draining members whose role
 // does kind and who serve the model of fingerprint model, most free pages
 // first.
