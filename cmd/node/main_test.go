@@ -209,3 +209,12 @@ func TestBinaryPreflight(t *testing.T) {
 		})
 	}
 }
+
+// TestUpChecksBeforeStarting: a flag of node up's request that could never
+// be sent is refused before any node starts, with the value given.
+func TestUpChecksBeforeStarting(t *testing.T) {
+	code, out := runNode("up", "--prompt", "x", "--max-tokens", "0")
+	if code != exitUsage || !strings.Contains(out, "--max-tokens (0) must be 1 to 32768") || strings.Contains(out, "starting a local cluster") {
+		t.Fatalf("up --max-tokens 0: exit %d; output:\n%s", code, out)
+	}
+}

@@ -180,6 +180,8 @@ func (o upOptions) check() error {
 		return fmt.Errorf("--gossip-base-port (%d) must be 0 to 65535", o.GossipBasePort)
 	case o.ReadyTimeout <= 0 || o.StopTimeout <= 0:
 		return fmt.Errorf("--ready-timeout (%s) and --stop-timeout (%s) must be positive", o.ReadyTimeout, o.StopTimeout)
+	case o.PromptGiven && (o.MaxTokens < 1 || o.MaxTokens > messages.GenerateTokensMax):
+		return fmt.Errorf("--max-tokens (%d) must be 1 to %d", o.MaxTokens, messages.GenerateTokensMax)
 	case o.HTTP != "" && (o.APIKey == "" || len(o.APIKey) > httpapi.KeyBytesMax || strings.ContainsAny(o.APIKey, " \t\r\n")):
 		return fmt.Errorf("--api-key is %d bytes; want 1 to %d without spaces", len(o.APIKey), httpapi.KeyBytesMax)
 	}
