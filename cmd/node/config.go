@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -263,7 +264,11 @@ func (c *nodeConfig) load(fs *pflag.FlagSet, path string) error {
 	}
 	given := map[string]string{}
 	fs.Visit(func(f *pflag.Flag) { given[f.Name] = f.Value.String() })
-	if err := c.readFile(path); err != nil {
+	data, err := c.readFile(path)
+	if err != nil {
+		return err
+	}
+	if err := usedFields(fs, path, data); err != nil {
 		return err
 	}
 	for name, value := range given {
@@ -274,30 +279,56 @@ func (c *nodeConfig) load(fs *pflag.FlagSet, path string) error {
 	return nil
 }
 
-func (c *nodeConfig) readFile(path string) error {
+// usedFields refuses a field of the config file at path (already read
+// and checked by readFile) that the command does not use: one is used
+// when the command has its flag (field context_tokens, flag
+// --context-tokens). A field the command ignored would be a setting the
+// operator believes in and the node does not have.
+func usedFields(fs *pflag.FlagSet, path string, data []byte) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	var unused []string
+	for name := range fields {
+		if fs.Lookup(strings.ReplaceAll(name, "_", "-")) == nil {
+			unused = append(unused, name)
+		}
+	}
+	if len(unused) > 0 {
+		slices.Sort(unused)
+		return fmt.Errorf("config %s: %s: not used by this command, which has no flag of that name", path,
+			strings.Join(unused, ", "))
+	}
+	return nil
+}
+
+// readFile decodes the config file at path into c and returns what it
+// read.
+func (c *nodeConfig) readFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("config: %w", err)
+		return nil, fmt.Errorf("config: %w", err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, configFileBytesMax+1))
 	if err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
+		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	if len(data) > configFileBytesMax {
-		return fmt.Errorf("config %s is larger than %d bytes", path, configFileBytesMax)
+		return nil, fmt.Errorf("config %s is larger than %d bytes", path, configFileBytesMax)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	// A misspelt key would otherwise be ignored and its default used,
 	// which is how a node ends up advertising what it cannot hold.
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(c); err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
+		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	if dec.More() {
-		return fmt.Errorf("config %s: trailing data after the JSON object", path)
+		return nil, fmt.Errorf("config %s: trailing data after the JSON object", path)
 	}
-	return nil
+	return data, nil
 }
 
 // build validates c and turns it into the gpu package's configurations.

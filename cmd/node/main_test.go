@@ -152,6 +152,18 @@ func TestConfigFileAndFlagPrecedence(t *testing.T) {
 	if code != exitUsage || !strings.Contains(out, "trailing data") {
 		t.Fatalf("trailing data: exit %d; output:\n%s", code, out)
 	}
+	// A field of preflight's is refused by run, which would ignore it,
+	// and run's by preflight; each is named.
+	write(`{"layers": 32, "head_dim": 128, "devices": "cpu", "context_tokens": 1024}`)
+	code, out = runNode("run", "--config", path)
+	if code != exitUsage || !strings.Contains(out, "devices, head_dim, layers: not used by this command") {
+		t.Fatalf("preflight's fields given to run: exit %d; output:\n%s", code, out)
+	}
+	write(`{"queue_max": 8, "context_tokens": 1024, "kv_pool_tokens": 2048}`)
+	code, out = runNode("preflight", "--config", path)
+	if code != exitUsage || !strings.Contains(out, "queue_max: not used by this command") {
+		t.Fatalf("run's field given to preflight: exit %d; output:\n%s", code, out)
+	}
 }
 
 func TestPreflightMockMachines(t *testing.T) {
