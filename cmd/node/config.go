@@ -122,6 +122,10 @@ type nodeConfig struct {
 	DecodePages    int `json:"decode_pages"`
 	// MaxTokensMax is the most tokens one request may ask to generate.
 	MaxTokensMax int `json:"max_tokens_max"`
+	// MemoryBudgetBytes bounds the bytes of every KV pool the node holds
+	// together (workers × pages × page bytes), checked before any is
+	// allocated; 0 means the host's physical memory.
+	MemoryBudgetBytes int64 `json:"memory_budget_bytes"`
 	// QueueMax is the most requests in flight at once; one more is "busy".
 	QueueMax int `json:"queue_max"`
 	// BatchMax is the most decode sequences a worker steps at once.

@@ -11,3 +11,7 @@ import "syscall"
 func childProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true}
 }
+
+// hostMemoryBytes is the machine's physical memory: unknown (0) here, so
+// only --memory-budget-bytes bounds the pools.
+func hostMemoryBytes() int64 { return 0 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -116,6 +117,9 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			if err := preflightPools(log, nc.Actors); err != nil {
 				return err
 			}
+			if err := poolsWithin(nc.Actors, cfg.MemoryBudgetBytes); err != nil {
+				return usageError{err}
+			}
 			if nc.Auth, err = creds.authority(log, trust.Role(nc.Actors.Role), ""); err != nil {
 				return err
 			}
@@ -175,6 +179,7 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.PrefillPages, "prefill-pages", c.PrefillPages, "KV pages of each prefill worker's pool")
 	fs.IntVar(&c.DecodePages, "decode-pages", c.DecodePages, "KV pages of each decode worker's pool")
 	fs.IntVar(&c.MaxTokensMax, "max-tokens-max", c.MaxTokensMax, "most tokens one request may ask to generate")
+	fs.Int64Var(&c.MemoryBudgetBytes, "memory-budget-bytes", c.MemoryBudgetBytes, "bound on the bytes of all the node's KV pools together, checked before any is allocated (0: the host's memory)")
 	fs.IntVar(&c.QueueMax, "queue-max", c.QueueMax, "most requests in flight at once; one more is answered busy")
 	fs.IntVar(&c.BatchMax, "batch-max", c.BatchMax, "most decode sequences a worker steps at once")
 	fs.DurationVar((*time.Duration)(&c.RequestTimeout), "request-timeout", time.Duration(c.RequestTimeout), "bound on one request from admission to its last token")
@@ -404,6 +409,40 @@ func preflightPools(log *slog.Logger, cfg actors.Config) error {
 		}
 		log.Info("preflight ok", "pool", p.role, "workers", p.workers, "pool_pages", r.Pool.Pages,
 			"pool_tokens", r.Pool.Tokens, "context_tokens", r.ContextTokens, "full_context_requests", r.FullContextRequests)
+	}
+	return nil
+}
+
+// poolsWithin refuses pools that together exceed budget bytes (0: the
+// host's memory; unknown, no bound), before any is allocated: a count
+// flag's true bound is what the machine can hold.
+func poolsWithin(cfg actors.Config, budget int64) error {
+	if budget < 0 {
+		return fmt.Errorf("--memory-budget-bytes (%d) must not be negative", budget)
+	}
+	what := "--memory-budget-bytes"
+	if budget == 0 {
+		budget, what = hostMemoryBytes(), "the host's memory"
+	}
+	if budget == 0 {
+		return nil
+	}
+	page := int64(cfg.Geometry().PageBytes())
+	var need float64 // in float64, so that no product of counts can wrap
+	var parts []string
+	for _, p := range []struct {
+		role           string
+		holds          bool
+		workers, pages int
+	}{{"prefill", cfg.Role.Prefills(), cfg.PrefillWorkers, cfg.PrefillPages}, {"decode", cfg.Role.Decodes(), cfg.DecodeWorkers, cfg.DecodePages}} {
+		if p.holds {
+			need += float64(p.workers) * float64(p.pages) * float64(page)
+			parts = append(parts, fmt.Sprintf("%d %s workers × %d pages", p.workers, p.role, p.pages))
+		}
+	}
+	if need > float64(budget) {
+		return fmt.Errorf("the KV pools need %.0f bytes (%s, of %d bytes each), more than %s, %d bytes; "+
+			"fewer workers or pages, or --memory-budget-bytes", need, strings.Join(parts, " and "), page, what, budget)
 	}
 	return nil
 }
