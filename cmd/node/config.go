@@ -368,5 +368,5 @@ func (c nodeConfig) build(m *engine.Model) (gpu.DiscoveryConfig, gpu.PreflightCo
 
 // configFlag registers --config on cmd and returns where its value lands.
 func configFlag(cmd *cobra.Command) *string {
-	return cmd.Flags().String("config", "", "JSON configuration file; flags given on the command line override it")
+	return cmd.Flags().String("config", "", "JSON configuration file of this command's settings, each named as its flag (context_tokens for --context-tokens); flags given on the command line override it")
 }

@@ -423,8 +423,9 @@ func TestRunRefusals(t *testing.T) {
 	}
 }
 
-// TestRunConfigFile: run reads the same file as preflight, and flags
-// override it. Every case is refused, so nothing starts serving.
+// TestRunConfigFile: run reads a config file of its own settings (the
+// format preflight reads), and flags override it. Every case is refused,
+// so nothing starts serving.
 func TestRunConfigFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "node.json")
 	write := func(s string) {
@@ -432,8 +433,7 @@ func TestRunConfigFile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write(`{"devices": "cpu", "kv_pool_tokens": 681280, "context_tokens": 2048, "prefill_pages": 64,
-		"request_timeout": "30s", "reclaim_after": "2s", "listen": "127.0.0.1:0"}`)
+	write(`{"context_tokens": 2048, "prefill_pages": 64, "request_timeout": "30s", "reclaim_after": "2s", "listen": "127.0.0.1:0"}`)
 	code, out := runNode("run", "--config", path)
 	if code != exitFailed || !strings.Contains(out, "64 pages of 16 tokens") {
 		t.Fatalf("file alone: exit %d; output:\n%s", code, out)
