@@ -73,20 +73,7 @@ func (a *API) completions(w http.ResponseWriter, r *http.Request) {
 	case req.Suffix != nil && *req.Suffix != "":
 		e = badRequest("suffix", "suffix is not supported")
 	}
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	if e := a.permit(key, req.Model); e != nil {
-		writeError(w, e)
-		return
-	}
-	g := &generation{key: key}
-	if g.prompt, e = promptText(req.Prompt); e == nil {
-		if g.stops, e = a.parseStop(req.Stop); e == nil {
-			e = a.prepare(g, req.MaxTokens, false)
-		}
-	}
+	g, e := a.generation(key, &req.common, func() (string, *apiError) { return promptText(req.Prompt) }, req.MaxTokens, false, e)
 	if e != nil {
 		writeError(w, e)
 		return
@@ -95,7 +82,7 @@ func (a *API) completions(w http.ResponseWriter, r *http.Request) {
 	resp := func(choices []completionChoice, u *usage) response[completionChoice] {
 		return response[completionChoice]{ID: id, Object: "text_completion", Created: created, Model: model, Choices: choices, Usage: u}
 	}
-	a.serveGeneration(w, r, g, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+	a.serveGeneration(w, r, g, &req.common,
 		func(text string) any { return resp([]completionChoice{{Text: text}}, nil) },
 		func(o outcome) any { return resp([]completionChoice{{FinishReason: &o.finish}}, nil) },
 		func(u *usage) any { return resp([]completionChoice{}, u) },
@@ -245,25 +232,11 @@ func (a *API) chat(w http.ResponseWriter, r *http.Request) {
 		e = badRequest("max_completion_tokens", "max_tokens (%d) and max_completion_tokens (%d) differ", *req.MaxTokens,
 			*req.MaxCompletionTokens)
 	}
-	if e != nil {
-		writeError(w, e)
-		return
+	maxTokens := req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		maxTokens = req.MaxCompletionTokens
 	}
-	if e := a.permit(key, req.Model); e != nil {
-		writeError(w, e)
-		return
-	}
-	g := &generation{key: key}
-	if g.prompt, e = ChatPrompt(msgs); e == nil {
-		if g.stops, e = a.parseStop(req.Stop); e == nil {
-			g.stops = append(g.stops, ChatTurnStop)
-			maxTokens := req.MaxTokens
-			if req.MaxCompletionTokens != nil {
-				maxTokens = req.MaxCompletionTokens
-			}
-			e = a.prepare(g, maxTokens, true)
-		}
-	}
+	g, e := a.generation(key, &req.common, func() (string, *apiError) { return ChatPrompt(msgs) }, maxTokens, true, e)
 	if e != nil {
 		writeError(w, e)
 		return
@@ -273,7 +246,7 @@ func (a *API) chat(w http.ResponseWriter, r *http.Request) {
 		return response[chatChoice]{ID: id, Object: "chat.completion.chunk", Created: created, Model: model, Choices: c, Usage: u}
 	}
 	first := true
-	a.serveGeneration(w, r, g, req.Stream, req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+	a.serveGeneration(w, r, g, &req.common,
 		func(text string) any {
 			d := &chatDelta{Content: &text}
 			if first {

@@ -274,6 +274,35 @@ type outcome struct {
 	err    error
 }
 
+// generation is what both handlers do once the body is read and its own
+// fields checked (e, their verdict, ends it first): the key must be
+// allowed the model, then the prompt's text (from prompt), the request's
+// stop sequences (a chat's turn stop besides) and max_tokens settle into
+// a generation.
+func (a *API) generation(key Key, c *common, prompt func() (string, *apiError), maxTokens *int, chat bool,
+	e *apiError) (*generation, *apiError) {
+	if e != nil {
+		return nil, e
+	}
+	if e := a.permit(key, c.Model); e != nil {
+		return nil, e
+	}
+	g := &generation{key: key}
+	if g.prompt, e = prompt(); e != nil {
+		return nil, e
+	}
+	if g.stops, e = a.parseStop(c.Stop); e != nil {
+		return nil, e
+	}
+	if chat {
+		g.stops = append(g.stops, ChatTurnStop)
+	}
+	if e := a.prepare(g, maxTokens, chat); e != nil {
+		return nil, e
+	}
+	return g, nil
+}
+
 // prepare counts the prompt's tokens (for usage, and so that a prompt that
 // cannot fit is refused before it enters the cluster) and settles
 // max_tokens: given, else def's choice of default.
@@ -481,15 +510,15 @@ func newID(prefix string) string {
 }
 
 // serveGeneration runs g and answers: one JSON object from whole, or,
-// when stream, an SSE stream of the objects chunk makes, ending with the
+// when c asks for a stream, an SSE stream of the objects chunk makes, ending with the
 // one final makes (and usage's, with include_usage) and "data: [DONE]".
-func (a *API) serveGeneration(w http.ResponseWriter, r *http.Request, g *generation, stream, includeUsage bool,
+func (a *API) serveGeneration(w http.ResponseWriter, r *http.Request, g *generation, c *common,
 	chunk func(text string) any, final func(o outcome) any, usageChunk func(u *usage) any, whole func(text string, o outcome) any) {
 	// A generation takes as long as it takes: no write deadline until
 	// there is something to write.
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
-	if !stream {
+	if !c.Stream {
 		var text strings.Builder
 		o := a.run(r.Context(), g, func(s string) error { text.WriteString(s); return nil })
 		if o.err != nil {
@@ -516,7 +545,7 @@ func (a *API) serveGeneration(w http.ResponseWriter, r *http.Request, g *generat
 	if err := s.event(final(o)); err != nil {
 		return
 	}
-	if includeUsage {
+	if c.StreamOptions != nil && c.StreamOptions.IncludeUsage {
 		if err := s.event(usageChunk(usageOf(g, o))); err != nil {
 			return
 		}
