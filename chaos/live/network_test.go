@@ -6,34 +6,13 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/kvwarden/kvwarden/internal/testnet"
 )
 
 // netTimeout bounds each exchange through the proxy; it is only reached
 // when something is broken.
 const netTimeout = 10 * time.Second
-
-// echoServer echoes every connection until the test ends.
-func echoServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
 
 func dial(t *testing.T, addr string) net.Conn {
 	t.Helper()
@@ -67,7 +46,7 @@ func isTimeout(err error) bool {
 func TestNetworkResetAndPartition(t *testing.T) {
 	n := NewNetwork()
 	t.Cleanup(n.Close)
-	addr, err := n.Proxy("decode-0", "remote", "127.0.0.1:0", echoServer(t))
+	addr, err := n.Proxy("decode-0", "remote", "127.0.0.1:0", testnet.Echo(t))
 	if err != nil {
 		t.Fatal(err)
 	}

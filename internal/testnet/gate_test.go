@@ -7,29 +7,6 @@ import (
 	"testing"
 )
 
-// echo serves every connection by sending back what it reads.
-func echo(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 func roundTrip(t *testing.T, c net.Conn, line string) {
 	t.Helper()
 	if _, err := io.WriteString(c, line+"\n"); err != nil {
@@ -44,7 +21,7 @@ func roundTrip(t *testing.T, c net.Conn, line string) {
 // TestGateForwardsUntilShut: an open gate forwards both ways; shutting it
 // cuts the connection it forwards; opened again, it forwards new ones.
 func TestGateForwardsUntilShut(t *testing.T) {
-	g, target := NewGate(t), echo(t)
+	g, target := NewGate(t), Echo(t)
 	g.Open(target)
 	c, err := net.Dial("tcp", g.Addr())
 	if err != nil {
