@@ -47,13 +47,16 @@ func NewModel(name string, cfg ModelConfig, w Weights, tok Tokenizer) (*Model, e
 	return &Model{name: name, cfg: cfg, engine: e, tok: tok, fp: fingerprint(cfg, &w, tok)}, nil
 }
 
+// BuiltinName is the name of every BuiltinModel.
+const BuiltinName = "builtin"
+
 // BuiltinModel is the embedded default of cfg: weights generated from its
 // seed and the byte tokenizer. It needs no files.
 func BuiltinModel(cfg ModelConfig) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return NewModel("builtin", cfg, seededWeights(cfg), ByteTokenizer{})
+	return NewModel(BuiltinName, cfg, seededWeights(cfg), ByteTokenizer{})
 }
 
 // LoadModel reads a llama2.c checkpoint and its tokenizer

@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/httpapi"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -210,18 +211,19 @@ func loopbackHost(addr string) bool {
 	return host == "localhost"
 }
 
-// checkModel loads --model and --tokenizer (or the built-in model) once,
-// so that a wrong path or file fails before any node starts, and makes
-// both paths absolute for the nodes.
+// checkModel loads --model and --tokenizer once, so that a wrong path or
+// file fails before any node starts, and makes both paths absolute for the
+// nodes.
 func (o *upOptions) checkModel() error {
+	if o.Model == "" && o.Tokenizer == "" {
+		o.modelName = engine.BuiltinName
+		return nil
+	}
 	m, err := nodeConfig{Model: o.Model, Tokenizer: o.Tokenizer, DType: kv.F32.String()}.model()
 	if err != nil {
 		return err
 	}
 	o.modelName = m.Name()
-	if o.Model == "" {
-		return nil
-	}
 	for _, p := range []*string{&o.Model, &o.Tokenizer} {
 		if *p, err = filepath.Abs(*p); err != nil {
 			return fmt.Errorf("up: %w", err)
