@@ -386,20 +386,7 @@ func checkListen(flag, addr string) error {
 // configured pool (gpu.SizingConfig.KVPoolTokens) of pages × page tokens,
 // so gpu.Preflight makes the same check it makes for a device.
 func preflightPools(log *slog.Logger, cfg actors.Config) error {
-	for _, p := range []struct {
-		role      string
-		holds     bool
-		workers   int
-		pages     int
-		pagesFlag string
-		what      string
-	}{
-		{"prefill", cfg.Role.Prefills(), cfg.PrefillWorkers, cfg.PrefillPages, "--prefill-pages", "each prefill worker's pool"},
-		{"decode", cfg.Role.Decodes(), cfg.DecodeWorkers, cfg.DecodePages, "--decode-pages", "each decode worker's pool"},
-	} {
-		if !p.holds {
-			continue // a role without these workers has no such pool
-		}
+	for _, p := range heldPools(cfg) {
 		pc := gpu.PreflightConfig{ContextTokens: int64(cfg.ContextTokens), Sizing: gpu.SizingConfig{
 			Geometry: cfg.Geometry(), MemoryFraction: 1, KVPoolTokens: int64(p.pages) * int64(cfg.PageTokens)}}
 		r := gpu.Preflight(gpu.CPUDevice(0), pc)
@@ -411,6 +398,27 @@ func preflightPools(log *slog.Logger, cfg actors.Config) error {
 			"pool_tokens", r.Pool.Tokens, "context_tokens", r.ContextTokens, "full_context_requests", r.FullContextRequests)
 	}
 	return nil
+}
+
+// heldPool is one kind of KV pool a node's role holds, one per worker.
+type heldPool struct {
+	role           string
+	workers, pages int
+	pagesFlag      string
+	what           string
+}
+
+// heldPools are the pools cfg's role holds (a role without prefill or
+// decode workers has no such pool).
+func heldPools(cfg actors.Config) []heldPool {
+	var out []heldPool
+	if cfg.Role.Prefills() {
+		out = append(out, heldPool{"prefill", cfg.PrefillWorkers, cfg.PrefillPages, "--prefill-pages", "each prefill worker's pool"})
+	}
+	if cfg.Role.Decodes() {
+		out = append(out, heldPool{"decode", cfg.DecodeWorkers, cfg.DecodePages, "--decode-pages", "each decode worker's pool"})
+	}
+	return out
 }
 
 // poolsWithin refuses pools that together exceed budget bytes (0: the
@@ -430,15 +438,9 @@ func poolsWithin(cfg actors.Config, budget int64) error {
 	page := int64(cfg.Geometry().PageBytes())
 	var need float64 // in float64, so that no product of counts can wrap
 	var parts []string
-	for _, p := range []struct {
-		role           string
-		holds          bool
-		workers, pages int
-	}{{"prefill", cfg.Role.Prefills(), cfg.PrefillWorkers, cfg.PrefillPages}, {"decode", cfg.Role.Decodes(), cfg.DecodeWorkers, cfg.DecodePages}} {
-		if p.holds {
-			need += float64(p.workers) * float64(p.pages) * float64(page)
-			parts = append(parts, fmt.Sprintf("%d %s workers × %d pages", p.workers, p.role, p.pages))
-		}
+	for _, p := range heldPools(cfg) {
+		need += float64(p.workers) * float64(p.pages) * float64(page)
+		parts = append(parts, fmt.Sprintf("%d %s workers × %d pages", p.workers, p.role, p.pages))
 	}
 	if need > float64(budget) {
 		return fmt.Errorf("the KV pools need %.0f bytes (%s, of %d bytes each), more than %s, %d bytes; "+
