@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"regexp"
 	"slices"
@@ -196,35 +197,47 @@ func mixedRequests(n, tenants, promptMax, maxTokens int) []*request {
 }
 
 // freeGossipPort is a port of 127.0.0.1 free for TCP and UDP alike, as
-// gossip needs both. It may be taken by the time it is used; the test then
-// fails to start its cluster, which says so.
+// gossip needs both.
 func freeGossipPort(t *testing.T) int {
 	t.Helper()
-	for range 20 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return freeLocalPort(t, true)
+}
+
+// freeTCPAddr is an address of 127.0.0.1 whose TCP port is free.
+func freeTCPAddr(t *testing.T) string {
+	t.Helper()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(freeLocalPort(t, false)))
+}
+
+// freeLocalPort is a port of 127.0.0.1 free for TCP (and UDP, if udp is
+// set), drawn below the kernel's ephemeral range. A port the kernel hands
+// out for ":0" or an outgoing connection could be taken by another test's
+// socket between this check and the node's bind; one below that range is
+// only ever taken by a name given on purpose.
+func freeLocalPort(t *testing.T, udp bool) int {
+	t.Helper()
+	const lowest, highest = 10000, 32767 // below Linux's default ip_local_port_range, 32768-60999
+	for range 100 {
+		port := lowest + rand.IntN(highest-lowest+1)
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		pc, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		free := true
+		if udp {
+			pc, err := net.ListenPacket("udp", addr)
+			if free = err == nil; free {
+				pc.Close()
+			}
+		}
 		ln.Close()
-		if err == nil {
-			pc.Close()
+		if free {
 			return port
 		}
 	}
-	t.Fatal("no port of 127.0.0.1 free for both TCP and UDP in 20 tries")
+	t.Fatalf("no port of 127.0.0.1 in %d-%d free in 100 tries", lowest, highest)
 	return 0
-}
-
-func freeTCPAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 var upRow = regexp.MustCompile(`^(router-0|prefill-\d+|decode-\d+)\s+(router|prefill|decode)\s+(\S+)\s+(\S+)\s+([0-9a-f]{16})\s+(\d+)\s+(\S+)$`)
