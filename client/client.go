@@ -1,16 +1,32 @@
-// Package client is the Go client of a kvwarden node: it reaches the node's
-// admission actor through protoactor remote and streams a generation back.
+// Package client is the Go client of kvwarden nodes: it reaches their
+// admission actors through protoactor remote and streams a generation back.
 //
-// The common path is Dial(endpoint), then Generate(ctx, tenant, prompt,
-// options, onToken) as many times as needed, concurrently if wished, then
-// Close. Generate calls onToken for every token as it arrives and returns
-// the final Result, or an error; errors from the node are
-// *messages.WireError values with stable codes (prompt too long, busy,
-// integrity failure, node lost, cancelled, bad request). Cancelling ctx
-// cancels the request on the node, which releases its pages.
+// The common path is DialEndpoints(ctx, endpoints, options) (or Dial of one
+// endpoint), then Generate(ctx, tenant, prompt, options, onToken) as many
+// times as needed, concurrently if wished, then Close. Generate calls
+// onToken for every token as it arrives and returns the final Result, or an
+// error; errors from the node are *messages.WireError values with stable
+// codes (prompt too long, busy, integrity failure, node lost, cancelled, bad
+// request). Cancelling ctx cancels the request on the node that holds it,
+// which releases its pages.
 //
-// A Client is safe for concurrent use. Each Generate call gets its own
-// receiving actor, so calls never see each other's tokens.
+// With several endpoints (routers, usually), new requests go round robin to
+// the endpoints that are live: one whose connection ended, or that refused
+// TCP or its certificate check, is skipped for a backoff (EndpointBackoffMin
+// doubling to EndpointBackoffMax) and probed before it is used again. A
+// request whose endpoint is lost (its connection ends mid-stream, or it
+// answers node_lost) is continued through another endpoint it has not
+// tried: the client sends the same prompt and max_tokens again under a new
+// request id and, since greedy decoding is deterministic, checks that the
+// tokens and text it has already delivered come back identical (otherwise
+// the request ends with an integrity error, never with wrong output),
+// suppresses them and delivers only what follows. Each endpoint carries a
+// request at most once; a request with no endpoint left fails at once with
+// node_lost naming the endpoints. Other errors (busy, too long, bad
+// request, cancelled) are returned as they came.
+//
+// A Client is safe for concurrent use. Each attempt of a Generate call gets
+// its own receiving actor, so calls never see each other's tokens.
 package client
 
 import (
@@ -19,10 +35,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/eventstream"
 	"github.com/asynkron/protoactor-go/remote"
 
 	"github.com/kvwarden/kvwarden/messages"
@@ -37,15 +56,22 @@ const AdmissionName = "admission"
 // times out is reported as the node reports it, not as a lost node.
 const DefaultNoAnswerAfter = 3 * time.Minute
 
+// probeTimeout bounds the probe of an endpoint (a TCP connection, or a TLS
+// handshake and the check of the node's certificate): without it, an
+// address that drops packets would hold a request for the dialer's own
+// timeout.
+const probeTimeout = 2 * time.Second
+
 // Options configure a Client.
 type Options struct {
 	// Listen is the local host:port the client's own remote endpoint
-	// serves on, for the node's answers; "" means 127.0.0.1 on a free
+	// serves on, for the nodes' answers; "" means 127.0.0.1 on a free
 	// port.
 	Listen string
 	// NoAnswerAfter bounds how long Generate waits between two messages
-	// from the node before it gives the request up as lost. Zero means
-	// DefaultNoAnswerAfter.
+	// from the node before it gives the request up as lost there. Zero
+	// means DefaultNoAnswerAfter. A connection that ends is noticed at once,
+	// without this wait.
 	NoAnswerAfter time.Duration
 	// Log receives protoactor's logs; nil discards them.
 	Log *slog.Logger
@@ -55,14 +81,28 @@ type Options struct {
 	Auth *trust.Authority
 }
 
-// Client talks to one node.
+// Client talks to one or more nodes that admit requests.
 type Client struct {
 	sys     *actor.ActorSystem
 	remote  *remote.Remote
-	target  *actor.PID
 	timeout time.Duration
 	nextID  atomic.Uint64
 	refused atomic.Uint64
+	// targets are the endpoints' admission actors, in the order given.
+	targets []*actor.PID
+	// probe checks that an endpoint answers before it is used again after
+	// a failure; nil leaves it to the request itself.
+	probe func(ctx context.Context, endpoint string) error
+	sub   *eventstream.Subscription
+
+	mu  sync.Mutex
+	eps *endpointSet
+	// lost holds, for each endpoint, one channel per attempt under way
+	// there; each is closed when the client's connection to it ends.
+	lost []map[chan struct{}]struct{}
+	// probeEnd is closed (and replaced) whenever a probe ends, for the
+	// requests that wait on it.
+	probeEnd chan struct{}
 }
 
 // Dial starts the client's own actor system and remote endpoint and aims
@@ -75,8 +115,33 @@ func Dial(endpoint string, opt Options) (*Client, error) {
 // DialContext is Dial, given up when ctx is done while it checks the
 // node's certificate.
 func DialContext(ctx context.Context, endpoint string, opt Options) (*Client, error) {
-	if _, _, err := net.SplitHostPort(endpoint); err != nil {
-		return nil, fmt.Errorf("client: endpoint %q: %w", endpoint, err)
+	return DialEndpoints(ctx, []string{endpoint}, opt)
+}
+
+// DialEndpoints is Dial of several endpoints (host:port each, routers
+// usually) that serve one cluster. Each is probed first: a certificate
+// refused either way, or one that is not a node's that admits requests, is
+// an error at once; an endpoint that cannot be reached is an error only if
+// none can, and is otherwise skipped until a later probe finds it.
+func DialEndpoints(ctx context.Context, endpoints []string, opt Options) (*Client, error) {
+	if err := checkEndpoints(endpoints); err != nil {
+		return nil, err
+	}
+	if opt.Auth == nil {
+		return nil, errors.New("client: Options.Auth is required (trust.Insecure reaches nodes that run --insecure)")
+	}
+	probe := func(ctx context.Context, endpoint string) error { return probeNode(ctx, opt.Auth, endpoint) }
+	var unreachable []error
+	for _, e := range endpoints {
+		err := probe(ctx, e)
+		if errors.As(err, new(*unreachableError)) && ctx.Err() == nil {
+			unreachable = append(unreachable, err)
+		} else if err != nil {
+			return nil, err
+		}
+	}
+	if len(unreachable) == len(endpoints) {
+		return nil, errors.Join(unreachable...)
 	}
 	listen := opt.Listen
 	if listen == "" {
@@ -88,29 +153,101 @@ func DialContext(ctx context.Context, endpoint string, opt Options) (*Client, er
 		sys.Shutdown()
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	c := New(sys, actor.NewPID(endpoint, AdmissionName), opt)
-	c.remote = r
-	if err := checkNode(ctx, opt.Auth, endpoint); err != nil {
-		c.Close()
-		return nil, err
+	targets := make([]*actor.PID, len(endpoints))
+	for i, e := range endpoints {
+		targets[i] = actor.NewPID(e, AdmissionName)
+	}
+	c := newClient(sys, targets, opt)
+	c.remote, c.probe = r, probe
+	now := time.Now()
+	for _, err := range unreachable {
+		var ue *unreachableError
+		if errors.As(err, &ue) {
+			c.eps.failed(c.eps.index(ue.endpoint), now, ue.Err.Error())
+		}
 	}
 	return c, nil
 }
 
-// checkNode completes a TLS handshake with endpoint before anything is
-// sent, so that a certificate refused either way is an error at once (with
-// why) rather than a silent node, and requires the certificate there to be
-// a node's that admits requests.
-func checkNode(ctx context.Context, auth *trust.Authority, endpoint string) error {
+// checkEndpoints refuses an empty list, an address that is not host:port
+// and one given twice, naming the value.
+func checkEndpoints(endpoints []string) error {
+	if len(endpoints) == 0 {
+		return errors.New("client: no endpoint given")
+	}
+	seen := map[string]bool{}
+	for _, e := range endpoints {
+		if _, _, err := net.SplitHostPort(e); err != nil {
+			return fmt.Errorf("client: endpoint %q: %w", e, err)
+		}
+		if seen[e] {
+			return fmt.Errorf("client: endpoint %q given twice", e)
+		}
+		seen[e] = true
+	}
+	return nil
+}
+
+// unreachableError is an endpoint where nothing answered a TCP connection
+// or a TLS handshake.
+type unreachableError struct {
+	endpoint string
+	Err      error
+}
+
+func (e *unreachableError) Error() string {
+	return fmt.Sprintf("client: no node reachable at %s: %v", e.endpoint, e.Err)
+}
+
+func (e *unreachableError) Unwrap() error { return e.Err }
+
+// tlsError is an endpoint whose TLS handshake failed once connected: a
+// certificate refused either way.
+type tlsError struct {
+	endpoint string
+	Err      error
+}
+
+func (e *tlsError) Error() string { return fmt.Sprintf("client: TLS with %s: %v", e.endpoint, e.Err) }
+
+func (e *tlsError) Unwrap() error { return e.Err }
+
+// notAdmissionError is an endpoint served by a node that does not admit
+// requests.
+type notAdmissionError struct {
+	endpoint string
+	id       trust.Identity
+}
+
+func (e *notAdmissionError) Error() string {
+	return fmt.Sprintf("client: %s is served by %s, not a node that admits requests (router, decode or all)", e.endpoint, e.id)
+}
+
+// probeNode checks that the node at endpoint answers: with credentials, it
+// completes a TLS handshake before anything is sent, so that a certificate
+// refused either way is an error at once (with why) rather than a silent
+// node, and requires the certificate there to be a node's that admits
+// requests; insecure, it opens a TCP connection. Both are bounded by
+// probeTimeout.
+func probeNode(ctx context.Context, auth *trust.Authority, endpoint string) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
 	if auth.Insecure() {
-		return nil
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", endpoint)
+		if err != nil {
+			return &unreachableError{endpoint, err}
+		}
+		return conn.Close()
 	}
 	id, _, err := auth.Peers().ProbeContext(ctx, endpoint)
-	if err != nil {
-		return fmt.Errorf("client: TLS with %s: %w", endpoint, err)
-	}
-	if id.Role != trust.RoleRouter && !id.Role.Decodes() {
-		return fmt.Errorf("client: %s is served by %s, not a node that admits requests (router, decode or all)", endpoint, id)
+	var netErr *net.OpError
+	switch {
+	case errors.As(err, &netErr) && netErr.Op == "dial", errors.Is(err, context.DeadlineExceeded):
+		return &unreachableError{endpoint, err}
+	case err != nil:
+		return &tlsError{endpoint, err}
+	case id.Role != trust.RoleRouter && !id.Role.Decodes():
+		return &notAdmissionError{endpoint, id}
 	}
 	return nil
 }
@@ -118,19 +255,63 @@ func checkNode(ctx context.Context, auth *trust.Authority, endpoint string) erro
 // New is a client inside an existing actor system, aimed at a node's
 // admission actor (in the same process, or remote if sys has remote).
 func New(sys *actor.ActorSystem, admission *actor.PID, opt Options) *Client {
-	c := &Client{sys: sys, target: admission, timeout: opt.NoAnswerAfter}
+	return newClient(sys, []*actor.PID{admission}, opt)
+}
+
+func newClient(sys *actor.ActorSystem, targets []*actor.PID, opt Options) *Client {
+	addrs := make([]string, len(targets))
+	lost := make([]map[chan struct{}]struct{}, len(targets))
+	for i, t := range targets {
+		addrs[i], lost[i] = t.Address, map[chan struct{}]struct{}{}
+	}
+	c := &Client{sys: sys, targets: targets, timeout: opt.NoAnswerAfter, eps: newEndpointSet(addrs, true), lost: lost,
+		probeEnd: make(chan struct{})}
 	if c.timeout <= 0 {
 		c.timeout = DefaultNoAnswerAfter
 	}
 	// Request ids are unique per client; start from the clock so that a
 	// restarted client does not reuse its predecessor's first ids.
 	c.nextID.Store(uint64(time.Now().UnixNano()))
+	c.sub = sys.EventStream.Subscribe(c.onEvent)
 	return c
 }
 
-// Close stops the client's remote endpoint and actor system, if Dial
-// started them.
+// onEvent follows the client's connections to its endpoints, as
+// protoactor remote reports them. It runs on the publisher's goroutine and
+// never blocks.
+func (c *Client) onEvent(evt any) {
+	switch e := evt.(type) {
+	case *remote.EndpointTerminatedEvent:
+		c.endpointFailed(e.Address, "its connection ended")
+	case *remote.EndpointConnectedEvent:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if i := c.eps.index(e.Address); i >= 0 {
+			c.eps.connected(i)
+		}
+	}
+}
+
+// endpointFailed skips the endpoint at addr for its backoff and tells
+// every attempt under way there.
+func (c *Client) endpointFailed(addr, why string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := c.eps.index(addr)
+	if i < 0 {
+		return
+	}
+	c.eps.failed(i, time.Now(), why)
+	for ch := range c.lost[i] {
+		close(ch)
+	}
+	clear(c.lost[i])
+}
+
+// Close stops following the endpoints and, if Dial started them, the
+// client's remote endpoint and actor system.
 func (c *Client) Close() {
+	c.sys.EventStream.Unsubscribe(c.sub)
 	if c.remote != nil {
 		messages.ShutdownRemote(c.remote)
 		c.sys.Shutdown()
@@ -154,6 +335,11 @@ type Result struct {
 	Text   string
 	// Finish is "stop" (end of sequence) or "length" (MaxTokens reached).
 	Finish string
+	// Continued is how many times the request was continued through
+	// another endpoint; Replayed is how many tokens those continuations
+	// computed again (and the client checked and withheld) because they
+	// had been delivered before.
+	Continued, Replayed int
 }
 
 // ErrNoAnswer matches (errors.Is) the error of a request the node stopped
@@ -161,34 +347,157 @@ type Result struct {
 var ErrNoAnswer = &messages.WireError{Code: messages.CodeNodeLost}
 
 // Generate sends one request and streams its tokens to onToken (which may
-// be nil) as they come. It returns the node's final answer: a Result, or a
-// *messages.WireError. Cancelling ctx cancels the request on the node; the
-// error is then ctx's.
+// be nil) as they come. It returns the final answer: a Result, or a
+// *messages.WireError. A request whose endpoint is lost is continued
+// through another (see the package documentation). Cancelling ctx cancels
+// the request on the node that holds it; the error is then ctx's.
 func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt GenerateOptions, onToken func(int)) (Result, error) {
 	if opt.MaxTokens < 1 || opt.MaxTokens > messages.GenerateTokensMax {
 		return Result{}, fmt.Errorf("client: MaxTokens (%d) must be 1 to %d", opt.MaxTokens, messages.GenerateTokensMax)
 	}
-	id := c.nextID.Add(1)
-	req := &messages.GenerateRequest{RequestID: id, Tenant: tenant, Prompt: prompt, MaxTokens: uint32(opt.MaxTokens), Stream: true}
+	req := &messages.GenerateRequest{RequestID: 1, Tenant: tenant, Prompt: prompt, MaxTokens: uint32(opt.MaxTokens), Stream: true}
 	if err := req.Validate(); err != nil {
 		return Result{}, err
 	}
-	// One message per token and one result, so this never blocks the
-	// receiving actor.
-	inbox := make(chan any, opt.MaxTokens+2)
+	d := &delivery{}
+	var tried []int
+	var last *messages.WireError
+	for {
+		i, lost, err := c.choose(ctx, tried)
+		if err != nil {
+			return Result{}, c.noEndpoint(err, tried, last)
+		}
+		tried = append(tried, i)
+		a := &attempt{c: c, target: c.targets[i], lost: lost, tenant: tenant, d: d, onToken: onToken, onText: opt.OnText}
+		sent := *req // a message is never changed once sent
+		sent.RequestID = c.nextID.Add(1)
+		res, err := a.run(ctx, &sent)
+		c.mu.Lock()
+		delete(c.lost[i], lost)
+		c.mu.Unlock()
+		if !errors.As(err, &last) || last.Code != messages.CodeNodeLost || !a.continuable {
+			res.Continued, res.Replayed = len(tried)-1, d.replayed
+			return res, err
+		}
+	}
+}
+
+// noEndpoint is the error of a request that found no endpoint to go to:
+// ctx's, or node_lost naming the endpoints. A request that was under way
+// on the only endpoint ends with that endpoint's error as it came.
+func (c *Client) noEndpoint(err error, tried []int, last *messages.WireError) error {
+	if !errors.Is(err, errNoEndpoint) {
+		return err
+	}
+	c.mu.Lock()
+	state := c.eps.describe(time.Now())
+	c.mu.Unlock()
+	switch {
+	case last == nil:
+		return &messages.WireError{Code: messages.CodeNodeLost, Message: "no live endpoint: " + state}
+	case len(c.targets) == 1:
+		return last
+	}
+	names := make([]string, len(tried))
+	for k, i := range tried {
+		names[k] = c.targets[i].Address
+	}
+	return &messages.WireError{Code: messages.CodeNodeLost, Where: last.Where, Have: last.Have, Limit: last.Limit,
+		Message: fmt.Sprintf("%s; no endpoint left to continue through (tried %s; endpoints %s)", last.Message,
+			strings.Join(names, ", "), state)}
+}
+
+// errNoEndpoint is choose finding every endpoint tried or skipped.
+var errNoEndpoint = errors.New("client: no endpoint left")
+
+// choose picks the endpoint of an attempt, not one in tried, probing it
+// first when it failed before, and registers the attempt's lost channel
+// there. The registration and the check that the endpoint is live are one
+// step under the lock, so that a connection that ends after it is always
+// told to the attempt.
+func (c *Client) choose(ctx context.Context, tried []int) (int, chan struct{}, error) {
+	for {
+		c.mu.Lock()
+		ch := c.eps.pick(time.Now(), tried)
+		switch {
+		case ch.index >= 0 && (!ch.probe || c.probe == nil):
+			defer c.mu.Unlock()
+			if ch.probe {
+				c.eps.probed(ch.index, time.Now(), nil) // nothing to probe with: the request finds out
+			}
+			lost := make(chan struct{})
+			c.lost[ch.index][lost] = struct{}{}
+			return ch.index, lost, nil
+		case ch.index >= 0:
+			c.mu.Unlock()
+			// Another request may use the outcome: the probe runs to its
+			// own bound even if this request is cancelled meanwhile.
+			err := c.probe(context.WithoutCancel(ctx), c.targets[ch.index].Address)
+			c.mu.Lock()
+			c.eps.probed(ch.index, time.Now(), err)
+			close(c.probeEnd)
+			c.probeEnd = make(chan struct{})
+			c.mu.Unlock()
+		case ch.wait:
+			wait := c.probeEnd
+			c.mu.Unlock()
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return -1, nil, ctx.Err()
+			}
+		default:
+			c.mu.Unlock()
+			return -1, nil, errNoEndpoint
+		}
+		if ctx.Err() != nil {
+			return -1, nil, ctx.Err()
+		}
+	}
+}
+
+// attempt is one request of a Generate call, through one endpoint.
+type attempt struct {
+	c       *Client
+	target  *actor.PID
+	lost    chan struct{} // closed when the connection to target ends
+	tenant  string
+	d       *delivery
+	onToken func(int)
+	onText  func(string)
+	// continuable says that the request ended with the endpoint lost and
+	// may go on through another: set when it ends with node_lost and was
+	// not cancelled.
+	continuable bool
+}
+
+// run sends req (a fresh request id) to the attempt's endpoint and
+// streams its answer.
+func (a *attempt) run(ctx context.Context, req *messages.GenerateRequest) (Result, error) {
+	a.d.attempt(a.target.Address)
+	// One message per token and one result (or a dead letter), so this
+	// never blocks the receiving actor.
+	inbox := make(chan any, int(req.MaxTokens)+3)
 	seq := uint32(0)
-	rx, err := c.sys.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
+	id := req.RequestID
+	rx, err := a.c.sys.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
 		switch m := ctx.Message().(type) {
 		case *messages.TokenChunk:
-			if c.fromNode(ctx, m.RequestID, id) && c.inSequence(m.Seq, &seq) {
+			if a.fromNode(ctx, m.RequestID, id) && a.c.inSequence(m.Seq, &seq) {
 				inbox <- m
 			}
 		case *messages.GenerateResult:
-			if c.fromNode(ctx, m.RequestID, id) {
+			if a.fromNode(ctx, m.RequestID, id) {
 				inbox <- m
 			}
 		case *messages.Undecodable:
-			if c.fromNode(ctx, id, id) {
+			if a.fromNode(ctx, id, id) {
+				inbox <- m
+			}
+		case *actor.DeadLetterResponse:
+			// The endpoint could not be reached: protoactor answers so
+			// for a message its connection could not carry.
+			if a.target.Equal(m.Target) {
 				inbox <- m
 			}
 		}
@@ -196,20 +505,20 @@ func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt Genera
 	if err != nil {
 		return Result{}, fmt.Errorf("client: spawning the receiver: %w", err)
 	}
-	defer c.sys.Root.Stop(rx)
-	c.sys.Root.RequestWithCustomSender(c.target, req, rx)
-	return c.await(ctx, id, tenant, rx, inbox, onToken, opt.OnText)
+	defer a.c.sys.Root.Stop(rx)
+	a.c.sys.Root.RequestWithCustomSender(a.target, req, rx)
+	return a.await(ctx, id, rx, inbox)
 }
 
 // fromNode says whether a message for request id came from the node the
 // request was sent to (the remote boundary proved the sender's address)
 // and is for request want. Anything else is counted in Refused and
 // dropped: a stranger cannot put a token or an answer into a request.
-func (c *Client) fromNode(ctx actor.Context, id, want uint64) bool {
+func (a *attempt) fromNode(ctx actor.Context, id, want uint64) bool {
 	s := ctx.Sender()
-	local := s == nil && c.target.Address == c.sys.Address()
-	if (!local && (s == nil || s.Address != c.target.Address)) || id != want {
-		c.refused.Add(1)
+	local := s == nil && a.target.Address == a.c.sys.Address()
+	if (!local && (s == nil || s.Address != a.target.Address)) || id != want {
+		a.c.refused.Add(1)
 		return false
 	}
 	return true
@@ -230,10 +539,9 @@ func (c *Client) inSequence(seq uint32, last *uint32) bool {
 // request's id, out of sequence) the client has dropped.
 func (c *Client) Refused() uint64 { return c.refused.Load() }
 
-func (c *Client) await(ctx context.Context, id uint64, tenant string, rx *actor.PID, inbox chan any, onToken func(int),
-	onText func(string)) (Result, error) {
+func (a *attempt) await(ctx context.Context, id uint64, rx *actor.PID, inbox chan any) (Result, error) {
 	cancelled := false
-	timer := time.NewTimer(c.timeout)
+	timer := time.NewTimer(a.c.timeout)
 	defer timer.Stop()
 	done := ctx.Done()
 	for {
@@ -241,41 +549,99 @@ func (c *Client) await(ctx context.Context, id uint64, tenant string, rx *actor.
 		case <-done:
 			// Tell the node, then wait for its answer so that the caller
 			// knows the request is over there too.
-			c.sys.Root.RequestWithCustomSender(c.target, &messages.CancelRequest{RequestID: id, Tenant: tenant}, rx)
+			a.cancel(id, rx)
 			cancelled, done = true, nil
+		case <-a.lost:
+			return a.endpointLost(ctx, cancelled, "the connection to it ended")
 		case <-timer.C:
+			if !cancelled {
+				// A silent node may yet hold the request: cancel it there
+				// before it goes on elsewhere.
+				a.cancel(id, rx)
+			}
+			a.continuable = !cancelled
 			return Result{}, &messages.WireError{Code: messages.CodeNodeLost,
-				Message: fmt.Sprintf("no answer from %s within %s", c.target.Address, c.timeout), Where: c.target.Address}
+				Message: fmt.Sprintf("no answer from %s within %s", a.target.Address, a.c.timeout), Where: a.target.Address}
 		case m := <-inbox:
-			timer.Reset(c.timeout)
-			switch m := m.(type) {
-			case *messages.TokenChunk:
-				for _, t := range m.Tokens {
-					if onToken != nil && !cancelled {
-						onToken(int(t))
-					}
-				}
-				if onText != nil && !cancelled && m.Text != "" {
-					onText(m.Text)
-				}
-			case *messages.Undecodable:
-				return Result{}, m
-			case *messages.GenerateResult:
-				if cancelled && m.Err == nil {
-					return Result{}, ctx.Err() // answered before the cancel reached the node
-				}
-				if cancelled {
-					return Result{}, errors.Join(ctx.Err(), m.Err)
-				}
-				if m.Err != nil {
-					return Result{}, m.Err
-				}
-				r := Result{Tokens: make([]int, len(m.Tokens)), Text: m.Text, Finish: m.FinishReason.String()}
-				for i, t := range m.Tokens {
-					r.Tokens[i] = int(t)
-				}
-				return r, nil
+			timer.Reset(a.c.timeout)
+			if res, err, over := a.take(ctx, id, rx, m, cancelled); over {
+				return res, err
 			}
 		}
 	}
+}
+
+// cancel asks the endpoint to cancel request id.
+func (a *attempt) cancel(id uint64, rx *actor.PID) {
+	a.c.sys.Root.RequestWithCustomSender(a.target, &messages.CancelRequest{RequestID: id, Tenant: a.tenant}, rx)
+}
+
+// endpointLost ends an attempt whose endpoint is gone: continuable unless
+// the request was cancelled, whose end it is then.
+func (a *attempt) endpointLost(ctx context.Context, cancelled bool, why string) (Result, error) {
+	if cancelled {
+		return Result{}, ctx.Err()
+	}
+	a.continuable = true
+	return Result{}, &messages.WireError{Code: messages.CodeNodeLost, Where: a.target.Address,
+		Message: fmt.Sprintf("%s lost after %d tokens: %s", a.target.Address, len(a.d.tokens), why)}
+}
+
+// take handles one message of the attempt's inbox; over says the attempt
+// has ended with res and err.
+func (a *attempt) take(ctx context.Context, id uint64, rx *actor.PID, m any, cancelled bool) (res Result, err error, over bool) {
+	switch m := m.(type) {
+	case *messages.TokenChunk:
+		fresh, text, err := a.d.chunk(m.Tokens, m.Text)
+		if err != nil {
+			if !cancelled {
+				a.cancel(id, rx)
+			}
+			return Result{}, err, true
+		}
+		if cancelled {
+			return Result{}, nil, false
+		}
+		for _, t := range fresh {
+			if a.onToken != nil {
+				a.onToken(int(t))
+			}
+		}
+		if a.onText != nil && text != "" {
+			a.onText(text)
+		}
+	case *messages.Undecodable:
+		return Result{}, m, true
+	case *actor.DeadLetterResponse:
+		a.c.endpointFailed(a.target.Address, "it could not be reached")
+		res, err := a.endpointLost(ctx, cancelled, "it could not be reached")
+		return res, err, true
+	case *messages.GenerateResult:
+		res, err := a.result(ctx, m, cancelled)
+		return res, err, true
+	}
+	return Result{}, nil, false
+}
+
+// result is the attempt's end from the node's final answer.
+func (a *attempt) result(ctx context.Context, m *messages.GenerateResult, cancelled bool) (Result, error) {
+	switch {
+	case cancelled && m.Err == nil:
+		return Result{}, ctx.Err() // answered before the cancel reached the node
+	case cancelled:
+		return Result{}, errors.Join(ctx.Err(), m.Err)
+	case m.Err != nil:
+		// node_lost from the node: a node on the request's path was lost,
+		// and another endpoint may find another path.
+		a.continuable = m.Err.Code == messages.CodeNodeLost
+		return Result{}, m.Err
+	}
+	if err := a.d.result(m.Tokens, m.Text); err != nil {
+		return Result{}, err
+	}
+	r := Result{Tokens: make([]int, len(m.Tokens)), Text: m.Text, Finish: m.FinishReason.String()}
+	for i, t := range m.Tokens {
+		r.Tokens[i] = int(t)
+	}
+	return r, nil
 }

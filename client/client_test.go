@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -16,17 +17,41 @@ import (
 )
 
 func TestDialRefusesBadAddresses(t *testing.T) {
-	for _, tc := range []struct{ endpoint, listen, want string }{
-		{"no-port", "", `endpoint "no-port"`},
-		{"127.0.0.1:7070", "127.0.0.1:notaport", `port "notaport" must be 0 to 65535`},
-		{"127.0.0.1:7070", "256.0.0.1:0", "cannot listen on 256.0.0.1:0"},
+	// Something listens here, so that Dial gets past the endpoint's probe.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	live := ln.Addr().String()
+	// Just closed: nothing listens there.
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nothing := gone.Addr().String()
+	gone.Close()
+	for _, tc := range []struct {
+		endpoints []string
+		listen    string
+		want      []string
+	}{
+		{[]string{"no-port"}, "", []string{`endpoint "no-port"`}},
+		{[]string{live, "127.0.0.1"}, "", []string{`endpoint "127.0.0.1"`}},
+		{[]string{live, live}, "", []string{`endpoint "` + live + `" given twice`}},
+		{nil, "", []string{"no endpoint given"}},
+		{[]string{live}, "127.0.0.1:notaport", []string{`port "notaport" must be 0 to 65535`}},
+		{[]string{live}, "256.0.0.1:0", []string{"cannot listen on 256.0.0.1:0"}},
+		{[]string{nothing}, "", []string{"no node reachable at " + nothing}},
 	} {
-		c, err := Dial(tc.endpoint, Options{Listen: tc.listen, Auth: trust.Insecure(nil)})
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			if c != nil {
-				c.Close()
+		c, err := DialEndpoints(context.Background(), tc.endpoints, Options{Listen: tc.listen, Auth: trust.Insecure(nil)})
+		for _, want := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("DialEndpoints(%q, listen %q): %v, want error containing %q", tc.endpoints, tc.listen, err, want)
 			}
-			t.Errorf("Dial(%q, listen %q): %v, want error containing %q", tc.endpoint, tc.listen, err, tc.want)
+		}
+		if c != nil {
+			c.Close()
 		}
 	}
 }
