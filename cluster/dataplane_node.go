@@ -65,7 +65,10 @@ func (n *Node) plannedReceiver(auth *trust.Authority, addr string, inc uint64) (
 	return m.identity(auth.Self().Cluster), nil
 }
 
-// verifiedMember is the alive, verified member for which match holds.
+// verifiedMember is the alive, verified member for which match holds or,
+// failing that, a missing one whose requests are held and that was
+// verified when last seen: a plan it sends, or a transfer to it, for work
+// it had before it stalled must not fail for the stall.
 func (n *Node) verifiedMember(match func(Member) bool) (Member, bool) {
 	mem := n.mem()
 	if mem == nil {
@@ -74,6 +77,13 @@ func (n *Node) verifiedMember(match func(Member) bool) (Member, bool) {
 	for _, m := range mem.Members() {
 		if m.State == StateAlive && m.Verified && match(m) {
 			return m, true
+		}
+	}
+	if held := n.holding.Load(); held != nil {
+		for _, m := range *held {
+			if m.Verified && match(m) {
+				return m, true
+			}
 		}
 	}
 	return Member{}, false

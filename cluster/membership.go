@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -501,9 +502,11 @@ type Membership struct {
 	// proofs and pending are the verifier's state, by member name (which
 	// carries the incarnation, so each is per run): the claims proven of
 	// a run, and the next verification of an unverified one. Both are
-	// guarded by mu and forgotten when memberlist reports the run gone.
+	// guarded by mu and forgotten when memberlist reports the run gone,
+	// but for the proofs of runs declared dead (lapseLocked).
 	proofs   map[string]claim
 	pending  map[string]*attempt
+	lapsed   []string      // runs declared dead whose proofs are kept, oldest first (lapseLocked)
 	wake     chan struct{} // a verification is due; capacity 1
 	quit     chan struct{} // closed by Shutdown
 	verifier sync.WaitGroup
@@ -906,12 +909,21 @@ func newer(a, b Meta) bool {
 // depart handles a leave notice, which memberlist sends for a graceful
 // leave and a failure alike: the member's last metadata tells them apart.
 // It runs on a memberlist goroutine under memberlist's node lock.
+//
+// A run declared dead keeps what verification proved of it (among the
+// last lapsedProofsMax such runs): failure detection cannot tell a stalled
+// process from a dead one, and a run that comes back with the same name
+// (so the same incarnation) and the same addresses is verified at once,
+// not refused work until a probe of its addresses completes. A later run
+// that holds one of those addresses still keeps it (admitLocked).
 func (m *Membership) depart(n *memberlist.Node) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.proofs, n.Name)
 	delete(m.pending, n.Name)
 	mem, ok := m.members[n.Name]
+	if !ok || mem.Meta.Leaving {
+		delete(m.proofs, n.Name)
+	}
 	if !ok {
 		return // refused or superseded: its end was already reported, or never began
 	}
@@ -919,10 +931,33 @@ func (m *Membership) depart(n *memberlist.Node) {
 	kind, state := EventFail, StateDead
 	if mem.Meta.Leaving {
 		kind, state = EventLeave, StateLeft
+	} else {
+		m.lapseLocked(n.Name)
 	}
 	mem.State = state
 	m.emitLocked(Event{Kind: kind, Member: mem})
 	m.releaseLocked()
+}
+
+// lapsedProofsMax bounds how many runs declared dead keep their proofs.
+const lapsedProofsMax = 256
+
+// lapseLocked keeps the proof of the run name, declared dead, and forgets
+// the oldest kept proof beyond lapsedProofsMax, unless its run is alive
+// again.
+func (m *Membership) lapseLocked(name string) {
+	if _, ok := m.proofs[name]; !ok {
+		return
+	}
+	m.lapsed = append(m.lapsed, name)
+	if len(m.lapsed) <= lapsedProofsMax {
+		return
+	}
+	oldest := m.lapsed[0]
+	m.lapsed = m.lapsed[1:]
+	if _, alive := m.members[oldest]; !alive && !slices.Contains(m.lapsed, oldest) {
+		delete(m.proofs, oldest)
+	}
 }
 
 // emitLocked hands ev to the Events channel without waiting.

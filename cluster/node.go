@@ -2,12 +2,15 @@ package cluster
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -64,6 +67,17 @@ type NodeConfig struct {
 	DrainTimeout time.Duration
 	// LeaveTimeout bounds the graceful leave of the gossip cluster.
 	LeaveTimeout time.Duration
+	// LostAfter is how long a member that failure detection declared dead
+	// keeps its requests while its remote address does not refuse a
+	// connection: a stopped or paused process (whose kernel still
+	// completes the handshake) or an unreachable host. It gets no new work
+	// meanwhile; if the same run comes back within LostAfter it finishes
+	// them, otherwise they fail as "node lost". A member whose address
+	// refuses (a crashed process) is lost at once. Positive, and below
+	// Actors.RequestTimeout, the bound the requests held have anyway. The
+	// data plane's waits on a silent peer (DialTimeout, WriteTimeout,
+	// ReadTimeout, AckTimeout) are raised to at least LostAfter.
+	LostAfter time.Duration
 	// Auth holds the node's credentials for every transport (remote, data
 	// plane, gossip); trust.Insecure runs without. Required.
 	Auth *trust.Authority
@@ -85,8 +99,14 @@ func DefaultLocalNodeConfig(role actors.Role) NodeConfig {
 		MetaInterval: 200 * time.Millisecond,
 		DrainTimeout: 30 * time.Second,
 		LeaveTimeout: 2 * time.Second,
+		LostAfter:    DefaultLostAfter,
 	}
 }
+
+// DefaultLostAfter is NodeConfig.LostAfter's default: pauses of a few
+// seconds to tens of seconds are ridden out, while a member dead behind a
+// partition delays its requests' failure by at most this long.
+const DefaultLostAfter = 20 * time.Second
 
 // holdsPool says whether the role keeps KV pages.
 func holdsPool(r actors.Role) bool { return r != actors.RoleRouter }
@@ -111,10 +131,15 @@ func (c *NodeConfig) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"MetaInterval", c.MetaInterval}, {"DrainTimeout", c.DrainTimeout}, {"LeaveTimeout", c.LeaveTimeout}} {
+	}{{"MetaInterval", c.MetaInterval}, {"DrainTimeout", c.DrainTimeout}, {"LeaveTimeout", c.LeaveTimeout},
+		{"LostAfter", c.LostAfter}} {
 		if d.v <= 0 {
 			return fmt.Errorf("cluster: %s (%s) must be positive", d.name, d.v)
 		}
+	}
+	if c.LostAfter >= c.Actors.RequestTimeout {
+		return fmt.Errorf("cluster: LostAfter (%s) must be below the request timeout (%s): a request held longer would time out first",
+			c.LostAfter, c.Actors.RequestTimeout)
 	}
 	if holdsPool(c.Actors.Role) {
 		if err := c.dataPlane().Validate(); err != nil {
@@ -149,6 +174,11 @@ func (c *NodeConfig) dataPlane() DataPlaneConfig {
 		d.Auth = trust.Insecure(nil) // validated before credentials are loaded; StartNode requires them
 	}
 	d.Batch = c.Actors.BatchLimits()
+	// A peer silent for less than LostAfter may be stalled, not dead: no
+	// wait on it gives up sooner, or a transfer would fail for a pause
+	// that the requests are held through.
+	d.DialTimeout, d.WriteTimeout = max(d.DialTimeout, c.LostAfter), max(d.WriteTimeout, c.LostAfter)
+	d.ReadTimeout, d.AckTimeout = max(d.ReadTimeout, c.LostAfter), max(d.AckTimeout, c.LostAfter)
 	d.Incarnation = c.Actors.Incarnation
 	if d.Incarnation == 0 {
 		d.Incarnation = 1 // validated before the incarnation is drawn
@@ -184,6 +214,9 @@ type Node struct {
 	// members is set once, after the actors start (which may ask it
 	// before: it is nil until then).
 	members atomic.Pointer[Membership]
+	// holding is the members missing with their requests held, as last
+	// seen alive; the watch loop sets it.
+	holding atomic.Pointer[[]Member]
 	data    *DataPlaneServer
 	// dataAddr is where peers reach the data plane: DataAdvertise, or the
 	// address it listens on; "" without one.
@@ -349,29 +382,29 @@ func (n *Node) dataPlaneOf(remoteAddr string) (string, trust.Identity, bool) {
 }
 
 // logEvent logs a membership change an operator wants to see: a member
-// joined, left, failed (and why) or came back after leaving or failing;
-// metadata updates only at debug.
-func (n *Node) logEvent(ev Event, gone map[string]bool) {
+// joined, left or failed (and why); metadata updates only at debug. A
+// return after a failure or a leave is logged by the watch loop, which
+// knows how long the member was missing (logAbsence).
+func (n *Node) logEvent(ev Event, returning bool) {
 	m := ev.Member
-	attrs := []any{"name", m.Name, "role", m.Meta.Role.String(), "incarnation", fmt.Sprintf("%016x", m.Meta.Incarnation),
-		"address", m.Meta.RemoteAddr}
+	attrs := memberAttrs(m)
 	switch ev.Kind {
 	case EventJoin:
-		if gone[m.Name] {
-			delete(gone, m.Name)
-			n.log.Info("member came back", attrs...)
-			return
+		if !returning {
+			n.log.Info("member joined", attrs...)
 		}
-		n.log.Info("member joined", attrs...)
 	case EventLeave:
-		gone[m.Name] = true
 		n.log.Info("member left", attrs...)
 	case EventFail:
-		gone[m.Name] = true
 		n.log.Warn("member failed", append(attrs, "reason", cmp.Or(ev.Reason, "failure detection"))...)
 	default:
 		n.log.Debug("member updated", append(attrs, "free_pages", m.Meta.FreePages, "draining", m.Meta.Draining)...)
 	}
+}
+
+func memberAttrs(m Member) []any {
+	return []any{"name", m.Name, "role", m.Meta.Role.String(), "incarnation", fmt.Sprintf("%016x", m.Meta.Incarnation),
+		"address", m.Meta.RemoteAddr}
 }
 
 // pages is the capacity of the node's smallest pool and the fewest free
@@ -398,18 +431,23 @@ func (n *Node) pages() (capacity, free uint32) {
 	return capacity, free
 }
 
-// watch tells the actors which peers are gone: a member that was alive and
-// no longer is took its transfers and its routed requests with it. Every
-// event, and every MetaInterval, triggers a fresh look at Members, so that
-// an event the full channel dropped (membership drops rather than stall
-// memberlist) is caught up at the next tick.
+// watch tells the actors which peers are gone for good. A member that
+// membership stops listing (failure detection declared it dead) is
+// missing, and absences decides from dials of its remote address whether
+// it crashed (lost at once) or stalls (its requests held for LostAfter,
+// so that a member that comes back finishes them); one that left or was
+// superseded is lost at once. Every event, probe result and MetaInterval
+// triggers a fresh look at Members, so that an event the full channel
+// dropped (membership drops rather than stall memberlist) is caught up at
+// the next tick.
 func (n *Node) watch() {
 	defer n.bg.Done()
 	t := time.NewTicker(n.cfg.MetaInterval)
 	defer t.Stop()
-	known := map[uint64]string{} // incarnation → name of every member seen alive
-	gone := map[string]bool{}    // names that left or failed, to tell one that comes back
+	away := newAbsences(n.cfg.LostAfter, reprobeEvery, lostRemembered)
+	probes := make(chan probeResult)
 	for {
+		var effects []absenceEffect
 		select {
 		case <-n.quit:
 			return
@@ -417,27 +455,120 @@ func (n *Node) watch() {
 			if !ok {
 				return
 			}
-			n.logEvent(ev, gone)
+			n.logEvent(ev, away.Returning(ev.Member.Meta.Incarnation))
+			if why := goneForCertain(ev); why != "" {
+				effects = away.Gone(ev.Member.Meta.Incarnation, why, time.Now())
+			}
+		case p := <-probes:
+			effects = away.Probed(p.incarnation, p.reach, time.Now())
 		case <-t.C:
 		}
-		alive := map[uint64]bool{}
-		for _, m := range n.mem().Members() {
-			if m.State == StateAlive {
-				alive[m.Meta.Incarnation] = true
-				known[m.Meta.Incarnation] = m.Name
-			}
+		ms := n.mem().Members()
+		now := time.Now()
+		effects = append(append(effects, away.Alive(ms, now)...), away.Tick(now)...)
+		for _, e := range effects {
+			n.carryOut(e, ms, probes)
 		}
-		for inc, name := range known {
-			if !alive[inc] {
-				delete(known, inc)
-				n.log.Info("member gone", "name", name)
-				n.actors.PeerLost(inc)
-				if n.router != nil {
-					n.actors.Root().Send(n.router, memberLost{incarnation: inc})
-				}
-			}
+		if len(effects) > 0 {
+			held := away.Held()
+			n.holding.Store(&held)
 		}
 	}
+}
+
+// reprobeEvery is how often a missing member's remote address is dialled
+// again while its requests are held: a stalled process killed meanwhile
+// is found lost within about this long.
+const reprobeEvery = time.Second
+
+// lostRemembered is how long a member lost for good is remembered, so
+// that its return is logged as one.
+const lostRemembered = time.Hour
+
+// goneForCertain is why ev ends its member for certain, or "" when it
+// does not: a leave, or a failure that failure detection did not decide
+// (a later run took one of its addresses, its metadata can no longer be
+// read). A member declared dead by failure detection may only stall.
+func goneForCertain(ev Event) string {
+	switch {
+	case ev.Kind == EventLeave:
+		return "it left the cluster"
+	case ev.Kind == EventFail && ev.Reason != "":
+		return ev.Reason
+	}
+	return ""
+}
+
+// probeResult is what one dial of a missing member found.
+type probeResult struct {
+	incarnation uint64
+	reach       reach
+}
+
+// carryOut does what absences decided; ms are the members alive now.
+func (n *Node) carryOut(e absenceEffect, ms []Member, probes chan<- probeResult) {
+	switch e := e.(type) {
+	case probeMember:
+		n.bg.Add(1)
+		go func() {
+			defer n.bg.Done()
+			r := probeResult{incarnation: e.Incarnation, reach: dialReach(e.Addr, n.cfg.Gossip.TCPTimeout, n.quit)}
+			select {
+			case probes <- r:
+			case <-n.quit:
+			}
+		}()
+	case heldMember:
+		n.log.Warn("member missing; its requests are held", append(memberAttrs(e.Member), "probe", e.Reach.String(),
+			"lost_after", n.cfg.LostAfter, "until", e.Until.Format(time.RFC3339Nano))...)
+	case backMember:
+		n.log.Info("member came back", append(memberAttrs(e.Member), "away", e.Away.Round(time.Millisecond),
+			"verified", e.Member.Verified, "requests_given_up", e.WasLost)...)
+	case lostMember:
+		inc := e.Member.Meta.Incarnation
+		n.log.Warn("member lost", append(memberAttrs(e.Member), "away", e.Away.Round(time.Millisecond), "why", e.Why)...)
+		n.actors.PeerLost(inc)
+		if n.router != nil {
+			n.actors.Root().Send(n.router, memberLost{incarnation: inc})
+		}
+		if e.Member.Meta.Role == RoleRouter && !servesAt(ms, e.Member.Meta.RemoteAddr) {
+			// Nobody will read what this node sends the lost router's
+			// relays: its requests are cancelled, freeing their pages. A
+			// later run at the same address relays requests of its own,
+			// which stay.
+			n.actors.SenderLost(e.Member.Meta.RemoteAddr)
+		}
+	}
+}
+
+// servesAt says whether an alive member serves protoactor remote at addr.
+func servesAt(ms []Member, addr string) bool {
+	return slices.ContainsFunc(ms, func(m Member) bool { return m.State == StateAlive && m.Meta.RemoteAddr == addr })
+}
+
+// dialReach dials addr (a member's protoactor remote address) once,
+// within timeout or until quit closes: a refusal means the process is
+// gone; a completed handshake, that it holds its port (it lives, maybe
+// stopped); anything else, that it cannot be told.
+func dialReach(addr string, timeout time.Duration, quit <-chan struct{}) reach {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	switch {
+	case err == nil:
+		conn.Close()
+		return reachAnswered
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return reachRefused
+	}
+	return reachSilent
 }
 
 // publish republishes the node's free pages every MetaInterval, so that
