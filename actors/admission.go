@@ -101,6 +101,10 @@ type PrefillPicker func(exclude map[uint64]bool) (PrefillPeer, bool)
 // with it retry elsewhere or fail.
 type PeerLost struct{ Incarnation uint64 }
 
+// SenderLost tells admission that the node serving protoactor remote at
+// Address is gone for good; the requests it sent are cancelled.
+type SenderLost struct{ Address string }
+
 // Drain stops admission taking new requests; DrainStatus asks how many
 // are still in flight (answered with an AdmissionStatusReply).
 type Drain struct{}
@@ -169,6 +173,8 @@ func (a *admissionActor) Receive(c actor.Context) {
 		for _, name := range a.core.InFlight() {
 			c.Send(actor.NewPID(c.Self().Address, name), m)
 		}
+	case SenderLost:
+		a.senderLost(c, m.Address)
 	case Drain:
 		a.core.Drain()
 		c.Respond(a.status())
@@ -185,6 +191,20 @@ func (a *admissionActor) Receive(c actor.Context) {
 		a.cancelNumber(c, m)
 	case AdmissionStatus:
 		c.Respond(a.status())
+	}
+}
+
+// senderLost cancels every request in flight whose client is at addr.
+func (a *admissionActor) senderLost(c actor.Context, addr string) {
+	n := 0
+	for name, l := range a.live {
+		if l.from == addr {
+			c.Send(actor.NewPID(c.Self().Address, name), CancelJob{})
+			n++
+		}
+	}
+	if n > 0 {
+		a.log.Info("requests of a lost sender cancelled", "sender", addr, "requests", n)
 	}
 }
 
@@ -292,6 +312,9 @@ func (a *admissionActor) spawn(c actor.Context, key handoff.ClientKey, d int, te
 	// The first attempt's id numbers the request for operators: unique in
 	// this run, and kept through retries, which take new ids.
 	live := &liveRequest{number: owner.Request, client: key.ID, tenant: tenant, since: now, progress: core.Progress()}
+	if s := c.Sender(); s != nil {
+		live.from = s.Address
+	}
 	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, core: core, client: c.Sender(),
 		tok: tok, last: last, text: engine.NewTextDecoder(tok, last), times: Stream{Start: now},
 		route: route{prefill: peer.PID, decode: a.decode[d], decodePool: a.dPools[d]}, pick: a.pick,

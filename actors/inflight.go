@@ -62,6 +62,7 @@ type liveRequest struct {
 	number, client uint64
 	tenant         string
 	since          time.Time
+	from           string // the address of the request's sender (its client, or the router that relayed it)
 
 	mu       sync.Mutex
 	progress handoff.Progress

@@ -279,6 +279,16 @@ func (n *Node) PeerLost(inc uint64) {
 	}
 }
 
+// SenderLost tells the node that the node serving protoactor remote at
+// addr (a router) is gone for good: every request it sent here is
+// cancelled, as its client's cancel would be, so that its pages are freed
+// at once rather than generating for nobody.
+func (n *Node) SenderLost(addr string) {
+	if n.admission != nil {
+		n.root.Send(n.admission, SenderLost{Address: addr})
+	}
+}
+
 // PagesInUse is how many pages of the node's pools are not free. Every
 // worker is asked for its status first: that flushes its mailbox, so every
 // ack, cancel and release sent to it before the call has been carried out,
