@@ -141,6 +141,12 @@ type nodeConfig struct {
 	// requests still in flight.
 	PrefillTimeout duration `json:"prefill_timeout"`
 	DrainTimeout   duration `json:"drain_timeout"`
+	// LostAfter is how long a member that failure detection declared dead
+	// keeps its requests while its address does not refuse connections (a
+	// stopped or paused process, an unreachable host); past it they fail
+	// as node_lost. A crashed member's are failed at once. It must be
+	// below RequestTimeout.
+	LostAfter duration `json:"lost_after"`
 	// OwnedPageTimeout bounds how long a page stays owned (reserved,
 	// filling, sealed or leased) before it is reclaimed, so that an owner
 	// that died cannot pin it; it must exceed RequestTimeout and
@@ -202,6 +208,7 @@ func defaultNodeConfig() nodeConfig {
 		PrefillTimeout:   duration(a.PrefillTimeout),
 		OwnedPageTimeout: duration(a.OwnedPageTimeout),
 		DrainTimeout:     duration(cluster.DefaultLocalNodeConfig(actors.RoleAll).DrainTimeout),
+		LostAfter:        duration(cluster.DefaultLostAfter),
 		Gossip:           "127.0.0.1:0",
 		Data:             "127.0.0.1:0",
 		Devices:          string(gpu.SourceAuto),
