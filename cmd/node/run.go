@@ -494,10 +494,9 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, web webOp
 		}
 		defer httpLn.Close()
 	}
-	n, err := cluster.StartNode(cfg, log)
-	if err != nil {
-		return fmt.Errorf("run: starting the %s node on %s (gossip %s): %w", cfg.Actors.Role, cfg.Listen,
-			net.JoinHostPort(cfg.Gossip.BindAddr, strconv.Itoa(cfg.Gossip.BindPort)), err)
+	n, err := startUnlessSignalled(log, cfg, signals)
+	if n == nil {
+		return err
 	}
 	security := "as " + cfg.Auth.Self().URI()
 	if cfg.Auth.Insecure() {
@@ -541,6 +540,53 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, web webOp
 		go reloadKeys(log, web.Keys, web.Reload, n.Stopped())
 	}
 	return wait(log, n, signals, n.Actors().Fatal(), n.Stopped())
+}
+
+// startAbandonGrace bounds what a signal during start-up waits for: the
+// start to finish, then the started node to leave. Past it the process
+// exits with the start unfinished; nothing was served yet, and members it
+// reached notice it gone by gossip.
+const startAbandonGrace = 400 * time.Millisecond
+
+// startUnlessSignalled starts the node while it watches signals: joining the cluster
+// can wait on unreachable members for the gossip TCP timeout per address,
+// and a signal in the meantime stops the node within a second rather than
+// after the join gives up. It returns a nil node, and a nil error, when a
+// signal stopped the start.
+func startUnlessSignalled(log *slog.Logger, cfg cluster.NodeConfig, signals <-chan os.Signal) (*cluster.Node, error) {
+	type started struct {
+		n   *cluster.Node
+		err error
+	}
+	done := make(chan started, 1)
+	begun := time.Now()
+	log.Info("starting the node", "role", cfg.Actors.Role, "listen", cfg.Listen, "join", cfg.Gossip.JoinAddrs)
+	go func() {
+		n, err := cluster.StartNode(cfg, log)
+		done <- started{n, err}
+	}()
+	select {
+	case s := <-done:
+		if s.err != nil {
+			return nil, fmt.Errorf("run: starting the %s node on %s (gossip %s): %w", cfg.Actors.Role, cfg.Listen,
+				net.JoinHostPort(cfg.Gossip.BindAddr, strconv.Itoa(cfg.Gossip.BindPort)), s.err)
+		}
+		return s.n, nil
+	case sig := <-signals:
+		log.Info("signal during start-up: stopping", "signal", sig.String(), "after", time.Since(begun).Round(time.Millisecond))
+		deadline := time.After(startAbandonGrace)
+		select {
+		case s := <-done:
+			if s.err == nil {
+				if err := stopWithin(log, s.n, startAbandonGrace); err != nil {
+					log.Warn("the node started as the signal came and did not stop in time; exiting", "err", err)
+				}
+			}
+		case <-deadline:
+			log.Warn("start-up did not finish; exiting without it", "waited", startAbandonGrace)
+		}
+		return nil, nil
+	}
 }
 
 // webServer is the HTTP server of node n: probes and metrics, and the API

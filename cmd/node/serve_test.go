@@ -53,7 +53,7 @@ func TestMain(m *testing.M) {
 
 // nodeBinary builds the node binary (once per test run) and returns its
 // path; it skips the test under -short.
-func nodeBinary(t *testing.T) string {
+func nodeBinary(t testing.TB) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -112,7 +112,7 @@ type process struct {
 
 // startProcess starts the binary and kills it at the end of the test,
 // whatever happened.
-func startProcess(t *testing.T, args ...string) *process {
+func startProcess(t testing.TB, args ...string) *process {
 	t.Helper()
 	p := &process{cmd: exec.Command(nodeBinary(t), args...), stdout: make(chan string, 16),
 		stderr: &testwait.Buffer{}, exited: make(chan struct{})}
