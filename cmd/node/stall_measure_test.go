@@ -1,0 +1,112 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestBinaryStallMeasure measures what pauses of a decode node cost: for
+// each pause in $KVW_STALL_PAUSES (say "1s,3s,5s,10s,20s,30s"), a decode
+// node holding requests under load is stopped (SIGSTOP) that long and
+// continued, and the share of the requests run meanwhile that failed is
+// logged; then $KVW_STALL_KILLS times (default 3) a decode node is killed
+// (SIGKILL) and the time to the router's loss and to its clients'
+// node_lost is logged. $KVW_LOST_AFTER, if set, is every node's
+// --lost-after. Without $KVW_STALL_PAUSES it is skipped: it takes
+// minutes.
+//
+//	KVW_STALL_PAUSES=1s,3s,5s,10s,20s,30s go test -run TestBinaryStallMeasure -v ./cmd/node
+func TestBinaryStallMeasure(t *testing.T) {
+	spec := os.Getenv("KVW_STALL_PAUSES")
+	if spec == "" {
+		t.Skip("set KVW_STALL_PAUSES (e.g. 1s,3s,5s,10s,20s) to measure")
+	}
+	var extra []string
+	if la := os.Getenv("KVW_LOST_AFTER"); la != "" {
+		extra = append(extra, "--lost-after", la)
+	}
+	c := startStallCluster(t, extra...)
+	for _, f := range strings.Split(spec, ",") {
+		pause, err := time.ParseDuration(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := c.pauseUnderLoad(t, pause)
+		failed, codes := 0, map[string]int{}
+		for _, r := range rs {
+			if r.code != exitOK {
+				failed++
+				codes[strings.TrimSpace(r.stderr)[:min(60, len(strings.TrimSpace(r.stderr)))]]++
+			}
+		}
+		t.Logf("pause %s: %d of %d requests failed (%.0f %%) %v", pause, failed, len(rs), 100*float64(failed)/float64(len(rs)), codes)
+	}
+	kills := 3
+	if k := os.Getenv("KVW_STALL_KILLS"); k != "" {
+		fmt.Sscan(k, &kills)
+	}
+	var lost, answered []time.Duration
+	for range kills {
+		l, a := c.killUnderLoad(t, extra)
+		lost, answered = append(lost, l), append(answered, a)
+	}
+	slices.Sort(lost)
+	slices.Sort(answered)
+	t.Logf("kill -9 of a decode node, %d times: router's loss after %v; the last client's node_lost after %v", kills, lost, answered)
+}
+
+// pauseUnderLoad stops a busy decode node for pause under load, continues
+// it, waits until every member sees every other alive again, and returns
+// the requests run meanwhile.
+func (c *stallCluster) pauseUnderLoad(t *testing.T, pause time.Duration) []ran {
+	t.Helper()
+	stop := make(chan struct{})
+	results := load(t, c.router.addr, stallWorkers, stop)
+	victim, _ := c.busyDecode(t, 2)
+	if err := syscall.Kill(victim.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	<-time.After(pause) // the fault itself
+	if err := syscall.Kill(victim.cmd.Process.Pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitConverged(t, c.router, c.prefill, c.decodes[0], c.decodes[1])
+	close(stop)
+	return results()
+}
+
+// killUnderLoad kills a busy decode node under load and replaces it with a
+// new one; it returns how long after the kill the router logged it lost,
+// and the last of its requests failed with node_lost.
+func (c *stallCluster) killUnderLoad(t *testing.T, extra []string) (lost, answered time.Duration) {
+	t.Helper()
+	stop := make(chan struct{})
+	results := load(t, c.router.addr, stallWorkers, stop)
+	victim, other := c.busyDecode(t, 2)
+	name := fmt.Sprintf("%016x", victim.incarnation)
+	killed := time.Now()
+	if err := victim.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, c.router, convergeTimeout, "member lost", name)
+	lost = time.Since(killed)
+	close(stop)
+	for _, r := range results() {
+		if r.code == exitFailed && strings.Contains(r.stderr, "node_lost") {
+			answered = max(answered, r.end.Sub(killed))
+		}
+	}
+	fresh := startMember(t, "decode", c.router.gossip, extra...)
+	for i, d := range c.decodes {
+		if d == victim {
+			c.decodes[i] = fresh
+		}
+	}
+	waitConverged(t, c.router, c.prefill, other, fresh)
+	return lost, answered
+}
