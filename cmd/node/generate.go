@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -38,6 +39,7 @@ const cancelGrace = 5 * time.Second
 const defaultMaxTokens = 256
 
 type generateOptions struct {
+	// Endpoint is the node's host:port, or several, comma-separated.
 	Endpoint string
 	Tenant   string
 	Prompt   string
@@ -58,6 +60,12 @@ to stdout as the tokens arrive, then a newline; a summary (tokens, finish
 reason, time to first token, total time) goes to stderr. --prompt - reads the
 prompt from stdin, byte for byte.
 
+--endpoint takes several routers, comma-separated: the request goes to one
+that answers, and if that router is lost while the answer streams, the
+request is continued through another (the tokens already printed are
+computed again there, checked to be identical and not printed twice; the
+summary says how many); with none left it fails with node_lost.
+
 Exit codes: 0 generated, 1 the node refused or failed the request (printed as
 "node: <code name> (<code>): <message>") or could not be reached, 2 usage
 error, 130 interrupted by Ctrl-C (the request is cancelled on the node).`,
@@ -77,7 +85,7 @@ error, 130 interrupted by Ctrl-C (the request is cancelled on the node).`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the node (where node run listens)")
+	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the node (where node run listens); several routers comma-separated")
 	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant the request belongs to (required)")
 	fs.StringVar(&o.Prompt, "prompt", o.Prompt, "the prompt, \"\" for none (the model's BOS alone); - reads it from stdin (required)")
 	fs.IntVar(&o.MaxTokens, "max-tokens", o.MaxTokens, "most tokens to generate")
@@ -90,8 +98,8 @@ error, 130 interrupted by Ctrl-C (the request is cancelled on the node).`,
 // node itself would apply to the message, and returns the prompt (read from
 // stdin for "-").
 func (o generateOptions) check(stdin io.Reader) (string, error) {
-	if _, _, err := net.SplitHostPort(o.Endpoint); err != nil {
-		return "", fmt.Errorf("--endpoint %q: %w", o.Endpoint, err)
+	if _, err := o.endpoints(); err != nil {
+		return "", err
 	}
 	if o.NoAnswerAfter <= 0 {
 		return "", fmt.Errorf("--no-answer-after (%s) must be positive", o.NoAnswerAfter)
@@ -119,22 +127,57 @@ func (o generateOptions) check(stdin io.Reader) (string, error) {
 	return prompt, req.Validate()
 }
 
+// endpoints are the addresses of --endpoint, each checked, none twice.
+func (o generateOptions) endpoints() ([]string, error) {
+	list := strings.Split(o.Endpoint, ",")
+	seen := map[string]bool{}
+	for _, e := range list {
+		if err := checkEndpoint(e); err != nil {
+			return nil, err
+		}
+		if seen[e] {
+			return nil, fmt.Errorf("--endpoint %q names %s twice", o.Endpoint, e)
+		}
+		seen[e] = true
+	}
+	return list, nil
+}
+
+// reachAny opens a TCP connection to each endpoint until one answers, so
+// that a command where no node listens fails at once rather than after
+// --no-answer-after, and before it needs credentials.
+func reachAny(endpoints []string) error {
+	var errs []error
+	for _, e := range endpoints {
+		conn, err := net.DialTimeout("tcp", e, reachTimeout)
+		if err == nil {
+			return conn.Close()
+		}
+		errs = append(errs, fmt.Errorf("no node reachable at %s: %w", e, err))
+	}
+	return fmt.Errorf("generate: %w", errors.Join(errs...))
+}
+
 // generate sends the request and prints its tokens as they come. An error
 // from the node is returned as it came (a *messages.WireError), so that the
 // command prints its code and message.
 func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, prompt string) error {
-	conn, err := net.DialTimeout("tcp", o.Endpoint, reachTimeout)
+	endpoints, err := o.endpoints()
 	if err != nil {
-		return fmt.Errorf("generate: no node reachable at %s: %w", o.Endpoint, err)
+		return usageError{err}
 	}
-	conn.Close()
-	o.creds.Endpoint = o.Endpoint
+	if err := reachAny(endpoints); err != nil {
+		return err
+	}
+	// node up writes its credentials for every router's address: the
+	// first endpoint names the cluster.
+	o.creds.Endpoint = endpoints[0]
 	auth, err := o.creds.authority(slog.New(slog.NewTextHandler(stderr, nil)), trust.RoleTenant,
 		trust.FileName(trust.Identity{Role: trust.RoleTenant, Name: o.Tenant}))
 	if err != nil {
 		return err
 	}
-	c, err := client.DialContext(ctx, o.Endpoint, client.Options{NoAnswerAfter: o.NoAnswerAfter, Auth: auth})
+	c, err := client.DialEndpoints(ctx, endpoints, client.Options{NoAnswerAfter: o.NoAnswerAfter, Auth: auth})
 	if err != nil {
 		if ctx.Err() != nil {
 			return interruptedError{}
@@ -174,8 +217,12 @@ func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, 
 	}
 	p.rest(a.res.Text)
 	p.finish(true)
-	fmt.Fprintf(stderr, "%d tokens, finish %s, time to first token %s, total %s\n",
-		len(a.res.Tokens), a.res.Finish, roundDuration(p.firstToken()), roundDuration(time.Since(p.start)))
+	continued := ""
+	if a.res.Continued > 0 {
+		continued = fmt.Sprintf(", continuations through another router %d (%d tokens computed again)", a.res.Continued, a.res.Replayed)
+	}
+	fmt.Fprintf(stderr, "%d tokens, finish %s, time to first token %s, total %s%s\n",
+		len(a.res.Tokens), a.res.Finish, roundDuration(p.firstToken()), roundDuration(time.Since(p.start)), continued)
 	return nil
 }
 

@@ -35,6 +35,8 @@ const (
 	// upNodesMax bounds the prefill and decode nodes of one local cluster
 	// together: each is a process with its own pools.
 	upNodesMax = 64
+	// upRoutersMax bounds the routers of one local cluster.
+	upRoutersMax = 16
 	// upPollInterval is how often up looks at the members while they
 	// converge.
 	upPollInterval = 100 * time.Millisecond
@@ -49,12 +51,15 @@ var readinessLine = regexp.MustCompile(`^serving on (\S+) \(incarnation ([0-9a-f
 // "--", given to every node run.
 type upOptions struct {
 	Prefill, Decode int
-	Listen          string
-	GossipBasePort  int
-	LogDir          string
-	ReadyTimeout    time.Duration
-	StopTimeout     time.Duration
-	NodeArgs        []string
+	// Routers is how many routers to start, the first on Listen; zero
+	// means one.
+	Routers        int
+	Listen         string
+	GossipBasePort int
+	LogDir         string
+	ReadyTimeout   time.Duration
+	StopTimeout    time.Duration
+	NodeArgs       []string
 	// Prompt, when PromptGiven, is sent once the cluster is up (as
 	// Tenant, with at most MaxTokens), its answer printed, and the cluster
 	// stopped; "" is a prompt (the model's BOS alone).
@@ -69,9 +74,10 @@ type upOptions struct {
 	// Insecure runs every node --insecure; otherwise up makes a throwaway
 	// CA and certificates for its nodes in localCertsDir(Listen).
 	Insecure bool
-	// HTTP is where the router serves its probes, metrics and the
-	// OpenAI-compatible API (empty: nowhere); APIKey is the one key the
-	// API accepts, for Tenant.
+	// HTTP is where the first router serves its probes, metrics and the
+	// OpenAI-compatible API (empty: nowhere), each further router on the
+	// next port (a port 0 picks a free one for each); APIKey is the one key
+	// the API accepts, for Tenant.
 	HTTP, APIKey string
 	// modelName is the name of the model the nodes serve, for the API's
 	// example request.
@@ -83,17 +89,24 @@ type upOptions struct {
 const exampleAPIKey = "kvw-local-example-key"
 
 func newUpCmd() *cobra.Command {
-	o := upOptions{Prefill: 1, Decode: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
+	o := upOptions{Prefill: 1, Decode: 1, Routers: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
 		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second, Tenant: "demo", MaxTokens: defaultMaxTokens,
 		HTTP: "127.0.0.1:8000", APIKey: exampleAPIKey}
 	cmd := &cobra.Command{
 		Use:   "up [flags] [-- node run flags]",
-		Short: "Start a local cluster: a router and prefill and decode nodes on loopback",
+		Short: "Start a local cluster: routers and prefill and decode nodes on loopback",
 		Long: `up starts a local cluster on loopback, each node a child process of this binary
 ("node run"): a router serving on --listen and gossiping on 127.0.0.1 at
 --gossip-base-port, then --prefill prefill nodes and --decode decode nodes on
 free ports, which join through the router. Arguments after "--" are given to
 every node run (for example -- --reclaim-after 2s --decode-pages 512).
+
+--routers N starts N routers: router-0 on --listen, the others on free ports
+of its host, every node joining router-0's gossip. Each serves requests for the
+whole cluster; node generate --endpoint takes them all, comma-separated, and a
+request whose router dies goes on through another. With --http, router-i
+serves the API on --http's port plus i. The table lists every router's
+address, and node status, generate and drain find up's credentials at each.
 
 Each node's stderr (its log) goes to a file named after it (router.log,
 prefill-0.log, decode-0.log, …) in --log-dir, by default a new temporary
@@ -109,9 +122,10 @@ With --prompt, up instead sends that prompt to the router once the cluster
 is up, prints the streamed answer, stops the cluster and exits with
 generate's status: one command from nothing to an answer. A
 prefill or decode node that exits 0 (drained with "node drain", or stopped)
-leaves the others serving. If the router exits, or any node fails to start or
-exits with an error, up stops the others, prints the end of that node's log
-and exits 1.
+leaves the others serving, and so does a router that exits while another
+runs. If the last router exits, or any other node fails to start or exits
+with an error, up stops the others, prints the end of that node's log and
+exits 1.
 
 Exit codes: 0 stopped by a signal, 1 a node failed to start or exited, 2
 usage error.`,
@@ -121,6 +135,11 @@ usage error.`,
 				return err
 			}
 			o.PromptGiven = cmd.Flags().Changed("prompt")
+			if o.Routers == 0 {
+				// Zero means one to callers of up; given on the command line,
+				// it is a mistake.
+				return usageError{fmt.Errorf("--routers (0) must be 1 to %d", upRoutersMax)}
+			}
 			if o.PromptGiven && !cmd.Flags().Changed("http") {
 				// One answer, then the cluster stops: an API would be gone
 				// before anyone could use it.
@@ -142,6 +161,7 @@ usage error.`,
 	fs := cmd.Flags()
 	fs.IntVar(&o.Prefill, "prefill", o.Prefill, "prefill nodes to start")
 	fs.IntVar(&o.Decode, "decode", o.Decode, "decode nodes to start")
+	fs.IntVar(&o.Routers, "routers", o.Routers, "routers to start: the first on --listen, the others on free ports")
 	fs.StringVar(&o.Listen, "listen", o.Listen, "host:port the router serves on: where node generate sends requests")
 	fs.IntVar(&o.GossipBasePort, "gossip-base-port", o.GossipBasePort, "gossip port of the router on 127.0.0.1, which the other nodes join (0 picks a free port)")
 	fs.StringVar(&o.LogDir, "log-dir", o.LogDir, "directory for the nodes' logs (default: a new temporary directory)")
@@ -177,6 +197,8 @@ func (o upOptions) check() error {
 		return fmt.Errorf("--prefill (%d) and --decode (%d) must be at least 1 each", o.Prefill, o.Decode)
 	case o.Prefill+o.Decode > upNodesMax:
 		return fmt.Errorf("--prefill (%d) and --decode (%d) add up to more than %d nodes", o.Prefill, o.Decode, upNodesMax)
+	case o.Routers < 0 || o.Routers > upRoutersMax:
+		return fmt.Errorf("--routers (%d) must be 1 to %d", o.Routers, upRoutersMax)
 	case o.GossipBasePort < 0 || o.GossipBasePort > 65535:
 		return fmt.Errorf("--gossip-base-port (%d) must be 0 to 65535", o.GossipBasePort)
 	case o.ReadyTimeout <= 0 || o.StopTimeout <= 0:
@@ -190,12 +212,38 @@ func (o upOptions) check() error {
 		if err := checkListen("--http", o.HTTP); err != nil {
 			return err
 		}
+		if _, err := o.routerHTTP(o.routers() - 1); err != nil {
+			return err
+		}
 		if o.APIKey == exampleAPIKey && !loopbackHost(o.HTTP) {
 			return fmt.Errorf("--http %s is reachable from other machines and --api-key is the example key the README prints; "+
 				"give one of your own with --api-key", o.HTTP)
 		}
 	}
 	return checkListen("--listen", o.Listen)
+}
+
+// routers is how many routers up starts.
+func (o upOptions) routers() int { return max(o.Routers, 1) }
+
+// routerHTTP is where router i serves HTTP: --http's port plus i, or a free
+// port for each when --http's is 0.
+func (o upOptions) routerHTTP(i int) (string, error) {
+	host, port, err := net.SplitHostPort(o.HTTP)
+	if err != nil {
+		return "", fmt.Errorf("--http %q: %w", o.HTTP, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return "", fmt.Errorf("--http %q: port %q is not a number", o.HTTP, port)
+	}
+	if p != 0 {
+		p += i
+	}
+	if p > 65535 {
+		return "", fmt.Errorf("--http %s with --routers %d: router-%d would serve on port %d, beyond 65535", o.HTTP, o.routers(), i, p)
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p)), nil
 }
 
 // loopbackHost says whether host:port addr is on loopback only: an IP of
@@ -249,8 +297,8 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 	} else if err := os.MkdirAll(o.LogDir, 0o755); err != nil {
 		return fmt.Errorf("up: --log-dir: %w", err)
 	}
-	log.Info("starting a local cluster", "prefill", o.Prefill, "decode", o.Decode, "logs", o.LogDir)
-	c := &localCluster{bin: bin, o: o, log: log, exits: make(chan *child, 1+o.Prefill+o.Decode)}
+	log.Info("starting a local cluster", "routers", o.routers(), "prefill", o.Prefill, "decode", o.Decode, "logs", o.LogDir)
+	c := &localCluster{bin: bin, o: o, log: log, exits: make(chan *child, o.routers()+o.Prefill+o.Decode)}
 	c.args = c.upArgs
 	if o.HTTP != "" {
 		// Made anew each time: a --log-dir used before may hold another.
@@ -269,6 +317,15 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 			return err
 		}
 		defer os.RemoveAll(c.creds.Dir)
+		if err := issueLocalRouters(c.creds.Dir, o.routers()); err != nil {
+			return err
+		}
+		// Made once the routers serve, at the addresses they took.
+		defer func() {
+			for _, d := range c.credCopies {
+				os.RemoveAll(d)
+			}
+		}()
 		log.Info("credentials of the local cluster", "dir", c.creds.Dir)
 	}
 	defer func() {
@@ -276,12 +333,15 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 			err = stopErr
 		}
 	}()
-	router, err := c.startAll(signals)
+	_, err = c.startAll(signals)
 	if errors.Is(err, errSignalled) {
 		log.Info("stopping the local cluster while it started")
 		return nil
 	}
 	if err != nil {
+		return err
+	}
+	if err := c.copyCredentials(); err != nil {
 		return err
 	}
 	c.print(stdout)
@@ -295,10 +355,16 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 			return nil
 		case ch := <-c.exits:
 			// A prefill or decode node that exits 0 was drained or stopped
-			// on purpose: the others serve on. The router is the cluster's
-			// only entrance, and any other exit is a failure.
-			if ch != router && ch.err == nil {
+			// on purpose: the others serve on. A router may go while
+			// another is the cluster's entrance; any other exit is a
+			// failure.
+			if ch.role != "router" && ch.err == nil {
 				log.Info("node left the cluster and exited 0; the others serve on", "node", ch.name)
+				continue
+			}
+			if ch.role == "router" && c.routersRunning() > 0 {
+				log.Warn("router exited; the other routers serve on", "node", ch.name, "exit", exitStatus(ch.err),
+					"routers", c.routersRunning())
 				continue
 			}
 			return ch.failure("exited")
@@ -309,7 +375,7 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 // demo sends the --prompt request to the router and prints its answer as
 // "node generate" would; a signal cancels it.
 func (c *localCluster) demo(stdout io.Writer, signals <-chan os.Signal) error {
-	g := generateOptions{Endpoint: c.o.Listen, Tenant: c.o.Tenant, Prompt: c.o.Prompt, PromptGiven: true, MaxTokens: c.o.MaxTokens,
+	g := generateOptions{Endpoint: strings.Join(c.routerAddrs(), ","), Tenant: c.o.Tenant, Prompt: c.o.Prompt, PromptGiven: true, MaxTokens: c.o.MaxTokens,
 		NoAnswerAfter: client.DefaultNoAnswerAfter, creds: c.creds}
 	prompt, err := g.check(nil)
 	if err != nil {
@@ -324,7 +390,11 @@ func (c *localCluster) demo(stdout io.Writer, signals <-chan os.Signal) error {
 		case <-ctx.Done():
 		}
 	}()
-	fmt.Fprintf(stdout, "\n$ node generate --tenant %s --max-tokens %d --prompt %q\n", g.Tenant, g.MaxTokens, prompt)
+	endpoint := ""
+	if c.o.routers() > 1 {
+		endpoint = " --endpoint " + g.Endpoint
+	}
+	fmt.Fprintf(stdout, "\n$ node generate%s --tenant %s --max-tokens %d --prompt %q\n", endpoint, g.Tenant, g.MaxTokens, prompt)
 	return generate(ctx, stdout, stdout, g, prompt)
 }
 
@@ -332,26 +402,33 @@ func (c *localCluster) demo(stdout io.Writer, signals <-chan os.Signal) error {
 // what it started and exits 0, as it would once the cluster is up.
 var errSignalled = errors.New("up: stopped by a signal")
 
-// upArgs are the addresses up gives a node: the router serves on --listen
-// and gossips at --gossip-base-port, the others take free ports and join
-// the router's gossip address, join.
-func (c *localCluster) upArgs(_, role, join string) []string {
-	var model []string
+// upArgs are the addresses up gives a node: router-0 serves on --listen
+// and gossips at --gossip-base-port; the other routers serve on free ports
+// of --listen's host, the other nodes on free ports of loopback, and all
+// join router-0's gossip address, join.
+func (c *localCluster) upArgs(name, role, join string) []string {
+	var args []string
 	if c.o.Model != "" {
-		model = []string{"--model", c.o.Model, "--tokenizer", c.o.Tokenizer}
+		args = []string{"--model", c.o.Model, "--tokenizer", c.o.Tokenizer}
 	}
-	if role == "router" {
-		if c.keysPath != "" {
-			model = append(model, "--http", c.o.HTTP, "--api-keys", c.keysPath)
-		}
-		return append(model, "--listen", c.o.Listen, "--gossip", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort)))
+	if role != "router" {
+		return append(args, "--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0", "--join", join)
 	}
-	return append(model, "--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0", "--join", join)
+	if c.keysPath != "" {
+		i, _ := strconv.Atoi(strings.TrimPrefix(name, "router-"))
+		addr, _ := c.o.routerHTTP(i) // checked with the options
+		args = append(args, "--http", addr, "--api-keys", c.keysPath)
+	}
+	if join == "" {
+		return append(args, "--listen", c.o.Listen, "--gossip", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort)))
+	}
+	host, _, _ := net.SplitHostPort(c.o.Listen) // checked with the options
+	return append(args, "--listen", net.JoinHostPort(host, "0"), "--gossip", "127.0.0.1:0", "--join", join)
 }
 
-// startAll starts the router, then the prefill and decode nodes joining
-// it, and waits until every node sees every other alive. It returns the
-// router.
+// startAll starts router-0, then the other routers and the prefill and
+// decode nodes joining it, and waits until every node sees every other
+// alive. It returns router-0.
 func (c *localCluster) startAll(signals <-chan os.Signal) (*child, error) {
 	deadline := time.Now().Add(c.o.ReadyTimeout)
 	router, err := c.start("router-0", "router", c.args("router-0", "router", ""))
@@ -363,10 +440,10 @@ func (c *localCluster) startAll(signals <-chan os.Signal) (*child, error) {
 	}
 	var workers []*child
 	for _, w := range []struct {
-		role  string
-		count int
-	}{{"prefill", c.o.Prefill}, {"decode", c.o.Decode}} {
-		for i := range w.count {
+		role         string
+		first, count int
+	}{{"router", 1, c.o.routers()}, {"prefill", 0, c.o.Prefill}, {"decode", 0, c.o.Decode}} {
+		for i := w.first; i < w.count; i++ {
 			name := fmt.Sprintf("%s-%d", w.role, i)
 			ch, err := c.start(name, w.role, c.args(name, w.role, router.gossip))
 			if err != nil {
@@ -392,8 +469,37 @@ type localCluster struct {
 	args  func(name, role, join string) []string
 	nodes []*child
 	exits chan *child // each node once, when it exits
-	// keysPath is the router's API keys file; empty without --http.
+	// keysPath is the routers' API keys file; empty without --http.
 	keysPath string
+	// credCopies are the copies of the credentials directory made for the
+	// routers beyond the first, at their addresses.
+	credCopies []string
+}
+
+// routerAddrs are the addresses the routers serve on, router-0 first.
+func (c *localCluster) routerAddrs() []string {
+	var out []string
+	for _, ch := range c.nodes {
+		if ch.role == "router" {
+			out = append(out, ch.addr)
+		}
+	}
+	return out
+}
+
+// routersRunning is how many routers have not exited.
+func (c *localCluster) routersRunning() int {
+	n := 0
+	for _, ch := range c.nodes {
+		select {
+		case <-ch.exited:
+		default:
+			if ch.role == "router" {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // child is one node process.
@@ -487,7 +593,7 @@ func (c *localCluster) waitReady(nodes []*child, deadline time.Time, signals <-c
 				return err
 			}
 			c.log.Info("serving", "node", ch.name, "address", ch.addr,
-				"progress", fmt.Sprintf("%d of %d nodes serving", c.serving(), 1+c.o.Prefill+c.o.Decode))
+				"progress", fmt.Sprintf("%d of %d nodes serving", c.serving(), c.o.routers()+c.o.Prefill+c.o.Decode))
 		case <-ch.exited:
 			return ch.failure("exited before it served")
 		case <-signals:
@@ -590,15 +696,20 @@ func (c *localCluster) lagging(cc *controlClient, deadline time.Time) error {
 
 // print writes the table of nodes and how to use the cluster.
 func (c *localCluster) print(w io.Writer) {
-	endpoint := ""
-	if c.o.Listen != defaultEndpoint {
-		endpoint = " --endpoint " + c.nodes[0].addr
-		if !c.creds.Insecure {
+	routers := c.routerAddrs()
+	endpoint, status := "", ""
+	if c.o.Listen != defaultEndpoint || len(routers) > 1 {
+		endpoint, status = " --endpoint "+strings.Join(routers, ","), " --endpoint "+routers[0]
+		if !c.creds.Insecure && c.o.Listen != defaultEndpoint {
 			endpoint += " --certs " + c.creds.Dir
+			status += " --certs " + c.creds.Dir
 		}
 	}
-	fmt.Fprintf(w, "local cluster up: router on %s, %d prefill and %d decode nodes; logs in %s\n\n",
-		c.nodes[0].addr, c.o.Prefill, c.o.Decode, c.o.LogDir)
+	what := "router on " + routers[0]
+	if len(routers) > 1 {
+		what = fmt.Sprintf("%d routers on %s", len(routers), strings.Join(routers, ", "))
+	}
+	fmt.Fprintf(w, "local cluster up: %s, %d prefill and %d decode nodes; logs in %s\n\n", what, c.o.Prefill, c.o.Decode, c.o.LogDir)
 	c.printNodes(w)
 	fmt.Fprintf(w, "\nsend a request:  node generate%s --tenant acme --prompt \"hello\"\n", endpoint)
 	if r := c.nodes[0]; r.http != "" {
@@ -607,8 +718,13 @@ func (c *localCluster) print(w io.Writer) {
 			r.http, c.o.APIKey, c.o.modelName)
 		fmt.Fprintf(w, "OpenAI base URL: http://%s/v1 (API key %s, tenant %s); metrics http://%s/metrics\n", r.http, c.o.APIKey,
 			c.o.Tenant, r.http)
+		for _, ch := range c.nodes[1:] {
+			if ch.role == "router" {
+				fmt.Fprintf(w, "                 http://%s/v1 through %s\n", ch.http, ch.name)
+			}
+		}
 	}
-	fmt.Fprintf(w, "see the cluster: node status%s\n", endpoint)
+	fmt.Fprintf(w, "see the cluster: node status%s\n", status)
 	fmt.Fprintf(w, "drain a node:    node drain --endpoint <its address> --wait\n")
 	fmt.Fprintf(w, "stop:            Ctrl-C (or SIGTERM to pid %d)\n", os.Getpid())
 }
@@ -631,13 +747,8 @@ func (c *localCluster) printNodes(w io.Writer) {
 // What an earlier up left there is replaced; a directory up did not make
 // is not touched.
 func makeLocalCerts(dir string, prefill, decode int) (string, error) {
-	if _, err := os.Lstat(dir); err == nil {
-		if !isLocalDir(dir) {
-			return "", fmt.Errorf("up: %s exists and was not made by node up (or is readable by others); remove it", dir)
-		}
-		if err := os.RemoveAll(dir); err != nil {
-			return "", fmt.Errorf("up: %w", err)
-		}
+	if err := clearLocalDir(dir); err != nil {
+		return "", err
 	}
 	// The CA outlives what it issues, tenants' certificates issued later
 	// included.
@@ -655,6 +766,21 @@ func makeLocalCerts(dir string, prefill, decode int) (string, error) {
 		return "", err
 	}
 	return dir, nil
+}
+
+// clearLocalDir removes what an earlier up left at dir; a directory up did
+// not make is an error, and is not touched.
+func clearLocalDir(dir string) error {
+	if _, err := os.Lstat(dir); err != nil {
+		return nil
+	}
+	if !isLocalDir(dir) {
+		return fmt.Errorf("up: %s exists and was not made by node up (or is readable by others); remove it", dir)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	return nil
 }
 
 // writeLocalCerts fills makeLocalCerts's directory.
@@ -681,14 +807,88 @@ func writeLocalCerts(dir string, ca *trust.CA, prefill, decode int) error {
 	return nil
 }
 
-// stop stops every node still running: the router first, so that no new
+// issueLocalRouters adds the certificates of routers 1 to n-1 to the
+// credentials makeLocalCerts made in dir (which holds router-0's).
+func issueLocalRouters(dir string, n int) error {
+	if n < 2 {
+		return nil
+	}
+	ca, err := trust.LoadCA(dir)
+	if err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	for i := 1; i < n; i++ {
+		id := trust.Identity{Cluster: ca.Cluster, Role: trust.RoleRouter, Name: strconv.Itoa(i)}
+		if err := issue(io.Discard, dir, ca, id, []string{"127.0.0.1"}, localValidFor); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyCredentials makes a copy of the credentials directory at
+// localCertsDir of each router's address beyond the first, so that the
+// commands given that address find them with no flags, as they find
+// router-0's. A directory there that up did not make is an error, as for
+// router-0's.
+func (c *localCluster) copyCredentials() error {
+	if c.creds.Insecure {
+		return nil
+	}
+	for _, addr := range c.routerAddrs() {
+		dst := localCertsDir(addr)
+		if dst == c.creds.Dir {
+			continue
+		}
+		if err := clearLocalDir(dst); err != nil {
+			return err
+		}
+		if err := os.Mkdir(dst, 0o700); err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+		c.credCopies = append(c.credCopies, dst)
+		if err := copyFiles(c.creds.Dir, dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyFiles copies the regular files of src into dst, readable by this
+// user only.
+func copyFiles(src, dst string) error {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), data, 0o600); err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+	}
+	return nil
+}
+
+// stop stops every node still running: the routers first, so that no new
 // request comes in, then the prefill and decode nodes. Each gets SIGTERM
 // and, after StopTimeout, SIGKILL; stop returns when all have exited.
 func (c *localCluster) stop() error {
-	if len(c.nodes) == 0 {
-		return nil
+	var routers, others []*child
+	for _, ch := range c.nodes {
+		if ch.role == "router" {
+			routers = append(routers, ch)
+		} else {
+			others = append(others, ch)
+		}
 	}
-	return errors.Join(c.stopAll(c.nodes[:1]), c.stopAll(c.nodes[1:]))
+	return errors.Join(c.stopAll(routers), c.stopAll(others))
 }
 
 func (c *localCluster) stopAll(nodes []*child) error {
