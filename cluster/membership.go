@@ -153,6 +153,10 @@ type Config struct {
 	Logger *slog.Logger
 	// MemberlistLog receives memberlist's own log lines. nil discards them.
 	MemberlistLog io.Writer
+	// Transport carries gossip, in place of memberlist's own UDP and TCP
+	// listeners on BindAddr:BindPort (nil): the seam where tests and chaos
+	// drop, delay or pause it.
+	Transport memberlist.Transport
 }
 
 // DefaultConfig is for a LAN: memberlist's LAN timers (a crash is noticed
@@ -588,6 +592,7 @@ func (m *Membership) memberlistConfig() (*memberlist.Config, error) {
 	c.GossipInterval, c.GossipNodes = m.cfg.GossipInterval, m.cfg.GossipNodes
 	c.PushPullInterval, c.TCPTimeout = m.cfg.PushPullInterval, m.cfg.TCPTimeout
 	c.Delegate, c.Events = delegate{m}, delegate{m}
+	c.Transport = m.cfg.Transport
 	c.LogOutput = m.cfg.MemberlistLog
 	if c.LogOutput == nil {
 		c.LogOutput = io.Discard
