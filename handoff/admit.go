@@ -41,10 +41,21 @@ func Admit(l Limits, promptTokens, maxTokens, prefillPages, decodePages int) err
 	case g.PagesFor(promptTokens) > prefillPages && !mutant.Is(mutant.AdmitIgnoresSmallestPool) && !mutant.Is(mutant.Incident):
 		return &PromptTooLongError{Tokens: promptTokens, Limit: prefillPages * g.PageTokens, Where: "prefill pool"}
 	}
-	if need := g.PagesFor(promptTokens) + g.PagesFor(maxTokens-1); need > decodePages {
+	if _, need := RequestPages(g, promptTokens, maxTokens); need > decodePages {
 		return &PromptTooLongError{Tokens: promptTokens + maxTokens, Limit: decodePages * g.PageTokens, Where: "decode pool"}
 	}
 	return nil
+}
+
+// RequestPages are the pages of g's geometry a request of promptTokens and
+// maxTokens holds at most: on its prefill node, the prompt's KV; on its
+// decode node, the prompt's and that of every token but the last it may
+// generate (the last is never fed back). Admit refuses a request whose
+// pages exceed a pool; routers count them against the nodes they route
+// to.
+func RequestPages(g kv.Geometry, promptTokens, maxTokens int) (prefill, decode int) {
+	prefill = g.PagesFor(promptTokens)
+	return prefill, prefill + g.PagesFor(maxTokens-1)
 }
 
 // Encode is the prompt text in the model's tokens; a text that certainly
