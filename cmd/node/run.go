@@ -45,6 +45,13 @@ const roleAll = "all"
 const stopTimeout = 30 * time.Second
 
 func newRunCmd() *cobra.Command {
+	cmd, _ := newRunCommand()
+	return cmd
+}
+
+// newRunCommand is "node run" and the settings its flags fill in, for a
+// caller that checks a run's flags without running it (checkRunArgs).
+func newRunCommand() (*cobra.Command, *runSettings) {
 	cfg := defaultNodeConfig()
 	cfg.ContextTokens = int64(actors.DefaultConfig().ContextTokens)
 	cfg.DType = actors.DefaultConfig().Model.KVDType.String()
@@ -94,32 +101,12 @@ Exit codes: 0 stopped by a signal or drained, 1 refused or failed to start, 2
 usage error, 70 an actor broke an invariant (the node must not serve on).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cfg.load(cmd.Flags(), *configPath); err != nil {
-				return usageError{err}
-			}
-			model, err := cfg.model()
-			if err != nil {
-				return err
-			}
-			if err := fitContext(cmd.Flags(), &cfg, model); err != nil {
-				return usageError{err}
-			}
-			nc, err := cfg.clusterNode(model)
-			if err != nil {
-				return usageError{err}
-			}
-			inj, err := cfg.injector()
-			if err != nil {
-				return usageError{err}
-			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: logLevel}))
-			installFaults(log, inj)
-			if err := preflightPools(log, nc.Actors); err != nil {
+			nc, inj, err := cfg.settle(cmd.Flags(), *configPath, log)
+			if err != nil {
 				return err
 			}
-			if err := poolsWithin(nc.Actors, cfg.MemoryBudgetBytes); err != nil {
-				return usageError{err}
-			}
+			installFaults(log, inj)
 			if nc.Auth, err = creds.authority(log, trust.Role(nc.Actors.Role), ""); err != nil {
 				return err
 			}
@@ -154,7 +141,60 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 	cmd.Flags().StringVar(&cfg.DType, "dtype", cfg.DType, "KV element type of the model served: f32, f16 or bf16")
 	creds.bind(cmd.Flags(), "the only <role>-*.crt in --certs")
 	cmd.Flags().TextVar(&logLevel, "log-level", logLevel, "least level logged to stderr: debug, info, warn or error")
-	return cmd
+	return cmd, &runSettings{cfg: &cfg, configPath: configPath}
+}
+
+// runSettings are what "node run"'s flags and --config file set.
+type runSettings struct {
+	cfg        *nodeConfig
+	configPath *string
+}
+
+// settle is every check run makes before it starts anything, in order:
+// the --config file, the model, the context window against it, the
+// node's settings, the faults, the pools against the context window
+// (logged at info on log) and against the memory budget. Errors of the
+// settings themselves are usage errors.
+func (c *nodeConfig) settle(fs *pflag.FlagSet, configPath string, log *slog.Logger) (cluster.NodeConfig, *faults.Injector, error) {
+	if err := c.load(fs, configPath); err != nil {
+		return cluster.NodeConfig{}, nil, usageError{err}
+	}
+	model, err := c.model()
+	if err != nil {
+		return cluster.NodeConfig{}, nil, err
+	}
+	if err := fitContext(fs, c, model); err != nil {
+		return cluster.NodeConfig{}, nil, usageError{err}
+	}
+	nc, err := c.clusterNode(model)
+	if err != nil {
+		return cluster.NodeConfig{}, nil, usageError{err}
+	}
+	inj, err := c.injector()
+	if err != nil {
+		return cluster.NodeConfig{}, nil, usageError{err}
+	}
+	if err := preflightPools(log, nc.Actors); err != nil {
+		return cluster.NodeConfig{}, nil, err
+	}
+	if err := poolsWithin(nc.Actors, c.MemoryBudgetBytes); err != nil {
+		return cluster.NodeConfig{}, nil, usageError{err}
+	}
+	if err := batchWithin(fs, nc.Actors); err != nil {
+		return cluster.NodeConfig{}, nil, usageError{err}
+	}
+	return nc, inj, nil
+}
+
+// checkRunArgs makes settle's checks of "node run" with args, without
+// starting anything, and returns the node configuration they give.
+func checkRunArgs(args []string) (cluster.NodeConfig, error) {
+	cmd, r := newRunCommand()
+	if err := cmd.ParseFlags(args); err != nil {
+		return cluster.NodeConfig{}, usageError{err}
+	}
+	nc, _, err := r.cfg.settle(cmd.Flags(), *r.configPath, slog.New(slog.DiscardHandler))
+	return nc, err
 }
 
 // bindServeFlags registers the flags of "node run", defaulting to c's
@@ -423,9 +463,10 @@ func heldPools(cfg actors.Config) []heldPool {
 	return out
 }
 
-// poolsWithin refuses pools that together exceed budget bytes (0: the
-// host's memory; unknown, no bound), before any is allocated: a count
-// flag's true bound is what the machine can hold.
+// poolsWithin refuses a node whose pools and requests in flight together
+// exceed budget bytes (0: the host's memory; unknown, no bound), before any
+// pool is allocated: a count flag's true bound is what the machine can
+// hold.
 func poolsWithin(cfg actors.Config, budget int64) error {
 	if budget < 0 {
 		return fmt.Errorf("--memory-budget-bytes (%d) must not be negative", budget)
@@ -437,16 +478,46 @@ func poolsWithin(cfg actors.Config, budget int64) error {
 	if budget == 0 {
 		return nil
 	}
+	if need, parts := nodeBytes(cfg); need > float64(budget) {
+		return fmt.Errorf("the node needs %.0f bytes (%s), more than %s, %d bytes; "+
+			"fewer workers, pages or requests, or --memory-budget-bytes", need, strings.Join(parts, " and "), what, budget)
+	}
+	return nil
+}
+
+// nodeBytes is the memory a node of cfg can hold: its KV pools, and its
+// requests in flight outside them (in float64, so that no product of
+// counts can wrap), with what each part counts.
+func nodeBytes(cfg actors.Config) (float64, []string) {
 	page := int64(cfg.Geometry().PageBytes())
-	var need float64 // in float64, so that no product of counts can wrap
+	var need float64
 	var parts []string
 	for _, p := range heldPools(cfg) {
 		need += float64(p.workers) * float64(p.pages) * float64(page)
-		parts = append(parts, fmt.Sprintf("%d %s workers × %d pages", p.workers, p.role, p.pages))
+		parts = append(parts, fmt.Sprintf("%d %s workers × %d pages of %d bytes", p.workers, p.role, p.pages, page))
 	}
-	if need > float64(budget) {
-		return fmt.Errorf("the KV pools need %.0f bytes (%s, of %d bytes each), more than %s, %d bytes; "+
-			"fewer workers or pages, or --memory-budget-bytes", need, strings.Join(parts, " and "), page, what, budget)
+	need += float64(cfg.QueueMax) * float64(cfg.ContextTokens) * requestBytesPerToken
+	parts = append(parts, fmt.Sprintf("%d requests in flight (--queue-max) × %d tokens of %d bytes", cfg.QueueMax,
+		cfg.ContextTokens, requestBytesPerToken))
+	return need, parts
+}
+
+// requestBytesPerToken bounds what one request in flight holds outside the
+// KV pools, per token of the context window: its prompt's and generated
+// token ids (8 bytes each), their text and the chunks on their way to the
+// client.
+const requestBytesPerToken = 64
+
+// batchWithin refuses a --batch-max given that no decode worker can ever
+// reach: a batch is of the sequences a worker holds, each at least one
+// page of its pool and one request in flight.
+func batchWithin(fs *pflag.FlagSet, cfg actors.Config) error {
+	if !fs.Changed("batch-max") || !cfg.Role.Decodes() {
+		return nil
+	}
+	if most := min(cfg.DecodePages, cfg.QueueMax); cfg.BatchMax > most {
+		return fmt.Errorf("--batch-max (%d) exceeds the %d sequences a decode worker can hold (one page each of --decode-pages %d, "+
+			"one request each of --queue-max %d)", cfg.BatchMax, most, cfg.DecodePages, cfg.QueueMax)
 	}
 	return nil
 }

@@ -2,11 +2,14 @@ package main
 
 import (
 	"net"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 )
 
@@ -75,4 +78,46 @@ func BenchmarkSignalDuringStart(b *testing.B) {
 	b.ReportMetric(float64(stopped.Milliseconds())/float64(b.N), "stop_ms")
 	b.ReportMetric(float64(failed.Milliseconds())/float64(b.N), "join_fail_ms")
 	b.ReportMetric(float64(stopped)/float64(failed), "stop/join")
+}
+
+// TestUpChecksNodeSettings: up makes every check node run would make of
+// each node, the arguments after "--" and the nodes' memory together
+// included, before it starts any process: a usage error, and no node's log
+// in --log-dir.
+func TestUpChecksNodeSettings(t *testing.T) {
+	host := hostMemoryBytes()
+	if host == 0 {
+		t.Fatal("the host's memory is unknown here; the memory case needs it")
+	}
+	// Three decode nodes of pools just over a third of the host each: any
+	// one fits the host, the three together do not.
+	pages := strconv.FormatInt(host/3/int64(actors.DefaultConfig().Geometry().PageBytes())+1, 10)
+	tests := []struct {
+		name string
+		args []string
+		exit int
+		want string
+	}{
+		{"unknown flag", []string{"--", "--bogus-flag"}, exitUsage,
+			"a router node would refuse its settings (node run --role router --bogus-flag): unknown flag: --bogus-flag"},
+		{"queue", []string{"--", "--queue-max", "0"}, exitUsage, "QueueMax (0) must be at least 1"},
+		// Preflight's refusal, as node run exits with it.
+		{"decode pool", []string{"--", "--decode-pages", "8"}, exitFailed,
+			"a decode node would refuse its settings (node run --role decode --decode-pages 8): run: each decode worker's pool holds 128 tokens"},
+		{"memory together", []string{"--decode", "3", "--", "--decode-pages", pages}, exitUsage,
+			"more than the host's memory, " + strconv.FormatInt(host, 10) + " bytes"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := t.TempDir()
+			code, stdout, stderr := runBinary(t, "", append([]string{"up", "--listen", freeTCPAddr(t), "--gossip-base-port", "0",
+				"--log-dir", logs}, tc.args...)...)
+			if code != tc.exit || !strings.Contains(stderr, tc.want) {
+				t.Fatalf("exit %d, want %d with %q\nstdout:\n%s\nstderr:\n%s", code, tc.exit, tc.want, stdout, stderr)
+			}
+			if started, _ := filepath.Glob(filepath.Join(logs, "*.log")); len(started) > 0 {
+				t.Fatalf("up started nodes before refusing: %v", started)
+			}
+		})
+	}
 }

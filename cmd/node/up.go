@@ -148,6 +148,9 @@ usage error.`,
 			if err := o.check(); err != nil {
 				return usageError{err}
 			}
+			if err := checkNodes(o); err != nil {
+				return err
+			}
 			if err := o.checkModel(); err != nil {
 				return err
 			}
