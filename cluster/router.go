@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,7 @@ type routerCounters struct {
 	rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
 	rejectedBy                                 actors.RejectCounts // every refusal above, by bound
 	strangers                                  atomic.Uint64       // relayed messages refused: wrong sender, id or sequence
+	retried                                    atomic.Uint64       // requests sent again to another decode node (RouteRetriesMax)
 }
 
 // inFlight is the routed requests not yet answered.
@@ -32,14 +34,25 @@ func (c *routerCounters) inFlight() uint32 {
 	return uint32(c.routed.Load() - c.completed.Load() - c.failed.Load() - c.lost.Load())
 }
 
+// RouteRetriesMax bounds how many other decode nodes a router sends a
+// request to after a decode node answered it busy (its pool stayed full for
+// its ReserveWait, or its admission queue is full) or node lost (routed to
+// an earlier run of the node, or the node failed), before any token reached
+// the client: at most 1 + RouteRetriesMax decode nodes per request, never
+// one twice. Each attempt has the relay's whole timeout. The client hears
+// only the last answer.
+const RouteRetriesMax = 2
+
 // routerActor admits client requests for a cluster: it refuses, before any
 // page exists anywhere, a request that does not fit the context window or
-// the smallest pool on the path it would take, and sends the rest to the
-// alive, non-draining decode node with the most free pages, with the
-// prefill node with the most free pages chosen for it. Each routed request
-// gets a relay actor (a child) that the decode node answers: the relay
-// passes tokens and the result on to the client, sees the request end, and
-// tells the client "node lost" if its decode node goes.
+// the smallest pool on the path it would take, and sends the rest to an
+// alive, non-draining decode node and prefill node that Routing picks (by
+// gossiped free pages less what this router has outstanding there). Each
+// routed request gets a relay actor (a child) that the decode node
+// answers: the relay passes tokens and the result on to the client, sees
+// the request end, and tells the client "node lost" if its decode node
+// goes. A busy or node-lost answer before any token is sent again to
+// another decode node (RouteRetriesMax) by the same relay.
 type routerActor struct {
 	cfg      *actors.Config
 	model    *engine.Model // its tokenizer counts prompts; routes go to members of its fingerprint
@@ -49,8 +62,39 @@ type routerActor struct {
 	auth     *trust.Authority
 	mailbox  actor.MailboxProducer // never waits when full (actors.Node.Mailbox)
 	counters *routerCounters
-	relays   map[string]*relay // by relay PID id
+	routing  *Routing
+	relays   map[string]*routed // by relay PID id
 	byClient map[string]*actor.PID
+}
+
+// routed is what the router keeps of a request it relays: where it is
+// counted in Routing, which moves when the request is sent again. The
+// relay keeps its own copy of the route; the two change together, by
+// message.
+type routed struct {
+	rl                        *relay                  // read here only for what never changes, and its token count
+	request                   *messages.RoutedRequest // as last sent
+	decode, prefill           Member
+	promptTokens              int
+	decodePages, prefillPages int
+	prefillOut                bool            // counted on the prefill node: no token has come back yet
+	tried                     map[uint64]bool // decode incarnations that answered busy or lost
+}
+
+// relayRetry asks the router for another decode node for the relay's
+// request, which its decode node answered with cause before any token.
+type relayRetry struct{ cause *messages.WireError }
+
+// relayTokens tells the router that the relay's first token came: its
+// prefill node holds the request's pages no more.
+type relayTokens struct{}
+
+// reroute is the router's answer to a relayRetry: the request sent to
+// another decode node, or none (admission nil) when no other can take it.
+type reroute struct {
+	admission *actor.PID
+	request   *messages.RoutedRequest
+	decode    uint64
 }
 
 // memberLost is sent to the router when a member fails or leaves.
@@ -61,7 +105,10 @@ func clientKey(client *actor.PID, id uint64) string { return fmt.Sprintf("%s#%d"
 func (r *routerActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
-		r.relays = map[string]*relay{}
+		r.relays = map[string]*routed{}
+		if r.routing == nil {
+			r.routing = NewRouting(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+		}
 		r.byClient = map[string]*actor.PID{}
 	case *messages.GenerateRequest:
 		if c.Sender() == nil {
@@ -88,8 +135,8 @@ func (r *routerActor) Receive(c actor.Context) {
 	case actors.ListRequests:
 		now := time.Now()
 		all := make([]messages.InFlight, 0, len(r.relays))
-		for _, rl := range r.relays {
-			all = append(all, rl.entry(now))
+		for _, rt := range r.relays {
+			all = append(all, rt.entry(now))
 		}
 		if err := messages.Respond(c, actors.InFlightList(r.cfg.Incarnation, all, m.Max)); err != nil {
 			r.log.Error("in-flight list refused by its own validation", "err", err)
@@ -97,15 +144,23 @@ func (r *routerActor) Receive(c actor.Context) {
 	case actors.CancelNumber:
 		r.cancelNumber(c, m)
 	case memberLost:
-		for id, rl := range r.relays {
-			if rl.decode == m.incarnation {
+		for id, rt := range r.relays {
+			if rt.decode.Meta.Incarnation == m.incarnation {
 				c.Send(actor.NewPID(c.Self().Address, id), m)
 			}
 		}
+	case relayTokens:
+		if rt := r.relays[c.Sender().Id]; rt != nil && rt.prefillOut {
+			rt.prefillOut = false
+			r.routing.Done(rt.prefill.Meta.Incarnation, rt.prefillPages)
+		}
+	case relayRetry:
+		r.retry(c, c.Sender(), m)
 	case *actor.Terminated:
-		if rl, ok := r.relays[m.Who.Id]; ok {
+		if rt, ok := r.relays[m.Who.Id]; ok {
 			delete(r.relays, m.Who.Id)
-			delete(r.byClient, clientKey(rl.client, rl.id))
+			delete(r.byClient, clientKey(rt.rl.client, rt.rl.id))
+			r.release(rt)
 		}
 	case *messages.Undecodable:
 		r.counters.rejectedBad.Add(1)
@@ -175,7 +230,15 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	ms := r.members()
 	fp := r.model.Fingerprint()
 	ds, ps := candidates(ms, decodes, fp), candidates(ms, prefills, fp)
-	if len(ds) == 0 || len(ps) == 0 {
+	prompt, err := handoff.Encode(r.cfg.Limits(), r.model.Tokenizer(), m.Prompt)
+	if err != nil {
+		reject(err, &r.counters.rejectedTooLong)
+		return
+	}
+	prefillPages, decodePages := handoff.RequestPages(r.cfg.Geometry(), len(prompt), int(m.MaxTokens))
+	d, dok := r.pick(ds, decodePages, nil)
+	p, pok := r.pick(ps, prefillPages, nil)
+	if !dok || !pok {
 		where := fmt.Sprintf("cluster (%d decode, %d prefill nodes available)", len(ds), len(ps))
 		if other := otherModels(ms, fp); other > 0 {
 			where = fmt.Sprintf("cluster (%d decode, %d prefill nodes of model %s available; %d members serve other models)",
@@ -184,12 +247,8 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		reject(&actors.BusyError{Where: where}, &r.counters.rejectedBusy)
 		return
 	}
-	d, p := ds[0], ps[0]
-	prompt, err := handoff.Encode(r.cfg.Limits(), r.model.Tokenizer(), m.Prompt)
-	if err == nil {
-		err = handoff.Admit(r.cfg.Limits(), len(prompt), int(m.MaxTokens), int(p.Meta.CapacityPages), int(d.Meta.CapacityPages))
-	}
-	if err != nil {
+	if err := handoff.Admit(r.cfg.Limits(), len(prompt), int(m.MaxTokens), int(p.Meta.CapacityPages),
+		int(d.Meta.CapacityPages)); err != nil {
 		if _, ok := err.(*actors.PromptTooLongError); ok {
 			reject(err, &r.counters.rejectedTooLong)
 		} else {
@@ -207,8 +266,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 			&r.counters.rejectedBad)
 		return
 	}
-	fwd := &messages.RoutedRequest{RequestID: m.RequestID, Tenant: tenant, Prompt: m.Prompt, MaxTokens: m.MaxTokens,
-		Prefill: p.Meta.RemoteAddr, PrefillIncarnation: p.Meta.Incarnation, DecodeIncarnation: d.Meta.Incarnation}
+	fwd := routedRequest(m.RequestID, tenant, m.Prompt, m.MaxTokens, d, p)
 	if err := fwd.Validate(); err != nil {
 		reject(err, &r.counters.rejectedBad)
 		return
@@ -230,14 +288,102 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		answer(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.failed)
 		return
 	}
-	r.relays[pid.Id] = rl
+	rt := &routed{rl: rl, request: fwd, decode: d, prefill: p, promptTokens: len(prompt), decodePages: decodePages,
+		prefillPages: prefillPages, tried: map[uint64]bool{}}
+	r.count(rt)
+	r.relays[pid.Id] = rt
 	r.byClient[key] = pid
+}
+
+// routedRequest is the request a decode node d is sent, with prefill node p.
+func routedRequest(id uint64, tenant, prompt string, maxTokens uint32, d, p Member) *messages.RoutedRequest {
+	return &messages.RoutedRequest{RequestID: id, Tenant: tenant, Prompt: prompt, MaxTokens: maxTokens,
+		Prefill: p.Meta.RemoteAddr, PrefillIncarnation: p.Meta.Incarnation, DecodeIncarnation: d.Meta.Incarnation}
+}
+
+// pick is the member of ms that Routing picks for a request holding pages
+// there, skipping the incarnations in exclude.
+func (r *routerActor) pick(ms []Member, pages int, exclude map[uint64]bool) (Member, bool) {
+	cs := make([]Candidate, len(ms))
+	for i, m := range ms {
+		cs[i] = Candidate{Incarnation: m.Meta.Incarnation, CapacityPages: int(m.Meta.CapacityPages),
+			FreePages: int(m.Meta.FreePages)}
+	}
+	i, ok := r.routing.Pick(cs, pages, exclude)
+	if !ok {
+		return Member{}, false
+	}
+	return ms[i], true
+}
+
+// count has Routing count rt's request on its nodes, the prefill node's
+// until the first token.
+func (r *routerActor) count(rt *routed) {
+	r.routing.Sent(rt.decode.Meta.Incarnation, rt.decodePages)
+	r.routing.Sent(rt.prefill.Meta.Incarnation, rt.prefillPages)
+	rt.prefillOut = true
+}
+
+// release has Routing count rt's request on its nodes no longer.
+func (r *routerActor) release(rt *routed) {
+	r.routing.Done(rt.decode.Meta.Incarnation, rt.decodePages)
+	if rt.prefillOut {
+		rt.prefillOut = false
+		r.routing.Done(rt.prefill.Meta.Incarnation, rt.prefillPages)
+	}
+}
+
+// retry sends the relay's request to another decode node, one that has not
+// answered it busy or lost, with a prefill node picked afresh; when
+// RouteRetriesMax is spent or no node admission would take it on is left,
+// it tells the relay to answer the client what its last decode node said.
+func (r *routerActor) retry(c actor.Context, relayPID *actor.PID, m relayRetry) {
+	rt := r.relays[relayPID.Id]
+	if rt == nil {
+		return
+	}
+	from := rt.decode
+	rt.tried[from.Meta.Incarnation] = true
+	d, p, ok := r.next(rt)
+	if !ok {
+		c.Send(relayPID, reroute{})
+		return
+	}
+	r.release(rt)
+	rt.decode, rt.prefill = d, p
+	r.count(rt)
+	req := rt.request
+	rt.request = routedRequest(req.RequestID, req.Tenant, req.Prompt, req.MaxTokens, d, p)
+	r.counters.retried.Add(1)
+	r.log.Info("request sent to another decode node", "number", rt.rl.number, "id", req.RequestID, "tenant", req.Tenant,
+		"from", from.Meta.RemoteAddr, "to", d.Meta.RemoteAddr, "prefill", p.Meta.RemoteAddr,
+		"cause", m.cause.Code.String(), "err", m.cause.Message, "attempt", len(rt.tried)+1)
+	c.Send(relayPID, reroute{admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: rt.request,
+		decode: d.Meta.Incarnation})
+}
+
+// next is where rt's request goes next, if RouteRetriesMax allows: a
+// decode node it has not tried and a prefill node, both of whose pools
+// admission takes it on.
+func (r *routerActor) next(rt *routed) (d, p Member, ok bool) {
+	if len(rt.tried) > RouteRetriesMax {
+		return d, p, false
+	}
+	ms, fp := r.members(), r.model.Fingerprint()
+	d, dok := r.pick(candidates(ms, decodes, fp), rt.decodePages, rt.tried)
+	p, pok := r.pick(candidates(ms, prefills, fp), rt.prefillPages, nil)
+	ok = dok && pok && handoff.Admit(r.cfg.Limits(), rt.promptTokens, int(rt.request.MaxTokens), int(p.Meta.CapacityPages),
+		int(d.Meta.CapacityPages)) == nil
+	return d, p, ok
 }
 
 // relay carries one routed request: it sends the request to the decode
 // node as itself, passes every token and the result to the client, and
 // ends with the result, with "node lost" if the decode node goes, or after
-// the request timeout with no answer.
+// the request timeout with no answer. An answer busy or node lost before
+// any token is held while the router looks for another decode node
+// (relayRetry); the relay sends the request there, under its own name, or,
+// when there is none, passes the held answer on.
 type relay struct {
 	number    uint64 // the router's own, for operators
 	client    *actor.PID
@@ -245,17 +391,24 @@ type relay struct {
 	decode    uint64 // the decode node's incarnation
 	admission *actor.PID
 	request   *messages.RoutedRequest
-	timeout   time.Duration
+	timeout   time.Duration // of each attempt
 	counters  *routerCounters
 	log       *slog.Logger
 	auth      *trust.Authority
 	deadline  *time.Timer
+	attempt   int           // numbers the attempts, so that an earlier attempt's timer is told apart
 	seq       uint32        // the last token chunk's sequence number passed on
 	tokens    atomic.Uint32 // passed on, read by the router for operators
 	times     actors.Stream
+	// held is the answer of the last decode node while the router looks
+	// for another, lost whether it is a node lost the relay concluded
+	// itself, cancelled whether the client cancelled meanwhile.
+	held            *messages.GenerateResult
+	lost, cancelled bool
+	left            map[string]bool // addresses of decode nodes the request left: what they send is dropped
 }
 
-type relayTimeout struct{}
+type relayTimeout struct{ attempt int }
 
 // relayMargin is how much longer a relay waits than the decode node's own
 // RequestTimeout, so that a request that timed out there is reported as
@@ -265,9 +418,8 @@ const relayMargin = 5 * time.Second
 func (rl *relay) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
-		c.Request(rl.admission, rl.request)
-		self, sys := c.Self(), c.ActorSystem()
-		rl.deadline = time.AfterFunc(rl.timeout, func() { sys.Root.Send(self, relayTimeout{}) })
+		rl.left = map[string]bool{}
+		rl.send(c)
 	case *actor.Stopping:
 		rl.deadline.Stop()
 	case *messages.TokenChunk:
@@ -277,6 +429,9 @@ func (rl *relay) Receive(c actor.Context) {
 		if m.Seq != rl.seq+1 {
 			rl.refuse(c, fmt.Sprintf("token chunk %d after %d", m.Seq, rl.seq))
 			return
+		}
+		if rl.seq == 0 {
+			rl.tell(c, relayTokens{})
 		}
 		rl.seq = m.Seq
 		rl.tokens.Add(uint32(len(m.Tokens)))
@@ -289,21 +444,29 @@ func (rl *relay) Receive(c actor.Context) {
 		if !rl.fromDecode(c, m.RequestID) {
 			return
 		}
-		if m.Err != nil {
-			rl.counters.failed.Add(1)
-			rl.counters.failedBy.Add(m.Err.Code)
-		} else {
-			rl.counters.completed.Add(1)
-			rl.times.End(&rl.counters.latencies, time.Now())
+		if e := m.Err; e != nil && rl.seq == 0 && (e.Code == messages.CodeBusy || e.Code == messages.CodeNodeLost) {
+			rl.hold(c, m, false)
+			return
 		}
-		rl.pass(c, m)
-		c.Stop(c.Self())
+		rl.answer(c, m, false)
+	case reroute:
+		rl.rerouted(c, m)
 	case *messages.CancelRequest:
+		if rl.held != nil {
+			rl.cancelled = true // the request goes nowhere else
+			return
+		}
 		c.Request(rl.admission, m)
 	case memberLost:
-		rl.end(c, fmt.Sprintf("decode node %x was lost", rl.decode))
+		if rl.held == nil && m.incarnation == rl.decode {
+			rl.end(c, fmt.Sprintf("decode node %x was lost", rl.decode), rl.seq == 0)
+		}
 	case relayTimeout:
-		rl.end(c, fmt.Sprintf("no answer from decode node %x within %s", rl.decode, rl.timeout))
+		if rl.held == nil && m.attempt == rl.attempt {
+			// The attempt had the whole request's time: another would
+			// start the wait over, past what the client was promised.
+			rl.end(c, fmt.Sprintf("no answer from decode node %x within %s", rl.decode, rl.timeout), false)
+		}
 	case *messages.Undecodable:
 		rl.log.Warn("undecodable message from a decode node", "err", m.Err)
 	}
@@ -311,13 +474,15 @@ func (rl *relay) Receive(c actor.Context) {
 
 // entry is the request as operators see it on the router, at now: routed
 // until a token comes back, then decoding.
-func (rl *relay) entry(now time.Time) messages.InFlight {
+func (rt *routed) entry(now time.Time) messages.InFlight {
+	rl := rt.rl
 	phase, tokens := messages.PhaseRouted, rl.tokens.Load()
 	if tokens > 0 {
 		phase = messages.PhaseDecode
 	}
-	return messages.InFlight{Number: rl.number, ClientID: rl.id, Tenant: rl.request.Tenant, Phase: phase,
-		Prefill: rl.request.Prefill, Decode: rl.admission.Address, AgeMs: actors.AgeMs(now.Sub(rl.times.Start)), Tokens: tokens}
+	return messages.InFlight{Number: rl.number, ClientID: rl.id, Tenant: rt.request.Tenant, Phase: phase,
+		Prefill: rt.request.Prefill, Decode: rt.decode.Meta.RemoteAddr, AgeMs: actors.AgeMs(now.Sub(rl.times.Start)),
+		Tokens: tokens}
 }
 
 // cancelNumber cancels the relayed request of that number, if it is in
@@ -325,13 +490,13 @@ func (rl *relay) entry(now time.Time) messages.InFlight {
 // "cancelled", through the relay.
 func (r *routerActor) cancelNumber(c actor.Context, m actors.CancelNumber) {
 	rep := &messages.CancelInFlightReply{}
-	for id, rl := range r.relays {
-		if rl.number == m.Number {
-			e := rl.entry(time.Now())
+	for id, rt := range r.relays {
+		if rt.rl.number == m.Number {
+			e := rt.entry(time.Now())
 			rep.Request = &e
-			c.Send(actor.NewPID(c.Self().Address, id), &messages.CancelRequest{RequestID: rl.id, Tenant: rl.request.Tenant})
-			r.log.Info("request cancelled by an operator", "number", m.Number, "id", rl.id, "tenant", rl.request.Tenant,
-				"decode", rl.admission.Address, "operator", m.By)
+			c.Send(actor.NewPID(c.Self().Address, id), &messages.CancelRequest{RequestID: rt.rl.id, Tenant: rt.request.Tenant})
+			r.log.Info("request cancelled by an operator", "number", m.Number, "id", rt.rl.id, "tenant", rt.request.Tenant,
+				"decode", rt.decode.Meta.RemoteAddr, "operator", m.By)
 		}
 	}
 	if rep.Request == nil {
@@ -348,6 +513,8 @@ func (r *routerActor) cancelNumber(c actor.Context, m actors.CancelNumber) {
 // and counted, and never reaches the client.
 func (rl *relay) fromDecode(c actor.Context, id uint64) bool {
 	switch s := c.Sender(); {
+	case s != nil && rl.left[s.Address]:
+		return false // late, from a decode node the request left: not a stranger's
 	case s == nil || s.Address != rl.admission.Address:
 		rl.refuse(c, fmt.Sprintf("from %s, the request went to %s", s, rl.admission.Address))
 		return false
@@ -369,14 +536,82 @@ func (rl *relay) pass(c actor.Context, m messages.Message) {
 	}
 }
 
-// end answers the client "node lost", withdraws the request from the
-// decode node in case it is alive after all (a false failure detection, a
-// partition), and stops.
-func (rl *relay) end(c actor.Context, why string) {
-	rl.counters.lost.Add(1)
-	rl.counters.failedBy.Add(messages.CodeNodeLost)
-	c.Request(rl.admission, &messages.CancelRequest{RequestID: rl.id, Tenant: rl.request.Tenant})
-	rl.pass(c, &messages.GenerateResult{RequestID: rl.id, FinishReason: messages.FinishError,
-		Err: &messages.WireError{Code: messages.CodeNodeLost, Message: why, Where: rl.admission.Address}})
+// send sends the request to its decode node, for one attempt of the
+// relay's timeout.
+func (rl *relay) send(c actor.Context) {
+	c.Request(rl.admission, rl.request)
+	rl.attempt++
+	self, sys, attempt := c.Self(), c.ActorSystem(), rl.attempt
+	rl.deadline = time.AfterFunc(rl.timeout, func() { sys.Root.Send(self, relayTimeout{attempt: attempt}) })
+}
+
+// hold keeps the decode node's answer res (lost: one the relay concluded
+// itself) from the client and asks the router for another decode node.
+func (rl *relay) hold(c actor.Context, res *messages.GenerateResult, lost bool) {
+	rl.deadline.Stop()
+	rl.held, rl.lost = res, lost
+	if !rl.tell(c, relayRetry{cause: res.Err}) {
+		rl.rerouted(c, reroute{})
+	}
+}
+
+// tell sends m to the router, as the relay; a relay spawned alone (as
+// tests do) has no router, and tell reports false.
+func (rl *relay) tell(c actor.Context, m any) bool {
+	if c.Parent() == nil {
+		return false
+	}
+	c.Request(c.Parent(), m)
+	return true
+}
+
+// rerouted sends the request to the decode node the router found, or, when
+// it found none (or the client cancelled meanwhile), answers the client
+// what the last decode node said.
+func (rl *relay) rerouted(c actor.Context, m reroute) {
+	res := rl.held
+	if res == nil {
+		return
+	}
+	if m.admission == nil || rl.cancelled {
+		rl.answer(c, res, rl.lost)
+		return
+	}
+	rl.left[rl.admission.Address] = true
+	delete(rl.left, m.admission.Address) // a new run at the same address
+	rl.admission, rl.request, rl.decode = m.admission, m.request, m.decode
+	rl.held, rl.lost = nil, false
+	rl.send(c)
+}
+
+// answer passes the request's result on and stops: counted as lost (a node
+// lost the relay concluded), failed or completed.
+func (rl *relay) answer(c actor.Context, m *messages.GenerateResult, lost bool) {
+	switch {
+	case lost:
+		rl.counters.lost.Add(1)
+		rl.counters.failedBy.Add(messages.CodeNodeLost)
+	case m.Err != nil:
+		rl.counters.failed.Add(1)
+		rl.counters.failedBy.Add(m.Err.Code)
+	default:
+		rl.counters.completed.Add(1)
+		rl.times.End(&rl.counters.latencies, time.Now())
+	}
+	rl.pass(c, m)
 	c.Stop(c.Self())
+}
+
+// end withdraws the request from the decode node in case it is alive after
+// all (a false failure detection, a partition) and answers the client
+// "node lost", after trying another decode node if retry (no token came).
+func (rl *relay) end(c actor.Context, why string, retry bool) {
+	c.Request(rl.admission, &messages.CancelRequest{RequestID: rl.id, Tenant: rl.request.Tenant})
+	res := &messages.GenerateResult{RequestID: rl.id, FinishReason: messages.FinishError,
+		Err: &messages.WireError{Code: messages.CodeNodeLost, Message: why, Where: rl.admission.Address}}
+	if retry {
+		rl.hold(c, res, true)
+		return
+	}
+	rl.answer(c, res, true)
 }
