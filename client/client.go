@@ -327,6 +327,10 @@ type GenerateOptions struct {
 	// joined from the model's byte pieces. What the stream held back at
 	// its end (an incomplete character) is in Result.Text only.
 	OnText func(string)
+	// OnContinue, if set, is told on the client's goroutine when the
+	// request is continued through another endpoint: why the last one
+	// was given up, and the next.
+	OnContinue func(lost *messages.WireError, next string)
 }
 
 // Result is a finished generation.
@@ -368,6 +372,9 @@ func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt Genera
 			return Result{}, c.noEndpoint(err, tried, last)
 		}
 		tried = append(tried, i)
+		if last != nil && opt.OnContinue != nil {
+			opt.OnContinue(last, c.targets[i].Address)
+		}
 		a := &attempt{c: c, target: c.targets[i], lost: lost, tenant: tenant, d: d, onToken: onToken, onText: opt.OnText}
 		sent := *req // a message is never changed once sent
 		sent.RequestID = c.nextID.Add(1)

@@ -178,9 +178,15 @@ func TestContinuesThroughAnotherEndpoint(t *testing.T) {
 	a := &fakeRouter{addr: "router-a:1", answer: reference, stopAfter: 3, delivered: got.at(3)}
 	b := &fakeRouter{addr: "router-b:1", answer: reference}
 	c := fakeNetwork(t, a, b)
-	res, err := c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: len(reference), OnText: got.onText}, got.token)
+	var told []string
+	onContinue := func(lost *messages.WireError, next string) { told = append(told, lost.Where+" to "+next) }
+	res, err := c.Generate(context.Background(), "acme", "hi",
+		GenerateOptions{MaxTokens: len(reference), OnText: got.onText, OnContinue: onContinue}, got.token)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !slices.Equal(told, []string{"router-a:1 to router-b:1"}) {
+		t.Errorf("OnContinue told %q, want a to b once", told)
 	}
 	if !slices.Equal(got.tokens, ints(reference)) || got.text.String() != text(reference) || res.Text != text(reference) ||
 		!slices.Equal(res.Tokens, ints(reference)) {
