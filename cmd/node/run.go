@@ -70,7 +70,9 @@ func newRunCommand() (*cobra.Command, *runSettings) {
            client), has a prefill node compute the prompt's KV, receives it
            on its data plane (--data) and generates.
   router   no workers and no pages: admits client requests and routes each
-           to the decode and prefill nodes with the most free pages.
+           to decode and prefill nodes by their gossiped free pages less
+           what it has outstanding there, and sends a busy answer on to
+           another decode node before the client hears it.
 
 Every node gossips membership on --gossip and joins the cluster through any
 member's gossip address given to --join. Before it serves it checks that the
