@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvwarden/kvwarden/internal/testwait"
 )
 
 // TestBinaryStallMeasure measures what pauses of a decode node cost: for
@@ -36,15 +38,20 @@ func TestBinaryStallMeasure(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rs := c.pauseUnderLoad(t, pause)
+		rs, stopped := c.pauseUnderLoad(t, pause)
 		failed, codes := 0, map[string]int{}
+		var lastLost time.Duration
 		for _, r := range rs {
 			if r.code != exitOK {
 				failed++
-				codes[strings.TrimSpace(r.stderr)[:min(60, len(strings.TrimSpace(r.stderr)))]]++
+				codes[strings.TrimSpace(r.stderr)]++
+			}
+			if strings.Contains(r.stderr, "node_lost") {
+				lastLost = max(lastLost, r.end.Sub(stopped))
 			}
 		}
-		t.Logf("pause %s: %d of %d requests failed (%.0f %%) %v", pause, failed, len(rs), 100*float64(failed)/float64(len(rs)), codes)
+		t.Logf("pause %s: %d of %d requests failed (%.0f %%); the last node_lost %s after the stop; %v",
+			pause, failed, len(rs), 100*float64(failed)/float64(len(rs)), lastLost.Round(time.Millisecond), codes)
 	}
 	kills := 3
 	if k := os.Getenv("KVW_STALL_KILLS"); k != "" {
@@ -62,12 +69,13 @@ func TestBinaryStallMeasure(t *testing.T) {
 
 // pauseUnderLoad stops a busy decode node for pause under load, continues
 // it, waits until every member sees every other alive again, and returns
-// the requests run meanwhile.
-func (c *stallCluster) pauseUnderLoad(t *testing.T, pause time.Duration) []ran {
+// the requests run meanwhile and when the node was stopped.
+func (c *stallCluster) pauseUnderLoad(t *testing.T, pause time.Duration) ([]ran, time.Time) {
 	t.Helper()
 	stop := make(chan struct{})
 	results := load(t, c.router.addr, stallWorkers, stop)
 	victim, _ := c.busyDecode(t, 2)
+	stopped := time.Now()
 	if err := syscall.Kill(victim.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -76,8 +84,14 @@ func (c *stallCluster) pauseUnderLoad(t *testing.T, pause time.Duration) []ran {
 		t.Fatal(err)
 	}
 	waitConverged(t, c.router, c.prefill, c.decodes[0], c.decodes[1])
+	// The load goes on until the node that was stopped has been sent
+	// requests again, so that the requests counted span the pause.
+	before := admitted(t, victim)
+	testwait.For(t, "the router routes to the node that was stopped", commandTimeout, func() bool {
+		return admitted(t, victim) > before+stallWorkers
+	})
 	close(stop)
-	return results()
+	return results(), stopped
 }
 
 // killUnderLoad kills a busy decode node under load and replaces it with a
@@ -89,11 +103,11 @@ func (c *stallCluster) killUnderLoad(t *testing.T, extra []string) (lost, answer
 	results := load(t, c.router.addr, stallWorkers, stop)
 	victim, other := c.busyDecode(t, 2)
 	name := fmt.Sprintf("%016x", victim.incarnation)
-	killed := time.Now()
+	from, killed := len(c.router.stderr.String()), time.Now()
 	if err := victim.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	logged(t, c.router, convergeTimeout, "member lost", name)
+	loggedAfter(t, c.router, from, convergeTimeout, "member lost", name)
 	lost = time.Since(killed)
 	close(stop)
 	for _, r := range results() {

@@ -101,9 +101,15 @@ func (c *stallCluster) busyDecode(t *testing.T, n uint32) (victim, other *member
 // logged waits until p's log has a line with every one of parts.
 func logged(t *testing.T, p *member, within time.Duration, parts ...string) string {
 	t.Helper()
+	return loggedAfter(t, p, 0, within, parts...)
+}
+
+// loggedAfter is logged for the lines after the log's first from bytes.
+func loggedAfter(t *testing.T, p *member, from int, within time.Duration, parts ...string) string {
+	t.Helper()
 	var found string
 	testwait.Report(t, fmt.Sprintf("%s logs %q", p.role, parts), within, func() (bool, string) {
-		for _, line := range strings.Split(p.stderr.String(), "\n") {
+		for _, line := range strings.Split(p.stderr.String()[from:], "\n") {
 			all := true
 			for _, part := range parts {
 				all = all && strings.Contains(line, part)
@@ -232,6 +238,56 @@ func TestBinaryClusterDecodeKilled(t *testing.T) {
 			if m.Incarnation == victim.incarnation && m.State == messages.MemberAlive {
 				t.Errorf("the router still lists the killed decode node alive")
 			}
+		}
+	}
+}
+
+// TestBinaryClusterRouterKilled: a router killed (SIGKILL) while a decode
+// node generates a request it relayed. Nobody will read that request's
+// tokens: once the router is lost, the decode node cancels it and frees
+// its pages, rather than generating on for nobody.
+func TestBinaryClusterRouterKilled(t *testing.T) {
+	router := startMember(t, "router", "")
+	prefill := startMember(t, "prefill", router.gossip)
+	// One sequence at a time, and many requests: some still wait for
+	// their turn when failure detection finds the router dead.
+	decode := startMember(t, "decode", router.gossip, "--batch-max", "1")
+	waitConverged(t, router, prefill, decode)
+	var long []*request
+	for i := range 16 {
+		long = append(long, &request{tenant: "acme", prompt: fmt.Sprintf("request %d, which nobody will read to its end", i), maxTokens: 1000})
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		generateAll(t, router.addr, long)
+	}()
+	testwait.Report(t, "the decode node holds the requests", commandTimeout, func() (bool, string) {
+		select {
+		case <-done:
+			t.Fatal("the requests ended before the router was killed")
+		default:
+		}
+		s, err := statusOf(t, decode.addr)
+		return err == nil && s.Node.InFlight == uint32(len(long)), fmt.Sprintf("status %v", err)
+	})
+	if err := router.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("decode node's log:\n%s", decode.stderr)
+		}
+	})
+	t.Log(logged(t, decode, convergeTimeout, "requests of a lost sender cancelled"))
+	testwait.Report(t, "the decode node's pools free", reclaimTimeout, func() (bool, string) {
+		s, err := statusOf(t, decode.addr)
+		return err == nil && allFree(s.Node.Pools) && s.Node.InFlight == 0, fmt.Sprintf("%+v %v", s, err)
+	})
+	<-done
+	for _, r := range long {
+		if r.code == exitOK {
+			t.Errorf("a request of the killed router answered %q", r.stdout)
 		}
 	}
 }
