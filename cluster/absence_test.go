@@ -175,20 +175,29 @@ func TestAbsencesAwayAndWhy(t *testing.T) {
 
 func TestNodeConfigLostAfter(t *testing.T) {
 	for _, tc := range []struct {
-		lostAfter time.Duration
-		want      string
+		lostAfter, requestTimeout, want time.Duration
+		err                             string
 	}{
-		{0, "LostAfter (0s) must be positive"},
-		{-time.Second, "LostAfter (-1s) must be positive"},
-		{30 * time.Second, "LostAfter (30s) must be below the request timeout (30s)"},
-		{29 * time.Second, ""},
+		{0, 30 * time.Second, 15 * time.Second, ""}, // half the request timeout
+		{0, 50 * time.Second, DefaultLostAfter, ""},
+		{29 * time.Second, 30 * time.Second, 29 * time.Second, ""},
+		{-time.Second, 30 * time.Second, 0, "LostAfter (-1s) must be in [0, the request timeout (30s))"},
+		{30 * time.Second, 30 * time.Second, 0, "LostAfter (30s) must be in [0, the request timeout (30s))"},
 	} {
 		c := DefaultLocalNodeConfig(actors.RoleDecode)
-		c.Actors.RequestTimeout = 30 * time.Second
-		c.LostAfter = tc.lostAfter
+		c.LostAfter, c.Actors.RequestTimeout = tc.lostAfter, tc.requestTimeout
 		err := c.Validate()
-		if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("LostAfter %s: %v, want %q", tc.lostAfter, err, tc.want)
+		if (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("LostAfter %s, request timeout %s: %v, want %q", tc.lostAfter, tc.requestTimeout, err, tc.err)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		d := c.dataPlane()
+		if got := c.lostAfter(); got != tc.want || d.AckTimeout < got || d.WriteTimeout < got || d.ReadTimeout < got || d.DialTimeout < got {
+			t.Errorf("LostAfter %s, request timeout %s: bound %s, data plane %+v; want %s, the data plane waiting as long",
+				tc.lostAfter, tc.requestTimeout, got, d, tc.want)
 		}
 	}
 }

@@ -73,10 +73,11 @@ type NodeConfig struct {
 	// completes the handshake) or an unreachable host. It gets no new work
 	// meanwhile; if the same run comes back within LostAfter it finishes
 	// them, otherwise they fail as "node lost". A member whose address
-	// refuses (a crashed process) is lost at once. Positive, and below
-	// Actors.RequestTimeout, the bound the requests held have anyway. The
-	// data plane's waits on a silent peer (DialTimeout, WriteTimeout,
-	// ReadTimeout, AckTimeout) are raised to at least LostAfter.
+	// refuses (a crashed process) is lost at once. Below
+	// Actors.RequestTimeout, the bound the requests held have anyway; zero
+	// means DefaultLostAfter, or half of Actors.RequestTimeout if that is
+	// less. The data plane's waits on a silent peer (DialTimeout,
+	// WriteTimeout, ReadTimeout, AckTimeout) are raised to at least it.
 	LostAfter time.Duration
 	// Auth holds the node's credentials for every transport (remote, data
 	// plane, gossip); trust.Insecure runs without. Required.
@@ -99,7 +100,6 @@ func DefaultLocalNodeConfig(role actors.Role) NodeConfig {
 		MetaInterval: 200 * time.Millisecond,
 		DrainTimeout: 30 * time.Second,
 		LeaveTimeout: 2 * time.Second,
-		LostAfter:    DefaultLostAfter,
 	}
 }
 
@@ -107,6 +107,14 @@ func DefaultLocalNodeConfig(role actors.Role) NodeConfig {
 // seconds to tens of seconds are ridden out, while a member dead behind a
 // partition delays its requests' failure by at most this long.
 const DefaultLostAfter = 20 * time.Second
+
+// lostAfter is LostAfter, or its default when zero.
+func (c *NodeConfig) lostAfter() time.Duration {
+	if c.LostAfter > 0 {
+		return c.LostAfter
+	}
+	return min(DefaultLostAfter, c.Actors.RequestTimeout/2)
+}
 
 // holdsPool says whether the role keeps KV pages.
 func holdsPool(r actors.Role) bool { return r != actors.RoleRouter }
@@ -131,14 +139,13 @@ func (c *NodeConfig) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"MetaInterval", c.MetaInterval}, {"DrainTimeout", c.DrainTimeout}, {"LeaveTimeout", c.LeaveTimeout},
-		{"LostAfter", c.LostAfter}} {
+	}{{"MetaInterval", c.MetaInterval}, {"DrainTimeout", c.DrainTimeout}, {"LeaveTimeout", c.LeaveTimeout}} {
 		if d.v <= 0 {
 			return fmt.Errorf("cluster: %s (%s) must be positive", d.name, d.v)
 		}
 	}
-	if c.LostAfter >= c.Actors.RequestTimeout {
-		return fmt.Errorf("cluster: LostAfter (%s) must be below the request timeout (%s): a request held longer would time out first",
+	if c.LostAfter < 0 || c.LostAfter >= c.Actors.RequestTimeout {
+		return fmt.Errorf("cluster: LostAfter (%s) must be in [0, the request timeout (%s)): a request held longer would time out first",
 			c.LostAfter, c.Actors.RequestTimeout)
 	}
 	if holdsPool(c.Actors.Role) {
@@ -177,8 +184,9 @@ func (c *NodeConfig) dataPlane() DataPlaneConfig {
 	// A peer silent for less than LostAfter may be stalled, not dead: no
 	// wait on it gives up sooner, or a transfer would fail for a pause
 	// that the requests are held through.
-	d.DialTimeout, d.WriteTimeout = max(d.DialTimeout, c.LostAfter), max(d.WriteTimeout, c.LostAfter)
-	d.ReadTimeout, d.AckTimeout = max(d.ReadTimeout, c.LostAfter), max(d.AckTimeout, c.LostAfter)
+	lost := c.lostAfter()
+	d.DialTimeout, d.WriteTimeout = max(d.DialTimeout, lost), max(d.WriteTimeout, lost)
+	d.ReadTimeout, d.AckTimeout = max(d.ReadTimeout, lost), max(d.AckTimeout, lost)
 	d.Incarnation = c.Actors.Incarnation
 	if d.Incarnation == 0 {
 		d.Incarnation = 1 // validated before the incarnation is drawn
@@ -444,7 +452,7 @@ func (n *Node) watch() {
 	defer n.bg.Done()
 	t := time.NewTicker(n.cfg.MetaInterval)
 	defer t.Stop()
-	away := newAbsences(n.cfg.LostAfter, reprobeEvery, lostRemembered)
+	away := newAbsences(n.cfg.lostAfter(), reprobeEvery, lostRemembered)
 	probes := make(chan probeResult)
 	for {
 		var effects []absenceEffect
@@ -520,7 +528,7 @@ func (n *Node) carryOut(e absenceEffect, ms []Member, probes chan<- probeResult)
 		}()
 	case heldMember:
 		n.log.Warn("member missing; its requests are held", append(memberAttrs(e.Member), "probe", e.Reach.String(),
-			"lost_after", n.cfg.LostAfter, "until", e.Until.Format(time.RFC3339Nano))...)
+			"lost_after", n.cfg.lostAfter(), "until", e.Until.Format(time.RFC3339Nano))...)
 	case backMember:
 		n.log.Info("member came back", append(memberAttrs(e.Member), "away", e.Away.Round(time.Millisecond),
 			"verified", e.Member.Verified, "requests_given_up", e.WasLost)...)
