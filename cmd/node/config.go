@@ -145,7 +145,8 @@ type nodeConfig struct {
 	// keeps its requests while its address does not refuse connections (a
 	// stopped or paused process, an unreachable host); past it they fail
 	// as node_lost. A crashed member's are failed at once. It must be
-	// below RequestTimeout.
+	// below RequestTimeout; 0 means cluster.DefaultLostAfter, or half of
+	// RequestTimeout if that is less.
 	LostAfter duration `json:"lost_after"`
 	// OwnedPageTimeout bounds how long a page stays owned (reserved,
 	// filling, sealed or leased) before it is reclaimed, so that an owner
@@ -208,7 +209,6 @@ func defaultNodeConfig() nodeConfig {
 		PrefillTimeout:   duration(a.PrefillTimeout),
 		OwnedPageTimeout: duration(a.OwnedPageTimeout),
 		DrainTimeout:     duration(cluster.DefaultLocalNodeConfig(actors.RoleAll).DrainTimeout),
-		LostAfter:        duration(cluster.DefaultLostAfter),
 		Gossip:           "127.0.0.1:0",
 		Data:             "127.0.0.1:0",
 		Devices:          string(gpu.SourceAuto),

@@ -229,7 +229,7 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.DurationVar((*time.Duration)(&c.PrefillTimeout), "prefill-timeout", time.Duration(c.PrefillTimeout), "bound on one KV transfer from a prefill worker; past it the transfer is retried elsewhere")
 	fs.DurationVar((*time.Duration)(&c.OwnedPageTimeout), "owned-page-timeout", time.Duration(c.OwnedPageTimeout), "bound on how long a page stays owned before it is reclaimed (must exceed --request-timeout and --prefill-timeout)")
 	fs.DurationVar((*time.Duration)(&c.DrainTimeout), "drain-timeout", time.Duration(c.DrainTimeout), "bound on a drain; past it the node leaves with requests still in flight")
-	fs.DurationVar((*time.Duration)(&c.LostAfter), "lost-after", time.Duration(c.LostAfter), "how long a member declared dead whose address does not refuse connections (stopped, paused, unreachable) keeps its requests before they fail as node_lost (below --request-timeout)")
+	fs.DurationVar((*time.Duration)(&c.LostAfter), "lost-after", time.Duration(c.LostAfter), "how long a member declared dead whose address does not refuse connections (stopped, paused, unreachable) keeps its requests before they fail as node_lost; below --request-timeout (0: 20s, or half of --request-timeout if less)")
 }
 
 // fitContext gives c the context window of model m when none was set (a
