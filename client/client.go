@@ -131,18 +131,21 @@ func DialEndpoints(ctx context.Context, endpoints []string, opt Options) (*Clien
 		return nil, errors.New("client: Options.Auth is required (trust.Insecure reaches nodes that run --insecure)")
 	}
 	probe := func(ctx context.Context, endpoint string) error { return probeNode(ctx, opt.Auth, endpoint) }
-	var unreachable []error
-	for _, e := range endpoints {
+	probes, unreachable := make([]error, len(endpoints)), 0
+	for i, e := range endpoints {
 		err := probe(ctx, e)
-		if errors.As(err, new(*unreachableError)) && ctx.Err() == nil {
-			unreachable = append(unreachable, err)
-		} else if err != nil {
+		if err != nil && (!errors.As(err, new(*unreachableError)) || ctx.Err() != nil) {
 			return nil, err
 		}
+		if err != nil {
+			unreachable++
+		}
+		probes[i] = err
 	}
-	if len(unreachable) == len(endpoints) {
-		return nil, errors.Join(unreachable...)
+	if unreachable == len(endpoints) {
+		return nil, errors.Join(probes...)
 	}
+	now := time.Now()
 	listen := opt.Listen
 	if listen == "" {
 		listen = "127.0.0.1:0"
@@ -159,12 +162,8 @@ func DialEndpoints(ctx context.Context, endpoints []string, opt Options) (*Clien
 	}
 	c := newClient(sys, targets, opt)
 	c.remote, c.probe = r, probe
-	now := time.Now()
-	for _, err := range unreachable {
-		var ue *unreachableError
-		if errors.As(err, &ue) {
-			c.eps.failed(c.eps.index(ue.endpoint), now, ue.Err.Error())
-		}
+	for i, err := range probes {
+		c.eps.probed(i, now, err)
 	}
 	return c, nil
 }
@@ -264,7 +263,7 @@ func newClient(sys *actor.ActorSystem, targets []*actor.PID, opt Options) *Clien
 	for i, t := range targets {
 		addrs[i], lost[i] = t.Address, map[chan struct{}]struct{}{}
 	}
-	c := &Client{sys: sys, targets: targets, timeout: opt.NoAnswerAfter, eps: newEndpointSet(addrs, true), lost: lost,
+	c := &Client{sys: sys, targets: targets, timeout: opt.NoAnswerAfter, eps: newEndpointSet(addrs), lost: lost,
 		probeEnd: make(chan struct{})}
 	if c.timeout <= 0 {
 		c.timeout = DefaultNoAnswerAfter
@@ -272,7 +271,13 @@ func newClient(sys *actor.ActorSystem, targets []*actor.PID, opt Options) *Clien
 	// Request ids are unique per client; start from the clock so that a
 	// restarted client does not reuse its predecessor's first ids.
 	c.nextID.Store(uint64(time.Now().UnixNano()))
-	c.sub = sys.EventStream.Subscribe(c.onEvent)
+	c.sub = sys.EventStream.SubscribeWithPredicate(c.onEvent, func(evt any) bool {
+		switch evt.(type) {
+		case *remote.EndpointTerminatedEvent, *remote.EndpointConnectedEvent:
+			return true
+		}
+		return false
+	})
 	return c
 }
 
@@ -430,7 +435,8 @@ func (c *Client) choose(ctx context.Context, tried []int) (int, chan struct{}, e
 		case ch.index >= 0 && (!ch.probe || c.probe == nil):
 			defer c.mu.Unlock()
 			if ch.probe {
-				c.eps.probed(ch.index, time.Now(), nil) // nothing to probe with: the request finds out
+				// Nothing to probe with (New): the request finds out.
+				c.eps.probed(ch.index, time.Now(), nil)
 			}
 			lost := make(chan struct{})
 			c.lost[ch.index][lost] = struct{}{}

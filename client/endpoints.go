@@ -17,6 +17,11 @@ const (
 	// failure in a row: an endpoint that comes back is used again within
 	// this long.
 	EndpointBackoffMax = 5 * time.Second
+	// probeTrust is how long a probe that found an endpoint answering
+	// stands for its connection, until protoactor reports that connection
+	// up: a request to an endpoint that died since would wait for
+	// protoactor's connection retries (about 10 s) before it is told.
+	probeTrust = time.Second
 )
 
 // endpointSet is the client's view of its endpoints: which may take a
@@ -30,13 +35,15 @@ type endpointSet struct {
 
 type endpointState struct {
 	addr string
-	// reachable: the client's connection to it is up, or a probe found it
-	// answering since it last failed; false makes pick probe it first.
-	reachable bool
-	probing   bool      // a probe of it is under way
-	downUntil time.Time // skipped before then
-	backoff   time.Duration
-	why       string // the last failure, for errors
+	// connected: the client's connection to it is up. Otherwise pick
+	// probes it first, unless a probe found it answering before
+	// trustedUntil.
+	connected    bool
+	trustedUntil time.Time
+	probing      bool      // a probe of it is under way
+	downUntil    time.Time // skipped before then
+	backoff      time.Duration
+	why          string // the last failure, for errors
 }
 
 // choice is what pick found: the endpoint to use (index), whether it must
@@ -48,16 +55,16 @@ type choice struct {
 	wait  bool
 }
 
-func newEndpointSet(addrs []string, reachable bool) *endpointSet {
+func newEndpointSet(addrs []string) *endpointSet {
 	s := &endpointSet{}
 	for _, a := range addrs {
-		s.eps = append(s.eps, endpointState{addr: a, reachable: reachable})
+		s.eps = append(s.eps, endpointState{addr: a})
 	}
 	return s
 }
 
 // pick chooses, round robin, the next endpoint not in tried and not
-// skipped at now. One that is not known reachable is marked probing and
+// skipped at now. One that may not be reachable is marked probing and
 // returned with probe set; the caller reports the probe's outcome with
 // probed. An endpoint already being probed is left to that probe: when
 // nothing else is usable, pick says wait.
@@ -74,7 +81,7 @@ func (s *endpointSet) pick(now time.Time, tried []int) choice {
 			continue
 		}
 		s.next = i + 1
-		if !e.reachable {
+		if !e.connected && !now.Before(e.trustedUntil) {
 			e.probing = true
 			return choice{index: i, probe: true}
 		}
@@ -83,15 +90,15 @@ func (s *endpointSet) pick(now time.Time, tried []int) choice {
 	return choice{index: -1, wait: wait}
 }
 
-// probed records the outcome of the probe pick asked for: nil makes the
-// endpoint reachable, an error skips it for its backoff.
+// probed records the outcome of a probe: nil trusts the endpoint for
+// probeTrust, an error skips it for its backoff.
 func (s *endpointSet) probed(i int, now time.Time, err error) {
 	s.eps[i].probing = false
 	if err != nil {
 		s.failed(i, now, err.Error())
 		return
 	}
-	s.eps[i].reachable = true
+	s.eps[i].trustedUntil = now.Add(probeTrust)
 }
 
 // failed skips endpoint i from now for its backoff, which doubles up to
@@ -99,14 +106,14 @@ func (s *endpointSet) probed(i int, now time.Time, err error) {
 func (s *endpointSet) failed(i int, now time.Time, why string) {
 	e := &s.eps[i]
 	e.backoff = min(max(2*e.backoff, EndpointBackoffMin), EndpointBackoffMax)
-	e.downUntil, e.reachable, e.why = now.Add(e.backoff), false, why
+	e.downUntil, e.connected, e.trustedUntil, e.why = now.Add(e.backoff), false, time.Time{}, why
 }
 
 // connected records that the client's connection to endpoint i is up: the
 // failures in a row are over.
 func (s *endpointSet) connected(i int) {
 	e := &s.eps[i]
-	e.reachable, e.backoff, e.downUntil, e.why = true, 0, time.Time{}, ""
+	e.connected, e.backoff, e.downUntil, e.why = true, 0, time.Time{}, ""
 }
 
 // index is the endpoint serving at addr, -1 if none.

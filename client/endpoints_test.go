@@ -10,16 +10,23 @@ import (
 
 // TestEndpointChoice: round robin over the endpoints not tried and not
 // skipped; a failure skips an endpoint for a backoff that doubles up to
-// its bound, and it is probed before its next use; a connection up ends
-// the backoff.
+// its bound, and it is probed before its next use; a probe that found it
+// stands for a while, a connection up until it ends, and ends the backoff.
 func TestEndpointChoice(t *testing.T) {
 	now := time.Unix(1000, 0)
-	s := newEndpointSet([]string{"a:1", "b:1", "c:1"}, true)
+	s := newEndpointSet([]string{"a:1", "b:1", "c:1"})
+	if ch := s.pick(now, nil); ch.index != 0 || !ch.probe {
+		t.Fatalf("an endpoint never seen: %+v, want it probed", ch)
+	}
+	s.probed(0, now, nil)
+	for i := range s.eps {
+		s.connected(i)
+	}
 	var order []int
 	for range 4 {
 		order = append(order, s.pick(now, nil).index)
 	}
-	if want := []int{0, 1, 2, 0}; !slices.Equal(order, want) {
+	if want := []int{1, 2, 0, 1}; !slices.Equal(order, want) {
 		t.Fatalf("round robin %v, want %v", order, want)
 	}
 	if ch := s.pick(now, []int{1, 2, 0}); ch.index != -1 || ch.wait {
@@ -63,6 +70,10 @@ func TestEndpointChoice(t *testing.T) {
 	if ch := s.pick(later, []int{0, 2}); ch.index != 1 || ch.probe {
 		t.Fatalf("after a probe that found it: %+v, want b without a probe", ch)
 	}
+	if ch := s.pick(later.Add(probeTrust), []int{0, 2}); ch.index != 1 || !ch.probe {
+		t.Fatalf("a probe's finding, once it is old, with no connection up: %+v, want b probed", ch)
+	}
+	s.probed(1, later, nil)
 	s.connected(1)
 	s.failed(1, later, "again")
 	if got := s.eps[1].downUntil.Sub(later); got != EndpointBackoffMin {
