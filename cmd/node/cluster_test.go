@@ -350,16 +350,21 @@ func TestBinaryUpStories(t *testing.T) {
 	}
 }
 
-// TestBinaryUpNodeFails: a node that cannot start (here its pools are
-// refused by preflight) makes up stop the others and exit 1 with the end
-// of the node's log.
+// TestBinaryUpNodeFails: a node that cannot start for a reason up cannot
+// check beforehand (here the decode node's data-plane port is taken) makes
+// up stop the others and exit 1 with the end of the node's log.
 func TestBinaryUpNodeFails(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
 	code, stdout, stderr := runBinary(t, "", "up", "--listen", freeTCPAddr(t), "--gossip-base-port", "0",
-		"--log-dir", t.TempDir(), "--", "--prefill-pages", "8")
+		"--log-dir", t.TempDir(), "--", "--data", taken.Addr().String())
 	if code != exitFailed || strings.Contains(stdout, "cluster up") {
 		t.Fatalf("exit %d, want %d and no cluster; stdout:\n%s\nstderr:\n%s", code, exitFailed, stdout, stderr)
 	}
-	for _, want := range []string{"prefill-0 exited before it served (exit status 1)", "prefill worker's pool holds 128 tokens"} {
+	for _, want := range []string{"decode-0 exited before it served (exit status 1)", "address already in use"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
 		}
