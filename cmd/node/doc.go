@@ -69,8 +69,10 @@
 // endpoint on the local address that reaches the node, since nodes answer
 // by sending to the requester's address.
 //
-// "node generate" sends one prompt to a node (client.Dial) and prints the
-// text as the tokens arrive, then a summary to stderr.
+// "node generate" sends one prompt to a node, or to any of several
+// routers (client.DialEndpoints: a request whose router dies goes on
+// through another), and prints the text as the tokens arrive, then a
+// summary to stderr.
 //
 // "node chaos" runs a chaos campaign (package chaos/live): a seeded
 // multi-tenant workload under a seeded fault schedule, every answer
