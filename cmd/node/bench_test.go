@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// readReport reads the report bench wrote with --json.
+func readReport(t *testing.T, path string) benchReport {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep benchReport
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatalf("%s: %v\n%s", path, err, data)
+	}
+	return rep
+}
+
+// TestBenchStub: bench against the in-process stub sends exactly the
+// requests asked after the warm-up, every answer the reference's, and
+// writes its table, report and plots; a sweep adds the plots against the
+// rate.
+func TestBenchStub(t *testing.T) {
+	dir := t.TempDir()
+	report, plots := filepath.Join(dir, "report.json"), filepath.Join(dir, "plots")
+	code, out := runNode("bench", "--stub", "--rates", "100,200", "--requests", "40", "--duration", "0", "--warmup", "100ms",
+		"--tenants", "3", "--distinct", "8", "--output-len", "uniform:4:24", "--slo-ttft", "10s", "--json", report, "--plot", plots)
+	if code != exitOK {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	if !strings.Contains(out, "stub 100/s") || !strings.Contains(out, "stub 200/s") {
+		t.Errorf("the table lacks a run:\n%s", out)
+	}
+	rep := readReport(t, report)
+	if len(rep.Runs) != 2 {
+		t.Fatalf("%d runs in the report, want 2", len(rep.Runs))
+	}
+	for _, r := range rep.Runs {
+		s := r.Summary
+		if s.Requests != 40 || s.OK != 40 || s.Wrong != 0 || len(s.Errors) != 0 || s.GoodputPerS != s.RequestsPerS || s.TTFT.Count != 40 {
+			t.Errorf("%s: %+v; want 40 requests answered, all within the SLO", r.Layout, s)
+		}
+	}
+	for _, f := range []string{"ttft_cdf.png", "itl_cdf.png", "e2e_cdf.png", "goodput.png", "ttft_p99.png", "itl_p99.png"} {
+		if st, err := os.Stat(filepath.Join(plots, f)); err != nil || st.Size() == 0 {
+			t.Errorf("plot %s: %v", f, err)
+		}
+	}
+}
+
+// TestBenchWrongAnswer: an endpoint that answers one request wrong has the
+// answer counted as wrong, never as speed, and the run fails.
+func TestBenchWrongAnswer(t *testing.T) {
+	f := defaultWorkloadFlags()
+	f.Distinct, f.OutputLen, f.Requests, f.Duration, f.Warmup = 4, "8", 20, 0, 0
+	w, err := f.build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers := append([]reference(nil), w.refs...)
+	answers[2].tokens = append([]int{answers[2].tokens[1]}, answers[2].tokens[1:]...)
+	addr, stop, err := startStub(slog.New(slog.DiscardHandler), w.shapes, answers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	o := benchOptions{workloadFlags: f, Concurrency: 2, NoAnswerAfter: time.Minute}
+	s, err := o.dial(context.Background(), slog.New(slog.DiscardHandler), w, []string{addr}, credFlags{Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	rep := &benchReport{}
+	if err := runAll(context.Background(), &strings.Builder{}, o, w, s, "stub", rep); err != nil {
+		t.Fatal(err)
+	}
+	want := 0
+	for i := range 20 {
+		if w.order[i].Shape == 2 {
+			want++
+		}
+	}
+	if want == 0 {
+		t.Fatal("the seed sends no request of shape 2; pick another")
+	}
+	sum := rep.Runs[0].Summary
+	if sum.Wrong != want || sum.OK != 20-want {
+		t.Errorf("%d wrong and %d right of 20, want %d wrong", sum.Wrong, sum.OK, want)
+	}
+	var wrong *wrongAnswersError
+	if err := wrongAnswers(rep); !errors.As(err, &wrong) || wrong.Wrong != want || wrong.Requests != 20 {
+		t.Errorf("wrongAnswers: %v, want %d of 20", err, want)
+	}
+}
+
+// TestBenchHTTP: over HTTP, the answer is read from the event stream
+// (text chunks, the usage, [DONE]) and checked against the reference; a
+// refusal is counted by its status and code; a stream that breaks off is
+// an error, not an answer.
+func TestBenchHTTP(t *testing.T) {
+	f := defaultWorkloadFlags()
+	f.Distinct, f.OutputLen = 1, "6"
+	w, err := f.build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := w.refs[0]
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Prompt    string `json:"prompt"`
+			MaxTokens int    `json:"max_tokens"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		switch r.Header.Get("Authorization") {
+		case "Bearer busy":
+			rw.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprint(rw, `{"error": {"code": "busy", "message": "later"}}`)
+			return
+		case "Bearer right", "Bearer cut":
+		default:
+			t.Errorf("key %q", r.Header.Get("Authorization"))
+		}
+		if body.Prompt != w.shapes[0].Prompt || body.MaxTokens != 6 {
+			t.Errorf("request %+v", body)
+		}
+		rw.Header().Set("Content-Type", "text/event-stream")
+		// A chunk a character, as the API streams whole characters.
+		for text := ref.text; text != ""; {
+			_, n := utf8.DecodeRuneInString(text)
+			chunk, _ := json.Marshal(map[string]any{"choices": []map[string]string{{"text": text[:n]}}})
+			fmt.Fprintf(rw, "data: %s\n\n", chunk)
+			text = text[n:]
+		}
+		if r.Header.Get("Authorization") == "Bearer cut" {
+			return
+		}
+		fmt.Fprintf(rw, "data: {\"choices\": [], \"usage\": {\"completion_tokens\": %d}}\n\ndata: [DONE]\n\n", len(ref.tokens))
+	}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		key, code string
+	}{{"right", ""}, {"busy", "http_429_busy"}, {"cut", "http_stream_ended"}} {
+		h := newHTTPSender(srv.URL, []string{tc.key}, w.model.Name(), 1)
+		a := h.send(context.Background(), 0, w.shapes[0])
+		h.close()
+		if a.code != tc.code || (tc.code == "" && !ref.matches(a)) {
+			t.Errorf("key %s: code %q, text %q (%d tokens); want code %q and the reference %q (%d tokens)", tc.key, a.code,
+				a.text, a.count, tc.code, ref.text, len(ref.tokens))
+		}
+	}
+}
+
+// TestBenchUsage: flags that cannot make a run are refused before
+// anything starts, exit 2, naming the flag.
+func TestBenchUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rate", "0"}, "request rate per second: 0"},
+		{[]string{"--rates", "1,x"}, `--rates: "x" is not a number`},
+		{[]string{"--concurrency", "4", "--rate", "3"}, "--concurrency and --rate"},
+		{[]string{"--prompt-len", "uniform:9:3"}, "--prompt-len"},
+		{[]string{"--stub", "--compare", "2"}, "give one"},
+		{[]string{"--duration", "0"}, "the run's bound"},
+		{[]string{"--http", "http://127.0.0.1:1"}, "--http needs --api-key"},
+		{[]string{"--", "--batch-max", "4"}, "arguments after -- are for the nodes --compare starts"},
+	} {
+		code, out := runNode(append([]string{"bench"}, tc.args...)...)
+		if code != exitUsage || !strings.Contains(out, tc.want) {
+			t.Errorf("bench %s: exit %d, want %d with %q:\n%s", strings.Join(tc.args, " "), code, exitUsage, tc.want, out)
+		}
+	}
+}
+
+// TestBinaryBenchCompare: bench --compare 2 brings up two nodes of role
+// all behind a router, then one prefill and one decode node, each as
+// child processes of the real binary; every answer is the reference's, and
+// the ratio of their goodputs is printed; no node outlives it.
+func TestBinaryBenchCompare(t *testing.T) {
+	report := filepath.Join(t.TempDir(), "compare.json")
+	code, stdout, stderr := runBinary(t, "", "bench", "--compare", "2", "--rate", "20", "--requests", "16", "--duration", "0",
+		"--warmup", "0", "--tenants", "2", "--distinct", "6", "--output-len", "uniform:8:32", "--json", report)
+	if code != exitOK {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	rep := readReport(t, report)
+	var layouts []string
+	for _, r := range rep.Runs {
+		layouts = append(layouts, r.Layout)
+		if r.Summary.OK != 16 || r.Summary.Wrong != 0 {
+			t.Errorf("%s: %d of 16 answered with the reference, %d wrong, errors %v", r.Layout, r.Summary.OK, r.Summary.Wrong, r.Summary.Errors)
+		}
+	}
+	if strings.Join(layouts, ",") != "2 all,1P:1D" {
+		t.Errorf("layouts %v, want 2 all then 1P:1D", layouts)
+	}
+	if len(rep.Ratios) != 1 || rep.Ratios[0].Layout != "1P:1D" || !(rep.Ratios[0].Goodput > 0) {
+		t.Errorf("ratios %+v, want 1P:1D over 2 all", rep.Ratios)
+	}
+	if !strings.Contains(stdout, "goodput 1P:1D / 2 all at 20/s: ") {
+		t.Errorf("no ratio printed:\n%s", stdout)
+	}
+	for _, l := range []string{"2 all", "1P:1D"} {
+		if !strings.Contains(stderr, "bringing up "+l+" behind a router") {
+			t.Errorf("stderr does not say it brings up %s:\n%s", l, stderr)
+		}
+	}
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvwarden/kvwarden/bench"
+	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// promptsFileBytesMax bounds the prompts file read: PromptsMax prompts of
+// a few kilobytes each.
+const promptsFileBytesMax = 256 << 20
+
+// workloadFlags are the flags "node bench" and "node plan" share: the
+// model the cluster serves (for the reference answers and the tokens), the
+// requests, the send times and the objectives.
+type workloadFlags struct {
+	Model, Tokenizer, DType string
+	PromptLen, OutputLen    string
+	Prompts                 string
+	Distinct, Tenants       int
+	Seed                    uint64
+	Rate                    float64
+	Warmup, Duration        time.Duration
+	Requests                int
+	SLOTTFT, SLOITL         time.Duration
+}
+
+func defaultWorkloadFlags() workloadFlags {
+	return workloadFlags{DType: kv.F32.String(), PromptLen: "uniform:16:128", OutputLen: "uniform:16:128", Distinct: 64, Tenants: 1,
+		Seed: 1, Rate: 2, Warmup: 2 * time.Second, Duration: 20 * time.Second}
+}
+
+func (f *workloadFlags) bind(fs *pflag.FlagSet) {
+	fs.StringVar(&f.Model, "model", f.Model, "llama2.c checkpoint the cluster serves (with --tokenizer), for the reference answers; empty: the built-in model")
+	fs.StringVar(&f.Tokenizer, "tokenizer", f.Tokenizer, "llama2.c tokenizer of --model")
+	fs.StringVar(&f.DType, "dtype", f.DType, "K and V type the nodes run (f32, f16, bf16): the reference computes the same")
+	fs.StringVar(&f.PromptLen, "prompt-len", f.PromptLen, "prompt length in bytes of text (the built-in model's tokens: one a byte): N or uniform:MIN:MAX")
+	fs.StringVar(&f.OutputLen, "output-len", f.OutputLen, "most tokens each request asks for: N or uniform:MIN:MAX")
+	fs.StringVar(&f.Prompts, "prompts", f.Prompts, "JSONL file of prompts, one {\"prompt\": …, \"max_tokens\": N} a line, in place of --prompt-len")
+	fs.IntVar(&f.Distinct, "distinct", f.Distinct, "distinct requests, each checked against the reference engine; a run sends them over and over")
+	fs.IntVar(&f.Tenants, "tenants", f.Tenants, "tenants the requests go round (tenant-0, tenant-1, …)")
+	fs.Uint64Var(&f.Seed, "seed", f.Seed, "seed of the requests and of the send times")
+	fs.Float64Var(&f.Rate, "rate", f.Rate, "requests a second, Poisson arrivals")
+	fs.DurationVar(&f.Warmup, "warmup", f.Warmup, "requests sent this long from the start are not counted")
+	fs.DurationVar(&f.Duration, "duration", f.Duration, "how long to send after the warm-up (0: no bound by time)")
+	fs.IntVar(&f.Requests, "requests", f.Requests, "how many requests to send after the warm-up (0: no bound by count)")
+	fs.DurationVar(&f.SLOTTFT, "slo-ttft", f.SLOTTFT, "goodput counts requests whose first token came within this (0: no bound)")
+	fs.DurationVar(&f.SLOITL, "slo-itl", f.SLOITL, "goodput counts requests whose mean inter-token latency is within this (0: no bound)")
+}
+
+// workload is the run's model, requests and their reference answers.
+type workload struct {
+	model  *engine.Model
+	w      bench.Workload
+	shapes []bench.Shape
+	refs   []reference
+	order  []bench.Request
+	slo    bench.SLO
+	bound  bench.Bound
+}
+
+// check validates the flags that need no file.
+func (f workloadFlags) check() (bench.Workload, error) {
+	var w bench.Workload
+	var err error
+	if w.OutputTokens, err = bench.ParseDist(f.OutputLen); err != nil {
+		return w, fmt.Errorf("--output-len: %w", err)
+	}
+	if f.Prompts == "" {
+		if w.PromptBytes, err = bench.ParseDist(f.PromptLen); err != nil {
+			return w, fmt.Errorf("--prompt-len: %w", err)
+		}
+	}
+	w.Tenants, w.Distinct, w.Seed = f.Tenants, f.Distinct, f.Seed
+	if err := w.Validate(); err != nil {
+		return w, err
+	}
+	if f.SLOTTFT < 0 || f.SLOITL < 0 || f.Warmup < 0 {
+		return w, fmt.Errorf("--slo-ttft (%s), --slo-itl (%s) and --warmup (%s) must not be negative", f.SLOTTFT, f.SLOITL, f.Warmup)
+	}
+	return w, f.bound().Validate()
+}
+
+func (f workloadFlags) bound() bench.Bound {
+	return bench.Bound{Duration: f.Duration, Requests: f.Requests}
+}
+
+// build loads the model and the prompts, draws the requests and computes
+// every distinct request's reference answer (on every processor), each
+// checked to fit the model's context.
+func (f workloadFlags) build() (*workload, error) {
+	w, err := f.check()
+	if err != nil {
+		return nil, usageError{err}
+	}
+	if f.Prompts != "" {
+		data, err := readBounded(f.Prompts, promptsFileBytesMax)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--prompts: %w", err)}
+		}
+		if w.Prompts, err = bench.ParsePrompts(data); err != nil {
+			return nil, usageError{fmt.Errorf("--prompts %s: %w", f.Prompts, err)}
+		}
+	}
+	m, err := nodeConfig{Model: f.Model, Tokenizer: f.Tokenizer, DType: f.DType}.model()
+	if err != nil {
+		return nil, err
+	}
+	out := &workload{model: m, w: w, shapes: w.Shapes(), slo: bench.SLO{TTFT: f.SLOTTFT, ITL: f.SLOITL}, bound: f.bound()}
+	out.order = w.Draw(len(out.shapes), benchOrderLen)
+	out.refs, err = references(m, out.shapes)
+	return out, err
+}
+
+// references are the reference engine's answers to shapes, computed on
+// every processor at once.
+func references(m *engine.Model, shapes []bench.Shape) ([]reference, error) {
+	refs := make([]reference, len(shapes))
+	errs := make([]error, len(shapes))
+	ctxTokens := m.Config().ContextTokens
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				s := shapes[i]
+				prompt := len(m.Tokenizer().Encode(s.Prompt))
+				if prompt+s.MaxTokens > ctxTokens {
+					errs[i] = usageError{&bench.RangeError{What: fmt.Sprintf("request %d's prompt (%d tokens) and most tokens (%d)", i, prompt, s.MaxTokens),
+						Value: float64(prompt + s.MaxTokens), Min: 2, Max: float64(ctxTokens)}}
+					continue
+				}
+				tokens, err := m.Answer(s.Prompt, s.MaxTokens)
+				refs[i], errs[i] = newReference(tokens, m.Text(s.Prompt, tokens), prompt), err
+			}
+		}()
+	}
+	for i := range shapes {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return refs, nil
+}
+
+// readBounded reads the file at path, refusing one over limit bytes.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err == nil && int64(len(data)) > limit {
+		err = fmt.Errorf("%s is longer than %d bytes", path, limit)
+	}
+	return data, err
+}
