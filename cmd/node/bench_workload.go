@@ -23,15 +23,21 @@ const promptsFileBytesMax = 256 << 20
 // model the cluster serves (for the reference answers and the tokens), the
 // requests, the send times and the objectives.
 type workloadFlags struct {
-	Model, Tokenizer, DType string
-	PromptLen, OutputLen    string
-	Prompts                 string
-	Distinct, Tenants       int
-	Seed                    uint64
-	Rate                    float64
-	Warmup, Duration        time.Duration
-	Requests                int
-	SLOTTFT, SLOITL         time.Duration
+	Model     string        `json:"model,omitempty"`
+	Tokenizer string        `json:"tokenizer,omitempty"`
+	DType     string        `json:"dtype"`
+	PromptLen string        `json:"prompt_len"`
+	OutputLen string        `json:"output_len"`
+	Prompts   string        `json:"prompts,omitempty"`
+	Distinct  int           `json:"distinct"`
+	Tenants   int           `json:"tenants"`
+	Seed      uint64        `json:"seed"`
+	Rate      float64       `json:"rate_per_s"`
+	Warmup    time.Duration `json:"warmup_ns"`
+	Duration  time.Duration `json:"duration_ns"`
+	Requests  int           `json:"requests"`
+	SLOTTFT   time.Duration `json:"slo_ttft_ns"`
+	SLOITL    time.Duration `json:"slo_itl_ns"`
 }
 
 func defaultWorkloadFlags() workloadFlags {
