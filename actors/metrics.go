@@ -340,6 +340,11 @@ type Metrics struct {
 	Integrity []uint64
 	// Sent and Received are the node's transfers as prefill and as decode.
 	Sent, Received TransferStats
+	// RetriedTransfers is the transfers admission planned again with
+	// another prefill node, before any token reached the client;
+	// RetriedRoutes (a router's, filled in by package cluster) the requests
+	// a router sent on to another decode node.
+	RetriedTransfers, RetriedRoutes uint64
 }
 
 // metricCounters are what Metrics reads.
@@ -358,7 +363,7 @@ func (n *Node) Metrics() Metrics {
 	return Metrics{WaitingPages: c.waitingPages.load(), WaitingKV: c.waitingKV.load(), Running: c.running.load(),
 		PrefillQueued: c.prefillQueued.load(), PrefillInFlight: c.prefillInFlight.load(),
 		RejectedBy: c.rejectedBy.Counts(), Integrity: c.integrity.Counts(),
-		Sent: c.sent.Stats(), Received: c.received.Stats()}
+		Sent: c.sent.Stats(), Received: c.received.Stats(), RetriedTransfers: n.counters.retried.Load()}
 }
 
 // receiving is a request actor's view of its current attempt's transfer:

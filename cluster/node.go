@@ -751,6 +751,7 @@ func (n *Node) RuntimeLog() *messages.RuntimeLogCounts { return n.actors.Runtime
 func (n *Node) Metrics() actors.Metrics {
 	m := n.actors.Metrics()
 	m.RejectedBy = messages.SumCounts(m.RejectedBy, n.rc.rejectedBy.Counts())
+	m.RetriedRoutes = n.rc.retried.Load()
 	if n.data != nil {
 		s := n.data.Stats()
 		for _, c := range []struct {

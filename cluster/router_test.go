@@ -162,9 +162,9 @@ func TestRouterRetriesBusyDecode(t *testing.T) {
 	generateAnswers(t, c.router, tenantClient(t, c.router.Address(), "acme"), []string{prompt}, maxTokens)
 	s0, _ := c.d0.Actors().Status()
 	s1, _ := c.d1.Actors().Status()
-	if s0.RejectedBusy+s0.Failed != 1 || s1.Completed != 1 || c.router.rc.retried.Load() != 1 {
+	if s0.RejectedBusy+s0.Failed != 1 || s1.Completed != 1 || c.router.Metrics().RetriedRoutes != 1 {
 		t.Fatalf("decode-0 %+v, decode-1 %+v, router retried %d: want decode-0's busy sent on to decode-1",
-			s0, s1, c.router.rc.retried.Load())
+			s0, s1, c.router.Metrics().RetriedRoutes)
 	}
 }
 
@@ -179,8 +179,7 @@ func TestPrefillBusyIsRetried(t *testing.T) {
 	generateAnswers(t, c.router, tenantClient(t, c.router.Address(), "acme"), prompts, 8)
 	var retried uint64
 	for _, d := range []*Node{c.d0, c.d1} {
-		s, _ := d.Actors().Status()
-		retried += s.Retried
+		retried += d.Metrics().RetriedTransfers
 	}
 	if retried != 1 {
 		t.Fatalf("decode nodes retried %d transfers, want the one prefill-0 refused", retried)

@@ -36,7 +36,8 @@ import (
 // integrity refusals and admission bounds is in scrape, at zero.
 func everyNewSeriesAtZero(t *testing.T, scrape string) {
 	t.Helper()
-	series := []string{`kvwarden_requests_running`}
+	series := []string{`kvwarden_requests_running`, `kvwarden_requests_retried_total{by="router"}`,
+		`kvwarden_requests_retried_total{by="decode"}`}
 	for _, q := range []string{"decode_pages", "decode_transfer", "prefill", "prefill_transfer"} {
 		series = append(series, `kvwarden_requests_waiting{queue="`+q+`"}`)
 	}
@@ -426,9 +427,9 @@ func TestScrapeParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The parser refuses a family twice; a role-all node with no API has
-	// the node's 23. A histogram's buckets are the bounds and +Inf.
+	// the node's 24. A histogram's buckets are the bounds and +Inf.
 	hist := families["kvwarden_kv_transfer_duration_seconds"]
-	if len(families) != 23 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
+	if len(families) != 24 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
 		len(hist.GetMetric()[0].GetHistogram().GetBucket()) != len(actors.LatencyBounds())+1 {
 		t.Fatalf("%d families; the transfer durations: %v", len(families), hist)
 	}

@@ -166,6 +166,9 @@ var (
 	famTransferPages  = family{"kvwarden_kv_transfer_pages_total", "counter", "KV pages of the transfers that completed, by side."}
 	famTransferFailed = family{"kvwarden_kv_transfer_failures_total", "counter",
 		"KV transfers that failed, by side and the stable code of the failure."}
+	famRetried = family{"kvwarden_requests_retried_total", "counter",
+		"Requests sent on before any token reached the client, by who: router (a decode node answered busy or was lost; " +
+			"sent to another decode node) and decode (a transfer failed or its prefill node was busy; planned with another)."}
 )
 
 // memberRoles and memberStates are every label value kvwarden_members
@@ -339,6 +342,9 @@ func (t *exposition) node(n Node) {
 			t.sample(famTransferFailed.name, "", float64(at(side.s.FailedByCode, int(code))), "code", code.String(), "side", side.name)
 		}
 	}
+	t.family(famRetried)
+	t.sample(famRetried.name, "", float64(m.RetriedRoutes), "by", "router")
+	t.sample(famRetried.name, "", float64(m.RetriedTransfers), "by", "decode")
 }
 
 // at is counts[i], or 0 past their end: a status sends counts up to the
