@@ -64,9 +64,11 @@ type Run struct {
 
 // Predict simulates run on layout, each node as profile measured it, and
 // summarizes it as a benchmark of the same run would. The model: the
-// router sends each request to the prefill node with the fewest prompts
-// queued and the decode node with the fewest sequences (ties to the
-// first); after OverheadS it joins its prefill node's queue, prefilled one
+// router sends each request to the prefill node and the decode node with
+// the least KV outstanding through it, in tokens (ties to the first; the
+// router's two random choices are both nodes of a pair), a prompt's
+// counted where it is prefilled until its first token, a whole request's
+// where it is decoded until it ends; after OverheadS it joins its prefill node's queue, prefilled one
 // at a time (PrefillS); its KV then moves (TransferS, none when prefill and
 // decode are one node) and its first token reaches the client; it then
 // joins its decode node's sequences, which are stepped in batches of at
@@ -104,7 +106,10 @@ type simNode struct {
 	seqs                      []int   // requests decoding
 	batch                     []int   // the sequences of the step under way
 	stepLeft                  float64 // seconds of work left of the step
-	assigned                  int     // requests routed here to decode, not yet finished
+	// out is what the router has outstanding here, in tokens of KV: a
+	// prompt's until its first token, where it is prefilled; a whole
+	// request's (prompt and answer) until it ends, where it is decoded.
+	out int
 }
 
 // rate is the share of the processor each of the node's activities gets.
@@ -173,11 +178,11 @@ func newSim(p Profile, l Layout, run Run) *sim {
 	return s
 }
 
-// least is the node for which key is least among those ok admits.
-func (s *sim) least(ok func(*simNode) bool, key func(*simNode) int) int {
+// least is the node with the least outstanding among those ok admits.
+func (s *sim) least(ok func(*simNode) bool) int {
 	best := -1
 	for i, n := range s.nodes {
-		if ok(n) && (best < 0 || key(n) < key(s.nodes[best])) {
+		if ok(n) && (best < 0 || n.out < s.nodes[best].out) {
 			best = i
 		}
 	}
@@ -233,10 +238,11 @@ func (s *sim) event(e simEvent) {
 	ld := s.run.Loads[e.req]
 	switch e.kind {
 	case evEnter:
-		p := s.least(func(n *simNode) bool { return n.prefills }, func(n *simNode) int { return len(n.queue) })
-		d := s.least(func(n *simNode) bool { return n.decodes }, func(n *simNode) int { return n.assigned })
+		p := s.least(func(n *simNode) bool { return n.prefills })
+		d := s.least(func(n *simNode) bool { return n.decodes })
 		s.prefill[e.req], s.decode[e.req] = p, d
-		s.nodes[d].assigned++
+		s.nodes[p].out += ld.PromptTokens
+		s.nodes[d].out += ld.PromptTokens + ld.OutputTokens
 		n := s.nodes[p]
 		n.queue = append(n.queue, e.req)
 		if len(n.queue) == 1 {
@@ -245,6 +251,7 @@ func (s *sim) event(e simEvent) {
 	case evArrive:
 		x := &s.samples[e.req]
 		x.TTFT, x.Tokens = s.since(e.req), 1
+		s.nodes[s.prefill[e.req]].out -= ld.PromptTokens
 		s.last[e.req] = s.now
 		n := s.nodes[s.decode[e.req]]
 		if ld.OutputTokens == 1 {
@@ -305,7 +312,8 @@ func (s *sim) stepped(i int) {
 
 func (s *sim) finish(req int) {
 	s.samples[req].E2E = s.since(req)
-	s.nodes[s.decode[req]].assigned--
+	ld := s.run.Loads[req]
+	s.nodes[s.decode[req]].out -= ld.PromptTokens + ld.OutputTokens
 }
 
 // Prediction is the simulated outcome of one layout.
