@@ -94,7 +94,9 @@ func startUp(t *testing.T, args ...string) *upCluster {
 // decode node lost mid-stream ends the stream with a node_lost error
 // event, and no [DONE].
 func TestBinaryUpHTTP(t *testing.T) {
-	up := startUp(t, "--http", "127.0.0.1:0", "--", "--reclaim-after", "2s")
+	// A short --lost-after: the decode node stopped below is taken for
+	// lost soon after membership declares it dead.
+	up := startUp(t, "--http", "127.0.0.1:0", "--", "--reclaim-after", "2s", "--lost-after", "1s")
 	if up.baseURL == "" || up.key != exampleAPIKey {
 		t.Fatalf("up printed base URL %q and key %q, want the example key %q", up.baseURL, up.key, exampleAPIKey)
 	}
@@ -159,9 +161,9 @@ func TestBinaryUpHTTP(t *testing.T) {
 	testwait.For(t, "the router accepts the new key", 10*time.Second, func() bool { return modelsWith(key) == 200 })
 
 	// The decode node frozen (SIGSTOP) after the stream's first token,
-	// until membership declares it dead: the router tells the client the
-	// node was lost. (Killed outright, it would make up stop the whole
-	// cluster, the router with it.)
+	// until membership declares it dead and --lost-after passes: the
+	// router tells the client the node was lost. (Killed outright, it
+	// would make up stop the whole cluster, the router with it.)
 	params.MaxTokens = openai.Int(1024)
 	stream := c.Completions.NewStreaming(ctx, params)
 	if !stream.Next() {
