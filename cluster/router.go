@@ -509,8 +509,10 @@ func (r *routerActor) cancelNumber(c actor.Context, m actors.CancelNumber) {
 
 // fromDecode says whether a token chunk or result for request id came from
 // the decode node the request was routed to (the remote boundary proved
-// the sender's address) and is for this request; anything else is refused
-// and counted, and never reaches the client.
+// the sender's address), is for this request and comes while that node's
+// attempt is under way. A stranger's is refused and counted; a late one
+// (from a node the request left, or after the attempt answered) is
+// dropped; neither reaches the client.
 func (rl *relay) fromDecode(c actor.Context, id uint64) bool {
 	switch s := c.Sender(); {
 	case s != nil && rl.left[s.Address]:
@@ -520,6 +522,12 @@ func (rl *relay) fromDecode(c actor.Context, id uint64) bool {
 		return false
 	case id != rl.id:
 		rl.refuse(c, fmt.Sprintf("for request %d, this is %d", id, rl.id))
+		return false
+	case rl.held != nil:
+		// The attempt has answered and the router is finding the request
+		// another decode node: what comes after (a duplicated answer) is
+		// late. Taken, a second answer would ask the router again, and the
+		// router would follow the request to a node it never went to.
 		return false
 	}
 	return true
