@@ -372,6 +372,11 @@ func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt Genera
 	var tried []int
 	var last *messages.WireError
 	for {
+		if err := ctx.Err(); err != nil {
+			// Sent, the request would reserve pages on a node only to be
+			// cancelled there.
+			return Result{}, err
+		}
 		i, lost, err := c.choose(ctx, tried)
 		if err != nil {
 			return Result{}, c.noEndpoint(err, tried, last)

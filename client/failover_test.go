@@ -337,3 +337,20 @@ func TestCancelReachesTheContinuation(t *testing.T) {
 		t.Fatalf("Generate: %v, want the context's error", err)
 	}
 }
+
+// TestCancelledBeforeAnAttemptSendsNothing: a request whose context is
+// done before it is sent is not sent: it ends with the context's error,
+// and no node reserves anything for it.
+func TestCancelledBeforeAnAttemptSendsNothing(t *testing.T) {
+	a := &fakeRouter{addr: "router-a:1", answer: reference}
+	c := fakeNetwork(t, a)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := c.Generate(ctx, "acme", "hi", GenerateOptions{MaxTokens: len(reference)}, nil)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Generate: %v, want the context's error", err)
+	}
+	if ra, _ := a.seen(); len(ra) != 0 {
+		t.Errorf("the router was sent %d requests, want none", len(ra))
+	}
+}
