@@ -572,14 +572,18 @@ func (a *attempt) await(ctx context.Context, id uint64, rx *actor.PID, inbox cha
 		case <-a.lost:
 			return a.endpointLost(ctx, cancelled, "the connection to it ended")
 		case <-timer.C:
-			if !cancelled {
-				// A silent node may yet hold the request: cancel it there
-				// before it goes on elsewhere.
-				a.cancel(id, rx)
-			}
-			a.continuable = !cancelled
-			return Result{}, &messages.WireError{Code: messages.CodeNodeLost,
+			silent := &messages.WireError{Code: messages.CodeNodeLost,
 				Message: fmt.Sprintf("no answer from %s within %s", a.target.Address, a.c.timeout), Where: a.target.Address}
+			if cancelled {
+				// The node never confirmed the cancel; for the caller the
+				// request ended by ctx all the same.
+				return Result{}, errors.Join(ctx.Err(), silent)
+			}
+			// A silent node may yet hold the request: cancel it there
+			// before it goes on elsewhere.
+			a.cancel(id, rx)
+			a.continuable = true
+			return Result{}, silent
 		case m := <-inbox:
 			timer.Reset(a.c.timeout)
 			if res, err, over := a.take(ctx, id, rx, m, cancelled); over {

@@ -354,3 +354,31 @@ func TestCancelledBeforeAnAttemptSendsNothing(t *testing.T) {
 		t.Errorf("the router was sent %d requests, want none", len(ra))
 	}
 }
+
+// TestCancelNeverConfirmedIsTheContextsError: a request cancelled on a
+// router that then says nothing more ends, after the silence bound, with
+// the context's error (joined with node_lost), and is not continued
+// through another router.
+func TestCancelNeverConfirmedIsTheContextsError(t *testing.T) {
+	got := &collector{}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &fakeRouter{addr: "router-a:1", answer: reference, stopAfter: 2}
+	b := &fakeRouter{addr: "router-b:1", answer: reference}
+	c := fakeNetwork(t, a, b)
+	c.timeout = 50 * time.Millisecond // what the silence bound is does not matter here, only that it passes
+	_, err := c.Generate(ctx, "acme", "hi", GenerateOptions{MaxTokens: len(reference)}, func(tok int) {
+		got.token(tok)
+		if len(got.tokens) == 2 {
+			cancel()
+		}
+	})
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("Generate: %v, want the context's error joined with node_lost", err)
+	}
+	if rb, _ := b.seen(); len(rb) != 0 {
+		t.Errorf("the cancelled request was continued through b (%d requests)", len(rb))
+	}
+	if _, cancels := a.seen(); len(cancels) != 1 {
+		t.Errorf("a was sent %d cancels, want 1", len(cancels))
+	}
+}
