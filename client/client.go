@@ -385,7 +385,8 @@ func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt Genera
 		if last != nil && opt.OnContinue != nil {
 			opt.OnContinue(last, c.targets[i].Address)
 		}
-		a := &attempt{c: c, target: c.targets[i], lost: lost, tenant: tenant, d: d, onToken: onToken, onText: opt.OnText}
+		a := &attempt{c: c, target: c.targets[i], lost: lost, tenant: tenant, maxTokens: opt.MaxTokens, d: d, onToken: onToken,
+			onText: opt.OnText}
 		sent := *req // a message is never changed once sent
 		sent.RequestID = c.nextID.Add(1)
 		res, err := a.run(ctx, &sent)
@@ -476,13 +477,14 @@ func (c *Client) choose(ctx context.Context, tried []int) (int, chan struct{}, e
 
 // attempt is one request of a Generate call, through one endpoint.
 type attempt struct {
-	c       *Client
-	target  *actor.PID
-	lost    chan struct{} // closed when the connection to target ends
-	tenant  string
-	d       *delivery
-	onToken func(int)
-	onText  func(string)
+	c         *Client
+	target    *actor.PID
+	lost      chan struct{} // closed when the connection to target ends
+	tenant    string
+	maxTokens int
+	d         *delivery
+	onToken   func(int)
+	onText    func(string)
 	// continuable says that the request ended with the endpoint lost and
 	// may go on through another: set when it ends with node_lost and was
 	// not cancelled.
@@ -493,29 +495,33 @@ type attempt struct {
 // streams its answer.
 func (a *attempt) run(ctx context.Context, req *messages.GenerateRequest) (Result, error) {
 	a.d.attempt(a.target.Address)
-	// One message per token and one result (or a dead letter), so this
-	// never blocks the receiving actor.
-	inbox := make(chan any, int(req.MaxTokens)+3)
-	seq := uint32(0)
+	// The receiver takes chunks of MaxTokens tokens in all (one at least
+	// each) and one answer (a result, an undecodable message or a dead
+	// letter), so the inbox never fills and the receiving actor never
+	// blocks, however much a node sends.
+	inbox := make(chan any, int(req.MaxTokens)+1)
+	seq, left, answered := uint32(0), int(req.MaxTokens), false
 	id := req.RequestID
 	rx, err := a.c.sys.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
 		switch m := ctx.Message().(type) {
 		case *messages.TokenChunk:
-			if a.fromNode(ctx, m.RequestID, id) && a.c.inSequence(m.Seq, &seq) {
+			if a.fromNode(ctx, m.RequestID, id) && a.c.inSequence(m.Seq, len(m.Tokens), &seq, &left) {
 				inbox <- m
 			}
 		case *messages.GenerateResult:
-			if a.fromNode(ctx, m.RequestID, id) {
+			if a.fromNode(ctx, m.RequestID, id) && a.c.first(&answered) {
 				inbox <- m
 			}
 		case *messages.Undecodable:
-			if a.fromNode(ctx, id, id) {
+			if a.fromNode(ctx, id, id) && a.c.first(&answered) {
 				inbox <- m
 			}
 		case *actor.DeadLetterResponse:
 			// The endpoint could not be reached: protoactor answers so
-			// for a message its connection could not carry.
-			if a.target.Equal(m.Target) {
+			// for a message its connection could not carry. It ends the
+			// attempt, as an answer would: one is enough.
+			if a.target.Equal(m.Target) && !answered {
+				answered = true
 				inbox <- m
 			}
 		}
@@ -542,19 +548,32 @@ func (a *attempt) fromNode(ctx actor.Context, id, want uint64) bool {
 	return true
 }
 
-// inSequence says whether a token chunk numbered seq follows the last
-// (*last), and moves *last on.
-func (c *Client) inSequence(seq uint32, last *uint32) bool {
-	if seq != *last+1 {
+// inSequence says whether a token chunk numbered seq, of n tokens, follows
+// the last (*last) within the tokens the request may yet stream (*left),
+// and moves both on.
+func (c *Client) inSequence(seq uint32, n int, last *uint32, left *int) bool {
+	if seq != *last+1 || n < 1 || n > *left {
 		c.refused.Add(1)
 		return false
 	}
-	*last = seq
+	*last, *left = seq, *left-n
+	return true
+}
+
+// first says whether this is the attempt's first answer (*answered), and
+// records that one came.
+func (c *Client) first(answered *bool) bool {
+	if *answered {
+		c.refused.Add(1)
+		return false
+	}
+	*answered = true
 	return true
 }
 
 // Refused is how many messages from strangers (another sender, another
-// request's id, out of sequence) the client has dropped.
+// request's id, out of sequence) or past what a request may be sent (more
+// tokens than MaxTokens, a second answer) the client has dropped.
 func (c *Client) Refused() uint64 { return c.refused.Load() }
 
 func (a *attempt) await(ctx context.Context, id uint64, rx *actor.PID, inbox chan any) (Result, error) {
@@ -657,6 +676,11 @@ func (a *attempt) result(ctx context.Context, m *messages.GenerateResult, cancel
 		// and another endpoint may find another path.
 		a.continuable = m.Err.Code == messages.CodeNodeLost
 		return Result{}, m.Err
+	}
+	if len(m.Tokens) > a.maxTokens {
+		return Result{}, &messages.WireError{Code: messages.CodeIntegrity, Where: a.target.Address,
+			Message: fmt.Sprintf("the answer through %s has %d tokens, %d were asked for", a.target.Address, len(m.Tokens),
+				a.maxTokens), Have: uint64(len(m.Tokens)), Limit: uint64(a.maxTokens)}
 	}
 	if err := a.d.result(m.Tokens, m.Text); err != nil {
 		return Result{}, err

@@ -382,3 +382,23 @@ func TestCancelNeverConfirmedIsTheContextsError(t *testing.T) {
 		t.Errorf("a was sent %d cancels, want 1", len(cancels))
 	}
 }
+
+// TestNoMoreTokensThanAsked: a node that streams more tokens than
+// MaxTokens has the caller handed MaxTokens of them at most, and its
+// answer ends as an integrity failure.
+func TestNoMoreTokensThanAsked(t *testing.T) {
+	got := &collector{}
+	a := &fakeRouter{addr: "router-a:1", answer: reference}
+	c := fakeNetwork(t, a)
+	const asked = 3
+	_, err := c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: asked, OnText: got.onText}, got.token)
+	if !errors.Is(err, &messages.WireError{Code: messages.CodeIntegrity}) {
+		t.Fatalf("Generate: %v, want an integrity error", err)
+	}
+	if !slices.Equal(got.tokens, ints(reference[:asked])) || got.text.String() != text(reference[:asked]) {
+		t.Errorf("delivered %v %q, want the first %d only", got.tokens, got.text.String(), asked)
+	}
+	if c.Refused() == 0 {
+		t.Errorf("no chunk past MaxTokens refused")
+	}
+}
