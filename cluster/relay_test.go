@@ -31,12 +31,18 @@ type fakeDecode struct {
 
 	mu       sync.Mutex
 	requests []*actor.PID // the relays that sent a request, in order
+	cancels  int
 }
 
 func (f *fakeDecode) SendUserMessage(_ *actor.PID, message any) {
 	env, ok := message.(*actor.MessageEnvelope)
 	if !ok {
 		return
+	}
+	if _, ok := env.Message.(*messages.CancelRequest); ok {
+		f.mu.Lock()
+		f.cancels++
+		f.mu.Unlock()
 	}
 	req, ok := env.Message.(*messages.RoutedRequest)
 	if !ok {
@@ -67,6 +73,13 @@ func (f *fakeDecode) held() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.requests)
+}
+
+// cancelled is how many cancels f has been sent.
+func (f *fakeDecode) cancelled() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cancels
 }
 
 // answer streams tokens, one chunk each, and the result to the relay of
@@ -190,5 +203,30 @@ func TestRelayDropsADuplicatedBusy(t *testing.T) {
 	}
 	if first.held() != 1 || d0.held() != 1 {
 		t.Errorf("decode-0 sent %d requests, the lost node %d; want one each", d0.held(), first.held())
+	}
+}
+
+// TestStoppedRelayAnswersNodeLost: a relay stopped before its request
+// ended (a panic, which its router's supervisor answers by stopping it, or
+// its router stopping) tells the client node lost, which a client of
+// several routers continues through another, and cancels the request on
+// its decode node; neither waits for its own timeout.
+func TestStoppedRelayAnswersNodeLost(t *testing.T) {
+	d0 := &fakeDecode{addr: "decode-0:1"}
+	f := startFakeRoute(t, d0)
+	f.sys.Root.RequestWithCustomSender(f.router, &messages.GenerateRequest{RequestID: 9, Tenant: "acme",
+		Prompt: "a relay that stops", MaxTokens: 4}, f.client)
+	testwait.For(t, "decode-0 holds the request", 10*time.Second, func() bool { return d0.held() > 0 })
+	d0.mu.Lock()
+	relay := d0.requests[0]
+	d0.mu.Unlock()
+	f.sys.Root.Stop(relay)
+	testwait.For(t, "the client gets an answer", 10*time.Second, func() bool { return f.got.result() != nil })
+	if res := f.got.result(); res.Err == nil || res.Err.Code != messages.CodeNodeLost || res.RequestID != 9 {
+		t.Fatalf("the client got %+v, want node_lost for request 9", res)
+	}
+	testwait.For(t, "decode-0 is told to cancel", 10*time.Second, func() bool { return d0.cancelled() == 1 })
+	if lost := f.counters.lost.Load(); lost != 1 {
+		t.Errorf("counted %d lost, want 1", lost)
 	}
 }

@@ -379,11 +379,12 @@ func (r *routerActor) next(rt *routed) (d, p Member, ok bool) {
 
 // relay carries one routed request: it sends the request to the decode
 // node as itself, passes every token and the result to the client, and
-// ends with the result, with "node lost" if the decode node goes, or after
-// the request timeout with no answer. An answer busy or node lost before
-// any token is held while the router looks for another decode node
-// (relayRetry); the relay sends the request there, under its own name, or,
-// when there is none, passes the held answer on.
+// ends with the result, with "node lost" if the decode node goes, after
+// the request timeout with no answer, or if it is stopped before the
+// request ends (a panic, its router stopping). An answer busy or node
+// lost before any token is held while the router looks for another decode
+// node (relayRetry); the relay sends the request there, under its own
+// name, or, when there is none, passes the held answer on.
 type relay struct {
 	number    uint64 // the router's own, for operators
 	client    *actor.PID
@@ -405,6 +406,7 @@ type relay struct {
 	// itself, cancelled whether the client cancelled meanwhile.
 	held            *messages.GenerateResult
 	lost, cancelled bool
+	answered        bool            // the client has been passed the request's result
 	left            map[string]bool // addresses of decode nodes the request left: what they send is dropped
 }
 
@@ -422,6 +424,12 @@ func (rl *relay) Receive(c actor.Context) {
 		rl.send(c)
 	case *actor.Stopping:
 		rl.deadline.Stop()
+		if !rl.answered {
+			// Stopped before its request ended (a panic, its router
+			// stopping): unanswered, the client would wait for its own
+			// silence bound and the decode node would generate for no one.
+			rl.end(c, "the router stopped relaying the request", false)
+		}
 	case *messages.TokenChunk:
 		if !rl.fromDecode(c, m.RequestID) {
 			return
@@ -595,6 +603,7 @@ func (rl *relay) rerouted(c actor.Context, m reroute) {
 // answer passes the request's result on and stops: counted as lost (a node
 // lost the relay concluded), failed or completed.
 func (rl *relay) answer(c actor.Context, m *messages.GenerateResult, lost bool) {
+	rl.answered = true
 	switch {
 	case lost:
 		rl.counters.lost.Add(1)
