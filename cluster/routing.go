@@ -11,10 +11,10 @@ import (
 // when it last published (every MetaInterval), which lags a burst: every
 // request of the burst would see the same figures and go to the same node.
 // So Routing also counts what this router has sent to each node and not
-// yet seen finish, in requests and in pages (handoff.Pages), and estimates
-// a node's free pages as the lesser of what gossip says and its capacity
-// less what is outstanding there. Several routers each count only their
-// own requests; gossip carries the others'.
+// yet seen finish, in requests and in pages (handoff.RequestPages), and
+// estimates a node's free pages as the lesser of what gossip says and its
+// capacity less what is outstanding there. Several routers each count
+// only their own requests; gossip carries the others'.
 //
 // Among the candidates that can hold a request by that estimate, Pick
 // takes two at random and keeps the one with more free pages, then the
