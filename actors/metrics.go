@@ -167,15 +167,15 @@ var _ [messages.RejectBoundsMax - rejectBounds]struct{}
 // rejectWhere maps the bounds that PromptTooLongError and BusyError name
 // (their Where, up to a parenthesis) to a RejectBound.
 var rejectWhere = map[string]RejectBound{
-	"context window":  RejectContextWindow,
-	"prefill pool":    RejectPrefillPool,
-	"decode pool":     RejectDecodePool,
-	"admission queue": RejectQueue,
-	"router":          RejectQueue,
-	"draining node":   RejectDraining,
-	"draining router": RejectDraining,
-	"prefill nodes":   RejectNoPeer,
-	"cluster":         RejectNoPeer,
+	"context window":             RejectContextWindow,
+	"prefill pool":               RejectPrefillPool,
+	"decode pool":                RejectDecodePool,
+	"admission queue":            RejectQueue,
+	"router":                     RejectQueue,
+	"draining node":              RejectDraining,
+	messages.WhereDrainingRouter: RejectDraining,
+	"prefill nodes":              RejectNoPeer,
+	"cluster":                    RejectNoPeer,
 }
 
 // RejectBoundOf is the bound that err, a refusal of a request before it

@@ -22,8 +22,10 @@
 // the request ends with an integrity error, never with wrong output),
 // suppresses them and delivers only what follows. Each endpoint carries a
 // request at most once; a request with no endpoint left fails at once with
-// node_lost naming the endpoints. Other errors (busy, too long, bad
-// request, cancelled) are returned as they came.
+// node_lost naming the endpoints. A draining router's busy
+// (messages.WhereDrainingRouter) goes on to another endpoint the same way,
+// and is returned as it came when none is left. Other errors (busy, too
+// long, bad request, cancelled) are returned as they came.
 //
 // A Client is safe for concurrent use. Each attempt of a Generate call gets
 // its own receiving actor, so calls never see each other's tokens.
@@ -393,7 +395,7 @@ func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt Genera
 		c.mu.Lock()
 		delete(c.lost[i], lost)
 		c.mu.Unlock()
-		if !errors.As(err, &last) || last.Code != messages.CodeNodeLost || !a.continuable {
+		if !errors.As(err, &last) || !a.continuable {
 			res.Continued, res.Replayed = len(tried)-1, d.replayed
 			return res, err
 		}
@@ -413,7 +415,7 @@ func (c *Client) noEndpoint(err error, tried []int, last *messages.WireError) er
 	switch {
 	case last == nil:
 		return &messages.WireError{Code: messages.CodeNodeLost, Message: "no live endpoint: " + state}
-	case len(c.targets) == 1:
+	case len(c.targets) == 1 || last.Code != messages.CodeNodeLost:
 		return last
 	}
 	names := make([]string, len(tried))
@@ -673,8 +675,10 @@ func (a *attempt) result(ctx context.Context, m *messages.GenerateResult, cancel
 		return Result{}, errors.Join(ctx.Err(), m.Err)
 	case m.Err != nil:
 		// node_lost from the node: a node on the request's path was lost,
-		// and another endpoint may find another path.
-		a.continuable = m.Err.Code == messages.CodeNodeLost
+		// and another endpoint may find another path. A draining router's
+		// busy: another router may take the request.
+		a.continuable = m.Err.Code == messages.CodeNodeLost ||
+			m.Err.Code == messages.CodeBusy && m.Err.Where == messages.WhereDrainingRouter
 		return Result{}, m.Err
 	}
 	if len(m.Tokens) > a.maxTokens {

@@ -402,3 +402,26 @@ func TestNoMoreTokensThanAsked(t *testing.T) {
 		t.Errorf("no chunk past MaxTokens refused")
 	}
 }
+
+// TestDrainingRouterBusyIsContinued: a draining router's busy goes on to
+// the other router, which answers; when every router drains, the busy
+// comes back as it came, not as node_lost.
+func TestDrainingRouterBusyIsContinued(t *testing.T) {
+	draining := &messages.WireError{Code: messages.CodeBusy, Message: "draining", Where: messages.WhereDrainingRouter}
+	a := &fakeRouter{addr: "router-a:1", err: draining}
+	b := &fakeRouter{addr: "router-b:1", answer: reference[:3]}
+	c := fakeNetwork(t, a, b)
+	res, err := c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: 3}, nil)
+	ra, _ := a.seen()
+	if err != nil || res.Text != text(reference[:3]) || len(ra) != 1 || res.Continued != 1 {
+		t.Fatalf("through a draining router and a live one: %+v, %v after %d requests to the draining one", res, err, len(ra))
+	}
+	a2 := &fakeRouter{addr: "router-a:1", err: draining}
+	b2 := &fakeRouter{addr: "router-b:1", err: draining}
+	c = fakeNetwork(t, a2, b2)
+	_, err = c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: 3}, nil)
+	var we *messages.WireError
+	if !errors.As(err, &we) || we.Code != messages.CodeBusy || we.Where != messages.WhereDrainingRouter {
+		t.Fatalf("every router draining: %v, want the draining router's busy", err)
+	}
+}

@@ -224,7 +224,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		answer(err, counter)
 	}
 	if r.draining() {
-		reject(&actors.BusyError{Where: "draining router", Have: len(r.relays), Limit: 0}, &r.counters.rejectedBusy)
+		reject(&actors.BusyError{Where: messages.WhereDrainingRouter, Have: len(r.relays), Limit: 0}, &r.counters.rejectedBusy)
 		return
 	}
 	ms := r.members()

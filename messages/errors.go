@@ -239,6 +239,11 @@ type WireError struct {
 	Where string `msgpack:"where,omitempty"`
 }
 
+// WhereDrainingRouter is the Where of a router's CodeBusy answer while it
+// drains: the cluster behind it may have room, and a client that knows
+// other routers sends the request through one of them.
+const WhereDrainingRouter = "draining router"
+
 func (e *WireError) Error() string {
 	s := fmt.Sprintf("%s (%d): %s", e.Code, uint16(e.Code), e.Message)
 	if e.Have != 0 || e.Limit != 0 {
