@@ -133,16 +133,21 @@ func DialEndpoints(ctx context.Context, endpoints []string, opt Options) (*Clien
 		return nil, errors.New("client: Options.Auth is required (trust.Insecure reaches nodes that run --insecure)")
 	}
 	probe := func(ctx context.Context, endpoint string) error { return probeNode(ctx, opt.Auth, endpoint) }
+	// All at once: an endpoint that does not answer costs its probe's
+	// timeout once, not once per endpoint before it.
 	probes, unreachable := make([]error, len(endpoints)), 0
+	var wg sync.WaitGroup
 	for i, e := range endpoints {
-		err := probe(ctx, e)
+		wg.Go(func() { probes[i] = probe(ctx, e) })
+	}
+	wg.Wait()
+	for _, err := range probes {
 		if err != nil && (!errors.As(err, new(*unreachableError)) || ctx.Err() != nil) {
 			return nil, err
 		}
 		if err != nil {
 			unreachable++
 		}
-		probes[i] = err
 	}
 	if unreachable == len(endpoints) {
 		return nil, errors.Join(probes...)
@@ -170,11 +175,15 @@ func DialEndpoints(ctx context.Context, endpoints []string, opt Options) (*Clien
 	return c, nil
 }
 
+// EndpointsMax is the most endpoints one Client takes: DialEndpoints
+// probes them all at once, and each request may try every one.
+const EndpointsMax = 64
+
 // checkEndpoints refuses an empty list, an address that is not host:port
 // and one given twice, naming the value.
 func checkEndpoints(endpoints []string) error {
-	if len(endpoints) == 0 {
-		return errors.New("client: no endpoint given")
+	if len(endpoints) == 0 || len(endpoints) > EndpointsMax {
+		return fmt.Errorf("client: %d endpoints given; want 1 to %d", len(endpoints), EndpointsMax)
 	}
 	seen := map[string]bool{}
 	for _, e := range endpoints {

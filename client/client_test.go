@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -31,6 +32,10 @@ func TestDialRefusesBadAddresses(t *testing.T) {
 	}
 	nothing := gone.Addr().String()
 	gone.Close()
+	var tooMany []string
+	for i := range EndpointsMax + 1 {
+		tooMany = append(tooMany, fmt.Sprintf("127.0.0.1:%d", 10000+i))
+	}
 	for _, tc := range []struct {
 		endpoints []string
 		listen    string
@@ -39,7 +44,8 @@ func TestDialRefusesBadAddresses(t *testing.T) {
 		{[]string{"no-port"}, "", []string{`endpoint "no-port"`}},
 		{[]string{live, "127.0.0.1"}, "", []string{`endpoint "127.0.0.1"`}},
 		{[]string{live, live}, "", []string{`endpoint "` + live + `" given twice`}},
-		{nil, "", []string{"no endpoint given"}},
+		{nil, "", []string{"0 endpoints given; want 1 to 64"}},
+		{tooMany, "", []string{"65 endpoints given; want 1 to 64"}},
 		{[]string{live}, "127.0.0.1:notaport", []string{`port "notaport" must be 0 to 65535`}},
 		{[]string{live}, "256.0.0.1:0", []string{"cannot listen on 256.0.0.1:0"}},
 		{[]string{nothing}, "", []string{"no node reachable at " + nothing}},
