@@ -104,10 +104,10 @@ type Shape struct {
 	MaxTokens int
 }
 
-// Request is one request of a run: its shape and its tenant.
+// Request is one request of a run: its shape and its tenant's index
+// (named by TenantName).
 type Request struct {
-	Shape  int
-	Tenant string
+	Shape, Tenant int
 }
 
 // Shapes are the workload's distinct requests, the same for the same
@@ -144,7 +144,7 @@ func (w Workload) Draw(shapes, n int) []Request {
 	r := rand.New(rand.NewPCG(w.Seed, streamOrder))
 	out := make([]Request, n)
 	for i := range out {
-		out[i] = Request{Shape: r.IntN(shapes), Tenant: TenantName(i % w.Tenants)}
+		out[i] = Request{Shape: r.IntN(shapes), Tenant: i % w.Tenants}
 	}
 	return out
 }

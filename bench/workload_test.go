@@ -75,7 +75,7 @@ func TestWorkload(t *testing.T) {
 	}
 	reqs := w.Draw(len(a), 9)
 	for i, r := range reqs {
-		if r.Tenant != TenantName(i%3) || r.Shape < 0 || r.Shape >= 50 {
+		if r.Tenant != i%3 || r.Shape < 0 || r.Shape >= 50 {
 			t.Errorf("request %d: %+v", i, r)
 		}
 	}
