@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvwarden/kvwarden/bench"
 )
 
 // readReport reads the report bench wrote with --json.
@@ -219,5 +221,19 @@ func TestBinaryBenchCompare(t *testing.T) {
 		if !strings.Contains(stderr, "bringing up "+l+" behind a router") {
 			t.Errorf("stderr does not say it brings up %s:\n%s", l, stderr)
 		}
+	}
+}
+
+// TestGoodputRatios: each split's goodput over the colocated layout's at
+// the same rate; a rate where the colocated layout had no goodput has no
+// ratio.
+func TestGoodputRatios(t *testing.T) {
+	run := func(layout string, rate, goodput float64) benchRun {
+		return benchRun{Layout: layout, RatePerS: rate, Summary: bench.Summary{GoodputPerS: goodput}}
+	}
+	rep := &benchReport{Runs: []benchRun{run("2 all", 4, 4), run("2 all", 8, 0), run("1P:1D", 4, 2), run("1P:1D", 8, 1)}}
+	got := goodputRatios(rep, []bench.Layout{{All: 2}, {Prefill: 1, Decode: 1}})
+	if len(got) != 1 || got[0] != (benchRatio{Layout: "1P:1D", Over: "2 all", RatePerS: 4, Goodput: 0.5}) {
+		t.Errorf("ratios %+v, want 1P:1D over 2 all at 4/s: 0.5", got)
 	}
 }
