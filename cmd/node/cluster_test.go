@@ -240,6 +240,31 @@ func freeLocalPort(t *testing.T, udp bool) int {
 	return 0
 }
 
+// upPrinted reads up's stdout until the end of its table (the "stop:"
+// line), handing each line to each as it comes, and returns the lines. It
+// fails the test when up closes stdout first, or takes over readyTimeout.
+func upPrinted(t *testing.T, up *process, each func(line string)) []string {
+	t.Helper()
+	deadline := time.After(readyTimeout)
+	var out []string
+	for {
+		select {
+		case line, ok := <-up.stdout:
+			if !ok {
+				t.Fatalf("up closed stdout before the cluster was up; stdout:\n%s\nstderr:\n%s", strings.Join(out, "\n"), up.stderr)
+			}
+			out = append(out, line)
+			each(line)
+			if strings.HasPrefix(line, "stop:") {
+				return out
+			}
+		case <-deadline:
+			t.Fatalf("up did not print the cluster within %s; stdout:\n%s\nstderr:\n%s", readyTimeout,
+				strings.Join(out, "\n"), up.stderr)
+		}
+	}
+}
+
 var upRow = regexp.MustCompile(`^(router-0|prefill-\d+|decode-\d+)\s+(router|prefill|decode)\s+(\S+)\s+(\S+)\s+([0-9a-f]{16})\s+(\d+)\s+(\S+)$`)
 
 // TestBinaryUp: node up starts a router, a prefill and a decode node as
@@ -258,25 +283,12 @@ func TestBinaryUp(t *testing.T) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
-	deadline := time.After(readyTimeout)
-	var out []string
-	for done := false; !done; {
-		select {
-		case line, ok := <-up.stdout:
-			if !ok {
-				t.Fatalf("up closed stdout before the cluster was up; stdout:\n%s\nstderr:\n%s", strings.Join(out, "\n"), up.stderr)
-			}
-			out = append(out, line)
-			if m := upRow.FindStringSubmatch(line); m != nil {
-				pid, _ := strconv.Atoi(m[6])
-				pids = append(pids, pid)
-			}
-			done = strings.HasPrefix(line, "stop:")
-		case <-deadline:
-			t.Fatalf("up did not print the cluster within %s; stdout:\n%s\nstderr:\n%s", readyTimeout,
-				strings.Join(out, "\n"), up.stderr)
+	out := upPrinted(t, up, func(line string) {
+		if m := upRow.FindStringSubmatch(line); m != nil {
+			pid, _ := strconv.Atoi(m[6])
+			pids = append(pids, pid)
 		}
-	}
+	})
 	if len(pids) != 3 || !strings.Contains(out[0], "router on "+listen) {
 		t.Fatalf("up printed %d nodes, want 3, and the router on %s:\n%s", len(pids), listen, strings.Join(out, "\n"))
 	}

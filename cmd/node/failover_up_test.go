@@ -8,7 +8,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/kvwarden/kvwarden/internal/testwait"
 )
@@ -33,24 +32,12 @@ func TestBinaryUpRouters(t *testing.T) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
-	var out []string
-	deadline := time.After(readyTimeout)
-	for done := false; !done; {
-		select {
-		case line, ok := <-up.stdout:
-			if !ok {
-				t.Fatalf("up closed stdout before the cluster was up:\n%s\nstderr:\n%s", strings.Join(out, "\n"), up.stderr)
-			}
-			out = append(out, line)
-			if m := upRouterRow.FindStringSubmatch(line); m != nil {
-				pids[m[1]], _ = strconv.Atoi(m[4])
-				addrs[m[1]] = m[3]
-			}
-			done = strings.HasPrefix(line, "stop:")
-		case <-deadline:
-			t.Fatalf("up did not print the cluster within %s:\n%s\nstderr:\n%s", readyTimeout, strings.Join(out, "\n"), up.stderr)
+	out := upPrinted(t, up, func(line string) {
+		if m := upRouterRow.FindStringSubmatch(line); m != nil {
+			pids[m[1]], _ = strconv.Atoi(m[4])
+			addrs[m[1]] = m[3]
 		}
-	}
+	})
 	printed := strings.Join(out, "\n")
 	second := addrs["router-1"]
 	if len(pids) != 4 || addrs["router-0"] != listen || second == "" ||

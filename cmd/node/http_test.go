@@ -64,28 +64,15 @@ func startUp(t *testing.T, args ...string) *upCluster {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
-	deadline := time.After(readyTimeout)
-	var out []string
-	for {
-		select {
-		case line, ok := <-c.stdout:
-			if !ok {
-				t.Fatalf("up closed stdout before the cluster was up:\n%s\nstderr:\n%s", strings.Join(out, "\n"), c.stderr)
-			}
-			out = append(out, line)
-			if m := upRow.FindStringSubmatch(line); m != nil {
-				c.pids[m[1]], _ = strconv.Atoi(m[6])
-			}
-			if m := upBaseURL.FindStringSubmatch(line); m != nil {
-				c.baseURL, c.key = m[1], m[2]
-			}
-			if strings.HasPrefix(line, "stop:") {
-				return c
-			}
-		case <-deadline:
-			t.Fatalf("up did not print the cluster within %s:\n%s\nstderr:\n%s", readyTimeout, strings.Join(out, "\n"), c.stderr)
+	upPrinted(t, c.process, func(line string) {
+		if m := upRow.FindStringSubmatch(line); m != nil {
+			c.pids[m[1]], _ = strconv.Atoi(m[6])
 		}
-	}
+		if m := upBaseURL.FindStringSubmatch(line); m != nil {
+			c.baseURL, c.key = m[1], m[2]
+		}
+	})
+	return c
 }
 
 // TestBinaryUpHTTP: the OpenAI SDK and plain HTTP talk to node up's router
