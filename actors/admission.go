@@ -101,9 +101,15 @@ type PrefillPicker func(exclude map[uint64]bool) (PrefillPeer, bool)
 // with it retry elsewhere or fail.
 type PeerLost struct{ Incarnation uint64 }
 
-// SenderLost tells admission that the node serving protoactor remote at
-// Address is gone for good; the requests it sent are cancelled.
-type SenderLost struct{ Address string }
+// SenderLost tells admission that the router serving protoactor remote at
+// Address is gone for good, and was last seen alive at Since: the requests
+// it routed here before then are cancelled. A request its client sent
+// here itself, and one routed after Since (by a later run, or another
+// node, at the same address), is not its.
+type SenderLost struct {
+	Address string
+	Since   time.Time
+}
 
 // Drain stops admission taking new requests; DrainStatus asks how many
 // are still in flight (answered with an AdmissionStatusReply).
@@ -174,7 +180,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 			c.Send(actor.NewPID(c.Self().Address, name), m)
 		}
 	case SenderLost:
-		a.senderLost(c, m.Address)
+		a.senderLost(c, m)
 	case Drain:
 		a.core.Drain()
 		c.Respond(a.status())
@@ -194,17 +200,17 @@ func (a *admissionActor) Receive(c actor.Context) {
 	}
 }
 
-// senderLost cancels every request in flight whose client is at addr.
-func (a *admissionActor) senderLost(c actor.Context, addr string) {
+// senderLost cancels every request in flight that the lost router routed.
+func (a *admissionActor) senderLost(c actor.Context, m SenderLost) {
 	n := 0
 	for name, l := range a.live {
-		if l.from == addr {
+		if l.router == m.Address && l.since.Before(m.Since) {
 			c.Send(actor.NewPID(c.Self().Address, name), CancelJob{})
 			n++
 		}
 	}
 	if n > 0 {
-		a.log.Info("requests of a lost sender cancelled", "sender", addr, "requests", n)
+		a.log.Info("requests of a lost sender cancelled", "sender", m.Address, "requests", n)
 	}
 }
 
@@ -283,7 +289,7 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 	}
 	d, err := a.core.Admit(ask)
 	if err == nil {
-		err = a.spawn(c, ask.Key, d, tenant, prompt, maxTokens, *peer)
+		err = a.spawn(c, ask, d, tenant, prompt, maxTokens, *peer)
 	}
 	if err == nil {
 		a.counters.admitted.Add(1)
@@ -302,8 +308,9 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 
 // spawn starts an admitted request's actor, a child of admission under a
 // secret name.
-func (a *admissionActor) spawn(c actor.Context, key handoff.ClientKey, d int, tenant string, prompt []int, maxTokens int,
+func (a *admissionActor) spawn(c actor.Context, ask handoff.Ask, d int, tenant string, prompt []int, maxTokens int,
 	peer PrefillPeer) error {
+	key := ask.Key
 	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
 	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane, a.model), owner, key.ID, prompt, maxTokens,
 		handoff.Peer{Address: peer.PID.Address, Incarnation: peer.Incarnation})
@@ -312,8 +319,8 @@ func (a *admissionActor) spawn(c actor.Context, key handoff.ClientKey, d int, te
 	// The first attempt's id numbers the request for operators: unique in
 	// this run, and kept through retries, which take new ids.
 	live := &liveRequest{number: owner.Request, client: key.ID, tenant: tenant, since: now, progress: core.Progress()}
-	if s := c.Sender(); s != nil {
-		live.from = s.Address
+	if s := c.Sender(); s != nil && ask.Routed {
+		live.router = s.Address
 	}
 	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, core: core, client: c.Sender(),
 		tok: tok, last: last, text: engine.NewTextDecoder(tok, last), times: Stream{Start: now},

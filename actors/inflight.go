@@ -62,7 +62,7 @@ type liveRequest struct {
 	number, client uint64
 	tenant         string
 	since          time.Time
-	from           string // the address of the request's sender (its client, or the router that relayed it)
+	router         string // the address of the router that relayed the request; "" for one its client sent here
 
 	mu       sync.Mutex
 	progress handoff.Progress

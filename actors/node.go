@@ -279,13 +279,15 @@ func (n *Node) PeerLost(inc uint64) {
 	}
 }
 
-// SenderLost tells the node that the node serving protoactor remote at
-// addr (a router) is gone for good: every request it sent here is
-// cancelled, as its client's cancel would be, so that its pages are freed
-// at once rather than generating for nobody.
-func (n *Node) SenderLost(addr string) {
+// SenderLost tells the node that the router serving protoactor remote at
+// addr, last seen alive at since, is gone for good: every request it
+// routed here before since is cancelled, as its client's cancel would be,
+// so that its pages are freed at once rather than generating for nobody.
+// Requests clients sent here themselves, and those routed from addr after
+// since (a later run there), stay.
+func (n *Node) SenderLost(addr string, since time.Time) {
 	if n.admission != nil {
-		n.root.Send(n.admission, SenderLost{Address: addr})
+		n.root.Send(n.admission, SenderLost{Address: addr, Since: since})
 	}
 }
 

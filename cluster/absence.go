@@ -62,10 +62,12 @@ type heldMember struct {
 	Until  time.Time
 }
 
-// lostMember: the member is lost for good; Away is how long it had been
-// missing (zero for a leave), Why says how that was decided.
+// lostMember: the member is lost for good; Since is when it was last
+// seen alive, Away how long it had been missing by then (zero for a
+// leave), Why says how that was decided.
 type lostMember struct {
 	Member Member
+	Since  time.Time
 	Away   time.Duration
 	Why    string
 }
@@ -238,5 +240,5 @@ func (a *absences) probe(t *tracked, now time.Time) absenceEffect {
 
 func (a *absences) lose(t *tracked, away time.Duration, why string, now time.Time) absenceEffect {
 	t.state, t.lostAt, t.probing = trackedLost, now, false
-	return lostMember{Member: t.m, Away: away, Why: why}
+	return lostMember{Member: t.m, Since: t.since, Away: away, Why: why}
 }

@@ -201,3 +201,44 @@ func TestNodeConfigLostAfter(t *testing.T) {
 		}
 	}
 }
+
+// TestLostRouter: a lost router's requests are cancelled, dated from when
+// it went missing, only when it was verified and no alive member serves
+// its address now.
+func TestLostRouter(t *testing.T) {
+	r, d := absentMember(3, RoleRouter), absentMember(1, RoleDecode)
+	lost := func(m Member) lostMember {
+		a := newAbsences(testBound, testReprobe, time.Hour)
+		t0 := time.Unix(1000, 0)
+		a.Alive([]Member{m}, t0)
+		a.Alive(nil, t0.Add(time.Second))
+		es := a.Probed(m.Meta.Incarnation, reachRefused, t0.Add(2*time.Second))
+		if len(es) != 1 {
+			t.Fatalf("%s refused: %s, want lost", m.Name, kinds(es))
+		}
+		e := es[0].(lostMember)
+		if want := t0.Add(time.Second); !e.Since.Equal(want) {
+			t.Fatalf("%s lost, last seen alive at %s, want %s", m.Name, e.Since, want)
+		}
+		return e
+	}
+	unverified := r
+	unverified.Verified = false
+	later := absentMember(4, RoleRouter)
+	later.Meta.RemoteAddr = r.Meta.RemoteAddr
+	for _, tc := range []struct {
+		name string
+		e    lostMember
+		ms   []Member
+		want bool
+	}{
+		{"a verified router", lost(r), []Member{d}, true},
+		{"a decode node", lost(d), nil, false},
+		{"an unverified router", lost(unverified), []Member{d}, false},
+		{"a router whose address a later run serves", lost(r), []Member{d, later}, false},
+	} {
+		if got := lostRouter(tc.e, tc.ms); got != tc.want {
+			t.Errorf("%s: lostRouter %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -539,19 +539,25 @@ func (n *Node) carryOut(e absenceEffect, ms []Member, probes chan<- probeResult)
 		if n.router != nil {
 			n.actors.Root().Send(n.router, memberLost{incarnation: inc})
 		}
-		if e.Member.Meta.Role == RoleRouter && !servesAt(ms, e.Member.Meta.RemoteAddr) {
+		if lostRouter(e, ms) {
 			// Nobody will read what this node sends the lost router's
-			// relays: its requests are cancelled, freeing their pages. A
-			// later run at the same address relays requests of its own,
-			// which stay.
-			n.actors.SenderLost(e.Member.Meta.RemoteAddr)
+			// relays: the requests it routed are cancelled, freeing their
+			// pages.
+			n.actors.SenderLost(e.Member.Meta.RemoteAddr, e.Since)
 		}
 	}
 }
 
-// servesAt says whether an alive member serves protoactor remote at addr.
-func servesAt(ms []Member, addr string) bool {
-	return slices.ContainsFunc(ms, func(m Member) bool { return m.State == StateAlive && m.Meta.RemoteAddr == addr })
+// lostRouter says whether e lost a router whose requests are to be
+// cancelled: one that was verified (anyone holding the gossip key may
+// announce a router at any address, a tenant's for one, and let it die)
+// and whose address no alive member serves now (a later run there routes
+// requests of its own, which stay; so do those routed from there after
+// e.Since, which actors.Node.SenderLost leaves).
+func lostRouter(e lostMember, ms []Member) bool {
+	addr := e.Member.Meta.RemoteAddr
+	return e.Member.Meta.Role == RoleRouter && e.Member.Verified &&
+		!slices.ContainsFunc(ms, func(m Member) bool { return m.State == StateAlive && m.Meta.RemoteAddr == addr })
 }
 
 // dialReach dials addr (a member's protoactor remote address) once,
