@@ -915,8 +915,9 @@ func newer(a, b Meta) bool {
 // leave and a failure alike: the member's last metadata tells them apart.
 // It runs on a memberlist goroutine under memberlist's node lock.
 //
-// A run declared dead keeps what verification proved of it (among the
-// last lapsedProofsMax such runs): failure detection cannot tell a stalled
+// A run declared dead keeps what verification proved of it, until the
+// node gives it up for lost (forgetLapsed) and among the last
+// lapsedProofsMax such runs: failure detection cannot tell a stalled
 // process from a dead one, and a run that comes back with the same name
 // (so the same incarnation) and the same addresses is verified at once,
 // not refused work until a probe of its addresses completes. A later run
@@ -963,6 +964,25 @@ func (m *Membership) lapseLocked(name string) {
 	if _, alive := m.members[oldest]; !alive && !slices.Contains(m.lapsed, oldest) {
 		delete(m.proofs, oldest)
 	}
+}
+
+// forgetLapsed forgets the proof kept for the run name, declared dead,
+// once the node has given that run up for lost (its remote address
+// refused, or it stayed missing for NodeConfig.LostAfter). The proof was
+// kept for a stalled process, which holds its addresses while it is
+// stopped; a lost one may not: a crashed process's ports may be taken by
+// anyone, and a holder of the gossip key could announce the run again
+// from a gossip address of its own and be verified, routed to and hold
+// those addresses on a proof of what served them before. A run that is
+// listed again keeps its proof.
+func (m *Membership) forgetLapsed(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, listed := m.members[name]; listed {
+		return
+	}
+	m.lapsed = slices.DeleteFunc(m.lapsed, func(n string) bool { return n == name })
+	delete(m.proofs, name)
 }
 
 // emitLocked hands ev to the Events channel without waiting.

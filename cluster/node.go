@@ -535,6 +535,7 @@ func (n *Node) carryOut(e absenceEffect, ms []Member, probes chan<- probeResult)
 	case lostMember:
 		inc := e.Member.Meta.Incarnation
 		n.log.Warn("member lost", append(memberAttrs(e.Member), "away", e.Away.Round(time.Millisecond), "why", e.Why)...)
+		n.mem().forgetLapsed(e.Member.Name)
 		n.actors.PeerLost(inc)
 		if n.router != nil {
 			n.actors.Root().Send(n.router, memberLost{incarnation: inc})
