@@ -183,6 +183,7 @@ func TestNodeConfigLostAfter(t *testing.T) {
 		{29 * time.Second, 30 * time.Second, 29 * time.Second, ""},
 		{-time.Second, 30 * time.Second, 0, "LostAfter (-1s) must be in [0, the request timeout (30s))"},
 		{30 * time.Second, 30 * time.Second, 0, "LostAfter (30s) must be in [0, the request timeout (30s))"},
+		{0, time.Nanosecond, 0, "half the request timeout (1ns), which is zero"}, // absences would panic
 	} {
 		c := DefaultLocalNodeConfig(actors.RoleDecode)
 		c.LostAfter, c.Actors.RequestTimeout = tc.lostAfter, tc.requestTimeout

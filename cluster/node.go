@@ -148,6 +148,10 @@ func (c *NodeConfig) Validate() error {
 		return fmt.Errorf("cluster: LostAfter (%s) must be in [0, the request timeout (%s)): a request held longer would time out first",
 			c.LostAfter, c.Actors.RequestTimeout)
 	}
+	if c.lostAfter() <= 0 {
+		return fmt.Errorf("cluster: LostAfter (0) means half the request timeout (%s), which is zero: set LostAfter, or a longer request timeout",
+			c.Actors.RequestTimeout)
+	}
 	if holdsPool(c.Actors.Role) {
 		if err := c.dataPlane().Validate(); err != nil {
 			return err
