@@ -507,10 +507,11 @@ type Membership struct {
 	// carries the incarnation, so each is per run): the claims proven of
 	// a run, and the next verification of an unverified one. Both are
 	// guarded by mu and forgotten when memberlist reports the run gone,
-	// but for the proofs of runs declared dead (lapseLocked).
+	// but for the proofs of runs declared dead, kept until the node gives
+	// the run up for lost (lapseLocked, forgetLapsed).
 	proofs   map[string]claim
 	pending  map[string]*attempt
-	lapsed   []string      // runs declared dead whose proofs are kept, oldest first (lapseLocked)
+	lapsed   []string      // runs declared dead whose proofs are kept, oldest first
 	wake     chan struct{} // a verification is due; capacity 1
 	quit     chan struct{} // closed by Shutdown
 	verifier sync.WaitGroup

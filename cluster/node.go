@@ -396,7 +396,8 @@ func (n *Node) dataPlaneOf(remoteAddr string) (string, trust.Identity, bool) {
 // logEvent logs a membership change an operator wants to see: a member
 // joined, left or failed (and why); metadata updates only at debug. A
 // return after a failure or a leave is logged by the watch loop, which
-// knows how long the member was missing (logAbsence).
+// knows how long the member was missing (carryOut, on absences'
+// backMember).
 func (n *Node) logEvent(ev Event, returning bool) {
 	m := ev.Member
 	attrs := memberAttrs(m)
