@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -130,7 +131,12 @@ func newAbsences(bound, reprobe, remember time.Duration) *absences {
 
 // Alive takes the members membership lists alive now. A member listed
 // for the first time is tracked; a missing one listed again is back; a
-// tracked member no longer listed goes missing, and is probed.
+// tracked member no longer listed goes missing, and is probed, unless
+// another run, verified, serves its remote address: then it is lost at
+// once, missing or not yet. A stopped process keeps its port, and
+// cannot complete the handshake verification needs, so that run is
+// another process there (a restart on the same port, whose dial would
+// have answered and held a crashed run's requests for the bound).
 func (a *absences) Alive(ms []Member, now time.Time) []absenceEffect {
 	var out []absenceEffect
 	listed := make(map[uint64]bool, len(ms))
@@ -154,10 +160,24 @@ func (a *absences) Alive(ms []Member, now time.Time) []absenceEffect {
 	for inc, t := range a.members {
 		if t.state == trackedAlive && !listed[inc] {
 			t.state, t.since = trackedAway, now
-			out = append(out, a.probe(t, now))
+			if !servedByOther(ms, t.m) {
+				out = append(out, a.probe(t, now))
+			}
+		}
+		if t.state == trackedAway && servedByOther(ms, t.m) {
+			out = append(out, a.lose(t, now.Sub(t.since), "another run, verified, serves its remote address", now))
 		}
 	}
 	return out
+}
+
+// servedByOther says whether a verified alive member of another
+// incarnation than m's serves protoactor remote at m's address.
+func servedByOther(ms []Member, m Member) bool {
+	return slices.ContainsFunc(ms, func(o Member) bool {
+		return o.State == StateAlive && o.Verified && o.Meta.Incarnation != m.Meta.Incarnation &&
+			o.Meta.RemoteAddr == m.Meta.RemoteAddr
+	})
 }
 
 // Gone takes a member that is gone for certain (it left gracefully, a

@@ -42,6 +42,9 @@ const (
 // at a time (seconds after the start) and names the effects it must give.
 func TestAbsences(t *testing.T) {
 	a1, a2, r3 := absentMember(1, RoleDecode), absentMember(2, RoleDecode), absentMember(3, RoleRouter)
+	// Later runs at a2's address: one verified, one not (yet).
+	restarted2, unproven2 := absentMember(5, RoleDecode), absentMember(4, RoleDecode)
+	restarted2.Meta.RemoteAddr, unproven2.Meta.RemoteAddr, unproven2.Verified = a2.Meta.RemoteAddr, a2.Meta.RemoteAddr, false
 	type step struct {
 		at   float64
 		in   func(a *absences, now time.Time) []absenceEffect
@@ -111,6 +114,14 @@ func TestAbsences(t *testing.T) {
 			{3, gone(2), "lost 2"},
 			{3, gone(2), ""},
 			{3.1, probed(2, reachAnswered), ""},
+		}},
+		{"a run whose address a later, verified run serves is lost at once", []step{
+			{0, alive(a1, a2), ""},
+			{1, alive(a1, unproven2), "probe 2"}, // anyone may claim an address
+			{1.1, probed(2, reachAnswered), "held 2 answered"},
+			{2, alive(a1, unproven2, restarted2), "lost 2"},
+			{3, alive(a1, restarted2), "lost 4"}, // the unverified claimant goes missing
+			{4, alive(a1), "probe 5"},
 		}},
 		{"members never seen alive are not tracked", []step{
 			{0, gone(5), ""},
