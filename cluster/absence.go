@@ -129,9 +129,13 @@ func newAbsences(bound, reprobe, remember time.Duration) *absences {
 	return &absences{bound: bound, reprobe: reprobe, remember: remember, members: map[uint64]*tracked{}}
 }
 
-// Alive takes the members membership lists alive now. A member listed
-// for the first time is tracked; a missing one listed again is back; a
-// tracked member no longer listed goes missing, and is probed, unless
+// Alive takes the members membership lists alive now, of which only the
+// verified count: no work goes to an unverified one, and anyone holding
+// the gossip key may announce one, with a real member's incarnation (it
+// would keep that member listed after it died) and any address (its
+// absence would be probed, held and logged). A member listed for the
+// first time is tracked; a missing one listed again is back; a tracked
+// member no longer listed goes missing, and is probed, unless
 // another run, verified, serves its remote address: then it is lost at
 // once, missing or not yet. A stopped process keeps its port, and
 // cannot complete the handshake verification needs, so that run is
@@ -141,7 +145,7 @@ func (a *absences) Alive(ms []Member, now time.Time) []absenceEffect {
 	var out []absenceEffect
 	listed := make(map[uint64]bool, len(ms))
 	for _, m := range ms {
-		if m.State != StateAlive {
+		if m.State != StateAlive || !m.Verified {
 			continue
 		}
 		listed[m.Meta.Incarnation] = true

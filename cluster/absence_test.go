@@ -45,6 +45,9 @@ func TestAbsences(t *testing.T) {
 	// Later runs at a2's address: one verified, one not (yet).
 	restarted2, unproven2 := absentMember(5, RoleDecode), absentMember(4, RoleDecode)
 	restarted2.Meta.RemoteAddr, unproven2.Meta.RemoteAddr, unproven2.Verified = a2.Meta.RemoteAddr, a2.Meta.RemoteAddr, false
+	// An unverified member that claims a2's incarnation under another name.
+	impostor2 := absentMember(2, RoleDecode)
+	impostor2.Name, impostor2.Verified = NodeName("m", 2), false
 	type step struct {
 		at   float64
 		in   func(a *absences, now time.Time) []absenceEffect
@@ -120,8 +123,15 @@ func TestAbsences(t *testing.T) {
 			{1, alive(a1, unproven2), "probe 2"}, // anyone may claim an address
 			{1.1, probed(2, reachAnswered), "held 2 answered"},
 			{2, alive(a1, unproven2, restarted2), "lost 2"},
-			{3, alive(a1, restarted2), "lost 4"}, // the unverified claimant goes missing
+			{3, alive(a1, restarted2), ""}, // the unverified claimant was never tracked
 			{4, alive(a1), "probe 5"},
+		}},
+		{"unverified members count for nothing", []step{
+			{0, alive(a1, a2), ""},
+			{1, alive(a1, impostor2), "probe 2"}, // it does not keep a2 listed
+			{1.1, probed(2, reachRefused), "lost 2"},
+			{2, alive(a1, unproven2), ""},
+			{3, alive(a1), ""},
 		}},
 		{"members never seen alive are not tracked", []step{
 			{0, gone(5), ""},
@@ -215,8 +225,7 @@ func TestNodeConfigLostAfter(t *testing.T) {
 }
 
 // TestLostRouter: a lost router's requests are cancelled, dated from when
-// it went missing, only when it was verified and no alive member serves
-// its address now.
+// it went missing, only when no alive member serves its address now.
 func TestLostRouter(t *testing.T) {
 	r, d := absentMember(3, RoleRouter), absentMember(1, RoleDecode)
 	lost := func(m Member) lostMember {
@@ -234,8 +243,6 @@ func TestLostRouter(t *testing.T) {
 		}
 		return e
 	}
-	unverified := r
-	unverified.Verified = false
 	later := absentMember(4, RoleRouter)
 	later.Meta.RemoteAddr = r.Meta.RemoteAddr
 	for _, tc := range []struct {
@@ -246,7 +253,6 @@ func TestLostRouter(t *testing.T) {
 	}{
 		{"a verified router", lost(r), []Member{d}, true},
 		{"a decode node", lost(d), nil, false},
-		{"an unverified router", lost(unverified), []Member{d}, false},
 		{"a router whose address a later run serves", lost(r), []Member{d, later}, false},
 	} {
 		if got := lostRouter(tc.e, tc.ms); got != tc.want {

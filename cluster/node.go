@@ -555,14 +555,15 @@ func (n *Node) carryOut(e absenceEffect, ms []Member, probes chan<- probeResult)
 }
 
 // lostRouter says whether e lost a router whose requests are to be
-// cancelled: one that was verified (anyone holding the gossip key may
-// announce a router at any address, a tenant's for one, and let it die)
-// and whose address no alive member serves now (a later run there routes
-// requests of its own, which stay; so do those routed from there after
-// e.Since, which actors.Node.SenderLost leaves).
+// cancelled: one whose address no alive member serves now (a later run
+// there routes requests of its own, which stay; so do those routed from
+// there after e.Since, which actors.Node.SenderLost leaves). e's member
+// was verified (absences tracks no other): anyone holding the gossip key
+// may announce a router at any address, a tenant's for one, and let it
+// die.
 func lostRouter(e lostMember, ms []Member) bool {
 	addr := e.Member.Meta.RemoteAddr
-	return e.Member.Meta.Role == RoleRouter && e.Member.Verified &&
+	return e.Member.Meta.Role == RoleRouter &&
 		!slices.ContainsFunc(ms, func(m Member) bool { return m.State == StateAlive && m.Meta.RemoteAddr == addr })
 }
 
