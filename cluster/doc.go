@@ -141,14 +141,15 @@
 // with another. Membership events tell the actors which peers are gone:
 // transfers planned with a lost prefill node are retried, a router
 // answers "node lost" to the clients of a lost decode node, and a decode
-// node cancels the requests a lost router relayed. A member that failure
-// detection declares dead is lost at once only when its remote address
-// refuses a connection (its process is gone); one whose address still
-// completes a handshake (stopped, paused) or does not answer keeps its
-// requests for NodeConfig.LostAfter, gets no new work meanwhile, and
+// node cancels the requests a lost router relayed before it went missing.
+// A member that failure detection declares dead is lost at once only when
+// its remote address refuses a connection (its process is gone) or another
+// run, verified, serves it (a restart on the same port); one whose address
+// still completes a handshake (stopped, paused) or does not answer keeps
+// its requests for NodeConfig.LostAfter, gets no new work meanwhile, and
 // finishes them if it comes back within the bound (absences decides; the
-// watch loop dials and tells the actors). Drain marks the
-// node draining in its metadata (routers skip it; its admission answers
-// busy), waits until what it has in flight is done, then leaves gracefully;
-// no admitted request is aborted by a drain.
+// watch loop dials and tells the actors). Drain marks the node draining in
+// its metadata (routers skip it; its admission answers busy), waits until
+// what it has in flight is done, then leaves gracefully; no admitted
+// request is aborted by a drain.
 package cluster
