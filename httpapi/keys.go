@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvwarden/kvwarden/internal/boundedread"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -216,7 +217,7 @@ func (k *Keys) Path() string { return k.path }
 // Reload reads the keys file again. On any error the keys in use stay as
 // they were: a broken edit never locks every client out.
 func (k *Keys) Reload() error {
-	data, err := readBounded(k.path, KeysFileBytesMax)
+	data, err := boundedread.File(k.path, KeysFileBytesMax)
 	if err != nil {
 		return &KeysFileError{Path: k.path, Key: -1, Reason: err.Error()}
 	}
@@ -239,24 +240,6 @@ func (k *Keys) Reload() error {
 
 // Len is how many keys are in use.
 func (k *Keys) Len() int { return len(k.set.Load().byHash) }
-
-// readBounded reads the file at path, refusing one over limit bytes
-// before reading it all.
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("over %d bytes", limit)
-	}
-	return data, nil
-}
 
 // Authentication failures, answered with 401.
 var (
@@ -325,7 +308,7 @@ func (k *Keys) Acquire(tenant string) (release func(), err error) {
 // running node sees the old file or the new, whole.
 func AddKey(path string, e KeyEntry, limits *TenantLimits) error {
 	var f KeysFile
-	data, err := readBounded(path, KeysFileBytesMax)
+	data, err := boundedread.File(path, KeysFileBytesMax)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:

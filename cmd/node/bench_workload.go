@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
-	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/bench"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/boundedread"
 	"github.com/kvwarden/kvwarden/kv"
 )
 
@@ -109,7 +108,7 @@ func (f workloadFlags) build() (*workload, error) {
 		return nil, usageError{err}
 	}
 	if f.Prompts != "" {
-		data, err := readBounded(f.Prompts, promptsFileBytesMax)
+		data, err := boundedread.File(f.Prompts, promptsFileBytesMax)
 		if err != nil {
 			return nil, usageError{fmt.Errorf("--prompts: %w", err)}
 		}
@@ -163,18 +162,4 @@ func references(m *engine.Model, shapes []bench.Shape) ([]reference, error) {
 		}
 	}
 	return refs, nil
-}
-
-// readBounded reads the file at path, refusing one over limit bytes.
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err == nil && int64(len(data)) > limit {
-		err = fmt.Errorf("%s is longer than %d bytes", path, limit)
-	}
-	return data, err
 }

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"github.com/kvwarden/kvwarden/cluster"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/internal/boundedread"
 	"github.com/kvwarden/kvwarden/kv"
 )
 
@@ -317,17 +316,9 @@ func usedFields(fs *pflag.FlagSet, path string, data []byte) error {
 // readFile decodes the config file at path into c and returns what it
 // read.
 func (c *nodeConfig) readFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	data, err := boundedread.File(path, configFileBytesMax)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, configFileBytesMax+1))
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
-	}
-	if len(data) > configFileBytesMax {
-		return nil, fmt.Errorf("config %s is larger than %d bytes", path, configFileBytesMax)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	// A misspelt key would otherwise be ignored and its default used,

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvwarden/kvwarden/bench"
+	"github.com/kvwarden/kvwarden/internal/boundedread"
 )
 
 // profileFileBytesMax bounds the profile read: a few dozen numbers.
@@ -72,7 +73,7 @@ Exit codes: 0 planned, 1 failure, 2 usage error.`,
 // readProfile reads and validates a profile file.
 func readProfile(path string) (bench.Profile, error) {
 	var p bench.Profile
-	data, err := readBounded(path, profileFileBytesMax)
+	data, err := boundedread.File(path, profileFileBytesMax)
 	if err != nil {
 		return p, usageError{fmt.Errorf("--profile: %w", err)}
 	}
