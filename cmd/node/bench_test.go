@@ -237,3 +237,25 @@ func TestGoodputRatios(t *testing.T) {
 		t.Errorf("ratios %+v, want 1P:1D over 2 all at 4/s: 0.5", got)
 	}
 }
+
+// TestBenchPrompts: a JSONL prompts file is the workload: each prompt is
+// sent, its max_tokens asked, and every answer checked as the reference's.
+func TestBenchPrompts(t *testing.T) {
+	dir := t.TempDir()
+	prompts, report := filepath.Join(dir, "prompts.jsonl"), filepath.Join(dir, "report.json")
+	if err := os.WriteFile(prompts, []byte("{\"prompt\": \"Once upon a time\", \"max_tokens\": 6}\n\n{\"prompt\": \"The cat\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out := runNode("bench", "--stub", "--prompts", prompts, "--output-len", "3", "--rate", "200", "--requests", "20",
+		"--duration", "0", "--warmup", "0", "--json", report)
+	if code != exitOK {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	rep := readReport(t, report)
+	if len(rep.Runs) != 1 {
+		t.Fatalf("%d runs in the report, want 1", len(rep.Runs))
+	}
+	if s := rep.Runs[0].Summary; s.Requests != 20 || s.OK != 20 || s.Wrong != 0 || len(s.Errors) != 0 {
+		t.Errorf("%+v; want 20 requests answered with the reference's answers", s)
+	}
+}

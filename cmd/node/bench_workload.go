@@ -80,10 +80,11 @@ func (f workloadFlags) check() (bench.Workload, error) {
 	if w.OutputTokens, err = bench.ParseDist(f.OutputLen); err != nil {
 		return w, fmt.Errorf("--output-len: %w", err)
 	}
-	if f.Prompts == "" {
-		if w.PromptBytes, err = bench.ParseDist(f.PromptLen); err != nil {
-			return w, fmt.Errorf("--prompt-len: %w", err)
-		}
+	// --prompt-len is parsed even with --prompts, which makes it unused:
+	// the prompts are read only once the flags pass, and a workload
+	// without prompts must have a valid prompt length to pass Validate.
+	if w.PromptBytes, err = bench.ParseDist(f.PromptLen); err != nil {
+		return w, fmt.Errorf("--prompt-len: %w", err)
 	}
 	w.Tenants, w.Distinct, w.Seed = f.Tenants, f.Distinct, f.Seed
 	if err := w.Validate(); err != nil {
