@@ -55,11 +55,13 @@ type Load struct {
 }
 
 // Run is an open-loop run: request i sent At[i] after the start with
-// Loads[i]; the first Warm are the warm-up.
+// Loads[i]; the first Warm are the warm-up, which lasts Warmup: the
+// measured window starts there, as a benchmark's does.
 type Run struct {
-	At    []time.Duration
-	Loads []Load
-	Warm  int
+	At     []time.Duration
+	Loads  []Load
+	Warm   int
+	Warmup time.Duration
 }
 
 // Predict simulates run on layout, each node as profile measured it, and
@@ -87,6 +89,10 @@ func Predict(p Profile, l Layout, run Run, slo SLO) (Summary, error) {
 		return Summary{}, &SpecError{Spec: fmt.Sprintf("run of %d send times, %d loads, %d warm", len(run.At), len(run.Loads), run.Warm),
 			Reason: "want a load for every send time and at most as many warm"}
 	}
+	if run.Warmup < 0 || (run.Warm > 0 && run.At[run.Warm-1] >= run.Warmup) || (run.Warm < len(run.At) && run.At[run.Warm] < run.Warmup) {
+		return Summary{}, &SpecError{Spec: fmt.Sprintf("run of %d warm with a warm-up of %s", run.Warm, run.Warmup),
+			Reason: "want the warm ones sent within the warm-up and the others after it"}
+	}
 	for i, ld := range run.Loads {
 		if ld.PromptTokens < 1 || ld.OutputTokens < 1 {
 			return Summary{}, &RangeError{What: fmt.Sprintf("the tokens of request %d (prompt %d)", i, ld.PromptTokens),
@@ -95,7 +101,7 @@ func Predict(p Profile, l Layout, run Run, slo SLO) (Summary, error) {
 	}
 	s := newSim(p, l, run)
 	s.loop()
-	return slo.Summarize(s.samples), nil
+	return slo.Summarize(s.samples, run.Warmup), nil
 }
 
 // simNode is one node of the simulation.

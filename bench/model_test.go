@@ -118,7 +118,7 @@ func TestPlan(t *testing.T) {
 	for i := range loads {
 		loads[i] = Load{PromptTokens: 100, OutputTokens: 1}
 	}
-	preds, err := Plan(p, 4, Run{At: at, Loads: loads, Warm: warm}, SLO{TTFT: 300 * time.Millisecond})
+	preds, err := Plan(p, 4, Run{At: at, Loads: loads, Warm: warm, Warmup: time.Second}, SLO{TTFT: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,5 +139,20 @@ func TestPlan(t *testing.T) {
 	}
 	if _, err := Plan(p, 0, Run{}, SLO{}); err == nil {
 		t.Error("a plan for 0 nodes was made")
+	}
+}
+
+// TestPredictWarmup: a run whose warm-up does not divide its warm requests
+// from the others is refused, as its window would start in the wrong place.
+func TestPredictWarmup(t *testing.T) {
+	at := []time.Duration{0, time.Second}
+	loads := []Load{{PromptTokens: 10, OutputTokens: 1}, {PromptTokens: 10, OutputTokens: 1}}
+	for _, run := range []Run{{At: at, Loads: loads, Warm: 1}, {At: at, Loads: loads, Warm: 1, Warmup: 2 * time.Second}} {
+		if _, err := Predict(fastDecode(1000), Layout{All: 1}, run, SLO{}); err == nil {
+			t.Errorf("warm %d, warm-up %s: predicted, want refused", run.Warm, run.Warmup)
+		}
+	}
+	if _, err := Predict(fastDecode(1000), Layout{All: 1}, Run{At: at, Loads: loads, Warm: 1, Warmup: time.Second}, SLO{}); err != nil {
+		t.Errorf("warm-up of 1s: %v", err)
 	}
 }

@@ -104,8 +104,12 @@ type Summary struct {
 	OK       int            `json:"ok"`
 	Wrong    int            `json:"wrong"`
 	Errors   map[string]int `json:"errors"`
-	// WindowS is the span the rates are over, in seconds: from the first
-	// counted request's send to the last one's end.
+	// WindowS is the span the rates are over, in seconds: from the
+	// measured window's start (the warm-up's end) to the last counted
+	// request's end. It starts there rather than at the first counted send,
+	// which comes a Poisson gap later, so that a run's rates do not exceed
+	// what it offered: four requests at 2 a second over 2 s would otherwise
+	// read as more than 4 a second answered.
 	WindowS float64 `json:"window_s"`
 	// RequestsPerS counts answered requests, OutputTokensPerS their
 	// tokens, GoodputPerS those that met the SLO; GoodShare is the share of
@@ -123,11 +127,13 @@ type Summary struct {
 	Gaps Percentiles `json:"token_gaps"`
 }
 
-// Summarize is the summary of the samples of a run that are not warm-up.
-func (o SLO) Summarize(samples []Sample) Summary {
+// Summarize is the summary of the samples of a run that are not warm-up,
+// its rates over the window from the offset from (the warm-up's end; the
+// first counted send, if earlier) to the last counted request's end.
+func (o SLO) Summarize(samples []Sample, from time.Duration) Summary {
 	s := Summary{Errors: map[string]int{}, SLO: o}
 	var ttft, itl, e2e, gaps []time.Duration
-	first, last := time.Duration(math.MaxInt64), time.Duration(0)
+	first, last := from, time.Duration(0)
 	good, tokens := 0, 0
 	for _, x := range samples {
 		if x.Warmup {

@@ -33,8 +33,8 @@ func TestPercentile(t *testing.T) {
 
 func ms(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
 
-// TestSummarize: the rates are over the span from the first counted send
-// to the last end; a warm-up request, an error and a wrong answer are not
+// TestSummarize: the rates are over the span from the warm-up's end (or
+// the first counted send, if earlier) to the last end; a warm-up request, an error and a wrong answer are not
 // answers; goodput counts the answers within both objectives.
 func TestSummarize(t *testing.T) {
 	samples := []Sample{
@@ -47,7 +47,7 @@ func TestSummarize(t *testing.T) {
 		{Start: ms(2700), TTFT: ms(20), E2E: ms(3300), Tokens: 2, Wrong: true}, // ends at 6000 ms
 	}
 	slo := SLO{TTFT: ms(200), ITL: ms(60)}
-	s := slo.Summarize(samples)
+	s := slo.Summarize(samples, ms(1200))
 	if s.Requests != 6 || s.OK != 4 || s.Wrong != 1 || s.Errors["busy"] != 1 || len(s.Errors) != 1 {
 		t.Fatalf("counts: %+v", s)
 	}
@@ -69,7 +69,23 @@ func TestSummarize(t *testing.T) {
 	if s.Gaps.Count != 8 || s.Gaps.P50 != 50 {
 		t.Errorf("gaps %+v, want 8, p50 50", s.Gaps)
 	}
-	if none := (SLO{}).Summarize(samples[:1]); none.Requests != 0 || none.GoodputPerS != 0 {
+	if none := (SLO{}).Summarize(samples[:1], ms(1000)); none.Requests != 0 || none.GoodputPerS != 0 {
 		t.Errorf("only warm-up: %+v, want nothing counted", none)
+	}
+}
+
+// TestSummarizeWindow: the window starts at the warm-up's end, not at the
+// first counted send, so that a run's rates never exceed what it offered:
+// two answers sent 1.5 s and 1.9 s into a run at 1 a second after a 1 s
+// warm-up, each ending 100 ms later, are 2 over 1 s, not 2 over 0.5 s.
+func TestSummarizeWindow(t *testing.T) {
+	samples := []Sample{
+		{Start: ms(500), TTFT: ms(50), E2E: ms(100), Tokens: 1, Warmup: true},
+		{Start: ms(1500), TTFT: ms(50), E2E: ms(100), Tokens: 1},
+		{Start: ms(1900), TTFT: ms(50), E2E: ms(100), Tokens: 1},
+	}
+	s := (SLO{}).Summarize(samples, ms(1000))
+	if s.WindowS != 1 || s.RequestsPerS != 2 || s.GoodputPerS != 2 {
+		t.Errorf("window %g s, %g requests/s, goodput %g/s; want 1 s (1000 ms to 2000 ms), 2 and 2", s.WindowS, s.RequestsPerS, s.GoodputPerS)
 	}
 }

@@ -324,7 +324,7 @@ func runAll(ctx context.Context, stderr io.Writer, o benchOptions, w *workload, 
 			run.samples = l.closed(ctx, o.Concurrency, o.Warmup, w.bound)
 		}
 		done()
-		run.Summary = w.slo.Summarize(run.samples)
+		run.Summary = w.slo.Summarize(run.samples, o.Warmup)
 		rep.Runs = append(rep.Runs, run)
 	}
 	return nil

@@ -95,7 +95,7 @@ func planRun(o workloadFlags, w *workload) bench.Run {
 		ref := w.refs[w.order[i%len(w.order)].Shape]
 		loads[i] = bench.Load{PromptTokens: ref.promptTokens, OutputTokens: len(ref.tokens)}
 	}
-	return bench.Run{At: at, Loads: loads, Warm: warm}
+	return bench.Run{At: at, Loads: loads, Warm: warm, Warmup: o.Warmup}
 }
 
 func plan(stdout io.Writer, o planOptions) error {
