@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -57,6 +58,28 @@ func Poisson(seed uint64, ratePerS float64, warmup time.Duration, bound Bound) (
 func CheckRate(ratePerS float64) error {
 	if !(ratePerS > 0) || ratePerS > RatePerSMax || math.IsInf(ratePerS, 0) {
 		return &RangeError{What: "request rate per second", Value: ratePerS, Min: 0, Max: RatePerSMax}
+	}
+	return nil
+}
+
+// CheckSchedule refuses a rate CheckRate refuses, and an open-loop run at
+// ratePerS whose warm-up and bound would send more than RequestsMax
+// requests on average: Poisson stops there, and the run would end long
+// before its duration without a word.
+func CheckSchedule(ratePerS float64, warmup time.Duration, b Bound) error {
+	if err := CheckRate(ratePerS); err != nil {
+		return err
+	}
+	sends := math.Inf(1)
+	if b.Duration > 0 {
+		sends = ratePerS * (warmup + b.Duration).Seconds()
+	}
+	if b.Requests > 0 {
+		sends = min(sends, ratePerS*warmup.Seconds()+float64(b.Requests))
+	}
+	if sends > RequestsMax {
+		return &RangeError{What: fmt.Sprintf("requests sent at %g a second over a warm-up of %s and a bound of %d requests or %s",
+			ratePerS, warmup, b.Requests, b.Duration), Value: math.Round(sends), Min: 1, Max: RequestsMax}
 	}
 	return nil
 }

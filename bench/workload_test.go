@@ -128,3 +128,25 @@ func TestPoisson(t *testing.T) {
 		t.Error("a run without a bound was taken")
 	}
 }
+
+// TestCheckSchedule: a run that would send more than RequestsMax is
+// refused with the count, whichever bound ends it, and one within is not.
+func TestCheckSchedule(t *testing.T) {
+	for _, tc := range []struct {
+		rate   float64
+		warmup time.Duration
+		b      Bound
+		ok     bool
+	}{
+		{1e6, 2 * time.Second, Bound{Duration: 20 * time.Second}, false},
+		{1e6, 5 * time.Second, Bound{Requests: 100}, false},
+		{1e6, 0, Bound{Duration: time.Hour, Requests: 100}, true},
+		{1e5, time.Second, Bound{Duration: 10 * time.Second}, true},
+		{0, 0, Bound{Requests: 1}, false},
+	} {
+		err := CheckSchedule(tc.rate, tc.warmup, tc.b)
+		if (err == nil) != tc.ok {
+			t.Errorf("%g/s, warm-up %s, %+v: %v, want ok %v", tc.rate, tc.warmup, tc.b, err, tc.ok)
+		}
+	}
+}

@@ -165,7 +165,7 @@ func (o *benchOptions) rates() ([]float64, error) {
 		return nil, nil
 	}
 	if o.Rates == "" {
-		return []float64{o.Rate}, bench.CheckRate(o.Rate)
+		return []float64{o.Rate}, bench.CheckSchedule(o.Rate, o.Warmup, o.bound())
 	}
 	parts := strings.Split(o.Rates, ",")
 	if len(parts) > benchRatesMax {
@@ -177,7 +177,7 @@ func (o *benchOptions) rates() ([]float64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--rates: %q is not a number", p)
 		}
-		if err := bench.CheckRate(r); err != nil {
+		if err := bench.CheckSchedule(r, o.Warmup, o.bound()); err != nil {
 			return nil, fmt.Errorf("--rates: %w", err)
 		}
 		out[i] = r

@@ -179,6 +179,7 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--prompt-len", "uniform:9:3"}, "--prompt-len"},
 		{[]string{"--stub", "--compare", "2"}, "give one"},
 		{[]string{"--duration", "0"}, "the run's bound"},
+		{[]string{"--stub", "--rates", "2,1000000", "--duration", "20s"}, "2.2e+07 is outside [1, 4.194304e+06]"},
 		{[]string{"--http", "http://127.0.0.1:1"}, "--http needs --api-key"},
 		{[]string{"--", "--batch-max", "4"}, "arguments after -- are for the nodes --compare starts"},
 	} {

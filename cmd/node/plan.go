@@ -53,7 +53,7 @@ Exit codes: 0 planned, 1 failure, 2 usage error.`,
 			if _, err := o.workloadFlags.check(); err != nil {
 				return usageError{err}
 			}
-			if err := bench.CheckRate(o.Rate); err != nil {
+			if err := bench.CheckSchedule(o.Rate, o.Warmup, o.bound()); err != nil {
 				return usageError{err}
 			}
 			if o.Profile == "" {
