@@ -278,7 +278,7 @@ func (o benchOptions) target() string {
 // client (and credential) per tenant.
 func (o benchOptions) dial(ctx context.Context, log *slog.Logger, w *workload, endpoints []string, creds credFlags) (sender, error) {
 	if o.HTTP != "" {
-		return newHTTPSender(o.HTTP, strings.Split(o.APIKeys, ","), w.model.Name(), max(o.Concurrency, 64)), nil
+		return newHTTPSender(o.HTTP, strings.Split(o.APIKeys, ","), w.model.Name(), max(o.Concurrency, 64), o.NoAnswerAfter), nil
 	}
 	if err := reachAny(endpoints); err != nil {
 		return nil, err

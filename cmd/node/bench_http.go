@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/kvwarden/kvwarden/bench"
 )
@@ -24,18 +25,27 @@ const (
 
 // httpSender sends through the OpenAI-compatible API: POST
 // /v1/completions with stream and include_usage, tenant i with keys[i %
-// len(keys)] (the tenant of a request is its key's).
+// len(keys)] (the tenant of a request is its key's). A request that goes
+// noAnswerAfter without a line of its answer (or its headers) is given up
+// as codeNoAnswer, as the Go client gives one up: an API that accepts and
+// never answers would otherwise hold the run until it is interrupted.
 type httpSender struct {
-	url    string
-	keys   []string
-	model  string
-	client *http.Client
+	url           string
+	keys          []string
+	model         string
+	noAnswerAfter time.Duration
+	client        *http.Client
 }
 
-func newHTTPSender(url string, keys []string, model string, concurrency int) *httpSender {
+// codeNoAnswer is a request over HTTP given up after noAnswerAfter
+// without a line.
+const codeNoAnswer = "http_no_answer"
+
+func newHTTPSender(url string, keys []string, model string, concurrency int, noAnswerAfter time.Duration) *httpSender {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = concurrency
-	return &httpSender{url: strings.TrimRight(url, "/") + "/v1/completions", keys: keys, model: model, client: &http.Client{Transport: tr}}
+	return &httpSender{url: strings.TrimRight(url, "/") + "/v1/completions", keys: keys, model: model, noAnswerAfter: noAnswerAfter,
+		client: &http.Client{Transport: tr}}
 }
 
 func (h *httpSender) close() { h.client.CloseIdleConnections() }
@@ -58,7 +68,12 @@ func (h *httpSender) send(ctx context.Context, tenant int, s bench.Shape) answer
 	body, _ := json.Marshal(map[string]any{"model": h.model, "prompt": s.Prompt, "max_tokens": s.MaxTokens, "stream": true,
 		"stream_options": map[string]bool{"include_usage": true}})
 	t := newTimer()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
+	// quiet ends the request once noAnswerAfter passes with no line read.
+	quietCtx, quit := context.WithCancel(ctx)
+	defer quit()
+	quiet := time.AfterFunc(h.noAnswerAfter, quit)
+	defer quiet.Stop()
+	req, err := http.NewRequestWithContext(quietCtx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
 		a := t.end()
 		a.code = "http_request"
@@ -70,8 +85,11 @@ func (h *httpSender) send(ctx context.Context, tenant int, s bench.Shape) answer
 	if err != nil {
 		a := t.end()
 		a.code = "http_unreachable"
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			a.code = "cancelled"
+		case quietCtx.Err() != nil:
+			a.code = codeNoAnswer
 		}
 		return a
 	}
@@ -87,17 +105,23 @@ func (h *httpSender) send(ctx context.Context, tenant int, s bench.Shape) answer
 		}
 		return a
 	}
-	return h.read(resp.Body, t)
+	a := h.read(resp.Body, t, quiet)
+	if a.code == "http_stream_ended" && ctx.Err() == nil && quietCtx.Err() != nil {
+		a.code = codeNoAnswer
+	}
+	return a
 }
 
 // read takes the event stream: a chunk of text per token (or per few),
-// the usage, then [DONE]. A stream that ends without [DONE] failed.
-func (h *httpSender) read(r io.Reader, t *timer) answer {
+// the usage, then [DONE], resetting quiet at each line. A stream that ends
+// without [DONE] failed.
+func (h *httpSender) read(r io.Reader, t *timer, quiet *time.Timer) answer {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), sseLineBytesMax)
 	var text strings.Builder
 	count, done, code := 0, false, ""
 	for sc.Scan() && !done && code == "" {
+		quiet.Reset(h.noAnswerAfter)
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok {
 			continue

@@ -156,7 +156,7 @@ func TestBenchHTTP(t *testing.T) {
 	for _, tc := range []struct {
 		key, code string
 	}{{"right", ""}, {"busy", "http_429_busy"}, {"cut", "http_stream_ended"}} {
-		h := newHTTPSender(srv.URL, []string{tc.key}, w.model.Name(), 1)
+		h := newHTTPSender(srv.URL, []string{tc.key}, w.model.Name(), 1, time.Minute)
 		a := h.send(context.Background(), 0, w.shapes[0])
 		h.close()
 		if a.code != tc.code || (tc.code == "" && !ref.matches(a)) {
@@ -258,5 +258,36 @@ func TestBenchPrompts(t *testing.T) {
 	}
 	if s := rep.Runs[0].Summary; s.Requests != 20 || s.OK != 20 || s.Wrong != 0 || len(s.Errors) != 0 {
 		t.Errorf("%+v; want 20 requests answered with the reference's answers", s)
+	}
+}
+
+// TestBenchHTTPNoAnswer: an API that goes quiet, before its headers or
+// after a chunk of the stream, has the request given up after
+// --no-answer-after as http_no_answer, so that it cannot hold the run.
+func TestBenchHTTPNoAnswer(t *testing.T) {
+	f := defaultWorkloadFlags()
+	f.Distinct, f.OutputLen = 1, "6"
+	w, err := f.build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer chunk" {
+			rw.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(rw, "data: {\"choices\": [{\"text\": \"a\"}]}\n\n")
+			rw.(http.Flusher).Flush()
+		}
+		<-release
+	}))
+	defer srv.Close()
+	defer close(release)
+	for _, key := range []string{"headers", "chunk"} {
+		h := newHTTPSender(srv.URL, []string{key}, w.model.Name(), 1, 50*time.Millisecond)
+		a := h.send(context.Background(), 0, w.shapes[0])
+		h.close()
+		if a.code != codeNoAnswer {
+			t.Errorf("quiet after %s: code %q, want %q", key, a.code, codeNoAnswer)
+		}
 	}
 }
