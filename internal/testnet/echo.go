@@ -14,6 +14,13 @@ func Echo(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return Serve(t, ln, func(c net.Conn) { _, _ = io.Copy(c, c) })
+}
+
+// Serve accepts on ln until the test ends, handing each connection to
+// handle on a goroutine of its own and closing it when handle returns, and
+// returns ln's address.
+func Serve(t testing.TB, ln net.Listener, handle func(net.Conn)) string {
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -23,7 +30,7 @@ func Echo(t testing.TB) string {
 			}
 			go func() {
 				defer c.Close()
-				_, _ = io.Copy(c, c)
+				handle(c)
 			}()
 		}
 	}()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvwarden/kvwarden/internal/testnet"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -80,21 +81,10 @@ func ServeTLS(t testing.TB, b *trust.Bundle) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				_ = c.(*tls.Conn).Handshake()
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	return testnet.Serve(t, ln, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_ = c.(*tls.Conn).Handshake()
+	})
 }
 
 // ClosedAddr is a loopback address where nothing listens.
