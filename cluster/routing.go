@@ -52,7 +52,7 @@ func (r *Routing) Outstanding(inc uint64) Load { return r.out[inc] }
 // negative when more is outstanding than the node holds (the excess waits
 // for pages there).
 func (r *Routing) Free(c Candidate) int {
-	return min(c.FreePages, c.CapacityPages-r.out[c.Incarnation].Pages)
+	return min(c.FreePages, c.CapacityPages-r.Outstanding(c.Incarnation).Pages)
 }
 
 // Pick chooses, of cs, the candidate (its index) for a request that holds
