@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvwarden/kvwarden/internal/testnet"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -243,33 +244,36 @@ func TestBinaryClusterDecodeKilled(t *testing.T) {
 }
 
 // TestBinaryClusterRouterKilled: a router killed (SIGKILL) while a decode
-// node generates a request it relayed. Nobody will read that request's
-// tokens: once the router is lost, the decode node cancels it and frees
-// its pages, rather than generating on for nobody.
+// node holds requests it relayed. Nobody will read those requests' tokens:
+// once the router is lost, the decode node cancels them and frees their
+// pages, rather than serving them for nobody. The requests are held, with
+// the prefill node's remote behind a shut gate, until the loss is seen:
+// generating ones could end first on a fast machine and leave nothing to
+// cancel.
 func TestBinaryClusterRouterKilled(t *testing.T) {
+	gate := testnet.NewGate(t)
+	listen := freeTCPAddr(t)
+	gate.Open(listen)
 	router := startMember(t, "router", "")
-	prefill := startMember(t, "prefill", router.gossip)
-	// One sequence at a time, and many requests: some still wait for
-	// their turn when failure detection finds the router dead.
-	decode := startMember(t, "decode", router.gossip, "--batch-max", "1")
+	prefill := startMember(t, "prefill", router.gossip, "--listen", listen, "--advertise", gate.Addr())
+	decode := startMember(t, "decode", router.gossip)
 	waitConverged(t, router, prefill, decode)
-	var long []*request
-	for i := range 16 {
-		long = append(long, &request{tenant: "acme", prompt: fmt.Sprintf("request %d, which nobody will read to its end", i), maxTokens: 1000})
+	gate.Shut()
+	var held []*request
+	for i := range 4 {
+		held = append(held, &request{tenant: "acme", prompt: fmt.Sprintf("request %d, which nobody will read", i), maxTokens: 64})
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		generateAll(t, router.addr, long)
+		generateAll(t, router.addr, held)
 	}()
 	testwait.Report(t, "the decode node holds the requests", commandTimeout, func() (bool, string) {
-		select {
-		case <-done:
-			t.Fatal("the requests ended before the router was killed")
-		default:
+		l, err := testControl(t).inFlight(decode.addr, messages.InFlightListMax, statusPollTimeout)
+		if err != nil {
+			return false, err.Error()
 		}
-		s, err := statusOf(t, decode.addr)
-		return err == nil && s.Node.InFlight == uint32(len(long)), fmt.Sprintf("status %v", err)
+		return len(l.Requests) == len(held), fmt.Sprintf("%+v", l)
 	})
 	if err := router.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -279,13 +283,17 @@ func TestBinaryClusterRouterKilled(t *testing.T) {
 			t.Logf("decode node's log:\n%s", decode.stderr)
 		}
 	})
-	t.Log(logged(t, decode, convergeTimeout, "requests of a lost sender cancelled"))
+	t.Log(logged(t, decode, convergeTimeout, "requests of a lost sender cancelled", fmt.Sprintf("requests=%d", len(held))))
 	testwait.Report(t, "the decode node's pools free", reclaimTimeout, func() (bool, string) {
 		s, err := statusOf(t, decode.addr)
 		return err == nil && allFree(s.Node.Pools) && s.Node.InFlight == 0, fmt.Sprintf("%+v %v", s, err)
 	})
-	<-done
-	for _, r := range long {
+	select {
+	case <-done:
+	case <-time.After(commandTimeout):
+		t.Fatalf("the clients of the killed router did not exit within %s", commandTimeout)
+	}
+	for _, r := range held {
 		if r.code == exitOK {
 			t.Errorf("a request of the killed router answered %q", r.stdout)
 		}
