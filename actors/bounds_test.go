@@ -44,7 +44,7 @@ func TestFullMailboxAnswersBusy(t *testing.T) {
 		}
 	}, actor.WithMailbox(NewMailbox(sys, 2, &drops))))
 	sys.Root.Send(pid, step{})
-	<-blocked
+	testwait.Recv(t, "the actor blocked in its step", time.Minute, blocked)
 	sys.Root.Send(pid, &messages.CancelRequest{RequestID: 1, Tenant: "a"})
 	sys.Root.Send(pid, &messages.CancelRequest{RequestID: 2, Tenant: "a"})
 

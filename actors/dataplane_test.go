@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -62,7 +63,7 @@ func TestSendsOffTheWorker(t *testing.T) {
 		return err == nil && s.Sending == 2
 	})
 	send(3, healthy)
-	first := <-done
+	first := testwait.Recv(t, "the first TransferDone", time.Minute, done)
 	if first.RequestID != 3 || first.Err != nil {
 		t.Fatalf("first answer beside two stalled transfers: %+v, want request 3 done", first)
 	}

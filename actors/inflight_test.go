@@ -91,7 +91,7 @@ func TestOperatorListsAndCancels(t *testing.T) {
 		t.Fatalf("cancel of globex's request: %+v", rep)
 	}
 	var we *messages.WireError
-	if err := <-ended["globex"]; !errors.As(err, &we) || we.Code != messages.CodeCancelled {
+	if err := testwait.Recv(t, "globex's answer", time.Minute, ended["globex"]); !errors.As(err, &we) || we.Code != messages.CodeCancelled {
 		t.Fatalf("globex's client got %v, want cancelled", err)
 	}
 	// Its client has the answer; admission forgets the request when its
@@ -118,7 +118,7 @@ func TestOperatorListsAndCancels(t *testing.T) {
 		cancelOf(t, n, r.Number)
 	}
 	for _, tenant := range []string{"acme", "initech"} {
-		if err := <-ended[tenant]; !errors.As(err, &we) || we.Code != messages.CodeCancelled {
+		if err := testwait.Recv(t, tenant+"'s answer", time.Minute, ended[tenant]); !errors.As(err, &we) || we.Code != messages.CodeCancelled {
 			t.Fatalf("%s's client got %v, want cancelled", tenant, err)
 		}
 	}

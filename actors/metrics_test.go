@@ -187,7 +187,7 @@ func TestNodeMetrics(t *testing.T) {
 	other[0] ^= 1
 	n.Root().RequestWithCustomSender(n.dispatcher, &messages.TransferPlan{RequestID: 9, Tenant: "acme", TokenCount: 1,
 		PromptTokens: []uint32{1}, PageTokens: uint32(cfg.PageTokens), DestTags: []kv.Tag{dest}, Model: other.String()}, decoder)
-	if d := <-done; d.Err == nil || d.Err.Code != messages.CodeModelMismatch {
+	if d := testwait.Recv(t, "the plan's TransferDone", time.Minute, done); d.Err == nil || d.Err.Code != messages.CodeModelMismatch {
 		t.Fatalf("a plan of another model: %+v", d)
 	}
 	want := make([]uint64, integrityReasons)

@@ -39,8 +39,8 @@ func TestLateTransferDoneWhileDecodingIgnored(t *testing.T) {
 		got = res.Tokens
 		done <- err
 	}()
-	<-tokens
-	<-tokens // decoding has begun
+	testwait.Recv(t, "the first token", time.Minute, tokens)
+	testwait.Recv(t, "the second token", time.Minute, tokens) // decoding has begun
 	pid, ok := n.registry.Load(uint64(1))
 	if !ok {
 		t.Fatal("request 1 is not registered")
@@ -48,7 +48,7 @@ func TestLateTransferDoneWhileDecodingIgnored(t *testing.T) {
 	late := &messages.TransferDone{RequestID: 1, Tenant: "acme", Err: &messages.WireError{Code: messages.CodeBusy}}
 	n.Root().Send(pid.(*actor.PID), late)
 	n.Root().Send(pid.(*actor.PID), &messages.TransferDone{RequestID: 1, Tenant: "acme", First: 7, Frames: 1})
-	if err := <-done; err != nil {
+	if err := testwait.Recv(t, "the answer", time.Minute, done); err != nil {
 		t.Fatal(err)
 	}
 	if want := reference(t, cfg, prompt, maxTokens); fmt.Sprint(got) != fmt.Sprint(want) {

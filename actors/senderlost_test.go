@@ -54,7 +54,7 @@ func TestSenderLostCancelsItsRequests(t *testing.T) {
 		t.Fatalf("a loss at another address, or before the requests came, cancelled some: %+v", l)
 	}
 	n.SenderLost(n.Address(), time.Now())
-	if r := <-routed; r == nil || r.Err == nil || r.Err.Code != messages.CodeCancelled {
+	if r := testwait.Recv(t, "the routed request's answer", time.Minute, routed); r == nil || r.Err == nil || r.Err.Code != messages.CodeCancelled {
 		t.Fatalf("the lost router's request ended with %+v, want cancelled", r)
 	}
 	l := list()
@@ -63,7 +63,7 @@ func TestSenderLostCancelsItsRequests(t *testing.T) {
 	}
 	cancelOf(t, n, l.Requests[0].Number)
 	var we *messages.WireError
-	if err := <-own; !errors.As(err, &we) || we.Code != messages.CodeCancelled {
+	if err := testwait.Recv(t, "the client's own request's answer", time.Minute, own); !errors.As(err, &we) || we.Code != messages.CodeCancelled {
 		t.Fatalf("the client's own request ended with %v, want cancelled by the operator", err)
 	}
 	testwait.Report(t, "every page free after the loss", time.Minute, func() (bool, string) {

@@ -11,6 +11,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -62,7 +63,7 @@ func TestAbortedQueuedPlanLeavesNothingInTheWorker(t *testing.T) {
 			Model: n.Model().Fingerprint().String()}
 	}
 	n.Root().RequestWithCustomSender(worker, plan(1), decoder)
-	<-eng.entered // the worker computes plan 1; what follows waits in its mailbox
+	testwait.Recv(t, "the worker computing plan 1", time.Minute, eng.entered) // what follows waits in its mailbox
 	n.Root().RequestWithCustomSender(worker, plan(2), decoder)
 	n.Root().RequestWithCustomSender(worker, &messages.TransferAbort{RequestID: 2, Tenant: "acme",
 		Reason: messages.WireError{Code: messages.CodeCancelled, Message: "cancelled"}}, decoder)

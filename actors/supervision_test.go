@@ -7,6 +7,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 )
 
@@ -23,7 +24,7 @@ func TestInvariantFailureStopsNotRestarts(t *testing.T) {
 	pool := n.Pools()[0]
 	bogus := kv.Tag{Incarnation: n.Config().Incarnation, Index: 0, Generation: 99}
 	n.Root().Send(pool.Pages[0], pageAssign{Tag: bogus, Owner: kv.Owner{Request: 1, Tenant: "x"}})
-	e := <-n.Fatal()
+	e := testwait.Recv(t, "the node's invariant error", time.Minute, n.Fatal())
 	if e.Message != "actors.pageAssign" || e.Actor != pool.Pages[0].String() {
 		t.Fatalf("invariant error: %+v", e)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/messages/messagestest"
@@ -193,7 +194,7 @@ func TestTransferOnlyFromThePlannedPeer(t *testing.T) {
 			e = messagestest.Next(t, tc.name+": the plan", plans, time.Minute) // the abort of the request before
 		}
 		tc.play(e.Message.(*messages.TransferPlan), e.Sender)
-		got := <-done
+		got := testwait.Recv(t, tc.name+": the answer", time.Minute, done)
 		if tc.answers {
 			if want := reference(t, n.Config(), "hi", 4); got.err != nil || fmt.Sprint(got.tokens) != fmt.Sprint(want) {
 				t.Errorf("%s: %v, %v; want the reference %v", tc.name, got.tokens, got.err, want)
@@ -338,7 +339,7 @@ func TestBlackHoleDataPlaneStallsOnlyItsTransfer(t *testing.T) {
 		t.Fatalf("%d transfers being sent after the healthy one, want the stalled one", n)
 	}
 	var we *messages.WireError
-	if err := <-stalled; !errors.As(err, &we) || we.Code != messages.CodeNodeLost {
+	if err := testwait.Recv(t, "the stalled transfer's end", time.Minute, stalled); !errors.As(err, &we) || we.Code != messages.CodeNodeLost {
 		t.Fatalf("the transfer to the black hole: %v, want node lost", err)
 	}
 }

@@ -321,7 +321,7 @@ func TestCancelReachesTheContinuation(t *testing.T) {
 		_, err := c.Generate(ctx, "acme", "hi", GenerateOptions{MaxTokens: len(reference)}, got.token)
 		done <- err
 	}()
-	<-got.at(3)
+	testwait.Recv(t, "the third token", time.Minute, got.at(3))
 	cancel()
 	testwaitCancel(t, b)
 	if _, cancels := a.seen(); len(cancels) != 0 {
@@ -333,7 +333,7 @@ func TestCancelReachesTheContinuation(t *testing.T) {
 	}
 	// b's connection ends before it answers: the request is over.
 	b.sys.EventStream.Publish(&remote.EndpointTerminatedEvent{Address: b.addr})
-	if err := <-done; !errors.Is(err, context.Canceled) {
+	if err := testwait.Recv(t, "Generate to return", time.Minute, done); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Generate: %v, want the context's error", err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -558,10 +559,10 @@ func TestDataPlaneBackPressure(t *testing.T) {
 	done1, done2 := make(chan error, 1), make(chan error, 1)
 	go func() { done1 <- snd.Send(context.Background(), first) }()
 
-	if seq := <-entered; seq != 0 {
+	if seq := testwait.Recv(t, "the handler entered", eventDeadline, entered); seq != 0 {
 		t.Fatalf("handler entered for batch %d first", seq)
 	}
-	<-windowFull
+	testwait.Recv(t, "the window full", eventDeadline, windowFull)
 	if st := snd.Stats(); st.InFlight != uint64(scfg.InFlightMax) || st.BatchesSent > uint64(scfg.InFlightMax) {
 		t.Fatalf("window full with stats %+v, want exactly InFlightMax (%d) batches in flight", st, scfg.InFlightMax)
 	}
@@ -572,7 +573,7 @@ func TestDataPlaneBackPressure(t *testing.T) {
 	}
 
 	go func() { done2 <- snd.Send(context.Background(), second) }()
-	<-windowFull
+	testwait.Recv(t, "the window full", eventDeadline, windowFull)
 	if st := snd.Stats(); st.InFlight != uint64(scfg.InFlightMax) || st.BatchesSent > uint64(scfg.InFlightMax) {
 		t.Fatalf("second Send found the window full with stats %+v", st)
 	}
@@ -587,17 +588,17 @@ func TestDataPlaneBackPressure(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done3 := make(chan error, 1)
 	go func() { done3 <- snd.Send(ctx, dpFrames(rng, 1, 3, dpReceiverInc)) }()
-	<-windowFull
+	testwait.Recv(t, "the window full", eventDeadline, windowFull)
 	cancel()
-	if err := <-done3; !errors.Is(err, context.Canceled) {
+	if err := testwait.Recv(t, "the cancelled Send", eventDeadline, done3); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Send = %v", err)
 	}
 
 	close(release)
-	if err := <-done1; err != nil {
+	if err := testwait.Recv(t, "the first Send", eventDeadline, done1); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done2; err != nil {
+	if err := testwait.Recv(t, "the second Send", eventDeadline, done2); err != nil {
 		t.Fatal(err)
 	}
 	if got := len(rec.got()); got != 6 {
@@ -626,19 +627,19 @@ func TestDataPlaneServerClosed(t *testing.T) {
 	go func() {
 		done <- snd.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(1, 1)), 2, 1, dpReceiverInc))
 	}()
-	<-entered
+	testwait.Recv(t, "the handler entered", eventDeadline, entered)
 	closed := make(chan error, 1)
 	go func() { closed <- srv.Close() }()
 
-	err = <-done
+	err = testwait.Recv(t, "Send to return", eventDeadline, done)
 	var lost *DataPlaneLostError
 	if !errors.As(err, &lost) || !errors.Is(err, ErrDataPlaneLost) || lost.Unacked != 1 {
 		t.Fatalf("Send = %v, want the connection lost with 1 batch unacknowledged", err)
 	}
 	t.Log(err)
-	<-snd.Done()
+	testwait.Recv(t, "the sender done", eventDeadline, snd.Done())
 	close(release)
-	if err := <-closed; err != nil {
+	if err := testwait.Recv(t, "the server closed", eventDeadline, closed); err != nil {
 		t.Fatal(err)
 	}
 	// Every later Send fails the same way, without waiting.
@@ -665,14 +666,14 @@ func TestDataPlaneBusyAndIdle(t *testing.T) {
 	}()
 	// While its batch is handled, the first connection is served and not
 	// idle, however long the second dial takes: that one is busy.
-	<-entered
+	testwait.Recv(t, "the handler entered", eventDeadline, entered)
 	_, err := DialDataPlane(dpTestConfig(t, dpSenderInc), srv.Addr().String(), dpReceiverInc, trust.Identity{})
 	var herr *DataPlaneHelloError
 	if !errors.As(err, &herr) || herr.Status != DataPlaneBusy {
 		t.Fatalf("second dial = %v, want busy", err)
 	}
 	free()
-	if err := <-sent; err != nil {
+	if err := testwait.Recv(t, "Send on the served connection", eventDeadline, sent); err != nil {
 		t.Fatalf("Send on the served connection: %v", err)
 	}
 	// Then nothing is sent: the connection idles out.
@@ -857,7 +858,7 @@ func TestDataPlaneSlowHandlerNotIdle(t *testing.T) {
 	first, second := dpFrames(rng, 1, 1, dpReceiverInc), dpFrames(rng, 1, 2, dpReceiverInc)
 	done := make(chan error, 2)
 	go func() { done <- snd.Send(context.Background(), first) }()
-	<-entered
+	testwait.Recv(t, "the handler entered", eventDeadline, entered)
 	// The pause is the scenario: more than IdleTimeout without an
 	// acknowledgement. However long it lasts, the handler is still busy:
 	// it holds the first batch until the second is being written.
@@ -868,7 +869,7 @@ func TestDataPlaneSlowHandlerNotIdle(t *testing.T) {
 	})
 	free()
 	for range 2 {
-		if err := <-done; err != nil {
+		if err := testwait.Recv(t, "Send to return", eventDeadline, done); err != nil {
 			t.Fatalf("Send while the handler is busy past IdleTimeout: %v", err)
 		}
 	}
@@ -903,9 +904,9 @@ func TestDataPlaneSendCancelledAfterWrite(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- snd.Send(ctx, dpFrames(rng, 6, 1, dpReceiverInc)) }()
-	<-entered
+	testwait.Recv(t, "the handler entered", eventDeadline, entered)
 	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
+	if err := testwait.Recv(t, "the cancelled Send", eventDeadline, done); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Send = %v, want cancelled", err)
 	}
 	close(release)

@@ -18,6 +18,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/internal/testnet"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/messages/messagestest"
 	"github.com/kvwarden/kvwarden/trust"
@@ -104,7 +105,7 @@ func TestOperatorCancelsInFlight(t *testing.T) {
 			t.Fatalf("cancel of request %d on %s: %+v", number, via.cfg.Actors.Role, rep)
 		}
 		var we *messages.WireError
-		if err := <-done; !errors.As(err, &we) || we.Code != messages.CodeCancelled {
+		if err := testwait.Recv(t, "the cancelled request's answer", time.Minute, done); !errors.As(err, &we) || we.Code != messages.CodeCancelled {
 			t.Fatalf("cancelled on the %s node, the client got %v, want cancelled", via.cfg.Actors.Role, err)
 		}
 		waitFor(t, "the decode node's pages free", 10*time.Second, func() bool { return allFree(d) })

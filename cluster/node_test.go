@@ -275,7 +275,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 		return err == nil && s > 0
 	})
 	doomed.shutdown() // no leave: a crash, as the others see it
-	got := <-done
+	got := testwait.Recv(t, "the answer", time.Minute, done)
 	if got.err != nil {
 		t.Fatalf("request after its prefill node died: %v", got.err)
 	}
@@ -310,7 +310,7 @@ func TestDecodeLostFailsCleanly(t *testing.T) {
 		return err == nil && n > 0
 	})
 	d.shutdown()
-	err := <-done
+	err := testwait.Recv(t, "the answer", time.Minute, done)
 	var we *messages.WireError
 	if !errors.As(err, &we) || we.Code != messages.CodeNodeLost {
 		t.Fatalf("request on a dead decode node: %v, want node_lost", err)
@@ -372,12 +372,18 @@ func TestRouterDrainFinishesRelays(t *testing.T) {
 		got = res.Tokens
 		done <- err
 	}()
-	<-first
+	select {
+	case <-first:
+	case err := <-done:
+		t.Fatalf("the request ended before its first token: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("no first token within a minute")
+	}
 	left, err := r.drainWait()
 	if err != nil || left != 0 {
 		t.Fatalf("router drain: %d left, %v", left, err)
 	}
-	if err := <-done; err != nil {
+	if err := testwait.Recv(t, "the answer", time.Minute, done); err != nil {
 		t.Fatalf("request relayed through a draining router: %v", err)
 	}
 	if want, _ := withModel(t, r.cfg).Model.Answer(prompt, maxTokens); fmt.Sprint(got) != fmt.Sprint(want) {

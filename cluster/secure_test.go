@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/messages/messagestest"
 	"github.com/kvwarden/kvwarden/trust"
@@ -126,7 +127,7 @@ func TestClientTakesOnlyItsNode(t *testing.T) {
 		Text: "h", FinishReason: messages.FinishLength}); err != nil {
 		t.Fatal(err)
 	}
-	a := <-answered
+	a := testwait.Recv(t, "Generate to return", time.Minute, answered)
 	if a.err != nil || a.res.Text != "h" {
 		t.Fatalf("Generate = %+v, %v; want the node's answer %q", a.res, a.err, "h")
 	}

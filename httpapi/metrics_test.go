@@ -382,7 +382,7 @@ func TestKVTransferStalledAndFailed(t *testing.T) {
 	_, err := c.Generate(context.Background(), "acme", "one more", client.GenerateOptions{MaxTokens: 2}, nil)
 	refusedWith(t, "a second request with one admitted at a time", err, messages.CodeBusy)
 	release()
-	err = <-failed
+	err = testwait.Recv(t, "the held request's end", time.Minute, failed)
 	var we *messages.WireError
 	if !errors.As(err, &we) {
 		t.Fatalf("the request into the black hole: %v, want a refusal", err)

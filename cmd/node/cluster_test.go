@@ -452,11 +452,11 @@ func TestBinaryClusterDrain(t *testing.T) {
 	})
 	after := mixedRequests(4, 2, 200, 16)
 	generateAll(t, router.addr, after)
-	<-running
+	testwait.Recv(t, "the requests sent before", commandTimeout, running)
 	checkReference(t, during)
 	checkReference(t, after)
 
-	d := <-drained
+	d := testwait.Recv(t, "node drain --wait", commandTimeout, drained)
 	if d.code != exitOK || !strings.Contains(d.stdout, "drained "+victim.addr) {
 		t.Errorf("drain: exit %d; stdout:\n%s\nstderr:\n%s", d.code, d.stdout, d.stderr)
 	}
@@ -535,7 +535,7 @@ func TestBinaryClusterPrefillKilled(t *testing.T) {
 	if err := victim.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	<-running
+	testwait.Recv(t, "the requests sent before", commandTimeout, running)
 	want, _ := referenceText(t, actors.DefaultConfig(), long.prompt, long.maxTokens)
 	switch {
 	case long.code == exitOK && long.stdout == want+"\n":

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -235,7 +236,7 @@ func TestFailoverNoRouterLeft(t *testing.T) {
 	}
 	failed := 0
 	for i, s := range reqs {
-		<-s.done
+		testwait.Recv(t, fmt.Sprintf("request %d", i), commandTimeout, s.done)
 		if s.err == nil && s.res.Continued == 0 {
 			continue // finished before the kills
 		}

@@ -57,7 +57,7 @@ func TestServeFaultsAndPressure(t *testing.T) {
 	go func() { served <- serve(w, log, nc, webOptions{}, signals) }()
 	defer func() {
 		signals <- os.Interrupt
-		if err := <-served; err != nil {
+		if err := testwait.Recv(t, "serve to return after SIGINT", exitTimeout, served); err != nil {
 			t.Errorf("serve: %v", err)
 		}
 	}()

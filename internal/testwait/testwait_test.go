@@ -1,6 +1,7 @@
 package testwait
 
 import (
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -62,6 +63,25 @@ func TestReportFailsAtTheBoundWithWhatItSaw(t *testing.T) {
 		For(r, "never", time.Second, func() bool { return false })
 		if len(r.failures) != 2 || strings.Contains(r.failures[1], "last seen") {
 			t.Fatalf("failure of a condition that says nothing: %q", r.failures[1:])
+		}
+	})
+}
+
+func TestRecvReturnsTheValueOrFailsAtTheBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ch := make(chan int, 1)
+		time.AfterFunc(2*time.Second, func() { ch <- 7 })
+		r := &recorder{TB: t}
+		start := time.Now()
+		if v := Recv(r, "the answer", 5*time.Second, ch); v != 7 || len(r.failures) != 0 || time.Since(start) != 2*time.Second {
+			t.Fatalf("got %d after %s with failures %q; want 7 after 2s, none", v, time.Since(start), r.failures)
+		}
+		start = time.Now()
+		if v := Recv(r, "a second answer", 5*time.Second, ch); v != 0 || time.Since(start) != 5*time.Second {
+			t.Fatalf("got %d after %s; want the zero value at the bound, 5s", v, time.Since(start))
+		}
+		if want := []string{"a second answer: not within 5s"}; fmt.Sprint(r.failures) != fmt.Sprint(want) {
+			t.Fatalf("failures %q, want %q", r.failures, want)
 		}
 	})
 }
