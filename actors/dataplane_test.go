@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,6 +79,60 @@ func TestSendsOffTheWorker(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatal("a stalled transfer never failed")
 		}
+	}
+}
+
+// TestBusyDataPlaneIsDialedAgain: a receiver that answers busy (its
+// connection slots taken, as by connections of this node still closing)
+// is dialed again after a pause, within the transfer's deadline, and the
+// transfer goes through; a dial that fails otherwise is not repeated.
+func TestBusyDataPlaneIsDialedAgain(t *testing.T) {
+	cfg := testConfig()
+	lim := cfg.BatchLimits()
+	healthy := serveFrames(t, lim, func([]kv.Frame) error { return nil })
+	const busyDials = 3
+	var dials atomic.Int32
+	refused := "127.0.0.1:1" // refuses TCP: node lost, not busy
+	n, err := Start(cfg, withModel(t, cfg, Options{Dial: func(addr string, inc uint64) (FrameSender, error) {
+		if dials.Add(1) <= busyDials && addr == healthy {
+			return nil, &messages.WireError{Code: messages.CodeBusy, Where: "data plane", Message: "test: connection slots taken"}
+		}
+		return dialFrames(addr, lim)
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		quiesce(t, n)
+		n.Stop()
+	})
+	done := make(chan *messages.TransferDone, 2)
+	decoder := n.Root().Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if m, ok := c.Message().(*messages.TransferDone); ok {
+			done <- m
+		}
+	}))
+	send := func(id uint64, dataPlane string) {
+		n.Root().RequestWithCustomSender(n.dispatcher, &messages.TransferPlan{RequestID: id, Tenant: "acme", TokenCount: 3,
+			PromptTokens: []uint32{'a', 'b', 'c'}, PageTokens: uint32(cfg.PageTokens),
+			DestTags: []kv.Tag{{Incarnation: 9, Index: uint32(id), Generation: 1}}, DataPlane: dataPlane,
+			Model: n.Model().Fingerprint().String()}, decoder)
+	}
+	send(1, healthy)
+	if m := testwait.Recv(t, "the transfer to a receiver busy thrice", time.Minute, done); m.RequestID != 1 || m.Err != nil {
+		t.Fatalf("transfer after %d busy dials: %+v, want it done", busyDials, m)
+	}
+	if got := dials.Load(); got != busyDials+1 {
+		t.Fatalf("%d dials, want %d busy ones and the one that served", got, busyDials+1)
+	}
+	n.Root().RequestWithCustomSender(n.dispatcher, &messages.TransferAck{RequestID: 1, Tenant: "acme", TokenCount: 3, Pages: 1},
+		decoder)
+	send(2, refused)
+	if m := testwait.Recv(t, "the transfer to a refusing address", time.Minute, done); m.RequestID != 2 || m.Err == nil {
+		t.Fatalf("transfer to an address that refuses TCP: %+v, want its failure", m)
+	}
+	if got := dials.Load(); got != busyDials+2 {
+		t.Fatalf("%d dials after a refused one, want it dialed once", got)
 	}
 }
 

@@ -435,9 +435,37 @@ func (w *workerActor) sendRemote(c actor.Context, key handoff.JobKey, plan *mess
 	}()
 }
 
-// dialWithin dials, waiting no longer than ctx: a dialer that does not
-// return in time is left to finish, and what it returns then is closed.
+// Pauses between dials of a data plane that answered busy.
+const (
+	dialBusyPauseMin = 5 * time.Millisecond
+	dialBusyPauseMax = 500 * time.Millisecond
+)
+
+// dialWithin dials, waiting no longer than ctx. A receiver that answers
+// busy has its connection slots taken, often by connections of this very
+// node that are closing (a sender closes its spare connection, and the
+// receiver frees the slot only once it reads the close): it is dialed
+// again after a pause that doubles from dialBusyPauseMin to
+// dialBusyPauseMax, until ctx ends, and the transfer fails busy only then.
 func dialWithin(ctx context.Context, dial Dialer, addr string, inc uint64) (FrameSender, error) {
+	for pause := dialBusyPauseMin; ; pause = min(2*pause, dialBusyPauseMax) {
+		s, err := dialOnce(ctx, dial, addr, inc)
+		if err == nil || handoff.Wire(err).Code != messages.CodeBusy {
+			return s, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		}
+	}
+}
+
+// dialOnce dials, waiting no longer than ctx: a dialer that does not
+// return in time is left to finish, and what it returns then is closed.
+func dialOnce(ctx context.Context, dial Dialer, addr string, inc uint64) (FrameSender, error) {
 	type dialed struct {
 		s   FrameSender
 		err error

@@ -451,6 +451,23 @@ func (e *DataPlaneHelloError) Unwrap() error {
 
 func (e *DataPlaneHelloError) Is(target error) bool { return target == ErrDataPlaneRefused }
 
+// Wire is what a client is told of e: a receiver at its connection limit
+// is busy, one that restarted since the plan is lost to this transfer, one
+// of another model is model_mismatch; any other refusal (a version, limits
+// or certificate the two sides disagree on) is the cluster's own fault.
+func (e *DataPlaneHelloError) Wire() *messages.WireError {
+	w := &messages.WireError{Code: messages.CodeInternal, Message: e.Error(), Where: "data plane"}
+	switch e.Status {
+	case DataPlaneBusy:
+		w.Code = messages.CodeBusy
+	case DataPlaneHelloIncarnation:
+		w.Code = messages.CodeNodeLost
+	case DataPlaneHelloModel:
+		w.Code, w.Where = messages.CodeModelMismatch, "model fingerprint"
+	}
+	return w
+}
+
 // DataPlaneLostError: the connection broke (read or write error, timeout,
 // protocol violation, the receiver closed it, or the sender was closed).
 // Unacked batches were written and not acknowledged: the receiver may or
@@ -476,8 +493,9 @@ func (e *DataPlaneLostError) Wire() *messages.WireError {
 }
 
 // DataPlaneDialError: no connection to the data plane at Addr came to be:
-// the dial or the TLS handshake (Stage) failed, with Err. For the transfer
-// that needed it, the receiver is lost.
+// the dial, the TLS handshake or the exchange of hellos (Stage) failed,
+// with Err (refused, reset, cut short, timed out). For the transfer that
+// needed it, the receiver is lost.
 type DataPlaneDialError struct {
 	Addr, Stage string
 	Err         error

@@ -202,10 +202,10 @@ func dpHandshake(conn net.Conn, cfg DataPlaneConfig, addr string, peer uint64) (
 	h := dpHello{version: dpVersion, incarnation: cfg.Incarnation, expect: peer, limits: cfg.Batch, model: cfg.Model}
 	b := h.encode()
 	if _, err := conn.Write(b[:]); err != nil {
-		return kv.BatchLimits{}, fmt.Errorf("cluster: data plane hello to %s: %w", addr, err)
+		return kv.BatchLimits{}, &DataPlaneDialError{Addr: addr, Stage: "hello", Err: err}
 	}
 	if _, err := io.ReadFull(conn, b[:]); err != nil {
-		return kv.BatchLimits{}, fmt.Errorf("cluster: data plane hello reply from %s: %w", addr, err)
+		return kv.BatchLimits{}, &DataPlaneDialError{Addr: addr, Stage: "hello reply", Err: err}
 	}
 	r, err := decodeDPHello(b[:], true)
 	if err != nil {

@@ -672,6 +672,9 @@ func TestDataPlaneBusyAndIdle(t *testing.T) {
 	if !errors.As(err, &herr) || herr.Status != DataPlaneBusy {
 		t.Fatalf("second dial = %v, want busy", err)
 	}
+	if w := herr.Wire(); w.Code != messages.CodeBusy || w.Where != "data plane" {
+		t.Fatalf("a busy receiver reaches the client as %+v, want busy from the data plane", w)
+	}
 	free()
 	if err := testwait.Recv(t, "Send on the served connection", eventDeadline, sent); err != nil {
 		t.Fatalf("Send on the served connection: %v", err)
@@ -687,6 +690,41 @@ func TestDataPlaneBusyAndIdle(t *testing.T) {
 	}
 	if rs := srv.Stats(); rs.RefusedBusy != 1 || rs.IdleClosed != 1 {
 		t.Fatalf("server stats %+v", rs)
+	}
+}
+
+// TestDataPlaneHelloCutIsNodeLost: a receiver that takes the connection
+// and closes it, or resets it, before it answers the hello (it is
+// restarting, or overloaded) is lost to the transfer that dialed it: the
+// client is told node_lost, which the cluster retries before any token,
+// not internal.
+func TestDataPlaneHelloCutIsNodeLost(t *testing.T) {
+	for _, reset := range []bool{false, true} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.SetDeadline(time.Now().Add(eventDeadline))
+			io.ReadFull(c, make([]byte, dpHelloBytes))
+			if reset {
+				c.(*net.TCPConn).SetLinger(0) // a close with unread data in flight sends RST
+			}
+			c.Close()
+		}()
+		_, err = DialDataPlane(dpTestConfig(t, dpSenderInc), ln.Addr().String(), dpReceiverInc, trust.Identity{})
+		var derr *DataPlaneDialError
+		if !errors.As(err, &derr) || derr.Stage != "hello reply" {
+			t.Fatalf("reset %t: dial = %v, want the hello reply cut", reset, err)
+		}
+		if w := derr.Wire(); w.Code != messages.CodeNodeLost {
+			t.Fatalf("reset %t: a hello cut reaches the client as %+v, want node_lost", reset, w)
+		}
 	}
 }
 
