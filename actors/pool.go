@@ -11,6 +11,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
 )
 
 // poolCounters are shared by a pool actor and its page actors, which run on
@@ -128,6 +129,15 @@ func (e *NoAnswerError) Error() string {
 func (e *NoAnswerError) Is(target error) bool { return target == ErrNoAnswer }
 
 func (e *NoAnswerError) Unwrap() error { return e.Cause }
+
+// Wire is what a client is told of e: busy. An actor of a live node that
+// does not answer within its bound is behind a queue the node cannot work
+// off in time (a loaded or stalled process), so the request may succeed
+// elsewhere or later; a broken invariant, which also leaves calls
+// unanswered, stops the node and is reported as such.
+func (e *NoAnswerError) Wire() *messages.WireError {
+	return &messages.WireError{Code: messages.CodeBusy, Message: e.Error(), Where: "node overloaded"}
+}
 
 // ask sends msg to pid and waits for an answer of type T.
 func ask[T any](r Requester, pid *actor.PID, msg any, timeout time.Duration) (T, error) {

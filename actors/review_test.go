@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -132,6 +133,11 @@ func TestReserveTimeoutIsUndone(t *testing.T) {
 	_, err := pool.Reserve(lateRequester{n.Root()}, kv.Owner{Request: 1 << 40, Tenant: "acme"}, 0, 4)
 	if !errors.Is(err, ErrNoAnswer) {
 		t.Fatalf("reserve whose answer is lost: %v", err)
+	}
+	// A node too loaded to answer itself in time is busy to the client,
+	// which may be served elsewhere, not an internal failure.
+	if w := handoff.Wire(err); w.Code != messages.CodeBusy || w.Where != "node overloaded" {
+		t.Fatalf("a reserve whose answer is lost reaches the client as %+v, want busy", w)
 	}
 	// The undo travels pool → pages → pool; wait for the frees to land.
 	testwait.Report(t, "every page free after an undone reservation", 10*time.Second, func() (bool, string) {
