@@ -110,7 +110,7 @@ func startCluster(t *testing.T, n int) ([]*Membership, time.Duration) {
 }
 
 type match struct {
-	kind EventKind
+	kind EventKind // zero: any kind
 	name string
 	ok   func(Event) bool // optional extra condition
 }
@@ -136,7 +136,7 @@ func awaitEvents(t *testing.T, m *Membership, want ...match) []Event {
 			}
 			seen = append(seen, fmt.Sprintf("%s %s(%s)", ev.Kind, ev.Member.Name, ev.Member.State))
 			for i, w := range want {
-				if !done[i] && ev.Kind == w.kind && ev.Member.Name == w.name && (w.ok == nil || w.ok(ev)) {
+				if !done[i] && (w.kind == 0 || ev.Kind == w.kind) && ev.Member.Name == w.name && (w.ok == nil || w.ok(ev)) {
 					got[i], done[i] = ev, true
 					left--
 					break
@@ -243,6 +243,11 @@ func TestUpdateMetaRefusals(t *testing.T) {
 	}
 }
 
+// TestLeaveSeenAsLeft: Leave gossips the Leaving flag and then leaves; a
+// member that got the flag reports the departure as a leave. Leave does
+// not wait for the flag to arrive everywhere, so on a loaded machine the
+// departure can overtake it at some member, which then reports a failure
+// (Leave's documentation): that is allowed, and only then.
 func TestLeaveSeenAsLeft(t *testing.T) {
 	ms, _ := startCluster(t, 4)
 	leaver := ms[3]
@@ -250,16 +255,29 @@ func TestLeaveSeenAsLeft(t *testing.T) {
 	if err := leaver.Leave(5 * time.Second); err != nil {
 		t.Fatalf("Leave: %v", err)
 	}
+	if !leaver.Meta().Leaving {
+		t.Fatal("Leave did not set the Leaving flag")
+	}
 	if err := leaver.Shutdown(); err != nil {
 		t.Fatalf("Shutdown: %v", err)
 	}
+	left := 0
 	for _, m := range ms[:3] {
-		ev := awaitEvents(t, m, match{kind: EventLeave, name: leaver.Name()})[0]
-		if ev.Member.State != StateLeft || ev.Reason != "" {
-			t.Fatalf("%s: leave event %+v", m.Name(), ev)
+		flagged := false
+		ev := awaitEvents(t, m, match{name: leaver.Name(), ok: func(ev Event) bool {
+			flagged = flagged || ev.Kind == EventUpdate && ev.Member.Meta.Leaving
+			return ev.Kind == EventLeave || ev.Kind == EventFail
+		}})[0]
+		switch {
+		case ev.Kind == EventLeave && (ev.Member.State != StateLeft || ev.Reason != "" || !flagged):
+			t.Fatalf("%s: leave event %+v (flag seen before: %t)", m.Name(), ev, flagged)
+		case ev.Kind == EventFail && flagged:
+			t.Fatalf("%s: saw the Leaving flag, then reported a failure: %+v", m.Name(), ev)
+		case ev.Kind == EventLeave:
+			left++
 		}
 	}
-	t.Logf("graceful leave seen by all in %s", time.Since(start))
+	t.Logf("graceful leave seen by all in %s, as a leave by %d of 3", time.Since(start), left)
 	for _, m := range ms[:3] {
 		if names := memberNames(m.Members()); len(names) != 3 || strings.Contains(strings.Join(names, " "), leaver.Name()) {
 			t.Fatalf("%s Members after leave: %v", m.Name(), names)
