@@ -231,7 +231,7 @@ func (e *NVMLCallError) Error() string {
 type NVMLUnavailableError struct {
 	// Source is the source that was asked for.
 	Source DeviceSource
-	// Reason says why, e.g. that the binary was built with CGO_ENABLED=0.
+	// Reason says why, e.g. that the binary was built without the nvml tag.
 	Reason string
 }
 

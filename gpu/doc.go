@@ -6,7 +6,7 @@
 //
 // Discover (with a DiscoveryConfig) returns the node's devices: NVML devices
 // when the driver is present, otherwise, in auto mode, one CPU device whose
-// memory budget comes from configuration. Under cgo, DiscoverNVML and
+// memory budget comes from configuration. With the nvml tag, DiscoverNVML and
 // DiscoverFrom take any nvml.Interface, so NVIDIA's mocks
 // (pkg/nvml/mock/dgxa100, dgxh100, …) run exactly the code that nvml.New()
 // runs. SizePool turns a Device and a SizingConfig into a PoolSize in
@@ -16,9 +16,12 @@
 // cannot hold one full-context request fails with a PoolTooSmallError that
 // names both numbers and both fixes.
 //
-// NVML is reached only through cgo; a build with CGO_ENABLED=0 compiles a
-// stub in which NVML is unavailable and auto discovery falls back to the CPU
-// device. No NVML function is called after Init has failed, because the
+// NVML is compiled in only with the nvml build tag (go build -tags nvml),
+// and reached through cgo; any other build compiles a stub in which NVML is
+// unavailable and auto discovery falls back to the CPU device. The tag keeps
+// the default build free of a C compiler and of the deprecation warnings
+// NVML's header draws from gcc (silence them with CGO_CFLAGS=
+// -Wno-deprecated-declarations when building with the tag). No NVML function is called after Init has failed, because the
 // library then aborts the whole process.
 //
 // # Concurrency and ownership

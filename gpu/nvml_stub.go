@@ -1,11 +1,13 @@
-//go:build !cgo
+//go:build !cgo || !nvml
 
 package gpu
 
-// discoverLibrary reports NVML as unavailable: go-nvml needs cgo, and a
-// binary built with CGO_ENABLED=0 (and NVIDIA's mocks, which import it)
-// cannot reach it. In auto mode Discover then falls back to the CPU device.
+// discoverLibrary reports NVML as unavailable: go-nvml (and NVIDIA's mocks,
+// which import it) is compiled in only with the nvml build tag, and needs
+// cgo. Without it the build needs no C compiler and prints none of the
+// warnings NVML's header draws from gcc. In auto mode Discover then falls
+// back to the CPU device.
 func discoverLibrary(cfg DiscoveryConfig) (Discovery, error) {
 	return Discovery{}, &NVMLUnavailableError{Source: cfg.source(),
-		Reason: "this binary was built with CGO_ENABLED=0, and NVML needs cgo"}
+		Reason: "this binary was built without NVML: build it with -tags nvml (and cgo, which NVML needs)"}
 }

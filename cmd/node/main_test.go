@@ -169,8 +169,8 @@ func TestConfigFileAndFlagPrecedence(t *testing.T) {
 func TestPreflightMockMachines(t *testing.T) {
 	if !haveNVML {
 		code, out := runNode("preflight", "--context-tokens", "4096", "--devices", "mock:dgxa100")
-		if code != exitFailed || !strings.Contains(out, "CGO_ENABLED=0") {
-			t.Fatalf("without cgo: exit %d; output:\n%s", code, out)
+		if code != exitFailed || !strings.Contains(out, "-tags nvml") {
+			t.Fatalf("without NVML: exit %d; output:\n%s", code, out)
 		}
 		return
 	}

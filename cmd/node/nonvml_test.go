@@ -1,6 +1,7 @@
-//go:build !cgo
+//go:build !cgo || !nvml
 
 package main
 
-// haveNVML says whether this build links go-nvml (and so NVIDIA's mocks).
+// haveNVML says whether this build links go-nvml (and so NVIDIA's mocks):
+// only with the nvml build tag.
 const haveNVML = false
