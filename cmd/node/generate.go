@@ -155,7 +155,7 @@ func reachAny(endpoints []string) error {
 		}
 		errs = append(errs, fmt.Errorf("no node reachable at %s: %w", e, err))
 	}
-	return fmt.Errorf("generate: %w", errors.Join(errs...))
+	return errors.Join(errs...)
 }
 
 // generate sends the request and prints its tokens as they come. An error
@@ -167,7 +167,7 @@ func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, 
 		return usageError{err}
 	}
 	if err := reachAny(endpoints); err != nil {
-		return err
+		return fmt.Errorf("generate: %w", err)
 	}
 	// node up writes its credentials for every router's address: the
 	// first endpoint names the cluster.

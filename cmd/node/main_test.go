@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -228,5 +229,30 @@ func TestUpChecksBeforeStarting(t *testing.T) {
 	code, out := runNode("up", "--prompt", "x", "--max-tokens", "0")
 	if code != exitUsage || !strings.Contains(out, "--max-tokens (0) must be 1 to 32768") || strings.Contains(out, "starting a local cluster") {
 		t.Fatalf("up --max-tokens 0: exit %d; output:\n%s", code, out)
+	}
+}
+
+// TestOperatorCommandsWithoutCredentials: with no credentials anywhere, an
+// operator's command at an address where nothing runs says that nothing
+// answers there, not that credentials are missing; where a node listens,
+// the missing credentials are the news.
+func TestOperatorCommandsWithoutCredentials(t *testing.T) {
+	t.Setenv(certsEnv, "")
+	t.Setenv("TMPDIR", t.TempDir()) // where node up would have left its credentials: nothing
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	nothing := freeTCPAddr(t)
+	for _, cmd := range []string{"status", "drain", "requests"} {
+		code, out := runNode(cmd, "--endpoint", nothing)
+		if code != exitFailed || !strings.Contains(out, "no node reachable at "+nothing) || strings.Contains(out, "no credentials") {
+			t.Errorf("%s where nothing runs: exit %d, want %d saying nothing answers; output:\n%s", cmd, code, exitFailed, out)
+		}
+		code, out = runNode(cmd, "--endpoint", ln.Addr().String())
+		if code != exitUsage || !strings.Contains(out, "no credentials") {
+			t.Errorf("%s where something listens: exit %d, want %d naming the missing credentials; output:\n%s", cmd, code, exitUsage, out)
+		}
 	}
 }

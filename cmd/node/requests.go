@@ -140,6 +140,14 @@ func dialOperator(cmd *cobra.Command, creds *credFlags, endpoint string, timeout
 	if timeout <= 0 {
 		return nil, usageError{fmt.Errorf("--timeout (%s) must be positive", timeout)}
 	}
+	if err := checkEndpoint(endpoint); err != nil {
+		return nil, usageError{err}
+	}
+	// Where nothing runs, that is the news, not the credentials that a
+	// cluster that is not there would need.
+	if err := reachAny([]string{endpoint}); err != nil {
+		return nil, err
+	}
 	creds.Endpoint = endpoint
 	auth, err := creds.operator(cmd.ErrOrStderr())
 	if err != nil {
