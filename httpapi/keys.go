@@ -303,9 +303,11 @@ func (k *Keys) Acquire(tenant string) (release func(), err error) {
 }
 
 // AddKey adds e (and, if not nil, limits for e's tenant) to the keys file
-// at path, making the file if there is none. The file is checked as a node
-// would read it and replaced at once (write and rename), mode 0600: a
-// running node sees the old file or the new, whole.
+// at path, making the file if there is none. An e without a name is named
+// after its tenant: the tenant's name for its first key, then tenant-2,
+// tenant-3, … as it gets more. The file is checked as a node would read it
+// and replaced at once (write and rename), mode 0600: a running node sees
+// the old file or the new, whole.
 func AddKey(path string, e KeyEntry, limits *TenantLimits) error {
 	var f KeysFile
 	data, err := boundedread.File(path, KeysFileBytesMax)
@@ -319,6 +321,13 @@ func AddKey(path string, e KeyEntry, limits *TenantLimits) error {
 			return err
 		}
 		f = *old
+	}
+	if i := slices.IndexFunc(f.Keys, func(k KeyEntry) bool { return k.Name == e.Name }); i >= 0 {
+		return &KeysFileError{Path: path, Key: i, Reason: fmt.Sprintf("is named %q already: give the new key another name, "+
+			"or none to have it named after its tenant (%s, %s-2, …)", e.Name, e.Tenant, e.Tenant)}
+	}
+	if e.Name == "" {
+		e.Name = freeName(f.Keys, e.Tenant)
 	}
 	f.Keys = append(f.Keys, e)
 	if limits != nil {
@@ -348,4 +357,18 @@ func AddKey(path string, e KeyEntry, limits *TenantLimits) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// freeName is the first of tenant, tenant-2, tenant-3, … that no key in
+// keys is named.
+func freeName(keys []KeyEntry, tenant string) string {
+	taken := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		taken[k.Name] = true
+	}
+	name := tenant
+	for i := 2; taken[name]; i++ {
+		name = fmt.Sprintf("%s-%d", tenant, i)
+	}
+	return name
 }

@@ -106,3 +106,42 @@ func TestAuthenticate(t *testing.T) {
 		t.Fatalf("a tenant without a limit: %v", err)
 	}
 }
+
+// TestAddKeyNames: a tenant's keys made without a name are named after it,
+// one name each, and every one authenticates as that tenant; a name given
+// that another key has is refused, naming that key, and the file stays as
+// it was.
+func TestAddKeyNames(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.json")
+	for _, key := range []string{"kvw-1", "kvw-2", "kvw-3"} {
+		if err := AddKey(path, KeyEntry{Tenant: "acme", SHA256: HashKey(key)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := AddKey(path, KeyEntry{Tenant: "globex", SHA256: HashKey("kvw-g")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = AddKey(path, KeyEntry{Name: "acme-2", Tenant: "globex", SHA256: HashKey("kvw-4")}, nil)
+	var kerr *KeysFileError
+	if !errors.As(err, &kerr) || kerr.Key != 1 || !strings.Contains(err.Error(), `named "acme-2" already`) {
+		t.Fatalf("a taken name: %v, want refused naming key 1", err)
+	}
+	if after, _ := os.ReadFile(path); string(after) != string(before) {
+		t.Fatal("a refused key changed the file")
+	}
+	k, err := LoadKeys(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]KeyEntry{"kvw-1": {Name: "acme", Tenant: "acme"}, "kvw-2": {Name: "acme-2", Tenant: "acme"},
+		"kvw-3": {Name: "acme-3", Tenant: "acme"}, "kvw-g": {Name: "globex", Tenant: "globex"}} {
+		got, err := k.Authenticate("Bearer " + key)
+		if err != nil || got.Name != want.Name || got.Tenant != want.Tenant {
+			t.Errorf("%s: %+v, %v; want name %s of tenant %s", key, got, err, want.Name, want.Tenant)
+		}
+	}
+}

@@ -49,9 +49,6 @@ printf %s "$KEY" | sha256sum.`,
 			if o.File == "" || o.Tenant == "" {
 				return usageError{fmt.Errorf("--file (%q) and --tenant (%q) are required", o.File, o.Tenant)}
 			}
-			if o.Name == "" {
-				o.Name = o.Tenant
-			}
 			var limits *httpapi.TenantLimits
 			if cmd.Flags().Changed("concurrent-max") {
 				limits = &httpapi.TenantLimits{ConcurrentMax: o.ConcurrentMax}
@@ -71,7 +68,7 @@ printf %s "$KEY" | sha256sum.`,
 	fs := cmd.Flags()
 	fs.StringVar(&o.File, "file", "", "keys file to add the key to")
 	fs.StringVar(&o.Tenant, "tenant", "", "tenant the key's requests run as")
-	fs.StringVar(&o.Name, "name", "", "the key's name in logs and errors, unique in the file (default: the tenant)")
+	fs.StringVar(&o.Name, "name", "", "the key's name in logs and errors, unique in the file (default: the tenant for its first key, then TENANT-2, TENANT-3, …)")
 	fs.IntVar(&o.ConcurrentMax, "concurrent-max", 0, fmt.Sprintf("the tenant's most requests in flight, 1 to %d (default: no limit of its own)", httpapi.ConcurrentMax))
 	fs.StringArrayVar(&o.Models, "model", nil, "a model the key may use, by name or fingerprint (repeatable; default: any)")
 	return cmd

@@ -256,3 +256,25 @@ func TestOperatorCommandsWithoutCredentials(t *testing.T) {
 		}
 	}
 }
+
+// TestKeysNewForATenantWithAKey: keys new for a tenant that has a key adds
+// another, printed once; a --name another key has is refused, saying how
+// to name it.
+func TestKeysNewForATenantWithAKey(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "keys.json")
+	var keys []string
+	for range 2 {
+		code, out := runNode("keys", "new", "--file", file, "--tenant", "acme")
+		if code != exitOK || !strings.HasPrefix(out, "kvw-") {
+			t.Fatalf("keys new: exit %d; output:\n%s", code, out)
+		}
+		keys = append(keys, strings.TrimSpace(out))
+	}
+	if keys[0] == keys[1] {
+		t.Fatalf("two keys new printed the same key %s", keys[0])
+	}
+	code, out := runNode("keys", "new", "--file", file, "--tenant", "globex", "--name", "acme")
+	if code != exitUsage || !strings.Contains(out, `is named "acme" already`) || !strings.Contains(out, "named after its tenant") {
+		t.Fatalf("keys new with a taken --name: exit %d; output:\n%s", code, out)
+	}
+}
