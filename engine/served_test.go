@@ -167,3 +167,35 @@ func TestEncodeWithin(t *testing.T) {
 		}
 	}
 }
+
+// TestBuiltinTextIsPrintable: whatever bytes a prompt holds (control
+// characters, invalid UTF-8), the built-in model's greedy answer is
+// printable ASCII and newlines, at both sizes: its noise never garbles a
+// terminal, a log or a pipe.
+func TestBuiltinTextIsPrintable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(20, 12))
+	for _, c := range []struct {
+		cfg     ModelConfig
+		prompts int
+	}{{DefaultModelConfig(), 24}, {LargeModelConfig(), 4}} {
+		m, err := BuiltinModel(c.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range c.prompts {
+			prompt := make([]byte, rng.IntN(48))
+			for i := range prompt {
+				prompt[i] = byte(rng.Uint32())
+			}
+			tokens, err := m.Answer(string(prompt), 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, b := range []byte(m.Text(string(prompt), tokens)) {
+				if b != '\n' && (b < 0x20 || b > 0x7e) {
+					t.Fatalf("dim %d: byte %d of the answer to %q is %#x", c.cfg.Dim, i, prompt, b)
+				}
+			}
+		}
+	}
+}
