@@ -97,20 +97,29 @@ func startAPIServing(t testing.TB, m *engine.Model) *apiNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Stop() })
+	return serveAPI(t, n)
+}
+
+// serveAPI is a test HTTP server of n's handlers with the API, its
+// requests sent to n's own admission (a router's, on a router), as node
+// run serves them; it waits for n to be ready.
+func serveAPI(t testing.TB, n *cluster.Node) *apiNode {
+	t.Helper()
 	keys, err := LoadKeys(writeKeys(t, t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := n.Actors()
 	gen := client.New(a.Root().ActorSystem(), actor.NewPID(n.Address(), actors.AdmissionName), client.Options{})
-	h, err := Handler(n, &APIConfig{Model: m, Generator: gen, Keys: keys, Node: cfg.Actors.Limits()}, DefaultLimits())
+	cfg := a.Config()
+	h, err := Handler(n, &APIConfig{Model: a.Model(), Generator: gen, Keys: keys, Node: cfg.Limits()}, DefaultLimits())
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	testwait.For(t, "the node ready", 10*time.Second, func() bool { return n.Ready() == nil })
-	return &apiNode{node: n, model: m, keys: keys, srv: srv}
+	return &apiNode{node: n, model: a.Model(), keys: keys, srv: srv}
 }
 
 func (a *apiNode) sdk(key string) openai.Client {

@@ -332,8 +332,9 @@ func (a *API) prepare(g *generation, maxTokens *int, chat bool) *apiError {
 
 // run generates g, passing each piece of text that may be sent (stop
 // sequences held back and cut) to emit; an error from emit (the client
-// went away) cancels the request. A stop sequence ends the request in the
-// cluster at once.
+// went away) cancels the request. A stop sequence stops the request in the
+// cluster at once, where it ends as completed (client.GenerateOptions.Stop)
+// and is counted so: the answer is whole.
 func (a *API) run(ctx context.Context, g *generation, emit func(string) error) outcome {
 	release, err := a.cfg.Keys.Acquire(g.key.Tenant)
 	if err != nil {
@@ -345,6 +346,7 @@ func (a *API) run(ctx context.Context, g *generation, emit func(string) error) o
 	defer cancel()
 	var (
 		stop             = newStopText(g.stops)
+		stopCluster      = make(chan struct{})
 		streamed         strings.Builder
 		tokens           int
 		stopped, emitErr bool
@@ -357,7 +359,7 @@ func (a *API) run(ctx context.Context, g *generation, emit func(string) error) o
 			}
 		}
 	}
-	opt := client.GenerateOptions{MaxTokens: g.maxTokens, OnText: func(text string) {
+	opt := client.GenerateOptions{MaxTokens: g.maxTokens, Stop: stopCluster, OnText: func(text string) {
 		if stopped {
 			return
 		}
@@ -366,7 +368,7 @@ func (a *API) run(ctx context.Context, g *generation, emit func(string) error) o
 		send(out)
 		if hit {
 			stopped = true
-			cancel()
+			close(stopCluster)
 		}
 	}}
 	res, err := a.cfg.Generator.Generate(ctx, g.key.Tenant, g.prompt, opt, func(int) {

@@ -1,0 +1,163 @@
+//go:build !race
+
+// Real nodes serving protoactor remote: see api_test.go.
+
+package httpapi
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/openai/openai-go/v3"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/internal/testwait"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// slowModel is the large built-in model in a 512-token window, whose
+// decode steps take milliseconds: a request of a few hundred tokens is
+// still generating when a stop sequence early in its text is found.
+func slowModel(cfg *cluster.NodeConfig) {
+	cfg.Actors.Model = engine.LargeModelConfig()
+	cfg.Actors.Model.ContextTokens = 512
+	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 512, 448
+}
+
+// stopSequence is a stop sequence that first ends the reference answer to
+// prompt (with stops besides) within its first dozen tokens: the text of
+// two of its tokens from the third on, whole characters (a stream holds
+// back an incomplete one, which the reference's text would end with), and
+// the reference cut there (the text before it and the tokens up to the one
+// that completed it).
+func (a *apiNode) stopSequence(t *testing.T, prompt string, max int, stops ...string) (stop, cut string, tokens int) {
+	t.Helper()
+	answer, err := a.model.Answer(prompt, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := 2; k+2 <= len(answer); k++ {
+		before, after := a.model.Text(prompt, answer[:k]), a.model.Text(prompt, answer[:k+2])
+		stop, ok := strings.CutPrefix(after, before)
+		if !ok || stop == "" || !utf8.ValidString(stop) || strings.ContainsRune(stop, utf8.RuneError) {
+			continue
+		}
+		if cut, tokens, ok := a.reference(t, prompt, max, append(stops, stop)...); ok && tokens <= k+2 {
+			return stop, cut, tokens
+		}
+	}
+	t.Fatalf("no stop sequence of whole characters in the reference's first tokens %v", answer)
+	return "", "", 0
+}
+
+// TestStopCountedAsCompleted: a request that ends at a stop sequence,
+// whole or streamed, a completion or a chat, is answered with the text
+// before it, finish_reason "stop" and the tokens up to the one that
+// completed it, and every node on its path counts it as completed, none as
+// failed or cancelled: a node of role all, and a router with a prefill and
+// a decode node. Every page is free after.
+func TestStopCountedAsCompleted(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start func(t *testing.T) (*apiNode, []*cluster.Node)
+	}{
+		{"role all", func(t *testing.T) (*apiNode, []*cluster.Node) {
+			n, _ := startAs(t, actors.RoleAll, slowModel)
+			return serveAPI(t, n), []*cluster.Node{n}
+		}},
+		{"router, prefill and decode", func(t *testing.T) (*apiNode, []*cluster.Node) {
+			p, _ := startAs(t, actors.RolePrefill, slowModel)
+			d, _ := startAs(t, actors.RoleDecode, slowModel, p.GossipAddr())
+			r, _ := startAs(t, actors.RoleRouter, slowModel, p.GossipAddr())
+			return serveAPI(t, r), []*cluster.Node{r, p, d}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, nodes := tc.start(t)
+			model := a.model.Name()
+			c := a.sdk(keyAcme)
+			ctx := context.Background()
+			const prompt, max = "Once upon a time", 400
+			stop, cut, n := a.stopSequence(t, prompt, max)
+			params := openai.CompletionNewParams{Model: openai.CompletionNewParamsModel(model), MaxTokens: openai.Int(max),
+				Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
+				Stop:   openai.CompletionNewParamsStopUnion{OfString: openai.String(stop)}}
+			res, err := c.Completions.New(ctx, params)
+			if err != nil || res.Choices[0].Text != cut || res.Choices[0].FinishReason != "stop" || res.Usage.CompletionTokens != int64(n) {
+				t.Fatalf("a completion with stop %q: %+v, %v; want %q, finish stop, %d tokens", stop, res, err, cut, n)
+			}
+			params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+			stream := c.Completions.NewStreaming(ctx, params)
+			var text strings.Builder
+			var finish string
+			var usage int64
+			for stream.Next() {
+				for _, ch := range stream.Current().Choices {
+					text.WriteString(ch.Text)
+					finish += string(ch.FinishReason)
+				}
+				usage += stream.Current().Usage.CompletionTokens
+			}
+			if err := stream.Err(); err != nil || text.String() != cut || finish != "stop" || usage != int64(n) {
+				t.Fatalf("a streamed completion with stop %q: %q (finish %q, %d tokens), %v; want %q, stop, %d", stop,
+					text.String(), finish, usage, err, cut, n)
+			}
+
+			chatPrompt := "User: " + prompt + "\nAssistant:"
+			stop, cut, n = a.stopSequence(t, chatPrompt, max, ChatTurnStop)
+			chat := openai.ChatCompletionNewParams{Model: model, MaxTokens: openai.Int(max),
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)},
+				Stop:     openai.ChatCompletionNewParamsStopUnion{OfString: openai.String(stop)}}
+			reply, err := c.Chat.Completions.New(ctx, chat)
+			if err != nil || reply.Choices[0].Message.Content != cut || reply.Choices[0].FinishReason != "stop" ||
+				reply.Usage.CompletionTokens != int64(n) {
+				t.Fatalf("a chat with stop %q: %+v, %v; want %q, finish stop, %d tokens", stop, reply, err, cut, n)
+			}
+			chunks := c.Chat.Completions.NewStreaming(ctx, chat)
+			acc := openai.ChatCompletionAccumulator{}
+			for chunks.Next() {
+				acc.AddChunk(chunks.Current())
+			}
+			if err := chunks.Err(); err != nil || acc.Choices[0].Message.Content != cut || acc.Choices[0].FinishReason != "stop" {
+				t.Fatalf("a streamed chat with stop %q: %+v, %v; want %q, finish stop", stop, acc.Choices, err, cut)
+			}
+
+			for _, node := range nodes {
+				testwait.Report(t, "the stopped requests ended and every page is free", 10*time.Second, func() (bool, string) {
+					s := node.Status().Node
+					free := true
+					for _, p := range s.Pools {
+						free = free && p.Free == p.Capacity
+					}
+					return s.InFlight == 0 && free, s.Name + ": " + s.Role
+				})
+				s := node.Status().Node
+				if s.Role == messages.RolePrefill {
+					continue
+				}
+				if s.Completed != 4 || s.Failed != 0 || countAt(s.FailedByCode, messages.CodeCancelled) != 0 {
+					t.Errorf("%s (%s) counted %d completed, %d failed (%v by code), want the 4 completed", s.Name, s.Role,
+						s.Completed, s.Failed, s.FailedByCode)
+				}
+				wantSeries(t, s.Role+" after 4 stopped requests", scrape(t, serve(t, node)), map[string]float64{
+					`kvwarden_requests_finished_total{outcome="completed"}`: 4,
+					`kvwarden_requests_finished_total{outcome="failed"}`:    0,
+					`kvwarden_requests_failed_total{code="cancelled"}`:      0,
+				})
+			}
+		})
+	}
+}
+
+// countAt is counts' entry for code, 0 past its end.
+func countAt(counts []uint64, code messages.ErrorCode) uint64 {
+	if int(code) < len(counts) {
+		return counts[code]
+	}
+	return 0
+}
