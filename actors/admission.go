@@ -304,6 +304,8 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 		a.counters.rejectedTooLong.Add(1)
 	case *BusyError:
 		a.counters.rejectedBusy.Add(1)
+	case *UnavailableError:
+		// Counted by its bound only (RejectNoPeer), in reject.
 	default:
 		a.counters.rejectedBad.Add(1)
 	}

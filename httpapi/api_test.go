@@ -97,12 +97,20 @@ func startAPIServing(t testing.TB, m *engine.Model) *apiNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Stop() })
-	return serveAPI(t, n)
+	a := serveAPI(t, n)
+	waitReady(t, n)
+	return a
+}
+
+// waitReady waits for n to be ready.
+func waitReady(t testing.TB, n *cluster.Node) {
+	t.Helper()
+	testwait.For(t, "the node ready", 10*time.Second, func() bool { return n.Ready() == nil })
 }
 
 // serveAPI is a test HTTP server of n's handlers with the API, its
 // requests sent to n's own admission (a router's, on a router), as node
-// run serves them; it waits for n to be ready.
+// run serves them.
 func serveAPI(t testing.TB, n *cluster.Node) *apiNode {
 	t.Helper()
 	keys, err := LoadKeys(writeKeys(t, t.TempDir()))
@@ -118,7 +126,6 @@ func serveAPI(t testing.TB, n *cluster.Node) *apiNode {
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	testwait.For(t, "the node ready", 10*time.Second, func() bool { return n.Ready() == nil })
 	return &apiNode{node: n, model: a.Model(), keys: keys, srv: srv}
 }
 

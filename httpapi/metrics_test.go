@@ -181,15 +181,16 @@ func TestAdmissionRejectionsByBound(t *testing.T) {
 }
 
 // TestRouterRejectionsByBound: a router with no node to route to refuses
-// for want of a peer.
+// for want of a peer, as unavailable, not busy.
 func TestRouterRejectionsByBound(t *testing.T) {
 	r, srv := startAs(t, actors.RoleRouter, nil)
 	_, err := dial(t, r).Generate(context.Background(), "acme", "x", client.GenerateOptions{MaxTokens: 1}, nil)
-	refusedWith(t, "no node to route to", err, messages.CodeBusy)
+	refusedWith(t, "no node to route to", err, messages.CodeUnavailable)
 	wantSeries(t, "after the refusal", scrape(t, srv), map[string]float64{
-		`kvwarden_admission_rejections_total{bound="no_peer"}`:  1,
-		`kvwarden_admission_rejections_total{bound="draining"}`: 0,
-		`kvwarden_requests_rejected_total{reason="busy"}`:       1,
+		`kvwarden_admission_rejections_total{bound="no_peer"}`:   1,
+		`kvwarden_admission_rejections_total{bound="draining"}`:  0,
+		`kvwarden_requests_rejected_total{reason="busy"}`:        0,
+		`kvwarden_requests_rejected_total{reason="unavailable"}`: 1,
 	})
 }
 

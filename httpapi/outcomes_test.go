@@ -6,6 +6,7 @@ package httpapi
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -68,12 +69,14 @@ func TestStopCountedAsCompleted(t *testing.T) {
 	}{
 		{"role all", func(t *testing.T) (*apiNode, []*cluster.Node) {
 			n, _ := startAs(t, actors.RoleAll, slowModel)
+			waitReady(t, n)
 			return serveAPI(t, n), []*cluster.Node{n}
 		}},
 		{"router, prefill and decode", func(t *testing.T) (*apiNode, []*cluster.Node) {
 			p, _ := startAs(t, actors.RolePrefill, slowModel)
 			d, _ := startAs(t, actors.RoleDecode, slowModel, p.GossipAddr())
 			r, _ := startAs(t, actors.RoleRouter, slowModel, p.GossipAddr())
+			waitReady(t, r)
 			return serveAPI(t, r), []*cluster.Node{r, p, d}
 		}},
 	} {
@@ -160,4 +163,43 @@ func countAt(counts []uint64, code messages.ErrorCode) uint64 {
 		return counts[code]
 	}
 	return 0
+}
+
+// TestNoNodeInSightIs503: with no decode node in a router's sight (the
+// only one stopped), or no prefill node in a decode node's, a request is
+// answered 503, code unavailable, naming the role missing, without
+// Retry-After (nothing says when a node will join), as /readyz says 503
+// naming it; the router's refusal is counted as unavailable, not busy.
+func TestNoNodeInSightIs503(t *testing.T) {
+	p, _ := startAs(t, actors.RolePrefill, nil)
+	d, _ := startAs(t, actors.RoleDecode, nil, p.GossipAddr())
+	r, rs := startAs(t, actors.RoleRouter, nil, p.GossipAddr())
+	waitReady(t, r)
+	router := serveAPI(t, r)
+	d.Stop()
+	testwait.For(t, "the router sees no decode node", 20*time.Second, func() bool {
+		code, body := get(t, rs.URL+"/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "no decode node")
+	})
+	body := `{"model":"builtin","prompt":"hi","max_tokens":2}`
+	status, retry, e := post(t, router.srv.URL+"/v1/completions", keyAcme, body)
+	if status != http.StatusServiceUnavailable || retry != "" || e.Code != "unavailable" || e.Type != "server_error" ||
+		!strings.Contains(e.Message, "no decode node") || e.Detail == nil || e.Detail.Code != uint16(messages.CodeUnavailable) ||
+		e.Detail.Where != "decode nodes" {
+		t.Errorf("a request with no decode node in sight: %d (Retry-After %q) %+v %+v, want 503 unavailable naming decode",
+			status, retry, e, e.Detail)
+	}
+	wantSeries(t, "after the refusal", scrape(t, rs), map[string]float64{
+		`kvwarden_requests_rejected_total{reason="unavailable"}`: 1,
+		`kvwarden_requests_rejected_total{reason="busy"}`:        0,
+	})
+
+	alone, as := startAs(t, actors.RoleDecode, nil)
+	status, retry, e = post(t, serveAPI(t, alone).srv.URL+"/v1/completions", keyAcme, body)
+	if code, ready := get(t, as.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(ready, "no prefill node") {
+		t.Errorf("/readyz of a decode node alone: %d %q", code, ready)
+	}
+	if status != http.StatusServiceUnavailable || retry != "" || e.Code != "unavailable" || !strings.Contains(e.Message, "no prefill node") {
+		t.Errorf("a decode node alone: %d (Retry-After %q) %+v, want 503 unavailable naming prefill", status, retry, e)
+	}
 }
