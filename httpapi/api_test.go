@@ -641,9 +641,9 @@ func TestAPIArraysBounded(t *testing.T) {
 	}{
 		{"/v1/chat/completions", `{"model":"builtin","messages":[` + empties + `]}`, 400, "more than 1024 messages"},
 		{"/v1/completions", `{"model":"builtin","prompt":"x","stop":[` + strings.Repeat(`"",`, (4<<20-100)/3) + `""]}`, 400,
-			"more than 4 stop sequences"},
+			"stop has more than 4 sequences"},
 		{"/v1/chat/completions", `{"model":"builtin","messages":[{"role":"user","content":[` + empties + `]}]}`, 400,
-			"content part 0 is of type"},
+			"messages[0].content[0] is of type"},
 		{"/v1/chat/completions", `{"model":"builtin","max_tokens":2,"messages":[{"role":"user","content":[{"type":"text","text":"Once"},{"type":"text","text":" upon"}]}]}`,
 			200, `"content":"ok"`},
 	} {

@@ -184,7 +184,7 @@ func TestNoNodeInSightIs503(t *testing.T) {
 	body := `{"model":"builtin","prompt":"hi","max_tokens":2}`
 	status, retry, e := post(t, router.srv.URL+"/v1/completions", keyAcme, body)
 	if status != http.StatusServiceUnavailable || retry != "" || e.Code != "unavailable" || e.Type != "server_error" ||
-		!strings.Contains(e.Message, "no decode node") || e.Detail == nil || e.Detail.Code != uint16(messages.CodeUnavailable) ||
+		!strings.HasPrefix(e.Message, "no decode node is in sight (0 decode and 1 prefill nodes of model ") || e.Detail == nil || e.Detail.Code != uint16(messages.CodeUnavailable) ||
 		e.Detail.Where != "decode nodes" {
 		t.Errorf("a request with no decode node in sight: %d (Retry-After %q) %+v %+v, want 503 unavailable naming decode",
 			status, retry, e, e.Detail)
@@ -199,7 +199,41 @@ func TestNoNodeInSightIs503(t *testing.T) {
 	if code, ready := get(t, as.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(ready, "no prefill node") {
 		t.Errorf("/readyz of a decode node alone: %d %q", code, ready)
 	}
-	if status != http.StatusServiceUnavailable || retry != "" || e.Code != "unavailable" || !strings.Contains(e.Message, "no prefill node") {
+	if status != http.StatusServiceUnavailable || retry != "" || e.Code != "unavailable" || e.Message != "no prefill node is in sight" {
 		t.Errorf("a decode node alone: %d (Retry-After %q) %+v, want 503 unavailable naming prefill", status, retry, e)
+	}
+}
+
+// TestClusterRefusalsNamed: a refusal that comes from the cluster names
+// the API's field and the figures, never a package of the cluster's: a
+// prompt over the node's prefill pool names prompt, a prompt and
+// max_tokens over its decode pool name max_tokens, and a draining node's
+// busy is the cluster's message without the package it came from.
+func TestClusterRefusalsNamed(t *testing.T) {
+	n, _ := startAs(t, actors.RoleAll, func(cfg *cluster.NodeConfig) {
+		cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 24, 8 // 384 and 128 tokens
+	})
+	waitReady(t, n)
+	url := serveAPI(t, n).srv.URL + "/v1/completions"
+	for _, tc := range []struct {
+		body, param, message, where string
+	}{
+		{`{"model":"builtin","max_tokens":1,"prompt":"` + strings.Repeat("x", 400) + `"}`, "prompt",
+			"the prompt is 401 tokens, over the 384 the smallest prefill pool on its path holds", "prefill pool"},
+		{`{"model":"builtin","max_tokens":64,"prompt":"` + strings.Repeat("x", 100) + `"}`, "max_tokens",
+			"the prompt and max_tokens need 165 tokens, over the 128 the smallest decode pool on its path holds", "decode pool"},
+	} {
+		status, _, e := post(t, url, keyAcme, tc.body)
+		if status != http.StatusBadRequest || e.Code != "prompt_too_long" || e.Param == nil || *e.Param != tc.param ||
+			e.Message != tc.message || e.Detail == nil || e.Detail.Where != tc.where {
+			t.Errorf("%s: %d %+v %+v, want 400 prompt_too_long param %q %q", tc.where, status, e, e.Detail, tc.param, tc.message)
+		}
+	}
+	if _, err := n.Actors().Drain(); err != nil {
+		t.Fatal(err)
+	}
+	status, retry, e := post(t, url, keyAcme, `{"model":"builtin","max_tokens":1,"prompt":"x"}`)
+	if status != http.StatusTooManyRequests || retry != "1" || e.Code != "busy" || e.Message != "busy: draining node is full (0 of 0)" {
+		t.Errorf("a draining node: %d (Retry-After %q) %+v, want 429 busy with the cluster's message", status, retry, e)
 	}
 }
