@@ -192,3 +192,33 @@ func TestErrorMessages(t *testing.T) {
 		}
 	}
 }
+
+// TestWrongMethod: every route asked with another method is 405 with
+// Allow, in OpenAI's error shape; a path that is no route is 404.
+func TestWrongMethod(t *testing.T) {
+	mux := apiMux(t)
+	for _, tc := range []struct {
+		method, path   string
+		status         int
+		allow, message string
+	}{
+		{http.MethodGet, "/v1/completions", 405, "POST", "GET /v1/completions is not served; /v1/completions takes POST"},
+		{http.MethodPut, "/v1/chat/completions", 405, "POST", "PUT /v1/chat/completions is not served; /v1/chat/completions takes POST"},
+		{http.MethodPost, "/v1/models", 405, "GET, HEAD", "POST /v1/models is not served; /v1/models takes GET, HEAD"},
+		{http.MethodDelete, "/v1/models/builtin", 405, "GET, HEAD",
+			"DELETE /v1/models/builtin is not served; /v1/models/{model} takes GET, HEAD"},
+		{http.MethodGet, "/v1/embeddings", 404, "",
+			"no GET /v1/embeddings here; this node serves POST /v1/completions, POST /v1/chat/completions and GET /v1/models"},
+	} {
+		w := ask(mux, tc.method, tc.path, "")
+		var e errorBody
+		if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || w.Code != tc.status || w.Header().Get("Allow") != tc.allow ||
+			e.Error.Message != tc.message || e.Error.Type != errorType(tc.status) {
+			t.Errorf("%s %s: %d (Allow %q) %s, want %d (Allow %q) %q", tc.method, tc.path, w.Code, w.Header().Get("Allow"),
+				w.Body.String(), tc.status, tc.allow, tc.message)
+		}
+	}
+	if w := ask(mux, http.MethodHead, "/v1/models", ""); w.Code != http.StatusOK {
+		t.Errorf("HEAD /v1/models: %d, want 200", w.Code)
+	}
+}

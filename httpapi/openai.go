@@ -87,16 +87,36 @@ func NewAPI(cfg APIConfig, l Limits, reg prometheus.Registerer) (*API, error) {
 	return &API{cfg: cfg, limits: l, metrics: m}, nil
 }
 
-// routes adds the API's routes to mux.
+// routes adds the API's routes to mux. A route asked with another method
+// is answered 405 with Allow, in OpenAI's error shape; a path under /v1/
+// that is no route, 404.
 func (a *API) routes(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/completions", a.counted(routeCompletions, a.completions))
-	mux.HandleFunc("POST /v1/chat/completions", a.counted(routeChat, a.chat))
-	mux.HandleFunc("GET /v1/models", a.counted(routeModels, a.models))
-	mux.HandleFunc("GET /v1/models/{model}", a.counted(routeModels, a.model))
+	a.route(mux, "/v1/completions", http.MethodPost, routeCompletions, a.completions)
+	a.route(mux, "/v1/chat/completions", http.MethodPost, routeChat, a.chat)
+	a.route(mux, "/v1/models", http.MethodGet, routeModels, a.models)
+	a.route(mux, "/v1/models/{model}", http.MethodGet, routeModels, a.model)
 	mux.HandleFunc("/v1/", a.counted(routeOther, func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{Status: http.StatusNotFound, Code: "not_found",
 			Message: fmt.Sprintf("no %s %s here; this node serves POST /v1/completions, POST /v1/chat/completions and GET /v1/models",
 				r.Method, r.URL.Path)})
+	}))
+}
+
+// route serves h at path for method (GET takes HEAD too, as net/http
+// does) and answers any other method 405.
+func (a *API) route(mux *http.ServeMux, path, method, name string, h http.HandlerFunc) {
+	allow := method
+	if method == http.MethodGet {
+		allow = "GET, HEAD"
+	}
+	mux.HandleFunc(path, a.counted(name, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method && (method != http.MethodGet || r.Method != http.MethodHead) {
+			w.Header().Set("Allow", allow)
+			writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed",
+				Message: fmt.Sprintf("%s %s is not served; %s takes %s", r.Method, r.URL.Path, path, allow)})
+			return
+		}
+		h(w, r)
 	}))
 }
 
