@@ -450,7 +450,8 @@ func TestAPIMetricsCount(t *testing.T) {
 }
 
 // TestModels: /v1/models lists the node's model for a key that may use
-// it, and nothing for one that may not.
+// it, with its context window and the most tokens a request may ask for,
+// and nothing for one that may not.
 func TestModels(t *testing.T) {
 	a := startAPI(t)
 	c := a.sdk(keyAcme)
@@ -460,6 +461,15 @@ func TestModels(t *testing.T) {
 	}
 	if len(page.Data) != 1 || page.Data[0].ID != "stories260K" || page.Data[0].OwnedBy != "kvwarden" {
 		t.Fatalf("models %+v", page.Data)
+	}
+	// The bounds a request is held to: the window, and max_tokens' own.
+	var bounds struct {
+		MaxModelLen         int `json:"max_model_len"`
+		MaxCompletionTokens int `json:"max_completion_tokens"`
+	}
+	if err := json.Unmarshal([]byte(page.Data[0].RawJSON()), &bounds); err != nil || bounds.MaxModelLen != 512 ||
+		bounds.MaxCompletionTokens != 448 {
+		t.Fatalf("the model's bounds %+v (%v), want the window's 512 tokens and max_tokens' 448", bounds, err)
 	}
 	m, err := c.Models.Get(context.Background(), a.model.Fingerprint().String())
 	if err != nil || m.ID != "stories260K" {

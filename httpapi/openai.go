@@ -730,17 +730,23 @@ type modelList struct {
 	Data   []modelObject `json:"data"`
 }
 
+// modelObject is OpenAI's model object with the bounds a request is held
+// to: MaxModelLen is the context window, in tokens, that the prompt and
+// the tokens generated share (vLLM's max_model_len);
+// MaxCompletionTokens is the most tokens one request may generate, its
+// max_tokens' bound (the node's --max-tokens-max).
 type modelObject struct {
-	ID          string `json:"id"`
-	Object      string `json:"object"`
-	Created     int64  `json:"created"`
-	OwnedBy     string `json:"owned_by"`
-	Fingerprint string `json:"fingerprint"`
-	MaxModelLen int    `json:"max_model_len"`
+	ID                  string `json:"id"`
+	Object              string `json:"object"`
+	Created             int64  `json:"created"`
+	OwnedBy             string `json:"owned_by"`
+	Fingerprint         string `json:"fingerprint"`
+	MaxModelLen         int    `json:"max_model_len"`
+	MaxCompletionTokens int    `json:"max_completion_tokens"`
 }
 
 func (a *API) modelObject() modelObject {
 	m := a.cfg.Model
 	return modelObject{ID: m.Name(), Object: "model", OwnedBy: "kvwarden", Fingerprint: m.Fingerprint().String(),
-		MaxModelLen: a.cfg.Node.ContextTokens}
+		MaxModelLen: a.cfg.Node.ContextTokens, MaxCompletionTokens: a.cfg.Node.MaxTokensMax}
 }
