@@ -4,9 +4,13 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/openai/openai-go/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvwarden/kvwarden/actors"
@@ -221,4 +225,97 @@ func TestWrongMethod(t *testing.T) {
 	if w := ask(mux, http.MethodHead, "/v1/models", ""); w.Code != http.StatusOK {
 		t.Errorf("HEAD /v1/models: %d, want 200", w.Code)
 	}
+}
+
+// TestEveryOpenAIFieldDecided: every field the official SDK can send in a
+// completion or a chat (and in a chat's messages and stream options) is a
+// field of the request the API decodes, so it is never refused as
+// unknown, and has its row in docs/api.md, which says what the API does
+// with it: none is silently ignored.
+func TestEveryOpenAIFieldDecided(t *testing.T) {
+	doc, err := os.ReadFile("../docs/api.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	both := section(t, string(doc), "### Both endpoints")
+	for _, tc := range []struct {
+		name    string
+		sdk     []any
+		ours    any
+		prefix  string
+		section string
+	}{
+		{"completions", []any{openai.CompletionNewParams{}}, completionRequest{}, "",
+			both + section(t, string(doc), "### `POST /v1/completions`")},
+		{"chat", []any{openai.ChatCompletionNewParams{}}, chatRequest{}, "",
+			both + section(t, string(doc), "### `POST /v1/chat/completions`")},
+		{"stream options", []any{openai.ChatCompletionStreamOptionsParam{}}, streamOptions{}, "stream_options.", both},
+		{"chat messages", []any{openai.ChatCompletionSystemMessageParam{}, openai.ChatCompletionDeveloperMessageParam{},
+			openai.ChatCompletionUserMessageParam{}, openai.ChatCompletionAssistantMessageParam{}}, chatMessage{}, "messages[i].",
+			section(t, string(doc), "### `POST /v1/chat/completions`")},
+	} {
+		decoded := jsonFields(reflect.TypeOf(tc.ours))
+		for _, s := range tc.sdk {
+			for _, f := range append(jsonFields(reflect.TypeOf(s)), "stream") {
+				if f == "stream" && tc.prefix != "" {
+					continue // a field of the request itself only
+				}
+				if !slices.Contains(decoded, f) {
+					t.Errorf("%s: the SDK's %T sends %q, which the API refuses as unknown", tc.name, s, f)
+				}
+				if !documented(tc.section, tc.prefix+f) {
+					t.Errorf("%s: docs/api.md does not say what the API does with %q", tc.name, tc.prefix+f)
+				}
+			}
+		}
+	}
+}
+
+// jsonFields are the JSON names of t's fields, those of embedded structs
+// included.
+func jsonFields(t reflect.Type) []string {
+	var out []string
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
+			out = append(out, jsonFields(f.Type)...)
+		case name != "" && name != "-":
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// section is the text of doc from heading to the next heading.
+func section(t *testing.T, doc, heading string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(doc, "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("docs/api.md has no %q", heading)
+	}
+	text, _, _ := strings.Cut(rest, "\n#")
+	return text
+}
+
+// documented says whether a table row of text names field in its first
+// cell: as itself, or, for a field of a message, bare after a first name
+// of the same prefix (`messages[i].tool_calls`, `tool_call_id`).
+func documented(text, field string) bool {
+	prefix, bare := "", field
+	if i := strings.LastIndex(field, "."); i >= 0 {
+		prefix, bare = field[:i+1], field[i+1:]
+	}
+	for _, line := range strings.Split(text, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 3 {
+			continue
+		}
+		first := cells[1]
+		if strings.Contains(first, "`"+field+"`") ||
+			prefix != "" && strings.HasPrefix(strings.TrimSpace(first), "`"+prefix) && strings.Contains(first, "`"+bare+"`") {
+			return true
+		}
+	}
+	return false
 }
