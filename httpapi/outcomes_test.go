@@ -6,6 +6,7 @@ package httpapi
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -60,28 +61,30 @@ func (a *apiNode) stopSequence(t *testing.T, prompt string, max int, stops ...st
 // whole or streamed, a completion or a chat, is answered with the text
 // before it, finish_reason "stop" and the tokens up to the one that
 // completed it, and every node on its path counts it as completed, none as
-// failed or cancelled: a node of role all, and a router with a prefill and
-// a decode node. Every page is free after.
+// failed or cancelled, in its status, its metrics and the line it logs: a
+// node of role all, and a router with a prefill and a decode node. Every
+// page is free after.
 func TestStopCountedAsCompleted(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		start func(t *testing.T) (*apiNode, []*cluster.Node)
+		start func(t *testing.T, log *slog.Logger) (*apiNode, []*cluster.Node)
 	}{
-		{"role all", func(t *testing.T) (*apiNode, []*cluster.Node) {
-			n, _ := startAs(t, actors.RoleAll, slowModel)
+		{"role all", func(t *testing.T, log *slog.Logger) (*apiNode, []*cluster.Node) {
+			n, _ := startLogged(t, actors.RoleAll, slowModel, log)
 			waitReady(t, n)
 			return serveAPI(t, n), []*cluster.Node{n}
 		}},
-		{"router, prefill and decode", func(t *testing.T) (*apiNode, []*cluster.Node) {
+		{"router, prefill and decode", func(t *testing.T, log *slog.Logger) (*apiNode, []*cluster.Node) {
 			p, _ := startAs(t, actors.RolePrefill, slowModel)
-			d, _ := startAs(t, actors.RoleDecode, slowModel, p.GossipAddr())
+			d, _ := startLogged(t, actors.RoleDecode, slowModel, log, p.GossipAddr())
 			r, _ := startAs(t, actors.RoleRouter, slowModel, p.GossipAddr())
 			waitReady(t, r)
 			return serveAPI(t, r), []*cluster.Node{r, p, d}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, nodes := tc.start(t)
+			var logs testwait.Buffer // the decoding node's
+			a, nodes := tc.start(t, slog.New(slog.NewTextHandler(&logs, nil)))
 			model := a.model.Name()
 			c := a.sdk(keyAcme)
 			ctx := context.Background()
@@ -152,6 +155,11 @@ func TestStopCountedAsCompleted(t *testing.T) {
 					`kvwarden_requests_finished_total{outcome="failed"}`:    0,
 					`kvwarden_requests_failed_total{code="cancelled"}`:      0,
 				})
+			}
+			ended := strings.Count(logs.String(), `msg="request ended"`)
+			if completed := strings.Count(logs.String(), "outcome=completed"); ended != 4 || completed != 4 {
+				t.Errorf("the decoding node logged %d requests ended, %d completed; want the 4 completed:\n%s", ended, completed,
+					logs.String())
 			}
 		})
 	}
