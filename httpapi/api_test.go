@@ -630,19 +630,7 @@ func TestAPIKeyBeforeBody(t *testing.T) {
 // cost a few times the body's bytes, not per element; content in parts
 // is still taken.
 func TestAPIArraysBounded(t *testing.T) {
-	m := modeltest.Builtin(t, engine.DefaultModelConfig())
-	keys, err := LoadKeys(writeKeys(t, t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := actors.DefaultConfig()
-	api, err := NewAPI(APIConfig{Model: m, Generator: failingGenerator{text: []string{"ok"}}, Keys: keys, Node: node.Limits()},
-		DefaultLimits(), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	api.routes(mux)
+	mux := apiMux(t)
 	empties := strings.Repeat(`{},`, (4<<20-100)/3) + `{}`
 	for _, tc := range []struct {
 		path, body string
