@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -38,33 +37,6 @@ import (
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
-
-// The keys of the API tests: acme's, a limited tenant's (one request at a
-// time) and a key restricted to another model.
-const (
-	keyAcme       = "kvw-test-acme"
-	keyLimited    = "kvw-test-limited"
-	keyRestricted = "kvw-test-restricted"
-)
-
-// writeKeys writes the tests' keys file in dir.
-func writeKeys(t testing.TB, dir string) string {
-	t.Helper()
-	path := filepath.Join(dir, "keys.json")
-	for _, k := range []struct {
-		e      KeyEntry
-		limits *TenantLimits
-	}{
-		{KeyEntry{Name: "acme", Tenant: "acme", SHA256: HashKey(keyAcme)}, nil},
-		{KeyEntry{Name: "limited", Tenant: "limited", SHA256: HashKey(keyLimited)}, &TenantLimits{ConcurrentMax: 1}},
-		{KeyEntry{Name: "restricted", Tenant: "acme", SHA256: HashKey(keyRestricted), Models: []string{"another-model"}}, nil},
-	} {
-		if err := AddKey(path, k.e, k.limits); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return path
-}
 
 // apiNode is a real node of role all serving stories260K, alone and
 // insecure, and a test HTTP server of its handlers with the API.
@@ -522,20 +494,6 @@ func TestKeysReload(t *testing.T) {
 	if getWith("kvw-new") != 200 || getWith(keyAcme) != 200 {
 		t.Fatal("a broken keys file took keys away")
 	}
-}
-
-// failingGenerator streams text, then fails with err.
-type failingGenerator struct {
-	text []string
-	err  error
-}
-
-func (g failingGenerator) Generate(_ context.Context, _, _ string, opt client.GenerateOptions, onToken func(int)) (client.Result, error) {
-	for _, s := range g.text {
-		onToken(1)
-		opt.OnText(s)
-	}
-	return client.Result{}, g.err
 }
 
 // TestErrorCodes: every stable code reaches the client with its status,

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -14,9 +15,24 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/internal/modeltest"
 )
+
+// failingGenerator streams text, then fails with err.
+type failingGenerator struct {
+	text []string
+	err  error
+}
+
+func (g failingGenerator) Generate(_ context.Context, _, _ string, opt client.GenerateOptions, onToken func(int)) (client.Result, error) {
+	for _, s := range g.text {
+		onToken(1)
+		opt.OnText(s)
+	}
+	return client.Result{}, g.err
+}
 
 // apiMux is the API of the built-in model over a node's default limits (a
 // 2,048-token window, at most 1,024 tokens a request), its requests
