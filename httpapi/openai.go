@@ -51,14 +51,17 @@ type APIConfig struct {
 const DefaultCompletionTokens = 16
 
 // API serves POST /v1/completions, POST /v1/chat/completions and GET
-// /v1/models in OpenAI's shapes. Every request needs a key (Authorization:
-// Bearer); it runs as the key's tenant. A request that fails is answered
-// with an error object and the status of its stable code
-// (messages.ErrorCode.HTTPStatus), never 200: a streamed request holds its
-// headers until the first text, so that one refused at admission still
-// gets its status, and one that fails after the stream began ends with an
-// error event and no "data: [DONE]". A client that goes away cancels its
-// request in the cluster, which frees its pages.
+// /v1/models in OpenAI's shapes (docs/api.md is the contract). Every
+// request needs a key (Authorization: Bearer); it runs as the key's
+// tenant. Every field OpenAI defines is honoured, accepted with no effect
+// or refused unless neutral (request.go), and any other is refused. A
+// request that fails is answered with an error object and the status of
+// its stable code (messages.ErrorCode.HTTPStatus), never 200: a streamed
+// request holds its headers until the first text, so that one refused at
+// admission still gets its status, and one that fails after the stream
+// began ends with an error event and no "data: [DONE]". A client that goes
+// away cancels its request in the cluster, which frees its pages; a stop
+// sequence stops it there, and it ends as completed.
 type API struct {
 	cfg     APIConfig
 	limits  Limits
