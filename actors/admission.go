@@ -171,7 +171,11 @@ func (a *admissionActor) Receive(c actor.Context) {
 		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), &peer)
 	case *messages.CancelRequest:
 		if name, ok := a.core.Lookup(handoff.ClientKey{Client: senderKey(c), ID: m.RequestID}); ok {
-			c.Send(actor.NewPID(c.Self().Address, name), CancelJob{})
+			var job any = CancelJob{}
+			if m.Reason == messages.CancelStop {
+				job = StopJob{}
+			}
+			c.Send(actor.NewPID(c.Self().Address, name), job)
 		}
 	case PeerLost:
 		// Every request hears of it: a retry may have moved a request to a
@@ -300,6 +304,8 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 		a.counters.rejectedTooLong.Add(1)
 	case *BusyError:
 		a.counters.rejectedBusy.Add(1)
+	case *UnavailableError:
+		// Counted by its bound only (RejectNoPeer), in reject.
 	default:
 		a.counters.rejectedBad.Add(1)
 	}

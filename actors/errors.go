@@ -13,6 +13,8 @@ type (
 	// BusyError: a bounded queue was full, or pages did not come free in
 	// time.
 	BusyError = handoff.BusyError
+	// UnavailableError: no node of a role the request needs is in sight.
+	UnavailableError = handoff.UnavailableError
 	// BadRequestError: the request itself is invalid.
 	BadRequestError = handoff.BadRequestError
 	// StrangerError: frames or a transfer report from someone other than

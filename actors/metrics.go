@@ -141,7 +141,8 @@ const (
 	RejectQueue
 	// RejectDraining: the node drains.
 	RejectDraining
-	// RejectNoPeer: no node of a role the request needs is available.
+	// RejectNoPeer: no node of a role the request needs is in sight
+	// (messages.CodeUnavailable).
 	RejectNoPeer
 	// RejectBadRequest: the request is invalid (max_tokens out of range, a
 	// request id in flight already, a field out of its bounds, an
@@ -174,8 +175,6 @@ var rejectWhere = map[string]RejectBound{
 	"router":                     RejectQueue,
 	"draining node":              RejectDraining,
 	messages.WhereDrainingRouter: RejectDraining,
-	"prefill nodes":              RejectNoPeer,
-	"cluster":                    RejectNoPeer,
 }
 
 // RejectBoundOf is the bound that err, a refusal of a request before it
@@ -200,6 +199,8 @@ func RejectBoundOf(err error) RejectBound {
 			return RejectForbidden
 		case messages.CodeNodeLost:
 			return RejectIncarnation
+		case messages.CodeUnavailable:
+			return RejectNoPeer
 		}
 		return RejectOther
 	}

@@ -90,7 +90,7 @@ func TestRejectBoundOf(t *testing.T) {
 		{"duplicate", admission(2, func(a *handoff.Admission) { a.Started("r", ask.Key, 0) }, ask), RejectBadRequest},
 		{"router queue", &BusyError{Where: "router", Have: 64, Limit: 64}, RejectQueue},
 		{"draining router", &BusyError{Where: "draining router"}, RejectDraining},
-		{"no cluster", &BusyError{Where: "cluster (0 decode, 1 prefill nodes available)"}, RejectNoPeer},
+		{"no decode node", &UnavailableError{Roles: []string{"decode"}, Seen: "0 decode and 1 prefill nodes"}, RejectNoPeer},
 		{"forbidden", &ForbiddenError{Sender: "x", Reason: "y"}, RejectForbidden},
 		{"old incarnation", &messages.WireError{Code: messages.CodeNodeLost}, RejectIncarnation},
 		{"invalid field", &messages.InvalidFieldError{Type: messages.TypeRoutedRequest, Field: "prefill"}, RejectBadRequest},

@@ -101,6 +101,8 @@ func (r *requestActor) Receive(c actor.Context) {
 		}
 	case CancelJob:
 		r.run(c, handoff.Cancel{})
+	case StopJob:
+		r.run(c, handoff.Stop{})
 	}
 }
 

@@ -55,8 +55,13 @@ type (
 		Owner kv.Owner
 		Err   error
 	}
-	// CancelJob withdraws a decode job.
+	// CancelJob withdraws a decode job; sent to a request actor, it
+	// withdraws the request (a CancelRequest's CancelWithdraw).
 	CancelJob struct{ Owner kv.Owner }
+	// StopJob ends a request as completed at the tokens it has: its
+	// client has what it wants of the answer (a CancelRequest's
+	// CancelStop).
+	StopJob struct{}
 
 	// WorkerStatus asks a worker for a WorkerStatusReply.
 	WorkerStatus      struct{}

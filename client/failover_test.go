@@ -33,6 +33,10 @@ type fakeRouter struct {
 	delivered <-chan struct{}
 	// err, if set, is its answer instead of tokens.
 	err *messages.WireError
+	// stops says it answers a CancelRequest that stops a request with the
+	// tokens it streamed, as stopped; lostOnStop that its connection ends
+	// instead.
+	stops, lostOnStop bool
 
 	mu       sync.Mutex
 	requests []*messages.GenerateRequest
@@ -52,6 +56,15 @@ func (f *fakeRouter) SendUserMessage(_ *actor.PID, message any) {
 		go f.serve(m, sender)
 	case *messages.CancelRequest:
 		f.cancels = append(f.cancels, m)
+		streamed := f.answer[:f.stopAfter]
+		switch {
+		case m.Reason != messages.CancelStop:
+		case f.stops:
+			go f.send(sender, &messages.GenerateResult{RequestID: m.RequestID, Tokens: streamed, Text: text(streamed),
+				FinishReason: messages.FinishStopSequence})
+		case f.lostOnStop:
+			go f.sys.EventStream.Publish(&remote.EndpointTerminatedEvent{Address: f.addr})
+		}
 	}
 }
 
@@ -423,5 +436,64 @@ func TestDrainingRouterBusyIsContinued(t *testing.T) {
 	var we *messages.WireError
 	if !errors.As(err, &we) || we.Code != messages.CodeBusy || we.Where != messages.WhereDrainingRouter {
 		t.Fatalf("every router draining: %v, want the draining router's busy", err)
+	}
+}
+
+// TestStopEndsTheRequestAsStopped: closing Stop asks the router to stop
+// the request, not to cancel it, and the request ends with its answer as
+// the router ended it, finish stop_sequence; one whose router is lost once
+// Stop is closed ends with what was delivered, as stopped, and is not
+// continued through another router.
+func TestStopEndsTheRequestAsStopped(t *testing.T) {
+	got := &collector{}
+	stop := make(chan struct{})
+	a := &fakeRouter{addr: "router-a:1", answer: reference, stopAfter: 3, stops: true}
+	c := fakeNetwork(t, a)
+	go func() { <-got.at(2); close(stop) }()
+	res, err := c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: len(reference), Stop: stop,
+		OnText: got.onText}, got.token)
+	if err != nil || res.Finish != "stop_sequence" || !slices.Equal(res.Tokens, ints(reference[:3])) ||
+		res.Text != text(reference[:3]) {
+		t.Fatalf("Generate: %+v, %v; want the 3 tokens streamed, finish stop_sequence", res, err)
+	}
+	ra, cancels := a.seen()
+	if len(cancels) != 1 || cancels[0].Reason != messages.CancelStop || cancels[0].RequestID != ra[0].RequestID {
+		t.Fatalf("the router was sent %+v, want one stop of request %d", cancels, ra[0].RequestID)
+	}
+
+	got = &collector{}
+	stop = make(chan struct{})
+	a = &fakeRouter{addr: "router-a:1", answer: reference, stopAfter: 3, lostOnStop: true}
+	b := &fakeRouter{addr: "router-b:1", answer: reference}
+	c = fakeNetwork(t, a, b)
+	go func() { <-got.at(3); close(stop) }()
+	res, err = c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: len(reference), Stop: stop,
+		OnText: got.onText}, got.token)
+	if err != nil || res.Finish != "stop_sequence" || !slices.Equal(res.Tokens, ints(reference[:3])) ||
+		res.Text != text(reference[:3]) || res.Continued != 0 {
+		t.Fatalf("a stopped request whose router was lost: %+v, %v; want the 3 tokens delivered, as stopped", res, err)
+	}
+	if rb, _ := b.seen(); len(rb) != 0 {
+		t.Errorf("the stopped request was continued through b (%d requests)", len(rb))
+	}
+}
+
+// TestUnavailableIsContinued: a router that sees no decode node answers
+// unavailable; the request goes on through another router, which may see
+// one; when none does, unavailable comes back as it came.
+func TestUnavailableIsContinued(t *testing.T) {
+	none := &messages.WireError{Code: messages.CodeUnavailable, Message: "no decode node in sight", Where: "decode nodes"}
+	a := &fakeRouter{addr: "router-a:1", err: none}
+	b := &fakeRouter{addr: "router-b:1", answer: reference[:3]}
+	c := fakeNetwork(t, a, b)
+	res, err := c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: 3}, nil)
+	if ra, _ := a.seen(); err != nil || res.Text != text(reference[:3]) || len(ra) != 1 || res.Continued != 1 {
+		t.Fatalf("through a router without decode nodes and one with: %+v, %v after %d requests to the first", res, err, len(ra))
+	}
+	c = fakeNetwork(t, &fakeRouter{addr: "router-a:1", err: none}, &fakeRouter{addr: "router-b:1", err: none})
+	_, err = c.Generate(context.Background(), "acme", "hi", GenerateOptions{MaxTokens: 3}, nil)
+	var we *messages.WireError
+	if !errors.As(err, &we) || we.Code != messages.CodeUnavailable || we.Where != "decode nodes" {
+		t.Fatalf("no router with decode nodes: %v, want unavailable as it came", err)
 	}
 }

@@ -174,8 +174,8 @@ func startTrioServing(t *testing.T, model *engine.Model) (p, d, r *Node, c *clie
 
 // TestOtherModelNotRouted: a prefill node serving other weights joins the
 // cluster but gets no work; with no prefill node of the router's model,
-// a request is refused as busy, naming the other model's members, and
-// nothing is computed.
+// a request is refused as unavailable, naming the other model's members,
+// and nothing is computed.
 func TestOtherModelNotRouted(t *testing.T) {
 	cfg := actors.DefaultLocalConfig().Model
 	cfg.Seed++
@@ -192,7 +192,7 @@ func TestOtherModelNotRouted(t *testing.T) {
 	_, err := tenantClient(t, r.Address(), "acme").Generate(context.Background(), "acme", "hello",
 		client.GenerateOptions{MaxTokens: 4}, nil)
 	var we *messages.WireError
-	if !errors.As(err, &we) || we.Code != messages.CodeBusy || !strings.Contains(we.Message, "0 prefill nodes of model") ||
+	if !errors.As(err, &we) || we.Code != messages.CodeUnavailable || !strings.Contains(we.Message, "0 prefill nodes of model") ||
 		!strings.Contains(we.Message, "1 members serve other models") {
 		t.Fatalf("a request with only another model's prefill node: %v", err)
 	}

@@ -198,6 +198,17 @@ func candidates(ms []Member, kind func(Role) bool, model engine.Fingerprint) []M
 	return out
 }
 
+// unavailable is the refusal of a request that found ds decode and ps
+// prefill nodes of model in sight among ms, one of them none.
+func unavailable(ms []Member, model engine.Fingerprint, ds, ps int) *actors.UnavailableError {
+	seen := fmt.Sprintf("%d decode and %d prefill nodes of model %s alive, verified and not draining in %d members",
+		ds, ps, model.Short(), len(ms))
+	if other := otherModels(ms, model); other > 0 {
+		seen += fmt.Sprintf("; %d members serve other models", other)
+	}
+	return handoff.NoNodes(ds, ps, seen)
+}
+
 // otherModels counts the members that serve another model than model.
 func otherModels(ms []Member, model engine.Fingerprint) int {
 	n := 0
@@ -213,8 +224,11 @@ func prefills(r Role) bool { return r == RolePrefill || r == RoleAll }
 func decodes(r Role) bool  { return r == RoleDecode || r == RoleAll }
 
 func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant string) {
+	// counter is nil for a refusal counted by its bound only.
 	answer := func(err error, counter *atomic.Uint64) {
-		counter.Add(1)
+		if counter != nil {
+			counter.Add(1)
+		}
 		if err := actors.Reject(c, m.RequestID, err); err != nil {
 			r.log.Error("rejection refused by its own validation", "err", err)
 		}
@@ -235,18 +249,14 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		reject(err, &r.counters.rejectedTooLong)
 		return
 	}
-	prefillPages, decodePages := handoff.RequestPages(r.cfg.Geometry(), len(prompt), int(m.MaxTokens))
-	d, dok := r.pick(ds, decodePages, nil)
-	p, pok := r.pick(ps, prefillPages, nil)
-	if !dok || !pok {
-		where := fmt.Sprintf("cluster (%d decode, %d prefill nodes available)", len(ds), len(ps))
-		if other := otherModels(ms, fp); other > 0 {
-			where = fmt.Sprintf("cluster (%d decode, %d prefill nodes of model %s available; %d members serve other models)",
-				len(ds), len(ps), fp.Short(), other)
-		}
-		reject(&actors.BusyError{Where: where}, &r.counters.rejectedBusy)
+	if len(ds) == 0 || len(ps) == 0 {
+		reject(unavailable(ms, fp, len(ds), len(ps)), nil)
 		return
 	}
+	// Routing picks one of candidates that are there, excluding none.
+	prefillPages, decodePages := handoff.RequestPages(r.cfg.Geometry(), len(prompt), int(m.MaxTokens))
+	d, _ := r.pick(ds, decodePages, nil)
+	p, _ := r.pick(ps, prefillPages, nil)
 	if err := handoff.Admit(r.cfg.Limits(), len(prompt), int(m.MaxTokens), int(p.Meta.CapacityPages),
 		int(d.Meta.CapacityPages)); err != nil {
 		if _, ok := err.(*actors.PromptTooLongError); ok {

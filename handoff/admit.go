@@ -126,7 +126,7 @@ func (a *Admission) Admit(q Ask) (decode int, err error) {
 	case a.draining && !q.Routed:
 		return 0, &BusyError{Where: "draining node", Have: len(a.inflight), Limit: 0}
 	case q.NoPrefill:
-		return 0, &BusyError{Where: "prefill nodes", Have: 0, Limit: 0}
+		return 0, &UnavailableError{Roles: []string{"prefill"}}
 	}
 	pages := q.PrefillPages
 	if q.Routed || pages == 0 {

@@ -3,6 +3,7 @@ package handoff
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -46,6 +47,48 @@ func (e *BusyError) Error() string {
 func (e *BusyError) Wire() *messages.WireError {
 	return &messages.WireError{Code: messages.CodeBusy, Message: e.Error(),
 		Have: uint64(e.Have), Limit: uint64(e.Limit), Where: e.Where}
+}
+
+// UnavailableError: no node of a role the request needs is in sight of
+// the node that admits it: none alive, verified, serving its model and not
+// draining. Nothing was reserved. Unlike BusyError, waiting does not help
+// unless a node joins; another router may see one.
+type UnavailableError struct {
+	// Roles are those of which no node is in sight: "decode", "prefill".
+	Roles []string
+	// Seen is what is in sight instead, for operators; may be empty.
+	Seen string
+}
+
+// NoNodes is the refusal of a request that found decodes decode and
+// prefills prefill nodes in sight, one of them none; seen says what is in
+// sight, for operators.
+func NoNodes(decodes, prefills int, seen string) *UnavailableError {
+	e := &UnavailableError{Seen: seen}
+	if decodes == 0 {
+		e.Roles = append(e.Roles, "decode")
+	}
+	if prefills == 0 {
+		e.Roles = append(e.Roles, "prefill")
+	}
+	return e
+}
+
+func (e *UnavailableError) Error() string {
+	none := make([]string, len(e.Roles))
+	for i, r := range e.Roles {
+		none[i] = "no " + r + " node"
+	}
+	s := "handoff: " + strings.Join(none, " and ") + " is in sight"
+	if e.Seen != "" {
+		s += " (" + e.Seen + ")"
+	}
+	return s
+}
+
+// Wire is what a client is told of e: Where names the roles missing.
+func (e *UnavailableError) Wire() *messages.WireError {
+	return &messages.WireError{Code: messages.CodeUnavailable, Message: e.Error(), Where: strings.Join(e.Roles, " and ") + " nodes"}
 }
 
 // BadRequestError: the request itself is invalid.

@@ -77,6 +77,10 @@ type (
 	DecodeEnded struct{ Err error }
 	// Cancel: the client withdrew the request.
 	Cancel struct{}
+	// Stop: the client has what it wants of the answer (a stop sequence
+	// of its own came): the request ends as completed at the tokens it
+	// has (messages.CancelStop).
+	Stop struct{}
 	// Failed: an effect could not be carried out (a message that failed
 	// its own validation).
 	Failed struct{ Err error }
@@ -189,6 +193,7 @@ func (PeerLost) event()        {}
 func (TokenIn) event()         {}
 func (DecodeEnded) event()     {}
 func (Cancel) event()          {}
+func (Stop) event()            {}
 func (Failed) event()          {}
 
 func (Reserve) effect()      {}

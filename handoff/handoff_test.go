@@ -216,6 +216,79 @@ func TestHandoffAnswersTheReference(t *testing.T) {
 	}
 }
 
+// TestStopCompletesAtTheTokensSoFar: a stop that comes while decode
+// generates ends the request as completed, with FinishStopSequence and the
+// tokens streamed until then, withdraws the decode worker and frees every
+// page of both pools at once; a stop before the first token is a cancel.
+func TestStopCompletesAtTheTokensSoFar(t *testing.T) {
+	prompt := []int{engine.BOS, 'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}
+	p := newPair(t, 16, 16)
+	want, err := p.engine.Reference(prompt, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.Index(want, engine.EOS); i >= 0 && i < 3 {
+		t.Fatalf("the reference %v ends before its third token: no stop can come while it decodes", want)
+	}
+	var withdrawn, released int
+	p.observe = func(e Effect) {
+		switch e := e.(type) {
+		case Emit:
+			if e.Chunk.Seq == 2 {
+				p.step(p.req, Stop{})
+			}
+		case CancelDecode:
+			withdrawn++
+		case Release:
+			if p.finish == nil && len(e.Tags) > 0 && e.Tags[0].Incarnation == decodeInc {
+				released += len(e.Tags)
+			}
+		}
+	}
+	p.start(prompt, 6)
+	switch {
+	case p.finish == nil || p.finish.Cause != nil:
+		t.Fatalf("finish = %+v, want the request completed", p.finish)
+	case p.finish.Result.FinishReason != messages.FinishStopSequence || p.finish.Result.Err != nil:
+		t.Fatalf("result %+v, want finish stop_sequence", p.finish.Result)
+	case !slices.Equal(p.finish.Tokens, want[:2]) || len(p.finish.Result.Tokens) != 2:
+		t.Fatalf("result tokens %v, want the first two of the reference %v", p.finish.Tokens, want)
+	case p.finish.Phases == nil:
+		t.Fatal("a stopped request has no phases: it is not counted as completed")
+	case withdrawn != 1:
+		t.Fatalf("the decode worker was withdrawn %d times, want once", withdrawn)
+	case released == 0:
+		t.Fatal("the stop released no decode page")
+	case p.acks != 1 || p.aborts != 0:
+		t.Fatalf("%d acks, %d aborts; want the transfer acknowledged and nothing aborted", p.acks, p.aborts)
+	}
+	for _, pool := range []*kv.Pool{p.decode.Pool, p.prefill.Pool} {
+		if s := pool.Stats(); s.Free != pool.Config().Pages {
+			t.Fatalf("pool of run %x: %d of %d pages free after the stop", pool.Config().Incarnation, s.Free, pool.Config().Pages)
+		}
+	}
+	p.step(p.req, Stop{})
+	if p.finish.Result.FinishReason != messages.FinishStopSequence || p.req.Counts().Ignored == 0 {
+		t.Fatalf("a second stop after the end changed the answer or was not ignored: %+v", p.finish.Result)
+	}
+
+	before := newPair(t, 16, 16)
+	before.dropFrames = true
+	before.observe = func(e Effect) {
+		if _, ok := e.(SendPlan); ok {
+			before.step(before.req, Stop{})
+		}
+	}
+	before.start(prompt, 6)
+	if before.finish == nil || !errors.Is(before.finish.Cause, ErrCancelled) ||
+		before.finish.Result.Err.Code != messages.CodeCancelled {
+		t.Fatalf("a stop before the first token: %+v, want cancelled", before.finish)
+	}
+	if busy := before.freeAfterDeadlines(); busy != 0 {
+		t.Fatalf("%d pages not free after a stop before the first token", busy)
+	}
+}
+
 func TestHandoffFailsCleanly(t *testing.T) {
 	prompt := []int{engine.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g'}
 	for _, tc := range []struct {

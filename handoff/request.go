@@ -121,6 +121,7 @@ type Request struct {
 	first    int        // prefill's first token
 	tokens   []int
 	seq      uint32
+	stopped  bool // the client stopped the request at the tokens it has
 	counts   RequestCounts
 
 	started, planSent, firstFrame, transferEnd, firstToken, secondToken time.Time
@@ -216,6 +217,8 @@ func (r *Request) Step(ev Event, now time.Time) []Effect {
 		}
 	case Cancel:
 		return r.finish(ErrCancelled)
+	case Stop:
+		return r.stop()
 	case RequestDeadline:
 		return r.finish(ErrDeadline)
 	case Failed:
@@ -465,6 +468,20 @@ func (r *Request) token(tok int, now time.Time) []Effect {
 	return out
 }
 
+// stop ends the request as completed at the tokens streamed so far, with
+// messages.FinishStopSequence: the decode worker, still generating, is
+// withdrawn and every page released as for a cancel. The transfer was
+// acknowledged when decode began, so prefill holds nothing of it, as after
+// any completion. Before the first token there is nothing to complete, and
+// the stop is a cancel.
+func (r *Request) stop() []Effect {
+	if r.phase != phaseDecoding || len(r.tokens) == 0 {
+		return r.finish(ErrCancelled)
+	}
+	r.stopped = true
+	return append([]Effect{CancelDecode{Owner: r.owner}}, r.finish(nil)...)
+}
+
 // finish answers the client, withdraws the request from both workers when
 // it ends early, and releases every page it holds. A page a worker still
 // leases is freed when the lease comes back (or at the reclaim deadline).
@@ -481,7 +498,7 @@ func (r *Request) finish(cause error) []Effect {
 		if decoding {
 			out = append(out, CancelDecode{Owner: r.owner})
 		}
-	} else if decoding && (len(r.tokens) == 0 || len(r.tokens) < r.maxNew && r.tokens[len(r.tokens)-1] != r.cfg.EOS) {
+	} else if decoding && !r.stopped && (len(r.tokens) == 0 || len(r.tokens) < r.maxNew && r.tokens[len(r.tokens)-1] != r.cfg.EOS) {
 		cause = fmt.Errorf("handoff: decode ended after %d of %d tokens", len(r.tokens), r.maxNew)
 	}
 	r.phase = phaseDone
@@ -491,6 +508,8 @@ func (r *Request) finish(cause error) []Effect {
 	switch {
 	case cause != nil:
 		res.FinishReason, res.Err = messages.FinishError, Wire(cause)
+	case r.stopped:
+		res.FinishReason = messages.FinishStopSequence
 	case r.tokens[len(r.tokens)-1] == r.cfg.EOS:
 		res.FinishReason = messages.FinishStop
 	default:

@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -38,33 +37,6 @@ import (
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
-
-// The keys of the API tests: acme's, a limited tenant's (one request at a
-// time) and a key restricted to another model.
-const (
-	keyAcme       = "kvw-test-acme"
-	keyLimited    = "kvw-test-limited"
-	keyRestricted = "kvw-test-restricted"
-)
-
-// writeKeys writes the tests' keys file in dir.
-func writeKeys(t testing.TB, dir string) string {
-	t.Helper()
-	path := filepath.Join(dir, "keys.json")
-	for _, k := range []struct {
-		e      KeyEntry
-		limits *TenantLimits
-	}{
-		{KeyEntry{Name: "acme", Tenant: "acme", SHA256: HashKey(keyAcme)}, nil},
-		{KeyEntry{Name: "limited", Tenant: "limited", SHA256: HashKey(keyLimited)}, &TenantLimits{ConcurrentMax: 1}},
-		{KeyEntry{Name: "restricted", Tenant: "acme", SHA256: HashKey(keyRestricted), Models: []string{"another-model"}}, nil},
-	} {
-		if err := AddKey(path, k.e, k.limits); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return path
-}
 
 // apiNode is a real node of role all serving stories260K, alone and
 // insecure, and a test HTTP server of its handlers with the API.
@@ -97,20 +69,36 @@ func startAPIServing(t testing.TB, m *engine.Model) *apiNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Stop() })
+	a := serveAPI(t, n)
+	waitReady(t, n)
+	return a
+}
+
+// waitReady waits for n to be ready.
+func waitReady(t testing.TB, n *cluster.Node) {
+	t.Helper()
+	testwait.For(t, "the node ready", 10*time.Second, func() bool { return n.Ready() == nil })
+}
+
+// serveAPI is a test HTTP server of n's handlers with the API, its
+// requests sent to n's own admission (a router's, on a router), as node
+// run serves them.
+func serveAPI(t testing.TB, n *cluster.Node) *apiNode {
+	t.Helper()
 	keys, err := LoadKeys(writeKeys(t, t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := n.Actors()
 	gen := client.New(a.Root().ActorSystem(), actor.NewPID(n.Address(), actors.AdmissionName), client.Options{})
-	h, err := Handler(n, &APIConfig{Model: m, Generator: gen, Keys: keys, Node: cfg.Actors.Limits()}, DefaultLimits())
+	cfg := a.Config()
+	h, err := Handler(n, &APIConfig{Model: a.Model(), Generator: gen, Keys: keys, Node: cfg.Limits()}, DefaultLimits())
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	testwait.For(t, "the node ready", 10*time.Second, func() bool { return n.Ready() == nil })
-	return &apiNode{node: n, model: m, keys: keys, srv: srv}
+	return &apiNode{node: n, model: a.Model(), keys: keys, srv: srv}
 }
 
 func (a *apiNode) sdk(key string) openai.Client {
@@ -434,7 +422,8 @@ func TestAPIMetricsCount(t *testing.T) {
 }
 
 // TestModels: /v1/models lists the node's model for a key that may use
-// it, and nothing for one that may not.
+// it, with its context window and the most tokens a request may ask for,
+// and nothing for one that may not.
 func TestModels(t *testing.T) {
 	a := startAPI(t)
 	c := a.sdk(keyAcme)
@@ -444,6 +433,15 @@ func TestModels(t *testing.T) {
 	}
 	if len(page.Data) != 1 || page.Data[0].ID != "stories260K" || page.Data[0].OwnedBy != "kvwarden" {
 		t.Fatalf("models %+v", page.Data)
+	}
+	// The bounds a request is held to: the window, and max_tokens' own.
+	var bounds struct {
+		MaxModelLen         int `json:"max_model_len"`
+		MaxCompletionTokens int `json:"max_completion_tokens"`
+	}
+	if err := json.Unmarshal([]byte(page.Data[0].RawJSON()), &bounds); err != nil || bounds.MaxModelLen != 512 ||
+		bounds.MaxCompletionTokens != 448 {
+		t.Fatalf("the model's bounds %+v (%v), want the window's 512 tokens and max_tokens' 448", bounds, err)
 	}
 	m, err := c.Models.Get(context.Background(), a.model.Fingerprint().String())
 	if err != nil || m.ID != "stories260K" {
@@ -496,20 +494,6 @@ func TestKeysReload(t *testing.T) {
 	if getWith("kvw-new") != 200 || getWith(keyAcme) != 200 {
 		t.Fatal("a broken keys file took keys away")
 	}
-}
-
-// failingGenerator streams text, then fails with err.
-type failingGenerator struct {
-	text []string
-	err  error
-}
-
-func (g failingGenerator) Generate(_ context.Context, _, _ string, opt client.GenerateOptions, onToken func(int)) (client.Result, error) {
-	for _, s := range g.text {
-		onToken(1)
-		opt.OnText(s)
-	}
-	return client.Result{}, g.err
 }
 
 // TestErrorCodes: every stable code reaches the client with its status,
@@ -604,19 +588,7 @@ func TestAPIKeyBeforeBody(t *testing.T) {
 // cost a few times the body's bytes, not per element; content in parts
 // is still taken.
 func TestAPIArraysBounded(t *testing.T) {
-	m := modeltest.Builtin(t, engine.DefaultModelConfig())
-	keys, err := LoadKeys(writeKeys(t, t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := actors.DefaultConfig()
-	api, err := NewAPI(APIConfig{Model: m, Generator: failingGenerator{text: []string{"ok"}}, Keys: keys, Node: node.Limits()},
-		DefaultLimits(), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	api.routes(mux)
+	mux := apiMux(t)
 	empties := strings.Repeat(`{},`, (4<<20-100)/3) + `{}`
 	for _, tc := range []struct {
 		path, body string
@@ -625,9 +597,9 @@ func TestAPIArraysBounded(t *testing.T) {
 	}{
 		{"/v1/chat/completions", `{"model":"builtin","messages":[` + empties + `]}`, 400, "more than 1024 messages"},
 		{"/v1/completions", `{"model":"builtin","prompt":"x","stop":[` + strings.Repeat(`"",`, (4<<20-100)/3) + `""]}`, 400,
-			"more than 4 stop sequences"},
+			"stop has more than 4 sequences"},
 		{"/v1/chat/completions", `{"model":"builtin","messages":[{"role":"user","content":[` + empties + `]}]}`, 400,
-			"content part 0 is of type"},
+			"messages[0].content[0] is of type"},
 		{"/v1/chat/completions", `{"model":"builtin","max_tokens":2,"messages":[{"role":"user","content":[{"type":"text","text":"Once"},{"type":"text","text":" upon"}]}]}`,
 			200, `"content":"ok"`},
 	} {

@@ -9,17 +9,6 @@ import (
 	"time"
 )
 
-// completionRequest is POST /v1/completions' body: the fields read, and
-// those refused unless left at their default. Others (temperature, top_p,
-// seed, user, …) are accepted and ignored: decoding is greedy.
-type completionRequest struct {
-	common
-	Prompt json.RawMessage `json:"prompt"`
-	Echo   bool            `json:"echo"`
-	BestOf *int            `json:"best_of"`
-	Suffix *string         `json:"suffix"`
-}
-
 // promptText reads "prompt": a string, or an array of exactly one string.
 // Token ids are refused: the cluster takes text, and counts tokens itself.
 func promptText(raw json.RawMessage) (string, *apiError) {
@@ -63,17 +52,8 @@ func (a *API) completions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	switch {
-	case len(req.Prompt) == 0 || string(req.Prompt) == "null":
-		e = badRequest("prompt", "prompt is required")
-	case req.Echo:
-		e = badRequest("echo", "echo is not supported")
-	case req.BestOf != nil && *req.BestOf != 1:
-		e = badRequest("best_of", "best_of is %d; only one choice is generated", *req.BestOf)
-	case req.Suffix != nil && *req.Suffix != "":
-		e = badRequest("suffix", "suffix is not supported")
-	}
-	g, e := a.generation(key, &req.common, func() (string, *apiError) { return promptText(req.Prompt) }, req.MaxTokens, false, e)
+	g, e := a.generation(key, &req.common, fields{prompt: "prompt", maxTokens: "max_tokens"},
+		func() (string, *apiError) { return promptText(req.Prompt) }, req.MaxTokens)
 	if e != nil {
 		writeError(w, e)
 		return
@@ -91,63 +71,22 @@ func (a *API) completions(w http.ResponseWriter, r *http.Request) {
 		})
 }
 
-// chatRequest is POST /v1/chat/completions' body.
-type chatRequest struct {
-	common
-	Messages            json.RawMessage `json:"messages"` // decoded by decodeList, at most ChatMessagesMax
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	ResponseFormat      *responseFormat `json:"response_format"`
-}
-
-type responseFormat struct {
-	Type string `json:"type"`
-}
-
-type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-// text is a message's content: a string, or an array of text parts, each
-// checked and taken as it is decoded (none kept, however many the body
-// holds).
-func (m chatMessage) text() (string, error) {
-	var s string
-	if err := json.Unmarshal(m.Content, &s); err == nil {
-		return s, nil
+// chatMessages decodes "messages", at most ChatMessagesMax of them.
+func (a *API) chatMessages(raw json.RawMessage) ([]chatMessage, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, badRequest("messages", "messages is required")
 	}
-	type part struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	var b strings.Builder
-	i := 0
-	err := decodeEach(m.Content, func(p part) error {
-		if p.Type != "text" {
-			return &partTypeError{Part: i, Type: p.Type}
-		}
-		b.WriteString(p.Text)
-		i++
-		return nil
-	})
-	var typed *partTypeError
+	msgs, err := decodeList[chatMessage](raw, a.limits.ChatMessagesMax)
+	var long *listTooLongError
 	switch {
-	case errors.As(err, &typed):
-		return "", err
+	case errors.As(err, &long):
+		return nil, badRequest("messages", "messages has more than %d messages, the bound", long.Max)
 	case err != nil:
-		return "", fmt.Errorf("content must be a string or an array of text parts")
+		return nil, jsonError("messages", err)
+	case len(msgs) == 0:
+		return nil, badRequest("messages", "messages is empty; want at least one message")
 	}
-	return b.String(), nil
-}
-
-// partTypeError is a chat message's content part of a type not taken.
-type partTypeError struct {
-	Part int
-	Type string
-}
-
-func (e *partTypeError) Error() string {
-	return fmt.Sprintf("content part %d is of type %q; only text is taken", e.Part, e.Type)
+	return msgs, nil
 }
 
 // chatRoles are the roles a message may have, as the template names them.
@@ -169,13 +108,17 @@ const ChatTurnStop = "\nUser:"
 func ChatPrompt(msgs []chatMessage) (string, *apiError) {
 	var b strings.Builder
 	for i, m := range msgs {
+		path := fmt.Sprintf("messages[%d]", i)
 		role, ok := chatRoles[m.Role]
 		if !ok {
-			return "", badRequest(fmt.Sprintf("messages[%d].role", i), "role %q; want system, developer, user or assistant", m.Role)
+			return "", badRequest(path+".role", "%s.role is %q; want system, developer, user or assistant", path, m.Role)
 		}
-		text, err := m.text()
-		if err != nil {
-			return "", badRequest(fmt.Sprintf("messages[%d].content", i), "%v", err)
+		if e := m.check(path); e != nil {
+			return "", e
+		}
+		text, e := m.text(path + ".content")
+		if e != nil {
+			return "", e
 		}
 		b.WriteString(role)
 		b.WriteString(": ")
@@ -212,31 +155,20 @@ func (a *API) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	var msgs []chatMessage
-	if len(req.Messages) > 0 && string(req.Messages) != "null" {
-		var err error
-		var long *listTooLongError
-		if msgs, err = decodeList[chatMessage](req.Messages, a.limits.ChatMessagesMax); errors.As(err, &long) {
-			e = badRequest("messages", "more than %d messages", long.Max)
-		} else if err != nil {
-			e = badRequest("messages", "messages must be an array of messages: %v", err)
-		}
-	}
-	switch {
-	case e != nil:
-	case len(msgs) == 0:
-		e = badRequest("messages", "messages is required")
-	case req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text":
-		e = badRequest("response_format", "response_format %q; only text", req.ResponseFormat.Type)
-	case req.MaxTokens != nil && req.MaxCompletionTokens != nil && *req.MaxTokens != *req.MaxCompletionTokens:
+	msgs, e := a.chatMessages(req.Messages)
+	if e == nil && req.MaxTokens != nil && req.MaxCompletionTokens != nil && *req.MaxTokens != *req.MaxCompletionTokens {
 		e = badRequest("max_completion_tokens", "max_tokens (%d) and max_completion_tokens (%d) differ", *req.MaxTokens,
 			*req.MaxCompletionTokens)
 	}
-	maxTokens := req.MaxTokens
-	if req.MaxCompletionTokens != nil {
-		maxTokens = req.MaxCompletionTokens
+	if e != nil {
+		writeError(w, e)
+		return
 	}
-	g, e := a.generation(key, &req.common, func() (string, *apiError) { return ChatPrompt(msgs) }, maxTokens, true, e)
+	f, maxTokens := fields{prompt: "messages", maxTokens: "max_tokens", chat: true}, req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		f.maxTokens, maxTokens = "max_completion_tokens", req.MaxCompletionTokens
+	}
+	g, e := a.generation(key, &req.common, f, func() (string, *apiError) { return ChatPrompt(msgs) }, maxTokens)
 	if e != nil {
 		writeError(w, e)
 		return

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http/httptest"
 	"strings"
@@ -104,6 +105,13 @@ func kvOf(t *testing.T, n *cluster.Node, prompts ...string) (pages, bytes float6
 // handlers.
 func startAs(t testing.TB, role actors.Role, edit func(*cluster.NodeConfig), join ...string) (*cluster.Node, *httptest.Server) {
 	t.Helper()
+	return startLogged(t, role, edit, nil, join...)
+}
+
+// startLogged is startAs with the node's log to log.
+func startLogged(t testing.TB, role actors.Role, edit func(*cluster.NodeConfig), log *slog.Logger,
+	join ...string) (*cluster.Node, *httptest.Server) {
+	t.Helper()
 	cfg := cluster.DefaultLocalNodeConfig(role)
 	cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 64, 96
 	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 512, 64
@@ -113,7 +121,7 @@ func startAs(t testing.TB, role actors.Role, edit func(*cluster.NodeConfig), joi
 		edit(&cfg)
 	}
 	cfg.Model = modeltest.Builtin(t, cfg.Actors.Model)
-	n, err := cluster.StartNode(cfg, nil)
+	n, err := cluster.StartNode(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,15 +189,16 @@ func TestAdmissionRejectionsByBound(t *testing.T) {
 }
 
 // TestRouterRejectionsByBound: a router with no node to route to refuses
-// for want of a peer.
+// for want of a peer, as unavailable, not busy.
 func TestRouterRejectionsByBound(t *testing.T) {
 	r, srv := startAs(t, actors.RoleRouter, nil)
 	_, err := dial(t, r).Generate(context.Background(), "acme", "x", client.GenerateOptions{MaxTokens: 1}, nil)
-	refusedWith(t, "no node to route to", err, messages.CodeBusy)
+	refusedWith(t, "no node to route to", err, messages.CodeUnavailable)
 	wantSeries(t, "after the refusal", scrape(t, srv), map[string]float64{
-		`kvwarden_admission_rejections_total{bound="no_peer"}`:  1,
-		`kvwarden_admission_rejections_total{bound="draining"}`: 0,
-		`kvwarden_requests_rejected_total{reason="busy"}`:       1,
+		`kvwarden_admission_rejections_total{bound="no_peer"}`:   1,
+		`kvwarden_admission_rejections_total{bound="draining"}`:  0,
+		`kvwarden_requests_rejected_total{reason="busy"}`:        0,
+		`kvwarden_requests_rejected_total{reason="unavailable"}`: 1,
 	})
 }
 

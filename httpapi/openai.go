@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -50,14 +51,17 @@ type APIConfig struct {
 const DefaultCompletionTokens = 16
 
 // API serves POST /v1/completions, POST /v1/chat/completions and GET
-// /v1/models in OpenAI's shapes. Every request needs a key (Authorization:
-// Bearer); it runs as the key's tenant. A request that fails is answered
-// with an error object and the status of its stable code
-// (messages.ErrorCode.HTTPStatus), never 200: a streamed request holds its
-// headers until the first text, so that one refused at admission still
-// gets its status, and one that fails after the stream began ends with an
-// error event and no "data: [DONE]". A client that goes away cancels its
-// request in the cluster, which frees its pages.
+// /v1/models in OpenAI's shapes (docs/api.md is the contract). Every
+// request needs a key (Authorization: Bearer); it runs as the key's
+// tenant. Every field OpenAI defines is honoured, accepted with no effect
+// or refused unless neutral (request.go), and any other is refused. A
+// request that fails is answered with an error object and the status of
+// its stable code (messages.ErrorCode.HTTPStatus), never 200: a streamed
+// request holds its headers until the first text, so that one refused at
+// admission still gets its status, and one that fails after the stream
+// began ends with an error event and no "data: [DONE]". A client that goes
+// away cancels its request in the cluster, which frees its pages; a stop
+// sequence stops it there, and it ends as completed.
 type API struct {
 	cfg     APIConfig
 	limits  Limits
@@ -86,16 +90,36 @@ func NewAPI(cfg APIConfig, l Limits, reg prometheus.Registerer) (*API, error) {
 	return &API{cfg: cfg, limits: l, metrics: m}, nil
 }
 
-// routes adds the API's routes to mux.
+// routes adds the API's routes to mux. A route asked with another method
+// is answered 405 with Allow, in OpenAI's error shape; a path under /v1/
+// that is no route, 404.
 func (a *API) routes(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/completions", a.counted(routeCompletions, a.completions))
-	mux.HandleFunc("POST /v1/chat/completions", a.counted(routeChat, a.chat))
-	mux.HandleFunc("GET /v1/models", a.counted(routeModels, a.models))
-	mux.HandleFunc("GET /v1/models/{model}", a.counted(routeModels, a.model))
+	a.route(mux, "/v1/completions", http.MethodPost, routeCompletions, a.completions)
+	a.route(mux, "/v1/chat/completions", http.MethodPost, routeChat, a.chat)
+	a.route(mux, "/v1/models", http.MethodGet, routeModels, a.models)
+	a.route(mux, "/v1/models/{model}", http.MethodGet, routeModels, a.model)
 	mux.HandleFunc("/v1/", a.counted(routeOther, func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{Status: http.StatusNotFound, Code: "not_found",
 			Message: fmt.Sprintf("no %s %s here; this node serves POST /v1/completions, POST /v1/chat/completions and GET /v1/models",
 				r.Method, r.URL.Path)})
+	}))
+}
+
+// route serves h at path for method (GET takes HEAD too, as net/http
+// does) and answers any other method 405.
+func (a *API) route(mux *http.ServeMux, path, method, name string, h http.HandlerFunc) {
+	allow := method
+	if method == http.MethodGet {
+		allow = "GET, HEAD"
+	}
+	mux.HandleFunc(path, a.counted(name, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method && (method != http.MethodGet || r.Method != http.MethodHead) {
+			w.Header().Set("Allow", allow)
+			writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed",
+				Message: fmt.Sprintf("%s %s is not served; %s takes %s", r.Method, r.URL.Path, path, allow)})
+			return
+		}
+		h(w, r)
 	}))
 }
 
@@ -178,20 +202,60 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-// clusterError is the API's answer to an error a generation ended with.
-func clusterError(err error) *apiError {
+// clusterError is the API's answer to an error g ended with, in the API's
+// terms: a prompt too long for a bound of the cluster names the field of
+// g's to change; any other error of the cluster's is its message without
+// the names of the packages it passed through, its code and numbers in
+// "kvwarden". The API checks a request as the cluster would before it
+// sends it, so an error the cluster refuses a request's fields with (and
+// one client.Generate refuses them with) is the API's bug: internal.
+func (a *API) clusterError(err error, g *generation) *apiError {
 	var w *messages.WireError
-	var inv *messages.InvalidFieldError
 	switch {
 	case errors.As(err, &w):
-		return &apiError{Status: w.Code.HTTPStatus(), Code: w.Code.String(), Message: w.Error(), Wire: w}
-	case errors.As(err, &inv):
-		return &apiError{Status: http.StatusBadRequest, Code: messages.CodeBadRequest.String(), Message: inv.Error()}
+		e := &apiError{Status: w.Code.HTTPStatus(), Code: w.Code.String(), Message: plain(w.Message), Wire: w}
+		if w.Code == messages.CodePromptTooLong {
+			e.Param, e.Message = tooLongMessage(w, g.fields)
+		}
+		return e
 	case errors.Is(err, context.Canceled):
 		return &apiError{Status: messages.CodeCancelled.HTTPStatus(), Code: messages.CodeCancelled.String(),
 			Message: "the client went away; the request was cancelled"}
 	}
-	return &apiError{Status: http.StatusInternalServerError, Code: messages.CodeInternal.String(), Message: err.Error()}
+	return &apiError{Status: http.StatusInternalServerError, Code: messages.CodeInternal.String(), Message: plain(err.Error())}
+}
+
+// tooLongMessage names the field of a request (as f names them) that
+// took it past the bound a prompt_too_long of the cluster's, w, names, with
+// the figures.
+func tooLongMessage(w *messages.WireError, f fields) (param, message string) {
+	switch w.Where {
+	case "prefill pool":
+		return f.prompt, fmt.Sprintf("the prompt is %d tokens, over the %d the smallest prefill pool on its path holds", w.Have, w.Limit)
+	case "decode pool":
+		return f.maxTokens, fmt.Sprintf("the prompt and %s need %d tokens, over the %d the smallest decode pool on its path holds",
+			f.maxTokens, w.Have, w.Limit)
+	case "context window (prompt + max_tokens)":
+		return f.maxTokens, fmt.Sprintf("the prompt and %s need %d tokens, over the context window of %d (max_model_len)",
+			f.maxTokens, w.Have, w.Limit)
+	}
+	return f.prompt, fmt.Sprintf("the prompt needs %d tokens, over the %d the %s holds", w.Have, w.Limit, w.Where)
+}
+
+// packages are the project's packages, whose names lead the errors they
+// make ("handoff: busy: …").
+var packages = []string{"actors", "client", "cluster", "engine", "gpu", "handoff", "httpapi", "kv", "messages", "trust"}
+
+// plain is message without the names of the packages it passed through:
+// "handoff: busy: …" is "busy: …".
+func plain(message string) string {
+	for {
+		pkg, rest, ok := strings.Cut(message, ": ")
+		if !ok || !slices.Contains(packages, pkg) {
+			return message
+		}
+		message = rest
+	}
 }
 
 func badRequest(param, format string, args ...any) *apiError {
@@ -239,17 +303,19 @@ func (a *API) begin(w http.ResponseWriter, r *http.Request, req interface{ check
 	return key, e
 }
 
-// readJSON decodes r's body, at most BodyBytesMax bytes, into v.
+// readJSON decodes r's body, at most BodyBytesMax bytes, into v; a
+// field v does not name is refused.
 func (a *API) readJSON(w http.ResponseWriter, r *http.Request, v any) *apiError {
 	body := http.MaxBytesReader(w, r.Body, a.limits.BodyBytesMax)
 	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return &apiError{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large",
-				Message: fmt.Sprintf("the request body is over %d bytes", tooBig.Limit)}
+				Message: fmt.Sprintf("the request body is over %d bytes, the bound", tooBig.Limit)}
 		}
-		return badRequest("", "the request body is not the JSON expected: %v", err)
+		return jsonError("", err)
 	}
 	if dec.More() {
 		return badRequest("", "the request body has more after its JSON object")
@@ -260,10 +326,18 @@ func (a *API) readJSON(w http.ResponseWriter, r *http.Request, v any) *apiError 
 // generation is one request as the API runs it.
 type generation struct {
 	key          Key
+	fields       fields
 	prompt       string
 	promptTokens int
 	maxTokens    int
 	stops        []string
+}
+
+// fields are the names a request gave its prompt and its max_tokens, for
+// the errors that name them, and whether it is a chat.
+type fields struct {
+	prompt, maxTokens string
+	chat              bool
 }
 
 // outcome is how a generation ended: the tokens generated and why it
@@ -274,30 +348,29 @@ type outcome struct {
 	err    error
 }
 
-// generation is what both handlers do once the body is read and its own
-// fields checked (e, their verdict, ends it first): the key must be
-// allowed the model, then the prompt's text (from prompt), the request's
-// stop sequences (a chat's turn stop besides) and max_tokens settle into
-// a generation.
-func (a *API) generation(key Key, c *common, prompt func() (string, *apiError), maxTokens *int, chat bool,
-	e *apiError) (*generation, *apiError) {
-	if e != nil {
-		return nil, e
-	}
+// generation is what both handlers do once the body is read and its
+// fields checked: the key must be allowed the model, then the prompt's
+// text (from prompt, named as f says), the request's stop sequences (a
+// chat's turn stop besides) and max_tokens settle into a generation.
+func (a *API) generation(key Key, c *common, f fields, prompt func() (string, *apiError), maxTokens *int) (*generation, *apiError) {
 	if e := a.permit(key, c.Model); e != nil {
 		return nil, e
 	}
-	g := &generation{key: key}
+	g := &generation{key: key, fields: f}
+	var e *apiError
 	if g.prompt, e = prompt(); e != nil {
 		return nil, e
+	}
+	if len(g.prompt) > messages.PromptBytesMax {
+		return nil, badRequest(f.prompt, "the prompt is %d bytes; the bound is %d", len(g.prompt), messages.PromptBytesMax)
 	}
 	if g.stops, e = a.parseStop(c.Stop); e != nil {
 		return nil, e
 	}
-	if chat {
+	if f.chat {
 		g.stops = append(g.stops, ChatTurnStop)
 	}
-	if e := a.prepare(g, maxTokens, chat); e != nil {
+	if e := a.prepare(g, maxTokens); e != nil {
 		return nil, e
 	}
 	return g, nil
@@ -305,35 +378,63 @@ func (a *API) generation(key Key, c *common, prompt func() (string, *apiError), 
 
 // prepare counts the prompt's tokens (for usage, and so that a prompt that
 // cannot fit is refused before it enters the cluster) and settles
-// max_tokens: given, else def's choice of default.
-func (a *API) prepare(g *generation, maxTokens *int, chat bool) *apiError {
-	prompt, err := handoff.Encode(a.cfg.Node, a.cfg.Model.Tokenizer(), g.prompt)
-	if err != nil {
-		return clusterError(handoff.Wire(err))
+// max_tokens: given, else a completion's default or, for a chat, what the
+// context window leaves. The prompt and max_tokens must fit the window
+// together.
+func (a *API) prepare(g *generation, maxTokens *int) *apiError {
+	l, f := a.cfg.Node, g.fields
+	prompt, err := handoff.Encode(l, a.cfg.Model.Tokenizer(), g.prompt)
+	var long *handoff.PromptTooLongError
+	switch {
+	case errors.As(err, &long):
+		return tooLong(f.prompt, long.Tokens, long.Limit, long.Where,
+			fmt.Sprintf("the prompt is at least %d tokens, over the context window of %d (max_model_len)", long.Tokens, long.Limit))
+	case err != nil:
+		return a.clusterError(err, g)
 	}
 	g.promptTokens = len(prompt)
+	given := ""
 	switch {
 	case maxTokens != nil:
-		if *maxTokens < 1 || *maxTokens > a.cfg.Node.MaxTokensMax {
-			return badRequest("max_tokens", "max_tokens is %d, want 1 to %d", *maxTokens, a.cfg.Node.MaxTokensMax)
+		if *maxTokens < 1 || *maxTokens > l.MaxTokensMax {
+			return badRequest(f.maxTokens, "%s is %d; want 1 to %d, the most this node generates for a request", f.maxTokens,
+				*maxTokens, l.MaxTokensMax)
 		}
 		g.maxTokens = *maxTokens
-	case chat:
-		g.maxTokens = min(a.cfg.Node.MaxTokensMax, a.cfg.Node.ContextTokens-g.promptTokens)
+	case f.chat:
+		g.maxTokens = min(l.MaxTokensMax, l.ContextTokens-g.promptTokens)
 	default:
-		g.maxTokens = min(DefaultCompletionTokens, a.cfg.Node.MaxTokensMax)
+		g.maxTokens, given = min(DefaultCompletionTokens, l.MaxTokensMax), " (its default)"
 	}
-	if g.maxTokens < 1 {
-		return clusterError(handoff.Wire(&handoff.PromptTooLongError{Tokens: g.promptTokens + 1,
-			Limit: a.cfg.Node.ContextTokens, Where: "context window"}))
+	switch need := g.promptTokens + max(g.maxTokens, 1); {
+	case g.promptTokens > l.ContextTokens:
+		return tooLong(f.prompt, g.promptTokens, l.ContextTokens, "context window",
+			fmt.Sprintf("the prompt is %d tokens, over the context window of %d (max_model_len)", g.promptTokens, l.ContextTokens))
+	case g.maxTokens < 1:
+		return tooLong(f.prompt, need, l.ContextTokens, "context window (prompt + max_tokens)",
+			fmt.Sprintf("the prompt is %d tokens and leaves no room for an answer in the context window of %d (max_model_len)",
+				g.promptTokens, l.ContextTokens))
+	case need > l.ContextTokens:
+		return tooLong(f.maxTokens, need, l.ContextTokens, "context window (prompt + max_tokens)",
+			fmt.Sprintf("the prompt is %d tokens and %s %d%s: %d tokens, over the context window of %d (max_model_len)",
+				g.promptTokens, f.maxTokens, g.maxTokens, given, need, l.ContextTokens))
 	}
 	return nil
 }
 
+// tooLong is a prompt_too_long refusal naming param: need tokens, over
+// limit, the bound named by where.
+func tooLong(param string, need, limit int, where, message string) *apiError {
+	w := &messages.WireError{Code: messages.CodePromptTooLong, Message: message, Have: uint64(need), Limit: uint64(limit),
+		Where: where}
+	return &apiError{Status: http.StatusBadRequest, Code: w.Code.String(), Param: param, Message: message, Wire: w}
+}
+
 // run generates g, passing each piece of text that may be sent (stop
 // sequences held back and cut) to emit; an error from emit (the client
-// went away) cancels the request. A stop sequence ends the request in the
-// cluster at once.
+// went away) cancels the request. A stop sequence stops the request in the
+// cluster at once, where it ends as completed (client.GenerateOptions.Stop)
+// and is counted so: the answer is whole.
 func (a *API) run(ctx context.Context, g *generation, emit func(string) error) outcome {
 	release, err := a.cfg.Keys.Acquire(g.key.Tenant)
 	if err != nil {
@@ -345,6 +446,7 @@ func (a *API) run(ctx context.Context, g *generation, emit func(string) error) o
 	defer cancel()
 	var (
 		stop             = newStopText(g.stops)
+		stopCluster      = make(chan struct{})
 		streamed         strings.Builder
 		tokens           int
 		stopped, emitErr bool
@@ -357,7 +459,7 @@ func (a *API) run(ctx context.Context, g *generation, emit func(string) error) o
 			}
 		}
 	}
-	opt := client.GenerateOptions{MaxTokens: g.maxTokens, OnText: func(text string) {
+	opt := client.GenerateOptions{MaxTokens: g.maxTokens, Stop: stopCluster, OnText: func(text string) {
 		if stopped {
 			return
 		}
@@ -366,7 +468,7 @@ func (a *API) run(ctx context.Context, g *generation, emit func(string) error) o
 		send(out)
 		if hit {
 			stopped = true
-			cancel()
+			close(stopCluster)
 		}
 	}}
 	res, err := a.cfg.Generator.Generate(ctx, g.key.Tenant, g.prompt, opt, func(int) {
@@ -404,13 +506,17 @@ func (a *API) parseStop(raw json.RawMessage) ([]string, *apiError) {
 	} else if stops, err = decodeList[string](raw, a.limits.StopSequencesMax); err != nil {
 		var long *listTooLongError
 		if errors.As(err, &long) {
-			return nil, badRequest("stop", "more than %d stop sequences", long.Max)
+			return nil, badRequest("stop", "stop has more than %d sequences, the bound", long.Max)
 		}
-		return nil, badRequest("stop", "stop must be a string or an array of strings")
+		return nil, badRequest("stop", "stop must be a string or an array of strings, not %s", shown(raw))
 	}
 	for i, s := range stops {
 		if s == "" || len(s) > a.limits.StopBytesMax {
-			return nil, badRequest("stop", "stop sequence %d is %d bytes, want 1 to %d", i, len(s), a.limits.StopBytesMax)
+			field := "stop"
+			if raw[0] == '[' {
+				field = fmt.Sprintf("stop[%d]", i)
+			}
+			return nil, badRequest(field, "%s is %d bytes; want 1 to %d", field, len(s), a.limits.StopBytesMax)
 		}
 	}
 	return stops, nil
@@ -438,16 +544,19 @@ func decodeList[T any](raw json.RawMessage, max int) ([]T, error) {
 }
 
 // decodeEach decodes raw, a JSON array, one element at a time, each passed
-// to take as it comes; take's error ends the decoding.
+// to take as it comes; take's error ends the decoding. An element with a
+// field T does not name is refused; an error decoding one is an
+// *elementError.
 func decodeEach[T any](raw json.RawMessage, take func(v T) error) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
 	if t, err := dec.Token(); err != nil || t != json.Delim('[') {
-		return errors.New("not an array")
+		return &notArrayError{raw: raw}
 	}
-	for dec.More() {
+	for i := 0; dec.More(); i++ {
 		var v T
 		if err := dec.Decode(&v); err != nil {
-			return err
+			return &elementError{Index: i, Err: err}
 		}
 		if err := take(v); err != nil {
 			return err
@@ -456,39 +565,10 @@ func decodeEach[T any](raw json.RawMessage, take func(v T) error) error {
 	return nil
 }
 
-// common are the request fields completions and chat share, and those
-// the API refuses rather than ignore (it decodes greedily, one choice).
-type common struct {
-	Model         string          `json:"model"`
-	MaxTokens     *int            `json:"max_tokens"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
-	Stop          json.RawMessage `json:"stop"`
-	N             *int            `json:"n"`
-	Logprobs      json.RawMessage `json:"logprobs"`
-	Tools         json.RawMessage `json:"tools"`
-}
+// notArrayError is a value that should have been a JSON array.
+type notArrayError struct{ raw json.RawMessage }
 
-type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
-}
-
-// check refuses what the API cannot honour, with the field's name.
-func (c *common) check() *apiError {
-	switch {
-	case c.Model == "":
-		return badRequest("model", "model is required")
-	case c.N != nil && *c.N != 1:
-		return badRequest("n", "n is %d; only one choice (n = 1) is generated", *c.N)
-	case len(c.Logprobs) > 0 && string(c.Logprobs) != "null" && string(c.Logprobs) != "false" && string(c.Logprobs) != "0":
-		return badRequest("logprobs", "logprobs are not returned")
-	case len(c.Tools) > 0 && string(c.Tools) != "null" && string(c.Tools) != "[]":
-		return badRequest("tools", "tools are not supported")
-	case c.StreamOptions != nil && !c.Stream:
-		return badRequest("stream_options", "stream_options is only for stream: true")
-	}
-	return nil
-}
+func (e *notArrayError) Error() string { return "must be an array, not " + shown(e.raw) }
 
 // usage is OpenAI's token counts, in the model's tokens (the prompt's
 // BOS included).
@@ -522,7 +602,7 @@ func (a *API) serveGeneration(w http.ResponseWriter, r *http.Request, g *generat
 		var text strings.Builder
 		o := a.run(r.Context(), g, func(s string) error { text.WriteString(s); return nil })
 		if o.err != nil {
-			a.fail(w, r, o.err)
+			a.fail(w, r, g, o.err)
 			return
 		}
 		_ = rc.SetWriteDeadline(time.Now().Add(a.limits.WriteTimeout))
@@ -533,11 +613,11 @@ func (a *API) serveGeneration(w http.ResponseWriter, r *http.Request, g *generat
 	o := a.run(r.Context(), g, func(text string) error { return s.event(chunk(text)) })
 	switch {
 	case o.err != nil && !s.started:
-		a.fail(w, r, o.err)
+		a.fail(w, r, g, o.err)
 		return
 	case o.err != nil:
 		a.metrics.streamsAborted.Inc()
-		e := a.apiErrorOf(o.err)
+		e := a.apiErrorOf(o.err, g)
 		a.logFailure(r, e)
 		_ = s.event(e.body())
 		return
@@ -553,23 +633,23 @@ func (a *API) serveGeneration(w http.ResponseWriter, r *http.Request, g *generat
 	_ = s.done()
 }
 
-// apiErrorOf is the answer to an error run returned.
-func (a *API) apiErrorOf(err error) *apiError {
+// apiErrorOf is the answer to an error run returned for g.
+func (a *API) apiErrorOf(err error, g *generation) *apiError {
 	var busy *TenantBusyError
 	if errors.As(err, &busy) {
 		return &apiError{Status: http.StatusTooManyRequests, Code: "tenant_concurrency_limit", Message: busy.Error(),
 			RetryAfter: a.limits.RetryAfter}
 	}
-	e := clusterError(err)
+	e := a.clusterError(err, g)
 	if e.Status == http.StatusTooManyRequests {
 		e.RetryAfter = a.limits.RetryAfter
 	}
 	return e
 }
 
-// fail answers a request that failed before anything was sent.
-func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
-	e := a.apiErrorOf(err)
+// fail answers g, a request that failed before anything was sent.
+func (a *API) fail(w http.ResponseWriter, r *http.Request, g *generation, err error) {
+	e := a.apiErrorOf(err, g)
 	a.logFailure(r, e)
 	writeError(w, e)
 }
@@ -653,17 +733,23 @@ type modelList struct {
 	Data   []modelObject `json:"data"`
 }
 
+// modelObject is OpenAI's model object with the bounds a request is held
+// to: MaxModelLen is the context window, in tokens, that the prompt and
+// the tokens generated share (vLLM's max_model_len);
+// MaxCompletionTokens is the most tokens one request may generate, its
+// max_tokens' bound (the node's --max-tokens-max).
 type modelObject struct {
-	ID          string `json:"id"`
-	Object      string `json:"object"`
-	Created     int64  `json:"created"`
-	OwnedBy     string `json:"owned_by"`
-	Fingerprint string `json:"fingerprint"`
-	MaxModelLen int    `json:"max_model_len"`
+	ID                  string `json:"id"`
+	Object              string `json:"object"`
+	Created             int64  `json:"created"`
+	OwnedBy             string `json:"owned_by"`
+	Fingerprint         string `json:"fingerprint"`
+	MaxModelLen         int    `json:"max_model_len"`
+	MaxCompletionTokens int    `json:"max_completion_tokens"`
 }
 
 func (a *API) modelObject() modelObject {
 	m := a.cfg.Model
 	return modelObject{ID: m.Name(), Object: "model", OwnedBy: "kvwarden", Fingerprint: m.Fingerprint().String(),
-		MaxModelLen: a.cfg.Node.ContextTokens}
+		MaxModelLen: a.cfg.Node.ContextTokens, MaxCompletionTokens: a.cfg.Node.MaxTokensMax}
 }

@@ -134,7 +134,7 @@ var (
 	famInFlight = family{"kvwarden_requests_in_flight", "gauge", "Requests admitted and not finished."}
 	famAdmitted = family{"kvwarden_requests_admitted_total", "counter", "Requests admitted (or routed, on a router)."}
 	famFinished = family{"kvwarden_requests_finished_total", "counter", "Admitted requests that ended, by outcome."}
-	famRejected = family{"kvwarden_requests_rejected_total", "counter", "Requests refused at admission, by the code they were told (prompt_too_long, busy)."}
+	famRejected = family{"kvwarden_requests_rejected_total", "counter", "Requests refused at admission, by the code they were told (prompt_too_long, busy, unavailable)."}
 	famFailed   = family{"kvwarden_requests_failed_total", "counter", "Admitted requests that failed, by the stable code the client was told."}
 	famPages    = family{"kvwarden_kv_pages", "gauge", "KV pages of each pool, by state."}
 	famUsage    = family{"kvwarden_kv_usage_ratio", "gauge", "Share of each pool's KV pages in use, 0 to 1."}
@@ -246,6 +246,7 @@ func (t *exposition) node(n Node) {
 	t.family(famRejected)
 	t.sample(famRejected.name, "", float64(ns.RejectedTooLong), "reason", "prompt_too_long")
 	t.sample(famRejected.name, "", float64(ns.RejectedBusy), "reason", "busy")
+	t.sample(famRejected.name, "", float64(at(ns.RejectedBy, int(actors.RejectNoPeer))), "reason", "unavailable")
 	t.family(famFailed)
 	for _, code := range messages.KnownCodes() {
 		t.sample(famFailed.name, "", float64(at(ns.FailedByCode, int(code))), "code", code.String())

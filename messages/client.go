@@ -127,6 +127,11 @@ const (
 	FinishLength FinishReason = 2
 	// FinishError: no answer; GenerateResult.Err says why.
 	FinishError FinishReason = 3
+	// FinishStopSequence: the client asked the request to stop
+	// (CancelRequest with CancelStop), having what it wants of the answer:
+	// a stop sequence of its own came. Only a client that sent such a
+	// CancelRequest, a version 2 one, is answered with it.
+	FinishStopSequence FinishReason = 4
 )
 
 func (f FinishReason) String() string {
@@ -137,6 +142,8 @@ func (f FinishReason) String() string {
 		return "length"
 	case FinishError:
 		return "error"
+	case FinishStopSequence:
+		return "stop_sequence"
 	}
 	return fmt.Sprintf("finish(%d)", uint8(f))
 }
@@ -171,7 +178,7 @@ func (m *GenerateResult) Validate() error {
 		return err
 	}
 	switch m.FinishReason {
-	case FinishStop, FinishLength:
+	case FinishStop, FinishLength, FinishStopSequence:
 		if m.Err != nil {
 			return &InvalidFieldError{t, "err", "set", fmt.Sprintf("nil with finish %s", m.FinishReason)}
 		}
@@ -187,7 +194,7 @@ func (m *GenerateResult) Validate() error {
 		}
 		return m.Err.validate(t, "err")
 	}
-	return &InvalidFieldError{t, "finish", fmt.Sprint(uint8(m.FinishReason)), "1 (stop), 2 (length) or 3 (error)"}
+	return &InvalidFieldError{t, "finish", fmt.Sprint(uint8(m.FinishReason)), "1 (stop), 2 (length), 3 (error) or 4 (stop_sequence)"}
 }
 
 func (m *GenerateResult) DecodeMsgpack(d *msgpack.Decoder) error {
@@ -212,31 +219,86 @@ func (m *GenerateResult) DecodeMsgpack(d *msgpack.Decoder) error {
 	})
 }
 
-// CancelRequest asks to stop a request. It names the tenant too, so that
-// the request actor can refuse a cancel from another tenant that guessed
-// or reused the id.
-type CancelRequest struct {
-	RequestID uint64 `msgpack:"id"`
-	Tenant    string `msgpack:"tenant"`
+// CancelReason says how a CancelRequest ends its request: a stable code,
+// like FinishReason.
+type CancelReason uint8
+
+const (
+	// CancelWithdraw: the client withdrew the request (it went away, or
+	// its deadline passed); the request fails with CodeCancelled. The zero
+	// value, and the only reason of a version 1 CancelRequest.
+	CancelWithdraw CancelReason = 0
+	// CancelStop: the client has what it wants of the answer (a stop
+	// sequence of its own came): the request ends as completed with
+	// FinishStopSequence and the tokens generated until the stop reached
+	// it. Before its first token there is nothing to complete, and the
+	// request is withdrawn as with CancelWithdraw.
+	CancelStop CancelReason = 1
+)
+
+func (r CancelReason) String() string {
+	switch r {
+	case CancelWithdraw:
+		return "withdraw"
+	case CancelStop:
+		return "stop"
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
 }
 
-var cancelRequestKeys = []string{"id", "tenant"}
+// CancelRequest asks to end a request early: to withdraw it, or to stop
+// it as completed (Reason). It names the tenant too, so that the request
+// actor can refuse a cancel from another tenant that guessed or reused the
+// id.
+//
+// Its wire version depends on its reason: a withdrawal is encoded as
+// version 1, byte for byte what builds before reasons existed send and
+// decode, so that they still withdraw requests in a mixed cluster; a stop
+// is version 2, which such a build refuses by its version (a VersionError,
+// counted and logged there as an undecodable message) rather than taking it
+// for a withdrawal or misreading it. The request then runs on there to its
+// own end.
+type CancelRequest struct {
+	RequestID uint64       `msgpack:"id"`
+	Tenant    string       `msgpack:"tenant"`
+	Reason    CancelReason `msgpack:"reason,omitempty"`
+}
+
+var cancelRequestKeys = []string{"id", "tenant", "reason"}
 
 func (*CancelRequest) TypeCode() TypeCode { return TypeCancelRequest }
 
+// wireVersion is 1 for a withdrawal, 2 for a stop.
+func (m *CancelRequest) wireVersion() uint8 {
+	if m.Reason == CancelWithdraw {
+		return 1
+	}
+	return 2
+}
+
 func (m *CancelRequest) Validate() error {
-	if err := checkRequestID(TypeCancelRequest, m.RequestID); err != nil {
+	const t = TypeCancelRequest
+	if err := checkRequestID(t, m.RequestID); err != nil {
 		return err
 	}
-	return checkTenant(TypeCancelRequest, m.Tenant)
+	if m.Reason > CancelStop {
+		return &InvalidFieldError{t, "reason", fmt.Sprint(uint8(m.Reason)), "0 (withdraw) or 1 (stop)"}
+	}
+	return checkTenant(t, m.Tenant)
 }
 
 func (m *CancelRequest) DecodeMsgpack(d *msgpack.Decoder) error {
 	const t = TypeCancelRequest
 	return fields(d, t, cancelRequestKeys, func(i int) error {
-		if i == 0 {
+		switch i {
+		case 0:
 			return readU64(d, t, "id", &m.RequestID)
+		case 1:
+			return readString(d, t, "tenant", TenantBytesMax, &m.Tenant)
+		default:
+			v, err := readUint(d, t, "reason", 255)
+			m.Reason = CancelReason(v)
+			return err
 		}
-		return readString(d, t, "tenant", TenantBytesMax, &m.Tenant)
 	})
 }

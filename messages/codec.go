@@ -39,10 +39,13 @@ func Encode(m Message) ([]byte, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
-	code := m.TypeCode()
+	code, version := m.TypeCode(), m.TypeCode().Version()
+	if v, ok := m.(versioned); ok {
+		version = v.wireVersion()
+	}
 	var buf bytes.Buffer
 	buf.Grow(256)
-	buf.Write([]byte{byte(code >> 8), byte(code), code.Version()})
+	buf.Write([]byte{byte(code >> 8), byte(code), version})
 	enc := msgpack.GetEncoder()
 	defer msgpack.PutEncoder(enc)
 	enc.Reset(&buf)
@@ -55,6 +58,12 @@ func Encode(m Message) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
+
+// versioned is a message whose wire version depends on what it carries:
+// it is encoded at the lowest version that carries it, so that a peer of an
+// older build still decodes what it can understand and refuses by its
+// version what it cannot.
+type versioned interface{ wireVersion() uint8 }
 
 // Decode reads one frame: it checks the size, the header, the body and then
 // Validate, and returns a typed error (see errors.go) for anything it

@@ -1,6 +1,7 @@
 package messages
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"math"
@@ -28,6 +29,8 @@ func samples() []Message {
 		&GenerateResult{RequestID: 8, FinishReason: FinishError,
 			Err: &WireError{Code: CodePromptTooLong, Message: "prompt too long", Have: 9000, Limit: 8192, Where: "context window"}},
 		&CancelRequest{RequestID: 7, Tenant: "acme"},
+		&CancelRequest{RequestID: 7, Tenant: "acme", Reason: CancelStop},
+		&GenerateResult{RequestID: 7, Tokens: []uint32{5, 6}, Text: " Par", FinishReason: FinishStopSequence},
 		&TransferPlan{RequestID: 1 << 40, Tenant: "globex", TokenCount: 5, PromptTokens: []uint32{1, 2, 3, 4, 5}, PageTokens: 2,
 			DestTags:  []kv.Tag{{Incarnation: math.MaxUint64, Index: 0, Generation: 1}, {Incarnation: 9, Index: math.MaxUint32, Generation: 2}, {Incarnation: 9, Index: 4, Generation: math.MaxUint64}},
 			DataPlane: "decode-1.internal:7070", Model: testFingerprint},
@@ -235,7 +238,7 @@ func TestWorstCaseFits(t *testing.T) {
 		&TokenChunk{RequestID: math.MaxUint64, Seq: math.MaxUint32, Tokens: big(ChunkTokensMax), Text: strings.Repeat("x", TextBytesMax)},
 		&GenerateResult{RequestID: math.MaxUint64, Tokens: big(GenerateTokensMax), Text: strings.Repeat("x", TextBytesMax), FinishReason: FinishLength},
 		&GenerateResult{RequestID: math.MaxUint64, FinishReason: FinishError, Err: &werr},
-		&CancelRequest{RequestID: math.MaxUint64, Tenant: tenant},
+		&CancelRequest{RequestID: math.MaxUint64, Tenant: tenant, Reason: CancelStop},
 		&TransferPlan{RequestID: math.MaxUint64, Tenant: tenant, TokenCount: PromptTokensMax, PromptTokens: big(PromptTokensMax),
 			PageTokens: PromptTokensMax / PlanTagsMax, DestTags: tags, DataPlane: addr, Model: testFingerprint},
 		&TransferAck{RequestID: math.MaxUint64, Tenant: tenant, TokenCount: PromptTokensMax, Pages: PlanTagsMax},
@@ -278,7 +281,7 @@ func TestWorstCaseFits(t *testing.T) {
 }
 
 func TestValidateRefuses(t *testing.T) {
-	okPlan := func() *TransferPlan { return samples()[5].(*TransferPlan) }
+	okPlan := func() *TransferPlan { return sampleOf[*TransferPlan]() }
 	okRouted := func() *RoutedRequest { return sampleOf[*RoutedRequest]() }
 	okStatus := func() *StatusReply { return sampleOf[*StatusReply]() }
 	var tooLarge *TooLargeError
@@ -293,6 +296,8 @@ func TestValidateRefuses(t *testing.T) {
 		{"long tenant", &CancelRequest{RequestID: 1, Tenant: strings.Repeat("a", TenantBytesMax+1)}, &tooLarge},
 		{"tenant with space", &CancelRequest{RequestID: 1, Tenant: "a b"}, &invalid},
 		{"tenant non-ascii", &CancelRequest{RequestID: 1, Tenant: "é"}, &invalid},
+		{"unknown cancel reason", &CancelRequest{RequestID: 1, Tenant: "a", Reason: CancelStop + 1}, &invalid},
+		{"err with stop sequence", &GenerateResult{RequestID: 1, FinishReason: FinishStopSequence, Err: &WireError{Code: CodeBusy}}, &invalid},
 		{"long prompt", &GenerateRequest{RequestID: 1, Tenant: "a", Prompt: strings.Repeat("p", PromptBytesMax+1), MaxTokens: 1}, &tooLarge},
 		{"bad utf8 prompt", &GenerateRequest{RequestID: 1, Tenant: "a", Prompt: "\xff", MaxTokens: 1}, &invalid},
 		{"zero max tokens", &GenerateRequest{RequestID: 1, Tenant: "a", Prompt: "p"}, &invalid},
@@ -482,7 +487,11 @@ func TestDecodeRefuses(t *testing.T) {
 			0x81, 0xa6, 't', 'e', 'n', 'a', 'n', 't', 0xdb, 0xff, 0xff, 0xff, 0xff, 'a'), &malformed},
 		{"repeated field", append(frame(t, TypeCancelRequest, 1, nil)[:3],
 			0x82, 0xa2, 'i', 'd', 0x01, 0xa2, 'i', 'd', 0x02), &malformed},
-		{"too many fields", append(frame(t, TypeCancelRequest, 1, nil)[:3], 0x83), &malformed},
+		{"too many fields", append(frame(t, TypeCancelRequest, 1, nil)[:3], 0x84), &malformed},
+		{"cancel reason unknown", frame(t, TypeCancelRequest, 2, map[string]any{"id": 1, "tenant": "a", "reason": 2}), &invalid},
+		{"cancel reason overflows uint8", frame(t, TypeCancelRequest, 2, map[string]any{"id": 1, "tenant": "a", "reason": 256}), &malformed},
+		{"cancel version 3", frame(t, TypeCancelRequest, 3, map[string]any{"id": 1, "tenant": "a"}), &version},
+		{"result finish unknown", frame(t, TypeGenerateResult, 1, map[string]any{"id": 1, "finish": 5}), &invalid},
 		{"tag index overflow", frame(t, TypeTransferPlan, 1, map[string]any{"dest_tags": []any{map[string]any{"idx": uint64(1) << 32}}}), &malformed},
 		{"long data plane", frame(t, TypeTransferPlan, 1, map[string]any{"data_plane": strings.Repeat("h", AddrBytesMax+1)}), &tooLarge},
 		{"attempt overflows uint8", frame(t, TypeRoutedRequest, 1, map[string]any{"attempt": 256}), &malformed},
@@ -583,8 +592,10 @@ func TestStableCodes(t *testing.T) {
 		uint16(TypePressureRequest), uint16(TypePressureReply),
 		uint16(TypeListInFlight), uint16(TypeInFlightList), uint16(TypeCancelInFlight), uint16(TypeCancelInFlightReply),
 		uint16(CodePromptTooLong), uint16(CodeBusy), uint16(CodeIntegrity), uint16(CodeNodeLost), uint16(CodeCancelled), uint16(CodeBadRequest), uint16(CodeInternal), uint16(CodeForbidden),
-		uint16(FinishStop), uint16(FinishLength), uint16(FinishError)}
-	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3}
+		uint16(CodeModelMismatch), uint16(CodeUnavailable),
+		uint16(FinishStop), uint16(FinishLength), uint16(FinishError), uint16(FinishStopSequence),
+		uint16(CancelWithdraw), uint16(CancelStop)}
+	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 0, 1}
 	if !slices.Equal(got, want) {
 		t.Fatalf("stable codes changed: %v, want %v", got, want)
 	}
@@ -605,7 +616,7 @@ func TestCodeCounts(t *testing.T) {
 		t.Fatalf("sum %v", sum)
 	}
 	known := KnownCodes()
-	if len(known) != int(CodeModelMismatch) || known[0] != CodePromptTooLong || known[len(known)-1] != CodeModelMismatch {
+	if len(known) != int(CodeUnavailable) || known[0] != CodePromptTooLong || known[len(known)-1] != CodeUnavailable {
 		t.Fatalf("known codes %v", known)
 	}
 }
@@ -638,6 +649,33 @@ func TestStatusReplyVersion1(t *testing.T) {
 	if n := m.(*StatusReply).Node; n.Chaos || n.Faults != "" || n.FaultCounts != nil || n.Pools[0].Free != 1 ||
 		n.KVSent != nil || n.Integrity != nil {
 		t.Fatalf("version 1 reply decoded as %+v", n)
+	}
+}
+
+// TestCancelRequestVersions: a withdrawal is encoded as version 1, byte
+// for byte the frame of the build before reasons, which decodes it; a stop
+// is version 2, which that build refuses by its version, never taking it
+// for a withdrawal.
+func TestCancelRequestVersions(t *testing.T) {
+	withdraw := mustEncode(t, &CancelRequest{RequestID: 7, Tenant: "acme"})
+	want := []byte{0, 4, 1, 0x82, 0xa2, 'i', 'd', 7, 0xa6, 't', 'e', 'n', 'a', 'n', 't', 0xa4, 'a', 'c', 'm', 'e'}
+	if !bytes.Equal(withdraw, want) {
+		t.Fatalf("a withdrawal encodes as % x, the version 1 frame is % x", withdraw, want)
+	}
+	stop := mustEncode(t, &CancelRequest{RequestID: 7, Tenant: "acme", Reason: CancelStop})
+	if stop[2] != 2 {
+		t.Fatalf("a stop encodes as version %d, want 2", stop[2])
+	}
+	// The build before reasons: CancelRequest versions 1 to 1.
+	saved := types[TypeCancelRequest]
+	types[TypeCancelRequest].version = 1
+	defer func() { types[TypeCancelRequest] = saved }()
+	if m, err := Decode(withdraw); err != nil || m.(*CancelRequest).Reason != CancelWithdraw {
+		t.Fatalf("the older build decodes a withdrawal as %+v, %v", m, err)
+	}
+	var ve *VersionError
+	if m, err := Decode(stop); !errors.As(err, &ve) || ve.Version != 2 || ve.Max != 1 || m != nil {
+		t.Fatalf("the older build decodes a stop as %+v, %v; want a VersionError of version 2", m, err)
 	}
 }
 

@@ -59,7 +59,10 @@
 // a message's fields bumps its wire version; a build decodes a range of
 // versions per type and refuses others with VersionError. Unknown fields
 // are refused, not ignored, so a field added without a version bump is
-// caught rather than silently dropped.
+// caught rather than silently dropped. A message whose new field is
+// optional may be encoded at the older version while it does not use it
+// (CancelRequest's reason), so that older builds still take it, and refuse
+// by its version only what they could not honour.
 //
 // # Concurrency
 //

@@ -129,6 +129,12 @@ const (
 	// decode into a wrong answer on the other. Message names both
 	// fingerprints.
 	CodeModelMismatch ErrorCode = 9
+	// CodeUnavailable: no node of a role the request needs (decode,
+	// prefill) is in sight of the node that admitted it: none alive,
+	// verified, serving its model and not draining. Nothing was reserved.
+	// Unlike CodeBusy, waiting does not help unless a node joins; another
+	// router may see one. Where names the roles missing.
+	CodeUnavailable ErrorCode = 10
 )
 
 // CodesMax bounds every code a count by code holds (NodeStatus
@@ -201,6 +207,8 @@ func (c ErrorCode) String() string {
 		return "forbidden"
 	case CodeModelMismatch:
 		return "model_mismatch"
+	case CodeUnavailable:
+		return "unavailable"
 	}
 	return fmt.Sprintf("code(%d)", uint16(c))
 }
@@ -213,7 +221,7 @@ func (c ErrorCode) HTTPStatus() int {
 		return http.StatusBadRequest
 	case CodeBusy:
 		return http.StatusTooManyRequests
-	case CodeNodeLost, CodeModelMismatch:
+	case CodeNodeLost, CodeModelMismatch, CodeUnavailable:
 		return http.StatusServiceUnavailable
 	case CodeCancelled:
 		return 499 // client closed request, as nginx reports it

@@ -69,12 +69,13 @@ type typeInfo struct {
 // checksums, which decode requires: a version 1 sender is refused by its
 // version, not by a missing field. StatusReply version 2 adds a chaos
 // build's fault counts and its pools' cross reads, all optional, so
-// version 1 still decodes.
+// version 1 still decodes. CancelRequest version 2 carries a reason; a
+// withdrawal is still sent as version 1 (see CancelRequest).
 var types = [...]typeInfo{
 	TypeGenerateRequest: {"GenerateRequest", 1, 1, func() Message { return new(GenerateRequest) }},
 	TypeTokenChunk:      {"TokenChunk", 1, 1, func() Message { return new(TokenChunk) }},
 	TypeGenerateResult:  {"GenerateResult", 1, 1, func() Message { return new(GenerateResult) }},
-	TypeCancelRequest:   {"CancelRequest", 1, 1, func() Message { return new(CancelRequest) }},
+	TypeCancelRequest:   {"CancelRequest", 1, 2, func() Message { return new(CancelRequest) }},
 	TypeTransferPlan:    {"TransferPlan", 1, 1, func() Message { return new(TransferPlan) }},
 	TypeTransferAck:     {"TransferAck", 1, 1, func() Message { return new(TransferAck) }},
 	TypeTransferAbort:   {"TransferAbort", 1, 1, func() Message { return new(TransferAbort) }},
@@ -103,8 +104,9 @@ func lookup(c TypeCode) (typeInfo, bool) {
 // Known reports whether this build can decode messages of type c.
 func (c TypeCode) Known() bool { _, ok := lookup(c); return ok }
 
-// Version is the wire version this build encodes for type c, or 0 if c is
-// unknown.
+// Version is the newest wire version this build encodes for type c (a
+// message whose version depends on its content may be encoded at an older
+// one), or 0 if c is unknown.
 func (c TypeCode) Version() uint8 { t, _ := lookup(c); return t.version }
 
 func (c TypeCode) String() string {

@@ -110,7 +110,7 @@ func (c *client) route() {
 	w := c.w
 	decodes, prefills := alive(w.decode), alive(w.prefill)
 	if len(decodes) == 0 || len(prefills) == 0 {
-		c.refused(handoff.Wire(&handoff.BusyError{Where: "cluster nodes", Have: len(decodes) + len(prefills), Limit: 0}))
+		c.refused(handoff.Wire(handoff.NoNodes(len(decodes), len(prefills), "")))
 		return
 	}
 	d := decodes[w.rng.IntN(len(decodes))]
@@ -224,7 +224,7 @@ func (c *client) refused(e *messages.WireError) {
 	case c.done:
 		w.fail("answers", "client %d got an error (%v) after its request ended (%s)", c.id, e, c.outcome)
 		return
-	case e == nil || e.Code < messages.CodePromptTooLong || e.Code > messages.CodeModelMismatch:
+	case e == nil || e.Code < messages.CodePromptTooLong || e.Code > messages.CodeUnavailable:
 		w.fail("typed errors", "client %d failed without a stable error code: %v", c.id, e)
 		return
 	case e.Code == messages.CodeInternal || e.Code == messages.CodeBadRequest || e.Code == messages.CodeForbidden ||

@@ -10,6 +10,8 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -21,6 +23,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -76,10 +79,12 @@ func startUp(t *testing.T, args ...string) *upCluster {
 }
 
 // TestBinaryUpHTTP: the OpenAI SDK and plain HTTP talk to node up's router
-// with the example key: the reference answer, whole and streamed; a key
-// added with node keys new is accepted once the router has SIGHUP; a
-// decode node lost mid-stream ends the stream with a node_lost error
-// event, and no [DONE].
+// with the example key: the reference answer, whole and streamed; answers
+// cut at a stop sequence are counted by the router as completed, none as
+// cancelled; a key added with node keys new is accepted once the router has
+// SIGHUP; a decode node lost mid-stream ends the stream with a node_lost
+// error event, and no [DONE]; with no decode node left, a request is 503
+// unavailable without Retry-After, as /readyz says.
 func TestBinaryUpHTTP(t *testing.T) {
 	// A short --lost-after: the decode node stopped below is taken for
 	// lost soon after membership declares it dead.
@@ -122,6 +127,32 @@ func TestBinaryUpHTTP(t *testing.T) {
 		t.Fatalf("a streamed chat over plain HTTP: %d, events %q", raw.StatusCode, events)
 	}
 
+	// A stop sequence from the reference's first characters, whole and
+	// streamed: the text before it, finish stop, and the requests
+	// counted as completed.
+	stop, cut := earlyStop(t, want)
+	params.Stop = openai.CompletionNewParamsStopUnion{OfString: openai.String(stop)}
+	params.MaxTokens = openai.Int(1024)
+	if res, err := c.Completions.New(ctx, params); err != nil || res.Choices[0].Text != cut || res.Choices[0].FinishReason != "stop" {
+		t.Fatalf("a completion with stop %q: %+v, %v; want %q, finish stop", stop, res, err, cut)
+	}
+	stream := c.Completions.NewStreaming(ctx, params)
+	var text strings.Builder
+	for stream.Next() {
+		text.WriteString(stream.Current().Choices[0].Text)
+	}
+	if err := stream.Err(); err != nil || text.String() != cut {
+		t.Fatalf("a streamed completion with stop %q: %q, %v; want %q", stop, text.String(), err, cut)
+	}
+	root := strings.TrimSuffix(up.baseURL, "/v1")
+	for series, want := range map[string]float64{`kvwarden_requests_finished_total{outcome="completed"}`: 4,
+		`kvwarden_requests_failed_total{code="cancelled"}`: 0} {
+		if got := scraped(t, root, series); got != want {
+			t.Errorf("the router's %s is %g after 4 requests, 2 stopped; want %g", series, got, want)
+		}
+	}
+	params.Stop = openai.CompletionNewParamsStopUnion{}
+
 	// A key made with node keys new works once the router reads its keys
 	// file again.
 	code, key, stderr := runBinary(t, "", "keys", "new", "--file", filepath.Join(up.logDir, "api-keys.json"), "--tenant", "newco")
@@ -151,8 +182,7 @@ func TestBinaryUpHTTP(t *testing.T) {
 	// until membership declares it dead and --lost-after passes: the
 	// router tells the client the node was lost. (Killed outright, it
 	// would make up stop the whole cluster, the router with it.)
-	params.MaxTokens = openai.Int(1024)
-	stream := c.Completions.NewStreaming(ctx, params)
+	stream = c.Completions.NewStreaming(ctx, params)
 	if !stream.Next() {
 		t.Fatalf("no first chunk: %v", stream.Err())
 	}
@@ -166,6 +196,63 @@ func TestBinaryUpHTTP(t *testing.T) {
 	if err := stream.Err(); err == nil || !strings.Contains(err.Error(), `"code":"node_lost"`) {
 		t.Fatalf("after %d chunks the stream of a killed decode node ended with %v, want a node_lost error event", chunks, err)
 	}
+
+	// The only decode node gone: 503 unavailable naming it, no
+	// Retry-After, as /readyz says.
+	resp, err := http.Get(root + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(ready), "no decode node") {
+		t.Errorf("/readyz with the decode node lost: %d %q", resp.StatusCode, ready)
+	}
+	var apiErr *openai.Error
+	_, err = c.Completions.New(ctx, params)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusServiceUnavailable || apiErr.Code != "unavailable" ||
+		apiErr.Response.Header.Get("Retry-After") != "" || !strings.HasPrefix(apiErr.Message, "no decode node is in sight") {
+		t.Fatalf("a request with the decode node lost: %v, want 503 unavailable naming decode, no Retry-After", err)
+	}
+}
+
+// earlyStop is a stop sequence that first appears within the first
+// characters of text, two whole characters from the fifth on, and text cut
+// before it.
+func earlyStop(t *testing.T, text string) (stop, cut string) {
+	t.Helper()
+	runes := []rune(text)
+	for i := 4; i+2 <= len(runes); i++ {
+		stop = string(runes[i : i+2])
+		if at := strings.Index(text, stop); !strings.ContainsRune(stop, utf8.RuneError) && at == len(string(runes[:i])) {
+			return stop, text[:at]
+		}
+	}
+	t.Fatalf("no stop sequence early in %q", text)
+	return "", ""
+}
+
+// scraped is the value of series in the /metrics of the node serving HTTP
+// at root.
+func scraped(t *testing.T, root, series string) float64 {
+	t.Helper()
+	res, err := http.Get(root + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", series, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics", series)
+	return 0
 }
 
 // TestUpExampleKeyLoopbackOnly: node up serves its API with the example

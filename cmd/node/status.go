@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -112,8 +113,8 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 		fmt.Fprintf(w, "  model %s, fingerprint %s\n", n.Model, n.ModelFingerprint)
 	}
 	f := figuresOf(&n)
-	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d cancelled, %d failed, %d rejected too long, %d rejected busy\n",
-		n.InFlight, n.Admitted, n.Completed, f.cancelled, f.failed, n.RejectedTooLong, n.RejectedBusy)
+	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d cancelled, %d failed, %d rejected too long, %d rejected busy, %d rejected unavailable\n",
+		n.InFlight, n.Admitted, n.Completed, f.cancelled, f.failed, n.RejectedTooLong, n.RejectedBusy, rejectedUnavailable(&n))
 	var failed []string
 	for c, v := range n.FailedByCode {
 		if v > 0 && messages.ErrorCode(c) != messages.CodeCancelled {
@@ -193,7 +194,17 @@ type figures struct{ completed, cancelled, failed, rejected, tokens uint64 }
 func figuresOf(n *messages.NodeStatus) figures {
 	cancelled := countOf(n.FailedByCode, messages.CodeCancelled)
 	return figures{completed: n.Completed, cancelled: cancelled, failed: n.Failed - min(cancelled, n.Failed),
-		rejected: n.RejectedTooLong + n.RejectedBusy, tokens: n.TokensOut}
+		rejected: n.RejectedTooLong + n.RejectedBusy + rejectedUnavailable(n), tokens: n.TokensOut}
+}
+
+// rejectedUnavailable is how many requests n refused because no node of a
+// role they need was in sight (code unavailable): those it counts by that
+// bound.
+func rejectedUnavailable(n *messages.NodeStatus) uint64 {
+	if b := int(actors.RejectNoPeer); b < len(n.RejectedBy) {
+		return n.RejectedBy[b]
+	}
+	return 0
 }
 
 // countOf is counts' entry for code, 0 past its end.
@@ -357,9 +368,11 @@ func errorsByCode(n messages.NodeStatus, was *messages.NodeStatus) string {
 }
 
 // told counts the errors a node's clients were told, by code: the
-// failures by code and the refusals before a request ran (too long, busy).
+// failures by code and the refusals before a request ran (too long, busy,
+// unavailable).
 func told(s *messages.NodeStatus) []uint64 {
-	refused := make([]uint64, messages.CodeBusy+1)
+	refused := make([]uint64, messages.CodeUnavailable+1)
 	refused[messages.CodePromptTooLong], refused[messages.CodeBusy] = s.RejectedTooLong, s.RejectedBusy
+	refused[messages.CodeUnavailable] = rejectedUnavailable(s)
 	return messages.SumCounts(s.FailedByCode, refused)
 }

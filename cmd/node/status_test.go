@@ -21,11 +21,11 @@ import (
 func TestPrintStatusSeparatesCancelled(t *testing.T) {
 	s := &messages.StatusReply{Node: messages.NodeStatus{Name: "d", Role: messages.RoleDecode, Address: "127.0.0.1:1",
 		InFlight: 1, Admitted: 12, Completed: 4, Failed: 5, RejectedTooLong: 1, RejectedBusy: 2,
-		FailedByCode: []uint64{0, 0, 2, 0, 1, 2}}}
+		RejectedBy: []uint64{1, 0, 0, 0, 0, 3}, FailedByCode: []uint64{0, 0, 2, 0, 1, 2}}}
 	var out bytes.Buffer
 	printStatus(&out, s)
 	for _, want := range []string{
-		"requests: 1 in flight, 12 admitted, 4 completed, 2 cancelled, 3 failed, 1 rejected too long, 2 rejected busy\n",
+		"requests: 1 in flight, 12 admitted, 4 completed, 2 cancelled, 3 failed, 1 rejected too long, 2 rejected busy, 3 rejected unavailable\n",
 		"failed by code: busy 2, node_lost 1\n",
 	} {
 		if !strings.Contains(out.String(), want) {
@@ -162,11 +162,11 @@ func TestDrawWatchRestarted(t *testing.T) {
 	at := time.Unix(1_000_000, 0)
 	old := &reading{s: &messages.StatusReply{Node: messages.NodeStatus{Name: "d", Role: messages.RoleDecode, Incarnation: 1, Completed: 9}}, at: at}
 	now := reading{s: &messages.StatusReply{Node: messages.NodeStatus{Name: "d", Role: messages.RoleDecode, Incarnation: 2, Completed: 1,
-		RejectedBusy: 2}}, at: at.Add(time.Second)}
+		RejectedBusy: 2, RejectedBy: []uint64{0, 0, 0, 0, 0, 1}}}, at: at.Add(time.Second)}
 	var out bytes.Buffer
 	drawWatch(&out, watchHead{endpoint: "e:1", interval: time.Second}, now, old)
 	for _, want := range []string{"incarnation 0000000000000002 (restarted: was incarnation 0000000000000001)", "completed 1  ",
-		"errors    busy 2\n"} {
+		"errors    busy 2, unavailable 1\n"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
