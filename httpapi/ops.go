@@ -236,8 +236,26 @@ type exposition struct{ b []byte }
 // node writes every series of n: each one present, at zero where nothing
 // happened, from the start.
 func (t *exposition) node(n Node) {
-	s := n.Status()
-	ns := &s.Node
+	s, m := n.Status(), n.Metrics()
+	t.requests(&s.Node)
+	t.pools(s.Node.Pools)
+	t.members(s.Members)
+	t.self(&s.Node)
+	t.queues(m)
+	t.runtimeLog(n.RuntimeLog())
+	l := n.Latencies()
+	for _, h := range []struct {
+		f family
+		s actors.LatencySnapshot
+	}{{famTTFT, l.TTFT}, {famITL, l.InterToken}, {famE2E, l.EndToEnd}} {
+		t.family(h.f)
+		t.histogram(h.f.name, h.s)
+	}
+	t.transfers(m)
+}
+
+// requests writes the node's request counts.
+func (t *exposition) requests(ns *messages.NodeStatus) {
 	t.one(famInFlight, float64(ns.InFlight))
 	t.one(famAdmitted, float64(ns.Admitted))
 	t.family(famFinished)
@@ -250,24 +268,32 @@ func (t *exposition) node(n Node) {
 	for _, code := range messages.KnownCodes() {
 		t.sample(famFailed.name, "", float64(at(ns.FailedByCode, int(code))), "code", code.String())
 	}
+}
+
+// pools writes the pages of each pool, by state, and its usage.
+func (t *exposition) pools(pools []messages.PoolStatus) {
 	t.family(famPages)
-	for _, p := range ns.Pools {
+	for _, p := range pools {
 		t.sample(famPages.name, "", float64(p.Capacity-p.Free), "pool", p.Name, "state", "used")
 		t.sample(famPages.name, "", float64(p.Free), "pool", p.Name, "state", "free")
 	}
 	t.family(famUsage)
-	for _, p := range ns.Pools {
+	for _, p := range pools {
 		usage := 0.0
 		if p.Capacity > 0 {
 			usage = float64(p.Capacity-p.Free) / float64(p.Capacity)
 		}
 		t.sample(famUsage.name, "", usage, "pool", p.Name)
 	}
+}
+
+// members writes the members the node sees, by role and state.
+func (t *exposition) members(ms []messages.MemberStatus) {
 	t.family(famMembers)
 	for _, r := range memberRoles {
 		for _, st := range memberStates {
 			count := 0
-			for _, m := range s.Members {
+			for _, m := range ms {
 				if m.Role == r && m.State == st {
 					count++
 				}
@@ -275,6 +301,10 @@ func (t *exposition) node(n Node) {
 			t.sample(famMembers.name, "", float64(count), "role", r, "state", st)
 		}
 	}
+}
+
+// self writes what the node refused, whether it drains, and what it is.
+func (t *exposition) self(ns *messages.NodeStatus) {
 	t.family(famRefused)
 	for i, kind := range trust.RefusalNames() {
 		t.sample(famRefused.name, "", float64(at(ns.Refused, i)), "kind", kind)
@@ -286,24 +316,32 @@ func (t *exposition) node(n Node) {
 	t.one(famDraining, draining)
 	t.family(famInfo)
 	t.sample(famInfo.name, "", 1, "model", ns.Model, "model_fingerprint", ns.ModelFingerprint, "role", ns.Role)
+}
+
+// queues writes where the node's requests wait and run, and what
+// admission and the integrity checks refused.
+func (t *exposition) queues(m actors.Metrics) {
 	t.family(famWaiting)
 	for _, q := range []struct {
 		name string
 		v    uint32
-	}{{"decode_pages", ns.WaitingPages}, {"decode_transfer", ns.WaitingKV}, {"prefill", ns.PrefillQueued},
-		{"prefill_transfer", ns.PrefillInFlight}} {
+	}{{"decode_pages", m.WaitingPages}, {"decode_transfer", m.WaitingKV}, {"prefill", m.PrefillQueued},
+		{"prefill_transfer", m.PrefillInFlight}} {
 		t.sample(famWaiting.name, "", float64(q.v), "queue", q.name)
 	}
-	t.one(famRunning, float64(ns.Running))
+	t.one(famRunning, float64(m.Running))
 	t.family(famAdmission)
 	for i, bound := range actors.RejectBoundNames() {
-		t.sample(famAdmission.name, "", float64(at(ns.RejectedBy, i)), "bound", bound)
+		t.sample(famAdmission.name, "", float64(at(m.RejectedBy, i)), "bound", bound)
 	}
 	t.family(famIntegrity)
 	for i, reason := range actors.IntegrityReasonNames() {
-		t.sample(famIntegrity.name, "", float64(at(ns.Integrity, i)), "reason", reason)
+		t.sample(famIntegrity.name, "", float64(at(m.Integrity, i)), "reason", reason)
 	}
-	rl := n.RuntimeLog()
+}
+
+// runtimeLog writes protoactor's own log records, by level.
+func (t *exposition) runtimeLog(rl *messages.RuntimeLogCounts) {
 	t.family(famRuntimeLog)
 	for _, lv := range []struct {
 		name string
@@ -311,15 +349,10 @@ func (t *exposition) node(n Node) {
 	}{{"debug", &rl.Debug}, {"info", &rl.Info}, {"warn", &rl.Warn}, {"error", &rl.Error}} {
 		t.sample(famRuntimeLog.name, "", float64(lv.v.Load()), "level", lv.name)
 	}
-	l := n.Latencies()
-	for _, h := range []struct {
-		f family
-		s actors.LatencySnapshot
-	}{{famTTFT, l.TTFT}, {famITL, l.InterToken}, {famE2E, l.EndToEnd}} {
-		t.family(h.f)
-		t.histogram(h.f.name, h.s)
-	}
-	m := n.Metrics()
+}
+
+// transfers writes the node's KV transfers on each side and its retries.
+func (t *exposition) transfers(m actors.Metrics) {
 	sides := []struct {
 		name string
 		s    actors.TransferStats
