@@ -37,7 +37,8 @@ import (
 func everyNewSeriesAtZero(t *testing.T, scrape string) {
 	t.Helper()
 	series := []string{`kvwarden_requests_running`, `kvwarden_requests_retried_total{by="router"}`,
-		`kvwarden_requests_retried_total{by="decode"}`}
+		`kvwarden_requests_retried_total{by="decode"}`, `kvwarden_prompt_tokens_total`, `kvwarden_generation_tokens_total`,
+		`kvwarden_relayed_tokens_total`}
 	for _, q := range []string{"decode_pages", "decode_transfer", "prefill", "prefill_transfer"} {
 		series = append(series, `kvwarden_requests_waiting{queue="`+q+`"}`)
 	}
@@ -82,21 +83,22 @@ func scrape(t *testing.T, srv *httptest.Server) string {
 	return body
 }
 
-// kvOf is the KV pages and bytes of prompts' prefills on n: what their
-// transfers carry.
-func kvOf(t *testing.T, n *cluster.Node, prompts ...string) (pages, bytes float64) {
+// kvOf is the tokens, KV pages and bytes of prompts' prefills on n: what
+// their transfers carry.
+func kvOf(t *testing.T, n *cluster.Node, prompts ...string) (tokens, pages, bytes float64) {
 	t.Helper()
 	cfg := n.Actors().Config()
 	g := cfg.Geometry()
 	for _, p := range prompts {
-		tokens, err := handoff.Encode(cfg.Limits(), n.Actors().Model().Tokenizer(), p)
+		prompt, err := handoff.Encode(cfg.Limits(), n.Actors().Model().Tokenizer(), p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		pages += float64(g.PagesFor(len(tokens)))
-		bytes += float64(len(tokens) * g.BytesPerToken())
+		tokens += float64(len(prompt))
+		pages += float64(g.PagesFor(len(prompt)))
+		bytes += float64(len(prompt) * g.BytesPerToken())
 	}
-	return pages, bytes
+	return tokens, pages, bytes
 }
 
 // startAs is a real insecure node of role (with edit's changes to its
@@ -203,6 +205,59 @@ func startPair(t *testing.T, edit func(*cluster.NodeConfig)) (p, d *cluster.Node
 	return p, d, ps, ds
 }
 
+// trio is a prefill, a decode and a router node, each behind a test HTTP
+// server of its handlers.
+type trio struct {
+	p, d, r    *cluster.Node
+	ps, ds, rs *httptest.Server
+}
+
+// startTrio starts a trio (with edit's changes to each node's
+// configuration, whose Actors.Role says which) and waits until the router
+// and the decode node see the nodes they need.
+func startTrio(t testing.TB, edit func(*cluster.NodeConfig)) trio {
+	t.Helper()
+	var n trio
+	n.p, n.ps = startAs(t, actors.RolePrefill, edit)
+	n.d, n.ds = startAs(t, actors.RoleDecode, edit, n.p.GossipAddr())
+	n.r, n.rs = startAs(t, actors.RoleRouter, edit, n.p.GossipAddr())
+	testwait.For(t, "the router sees both nodes", 10*time.Second, func() bool { return n.r.Ready() == nil && n.d.Ready() == nil })
+	return n
+}
+
+// TestTokenCounters: requests through a router count their prompt tokens
+// on the prefill node, which computed them, and their tokens on the decode
+// node, which generated them, as generated, and on the router as relayed:
+// each token once per name, so that a sum over the nodes is the
+// cluster's. The status's tokens out say the same.
+func TestTokenCounters(t *testing.T) {
+	n := startTrio(t, nil)
+	c := dial(t, n.r)
+	prompts := []string{"one", strings.Repeat("a page and more ", 3), strings.Repeat("z", 47)}
+	generated := 0.0
+	for i, prompt := range prompts {
+		res, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 3 + i}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		generated += float64(len(res.Tokens))
+	}
+	prompt, _, _ := kvOf(t, n.d, prompts...)
+	for _, node := range []struct {
+		name               string
+		srv                *httptest.Server
+		status             *cluster.Node
+		prompt, gen, relay float64
+	}{{"prefill", n.ps, n.p, prompt, 0, 0}, {"decode", n.ds, n.d, 0, generated, 0}, {"router", n.rs, n.r, 0, 0, generated}} {
+		wantSeries(t, "the "+node.name+" node", scrape(t, node.srv), map[string]float64{
+			`kvwarden_prompt_tokens_total`: node.prompt, `kvwarden_generation_tokens_total`: node.gen,
+			`kvwarden_relayed_tokens_total`: node.relay})
+		if out := node.status.Status().Node.TokensOut; float64(out) != node.gen+node.relay {
+			t.Errorf("the %s node's status counts %d tokens out, want %g", node.name, out, node.gen+node.relay)
+		}
+	}
+}
+
 // TestKVTransferMetrics: three requests to a decode node are three
 // transfers over the data plane, counted on the prefill node as sent and on
 // the decode node as received, each of exactly its prompt's pages and KV
@@ -220,7 +275,7 @@ func TestKVTransferMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pages, bytes := kvOf(t, d, prompts...)
+	tokens, pages, bytes := kvOf(t, d, prompts...)
 	moved := func(side string) map[string]float64 {
 		return map[string]float64{`kvwarden_kv_transfer_duration_seconds_count{side="` + side + `"}`: 3,
 			`kvwarden_kv_transfer_pages_total{side="` + side + `"}`: pages, `kvwarden_kv_transfer_bytes_total{side="` + side + `"}`: bytes,
@@ -229,6 +284,8 @@ func TestKVTransferMetrics(t *testing.T) {
 	prefill, decode := moved("send"), moved("receive")
 	prefill[`kvwarden_kv_transfer_duration_seconds_count{side="receive"}`] = 0
 	decode[`kvwarden_kv_transfer_duration_seconds_count{side="send"}`] = 0
+	// The prompts were computed on the prefill node only.
+	prefill[`kvwarden_prompt_tokens_total`], decode[`kvwarden_prompt_tokens_total`] = tokens, 0
 	wantSeries(t, "the prefill node", scrape(t, ps), prefill)
 	wantSeries(t, "the decode node", scrape(t, ds), decode)
 	want := &messages.TransferStatus{Transfers: 3, Pages: uint64(pages), Bytes: uint64(bytes)}
@@ -427,9 +484,9 @@ func TestScrapeParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The parser refuses a family twice; a role-all node with no API has
-	// the node's 24. A histogram's buckets are the bounds and +Inf.
+	// the node's 27. A histogram's buckets are the bounds and +Inf.
 	hist := families["kvwarden_kv_transfer_duration_seconds"]
-	if len(families) != 24 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
+	if len(families) != 27 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
 		len(hist.GetMetric()[0].GetHistogram().GetBucket()) != len(actors.LatencyBounds())+1 {
 		t.Fatalf("%d families; the transfer durations: %v", len(families), hist)
 	}

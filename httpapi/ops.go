@@ -12,7 +12,8 @@
 // that their number is bounded by the configuration. Names follow
 // Prometheus' conventions (a _total suffix for counters, base units);
 // kvwarden_kv_usage_ratio means what vLLM's kv_cache_usage_perc and
-// SGLang's token_usage mean, as a 0–1 ratio.
+// SGLang's token_usage mean, as a 0–1 ratio, and the token counters are
+// their prompt_tokens_total and generation_tokens_total.
 package httpapi
 
 import (
@@ -166,6 +167,12 @@ var (
 	famTransferPages  = family{"kvwarden_kv_transfer_pages_total", "counter", "KV pages of the transfers that completed, by side."}
 	famTransferFailed = family{"kvwarden_kv_transfer_failures_total", "counter",
 		"KV transfers that failed, by side and the stable code of the failure."}
+	famPromptTokens = family{"kvwarden_prompt_tokens_total", "counter",
+		"Prompt tokens whose KV this node's prefill workers computed; a prompt computed again (its transfer failed) counts again."}
+	famGenerationTokens = family{"kvwarden_generation_tokens_total", "counter",
+		"Tokens this node generated for the requests it admitted and streamed, an end-of-sequence token included."}
+	famRelayedTokens = family{"kvwarden_relayed_tokens_total", "counter",
+		"Tokens a router passed on to its clients, counted as generated on their decode nodes: sum one or the other, not both."}
 	famRetried = family{"kvwarden_requests_retried_total", "counter",
 		"Requests sent on before any token reached the client, by who: router (a decode node answered busy or was lost; " +
 			"sent to another decode node) and decode (a transfer failed or its prefill node was busy; planned with another)."}
@@ -242,6 +249,7 @@ func (t *exposition) node(n Node) {
 	t.members(s.Members)
 	t.self(&s.Node)
 	t.queues(m)
+	t.tokens(m)
 	t.runtimeLog(n.RuntimeLog())
 	l := n.Latencies()
 	for _, h := range []struct {
@@ -338,6 +346,14 @@ func (t *exposition) queues(m actors.Metrics) {
 	for i, reason := range actors.IntegrityReasonNames() {
 		t.sample(famIntegrity.name, "", float64(at(m.Integrity, i)), "reason", reason)
 	}
+}
+
+// tokens writes the prompt tokens computed, the tokens generated and, on
+// a router, relayed.
+func (t *exposition) tokens(m actors.Metrics) {
+	t.one(famPromptTokens, float64(m.PromptTokens))
+	t.one(famGenerationTokens, float64(m.GenerationTokens))
+	t.one(famRelayedTokens, float64(m.RelayedTokens))
 }
 
 // runtimeLog writes protoactor's own log records, by level.
