@@ -356,8 +356,10 @@ type Metrics struct {
 	GenerationTokens uint64
 	// RelayedTokens (a router's, filled in by package cluster) counts the
 	// tokens a router passed on to its clients, which their decode nodes
-	// counted as generated.
+	// counted as generated; RoutedWaiting the requests it routed that have
+	// had no token back yet.
 	RelayedTokens uint64
+	RoutedWaiting uint32
 }
 
 // metricCounters are what Metrics reads.

@@ -757,15 +757,15 @@ func (n *Node) Status() *messages.StatusReply { return n.status() }
 func (n *Node) RuntimeLog() *messages.RuntimeLogCounts { return n.actors.RuntimeLog() }
 
 // Metrics are the node's operational counters (actors.Node.Metrics), with
-// its router's refusals by bound, retries and relayed tokens, and what its
-// data plane's checks refused (a frame for another incarnation of the node,
-// a checksum that does not match, a malformed frame or batch, a hello of
-// another model) among the integrity refusals.
+// its router's refusals by bound, retries, relayed tokens and requests
+// waiting, and what its data plane's checks refused (a frame for another
+// incarnation of the node, a checksum that does not match, a malformed
+// frame or batch, a hello of another model) among the integrity refusals.
 func (n *Node) Metrics() actors.Metrics {
 	m := n.actors.Metrics()
 	m.RejectedBy = messages.SumCounts(m.RejectedBy, n.rc.rejectedBy.Counts())
 	m.RetriedRoutes = n.rc.retried.Load()
-	m.RelayedTokens = n.rc.latencies.Tokens()
+	m.RelayedTokens, m.RoutedWaiting = n.rc.latencies.Tokens(), uint32(n.rc.waiting.Load())
 	if n.data != nil {
 		s := n.data.Stats()
 		for _, c := range []struct {

@@ -39,7 +39,7 @@ func everyNewSeriesAtZero(t *testing.T, scrape string) {
 	series := []string{`kvwarden_requests_running`, `kvwarden_requests_retried_total{by="router"}`,
 		`kvwarden_requests_retried_total{by="decode"}`, `kvwarden_prompt_tokens_total`, `kvwarden_generation_tokens_total`,
 		`kvwarden_relayed_tokens_total`}
-	for _, q := range []string{"decode_pages", "decode_transfer", "prefill", "prefill_transfer"} {
+	for _, q := range []string{"routed", "decode_pages", "decode_transfer", "prefill", "prefill_transfer"} {
 		series = append(series, `kvwarden_requests_waiting{queue="`+q+`"}`)
 	}
 	for _, b := range actors.RejectBoundNames() {
@@ -256,6 +256,92 @@ func TestTokenCounters(t *testing.T) {
 			t.Errorf("the %s node's status counts %d tokens out, want %g", node.name, out, node.gen+node.relay)
 		}
 	}
+}
+
+// TestRequestsWaitingWhereHeld: requests held at known places of a real
+// router, prefill and decode node are counted waiting where they are held,
+// each once per node, and nowhere else. The decode node's data plane, as
+// it advertises it, accepts connections and never answers; the prefill
+// node sends one transfer at a time; the decode pool holds three requests'
+// pages. Of five requests through the router, the first transfer hangs on
+// the data plane (prefill_transfer), two more wait behind it at the prefill
+// node (prefill), the three wait for their KV at the decode node
+// (decode_transfer) while two more wait for its pages (decode_pages), and
+// the router has seen none of the five start (routed). When the data plane
+// goes, every request ends and every queue is empty again.
+func TestRequestsWaitingWhereHeld(t *testing.T) {
+	hole, release := blackHole(t)
+	const held = 3 // requests whose pages the decode pool holds
+	n := startTrio(t, func(cfg *cluster.NodeConfig) {
+		// Nothing gives up on its own while the test looks: every bound on
+		// the path is far beyond the test's own wait.
+		a := &cfg.Actors
+		a.RequestTimeout, a.PrefillTimeout, a.ReserveWait, a.OwnedPageTimeout = 4*time.Minute, 4*time.Minute, 4*time.Minute, 5*time.Minute
+		cfg.DataPlane.DialTimeout = 4 * time.Minute
+		switch a.Role {
+		case actors.RolePrefill:
+			a.TransferSendsMax = 1
+		case actors.RoleDecode:
+			cfg.DataAdvertise = hole
+			a.DecodePages = held // a page each: a few prompt tokens and one to generate
+		}
+	})
+	c := dial(t, n.r)
+	const sent = held + 2
+	ended := make(chan error, sent)
+	for i := range sent {
+		go func() {
+			_, err := c.Generate(context.Background(), "acme", fmt.Sprintf("held %d", i), client.GenerateOptions{MaxTokens: 1}, nil)
+			ended <- err
+		}()
+	}
+	want := map[*httptest.Server]map[string]float64{
+		n.rs: {"routed": sent},
+		n.ds: {"decode_transfer": held, "decode_pages": sent - held},
+		n.ps: {"prefill_transfer": 1, "prefill": held - 1},
+	}
+	names := map[*httptest.Server]string{n.rs: "router", n.ds: "decode node", n.ps: "prefill node"}
+	waiting := func(srv *httptest.Server) map[string]float64 {
+		got := map[string]float64{}
+		for _, q := range []string{"routed", "decode_pages", "decode_transfer", "prefill", "prefill_transfer"} {
+			if v := metric(t, scrape(t, srv), `kvwarden_requests_waiting{queue="`+q+`"}`); v != 0 {
+				got[q] = v
+			}
+		}
+		return got
+	}
+	testwait.Report(t, "five requests held where they wait", time.Minute, func() (bool, string) {
+		saw := ""
+		for srv, w := range want {
+			if got := waiting(srv); fmt.Sprint(got) != fmt.Sprint(w) {
+				saw += fmt.Sprintf("the %s has %v waiting, want %v; ", names[srv], got, w)
+			}
+		}
+		return saw == "", saw
+	})
+	if d := n.d.Status().Node; d.InFlight != sent || d.Running != 0 {
+		t.Errorf("the decode node has %d requests in flight, %d running; want %d, none running", d.InFlight, d.Running, sent)
+	}
+	release()
+	for range sent {
+		select {
+		case err := <-ended:
+			if err == nil {
+				t.Error("a request answered without its KV")
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the held requests did not all end within a minute of the data plane's going")
+		}
+	}
+	testwait.Report(t, "every queue empty", time.Minute, func() (bool, string) {
+		saw := ""
+		for srv := range want {
+			if got := waiting(srv); len(got) > 0 {
+				saw += fmt.Sprintf("the %s has %v waiting; ", names[srv], got)
+			}
+		}
+		return saw == "", saw
+	})
 }
 
 // TestKVTransferMetrics: three requests to a decode node are three

@@ -152,9 +152,11 @@ var (
 	famRuntimeLog = family{"kvwarden_runtime_log_records_total", "counter",
 		"protoactor's own log records (endpoint chatter, dead letters), by level; logged at debug only."}
 	famWaiting = family{"kvwarden_requests_waiting", "gauge",
-		"Requests waiting, by queue: decode_pages (admitted here, for decode KV pages), decode_transfer (admitted here, for their " +
-			"prompt's KV from prefill), prefill (transfer plans this node's prefill workers have not started), prefill_transfer " +
-			"(computed here, their KV on its way or awaiting decode's acknowledgement)."}
+		"Requests waiting at this node, by queue: routed (a router's, routed and no token back yet), decode_pages (admitted " +
+			"here, for decode KV pages), decode_transfer (admitted here, for their prompt's KV from prefill), prefill (transfer " +
+			"plans this node's prefill workers have not started), prefill_transfer (computed here, their KV on its way or " +
+			"awaiting decode's acknowledgement). A routed request waits in a decode node's queue too, and one in decode_transfer " +
+			"in a prefill node's: sum by queue."}
 	famRunning   = family{"kvwarden_requests_running", "gauge", "Requests admitted here and decoding."}
 	famAdmission = family{"kvwarden_admission_rejections_total", "counter",
 		"Requests refused before they ran, by the bound that refused them."}
@@ -333,8 +335,8 @@ func (t *exposition) queues(m actors.Metrics) {
 	for _, q := range []struct {
 		name string
 		v    uint32
-	}{{"decode_pages", m.WaitingPages}, {"decode_transfer", m.WaitingKV}, {"prefill", m.PrefillQueued},
-		{"prefill_transfer", m.PrefillInFlight}} {
+	}{{"routed", m.RoutedWaiting}, {"decode_pages", m.WaitingPages}, {"decode_transfer", m.WaitingKV},
+		{"prefill", m.PrefillQueued}, {"prefill_transfer", m.PrefillInFlight}} {
 		t.sample(famWaiting.name, "", float64(q.v), "queue", q.name)
 	}
 	t.one(famRunning, float64(m.Running))
