@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -570,11 +571,31 @@ func TestScrapeParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The parser refuses a family twice; a role-all node with no API has
-	// the node's 27. A histogram's buckets are the bounds and +Inf.
+	// the node's 28, and the Go runtime's and the process's. A histogram's
+	// buckets are the bounds and +Inf.
+	own := 0
+	for name := range families {
+		if strings.HasPrefix(name, "kvwarden_") {
+			own++
+		}
+	}
 	hist := families["kvwarden_kv_transfer_duration_seconds"]
-	if len(families) != 27 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
+	if own != 28 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
 		len(hist.GetMetric()[0].GetHistogram().GetBucket()) != len(actors.LatencyBounds())+1 {
-		t.Fatalf("%d families; the transfer durations: %v", len(families), hist)
+		t.Fatalf("%d families of the node's; the transfer durations: %v", own, hist)
+	}
+	for _, name := range []string{"go_goroutines", "go_info", "go_memstats_heap_alloc_bytes", "go_gc_duration_seconds",
+		"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"} {
+		if families[name] == nil {
+			t.Errorf("no %s among the %d families", name, len(families))
+		}
+	}
+	info := map[string]string{}
+	for _, l := range families["kvwarden_build_info"].GetMetric()[0].GetLabel() {
+		info[l.GetName()] = l.GetValue()
+	}
+	if len(info) != 3 || info["goversion"] != runtime.Version() || info["version"] == "" || info["revision"] == "" {
+		t.Errorf("kvwarden_build_info%v, want goversion %s, a version and a revision", info, runtime.Version())
 	}
 	var e exposition
 	odd := "a \\ \" b\nc"

@@ -13,18 +13,23 @@
 // Prometheus' conventions (a _total suffix for counters, base units);
 // kvwarden_kv_usage_ratio means what vLLM's kv_cache_usage_perc and
 // SGLang's token_usage mean, as a 0–1 ratio, and the token counters are
-// their prompt_tokens_total and generation_tokens_total.
+// their prompt_tokens_total and generation_tokens_total. The Go runtime's
+// and the process's series carry the names client_golang gives them
+// (go_*, process_*), and kvwarden_build_info the binary's version.
 package httpapi
 
 import (
 	"fmt"
 	"net/http"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/kvwarden/kvwarden/actors"
@@ -103,9 +108,14 @@ func Server(h http.Handler, l Limits) *http.Server {
 }
 
 // Handler serves n's probes and metrics, and, when api is given (cfg
-// .Model not nil), the OpenAI-compatible API of APIConfig.
+// .Model not nil), the OpenAI-compatible API of APIConfig. /metrics has
+// the Go runtime's series (client_golang's collector, go_*) and the
+// process's (process_*) too.
 func Handler(n Node, api *APIConfig, l Limits) (http.Handler, error) {
 	reg := prometheus.NewRegistry()
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -117,7 +127,11 @@ func Handler(n Node, api *APIConfig, l Limits) (http.Handler, error) {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	mux.Handle("GET /metrics", &metricsHandler{n: n, reg: reg})
+	metrics := &metricsHandler{n: n, reg: reg}
+	if err := metrics.addProcess(reg); err != nil {
+		return nil, fmt.Errorf("httpapi: the process's series: %w", err)
+	}
+	mux.Handle("GET /metrics", metrics)
 	if api != nil {
 		a, err := NewAPI(*api, l, reg)
 		if err != nil {
@@ -175,6 +189,8 @@ var (
 		"Tokens this node generated for the requests it admitted and streamed, an end-of-sequence token included."}
 	famRelayedTokens = family{"kvwarden_relayed_tokens_total", "counter",
 		"Tokens a router passed on to its clients, counted as generated on their decode nodes: sum one or the other, not both."}
+	famBuildInfo = family{"kvwarden_build_info", "gauge",
+		"The binary's module version, VCS revision (unknown when the build recorded none) and Go version; always 1."}
 	famRetried = family{"kvwarden_requests_retried_total", "counter",
 		"Requests sent on before any token reached the client, by who: router (a decode node answered busy or was lost; " +
 			"sent to another decode node) and decode (a transfer failed or its prefill node was busy; planned with another)."}
@@ -200,16 +216,21 @@ var latencyLe = func() []string {
 // metricsHandler serves /metrics: the node's series in Prometheus' text
 // format, written straight from one read of its status, latencies and
 // transfers, so that every series of one scrape is from one moment; then the
-// registry's own (the API's). Writing them directly rather than through a
-// client_golang collector, whose objects are built and encoded again at each
-// scrape, cut a scrape's cost to a quarter and its allocations to a tenth
+// process's (addProcess) and the registry's (the Go runtime's and the
+// API's). Writing them directly rather than through a client_golang
+// collector, whose objects are built and encoded again at each scrape, cut a
+// scrape's cost to a quarter and its allocations to a tenth
 // (BenchmarkScrape): at a 100 ms scrape interval, the collector's objects
 // cost the node's requests 2 to 5 percent of their throughput, and the
-// writer none that BenchmarkScrapeCost can tell from noise.
+// writer none that BenchmarkScrapeCost can tell from noise. The Go
+// runtime's series are client_golang's collector's, whose 29 families mean
+// exactly what every Go dashboard expects; its objects make a scrape cost
+// 1.6 times the CPU and 5.7 times the bytes it would without them.
 type metricsHandler struct {
-	n    Node
-	reg  prometheus.Gatherer
-	bufs sync.Pool // of *[]byte: a scrape's text, kept for the next
+	n       Node
+	reg     prometheus.Gatherer
+	process func(*exposition) // writes the process's series, where the registry has none (process_linux.go)
+	bufs    sync.Pool         // of *[]byte: a scrape's text, kept for the next
 }
 
 func (h *metricsHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
@@ -224,6 +245,9 @@ func (h *metricsHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	}
 	t := exposition{b: (*bp)[:0]}
 	t.node(h.n)
+	if h.process != nil {
+		h.process(&t)
+	}
 	w.Header().Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
 	if _, err := w.Write(t.b); err == nil {
 		for _, mf := range mfs {
@@ -313,7 +337,8 @@ func (t *exposition) members(ms []messages.MemberStatus) {
 	}
 }
 
-// self writes what the node refused, whether it drains, and what it is.
+// self writes what the node refused, whether it drains, and what it is
+// and runs.
 func (t *exposition) self(ns *messages.NodeStatus) {
 	t.family(famRefused)
 	for i, kind := range trust.RefusalNames() {
@@ -326,6 +351,8 @@ func (t *exposition) self(ns *messages.NodeStatus) {
 	t.one(famDraining, draining)
 	t.family(famInfo)
 	t.sample(famInfo.name, "", 1, "model", ns.Model, "model_fingerprint", ns.ModelFingerprint, "role", ns.Role)
+	t.family(famBuildInfo)
+	t.sample(famBuildInfo.name, "", 1, "goversion", build.goversion, "revision", build.revision, "version", build.version)
 }
 
 // queues writes where the node's requests wait and run, and what
@@ -396,6 +423,33 @@ func (t *exposition) transfers(m actors.Metrics) {
 	t.family(famRetried)
 	t.sample(famRetried.name, "", float64(m.RetriedRoutes), "by", "router")
 	t.sample(famRetried.name, "", float64(m.RetriedTransfers), "by", "decode")
+}
+
+// build is what kvwarden_build_info says of this binary.
+var build = readBuild()
+
+// buildLabels are kvwarden_build_info's labels: the main module's version
+// (a tag, a pseudo-version with +dirty for a modified tree, or "(devel)"),
+// the VCS revision it was built from and the Go version that built it;
+// "unknown" where the binary recorded none (go build -buildvcs=false, a
+// tree without its .git, a test binary).
+type buildLabels struct{ goversion, revision, version string }
+
+func readBuild() buildLabels {
+	b := buildLabels{goversion: runtime.Version(), revision: "unknown", version: "unknown"}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return b
+	}
+	if bi.Main.Version != "" {
+		b.version = bi.Main.Version
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && s.Value != "" {
+			b.revision = s.Value
+		}
+	}
+	return b
 }
 
 // at is counts[i], or 0 past their end: a status sends counts up to the
