@@ -35,6 +35,15 @@ func (l *Latency) Observe(d time.Duration) {
 	l.sum.Add(int64(d))
 }
 
+// Count is how many durations were observed.
+func (l *Latency) Count() uint64 {
+	var n uint64
+	for i := range l.buckets {
+		n += l.buckets[i].Load()
+	}
+	return n
+}
+
 // LatencySnapshot is a Latency at one moment: Counts[i] observations of
 // at most LatencyBounds()[i] and more than the bound before it, the last
 // one past every bound.
@@ -64,6 +73,10 @@ func (s LatencySnapshot) Add(o LatencySnapshot) LatencySnapshot {
 type Latencies struct {
 	TTFT, InterToken, EndToEnd Latency
 }
+
+// Tokens counts the tokens streamed: each is timed once, the first of a
+// stream as its time to first token and every other as the gap before it.
+func (l *Latencies) Tokens() uint64 { return l.TTFT.Count() + l.InterToken.Count() }
 
 // LatenciesSnapshot is Latencies at one moment.
 type LatenciesSnapshot struct {

@@ -346,6 +346,21 @@ type Metrics struct {
 	// RetriedRoutes (a router's, filled in by package cluster) the requests
 	// a router sent on to another decode node.
 	RetriedTransfers, RetriedRoutes uint64
+	// PromptTokens counts the prompt tokens whose KV this node's prefill
+	// workers computed: where prompts cost compute. A prompt computed again
+	// (its transfer failed and decode planned it with another prefill
+	// node) counts again.
+	PromptTokens uint64
+	// GenerationTokens counts the tokens this node generated and streamed
+	// for the requests it admitted (an end-of-sequence token that ended one
+	// among them); with RelayedTokens, what its status counts as TokensOut.
+	GenerationTokens uint64
+	// RelayedTokens (a router's, filled in by package cluster) counts the
+	// tokens a router passed on to its clients, which their decode nodes
+	// counted as generated; RoutedWaiting the requests it routed that have
+	// had no token back yet.
+	RelayedTokens uint64
+	RoutedWaiting uint32
 }
 
 // metricCounters are what Metrics reads.
@@ -355,6 +370,7 @@ type metricCounters struct {
 	rejectedBy                       RejectCounts
 	integrity                        IntegrityCounts
 	sent, received                   Transfers
+	promptTokens                     atomic.Uint64
 }
 
 // Metrics reads the node's operational counters, without a message: it
@@ -364,7 +380,8 @@ func (n *Node) Metrics() Metrics {
 	return Metrics{WaitingPages: c.waitingPages.load(), WaitingKV: c.waitingKV.load(), Running: c.running.load(),
 		PrefillQueued: c.prefillQueued.load(), PrefillInFlight: c.prefillInFlight.load(),
 		RejectedBy: c.rejectedBy.Counts(), Integrity: c.integrity.Counts(),
-		Sent: c.sent.Stats(), Received: c.received.Stats(), RetriedTransfers: n.counters.retried.Load()}
+		Sent: c.sent.Stats(), Received: c.received.Stats(), RetriedTransfers: n.counters.retried.Load(),
+		PromptTokens: c.promptTokens.Load(), GenerationTokens: n.counters.latencies.Tokens()}
 }
 
 // receiving is a request actor's view of its current attempt's transfer:

@@ -265,8 +265,11 @@ func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 	case handoff.Prefill:
 		out, frames := handoff.ExecPrefill(w.engine, w.kv, e)
 		w.jobs[e.Key].frames = frames
-		if out.Err == nil && w.fault != nil {
-			w.fault(frames.Frames)
+		if out.Err == nil {
+			w.metrics.promptTokens.Add(uint64(len(e.Plan.PromptTokens)))
+			if w.fault != nil {
+				w.fault(frames.Frames)
+			}
 		}
 		return out
 	case handoff.SendFrames:

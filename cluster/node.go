@@ -757,14 +757,15 @@ func (n *Node) Status() *messages.StatusReply { return n.status() }
 func (n *Node) RuntimeLog() *messages.RuntimeLogCounts { return n.actors.RuntimeLog() }
 
 // Metrics are the node's operational counters (actors.Node.Metrics), with
-// its router's refusals by bound and what its data plane's checks refused
-// (a frame for another incarnation of the node, a checksum that does not
-// match, a malformed frame or batch, a hello of another model) among the
-// integrity refusals.
+// its router's refusals by bound, retries, relayed tokens and requests
+// waiting, and what its data plane's checks refused (a frame for another
+// incarnation of the node, a checksum that does not match, a malformed
+// frame or batch, a hello of another model) among the integrity refusals.
 func (n *Node) Metrics() actors.Metrics {
 	m := n.actors.Metrics()
 	m.RejectedBy = messages.SumCounts(m.RejectedBy, n.rc.rejectedBy.Counts())
 	m.RetriedRoutes = n.rc.retried.Load()
+	m.RelayedTokens, m.RoutedWaiting = n.rc.latencies.Tokens(), uint32(n.rc.waiting.Load())
 	if n.data != nil {
 		s := n.data.Stats()
 		for _, c := range []struct {
@@ -828,7 +829,6 @@ func (n *Node) status() *messages.StatusReply {
 		Model:           n.actors.Model().Name(), ModelFingerprint: n.actors.Model().Fingerprint().String(),
 		FailedByCode: messages.SumCounts(a.FailedByCode, n.rc.failedBy.Counts())}}
 	n.statusMetrics(&rep.Node)
-	rep.Node.TokensOut = tokensOut(n.Latencies())
 	rep.Node.DataPlane = n.dataAddr
 	auth := n.cfg.Auth
 	rep.Node.Insecure = auth.Insecure()
@@ -869,23 +869,13 @@ func (n *Node) statusMetrics(s *messages.NodeStatus) {
 	s.WaitingPages, s.WaitingKV, s.Running = m.WaitingPages, m.WaitingKV, m.Running
 	s.PrefillQueued, s.PrefillInFlight = m.PrefillQueued, m.PrefillInFlight
 	s.RejectedBy, s.Integrity = m.RejectedBy, m.Integrity
+	s.TokensOut = m.GenerationTokens + m.RelayedTokens
 	if n.cfg.Actors.Role.Prefills() {
 		s.KVSent = m.Sent.Status()
 	}
 	if n.cfg.Actors.Role.Decodes() {
 		s.KVReceived = m.Received.Status()
 	}
-}
-
-// tokensOut counts the tokens a node streamed to clients: each is timed
-// once, the first of a stream as its time to first token and every other
-// as the gap before it.
-func tokensOut(l actors.LatenciesSnapshot) uint64 {
-	var n uint64
-	for _, c := range slices.Concat(l.TTFT.Counts, l.InterToken.Counts) {
-		n += c
-	}
-	return n
 }
 
 // controlActor answers operators: StatusRequest with the node's status,

@@ -27,6 +27,7 @@ type routerCounters struct {
 	rejectedBy                                 actors.RejectCounts // every refusal above, by bound
 	strangers                                  atomic.Uint64       // relayed messages refused: wrong sender, id or sequence
 	retried                                    atomic.Uint64       // requests sent again to another decode node (RouteRetriesMax)
+	waiting                                    atomic.Int32        // requests routed with no token back yet (routed.waiting)
 }
 
 // inFlight is the routed requests not yet answered.
@@ -79,6 +80,10 @@ type routed struct {
 	decodePages, prefillPages int
 	prefillOut                bool            // counted on the prefill node: no token has come back yet
 	tried                     map[uint64]bool // decode incarnations that answered busy or lost
+	// waiting: counted among the router's requests waiting, from its
+	// routing until its first token comes back or it ends, whatever decode
+	// nodes it is sent to meanwhile.
+	waiting bool
 }
 
 // relayRetry asks the router for another decode node for the relay's
@@ -150,9 +155,12 @@ func (r *routerActor) Receive(c actor.Context) {
 			}
 		}
 	case relayTokens:
-		if rt := r.relays[c.Sender().Id]; rt != nil && rt.prefillOut {
-			rt.prefillOut = false
-			r.routing.Done(rt.prefill.Meta.Incarnation, rt.prefillPages)
+		if rt := r.relays[c.Sender().Id]; rt != nil {
+			r.started(rt)
+			if rt.prefillOut {
+				rt.prefillOut = false
+				r.routing.Done(rt.prefill.Meta.Incarnation, rt.prefillPages)
+			}
 		}
 	case relayRetry:
 		r.retry(c, c.Sender(), m)
@@ -161,6 +169,7 @@ func (r *routerActor) Receive(c actor.Context) {
 			delete(r.relays, m.Who.Id)
 			delete(r.byClient, clientKey(rt.rl.client, rt.rl.id))
 			r.release(rt)
+			r.started(rt)
 		}
 	case *messages.Undecodable:
 		r.counters.rejectedBad.Add(1)
@@ -299,7 +308,8 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		return
 	}
 	rt := &routed{rl: rl, request: fwd, decode: d, prefill: p, promptTokens: len(prompt), decodePages: decodePages,
-		prefillPages: prefillPages, tried: map[uint64]bool{}}
+		prefillPages: prefillPages, tried: map[uint64]bool{}, waiting: true}
+	r.counters.waiting.Add(1)
 	r.count(rt)
 	r.relays[pid.Id] = rt
 	r.byClient[key] = pid
@@ -332,6 +342,15 @@ func (r *routerActor) count(rt *routed) {
 	r.routing.Sent(rt.decode.Meta.Incarnation, rt.decodePages)
 	r.routing.Sent(rt.prefill.Meta.Incarnation, rt.prefillPages)
 	rt.prefillOut = true
+}
+
+// started counts rt's request among those waiting no longer: a token
+// came back, or it ended.
+func (r *routerActor) started(rt *routed) {
+	if rt.waiting {
+		rt.waiting = false
+		r.counters.waiting.Add(-1)
+	}
 }
 
 // release has Routing count rt's request on its nodes no longer.

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -38,8 +39,9 @@ import (
 func everyNewSeriesAtZero(t *testing.T, scrape string) {
 	t.Helper()
 	series := []string{`kvwarden_requests_running`, `kvwarden_requests_retried_total{by="router"}`,
-		`kvwarden_requests_retried_total{by="decode"}`}
-	for _, q := range []string{"decode_pages", "decode_transfer", "prefill", "prefill_transfer"} {
+		`kvwarden_requests_retried_total{by="decode"}`, `kvwarden_prompt_tokens_total`, `kvwarden_generation_tokens_total`,
+		`kvwarden_relayed_tokens_total`}
+	for _, q := range []string{"routed", "decode_pages", "decode_transfer", "prefill", "prefill_transfer"} {
 		series = append(series, `kvwarden_requests_waiting{queue="`+q+`"}`)
 	}
 	for _, b := range actors.RejectBoundNames() {
@@ -83,21 +85,22 @@ func scrape(t *testing.T, srv *httptest.Server) string {
 	return body
 }
 
-// kvOf is the KV pages and bytes of prompts' prefills on n: what their
-// transfers carry.
-func kvOf(t *testing.T, n *cluster.Node, prompts ...string) (pages, bytes float64) {
+// kvOf is the tokens, KV pages and bytes of prompts' prefills on n: what
+// their transfers carry.
+func kvOf(t *testing.T, n *cluster.Node, prompts ...string) (tokens, pages, bytes float64) {
 	t.Helper()
 	cfg := n.Actors().Config()
 	g := cfg.Geometry()
 	for _, p := range prompts {
-		tokens, err := handoff.Encode(cfg.Limits(), n.Actors().Model().Tokenizer(), p)
+		prompt, err := handoff.Encode(cfg.Limits(), n.Actors().Model().Tokenizer(), p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		pages += float64(g.PagesFor(len(tokens)))
-		bytes += float64(len(tokens) * g.BytesPerToken())
+		tokens += float64(len(prompt))
+		pages += float64(g.PagesFor(len(prompt)))
+		bytes += float64(len(prompt) * g.BytesPerToken())
 	}
-	return pages, bytes
+	return tokens, pages, bytes
 }
 
 // startAs is a real insecure node of role (with edit's changes to its
@@ -212,6 +215,145 @@ func startPair(t *testing.T, edit func(*cluster.NodeConfig)) (p, d *cluster.Node
 	return p, d, ps, ds
 }
 
+// trio is a prefill, a decode and a router node, each behind a test HTTP
+// server of its handlers.
+type trio struct {
+	p, d, r    *cluster.Node
+	ps, ds, rs *httptest.Server
+}
+
+// startTrio starts a trio (with edit's changes to each node's
+// configuration, whose Actors.Role says which) and waits until the router
+// and the decode node see the nodes they need.
+func startTrio(t testing.TB, edit func(*cluster.NodeConfig)) trio {
+	t.Helper()
+	var n trio
+	n.p, n.ps = startAs(t, actors.RolePrefill, edit)
+	n.d, n.ds = startAs(t, actors.RoleDecode, edit, n.p.GossipAddr())
+	n.r, n.rs = startAs(t, actors.RoleRouter, edit, n.p.GossipAddr())
+	testwait.For(t, "the router sees both nodes", 10*time.Second, func() bool { return n.r.Ready() == nil && n.d.Ready() == nil })
+	return n
+}
+
+// TestTokenCounters: requests through a router count their prompt tokens
+// on the prefill node, which computed them, and their tokens on the decode
+// node, which generated them, as generated, and on the router as relayed:
+// each token once per name, so that a sum over the nodes is the
+// cluster's. The status's tokens out say the same.
+func TestTokenCounters(t *testing.T) {
+	n := startTrio(t, nil)
+	c := dial(t, n.r)
+	prompts := []string{"one", strings.Repeat("a page and more ", 3), strings.Repeat("z", 47)}
+	generated := 0.0
+	for i, prompt := range prompts {
+		res, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 3 + i}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		generated += float64(len(res.Tokens))
+	}
+	prompt, _, _ := kvOf(t, n.d, prompts...)
+	for _, node := range []struct {
+		name               string
+		srv                *httptest.Server
+		status             *cluster.Node
+		prompt, gen, relay float64
+	}{{"prefill", n.ps, n.p, prompt, 0, 0}, {"decode", n.ds, n.d, 0, generated, 0}, {"router", n.rs, n.r, 0, 0, generated}} {
+		wantSeries(t, "the "+node.name+" node", scrape(t, node.srv), map[string]float64{
+			`kvwarden_prompt_tokens_total`: node.prompt, `kvwarden_generation_tokens_total`: node.gen,
+			`kvwarden_relayed_tokens_total`: node.relay})
+		if out := node.status.Status().Node.TokensOut; float64(out) != node.gen+node.relay {
+			t.Errorf("the %s node's status counts %d tokens out, want %g", node.name, out, node.gen+node.relay)
+		}
+	}
+}
+
+// TestRequestsWaitingWhereHeld: requests held at known places of a real
+// router, prefill and decode node are counted waiting where they are held,
+// each once per node, and nowhere else. The decode node's data plane, as
+// it advertises it, accepts connections and never answers; the prefill
+// node sends one transfer at a time; the decode pool holds three requests'
+// pages. Of five requests through the router, the first transfer hangs on
+// the data plane (prefill_transfer), two more wait behind it at the prefill
+// node (prefill), the three wait for their KV at the decode node
+// (decode_transfer) while two more wait for its pages (decode_pages), and
+// the router has seen none of the five start (routed). When the data plane
+// goes, every request ends and every queue is empty again.
+func TestRequestsWaitingWhereHeld(t *testing.T) {
+	hole, release := blackHole(t)
+	const held = 3 // requests whose pages the decode pool holds
+	n := startTrio(t, func(cfg *cluster.NodeConfig) {
+		// Nothing gives up on its own while the test looks: every bound on
+		// the path is far beyond the test's own wait.
+		a := &cfg.Actors
+		a.RequestTimeout, a.PrefillTimeout, a.ReserveWait, a.OwnedPageTimeout = 4*time.Minute, 4*time.Minute, 4*time.Minute, 5*time.Minute
+		cfg.DataPlane.DialTimeout = 4 * time.Minute
+		switch a.Role {
+		case actors.RolePrefill:
+			a.TransferSendsMax = 1
+		case actors.RoleDecode:
+			cfg.DataAdvertise = hole
+			a.DecodePages = held // a page each: a few prompt tokens and one to generate
+		}
+	})
+	c := dial(t, n.r)
+	const sent = held + 2
+	ended := make(chan error, sent)
+	for i := range sent {
+		go func() {
+			_, err := c.Generate(context.Background(), "acme", fmt.Sprintf("held %d", i), client.GenerateOptions{MaxTokens: 1}, nil)
+			ended <- err
+		}()
+	}
+	want := map[*httptest.Server]map[string]float64{
+		n.rs: {"routed": sent},
+		n.ds: {"decode_transfer": held, "decode_pages": sent - held},
+		n.ps: {"prefill_transfer": 1, "prefill": held - 1},
+	}
+	names := map[*httptest.Server]string{n.rs: "router", n.ds: "decode node", n.ps: "prefill node"}
+	waiting := func(srv *httptest.Server) map[string]float64 {
+		got := map[string]float64{}
+		for _, q := range []string{"routed", "decode_pages", "decode_transfer", "prefill", "prefill_transfer"} {
+			if v := metric(t, scrape(t, srv), `kvwarden_requests_waiting{queue="`+q+`"}`); v != 0 {
+				got[q] = v
+			}
+		}
+		return got
+	}
+	testwait.Report(t, "five requests held where they wait", time.Minute, func() (bool, string) {
+		saw := ""
+		for srv, w := range want {
+			if got := waiting(srv); fmt.Sprint(got) != fmt.Sprint(w) {
+				saw += fmt.Sprintf("the %s has %v waiting, want %v; ", names[srv], got, w)
+			}
+		}
+		return saw == "", saw
+	})
+	if d := n.d.Status().Node; d.InFlight != sent || d.Running != 0 {
+		t.Errorf("the decode node has %d requests in flight, %d running; want %d, none running", d.InFlight, d.Running, sent)
+	}
+	release()
+	for range sent {
+		select {
+		case err := <-ended:
+			if err == nil {
+				t.Error("a request answered without its KV")
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("the held requests did not all end within a minute of the data plane's going")
+		}
+	}
+	testwait.Report(t, "every queue empty", time.Minute, func() (bool, string) {
+		saw := ""
+		for srv := range want {
+			if got := waiting(srv); len(got) > 0 {
+				saw += fmt.Sprintf("the %s has %v waiting; ", names[srv], got)
+			}
+		}
+		return saw == "", saw
+	})
+}
+
 // TestKVTransferMetrics: three requests to a decode node are three
 // transfers over the data plane, counted on the prefill node as sent and on
 // the decode node as received, each of exactly its prompt's pages and KV
@@ -229,7 +371,7 @@ func TestKVTransferMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pages, bytes := kvOf(t, d, prompts...)
+	tokens, pages, bytes := kvOf(t, d, prompts...)
 	moved := func(side string) map[string]float64 {
 		return map[string]float64{`kvwarden_kv_transfer_duration_seconds_count{side="` + side + `"}`: 3,
 			`kvwarden_kv_transfer_pages_total{side="` + side + `"}`: pages, `kvwarden_kv_transfer_bytes_total{side="` + side + `"}`: bytes,
@@ -238,6 +380,8 @@ func TestKVTransferMetrics(t *testing.T) {
 	prefill, decode := moved("send"), moved("receive")
 	prefill[`kvwarden_kv_transfer_duration_seconds_count{side="receive"}`] = 0
 	decode[`kvwarden_kv_transfer_duration_seconds_count{side="send"}`] = 0
+	// The prompts were computed on the prefill node only.
+	prefill[`kvwarden_prompt_tokens_total`], decode[`kvwarden_prompt_tokens_total`] = tokens, 0
 	wantSeries(t, "the prefill node", scrape(t, ps), prefill)
 	wantSeries(t, "the decode node", scrape(t, ds), decode)
 	want := &messages.TransferStatus{Transfers: 3, Pages: uint64(pages), Bytes: uint64(bytes)}
@@ -436,11 +580,31 @@ func TestScrapeParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The parser refuses a family twice; a role-all node with no API has
-	// the node's 24. A histogram's buckets are the bounds and +Inf.
+	// the node's 28, and the Go runtime's and the process's. A histogram's
+	// buckets are the bounds and +Inf.
+	own := 0
+	for name := range families {
+		if strings.HasPrefix(name, "kvwarden_") {
+			own++
+		}
+	}
 	hist := families["kvwarden_kv_transfer_duration_seconds"]
-	if len(families) != 24 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
+	if own != 28 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
 		len(hist.GetMetric()[0].GetHistogram().GetBucket()) != len(actors.LatencyBounds())+1 {
-		t.Fatalf("%d families; the transfer durations: %v", len(families), hist)
+		t.Fatalf("%d families of the node's; the transfer durations: %v", own, hist)
+	}
+	for _, name := range []string{"go_goroutines", "go_info", "go_memstats_heap_alloc_bytes", "go_gc_duration_seconds",
+		"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"} {
+		if families[name] == nil {
+			t.Errorf("no %s among the %d families", name, len(families))
+		}
+	}
+	info := map[string]string{}
+	for _, l := range families["kvwarden_build_info"].GetMetric()[0].GetLabel() {
+		info[l.GetName()] = l.GetValue()
+	}
+	if len(info) != 3 || info["goversion"] != runtime.Version() || info["version"] == "" || info["revision"] == "" {
+		t.Errorf("kvwarden_build_info%v, want goversion %s, a version and a revision", info, runtime.Version())
 	}
 	var e exposition
 	odd := "a \\ \" b\nc"

@@ -36,18 +36,15 @@ import (
 //
 //	go test ./httpapi -run '^$' -bench ScrapeCost -benchtime 100x
 func BenchmarkScrapeCost(b *testing.B) {
-	p, ps := startAs(b, actors.RolePrefill, nil)
-	d, ds := startAs(b, actors.RoleDecode, nil, p.GossipAddr())
-	r, rs := startAs(b, actors.RoleRouter, nil, p.GossipAddr())
-	testwait.For(b, "the router sees both nodes", 10*time.Second, func() bool { return r.Ready() == nil && d.Ready() == nil })
-	scraper := startScraper(b, ps.URL+"/metrics", ds.URL+"/metrics", rs.URL+"/metrics")
+	n := startTrio(b, nil)
+	scraper := startScraper(b, n.ps.URL+"/metrics", n.ds.URL+"/metrics", n.rs.URL+"/metrics")
 	const (
 		streams   = 4  // concurrent clients
 		perStream = 25 // requests each, per round
 	)
 	clients := make([]*client.Client, streams)
 	for i := range clients {
-		clients[i] = dial(b, r)
+		clients[i] = dial(b, n.r)
 	}
 	// A round of streams × perStream requests of a 64-token prompt and 8
 	// tokens each, all clients at once.

@@ -163,8 +163,8 @@ func TestProbesAndMetrics(t *testing.T) {
 	}
 	// The four that ran moved their KV from the node's prefill worker to
 	// its decode side, as messages: four transfers on each side.
-	pages, bytes := kvOf(t, n, "metrics", "metrics", "metrics", "cut short")
-	wantSeries(t, "after the requests", after, map[string]float64{
+	tokens, pages, bytes := kvOf(t, n, "metrics", "metrics", "metrics", "cut short")
+	wantSeries(t, "after the requests", after, map[string]float64{`kvwarden_prompt_tokens_total`: tokens,
 		`kvwarden_admission_rejections_total{bound="context_window"}`: 1, `kvwarden_requests_running`: 0,
 		`kvwarden_kv_transfer_duration_seconds_count{side="send"}`: 4, `kvwarden_kv_transfer_pages_total{side="send"}`: pages,
 		`kvwarden_kv_transfer_bytes_total{side="send"}`: bytes, `kvwarden_kv_transfer_duration_seconds_count{side="receive"}`: 4,
@@ -176,6 +176,9 @@ func TestProbesAndMetrics(t *testing.T) {
 		metric(t, after, `kvwarden_request_duration_seconds_bucket{le="+Inf"}`),
 		metric(t, after, `kvwarden_inter_token_latency_seconds_count`); ttft != 4 || e2e != 3 || itl < 10 {
 		t.Errorf("latencies: %g first tokens, %g durations, %g gaps", ttft, e2e, itl)
+	} else if gen, out := metric(t, after, `kvwarden_generation_tokens_total`), n.Status().Node.TokensOut; gen != ttft+itl || gen != float64(out) {
+		// Each token streamed is timed once, and counted once.
+		t.Errorf("%g tokens generated, %g timed, %d in the status", gen, ttft+itl, out)
 	}
 	if le1, le60 := metric(t, after, `kvwarden_request_duration_seconds_bucket{le="0.001"}`),
 		metric(t, after, `kvwarden_request_duration_seconds_bucket{le="60"}`); le1 > le60 || le60 != 3 {

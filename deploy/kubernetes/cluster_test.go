@@ -87,6 +87,7 @@ func TestManifestsServe(t *testing.T) {
 
 	t.Run("API", func(t *testing.T) { waitStatus(t, url+"/v1/models", keys[0], http.StatusOK) })
 	t.Run("generate", func(t *testing.T) { generate(t, work, router.node) })
+	t.Run("dashboard and alerts", func(t *testing.T) { checkMonitoring(t, procs) })
 	t.Run("keys reloaded on SIGHUP", func(t *testing.T) { rotateKey(t, work, router, url) })
 	t.Run("preStop drains", func(t *testing.T) {
 		preStop(t, decode)
