@@ -52,10 +52,15 @@ type member struct {
 }
 
 // startMember runs "node run --role role" on free ports, joining join
-// unless it is empty, and waits for its readiness line.
+// unless it is empty, and waits for its readiness line. A prefill or decode
+// node is given no --listen: its default is a free port, never the one
+// routers and nodes of role all take (defaultEndpoint).
 func startMember(t *testing.T, role, join string, extra ...string) *member {
 	t.Helper()
-	args := []string{"run", "--role", role, "--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0"}
+	args := []string{"run", "--role", role, "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0"}
+	if role == "router" || role == roleAll {
+		args = append(args, "--listen", "127.0.0.1:0")
+	}
 	if join != "" {
 		args = append(args, "--join", join)
 	}
@@ -68,6 +73,9 @@ func startMember(t *testing.T, role, join string, extra ...string) *member {
 		}
 		if m[3] != role {
 			t.Fatalf("readiness line %q names role %s, want %s", line, m[3], role)
+		}
+		if m[1] == defaultEndpoint {
+			t.Fatalf("a %s node with no --listen serves on %s, which routers take by default", role, m[1])
 		}
 		inc, _ := strconv.ParseUint(m[2], 16, 64)
 		return &member{process: p, role: role, addr: m[1], gossip: m[4], incarnation: inc}
