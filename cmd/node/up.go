@@ -82,6 +82,7 @@ type upOptions struct {
 	// modelName is the name of the model the nodes serve, for the API's
 	// example request.
 	modelName string
+	restartPolicy
 }
 
 // exampleAPIKey is the key of node up's API unless --api-key says
@@ -91,7 +92,8 @@ const exampleAPIKey = "kvw-local-example-key"
 func newUpCmd() *cobra.Command {
 	o := upOptions{Prefill: 1, Decode: 1, Routers: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
 		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second, Tenant: "demo", MaxTokens: defaultMaxTokens,
-		HTTP: "127.0.0.1:8000", APIKey: exampleAPIKey}
+		HTTP: "127.0.0.1:8000", APIKey: exampleAPIKey,
+		restartPolicy: restartPolicy{RestartsMax: 5, RestartWindow: 10 * time.Minute, RestartBackoff: 500 * time.Millisecond}}
 	cmd := &cobra.Command{
 		Use:   "up [flags] [-- node run flags]",
 		Short: "Start a local cluster: routers and prefill and decode nodes on loopback",
@@ -104,31 +106,52 @@ every node run (for example -- --reclaim-after 2s --decode-pages 512).
 --routers N starts N routers: router-0 on --listen, the others on free ports
 of its host, every node joining router-0's gossip. Each serves requests for the
 whole cluster; node generate --endpoint takes them all, comma-separated, and a
-request whose router dies goes on through another. With --http, router-i
-serves the API on --http's port plus i. The table lists every router's
-address, and node status, generate and drain find up's credentials at each.
+request whose router dies goes on through another. The table lists every
+router's address, and node status, generate and drain find up's credentials
+at each.
 
-Each node's stderr (its log) goes to a file named after it (router.log,
+Every node serves its probes (/healthz, /readyz) and Prometheus metrics
+(/metrics) on HTTP, at the address the table gives: router-i on --http's
+port plus i (a free port each when it is 0), with the OpenAI-compatible API
+(/v1/completions, /v1/chat/completions, /v1/models) and one API key,
+--api-key, whose requests run as --tenant (its keys file is in the log
+directory); every other node on a free port of 127.0.0.1. The example key is
+accepted only on a loopback --http. With --prompt, the routers serve no API
+unless --http is given.
+
+Each node's stderr (its log) goes to a file named after it (router-0.log,
 prefill-0.log, decode-0.log, …) in --log-dir, by default a new temporary
 directory; up prints where. Once every node serves and every node sees all
-the others alive, up prints a table of the nodes and how to send a request,
-then waits. The router serves the OpenAI-compatible API on --http
-(/v1/completions, /v1/chat/completions, /v1/models) with one API key,
---api-key, whose requests run as --tenant; its keys file is in the log
-directory. The example key is accepted only on a loopback --http, and with
---prompt there is no API unless --http is given. On SIGINT or SIGTERM it stops the nodes (SIGTERM, and SIGKILL to
-any still running after --stop-timeout), the router first, and exits 0.
+the others alive, up prints a table of the nodes (address, gossip, HTTP,
+incarnation, pid, log) and how to send a request, then supervises them:
+
+  - A node that exits with an error or is killed (kill -9, a crash) is
+    started again after --restart-backoff, doubled for each further restart
+    within --restart-window: a new process and incarnation with the same
+    name, role, credentials and HTTP address, a router on the same address,
+    joining through the nodes that serve, its log appended to. Up logs the
+    failure and prints "restarted NAME …" with the new pid and addresses.
+    Requests the node held end as the cluster's failover decides: retried
+    elsewhere before their first token, continued through another router,
+    or failed with node_lost, never a wrong answer.
+  - A node that fails again after --restarts-max restarts within
+    --restart-window is given up ("gave up on NAME …"); the others serve on.
+  - A node that exits 0 (drained with "node drain", or stopped on purpose)
+    stays down; the others serve on.
+  - When no router is left (the last one exited 0 or was given up), up
+    stops the others, prints the end of that router's log and exits 1.
+
+A node that fails while the cluster starts fails the start: up stops the
+others, prints the end of its log and exits 1. On SIGINT or SIGTERM up stops
+the nodes (SIGTERM, and SIGKILL to any still running after --stop-timeout),
+the routers first, and exits 0.
+
 With --prompt, up instead sends that prompt to the router once the cluster
 is up, prints the streamed answer, stops the cluster and exits with
-generate's status: one command from nothing to an answer. A
-prefill or decode node that exits 0 (drained with "node drain", or stopped)
-leaves the others serving, and so does a router that exits while another
-runs. If the last router exits, or any other node fails to start or exits
-with an error, up stops the others, prints the end of that node's log and
-exits 1.
+generate's status: one command from nothing to an answer.
 
-Exit codes: 0 stopped by a signal, 1 a node failed to start or exited, 2
-usage error.`,
+Exit codes: 0 stopped by a signal, 1 a node failed to start or no router is
+left, 2 usage error.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			if o.NodeArgs, err = nodeArgs(cmd, args); err != nil {
@@ -145,7 +168,7 @@ usage error.`,
 				// before anyone could use it.
 				o.HTTP = ""
 			}
-			if err := o.check(); err != nil {
+			if err := errors.Join(o.check(), o.restartPolicy.check()); err != nil {
 				return usageError{err}
 			}
 			if err := checkNodes(o); err != nil {
@@ -178,6 +201,9 @@ usage error.`,
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "run every node --insecure (no certificates, nobody authenticated)")
 	fs.StringVar(&o.HTTP, "http", o.HTTP, "host:port the router serves the OpenAI-compatible API, probes and metrics on (empty: none; with --prompt, none unless given)")
 	fs.StringVar(&o.APIKey, "api-key", o.APIKey, "the API key of --tenant that the router's API accepts")
+	fs.IntVar(&o.RestartsMax, "restarts-max", o.RestartsMax, "most restarts of one node within --restart-window; its next failure gives it up (0: restart none)")
+	fs.DurationVar(&o.RestartWindow, "restart-window", o.RestartWindow, "how far back a node's restarts count against --restarts-max")
+	fs.DurationVar(&o.RestartBackoff, "restart-backoff", o.RestartBackoff, "wait before a node's first restart within --restart-window, doubled for each further one")
 	return cmd
 }
 
@@ -331,6 +357,9 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 		}()
 		log.Info("credentials of the local cluster", "dir", c.creds.Dir)
 	}
+	if err := c.planPorts(upNodeNames(o)); err != nil {
+		return err
+	}
 	defer func() {
 		if stopErr := c.stop(); err == nil {
 			err = stopErr
@@ -351,28 +380,7 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 	if o.PromptGiven {
 		return c.demo(stdout, signals)
 	}
-	for {
-		select {
-		case sig := <-signals:
-			log.Info("stopping the local cluster", "signal", sig.String())
-			return nil
-		case ch := <-c.exits:
-			// A prefill or decode node that exits 0 was drained or stopped
-			// on purpose: the others serve on. A router may go while
-			// another is the cluster's entrance; any other exit is a
-			// failure.
-			if ch.role != "router" && ch.err == nil {
-				log.Info("node left the cluster and exited 0; the others serve on", "node", ch.name)
-				continue
-			}
-			if ch.role == "router" && c.routersRunning() > 0 {
-				log.Warn("router exited; the other routers serve on", "node", ch.name, "exit", exitStatus(ch.err),
-					"routers", c.routersRunning())
-				continue
-			}
-			return ch.failure("exited")
-		}
-	}
+	return newSupervisor(c, stdout).run(signals)
 }
 
 // demo sends the --prompt request to the router and prints its answer as
@@ -406,27 +414,77 @@ func (c *localCluster) demo(stdout io.Writer, signals <-chan os.Signal) error {
 var errSignalled = errors.New("up: stopped by a signal")
 
 // upArgs are the addresses up gives a node: router-0 serves on --listen
-// and gossips at --gossip-base-port; the other routers serve on free ports
-// of --listen's host, the other nodes on free ports of loopback, and all
-// join router-0's gossip address, join.
+// and gossips at --gossip-base-port; the other routers serve on the ports
+// planPorts drew for them, the other nodes on free ports of loopback, and
+// all join router-0's gossip address, join. Each node serves HTTP (probes
+// and metrics) where planPorts says, and a router the API too when up has
+// keys.
 func (c *localCluster) upArgs(name, role, join string) []string {
 	var args []string
 	if c.o.Model != "" {
 		args = []string{"--model", c.o.Model, "--tokenizer", c.o.Tokenizer}
 	}
-	if role != "router" {
+	if addr := c.http[name]; addr != "" {
+		args = append(args, "--http", addr)
+		if role == "router" && c.keysPath != "" {
+			args = append(args, "--api-keys", c.keysPath)
+		}
+	}
+	switch {
+	case role != "router":
 		return append(args, "--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0", "--join", join)
-	}
-	if c.keysPath != "" {
-		i, _ := strconv.Atoi(strings.TrimPrefix(name, "router-"))
-		addr, _ := c.o.routerHTTP(i) // checked with the options
-		args = append(args, "--http", addr, "--api-keys", c.keysPath)
-	}
-	if join == "" {
+	case join == "":
 		return append(args, "--listen", c.o.Listen, "--gossip", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort)))
 	}
-	host, _, _ := net.SplitHostPort(c.o.Listen) // checked with the options
-	return append(args, "--listen", net.JoinHostPort(host, "0"), "--gossip", "127.0.0.1:0", "--join", join)
+	listen := c.listen[name]
+	if listen == "" {
+		host, _, _ := net.SplitHostPort(c.o.Listen) // checked with the options
+		listen = net.JoinHostPort(host, "0")
+	}
+	return append(args, "--listen", listen, "--gossip", "127.0.0.1:0", "--join", join)
+}
+
+// planPorts chooses the ports up's nodes keep across restarts: each
+// node's HTTP port (router-i's is --http's port plus i, unless that is 0
+// or --http is empty; every other one a free port of loopback, drawn
+// where the kernel does not hand out ports, so that a restarted node finds
+// it free) and the address of each router beyond the first (a free port
+// of --listen's host), which its clients and credentials are tied to.
+func (c *localCluster) planPorts(names []string) error {
+	var ports fixedPorts
+	defer ports.release()
+	c.http, c.listen = map[string]string{}, map[string]string{}
+	listenHost, _, _ := net.SplitHostPort(c.o.Listen) // checked with the options
+	for _, name := range names {
+		role, index, _ := strings.Cut(name, "-")
+		i, _ := strconv.Atoi(index)
+		var err error
+		if role == "router" && i > 0 {
+			if c.listen[name], err = ports.take(listenHost); err != nil {
+				return fmt.Errorf("up: %s: %w", name, err)
+			}
+		}
+		host, port := "127.0.0.1", "0"
+		if role == "router" && c.o.HTTP != "" {
+			addr, _ := c.o.routerHTTP(i) // checked with the options
+			host, port, _ = net.SplitHostPort(addr)
+		}
+		if c.http[name] = net.JoinHostPort(host, port); port == "0" {
+			if c.http[name], err = ports.take(host); err != nil {
+				return fmt.Errorf("up: %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// upNodeNames are the names of up's nodes: its routers, then nodeNames.
+func upNodeNames(o upOptions) []string {
+	names := nodeNames(o.Prefill, o.Decode)
+	for i := 1; i < o.routers(); i++ {
+		names = append(names, fmt.Sprintf("router-%d", i))
+	}
+	return names
 }
 
 // startAll starts router-0, then the other routers and the prefill and
@@ -477,6 +535,10 @@ type localCluster struct {
 	// credCopies are the copies of the credentials directory made for the
 	// routers beyond the first, at their addresses.
 	credCopies []string
+	// http and listen are where planPorts put each node's HTTP and each
+	// router's address beyond the first, by node name (empty: a free port
+	// each time it starts, or no HTTP).
+	http, listen map[string]string
 }
 
 // routerAddrs are the addresses the routers serve on, router-0 first.
@@ -715,7 +777,7 @@ func (c *localCluster) print(w io.Writer) {
 	fmt.Fprintf(w, "local cluster up: %s, %d prefill and %d decode nodes; logs in %s\n\n", what, c.o.Prefill, c.o.Decode, c.o.LogDir)
 	c.printNodes(w)
 	fmt.Fprintf(w, "\nsend a request:  node generate%s --tenant acme --prompt \"hello\"\n", endpoint)
-	if r := c.nodes[0]; r.http != "" {
+	if r := c.nodes[0]; c.keysPath != "" {
 		fmt.Fprintf(w, "or over HTTP:    curl -s http://%s/v1/completions -H 'Authorization: Bearer %s' "+
 			"-H 'Content-Type: application/json' -d '{\"model\": %q, \"prompt\": \"hello\", \"max_tokens\": 32}'\n",
 			r.http, c.o.APIKey, c.o.modelName)
@@ -727,17 +789,26 @@ func (c *localCluster) print(w io.Writer) {
 			}
 		}
 	}
+	fmt.Fprintf(w, "metrics:         http://<its HTTP>/metrics of each node, /readyz and /healthz its probes\n")
 	fmt.Fprintf(w, "see the cluster: node status%s\n", status)
-	fmt.Fprintf(w, "drain a node:    node drain --endpoint <its address> --wait\n")
+	fmt.Fprintf(w, "drain a node:    node drain --endpoint <its address> --wait (it stays down)\n")
+	if !c.o.PromptGiven {
+		fmt.Fprintf(w, "a node that fails is restarted, at most %d times within %s; then it is given up and the others serve on\n",
+			c.o.RestartsMax, c.o.RestartWindow)
+	}
 	fmt.Fprintf(w, "stop:            Ctrl-C (or SIGTERM to pid %d)\n", os.Getpid())
 }
 
 // printNodes writes the table of the nodes.
 func (c *localCluster) printNodes(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tROLE\tADDRESS\tGOSSIP\tINCARNATION\tPID\tLOG")
+	fmt.Fprintln(tw, "NODE\tROLE\tADDRESS\tGOSSIP\tHTTP\tINCARNATION\tPID\tLOG")
 	for _, ch := range c.nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%016x\t%d\t%s\n", ch.name, ch.role, ch.addr, ch.gossip, ch.incarnation,
+		http := ch.http
+		if http == "" {
+			http = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%016x\t%d\t%s\n", ch.name, ch.role, ch.addr, ch.gossip, http, ch.incarnation,
 			ch.cmd.Process.Pid, ch.logPath)
 	}
 	tw.Flush()
