@@ -254,6 +254,12 @@ func freeLocalPort(t *testing.T, udp bool) int {
 // fails the test when up closes stdout first, or takes over readyTimeout.
 func upPrinted(t *testing.T, up *process, each func(line string)) []string {
 	t.Helper()
+	return upPrintedWithin(t, up, readyTimeout, each)
+}
+
+// upPrintedWithin is upPrinted with its bound.
+func upPrintedWithin(t *testing.T, up *process, readyTimeout time.Duration, each func(line string)) []string {
+	t.Helper()
 	deadline := time.After(readyTimeout)
 	var out []string
 	for {

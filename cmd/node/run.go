@@ -97,7 +97,9 @@ all drawn from one seed, e.g. seed=7,frame-drop=0.02,ack-drop=0.01. Only a
 binary built with "go build -tags chaos ./cmd/node" has fault points; any
 other refuses --faults. On SIGINT or SIGTERM it leaves the cluster gracefully,
 stops and exits 0; when it is drained ("node drain") it finishes its
-requests, leaves and exits 0.
+requests, leaves and exits 0. Started by "go run" on Linux, it stops as on
+SIGTERM when the go command ends, which forwards no SIGTERM: "kill $!" after
+"go run ./cmd/node run … &" stops the node, not only the go command.
 
 Exit codes: 0 stopped by a signal or drained, 1 refused or failed to start, 2
 usage error, 70 an actor broke an invariant (the node must not serve on).`,
@@ -117,6 +119,9 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			signals := make(chan os.Signal, 1)
 			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(signals)
+			if err := stopWithGoRun(); err != nil {
+				return fmt.Errorf("run: %w", err)
+			}
 			web := webOptions{Addr: cfg.HTTP}
 			if cfg.HTTPTLSCert != "" {
 				cert, err := tls.LoadX509KeyPair(cfg.HTTPTLSCert, cfg.HTTPTLSKey)

@@ -83,6 +83,12 @@ type upOptions struct {
 	// example request.
 	modelName string
 	restartPolicy
+	// Detach starts up in the background (detach) and returns once the
+	// cluster serves. ReadyFD, given to that background up, is the
+	// descriptor it writes its table on, as ready, and then closes.
+	Detach  bool
+	ReadyFD int
+	ready   io.WriteCloser
 }
 
 // exampleAPIKey is the key of node up's API unless --api-key says
@@ -90,7 +96,7 @@ type upOptions struct {
 const exampleAPIKey = "kvw-local-example-key"
 
 func newUpCmd() *cobra.Command {
-	o := upOptions{Prefill: 1, Decode: 1, Routers: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
+	o := &upOptions{Prefill: 1, Decode: 1, Routers: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
 		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second, Tenant: "demo", MaxTokens: defaultMaxTokens,
 		HTTP: "127.0.0.1:8000", APIKey: exampleAPIKey,
 		restartPolicy: restartPolicy{RestartsMax: 5, RestartWindow: 10 * time.Minute, RestartBackoff: 500 * time.Millisecond}}
@@ -144,45 +150,27 @@ incarnation, pid, log) and how to send a request, then supervises them:
 A node that fails while the cluster starts fails the start: up stops the
 others, prints the end of its log and exits 1. On SIGINT or SIGTERM up stops
 the nodes (SIGTERM, and SIGKILL to any still running after --stop-timeout),
-the routers first, and exits 0.
+the routers first, and exits 0. Up writes its pid beside the credentials it
+makes for --listen's address (in the temporary directory), where "node down
+--listen" finds it to stop up and wait until it has exited; a second up for
+an address whose up runs is refused, naming its pid. Started by "go run" on
+Linux, up stops as on SIGTERM when the go command ends, which forwards no
+SIGTERM: "kill $!" after "go run ./cmd/node up &" stops the cluster, not
+only the go command.
+
+--detach (-d) starts up in the background, in a session of its own, and
+returns once the cluster serves, having printed the table, or exits 1 with
+the end of up's own log (up.log in --log-dir, where its output goes) if it
+did not serve; "node down" stops it.
 
 With --prompt, up instead sends that prompt to the router once the cluster
 is up, prints the streamed answer, stops the cluster and exits with
 generate's status: one command from nothing to an answer.
 
-Exit codes: 0 stopped by a signal, 1 a node failed to start or no router is
-left, 2 usage error.`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			var err error
-			if o.NodeArgs, err = nodeArgs(cmd, args); err != nil {
-				return err
-			}
-			o.PromptGiven = cmd.Flags().Changed("prompt")
-			if o.Routers == 0 {
-				// Zero means one to callers of up; given on the command line,
-				// it is a mistake.
-				return usageError{fmt.Errorf("--routers (0) must be 1 to %d", upRoutersMax)}
-			}
-			if o.PromptGiven && !cmd.Flags().Changed("http") {
-				// One answer, then the cluster stops: an API would be gone
-				// before anyone could use it.
-				o.HTTP = ""
-			}
-			if err := errors.Join(o.check(), o.restartPolicy.check()); err != nil {
-				return usageError{err}
-			}
-			if err := checkNodes(o); err != nil {
-				return err
-			}
-			if err := o.checkModel(); err != nil {
-				return err
-			}
-			signals := make(chan os.Signal, 1)
-			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
-			defer signal.Stop(signals)
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
-			return up(cmd.OutOrStdout(), log, o, signals)
-		},
+Exit codes: 0 stopped by a signal or node down (with --detach: the cluster
+serves), 1 a node failed to start, no router is left, or an up runs at
+--listen already, 2 usage error.`,
+		RunE: func(cmd *cobra.Command, args []string) error { return runUp(cmd, args, o) },
 	}
 	fs := cmd.Flags()
 	fs.IntVar(&o.Prefill, "prefill", o.Prefill, "prefill nodes to start")
@@ -204,7 +192,60 @@ left, 2 usage error.`,
 	fs.IntVar(&o.RestartsMax, "restarts-max", o.RestartsMax, "most restarts of one node within --restart-window; its next failure gives it up (0: restart none)")
 	fs.DurationVar(&o.RestartWindow, "restart-window", o.RestartWindow, "how far back a node's restarts count against --restarts-max")
 	fs.DurationVar(&o.RestartBackoff, "restart-backoff", o.RestartBackoff, "wait before a node's first restart within --restart-window, doubled for each further one")
+	fs.BoolVarP(&o.Detach, "detach", "d", o.Detach, "run in the background: return once the cluster serves, with up's own output in --log-dir's up.log (node down stops it)")
+	fs.IntVar(&o.ReadyFD, "ready-fd", o.ReadyFD, "descriptor to write the table on, then close, once the cluster serves (what --detach's starter reads)")
+	_ = fs.MarkHidden("ready-fd")
 	return cmd
+}
+
+// runUp is up's RunE: flags → checks → up, or its detached start.
+func runUp(cmd *cobra.Command, args []string, o *upOptions) error {
+	var err error
+	if o.NodeArgs, err = nodeArgs(cmd, args); err != nil {
+		return err
+	}
+	o.PromptGiven = cmd.Flags().Changed("prompt")
+	switch {
+	case o.Routers == 0:
+		// Zero means one to callers of up; given on the command line, it
+		// is a mistake.
+		return usageError{fmt.Errorf("--routers (0) must be 1 to %d", upRoutersMax)}
+	case o.Detach && o.PromptGiven:
+		return usageError{errors.New("--detach leaves the cluster serving, --prompt stops it after one answer: give one of them")}
+	case o.ReadyFD < 0 || o.ReadyFD > 0 && o.ReadyFD < 3:
+		return usageError{fmt.Errorf("--ready-fd (%d) must be a descriptor past stderr (3 and up)", o.ReadyFD)}
+	}
+	if o.PromptGiven && !cmd.Flags().Changed("http") {
+		// One answer, then the cluster stops: an API would be gone before
+		// anyone could use it.
+		o.HTTP = ""
+	}
+	if err := errors.Join(o.check(), o.restartPolicy.check()); err != nil {
+		return usageError{err}
+	}
+	if err := checkNodes(*o); err != nil {
+		return err
+	}
+	if err := o.checkModel(); err != nil {
+		return err
+	}
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(signals)
+	if err := stopWithGoRun(); err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	if o.Detach {
+		return detach(cmd, *o, cmd.OutOrStdout(), signals)
+	}
+	if o.ReadyFD > 0 {
+		// Inherited without close-on-exec: the nodes must not hold it
+		// open, or the starter would never read its end.
+		syscall.CloseOnExec(o.ReadyFD)
+		o.ready = os.NewFile(uintptr(o.ReadyFD), "ready")
+	}
+	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+	return up(cmd.OutOrStdout(), log, *o, signals)
 }
 
 // nodeArgs are the arguments after "--", given to every node run; one
@@ -315,10 +356,15 @@ func (o *upOptions) checkModel() error {
 // up starts the cluster, prints it and waits; every node it started has
 // exited when it returns.
 func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signal) (err error) {
-	bin, err := os.Executable()
+	bin, argv0, err := selfExecutable()
 	if err != nil {
 		return fmt.Errorf("up: finding this binary to start the nodes: %w", err)
 	}
+	release, err := claimPID(o.Listen)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if o.LogDir == "" {
 		if o.LogDir, err = os.MkdirTemp("", "kvwarden-up-"); err != nil {
 			return fmt.Errorf("up: %w", err)
@@ -327,7 +373,7 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 		return fmt.Errorf("up: --log-dir: %w", err)
 	}
 	log.Info("starting a local cluster", "routers", o.routers(), "prefill", o.Prefill, "decode", o.Decode, "logs", o.LogDir)
-	c := &localCluster{bin: bin, o: o, log: log, exits: make(chan *child, o.routers()+o.Prefill+o.Decode)}
+	c := &localCluster{bin: bin, argv0: argv0, o: o, log: log, exits: make(chan *child, o.routers()+o.Prefill+o.Decode)}
 	c.args = c.upArgs
 	if o.HTTP != "" {
 		// Made anew each time: a --log-dir used before may hold another.
@@ -377,6 +423,12 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 		return err
 	}
 	c.print(stdout)
+	if o.ready != nil {
+		c.print(o.ready)
+		if err := o.ready.Close(); err != nil {
+			return fmt.Errorf("up: handing the table to its starter: %w", err)
+		}
+	}
 	if o.PromptGiven {
 		return c.demo(stdout, signals)
 	}
@@ -521,10 +573,11 @@ func (c *localCluster) startAll(signals <-chan os.Signal) (*child, error) {
 
 // localCluster is the nodes up started, in start order.
 type localCluster struct {
-	bin   string
-	o     upOptions
-	creds credFlags // the nodes' credentials directory, or insecure
-	log   *slog.Logger
+	// bin is the binary the nodes run, argv0 their argv[0] when not bin.
+	bin, argv0 string
+	o          upOptions
+	creds      credFlags // the nodes' credentials directory, or insecure
+	log        *slog.Logger
 	// args are the address flags of the node name of role, given the
 	// router's gossip address join (empty for the router itself).
 	args  func(name, role, join string) []string
@@ -616,6 +669,9 @@ func (c *localCluster) spawn(ch *child, mode int) (*child, error) {
 		return nil, fmt.Errorf("up: %w", err)
 	}
 	ch.cmd = exec.Command(c.bin, ch.argv...)
+	if c.argv0 != "" {
+		ch.cmd.Args[0] = c.argv0
+	}
 	ch.cmd.Stdout, ch.cmd.Stderr = w, logFile
 	ch.cmd.SysProcAttr = childProcAttr()
 	err = ch.cmd.Start()
@@ -796,7 +852,14 @@ func (c *localCluster) print(w io.Writer) {
 		fmt.Fprintf(w, "a node that fails is restarted, at most %d times within %s; then it is given up and the others serve on\n",
 			c.o.RestartsMax, c.o.RestartWindow)
 	}
-	fmt.Fprintf(w, "stop:            Ctrl-C (or SIGTERM to pid %d)\n", os.Getpid())
+	stop := "node down"
+	if c.o.Listen != defaultEndpoint {
+		stop += " --listen " + c.o.Listen
+	}
+	if c.o.ready == nil {
+		stop = "Ctrl-C, or " + stop
+	}
+	fmt.Fprintf(w, "stop:            %s (up is pid %d)\n", stop, os.Getpid())
 }
 
 // printNodes writes the table of the nodes.
