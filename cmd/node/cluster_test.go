@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -13,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -342,17 +340,7 @@ func TestBinaryUp(t *testing.T) {
 	generateAll(t, listen, reqs)
 	checkReference(t, reqs)
 
-	if err := up.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := up.exitCode(t, 2*exitTimeout); code != exitOK {
-		t.Fatalf("up: exit %d after SIGTERM, want 0; stderr:\n%s", code, up.stderr)
-	}
-	for name, n := range up.nodes {
-		if err := syscall.Kill(n.pid, 0); !errors.Is(err, syscall.ESRCH) {
-			t.Errorf("%s, pid %d, still exists after up exited (kill 0: %v)", name, n.pid, err)
-		}
-	}
+	up.stop(t)
 }
 
 // TestBinaryUpPrompt is the README's main command: up with --prompt brings

@@ -41,12 +41,7 @@ func TestBinaryUpRouters(t *testing.T) {
 	generateAll(t, listen+","+second, after)
 	checkReference(t, after)
 
-	if err := up.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := up.exitCode(t, 2*exitTimeout); code != exitOK {
-		t.Fatalf("up: exit %d after SIGTERM, want 0; stderr:\n%s", code, up.stderr)
-	}
+	up.stop(t)
 	for _, addr := range []string{listen, second} {
 		if _, err := os.Lstat(localCertsDir(addr)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the credentials up made for %s are left (%v)", addr, err)

@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net"
 	"net/http"
@@ -72,6 +73,23 @@ func startUp(t *testing.T, args ...string) *upCluster {
 		}
 	})
 	return c
+}
+
+// stop sends up SIGTERM and checks that it exits 0 and that every node of
+// its table (restarted ones as they were last printed) has exited with it.
+func (c *upCluster) stop(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := c.exitCode(t, 2*exitTimeout); code != exitOK {
+		t.Fatalf("up: exit %d after SIGTERM, want 0; stderr:\n%s", code, c.stderr)
+	}
+	for name, n := range c.nodes {
+		if err := syscall.Kill(n.pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("%s, pid %d, still exists after up exited (kill 0: %v)", name, n.pid, err)
+		}
+	}
 }
 
 // TestBinaryUpHTTP: the OpenAI SDK and plain HTTP talk to node up's router

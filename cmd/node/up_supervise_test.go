@@ -2,10 +2,8 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -135,10 +133,9 @@ func killUnderLoad(t *testing.T, up *upCluster, name string) {
 // restarts each (a new process and incarnation; router-0 on its address,
 // each node on its HTTP port) and prints it; the cluster forms again, with
 // router-0 joined through the nodes that stayed; every request answers the
-// reference or fails with node_lost or busy (those the killed nodes held),
-// and requests after the restarts, through router-0 alone, all answer the
-// reference. Up then stops on SIGTERM with every process it started,
-// restarts included.
+// reference or fails (those the killed nodes held), and requests after the
+// restarts, through router-0 alone, all answer the reference. Up then
+// stops on SIGTERM with every process it started, restarts included.
 func TestBinaryUpRestartsNodes(t *testing.T) {
 	up := startUp(t, "--routers", "2", "--decode", "2", "--restart-backoff", "100ms", "--", "--reclaim-after", "2s")
 	t.Cleanup(func() {
@@ -150,7 +147,6 @@ func TestBinaryUpRestartsNodes(t *testing.T) {
 		t.Errorf("up does not say that it restarts a node that fails:\n%s", strings.Join(up.printed, "\n"))
 	}
 	listen := up.nodes["router-0"].addr
-	old := maps.Clone(up.nodes)
 	stop := make(chan struct{})
 	results := load(t, listen+","+up.nodes["router-1"].addr, 4, stop)
 
@@ -159,34 +155,34 @@ func TestBinaryUpRestartsNodes(t *testing.T) {
 	killUnderLoad(t, up, "router-0")
 	awaitRestart(t, up, "router-0")
 	close(stop)
+	// What the cluster's failover makes of the requests the killed nodes
+	// held is not under test here, only that none answers wrongly: each
+	// answers the reference or fails node_lost, busy, or at its connection
+	// to the killed router.
 	var ok []*request
-	failed := 0
+	failed := map[string]int{}
 	for _, r := range results() {
-		if r.code == exitFailed && (strings.Contains(r.stderr, "node_lost") || strings.Contains(r.stderr, "busy")) {
-			failed++
-		} else {
+		why := ""
+		for _, w := range []string{"node_lost", "busy", listen} {
+			if r.code == exitFailed && why == "" && strings.Contains(r.stderr, w) {
+				why = w
+			}
+		}
+		if why == "" {
 			ok = append(ok, r.request)
 		}
+		failed[why]++
 	}
 	checkReference(t, ok)
-	t.Logf("under load: %d requests answered, %d node_lost or busy", len(ok), failed)
+	t.Logf("under load: %d requests answered; failed: %d node_lost, %d busy, %d at the killed router's connection",
+		len(ok), failed["node_lost"], failed["busy"], failed[listen])
 
 	upConverged(t, up)
 	again := mixedRequests(8, 4, 300, 24)
 	generateAll(t, listen, again)
 	checkReference(t, again)
 
-	if err := up.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := up.exitCode(t, 2*exitTimeout); code != exitOK {
-		t.Fatalf("up: exit %d after SIGTERM, want 0; stderr:\n%s", code, up.stderr)
-	}
-	for name, n := range up.nodes {
-		if err := syscall.Kill(n.pid, 0); !errors.Is(err, syscall.ESRCH) {
-			t.Errorf("%s, pid %d (first pid %d), still exists after up exited (kill 0: %v)", name, n.pid, old[name].pid, err)
-		}
-	}
+	up.stop(t)
 }
 
 // TestBinaryUpGivesUpCrashLoop: a node whose restarts cannot serve (its
