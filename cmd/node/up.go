@@ -187,7 +187,7 @@ serves), 1 a node failed to start, no router is left, or an up runs at
 	fs.StringVar(&o.Model, "model", o.Model, "llama2.c checkpoint every node serves (with --tokenizer); empty: the built-in model")
 	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "llama2.c tokenizer of --model")
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "run every node --insecure (no certificates, nobody authenticated)")
-	fs.StringVar(&o.HTTP, "http", o.HTTP, "host:port the router serves the OpenAI-compatible API, probes and metrics on (empty: none; with --prompt, none unless given)")
+	fs.StringVar(&o.HTTP, "http", o.HTTP, "host:port router-0 serves the OpenAI-compatible API, probes and metrics on, router-i on its port plus i (empty: no API, and the probes and metrics on a free port; with --prompt, no API unless given)")
 	fs.StringVar(&o.APIKey, "api-key", o.APIKey, "the API key of --tenant that the router's API accepts")
 	fs.IntVar(&o.RestartsMax, "restarts-max", o.RestartsMax, "most restarts of one node within --restart-window; its next failure gives it up (0: restart none)")
 	fs.DurationVar(&o.RestartWindow, "restart-window", o.RestartWindow, "how far back a node's restarts count against --restarts-max")
