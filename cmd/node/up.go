@@ -605,21 +605,6 @@ func (c *localCluster) routerAddrs() []string {
 	return out
 }
 
-// routersRunning is how many routers have not exited.
-func (c *localCluster) routersRunning() int {
-	n := 0
-	for _, ch := range c.nodes {
-		select {
-		case <-ch.exited:
-		default:
-			if ch.role == "router" {
-				n++
-			}
-		}
-	}
-	return n
-}
-
 // child is one node process.
 type child struct {
 	name, role string
