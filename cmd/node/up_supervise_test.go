@@ -138,11 +138,6 @@ func killUnderLoad(t *testing.T, up *upCluster, name string) {
 // stops on SIGTERM with every process it started, restarts included.
 func TestBinaryUpRestartsNodes(t *testing.T) {
 	up := startUp(t, "--routers", "2", "--decode", "2", "--restart-backoff", "100ms", "--", "--reclaim-after", "2s")
-	t.Cleanup(func() {
-		for _, n := range up.nodes {
-			_ = syscall.Kill(n.pid, syscall.SIGKILL)
-		}
-	})
 	if !strings.Contains(strings.Join(up.printed, "\n"), "a node that fails is restarted, at most 5 times within 10m0s") {
 		t.Errorf("up does not say that it restarts a node that fails:\n%s", strings.Join(up.printed, "\n"))
 	}
@@ -192,11 +187,6 @@ func TestBinaryUpRestartsNodes(t *testing.T) {
 // decode node. A drained node exits 0 and stays down.
 func TestBinaryUpGivesUpCrashLoop(t *testing.T) {
 	up := startUp(t, "--decode", "3", "--restarts-max", "2", "--restart-backoff", "10ms", "--", "--reclaim-after", "2s")
-	t.Cleanup(func() {
-		for _, n := range up.nodes {
-			_ = syscall.Kill(n.pid, syscall.SIGKILL)
-		}
-	})
 	certs := localCertsDir(up.nodes["router-0"].addr)
 	for _, ext := range []string{".crt", ".key"} {
 		if err := os.Remove(filepath.Join(certs, "decode-0"+ext)); err != nil {
