@@ -5,11 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,41 +44,6 @@ func (p chaosPlan) args(name, _, join string) []string {
 	return args
 }
 
-// The range the nodes' own ports are drawn from: below Linux's default
-// ephemeral range (net.ipv4.ip_local_port_range, 32768 up), from which the
-// kernel gives ports to outbound connections and to listeners on port 0
-// (the proxies, the clients). A port a killed node leaves is then still
-// free when it restarts, unless another program took it on purpose.
-const (
-	fixedPortMin = 20000
-	fixedPortMax = 32767
-	// fixedPortTries bounds the draws for one free port.
-	fixedPortTries = 100
-)
-
-// fixedPorts holds the ports drawn until the nodes are about to listen
-// on them, so that no two draws, and no proxy, get the same.
-type fixedPorts struct{ held []net.Listener }
-
-// take draws a free port of 127.0.0.1 and holds it.
-func (p *fixedPorts) take() (string, error) {
-	for range fixedPortTries {
-		port := fixedPortMin + rand.IntN(fixedPortMax-fixedPortMin+1)
-		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
-			p.held = append(p.held, ln)
-			return ln.Addr().String(), nil
-		}
-	}
-	return "", fmt.Errorf("chaos: no free port of 127.0.0.1 in [%d, %d] in %d draws", fixedPortMin, fixedPortMax, fixedPortTries)
-}
-
-// release lets the ports go, for the nodes to listen on.
-func (p *fixedPorts) release() {
-	for _, ln := range p.held {
-		ln.Close()
-	}
-}
-
 // runHas says whether this binary's node run has the flag.
 func runHas(flag string) bool { return newRunCmd().Flags().Lookup(flag) != nil }
 
@@ -108,12 +70,12 @@ func (e *chaosEnv) plan(o chaosOptions, network *live.Network, frames string) (c
 	for i, name := range nodeNames(o.Prefill, o.Decode) {
 		var a chaosAddrs
 		var err error
-		if a.listen, err = ports.take(); err != nil {
+		if a.listen, err = ports.take("127.0.0.1"); err != nil {
 			return nil, err
 		}
 		decodes := strings.HasPrefix(name, "decode")
 		if decodes {
-			if a.data, err = ports.take(); err != nil {
+			if a.data, err = ports.take("127.0.0.1"); err != nil {
 				return nil, err
 			}
 		}

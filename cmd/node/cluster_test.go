@@ -2,17 +2,16 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -52,10 +51,15 @@ type member struct {
 }
 
 // startMember runs "node run --role role" on free ports, joining join
-// unless it is empty, and waits for its readiness line.
+// unless it is empty, and waits for its readiness line. A prefill or decode
+// node is given no --listen: its default is a free port, never the one
+// routers and nodes of role all take (defaultEndpoint).
 func startMember(t *testing.T, role, join string, extra ...string) *member {
 	t.Helper()
-	args := []string{"run", "--role", role, "--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0"}
+	args := []string{"run", "--role", role, "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0"}
+	if role == "router" || role == roleAll {
+		args = append(args, "--listen", "127.0.0.1:0")
+	}
 	if join != "" {
 		args = append(args, "--join", join)
 	}
@@ -68,6 +72,9 @@ func startMember(t *testing.T, role, join string, extra ...string) *member {
 		}
 		if m[3] != role {
 			t.Fatalf("readiness line %q names role %s, want %s", line, m[3], role)
+		}
+		if m[1] == defaultEndpoint {
+			t.Fatalf("a %s node with no --listen serves on %s, which routers take by default", role, m[1])
 		}
 		inc, _ := strconv.ParseUint(m[2], 16, 64)
 		return &member{process: p, role: role, addr: m[1], gossip: m[4], incarnation: inc}
@@ -245,6 +252,12 @@ func freeLocalPort(t *testing.T, udp bool) int {
 // fails the test when up closes stdout first, or takes over readyTimeout.
 func upPrinted(t *testing.T, up *process, each func(line string)) []string {
 	t.Helper()
+	return upPrintedWithin(t, up, readyTimeout, each)
+}
+
+// upPrintedWithin is upPrinted with its bound.
+func upPrintedWithin(t *testing.T, up *process, readyTimeout time.Duration, each func(line string)) []string {
+	t.Helper()
 	deadline := time.After(readyTimeout)
 	var out []string
 	for {
@@ -265,32 +278,47 @@ func upPrinted(t *testing.T, up *process, each func(line string)) []string {
 	}
 }
 
-var upRow = regexp.MustCompile(`^(router-0|prefill-\d+|decode-\d+)\s+(router|prefill|decode)\s+(\S+)\s+(\S+)\s+([0-9a-f]{16})\s+(\d+)\s+(\S+)$`)
+// upRow is a row of node up's table: name, role, address, gossip, HTTP,
+// incarnation, pid and log.
+var upRow = regexp.MustCompile(`^((?:router|prefill|decode)-\d+)\s+(router|prefill|decode)\s+(\S+)\s+(\S+)\s+(\S+)\s+([0-9a-f]{16})\s+(\d+)\s+(\S+)$`)
+
+// upNode is one node of up's table.
+type upNode struct {
+	role, addr, gossip, http string
+	incarnation              uint64
+	pid                      int
+}
+
+// parseUpRow reads a row of up's table into nodes, by name.
+func parseUpRow(line string, nodes map[string]upNode) {
+	if m := upRow.FindStringSubmatch(line); m != nil {
+		inc, _ := strconv.ParseUint(m[6], 16, 64)
+		pid, _ := strconv.Atoi(m[7])
+		nodes[m[1]] = upNode{role: m[2], addr: m[3], gossip: m[4], http: m[5], incarnation: inc, pid: pid}
+	}
+}
 
 // TestBinaryUp: node up starts a router, a prefill and a decode node as
 // child processes; node status through the router shows all three alive;
 // concurrent requests from several tenants answer the reference; SIGTERM
 // stops up and every node with it.
 func TestBinaryUp(t *testing.T) {
-	listen := freeTCPAddr(t)
-	up := startProcess(t, "up", "--listen", listen, "--gossip-base-port", strconv.Itoa(freeGossipPort(t)),
-		"--log-dir", t.TempDir(), "--http", "127.0.0.1:0", "--", "--reclaim-after", "2s")
-	var pids []int
-	t.Cleanup(func() {
-		// Normally up has stopped them; this is for a test that failed
-		// before it could.
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+	up := startUp(t, "--http", "127.0.0.1:0", "--", "--reclaim-after", "2s")
+	listen := up.nodes["router-0"].addr
+	if len(up.nodes) != 3 || !strings.Contains(up.printed[0], "router on "+listen) {
+		t.Fatalf("up printed %d nodes, want 3, and the router on %s:\n%s", len(up.nodes), listen, strings.Join(up.printed, "\n"))
+	}
+	// Every node serves its probes and metrics on the port the table gives.
+	for name, n := range up.nodes {
+		res, err := http.Get("http://" + n.http + "/metrics")
+		if err != nil {
+			t.Fatalf("%s's metrics at %s: %v", name, n.http, err)
 		}
-	})
-	out := upPrinted(t, up, func(line string) {
-		if m := upRow.FindStringSubmatch(line); m != nil {
-			pid, _ := strconv.Atoi(m[6])
-			pids = append(pids, pid)
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "kvwarden_members{") {
+			t.Errorf("%s's /metrics at %s: %s, want 200 with the members' series:\n%.500s", name, n.http, res.Status, body)
 		}
-	})
-	if len(pids) != 3 || !strings.Contains(out[0], "router on "+listen) {
-		t.Fatalf("up printed %d nodes, want 3, and the router on %s:\n%s", len(pids), listen, strings.Join(out, "\n"))
 	}
 
 	// No credential flags: status and generate find up's own credentials
@@ -312,17 +340,7 @@ func TestBinaryUp(t *testing.T) {
 	generateAll(t, listen, reqs)
 	checkReference(t, reqs)
 
-	if err := up.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := up.exitCode(t, 2*exitTimeout); code != exitOK {
-		t.Fatalf("up: exit %d after SIGTERM, want 0; stderr:\n%s", code, up.stderr)
-	}
-	for _, pid := range pids {
-		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-			t.Errorf("node pid %d still exists after up exited (kill 0: %v)", pid, err)
-		}
-	}
+	up.stop(t)
 }
 
 // TestBinaryUpPrompt is the README's main command: up with --prompt brings

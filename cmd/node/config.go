@@ -77,7 +77,10 @@ type nodeConfig struct {
 	// "router" (admits and routes requests, holds no pages).
 	Role string `json:"role"`
 	// Listen is the host:port the node serves protoactor remote on (what
-	// clients and other nodes send to); port 0 picks a free one.
+	// clients and other nodes send to); port 0 picks a free one. Empty
+	// means the role's default (listenFor): defaultEndpoint for the roles
+	// clients send to, a free port for the others, so that the nodes of a
+	// cluster started by hand on one machine never ask for the same port.
 	Listen string `json:"listen"`
 	// Gossip is the IP:port the node gossips membership on, UDP and TCP;
 	// port 0 picks a free one. On a loopback address the node uses fast
@@ -195,7 +198,6 @@ func defaultNodeConfig() nodeConfig {
 	a := actors.DefaultConfig()
 	return nodeConfig{
 		Role:             roleAll,
-		Listen:           defaultEndpoint,
 		PrefillWorkers:   a.PrefillWorkers,
 		DecodeWorkers:    a.DecodeWorkers,
 		PrefillPages:     a.PrefillPages,

@@ -15,7 +15,8 @@
 // node when a pool is smaller than the context window it would advertise.
 //
 // "node run" starts one node of a role (cluster.StartNode) on --listen
-// (default 127.0.0.1:7070): "all" (its own prefill and decode workers and
+// (default 127.0.0.1:7070 for a router or role all, a free port of loopback
+// for prefill and decode): "all" (its own prefill and decode workers and
 // admission; with no --join it serves alone), "prefill", "decode" (admission,
 // decode workers and the KV data plane on --data) or "router" (admits and
 // routes, holds no pages). It gossips membership on --gossip, an IP:port
@@ -47,15 +48,19 @@
 // --gossip-base-port, then --prefill prefill and --decode decode nodes on
 // free ports that join through it. Arguments after "--" go to every node
 // run. Each child's stderr goes to <name>.log in --log-dir (a new temporary
-// directory unless given), which up prints; up reads each child's
-// readiness line, waits until every node sees every other alive, prints a
-// table of the nodes (and, with --http, the router's API with one key,
-// --api-key, in api-keys.json in the log directory), and on SIGINT or SIGTERM stops them (router first;
-// SIGTERM, then SIGKILL after --stop-timeout) and exits 0. A prefill or
-// decode node that exits 0 (drained) leaves the rest serving; the router
-// exiting, or any node failing, stops the others and exits 1 with the end
-// of that node's log. Children run in their own process group and, on
-// Linux, die with up (Pdeathsig).
+// directory unless given), which up prints; every node serves its probes
+// and metrics on an HTTP port up chooses (planPorts) and keeps across
+// restarts. Up reads each child's readiness line, waits until every node
+// sees every other alive, prints a table of the nodes (and, with --http,
+// the routers' API with one key, --api-key, in api-keys.json in the log
+// directory), then supervises them (supervisor): a node that fails is
+// started again after a backoff, with its first flags, joining the nodes
+// that serve, until it has failed --restarts-max times within
+// --restart-window and is given up; one that exits 0 (drained) stays down;
+// with no router left up exits 1 with the end of that router's log. On
+// SIGINT or SIGTERM it stops them (routers first; SIGTERM, then SIGKILL
+// after --stop-timeout) and exits 0. Children run in their own process
+// group and, on Linux, die with up (Pdeathsig).
 //
 // "node status" asks a node's control actor (cluster.ControlName) for its
 // StatusReply and prints the node, its pools and the members it sees alive
@@ -91,7 +96,7 @@
 // (flags, arguments, configuration), 70 an actor broke an invariant and the
 // node stopped, 3 node chaos found a violation, 130 Ctrl-C interrupted a
 // request. "node up" exits 1 when a
-// node fails; status and drain exit 1 when the node cannot be reached. An
+// node fails to start or no router is left; status and drain exit 1 when the node cannot be reached. An
 // error that decides its own code implements exitCoder; any other error
 // is 1.
 //
@@ -102,8 +107,9 @@
 // process. "node run" owns its Node from start to stop: the main goroutine
 // waits for a signal, the end of a drain or an invariant failure and then
 // stops it. "node up" owns its children: one goroutine per child reads its
-// readiness line and one waits for its exit; the main goroutine alone
-// starts, watches and stops them, and every child has exited when up
-// returns. "node generate" receives tokens on the client's goroutine;
+// readiness line and one waits for its exit; the supervisor's goroutines
+// only wait (a backoff, a restarted child's readiness) and report back; the
+// main goroutine alone starts, watches, restarts and stops them, and every
+// child has exited when up returns. "node generate" receives tokens on the client's goroutine;
 // tokenPrinter serializes them with the final newline.
 package main

@@ -4,46 +4,25 @@ import (
 	"errors"
 	"os"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/kvwarden/kvwarden/internal/testwait"
 )
-
-// upRouterRow is a row of node up's table, routers beyond the first
-// included.
-var upRouterRow = regexp.MustCompile(`^((?:router|prefill|decode)-\d+)\s+(router|prefill|decode)\s+(\S+)\s+\S+\s+[0-9a-f]{16}\s+(\d+)\s+\S+$`)
 
 // TestBinaryUpRouters: node up --routers 2 starts two routers, each in the
 // table with its address and API; status and generate with no credential
 // flags find up's credentials at the second router's address; generate
 // given both routers answers the reference before and after the first is
-// killed (SIGKILL), which up survives; SIGTERM then stops up, which
+// killed (SIGKILL), which up survives (with --restarts-max 0, it gives the
+// router up and the other serves on); SIGTERM then stops up, which
 // removes the credentials it made for both addresses.
 func TestBinaryUpRouters(t *testing.T) {
-	listen := freeTCPAddr(t)
-	up := startProcess(t, "up", "--routers", "2", "--listen", listen, "--gossip-base-port", strconv.Itoa(freeGossipPort(t)),
-		"--log-dir", t.TempDir(), "--http", "127.0.0.1:0", "--", "--reclaim-after", "2s")
-	pids, addrs := map[string]int{}, map[string]string{}
-	t.Cleanup(func() {
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	})
-	out := upPrinted(t, up, func(line string) {
-		if m := upRouterRow.FindStringSubmatch(line); m != nil {
-			pids[m[1]], _ = strconv.Atoi(m[4])
-			addrs[m[1]] = m[3]
-		}
-	})
-	printed := strings.Join(out, "\n")
-	second := addrs["router-1"]
-	if len(pids) != 4 || addrs["router-0"] != listen || second == "" ||
-		!strings.Contains(out[0], "2 routers on "+listen+", "+second) || !strings.Contains(printed, "/v1 through router-1") ||
-		!strings.Contains(printed, "--endpoint "+listen+","+second) {
-		t.Fatalf("up printed %d nodes, want 4 with router-0 on %s, router-1 and its API:\n%s", len(pids), listen, printed)
+	up := startUp(t, "--routers", "2", "--http", "127.0.0.1:0", "--restarts-max", "0", "--", "--reclaim-after", "2s")
+	listen, second := up.nodes["router-0"].addr, up.nodes["router-1"].addr
+	printed := strings.Join(up.printed, "\n")
+	if len(up.nodes) != 4 || second == "" || !strings.Contains(up.printed[0], "2 routers on "+listen+", "+second) ||
+		!strings.Contains(printed, "/v1 through router-1") || !strings.Contains(printed, "--endpoint "+listen+","+second) {
+		t.Fatalf("up printed %d nodes, want 4 with router-0 on %s, router-1 and its API:\n%s", len(up.nodes), listen, printed)
 	}
 
 	code, stdout, stderr := runBinary(t, "", "status", "--endpoint", second)
@@ -54,22 +33,15 @@ func TestBinaryUpRouters(t *testing.T) {
 	generateAll(t, second, before)
 	checkReference(t, before)
 
-	if err := syscall.Kill(pids["router-0"], syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(up.nodes["router-0"].pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	testwait.For(t, "up logs router-0's exit", exitTimeout, func() bool {
-		return strings.Contains(up.stderr.String(), "router exited; the other routers serve on")
-	})
+	upLine(t, up, regexp.MustCompile(`^gave up on router-0: it exited \(signal: killed\) after 0 restarts within `))
 	after := mixedRequests(6, 3, 200, 16)
 	generateAll(t, listen+","+second, after)
 	checkReference(t, after)
 
-	if err := up.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := up.exitCode(t, 2*exitTimeout); code != exitOK {
-		t.Fatalf("up: exit %d after SIGTERM, want 0; stderr:\n%s", code, up.stderr)
-	}
+	up.stop(t)
 	for _, addr := range []string{listen, second} {
 		if _, err := os.Lstat(localCertsDir(addr)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the credentials up made for %s are left (%v)", addr, err)

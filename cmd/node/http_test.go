@@ -40,14 +40,15 @@ var upBaseURL = regexp.MustCompile(`^OpenAI base URL: (http://\S+/v1) \(API key 
 type upCluster struct {
 	*process
 	baseURL, key, logDir string
-	pids                 map[string]int // by node name
+	nodes                map[string]upNode // by node name, as up's table gave them
+	printed              []string          // up's lines up to its table's last
 }
 
 // startUp runs node up with args and reads what it prints up to its last
 // line.
 func startUp(t *testing.T, args ...string) *upCluster {
 	t.Helper()
-	c := &upCluster{logDir: t.TempDir(), pids: map[string]int{}}
+	c := &upCluster{logDir: t.TempDir(), nodes: map[string]upNode{}}
 	c.process = startProcess(t, append([]string{"up", "--listen", freeTCPAddr(t), "--gossip-base-port",
 		strconv.Itoa(freeGossipPort(t)), "--log-dir", c.logDir}, args...)...)
 	t.Cleanup(func() {
@@ -55,27 +56,42 @@ func startUp(t *testing.T, args ...string) *upCluster {
 		// router's address; killed, it would leave them for whichever
 		// later node takes that port, and status would find the wrong CA.
 		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		for _, pid := range c.pids {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
+		for _, n := range c.nodes {
+			_ = syscall.Kill(n.pid, syscall.SIGCONT)
 		}
 		select {
 		case <-c.exited:
 		case <-time.After(2 * exitTimeout):
 			t.Errorf("up did not exit within %s of SIGTERM", 2*exitTimeout)
 		}
-		for _, pid := range c.pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+		for _, n := range c.nodes {
+			_ = syscall.Kill(n.pid, syscall.SIGKILL)
 		}
 	})
-	upPrinted(t, c.process, func(line string) {
-		if m := upRow.FindStringSubmatch(line); m != nil {
-			c.pids[m[1]], _ = strconv.Atoi(m[6])
-		}
+	c.printed = upPrinted(t, c.process, func(line string) {
+		parseUpRow(line, c.nodes)
 		if m := upBaseURL.FindStringSubmatch(line); m != nil {
 			c.baseURL, c.key = m[1], m[2]
 		}
 	})
 	return c
+}
+
+// stop sends up SIGTERM and checks that it exits 0 and that every node of
+// its table (restarted ones as they were last printed) has exited with it.
+func (c *upCluster) stop(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := c.exitCode(t, 2*exitTimeout); code != exitOK {
+		t.Fatalf("up: exit %d after SIGTERM, want 0; stderr:\n%s", code, c.stderr)
+	}
+	for name, n := range c.nodes {
+		if err := syscall.Kill(n.pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("%s, pid %d, still exists after up exited (kill 0: %v)", name, n.pid, err)
+		}
+	}
 }
 
 // TestBinaryUpHTTP: the OpenAI SDK and plain HTTP talk to node up's router
@@ -173,7 +189,7 @@ func TestBinaryUpHTTP(t *testing.T) {
 	if got := modelsWith(key); got != http.StatusUnauthorized {
 		t.Fatalf("a new key before SIGHUP: %d", got)
 	}
-	if err := syscall.Kill(up.pids["router-0"], syscall.SIGHUP); err != nil {
+	if err := syscall.Kill(up.nodes["router-0"].pid, syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	testwait.For(t, "the router accepts the new key", 10*time.Second, func() bool { return modelsWith(key) == 200 })
@@ -186,7 +202,7 @@ func TestBinaryUpHTTP(t *testing.T) {
 	if !stream.Next() {
 		t.Fatalf("no first chunk: %v", stream.Err())
 	}
-	if err := syscall.Kill(up.pids["decode-0"], syscall.SIGSTOP); err != nil {
+	if err := syscall.Kill(up.nodes["decode-0"].pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	chunks := 1

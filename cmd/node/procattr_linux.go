@@ -1,6 +1,13 @@
 package main
 
-import "syscall"
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
 
 // childProcAttr puts each node up starts in its own process group, so that
 // a Ctrl-C in the terminal reaches up alone and up stops the nodes in
@@ -19,4 +26,53 @@ func hostMemoryBytes() int64 {
 		return 0
 	}
 	return int64(si.Totalram) * int64(si.Unit)
+}
+
+// selfExecutable is the path to start this binary again by, and the name
+// to give it as argv[0]: /proc/self/exe is this process's own file even
+// when its path has gone (the temporary binary of "go run") or holds
+// another build by now, so a node restarted later runs the same code.
+func selfExecutable() (path, name string, err error) {
+	name, err = os.Executable()
+	return "/proc/self/exe", name, err
+}
+
+// processIsUp says whether pid is a live "node up" process: not ended,
+// not a zombie, and its arguments those of up.
+func processIsUp(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name's closing parenthesis.
+	if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X' {
+		return false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(string(cmdline), "\x00")
+	return len(args) > 1 && args[1] == "up"
+}
+
+// stopWithGoRun has the kernel send this process SIGTERM when its parent
+// ends, if that parent is the go command: "go run" forwards Ctrl-C but no
+// other signal, so "kill $!" after "go run ./cmd/node up &" would end the
+// go command alone and leave this process and its nodes holding their
+// ports. Call it once SIGTERM is handled.
+func stopWithGoRun() error {
+	ppid := os.Getppid()
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", ppid))
+	if err != nil || filepath.Base(exe) != "go" {
+		return nil
+	}
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_PDEATHSIG, uintptr(syscall.SIGTERM), 0); errno != 0 {
+		return fmt.Errorf("prctl(PR_SET_PDEATHSIG): %w", errno)
+	}
+	if os.Getppid() != ppid {
+		// The go command ended before the call took effect.
+		return syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	}
+	return nil
 }

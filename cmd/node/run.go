@@ -97,7 +97,9 @@ all drawn from one seed, e.g. seed=7,frame-drop=0.02,ack-drop=0.01. Only a
 binary built with "go build -tags chaos ./cmd/node" has fault points; any
 other refuses --faults. On SIGINT or SIGTERM it leaves the cluster gracefully,
 stops and exits 0; when it is drained ("node drain") it finishes its
-requests, leaves and exits 0.
+requests, leaves and exits 0. Started by "go run" on Linux, it stops as on
+SIGTERM when the go command ends, which forwards no SIGTERM: "kill $!" after
+"go run ./cmd/node run … &" stops the node, not only the go command.
 
 Exit codes: 0 stopped by a signal or drained, 1 refused or failed to start, 2
 usage error, 70 an actor broke an invariant (the node must not serve on).`,
@@ -117,6 +119,9 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			signals := make(chan os.Signal, 1)
 			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(signals)
+			if err := stopWithGoRun(); err != nil {
+				return fmt.Errorf("run: %w", err)
+			}
 			web := webOptions{Addr: cfg.HTTP}
 			if cfg.HTTPTLSCert != "" {
 				cert, err := tls.LoadX509KeyPair(cfg.HTTPTLSCert, cfg.HTTPTLSKey)
@@ -203,7 +208,8 @@ func checkRunArgs(args []string) (cluster.NodeConfig, error) {
 // values.
 func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Role, "role", c.Role, "what the node serves: all (its own prefill and decode workers), prefill, decode or router")
-	fs.StringVar(&c.Listen, "listen", c.Listen, "host:port to serve on (port 0 picks a free port)")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "host:port to serve on (port 0 picks a free port; default "+defaultEndpoint+
+		", where node generate sends, for roles router and all, and a free port of 127.0.0.1 for prefill and decode, which peers learn by gossip)")
 	fs.StringVar(&c.Gossip, "gossip", c.Gossip, "IP:port to gossip membership on, UDP and TCP (port 0 picks a free port; loopback uses fast local timers)")
 	fs.StringVar(&c.Data, "data", c.Data, "host:port of the KV data plane of a node that decodes (port 0 picks a free port)")
 	fs.Var(&c.Join, "join", "gossip addresses of cluster members to join, comma-separated (none: start a new cluster)")
@@ -263,7 +269,7 @@ func (c nodeConfig) serving(m *engine.Model) (actors.Config, error) {
 	if err != nil {
 		return a, fmt.Errorf("--role %q is not a role: want all, prefill, decode or router", c.Role)
 	}
-	if err := checkAdvertised("--listen", c.Listen); err != nil {
+	if err := checkAdvertised("--listen", c.listenFor(role)); err != nil {
 		return a, err
 	}
 	a.Role = role
@@ -278,6 +284,21 @@ func (c nodeConfig) serving(m *engine.Model) (actors.Config, error) {
 	a.PrefillTimeout = time.Duration(c.PrefillTimeout)
 	a.OwnedPageTimeout = time.Duration(c.OwnedPageTimeout)
 	return a, a.Validate()
+}
+
+// listenFor is --listen, or when it is not given the default of role:
+// defaultEndpoint for a router and a node of role all, which clients send
+// to, and a free port of loopback for prefill and decode nodes, which
+// peers find through gossip; so a router, a prefill and a decode node
+// started on one machine with no --listen do not ask for one port.
+func (c nodeConfig) listenFor(role actors.Role) string {
+	switch {
+	case c.Listen != "":
+		return c.Listen
+	case role == actors.RoleRouter || role == actors.RoleAll:
+		return defaultEndpoint
+	}
+	return "127.0.0.1:0"
 }
 
 // clusterNode validates c and turns it into the cluster package's node
@@ -324,7 +345,7 @@ func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
 		nc.DataPlane = cluster.DefaultDataPlaneConfig(a.Geometry(), 1)
 	}
 	nc.Actors, nc.Model = a, m
-	nc.Listen, nc.DataListen = c.Listen, c.Data
+	nc.Listen, nc.DataListen = c.listenFor(a.Role), c.Data
 	nc.Advertise, nc.DataAdvertise = c.Advertise, c.DataAdvertise
 	nc.Gossip.BindAddr, nc.Gossip.BindPort = host.String(), port
 	nc.Gossip.JoinAddrs = c.Join

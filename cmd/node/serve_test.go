@@ -114,7 +114,13 @@ type process struct {
 // whatever happened.
 func startProcess(t testing.TB, args ...string) *process {
 	t.Helper()
-	p := &process{cmd: exec.Command(nodeBinary(t), args...), stdout: make(chan string, 16),
+	return startCommand(t, nodeBinary(t), args...)
+}
+
+// startCommand is startProcess for any program.
+func startCommand(t testing.TB, name string, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(name, args...), stdout: make(chan string, 16),
 		stderr: &testwait.Buffer{}, exited: make(chan struct{})}
 	// A pipe of our own rather than StdoutPipe: Wait may then run while
 	// the lines are still being read.

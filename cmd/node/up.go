@@ -82,6 +82,13 @@ type upOptions struct {
 	// modelName is the name of the model the nodes serve, for the API's
 	// example request.
 	modelName string
+	restartPolicy
+	// Detach starts up in the background (detach) and returns once the
+	// cluster serves. ReadyFD, given to that background up, is the
+	// descriptor it writes its table on, as ready, and then closes.
+	Detach  bool
+	ReadyFD int
+	ready   io.WriteCloser
 }
 
 // exampleAPIKey is the key of node up's API unless --api-key says
@@ -89,9 +96,10 @@ type upOptions struct {
 const exampleAPIKey = "kvw-local-example-key"
 
 func newUpCmd() *cobra.Command {
-	o := upOptions{Prefill: 1, Decode: 1, Routers: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
+	o := &upOptions{Prefill: 1, Decode: 1, Routers: 1, Listen: defaultEndpoint, GossipBasePort: 7946,
 		ReadyTimeout: time.Minute, StopTimeout: stopTimeout + 5*time.Second, Tenant: "demo", MaxTokens: defaultMaxTokens,
-		HTTP: "127.0.0.1:8000", APIKey: exampleAPIKey}
+		HTTP: "127.0.0.1:8000", APIKey: exampleAPIKey,
+		restartPolicy: restartPolicy{RestartsMax: 5, RestartWindow: 10 * time.Minute, RestartBackoff: 500 * time.Millisecond}}
 	cmd := &cobra.Command{
 		Use:   "up [flags] [-- node run flags]",
 		Short: "Start a local cluster: routers and prefill and decode nodes on loopback",
@@ -104,62 +112,65 @@ every node run (for example -- --reclaim-after 2s --decode-pages 512).
 --routers N starts N routers: router-0 on --listen, the others on free ports
 of its host, every node joining router-0's gossip. Each serves requests for the
 whole cluster; node generate --endpoint takes them all, comma-separated, and a
-request whose router dies goes on through another. With --http, router-i
-serves the API on --http's port plus i. The table lists every router's
-address, and node status, generate and drain find up's credentials at each.
+request whose router dies goes on through another. The table lists every
+router's address, and node status, generate and drain find up's credentials
+at each.
 
-Each node's stderr (its log) goes to a file named after it (router.log,
+Every node serves its probes (/healthz, /readyz) and Prometheus metrics
+(/metrics) on HTTP, at the address the table gives: router-i on --http's
+port plus i (a free port each when it is 0), with the OpenAI-compatible API
+(/v1/completions, /v1/chat/completions, /v1/models) and one API key,
+--api-key, whose requests run as --tenant (its keys file is in the log
+directory); every other node on a free port of 127.0.0.1. The example key is
+accepted only on a loopback --http. With --prompt, the routers serve no API
+unless --http is given.
+
+Each node's stderr (its log) goes to a file named after it (router-0.log,
 prefill-0.log, decode-0.log, …) in --log-dir, by default a new temporary
 directory; up prints where. Once every node serves and every node sees all
-the others alive, up prints a table of the nodes and how to send a request,
-then waits. The router serves the OpenAI-compatible API on --http
-(/v1/completions, /v1/chat/completions, /v1/models) with one API key,
---api-key, whose requests run as --tenant; its keys file is in the log
-directory. The example key is accepted only on a loopback --http, and with
---prompt there is no API unless --http is given. On SIGINT or SIGTERM it stops the nodes (SIGTERM, and SIGKILL to
-any still running after --stop-timeout), the router first, and exits 0.
+the others alive, up prints a table of the nodes (address, gossip, HTTP,
+incarnation, pid, log) and how to send a request, then supervises them:
+
+  - A node that exits with an error or is killed (kill -9, a crash) is
+    started again after --restart-backoff, doubled for each further restart
+    within --restart-window: a new process and incarnation with the same
+    name, role, credentials and HTTP address, a router on the same address,
+    joining through the nodes that serve, its log appended to. Up logs the
+    failure and prints "restarted NAME …" with the new pid and addresses.
+    Requests the node held end as the cluster's failover decides: retried
+    elsewhere before their first token, continued through another router,
+    or failed with node_lost, never a wrong answer.
+  - A node that fails again after --restarts-max restarts within
+    --restart-window is given up ("gave up on NAME …"); the others serve on.
+  - A node that exits 0 (drained with "node drain", or stopped on purpose)
+    stays down; the others serve on.
+  - When no router is left (the last one exited 0 or was given up), up
+    stops the others, prints the end of that router's log and exits 1.
+
+A node that fails while the cluster starts fails the start: up stops the
+others, prints the end of its log and exits 1. On SIGINT or SIGTERM up stops
+the nodes (SIGTERM, and SIGKILL to any still running after --stop-timeout),
+the routers first, and exits 0. Up writes its pid beside the credentials it
+makes for --listen's address (in the temporary directory), where "node down
+--listen" finds it to stop up and wait until it has exited; a second up for
+an address whose up runs is refused, naming its pid. Started by "go run" on
+Linux, up stops as on SIGTERM when the go command ends, which forwards no
+SIGTERM: "kill $!" after "go run ./cmd/node up &" stops the cluster, not
+only the go command.
+
+--detach (-d) starts up in the background, in a session of its own, and
+returns once the cluster serves, having printed the table, or exits 1 with
+the end of up's own log (up.log in --log-dir, where its output goes) if it
+did not serve; "node down" stops it.
+
 With --prompt, up instead sends that prompt to the router once the cluster
 is up, prints the streamed answer, stops the cluster and exits with
-generate's status: one command from nothing to an answer. A
-prefill or decode node that exits 0 (drained with "node drain", or stopped)
-leaves the others serving, and so does a router that exits while another
-runs. If the last router exits, or any other node fails to start or exits
-with an error, up stops the others, prints the end of that node's log and
-exits 1.
+generate's status: one command from nothing to an answer.
 
-Exit codes: 0 stopped by a signal, 1 a node failed to start or exited, 2
-usage error.`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			var err error
-			if o.NodeArgs, err = nodeArgs(cmd, args); err != nil {
-				return err
-			}
-			o.PromptGiven = cmd.Flags().Changed("prompt")
-			if o.Routers == 0 {
-				// Zero means one to callers of up; given on the command line,
-				// it is a mistake.
-				return usageError{fmt.Errorf("--routers (0) must be 1 to %d", upRoutersMax)}
-			}
-			if o.PromptGiven && !cmd.Flags().Changed("http") {
-				// One answer, then the cluster stops: an API would be gone
-				// before anyone could use it.
-				o.HTTP = ""
-			}
-			if err := o.check(); err != nil {
-				return usageError{err}
-			}
-			if err := checkNodes(o); err != nil {
-				return err
-			}
-			if err := o.checkModel(); err != nil {
-				return err
-			}
-			signals := make(chan os.Signal, 1)
-			signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
-			defer signal.Stop(signals)
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
-			return up(cmd.OutOrStdout(), log, o, signals)
-		},
+Exit codes: 0 stopped by a signal or node down (with --detach: the cluster
+serves), 1 a node failed to start, no router is left, or an up runs at
+--listen already, 2 usage error.`,
+		RunE: func(cmd *cobra.Command, args []string) error { return runUp(cmd, args, o) },
 	}
 	fs := cmd.Flags()
 	fs.IntVar(&o.Prefill, "prefill", o.Prefill, "prefill nodes to start")
@@ -176,9 +187,65 @@ usage error.`,
 	fs.StringVar(&o.Model, "model", o.Model, "llama2.c checkpoint every node serves (with --tokenizer); empty: the built-in model")
 	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "llama2.c tokenizer of --model")
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "run every node --insecure (no certificates, nobody authenticated)")
-	fs.StringVar(&o.HTTP, "http", o.HTTP, "host:port the router serves the OpenAI-compatible API, probes and metrics on (empty: none; with --prompt, none unless given)")
+	fs.StringVar(&o.HTTP, "http", o.HTTP, "host:port router-0 serves the OpenAI-compatible API, probes and metrics on, router-i on its port plus i (empty: no API, and the probes and metrics on a free port; with --prompt, no API unless given)")
 	fs.StringVar(&o.APIKey, "api-key", o.APIKey, "the API key of --tenant that the router's API accepts")
+	fs.IntVar(&o.RestartsMax, "restarts-max", o.RestartsMax, "most restarts of one node within --restart-window; its next failure gives it up (0: restart none)")
+	fs.DurationVar(&o.RestartWindow, "restart-window", o.RestartWindow, "how far back a node's restarts count against --restarts-max")
+	fs.DurationVar(&o.RestartBackoff, "restart-backoff", o.RestartBackoff, "wait before a node's first restart within --restart-window, doubled for each further one")
+	fs.BoolVarP(&o.Detach, "detach", "d", o.Detach, "run in the background: return once the cluster serves, with up's own output in --log-dir's up.log (node down stops it)")
+	fs.IntVar(&o.ReadyFD, "ready-fd", o.ReadyFD, "descriptor to write the table on, then close, once the cluster serves (what --detach's starter reads)")
+	_ = fs.MarkHidden("ready-fd")
 	return cmd
+}
+
+// runUp is up's RunE: flags → checks → up, or its detached start.
+func runUp(cmd *cobra.Command, args []string, o *upOptions) error {
+	var err error
+	if o.NodeArgs, err = nodeArgs(cmd, args); err != nil {
+		return err
+	}
+	o.PromptGiven = cmd.Flags().Changed("prompt")
+	switch {
+	case o.Routers == 0:
+		// Zero means one to callers of up; given on the command line, it
+		// is a mistake.
+		return usageError{fmt.Errorf("--routers (0) must be 1 to %d", upRoutersMax)}
+	case o.Detach && o.PromptGiven:
+		return usageError{errors.New("--detach leaves the cluster serving, --prompt stops it after one answer: give one of them")}
+	case o.ReadyFD < 0 || o.ReadyFD > 0 && o.ReadyFD < 3:
+		return usageError{fmt.Errorf("--ready-fd (%d) must be a descriptor past stderr (3 and up)", o.ReadyFD)}
+	}
+	if o.PromptGiven && !cmd.Flags().Changed("http") {
+		// One answer, then the cluster stops: an API would be gone before
+		// anyone could use it.
+		o.HTTP = ""
+	}
+	if err := errors.Join(o.check(), o.restartPolicy.check()); err != nil {
+		return usageError{err}
+	}
+	if err := checkNodes(*o); err != nil {
+		return err
+	}
+	if err := o.checkModel(); err != nil {
+		return err
+	}
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(signals)
+	if err := stopWithGoRun(); err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	if o.Detach {
+		return detach(cmd, *o, cmd.OutOrStdout(), signals)
+	}
+	if o.ReadyFD > 0 {
+		// Inherited without close-on-exec: the nodes must not hold it
+		// open, or the starter would never read its end.
+		syscall.CloseOnExec(o.ReadyFD)
+		o.ready = os.NewFile(uintptr(o.ReadyFD), "ready")
+	}
+	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+	return up(cmd.OutOrStdout(), log, *o, signals)
 }
 
 // nodeArgs are the arguments after "--", given to every node run; one
@@ -289,10 +356,15 @@ func (o *upOptions) checkModel() error {
 // up starts the cluster, prints it and waits; every node it started has
 // exited when it returns.
 func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signal) (err error) {
-	bin, err := os.Executable()
+	bin, argv0, err := selfExecutable()
 	if err != nil {
 		return fmt.Errorf("up: finding this binary to start the nodes: %w", err)
 	}
+	release, err := claimPID(o.Listen)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if o.LogDir == "" {
 		if o.LogDir, err = os.MkdirTemp("", "kvwarden-up-"); err != nil {
 			return fmt.Errorf("up: %w", err)
@@ -301,7 +373,7 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 		return fmt.Errorf("up: --log-dir: %w", err)
 	}
 	log.Info("starting a local cluster", "routers", o.routers(), "prefill", o.Prefill, "decode", o.Decode, "logs", o.LogDir)
-	c := &localCluster{bin: bin, o: o, log: log, exits: make(chan *child, o.routers()+o.Prefill+o.Decode)}
+	c := &localCluster{bin: bin, argv0: argv0, o: o, log: log, exits: make(chan *child, o.routers()+o.Prefill+o.Decode)}
 	c.args = c.upArgs
 	if o.HTTP != "" {
 		// Made anew each time: a --log-dir used before may hold another.
@@ -331,6 +403,9 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 		}()
 		log.Info("credentials of the local cluster", "dir", c.creds.Dir)
 	}
+	if err := c.planPorts(upNodeNames(o)); err != nil {
+		return err
+	}
 	defer func() {
 		if stopErr := c.stop(); err == nil {
 			err = stopErr
@@ -348,31 +423,16 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 		return err
 	}
 	c.print(stdout)
+	if o.ready != nil {
+		c.print(o.ready)
+		if err := o.ready.Close(); err != nil {
+			return fmt.Errorf("up: handing the table to its starter: %w", err)
+		}
+	}
 	if o.PromptGiven {
 		return c.demo(stdout, signals)
 	}
-	for {
-		select {
-		case sig := <-signals:
-			log.Info("stopping the local cluster", "signal", sig.String())
-			return nil
-		case ch := <-c.exits:
-			// A prefill or decode node that exits 0 was drained or stopped
-			// on purpose: the others serve on. A router may go while
-			// another is the cluster's entrance; any other exit is a
-			// failure.
-			if ch.role != "router" && ch.err == nil {
-				log.Info("node left the cluster and exited 0; the others serve on", "node", ch.name)
-				continue
-			}
-			if ch.role == "router" && c.routersRunning() > 0 {
-				log.Warn("router exited; the other routers serve on", "node", ch.name, "exit", exitStatus(ch.err),
-					"routers", c.routersRunning())
-				continue
-			}
-			return ch.failure("exited")
-		}
-	}
+	return newSupervisor(c, stdout).run(signals)
 }
 
 // demo sends the --prompt request to the router and prints its answer as
@@ -406,27 +466,77 @@ func (c *localCluster) demo(stdout io.Writer, signals <-chan os.Signal) error {
 var errSignalled = errors.New("up: stopped by a signal")
 
 // upArgs are the addresses up gives a node: router-0 serves on --listen
-// and gossips at --gossip-base-port; the other routers serve on free ports
-// of --listen's host, the other nodes on free ports of loopback, and all
-// join router-0's gossip address, join.
+// and gossips at --gossip-base-port; the other routers serve on the ports
+// planPorts drew for them, the other nodes on free ports of loopback, and
+// all join router-0's gossip address, join. Each node serves HTTP (probes
+// and metrics) where planPorts says, and a router the API too when up has
+// keys.
 func (c *localCluster) upArgs(name, role, join string) []string {
 	var args []string
 	if c.o.Model != "" {
 		args = []string{"--model", c.o.Model, "--tokenizer", c.o.Tokenizer}
 	}
-	if role != "router" {
+	if addr := c.http[name]; addr != "" {
+		args = append(args, "--http", addr)
+		if role == "router" && c.keysPath != "" {
+			args = append(args, "--api-keys", c.keysPath)
+		}
+	}
+	switch {
+	case role != "router":
 		return append(args, "--listen", "127.0.0.1:0", "--gossip", "127.0.0.1:0", "--data", "127.0.0.1:0", "--join", join)
-	}
-	if c.keysPath != "" {
-		i, _ := strconv.Atoi(strings.TrimPrefix(name, "router-"))
-		addr, _ := c.o.routerHTTP(i) // checked with the options
-		args = append(args, "--http", addr, "--api-keys", c.keysPath)
-	}
-	if join == "" {
+	case join == "":
 		return append(args, "--listen", c.o.Listen, "--gossip", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.o.GossipBasePort)))
 	}
-	host, _, _ := net.SplitHostPort(c.o.Listen) // checked with the options
-	return append(args, "--listen", net.JoinHostPort(host, "0"), "--gossip", "127.0.0.1:0", "--join", join)
+	listen := c.listen[name]
+	if listen == "" {
+		host, _, _ := net.SplitHostPort(c.o.Listen) // checked with the options
+		listen = net.JoinHostPort(host, "0")
+	}
+	return append(args, "--listen", listen, "--gossip", "127.0.0.1:0", "--join", join)
+}
+
+// planPorts chooses the ports up's nodes keep across restarts: each
+// node's HTTP port (router-i's is --http's port plus i, unless that is 0
+// or --http is empty; every other one a free port of loopback, drawn
+// where the kernel does not hand out ports, so that a restarted node finds
+// it free) and the address of each router beyond the first (a free port
+// of --listen's host), which its clients and credentials are tied to.
+func (c *localCluster) planPorts(names []string) error {
+	var ports fixedPorts
+	defer ports.release()
+	c.http, c.listen = map[string]string{}, map[string]string{}
+	listenHost, _, _ := net.SplitHostPort(c.o.Listen) // checked with the options
+	for _, name := range names {
+		role, index, _ := strings.Cut(name, "-")
+		i, _ := strconv.Atoi(index)
+		var err error
+		if role == "router" && i > 0 {
+			if c.listen[name], err = ports.take(listenHost); err != nil {
+				return fmt.Errorf("up: %s: %w", name, err)
+			}
+		}
+		host, port := "127.0.0.1", "0"
+		if role == "router" && c.o.HTTP != "" {
+			addr, _ := c.o.routerHTTP(i) // checked with the options
+			host, port, _ = net.SplitHostPort(addr)
+		}
+		if c.http[name] = net.JoinHostPort(host, port); port == "0" {
+			if c.http[name], err = ports.take(host); err != nil {
+				return fmt.Errorf("up: %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// upNodeNames are the names of up's nodes: its routers, then nodeNames.
+func upNodeNames(o upOptions) []string {
+	names := nodeNames(o.Prefill, o.Decode)
+	for i := 1; i < o.routers(); i++ {
+		names = append(names, fmt.Sprintf("router-%d", i))
+	}
+	return names
 }
 
 // startAll starts router-0, then the other routers and the prefill and
@@ -463,10 +573,11 @@ func (c *localCluster) startAll(signals <-chan os.Signal) (*child, error) {
 
 // localCluster is the nodes up started, in start order.
 type localCluster struct {
-	bin   string
-	o     upOptions
-	creds credFlags // the nodes' credentials directory, or insecure
-	log   *slog.Logger
+	// bin is the binary the nodes run, argv0 their argv[0] when not bin.
+	bin, argv0 string
+	o          upOptions
+	creds      credFlags // the nodes' credentials directory, or insecure
+	log        *slog.Logger
 	// args are the address flags of the node name of role, given the
 	// router's gossip address join (empty for the router itself).
 	args  func(name, role, join string) []string
@@ -477,6 +588,10 @@ type localCluster struct {
 	// credCopies are the copies of the credentials directory made for the
 	// routers beyond the first, at their addresses.
 	credCopies []string
+	// http and listen are where planPorts put each node's HTTP and each
+	// router's address beyond the first, by node name (empty: a free port
+	// each time it starts, or no HTTP).
+	http, listen map[string]string
 }
 
 // routerAddrs are the addresses the routers serve on, router-0 first.
@@ -488,21 +603,6 @@ func (c *localCluster) routerAddrs() []string {
 		}
 	}
 	return out
-}
-
-// routersRunning is how many routers have not exited.
-func (c *localCluster) routersRunning() int {
-	n := 0
-	for _, ch := range c.nodes {
-		select {
-		case <-ch.exited:
-		default:
-			if ch.role == "router" {
-				n++
-			}
-		}
-	}
-	return n
 }
 
 // child is one node process.
@@ -554,6 +654,9 @@ func (c *localCluster) spawn(ch *child, mode int) (*child, error) {
 		return nil, fmt.Errorf("up: %w", err)
 	}
 	ch.cmd = exec.Command(c.bin, ch.argv...)
+	if c.argv0 != "" {
+		ch.cmd.Args[0] = c.argv0
+	}
 	ch.cmd.Stdout, ch.cmd.Stderr = w, logFile
 	ch.cmd.SysProcAttr = childProcAttr()
 	err = ch.cmd.Start()
@@ -715,7 +818,7 @@ func (c *localCluster) print(w io.Writer) {
 	fmt.Fprintf(w, "local cluster up: %s, %d prefill and %d decode nodes; logs in %s\n\n", what, c.o.Prefill, c.o.Decode, c.o.LogDir)
 	c.printNodes(w)
 	fmt.Fprintf(w, "\nsend a request:  node generate%s --tenant acme --prompt \"hello\"\n", endpoint)
-	if r := c.nodes[0]; r.http != "" {
+	if r := c.nodes[0]; c.keysPath != "" {
 		fmt.Fprintf(w, "or over HTTP:    curl -s http://%s/v1/completions -H 'Authorization: Bearer %s' "+
 			"-H 'Content-Type: application/json' -d '{\"model\": %q, \"prompt\": \"hello\", \"max_tokens\": 32}'\n",
 			r.http, c.o.APIKey, c.o.modelName)
@@ -727,17 +830,33 @@ func (c *localCluster) print(w io.Writer) {
 			}
 		}
 	}
+	fmt.Fprintf(w, "metrics:         http://<its HTTP>/metrics of each node, /readyz and /healthz its probes\n")
 	fmt.Fprintf(w, "see the cluster: node status%s\n", status)
-	fmt.Fprintf(w, "drain a node:    node drain --endpoint <its address> --wait\n")
-	fmt.Fprintf(w, "stop:            Ctrl-C (or SIGTERM to pid %d)\n", os.Getpid())
+	fmt.Fprintf(w, "drain a node:    node drain --endpoint <its address> --wait (it stays down)\n")
+	if !c.o.PromptGiven {
+		fmt.Fprintf(w, "a node that fails is restarted, at most %d times within %s; then it is given up and the others serve on\n",
+			c.o.RestartsMax, c.o.RestartWindow)
+	}
+	stop := "node down"
+	if c.o.Listen != defaultEndpoint {
+		stop += " --listen " + c.o.Listen
+	}
+	if c.o.ready == nil {
+		stop = "Ctrl-C, or " + stop
+	}
+	fmt.Fprintf(w, "stop:            %s (up is pid %d)\n", stop, os.Getpid())
 }
 
 // printNodes writes the table of the nodes.
 func (c *localCluster) printNodes(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tROLE\tADDRESS\tGOSSIP\tINCARNATION\tPID\tLOG")
+	fmt.Fprintln(tw, "NODE\tROLE\tADDRESS\tGOSSIP\tHTTP\tINCARNATION\tPID\tLOG")
 	for _, ch := range c.nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%016x\t%d\t%s\n", ch.name, ch.role, ch.addr, ch.gossip, ch.incarnation,
+		http := ch.http
+		if http == "" {
+			http = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%016x\t%d\t%s\n", ch.name, ch.role, ch.addr, ch.gossip, http, ch.incarnation,
 			ch.cmd.Process.Pid, ch.logPath)
 	}
 	tw.Flush()
