@@ -449,12 +449,14 @@ const (
 	dialBusyPauseMax = 500 * time.Millisecond
 )
 
-// dialWithin dials, waiting no longer than ctx. A receiver that answers
-// busy has its connection slots taken, often by connections of this very
-// node that are closing (a sender closes its spare connection, and the
-// receiver frees the slot only once it reads the close): it is dialed
-// again after a pause that doubles from dialBusyPauseMin to
-// dialBusyPauseMax, until ctx ends, and the transfer fails busy only then.
+// dialWithin dials, waiting no longer than ctx. A receiver that is busy
+// has its connection slots taken, often by connections of this very node
+// that are closing (a sender closes its spare connection, and the receiver
+// frees the slot only once it reads the close), or sheds connections it
+// cannot take in time (an overloaded process cuts a handshake past its
+// HelloTimeout): it is dialed again after a pause that doubles from
+// dialBusyPauseMin to dialBusyPauseMax, until ctx ends, and the transfer
+// fails busy only then.
 func dialWithin(ctx context.Context, dial Dialer, addr string, inc uint64) (FrameSender, error) {
 	for pause := dialBusyPauseMin; ; pause = min(2*pause, dialBusyPauseMax) {
 		s, err := dialOnce(ctx, dial, addr, inc)

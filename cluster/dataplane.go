@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"syscall"
 	"time"
 
 	"github.com/kvwarden/kvwarden/engine"
@@ -494,8 +496,8 @@ func (e *DataPlaneLostError) Wire() *messages.WireError {
 
 // DataPlaneDialError: no connection to the data plane at Addr came to be:
 // the dial, the TLS handshake or the exchange of hellos (Stage) failed,
-// with Err (refused, reset, cut short, timed out). For the transfer that
-// needed it, the receiver is lost.
+// with Err (refused, reset, cut short, timed out). Wire says what that
+// makes the receiver to the transfer that needed it: busy or lost.
 type DataPlaneDialError struct {
 	Addr, Stage string
 	Err         error
@@ -508,8 +510,25 @@ func (e *DataPlaneDialError) Error() string {
 func (e *DataPlaneDialError) Unwrap() error { return e.Err }
 
 // Wire is what a client is told of e.
+//
+// A receiver that took the connection and then cut it (closed or reset it)
+// in the TLS handshake or the hellos is alive but shedding connections: an
+// overloaded process whose HelloTimeout ran out before it got to this one,
+// or one at HandshakesMax. That is busy, which a prefill worker dials
+// again within the transfer's deadline. One that refused the connection or
+// never answered is lost.
 func (e *DataPlaneDialError) Wire() *messages.WireError {
-	return &messages.WireError{Code: messages.CodeNodeLost, Message: e.Error(), Where: "data plane"}
+	w := &messages.WireError{Code: messages.CodeNodeLost, Message: e.Error(), Where: "data plane"}
+	if e.Stage != "dial" && dpCut(e.Err) {
+		w.Code = messages.CodeBusy
+	}
+	return w
+}
+
+// dpCut says whether err is the peer closing or resetting the connection.
+func dpCut(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE)
 }
 
 // ErrDataPlanePeer is matched by *DataPlanePeerError.

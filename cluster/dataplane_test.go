@@ -693,12 +693,12 @@ func TestDataPlaneBusyAndIdle(t *testing.T) {
 	}
 }
 
-// TestDataPlaneHelloCutIsNodeLost: a receiver that takes the connection
-// and closes it, or resets it, before it answers the hello (it is
-// restarting, or overloaded) is lost to the transfer that dialed it: the
-// client is told node_lost, which the cluster retries before any token,
-// not internal.
-func TestDataPlaneHelloCutIsNodeLost(t *testing.T) {
+// TestDataPlaneHelloCutIsBusy: a receiver that takes the connection and
+// closes or resets it before it answers the hello (an overloaded process
+// whose HelloTimeout ran out, or one at HandshakesMax) is busy to the
+// transfer that dialed it, which dials again; one that refuses the
+// connection is lost. Neither is internal.
+func TestDataPlaneHelloCutIsBusy(t *testing.T) {
 	for _, reset := range []bool{false, true} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -713,7 +713,7 @@ func TestDataPlaneHelloCutIsNodeLost(t *testing.T) {
 			c.SetDeadline(time.Now().Add(eventDeadline))
 			io.ReadFull(c, make([]byte, dpHelloBytes))
 			if reset {
-				c.(*net.TCPConn).SetLinger(0) // a close with unread data in flight sends RST
+				c.(*net.TCPConn).SetLinger(0) // the close sends RST
 			}
 			c.Close()
 		}()
@@ -722,9 +722,19 @@ func TestDataPlaneHelloCutIsNodeLost(t *testing.T) {
 		if !errors.As(err, &derr) || derr.Stage != "hello reply" {
 			t.Fatalf("reset %t: dial = %v, want the hello reply cut", reset, err)
 		}
-		if w := derr.Wire(); w.Code != messages.CodeNodeLost {
-			t.Fatalf("reset %t: a hello cut reaches the client as %+v, want node_lost", reset, w)
+		if w := derr.Wire(); w.Code != messages.CodeBusy {
+			t.Fatalf("reset %t: a hello cut reaches the client as %+v, want busy", reset, w)
 		}
+	}
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close() // nothing listens there now
+	_, err = DialDataPlane(dpTestConfig(t, dpSenderInc), closed.Addr().String(), dpReceiverInc, trust.Identity{})
+	var derr *DataPlaneDialError
+	if !errors.As(err, &derr) || derr.Stage != "dial" || derr.Wire().Code != messages.CodeNodeLost {
+		t.Fatalf("dial where nothing listens = %v, want the receiver lost", err)
 	}
 }
 
