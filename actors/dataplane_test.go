@@ -25,38 +25,22 @@ import (
 // afterwards (startNode's cleanup).
 func TestSendsOffTheWorker(t *testing.T) {
 	cfg := testConfig()
-	cfg.PrefillTimeout = 3 * time.Second
+	// Long enough for the healthy transfer on a loaded machine, which must
+	// end before the stalled ones fail.
+	cfg.PrefillTimeout = 10 * time.Second
 	lim := cfg.BatchLimits()
 	const hanging = "127.0.0.1:1"
 	unblock := make(chan struct{})
 	t.Cleanup(func() { close(unblock) })
-	n, err := Start(cfg, withModel(t, cfg, Options{Dial: func(addr string, inc uint64) (FrameSender, error) {
+	p := startPlanner(t, cfg, func(addr string, inc uint64) (FrameSender, error) {
 		if addr == hanging {
 			<-unblock
 			return nil, errors.New("test dialer: released")
 		}
 		return dialFrames(addr, lim)
-	}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		quiesce(t, n)
-		n.Stop()
 	})
+	n, send, done := p.n, p.send, p.done
 	healthy := serveFrames(t, lim, func([]kv.Frame) error { return nil })
-	done := make(chan *messages.TransferDone, 3)
-	decoder := n.Root().Spawn(actor.PropsFromFunc(func(c actor.Context) {
-		if m, ok := c.Message().(*messages.TransferDone); ok {
-			done <- m
-		}
-	}))
-	send := func(id uint64, dataPlane string) {
-		n.Root().RequestWithCustomSender(n.dispatcher, &messages.TransferPlan{RequestID: id, Tenant: "acme", TokenCount: 3,
-			PromptTokens: []uint32{'a', 'b', 'c'}, PageTokens: uint32(cfg.PageTokens),
-			DestTags: []kv.Tag{{Incarnation: 9, Index: uint32(id), Generation: 1}}, DataPlane: dataPlane,
-			Model: n.Model().Fingerprint().String()}, decoder)
-	}
 	send(1, blackHole(t))
 	send(2, hanging)
 	waitFor(t, "both stalled transfers under way", time.Minute, func() bool {
@@ -68,8 +52,7 @@ func TestSendsOffTheWorker(t *testing.T) {
 	if first.RequestID != 3 || first.Err != nil {
 		t.Fatalf("first answer beside two stalled transfers: %+v, want request 3 done", first)
 	}
-	n.Root().RequestWithCustomSender(n.dispatcher, &messages.TransferAck{RequestID: 3, Tenant: "acme", TokenCount: 3, Pages: 1},
-		decoder)
+	p.ack(3)
 	for range 2 {
 		select {
 		case m := <-done:
@@ -93,31 +76,13 @@ func TestBusyDataPlaneIsDialedAgain(t *testing.T) {
 	const busyDials = 3
 	var dials atomic.Int32
 	refused := "127.0.0.1:1" // refuses TCP: node lost, not busy
-	n, err := Start(cfg, withModel(t, cfg, Options{Dial: func(addr string, inc uint64) (FrameSender, error) {
+	p := startPlanner(t, cfg, func(addr string, inc uint64) (FrameSender, error) {
 		if dials.Add(1) <= busyDials && addr == healthy {
 			return nil, &messages.WireError{Code: messages.CodeBusy, Where: "data plane", Message: "test: connection slots taken"}
 		}
 		return dialFrames(addr, lim)
-	}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		quiesce(t, n)
-		n.Stop()
 	})
-	done := make(chan *messages.TransferDone, 2)
-	decoder := n.Root().Spawn(actor.PropsFromFunc(func(c actor.Context) {
-		if m, ok := c.Message().(*messages.TransferDone); ok {
-			done <- m
-		}
-	}))
-	send := func(id uint64, dataPlane string) {
-		n.Root().RequestWithCustomSender(n.dispatcher, &messages.TransferPlan{RequestID: id, Tenant: "acme", TokenCount: 3,
-			PromptTokens: []uint32{'a', 'b', 'c'}, PageTokens: uint32(cfg.PageTokens),
-			DestTags: []kv.Tag{{Incarnation: 9, Index: uint32(id), Generation: 1}}, DataPlane: dataPlane,
-			Model: n.Model().Fingerprint().String()}, decoder)
-	}
+	send, done := p.send, p.done
 	send(1, healthy)
 	if m := testwait.Recv(t, "the transfer to a receiver busy thrice", time.Minute, done); m.RequestID != 1 || m.Err != nil {
 		t.Fatalf("transfer after %d busy dials: %+v, want it done", busyDials, m)
@@ -125,8 +90,7 @@ func TestBusyDataPlaneIsDialedAgain(t *testing.T) {
 	if got := dials.Load(); got != busyDials+1 {
 		t.Fatalf("%d dials, want %d busy ones and the one that served", got, busyDials+1)
 	}
-	n.Root().RequestWithCustomSender(n.dispatcher, &messages.TransferAck{RequestID: 1, Tenant: "acme", TokenCount: 3, Pages: 1},
-		decoder)
+	p.ack(1)
 	send(2, refused)
 	if m := testwait.Recv(t, "the transfer to a refusing address", time.Minute, done); m.RequestID != 2 || m.Err == nil {
 		t.Fatalf("transfer to an address that refuses TCP: %+v, want its failure", m)
@@ -134,6 +98,49 @@ func TestBusyDataPlaneIsDialedAgain(t *testing.T) {
 	if got := dials.Load(); got != busyDials+2 {
 		t.Fatalf("%d dials after a refused one, want it dialed once", got)
 	}
+}
+
+// planner is a node whose prefill workers dial with a test's dialer, and
+// a stand-in decoder that plans three-token transfers on it, one page
+// each, and hands their TransferDones to done.
+type planner struct {
+	n       *Node
+	cfg     Config
+	decoder *actor.PID
+	done    chan *messages.TransferDone
+}
+
+func startPlanner(t *testing.T, cfg Config, dial Dialer) *planner {
+	t.Helper()
+	n, err := Start(cfg, withModel(t, cfg, Options{Dial: dial}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		quiesce(t, n)
+		n.Stop()
+	})
+	p := &planner{n: n, cfg: cfg, done: make(chan *messages.TransferDone, 4)}
+	p.decoder = n.Root().Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if m, ok := c.Message().(*messages.TransferDone); ok {
+			p.done <- m
+		}
+	}))
+	return p
+}
+
+// send plans transfer id to the data plane at dataPlane.
+func (p *planner) send(id uint64, dataPlane string) {
+	p.n.Root().RequestWithCustomSender(p.n.dispatcher, &messages.TransferPlan{RequestID: id, Tenant: "acme", TokenCount: 3,
+		PromptTokens: []uint32{'a', 'b', 'c'}, PageTokens: uint32(p.cfg.PageTokens),
+		DestTags: []kv.Tag{{Incarnation: 9, Index: uint32(id), Generation: 1}}, DataPlane: dataPlane,
+		Model: p.n.Model().Fingerprint().String()}, p.decoder)
+}
+
+// ack acknowledges transfer id, which lets its source pages go.
+func (p *planner) ack(id uint64) {
+	p.n.Root().RequestWithCustomSender(p.n.dispatcher, &messages.TransferAck{RequestID: id, Tenant: "acme", TokenCount: 3, Pages: 1},
+		p.decoder)
 }
 
 // The data plane of these tests: each batch (kv.AppendBatch) after its
