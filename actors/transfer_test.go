@@ -278,7 +278,9 @@ func prefillAs(t *testing.T, n *Node, p *messagestest.Peer, id trust.Identity, p
 // PrefillTimeout, cleanly, and every page of every node is free.
 func TestBlackHoleDataPlaneStallsOnlyItsTransfer(t *testing.T) {
 	cfg := testConfig()
-	cfg.PrefillTimeout = 5 * time.Second
+	// Long enough for the other request, start to end, on a loaded
+	// machine: the stalled transfer must not fail first.
+	cfg.PrefillTimeout = 15 * time.Second
 	lim := cfg.BatchLimits()
 	var decodes sync.Map // remote address → data plane
 	prefillCfg := cfg
