@@ -206,10 +206,11 @@ func TestRouterRejectionsByBound(t *testing.T) {
 }
 
 // startPair starts a prefill node and a decode node (with edit's changes
-// to its configuration) that see each other.
+// to each one's configuration, whose Actors.Role says which) that see
+// each other.
 func startPair(t *testing.T, edit func(*cluster.NodeConfig)) (p, d *cluster.Node, ps, ds *httptest.Server) {
 	t.Helper()
-	p, ps = startAs(t, actors.RolePrefill, nil)
+	p, ps = startAs(t, actors.RolePrefill, edit)
 	d, ds = startAs(t, actors.RoleDecode, edit, p.GossipAddr())
 	testwait.For(t, "the decode node sees the prefill node", 10*time.Second, func() bool { return d.Ready() == nil })
 	return p, d, ps, ds
@@ -517,6 +518,12 @@ func blackHole(t *testing.T) (addr string, release func()) {
 func TestKVTransferStalledAndFailed(t *testing.T) {
 	hole, release := blackHole(t)
 	_, d, ps, ds := startPair(t, func(cfg *cluster.NodeConfig) {
+		if cfg.Actors.Role == actors.RolePrefill {
+			// The transfer stays under way until the test lets the data
+			// plane go, however long a loaded machine takes to look.
+			cfg.DataPlane.DialTimeout = time.Hour
+			return
+		}
 		cfg.DataAdvertise = hole
 		cfg.Actors.QueueMax = 1
 	})
