@@ -658,18 +658,26 @@ func TestModelConfigValidate(t *testing.T) {
 	}
 }
 
+// TestByteTokenizer: any string encodes as BOS and its bytes; a byte that
+// is printable ASCII or a newline is its own piece, any other a printable
+// stand-in of one byte.
 func TestByteTokenizer(t *testing.T) {
-	for _, s := range []string{"", "hello", "naïve ☃", "\x00\xff\xfe"} {
+	for _, s := range []string{"", "hello\n ~", "naïve ☃", "\x00\xff\xfe\x1b\x7f\t"} {
 		ids := tok.Encode(s)
 		if len(ids) != 1+len(s) || ids[0] != BOS {
 			t.Fatalf("Encode(%q) = %v: want BOS and one id per byte", s, ids)
 		}
-		var b []byte
 		for i, id := range ids[1:] {
-			b = append(b, tok.Piece(ids[i], id)...)
-		}
-		if string(b) != s {
-			t.Errorf("round trip of %q gives %q", s, b)
+			p := tok.Piece(ids[i], id)
+			printable := id == '\n' || id >= 0x20 && id <= 0x7e
+			switch {
+			case len(p) != 1:
+				t.Errorf("Piece(%#x) = %q, want one byte", id, p)
+			case printable && p[0] != byte(id):
+				t.Errorf("Piece(%#x) = %q, want the byte itself", id, p)
+			case !printable && (p[0] < '!' || p[0] > '~'):
+				t.Errorf("Piece(%#x) = %q, want a printable stand-in", id, p)
+			}
 		}
 	}
 	for _, id := range []int{BOS, EOS, 300, -1} {

@@ -268,24 +268,8 @@ func seededWeights(cfg ModelConfig) Weights {
 	w.Out = w.Embed
 	if !cfg.TiedEmbeddings {
 		w.Out = rng.uniform(cfg.Vocab*cfg.Dim, cfg.Dim, unitGain)
-		printableOutput(w.Out, cfg.Dim)
 	}
 	return w
-}
-
-// printableOutput zeroes the output head's rows of the bytes that are not
-// printable text (every byte but newline and ASCII 0x20 to 0x7E). Their
-// logits are then 0, which some printable byte's positive logit outbids at
-// every step, so the byte tokenizer's greedy text is noise that never
-// garbles a terminal, a log or a pipe: printable ASCII, newlines and the
-// specials. Prompts may still hold any byte: the embeddings are untouched.
-func printableOutput(out []float32, dim int) {
-	for b := range 256 {
-		if b == '\n' || b >= 0x20 && b <= 0x7e {
-			continue
-		}
-		clear(out[b*dim : (b+1)*dim])
-	}
 }
 
 // newModel validates cfg and w against each other and precomputes the

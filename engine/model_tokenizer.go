@@ -30,15 +30,30 @@ func (ByteTokenizer) Encode(s string) []int {
 // PieceBytesMax is 1: every token is one byte.
 func (ByteTokenizer) PieceBytesMax() int { return 1 }
 
-// Piece is the byte id stands for, a slice of a shared table that the
-// caller must not change; BOS, EOS and ids outside 0 to 257 stand for
-// none.
+// Piece is the text id stands for: its byte when that is printable text
+// (newline and ASCII 0x20 to 0x7E), else a printable stand-in for it, so
+// that the built-in model's noise never carries a control character, DEL
+// or a byte that is no UTF-8 on its own into a terminal, a log or a pipe.
+// BOS, EOS and ids outside 0 to 257 stand for none. The slice is shared;
+// the caller must not change it.
 func (ByteTokenizer) Piece(_, id int) []byte {
 	if id >= 0 && id < 256 {
-		return everyByte[id : id+1 : id+1]
+		return printedBytes[id : id+1 : id+1]
 	}
 	return nil
 }
+
+// printedBytes holds, for each byte, itself if it is printable text, else
+// one of '!' to '~' by its value.
+var printedBytes = func() (b [256]byte) {
+	for i := range b {
+		b[i] = byte(i)
+		if i != '\n' && (i < 0x20 || i > 0x7e) {
+			b[i] = '!' + byte(i%94)
+		}
+	}
+	return b
+}()
 
 // everyByte holds the bytes 0 to 255 in order.
 var everyByte = func() (b [256]byte) {
