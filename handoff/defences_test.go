@@ -154,6 +154,9 @@ func (l *lone) failedWith(eff []Effect, want error, code messages.ErrorCode) {
 	if fin.Result.Err == nil || fin.Result.Err.Code != code {
 		l.t.Fatalf("told the client %+v, want %s", fin.Result.Err, code)
 	}
+	if _, written := find[Write](eff); written {
+		l.t.Fatalf("frames written although the request failed: %+v", eff)
+	}
 	if _, sealed := find[SealVerify](eff); sealed {
 		l.t.Fatalf("pages sealed although the request failed: %+v", eff)
 	}
@@ -258,4 +261,132 @@ func TestTransferDoneProperty(t *testing.T) {
 				written, prompt, len(frames), count, sums, len(l.dest), eff)
 		}
 	})
+}
+
+// TestFramesOutsideThePlanFailTheRequest: a frame the request did not plan
+// for (another request's or tenant's, from a page of another run of the
+// peer, past the prompt's pages, or a second source page for one
+// destination) fails the request before anything is written. The pool
+// would refuse some of them too; the request must not rely on it.
+func TestFramesOutsideThePlanFailTheRequest(t *testing.T) {
+	planned := fmt.Sprintf("prefill:1 (incarnation %x)", prefillInc)
+	for _, tc := range []struct {
+		name    string
+		earlier []int // pages whose frames were written before
+		frames  func(l *lone) []kv.Frame
+		want    error
+	}{
+		{"another request's frame", nil, func(l *lone) []kv.Frame {
+			f := l.frame(0, 4)
+			f.Owner = kv.Owner{Request: 9, Tenant: "globex"}
+			return []kv.Frame{f}
+		}, &kv.WrongOwnerError{Page: kv.Tag{Incarnation: decodeInc, Index: 0, Generation: 1}, Owner: 1, Have: 9}},
+		{"its request id, another tenant", nil, func(l *lone) []kv.Frame {
+			f := l.frame(1, 4)
+			f.Owner.Tenant = "globex"
+			return []kv.Frame{l.frame(0, 4), f}
+		}, &kv.WrongOwnerError{Page: kv.Tag{Incarnation: decodeInc, Index: 1, Generation: 1}, Owner: 1, Have: 1}},
+		{"a page of another run of the peer", nil, func(l *lone) []kv.Frame {
+			f := l.frame(0, 4)
+			f.Source.Incarnation = prefillInc + 1
+			return []kv.Frame{f}
+		}, &StrangerError{What: "frames", From: fmt.Sprintf("a page of incarnation %x", prefillInc+1), Planned: planned}},
+		{"past the prompt's last page", nil, func(l *lone) []kv.Frame {
+			f := l.frame(2, 2)
+			f.FirstToken = 3 * lonePageTokens
+			return []kv.Frame{f}
+		}, &kv.ManifestError{Field: "page", Page: 3, Want: 2, Have: 3}},
+		{"two source pages for one destination", nil, func(l *lone) []kv.Frame {
+			f := l.frame(0, 4)
+			f.Source.Index = 7
+			return []kv.Frame{l.frame(0, 4), f}
+		}, &kv.ManifestError{Field: "source pages", Page: 0, Want: 1, Have: 2}},
+		{"another source page for a page written before", []int{0, 1}, func(l *lone) []kv.Frame {
+			f := l.frame(1, 4)
+			f.Source.Index = 7
+			return []kv.Frame{f}
+		}, &kv.ManifestError{Field: "source pages", Page: 1, Want: 1, Have: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLone(t, 10, 4)
+			for _, i := range tc.earlier {
+				l.step(FramesIn{Frames: []kv.Frame{l.frame(i, 4)}})
+				l.step(Written{N: 1})
+			}
+			eff := l.step(FramesIn{Frames: tc.frames(l)})
+			if _, written := find[Write](eff); written {
+				t.Fatalf("frames outside the plan written: %+v", eff)
+			}
+			l.failedWith(eff, tc.want, messages.CodeIntegrity)
+			if _, isStranger := tc.want.(*StrangerError); isStranger {
+				if ref, ok := find[Refuse](eff); !ok || *ref.Err != *tc.want.(*StrangerError) {
+					t.Fatalf("frames of another run not counted as a stranger's: %+v", eff)
+				}
+			}
+		})
+	}
+}
+
+// TestOthersCannotEndTheRequest: what anyone but the planned peer sends
+// for the current attempt (frames the transport did not prove to be the
+// peer's, a TransferDone from another sender), a loss of another node, the
+// deadline of an earlier attempt and frames of an abandoned attempt change
+// nothing: the request goes on, and the planned peer's transfer is sealed
+// when it comes. Request ids are no secret, so a stranger must not be able
+// to end a request by naming it.
+func TestOthersCannotEndTheRequest(t *testing.T) {
+	planned := fmt.Sprintf("prefill:1 (incarnation %x)", prefillInc)
+	for _, tc := range []struct {
+		name   string
+		ev     func(l *lone) Event
+		refuse *StrangerError // nil: no effect at all
+	}{
+		{"frames from a stranger", func(l *lone) Event {
+			return FramesIn{Frames: []kv.Frame{l.frame(0, 4)}, Stranger: true, From: "mallory:1"}
+		}, &StrangerError{What: "frames", From: "mallory:1", Planned: planned}},
+		{"a stranger's TransferDone", func(l *lone) Event {
+			return TransferIn{Done: l.done(3, 3), From: "mallory:1"}
+		}, &StrangerError{What: "transfer done", From: "mallory:1", Planned: planned}},
+		{"a stranger's failed TransferDone", func(l *lone) Event {
+			d := l.done(0, 0)
+			d.Err = &messages.WireError{Code: messages.CodeIntegrity, Message: "made up"}
+			return TransferIn{Done: d, From: "mallory:1"}
+		}, &StrangerError{What: "transfer done", From: "mallory:1", Planned: planned}},
+		{"another node lost", func(*lone) Event { return PeerLost{Incarnation: prefillInc + 1} }, nil},
+		{"an earlier attempt's deadline", func(*lone) Event { return PrefillDeadline{Attempt: 0} }, nil},
+		{"frames of an abandoned attempt", func(l *lone) Event {
+			f := l.frame(0, 4)
+			f.Owner.Request = 0
+			return FramesIn{Frames: []kv.Frame{f}}
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLone(t, 10, 4)
+			eff := l.step(tc.ev(l))
+			switch ref, ok := only[Refuse](eff); {
+			case tc.refuse == nil && len(eff) != 0:
+				t.Fatalf("effects %+v, want none", eff)
+			case tc.refuse != nil && (!ok || *ref.Err != *tc.refuse):
+				t.Fatalf("effects %+v, want only the refusal %v", eff, tc.refuse)
+			case l.r.Done():
+				t.Fatal("the request ended")
+			}
+			frames := []kv.Frame{l.frame(0, 4), l.frame(1, 4), l.frame(2, 2)}
+			if _, ok := only[SealVerify](l.transfer(frames, l.done(3, 3))); !ok {
+				t.Fatal("the planned peer's transfer was not sealed after it")
+			}
+		})
+	}
+}
+
+// TestThePeersLossAndDeadlineRetry: the loss of the planned peer's run, or
+// the current attempt's deadline, has the request look for another peer.
+func TestThePeersLossAndDeadlineRetry(t *testing.T) {
+	for _, ev := range []Event{PeerLost{Incarnation: prefillInc}, PrefillDeadline{Attempt: 1}} {
+		l := newLone(t, 10, 4)
+		pick, ok := only[Pick](l.step(ev))
+		if !ok || !pick.Exclude[prefillInc] {
+			t.Fatalf("%T%+v: want a Pick excluding the peer", ev, ev)
+		}
+	}
 }
