@@ -74,14 +74,10 @@ func TestDecodeBatchCountBound(t *testing.T) {
 	}
 }
 
-// TestManifestVerifyEachCheck: each way a manifest can disagree with the
-// pages, built so that only one check sees it, is refused with that
-// check's numbers: the last page listed with a token more than it holds
-// (the entries and the total agree, the seal's checksum is the page's),
-// and an empty manifest.
-func TestManifestVerifyEachCheck(t *testing.T) {
-	p := newTestPool(t, 8)
-	const tokens = 10 // pages of 4, 4, 2
+// sealedManifest reserves, writes and seals alice's pages of tokens tokens
+// in p and is their manifest, with the tags reserved.
+func sealedManifest(t *testing.T, p *Pool, tokens int) (*Manifest, []Tag) {
+	t.Helper()
 	tags, err := p.Reserve(alice, 0, testGeom.PagesFor(tokens), t0)
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +94,18 @@ func TestManifestVerifyEachCheck(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return m, tags
+}
+
+// TestManifestVerifyEachCheck: each way a manifest can disagree with the
+// pages, built so that only one check sees it, is refused with that
+// check's numbers: the last page listed with a token more than it holds
+// (the entries and the total agree, the seal's checksum is the page's),
+// and an empty manifest.
+func TestManifestVerifyEachCheck(t *testing.T) {
+	p := newTestPool(t, 8)
+	const tokens = 10 // pages of 4, 4, 2
+	m, _ := sealedManifest(t, p, tokens)
 	for _, tc := range []struct {
 		name string
 		mut  func(m *Manifest)
