@@ -486,22 +486,7 @@ func TestStaleBytesNeverVisible(t *testing.T) {
 func TestManifestVerify(t *testing.T) {
 	p := newTestPool(t, 8)
 	const tokens = 10 // pages of 4, 4, 2
-	tags, err := p.Reserve(alice, 0, testGeom.PagesFor(tokens), t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := NewManifest(alice, tokens, testGeom.PageTokens, tags)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, mp := range m.Pages {
-		if err := p.Write(mp.Tag, alice, i*testGeom.PageTokens, rows(mp.Tokens, byte(i))); err != nil {
-			t.Fatal(err)
-		}
-		if m.Pages[i].Checksum, err = p.Seal(mp.Tag, alice); err != nil {
-			t.Fatal(err)
-		}
-	}
+	m, tags := sealedManifest(t, p, tokens)
 	if err := m.Verify(p); err != nil {
 		t.Fatal(err)
 	}
