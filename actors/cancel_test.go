@@ -111,10 +111,10 @@ func TestCancelledSequenceIsClosed(t *testing.T) {
 	}))
 	n.Root().Send(worker, DecodeJob{StartDecode: handoff.StartDecode{Manifest: pre.Manifest, Next: pre.First,
 		Last: prompt[len(prompt)-1], MaxNew: 16, Spare: spare}, ReplyTo: replyTo})
-	testwait.Receive(t, "the sequence's first step", held.stepping, time.Minute)
+	testwait.Recv(t, "the sequence's first step", time.Minute, held.stepping)
 	n.Root().Send(worker, CancelJob{Owner: owner}) // handled before the next step
 	held.release()
-	if m := testwait.Receive(t, "the cancelled job's DecodeDone", done, time.Minute); m.Owner != owner || !errors.Is(m.Err, ErrCancelled) {
+	if m := testwait.Recv(t, "the cancelled job's DecodeDone", time.Minute, done); m.Owner != owner || !errors.Is(m.Err, ErrCancelled) {
 		t.Fatalf("decode done %+v, want %s cancelled", m, owner)
 	}
 	for _, tag := range append(tags, spare...) {

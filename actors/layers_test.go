@@ -114,7 +114,7 @@ func TestMailboxFromDropsOtherRoles(t *testing.T) {
 		t.Fatalf("the router's plan %d reached the actor", <-got)
 	}
 	l.decode.Sys.Root.Send(actor.NewPID(l.n.Address(), "filtered"), l.plan(2))
-	if id := testwait.Receive(t, "the decode node's plan", got, time.Minute); id != 2 {
+	if id := testwait.Recv(t, "the decode node's plan", time.Minute, got); id != 2 {
 		t.Fatalf("plan %d reached the actor, want the decode node's 2", id)
 	}
 	if n := l.auth.Refused()[trust.RefusedRole] - before; n != 1 {
@@ -154,7 +154,7 @@ func TestPlanPolicyAlone(t *testing.T) {
 		{"a decode node that is no member", l.unknown, l.plan(5), new(*NotMemberError)},
 	} {
 		tc.from.Sys.Root.Send(actor.NewPID(l.n.Address(), "policy"), tc.plan)
-		v := testwait.Receive(t, tc.name, got, time.Minute)
+		v := testwait.Recv(t, tc.name, time.Minute, got)
 		switch {
 		case v.id != tc.plan.RequestID:
 			t.Fatalf("%d: verdict on plan %d, want %d", i, v.id, tc.plan.RequestID)

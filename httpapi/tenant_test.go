@@ -130,7 +130,7 @@ func TestRequestRunsAsItsKeysTenant(t *testing.T) {
 	// by its other key, is refused; acme's is served.
 	first := make(chan string, 1)
 	go func() { first <- postFrom(url, keyNamedAs, body) }()
-	testwait.Receive(t, "globex's first request in the generator", gen.entered, time.Minute)
+	testwait.Recv(t, "globex's first request in the generator", time.Minute, gen.entered)
 	status, retry, e := post(t, url, keyGlobex2, body)
 	if status != 429 || retry != "1" || e.Code != "tenant_concurrency_limit" {
 		t.Errorf("globex's second request, by its other key: %d (Retry-After %q) %+v, want 429", status, retry, e)
@@ -139,7 +139,7 @@ func TestRequestRunsAsItsKeysTenant(t *testing.T) {
 		t.Errorf("acme's request while globex is at its limit: %d %+v", status, e)
 	}
 	gen.release()
-	if got := testwait.Receive(t, "globex's first request answered", first, time.Minute); got != "200 OK" {
+	if got := testwait.Recv(t, "globex's first request answered", time.Minute, first); got != "200 OK" {
 		t.Fatalf("globex's first request: %s", got)
 	}
 	if got, want := gen.seen(), []string{"acme", "globex", "acme"}; !slices.Equal(got, want) {
