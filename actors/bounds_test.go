@@ -116,7 +116,7 @@ func TestOwnedPagesReclaimedByPageActor(t *testing.T) {
 		t.Fatal(err)
 	}
 	var s PoolStatusReply
-	waitFor(t, "pages of a dead owner reclaimed", 10*time.Second, func() bool {
+	waitFor(t, "pages of a dead owner reclaimed", time.Minute, func() bool {
 		if s, err = pool.Status(sys.Root); err != nil {
 			t.Fatal(err)
 		}

@@ -96,7 +96,7 @@ func TestOperatorListsAndCancels(t *testing.T) {
 	}
 	// Its client has the answer; admission forgets the request when its
 	// actor has stopped, a moment later.
-	testwait.For(t, "the cancelled request out of the list", 10*time.Second, func() bool {
+	testwait.For(t, "the cancelled request out of the list", time.Minute, func() bool {
 		for _, r := range listOf(t, n, 0).Requests {
 			if r.Number == globex {
 				return false

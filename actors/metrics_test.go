@@ -161,7 +161,7 @@ func TestNodeMetrics(t *testing.T) {
 	}
 	// The prefill worker counts its queue after the step that answered
 	// the plan, which may come after the client has its answer.
-	testwait.For(t, "every plan out of the queue and acknowledged", 10*time.Second, func() bool {
+	testwait.For(t, "every plan out of the queue and acknowledged", time.Minute, func() bool {
 		m := n.Metrics()
 		return m.PrefillQueued == 0 && m.PrefillInFlight == 0
 	})

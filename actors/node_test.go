@@ -77,7 +77,7 @@ func quiesce(t *testing.T, n *Node) {
 		t.Fatalf("invariant broken: %v", e)
 	default:
 	}
-	testwait.Report(t, "every page free after the test", 10*time.Second, func() (bool, string) {
+	testwait.Report(t, "every page free after the test", time.Minute, func() (bool, string) {
 		inUse, err := n.PagesInUse()
 		return err == nil && inUse == 0, fmt.Sprintf("%d pages in use (%v)", inUse, err)
 	})

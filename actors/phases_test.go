@@ -43,7 +43,7 @@ func TestCompletedRequestIgnoresNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The request actor deletes its registry entry when it stops.
-	waitFor(t, "request actor stopped", 10*time.Second, func() bool {
+	waitFor(t, "request actor stopped", time.Minute, func() bool {
 		empty := true
 		n.registry.Range(func(any, any) bool { empty = false; return false })
 		return empty
@@ -70,7 +70,7 @@ func TestOneLogLinePerRequest(t *testing.T) {
 	if _, err := c.Generate(context.Background(), "acme", strings.Repeat("x", 600), client.GenerateOptions{MaxTokens: 3}, nil); err == nil {
 		t.Fatal("a prompt beyond the window was answered")
 	}
-	waitFor(t, "the request's line", 10*time.Second, func() bool { return strings.Contains(logs.String(), `msg="request ended"`) })
+	waitFor(t, "the request's line", time.Minute, func() bool { return strings.Contains(logs.String(), `msg="request ended"`) })
 	lines := regexp.MustCompile(`(?m)^.*msg="request ended".*$`).FindAllString(logs.String(), -1)
 	if len(lines) != 1 || !strings.Contains(lines[0], "tenant=acme") || !strings.Contains(lines[0], "outcome=completed") ||
 		!strings.Contains(lines[0], "tokens=3") || !strings.Contains(lines[0], "ttft=") || !strings.Contains(lines[0], "finish=length") {

@@ -97,7 +97,7 @@ func TestReadRefusedAfterReclaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait for the reclaim: the page's generation moves on.
-	waitFor(t, "the page reclaimed", 10*time.Second, func() bool { return pool.gens[tag.Index].Load() != tag.Generation })
+	waitFor(t, "the page reclaimed", time.Minute, func() bool { return pool.gens[tag.Index].Load() != tag.Generation })
 	// Bob may now hold the very same physical page.
 	bobTag := fill(bob, 'B')
 	b, _, err := c.Read(l)
@@ -140,7 +140,7 @@ func TestReserveTimeoutIsUndone(t *testing.T) {
 		t.Fatalf("a reserve whose answer is lost reaches the client as %+v, want busy", w)
 	}
 	// The undo travels pool → pages → pool; wait for the frees to land.
-	testwait.Report(t, "every page free after an undone reservation", 10*time.Second, func() (bool, string) {
+	testwait.Report(t, "every page free after an undone reservation", time.Minute, func() (bool, string) {
 		s, err := pool.Status(n.Root())
 		if err != nil {
 			t.Fatal(err)

@@ -248,7 +248,7 @@ func TestReplayThatDiffersIsRefused(t *testing.T) {
 // testwaitCancel waits for a router to receive a cancel.
 func testwaitCancel(t *testing.T, f *fakeRouter) {
 	t.Helper()
-	testwait.For(t, f.addr+" receives a cancel", 10*time.Second, func() bool {
+	testwait.For(t, f.addr+" receives a cancel", time.Minute, func() bool {
 		_, cancels := f.seen()
 		return len(cancels) > 0
 	})

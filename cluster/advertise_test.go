@@ -100,7 +100,7 @@ func TestAdvertisedThroughProxies(t *testing.T) {
 		t.Fatalf("decode node at %s, data plane %s; want the forwarders' %s and %s", d.Address(), d.DataAddr(), remote.addr(), data.addr())
 	}
 	for _, n := range []*Node{p, d} {
-		waitFor(t, "membership converges and is verified", 10*time.Second, func() bool { return aliveCount(n) == 2 && routable(n) })
+		waitFor(t, "membership converges and is verified", time.Minute, func() bool { return aliveCount(n) == 2 && routable(n) })
 	}
 	for _, m := range p.Members() {
 		if m.Meta.Incarnation == d.Incarnation() && (m.Meta.RemoteAddr != remote.addr() || m.Meta.DataAddr != data.addr()) {

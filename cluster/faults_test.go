@@ -45,7 +45,7 @@ func startPair(t *testing.T) (p, d *Node) {
 	p = startClusterNode(t, actors.RolePrefill)
 	d = startClusterNode(t, actors.RoleDecode, p.GossipAddr())
 	for _, n := range []*Node{p, d} {
-		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 2 && routable(n) })
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 2 && routable(n) })
 	}
 	return p, d
 }
@@ -95,7 +95,7 @@ func TestCorruptFramesRefusedByChecksum(t *testing.T) {
 	if err := answerOrClean(t, c, model, "acme", "a prompt after the faults stopped", 4); err != nil {
 		t.Fatalf("request without faults: %v", err)
 	}
-	waitFor(t, "pools free after the reclaim deadline", 15*time.Second, func() bool { return allFree(p, d) })
+	waitFor(t, "pools free after the reclaim deadline", time.Minute, func() bool { return allFree(p, d) })
 }
 
 // TestFaultedTransfersRightOrClean runs several tenants' requests at once
@@ -141,7 +141,7 @@ func TestFaultedTransfersRightOrClean(t *testing.T) {
 		}
 	}
 	faults.Install(nil)
-	waitFor(t, "pools free after the reclaim deadline", 15*time.Second, func() bool { return allFree(p, d) })
+	waitFor(t, "pools free after the reclaim deadline", time.Minute, func() bool { return allFree(p, d) })
 }
 
 // TestPressureHoldsPoolPages: pool pressure holds the pages asked for in
@@ -168,7 +168,7 @@ func TestPressureHoldsPoolPages(t *testing.T) {
 			t.Errorf("pool %s: %d pages free under pressure of every page", p.Name, p.Free)
 		}
 	}
-	waitFor(t, "held pages released", 10*time.Second, func() bool { return allFree(n) })
+	waitFor(t, "held pages released", time.Minute, func() bool { return allFree(n) })
 
 	owned := n.cfg.Actors.OwnedPageTimeout
 	rep = n.pressure(&messages.PressureRequest{Pages: 1, DurationMs: uint32(owned.Milliseconds())})
@@ -183,5 +183,5 @@ func TestPressureHoldsPoolPages(t *testing.T) {
 	if rep := n.pressure(&messages.PressureRequest{Pages: 1, DurationMs: 200}); rep.Err == nil || rep.Err.Code != messages.CodeBusy {
 		t.Fatalf("hold %d: %+v, want busy", pressureHoldsMax+1, rep)
 	}
-	waitFor(t, "held pages released", 10*time.Second, func() bool { return allFree(n) })
+	waitFor(t, "held pages released", time.Minute, func() bool { return allFree(n) })
 }

@@ -44,7 +44,7 @@ func heldTrio(t *testing.T) (p, d, r *Node) {
 	d = startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, long, p.GossipAddr())
 	r = startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, long, p.GossipAddr())
 	for _, n := range []*Node{p, d, r} {
-		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 && routable(n) })
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
 	}
 	gate.Shut()
 	return p, d, r
@@ -82,7 +82,7 @@ func TestOperatorCancelsInFlight(t *testing.T) {
 			done <- err
 		}()
 		var routed, held messages.InFlight
-		waitFor(t, "the request listed by the router and the decode node", 10*time.Second, func() bool {
+		waitFor(t, "the request listed by the router and the decode node", time.Minute, func() bool {
 			rl, dl := list(r), list(d)
 			if len(rl.Requests) != 1 || len(dl.Requests) != 1 || dl.Requests[0].Phase != messages.PhasePrefill {
 				return false
@@ -108,7 +108,7 @@ func TestOperatorCancelsInFlight(t *testing.T) {
 		if err := testwait.Recv(t, "the cancelled request's answer", time.Minute, done); !errors.As(err, &we) || we.Code != messages.CodeCancelled {
 			t.Fatalf("cancelled on the %s node, the client got %v, want cancelled", via.cfg.Actors.Role, err)
 		}
-		waitFor(t, "the decode node's pages free", 10*time.Second, func() bool { return allFree(d) })
+		waitFor(t, "the decode node's pages free", time.Minute, func() bool { return allFree(d) })
 	}
 	for _, tc := range []struct {
 		m    *messages.CancelInFlight

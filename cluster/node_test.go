@@ -162,7 +162,7 @@ func startTrioServing(t *testing.T, model *engine.Model) (p, d, r *Node, c *clie
 	d = startNodeServing(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, model, p.GossipAddr())
 	r = startNodeServing(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, model, p.GossipAddr())
 	for _, n := range []*Node{p, d, r} {
-		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 && routable(n) })
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
 	}
 	c, err := client.Dial(r.Address(), client.Options{Auth: tenantAuth(t, "acme")})
 	if err != nil {
@@ -184,7 +184,7 @@ func TestOtherModelNotRouted(t *testing.T) {
 	d := startClusterNode(t, actors.RoleDecode, p.GossipAddr())
 	r := startClusterNode(t, actors.RoleRouter, p.GossipAddr())
 	for _, n := range []*Node{p, d, r} {
-		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 })
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 })
 	}
 	if fp := d.actors.Model().Fingerprint(); fp == other.Fingerprint() {
 		t.Fatalf("two seeds, one fingerprint %s", fp)
@@ -249,11 +249,11 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 	spare := startClusterNode(t, actors.RolePrefill, doomed.GossipAddr())
 	d := startClusterNode(t, actors.RoleDecode, doomed.GossipAddr())
 	for _, n := range []*Node{doomed, spare, d} {
-		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 && routable(n) })
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
 	}
 	// The doomed node has the most free pages, so decode plans with it
 	// first.
-	waitFor(t, "decode sees the doomed node's pool", 10*time.Second, func() bool {
+	waitFor(t, "decode sees the doomed node's pool", time.Minute, func() bool {
 		p, ok := d.pickPrefill(nil)
 		return ok && p.Incarnation == doomed.Incarnation()
 	})
@@ -272,7 +272,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 		res, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 8}, nil)
 		done <- answer{res.Tokens, err}
 	}()
-	waitFor(t, "the doomed node takes the plan", 10*time.Second, func() bool {
+	waitFor(t, "the doomed node takes the plan", time.Minute, func() bool {
 		s, err := doomed.Actors().InFlight()
 		return err == nil && s > 0
 	})
@@ -288,7 +288,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 	if s, _ := d.Actors().Status(); s.Retried == 0 {
 		t.Errorf("decode status shows no retry: %+v", s)
 	}
-	waitFor(t, "survivors' pools free after the reclaim deadline", 10*time.Second, func() bool { return allFree(spare, d) })
+	waitFor(t, "survivors' pools free after the reclaim deadline", time.Minute, func() bool { return allFree(spare, d) })
 }
 
 // TestDecodeLostFailsCleanly kills (no graceful leave) the decode node
@@ -307,7 +307,7 @@ func TestDecodeLostFailsCleanly(t *testing.T) {
 			client.GenerateOptions{MaxTokens: 64}, nil)
 		done <- err
 	}()
-	waitFor(t, "the prefill node takes the plan", 10*time.Second, func() bool {
+	waitFor(t, "the prefill node takes the plan", time.Minute, func() bool {
 		n, err := p.Actors().InFlight()
 		return err == nil && n > 0
 	})
@@ -317,7 +317,7 @@ func TestDecodeLostFailsCleanly(t *testing.T) {
 	if !errors.As(err, &we) || we.Code != messages.CodeNodeLost {
 		t.Fatalf("request on a dead decode node: %v, want node_lost", err)
 	}
-	waitFor(t, "prefill pool free after the reclaim deadline", 15*time.Second, func() bool { return allFree(p) })
+	waitFor(t, "prefill pool free after the reclaim deadline", time.Minute, func() bool { return allFree(p) })
 }
 
 // TestTransferAfterIdleDataPlane: the decode node closes data-plane
@@ -334,7 +334,7 @@ func TestTransferAfterIdleDataPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Stop() })
-	waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(d) == 2 && routable(d) })
+	waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(d) == 2 && routable(d) })
 	c, err := client.Dial(d.Address(), client.Options{Auth: tenantAuth(t, "acme")})
 	if err != nil {
 		t.Fatal(err)
@@ -351,7 +351,7 @@ func TestTransferAfterIdleDataPlane(t *testing.T) {
 		}
 		// The scenario is an idle period: the server closes the
 		// connection the transfer used.
-		waitFor(t, fmt.Sprintf("%d data-plane connections closed idle", i+1), 10*time.Second, func() bool {
+		waitFor(t, fmt.Sprintf("%d data-plane connections closed idle", i+1), time.Minute, func() bool {
 			return d.data.Stats().IdleClosed == uint64(i+1)
 		})
 	}
@@ -413,7 +413,7 @@ func TestMembershipChangesLogged(t *testing.T) {
 	t.Cleanup(func() { a.Stop() })
 	b := startClusterNode(t, actors.RolePrefill, a.GossipAddr())
 	name := ""
-	waitFor(t, "b joined in a's log", 10*time.Second, func() bool {
+	waitFor(t, "b joined in a's log", time.Minute, func() bool {
 		for _, m := range a.Members() {
 			if m.Meta.Incarnation == b.Incarnation() {
 				name = m.Name
@@ -424,7 +424,7 @@ func TestMembershipChangesLogged(t *testing.T) {
 	if err := b.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b left in a's log", 10*time.Second, func() bool {
+	waitFor(t, "b left in a's log", time.Minute, func() bool {
 		return strings.Contains(logs.String(), `msg="member left" name=`+name+` role=prefill`)
 	})
 }

@@ -54,5 +54,5 @@ func TestPressureOnlyForOperators(t *testing.T) {
 	if rep.Err != nil || len(rep.Held) != 2 || rep.Held[0].Pages != 3 || rep.Held[1].Pages != 3 {
 		t.Fatalf("an operator's pressure of 3 pages: %+v", rep)
 	}
-	waitFor(t, "held pages released", 10*time.Second, func() bool { return allFree(n) })
+	waitFor(t, "held pages released", time.Minute, func() bool { return allFree(n) })
 }

@@ -184,17 +184,17 @@ func TestRelayDropsADuplicatedBusy(t *testing.T) {
 	const id = 7
 	f.sys.Root.RequestWithCustomSender(f.router, &messages.GenerateRequest{RequestID: id, Tenant: "acme",
 		Prompt: "a duplicated busy answer", MaxTokens: 4}, f.client)
-	testwait.For(t, "decode-1 or decode-2 holds the request", 10*time.Second, func() bool { return d1.held()+d2.held() > 0 })
+	testwait.For(t, "decode-1 or decode-2 holds the request", time.Minute, func() bool { return d1.held()+d2.held() > 0 })
 	first, second, inc := d1, d2, uint64(2)
 	if d2.held() > 0 {
 		first, second, inc = d2, d1, 3
 	}
 	f.sys.Root.Send(f.router, memberLost{incarnation: inc})
-	testwait.For(t, fmt.Sprintf("%s receives the request once %s is lost", second.addr, first.addr), 10*time.Second,
+	testwait.For(t, fmt.Sprintf("%s receives the request once %s is lost", second.addr, first.addr), time.Minute,
 		func() bool { return second.held() > 0 })
 	answer := []uint32{5, 6, 7, 8}
 	second.answer(id, answer)
-	testwait.For(t, "the client gets the result", 10*time.Second, func() bool { return f.got.result() != nil })
+	testwait.For(t, "the client gets the result", time.Minute, func() bool { return f.got.result() != nil })
 	if res := f.got.result(); res.Err != nil || !slices.Equal(res.Tokens, answer) {
 		t.Fatalf("the client got %+v, want %v", res, answer)
 	}
@@ -216,16 +216,16 @@ func TestStoppedRelayAnswersNodeLost(t *testing.T) {
 	f := startFakeRoute(t, d0)
 	f.sys.Root.RequestWithCustomSender(f.router, &messages.GenerateRequest{RequestID: 9, Tenant: "acme",
 		Prompt: "a relay that stops", MaxTokens: 4}, f.client)
-	testwait.For(t, "decode-0 holds the request", 10*time.Second, func() bool { return d0.held() > 0 })
+	testwait.For(t, "decode-0 holds the request", time.Minute, func() bool { return d0.held() > 0 })
 	d0.mu.Lock()
 	relay := d0.requests[0]
 	d0.mu.Unlock()
 	f.sys.Root.Stop(relay)
-	testwait.For(t, "the client gets an answer", 10*time.Second, func() bool { return f.got.result() != nil })
+	testwait.For(t, "the client gets an answer", time.Minute, func() bool { return f.got.result() != nil })
 	if res := f.got.result(); res.Err == nil || res.Err.Code != messages.CodeNodeLost || res.RequestID != 9 {
 		t.Fatalf("the client got %+v, want node_lost for request 9", res)
 	}
-	testwait.For(t, "decode-0 is told to cancel", 10*time.Second, func() bool { return d0.cancelled() == 1 })
+	testwait.For(t, "decode-0 is told to cancel", time.Minute, func() bool { return d0.cancelled() == 1 })
 	if lost := f.counters.lost.Load(); lost != 1 {
 		t.Errorf("counted %d lost, want 1", lost)
 	}

@@ -42,7 +42,7 @@ func startCluster5(t *testing.T, tune map[string]func(*NodeConfig)) cluster5 {
 	c.d1 = start("d1", actors.RoleDecode, c.p0.GossipAddr())
 	c.router = start("router", actors.RoleRouter, c.p0.GossipAddr())
 	for _, n := range c.all() {
-		waitFor(t, "membership converges", 20*time.Second, func() bool { return aliveCount(n) == 5 && routable(n) })
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 5 && routable(n) })
 	}
 	return c
 }
@@ -124,7 +124,7 @@ func TestRouterBurstSpreads(t *testing.T) {
 	if lo, hi := min(served[0], served[1]), max(served[0], served[1]); 4*(hi-lo) > hi {
 		t.Errorf("decode nodes served %d and %d requests: more than 25 %% apart", served[0], served[1])
 	}
-	waitFor(t, "every pool free", 10*time.Second, func() bool { return allFree(c.p0, c.p1, c.d0, c.d1) })
+	waitFor(t, "every pool free", time.Minute, func() bool { return allFree(c.p0, c.p1, c.d0, c.d1) })
 }
 
 // hog reserves every page of n's first pool, as requests the router does

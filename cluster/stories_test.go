@@ -28,7 +28,7 @@ func storiesTrio(t testing.TB) (*engine.Model, *Node, *client.Client) {
 	d := startNodeServing(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, m, p.GossipAddr())
 	r := startNodeServing(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, m, p.GossipAddr())
 	for _, n := range []*Node{p, d, r} {
-		waitFor(t, "membership converges", 10*time.Second, func() bool { return aliveCount(n) == 3 && routable(n) })
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
 	}
 	return m, r, tenantClient(t, r.Address(), "acme")
 }

@@ -77,7 +77,7 @@ func startAPIServing(t testing.TB, m *engine.Model) *apiNode {
 // waitReady waits for n to be ready.
 func waitReady(t testing.TB, n *cluster.Node) {
 	t.Helper()
-	testwait.For(t, "the node ready", 10*time.Second, func() bool { return n.Ready() == nil })
+	testwait.For(t, "the node ready", time.Minute, func() bool { return n.Ready() == nil })
 }
 
 // serveAPI is a test HTTP server of n's handlers with the API, its
@@ -207,7 +207,7 @@ func TestSDKCompletions(t *testing.T) {
 	if err := stream.Err(); err != nil || text.String() != cut {
 		t.Fatalf("streamed with stop %q: %q (%v), want %q", stop, text.String(), err, cut)
 	}
-	testwait.For(t, "the stopped requests ended", 10*time.Second, func() bool { return a.node.Status().Node.InFlight == 0 })
+	testwait.For(t, "the stopped requests ended", time.Minute, func() bool { return a.node.Status().Node.InFlight == 0 })
 }
 
 // TestSDKChat: a chat completion is the reference answer to ChatPrompt's
@@ -330,7 +330,7 @@ func TestAPITenantLimit(t *testing.T) {
 	}
 	cancel()
 	body.Close()
-	testwait.For(t, "the limited tenant served again", 10*time.Second, func() bool {
+	testwait.For(t, "the limited tenant served again", time.Minute, func() bool {
 		status, _, _ := post(t, url, keyLimited, ok)
 		return status == 200
 	})
@@ -378,7 +378,7 @@ func TestAPIDisconnect(t *testing.T) {
 	}
 	cancel()
 	body.Close()
-	testwait.Report(t, "the request cancelled and its pages freed", 10*time.Second, func() (bool, string) {
+	testwait.Report(t, "the request cancelled and its pages freed", time.Minute, func() (bool, string) {
 		s := a.node.Status().Node
 		free, all := capacity()
 		return s.InFlight == 0 && free == all, strconv.Itoa(int(free)) + " of " + strconv.Itoa(int(all)) + " pages free"

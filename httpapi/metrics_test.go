@@ -212,7 +212,7 @@ func startPair(t *testing.T, edit func(*cluster.NodeConfig)) (p, d *cluster.Node
 	t.Helper()
 	p, ps = startAs(t, actors.RolePrefill, edit)
 	d, ds = startAs(t, actors.RoleDecode, edit, p.GossipAddr())
-	testwait.For(t, "the decode node sees the prefill node", 10*time.Second, func() bool { return d.Ready() == nil })
+	testwait.For(t, "the decode node sees the prefill node", time.Minute, func() bool { return d.Ready() == nil })
 	return p, d, ps, ds
 }
 
@@ -232,7 +232,7 @@ func startTrio(t testing.TB, edit func(*cluster.NodeConfig)) trio {
 	n.p, n.ps = startAs(t, actors.RolePrefill, edit)
 	n.d, n.ds = startAs(t, actors.RoleDecode, edit, n.p.GossipAddr())
 	n.r, n.rs = startAs(t, actors.RoleRouter, edit, n.p.GossipAddr())
-	testwait.For(t, "the router sees both nodes", 10*time.Second, func() bool { return n.r.Ready() == nil && n.d.Ready() == nil })
+	testwait.For(t, "the router sees both nodes", time.Minute, func() bool { return n.r.Ready() == nil && n.d.Ready() == nil })
 	return n
 }
 
@@ -533,7 +533,7 @@ func TestKVTransferStalledAndFailed(t *testing.T) {
 		_, err := c.Generate(context.Background(), "acme", "into the black hole", client.GenerateOptions{MaxTokens: 2}, nil)
 		failed <- err
 	}()
-	testwait.For(t, "the transfer under way", 10*time.Second, func() bool {
+	testwait.For(t, "the transfer under way", time.Minute, func() bool {
 		return metric(t, scrape(t, ps), `kvwarden_requests_waiting{queue="prefill_transfer"}`) == 1
 	})
 	wantSeries(t, "the decode node, its request waiting for its KV", scrape(t, ds), map[string]float64{
@@ -548,7 +548,7 @@ func TestKVTransferStalledAndFailed(t *testing.T) {
 		t.Fatalf("the request into the black hole: %v, want a refusal", err)
 	}
 	code := we.Code.String()
-	testwait.For(t, "the prefill node done with the transfer", 10*time.Second, func() bool {
+	testwait.For(t, "the prefill node done with the transfer", time.Minute, func() bool {
 		return metric(t, scrape(t, ps), `kvwarden_requests_waiting{queue="prefill_transfer"}`) == 0
 	})
 	wantSeries(t, "the prefill node", scrape(t, ps), map[string]float64{

@@ -100,7 +100,7 @@ func TestProbesAndMetrics(t *testing.T) {
 	if code, body := get(t, srv.URL+"/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
-	testwait.For(t, "the node ready", 10*time.Second, func() bool { code, _ := get(t, srv.URL+"/readyz"); return code == 200 })
+	testwait.For(t, "the node ready", time.Minute, func() bool { code, _ := get(t, srv.URL+"/readyz"); return code == 200 })
 
 	_, before := get(t, srv.URL+"/metrics")
 	for _, s := range []string{`kvwarden_requests_admitted_total`, `kvwarden_requests_finished_total{outcome="completed"}`,
@@ -151,7 +151,7 @@ func TestProbesAndMetrics(t *testing.T) {
 	}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a request cancelled after 2 tokens: %v", err)
 	}
-	testwait.For(t, "the cancelled request ended", 10*time.Second, func() bool { return n.Status().Node.InFlight == 0 })
+	testwait.For(t, "the cancelled request ended", time.Minute, func() bool { return n.Status().Node.InFlight == 0 })
 	_, after := get(t, srv.URL+"/metrics")
 	for s, want := range map[string]float64{`kvwarden_requests_admitted_total`: 4,
 		`kvwarden_requests_finished_total{outcome="completed"}`: 3, `kvwarden_requests_finished_total{outcome="failed"}`: 1,

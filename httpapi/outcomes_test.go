@@ -134,7 +134,7 @@ func TestStopCountedAsCompleted(t *testing.T) {
 			}
 
 			for _, node := range nodes {
-				testwait.Report(t, "the stopped requests ended and every page is free", 10*time.Second, func() (bool, string) {
+				testwait.Report(t, "the stopped requests ended and every page is free", time.Minute, func() (bool, string) {
 					s := node.Status().Node
 					free := true
 					for _, p := range s.Pools {
@@ -185,7 +185,7 @@ func TestNoNodeInSightIs503(t *testing.T) {
 	waitReady(t, r)
 	router := serveAPI(t, r)
 	d.Stop()
-	testwait.For(t, "the router sees no decode node", 20*time.Second, func() bool {
+	testwait.For(t, "the router sees no decode node", time.Minute, func() bool {
 		code, body := get(t, rs.URL+"/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "no decode node")
 	})

@@ -192,7 +192,7 @@ func TestBinaryUpHTTP(t *testing.T) {
 	if err := syscall.Kill(up.nodes["router-0"].pid, syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	testwait.For(t, "the router accepts the new key", 10*time.Second, func() bool { return modelsWith(key) == 200 })
+	testwait.For(t, "the router accepts the new key", time.Minute, func() bool { return modelsWith(key) == 200 })
 
 	// The decode node frozen (SIGSTOP) after the stream's first token,
 	// until membership declares it dead and --lost-after passes: the
