@@ -117,9 +117,10 @@ func TestAdmissionRefusals(t *testing.T) {
 	if _, err := a.Admit(small); err != nil {
 		t.Fatalf("a routed request: %v", err)
 	}
-	if _, err := a.Admit(Ask{Key: key(5), PromptTokens: 9, MaxTokens: 2, NoPrefill: true}); !errors.As(err, &busy) ||
-		*busy != (BusyError{Where: "prefill nodes"}) {
-		t.Fatalf("no prefill peer: %v", err)
+	var none *UnavailableError
+	if _, err := a.Admit(Ask{Key: key(5), PromptTokens: 9, MaxTokens: 2, NoPrefill: true}); !errors.As(err, &none) ||
+		fmt.Sprint(none.Roles) != "[prefill]" {
+		t.Fatalf("no prefill peer: %v, want unavailable for want of prefill nodes", err)
 	}
 
 	a.Drain()
