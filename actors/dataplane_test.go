@@ -100,6 +100,46 @@ func TestBusyDataPlaneIsDialedAgain(t *testing.T) {
 	}
 }
 
+// cutDial is a dial error of a receiver that took the connection and cut
+// it, as cluster.DataPlaneDialError says of itself.
+type cutDial struct{}
+
+func (cutDial) Error() string { return "test: connection cut in the handshake" }
+func (cutDial) Cut() bool     { return true }
+
+// TestCutDataPlaneIsDialedAFewTimes: a receiver that cuts the connection
+// in its handshake is dialed again, dialCutsMax times, and the transfer
+// fails then rather than at its deadline: one that cuts every connection
+// (it speaks no data plane, or not with TLS) never takes one. One that cuts
+// only the first connections takes the transfer.
+func TestCutDataPlaneIsDialedAFewTimes(t *testing.T) {
+	cfg := testConfig()
+	cfg.PrefillTimeout = 3 * time.Minute // a failure comes from the count of cuts, long before
+	lim := cfg.BatchLimits()
+	healthy := serveFrames(t, lim, func([]kv.Frame) error { return nil })
+	const cutting = "127.0.0.1:1"
+	var dials atomic.Int32
+	p := startPlanner(t, cfg, func(addr string, inc uint64) (FrameSender, error) {
+		if n := dials.Add(1); addr == cutting || n <= 2 {
+			return nil, cutDial{}
+		}
+		return dialFrames(addr, lim)
+	})
+	p.send(1, healthy)
+	if m := testwait.Recv(t, "the transfer to a receiver that cut twice", time.Minute, p.done); m.RequestID != 1 || m.Err != nil {
+		t.Fatalf("transfer after 2 cuts: %+v, want it done", m)
+	}
+	p.ack(1)
+	dials.Store(10)
+	p.send(2, cutting)
+	if m := testwait.Recv(t, "the transfer to a receiver that cuts every connection", time.Minute, p.done); m.RequestID != 2 || m.Err == nil {
+		t.Fatalf("transfer to a receiver that cuts every connection: %+v, want its failure", m)
+	}
+	if got := dials.Load() - 10; got != dialCutsMax+1 {
+		t.Fatalf("%d dials of a receiver that cuts every connection, want %d", got, dialCutsMax+1)
+	}
+}
+
 // planner is a node whose prefill workers dial with a test's dialer, and
 // a stand-in decoder that plans three-token transfers on it, one page
 // each, and hands their TransferDones to done.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -443,27 +444,47 @@ func (w *workerActor) sendRemote(c actor.Context, key handoff.JobKey, plan *mess
 	}()
 }
 
-// Pauses between dials of a data plane that answered busy.
+// Pauses between dials of a data plane that answered busy or cut the
+// connection, and how many cuts in a row a transfer takes.
 const (
 	dialBusyPauseMin = 5 * time.Millisecond
 	dialBusyPauseMax = 500 * time.Millisecond
+	dialCutsMax      = 4
 )
 
-// dialWithin dials, waiting no longer than ctx. A receiver that is busy
-// has its connection slots taken, often by connections of this very node
-// that are closing (a sender closes its spare connection, and the receiver
-// frees the slot only once it reads the close), or sheds connections it
-// cannot take in time (an overloaded process cuts a handshake past its
-// HelloTimeout): it is dialed again after a pause that doubles from
-// dialBusyPauseMin to dialBusyPauseMax, until ctx ends, and the transfer
-// fails busy only then.
+// cutError is a dial error that says whether the receiver took the
+// connection and then cut it before the hellos were done
+// (cluster.DataPlaneDialError).
+type cutError interface{ Cut() bool }
+
+// dialWithin dials, waiting no longer than ctx. A receiver that answers
+// busy has its connection slots taken, often by connections of this very
+// node that are closing (a sender closes its spare connection, and the
+// receiver frees the slot only once it reads the close): it is dialed
+// again until ctx ends, and the transfer fails busy only then. One that
+// cuts the connection may be shedding handshakes it cannot finish in time
+// (an overloaded process past its HelloTimeout): it is dialed again up to
+// dialCutsMax times, and then taken for lost, since a receiver that cuts
+// every connection (no data plane there, or none that speaks TLS) never
+// will take one. The pause between dials doubles from dialBusyPauseMin to
+// dialBusyPauseMax, with up to half of it again drawn at random so that
+// the senders of a busy receiver do not come back in step.
 func dialWithin(ctx context.Context, dial Dialer, addr string, inc uint64) (FrameSender, error) {
+	cuts := 0
 	for pause := dialBusyPauseMin; ; pause = min(2*pause, dialBusyPauseMax) {
 		s, err := dialOnce(ctx, dial, addr, inc)
-		if err == nil || handoff.Wire(err).Code != messages.CodeBusy {
-			return s, err
+		var cut cutError
+		switch {
+		case err == nil:
+			return s, nil
+		case errors.As(err, &cut) && cut.Cut():
+			if cuts++; cuts > dialCutsMax {
+				return nil, err
+			}
+		case handoff.Wire(err).Code != messages.CodeBusy:
+			return nil, err
 		}
-		t := time.NewTimer(pause)
+		t := time.NewTimer(pause + rand.N(pause/2+1))
 		select {
 		case <-t.C:
 		case <-ctx.Done():

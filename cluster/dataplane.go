@@ -509,21 +509,19 @@ func (e *DataPlaneDialError) Error() string {
 
 func (e *DataPlaneDialError) Unwrap() error { return e.Err }
 
-// Wire is what a client is told of e.
-//
-// A receiver that took the connection and then cut it (closed or reset it)
-// in the TLS handshake or the hellos is alive but shedding connections: an
-// overloaded process whose HelloTimeout ran out before it got to this one,
-// or one at HandshakesMax. That is busy, which a prefill worker dials
-// again within the transfer's deadline. One that refused the connection or
-// never answered is lost.
+// Wire is what a client is told of e: the receiver is lost to the
+// transfer that needed it.
 func (e *DataPlaneDialError) Wire() *messages.WireError {
-	w := &messages.WireError{Code: messages.CodeNodeLost, Message: e.Error(), Where: "data plane"}
-	if e.Stage != "dial" && dpCut(e.Err) {
-		w.Code = messages.CodeBusy
-	}
-	return w
+	return &messages.WireError{Code: messages.CodeNodeLost, Message: e.Error(), Where: "data plane"}
 }
+
+// Cut says whether the receiver took the connection and then cut it
+// (closed or reset it) in the TLS handshake or the hellos. An overloaded
+// receiver does that to a handshake past its HelloTimeout, and one at
+// HandshakesMax to a new connection, so a sender may dial again a few
+// times; a receiver that refused the connection or never answered, or
+// that cuts every one (it speaks no data plane, or not with TLS), is lost.
+func (e *DataPlaneDialError) Cut() bool { return e.Stage != "dial" && dpCut(e.Err) }
 
 // dpCut says whether err is the peer closing or resetting the connection.
 func dpCut(err error) bool {

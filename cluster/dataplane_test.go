@@ -693,12 +693,12 @@ func TestDataPlaneBusyAndIdle(t *testing.T) {
 	}
 }
 
-// TestDataPlaneHelloCutIsBusy: a receiver that takes the connection and
-// closes or resets it before it answers the hello (an overloaded process
-// whose HelloTimeout ran out, or one at HandshakesMax) is busy to the
-// transfer that dialed it, which dials again; one that refuses the
-// connection is lost. Neither is internal.
-func TestDataPlaneHelloCutIsBusy(t *testing.T) {
+// TestDataPlaneHelloCut: a receiver that takes the connection and closes
+// or resets it before it answers the hello (an overloaded process whose
+// HelloTimeout ran out, or one at HandshakesMax) cut it, which a prefill
+// worker dials again a few times; one that refuses the connection did not.
+// Either is lost to the transfer when it gives up, never internal.
+func TestDataPlaneHelloCut(t *testing.T) {
 	for _, reset := range []bool{false, true} {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -722,8 +722,8 @@ func TestDataPlaneHelloCutIsBusy(t *testing.T) {
 		if !errors.As(err, &derr) || derr.Stage != "hello reply" {
 			t.Fatalf("reset %t: dial = %v, want the hello reply cut", reset, err)
 		}
-		if w := derr.Wire(); w.Code != messages.CodeBusy {
-			t.Fatalf("reset %t: a hello cut reaches the client as %+v, want busy", reset, w)
+		if w := derr.Wire(); !derr.Cut() || w.Code != messages.CodeNodeLost {
+			t.Fatalf("reset %t: a hello cut is cut %t and reaches the client as %+v, want cut and node_lost", reset, derr.Cut(), w)
 		}
 	}
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
@@ -733,7 +733,7 @@ func TestDataPlaneHelloCutIsBusy(t *testing.T) {
 	closed.Close() // nothing listens there now
 	_, err = DialDataPlane(dpTestConfig(t, dpSenderInc), closed.Addr().String(), dpReceiverInc, trust.Identity{})
 	var derr *DataPlaneDialError
-	if !errors.As(err, &derr) || derr.Stage != "dial" || derr.Wire().Code != messages.CodeNodeLost {
+	if !errors.As(err, &derr) || derr.Stage != "dial" || derr.Cut() || derr.Wire().Code != messages.CodeNodeLost {
 		t.Fatalf("dial where nothing listens = %v, want the receiver lost", err)
 	}
 }
