@@ -255,6 +255,14 @@ func (s *supervisor) onStarted(r startResult) error {
 		return s.failed(ch, r.why)
 	}
 	s.serving[ch] = true
+	select {
+	case <-ch.exited:
+		// It exited right after its readiness line, and run may have
+		// taken that exit before this start, when it was not serving yet:
+		// the exit is handled here, once (exited ignores it after).
+		return s.exited(ch)
+	default:
+	}
 	n := len(s.restarts[ch.name])
 	s.c.log.Info("restarted", "node", ch.name, "pid", ch.cmd.Process.Pid, "address", ch.addr, "gossip", ch.gossip,
 		"http", ch.http, "incarnation", fmt.Sprintf("%016x", ch.incarnation), "restart", n)

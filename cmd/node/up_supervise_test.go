@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -241,5 +244,36 @@ func TestUpRestartFlagsRefused(t *testing.T) {
 		if code != exitUsage || !strings.Contains(out, tc.want) || strings.Contains(out, "starting a local cluster") {
 			t.Errorf("up %s: exit %d, want %d with %q before any node starts:\n%s", strings.Join(tc.args, " "), code, exitUsage, tc.want, out)
 		}
+	}
+}
+
+// TestSupervisorExitRightAfterServing: a restarted process that exits
+// right after its readiness line, whose exit run took before its start
+// (when it was not serving yet), is not left counted as serving, never to
+// be restarted: its exit is handled at its start, once.
+func TestSupervisorExitRightAfterServing(t *testing.T) {
+	router := &child{name: "router-0", role: "router", exited: make(chan struct{})}
+	ch := &child{name: "prefill-0", role: "prefill", exited: make(chan struct{}), err: errors.New("exit status 70"),
+		logPath: "prefill-0.log"}
+	close(ch.exited)
+	c := &localCluster{log: slog.New(slog.NewTextHandler(io.Discard, nil)), nodes: []*child{router, ch},
+		o: upOptions{restartPolicy: restartPolicy{RestartsMax: 0, RestartWindow: time.Minute}}}
+	var out bytes.Buffer
+	s := newSupervisor(c, &out)
+	delete(s.serving, ch) // a process being restarted serves only from its start
+	if err := s.exited(ch); err != nil {
+		t.Fatalf("the exit taken before the start: %v", err)
+	}
+	line := "serving on 127.0.0.1:1 (incarnation 0123456789abcdef, role prefill, gossip 127.0.0.1:2, http 127.0.0.1:3)"
+	if err := s.onStarted(startResult{ch: ch, line: line}); err != nil {
+		t.Fatalf("the start of a process that exited: %v", err)
+	}
+	if s.serving[ch] || !s.gaveUp[ch.name] || !strings.Contains(out.String(), "gave up on prefill-0") ||
+		strings.Contains(out.String(), "restarted") {
+		t.Fatalf("serving %t, given up %t; printed:\n%s\nwant it handled as failed (and given up, with no restarts allowed)",
+			s.serving[ch], s.gaveUp[ch.name], out.String())
+	}
+	if err := s.exited(ch); err != nil || len(s.restarts[ch.name]) != 0 {
+		t.Fatalf("the same exit again: %v, restarts %v; want it ignored", err, s.restarts[ch.name])
 	}
 }
