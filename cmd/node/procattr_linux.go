@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -35,6 +36,27 @@ func hostMemoryBytes() int64 {
 func selfExecutable() (path, name string, err error) {
 	name, err = os.Executable()
 	return "/proc/self/exe", name, err
+}
+
+// processStart is when process pid started, in clock ticks after boot
+// (/proc/PID/stat's 22nd field), or 0 when that cannot be read.
+func processStart(pid int) uint64 {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name's closing parenthesis are the
+	// third on: the start is the 20th of them.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0
+	}
+	fields := strings.Fields(string(stat[i+1:]))
+	if len(fields) < 20 {
+		return 0
+	}
+	start, _ := strconv.ParseUint(fields[19], 10, 64)
+	return start
 }
 
 // processIsUp says whether pid is a live "node up" process: not ended,

@@ -26,6 +26,9 @@ func selfExecutable() (path, name string, err error) {
 	return path, path, err
 }
 
+// processStart is when process pid started: unknown (0) without /proc.
+func processStart(int) uint64 { return 0 }
+
 // processIsUp says whether pid is a live process: without /proc, whether
 // it is "node up" is not known.
 func processIsUp(pid int) bool { return syscall.Kill(pid, 0) == nil }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,8 +22,8 @@ const (
 	// upTableBytesMax bounds what a detached up hands its starter: the
 	// table of at most upNodesMax + upRoutersMax nodes and a few lines.
 	upTableBytesMax = 64 << 10
-	// pidFileBytesMax bounds the read of a pid file: one number.
-	pidFileBytesMax = 32
+	// pidFileBytesMax bounds the read of a pid file: two numbers.
+	pidFileBytesMax = 48
 	// downPollInterval is how often down looks whether up has exited.
 	downPollInterval = 50 * time.Millisecond
 )
@@ -37,73 +36,102 @@ func upPIDFile(listen string) string { return localCertsDir(listen) + ".pid" }
 // errNoUp is the answer when no node up runs at an address.
 var errNoUp = errors.New("no node up runs there")
 
+// upRun names one run of node up: its pid and, where the system says, the
+// time its process started, so that a pid the kernel has since given to
+// another process (another up, of another cluster) is not taken for it.
+type upRun struct {
+	pid   int
+	start uint64 // clock ticks after boot; 0 when unknown
+}
+
+// running says whether the run is a live node up process.
+func (r upRun) running() bool {
+	return processIsUp(r.pid) && (r.start == 0 || processStart(r.pid) == r.start)
+}
+
 // claimPID records this process as the up of the cluster at listen; one
 // that runs there already is an error that names its pid, before
-// anything of it (its credentials, its ports) is touched. release removes
-// the record if it is still this process's.
+// anything of it (its credentials, its ports) is touched. The file is made
+// by a hard link, which fails if another up made it first, so two ups
+// started at once cannot both claim the address. release removes the
+// record if it is still this process's.
 func claimPID(listen string) (release func(), err error) {
 	path := upPIDFile(listen)
-	if pid, err := runningUp(path); err == nil {
-		return nil, fmt.Errorf("up: node up (pid %d) runs the cluster at %s already; node down --listen %s stops it", pid, listen, listen)
-	} else if !errors.Is(err, errNoUp) {
-		return nil, fmt.Errorf("up: %w", err)
-	}
+	self := upRun{pid: os.Getpid(), start: processStart(os.Getpid())}
 	f, err := os.CreateTemp(filepath.Dir(path), ".kvwarden-up-pid-")
 	if err != nil {
 		return nil, fmt.Errorf("up: %w", err)
 	}
-	_, err = fmt.Fprintln(f, os.Getpid())
-	if err = errors.Join(err, f.Close()); err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
+	defer os.Remove(f.Name())
+	_, err = fmt.Fprintln(f, self.pid, self.start)
+	if err = errors.Join(err, f.Close()); err != nil {
 		return nil, fmt.Errorf("up: writing its pid: %w", err)
 	}
+	for try := 0; ; try++ {
+		err := os.Link(f.Name(), path)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrExist) || try > 0 {
+			return nil, fmt.Errorf("up: writing its pid: %w", err)
+		}
+		run, rerr := runningUp(path)
+		switch {
+		case rerr == nil:
+			return nil, fmt.Errorf("up: node up (pid %d) runs the cluster at %s already; node down --listen %s stops it", run.pid,
+				listen, listen)
+		case !errors.Is(rerr, errNoUp):
+			return nil, fmt.Errorf("up: %w", rerr)
+		}
+		// A run that has ended left its record: take its place.
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("up: %w", err)
+		}
+	}
 	return func() {
-		if pid, err := readPID(path); err == nil && pid == os.Getpid() {
+		if run, err := readPID(path); err == nil && run == self {
 			os.Remove(path)
 		}
 	}, nil
 }
 
-// runningUp is the pid of the node up that the pid file at path names,
-// while it runs; errNoUp when there is none (no file, or its process has
+// runningUp is the run of node up that the pid file at path names, while
+// it runs; errNoUp when there is none (no file, or its process has
 // ended). A file node up did not write is an error.
-func runningUp(path string) (int, error) {
-	pid, err := readPID(path)
+func runningUp(path string) (upRun, error) {
+	run, err := readPID(path)
 	if err != nil {
-		return 0, err
+		return upRun{}, err
 	}
-	if !processIsUp(pid) {
-		return 0, errNoUp
+	if !run.running() {
+		return upRun{}, errNoUp
 	}
-	return pid, nil
+	return run, nil
 }
 
 // readPID reads the pid file at path: a regular file of this user's, not
-// open to others, holding one pid.
-func readPID(path string) (int, error) {
+// open to others, holding a pid and its process's start.
+func readPID(path string) (upRun, error) {
 	st, err := os.Lstat(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return 0, errNoUp
+		return upRun{}, errNoUp
 	}
 	if err != nil {
-		return 0, err
+		return upRun{}, err
 	}
 	if sys, ok := st.Sys().(*syscall.Stat_t); !st.Mode().IsRegular() || st.Mode().Perm() != 0o600 || !ok ||
 		int(sys.Uid) != os.Getuid() {
-		return 0, fmt.Errorf("%s is not a pid file node up of this user wrote (mode %s); remove it", path, st.Mode())
+		return upRun{}, fmt.Errorf("%s is not a pid file node up of this user wrote (mode %s); remove it", path, st.Mode())
 	}
 	data, err := boundedread.File(path, pidFileBytesMax)
 	if err != nil {
-		return 0, err
+		return upRun{}, err
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 {
-		return 0, fmt.Errorf("%s holds %q, not a pid", path, data)
+	var run upRun
+	if n, err := fmt.Sscan(string(data), &run.pid, &run.start); n != 2 || err != nil || run.pid <= 0 {
+		return upRun{}, fmt.Errorf("%s holds %q, not a pid and its start", path, data)
 	}
-	return pid, nil
+	return run, nil
 }
 
 // detach starts this up again in the background, in a session of its own
@@ -225,20 +253,21 @@ within --timeout, 2 usage error.`,
 // down stops the up at listen and waits for it to exit, at most timeout.
 func down(stdout io.Writer, listen string, timeout time.Duration) error {
 	path := upPIDFile(listen)
-	pid, err := runningUp(path)
+	run, err := runningUp(path)
 	if errors.Is(err, errNoUp) {
 		return fmt.Errorf("down: no node up runs a cluster at %s (none has its pid in %s)", listen, path)
 	}
 	if err != nil {
 		return fmt.Errorf("down: %w", err)
 	}
+	pid := run.pid
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		return fmt.Errorf("down: SIGTERM to node up, pid %d: %w", pid, err)
 	}
 	tick := time.NewTicker(downPollInterval)
 	defer tick.Stop()
 	deadline := time.Now().Add(timeout)
-	for processIsUp(pid) {
+	for run.running() {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("down: node up, pid %d, still runs %s after SIGTERM; its nodes' logs are in its --log-dir", pid, timeout)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"regexp"
 	"strconv"
@@ -55,6 +56,24 @@ func TestBinaryUpDetachDown(t *testing.T) {
 	generateAll(t, listen, reqs[:1])
 	checkReference(t, reqs[:1])
 
+	// A record whose process started at another time names a process that
+	// took up's pid after it ended: down must not stop it.
+	record, err := os.ReadFile(upPIDFile(listen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(upPIDFile(listen), fmt.Appendf(nil, "%d %d\n", pid, processStart(pid)+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr = runBinary(t, "", "down", "--listen", listen)
+	if code != exitFailed || !strings.Contains(stderr, "no node up runs a cluster at "+listen) || !processIsUp(pid) {
+		t.Fatalf("down with a record of another process's start: exit %d, up running %t; want %d and up left running:\n%s",
+			code, processIsUp(pid), exitFailed, stderr)
+	}
+	if err := os.WriteFile(upPIDFile(listen), record, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	code, stdout, stderr = runBinary(t, "", "down", "--listen", listen)
 	if want := "stopped node up (pid " + m[2] + ")"; code != exitOK || !strings.Contains(stdout, want) {
 		t.Fatalf("down: exit %d, want 0 with %q\nstdout:\n%s\nstderr:\n%s", code, want, stdout, stderr)
@@ -98,5 +117,45 @@ func TestUpDetachRefusals(t *testing.T) {
 		if code != exitUsage || !strings.Contains(out, tc.want) || strings.Contains(out, "starting a local cluster") {
 			t.Errorf("%s: exit %d, want %d with %q:\n%s", strings.Join(tc.args, " "), code, exitUsage, tc.want, out)
 		}
+	}
+}
+
+// TestClaimPIDTakesAStaleRecord: a record of a run that has ended (its
+// pid gone, or taken by a process that started at another time) is
+// replaced by the new run's; release removes only its own record.
+func TestClaimPIDTakesAStaleRecord(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	listen := "127.0.0.1:7071"
+	path := upPIDFile(listen)
+	self := upRun{pid: os.Getpid(), start: processStart(os.Getpid())}
+	for _, stale := range []string{fmt.Sprintf("%d %d\n", self.pid, self.start+1), "2147483646 1\n"} {
+		if err := os.WriteFile(path, []byte(stale), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		release, err := claimPID(listen)
+		if err != nil {
+			t.Fatalf("a stale record %q: %v", stale, err)
+		}
+		if run, err := readPID(path); err != nil || run != self {
+			t.Fatalf("after the claim the record is %+v (%v), want this run %+v", run, err, self)
+		}
+		release()
+		if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("release left the record (%v)", err)
+		}
+	}
+	if _, err := claimPID(listen); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("2147483646 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	release, _ := claimPID(listen) // takes the stale one
+	if err := os.WriteFile(path, []byte("2147483645 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	release() // the record is another run's now
+	if run, err := readPID(path); err != nil || run.pid != 2147483645 {
+		t.Fatalf("release removed another run's record: %+v, %v", run, err)
 	}
 }
