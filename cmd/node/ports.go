@@ -21,13 +21,21 @@ const (
 )
 
 // fixedPorts holds the ports drawn until the nodes are about to listen
-// on them, so that no two draws, and no proxy, get the same.
-type fixedPorts struct{ held []net.Listener }
+// on them, so that no two draws, and no proxy, get the same; avoid are
+// ports given on the command line, which no draw may take from the node
+// that is to listen on them later.
+type fixedPorts struct {
+	held  []net.Listener
+	avoid map[int]bool
+}
 
 // take draws a free TCP port of host and holds it.
 func (p *fixedPorts) take(host string) (string, error) {
 	for range fixedPortTries {
 		port := fixedPortMin + rand.IntN(fixedPortMax-fixedPortMin+1)
+		if p.avoid[port] {
+			continue
+		}
 		if ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port))); err == nil {
 			p.held = append(p.held, ln)
 			return net.JoinHostPort(host, strconv.Itoa(port)), nil

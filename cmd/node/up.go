@@ -503,7 +503,7 @@ func (c *localCluster) upArgs(name, role, join string) []string {
 // it free) and the address of each router beyond the first (a free port
 // of --listen's host), which its clients and credentials are tied to.
 func (c *localCluster) planPorts(names []string) error {
-	var ports fixedPorts
+	ports := fixedPorts{avoid: c.o.givenPorts()}
 	defer ports.release()
 	c.http, c.listen = map[string]string{}, map[string]string{}
 	listenHost, _, _ := net.SplitHostPort(c.o.Listen) // checked with the options
@@ -528,6 +528,26 @@ func (c *localCluster) planPorts(names []string) error {
 		}
 	}
 	return nil
+}
+
+// givenPorts are the ports of up's flags that nodes will listen on:
+// --listen's, --gossip-base-port and the routers' HTTP ports.
+func (o upOptions) givenPorts() map[int]bool {
+	given := map[int]bool{o.GossipBasePort: true}
+	addrs := []string{o.Listen}
+	for i := range o.routers() {
+		if addr, err := o.routerHTTP(i); err == nil {
+			addrs = append(addrs, addr)
+		}
+	}
+	for _, a := range addrs {
+		if _, port, err := net.SplitHostPort(a); err == nil {
+			n, _ := strconv.Atoi(port)
+			given[n] = true
+		}
+	}
+	delete(given, 0)
+	return given
 }
 
 // upNodeNames are the names of up's nodes: its routers, then nodeNames.

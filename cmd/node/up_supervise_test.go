@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -275,5 +276,33 @@ func TestSupervisorExitRightAfterServing(t *testing.T) {
 	}
 	if err := s.exited(ch); err != nil || len(s.restarts[ch.name]) != 0 {
 		t.Fatalf("the same exit again: %v, restarts %v; want it ignored", err, s.restarts[ch.name])
+	}
+}
+
+// TestPlannedPortsAvoidGivenOnes: the ports up draws for its nodes never
+// take one its flags give a node (--listen's, the gossip base port, the
+// routers' HTTP ports), even where that is in the range it draws from.
+func TestPlannedPortsAvoidGivenOnes(t *testing.T) {
+	o := upOptions{Listen: "127.0.0.1:25000", GossipBasePort: 25001, HTTP: "127.0.0.1:25002", Routers: 2}
+	given := o.givenPorts()
+	if fmt.Sprint(given) != "map[25000:true 25001:true 25002:true 25003:true]" {
+		t.Fatalf("given ports %v, want --listen's, the gossip base port and both routers' HTTP ports", given)
+	}
+	// Every even port of the range is avoided: each draw would hit one half
+	// the time, and none may be returned.
+	ports := fixedPorts{avoid: map[int]bool{}}
+	defer ports.release()
+	for p := fixedPortMin; p <= fixedPortMax; p += 2 {
+		ports.avoid[p] = true
+	}
+	for range 200 {
+		addr, err := ports.take("127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, port, _ := net.SplitHostPort(addr)
+		if n, _ := strconv.Atoi(port); ports.avoid[n] {
+			t.Fatalf("drew %s, a port to avoid", addr)
+		}
 	}
 }
