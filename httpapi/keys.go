@@ -360,7 +360,8 @@ func AddKey(path string, e KeyEntry, limits *TenantLimits) error {
 }
 
 // freeName is the first of tenant, tenant-2, tenant-3, … that no key in
-// keys is named.
+// keys is named, the tenant's name cut where a suffix would make it longer
+// than KeyNameBytesMax.
 func freeName(keys []KeyEntry, tenant string) string {
 	taken := make(map[string]bool, len(keys))
 	for _, k := range keys {
@@ -368,7 +369,8 @@ func freeName(keys []KeyEntry, tenant string) string {
 	}
 	name := tenant
 	for i := 2; taken[name]; i++ {
-		name = fmt.Sprintf("%s-%d", tenant, i)
+		suffix := fmt.Sprintf("-%d", i)
+		name = tenant[:min(len(tenant), KeyNameBytesMax-len(suffix))] + suffix
 	}
 	return name
 }

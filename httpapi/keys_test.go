@@ -145,3 +145,22 @@ func TestAddKeyNames(t *testing.T) {
 		}
 	}
 }
+
+// TestAddKeyNamesOfALongTenant: the second key of a tenant whose name is
+// as long as a key's name may be is named within that bound.
+func TestAddKeyNamesOfALongTenant(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.json")
+	tenant := strings.Repeat("t", KeyNameBytesMax)
+	for i, key := range []string{"kvw-1", "kvw-2"} {
+		if err := AddKey(path, KeyEntry{Tenant: tenant, SHA256: HashKey(key)}, nil); err != nil {
+			t.Fatalf("key %d of a tenant of %d bytes: %v", i+1, len(tenant), err)
+		}
+	}
+	k, err := LoadKeys(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := k.Authenticate("Bearer kvw-2"); err != nil || got.Name != tenant[:KeyNameBytesMax-2]+"-2" {
+		t.Fatalf("the second key: %+v, %v", got, err)
+	}
+}
