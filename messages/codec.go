@@ -104,6 +104,12 @@ func Decode(frame []byte) (Message, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
+	if v, ok := m.(versioned); ok && v.wireVersion() != frame[2] {
+		// A field of a later version in an earlier one's frame (or the
+		// reverse) is no frame this build writes: an older peer reading it
+		// would take it for something else.
+		return nil, &InvalidFieldError{code, "version", fmt.Sprint(frame[2]), fmt.Sprintf("%d for what it carries", v.wireVersion())}
+	}
 	return m, nil
 }
 

@@ -666,6 +666,14 @@ func TestCancelRequestVersions(t *testing.T) {
 	if stop[2] != 2 {
 		t.Fatalf("a stop encodes as version %d, want 2", stop[2])
 	}
+	// A stop in a version 1 frame, or a withdrawal in a version 2 one, is
+	// no frame this build writes, and is refused.
+	for _, f := range [][]byte{append([]byte{0, 4, 1}, stop[3:]...), append([]byte{0, 4, 2}, withdraw[3:]...)} {
+		var ie *InvalidFieldError
+		if m, err := Decode(f); !errors.As(err, &ie) || ie.Field != "version" {
+			t.Fatalf("frame % x decodes as %+v, %v; want its version refused", f, m, err)
+		}
+	}
 	// The build before reasons: CancelRequest versions 1 to 1.
 	saved := types[TypeCancelRequest]
 	types[TypeCancelRequest].version = 1
