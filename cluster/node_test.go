@@ -21,6 +21,7 @@ import (
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/internal/modeltest"
+	"github.com/kvwarden/kvwarden/internal/testnet"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 
@@ -234,20 +235,29 @@ func TestRouterPrefillDecode(t *testing.T) {
 }
 
 // TestPrefillLostMidTransferIsRetried kills (no graceful leave) the prefill
-// node a long request was planned on while it computes: the request is
-// retried on the other prefill node before any token was streamed and
-// answers the reference; the survivors' pools end entirely free.
+// node a request was planned on while it holds the transfer: the request
+// is retried on the other prefill node before any token was streamed and
+// answers the reference; the survivors' pools end entirely free. The
+// decode node's data plane is reached through a gate, shut while the
+// doomed node dials it, so that the doomed node cannot finish first
+// however fast it computes.
 func TestPrefillLostMidTransferIsRetried(t *testing.T) {
+	gate := testnet.NewGate(t)
+	dataListen := trusttest.ClosedAddr(t)
+	gate.Open(dataListen)
 	big := DefaultLocalNodeConfig(actors.RolePrefill)
 	big.Auth = testAuth(t, actors.RolePrefill)
 	big.Actors.PrefillPages, big.Actors.ContextTokens, big.Actors.MaxTokensMax = 128, 512, 64
+	big.DataPlane.DialTimeout = time.Minute // its dial is held until it dies
 	doomed, err := StartNode(withModel(t, big), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { doomed.Stop() })
 	spare := startClusterNode(t, actors.RolePrefill, doomed.GossipAddr())
-	d := startClusterNode(t, actors.RoleDecode, doomed.GossipAddr())
+	d := startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, func(cfg *NodeConfig) {
+		cfg.DataListen, cfg.DataAdvertise = dataListen, gate.Addr()
+	}, doomed.GossipAddr())
 	for _, n := range []*Node{doomed, spare, d} {
 		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
 	}
@@ -262,6 +272,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	gate.Shut()
 	prompt := strings.Repeat("a long prompt keeps prefill busy. ", 12)[:400]
 	type answer struct {
 		tokens []int
@@ -272,11 +283,11 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 		res, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 8}, nil)
 		done <- answer{res.Tokens, err}
 	}()
-	waitFor(t, "the doomed node takes the plan", time.Minute, func() bool {
-		s, err := doomed.Actors().InFlight()
-		return err == nil && s > 0
+	waitFor(t, "the doomed node's transfer held at the gate", time.Minute, func() bool {
+		return doomed.Metrics().PrefillInFlight == 1 && gate.Held() >= 1
 	})
-	doomed.shutdown() // no leave: a crash, as the others see it
+	gate.Open(dataListen) // for the spare's dial, once the loss is seen
+	doomed.shutdown()     // no leave: a crash, as the others see it
 	got := testwait.Recv(t, "the answer", time.Minute, done)
 	if got.err != nil {
 		t.Fatalf("request after its prefill node died: %v", got.err)

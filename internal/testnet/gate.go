@@ -48,6 +48,20 @@ func (g *Gate) Open(target string) {
 	g.target = target
 }
 
+// Held is how many connections the gate holds, taken while it was shut,
+// with nothing forwarded: a test waits for a peer's dial to be held.
+func (g *Gate) Held() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, forwarded := range g.conns {
+		if !forwarded {
+			n++
+		}
+	}
+	return n
+}
+
 // Shut cuts every connection forwarded so far and holds the ones that
 // come from now on.
 func (g *Gate) Shut() {

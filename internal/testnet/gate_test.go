@@ -5,6 +5,9 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/internal/testwait"
 )
 
 func roundTrip(t *testing.T, c net.Conn, line string) {
@@ -29,10 +32,19 @@ func TestGateForwardsUntilShut(t *testing.T) {
 	}
 	defer c.Close()
 	roundTrip(t, c, "through")
+	if n := g.Held(); n != 0 {
+		t.Fatalf("an open gate holds %d connections", n)
+	}
 	g.Shut()
 	if n, err := c.Read(make([]byte, 1)); err == nil {
 		t.Fatalf("a forwarded connection read %d bytes after the gate shut", n)
 	}
+	held, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	testwait.For(t, "the gate holds the connection made while shut", time.Minute, func() bool { return g.Held() == 1 })
 	g.Open(target)
 	again, err := net.Dial("tcp", g.Addr())
 	if err != nil {
