@@ -306,21 +306,31 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 // while its request's KV is in transfer: the router answers the client
 // "node lost", never a partial or wrong answer, and the prefill node's pool
 // is entirely free again (pages sent and never acknowledged go at their
-// reclaim deadline).
+// reclaim deadline). The decode node's data plane is reached through a
+// gate, shut while the prefill node dials it, so that the request is in
+// transfer when the kill lands however fast the machine is.
 func TestDecodeLostFailsCleanly(t *testing.T) {
-	// The large model, so that prefill, transfer and 64 decode steps take
-	// a few hundred milliseconds: time for the kill to land mid-request.
-	large := modeltest.Builtin(t, engine.LargeModelConfig())
-	p, d, _, c := startTrioServing(t, large)
+	gate := testnet.NewGate(t)
+	dataListen := trusttest.ClosedAddr(t)
+	gate.Open(dataListen)
+	p := startClusterNode(t, actors.RolePrefill)
+	d := startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, func(cfg *NodeConfig) {
+		cfg.DataListen, cfg.DataAdvertise = dataListen, gate.Addr()
+	}, p.GossipAddr())
+	r := startClusterNode(t, actors.RoleRouter, p.GossipAddr())
+	for _, n := range []*Node{p, d, r} {
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
+	}
+	c := tenantClient(t, r.Address(), "acme")
+	gate.Shut()
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Generate(context.Background(), "acme", strings.Repeat("a long prompt in transfer. ", 16)[:400],
 			client.GenerateOptions{MaxTokens: 64}, nil)
 		done <- err
 	}()
-	waitFor(t, "the prefill node takes the plan", time.Minute, func() bool {
-		n, err := p.Actors().InFlight()
-		return err == nil && n > 0
+	waitFor(t, "the prefill node's transfer held at the gate", time.Minute, func() bool {
+		return p.Metrics().PrefillInFlight == 1 && gate.Held() >= 1
 	})
 	d.shutdown()
 	err := testwait.Recv(t, "the answer", time.Minute, done)
