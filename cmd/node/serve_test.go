@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 )
@@ -29,8 +30,11 @@ import (
 // pass on a loaded two-core machine, and each bound only decides how long a
 // broken binary takes to fail the test.
 const (
-	readyTimeout   = 60 * time.Second // node run: start to readiness line
-	commandTimeout = 2 * time.Minute  // one node generate
+	readyTimeout = 60 * time.Second // node run: start to readiness line
+	// One node generate: past the client's own silence bound, so that a
+	// request whose answer never comes fails with the client's error
+	// rather than with the test's.
+	commandTimeout = client.DefaultNoAnswerAfter + time.Minute
 	exitTimeout    = 60 * time.Second // a signalled process to its exit
 	reapTimeout    = 10 * time.Second // a killed process to its exit
 )
