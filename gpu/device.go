@@ -101,13 +101,6 @@ func (c DiscoveryConfig) source() DeviceSource {
 	return c.Source
 }
 
-func (c DiscoveryConfig) devicesMax() int {
-	if c.DevicesMax == 0 {
-		return DefaultDevicesMax
-	}
-	return c.DevicesMax
-}
-
 // Validate reports the first field out of range, with its value.
 func (c DiscoveryConfig) Validate() error {
 	if !validSource(c.source()) {

@@ -44,6 +44,13 @@ func DiscoverFrom(lib nvml.Interface, cfg DiscoveryConfig) (Discovery, error) {
 	return resolve(cfg, found, err)
 }
 
+func (c DiscoveryConfig) devicesMax() int {
+	if c.DevicesMax == 0 {
+		return DefaultDevicesMax
+	}
+	return c.DevicesMax
+}
+
 // DiscoverNVML lists the devices lib reports, at most devicesMax of them
 // (zero means DefaultDevicesMax). It calls Init first and, if Init fails,
 // returns an *NVMLInitError without calling anything else: the real library

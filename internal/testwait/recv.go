@@ -1,7 +1,6 @@
 package testwait
 
 import (
-	"fmt"
 	"testing"
 	"time"
 )
@@ -17,7 +16,7 @@ func Recv[T any](tb testing.TB, what string, within time.Duration, ch <-chan T) 
 	case v := <-ch:
 		return v
 	case <-timer.C:
-		tb.Fatal(fmt.Sprintf("%s: not within %s", what, within))
+		tb.Fatalf("%s: not within %s", what, within)
 	}
 	var zero T
 	return zero // for a TB whose Fatalf returns
