@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// recorder is a TB whose Fatal records the failure and returns.
+// recorder is a TB whose Fatal and Fatalf record the failure and return.
 type recorder struct {
 	testing.TB
 	failures []string
@@ -17,6 +17,9 @@ type recorder struct {
 
 func (r *recorder) Helper()           {}
 func (r *recorder) Fatal(args ...any) { r.failures = append(r.failures, args[0].(string)) }
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.failures = append(r.failures, fmt.Sprintf(format, args...))
+}
 
 // The waits run in a synctest bubble: its clock moves only when every
 // goroutine of the bubble waits, so the times below are exact.
