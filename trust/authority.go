@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvwarden/kvwarden/internal/ratelog"
 )
 
 // Config bounds what an Authority keeps and waits for.
@@ -23,11 +25,16 @@ type Config struct {
 	// ClaimProbesMax bounds the TLS handshakes that check peers' claimed
 	// addresses at once; a claim beyond it is refused.
 	ClaimProbesMax int
+	// RefusalLinesPerSecond bounds the log lines each kind of refusal
+	// writes, per second; every refusal is counted (Refused) whatever is
+	// logged, and the next line written says how many were not.
+	RefusalLinesPerSecond int
 }
 
 // DefaultConfig fits a cluster of a few hundred nodes and clients.
 func DefaultConfig() Config {
-	return Config{PeersMax: 4096, DialTimeout: 2 * time.Second, StreamsPerConnMax: 4, ClaimProbesMax: 16}
+	return Config{PeersMax: 4096, DialTimeout: 2 * time.Second, StreamsPerConnMax: 4, ClaimProbesMax: 16,
+		RefusalLinesPerSecond: 5}
 }
 
 // Validate reports the first field out of range, with its value.
@@ -41,6 +48,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("trust: StreamsPerConnMax (%d) must be at least 1", c.StreamsPerConnMax)
 	case c.ClaimProbesMax < 1:
 		return fmt.Errorf("trust: ClaimProbesMax (%d) must be at least 1", c.ClaimProbesMax)
+	case c.RefusalLinesPerSecond < 1:
+		return fmt.Errorf("trust: RefusalLinesPerSecond (%d) must be at least 1", c.RefusalLinesPerSecond)
 	}
 	return nil
 }
@@ -55,6 +64,7 @@ type Authority struct {
 	peers   *Peers
 	log     *slog.Logger
 	refused [refusalKinds]atomic.Uint64
+	lines   *ratelog.Limiter // of refusals' log lines
 }
 
 // New is the authority of a process holding b.
@@ -68,7 +78,8 @@ func New(b *Bundle, cfg Config, log *slog.Logger) (*Authority, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Authority{cfg: cfg, bundle: b, peers: newPeers(b, cfg.PeersMax, cfg.ClaimProbesMax, cfg.DialTimeout), log: log}, nil
+	return &Authority{cfg: cfg, bundle: b, peers: newPeers(b, cfg.PeersMax, cfg.ClaimProbesMax, cfg.DialTimeout), log: log,
+		lines: ratelog.New(cfg.RefusalLinesPerSecond)}, nil
 }
 
 // Insecure is an authority that authenticates nobody.
@@ -76,7 +87,8 @@ func Insecure(log *slog.Logger) *Authority {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Authority{cfg: DefaultConfig(), log: log}
+	cfg := DefaultConfig()
+	return &Authority{cfg: cfg, log: log, lines: ratelog.New(cfg.RefusalLinesPerSecond)}
 }
 
 // Insecure says whether the authority authenticates nobody.

@@ -54,10 +54,11 @@ func (r Refusals) Total() uint64 {
 	return t
 }
 
-// Refuse counts a refusal and logs it with what was refused.
+// Refuse counts a refusal and logs it with what was refused, at most
+// RefusalLinesPerSecond lines a second for each kind of refusal.
 func (a *Authority) Refuse(r Refusal, what string, args ...any) {
 	a.refused[r].Add(1)
-	a.log.Warn("refused: "+what, append([]any{slog.String("reason", r.String())}, args...)...)
+	a.lines.Log(a.log, slog.LevelWarn, r.String(), "refused: "+what, append([]any{slog.String("reason", r.String())}, args...)...)
 }
 
 // Refused is the count of every refusal so far.
