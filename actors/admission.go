@@ -13,6 +13,7 @@ import (
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/tenancy"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -136,6 +137,7 @@ type admissionActor struct {
 	mailbox   actor.MailboxProducer // of the request actors
 	core      *handoff.Admission
 	live      map[string]*liveRequest // by the request actor's name, what operators list
+	ledger    *tenancy.Ledger         // the tenants' requests its clients sent here
 }
 
 func (a *admissionActor) Receive(c actor.Context) {
@@ -143,6 +145,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 	case *actor.Started:
 		a.core = handoff.NewAdmission(a.cfg.Limits(), a.cfg.QueueMax, len(a.decode), a.cfg.DecodePages)
 		a.live = map[string]*liveRequest{}
+		a.ledger = tenancy.NewLedger()
 	case *messages.GenerateRequest:
 		tenant, err := TenantOf(a.auth, a.auth.Of(c), m.Tenant)
 		if err != nil {
@@ -194,6 +197,9 @@ func (a *admissionActor) Receive(c actor.Context) {
 		a.log.Warn("undecodable message", "err", m.Err)
 	case *actor.Terminated:
 		a.core.Ended(m.Who.Id)
+		if l := a.live[m.Who.Id]; l != nil && l.counted {
+			a.ledger.Give(l.tenant, l.pages)
+		}
 		delete(a.live, m.Who.Id)
 	case ListRequests:
 		a.listRequests(c, m)
@@ -286,14 +292,23 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 	}
 	ask := handoff.Ask{Key: handoff.ClientKey{Client: senderKey(c), ID: id}, PromptTokens: len(prompt), MaxTokens: maxTokens,
 		Routed: peer != nil}
+	// A request its client sent here is held to its tenant's share here;
+	// the router that routed one holds it to the share there.
+	pages := -1
 	if peer == nil {
 		p, ok := a.pick(nil)
 		ask.NoPrefill, ask.PrefillPages = !ok, p.Pages
 		peer = &p
+		_, pages = handoff.RequestPages(a.cfg.Geometry(), len(prompt), maxTokens)
 	}
 	d, err := a.core.Admit(ask)
+	if err == nil && pages >= 0 {
+		err = a.ledger.Take(a.cfg.Tenants.Policy(), tenant, pages)
+	}
 	if err == nil {
-		err = a.spawn(c, ask, d, tenant, prompt, maxTokens, *peer)
+		if err = a.spawn(c, ask, d, tenant, prompt, maxTokens, *peer, pages); err != nil && pages >= 0 {
+			a.ledger.Give(tenant, pages)
+		}
 	}
 	if err == nil {
 		a.counters.admitted.Add(1)
@@ -302,7 +317,7 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 	switch err.(type) {
 	case *PromptTooLongError:
 		a.counters.rejectedTooLong.Add(1)
-	case *BusyError:
+	case *BusyError, *tenancy.LimitError:
 		a.counters.rejectedBusy.Add(1)
 	case *UnavailableError:
 		// Counted by its bound only (RejectNoPeer), in reject.
@@ -313,9 +328,10 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 }
 
 // spawn starts an admitted request's actor, a child of admission under a
-// secret name.
+// secret name; pages are what the tenants' ledger counts of it, -1 for
+// none.
 func (a *admissionActor) spawn(c actor.Context, ask handoff.Ask, d int, tenant string, prompt []int, maxTokens int,
-	peer PrefillPeer) error {
+	peer PrefillPeer, pages int) error {
 	key := ask.Key
 	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
 	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane, a.model), owner, key.ID, prompt, maxTokens,
@@ -324,7 +340,8 @@ func (a *admissionActor) spawn(c actor.Context, ask handoff.Ask, d int, tenant s
 	now := time.Now()
 	// The first attempt's id numbers the request for operators: unique in
 	// this run, and kept through retries, which take new ids.
-	live := &liveRequest{number: owner.Request, client: key.ID, tenant: tenant, since: now, progress: core.Progress()}
+	live := &liveRequest{number: owner.Request, client: key.ID, tenant: tenant, since: now, progress: core.Progress(),
+		pages: pages, counted: pages >= 0}
 	if s := c.Sender(); s != nil && ask.Routed {
 		live.router = s.Address
 	}

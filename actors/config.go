@@ -7,6 +7,7 @@ import (
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/tenancy"
 )
 
 // Role is what a node does in a cluster.
@@ -110,6 +111,10 @@ type Config struct {
 	// that a duplicate arriving after its plan ended is dropped instead of
 	// prefilled again.
 	DonePlansMax int
+	// Tenants are the tenants' shares that admission holds clients'
+	// requests to and decode workers step by; nil is
+	// tenancy.DefaultPolicy.
+	Tenants *tenancy.Shares
 }
 
 // DefaultConfig is a node of one prefill and one decode worker over the

@@ -63,6 +63,10 @@ type liveRequest struct {
 	tenant         string
 	since          time.Time
 	router         string // the address of the router that relayed the request; "" for one its client sent here
+	// pages are what the tenants' ledger counts of a request its client
+	// sent here (a router counts those it routes); counted says it does.
+	pages   int
+	counted bool
 
 	mu       sync.Mutex
 	progress handoff.Progress

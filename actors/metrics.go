@@ -11,6 +11,7 @@ import (
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/tenancy"
 )
 
 // A node's operational counters beyond requests and latencies: where its
@@ -154,11 +155,15 @@ const (
 	RejectIncarnation
 	// RejectOther: any other refusal.
 	RejectOther
+	// RejectTenantConcurrent, RejectTenantPages: the request's tenant is
+	// at its share's concurrent_max or pages_max (tenancy.LimitError).
+	RejectTenantConcurrent
+	RejectTenantPages
 	rejectBounds
 )
 
 var rejectNames = [rejectBounds]string{"context_window", "prefill_pool", "decode_pool", "queue", "draining", "no_peer",
-	"bad_request", "forbidden", "incarnation", "other"}
+	"bad_request", "forbidden", "incarnation", "other", "tenant_concurrent_max", "tenant_pages_max"}
 
 // RejectBoundNames are the names of the bounds, in their order.
 func RejectBoundNames() []string { return rejectNames[:] }
@@ -182,11 +187,17 @@ var rejectWhere = map[string]RejectBound{
 // for any other refusal the one its stable code implies.
 func RejectBoundOf(err error) RejectBound {
 	var (
-		long *PromptTooLongError
-		busy *BusyError
+		long   *PromptTooLongError
+		busy   *BusyError
+		tenant *tenancy.LimitError
 	)
 	where := ""
 	switch {
+	case errors.As(err, &tenant):
+		if tenant.Bound == tenancy.BoundPages {
+			return RejectTenantPages
+		}
+		return RejectTenantConcurrent
 	case errors.As(err, &long):
 		where = long.Where
 	case errors.As(err, &busy):

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/tenancy"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -156,6 +158,10 @@ type workerActor struct {
 	stepSeqs []*handoff.Sequence
 	stepped  []handoff.Stepped
 	next     int // round-robin start among seqs
+	// tenants weigh the tenants' sequences when there are more than a
+	// step takes (share); order is a step's.
+	tenants  *tenancy.Shares
+	order    []int
 	stepping bool
 	fault    func([]kv.Frame)
 	// metrics are the node's; queued and inFlight what this worker counts
@@ -167,7 +173,7 @@ type workerActor struct {
 // newWorker is a worker of role computing model over pool, with no dialer.
 func newWorker(role string, model *engine.Model, pool *Pool, cfg *Config, log *slog.Logger, policy planPolicy) *workerActor {
 	return &workerActor{role: role, engine: model.Engine(), stop: model.Tokenizer().Stop(), pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
-		timeout: cfg.PrefillTimeout, log: log, stats: &workerCounters{}, policy: policy, metrics: &metricCounters{},
+		tenants: cfg.Tenants, timeout: cfg.PrefillTimeout, log: log, stats: &workerCounters{}, policy: policy, metrics: &metricCounters{},
 		src: handoff.NewSource(handoff.SourceConfig{Role: role, PageTokens: cfg.PageTokens, QueueMax: cfg.QueueMax,
 			SendsMax: cfg.TransferSendsMax, ReclaimAfter: cfg.ReclaimAfter, DonePlansMax: cfg.DonePlansMax,
 			DoneFor: cfg.PrefillTimeout, Model: model.Fingerprint()})}
@@ -344,7 +350,8 @@ func (w *workerActor) kick(c actor.Context) {
 }
 
 // runStep starts at most one queued plan, then runs one decode step of up
-// to batchMax sequences, round robin, in one batched step of the engine
+// to batchMax sequences, round robin, shared by tenants' weights when there
+// are more (share), in one batched step of the engine
 // (handoff.StepBatch: each weight matrix read once for all of them).
 func (w *workerActor) runStep(c actor.Context) {
 	if w.src.Startable() {
@@ -359,15 +366,21 @@ func (w *workerActor) runStep(c actor.Context) {
 			}
 			return -1
 		}
-		batch, seqs := w.batch[:0], w.stepSeqs[:0]
-		for i := range n {
-			batch = append(batch, w.seqs[(w.next+i)%len(w.seqs)])
-			seqs = append(seqs, batch[i].Sequence)
-		}
+		order := w.order[:0] // indexes into seqs of the step's sequences
 		var resume *sequence // where the next step's batch starts
-		if n < len(w.seqs) {
-			resume = w.seqs[(w.next+n)%len(w.seqs)]
+		if n == len(w.seqs) {
+			for i := range n {
+				order = append(order, (w.next+i)%n)
+			}
+		} else {
+			order, resume = w.share(n, order)
 		}
+		batch, seqs := w.batch[:0], w.stepSeqs[:0]
+		for _, i := range order {
+			batch = append(batch, w.seqs[i])
+			seqs = append(seqs, w.seqs[i].Sequence)
+		}
+		w.order = order
 		out := append(w.stepped[:0], make([]handoff.Stepped, n)...)
 		handoff.StepBatch(w.kv, seqs, out)
 		w.batch, w.stepSeqs, w.stepped = batch, seqs, out
@@ -384,6 +397,27 @@ func (w *workerActor) runStep(c actor.Context) {
 		clear(seqs)
 	}
 	w.stats.steps.Add(1)
+}
+
+// share chooses the n of more sequences that a step takes, appending
+// their indexes in seqs to order: from the round-robin start on, the
+// tenants share the step by weight, not by how many sequences each has
+// (tenancy.ChooseSteps). The next step starts at the first sequence this
+// one passes over, so that each of a tenant's sequences gets its turn.
+func (w *workerActor) share(n int, order []int) ([]int, *sequence) {
+	at := func(i int) int { return (w.next + i) % len(w.seqs) } // the i-th from the start
+	owners := make([]string, len(w.seqs))
+	for i := range w.seqs {
+		owners[i] = w.seqs[at(i)].Owner().Tenant
+	}
+	policy := w.tenants.Policy()
+	chosen := tenancy.ChooseSteps(owners, func(t string) int { return policy.Of(t).Weight }, n, nil)
+	taken := make([]bool, len(w.seqs))
+	for _, i := range chosen {
+		taken[i] = true
+		order = append(order, at(i))
+	}
+	return order, w.seqs[at(slices.Index(taken, false))]
 }
 
 // batches cuts frames into groups of at most one transfer batch.

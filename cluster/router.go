@@ -15,6 +15,7 @@ import (
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/tenancy"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -66,6 +67,7 @@ type routerActor struct {
 	routing  *Routing
 	relays   map[string]*routed // by relay PID id
 	byClient map[string]*actor.PID
+	ledger   *tenancy.Ledger // every request relayed, by tenant, held to its share (cfg.Tenants)
 }
 
 // routed is what the router keeps of a request it relays: where it is
@@ -115,6 +117,7 @@ func (r *routerActor) Receive(c actor.Context) {
 			r.routing = NewRouting(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 		}
 		r.byClient = map[string]*actor.PID{}
+		r.ledger = tenancy.NewLedger()
 	case *messages.GenerateRequest:
 		if c.Sender() == nil {
 			// Nobody to answer: routing it would generate for no one.
@@ -168,6 +171,7 @@ func (r *routerActor) Receive(c actor.Context) {
 		if rt, ok := r.relays[m.Who.Id]; ok {
 			delete(r.relays, m.Who.Id)
 			delete(r.byClient, clientKey(rt.rl.client, rt.rl.id))
+			r.ledger.Give(rt.request.Tenant, rt.decodePages)
 			r.release(rt)
 			r.started(rt)
 		}
@@ -290,6 +294,10 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		reject(err, &r.counters.rejectedBad)
 		return
 	}
+	if err := r.ledger.Take(r.cfg.Tenants.Policy(), tenant, decodePages); err != nil {
+		reject(err, &r.counters.rejectedBusy)
+		return
+	}
 	// Counted before the relay exists, so that in-flight never counts below
 	// zero; the count numbers the request for operators.
 	number := r.counters.routed.Add(1)
@@ -303,6 +311,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		actor.WithMailbox(r.mailbox)), trust.SecretName())
 	if err != nil {
 		// Counted as routed above: it ends here, failed.
+		r.ledger.Give(tenant, decodePages)
 		r.counters.failedBy.Add(messages.CodeInternal)
 		answer(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.failed)
 		return

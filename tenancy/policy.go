@@ -16,6 +16,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"sync/atomic"
 
 	"github.com/kvwarden/kvwarden/internal/boundedread"
 	"github.com/kvwarden/kvwarden/messages"
@@ -181,4 +182,61 @@ func Load(path string) (*Policy, error) {
 		return nil, &PolicyError{Path: path, Reason: err.Error()}
 	}
 	return Parse(path, data)
+}
+
+// Shares is the policy in force at a node, replaced whole when its file
+// is read again (SIGHUP): everything that reads it sees the old policy or
+// the new. A nil *Shares is DefaultPolicy. Safe for concurrent use.
+type Shares struct {
+	path   string
+	policy atomic.Pointer[Policy]
+}
+
+// NewShares is p in force, with no file to read again.
+func NewShares(p *Policy) *Shares {
+	s := &Shares{}
+	s.policy.Store(p)
+	return s
+}
+
+// LoadShares is the policy of the file at path in force.
+func LoadShares(path string) (*Shares, error) {
+	s := &Shares{path: path}
+	if err := s.Reload(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Policy is the policy in force.
+func (s *Shares) Policy() *Policy {
+	if s == nil {
+		return defaultPolicy
+	}
+	return s.policy.Load()
+}
+
+// defaultPolicy is a nil Shares' policy, never changed.
+var defaultPolicy = DefaultPolicy()
+
+// Path is the policy file's path, empty when there is none.
+func (s *Shares) Path() string {
+	if s == nil {
+		return ""
+	}
+	return s.path
+}
+
+// Reload reads the policy file again; with none, it does nothing. On any
+// error the policy in force stays: a broken edit never lifts every bound.
+func (s *Shares) Reload() error {
+	if s == nil || s.path == "" {
+		return nil
+	}
+	p, err := Load(s.path)
+	if err != nil {
+		return err
+	}
+	s.policy.Store(p)
+	return nil
 }

@@ -106,6 +106,11 @@ type nodeConfig struct {
 	// OpenAI-compatible API a router or a node of role all serves on HTTP;
 	// empty serves no API. Read again on SIGHUP.
 	APIKeys string `json:"api_keys"`
+	// Tenants is the tenants' shares file (tenancy.Policy) that a router,
+	// and a node clients send to directly, hold tenants' requests to and
+	// decode workers step by; empty gives every tenant
+	// tenancy.DefaultShare. Read again on SIGHUP.
+	Tenants string `json:"tenants"`
 	// HTTPTLSCert and HTTPTLSKey, both or neither, are the PEM certificate
 	// (chain) and key the node serves HTTPS with on HTTP; neither serves
 	// plain HTTP.

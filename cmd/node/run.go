@@ -26,6 +26,7 @@ import (
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/httpapi"
+	"github.com/kvwarden/kvwarden/tenancy"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -134,6 +135,8 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 				if web.Keys, err = httpapi.LoadKeys(cfg.APIKeys); err != nil {
 					return err
 				}
+			}
+			if cfg.APIKeys != "" || cfg.Tenants != "" {
 				reload := make(chan os.Signal, 1)
 				signal.Notify(reload, syscall.SIGHUP)
 				defer signal.Stop(reload)
@@ -190,6 +193,11 @@ func (c *nodeConfig) settle(fs *pflag.FlagSet, configPath string, log *slog.Logg
 	if err := batchWithin(fs, nc.Actors); err != nil {
 		return cluster.NodeConfig{}, nil, usageError{err}
 	}
+	if c.Tenants != "" {
+		if nc.Actors.Tenants, err = tenancy.LoadShares(c.Tenants); err != nil {
+			return cluster.NodeConfig{}, nil, err
+		}
+	}
 	return nc, inj, nil
 }
 
@@ -217,6 +225,7 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.DataAdvertise, "data-advertise", c.DataAdvertise, "host:port peers reach the data plane at, when a proxy forwards it to --data (empty: --data's)")
 	fs.StringVar(&c.HTTP, "http", c.HTTP, "host:port to serve /healthz, /readyz, /metrics and, with --api-keys, the OpenAI-compatible /v1 API on, in plain HTTP (empty: none)")
 	fs.StringVar(&c.APIKeys, "api-keys", c.APIKeys, "API keys file of the OpenAI-compatible API (router and all roles, with --http; read again on SIGHUP)")
+	fs.StringVar(&c.Tenants, "tenants", c.Tenants, "tenants' shares file: weight, concurrent_max and pages_max per tenant and a default for the rest (read again on SIGHUP; empty: every tenant weight 1, at most 64 requests in flight)")
 	fs.StringVar(&c.HTTPTLSCert, "http-tls-cert", c.HTTPTLSCert, "PEM certificate (chain) to serve --http as HTTPS with (with --http-tls-key)")
 	fs.StringVar(&c.HTTPTLSKey, "http-tls-key", c.HTTPTLSKey, "PEM private key of --http-tls-cert")
 	fs.StringVar(&c.Faults, "faults", c.Faults, "faults to inject, e.g. seed=7,frame-drop=0.02,ack-drop=0.01 (chaos builds only: go build -tags chaos ./cmd/node)")
@@ -565,8 +574,8 @@ func (e *poolTooSmallError) Error() string {
 func (e *poolTooSmallError) Unwrap() error { return e.Err }
 
 // webOptions are what a node serves on HTTP: nothing without Addr; the
-// probes and metrics; and, with Keys, the OpenAI-compatible API, its keys
-// read again at each signal on Reload.
+// probes and metrics; and, with Keys, the OpenAI-compatible API. Its keys,
+// and the tenants' shares, are read again at each signal on Reload.
 type webOptions struct {
 	Addr   string
 	Keys   *httpapi.Keys
@@ -631,7 +640,9 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, web webOp
 			log.Warn("the API's keys and prompts travel in plain text: give --http-tls-cert and --http-tls-key, or serve it behind a TLS proxy",
 				"http", httpLn.Addr().String())
 		}
-		go reloadKeys(log, web.Keys, web.Reload, n.Stopped())
+	}
+	if web.Reload != nil {
+		go reload(log, web.Keys, a.Tenants, web.Reload, n.Stopped())
 	}
 	return wait(log, n, signals, n.Actors().Fatal(), n.Stopped())
 }
@@ -702,17 +713,27 @@ func webServer(log *slog.Logger, n *cluster.Node, web webOptions) (*http.Server,
 	return httpapi.Server(h, l), nil
 }
 
-// reloadKeys reads the keys file again at each signal on reload, until
-// stopped; a file that cannot be used is logged and the keys in use stay.
-func reloadKeys(log *slog.Logger, keys *httpapi.Keys, reload <-chan os.Signal, stopped <-chan struct{}) {
+// reload reads the keys file and the tenants' shares file (either may be
+// nil) again at each signal on signals, until stopped; a file that cannot
+// be used is logged and what is in force stays.
+func reload(log *slog.Logger, keys *httpapi.Keys, shares *tenancy.Shares, signals <-chan os.Signal, stopped <-chan struct{}) {
 	for {
 		select {
-		case <-reload:
-			if err := keys.Reload(); err != nil {
-				log.Error("API keys not reloaded; the keys in use stay", "err", err)
-				continue
+		case <-signals:
+			if keys != nil {
+				if err := keys.Reload(); err != nil {
+					log.Error("API keys not reloaded; the keys in use stay", "err", err)
+				} else {
+					log.Info("API keys reloaded", "keys", keys.Len(), "keys_file", keys.Path())
+				}
 			}
-			log.Info("API keys reloaded", "keys", keys.Len(), "keys_file", keys.Path())
+			if shares.Path() != "" {
+				if err := shares.Reload(); err != nil {
+					log.Error("tenants' shares not reloaded; the shares in force stay", "err", err)
+				} else {
+					log.Info("tenants' shares reloaded", "tenants", len(shares.Policy().Tenants), "tenants_file", shares.Path())
+				}
+			}
 		case <-stopped:
 			return
 		}
