@@ -92,12 +92,11 @@ func serveAPI(t testing.TB, n *cluster.Node) *apiNode {
 	a := n.Actors()
 	gen := client.New(a.Root().ActorSystem(), actor.NewPID(n.Address(), actors.AdmissionName), client.Options{})
 	cfg := a.Config()
-	h, err := Handler(n, &APIConfig{Model: a.Model(), Generator: gen, Keys: keys, Node: cfg.Limits()}, DefaultLimits())
+	w, err := NewWeb(n, &APIConfig{Model: a.Model(), Generator: gen, Keys: keys, Node: cfg.Limits()}, DefaultLimits(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
+	srv := startWeb(t, w)
 	return &apiNode{node: n, model: a.Model(), keys: keys, srv: srv}
 }
 

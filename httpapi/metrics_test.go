@@ -587,7 +587,8 @@ func TestScrapeParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The parser refuses a family twice; a role-all node with no API has
-	// the node's 28, and the Go runtime's and the process's. A histogram's
+	// the node's 28, the HTTP server's refusals, and the Go runtime's and
+	// the process's. A histogram's
 	// buckets are the bounds and +Inf.
 	own := 0
 	for name := range families {
@@ -596,7 +597,7 @@ func TestScrapeParses(t *testing.T) {
 		}
 	}
 	hist := families["kvwarden_kv_transfer_duration_seconds"]
-	if own != 28 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
+	if own != 29 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
 		len(hist.GetMetric()[0].GetHistogram().GetBucket()) != len(actors.LatencyBounds())+1 {
 		t.Fatalf("%d families of the node's; the transfer durations: %v", own, hist)
 	}

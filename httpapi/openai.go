@@ -66,6 +66,8 @@ type API struct {
 	cfg     APIConfig
 	limits  Limits
 	metrics *apiMetrics
+	// guard throttles clients that send bad keys; nil throttles none.
+	guard *guard
 }
 
 // NewAPI checks cfg and makes the API, its metrics in reg.
@@ -263,17 +265,26 @@ func badRequest(param, format string, args ...any) *apiError {
 }
 
 // authenticate is the key of r's Authorization header; a request without
-// one is refused before its body is read.
+// one is refused before its body is read: 401, or 429 while its client is
+// throttled for too many such requests (Limits.AuthFailuresMax).
 func (a *API) authenticate(r *http.Request) (Key, *apiError) {
 	k, err := a.cfg.Keys.Authenticate(r.Header.Get("Authorization"))
-	if err != nil {
-		code := "invalid_api_key"
-		if errors.Is(err, errNoKey) {
-			code = "missing_api_key"
-		}
-		return Key{}, &apiError{Status: http.StatusUnauthorized, Code: code, Message: err.Error()}
+	if err == nil {
+		return k, nil
 	}
-	return k, nil
+	if a.guard != nil {
+		if wait := a.guard.authFailed(r.RemoteAddr); wait > 0 {
+			return Key{}, &apiError{Status: http.StatusTooManyRequests, Code: "auth_failures_limit", RetryAfter: wait,
+				Message: fmt.Sprintf("%v; this address sent more than %d requests without an accepted key in %s, "+
+					"so such requests are answered 429 for %s", err, a.limits.AuthFailuresMax, a.limits.AuthFailureWindow,
+					a.limits.AuthPenalty)}
+		}
+	}
+	code := "invalid_api_key"
+	if errors.Is(err, errNoKey) {
+		code = "missing_api_key"
+	}
+	return Key{}, &apiError{Status: http.StatusUnauthorized, Code: code, Message: err.Error()}
 }
 
 // permit says whether k may use model, one of the node's.

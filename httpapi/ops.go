@@ -20,6 +20,7 @@ package httpapi
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"runtime"
 	"runtime/debug"
@@ -53,16 +54,19 @@ type Node interface {
 	Metrics() actors.Metrics
 }
 
-// Limits bound what one HTTP request may cost the node.
+// Limits bound what one HTTP request, and what a stranger, may cost the
+// node.
 type Limits struct {
 	// HeaderBytesMax bounds a request's header, in bytes.
 	HeaderBytesMax int
 	// BodyBytesMax bounds an API request's body, in bytes.
 	BodyBytesMax int64
-	// ReadTimeout bounds reading a request; WriteTimeout writing an answer
-	// (for a stream, each event: a client that stops reading for longer
-	// loses its request); IdleTimeout how long a kept-alive connection
-	// may wait.
+	// ReadTimeout bounds reading a request, its header and its body: a
+	// client that sends them slower loses its connection. WriteTimeout
+	// bounds writing an answer (for a stream, each event: a client that
+	// stops reading for longer loses its request, while a generation that
+	// takes long is never cut); IdleTimeout how long a kept-alive
+	// connection may wait for its next request.
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	// StopSequencesMax bounds a request's stop sequences, StopBytesMax
 	// each one's bytes.
@@ -71,13 +75,43 @@ type Limits struct {
 	ChatMessagesMax int
 	// RetryAfter is what a 429 tells the client to wait.
 	RetryAfter time.Duration
+	// ConnsMax bounds the connections the server holds at once, in all;
+	// ConnsPerAddrMax those of one client address (an IPv4 address, or an
+	// IPv6 /64). A connection past either is closed as it is accepted,
+	// before a byte of it is read, and counted by bound. Behind a proxy
+	// every client has the proxy's address: give ConnsPerAddrMax
+	// ConnsMax's value there.
+	ConnsMax, ConnsPerAddrMax int
+	// DescriptorsReserved is the number of file descriptors the HTTP
+	// server leaves to the rest of the process (protoactor remote, data
+	// plane, gossip and operators' connections, files): ConnsMax and it
+	// must fit the process's limit (FitOpenFiles), so that the cluster's
+	// own traffic goes on while HTTP is at its bound.
+	DescriptorsReserved int
+	// AuthFailuresMax is how many failed authentications (no key, or a key
+	// not accepted) one client address may make in AuthFailureWindow; its
+	// failures past it are answered 429 with Retry-After, rather than 401,
+	// for AuthPenalty. A key that is accepted is served all the same, so
+	// that clients sharing an address with a prober are not shut out (a
+	// key is 32 random bytes: there is nothing to gain by guessing).
+	// AuthAddrsMax bounds the client addresses remembered.
+	AuthFailuresMax                int
+	AuthFailureWindow, AuthPenalty time.Duration
+	AuthAddrsMax                   int
 }
 
 // DefaultLimits suit probes, scrapes and API requests of prompts up to
-// messages.PromptBytesMax (JSON escaping included).
+// messages.PromptBytesMax (JSON escaping included). ConnsPerAddrMax is
+// the router's default queue (actors.Config.QueueMax): one client with
+// more connections than the requests a router runs at once only waits;
+// with DescriptorsReserved the connections fit a limit of 4096 open files,
+// the lowest hard limit in common use, so that any number of strangers
+// holding connections leaves the process descriptors for its own traffic.
 func DefaultLimits() Limits {
 	return Limits{HeaderBytesMax: 16 << 10, BodyBytesMax: 4 << 20, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second,
-		IdleTimeout: time.Minute, StopSequencesMax: 4, StopBytesMax: 256, ChatMessagesMax: 1024, RetryAfter: time.Second}
+		IdleTimeout: time.Minute, StopSequencesMax: 4, StopBytesMax: 256, ChatMessagesMax: 1024, RetryAfter: time.Second,
+		ConnsMax: 2048, ConnsPerAddrMax: 256, DescriptorsReserved: 1024,
+		AuthFailuresMax: 10, AuthFailureWindow: time.Minute, AuthPenalty: time.Minute, AuthAddrsMax: 4096}
 }
 
 // Validate reports the first limit out of range, with its value.
@@ -98,22 +132,81 @@ func (l Limits) Validate() error {
 	case l.RetryAfter < time.Second || l.RetryAfter > time.Hour:
 		return fmt.Errorf("httpapi: RetryAfter (%s) must be 1s to 1h", l.RetryAfter)
 	}
+	return l.validateStrangers()
+}
+
+// validateStrangers reports the first bound on strangers out of range.
+func (l Limits) validateStrangers() error {
+	switch {
+	case l.ConnsMax < 1 || l.ConnsMax > 1<<20:
+		return fmt.Errorf("httpapi: ConnsMax (%d) must be 1 to %d", l.ConnsMax, 1<<20)
+	case l.ConnsPerAddrMax < 1 || l.ConnsPerAddrMax > l.ConnsMax:
+		return fmt.Errorf("httpapi: ConnsPerAddrMax (%d) must be 1 to ConnsMax (%d)", l.ConnsPerAddrMax, l.ConnsMax)
+	case l.DescriptorsReserved < 64 || l.DescriptorsReserved > 1<<20:
+		return fmt.Errorf("httpapi: DescriptorsReserved (%d) must be 64 to %d", l.DescriptorsReserved, 1<<20)
+	case l.AuthFailuresMax < 1 || l.AuthFailuresMax > 1<<16:
+		return fmt.Errorf("httpapi: AuthFailuresMax (%d) must be 1 to 65536", l.AuthFailuresMax)
+	case l.AuthFailureWindow < time.Second || l.AuthFailureWindow > time.Hour:
+		return fmt.Errorf("httpapi: AuthFailureWindow (%s) must be 1s to 1h", l.AuthFailureWindow)
+	case l.AuthPenalty < time.Second || l.AuthPenalty > 24*time.Hour:
+		return fmt.Errorf("httpapi: AuthPenalty (%s) must be 1s to 24h", l.AuthPenalty)
+	case l.AuthAddrsMax < 1 || l.AuthAddrsMax > 1<<20:
+		return fmt.Errorf("httpapi: AuthAddrsMax (%d) must be 1 to %d", l.AuthAddrsMax, 1<<20)
+	}
 	return nil
 }
 
-// Server is the HTTP server of h with limits l.
-func Server(h http.Handler, l Limits) *http.Server {
-	return &http.Server{Handler: h, MaxHeaderBytes: l.HeaderBytesMax, ReadTimeout: l.ReadTimeout,
-		ReadHeaderTimeout: l.ReadTimeout, WriteTimeout: l.WriteTimeout, IdleTimeout: l.IdleTimeout}
+// OpenFilesError is bounds on connections that do not fit the process's
+// limit of open files (RLIMIT_NOFILE): the server at ConnsMax would leave
+// the rest of the process fewer than DescriptorsReserved.
+type OpenFilesError struct {
+	ConnsMax, DescriptorsReserved int
+	// Need is what the server may hold and the reserve together; Limit
+	// the process's limit.
+	Need, Limit uint64
 }
 
-// Handler serves n's probes and metrics, and, when api is given (cfg
-// .Model not nil), the OpenAI-compatible API of APIConfig. /metrics has
+func (e *OpenFilesError) Error() string {
+	return fmt.Sprintf("httpapi: ConnsMax (%d) HTTP connections, the listener and one connection being refused, and "+
+		"DescriptorsReserved (%d) for the node's own traffic need %d file descriptors, over the process's limit of %d "+
+		"(RLIMIT_NOFILE): lower ConnsMax or DescriptorsReserved, or raise the limit (ulimit -n, LimitNOFILE)",
+		e.ConnsMax, e.DescriptorsReserved, e.Need, e.Limit)
+}
+
+// FitOpenFiles checks l's bounds on connections against limit, the
+// process's limit of open files; 0 means unknown, which fits.
+func (l Limits) FitOpenFiles(limit uint64) error {
+	need := uint64(l.ConnsMax) + 2 + uint64(l.DescriptorsReserved)
+	if limit != 0 && need > limit {
+		return &OpenFilesError{ConnsMax: l.ConnsMax, DescriptorsReserved: l.DescriptorsReserved, Need: need, Limit: limit}
+	}
+	return nil
+}
+
+// Web is a node's HTTP server: its probes and metrics and, with an API
+// config, the OpenAI-compatible API, behind the bounds Limits put on
+// strangers.
+type Web struct {
+	handler http.Handler
+	guard   *guard
+	limits  Limits
+}
+
+// NewWeb checks l and makes n's HTTP server: probes and metrics, and,
+// when api is given, the OpenAI-compatible API of APIConfig. /metrics has
 // the Go runtime's series (client_golang's collector, go_*) and the
-// process's (process_*) too.
-func Handler(n Node, api *APIConfig, l Limits) (http.Handler, error) {
+// process's (process_*) too. What its bounds on strangers refuse is
+// passed to refuser as well, unless it is nil.
+func NewWeb(n Node, api *APIConfig, l Limits, refuser Refuser) (*Web, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return nil, err
+	}
+	g, err := newGuard(l, reg, refuser)
+	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
@@ -137,10 +230,27 @@ func Handler(n Node, api *APIConfig, l Limits) (http.Handler, error) {
 		if err != nil {
 			return nil, err
 		}
+		a.guard = g
 		a.routes(mux)
 	}
-	return mux, nil
+	return &Web{handler: mux, guard: g, limits: l}, nil
 }
+
+// Handler serves w's routes. The bounds on connections are Listener's.
+func (w *Web) Handler() http.Handler { return w.handler }
+
+// Server is an HTTP server of w's routes with its limits' bounds on
+// headers and times; serve it on Listener's listener.
+func (w *Web) Server() *http.Server {
+	l := w.limits
+	return &http.Server{Handler: w.handler, MaxHeaderBytes: l.HeaderBytesMax, ReadTimeout: l.ReadTimeout,
+		ReadHeaderTimeout: l.ReadTimeout, WriteTimeout: l.WriteTimeout, IdleTimeout: l.IdleTimeout}
+}
+
+// Listener is ln with w's bounds on connections: one past ConnsMax, or
+// past ConnsPerAddrMax of its client address, is closed as it is
+// accepted.
+func (w *Web) Listener(ln net.Listener) net.Listener { return w.guard.listener(ln) }
 
 // family is one metric family: its name, type and help.
 type family struct{ name, typ, help string }

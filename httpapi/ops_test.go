@@ -52,11 +52,20 @@ func startNode(t *testing.T, log *slog.Logger) (*cluster.Node, *httptest.Server)
 // serve is a test HTTP server of n's handlers.
 func serve(t testing.TB, n Node) *httptest.Server {
 	t.Helper()
-	h, err := Handler(n, nil, DefaultLimits())
+	w, err := NewWeb(n, nil, DefaultLimits(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
+	return startWeb(t, w)
+}
+
+// startWeb serves w on a test server as node run serves it: its server's
+// bounds, on its listener.
+func startWeb(t testing.TB, w *Web) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config, srv.Listener = w.Server(), w.Listener(srv.Listener)
+	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv
 }

@@ -8,7 +8,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -102,13 +101,11 @@ func startTenantAPI(t *testing.T) (*tenantsSeen, string) {
 	gen := &tenantsSeen{Generator: client.New(n.Root().ActorSystem(), actor.NewPID(a.node.Address(), actors.AdmissionName),
 		client.Options{}), held: heldTenant, entered: make(chan struct{}), gate: make(chan struct{})}
 	t.Cleanup(gen.release)
-	h, err := Handler(a.node, &APIConfig{Model: a.model, Generator: gen, Keys: keys, Node: cfg.Limits()}, DefaultLimits())
+	w, err := NewWeb(a.node, &APIConfig{Model: a.model, Generator: gen, Keys: keys, Node: cfg.Limits()}, DefaultLimits(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return gen, srv.URL
+	return gen, startWeb(t, w).URL
 }
 
 // TestRequestRunsAsItsKeysTenant: a request runs as its key's tenant, not

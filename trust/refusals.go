@@ -29,11 +29,15 @@ const (
 	// RefusedDataPlane: a data-plane connection refused (no hello in time,
 	// too many from one peer, a refused batch).
 	RefusedDataPlane
+	// RefusedHTTP: an HTTP connection or request refused by a bound of the
+	// HTTP server on strangers (connections in all or from one address,
+	// repeated bad API keys from one address).
+	RefusedHTTP
 	refusalKinds
 )
 
 var refusalNames = [refusalKinds]string{"certificate", "address", "batch", "panic", "role", "tenant", "stranger",
-	"data_plane"}
+	"data_plane", "http"}
 
 func (r Refusal) String() string {
 	if r < refusalKinds {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,13 +51,7 @@ func TestBinaryBurstSpreads(t *testing.T) {
 	if pool < cfg.ContextTokens/cfg.PageTokens {
 		t.Fatalf("a pool of %d pages cannot hold the %d-token context", pool, cfg.ContextTokens)
 	}
-	keys := filepath.Join(t.TempDir(), "api-keys.json")
-	code, key, stderr := runBinary(t, "", "keys", "new", "--file", keys, "--tenant", "acme")
-	if code != exitOK {
-		t.Fatalf("keys new: exit %d: %s", code, stderr)
-	}
-	web := freeTCPAddr(t)
-	router := startMember(t, "router", "", "--http", web, "--api-keys", keys)
+	router, web, key := startAPIRouter(t)
 	decodeArgs := []string{"--decode-pages", strconv.Itoa(pool)}
 	ms := []*member{router, startMember(t, "prefill", router.gossip), startMember(t, "prefill", router.gossip),
 		startMember(t, "decode", router.gossip, decodeArgs...), startMember(t, "decode", router.gossip, decodeArgs...)}
@@ -68,7 +61,7 @@ func TestBinaryBurstSpreads(t *testing.T) {
 	answers := make([]burstAnswer, burstCount)
 	var wg sync.WaitGroup
 	for i := range answers {
-		wg.Go(func() { answers[i] = complete("http://"+web+"/v1/completions", strings.TrimSpace(key)) })
+		wg.Go(func() { answers[i] = complete("http://"+web+"/v1/completions", key) })
 	}
 	wg.Wait()
 	busy := 0

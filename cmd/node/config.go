@@ -15,6 +15,7 @@ import (
 	"github.com/kvwarden/kvwarden/cluster"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
+	"github.com/kvwarden/kvwarden/httpapi"
 	"github.com/kvwarden/kvwarden/internal/boundedread"
 	"github.com/kvwarden/kvwarden/kv"
 )
@@ -116,6 +117,24 @@ type nodeConfig struct {
 	// plain HTTP.
 	HTTPTLSCert string `json:"http_tls_cert"`
 	HTTPTLSKey  string `json:"http_tls_key"`
+	// HTTPConnsMax and HTTPConnsPerAddrMax bound the HTTP connections held
+	// at once, in all and of one client address; HTTPDescriptorsReserved
+	// is the file descriptors left to the node's own traffic, checked with
+	// HTTPConnsMax against the process's limit of open files at start-up.
+	// HTTPReadTimeout bounds reading a request, HTTPIdleTimeout a
+	// kept-alive connection's wait. HTTPAuthFailuresMax failed
+	// authentications from one address in HTTPAuthFailureWindow have its
+	// next ones answered 429 for HTTPAuthPenalty; HTTPAuthAddrsMax bounds
+	// the addresses remembered. See httpapi.Limits.
+	HTTPConnsMax            int      `json:"http_conns_max"`
+	HTTPConnsPerAddrMax     int      `json:"http_conns_per_addr_max"`
+	HTTPDescriptorsReserved int      `json:"http_descriptors_reserved"`
+	HTTPReadTimeout         duration `json:"http_read_timeout"`
+	HTTPIdleTimeout         duration `json:"http_idle_timeout"`
+	HTTPAuthFailuresMax     int      `json:"http_auth_failures_max"`
+	HTTPAuthFailureWindow   duration `json:"http_auth_failure_window"`
+	HTTPAuthPenalty         duration `json:"http_auth_penalty"`
+	HTTPAuthAddrsMax        int      `json:"http_auth_addrs_max"`
 	// Faults is the fault spec a chaos build of the node injects
 	// (faults.Parse); empty injects none, and a production build refuses
 	// any other.
@@ -201,31 +220,41 @@ func (d *duration) UnmarshalJSON(b []byte) error {
 func defaultNodeConfig() nodeConfig {
 	s := gpu.DefaultSizingConfig()
 	a := actors.DefaultConfig()
+	h := httpapi.DefaultLimits()
 	return nodeConfig{
-		Role:             roleAll,
-		PrefillWorkers:   a.PrefillWorkers,
-		DecodeWorkers:    a.DecodeWorkers,
-		PrefillPages:     a.PrefillPages,
-		DecodePages:      a.DecodePages,
-		MaxTokensMax:     a.MaxTokensMax,
-		QueueMax:         a.QueueMax,
-		BatchMax:         a.BatchMax,
-		RequestTimeout:   duration(a.RequestTimeout),
-		ReclaimAfter:     duration(a.ReclaimAfter),
-		PrefillTimeout:   duration(a.PrefillTimeout),
-		OwnedPageTimeout: duration(a.OwnedPageTimeout),
-		DrainTimeout:     duration(cluster.DefaultLocalNodeConfig(actors.RoleAll).DrainTimeout),
-		Gossip:           "127.0.0.1:0",
-		Data:             "127.0.0.1:0",
-		Devices:          string(gpu.SourceAuto),
-		MemoryFraction:   s.MemoryFraction,
-		WeightBytes:      s.WeightBytes,
-		ReserveBytes:     s.ReserveBytes,
-		Layers:           s.Geometry.Layers,
-		KVHeads:          s.Geometry.KVHeads,
-		HeadDim:          s.Geometry.HeadDim,
-		PageTokens:       s.Geometry.PageTokens,
-		DType:            s.Geometry.DType.String(),
+		HTTPConnsMax:            h.ConnsMax,
+		HTTPConnsPerAddrMax:     h.ConnsPerAddrMax,
+		HTTPDescriptorsReserved: h.DescriptorsReserved,
+		HTTPReadTimeout:         duration(h.ReadTimeout),
+		HTTPIdleTimeout:         duration(h.IdleTimeout),
+		HTTPAuthFailuresMax:     h.AuthFailuresMax,
+		HTTPAuthFailureWindow:   duration(h.AuthFailureWindow),
+		HTTPAuthPenalty:         duration(h.AuthPenalty),
+		HTTPAuthAddrsMax:        h.AuthAddrsMax,
+		Role:                    roleAll,
+		PrefillWorkers:          a.PrefillWorkers,
+		DecodeWorkers:           a.DecodeWorkers,
+		PrefillPages:            a.PrefillPages,
+		DecodePages:             a.DecodePages,
+		MaxTokensMax:            a.MaxTokensMax,
+		QueueMax:                a.QueueMax,
+		BatchMax:                a.BatchMax,
+		RequestTimeout:          duration(a.RequestTimeout),
+		ReclaimAfter:            duration(a.ReclaimAfter),
+		PrefillTimeout:          duration(a.PrefillTimeout),
+		OwnedPageTimeout:        duration(a.OwnedPageTimeout),
+		DrainTimeout:            duration(cluster.DefaultLocalNodeConfig(actors.RoleAll).DrainTimeout),
+		Gossip:                  "127.0.0.1:0",
+		Data:                    "127.0.0.1:0",
+		Devices:                 string(gpu.SourceAuto),
+		MemoryFraction:          s.MemoryFraction,
+		WeightBytes:             s.WeightBytes,
+		ReserveBytes:            s.ReserveBytes,
+		Layers:                  s.Geometry.Layers,
+		KVHeads:                 s.Geometry.KVHeads,
+		HeadDim:                 s.Geometry.HeadDim,
+		PageTokens:              s.Geometry.PageTokens,
+		DType:                   s.Geometry.DType.String(),
 	}
 }
 

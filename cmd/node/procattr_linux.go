@@ -98,3 +98,14 @@ func stopWithGoRun() error {
 	}
 	return nil
 }
+
+// openFilesLimit is the process's limit of open files: RLIMIT_NOFILE's
+// soft limit, which the Go runtime raised to the hard one as the process
+// started; 0 when it cannot be read.
+func openFilesLimit() uint64 {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) != nil {
+		return 0
+	}
+	return l.Cur
+}

@@ -36,3 +36,7 @@ func processIsUp(pid int) bool { return syscall.Kill(pid, 0) == nil }
 // stopWithGoRun does nothing without Linux's parent-death signal: "kill $!"
 // after "go run ./cmd/node up &" ends the go command alone.
 func stopWithGoRun() error { return nil }
+
+// openFilesLimit is the process's limit of open files: unknown (0) here,
+// so no bound of the HTTP server is checked against it.
+func openFilesLimit() uint64 { return 0 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -123,7 +122,7 @@ usage error, 70 an actor broke an invariant (the node must not serve on).`,
 			if err := stopWithGoRun(); err != nil {
 				return fmt.Errorf("run: %w", err)
 			}
-			web := webOptions{Addr: cfg.HTTP}
+			web := webOptions{Addr: cfg.HTTP, Limits: cfg.httpLimits()}
 			if cfg.HTTPTLSCert != "" {
 				cert, err := tls.LoadX509KeyPair(cfg.HTTPTLSCert, cfg.HTTPTLSKey)
 				if err != nil {
@@ -228,6 +227,7 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Tenants, "tenants", c.Tenants, "tenants' shares file: weight, concurrent_max and pages_max per tenant and a default for the rest (read again on SIGHUP; empty: every tenant weight 1, at most 64 requests in flight)")
 	fs.StringVar(&c.HTTPTLSCert, "http-tls-cert", c.HTTPTLSCert, "PEM certificate (chain) to serve --http as HTTPS with (with --http-tls-key)")
 	fs.StringVar(&c.HTTPTLSKey, "http-tls-key", c.HTTPTLSKey, "PEM private key of --http-tls-cert")
+	c.bindHTTPBoundFlags(fs)
 	fs.StringVar(&c.Faults, "faults", c.Faults, "faults to inject, e.g. seed=7,frame-drop=0.02,ack-drop=0.01 (chaos builds only: go build -tags chaos ./cmd/node)")
 	fs.Int64Var(&c.ContextTokens, "context-tokens", c.ContextTokens, "context window the node advertises, in tokens: prompt plus generated tokens")
 	fs.IntVar(&c.PageTokens, "page-tokens", c.PageTokens, "tokens per KV page")
@@ -245,6 +245,44 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.DurationVar((*time.Duration)(&c.OwnedPageTimeout), "owned-page-timeout", time.Duration(c.OwnedPageTimeout), "bound on how long a page stays owned before it is reclaimed (must exceed --request-timeout and --prefill-timeout)")
 	fs.DurationVar((*time.Duration)(&c.DrainTimeout), "drain-timeout", time.Duration(c.DrainTimeout), "bound on a drain; past it the node leaves with requests still in flight")
 	fs.DurationVar((*time.Duration)(&c.LostAfter), "lost-after", time.Duration(c.LostAfter), "how long a member declared dead whose address does not refuse connections (stopped, paused, unreachable) keeps its requests before they fail as node_lost; below --request-timeout (0: 20s, or half of --request-timeout if less)")
+}
+
+// bindHTTPBoundFlags registers the flags of the HTTP server's bounds on
+// strangers (httpapi.Limits).
+func (c *nodeConfig) bindHTTPBoundFlags(fs *pflag.FlagSet) {
+	fs.IntVar(&c.HTTPConnsMax, "http-conns-max", c.HTTPConnsMax, "most HTTP connections held at once; one more is closed unread")
+	fs.IntVar(&c.HTTPConnsPerAddrMax, "http-conns-per-addr-max", c.HTTPConnsPerAddrMax, "most HTTP connections held at once from one client address (IPv4 address, IPv6 /64); behind a proxy, --http-conns-max's value")
+	fs.IntVar(&c.HTTPDescriptorsReserved, "http-descriptors-reserved", c.HTTPDescriptorsReserved, "file descriptors left to the node's own traffic (remote, data plane, gossip, operators) when HTTP holds --http-conns-max; both must fit the limit of open files (ulimit -n)")
+	fs.DurationVar((*time.Duration)(&c.HTTPReadTimeout), "http-read-timeout", time.Duration(c.HTTPReadTimeout), "bound on reading one HTTP request, header and body")
+	fs.DurationVar((*time.Duration)(&c.HTTPIdleTimeout), "http-idle-timeout", time.Duration(c.HTTPIdleTimeout), "how long a kept-alive HTTP connection may wait for its next request")
+	fs.IntVar(&c.HTTPAuthFailuresMax, "http-auth-failures-max", c.HTTPAuthFailuresMax, "requests without an accepted API key one client address may send in --http-auth-failure-window; past them they are answered 429 for --http-auth-penalty")
+	fs.DurationVar((*time.Duration)(&c.HTTPAuthFailureWindow), "http-auth-failure-window", time.Duration(c.HTTPAuthFailureWindow), "window of --http-auth-failures-max")
+	fs.DurationVar((*time.Duration)(&c.HTTPAuthPenalty), "http-auth-penalty", time.Duration(c.HTTPAuthPenalty), "how long a client address past --http-auth-failures-max is answered 429")
+	fs.IntVar(&c.HTTPAuthAddrsMax, "http-auth-addrs-max", c.HTTPAuthAddrsMax, "most client addresses whose failed API keys are remembered")
+}
+
+// httpLimits are the HTTP server's limits c sets: its bounds on strangers
+// and timeouts, the rest httpapi.DefaultLimits'.
+func (c nodeConfig) httpLimits() httpapi.Limits {
+	l := httpapi.DefaultLimits()
+	l.ConnsMax, l.ConnsPerAddrMax, l.DescriptorsReserved = c.HTTPConnsMax, c.HTTPConnsPerAddrMax, c.HTTPDescriptorsReserved
+	l.ReadTimeout, l.IdleTimeout = time.Duration(c.HTTPReadTimeout), time.Duration(c.HTTPIdleTimeout)
+	l.AuthFailuresMax, l.AuthAddrsMax = c.HTTPAuthFailuresMax, c.HTTPAuthAddrsMax
+	l.AuthFailureWindow, l.AuthPenalty = time.Duration(c.HTTPAuthFailureWindow), time.Duration(c.HTTPAuthPenalty)
+	return l
+}
+
+// checkHTTP checks the HTTP server's limits, and that at its bound on
+// connections it leaves the node the descriptors it reserves.
+func (c nodeConfig) checkHTTP() error {
+	l := c.httpLimits()
+	if err := l.Validate(); err != nil {
+		return fmt.Errorf("--http's bounds (the --http-* flags): %w", err)
+	}
+	if err := l.FitOpenFiles(openFilesLimit()); err != nil {
+		return fmt.Errorf("--http-conns-max and --http-descriptors-reserved: %w", err)
+	}
+	return nil
 }
 
 // fitContext gives c the context window of model m when none was set (a
@@ -329,6 +367,9 @@ func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
 	}
 	if c.HTTP != "" {
 		if err := checkListen("--http", c.HTTP); err != nil {
+			return cluster.NodeConfig{}, err
+		}
+		if err := c.checkHTTP(); err != nil {
 			return cluster.NodeConfig{}, err
 		}
 	}
@@ -578,6 +619,7 @@ func (e *poolTooSmallError) Unwrap() error { return e.Err }
 // and the tenants' shares, are read again at each signal on Reload.
 type webOptions struct {
 	Addr   string
+	Limits httpapi.Limits
 	Keys   *httpapi.Keys
 	Reload <-chan os.Signal
 	// TLS, if not nil, serves HTTPS.
@@ -609,17 +651,18 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, web webOp
 		security += ", FAULTS " + inj.Spec().String()
 	}
 	if httpLn != nil {
-		srv, err := webServer(log, n, web)
+		w, err := webServer(log, n, cfg.Auth, web)
 		if err != nil {
 			n.Stop()
 			return err
 		}
+		srv, ln := w.Server(), w.Listener(httpLn)
 		scheme := "http"
 		if web.TLS != nil {
 			scheme, srv.TLSConfig = "https", web.TLS
-			go srv.ServeTLS(httpLn, "", "")
+			go srv.ServeTLS(ln, "", "")
 		} else {
-			go srv.Serve(httpLn)
+			go srv.Serve(ln)
 		}
 		defer srv.Close()
 		security += ", " + scheme + " " + httpLn.Addr().String()
@@ -696,9 +739,10 @@ func startUnlessSignalled(log *slog.Logger, cfg cluster.NodeConfig, signals <-ch
 
 // webServer is the HTTP server of node n: probes and metrics, and the API
 // when web has keys, its requests sent to n's own admission actor (the
-// router's, on a router) as local requests of the key's tenant.
-func webServer(log *slog.Logger, n *cluster.Node, web webOptions) (*http.Server, error) {
-	l := httpapi.DefaultLimits()
+// router's, on a router) as local requests of the key's tenant. What its
+// bounds on strangers refuse is counted and logged by auth, with the
+// node's other refusals.
+func webServer(log *slog.Logger, n *cluster.Node, auth *trust.Authority, web webOptions) (*httpapi.Web, error) {
 	var api *httpapi.APIConfig
 	if web.Keys != nil {
 		a := n.Actors()
@@ -706,11 +750,11 @@ func webServer(log *slog.Logger, n *cluster.Node, web webOptions) (*http.Server,
 		cfg := a.Config()
 		api = &httpapi.APIConfig{Model: a.Model(), Generator: gen, Keys: web.Keys, Node: cfg.Limits(), Log: log}
 	}
-	h, err := httpapi.Handler(n, api, l)
+	w, err := httpapi.NewWeb(n, api, web.Limits, auth)
 	if err != nil {
 		return nil, fmt.Errorf("run: --http: %w", err)
 	}
-	return httpapi.Server(h, l), nil
+	return w, nil
 }
 
 // reload reads the keys file and the tenants' shares file (either may be

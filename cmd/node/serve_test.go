@@ -406,6 +406,14 @@ func TestRunRefusals(t *testing.T) {
 		{"window out of range", []string{"--context-tokens", "99999999999"}, exitUsage,
 			[]string{"--context-tokens (99999999999) exceeds builtin's context window of 2048 tokens"}},
 		{"timeout", []string{"--request-timeout", "0s"}, exitUsage, []string{"RequestTimeout (0s) must be positive"}},
+		{"http connections of one address", []string{"--http", "127.0.0.1:0", "--http-conns-per-addr-max", "5000"}, exitUsage,
+			[]string{"--http's bounds", "ConnsPerAddrMax (5000) must be 1 to ConnsMax (2048)"}},
+		// The most open files Linux allows a process (fs.nr_open) is 2^20
+		// unless raised: so many connections and the reserve never fit.
+		{"http connections past the open files", []string{"--http", "127.0.0.1:0", "--http-conns-max", "1048576"}, exitUsage,
+			[]string{"ConnsMax (1048576) HTTP connections", "DescriptorsReserved (1024)", "need 1049602 file descriptors, over the process's limit of"}},
+		{"http auth window", []string{"--http", "127.0.0.1:0", "--http-auth-failure-window", "0s"}, exitUsage,
+			[]string{"AuthFailureWindow (0s) must be 1s to 1h"}},
 		{"listen", []string{"--listen", "7070"}, exitUsage, []string{`--listen "7070"`}},
 		{"listen port", []string{"--listen", "127.0.0.1:70000"}, exitUsage, []string{"port \"70000\" must be 0 to 65535"}},
 		{"listen wildcard", []string{"--listen", "0.0.0.0:7070"}, exitUsage, []string{`--listen "0.0.0.0:7070": peers reach the node`}},
@@ -423,6 +431,9 @@ func TestRunRefusals(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			if strings.Contains(tc.name, "open files") && openFilesLimit() == 0 {
+				t.Skip("this system tells no limit of open files to check against")
+			}
 			code, out := runNode(append([]string{"run", "--listen", "127.0.0.1:0"}, tc.args...)...)
 			if code != tc.exit {
 				t.Fatalf("exit %d, want %d; output:\n%s", code, tc.exit, out)
