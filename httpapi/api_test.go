@@ -35,16 +35,20 @@ import (
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/tenancy"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
 // apiNode is a real node of role all serving stories260K, alone and
 // insecure, and a test HTTP server of its handlers with the API.
 type apiNode struct {
-	node  *cluster.Node
-	model *engine.Model
-	keys  *Keys
-	srv   *httptest.Server
+	node *cluster.Node
+	// shares are the node's tenants' shares (limitedPolicy), read from a
+	// file; nil for a node started otherwise.
+	shares *tenancy.Shares
+	model  *engine.Model
+	keys   *Keys
+	srv    *httptest.Server
 }
 
 func startAPI(t *testing.T) *apiNode { return startAPIServing(t, modeltest.Stories(t, kv.F32)) }
@@ -64,12 +68,15 @@ func startAPIServing(t testing.TB, m *engine.Model) *apiNode {
 	cfg.Actors.Model, cfg.Model = m.Config(), m
 	cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = m.Config().ContextTokens, 448
 	cfg.Auth = trust.Insecure(nil)
+	shares := writeTenants(t, t.TempDir(), limitedPolicy)
+	cfg.Actors.Tenants = shares
 	n, err := cluster.StartNode(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Stop() })
 	a := serveAPI(t, n)
+	a.shares = shares
 	waitReady(t, n)
 	return a
 }
@@ -310,9 +317,9 @@ func TestAPIRefusals(t *testing.T) {
 }
 
 // TestAPITenantLimit: the limited tenant's one request in flight holds
-// its stream open; a second is refused with 429 and Retry-After, another
-// tenant is served meanwhile, and the limited one again once its request
-// ends.
+// its stream open; a second, by its other key, is refused by the node's
+// tenants' shares with 429 and Retry-After, another tenant is served
+// meanwhile, and the limited one again once its request ends.
 func TestAPITenantLimit(t *testing.T) {
 	a := startSlowAPI(t)
 	url := a.srv.URL + "/v1/completions"
@@ -320,8 +327,9 @@ func TestAPITenantLimit(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	body, _ := streamFirstEvent(t, ctx, url, keyLimited, `{"model":"builtin","prompt":"Once","max_tokens":400,"stream":true}`)
-	status, retry, e := post(t, url, keyLimited, ok)
-	if status != 429 || retry != "1" || e.Code != "tenant_concurrency_limit" || !strings.Contains(e.Message, "has 1 requests in flight, its limit is 1") {
+	status, retry, e := post(t, url, keyLimited2, ok)
+	if status != 429 || retry != "1" || e.Code != "tenant_concurrency_limit" ||
+		!strings.Contains(e.Message, `tenant "limited" has 1 requests in flight and asks 1 more, its concurrent_max is 1`) {
 		t.Errorf("a limited tenant's second request: %d (Retry-After %q) %+v", status, retry, e)
 	}
 	if status, _, _ := post(t, url, keyAcme, ok); status != 200 {
@@ -474,7 +482,7 @@ func TestKeysReload(t *testing.T) {
 	if got := getWith("kvw-new"); got != 401 {
 		t.Fatalf("a key not in the file: %d", got)
 	}
-	if err := AddKey(a.keys.Path(), KeyEntry{Name: "new", Tenant: "newco", SHA256: HashKey("kvw-new")}, nil); err != nil {
+	if err := AddKey(a.keys.Path(), KeyEntry{Name: "new", Tenant: "newco", SHA256: HashKey("kvw-new")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.keys.Reload(); err != nil {
@@ -547,9 +555,9 @@ func TestErrorCodes(t *testing.T) {
 	}
 }
 
-// TestAPITenantLimitReload: a limit a reload gives a tenant counts the
-// requests it already has in flight: with one streaming, a second is
-// refused.
+// TestAPITenantLimitReload: a limit a reload of the tenants' shares gives
+// a tenant counts the requests it already has in flight: with one
+// streaming, a second is refused.
 func TestAPITenantLimitReload(t *testing.T) {
 	a := startSlowAPI(t)
 	url := a.srv.URL + "/v1/completions"
@@ -557,11 +565,10 @@ func TestAPITenantLimitReload(t *testing.T) {
 	defer cancel()
 	body, _ := streamFirstEvent(t, ctx, url, keyAcme, `{"model":"builtin","prompt":"Once","max_tokens":400,"stream":true}`)
 	defer body.Close()
-	e := KeyEntry{Name: "acme-2", Tenant: "acme", SHA256: HashKey("kvw-test-acme-2")}
-	if err := AddKey(a.keys.Path(), e, &TenantLimits{ConcurrentMax: 1}); err != nil {
+	if err := os.WriteFile(a.shares.Path(), []byte(`{"tenants": {"acme": {"concurrent_max": 1}}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.keys.Reload(); err != nil {
+	if err := a.shares.Reload(); err != nil {
 		t.Fatal(err)
 	}
 	if status, _, e := post(t, url, keyAcme, `{"model":"builtin","prompt":"hi","max_tokens":2}`); status != 429 {

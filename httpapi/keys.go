@@ -11,12 +11,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 
+	"github.com/kvwarden/kvwarden/internal/atomicfile"
 	"github.com/kvwarden/kvwarden/internal/boundedread"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -25,15 +24,12 @@ import (
 const (
 	// KeysFileBytesMax bounds the file's size in bytes.
 	KeysFileBytesMax = 4 << 20
-	// KeysMax bounds its keys; TenantsMax its tenants with limits.
-	KeysMax    = 10_000
-	TenantsMax = 10_000
+	// KeysMax bounds its keys.
+	KeysMax = 10_000
 	// KeyBytesMax bounds a key as a client presents it, in bytes.
 	KeyBytesMax = 256
 	// KeyNameBytesMax bounds a key's name (what logs say instead of it).
 	KeyNameBytesMax = 64
-	// ConcurrentMax bounds a tenant's concurrency limit.
-	ConcurrentMax = 1 << 16
 	// KeyModelsMax bounds the models one key may be restricted to.
 	KeyModelsMax = 64
 )
@@ -46,27 +42,17 @@ const KeyPrefix = "kvw-"
 // SHA-256 stored, never the key.
 //
 //	{
-//	  "tenants": {"acme": {"concurrent_max": 8}},
 //	  "keys": [
 //	    {"name": "acme-ci", "tenant": "acme", "sha256": "9f86d0…", "models": ["stories260K"]}
 //	  ]
 //	}
 //
-// A key's requests run as its tenant, whatever a request says. A tenant in
-// "tenants" has at most concurrent_max requests in flight on this node,
-// counted over all its keys; a tenant not there has no limit of its own
-// (the node's queue still bounds it). "models", when present, is the only
+// A key's requests run as its tenant, whatever a request says, held to the
+// tenant's share (package tenancy, node run --tenants) like a request
+// whose certificate names the tenant. "models", when present, is the only
 // models the key may use (by name or fingerprint).
 type KeysFile struct {
-	Tenants map[string]TenantLimits `json:"tenants,omitempty"`
-	Keys    []KeyEntry              `json:"keys"`
-}
-
-// TenantLimits are one tenant's limits.
-type TenantLimits struct {
-	// ConcurrentMax is the most requests the tenant may have in flight, 1
-	// to ConcurrentMax.
-	ConcurrentMax int `json:"concurrent_max"`
+	Keys []KeyEntry `json:"keys"`
 }
 
 // KeyEntry is one key.
@@ -126,24 +112,17 @@ func ParseKeysFile(path string, data []byte) (*KeysFile, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
+		if strings.Contains(err.Error(), `unknown field "tenants"`) {
+			return nil, bad(-1, "tenants' limits are no longer in the keys file: move its \"tenants\" section to the tenants' shares file "+
+				"(node run --tenants; the same concurrent_max, with weight and pages_max), which holds every tenant's requests, by key or by certificate")
+		}
 		return nil, bad(-1, "%v (at byte %d)", err, dec.InputOffset())
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, bad(-1, "more after the JSON object (at byte %d)", dec.InputOffset())
 	}
-	switch {
-	case len(f.Keys) > KeysMax:
+	if len(f.Keys) > KeysMax {
 		return nil, bad(-1, "%d keys, at most %d", len(f.Keys), KeysMax)
-	case len(f.Tenants) > TenantsMax:
-		return nil, bad(-1, "%d tenants with limits, at most %d", len(f.Tenants), TenantsMax)
-	}
-	for t, l := range f.Tenants {
-		if err := messages.CheckTenant(t); err != nil {
-			return nil, bad(-1, "tenant %q: %v", t, err)
-		}
-		if l.ConcurrentMax < 1 || l.ConcurrentMax > ConcurrentMax {
-			return nil, bad(-1, "tenant %q: concurrent_max %d, want 1 to %d", t, l.ConcurrentMax, ConcurrentMax)
-		}
 	}
 	names, hashes := map[string]int{}, map[string]int{}
 	for i, k := range f.Keys {
@@ -188,23 +167,18 @@ func (k Key) MayUse(name, fingerprint string) bool {
 // keySet is one reading of the keys file.
 type keySet struct {
 	byHash map[[sha256.Size]byte]Key
-	limits map[string]int // tenant → concurrent_max
 }
 
 // Keys are the API keys a node accepts, read from a keys file and read
-// again on Reload (SIGHUP); they also count each tenant's requests in
-// flight, across reloads. Safe for concurrent use.
+// again on Reload (SIGHUP). Safe for concurrent use.
 type Keys struct {
 	path string
 	set  atomic.Pointer[keySet]
-
-	mu       sync.Mutex
-	inFlight map[string]int // tenant → requests in flight, every tenant's
 }
 
 // LoadKeys reads the keys file at path.
 func LoadKeys(path string) (*Keys, error) {
-	k := &Keys{path: path, inFlight: map[string]int{}}
+	k := &Keys{path: path}
 	if err := k.Reload(); err != nil {
 		return nil, err
 	}
@@ -225,14 +199,11 @@ func (k *Keys) Reload() error {
 	if err != nil {
 		return err
 	}
-	s := &keySet{byHash: make(map[[sha256.Size]byte]Key, len(f.Keys)), limits: map[string]int{}}
+	s := &keySet{byHash: make(map[[sha256.Size]byte]Key, len(f.Keys))}
 	for _, e := range f.Keys {
 		var h [sha256.Size]byte
 		hex.Decode(h[:], []byte(e.SHA256)) // checked by ParseKeysFile
 		s.byHash[h] = Key{Name: e.Name, Tenant: e.Tenant, models: e.Models}
-	}
-	for t, l := range f.Tenants {
-		s.limits[t] = l.ConcurrentMax
 	}
 	k.set.Store(s)
 	return nil
@@ -267,48 +238,13 @@ func (k *Keys) Authenticate(header string) (Key, error) {
 	return got, nil
 }
 
-// TenantBusyError is a request of a tenant already at its concurrency
-// limit; answered with 429 and Retry-After.
-type TenantBusyError struct {
-	Tenant      string
-	Have, Limit int
-}
-
-func (e *TenantBusyError) Error() string {
-	return fmt.Sprintf("tenant %q has %d requests in flight, its limit is %d", e.Tenant, e.Have, e.Limit)
-}
-
-// Acquire counts a request of tenant in flight, unless the tenant is at
-// its limit; release (call it once) ends it. Every tenant's requests are
-// counted, a limit or none, so that a limit a reload gives a tenant counts
-// those already in flight (the map holds no more entries than requests).
-func (k *Keys) Acquire(tenant string) (release func(), err error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	limit, ok := k.set.Load().limits[tenant]
-	if have := k.inFlight[tenant]; ok && have >= limit {
-		return nil, &TenantBusyError{Tenant: tenant, Have: have, Limit: limit}
-	}
-	k.inFlight[tenant]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			k.mu.Lock()
-			defer k.mu.Unlock()
-			if k.inFlight[tenant]--; k.inFlight[tenant] <= 0 {
-				delete(k.inFlight, tenant)
-			}
-		})
-	}, nil
-}
-
-// AddKey adds e (and, if not nil, limits for e's tenant) to the keys file
-// at path, making the file if there is none. An e without a name is named
+// AddKey adds e to the keys file at path, making the file if there is
+// none. An e without a name is named
 // after its tenant: the tenant's name for its first key, then tenant-2,
 // tenant-3, … as it gets more. The file is checked as a node would read it
 // and replaced at once (write and rename), mode 0600: a running node sees
 // the old file or the new, whole.
-func AddKey(path string, e KeyEntry, limits *TenantLimits) error {
+func AddKey(path string, e KeyEntry) error {
 	var f KeysFile
 	data, err := boundedread.File(path, KeysFileBytesMax)
 	switch {
@@ -330,12 +266,6 @@ func AddKey(path string, e KeyEntry, limits *TenantLimits) error {
 		e.Name = freeName(f.Keys, e.Tenant)
 	}
 	f.Keys = append(f.Keys, e)
-	if limits != nil {
-		if f.Tenants == nil {
-			f.Tenants = map[string]TenantLimits{}
-		}
-		f.Tenants[e.Tenant] = *limits
-	}
 	out, err := json.MarshalIndent(&f, "", "  ")
 	if err != nil {
 		return err
@@ -344,19 +274,7 @@ func AddKey(path string, e KeyEntry, limits *TenantLimits) error {
 	if _, err := ParseKeysFile(path, out); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(out); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return atomicfile.Write(path, out, 0o600)
 }
 
 // freeName is the first of tenant, tenant-2, tenant-3, … that no key in

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -23,7 +22,7 @@ func TestParseKeysFile(t *testing.T) {
 			`key 1: name "a" is key 0's too`},
 		{`{"keys":[{"name":"a","tenant":"acme","sha256":"` + h + `"},{"name":"b","tenant":"b","sha256":"` + h + `"}]}`,
 			`key 1: the same key as key 0`},
-		{`{"tenants":{"acme":{"concurrent_max":0}},"keys":[]}`, `tenant "acme": concurrent_max 0, want 1 to 65536`},
+		{`{"tenants":{"acme":{"concurrent_max":8}},"keys":[]}`, `move its "tenants" section to the tenants' shares file (node run --tenants`},
 		{`{"keys":[]} {}`, "more after the JSON object"},
 		{`{"keys":[{"name":"","tenant":"acme","sha256":"` + h + `"}]}`, "key 0: name of 0 bytes"},
 	} {
@@ -41,10 +40,10 @@ func TestParseKeysFile(t *testing.T) {
 }
 
 // TestAuthenticate: only a listed key in a Bearer header is accepted, as
-// its tenant; the tenant's limit holds across goroutines and reloads.
+// its tenant.
 func TestAuthenticate(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.json")
-	if err := AddKey(path, KeyEntry{Name: "a", Tenant: "acme", SHA256: HashKey("kvw-a")}, &TenantLimits{ConcurrentMax: 3}); err != nil {
+	if err := AddKey(path, KeyEntry{Name: "a", Tenant: "acme", SHA256: HashKey("kvw-a")}); err != nil {
 		t.Fatal(err)
 	}
 	if info, err := os.Stat(path); err != nil || info.Mode().Perm() != 0o600 {
@@ -64,47 +63,6 @@ func TestAuthenticate(t *testing.T) {
 	if err != nil || key.Tenant != "acme" || key.Name != "a" {
 		t.Fatalf("the listed key: %+v, %v", key, err)
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var releases []func()
-	busy := 0
-	for range 10 {
-		wg.Go(func() {
-			release, err := k.Acquire("acme")
-			mu.Lock()
-			defer mu.Unlock()
-			var be *TenantBusyError
-			switch {
-			case errors.As(err, &be) && be.Limit == 3 && be.Have == 3:
-				busy++
-			case err == nil:
-				releases = append(releases, release)
-			default:
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	if len(releases) != 3 || busy != 7 {
-		t.Fatalf("%d of 10 acquired and %d refused under a limit of 3", len(releases), busy)
-	}
-	if err := k.Reload(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := k.Acquire("acme"); err == nil {
-		t.Fatal("a reload forgot the requests in flight")
-	}
-	releases[0]()
-	releases[0]() // once only
-	if _, err := k.Acquire("acme"); err != nil {
-		t.Fatalf("after one release: %v", err)
-	}
-	if _, err := k.Acquire("acme"); err == nil {
-		t.Fatal("a release counted twice")
-	}
-	if _, err := k.Acquire("other"); err != nil {
-		t.Fatalf("a tenant without a limit: %v", err)
-	}
 }
 
 // TestAddKeyNames: a tenant's keys made without a name are named after it,
@@ -114,18 +72,18 @@ func TestAuthenticate(t *testing.T) {
 func TestAddKeyNames(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.json")
 	for _, key := range []string{"kvw-1", "kvw-2", "kvw-3"} {
-		if err := AddKey(path, KeyEntry{Tenant: "acme", SHA256: HashKey(key)}, nil); err != nil {
+		if err := AddKey(path, KeyEntry{Tenant: "acme", SHA256: HashKey(key)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := AddKey(path, KeyEntry{Tenant: "globex", SHA256: HashKey("kvw-g")}, nil); err != nil {
+	if err := AddKey(path, KeyEntry{Tenant: "globex", SHA256: HashKey("kvw-g")}); err != nil {
 		t.Fatal(err)
 	}
 	before, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = AddKey(path, KeyEntry{Name: "acme-2", Tenant: "globex", SHA256: HashKey("kvw-4")}, nil)
+	err = AddKey(path, KeyEntry{Name: "acme-2", Tenant: "globex", SHA256: HashKey("kvw-4")})
 	var kerr *KeysFileError
 	if !errors.As(err, &kerr) || kerr.Key != 1 || !strings.Contains(err.Error(), `named "acme-2" already`) {
 		t.Fatalf("a taken name: %v, want refused naming key 1", err)
@@ -152,7 +110,7 @@ func TestAddKeyNamesOfALongTenant(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.json")
 	tenant := strings.Repeat("t", KeyNameBytesMax)
 	for i, key := range []string{"kvw-1", "kvw-2"} {
-		if err := AddKey(path, KeyEntry{Tenant: tenant, SHA256: HashKey(key)}, nil); err != nil {
+		if err := AddKey(path, KeyEntry{Tenant: tenant, SHA256: HashKey(key)}); err != nil {
 			t.Fatalf("key %d of a tenant of %d bytes: %v", i+1, len(tenant), err)
 		}
 	}

@@ -219,12 +219,25 @@ func (a *API) clusterError(err error, g *generation) *apiError {
 		if w.Code == messages.CodePromptTooLong {
 			e.Param, e.Message = tooLongMessage(w, g.fields)
 		}
+		// The tenant's own bound (tenancy.LimitError), not the cluster's:
+		// it passes as the tenant's requests end.
+		if code, ok := tenantLimitCodes[w.Where]; ok && w.Code == messages.CodeBusy {
+			e.Code = code
+			a.metrics.tenantLimited.Inc()
+		}
 		return e
 	case errors.Is(err, context.Canceled):
 		return &apiError{Status: messages.CodeCancelled.HTTPStatus(), Code: messages.CodeCancelled.String(),
 			Message: "the client went away; the request was cancelled"}
 	}
 	return &apiError{Status: http.StatusInternalServerError, Code: messages.CodeInternal.String(), Message: plain(err.Error())}
+}
+
+// tenantLimitCodes are the API's codes of a busy answer at a tenant's
+// bound, by its where.
+var tenantLimitCodes = map[string]string{
+	"tenant concurrent_max": "tenant_concurrency_limit",
+	"tenant pages_max":      "tenant_pages_limit",
 }
 
 // tooLongMessage names the field of a request (as f names them) that
@@ -246,7 +259,7 @@ func tooLongMessage(w *messages.WireError, f fields) (param, message string) {
 
 // packages are the project's packages, whose names lead the errors they
 // make ("handoff: busy: …").
-var packages = []string{"actors", "client", "cluster", "engine", "gpu", "handoff", "httpapi", "kv", "messages", "trust"}
+var packages = []string{"actors", "client", "cluster", "engine", "gpu", "handoff", "httpapi", "kv", "messages", "tenancy", "trust"}
 
 // plain is message without the names of the packages it passed through:
 // "handoff: busy: …" is "busy: …".
@@ -447,12 +460,6 @@ func tooLong(param string, need, limit int, where, message string) *apiError {
 // cluster at once, where it ends as completed (client.GenerateOptions.Stop)
 // and is counted so: the answer is whole.
 func (a *API) run(ctx context.Context, g *generation, emit func(string) error) outcome {
-	release, err := a.cfg.Keys.Acquire(g.key.Tenant)
-	if err != nil {
-		a.metrics.tenantLimited.Inc()
-		return outcome{err: err}
-	}
-	defer release()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -646,11 +653,6 @@ func (a *API) serveGeneration(w http.ResponseWriter, r *http.Request, g *generat
 
 // apiErrorOf is the answer to an error run returned for g.
 func (a *API) apiErrorOf(err error, g *generation) *apiError {
-	var busy *TenantBusyError
-	if errors.As(err, &busy) {
-		return &apiError{Status: http.StatusTooManyRequests, Code: "tenant_concurrency_limit", Message: busy.Error(),
-			RetryAfter: a.limits.RetryAfter}
-	}
 	e := a.clusterError(err, g)
 	if e.Status == http.StatusTooManyRequests {
 		e.RetryAfter = a.limits.RetryAfter

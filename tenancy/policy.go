@@ -105,7 +105,13 @@ type PolicyError struct {
 	// empty for the file as a whole.
 	Tenant string
 	Reason string
+	// Err is the cause when the file could not be read, else nil.
+	Err error
 }
+
+// Unwrap is the cause, so that errors.Is(err, fs.ErrNotExist) holds of a
+// missing file.
+func (e *PolicyError) Unwrap() error { return e.Err }
 
 func (e *PolicyError) Error() string {
 	if e.Tenant != "" {
@@ -179,7 +185,7 @@ func (s Share) check() error {
 func Load(path string) (*Policy, error) {
 	data, err := boundedread.File(path, FileBytesMax)
 	if err != nil {
-		return nil, &PolicyError{Path: path, Reason: err.Error()}
+		return nil, &PolicyError{Path: path, Reason: err.Error(), Err: err}
 	}
 	return Parse(path, data)
 }

@@ -3,6 +3,7 @@ package tenancy
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,7 +69,7 @@ func TestLoadReadsAFile(t *testing.T) {
 	if err != nil || p.Of("acme").Weight != 3 {
 		t.Fatalf("%v, %+v", err, p)
 	}
-	if _, err := Load(filepath.Join(t.TempDir(), "none.json")); err == nil || !strings.Contains(err.Error(), "none.json") {
+	if _, err := Load(filepath.Join(t.TempDir(), "none.json")); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "none.json") {
 		t.Fatalf("a missing file: %v", err)
 	}
 }

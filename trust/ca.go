@@ -16,6 +16,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/kvwarden/kvwarden/internal/atomicfile"
 )
 
 // Validity periods of what `node certs` issues when not told otherwise.
@@ -211,23 +213,7 @@ func (is Issued) Write(dir string) error {
 
 // writeFile writes atomically (temporary file, then rename) with mode.
 func writeFile(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return fmt.Errorf("trust: writing %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("trust: writing %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("trust: writing %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("trust: writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := atomicfile.Write(path, data, mode); err != nil {
 		return fmt.Errorf("trust: writing %s: %w", path, err)
 	}
 	return nil

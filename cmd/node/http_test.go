@@ -305,7 +305,7 @@ func TestBinaryHTTPS(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := httpapi.AddKey(keysFile, httpapi.KeyEntry{Name: "acme", Tenant: "acme", SHA256: httpapi.HashKey("kvw-tls")}, nil); err != nil {
+	if err := httpapi.AddKey(keysFile, httpapi.KeyEntry{Name: "acme", Tenant: "acme", SHA256: httpapi.HashKey("kvw-tls")}); err != nil {
 		t.Fatal(err)
 	}
 	if code, _, stderr := runBinary(t, "", "run", "--role", "all", "--insecure", "--http", "127.0.0.1:0",

@@ -11,7 +11,6 @@ import (
 // keysOptions are the flags of "node keys new".
 type keysOptions struct {
 	File, Name, Tenant string
-	ConcurrentMax      int
 	Models             []string
 }
 
@@ -29,7 +28,7 @@ func newKeysCmd() *cobra.Command {
 func newKeysNewCmd() *cobra.Command {
 	var o keysOptions
 	cmd := &cobra.Command{
-		Use:   "new --file FILE --tenant TENANT [--name NAME] [--concurrent-max N] [--model M]",
+		Use:   "new --file FILE --tenant TENANT [--name NAME] [--model M]",
 		Short: "Make an API key, add its hash to a keys file and print the key",
 		Long: `keys new makes a random API key for --tenant, adds its SHA-256 (never the key)
 to the keys file --file (made if missing, mode 0600, replaced whole so that a
@@ -37,10 +36,10 @@ node reading it sees the old file or the new), and prints the key on stdout:
 it is shown this once. A node serving the API (node run --api-keys FILE)
 reads the file again on SIGHUP.
 
---concurrent-max sets the tenant's limit of requests in flight on each node
-(over all its keys; one more is answered 429 with Retry-After). --model,
-repeatable, restricts the key to those models (by name or fingerprint); a
-request for another is answered 403.
+--model, repeatable, restricts the key to those models (by name or
+fingerprint); a request for another is answered 403. The tenant's share
+(weight, requests and KV pages in flight) is the tenants' shares file's
+("node tenants set"), whatever key or certificate its requests come by.
 
 A key made elsewhere can be added by hand: the file stores
 printf %s "$KEY" | sha256sum.`,
@@ -49,16 +48,12 @@ printf %s "$KEY" | sha256sum.`,
 			if o.File == "" || o.Tenant == "" {
 				return usageError{fmt.Errorf("--file (%q) and --tenant (%q) are required", o.File, o.Tenant)}
 			}
-			var limits *httpapi.TenantLimits
-			if cmd.Flags().Changed("concurrent-max") {
-				limits = &httpapi.TenantLimits{ConcurrentMax: o.ConcurrentMax}
-			}
 			key, err := httpapi.NewKey()
 			if err != nil {
 				return err
 			}
 			e := httpapi.KeyEntry{Name: o.Name, Tenant: o.Tenant, SHA256: httpapi.HashKey(key), Models: o.Models}
-			if err := httpapi.AddKey(o.File, e, limits); err != nil {
+			if err := httpapi.AddKey(o.File, e); err != nil {
 				return usageError{err}
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), key)
@@ -69,7 +64,6 @@ printf %s "$KEY" | sha256sum.`,
 	fs.StringVar(&o.File, "file", "", "keys file to add the key to")
 	fs.StringVar(&o.Tenant, "tenant", "", "tenant the key's requests run as")
 	fs.StringVar(&o.Name, "name", "", "the key's name in logs and errors, unique in the file (default: the tenant for its first key, then TENANT-2, TENANT-3, …)")
-	fs.IntVar(&o.ConcurrentMax, "concurrent-max", 0, fmt.Sprintf("the tenant's most requests in flight, 1 to %d (default: no limit of its own)", httpapi.ConcurrentMax))
 	fs.StringArrayVar(&o.Models, "model", nil, "a model the key may use, by name or fingerprint (repeatable; default: any)")
 	return cmd
 }

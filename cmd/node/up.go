@@ -382,7 +382,7 @@ func up(stdout io.Writer, log *slog.Logger, o upOptions, signals <-chan os.Signa
 			return fmt.Errorf("up: %w", err)
 		}
 		e := httpapi.KeyEntry{Name: "up", Tenant: o.Tenant, SHA256: httpapi.HashKey(o.APIKey)}
-		if err := httpapi.AddKey(c.keysPath, e, nil); err != nil {
+		if err := httpapi.AddKey(c.keysPath, e); err != nil {
 			return fmt.Errorf("up: %w", err)
 		}
 	}
