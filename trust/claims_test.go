@@ -2,9 +2,7 @@ package trust_test
 
 import (
 	"errors"
-	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,27 +11,6 @@ import (
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
-
-// silent listens on loopback and holds every connection without a byte
-// until release is closed, as an address a hostile peer claims that
-// accepts TCP and never answers; accepted counts the connections.
-func silent(t *testing.T) (addr string, held func() int, release func()) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n atomic.Int64
-	done := make(chan struct{})
-	var once sync.Once
-	release = func() { once.Do(func() { close(done) }) }
-	t.Cleanup(release)
-	addr = testnet.Serve(t, ln, func(net.Conn) {
-		n.Add(1)
-		<-done
-	})
-	return addr, func() int { return int(n.Load()) }, release
-}
 
 // claimRefusal is how Verify's error would be counted, and the bound it
 // names.
@@ -68,7 +45,8 @@ func TestClaimProbesBoundedPerPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	peers := a.Peers()
-	hang, held, release := silent(t)
+	silent := testnet.NewSilent(t)
+	hang, held, release := silent.Addr(), silent.Accepted, silent.Release
 
 	bundles := map[string]*trust.Bundle{}
 	tenant := func(name string) *trust.Bundle {
