@@ -164,7 +164,7 @@ func TestBinaryAttackDataPlaneStrangers(t *testing.T) {
 	if addrs*perAddr <= def.HandshakesMax {
 		t.Fatalf("%d strangers of %d addresses would not try every one of HandshakesMax (%d)", addrs*perAddr, addrs, def.HandshakesMax)
 	}
-	warnBefore := strings.Count(decode.stderr.String(), "level=WARN")
+	warnBefore, bytesBefore := strings.Count(decode.stderr.String(), "level=WARN"), len(decode.stderr.String())
 	start := time.Now()
 	for i := range addrs {
 		holdBeforeHello(t, fmt.Sprintf("127.0.0.%d", 2+i), data, perAddr)
@@ -202,8 +202,10 @@ func TestBinaryAttackDataPlaneStrangers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("in %s the decode node refused %v and warned %d times (%d bytes of log); %d requests took %s alone, %s under attack after the restart",
-		took, refusedBy(s), warned, len(decode.stderr.String()), len(reqs), aloneTook, attackedTook)
+	logged := len(decode.stderr.String()) - bytesBefore
+	t.Logf("in %s the decode node refused %v and warned %d times (%d bytes of log, %.0f a minute); %d requests took %s alone, %s under attack after the restart (goodput ratio %.2f)",
+		took, refusedBy(s), warned, logged, float64(logged)/took.Minutes(), len(reqs), aloneTook, attackedTook,
+		aloneTook.Seconds()/attackedTook.Seconds())
 }
 
 // garbage sends random bytes to addr on one connection and holds 40 more
