@@ -10,6 +10,9 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
+	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -24,6 +27,8 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/internal/testnet"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
@@ -33,13 +38,13 @@ import (
 // when something is broken.
 const attackTimeout = 10 * time.Second
 
-// attackVictim starts a secure node serving every role, as a real
-// deployment's would.
-func attackVictim(t *testing.T, ca *trusttest.CA) *Node {
+// attackVictim starts a secure node serving every role under auth, as a
+// real deployment's would, logging to log (nil discards).
+func attackVictim(t *testing.T, auth *trust.Authority, log *slog.Logger) *Node {
 	t.Helper()
 	cfg := DefaultLocalNodeConfig(actors.RoleAll)
-	cfg.Auth = ca.Authority(t, trust.RoleAll, "victim", nil)
-	n, err := StartNode(withModel(t, cfg), nil)
+	cfg.Auth = auth
+	n, err := StartNode(withModel(t, cfg), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +150,7 @@ func generate(t *testing.T, addr string, tenant *trust.Authority) client.Result 
 // such as PoisonPill would stop the actor it names.
 func TestAttackRemote(t *testing.T) {
 	ca := trusttest.New(t)
-	victim := attackVictim(t, ca)
+	victim := attackVictim(t, ca.Authority(t, trust.RoleAll, "victim", nil), nil)
 	addr, auth := victim.Address(), victim.cfg.Auth
 	tenant := ca.Authority(t, trust.RoleTenant, "acme", nil)
 	before := generate(t, addr, tenant)
@@ -247,4 +252,128 @@ func victimAlive(n *Node) error {
 		return errors.Join(errors.New("the victim's admission no longer answers"), err)
 	}
 	return nil
+}
+
+// hostileClaims opens n protoactor streams with b's certificate, each
+// claiming the address claim, over as many connections as the victim's
+// StreamsPerConnMax needs, and returns how each ended, on a channel
+// closed when all have.
+func hostileClaims(t *testing.T, addr string, b *trust.Bundle, n int, claim string) <-chan error {
+	t.Helper()
+	ended := make(chan error, n)
+	perConn := int(trust.DefaultConfig().StreamsPerConnMax)
+	var rc remote.RemotingClient
+	done := make(chan struct{}, n)
+	for i := range n {
+		if i%perConn == 0 {
+			rc = remotingClient(t, addr, b)
+		}
+		go func(rc remote.RemotingClient) {
+			defer func() { done <- struct{}{} }()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			stream, err := rc.Receive(ctx)
+			if err == nil {
+				err = stream.Send(connectMsg(claim))
+			}
+			for err == nil {
+				var m *remote.RemoteMessage
+				if m, err = stream.Recv(); err == nil && m.GetConnectResponse() != nil {
+					err = errors.New("the victim accepted a claim no one proved")
+				}
+			}
+			ended <- err
+		}(rc)
+	}
+	go func() {
+		for range n {
+			<-done
+		}
+		close(ended)
+	}()
+	return ended
+}
+
+// Attack 3: a tenant opens many protoactor streams claiming an address
+// that accepts TCP and never answers. Its claims take only its own share
+// of the victim's claim probes (ClaimProbesPerIdentityMax), the rest are
+// refused by that bound while its probes hang, another tenant's request
+// is served meanwhile, and once the probes have failed the same claim is
+// refused from memory without a probe. Every refusal is counted by bound
+// and the victim's log stays a few lines a second.
+func TestAttackClaimProbes(t *testing.T) {
+	ca := trusttest.New(t)
+	cfg := trust.DefaultConfig()
+	// The hostile probes hang until the test releases them, and their
+	// failure is remembered for the rest of the test.
+	cfg.DialTimeout, cfg.ClaimFailureTTL = time.Minute, time.Hour
+	var logged testwait.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	auth, err := trust.New(ca.Bundle(t, trust.RoleAll, "victim"), cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := attackVictim(t, auth, log)
+	addr := victim.Address()
+	hang := testnet.NewSilent(t)
+	mallory := ca.Bundle(t, trust.RoleTenant, "mallory")
+	acme := ca.Authority(t, trust.RoleTenant, "acme", nil)
+	const victimRequests = 5
+	served := func() time.Duration {
+		start := time.Now()
+		for range victimRequests {
+			if res := generate(t, addr, acme); len(res.Tokens) == 0 {
+				t.Fatalf("another tenant's request: %+v", res)
+			}
+		}
+		return time.Since(start)
+	}
+	alone := served()
+	start := time.Now()
+
+	const streams = 48
+	ended := hostileClaims(t, addr, mallory, streams, hang.Addr())
+	testwait.Report(t, "the hostile tenant's probes under way", time.Minute, func() (bool, string) {
+		return hang.Accepted() == cfg.ClaimProbesPerIdentityMax, fmt.Sprintf("%d probes", hang.Accepted())
+	})
+	attacked := served() // while the hostile probes hang
+	limited := uint64(streams - cfg.ClaimProbesPerIdentityMax)
+	testwait.Report(t, "the hostile claims past its share refused", time.Minute, func() (bool, string) {
+		got := auth.Refused()
+		return got[trust.RefusedClaimPeer] == limited, fmt.Sprintf("refusals %v", got)
+	})
+	hang.Release()
+	for err := range ended {
+		refusedWith(t, "a hostile claim", err, "not proven")
+	}
+	const again = 8
+	for err := range hostileClaims(t, addr, mallory, again, hang.Addr()) {
+		refusedWith(t, "a hostile claim made again", err, "not proven")
+	}
+	took := time.Since(start)
+
+	got := auth.Refused()
+	want := trust.Refusals{}
+	want[trust.RefusedAddress] = uint64(cfg.ClaimProbesPerIdentityMax)
+	want[trust.RefusedClaimPeer] = limited
+	want[trust.RefusedClaimRemembered] = again
+	if got != want {
+		t.Fatalf("refusals %v, want %v (names %v)", got, want, trust.RefusalNames())
+	}
+	if n := hang.Accepted(); n != cfg.ClaimProbesPerIdentityMax {
+		t.Fatalf("%d probes reached the claimed address, want %d", n, cfg.ClaimProbesPerIdentityMax)
+	}
+	// Three kinds of refusal, each a burst and then a few lines a second.
+	lines := strings.Count(logged.String(), "level=WARN")
+	most := 3 * (cfg.RefusalLinesPerSecond + int(math.Ceil(took.Seconds()*float64(cfg.RefusalLinesPerSecond))))
+	if lines > most {
+		t.Fatalf("%d warnings in %s for %d refusals, want at most %d:\n%s", lines, took, got.Total(), most, logged.String())
+	}
+	t.Logf("%d warnings (%d bytes, %.0f a minute) in %s for %d refusals; %d requests of another tenant took %s alone, %s under attack (goodput ratio %.2f)",
+		lines, len(logged.String()), float64(len(logged.String()))/took.Minutes(), took, got.Total(), victimRequests, alone, attacked,
+		alone.Seconds()/attacked.Seconds())
+	served()
+	if err := victimAlive(victim); err != nil {
+		t.Fatal(err)
+	}
 }

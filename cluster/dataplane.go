@@ -147,6 +147,14 @@ type DataPlaneConfig struct {
 	// buffer and no serving slot, so strangers that connect and send
 	// nothing delay no transfer until there are HandshakesMax of them.
 	HandshakesMax int
+	// HandshakesPerAddrMax is the most of those one IP address may hold,
+	// unless a node or an operator connected from it lately
+	// (trust.Authority.IsProven); HandshakesReserved is the share of
+	// HandshakesMax only such addresses may take. So strangers holding
+	// every slot they may, from any number of addresses, leave a
+	// restarted prefill node room for its first transfers.
+	HandshakesPerAddrMax int
+	HandshakesReserved   int
 	// ServerBufferBytesMax bounds the read buffers of all of a server's
 	// connections together, in bytes: each connection allocates two batch
 	// buffers (header plus Batch.BytesMax each; it reads the next batch
@@ -192,6 +200,8 @@ func DefaultDataPlaneConfig(g kv.Geometry, incarnation uint64) DataPlaneConfig {
 		ConnectionsMax:        32,
 		ConnectionsPerPeerMax: 8,
 		HandshakesMax:         128,
+		HandshakesPerAddrMax:  16,
+		HandshakesReserved:    32,
 		ServerBufferBytesMax:  1 << 30,
 		Incarnation:           incarnation,
 	}
@@ -277,6 +287,14 @@ func (c DataPlaneConfig) Validate() error {
 	}
 	if c.HandshakesMax < 1 {
 		return fmt.Errorf("cluster: data plane HandshakesMax (%d) must be at least 1", c.HandshakesMax)
+	}
+	if c.HandshakesReserved < 0 || c.HandshakesReserved >= c.HandshakesMax {
+		return fmt.Errorf("cluster: data plane HandshakesReserved (%d) must be in [0, HandshakesMax (%d))",
+			c.HandshakesReserved, c.HandshakesMax)
+	}
+	if c.HandshakesPerAddrMax < 1 || c.HandshakesPerAddrMax > c.HandshakesMax-c.HandshakesReserved {
+		return fmt.Errorf("cluster: data plane HandshakesPerAddrMax (%d) must be in [1, HandshakesMax (%d) - HandshakesReserved (%d)]",
+			c.HandshakesPerAddrMax, c.HandshakesMax, c.HandshakesReserved)
 	}
 	if need := int64(c.ConnectionsMax) * c.connBufferBytes(); need > c.ServerBufferBytesMax {
 		return fmt.Errorf("cluster: data plane ConnectionsMax (%d) × %d batch buffers (%d bytes each) = %d bytes exceeds ServerBufferBytesMax (%d)",

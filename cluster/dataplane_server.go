@@ -54,11 +54,13 @@ type DataPlaneServerStats struct {
 	// Connections whose hello was accepted, and of them those served now.
 	ConnectionsAccepted, ConnectionsActive uint64
 	// Connections closed before their hello: HandshakesMax were already
-	// waiting for theirs (RefusedHandshakes), the TLS handshake failed (no
+	// waiting for theirs, or all but HandshakesReserved for a stranger's
+	// address (RefusedHandshakes), or HandshakesPerAddrMax from its
+	// address (RefusedHandshakesAddr); the TLS handshake failed (no
 	// certificate, one not of this cluster, not TLS at all), no hello came
 	// within HelloTimeout, or the peer closed first (ClosedBeforeHello, as
 	// membership's probes of the address do after their handshake).
-	RefusedHandshakes, HandshakesFailed, HelloTimeouts, ClosedBeforeHello uint64
+	RefusedHandshakes, RefusedHandshakesAddr, HandshakesFailed, HelloTimeouts, ClosedBeforeHello uint64
 	// Connections refused in the hello, by reason: ConnectionsMax served
 	// (RefusedBusy) or ConnectionsPerPeerMax from this peer
 	// (RefusedPeerBusy), a role that does not prefill (RefusedForbidden).
@@ -82,15 +84,15 @@ type DataPlaneServerStats struct {
 }
 
 type dpServerCounters struct {
-	accepted, active                                                        atomic.Uint64
-	handshakesBusy, handshakesFailed, helloTimeouts, noHello                atomic.Uint64
-	busy, peerBusy, forbidden                                               atomic.Uint64
-	helloIncarnation, helloVersion, helloLimits, helloMalformed, helloModel atomic.Uint64
-	batches, frames, bytes                                                  atomic.Uint64
-	batchesOK, framesOK                                                     atomic.Uint64
-	wrongIncarnation, rejected, handlerFailed                               atomic.Uint64
-	malformedChecksum, malformedOther                                       atomic.Uint64
-	idle, readErrors, writeErrors                                           atomic.Uint64
+	accepted, active                                                         atomic.Uint64
+	handshakesBusy, handshakesAddr, handshakesFailed, helloTimeouts, noHello atomic.Uint64
+	busy, peerBusy, forbidden                                                atomic.Uint64
+	helloIncarnation, helloVersion, helloLimits, helloMalformed, helloModel  atomic.Uint64
+	batches, frames, bytes                                                   atomic.Uint64
+	batchesOK, framesOK                                                      atomic.Uint64
+	wrongIncarnation, rejected, handlerFailed                                atomic.Uint64
+	malformedChecksum, malformedOther                                        atomic.Uint64
+	idle, readErrors, writeErrors                                            atomic.Uint64
 }
 
 // DataPlaneServer receives batches on one listener. Its methods are safe
@@ -105,7 +107,7 @@ type DataPlaneServer struct {
 
 	mu      sync.Mutex
 	conns   map[net.Conn]struct{} // every TCP connection open, for Close
-	hellos  int                   // connections before their hello
+	hellos  *trust.Strangers      // connections before their hello
 	served  int                   // connections past it
 	perPeer map[string]int        // served connections by dpPeer.key
 	closed  bool
@@ -126,7 +128,9 @@ func ListenDataPlane(cfg DataPlaneConfig, addr string, handler DataPlaneHandler)
 		return nil, fmt.Errorf("cluster: data plane listen on %s: %w", addr, err)
 	}
 	s := &DataPlaneServer{cfg: cfg, handler: handler, ln: ln, log: cfg.logger(),
-		conns: make(map[net.Conn]struct{}), perPeer: make(map[string]int)}
+		conns: make(map[net.Conn]struct{}), perPeer: make(map[string]int),
+		hellos: trust.NewStrangers(trust.StrangerLimits{Max: cfg.HandshakesMax, PerAddrMax: cfg.HandshakesPerAddrMax,
+			Reserved: cfg.HandshakesReserved})}
 	if !cfg.Auth.Insecure() {
 		s.tls = cfg.Auth.Bundle().ServerTLS()
 	}
@@ -160,8 +164,9 @@ func (s *DataPlaneServer) Stats() DataPlaneServerStats {
 	c := &s.c
 	return DataPlaneServerStats{
 		ConnectionsAccepted: c.accepted.Load(), ConnectionsActive: c.active.Load(),
-		RefusedHandshakes: c.handshakesBusy.Load(), HandshakesFailed: c.handshakesFailed.Load(),
-		HelloTimeouts: c.helloTimeouts.Load(), ClosedBeforeHello: c.noHello.Load(),
+		RefusedHandshakes: c.handshakesBusy.Load(), RefusedHandshakesAddr: c.handshakesAddr.Load(),
+		HandshakesFailed: c.handshakesFailed.Load(),
+		HelloTimeouts:    c.helloTimeouts.Load(), ClosedBeforeHello: c.noHello.Load(),
 		RefusedBusy: c.busy.Load(), RefusedPeerBusy: c.peerBusy.Load(), RefusedForbidden: c.forbidden.Load(),
 		RefusedHelloIncarnation: c.helloIncarnation.Load(),
 		RefusedHelloVersion:     c.helloVersion.Load(), RefusedHelloLimits: c.helloLimits.Load(),
@@ -189,7 +194,8 @@ func (s *DataPlaneServer) accept() {
 			// Out of file descriptors and the like: wait, as net/http does,
 			// rather than spin or give up.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			s.log.Warn("cluster: data plane accept failed", "addr", s.ln.Addr(), "err", err, "retry_in", backoff)
+			s.cfg.Auth.Warn(s.log, "data_plane_accept", "cluster: data plane accept failed", "addr", s.ln.Addr(), "err", err,
+				"retry_in", backoff)
 			time.Sleep(backoff)
 			continue
 		}
@@ -203,26 +209,43 @@ func (s *DataPlaneServer) accept() {
 }
 
 // admit registers conn as waiting for its hello, or closes it when the
-// server is closed or HandshakesMax connections wait already. Nothing is
-// written to it: before the TLS handshake there is no way to say why.
+// server is closed or the connections waiting already fill the bounds
+// (trust.Strangers) for its address. Nothing is written to it: before the
+// TLS handshake there is no way to say why.
 func (s *DataPlaneServer) admit(conn net.Conn) bool {
+	proven := s.cfg.Auth.IsProven(conn.RemoteAddr().String())
 	s.mu.Lock()
-	ok := !s.closed && s.hellos < s.cfg.HandshakesMax
+	closed := s.closed
+	r, ok := trust.Refusal(0), false
+	if !closed {
+		r, ok = s.hellos.Take(hostOf(conn), proven)
+	}
 	if ok {
 		s.conns[conn] = struct{}{}
-		s.hellos++
 	}
-	closed := s.closed
 	s.mu.Unlock()
 	if !ok {
 		if !closed {
-			s.c.handshakesBusy.Add(1)
-			s.log.Warn("cluster: data plane closed a connection: too many before their hello", "remote", conn.RemoteAddr(),
-				"handshakes_max", s.cfg.HandshakesMax, "hello_timeout", s.cfg.HelloTimeout)
+			if r == trust.RefusedHandshakesAddr {
+				s.c.handshakesAddr.Add(1)
+			} else {
+				s.c.handshakesBusy.Add(1)
+			}
+			s.cfg.Auth.Refuse(r, "data plane connection before its hello", "remote", conn.RemoteAddr(),
+				"handshakes_max", s.cfg.HandshakesMax, "handshakes_per_addr_max", s.cfg.HandshakesPerAddrMax,
+				"handshakes_reserved", s.cfg.HandshakesReserved, "hello_timeout", s.cfg.HelloTimeout)
 		}
 		conn.Close()
 	}
 	return ok
+}
+
+// hostOf is the IP address conn comes from.
+func hostOf(conn net.Conn) string {
+	if a, ok := conn.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return conn.RemoteAddr().String()
 }
 
 func (s *DataPlaneServer) drop(conn net.Conn) {
@@ -259,7 +282,7 @@ func (s *DataPlaneServer) reply(conn net.Conn, st DataPlaneStatus) error {
 func (s *DataPlaneServer) greet(raw net.Conn) (*dpPeer, bool) {
 	defer func() {
 		s.mu.Lock()
-		s.hellos--
+		s.hellos.Give(hostOf(raw))
 		s.mu.Unlock()
 	}()
 	raw.SetDeadline(time.Now().Add(s.cfg.HelloTimeout))
@@ -278,7 +301,8 @@ func (s *DataPlaneServer) greet(raw net.Conn) (*dpPeer, bool) {
 	st := s.check(p, h)
 	if err := s.reply(p.conn, st); err != nil {
 		s.c.writeErrors.Add(1)
-		s.log.Warn("cluster: data plane hello reply not written", "remote", raw.RemoteAddr(), "err", err)
+		s.cfg.Auth.Warn(s.log, "data_plane_reply", "cluster: data plane hello reply not written", "remote", raw.RemoteAddr(),
+			"err", err)
 		if st == DataPlaneOK {
 			s.release(p)
 		}
@@ -286,6 +310,11 @@ func (s *DataPlaneServer) greet(raw net.Conn) (*dpPeer, bool) {
 	}
 	if st != DataPlaneOK {
 		return nil, false
+	}
+	if s.tls == nil {
+		// Insecure, a hello that knew the incarnation and the model is
+		// all the proof there is.
+		s.cfg.Auth.Proven(raw.RemoteAddr().String())
 	}
 	raw.SetDeadline(time.Time{})
 	return p, true
@@ -303,6 +332,9 @@ func (s *DataPlaneServer) handshake(p *dpPeer) bool {
 	switch {
 	case err == nil:
 		p.conn, p.id, p.key = tc, id, id.String()
+		if id.Role.IsCluster() {
+			s.cfg.Auth.Proven(p.raw.RemoteAddr().String())
+		}
 		return true
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		s.tooSlow(p.raw)
@@ -334,7 +366,8 @@ func (s *DataPlaneServer) readHello(p *dpPeer) (dpHello, bool) {
 			s.c.noHello.Add(1)
 		default:
 			s.c.readErrors.Add(1)
-			s.log.Warn("cluster: data plane hello not read", "remote", p.raw.RemoteAddr(), "err", err)
+			s.cfg.Auth.Warn(s.log, "data_plane_hello_read", "cluster: data plane hello not read", "remote", p.raw.RemoteAddr(),
+				"err", err)
 		}
 		return dpHello{}, false
 	}
@@ -342,7 +375,8 @@ func (s *DataPlaneServer) readHello(p *dpPeer) (dpHello, bool) {
 	if err != nil {
 		// Not a data plane peer: no reply, since it would not read one.
 		s.c.helloMalformed.Add(1)
-		s.log.Warn("cluster: data plane connection closed", "remote", p.raw.RemoteAddr(), "reason", err)
+		s.cfg.Auth.Warn(s.log, "data_plane_hello_malformed", "cluster: data plane connection closed", "remote", p.raw.RemoteAddr(),
+			"reason", err)
 		return dpHello{}, false
 	}
 	return h, true
@@ -372,7 +406,7 @@ func (s *DataPlaneServer) check(p *dpPeer, h dpHello) DataPlaneStatus {
 	}
 	if st != DataPlaneOK {
 		counter.Add(1)
-		s.log.Warn("cluster: data plane refused hello", "remote", p.raw.RemoteAddr(), "reason", st,
+		s.cfg.Auth.Warn(s.log, "data_plane_hello", "cluster: data plane refused hello", "remote", p.raw.RemoteAddr(), "reason", st,
 			"version", h.version, "sender", fmt.Sprintf("%x", h.incarnation),
 			"expected", fmt.Sprintf("%x", h.expect), "incarnation", fmt.Sprintf("%x", s.cfg.Incarnation),
 			"page_tokens", h.limits.Frame.PageTokens, "bytes_per_token", h.limits.Frame.BytesPerToken,
@@ -400,7 +434,7 @@ func (s *DataPlaneServer) take(p *dpPeer) DataPlaneStatus {
 		return DataPlaneOK
 	case served >= s.cfg.ConnectionsMax:
 		s.c.busy.Add(1)
-		s.log.Warn("cluster: data plane refused a connection: busy", "remote", p.raw.RemoteAddr(),
+		s.cfg.Auth.Warn(s.log, "data_plane_busy", "cluster: data plane refused a connection: busy", "remote", p.raw.RemoteAddr(),
 			"connections_max", s.cfg.ConnectionsMax)
 	default:
 		s.c.peerBusy.Add(1)
@@ -461,7 +495,7 @@ func (s *DataPlaneServer) serve(raw net.Conn) {
 		r.acked()
 		if err != nil {
 			s.c.writeErrors.Add(1)
-			s.log.Warn("cluster: data plane connection closed", "remote", raw.RemoteAddr(),
+			s.cfg.Auth.Warn(s.log, "data_plane_ack", "cluster: data plane connection closed", "remote", raw.RemoteAddr(),
 				"reason", "acknowledgement not written", "batch", seq, "err", err)
 			return
 		}
@@ -497,7 +531,8 @@ func (s *DataPlaneServer) handle(b DataPlaneBatch) dpAck {
 		return dpAck{seq: b.Seq, status: DataPlaneRejected, frame: dpNoFrame}
 	default:
 		s.c.handlerFailed.Add(1)
-		s.log.Warn("cluster: data plane handler failed", "remote", b.Remote, "batch", b.Seq, "err", err)
+		s.cfg.Auth.Warn(s.log, "data_plane_handler", "cluster: data plane handler failed", "remote", b.Remote, "batch", b.Seq,
+			"err", err)
 		return dpAck{seq: b.Seq, status: DataPlaneHandlerFailed, frame: dpNoFrame}
 	}
 }
@@ -710,7 +745,7 @@ func (s *DataPlaneServer) closing(p *dpPeer, seq uint64, e *dpReadError) {
 			"reason", "idle", "idle_timeout", s.cfg.IdleTimeout)
 	default:
 		s.c.readErrors.Add(1)
-		s.log.Warn("cluster: data plane connection closed", "remote", p.raw.RemoteAddr(),
+		s.cfg.Auth.Warn(s.log, "data_plane_read", "cluster: data plane connection closed", "remote", p.raw.RemoteAddr(),
 			"reason", "read failed", "batch", seq, "err", e.err)
 	}
 }

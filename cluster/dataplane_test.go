@@ -775,6 +775,9 @@ func TestDataPlaneConfigValidate(t *testing.T) {
 		{"ConnectionsPerPeerMax (0) must be in [1, ConnectionsMax (32)]", func(c *DataPlaneConfig) { c.ConnectionsPerPeerMax = 0 }},
 		{"ConnectionsPerPeerMax (33) must be in [1, ConnectionsMax (32)]", func(c *DataPlaneConfig) { c.ConnectionsPerPeerMax = 33 }},
 		{"HandshakesMax (0)", func(c *DataPlaneConfig) { c.HandshakesMax = 0 }},
+		{"HandshakesReserved (128) must be in [0, HandshakesMax (128))", func(c *DataPlaneConfig) { c.HandshakesReserved = 128 }},
+		{"HandshakesPerAddrMax (97) must be in [1, HandshakesMax (128) - HandshakesReserved (32)]",
+			func(c *DataPlaneConfig) { c.HandshakesPerAddrMax = 97 }},
 		{"Auth is required", func(c *DataPlaneConfig) { c.Auth = nil }},
 		{"exceeds ServerBufferBytesMax (1000)", func(c *DataPlaneConfig) { c.ServerBufferBytesMax = 1000 }},
 	} {

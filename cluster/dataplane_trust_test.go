@@ -8,9 +8,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/kvwarden/kvwarden/internal/testnet"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
@@ -267,6 +269,7 @@ func TestDataPlaneIdleStrangers(t *testing.T) {
 	cfg := dpSecure(t, dpTestConfig(t, dpReceiverInc), ca, trust.RoleDecode, "d0")
 	cfg.HelloTimeout = time.Hour
 	const strangers = 40
+	cfg.HandshakesPerAddrMax = strangers + 1 // all from this test's one address, the sender too
 	if strangers <= cfg.ConnectionsMax || strangers > cfg.HandshakesMax {
 		t.Fatalf("test wants ConnectionsMax (%d) < %d strangers <= HandshakesMax (%d)", cfg.ConnectionsMax, strangers, cfg.HandshakesMax)
 	}
@@ -296,7 +299,7 @@ func TestDataPlaneIdleStrangers(t *testing.T) {
 // HelloTimeout has closed the waiting ones, a sender gets in again.
 func TestDataPlaneHandshakesMax(t *testing.T) {
 	cfg := dpTestConfig(t, dpReceiverInc)
-	cfg.HandshakesMax = 8
+	cfg.HandshakesMax, cfg.HandshakesPerAddrMax, cfg.HandshakesReserved = 8, 8, 0
 	cfg.HelloTimeout = 200 * time.Millisecond
 	srv := dpListen(t, cfg, (&dpRecorder{}).handle)
 	idle := make([]net.Conn, cfg.HandshakesMax)
@@ -426,5 +429,73 @@ func TestDataPlaneNodeDialFails(t *testing.T) {
 			t.Fatalf("secure dial with no member known = %v, want a *DataPlaneUnplannedError", err)
 		}
 		t.Log(err)
+	}
+}
+
+// Strangers from other hosts that connect and say nothing hold at most
+// HandshakesPerAddrMax connections each and, together, all but
+// HandshakesReserved: one more from a full address, or from a new one once
+// the strangers' share is full, is closed at once and counted by its
+// bound, while a prefill node whose address is the cluster's own dials in
+// and transfers as before.
+func TestDataPlaneStrangersPerAddr(t *testing.T) {
+	ca := trusttest.New(t)
+	cfg := dpSecure(t, dpTestConfig(t, dpReceiverInc), ca, trust.RoleDecode, "d0")
+	cfg.HelloTimeout = time.Hour
+	cfg.HandshakesMax, cfg.HandshakesPerAddrMax, cfg.HandshakesReserved = 12, 3, 3
+	rec := &dpRecorder{}
+	srv := dpListen(t, cfg, rec.handle)
+	addr := srv.Addr().String()
+	prefill := dpSecure(t, dpTestConfig(t, dpSenderInc), ca, trust.RolePrefill, "p0")
+	send := func(seed uint64) {
+		t.Helper()
+		frames := dpFrames(rand.New(rand.NewPCG(seed, seed)), 2, seed, dpReceiverInc)
+		if err := dpDial(t, prefill, srv, dpReceiverInc).Send(context.Background(), frames); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(1) // proves 127.0.0.1 the cluster's own
+
+	closedAtOnce := func(what string, c net.Conn) {
+		t.Helper()
+		c.SetReadDeadline(time.Now().Add(eventDeadline))
+		if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("%s: read %d bytes, %v; want the connection closed by the server", what, n, err)
+		}
+	}
+	hold := func(ip string, n int) {
+		t.Helper()
+		for range n {
+			if _, err := testnet.DialFrom(t, ip, addr); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	hold("127.0.0.2", cfg.HandshakesPerAddrMax)
+	extra, err := testnet.DialFrom(t, "127.0.0.2", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAtOnce("a stranger past HandshakesPerAddrMax", extra)
+	hold("127.0.0.3", cfg.HandshakesPerAddrMax)
+	hold("127.0.0.4", cfg.HandshakesPerAddrMax)
+	late, err := testnet.DialFrom(t, "127.0.0.5", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAtOnce("a stranger past the strangers' share", late)
+
+	for i := range cfg.HandshakesReserved {
+		send(uint64(2 + i))
+	}
+	if rs := srv.Stats(); rs.RefusedHandshakesAddr != 1 || rs.RefusedHandshakes != 1 || rs.HelloTimeouts != 0 {
+		t.Fatalf("server stats %+v: want one stranger refused per address, one for the strangers' share", rs)
+	}
+	got := cfg.Auth.Refused()
+	if got[trust.RefusedHandshakesAddr] != 1 || got[trust.RefusedHandshakes] != 1 {
+		t.Fatalf("refusals %v (names %v): want one handshakes_addr and one handshakes", got, trust.RefusalNames())
+	}
+	if n := len(rec.got()); n != 2*(1+cfg.HandshakesReserved) {
+		t.Fatalf("%d frames received, want every transfer's", n)
 	}
 }

@@ -104,7 +104,11 @@
 // (DataPlaneBatch.Peer) so that frames are taken only from the prefill
 // node planned, and bounds strangers: HelloTimeout for the handshake and
 // hello, HandshakesMax connections before their hello (which hold no
-// serving slot), ConnectionsPerPeerMax of ConnectionsMax per identity (per
+// serving slot), of them HandshakesPerAddrMax from one stranger's IP and
+// all but HandshakesReserved from strangers together (the reserve is for
+// addresses a node connected from lately, so that a restarted prefill
+// node gets in while strangers hold every slot they may),
+// ConnectionsPerPeerMax of ConnectionsMax per identity (per
 // IP when insecure). Send packs frames into batches within kv.BatchLimits,
 // with at most InFlightMax unacknowledged per connection (back-pressure),
 // and returns only when the receiver's handler has accepted every frame,

@@ -3,6 +3,7 @@ package trust
 import (
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,8 +24,46 @@ type Config struct {
 	// may open (protoactor uses one per peer).
 	StreamsPerConnMax uint32
 	// ClaimProbesMax bounds the TLS handshakes that check peers' claimed
-	// addresses at once; a claim beyond it is refused.
+	// addresses at once; a claim waits at most ClaimProbeWait for one it
+	// may start, then is refused.
 	ClaimProbesMax int
+	// ClaimProbeWait bounds how long a claim waits for a probe it may
+	// start. Shorter than DialTimeout, so that a peer whose probes are
+	// held for DialTimeout each has its other claims refused before they
+	// end, rather than take the next probe.
+	ClaimProbeWait time.Duration
+	// ClaimProbesReserved is the share of ClaimProbesMax only the
+	// cluster's own identities (nodes, operators) may take: tenants
+	// together have at most ClaimProbesMax - ClaimProbesReserved under way.
+	ClaimProbesReserved int
+	// ClaimProbesPerIdentityMax and ClaimProbesPerAddrMax bound the probes
+	// under way for the claims of one identity and of one claimant IP
+	// address, so that one peer cannot take them all: a peer that claims
+	// addresses that accept TCP and never answer holds its few probes for
+	// DialTimeout each, and its other claims wait or are refused.
+	ClaimProbesPerIdentityMax int
+	ClaimProbesPerAddrMax     int
+	// ClaimFailureTTL is how long a claim (a certificate at an address)
+	// whose probe failed is refused again without a probe; ClaimFailuresMax
+	// bounds the claims remembered, the oldest forgotten first. A claim
+	// that succeeded is remembered by the address book (PeersMax).
+	ClaimFailureTTL  time.Duration
+	ClaimFailuresMax int
+	// RemoteHandshakesMax bounds the protoactor remote connections held
+	// before their TLS handshake (each for at most DialTimeout);
+	// RemoteHandshakesPerAddrMax those of one IP address that is not the
+	// cluster's own, and RemoteHandshakesReserved is the share only the
+	// cluster's own addresses (ProvenAddrTTL) may take. One more is closed
+	// at once.
+	RemoteHandshakesMax        int
+	RemoteHandshakesPerAddrMax int
+	RemoteHandshakesReserved   int
+	// ProvenAddrTTL is how long an IP address from which a node or an
+	// operator completed a TLS handshake counts as the cluster's own, for
+	// the reserved shares of this process's listeners; ProvenAddrsMax
+	// bounds the addresses remembered, the oldest forgotten first.
+	ProvenAddrTTL  time.Duration
+	ProvenAddrsMax int
 	// RefusalLinesPerSecond bounds the log lines each kind of refusal
 	// writes, per second; every refusal is counted (Refused) whatever is
 	// logged, and the next line written says how many were not.
@@ -33,7 +72,11 @@ type Config struct {
 
 // DefaultConfig fits a cluster of a few hundred nodes and clients.
 func DefaultConfig() Config {
-	return Config{PeersMax: 4096, DialTimeout: 2 * time.Second, StreamsPerConnMax: 4, ClaimProbesMax: 16,
+	return Config{PeersMax: 4096, DialTimeout: 2 * time.Second, StreamsPerConnMax: 4,
+		ClaimProbesMax: 16, ClaimProbeWait: time.Second, ClaimProbesReserved: 4, ClaimProbesPerIdentityMax: 2, ClaimProbesPerAddrMax: 4,
+		ClaimFailureTTL: 10 * time.Second, ClaimFailuresMax: 1024,
+		RemoteHandshakesMax: 256, RemoteHandshakesPerAddrMax: 32, RemoteHandshakesReserved: 64,
+		ProvenAddrTTL: 10 * time.Minute, ProvenAddrsMax: 1024,
 		RefusalLinesPerSecond: 5}
 }
 
@@ -48,6 +91,33 @@ func (c Config) Validate() error {
 		return fmt.Errorf("trust: StreamsPerConnMax (%d) must be at least 1", c.StreamsPerConnMax)
 	case c.ClaimProbesMax < 1:
 		return fmt.Errorf("trust: ClaimProbesMax (%d) must be at least 1", c.ClaimProbesMax)
+	case c.ClaimProbeWait <= 0:
+		return fmt.Errorf("trust: ClaimProbeWait (%s) must be positive", c.ClaimProbeWait)
+	case c.ClaimProbesReserved < 0 || c.ClaimProbesReserved >= c.ClaimProbesMax:
+		return fmt.Errorf("trust: ClaimProbesReserved (%d) must be in [0, ClaimProbesMax (%d)), so that tenants may probe",
+			c.ClaimProbesReserved, c.ClaimProbesMax)
+	case c.ClaimProbesPerIdentityMax < 1 || c.ClaimProbesPerIdentityMax > c.ClaimProbesMax:
+		return fmt.Errorf("trust: ClaimProbesPerIdentityMax (%d) must be in [1, ClaimProbesMax (%d)]",
+			c.ClaimProbesPerIdentityMax, c.ClaimProbesMax)
+	case c.ClaimProbesPerAddrMax < 1 || c.ClaimProbesPerAddrMax > c.ClaimProbesMax:
+		return fmt.Errorf("trust: ClaimProbesPerAddrMax (%d) must be in [1, ClaimProbesMax (%d)]",
+			c.ClaimProbesPerAddrMax, c.ClaimProbesMax)
+	case c.ClaimFailureTTL <= 0:
+		return fmt.Errorf("trust: ClaimFailureTTL (%s) must be positive", c.ClaimFailureTTL)
+	case c.ClaimFailuresMax < 1:
+		return fmt.Errorf("trust: ClaimFailuresMax (%d) must be at least 1", c.ClaimFailuresMax)
+	case c.RemoteHandshakesMax < 1:
+		return fmt.Errorf("trust: RemoteHandshakesMax (%d) must be at least 1", c.RemoteHandshakesMax)
+	case c.RemoteHandshakesReserved < 0 || c.RemoteHandshakesReserved >= c.RemoteHandshakesMax:
+		return fmt.Errorf("trust: RemoteHandshakesReserved (%d) must be in [0, RemoteHandshakesMax (%d))",
+			c.RemoteHandshakesReserved, c.RemoteHandshakesMax)
+	case c.RemoteHandshakesPerAddrMax < 1 || c.RemoteHandshakesPerAddrMax > c.RemoteHandshakesMax-c.RemoteHandshakesReserved:
+		return fmt.Errorf("trust: RemoteHandshakesPerAddrMax (%d) must be in [1, RemoteHandshakesMax (%d) - RemoteHandshakesReserved (%d)]",
+			c.RemoteHandshakesPerAddrMax, c.RemoteHandshakesMax, c.RemoteHandshakesReserved)
+	case c.ProvenAddrTTL <= 0:
+		return fmt.Errorf("trust: ProvenAddrTTL (%s) must be positive", c.ProvenAddrTTL)
+	case c.ProvenAddrsMax < 1:
+		return fmt.Errorf("trust: ProvenAddrsMax (%d) must be at least 1", c.ProvenAddrsMax)
 	case c.RefusalLinesPerSecond < 1:
 		return fmt.Errorf("trust: RefusalLinesPerSecond (%d) must be at least 1", c.RefusalLinesPerSecond)
 	}
@@ -65,6 +135,25 @@ type Authority struct {
 	log     *slog.Logger
 	refused [refusalKinds]atomic.Uint64
 	lines   *ratelog.Limiter // of refusals' log lines
+
+	provenMu    sync.Mutex
+	proven      provenAddrs
+	strangersMu sync.Mutex
+	strangers   *Strangers // remote connections before their TLS handshake
+}
+
+func newAuthority(b *Bundle, cfg Config, log *slog.Logger) *Authority {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Authority{cfg: cfg, bundle: b, log: log, lines: ratelog.New(cfg.RefusalLinesPerSecond),
+		proven: provenAddrs{max: cfg.ProvenAddrsMax, ttl: cfg.ProvenAddrTTL, m: map[string]time.Time{}},
+		strangers: NewStrangers(StrangerLimits{Max: cfg.RemoteHandshakesMax, PerAddrMax: cfg.RemoteHandshakesPerAddrMax,
+			Reserved: cfg.RemoteHandshakesReserved})}
+	if b != nil {
+		a.peers = newPeers(b, cfg)
+	}
+	return a
 }
 
 // New is the authority of a process holding b.
@@ -75,21 +164,11 @@ func New(b *Bundle, cfg Config, log *slog.Logger) (*Authority, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &Authority{cfg: cfg, bundle: b, peers: newPeers(b, cfg.PeersMax, cfg.ClaimProbesMax, cfg.DialTimeout), log: log,
-		lines: ratelog.New(cfg.RefusalLinesPerSecond)}, nil
+	return newAuthority(b, cfg, log), nil
 }
 
 // Insecure is an authority that authenticates nobody.
-func Insecure(log *slog.Logger) *Authority {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	cfg := DefaultConfig()
-	return &Authority{cfg: cfg, log: log, lines: ratelog.New(cfg.RefusalLinesPerSecond)}
-}
+func Insecure(log *slog.Logger) *Authority { return newAuthority(nil, DefaultConfig(), log) }
 
 // Insecure says whether the authority authenticates nobody.
 func (a *Authority) Insecure() bool { return a.bundle == nil }

@@ -43,6 +43,11 @@ func (r Role) IsNode() bool {
 	return r == RolePrefill || r == RoleDecode || r == RoleRouter || r == RoleAll
 }
 
+// IsCluster says whether the role is the cluster's own, a node's or an
+// operator's, rather than a tenant's: its traffic keeps a reserved share
+// of what strangers and tenants compete for.
+func (r Role) IsCluster() bool { return r.IsNode() || r == RoleOperator }
+
 // Prefills and Decodes say whether a node of the role runs workers of
 // each kind.
 func (r Role) Prefills() bool { return r == RolePrefill || r == RoleAll }

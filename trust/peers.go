@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 )
@@ -21,9 +22,12 @@ type Peers struct {
 	b         *Bundle
 	max       int
 	dialAfter time.Duration
-	probes    chan struct{} // one token per probe a claim may start at once
+	probeWait time.Duration
 	mu        sync.Mutex
 	byAddr    map[string]peerEntry
+	probes    claimProbes   // of claims under way
+	freed     chan struct{} // closed, and replaced, when a claim probe ends
+	failed    claimFailures // claims whose probe failed lately
 }
 
 type peerEntry struct {
@@ -37,9 +41,9 @@ type peerEntry struct {
 // has a live stream.
 var ErrBookFull = errors.New("trust: address book full, every address in it has a live stream")
 
-func newPeers(b *Bundle, max, probesMax int, dialTimeout time.Duration) *Peers {
-	return &Peers{b: b, max: max, dialAfter: dialTimeout, byAddr: map[string]peerEntry{},
-		probes: make(chan struct{}, probesMax)}
+func newPeers(b *Bundle, cfg Config) *Peers {
+	return &Peers{b: b, max: cfg.PeersMax, dialAfter: cfg.DialTimeout, probeWait: cfg.ClaimProbeWait, byAddr: map[string]peerEntry{},
+		probes: newClaimProbes(cfg), freed: make(chan struct{}), failed: newClaimFailures(cfg)}
 }
 
 // record notes that the holder of cert serves at addr; false when the
@@ -51,7 +55,9 @@ func (p *Peers) record(addr string, id Identity, cert *x509.Certificate) bool {
 	if !ok && len(p.byAddr) >= p.max && !p.evictOldest() {
 		return false
 	}
-	p.byAddr[addr] = peerEntry{id: id, fp: Fingerprint(cert), seen: time.Now(), streams: e.streams}
+	fp := Fingerprint(cert)
+	p.byAddr[addr] = peerEntry{id: id, fp: fp, seen: time.Now(), streams: e.streams}
+	p.failed.forget(claimKey{addr: addr, fp: fp})
 	return true
 }
 
@@ -108,52 +114,124 @@ func (p *Peers) At(addr string) (Identity, bool) {
 }
 
 // AddressError is a peer that claims an address whose server is someone
-// else (or no one).
+// else (or no one), or whose claim was not probed (Err is then a
+// *ClaimLimitError).
 type AddressError struct {
 	Addr    string
 	Claimed Identity
 	Found   Identity // zero if nothing answered
 	Err     error    // why nothing answered
+	// Remembered says the probe ran for an earlier claim, within
+	// ClaimFailureTTL, and was not run again.
+	Remembered bool
 }
 
 func (e *AddressError) Error() string {
-	if e.Err != nil {
-		return fmt.Sprintf("trust: %s claims address %s, where no kvwarden peer answers: %v", e.Claimed, e.Addr, e.Err)
+	again := ""
+	if e.Remembered {
+		again = " (probed lately, not again)"
 	}
-	return fmt.Sprintf("trust: %s claims address %s, which is served by %s", e.Claimed, e.Addr, e.Found)
+	if e.Err != nil {
+		return fmt.Sprintf("trust: %s claims address %s, where no kvwarden peer answers%s: %v", e.Claimed, e.Addr, again, e.Err)
+	}
+	return fmt.Sprintf("trust: %s claims address %s, which is served by %s%s", e.Claimed, e.Addr, e.Found, again)
 }
 
 func (e *AddressError) Is(target error) bool { return target == ErrNotAuthenticated }
 
-// Verify checks that the peer holding cert (identity id) serves at addr:
-// from the book when the certificate found there last time is this one,
-// else by dialing addr and comparing.
-func (p *Peers) Verify(addr string, id Identity, cert *x509.Certificate) error {
-	fp := Fingerprint(cert)
-	p.mu.Lock()
-	e, ok := p.byAddr[addr]
-	if ok && e.fp == fp {
-		e.seen = time.Now() // in use: the last to be forgotten
-		p.byAddr[addr] = e
+func (e *AddressError) Unwrap() error { return e.Err }
+
+// Refusal is the kind of refusal e is counted as: of the address, of a
+// bound on probes, or of a claim that failed lately.
+func (e *AddressError) Refusal() Refusal {
+	var le *ClaimLimitError
+	switch {
+	case errors.As(e.Err, &le):
+		return le.Refusal
+	case e.Remembered:
+		return RefusedClaimRemembered
 	}
-	p.mu.Unlock()
-	if ok && e.fp == fp {
+	return RefusedAddress
+}
+
+// Verify checks that the peer holding cert (identity id), connected from
+// from (host:port), serves at addr: from the book when the certificate
+// found there last time is this one, else, unless the same claim failed
+// within ClaimFailureTTL, by dialing addr and comparing. A claim waits at
+// most ClaimProbeWait for a probe it may start: one identity, one host and
+// the tenants together may each have only so many under way.
+func (p *Peers) Verify(from, addr string, id Identity, cert *x509.Certificate) error {
+	key := claimKey{addr: addr, fp: Fingerprint(cert)}
+	host := hostOf(from)
+	start := time.Now()
+	var limit *ClaimLimitError
+	for wait := (<-chan time.Time)(nil); ; {
+		p.mu.Lock()
+		now := time.Now()
+		if e, ok := p.byAddr[addr]; ok && e.fp == key.fp {
+			e.seen = now // in use: the last to be forgotten
+			p.byAddr[addr] = e
+			p.mu.Unlock()
+			return nil
+		}
+		if err, ok := p.failed.recall(key, now); ok {
+			p.mu.Unlock()
+			return err
+		}
+		if limit = p.probes.take(id, host); limit == nil {
+			p.mu.Unlock()
+			break
+		}
+		freed := p.freed
+		p.mu.Unlock()
+		if wait == nil {
+			t := time.NewTimer(p.probeWait)
+			defer t.Stop()
+			wait = t.C
+		}
+		select {
+		case <-freed:
+			continue
+		case <-wait:
+		}
+		limit.Waited = time.Since(start).Round(time.Millisecond)
+		return &AddressError{Addr: addr, Claimed: id, Err: limit}
+	}
+	ae := p.probe(key, id)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.probes.give(id, host)
+	close(p.freed)
+	p.freed = make(chan struct{})
+	if ae != nil && !errors.Is(ae.Err, ErrBookFull) {
+		p.failed.remember(key, ae, time.Now())
+	}
+	if ae == nil {
 		return nil
 	}
-	select {
-	case p.probes <- struct{}{}:
-		defer func() { <-p.probes }()
-	default:
-		return &AddressError{Addr: addr, Claimed: id, Err: fmt.Errorf("%d probes under way, the most at once", cap(p.probes))}
-	}
-	found, foundCert, err := p.Probe(addr)
-	if err != nil {
-		return &AddressError{Addr: addr, Claimed: id, Err: err}
-	}
-	if Fingerprint(foundCert) != fp {
-		return &AddressError{Addr: addr, Claimed: id, Found: found}
+	return ae
+}
+
+// probe dials the claimed address and compares the certificate found
+// there with the claimant's.
+func (p *Peers) probe(key claimKey, id Identity) *AddressError {
+	found, foundCert, err := p.Probe(key.addr)
+	switch {
+	case err != nil:
+		return &AddressError{Addr: key.addr, Claimed: id, Err: err}
+	case Fingerprint(foundCert) != key.fp:
+		return &AddressError{Addr: key.addr, Claimed: id, Found: found}
 	}
 	return nil
+}
+
+// hostOf is the host of a host:port, or the whole string when it has no
+// port.
+func hostOf(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
 }
 
 // Probe dials addr, completes a TLS handshake as a client, records who

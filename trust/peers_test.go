@@ -4,12 +4,16 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
+
+// claimFrom is where the tests' claimants connect from.
+const claimFrom = "10.0.0.9:4000"
 
 func TestPeersVerify(t *testing.T) {
 	ca := trusttest.New(t)
@@ -20,14 +24,14 @@ func TestPeersVerify(t *testing.T) {
 	if _, ok := peers.At(addr); ok {
 		t.Fatal("the book knows an address nobody dialed")
 	}
-	if err := peers.Verify(addr, holder.Self, holder.Leaf); err != nil {
+	if err := peers.Verify(claimFrom, addr, holder.Self, holder.Leaf); err != nil {
 		t.Fatalf("Verify(holder) = %v", err)
 	}
 	if id, ok := peers.At(addr); !ok || id != holder.Self {
 		t.Fatalf("At(%s) = %s, %v; want %s", addr, id, ok, holder.Self)
 	}
 	var ae *trust.AddressError
-	err := peers.Verify(addr, claimant.Self, claimant.Leaf)
+	err := peers.Verify(claimFrom, addr, claimant.Self, claimant.Leaf)
 	if !errors.As(err, &ae) || ae.Found != holder.Self || ae.Claimed != claimant.Self || ae.Err != nil || ae.Addr != addr {
 		t.Fatalf("Verify(claimant) = %v, want an AddressError finding %s", err, holder.Self)
 	}
@@ -35,7 +39,7 @@ func TestPeersVerify(t *testing.T) {
 		t.Fatalf("claimant's error %q", err)
 	}
 	dead := trusttest.ClosedAddr(t)
-	err = peers.Verify(dead, holder.Self, holder.Leaf)
+	err = peers.Verify(claimFrom, dead, holder.Self, holder.Leaf)
 	if !errors.As(err, &ae) || ae.Err == nil || !ae.Found.IsZero() {
 		t.Fatalf("Verify(nothing listening) = %v, want an AddressError with the dial error", err)
 	}
@@ -93,6 +97,18 @@ func TestAuthorityConfigValidate(t *testing.T) {
 		{func(c *trust.Config) { c.PeersMax = 0 }, "PeersMax (0) must be at least 1"},
 		{func(c *trust.Config) { c.DialTimeout = 0 }, "DialTimeout (0s) must be positive"},
 		{func(c *trust.Config) { c.StreamsPerConnMax = 0 }, "StreamsPerConnMax (0) must be at least 1"},
+		{func(c *trust.Config) { c.ClaimProbeWait = 0 }, "ClaimProbeWait (0s) must be positive"},
+		{func(c *trust.Config) { c.ClaimProbesReserved = 16 }, "ClaimProbesReserved (16) must be in [0, ClaimProbesMax (16))"},
+		{func(c *trust.Config) { c.ClaimProbesPerIdentityMax = 0 }, "ClaimProbesPerIdentityMax (0) must be in [1, ClaimProbesMax (16)]"},
+		{func(c *trust.Config) { c.ClaimProbesPerAddrMax = 17 }, "ClaimProbesPerAddrMax (17) must be in [1, ClaimProbesMax (16)]"},
+		{func(c *trust.Config) { c.ClaimFailureTTL = -time.Second }, "ClaimFailureTTL (-1s) must be positive"},
+		{func(c *trust.Config) { c.ClaimFailuresMax = 0 }, "ClaimFailuresMax (0) must be at least 1"},
+		{func(c *trust.Config) { c.RemoteHandshakesMax = 0 }, "RemoteHandshakesMax (0) must be at least 1"},
+		{func(c *trust.Config) { c.RemoteHandshakesReserved = 256 }, "RemoteHandshakesReserved (256) must be in [0, RemoteHandshakesMax (256))"},
+		{func(c *trust.Config) { c.RemoteHandshakesPerAddrMax = 193 },
+			"RemoteHandshakesPerAddrMax (193) must be in [1, RemoteHandshakesMax (256) - RemoteHandshakesReserved (64)]"},
+		{func(c *trust.Config) { c.ProvenAddrTTL = 0 }, "ProvenAddrTTL (0s) must be positive"},
+		{func(c *trust.Config) { c.ProvenAddrsMax = 0 }, "ProvenAddrsMax (0) must be at least 1"},
 	}
 	for _, tt := range tests {
 		c := trust.DefaultConfig()

@@ -33,11 +33,31 @@ const (
 	// HTTP server on strangers (connections in all or from one address,
 	// repeated bad API keys from one address).
 	RefusedHTTP
+	// RefusedClaimProbes: a claimed address not probed, because every
+	// claim probe the claimant may use was under way for as long as a
+	// probe takes (ClaimProbesMax; a tenant's share leaves
+	// ClaimProbesReserved to the cluster's own).
+	RefusedClaimProbes
+	// RefusedClaimPeer: a claimed address not probed, because the
+	// claimant's identity (ClaimProbesPerIdentityMax) or its network
+	// address (ClaimProbesPerAddrMax) had all its probes under way.
+	RefusedClaimPeer
+	// RefusedClaimRemembered: a claim whose probe failed within
+	// ClaimFailureTTL, refused again without a probe.
+	RefusedClaimRemembered
+	// RefusedHandshakes: a connection closed before it proved an identity,
+	// because the listener held every connection it may before theirs (of
+	// a stranger's address, all but the reserved share).
+	RefusedHandshakes
+	// RefusedHandshakesAddr: a connection closed before it proved an
+	// identity, because its network address held every connection one
+	// address may before theirs.
+	RefusedHandshakesAddr
 	refusalKinds
 )
 
 var refusalNames = [refusalKinds]string{"certificate", "address", "batch", "panic", "role", "tenant", "stranger",
-	"data_plane", "http"}
+	"data_plane", "http", "claim_probes", "claim_probes_peer", "claim_remembered", "handshakes", "handshakes_addr"}
 
 func (r Refusal) String() string {
 	if r < refusalKinds {
@@ -63,6 +83,14 @@ func (r Refusals) Total() uint64 {
 func (a *Authority) Refuse(r Refusal, what string, args ...any) {
 	a.refused[r].Add(1)
 	a.lines.Log(a.log, slog.LevelWarn, r.String(), "refused: "+what, append([]any{slog.String("reason", r.String())}, args...)...)
+}
+
+// Warn writes to log a line a peer can cause that refuses nothing (a read
+// or a write on its connection that failed), at most
+// RefusalLinesPerSecond lines a second for each kind; the caller counts
+// what happened.
+func (a *Authority) Warn(log *slog.Logger, kind, msg string, args ...any) {
+	a.lines.Log(log, slog.LevelWarn, "warn:"+kind, msg, args...)
 }
 
 // Refused is the count of every refusal so far.

@@ -85,15 +85,32 @@ type countingCreds struct {
 	a *Authority
 }
 
+// Before the handshake the connection is a stranger's: it waits within
+// the RemoteHandshakes bounds, and one of the cluster's own identities
+// that completes it proves its address (Proven).
 func (c *countingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	if !c.a.admitStranger(raw) {
+		raw.Close()
+		return nil, nil, errStrangersFull
+	}
+	defer c.a.strangerDone(raw)
 	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
 	// A connection closed before its first byte (a reachability check, a
 	// port scan's connect) refused nothing.
 	if err != nil && !errors.Is(err, io.EOF) {
 		c.a.Refuse(RefusedCertificate, "remote TLS handshake", "peer", raw.RemoteAddr().String(), "err", err)
 	}
+	if ti, ok := info.(credentials.TLSInfo); ok && err == nil {
+		if id, _, err := c.a.bundle.PeerIdentity(ti.State, x509.ExtKeyUsageClientAuth); err == nil && id.Role.IsCluster() {
+			c.a.Proven(raw.RemoteAddr().String())
+		}
+	}
 	return conn, info, err
 }
+
+// errStrangersFull ends a connection refused before its TLS handshake;
+// gRPC only logs it.
+var errStrangersFull = errors.New("trust: too many remote connections before their TLS handshake")
 
 func (c *countingCreds) Clone() credentials.TransportCredentials {
 	return &countingCreds{TransportCredentials: c.TransportCredentials.Clone(), a: c.a}
@@ -237,11 +254,16 @@ func (g *guardedStream) connect(c *remote.ConnectRequest) error {
 		return g.refuse(RefusedBatch, fmt.Sprintf("connect address %q: %v", sc.Address, err))
 	}
 	if g.a.bundle != nil {
-		if err := g.a.peers.Verify(sc.Address, g.id, g.cert); err != nil {
+		if err := g.a.peers.Verify(g.from, sc.Address, g.id, g.cert); err != nil {
 			// The peer learns only that its claim failed: the reason
 			// (what answered where, or how the dial failed) would make the
 			// node a port scanner for anyone with a certificate.
-			g.a.Refuse(RefusedAddress, "remote stream", "peer", g.from, "identity", g.id.String(), "why", err.Error())
+			r := RefusedAddress
+			var ae *AddressError
+			if errors.As(err, &ae) {
+				r = ae.Refusal()
+			}
+			g.a.Refuse(r, "remote stream", "peer", g.from, "identity", g.id.String(), "why", err.Error())
 			return status.Error(codes.PermissionDenied, "kvwarden: connect address "+sc.Address+" not proven")
 		}
 	}

@@ -1,13 +1,21 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
+	"fmt"
+	"math"
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/internal/testwait"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -65,12 +73,7 @@ func TestBinaryAttacksRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refused := map[string]uint64{}
-	for i, name := range trust.RefusalNames() {
-		if i < len(rs.Node.Refused) {
-			refused[name] = rs.Node.Refused[i]
-		}
-	}
+	refused := refusedBy(rs)
 	if refused["certificate"] < 2 || refused["tenant"] != 1 {
 		t.Errorf("router refusals %v, want at least 2 certificate (another CA, none, garbage) and 1 tenant", refused)
 	}
@@ -85,6 +88,124 @@ func TestBinaryAttacksRefused(t *testing.T) {
 			}
 		}
 	}
+}
+
+// refusedBy is a node's status's refusals by kind name.
+func refusedBy(s *messages.StatusReply) map[string]uint64 {
+	refused := map[string]uint64{}
+	for i, name := range trust.RefusalNames() {
+		if i < len(s.Node.Refused) {
+			refused[name] = s.Node.Refused[i]
+		}
+	}
+	return refused
+}
+
+// holdBeforeHello keeps n connections from ip to addr open without a
+// word until the test ends, dialing again, a moment later, each time the
+// server closes one: a stranger holding every connection it may before
+// the hello.
+func holdBeforeHello(t *testing.T, ip, addr string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for range n {
+		wg.Go(func() {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+			for ctx.Err() == nil {
+				if c, err := d.DialContext(ctx, "tcp", addr); err == nil {
+					stop := context.AfterFunc(ctx, func() { c.Close() })
+					_, _ = c.Read(make([]byte, 1))
+					stop()
+					c.Close()
+				}
+				// An attacker's pace: the test's two cores serve the
+				// cluster too.
+				select {
+				case <-ctx.Done():
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		})
+	}
+}
+
+// Attack 5, no credential, on the data plane: strangers on other hosts
+// hold every connection before the hello that each address may, and
+// together every one strangers may, of the decode node's data plane;
+// then the prefill node restarts. Its first transfers go through (the
+// reserve is for addresses the cluster's nodes connected from), every
+// request answers the reference (none node_lost), the strangers' extra
+// connections are refused and counted by bound, and the decode node's
+// warnings stay a few a second.
+func TestBinaryAttackDataPlaneStrangers(t *testing.T) {
+	router := startMember(t, "router", "")
+	prefill := startMember(t, "prefill", router.gossip)
+	decode := startMember(t, "decode", router.gossip)
+	waitConverged(t, router, prefill, decode)
+	alone := mixedRequests(7, 2, 200, 16)
+	aloneStart := time.Now()
+	generateAll(t, router.addr, alone)
+	aloneTook := time.Since(aloneStart)
+	checkReference(t, alone)
+	s, err := statusOf(t, decode.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := s.Node.DataPlane
+
+	// Strangers from more addresses than it takes to fill the strangers'
+	// share, each trying one more than an address may, together more than
+	// every slot there is.
+	def := cluster.DefaultLocalDataPlaneConfig(kv.Geometry{PageTokens: 1}, 1)
+	addrs := (def.HandshakesMax-def.HandshakesReserved)/def.HandshakesPerAddrMax + 2
+	perAddr := def.HandshakesPerAddrMax + 1
+	if addrs*perAddr <= def.HandshakesMax {
+		t.Fatalf("%d strangers of %d addresses would not try every one of HandshakesMax (%d)", addrs*perAddr, addrs, def.HandshakesMax)
+	}
+	warnBefore, bytesBefore := strings.Count(decode.stderr.String(), "level=WARN"), len(decode.stderr.String())
+	start := time.Now()
+	for i := range addrs {
+		holdBeforeHello(t, fmt.Sprintf("127.0.0.%d", 2+i), data, perAddr)
+	}
+	testwait.Report(t, "the strangers refused by both bounds", time.Minute, func() (bool, string) {
+		s, err := statusOf(t, decode.addr)
+		if err != nil {
+			return false, err.Error()
+		}
+		r := refusedBy(s)
+		return r["handshakes_addr"] >= 1 && r["handshakes"] >= 1, fmt.Sprint(r)
+	})
+
+	if err := prefill.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := startMember(t, "prefill", router.gossip)
+	waitConverged(t, router, restarted, decode)
+	reqs := mixedRequests(7, 2, 200, 16)
+	attackedStart := time.Now()
+	generateAll(t, router.addr, reqs)
+	attackedTook := time.Since(attackedStart)
+	checkReference(t, reqs)
+	took := time.Since(start)
+
+	// The kinds of warning the strangers cause: the two bounds and the
+	// hello timeout of the connections they hold.
+	const kinds = 3
+	perKind := trust.DefaultConfig().RefusalLinesPerSecond
+	warned := strings.Count(decode.stderr.String(), "level=WARN") - warnBefore
+	if most := kinds * (perKind + int(math.Ceil(took.Seconds()*float64(perKind)))); warned > most {
+		t.Fatalf("the decode node warned %d times in %s, want at most %d:\n%s", warned, took, most, decode.stderr)
+	}
+	s, err = statusOf(t, decode.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged := len(decode.stderr.String()) - bytesBefore
+	t.Logf("in %s the decode node refused %v and warned %d times (%d bytes of log, %.0f a minute); %d requests took %s alone, %s under attack after the restart (goodput ratio %.2f)",
+		took, refusedBy(s), warned, logged, float64(logged)/took.Minutes(), len(reqs), aloneTook, attackedTook,
+		aloneTook.Seconds()/attackedTook.Seconds())
 }
 
 // garbage sends random bytes to addr on one connection and holds 40 more
