@@ -158,9 +158,12 @@ type workerActor struct {
 	stepSeqs []*handoff.Sequence
 	stepped  []handoff.Stepped
 	next     int // round-robin start among seqs
-	// tenants weigh the tenants' sequences when there are more than a
-	// step takes (share); order is a step's.
+	// tenants weigh the tenants' sequences, and steps shares the worker
+	// among them, when more than one tenant has sequences here (share);
+	// model weighs a sequence's step; order is a step's.
 	tenants  *tenancy.Shares
+	steps    *tenancy.Steps
+	model    engine.ModelConfig
 	order    []int
 	stepping bool
 	fault    func([]kv.Frame)
@@ -173,7 +176,7 @@ type workerActor struct {
 // newWorker is a worker of role computing model over pool, with no dialer.
 func newWorker(role string, model *engine.Model, pool *Pool, cfg *Config, log *slog.Logger, policy planPolicy) *workerActor {
 	return &workerActor{role: role, engine: model.Engine(), stop: model.Tokenizer().Stop(), pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
-		tenants: cfg.Tenants, timeout: cfg.PrefillTimeout, log: log, stats: &workerCounters{}, policy: policy, metrics: &metricCounters{},
+		tenants: cfg.Tenants, steps: tenancy.NewSteps(), model: model.Config(), timeout: cfg.PrefillTimeout, log: log, stats: &workerCounters{}, policy: policy, metrics: &metricCounters{},
 		src: handoff.NewSource(handoff.SourceConfig{Role: role, PageTokens: cfg.PageTokens, QueueMax: cfg.QueueMax,
 			SendsMax: cfg.TransferSendsMax, ReclaimAfter: cfg.ReclaimAfter, DonePlansMax: cfg.DonePlansMax,
 			DoneFor: cfg.PrefillTimeout, Model: model.Fingerprint()})}
@@ -350,8 +353,8 @@ func (w *workerActor) kick(c actor.Context) {
 }
 
 // runStep starts at most one queued plan, then runs one decode step of up
-// to batchMax sequences, round robin, shared by tenants' weights when there
-// are more (share), in one batched step of the engine
+// to batchMax sequences, round robin, shared by tenants' weights when more
+// than one tenant has sequences here (share), in one batched step of the engine
 // (handoff.StepBatch: each weight matrix read once for all of them).
 func (w *workerActor) runStep(c actor.Context) {
 	if w.src.Startable() {
@@ -368,7 +371,7 @@ func (w *workerActor) runStep(c actor.Context) {
 		}
 		order := w.order[:0] // indexes into seqs of the step's sequences
 		var resume *sequence // where the next step's batch starts
-		if n == len(w.seqs) {
+		if n == len(w.seqs) && w.oneTenant() {
 			for i := range n {
 				order = append(order, (w.next+i)%n)
 			}
@@ -399,25 +402,40 @@ func (w *workerActor) runStep(c actor.Context) {
 	w.stats.steps.Add(1)
 }
 
-// share chooses the n of more sequences that a step takes, appending
-// their indexes in seqs to order: from the round-robin start on, the
-// tenants share the step by weight, not by how many sequences each has
-// (tenancy.ChooseSteps). The next step starts at the first sequence this
-// one passes over, so that each of a tenant's sequences gets its turn.
+// share chooses the n or fewer of more sequences that a step takes,
+// appending their indexes in seqs to order: from the round-robin start on,
+// the tenants share the worker's compute by weight, not by how many or how
+// long sequences each has (tenancy.Steps, each step weighed by
+// engine.ModelConfig.TokenMACs). The next step starts at the first
+// sequence this one passes over, so that each of a tenant's gets its turn.
 func (w *workerActor) share(n int, order []int) ([]int, *sequence) {
 	at := func(i int) int { return (w.next + i) % len(w.seqs) } // the i-th from the start
-	owners := make([]string, len(w.seqs))
+	owners, costs := make([]string, len(w.seqs)), make([]float64, len(w.seqs))
 	for i := range w.seqs {
-		owners[i] = w.seqs[at(i)].Owner().Tenant
+		s := w.seqs[at(i)]
+		owners[i], costs[i] = s.Owner().Tenant, w.model.TokenMACs(s.Context())
 	}
 	policy := w.tenants.Policy()
-	chosen := tenancy.ChooseSteps(owners, func(t string) int { return policy.Of(t).Weight }, n, nil)
+	chosen := w.steps.Choose(owners, costs, func(t string) int { return policy.Of(t).Weight }, n, nil)
 	taken := make([]bool, len(w.seqs))
 	for _, i := range chosen {
 		taken[i] = true
 		order = append(order, at(i))
 	}
-	return order, w.seqs[at(slices.Index(taken, false))]
+	if i := slices.Index(taken, false); i >= 0 {
+		return order, w.seqs[at(i)]
+	}
+	return order, nil
+}
+
+// oneTenant says whether every sequence is one tenant's.
+func (w *workerActor) oneTenant() bool {
+	for _, s := range w.seqs[1:] {
+		if s.Owner().Tenant != w.seqs[0].Owner().Tenant {
+			return false
+		}
+	}
+	return true
 }
 
 // batches cuts frames into groups of at most one transfer batch.

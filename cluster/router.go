@@ -254,6 +254,11 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		reject(&actors.BusyError{Where: messages.WhereDrainingRouter, Have: len(r.relays), Limit: 0}, &r.counters.rejectedBusy)
 		return
 	}
+	// A tenant at its bound is refused before its prompt costs anything.
+	if err := r.ledger.Room(r.cfg.Tenants.Policy(), tenant); err != nil {
+		reject(err, &r.counters.rejectedBusy)
+		return
+	}
 	ms := r.members()
 	fp := r.model.Fingerprint()
 	ds, ps := candidates(ms, decodes, fp), candidates(ms, prefills, fp)

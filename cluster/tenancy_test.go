@@ -53,12 +53,13 @@ func (l *load) err() error {
 }
 
 // TestTenantsShareASaturatedDecodeWorkerByWeight: a tenant flooding a
-// decode worker with three times the sequences it steps at once gets no
-// more of its steps than its weight says while another tenant has
+// decode worker with twelve times the sequences it steps at once gets no
+// more of its compute than its weight says while another tenant has
 // sequences waiting there. Counted in tokens streamed to each tenant's
-// client while both are backlogged, a ratio of counts that the schedule
-// decides, not the machine's speed; stepped round robin by sequence, the
-// other tenant's part would be 8 of 32, a quarter.
+// client while both are backlogged (their sequences alike, so tokens
+// weigh the same), a ratio of counts that the schedule decides, not the
+// machine's speed; stepped round robin by sequence, the other tenant's
+// part would be 16 of 64, a quarter.
 func TestTenantsShareASaturatedDecodeWorkerByWeight(t *testing.T) {
 	for _, c := range []struct {
 		name           string
@@ -66,8 +67,8 @@ func TestTenantsShareASaturatedDecodeWorkerByWeight(t *testing.T) {
 		least, most    float64
 		wantPartOfFour string
 	}{
-		{"equal weights", 1, 0.40, 0.60, "2 of 4"},
-		{"weights 3 to 1", 3, 0.62, 0.85, "3 of 4"},
+		{"equal weights", 1, 0.44, 0.56, "2 of 4"},
+		{"weights 3 to 1", 3, 0.68, 0.82, "3 of 4"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			policy := tenancy.DefaultPolicy()
@@ -75,10 +76,11 @@ func TestTenantsShareASaturatedDecodeWorkerByWeight(t *testing.T) {
 			shares := tenancy.NewShares(policy)
 			tune := func(cfg *NodeConfig) {
 				cfg.Actors.Tenants = shares
-				cfg.Actors.BatchMax = 4
-				cfg.Actors.DecodePages = 512
+				cfg.Actors.BatchMax, cfg.Actors.QueueMax = 4, 128
+				// Room for every request of both tenants, on both sides.
+				cfg.Actors.PrefillPages, cfg.Actors.DecodePages = 512, 512
 			}
-			p := startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil, nil)
+			p := startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil, tune)
 			d := startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, tune, p.GossipAddr())
 			r := startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, tune, p.GossipAddr())
 			for _, n := range []*Node{p, d, r} {
@@ -86,15 +88,19 @@ func TestTenantsShareASaturatedDecodeWorkerByWeight(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			// 24 sequences of the flood and 8 of the victim: each has more
+			// 48 sequences of the flood and 16 of the victim: each has more
 			// than its part of a batch of 4, so both stay backlogged while
 			// either's requests end and start again.
-			flood := startLoad(ctx, tenantClient(t, r.Address(), "flood"), "flood", 24, 64)
-			waitFor(t, "the flood streaming", time.Minute, func() bool { return flood.tokens.Load() >= 24*8 })
-			victim := startLoad(ctx, tenantClient(t, r.Address(), "victim"), "victim", 8, 64)
-			waitFor(t, "the victim streaming", time.Minute, func() bool { return victim.tokens.Load() >= 64 })
+			flood := startLoad(ctx, tenantClient(t, r.Address(), "flood"), "flood", 48, 64)
+			waitFor(t, "the flood streaming", time.Minute, func() bool { return flood.tokens.Load() >= 48*8 })
+			victim := startLoad(ctx, tenantClient(t, r.Address(), "victim"), "victim", 16, 64)
+			// Counted once each of the victim's requests could have come
+			// to the worker (its first 1,024 tokens: while its requests
+			// queue for their prefills behind the flood's, the flood has
+			// the worker to itself), for its next 2,048.
+			waitFor(t, "the victim streaming", time.Minute, func() bool { return victim.tokens.Load() >= 1024 })
 			f0, v0 := flood.tokens.Load(), victim.tokens.Load()
-			waitFor(t, "the victim's next 1,024 tokens", 3*time.Minute, func() bool { return victim.tokens.Load()-v0 >= 1024 })
+			waitFor(t, "the victim's next 2,048 tokens", 3*time.Minute, func() bool { return victim.tokens.Load()-v0 >= 2048 })
 			f, v := flood.tokens.Load()-f0, victim.tokens.Load()-v0
 			cancel()
 			flood.wg.Wait()

@@ -383,3 +383,16 @@ func (s *splitMix64) uniform(n, fanIn int, gain float64) []float32 {
 	}
 	return v
 }
+
+// TokenMACs is about the multiply-accumulates one decode step of a
+// sequence computes with context positions already in its KV: every
+// weight matrix once (attention's projections, the MLP, the output head)
+// and, in attention, each query head's scores and weighted values over
+// the context. Schedulers weigh a step by it: a step at a long context
+// costs several short ones.
+func (c ModelConfig) TokenMACs(context int) float64 {
+	q, kv := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	perLayer := c.Dim*(q+2*kv) + q*c.Dim + 3*c.Dim*c.HiddenDim
+	attention := 2 * c.Heads * c.HeadDim
+	return float64(c.Layers*perLayer+c.Dim*c.Vocab) + float64(c.Layers*attention)*float64(context+1)
+}

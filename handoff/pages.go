@@ -247,6 +247,10 @@ func Begin(engine engine.Engine, p engine.KV, e StartDecode, eos int) (*Sequence
 	return &Sequence{job: e, seq: seq, eos: eos}, nil
 }
 
+// Context is the positions the sequence's next step attends over: its
+// prompt's and those of the tokens it generated.
+func (s *Sequence) Context() int { return s.job.Manifest.Tokens + s.generated }
+
 // Ended says the first token ended the job: it was EOS, or the job asked
 // for no more.
 func (s *Sequence) Ended() bool { return s.job.Next == s.eos || s.job.MaxNew == 0 }

@@ -73,6 +73,18 @@ type Ledger struct {
 // NewLedger is a ledger with nothing in flight.
 func NewLedger() *Ledger { return &Ledger{use: map[string]Use{}} }
 
+// Room refuses, as Take would, a request of tenant that is at its share's
+// concurrent_max: a check that needs none of the request's work (the
+// pages it holds need its prompt's tokens), so that a tenant at its bound
+// is refused before it costs any. Take checks again.
+func (l *Ledger) Room(p *Policy, tenant string) error {
+	if s, u := p.Of(tenant), l.use[tenant]; u.Requests >= s.ConcurrentMax {
+		l.refused[BoundConcurrent]++
+		return &LimitError{Tenant: tenant, Bound: BoundConcurrent, Have: u.Requests, Want: 1, Limit: s.ConcurrentMax}
+	}
+	return nil
+}
+
 // Take counts a request of tenant holding pages in flight, unless it would
 // take the tenant past a bound of its share in p; each Take that succeeds
 // is followed by exactly one Give of the same pages. A bound that a reload

@@ -1,66 +1,103 @@
 package tenancy
 
-// ChooseSteps chooses which of a decode worker's sequences it steps in one
-// batch of at most n when it has more than n, so that tenants share the
-// worker by weight instead of by how many sequences each has: a tenant
-// flooding with sequences gets no more steps than its weight says while
-// another tenant has sequences waiting. tenants[i] is sequence i's tenant.
-// The batch is shared by weighted max-min fairness: each tenant gets its
-// weight's part of the slots left (weight(tenant), at least 1), at most
-// as many as it has sequences, and what a tenant cannot use goes to the
-// others by the same rule; slots too few to part by weight go one each to
-// tenants in the order they first appear. Within a tenant, sequences go in
-// their order, so a caller that rotates its sequences between batches
-// steps each of a tenant's in turn, and changes who gets those last
-// slots. It appends the indexes chosen to out and returns it; every
-// sequence is chosen when there are at most n.
-func ChooseSteps(tenants []string, weight func(string) int, n int, out []int) []int {
-	if len(tenants) <= n {
-		for i := range tenants {
-			out = append(out, i)
-		}
-		return out
+import "math"
+
+// Steps is a decode worker's share of its steps among tenants: which of
+// its sequences each batched step takes, so that tenants share the
+// worker's compute by weight instead of by how many sequences each has or
+// how long they are. A tenant flooding a worker with many long-context
+// sequences gets no more compute than its weight says while another
+// tenant has sequences there, and no less when it is alone.
+//
+// It is stride scheduling over cost: each tenant with sequences has a
+// pass, its compute so far divided by its weight, and each sequence a
+// cost (what its step computes: engine.ModelConfig.TokenMACs). A step
+// takes, again and again, the next sequence of the tenant of least pass,
+// adding the sequence's cost over its weight to the pass, while that pass
+// is within one sequence's cost of the least pass the step began with,
+// and the batch has room. A step so holds about the tenants' fair parts
+// of it: a tenant whose sequences are few and short is stepped at every
+// step, and the flood's long sequences take their turns at about as much
+// compute per step (with equal weights), instead of all of them making
+// every step long. A tenant's pass so stays within a step's worth
+// of every other's: over many steps each gets compute in proportion to
+// its weight. A tenant that comes (back) starts at the least pass, with no
+// credit for the time it had nothing to run. Not safe for concurrent use.
+type Steps struct {
+	pass map[string]float64 // tenants with sequences at the last step
+}
+
+// NewSteps is a worker's share with no history.
+func NewSteps() *Steps { return &Steps{pass: map[string]float64{}} }
+
+// Choose appends to out the indexes of the sequences to step now, at most
+// n, and returns it: sequence i is of tenants[i] and costs costs[i] (more
+// than 0); weight gives a tenant's weight (taken as at least 1). Within a
+// tenant, sequences go in their order, so a caller that rotates its
+// sequences between steps steps each of a tenant's in turn. With one
+// tenant, every sequence the batch has room for is chosen.
+func (s *Steps) Choose(tenants []string, costs []float64, weight func(string) int, n int, out []int) []int {
+	type queue struct {
+		tenant string
+		seqs   []int
+		w      float64
 	}
-	var order []string
-	queues := map[string][]int{}
+	var queues []*queue
+	byTenant := map[string]*queue{}
 	for i, t := range tenants {
-		q, ok := queues[t]
-		if !ok {
-			order = append(order, t)
+		q := byTenant[t]
+		if q == nil {
+			q = &queue{tenant: t, w: float64(max(weight(t), 1))}
+			byTenant[t], queues = q, append(queues, q)
 		}
-		queues[t] = append(q, i)
+		q.seqs = append(q.seqs, i)
 	}
-	take := func(t string, k int) {
-		q := queues[t]
-		out = append(out, q[:k]...)
-		queues[t] = q[k:]
-		n -= k
+	// Forget tenants with nothing to run; a new one starts at the least
+	// pass of those that stay (0 when none).
+	least := math.Inf(1)
+	for t, p := range s.pass {
+		if byTenant[t] == nil {
+			delete(s.pass, t)
+		} else {
+			least = min(least, p)
+		}
 	}
-	for n > 0 {
-		// The tenants with sequences left: there are some, since there
-		// were more sequences than slots.
-		active, total := order[:0:0], 0
-		for _, t := range order {
-			if len(queues[t]) > 0 {
-				active = append(active, t)
-				total += max(weight(t), 1)
+	if math.IsInf(least, 1) {
+		least = 0
+	}
+	for _, q := range queues {
+		if _, ok := s.pass[q.tenant]; !ok {
+			s.pass[q.tenant] = least
+		}
+	}
+	// Passes relative to the least, so that they stay small numbers.
+	for t := range s.pass {
+		s.pass[t] -= least
+	}
+	// One sequence's cost, the most of any: how far a tenant's pass may
+	// run ahead of the least while another tenant has sequences here.
+	// Alone, a tenant has no one to be fair to: it fills the batch.
+	window := math.Inf(1)
+	if len(queues) > 1 {
+		window = 0
+		for i := range tenants {
+			window = max(window, costs[i])
+		}
+	}
+	for chosen := 0; chosen < n; chosen++ {
+		var next *queue
+		for _, q := range queues {
+			if len(q.seqs) > 0 && s.pass[q.tenant] <= window && (next == nil || s.pass[q.tenant] < s.pass[next.tenant]) {
+				next = q
 			}
 		}
-		slots, gave := n, 0
-		for _, t := range active {
-			k := min(slots*max(weight(t), 1)/total, len(queues[t]))
-			take(t, k)
-			gave += k
+		if next == nil {
+			break
 		}
-		if gave > 0 {
-			continue
-		}
-		for _, t := range active {
-			if n == 0 {
-				break
-			}
-			take(t, 1)
-		}
+		i := next.seqs[0]
+		next.seqs = next.seqs[1:]
+		s.pass[next.tenant] += costs[i] / next.w
+		out = append(out, i)
 	}
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,6 +87,9 @@ func TestLedgerHoldsEachTenantToItsBounds(t *testing.T) {
 		}
 	}
 	err = l.Take(p, "stranger", 1)
+	if room := l.Room(p, "stranger"); room == nil || room.Error() != err.Error() {
+		t.Fatalf("Room at the bound: %v, want Take's refusal %v", room, err)
+	}
 	var le *LimitError
 	if !errors.As(err, &le) || *le != (LimitError{Tenant: "stranger", Bound: BoundConcurrent, Have: 2, Want: 1, Limit: 2}) {
 		t.Fatalf("a third request of an unnamed tenant: %v", err)
@@ -106,7 +110,10 @@ func TestLedgerHoldsEachTenantToItsBounds(t *testing.T) {
 	if err := l.Take(p, "acme", 40); err != nil {
 		t.Fatalf("pages up to acme's pages_max: %v", err)
 	}
-	if got := l.Refused(); got[BoundConcurrent] != 1 || got[BoundPages] != 1 {
+	if err := l.Room(p, "acme"); err != nil {
+		t.Fatalf("Room for a tenant below its concurrent_max, whatever its pages: %v", err)
+	}
+	if got := l.Refused(); got[BoundConcurrent] != 2 || got[BoundPages] != 1 {
 		t.Fatalf("refused %v", got)
 	}
 	l.Give("stranger", 1000)
@@ -133,77 +140,130 @@ func TestLedgerPanicsOnAGiveWithoutATake(t *testing.T) {
 
 func weights(w map[string]int) func(string) int { return func(t string) int { return w[t] } }
 
-func count(tenants []string, chosen []int) map[string]int {
-	n := map[string]int{}
-	for _, i := range chosen {
-		n[tenants[i]]++
-	}
-	return n
-}
-
-func TestChooseStepsSharesABatchByWeightNotBySequences(t *testing.T) {
-	var tenants []string
-	for i := range 80 {
-		// 64 of a flood, 16 of another tenant, interleaved as they came.
-		if i%5 == 4 {
-			tenants = append(tenants, "victim")
-		} else {
-			tenants = append(tenants, "flood")
+// worker is sequences of tenants at a decode worker, stepped by Steps for
+// steps batches of at most n; it returns each tenant's compute (the costs
+// of its sequences stepped) and steps. The sequences never end, so each
+// tenant is backlogged throughout; they rotate between steps as the
+// worker rotates its own.
+func worker(tenants []string, costs []float64, w map[string]int, n, steps int) (compute map[string]float64, stepped map[string]int) {
+	s := NewSteps()
+	compute, stepped = map[string]float64{}, map[string]int{}
+	for k := range steps {
+		rot := k % len(tenants)
+		ts, cs := append(tenants[rot:len(tenants):len(tenants)], tenants[:rot]...), append(costs[rot:len(costs):len(costs)], costs[:rot]...)
+		for _, i := range s.Choose(ts, cs, weights(w), n, nil) {
+			compute[ts[i]] += cs[i]
+			stepped[ts[i]]++
 		}
 	}
-	got := count(tenants, ChooseSteps(tenants, weights(map[string]int{"flood": 1, "victim": 1}), 32, nil))
-	if got["victim"] != 16 || got["flood"] != 16 {
-		t.Fatalf("equal weights, a batch of 32: %v, want 16 each", got)
+	return compute, stepped
+}
+
+// flood is 8 long-context sequences of a flooding tenant (each step costs
+// 4.5 units) and 4 short ones of another (1 unit).
+func flood() (tenants []string, costs []float64) {
+	for range 8 {
+		tenants, costs = append(tenants, "flood"), append(costs, 4.5)
 	}
-	got = count(tenants, ChooseSteps(tenants, weights(map[string]int{"flood": 3, "victim": 1}), 32, nil))
-	if got["victim"] != 8 || got["flood"] != 24 {
-		t.Fatalf("weights 3:1, a batch of 32: %v, want 24 and 8", got)
+	for range 4 {
+		tenants, costs = append(tenants, "victim"), append(costs, 1)
 	}
-	got = count(tenants, ChooseSteps(tenants, weights(map[string]int{"flood": 1, "victim": 4}), 32, nil))
-	if got["victim"] != 16 || got["flood"] != 16 {
-		t.Fatalf("the victim weighs more than it has sequences: %v, want its 16 and 16 of the flood", got)
+	return tenants, costs
+}
+
+func TestStepsShareComputeByWeightNotBySequences(t *testing.T) {
+	tenants, costs := flood()
+	for _, c := range []struct {
+		victimWeight int
+		want         float64 // the victim's part of the compute
+	}{{1, 0.5}, {3, 0.75}} {
+		compute, stepped := worker(tenants, costs, map[string]int{"flood": 1, "victim": c.victimWeight}, 32, 1000)
+		part := compute["victim"] / (compute["victim"] + compute["flood"])
+		if math.Abs(part-c.want) > 0.03 {
+			t.Errorf("weights %d to 1: the victim's part of the compute %.3f, want %.2f (steps: %v)", c.victimWeight, part, c.want, stepped)
+		}
+		// The victim's four short sequences step at every step.
+		if stepped["victim"] != 4*1000 {
+			t.Errorf("weights %d to 1: the victim's sequences stepped %d times in 1000 steps, want 4000", c.victimWeight, stepped["victim"])
+		}
 	}
 }
 
-func TestChooseStepsProperties(t *testing.T) {
+func TestStepsAloneFillTheBatch(t *testing.T) {
+	tenants, costs := flood()
+	tenants, costs = tenants[:8], costs[:8]
+	if got := NewSteps().Choose(tenants, costs, weights(nil), 32, nil); len(got) != 8 {
+		t.Fatalf("a tenant alone: %v of its 8 sequences stepped, want all", got)
+	}
+	if got := NewSteps().Choose(tenants, costs, weights(nil), 5, nil); len(got) != 5 {
+		t.Fatalf("a tenant alone, a batch of 5: %v stepped", got)
+	}
+}
+
+func TestStepsGiveNoCreditForTimeAway(t *testing.T) {
+	tenants, costs := flood()
+	s := NewSteps()
+	w := weights(map[string]int{"flood": 1, "victim": 1})
+	for range 100 {
+		s.Choose(tenants[:8], costs[:8], w, 32, nil) // the flood alone
+	}
+	// The victim comes: the flood keeps its part from the first step on,
+	// the victim has no backlog of credit to shut it out with.
+	floodSteps := 0
+	for range 10 {
+		for _, i := range s.Choose(tenants, costs, w, 32, nil) {
+			if tenants[i] == "flood" {
+				floodSteps++
+			}
+		}
+	}
+	if floodSteps < 7 {
+		t.Fatalf("the flood stepped %d times in the victim's first 10 steps, want about 9", floodSteps)
+	}
+}
+
+func TestStepsProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		names := []string{"a", "b", "c", "d"}
-		tenants := rapid.SliceOf(rapid.SampledFrom(names)).Draw(t, "tenants")
+		s := NewSteps()
 		w := map[string]int{}
 		for _, n := range names {
 			w[n] = rapid.IntRange(1, 5).Draw(t, "weight "+n)
 		}
-		n := rapid.IntRange(1, 40).Draw(t, "n")
-		chosen := ChooseSteps(tenants, weights(w), n, nil)
-		if len(chosen) != min(n, len(tenants)) {
-			t.Fatalf("%d chosen of %d for a batch of %d", len(chosen), len(tenants), n)
-		}
-		seen := map[int]bool{}
-		for _, i := range chosen {
-			if i < 0 || i >= len(tenants) || seen[i] {
-				t.Fatalf("index %d out of range or chosen twice: %v", i, chosen)
+		for range rapid.IntRange(1, 20).Draw(t, "steps") {
+			tenants := rapid.SliceOfN(rapid.SampledFrom(names), 1, 40).Draw(t, "tenants")
+			costs := make([]float64, len(tenants))
+			for i := range costs {
+				costs[i] = float64(rapid.IntRange(1, 2000).Draw(t, "cost"))
 			}
-			seen[i] = true
-		}
-		// Within a tenant, its first sequences are the ones chosen.
-		has, got := map[string]int{}, count(tenants, chosen)
-		for i, tn := range tenants {
-			if has[tn] < got[tn] && !seen[i] {
-				t.Fatalf("sequence %d of %s skipped for a later one", i, tn)
+			n := rapid.IntRange(1, 40).Draw(t, "n")
+			chosen := s.Choose(tenants, costs, weights(w), n, nil)
+			if len(chosen) < 1 || len(chosen) > n {
+				t.Fatalf("%d chosen of %d for a batch of %d", len(chosen), len(tenants), n)
 			}
-			has[tn]++
-		}
-		// No tenant gets fewer steps than its weighted share of the batch,
-		// unless it has fewer sequences (then it gets them all).
-		total := 0
-		for tn := range has {
-			total += w[tn]
-		}
-		for tn, h := range has {
-			fair := n * w[tn] / total
-			if got[tn] < min(h, fair) {
-				t.Fatalf("tenant %s of weight %d (of %d) got %d of a batch of %d with %d sequences, fair %d",
-					tn, w[tn], total, got[tn], n, h, fair)
+			seen := map[int]bool{}
+			for _, i := range chosen {
+				if i < 0 || i >= len(tenants) || seen[i] {
+					t.Fatalf("index %d out of range or chosen twice: %v", i, chosen)
+				}
+				seen[i] = true
+			}
+			// Within a tenant, its first sequences are the ones chosen.
+			has, got := map[string]int{}, map[string]int{}
+			for _, i := range chosen {
+				got[tenants[i]]++
+			}
+			for i, tn := range tenants {
+				if has[tn] < got[tn] && !seen[i] {
+					t.Fatalf("sequence %d of %s skipped for a later one", i, tn)
+				}
+				has[tn]++
+			}
+			if len(has) == 1 && len(chosen) != min(n, len(tenants)) {
+				t.Fatalf("one tenant alone: %d of %d stepped in a batch of %d", len(chosen), len(tenants), n)
+			}
+			if len(s.pass) != len(has) {
+				t.Fatalf("%d passes kept for %d tenants with sequences", len(s.pass), len(has))
 			}
 		}
 	})

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/internal/testwait"
+	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
+)
+
+// tenantFlood is a tenant's certificate client keeping n max-context
+// requests in flight through a router, as attack 4 did, counting what
+// each ended with.
+type tenantFlood struct {
+	done, limited atomic.Int64
+	mu            sync.Mutex
+	failed        []error // anything but an answer or a refusal at the tenant's bound
+	wg            sync.WaitGroup
+}
+
+func startTenantFlood(t *testing.T, ctx context.Context, router, tenant string, n, promptBytes, maxTokens int) *tenantFlood {
+	t.Helper()
+	auth, err := credFlags{}.authority(slog.New(slog.NewTextHandler(io.Discard, nil)), trust.RoleTenant, "tenant-"+tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(router, client.Options{Auth: auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	f := &tenantFlood{}
+	prompt := strings.Repeat("a flood of long prompts. ", promptBytes/25+1)[:promptBytes]
+	for range n {
+		f.wg.Go(func() {
+			for ctx.Err() == nil {
+				_, err := c.Generate(ctx, tenant, prompt, client.GenerateOptions{MaxTokens: maxTokens}, nil)
+				var we *messages.WireError
+				switch {
+				case err == nil:
+					f.done.Add(1)
+				case ctx.Err() != nil:
+				case errors.As(err, &we) && we.Code == messages.CodeBusy && we.Where == "tenant concurrent_max":
+					f.limited.Add(1)
+					// Ten times a second for each request it keeps trying:
+					// a tighter loop costs the router more refusals, and
+					// this machine's cores, which the victim's cluster
+					// shares, more of the attacker's own work.
+					select {
+					case <-ctx.Done():
+					case <-time.After(100 * time.Millisecond):
+					}
+				default:
+					f.mu.Lock()
+					f.failed = append(f.failed, err)
+					f.mu.Unlock()
+				}
+			}
+		})
+	}
+	return f
+}
+
+// TestBinaryTenantFlood (attack 4): against a secure cluster of real
+// processes whose router serves the API with a tenants' shares file, one
+// tenant, by its certificate, keeps 64 max-context requests in flight (a
+// tenant the file does not name: the default share bounds it), while
+// another asks through the API with its key. The router holds the flood
+// to the default share's concurrent_max, refusing the rest busy at that
+// bound, counted in node status; the other tenant is answered right, every
+// time, with the flood running. With $KVWARDEN_TENANT_FLOOD_MEASURE set it
+// measures the victim's goodput under the flood against alone:
+//
+//	KVWARDEN_TENANT_FLOOD_MEASURE=1 go test -run TestBinaryTenantFlood -v ./cmd/node
+func TestBinaryTenantFlood(t *testing.T) {
+	const concurrentMax = 8
+	tenants := filepath.Join(t.TempDir(), "tenants.json")
+	if err := os.WriteFile(tenants, []byte(`{"default": {"weight": 1, "concurrent_max": 8}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	router, web, key := startAPIRouter(t, "--tenants", tenants)
+	prefill := startMember(t, "prefill", router.gossip)
+	decode := startMember(t, "decode", router.gossip, "--tenants", tenants)
+	waitConverged(t, router, prefill, decode)
+	measure := os.Getenv("KVWARDEN_TENANT_FLOOD_MEASURE") != ""
+
+	v := newVictim(web, key)
+	v.want, _ = referenceText(t, actors.DefaultConfig(), v.prompt, v.maxTokens)
+	var alone int
+	if measure {
+		alone = v.goodput(t, 10*time.Second)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Max-context: a prompt of 1,000 tokens and 1,000 more to generate,
+	// of the built-in model's 2,048.
+	flood := startTenantFlood(t, ctx, router.addr, "globex", 64, 1000, 1000)
+	testwait.Report(t, "the flood at its tenant's bound", time.Minute, func() (bool, string) {
+		s, err := statusOf(t, router.addr)
+		if err != nil {
+			return false, err.Error()
+		}
+		return s.Node.InFlight >= concurrentMax && flood.limited.Load() > 0,
+			fmt.Sprintf("%d requests in flight at the router, %d of the flood refused", s.Node.InFlight, flood.limited.Load())
+	})
+	for i := range 8 {
+		if text, err := v.ask(); err != nil || text != v.want {
+			t.Fatalf("the victim's request %d under the flood: %q, %v; want %q", i, text, err, v.want)
+		}
+	}
+	var under int
+	if measure {
+		under = v.goodput(t, 10*time.Second)
+	}
+	s, err := statusOf(t, router.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Node.InFlight > concurrentMax+4 {
+		t.Errorf("%d requests in flight at the router under a flood held to %d (and the victim's 4 at most)", s.Node.InFlight, concurrentMax)
+	}
+	cancel()
+	flood.wg.Wait()
+	if len(flood.failed) > 0 {
+		t.Errorf("%d of the flood's requests failed otherwise than at its bound, the first: %v", len(flood.failed), flood.failed[0])
+	}
+	// Counted by the router as refused; the flood heard of all but those
+	// on their way when it stopped, one per request in flight at most.
+	if s, err = statusOf(t, router.addr); err != nil {
+		t.Fatal(err)
+	}
+	names := actors.RejectBoundNames()
+	var limited uint64
+	for i, n := range s.Node.RejectedBy {
+		if names[i] == "tenant_concurrent_max" {
+			limited = n
+		}
+	}
+	if heard := uint64(flood.limited.Load()); limited < heard || limited > heard+64 {
+		t.Errorf("status counts %d refusals at tenant_concurrent_max; the flood heard of %d", limited, heard)
+	}
+	t.Logf("flood: %d answered, %d refused at its concurrent_max", flood.done.Load(), flood.limited.Load())
+	if measure {
+		t.Logf("the victim's goodput: %d right answers in 10s alone, %d under the flood: %.2f", alone, under, float64(under)/float64(alone))
+	}
+	waitPoolsFree(t, prefill, decode)
+}
+
+// waitPoolsFree waits until every pool of every member is free, with
+// nothing in flight.
+func waitPoolsFree(t *testing.T, ms ...*member) {
+	t.Helper()
+	for _, m := range ms {
+		testwait.Report(t, m.role+" node's pools free", commandTimeout, func() (bool, string) {
+			s, err := statusOf(t, m.addr)
+			if err != nil {
+				return false, err.Error()
+			}
+			return allFree(s.Node.Pools) && s.Node.InFlight == 0, fmt.Sprintf("pools %+v, %d in flight", s.Node.Pools, s.Node.InFlight)
+		})
+	}
+}
