@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"log/slog"
@@ -41,7 +41,7 @@ func TestLapsedProofForgottenWhenLost(t *testing.T) {
 		t.Fatal("a run declared dead and back was not verified at once on its kept proof")
 	}
 	m.depart(n)
-	m.forgetLapsed(n.Name) // given up for lost
+	m.ForgetLapsed(n.Name) // given up for lost
 	m.observe(n)
 	if verified() {
 		t.Fatal("a run given up for lost and announced again was verified on its old proof")

@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"log/slog"
@@ -50,8 +50,16 @@ func impostor(t *testing.T, ca *trusttest.CA, prefix string, meta Meta, join *Me
 func verified(ev Event) bool   { return ev.Member.Verified }
 func unverified(ev Event) bool { return !ev.Member.Verified }
 
-func candidateNames(m *Membership, kind func(Role) bool) []string {
-	return memberNames(candidates(m.Members(), kind, testModel))
+// verifiedNames are the names of the members of role that m lists
+// verified: the only ones a router may pick.
+func verifiedNames(m *Membership, role Role) []string {
+	var out []string
+	for _, e := range m.Members() {
+		if e.Verified && e.Meta.Role == role {
+			out = append(out, e.Name)
+		}
+	}
+	return out
 }
 
 // Each member is listed unverified when it joins, and verified once its
@@ -84,10 +92,10 @@ func TestMemberVerifiedWithinBound(t *testing.T) {
 			t.Fatalf("%s stats %+v, want zero", m.Name(), st)
 		}
 	}
-	if got := candidateNames(r, decodes); !slices.Equal(got, []string{d.Name()}) {
+	if got := verifiedNames(r, RoleDecode); !slices.Equal(got, []string{d.Name()}) {
 		t.Fatalf("decode candidates %v, want %s", got, d.Name())
 	}
-	if got := candidateNames(r, prefills); !slices.Equal(got, []string{p.Name()}) {
+	if got := verifiedNames(r, RolePrefill); !slices.Equal(got, []string{p.Name()}) {
 		t.Fatalf("prefill candidates %v, want %s", got, p.Name())
 	}
 }
@@ -151,10 +159,10 @@ func TestImpostorsNeverVerified(t *testing.T) {
 	if listed != len(impostors) {
 		t.Fatalf("%d of %d impostors listed; the test wants each of them seen", listed, len(impostors))
 	}
-	if got := candidateNames(r, decodes); !slices.Equal(got, []string{d.Name()}) {
+	if got := verifiedNames(r, RoleDecode); !slices.Equal(got, []string{d.Name()}) {
 		t.Fatalf("decode candidates %v, want only %s", got, d.Name())
 	}
-	if got := candidateNames(r, prefills); !slices.Equal(got, []string{p.Name()}) {
+	if got := verifiedNames(r, RolePrefill); !slices.Equal(got, []string{p.Name()}) {
 		t.Fatalf("prefill candidates %v, want only %s", got, p.Name())
 	}
 	if st := r.Stats(); st.Superseded != 0 {
@@ -193,7 +201,7 @@ func TestProvenRunKeepsAddressUntilGone(t *testing.T) {
 	again.RemoteAddr, again.DataAddr = d.Meta().RemoteAddr, d.Meta().DataAddr
 	rerun := impostor(t, ca, "d0", again, r)
 	awaitLog(t, logs, "cluster: proven member waits for the run holding its address")
-	if got := candidateNames(r, decodes); !slices.Equal(got, []string{d.Name()}) {
+	if got := verifiedNames(r, RoleDecode); !slices.Equal(got, []string{d.Name()}) {
 		t.Fatalf("decode candidates %v while %s holds the address, want only it", got, d.Name())
 	}
 
@@ -206,7 +214,7 @@ func TestProvenRunKeepsAddressUntilGone(t *testing.T) {
 	}
 	awaitEvents(t, r, match{kind: EventLeave, name: d.Name()}, match{kind: EventUpdate, name: rerun.Name(), ok: verified})
 	t.Logf("the waiting run was verified %s after the holder left", time.Since(left))
-	if got := candidateNames(r, decodes); !slices.Equal(got, []string{rerun.Name()}) {
+	if got := verifiedNames(r, RoleDecode); !slices.Equal(got, []string{rerun.Name()}) {
 		t.Fatalf("decode candidates %v, want %s", got, rerun.Name())
 	}
 
@@ -218,7 +226,7 @@ func TestProvenRunKeepsAddressUntilGone(t *testing.T) {
 	awaitEvents(t, r, match{kind: EventUpdate, name: rerun.Name(),
 		ok: func(ev Event) bool { return !ev.Member.Verified && ev.Member.Meta.RemoteAddr == moved.RemoteAddr }})
 	waitFor(t, "the moved claim refused", eventDeadline, func() bool { return r.Stats().ClaimsRefused == 1 })
-	if got := candidateNames(r, decodes); len(got) != 0 {
+	if got := verifiedNames(r, RoleDecode); len(got) != 0 {
 		t.Fatalf("decode candidates %v, want none", got)
 	}
 }

@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"context"
@@ -151,9 +151,9 @@ func (m *Membership) takeDue(now time.Time) (due []Member, more bool) {
 	return due, false
 }
 
-// identity is who a member of cluster says it is: the certificate its
+// Identity is who a member of cluster says it is: the certificate its
 // name and role name, which verification finds at its addresses.
-func (mem Member) identity(cluster string) trust.Identity {
+func (mem Member) Identity(cluster string) trust.Identity {
 	return trust.Identity{Cluster: cluster, Role: mem.Meta.Role.identityRole(),
 		Name: strings.TrimSuffix(mem.Name, incarnationSuffix(mem.Meta.Incarnation))}
 }
@@ -161,7 +161,7 @@ func (mem Member) identity(cluster string) trust.Identity {
 // prove checks each address mem claims against the identity its name and
 // role say it holds.
 func (m *Membership) prove(mem Member) *ClaimError {
-	want := mem.identity(m.cfg.Auth.Self().Cluster)
+	want := mem.Identity(m.cfg.Auth.Self().Cluster)
 	for _, a := range []struct{ field, addr string }{
 		{"remote address", mem.Meta.RemoteAddr}, {"data address", mem.Meta.DataAddr}} {
 		if a.addr == "" {

@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"errors"
@@ -508,7 +508,7 @@ type Membership struct {
 	// a run, and the next verification of an unverified one. Both are
 	// guarded by mu and forgotten when memberlist reports the run gone,
 	// but for the proofs of runs declared dead, kept until the node gives
-	// the run up for lost (lapseLocked, forgetLapsed).
+	// the run up for lost (lapseLocked, ForgetLapsed).
 	proofs   map[string]claim
 	pending  map[string]*attempt
 	lapsed   []string      // runs declared dead whose proofs are kept, oldest first
@@ -917,7 +917,7 @@ func newer(a, b Meta) bool {
 // It runs on a memberlist goroutine under memberlist's node lock.
 //
 // A run declared dead keeps what verification proved of it, until the
-// node gives it up for lost (forgetLapsed) and among the last
+// node gives it up for lost (ForgetLapsed) and among the last
 // lapsedProofsMax such runs: failure detection cannot tell a stalled
 // process from a dead one, and a run that comes back with the same name
 // (so the same incarnation) and the same addresses is verified at once,
@@ -967,7 +967,7 @@ func (m *Membership) lapseLocked(name string) {
 	}
 }
 
-// forgetLapsed forgets the proof kept for the run name, declared dead,
+// ForgetLapsed forgets the proof kept for the run name, declared dead,
 // once the node has given that run up for lost (its remote address
 // refused, or it stayed missing for NodeConfig.LostAfter). The proof was
 // kept for a stalled process, which holds its addresses while it is
@@ -976,7 +976,7 @@ func (m *Membership) lapseLocked(name string) {
 // from a gossip address of its own and be verified, routed to and hold
 // those addresses on a proof of what served them before. A run that is
 // listed again keeps its proof.
-func (m *Membership) forgetLapsed(name string) {
+func (m *Membership) ForgetLapsed(name string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, listed := m.members[name]; listed {
