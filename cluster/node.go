@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -541,7 +542,6 @@ func (n *Node) carryOut(e absenceEffect, ms []Member, probes chan<- probeResult)
 	case lostMember:
 		inc := e.Member.Meta.Incarnation
 		n.log.Warn("member lost", append(memberAttrs(e.Member), "away", e.Away.Round(time.Millisecond), "why", e.Why)...)
-		n.mem().ForgetLapsed(e.Member.Name)
 		n.actors.PeerLost(inc)
 		if n.router != nil {
 			n.actors.Root().Send(n.router, memberLost{incarnation: inc})
@@ -858,7 +858,8 @@ func (n *Node) status() *messages.StatusReply {
 		rep.Members = append(rep.Members, messages.MemberStatus{Name: m.Name, Role: m.Meta.Role.String(),
 			Incarnation: m.Meta.Incarnation, Address: m.Meta.RemoteAddr, DataPlane: m.Meta.DataAddr,
 			State: m.State.String(), CapacityPages: m.Meta.CapacityPages, FreePages: m.Meta.FreePages,
-			Draining: m.Meta.Draining, Verified: m.Verified, Model: m.Meta.Model.String()})
+			Draining: m.Meta.Draining, Verified: m.Verified, Model: m.Meta.Model.String(),
+			Unverified: strings.ToValidUTF8(m.Unverified[:min(len(m.Unverified), messages.UnverifiedBytesMax)], "")})
 	}
 	return rep
 }

@@ -42,17 +42,22 @@
 // Gossip is sealed with the cluster's keyring (Config.Keys: AES-GCM,
 // nothing unsealed accepted or sent), so a process without the key can
 // neither join nor be heard; Config.Keys describes rotation. Every node
-// holds the key, so a member's metadata is still only a claim: a member
-// is listed Verified once this node has dialed each address it claims and
-// found there, in a TLS handshake, a certificate of the cluster whose
+// holds the key, so a member's metadata is still only a claim, and a
+// certificate names a node, never a run of it: a member is listed
+// Verified once the node at its remote address has answered this node's
+// run challenge (trust.AskRun: a nonce over mutually authenticated TLS)
+// with the member's incarnation, under a certificate of the cluster whose
 // identity has the member's role and whose name is the member name less
-// its incarnation (a secure member's NamePrefix is its identity's name).
-// One goroutine per Membership does the probing, a bounded number at a
-// time, retrying with a doubling wait; results are kept per run. Routers
-// pick only verified members, and only verified members compete for
-// addresses; since a start time or an incarnation is claimed, not proven,
-// the run verified first keeps an address while it lives, and a later run
-// of the same node waits until it leaves or is declared dead.
+// its incarnation (a secure member's NamePrefix is its identity's name),
+// and its data address served that certificate. A holder of the gossip
+// key announcing a real node's name and addresses is answered another
+// incarnation, and is never verified, whether that node runs, crashed or
+// restarted. One goroutine per Membership starts the probes, a bounded
+// number at a time, a run's first probe ahead of every retry, retrying
+// with a doubling wait; results are kept per run. Routers pick only
+// verified members. When a run is proven at an address, every run proven
+// there earlier is superseded (EventFail): a restart on the same ports is
+// verified, and its predecessor dropped, within one challenge.
 // Config.Insecure (`--insecure`) skips verification: every member is
 // listed Verified.
 //
@@ -78,9 +83,14 @@
 //     memberlist.MetaMaxSize (checked at build, test, Start and UpdateMeta).
 //   - A name stands for one run: its metadata's incarnation matches it, and
 //     a run's incarnation and role never change.
-//   - Members never lists a member whose metadata was refused or that was
-//     superseded; every member it lists got an EventJoin before (unless it
-//     was dropped) and gets one EventLeave or EventFail when it goes.
+//   - Members never lists a member whose metadata was refused, nor one
+//     superseded (a run that gossips again after that is listed anew,
+//     unverified until proven); every member it lists got an EventJoin
+//     before (unless it was dropped) and gets one EventLeave or EventFail
+//     when it goes.
+//   - Verified is given only by a proof of the run (this member and
+//     Insecure aside), and at most one verified member holds an address:
+//     the one whose run answered there last.
 //   - No memberlist call is made after Shutdown.
 //
 // memberlist reports a graceful leave and a failure through the same
