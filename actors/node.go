@@ -152,7 +152,7 @@ func Start(cfg Config, opt Options) (*Node, error) {
 	}
 	if opt.Listen != "" {
 		var err error
-		if n.remote, err = messages.StartRemoteAdvertised(n.sys, opt.Listen, opt.Advertise, n.auth); err != nil {
+		if n.remote, err = messages.StartRemoteAdvertised(n.sys, opt.Listen, opt.Advertise, cfg.Incarnation, n.auth); err != nil {
 			n.sys.Shutdown()
 			return nil, fmt.Errorf("actors: %w", err)
 		}

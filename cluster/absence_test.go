@@ -7,11 +7,12 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/cluster/membership"
 )
 
 func absentMember(inc uint64, role Role) Member {
-	return Member{Name: NodeName("n", inc), State: StateAlive, Verified: true,
-		Meta: Meta{Role: role, Incarnation: inc, RemoteAddr: fmt.Sprintf("127.0.0.1:%d", 9000+inc)}}
+	return Member{Name: membership.NodeName("n", inc), State: StateAlive, Verified: true,
+		Meta: membership.Meta{Role: role, Incarnation: inc, RemoteAddr: fmt.Sprintf("127.0.0.1:%d", 9000+inc)}}
 }
 
 // kinds names the effects in order, as "probe 2", "lost 2", … for
@@ -47,7 +48,7 @@ func TestAbsences(t *testing.T) {
 	restarted2.Meta.RemoteAddr, unproven2.Meta.RemoteAddr, unproven2.Verified = a2.Meta.RemoteAddr, a2.Meta.RemoteAddr, false
 	// An unverified member that claims a2's incarnation under another name.
 	impostor2 := absentMember(2, RoleDecode)
-	impostor2.Name, impostor2.Verified = NodeName("m", 2), false
+	impostor2.Name, impostor2.Verified = membership.NodeName("m", 2), false
 	type step struct {
 		at   float64
 		in   func(a *absences, now time.Time) []absenceEffect
@@ -136,7 +137,7 @@ func TestAbsences(t *testing.T) {
 		{"members never seen alive are not tracked", []step{
 			{0, gone(5), ""},
 			{0, probed(5, reachRefused), ""},
-			{0, alive(absentMember(6, RoleDecode), Member{Name: "x", State: StateDead, Meta: Meta{Incarnation: 7}}), ""},
+			{0, alive(absentMember(6, RoleDecode), Member{Name: "x", State: membership.StateDead, Meta: membership.Meta{Incarnation: 7}}), ""},
 			{1, alive(), "probe 6"},
 		}},
 	} {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/cluster/membership"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
@@ -148,7 +149,7 @@ func TestAdvertisedAddressesValidated(t *testing.T) {
 			t.Errorf("%s node advertising %q and %q: accepted", tc.role, tc.remote, tc.data)
 			continue
 		}
-		if errors.Is(err, ErrMetaInvalid) != tc.wantMetaError {
+		if errors.Is(err, membership.ErrMetaInvalid) != tc.wantMetaError {
 			t.Errorf("%s node advertising %q and %q: %v", tc.role, tc.remote, tc.data, err)
 		}
 	}

@@ -62,7 +62,7 @@ func (n *Node) plannedReceiver(auth *trust.Authority, addr string, inc uint64) (
 		unplanned.Advertised = m.Meta.DataAddr
 		return trust.Identity{}, unplanned
 	}
-	return m.identity(auth.Self().Cluster), nil
+	return m.Identity(auth.Self().Cluster), nil
 }
 
 // verifiedMember is the alive, verified member for which match holds or,

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/chaos/faults"
+	"github.com/kvwarden/kvwarden/cluster/membership"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/messages"
@@ -56,7 +58,7 @@ type NodeConfig struct {
 	DataAdvertise string
 	// Gossip configures membership; its bind and join addresses say
 	// where the node gossips and whom it joins.
-	Gossip Config
+	Gossip membership.Config
 	// DataPlane configures the KV data plane; its batch limits and
 	// incarnation are set from Actors.
 	DataPlane DataPlaneConfig
@@ -95,7 +97,7 @@ func DefaultLocalNodeConfig(role actors.Role) NodeConfig {
 		Actors:       a,
 		Listen:       "127.0.0.1:0",
 		DataListen:   "127.0.0.1:0",
-		Gossip:       DefaultLocalConfig(),
+		Gossip:       membership.DefaultLocalConfig(),
 		DataPlane:    DefaultLocalDataPlaneConfig(a.Geometry(), 1),
 		MetaInterval: 200 * time.Millisecond,
 		DrainTimeout: 30 * time.Second,
@@ -163,10 +165,10 @@ func (c *NodeConfig) Validate() error {
 // validateAdvertised checks the advertised addresses as membership will:
 // no wildcard host, no port 0; a data plane only where there is one.
 func (c *NodeConfig) validateAdvertised() error {
-	if err := checkMetaAddr("Advertise", c.Advertise, false); err != nil {
+	if err := membership.CheckAddr("Advertise", c.Advertise, false); err != nil {
 		return err
 	}
-	if err := checkMetaAddr("DataAdvertise", c.DataAdvertise, false); err != nil {
+	if err := membership.CheckAddr("DataAdvertise", c.DataAdvertise, false); err != nil {
 		return err
 	}
 	if c.DataAdvertise != "" && !c.Actors.Role.Decodes() {
@@ -225,7 +227,7 @@ type Node struct {
 	actors *actors.Node
 	// members is set once, after the actors start (which may ask it
 	// before: it is nil until then).
-	members atomic.Pointer[Membership]
+	members atomic.Pointer[membership.Membership]
 	// holding is the members missing with their requests held, as last
 	// seen alive; the watch loop sets it.
 	holding atomic.Pointer[[]Member]
@@ -303,10 +305,10 @@ func (n *Node) start() error {
 	// Membership exists before the router and the control actor, which
 	// read it from their first message on; the node joins (and so becomes
 	// known) only once both serve.
-	meta := Meta{Role: roleOf[cfg.Actors.Role], Incarnation: cfg.Actors.Incarnation, RemoteAddr: n.actors.Address(),
+	meta := membership.Meta{Role: roleOf[cfg.Actors.Role], Incarnation: cfg.Actors.Incarnation, RemoteAddr: n.actors.Address(),
 		DataAddr: n.dataAddr, Model: n.actors.Model().Fingerprint()}
 	meta.CapacityPages, meta.FreePages = n.pages()
-	mem, err := Start(cfg.Gossip.Secured(cfg.Auth), meta)
+	mem, err := membership.Start(cfg.Gossip.Secured(cfg.Auth), meta)
 	if err != nil {
 		return err
 	}
@@ -349,7 +351,7 @@ func (n *Node) start() error {
 }
 
 // mem is the node's membership; nil until it has started.
-func (n *Node) mem() *Membership { return n.members.Load() }
+func (n *Node) mem() *membership.Membership { return n.members.Load() }
 
 // isDraining says whether the node is draining.
 func (n *Node) isDraining() bool {
@@ -388,7 +390,7 @@ func (n *Node) dataPlaneOf(remoteAddr string) (string, trust.Identity, bool) {
 	}
 	var id trust.Identity
 	if !n.cfg.Auth.Insecure() {
-		id = m.identity(n.cfg.Auth.Self().Cluster) // what verification proved at both its addresses
+		id = m.Identity(n.cfg.Auth.Self().Cluster) // what verification proved at both its addresses
 	}
 	return m.Meta.DataAddr, id, true
 }
@@ -398,17 +400,17 @@ func (n *Node) dataPlaneOf(remoteAddr string) (string, trust.Identity, bool) {
 // return after a failure or a leave is logged by the watch loop, which
 // knows how long the member was missing (carryOut, on absences'
 // backMember).
-func (n *Node) logEvent(ev Event, returning bool) {
+func (n *Node) logEvent(ev membership.Event, returning bool) {
 	m := ev.Member
 	attrs := memberAttrs(m)
 	switch ev.Kind {
-	case EventJoin:
+	case membership.EventJoin:
 		if !returning {
 			n.log.Info("member joined", attrs...)
 		}
-	case EventLeave:
+	case membership.EventLeave:
 		n.log.Info("member left", attrs...)
-	case EventFail:
+	case membership.EventFail:
 		n.log.Warn("member failed", append(attrs, "reason", cmp.Or(ev.Reason, "failure detection"))...)
 	default:
 		n.log.Debug("member updated", append(attrs, "free_pages", m.Meta.FreePages, "draining", m.Meta.Draining)...)
@@ -502,11 +504,11 @@ const lostRemembered = time.Hour
 // does not: a leave, or a failure that failure detection did not decide
 // (a later run took one of its addresses, its metadata can no longer be
 // read). A member declared dead by failure detection may only stall.
-func goneForCertain(ev Event) string {
+func goneForCertain(ev membership.Event) string {
 	switch {
-	case ev.Kind == EventLeave:
+	case ev.Kind == membership.EventLeave:
 		return "it left the cluster"
-	case ev.Kind == EventFail && ev.Reason != "":
+	case ev.Kind == membership.EventFail && ev.Reason != "":
 		return ev.Reason
 	}
 	return ""
@@ -540,7 +542,6 @@ func (n *Node) carryOut(e absenceEffect, ms []Member, probes chan<- probeResult)
 	case lostMember:
 		inc := e.Member.Meta.Incarnation
 		n.log.Warn("member lost", append(memberAttrs(e.Member), "away", e.Away.Round(time.Millisecond), "why", e.Why)...)
-		n.mem().forgetLapsed(e.Member.Name)
 		n.actors.PeerLost(inc)
 		if n.router != nil {
 			n.actors.Root().Send(n.router, memberLost{incarnation: inc})
@@ -857,7 +858,8 @@ func (n *Node) status() *messages.StatusReply {
 		rep.Members = append(rep.Members, messages.MemberStatus{Name: m.Name, Role: m.Meta.Role.String(),
 			Incarnation: m.Meta.Incarnation, Address: m.Meta.RemoteAddr, DataPlane: m.Meta.DataAddr,
 			State: m.State.String(), CapacityPages: m.Meta.CapacityPages, FreePages: m.Meta.FreePages,
-			Draining: m.Meta.Draining, Verified: m.Verified, Model: m.Meta.Model.String()})
+			Draining: m.Meta.Draining, Verified: m.Verified, Model: m.Meta.Model.String(),
+			Unverified: strings.ToValidUTF8(m.Unverified[:min(len(m.Unverified), messages.UnverifiedBytesMax)], "")})
 	}
 	return rep
 }

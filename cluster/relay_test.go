@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/cluster/membership"
 	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
@@ -142,7 +143,7 @@ func startFakeRoute(t *testing.T, ds ...*fakeDecode) *fakeRoute {
 	t.Cleanup(sys.Shutdown)
 	byAddr := map[string]*fakeDecode{}
 	member := func(role Role, inc uint64, addr string, free uint32) Member {
-		return Member{State: StateAlive, Verified: true, Meta: Meta{Role: role, Incarnation: inc, RemoteAddr: addr,
+		return Member{State: StateAlive, Verified: true, Meta: membership.Meta{Role: role, Incarnation: inc, RemoteAddr: addr,
 			CapacityPages: 1000, FreePages: free, Model: model.Fingerprint()}}
 	}
 	f := &fakeRoute{sys: sys, got: &received{}, counters: &routerCounters{},

@@ -511,17 +511,22 @@ type MemberStatus struct {
 	CapacityPages uint32 `msgpack:"capacity"`
 	FreePages     uint32 `msgpack:"free"`
 	Draining      bool   `msgpack:"draining,omitempty"`
-	// Verified: the certificate found at the member's address names the
-	// member's role and name (always true on an insecure node).
+	// Verified: the run at the member's remote address answered the run
+	// challenge with the member's incarnation, under a certificate naming
+	// its role and name (always true on an insecure node).
 	Verified bool `msgpack:"verified,omitempty"`
 	// Model is the fingerprint of the model the member serves,
 	// FingerprintDigits hexadecimal digits ("" from a build before
 	// fingerprints).
 	Model string `msgpack:"model,omitempty"`
+	// Unverified says why a member is not Verified (the last probe's
+	// error, or that none has completed), in at most UnverifiedBytesMax
+	// bytes of UTF-8; "" when Verified. StatusReply version 3.
+	Unverified string `msgpack:"unverified,omitempty"`
 }
 
 var memberStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "state", "capacity", "free", "draining",
-	"verified", "model"}
+	"verified", "model", "unverified"}
 
 func (s *MemberStatus) validate(t TypeCode, field string) error {
 	if err := checkName(t, field+".name", s.Name, NodeNameBytesMax); err != nil {
@@ -540,6 +545,12 @@ func (s *MemberStatus) validate(t TypeCode, field string) error {
 		if err := CheckFingerprint(t, field+".model", s.Model); err != nil {
 			return err
 		}
+	}
+	if err := checkLen(t, field+".unverified", len(s.Unverified), UnverifiedBytesMax); err != nil {
+		return err
+	}
+	if err := checkUTF8(t, field+".unverified", s.Unverified); err != nil {
+		return err
 	}
 	return checkWord(t, field+".state", s.State, memberStates)
 }
@@ -567,8 +578,10 @@ func (s *MemberStatus) decode(d *msgpack.Decoder, t TypeCode, field string) erro
 			return readBool(d, t, field+".draining", &s.Draining)
 		case 9:
 			return readBool(d, t, field+".verified", &s.Verified)
-		default:
+		case 10:
 			return readString(d, t, field+".model", FingerprintDigits, &s.Model)
+		default:
+			return readString(d, t, field+".unverified", UnverifiedBytesMax, &s.Unverified)
 		}
 	})
 }

@@ -54,7 +54,8 @@ func samples() []Message {
 				TokensOut:  12345},
 			Members: []MemberStatus{
 				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true, Verified: true, Model: testFingerprint},
-				{Name: "router", Role: RoleRouter, Incarnation: 1, Address: "[fe80::1]:8090", State: MemberSuspect},
+				{Name: "router", Role: RoleRouter, Incarnation: 1, Address: "[fe80::1]:8090", State: MemberSuspect,
+					Unverified: "cluster: member router announces incarnation 0000000000000001, but the run answers 0000000000000002"},
 			},
 		},
 		&DrainRequest{Wait: true},
@@ -231,7 +232,7 @@ func TestWorstCaseFits(t *testing.T) {
 	for i := range members {
 		members[i] = MemberStatus{Name: name, Role: RolePrefill, Incarnation: math.MaxUint64, Address: addr, DataPlane: addr,
 			State: MemberSuspect, CapacityPages: math.MaxUint32, FreePages: math.MaxUint32, Draining: true, Verified: true,
-			Model: testFingerprint}
+			Model: testFingerprint, Unverified: strings.Repeat("x", UnverifiedBytesMax)}
 	}
 	worst := []Message{
 		&GenerateRequest{RequestID: math.MaxUint64, Tenant: tenant, Prompt: prompt, MaxTokens: GenerateTokensMax, Stream: true},

@@ -66,6 +66,9 @@ const (
 	PoolsMax = 64
 	// MembersMax bounds the members of one StatusReply, in members.
 	MembersMax = 256
+	// UnverifiedBytesMax bounds MemberStatus.Unverified in bytes; a node
+	// cuts a longer reason at a character boundary.
+	UnverifiedBytesMax = 512
 	// IdentityBytesMax bounds a certificate identity in NodeStatus.
 	IdentityBytesMax = 200
 	// RefusalKindsMax bounds NodeStatus.Refused, in kinds.

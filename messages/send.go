@@ -83,10 +83,11 @@ func Respond(ctx actor.Context, m Message) error {
 // gRPC receive limit of RemoteRecvBytesMax (so that a batch of
 // maximum-size messages is never refused, which would close the stream),
 // and auth's TLS and stream guard, which lets in only this package's
-// envelope (and protoactor's dead-letter answer) for actors at self.
-func remoteOptions(auth *trust.Authority, self string, futures bool) []remote.ConfigOption {
+// envelope (and protoactor's dead-letter answer) for actors at self; a
+// node's run (incarnation, non-zero) answers the run challenge.
+func remoteOptions(auth *trust.Authority, self string, futures bool, incarnation uint64) []remote.ConfigOption {
 	pol := trust.RemotePolicy{Self: self, Types: []string{EnvelopeTypeName, trust.DeadLetterResponseType},
-		RecvBytesMax: RemoteRecvBytesMax, Futures: futures}
+		RecvBytesMax: RemoteRecvBytesMax, Futures: futures, Incarnation: incarnation}
 	return []remote.ConfigOption{
 		remote.WithEndpointWriterBatchSize(RemoteBatchMessagesMax),
 		remote.WithServerOptions(auth.ServerOptions(pol)...),
@@ -110,7 +111,7 @@ func NewActorSystem(log *slog.Logger) *actor.ActorSystem {
 // checked and tried first, and a failure is an error with the address in
 // it.
 func StartRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority) (*remote.Remote, error) {
-	return startRemote(sys, listen, "", auth, false)
+	return startRemote(sys, listen, "", auth, false, 0)
 }
 
 // StartRemoteAdvertised is StartRemote for a process that peers reach at
@@ -119,8 +120,10 @@ func StartRemote(sys *actor.ActorSystem, listen string, auth *trust.Authority) (
 // advertise, and the remote boundary takes messages for actors there. The
 // address proof of trust still holds: a peer that dials advertise reaches
 // this process's TLS and certificate. Empty advertise is StartRemote.
-func StartRemoteAdvertised(sys *actor.ActorSystem, listen, advertise string, auth *trust.Authority) (*remote.Remote, error) {
-	return startRemote(sys, listen, advertise, auth, false)
+// A node's run passes its incarnation, non-zero, which its remote answers
+// members' run challenge with (trust.RunProto).
+func StartRemoteAdvertised(sys *actor.ActorSystem, listen, advertise string, incarnation uint64, auth *trust.Authority) (*remote.Remote, error) {
+	return startRemote(sys, listen, advertise, auth, false, incarnation)
 }
 
 // StartRemoteAwaiting is StartRemote for a process that waits on other
@@ -128,10 +131,10 @@ func StartRemoteAdvertised(sys *actor.ActorSystem, listen, advertise string, aut
 // boundary lets replies reach its futures, which anyone with a cluster
 // certificate can address. Nodes never need it.
 func StartRemoteAwaiting(sys *actor.ActorSystem, listen string, auth *trust.Authority) (*remote.Remote, error) {
-	return startRemote(sys, listen, "", auth, true)
+	return startRemote(sys, listen, "", auth, true, 0)
 }
 
-func startRemote(sys *actor.ActorSystem, listen, advertise string, auth *trust.Authority, futures bool) (*remote.Remote, error) {
+func startRemote(sys *actor.ActorSystem, listen, advertise string, auth *trust.Authority, futures bool, incarnation uint64) (*remote.Remote, error) {
 	if auth == nil {
 		return nil, errors.New("messages: no trust authority for remote (trust.Insecure runs without one)")
 	}
@@ -159,7 +162,7 @@ func startRemote(sys *actor.ActorSystem, listen, advertise string, auth *trust.A
 	if advertise != "" {
 		self, adv = advertise, []remote.ConfigOption{remote.WithAdvertisedHost(advertise)}
 	}
-	r := remote.NewRemote(sys, remote.Configure(host, port, append(remoteOptions(auth, self, futures), adv...)...))
+	r := remote.NewRemote(sys, remote.Configure(host, port, append(remoteOptions(auth, self, futures, incarnation), adv...)...))
 	r.Start()
 	return r, nil
 }

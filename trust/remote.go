@@ -34,6 +34,11 @@ type RemotePolicy struct {
 	// from other processes that way (operators' commands). Nodes and
 	// clients answer and are answered actor to actor.
 	Futures bool
+	// Incarnation is the run of the node this remote serves, which it
+	// answers a node's run challenge with (RunProto, AskRun); 0 for a
+	// process that is no node's run (a client, an operator's command),
+	// whose remote serves no run challenge.
+	Incarnation uint64
 }
 
 // targetAllowed says whether a peer may address the actor id: none of
@@ -71,7 +76,11 @@ func (a *Authority) ServerOptions(pol RemotePolicy) []grpc.ServerOption {
 		grpc.ChainUnaryInterceptor(a.refuseUnary),
 	}
 	if a.bundle != nil {
-		opts = append(opts, grpc.Creds(&countingCreds{TransportCredentials: credentials.NewTLS(a.bundle.ServerTLS()), a: a}))
+		cfg := a.bundle.ServerTLS()
+		if pol.Incarnation != 0 {
+			cfg.NextProtos = []string{RunProto} // credentials.NewTLS adds gRPC's "h2"
+		}
+		opts = append(opts, grpc.Creds(&countingCreds{TransportCredentials: credentials.NewTLS(cfg), a: a, run: pol.Incarnation}))
 	}
 	return opts
 }
@@ -80,9 +89,14 @@ func (a *Authority) ServerOptions(pol RemotePolicy) []grpc.ServerOption {
 // fails (garbage, plaintext, no certificate, another CA's, expired): gRPC
 // completes handshakes before any interceptor runs, so they would go
 // uncounted otherwise.
+//
+// It also answers the run challenge: a connection that negotiated RunProto
+// is answered with the run's incarnation and closed here, and gRPC, told
+// the connection was dispatched, leaves it alone.
 type countingCreds struct {
 	credentials.TransportCredentials
-	a *Authority
+	a   *Authority
+	run uint64 // RemotePolicy.Incarnation
 }
 
 // Before the handshake the connection is a stranger's: it waits within
@@ -95,6 +109,10 @@ func (c *countingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Aut
 	}
 	defer c.a.strangerDone(raw)
 	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if ti, ok := info.(credentials.TLSInfo); err == nil && ok && c.run != 0 && ti.State.NegotiatedProtocol == RunProto {
+		c.a.answerRun(conn, ti.State, c.run)
+		return nil, nil, credentials.ErrConnDispatched
+	}
 	// A connection closed before its first byte (a reachability check, a
 	// port scan's connect) refused nothing.
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -113,7 +131,7 @@ func (c *countingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Aut
 var errStrangersFull = errors.New("trust: too many remote connections before their TLS handshake")
 
 func (c *countingCreds) Clone() credentials.TransportCredentials {
-	return &countingCreds{TransportCredentials: c.TransportCredentials.Clone(), a: c.a}
+	return &countingCreds{TransportCredentials: c.TransportCredentials.Clone(), a: c.a, run: c.run}
 }
 
 // DialOptions are the gRPC dial options of protoactor remote: TLS with

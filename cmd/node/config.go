@@ -85,8 +85,8 @@ type nodeConfig struct {
 	Listen string `json:"listen"`
 	// Gossip is the IP:port the node gossips membership on, UDP and TCP;
 	// port 0 picks a free one. On a loopback address the node uses fast
-	// local timers (cluster.DefaultLocalConfig), elsewhere LAN timers
-	// (cluster.DefaultConfig).
+	// local timers (membership.DefaultLocalConfig), elsewhere LAN timers
+	// (membership.DefaultConfig).
 	Gossip string `json:"gossip"`
 	// Data is the host:port of the KV data plane, on which a node that
 	// decodes receives KV pages from prefill nodes; port 0 picks a free

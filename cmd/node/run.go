@@ -22,6 +22,7 @@ import (
 	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/cluster/membership"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
 	"github.com/kvwarden/kvwarden/httpapi"
@@ -352,7 +353,7 @@ func (c nodeConfig) listenFor(role actors.Role) string {
 // configuration. A node gossiping on loopback is one of a local cluster
 // and gets cluster.DefaultLocalNodeConfig's fast timers, so that a lost
 // member is noticed in seconds; any other address gets the LAN timers of
-// cluster.DefaultConfig and cluster.DefaultDataPlaneConfig.
+// membership.DefaultConfig and cluster.DefaultDataPlaneConfig.
 func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
 	a, err := c.serving(m)
 	if err != nil {
@@ -391,7 +392,7 @@ func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
 	}
 	nc := cluster.DefaultLocalNodeConfig(a.Role)
 	if !host.IsLoopback() {
-		nc.Gossip = cluster.DefaultConfig()
+		nc.Gossip = membership.DefaultConfig()
 		nc.DataPlane = cluster.DefaultDataPlaneConfig(a.Geometry(), 1)
 	}
 	nc.Actors, nc.Model = a, m

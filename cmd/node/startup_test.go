@@ -25,7 +25,7 @@ func TestBinarySignalDuringStart(t *testing.T) {
 	}
 	defer silent.Close()
 	// LAN timers (gossip on every interface): the join waits up to the
-	// 10 s TCP timeout of cluster.DefaultConfig.
+	// 10 s TCP timeout of membership.DefaultConfig.
 	p := startProcess(t, "run", "--insecure", "--role", "decode", "--listen", "127.0.0.1:0", "--gossip", "0.0.0.0:0",
 		"--join", silent.Addr().String())
 	testwait.For(t, "the node to begin its start", readyTimeout, func() bool {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -160,6 +161,11 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 			m.CapacityPages, m.FreePages, yesNo(m.Draining), yesNo(m.Verified), model)
 	}
 	tw.Flush()
+	for _, m := range s.Members {
+		if !m.Verified {
+			fmt.Fprintf(w, "%s unverified: %s\n", m.Name, cmp.Or(m.Unverified, "no reason given (a node of an older build)"))
+		}
+	}
 }
 
 // counted names each of counts by its kind in names (a node of a newer

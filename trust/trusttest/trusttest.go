@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/kvwarden/kvwarden/internal/testnet"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -85,6 +87,25 @@ func ServeTLS(t testing.TB, b *trust.Bundle) string {
 		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 		_ = c.(*tls.Conn).Handshake()
 	})
+}
+
+// ServeRemote serves on listen (host:port; port 0 picks one) what a
+// node's protoactor remote serves for its run incarnation: gRPC under
+// a.ServerOptions, with no service, which answers the run challenge with
+// incarnation (trust.RunProto) and completes gRPC's handshake for anyone
+// else. It returns the address and a stop that closes it, as a killed
+// process's sockets are (also called at the end of the test).
+func ServeRemote(t testing.TB, a *trust.Authority, listen string, incarnation uint64) (string, func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(a.ServerOptions(trust.RemotePolicy{Self: ln.Addr().String(), RecvBytesMax: 1 << 20,
+		Incarnation: incarnation})...)
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	return ln.Addr().String(), srv.Stop
 }
 
 // ClosedAddr is a loopback address where nothing listens.

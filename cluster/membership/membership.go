@@ -1,13 +1,13 @@
-package cluster
+package membership
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -89,12 +89,15 @@ type Config struct {
 	// so anyone who reaches the gossip port can join and claim any
 	// address. It must be chosen explicitly.
 	Insecure bool
-	// Auth verifies members unless Insecure: a member is Verified once a
-	// TLS handshake with each of its addresses (Auth.Peers().Probe, bounded
-	// by the authority's DialTimeout) found a certificate of this cluster
-	// whose identity has the member's role and whose name is the member's
-	// name less its incarnation. NamePrefix must be Auth's own identity
-	// name, which the other members check in turn. Secured sets it.
+	// Auth verifies members unless Insecure: a member is Verified once
+	// the node at its remote address answered the run challenge
+	// (Auth.AskRun: a nonce, over mutually authenticated TLS) with the
+	// member's incarnation, under a certificate of this cluster whose
+	// identity has the member's role and whose name is the member's name
+	// less its incarnation, and its data address (if any) served that
+	// certificate; each bounded by the authority's DialTimeout.
+	// NamePrefix must be Auth's own identity name, which the other members
+	// check in turn. Secured sets it.
 	Auth *trust.Authority
 	// VerifyRetryInterval is how long after a failed verification of a
 	// member the next one starts; each further failure doubles the wait up
@@ -106,7 +109,8 @@ type Config struct {
 	VerifyRetryIntervalMax time.Duration
 	// VerifyParallelMax is how many members are verified at once, so that
 	// a burst of joins (or of members whose addresses do not answer) is
-	// worked through at a bounded rate. 1..VerifyParallelMaxLimit.
+	// worked through at a bounded rate; a member's first probe goes ahead
+	// of every retry. 1..VerifyParallelMaxLimit.
 	VerifyParallelMax int
 
 	// ProbeInterval is how often this member probes one other member
@@ -400,14 +404,18 @@ type Member struct {
 	Addr  netip.AddrPort
 	Meta  Meta
 	State MemberState
-	// Verified says that what the member claims was proven: each of its
-	// addresses answered a TLS handshake with a certificate of this
-	// cluster naming the member's role and name (see Config.Auth). Gossip
-	// alone proves nothing (every node holds the key), so only verified
-	// members are routed to, and only they hold an address against
-	// another run. Always true when Config.Insecure, and for this member
-	// itself.
+	// Verified says that the member is the run it claims to be: the node
+	// at its remote address answered the run challenge with its
+	// incarnation, under a certificate of this cluster naming the
+	// member's role and name, and its data address served that
+	// certificate (see Config.Auth). Gossip alone proves nothing (every
+	// node holds the key), so only verified members are routed to. Always
+	// true when Config.Insecure, and for this member itself.
 	Verified bool
+	// Unverified says why the member is not Verified: the last probe's
+	// error (a ClaimError's text), or that none has completed yet. Empty
+	// when Verified.
+	Unverified string
 }
 
 // EventKind says what happened to a member.
@@ -460,12 +468,14 @@ type MembershipStats struct {
 	// MetaRefused counts join and update notices whose metadata did not
 	// decode or did not match the member name.
 	MetaRefused uint64
-	// Superseded counts members excluded because a later run of a node
-	// claimed one of their addresses.
+	// Superseded counts members excluded because another run of a node
+	// was proven (or, when Insecure, started later) at one of their
+	// addresses.
 	Superseded uint64
 	// ClaimsRefused counts members (once per set of claims) whose
 	// verification found an address of theirs served by a certificate that
-	// is not theirs; they stay unverified.
+	// is not theirs, or a run of another incarnation; they stay
+	// unverified.
 	ClaimsRefused uint64
 	// ClaimsUnanswered counts probes of a member's address that found no
 	// peer of this cluster there (nothing listening, no TLS, a foreign
@@ -504,17 +514,19 @@ type Membership struct {
 	events  chan Event
 	closed  bool
 	// proofs and pending are the verifier's state, by member name (which
-	// carries the incarnation, so each is per run): the claims proven of
-	// a run, and the next verification of an unverified one. Both are
-	// guarded by mu and forgotten when memberlist reports the run gone,
-	// but for the proofs of runs declared dead, kept until the node gives
-	// the run up for lost (lapseLocked, forgetLapsed).
-	proofs   map[string]claim
+	// carries the incarnation, so each is per run): what was proven of a
+	// run, and the next verification of an unverified one. Both are
+	// guarded by mu and forgotten when memberlist reports the run gone or
+	// another run is proven at its addresses; a run that comes back is
+	// proven again, which takes one challenge.
+	proofs   map[string]proof
 	pending  map[string]*attempt
-	lapsed   []string      // runs declared dead whose proofs are kept, oldest first
-	wake     chan struct{} // a verification is due; capacity 1
-	quit     chan struct{} // closed by Shutdown
-	verifier sync.WaitGroup
+	probing  int                // probes under way, at most VerifyParallelMax
+	wake     chan struct{}      // a verification is due; capacity 1
+	quit     chan struct{}      // closed by Shutdown
+	probeCtx context.Context    // of the probes; done at Shutdown
+	stop     context.CancelFunc // ends probeCtx
+	verifier sync.WaitGroup     // the verify loop and its probes
 
 	dropped, refused, superseded    atomic.Uint64
 	claimsRefused, claimsUnanswered atomic.Uint64
@@ -548,7 +560,7 @@ func Start(cfg Config, meta Meta) (*Membership, error) {
 		enc:     enc,
 		members: make(map[string]Member),
 		events:  make(chan Event, cfg.EventBufferLen),
-		proofs:  make(map[string]claim),
+		proofs:  make(map[string]proof),
 		pending: make(map[string]*attempt),
 		wake:    make(chan struct{}, 1),
 		quit:    make(chan struct{}),
@@ -556,6 +568,7 @@ func Start(cfg Config, meta Meta) (*Membership, error) {
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
+	m.probeCtx, m.stop = context.WithCancel(context.Background())
 	mc, err := m.memberlistConfig()
 	if err != nil {
 		return nil, err
@@ -652,7 +665,7 @@ func (m *Membership) Join(addrs []string) (int, error) {
 
 // Members returns the live members, this one included, sorted by name: the
 // members memberlist considers alive, less those whose metadata was refused
-// and those superseded by a later run on one of their addresses. It is
+// and those superseded by another run on one of their addresses. It is
 // built from the same notices as Events, so the two never disagree for
 // long.
 func (m *Membership) Members() []Member {
@@ -760,8 +773,9 @@ func (m *Membership) Shutdown() error {
 	}
 	m.down = true
 	close(m.quit)
+	m.stop()
 	err := m.list.Shutdown()
-	m.verifier.Wait() // at most one round of probes, each bounded by the authority's DialTimeout
+	m.verifier.Wait() // the probes under way end with probeCtx
 	m.mu.Lock()
 	m.closed = true
 	close(m.events)
@@ -786,41 +800,29 @@ func (m *Membership) observe(n *memberlist.Node) {
 	if err != nil {
 		m.refused.Add(1)
 		m.log.Warn("cluster: member metadata refused", "member", n.Name, "addr", addr, "bytes", len(n.Meta), "err", err)
-		delete(m.pending, n.Name)
+		m.forgetLocked(n.Name)
 		if old, known := m.members[n.Name]; known {
 			delete(m.members, n.Name)
 			old.State = StateDead
 			m.emitLocked(Event{Kind: EventFail, Member: old, Reason: "metadata refused: " + err.Error()})
-			m.releaseLocked()
 		}
 		return
 	}
 	mem := Member{Name: n.Name, Addr: addr, Meta: meta, State: StateAlive}
 	mem.Verified = m.provenLocked(mem)
 	if !mem.Verified {
-		m.awaitProofLocked(mem)
+		mem.Unverified = m.awaitProofLocked(mem)
 	}
 	m.admitLocked(mem)
 }
 
-// admitLocked puts mem into the table and reports it. Only a verified
-// member competes for addresses, so that a claim nobody proved evicts no
-// one. Without verification (Insecure) the later run sharing an address
-// supersedes the other. With it, a start time and an incarnation are only
-// claimed, never proven (any holder of the gossip key could announce a
-// later run of a real node), so the run proven first keeps its addresses
-// while it lives; a later proven run sharing one waits, listed but not
-// Verified, until the holder leaves or is declared dead (releaseLocked).
-// It returns the holder mem waits for, if any.
-func (m *Membership) admitLocked(mem Member) (holder string) {
+// admitLocked puts mem into the table and reports it. Without
+// verification (Insecure) the later run sharing an address supersedes the
+// other. With it, a member competes for nothing here: only a proof does
+// (settle), so a claim nobody proved evicts no one.
+func (m *Membership) admitLocked(mem Member) {
 	old, known := m.members[mem.Name]
-	switch {
-	case !mem.Verified:
-	case !m.cfg.Insecure:
-		if holder = m.holderLocked(mem); holder != "" {
-			mem.Verified = false
-		}
-	default:
+	if mem.Verified && m.cfg.Insecure {
 		if by, ok := m.supersedeLocked(mem); !ok {
 			m.superseded.Add(1)
 			m.log.Warn("cluster: member superseded by a later run", "member", mem.Name, "by", by)
@@ -829,7 +831,7 @@ func (m *Membership) admitLocked(mem Member) (holder string) {
 				old.State = StateDead
 				m.emitLocked(Event{Kind: EventFail, Member: old, Reason: "superseded by " + by})
 			}
-			return ""
+			return
 		}
 	}
 	m.members[mem.Name] = mem
@@ -838,29 +840,6 @@ func (m *Membership) admitLocked(mem Member) (holder string) {
 		kind = EventUpdate
 	}
 	m.emitLocked(Event{Kind: kind, Member: mem})
-	return holder
-}
-
-// holderLocked is the verified member, other than mem, that shares an
-// address with it; "" if none.
-func (m *Membership) holderLocked(mem Member) string {
-	for name, e := range m.members {
-		if name != mem.Name && e.Verified && sharesAddr(e, mem) {
-			return name
-		}
-	}
-	return ""
-}
-
-// releaseLocked verifies every proven member that was waiting for an
-// address whose holder is gone.
-func (m *Membership) releaseLocked() {
-	for _, e := range m.members {
-		if !e.Verified && m.provenLocked(e) && m.holderLocked(e) == "" {
-			e.Verified = true
-			m.admitLocked(e)
-		}
-	}
 }
 
 // supersedeLocked resolves address claims between mem and the known
@@ -914,23 +893,15 @@ func newer(a, b Meta) bool {
 
 // depart handles a leave notice, which memberlist sends for a graceful
 // leave and a failure alike: the member's last metadata tells them apart.
-// It runs on a memberlist goroutine under memberlist's node lock.
-//
-// A run declared dead keeps what verification proved of it, until the
-// node gives it up for lost (forgetLapsed) and among the last
-// lapsedProofsMax such runs: failure detection cannot tell a stalled
-// process from a dead one, and a run that comes back with the same name
-// (so the same incarnation) and the same addresses is verified at once,
-// not refused work until a probe of its addresses completes. A later run
-// that holds one of those addresses still keeps it (admitLocked).
+// It runs on a memberlist goroutine under memberlist's node lock. What was
+// proven of the run is forgotten: failure detection cannot tell a stalled
+// process from a dead one, and a run that comes back is verified again by
+// one challenge, which only the run itself can answer.
 func (m *Membership) depart(n *memberlist.Node) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.pending, n.Name)
+	m.forgetLocked(n.Name)
 	mem, ok := m.members[n.Name]
-	if !ok || mem.Meta.Leaving {
-		delete(m.proofs, n.Name)
-	}
 	if !ok {
 		return // refused or superseded: its end was already reported, or never began
 	}
@@ -938,52 +909,9 @@ func (m *Membership) depart(n *memberlist.Node) {
 	kind, state := EventFail, StateDead
 	if mem.Meta.Leaving {
 		kind, state = EventLeave, StateLeft
-	} else {
-		m.lapseLocked(n.Name)
 	}
 	mem.State = state
 	m.emitLocked(Event{Kind: kind, Member: mem})
-	m.releaseLocked()
-}
-
-// lapsedProofsMax bounds how many runs declared dead keep their proofs.
-const lapsedProofsMax = 256
-
-// lapseLocked keeps the proof of the run name, declared dead, and forgets
-// the oldest kept proof beyond lapsedProofsMax, unless its run is alive
-// again.
-func (m *Membership) lapseLocked(name string) {
-	if _, ok := m.proofs[name]; !ok {
-		return
-	}
-	m.lapsed = append(m.lapsed, name)
-	if len(m.lapsed) <= lapsedProofsMax {
-		return
-	}
-	oldest := m.lapsed[0]
-	m.lapsed = m.lapsed[1:]
-	if _, alive := m.members[oldest]; !alive && !slices.Contains(m.lapsed, oldest) {
-		delete(m.proofs, oldest)
-	}
-}
-
-// forgetLapsed forgets the proof kept for the run name, declared dead,
-// once the node has given that run up for lost (its remote address
-// refused, or it stayed missing for NodeConfig.LostAfter). The proof was
-// kept for a stalled process, which holds its addresses while it is
-// stopped; a lost one may not: a crashed process's ports may be taken by
-// anyone, and a holder of the gossip key could announce the run again
-// from a gossip address of its own and be verified, routed to and hold
-// those addresses on a proof of what served them before. A run that is
-// listed again keeps its proof.
-func (m *Membership) forgetLapsed(name string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, listed := m.members[name]; listed {
-		return
-	}
-	m.lapsed = slices.DeleteFunc(m.lapsed, func(n string) bool { return n == name })
-	delete(m.proofs, name)
 }
 
 // emitLocked hands ev to the Events channel without waiting.

@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"encoding/binary"
@@ -248,10 +248,10 @@ func (m Meta) validate(sizeLimit int) error {
 		return &MetaFieldError{Field: "free pages", Value: uint64(m.FreePages), Limit: uint64(m.CapacityPages),
 			Reason: "more free pages than the pool holds"}
 	}
-	if err := checkMetaAddr("remote address", m.RemoteAddr, true); err != nil {
+	if err := CheckAddr("remote address", m.RemoteAddr, true); err != nil {
 		return err
 	}
-	if err := checkMetaAddr("data address", m.DataAddr, m.Role.receivesKV()); err != nil {
+	if err := CheckAddr("data address", m.DataAddr, m.Role.receivesKV()); err != nil {
 		return err
 	}
 	if !m.Role.servesKV() && m.CapacityPages != 0 {
@@ -264,9 +264,11 @@ func (m Meta) validate(sizeLimit int) error {
 	return nil
 }
 
-// checkMetaAddr accepts host:port with a port in 1..65535, a host made of
-// address characters only, and no wildcard IP (it would name every host).
-func checkMetaAddr(field, addr string, required bool) error {
+// CheckAddr is the check of an address that Meta carries, for the field
+// named: host:port with a port in 1..65535, a host made of address
+// characters only, and no wildcard IP (it would name every host); ""
+// only when not required.
+func CheckAddr(field, addr string, required bool) error {
 	bad := func(reason string) error {
 		return &MetaAddrError{Field: field, Addr: addr, Len: len(addr), LenMax: AddrLenMax, Reason: reason}
 	}

@@ -1,8 +1,9 @@
-package cluster
+package membership
 
 import (
-	"log/slog"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,13 +12,16 @@ import (
 )
 
 // provenConfig is a member holding the certificate of role/name, its
-// remote address (and, for a role that receives KV, its data address)
-// serving that certificate, as a real node's do; it joins through join.
+// remote address serving that certificate and answering the run
+// challenge with its incarnation (and, for a role that receives KV, its
+// data address serving the certificate), as a real node's do; it joins
+// through join.
 func provenConfig(t *testing.T, ca *trusttest.CA, role Role, name string, join ...*Membership) (Config, Meta, *trust.Authority) {
 	t.Helper()
 	auth := ca.Authority(t, role.identityRole(), name, nil)
 	meta := testMeta()
-	meta.Role, meta.RemoteAddr, meta.DataAddr = role, trusttest.ServeTLS(t, auth.Bundle()), ""
+	meta.Role, meta.DataAddr = role, ""
+	meta.RemoteAddr, _ = trusttest.ServeRemote(t, auth, "127.0.0.1:0", meta.Incarnation)
 	if role.receivesKV() {
 		meta.DataAddr = trusttest.ServeTLS(t, auth.Bundle())
 	}
@@ -50,8 +54,16 @@ func impostor(t *testing.T, ca *trusttest.CA, prefix string, meta Meta, join *Me
 func verified(ev Event) bool   { return ev.Member.Verified }
 func unverified(ev Event) bool { return !ev.Member.Verified }
 
-func candidateNames(m *Membership, kind func(Role) bool) []string {
-	return memberNames(candidates(m.Members(), kind, testModel))
+// verifiedNames are the names of the members of role that m lists
+// verified: the only ones a router may pick.
+func verifiedNames(m *Membership, role Role) []string {
+	var out []string
+	for _, e := range m.Members() {
+		if e.Verified && e.Meta.Role == role {
+			out = append(out, e.Name)
+		}
+	}
+	return out
 }
 
 // Each member is listed unverified when it joins, and verified once its
@@ -84,10 +96,10 @@ func TestMemberVerifiedWithinBound(t *testing.T) {
 			t.Fatalf("%s stats %+v, want zero", m.Name(), st)
 		}
 	}
-	if got := candidateNames(r, decodes); !slices.Equal(got, []string{d.Name()}) {
+	if got := verifiedNames(r, RoleDecode); !slices.Equal(got, []string{d.Name()}) {
 		t.Fatalf("decode candidates %v, want %s", got, d.Name())
 	}
-	if got := candidateNames(r, prefills); !slices.Equal(got, []string{p.Name()}) {
+	if got := verifiedNames(r, RolePrefill); !slices.Equal(got, []string{p.Name()}) {
 		t.Fatalf("prefill candidates %v, want %s", got, p.Name())
 	}
 }
@@ -95,7 +107,9 @@ func TestMemberVerifiedWithinBound(t *testing.T) {
 // A holder of the gossip key can announce any member; none of these lies
 // gets verified, none is a candidate for routing, and none evicts the real
 // node whose address it names, however late it claims to have started and
-// however many free pages it advertises.
+// however many free pages it advertises: another node's certificate at an
+// address, a run of another incarnation there, a data address served by
+// another node, no TLS of this cluster, nothing at all.
 func TestImpostorsNeverVerified(t *testing.T) {
 	ca := trusttest.New(t)
 	r, rauth := provenMember(t, ca, RoleRouter, "r0")
@@ -111,17 +125,25 @@ func TestImpostorsNeverVerified(t *testing.T) {
 		return m
 	}
 	serve := func(role trust.Role, name string) string { return trusttest.ServeTLS(t, ca.Bundle(t, role, name)) }
+	run := func(name string, inc uint64) string {
+		addr, _ := trusttest.ServeRemote(t, ca.Authority(t, trust.RoleDecode, name, nil), "127.0.0.1:0", inc)
+		return addr
+	}
 	dm, pm := d.Meta(), p.Meta()
+	d4, d5 := lie(RoleDecode, "", dm.DataAddr), lie(RoleDecode, "", serve(trust.RoleDecode, "d5"))
+	d4.RemoteAddr, d5.RemoteAddr = run("d4", d4.Incarnation), run("d5", d5.Incarnation+1)
 	refused := []*Membership{
 		impostor(t, ca, "d1", lie(RoleDecode, serve(trust.RolePrefill, "d1"), serve(trust.RolePrefill, "d1")), r),
 		impostor(t, ca, "d2", lie(RoleDecode, serve(trust.RoleDecode, "d9"), serve(trust.RoleDecode, "d9")), r),
 		impostor(t, ca, "d3", lie(RoleDecode, dm.RemoteAddr, dm.DataAddr), r),
 		impostor(t, ca, "p1", lie(RolePrefill, pm.RemoteAddr, ""), r),
-		impostor(t, ca, "d4", lie(RoleDecode, serve(trust.RoleDecode, "d4"), dm.DataAddr), r),
+		impostor(t, ca, "d4", d4, r),
+		impostor(t, ca, "d5", d5, r),
 	}
 	unanswered := []*Membership{
 		impostor(t, ca, "p5", lie(RolePrefill, trusttest.ServeTLS(t, trusttest.New(t).Bundle(t, trust.RolePrefill, "p5")), ""), r),
 		impostor(t, ca, "p6", lie(RolePrefill, trusttest.ClosedAddr(t), ""), r),
+		impostor(t, ca, "p7", lie(RolePrefill, serve(trust.RolePrefill, "p7"), ""), r),
 	}
 	waitFor(t, "every lie refused and every unanswered claim retried", eventDeadline, func() bool {
 		st := r.Stats()
@@ -143,18 +165,19 @@ func TestImpostorsNeverVerified(t *testing.T) {
 	for _, mem := range r.Members() {
 		if impostors[mem.Name] {
 			listed++
-			if mem.Verified {
-				t.Fatalf("%s listed verified", mem.Name)
+			if mem.Verified || mem.Unverified == "" || mem.Unverified == notProbedYet {
+				t.Fatalf("%s listed verified %v, unverified because %q: want the probe's refusal", mem.Name, mem.Verified,
+					mem.Unverified)
 			}
 		}
 	}
 	if listed != len(impostors) {
 		t.Fatalf("%d of %d impostors listed; the test wants each of them seen", listed, len(impostors))
 	}
-	if got := candidateNames(r, decodes); !slices.Equal(got, []string{d.Name()}) {
+	if got := verifiedNames(r, RoleDecode); !slices.Equal(got, []string{d.Name()}) {
 		t.Fatalf("decode candidates %v, want only %s", got, d.Name())
 	}
-	if got := candidateNames(r, prefills); !slices.Equal(got, []string{p.Name()}) {
+	if got := verifiedNames(r, RolePrefill); !slices.Equal(got, []string{p.Name()}) {
 		t.Fatalf("prefill candidates %v, want only %s", got, p.Name())
 	}
 	if st := r.Stats(); st.Superseded != 0 {
@@ -175,39 +198,61 @@ func drain(m *Membership) []Event {
 	}
 }
 
-// A later run of a node at its addresses (a restart, or a holder of the
-// gossip key pretending one: the certificate proves the identity, not the
-// incarnation) is proven but waits until the run that holds the
-// addresses is gone; a verified member that then claims an address it
-// cannot prove is unverified again.
-func TestProvenRunKeepsAddressUntilGone(t *testing.T) {
+// A member is verified as a run, not a name. A holder of the gossip key
+// announcing a run of d0 at d0's addresses (as d0's certificate serves
+// there, it proves the name, never the run) is refused while d0 runs, and
+// stays refused after d0 crashes and a new run of d0 starts on the same
+// ports: that run is verified at once, supersedes the old one and is the
+// only decode node routed to; the refusal says which incarnation
+// answered. A verified member that then claims an address it cannot
+// prove is unverified again.
+func TestMemberVerifiedAsRun(t *testing.T) {
 	ca := trusttest.New(t)
-	logs := make(logSignal, 64)
-	cfg, meta, _ := provenConfig(t, ca, RoleRouter, "r0")
-	cfg.Logger = slog.New(logs)
-	r := startMember(t, cfg, meta)
-	d, _ := provenMember(t, ca, RoleDecode, "d0", r)
+	r, _ := provenMember(t, ca, RoleRouter, "r0")
+	dauth := ca.Authority(t, trust.RoleDecode, "d0", nil)
+	meta := testMeta()
+	remote, stopRemote := trusttest.ServeRemote(t, dauth, "127.0.0.1:0", meta.Incarnation)
+	meta.RemoteAddr, meta.DataAddr = remote, trusttest.ServeTLS(t, dauth.Bundle())
+	cfg := DefaultLocalConfig().Secured(dauth)
+	cfg.JoinAddrs = []string{r.LocalAddr().String()}
+	d := startMember(t, cfg, meta)
 	awaitEvents(t, r, match{kind: EventUpdate, name: d.Name(), ok: verified})
 
-	again := testMeta()
-	again.RemoteAddr, again.DataAddr = d.Meta().RemoteAddr, d.Meta().DataAddr
-	rerun := impostor(t, ca, "d0", again, r)
-	awaitLog(t, logs, "cluster: proven member waits for the run holding its address")
-	if got := candidateNames(r, decodes); !slices.Equal(got, []string{d.Name()}) {
-		t.Fatalf("decode candidates %v while %s holds the address, want only it", got, d.Name())
-	}
+	fakeMeta := testMeta()
+	fakeMeta.RemoteAddr, fakeMeta.DataAddr = meta.RemoteAddr, meta.DataAddr
+	fake := impostor(t, ca, "d0", fakeMeta, r)
+	want := fmt.Sprintf("announces incarnation %016x, but the run of %s at remote address %s answers incarnation %016x",
+		fakeMeta.Incarnation, d.Members()[0].Identity(trusttest.Cluster), meta.RemoteAddr, meta.Incarnation)
+	waitFor(t, "the fake refused with the incarnations", eventDeadline, func() bool {
+		return r.Stats().ClaimsRefused == 1 && strings.Contains(listed(r, fake.Name()).Unverified, want)
+	})
 
-	if err := d.Leave(5 * time.Second); err != nil {
-		t.Fatal(err)
+	// The crash: gossip and the remote stop at once, without a leave. The
+	// restart binds the same remote port; the data plane's certificate
+	// server stands for the restarted data plane.
+	_ = d.Shutdown()
+	stopRemote()
+	restart := testMeta()
+	restart.RemoteAddr, restart.DataAddr = meta.RemoteAddr, meta.DataAddr
+	trusttest.ServeRemote(t, dauth, restart.RemoteAddr, restart.Incarnation)
+	started := time.Now()
+	rerun := startMember(t, cfg, restart)
+	awaitEvents(t, r, match{kind: EventUpdate, name: rerun.Name(), ok: verified}, match{kind: EventFail, name: d.Name()})
+	t.Logf("the restarted run was verified %s after it started", time.Since(started))
+	if got := verifiedNames(r, RoleDecode); !slices.Equal(got, []string{rerun.Name()}) {
+		t.Fatalf("decode candidates %v, want only the restarted run %s", got, rerun.Name())
 	}
-	left := time.Now()
-	if err := d.Shutdown(); err != nil {
-		t.Fatal(err)
+	want = fmt.Sprintf("answers incarnation %016x", restart.Incarnation)
+	waitFor(t, "the fake refused again, by the restarted run", eventDeadline, func() bool {
+		return strings.Contains(listed(r, fake.Name()).Unverified, want)
+	})
+	for _, ev := range drain(r) {
+		if ev.Member.Name == fake.Name() && ev.Member.Verified {
+			t.Fatalf("event %s reported the fake verified", ev.Kind)
+		}
 	}
-	awaitEvents(t, r, match{kind: EventLeave, name: d.Name()}, match{kind: EventUpdate, name: rerun.Name(), ok: verified})
-	t.Logf("the waiting run was verified %s after the holder left", time.Since(left))
-	if got := candidateNames(r, decodes); !slices.Equal(got, []string{rerun.Name()}) {
-		t.Fatalf("decode candidates %v, want %s", got, rerun.Name())
+	if m := listed(r, fake.Name()); m.Verified {
+		t.Fatalf("the fake is listed verified: %+v", m)
 	}
 
 	moved := rerun.Meta()
@@ -217,25 +262,18 @@ func TestProvenRunKeepsAddressUntilGone(t *testing.T) {
 	}
 	awaitEvents(t, r, match{kind: EventUpdate, name: rerun.Name(),
 		ok: func(ev Event) bool { return !ev.Member.Verified && ev.Member.Meta.RemoteAddr == moved.RemoteAddr }})
-	waitFor(t, "the moved claim refused", eventDeadline, func() bool { return r.Stats().ClaimsRefused == 1 })
-	if got := candidateNames(r, decodes); len(got) != 0 {
+	waitFor(t, "the moved claim refused", eventDeadline, func() bool { return r.Stats().ClaimsRefused == 2 })
+	if got := verifiedNames(r, RoleDecode); len(got) != 0 {
 		t.Fatalf("decode candidates %v, want none", got)
 	}
 }
 
-// awaitLog waits for a log record with message msg.
-func awaitLog(t *testing.T, logs logSignal, msg string) {
-	t.Helper()
-	timer := time.NewTimer(eventDeadline)
-	defer timer.Stop()
-	for {
-		select {
-		case got := <-logs:
-			if got == msg {
-				return
-			}
-		case <-timer.C:
-			t.Fatalf("no %q logged within %s", msg, eventDeadline)
+// listed is the member name as m lists it; zero if it does not.
+func listed(m *Membership, name string) Member {
+	for _, e := range m.Members() {
+		if e.Name == name {
+			return e
 		}
 	}
+	return Member{}
 }

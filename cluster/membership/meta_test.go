@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"bytes"
@@ -8,8 +8,9 @@ import (
 	"testing"
 
 	"github.com/hashicorp/memberlist"
-	"github.com/kvwarden/kvwarden/engine"
 	"pgregory.net/rapid"
+
+	"github.com/kvwarden/kvwarden/engine"
 )
 
 // longAddr is a valid host:port of exactly n bytes.
