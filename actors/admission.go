@@ -31,6 +31,7 @@ type nodeCounters struct {
 	framesAccepted, framesRefused                        atomic.Uint64
 	phases                                               phaseSums
 	metrics                                              metricCounters
+	tenants                                              atomic.Int32 // tenants with requests its clients sent here (the ledger's)
 }
 
 // Phases splits the time to first token of requests that completed, summed
@@ -79,6 +80,9 @@ type AdmissionStatusReply struct {
 	FramesAccepted, FramesRefused uint64
 	DecodeInFlight                []int
 	Phases                        Phases
+	// Tenants have requests in flight that their clients sent here,
+	// held to their shares (Config.Tenants).
+	Tenants int
 }
 
 // PrefillPeer is a prefill node (or this node's own dispatcher) that a
@@ -199,6 +203,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 		a.core.Ended(m.Who.Id)
 		if l := a.live[m.Who.Id]; l != nil && l.counted {
 			a.ledger.Give(l.tenant, l.pages)
+			a.counters.tenants.Store(int32(a.ledger.Tenants()))
 		}
 		delete(a.live, m.Who.Id)
 	case ListRequests:
@@ -231,7 +236,7 @@ func (a *admissionActor) status() AdmissionStatusReply {
 		Completed: a.counters.completed.Load(), Failed: a.counters.failed.Load(), Retried: a.counters.retried.Load(),
 		FailedByCode:   a.counters.failedBy.Counts(),
 		FramesAccepted: a.counters.framesAccepted.Load(), FramesRefused: a.counters.framesRefused.Load(),
-		DecodeInFlight: a.core.Load(), Phases: a.counters.phases.snapshot()}
+		DecodeInFlight: a.core.Load(), Phases: a.counters.phases.snapshot(), Tenants: int(a.counters.tenants.Load())}
 }
 
 // reject answers a request that will not run, counting it by the bound
@@ -309,6 +314,7 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 		if err = a.spawn(c, ask, d, tenant, prompt, maxTokens, *peer, pages); err != nil && pages >= 0 {
 			a.ledger.Give(tenant, pages)
 		}
+		a.counters.tenants.Store(int32(a.ledger.Tenants()))
 	}
 	if err == nil {
 		a.counters.admitted.Add(1)

@@ -22,6 +22,7 @@ import (
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/tenancy"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -815,6 +816,13 @@ func (n *Node) Ready() error {
 	return nil
 }
 
+// tenantsStatus is status's account of the shares of p, with active
+// tenants held to them now.
+func tenantsStatus(p *tenancy.Policy, active int) *messages.TenantsStatus {
+	return &messages.TenantsStatus{Named: uint32(len(p.Tenants)), DefaultWeight: uint32(p.Default.Weight),
+		DefaultConcurrentMax: uint32(p.Default.ConcurrentMax), DefaultPagesMax: uint32(p.Default.PagesMax), Active: uint32(active)}
+}
+
 func (n *Node) status() *messages.StatusReply {
 	a, _ := n.actors.Status()
 	n.mu.Lock()
@@ -830,6 +838,9 @@ func (n *Node) status() *messages.StatusReply {
 		Model:           n.actors.Model().Name(), ModelFingerprint: n.actors.Model().Fingerprint().String(),
 		FailedByCode: messages.SumCounts(a.FailedByCode, n.rc.failedBy.Counts())}}
 	n.statusMetrics(&rep.Node)
+	if role := n.cfg.Actors.Role; role != actors.RolePrefill {
+		rep.Node.Tenants = tenantsStatus(n.cfg.Actors.Tenants.Policy(), a.Tenants+int(n.rc.tenants.Load()))
+	}
 	rep.Node.DataPlane = n.dataAddr
 	auth := n.cfg.Auth
 	rep.Node.Insecure = auth.Insecure()

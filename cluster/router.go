@@ -29,6 +29,7 @@ type routerCounters struct {
 	strangers                                  atomic.Uint64       // relayed messages refused: wrong sender, id or sequence
 	retried                                    atomic.Uint64       // requests sent again to another decode node (RouteRetriesMax)
 	waiting                                    atomic.Int32        // requests routed with no token back yet (routed.waiting)
+	tenants                                    atomic.Int32        // tenants with requests relayed (the ledger's)
 }
 
 // inFlight is the routed requests not yet answered.
@@ -172,6 +173,7 @@ func (r *routerActor) Receive(c actor.Context) {
 			delete(r.relays, m.Who.Id)
 			delete(r.byClient, clientKey(rt.rl.client, rt.rl.id))
 			r.ledger.Give(rt.request.Tenant, rt.decodePages)
+			r.counters.tenants.Store(int32(r.ledger.Tenants()))
 			r.release(rt)
 			r.started(rt)
 		}
@@ -303,6 +305,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		reject(err, &r.counters.rejectedBusy)
 		return
 	}
+	r.counters.tenants.Store(int32(r.ledger.Tenants()))
 	// Counted before the relay exists, so that in-flight never counts below
 	// zero; the count numbers the request for operators.
 	number := r.counters.routed.Add(1)
@@ -317,6 +320,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	if err != nil {
 		// Counted as routed above: it ends here, failed.
 		r.ledger.Give(tenant, decodePages)
+		r.counters.tenants.Store(int32(r.ledger.Tenants()))
 		r.counters.failedBy.Add(messages.CodeInternal)
 		answer(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.failed)
 		return

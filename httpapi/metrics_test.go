@@ -587,7 +587,8 @@ func TestScrapeParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The parser refuses a family twice; a role-all node with no API has
-	// the node's 28, the HTTP server's refusals, and the Go runtime's and
+	// the node's 29 (its tenants held to their shares among them), the
+	// HTTP server's refusals, and the Go runtime's and
 	// the process's. A histogram's
 	// buckets are the bounds and +Inf.
 	own := 0
@@ -597,7 +598,7 @@ func TestScrapeParses(t *testing.T) {
 		}
 	}
 	hist := families["kvwarden_kv_transfer_duration_seconds"]
-	if own != 29 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
+	if own != 30 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
 		len(hist.GetMetric()[0].GetHistogram().GetBucket()) != len(actors.LatencyBounds())+1 {
 		t.Fatalf("%d families of the node's; the transfer durations: %v", own, hist)
 	}

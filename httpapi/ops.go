@@ -283,7 +283,9 @@ var (
 			"in a prefill node's: sum by queue."}
 	famRunning   = family{"kvwarden_requests_running", "gauge", "Requests admitted here and decoding."}
 	famAdmission = family{"kvwarden_admission_rejections_total", "counter",
-		"Requests refused before they ran, by the bound that refused them."}
+		"Requests refused before they ran, by the bound that refused them; tenant_concurrent_max and tenant_pages_max are tenants held to their shares."}
+	famTenants = family{"kvwarden_tenants_active", "gauge",
+		"Tenants with requests in flight held to their shares at this node (a router, or a node clients send to); no tenant is named."}
 	famIntegrity = family{"kvwarden_integrity_refusals_total", "counter",
 		"What the node's integrity checks refused (frames, pages, manifests, models), by reason."}
 	famTransferTime = family{"kvwarden_kv_transfer_duration_seconds", "histogram",
@@ -412,6 +414,9 @@ func (t *exposition) requests(ns *messages.NodeStatus) {
 	t.family(famFailed)
 	for _, code := range messages.KnownCodes() {
 		t.sample(famFailed.name, "", float64(at(ns.FailedByCode, int(code))), "code", code.String())
+	}
+	if ns.Tenants != nil {
+		t.one(famTenants, float64(ns.Tenants.Active))
 	}
 }
 

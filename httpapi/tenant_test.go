@@ -6,11 +6,8 @@ package httpapi
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
@@ -95,24 +92,4 @@ func TestRequestRunsAsItsKeysTenant(t *testing.T) {
 	if got, want := gen.seen(), []string{"acme", "globex", "globex"}; !slices.Equal(got, want) {
 		t.Fatalf("generations ran as %q, want %q", got, want)
 	}
-}
-
-// postFrom is post for a goroutine other than the test's: the response's
-// status, or why there is none.
-func postFrom(url, key, body string) string {
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		return err.Error()
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err.Error()
-	}
-	defer res.Body.Close()
-	_, err = io.Copy(io.Discard, res.Body)
-	if err != nil {
-		return err.Error()
-	}
-	return res.Status
 }

@@ -250,12 +250,44 @@ type NodeStatus struct {
 	// started: those it generated, or a router those it relayed. Two
 	// readings a known time apart give tokens per second.
 	TokensOut uint64 `msgpack:"tokens_out,omitempty"`
+	// Tenants are the tenants' shares the node holds requests to, and how
+	// many tenants it holds now; nil from a prefill node, which admits
+	// nothing, and from a build before StatusReply version 4.
+	Tenants *TenantsStatus `msgpack:"tenants,omitempty"`
 }
 
 var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "draining", "in_flight",
 	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools", "insecure", "identity", "refused",
 	"chaos", "faults", "fault_counts", "model", "model_fp", "failed_by_code", "waiting_pages", "waiting_kv", "running",
-	"prefill_queued", "prefill_in_flight", "rejected_by", "integrity", "kv_sent", "kv_received", "tokens_out"}
+	"prefill_queued", "prefill_in_flight", "rejected_by", "integrity", "kv_sent", "kv_received", "tokens_out", "tenants"}
+
+// TenantsStatus is a node's tenants' shares (package tenancy) in force: how
+// many tenants its policy names and the default share of the others
+// (PagesMax 0: none of its own), and how many tenants have requests in
+// flight held to their shares here. Who is being limited is in
+// NodeStatus.RejectedBy, by bound; no tenant is named.
+type TenantsStatus struct {
+	Named                uint32 `msgpack:"named"`
+	DefaultWeight        uint32 `msgpack:"default_weight"`
+	DefaultConcurrentMax uint32 `msgpack:"default_concurrent_max"`
+	DefaultPagesMax      uint32 `msgpack:"default_pages_max"`
+	Active               uint32 `msgpack:"active"`
+}
+
+var tenantsStatusKeys = []string{"named", "default_weight", "default_concurrent_max", "default_pages_max", "active"}
+
+// readTenants reads an optional TenantsStatus: nil stays nil.
+func readTenants(d *msgpack.Decoder, t TypeCode, field string, dst **TenantsStatus) error {
+	if c, err := d.PeekCode(); err == nil && c == msgpcode.Nil {
+		return d.DecodeNil()
+	}
+	s := &TenantsStatus{}
+	*dst = s
+	return fields(d, t, tenantsStatusKeys, func(i int) error {
+		dst := [...]*uint32{&s.Named, &s.DefaultWeight, &s.DefaultConcurrentMax, &s.DefaultPagesMax, &s.Active}[i]
+		return readU32(d, t, field+"."+tenantsStatusKeys[i], dst)
+	})
+}
 
 // TransferStatus is one side's account of a node's KV transfers (one per
 // request attempt): those that completed, their pages and KV bytes (the
@@ -442,8 +474,10 @@ func (s *NodeStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readTransfer(d, t, field+".kv_sent", &s.KVSent)
 		case 30:
 			return readTransfer(d, t, field+".kv_received", &s.KVReceived)
-		default:
+		case 31:
 			return readU64(d, t, field+".tokens_out", &s.TokensOut)
+		default:
+			return readTenants(d, t, field+".tenants", &s.Tenants)
 		}
 	})
 }

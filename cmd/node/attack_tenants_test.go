@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -152,6 +153,23 @@ func TestBinaryTenantFlood(t *testing.T) {
 	if heard := uint64(flood.limited.Load()); limited < heard || limited > heard+64 {
 		t.Errorf("status counts %d refusals at tenant_concurrent_max; the flood heard of %d", limited, heard)
 	}
+	code, stdout, stderr := runBinary(t, "", "status", "--endpoint", router.addr)
+	want := fmt.Sprintf("0 named in the shares, the rest weight 1, concurrent_max %d, no pages_max; refused %d at a tenant's concurrent_max, 0 at its pages_max",
+		concurrentMax, limited)
+	if code != exitOK || !strings.Contains(stdout, want) {
+		t.Errorf("node status of the router: exit %d, want a line with %q; stdout:\n%s\nstderr:\n%s", code, want, stdout, stderr)
+	}
+	// A new share, read again on SIGHUP, is in force at once.
+	if err := os.WriteFile(tenants, []byte(`{"default": {"weight": 1, "concurrent_max": 2}, "tenants": {"acme": {"weight": 2}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := router.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Report(t, "the router's shares read again", time.Minute, func() (bool, string) {
+		_, stdout, _ := runBinary(t, "", "status", "--endpoint", router.addr)
+		return strings.Contains(stdout, "1 named in the shares, the rest weight 1, concurrent_max 2,"), stdout
+	})
 	t.Logf("flood: %d answered, %d refused at its concurrent_max", flood.done.Load(), flood.limited.Load())
 	if measure {
 		t.Logf("the victim's goodput: %d right answers in 10s alone, %d under the flood: %.2f", alone, under, float64(under)/float64(alone))

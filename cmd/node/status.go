@@ -116,6 +116,15 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	f := figuresOf(&n)
 	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d cancelled, %d failed, %d rejected too long, %d rejected busy, %d rejected unavailable\n",
 		n.InFlight, n.Admitted, n.Completed, f.cancelled, f.failed, n.RejectedTooLong, n.RejectedBusy, rejectedUnavailable(&n))
+	if ts := n.Tenants; ts != nil {
+		pages := "no pages_max"
+		if ts.DefaultPagesMax > 0 {
+			pages = fmt.Sprintf("pages_max %d", ts.DefaultPagesMax)
+		}
+		fmt.Fprintf(w, "  tenants: %d with requests here; %d named in the shares, the rest weight %d, concurrent_max %d, %s; refused %d at a tenant's concurrent_max, %d at its pages_max\n",
+			ts.Active, ts.Named, ts.DefaultWeight, ts.DefaultConcurrentMax, pages,
+			at(n.RejectedBy, actors.RejectTenantConcurrent), at(n.RejectedBy, actors.RejectTenantPages))
+	}
 	var failed []string
 	for c, v := range n.FailedByCode {
 		if v > 0 && messages.ErrorCode(c) != messages.CodeCancelled {
@@ -203,15 +212,18 @@ func figuresOf(n *messages.NodeStatus) figures {
 		rejected: n.RejectedTooLong + n.RejectedBusy + rejectedUnavailable(n), tokens: n.TokensOut}
 }
 
-// rejectedUnavailable is how many requests n refused because no node of a
-// role they need was in sight (code unavailable): those it counts by that
-// bound.
-func rejectedUnavailable(n *messages.NodeStatus) uint64 {
-	if b := int(actors.RejectNoPeer); b < len(n.RejectedBy) {
-		return n.RejectedBy[b]
+// at is counts[b], 0 past its end (a node of an older build).
+func at(counts []uint64, b actors.RejectBound) uint64 {
+	if int(b) < len(counts) {
+		return counts[b]
 	}
 	return 0
 }
+
+// rejectedUnavailable is how many requests n refused because no node of a
+// role they need was in sight (code unavailable): those it counts by that
+// bound.
+func rejectedUnavailable(n *messages.NodeStatus) uint64 { return at(n.RejectedBy, actors.RejectNoPeer) }
 
 // countOf is counts' entry for code, 0 past its end.
 func countOf(counts []uint64, code messages.ErrorCode) uint64 {
