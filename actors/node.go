@@ -388,7 +388,7 @@ func (n *Node) Latencies() LatenciesSnapshot { return n.counters.latencies.Snaps
 // Stop shuts remote (if any) and the actor system down.
 func (n *Node) Stop() {
 	if n.remote != nil {
-		messages.ShutdownRemote(n.remote)
+		messages.ShutdownRemote(n.sys, n.remote)
 	}
 	n.sys.Shutdown()
 }

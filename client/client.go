@@ -333,7 +333,7 @@ func (c *Client) endpointFailed(addr, why string) {
 func (c *Client) Close() {
 	c.sys.EventStream.Unsubscribe(c.sub)
 	if c.remote != nil {
-		messages.ShutdownRemote(c.remote)
+		messages.ShutdownRemote(c.sys, c.remote)
 		c.sys.Shutdown()
 	}
 }

@@ -35,7 +35,9 @@ func TestRouterBoundsItsRelays(t *testing.T) {
 	f := startFakeRoute(t, d0)
 	queueMax := DefaultLocalNodeConfig(actors.RoleRouter).Actors.QueueMax // startFakeRoute's router's
 	send := func(id uint64) {
-		f.sys.Root.RequestWithCustomSender(f.router, &messages.GenerateRequest{RequestID: id, Tenant: "acme",
+		// Two tenants, each within its default share (tenancy.DefaultShare):
+		// the router's own QueueMax is what refuses.
+		f.sys.Root.RequestWithCustomSender(f.router, &messages.GenerateRequest{RequestID: id, Tenant: fmt.Sprint("tenant-", id%2),
 			Prompt: "held", MaxTokens: 4}, f.client)
 	}
 	// refused waits for the router's answer to the one request of want

@@ -18,6 +18,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/remote"
 
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
@@ -44,7 +45,7 @@ func startNode(t testing.TB, auth *trust.Authority) *node {
 }
 
 func (n *node) stop() {
-	ShutdownRemote(n.remote)
+	ShutdownRemote(n.sys, n.remote)
 	n.sys.Shutdown()
 }
 
@@ -223,4 +224,43 @@ func BenchmarkRemoteRoundTrip(b *testing.B) {
 	b.ReportMetric(float64(plain.took.Microseconds())/float64(n), "µs/plain")
 	b.ReportMetric(float64(secure.took.Microseconds())/float64(n), "µs/mtls")
 	b.ReportMetric(float64(secure.took)/float64(plain.took), "mtls/plain")
+}
+
+// publishFrom publishes evt on sys's event stream from a goroutine of its
+// own, as an endpoint writer does, and says whether the goroutine went on
+// after the publish (false: a handler ended it).
+func publishFrom(t *testing.T, sys *actor.ActorSystem, evt any) bool {
+	t.Helper()
+	wentOn, ended := make(chan bool, 1), make(chan struct{})
+	go func() {
+		defer close(ended)
+		sys.EventStream.Publish(evt)
+		wentOn <- true
+	}()
+	testwait.Recv(t, "the publishing goroutine's end", remoteTimeout, ended)
+	select {
+	case <-wentOn:
+		return true
+	default:
+		return false
+	}
+}
+
+// TestEndpointEventsGuardedOnceStopping: an endpoint-terminated event
+// reaches the endpoint manager while the remote runs; once ShutdownRemote
+// has begun, the guard ends the goroutine that publishes one, as a writer
+// whose stream failed would, before the stopped manager's handler could
+// dereference its connections, which upstream sets to nil.
+func TestEndpointEventsGuardedOnceStopping(t *testing.T) {
+	n := startNode(t, trust.Insecure(nil))
+	if !publishFrom(t, n.sys, &remote.EndpointTerminatedEvent{Address: "127.0.0.1:1"}) {
+		t.Fatal("an endpoint event while the remote runs ended its publisher")
+	}
+	ShutdownRemote(n.sys, n.remote)
+	if publishFrom(t, n.sys, &remote.EndpointTerminatedEvent{Address: "127.0.0.1:1"}) {
+		t.Fatal("an endpoint event after ShutdownRemote began reached the handlers after the guard")
+	}
+	if !publishFrom(t, n.sys, "another event") {
+		t.Fatal("the guard ended the publisher of an event of another kind")
+	}
 }

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -163,8 +165,42 @@ func startRemote(sys *actor.ActorSystem, listen, advertise string, auth *trust.A
 		self, adv = advertise, []remote.ConfigOption{remote.WithAdvertisedHost(advertise)}
 	}
 	r := remote.NewRemote(sys, remote.Configure(host, port, append(remoteOptions(auth, self, futures, incarnation), adv...)...))
+	guardEndpointEvents(sys, r)
 	r.Start()
 	return r, nil
+}
+
+// remoteStopping tells r's endpoint-event guard that ShutdownRemote
+// stops r.
+type remoteStopping struct{ r *remote.Remote }
+
+// guardEndpointEvents works around an upstream race: an endpoint writer
+// whose stream fails publishes an EndpointTerminatedEvent from its own
+// goroutine, and EventStream.Publish calls the handlers it saw subscribed
+// when it began. If the remote's graceful Shutdown runs meanwhile (the
+// endpoint manager unsubscribes, then sets its connections map to nil),
+// the manager's handler, called late, dereferences the nil map and the
+// panic, in a goroutine of protoactor's, ends the process: seen on a
+// loaded machine when a node stopped as its peer did. The guard is
+// subscribed just before r.Start subscribes the manager, so it runs just
+// before the manager's handler, and ends the publishing goroutine
+// (runtime.Goexit: a writer's, whose last act the publish is) once
+// ShutdownRemote has begun, so the manager's handler is never called
+// late. Before that, events pass on.
+func guardEndpointEvents(sys *actor.ActorSystem, r *remote.Remote) {
+	var stopping atomic.Bool
+	sys.EventStream.Subscribe(func(evt any) {
+		switch e := evt.(type) {
+		case remoteStopping:
+			if e.r == r {
+				stopping.Store(true)
+			}
+		case *remote.EndpointTerminatedEvent:
+			if stopping.Load() {
+				runtime.Goexit()
+			}
+		}
+	})
 }
 
 // RemoteShutdownGrace bounds the graceful part of ShutdownRemote.
@@ -182,7 +218,11 @@ const RemoteShutdownGrace = time.Second
 // graceful Shutdown panics with "send on closed channel" in
 // endpointManager.stop. By then the endpoint actors are already stopped, so
 // the panic is recovered and the non-graceful Shutdown finishes the job.
-func ShutdownRemote(r *remote.Remote) {
+//
+// sys is r's actor system, whose event stream tells r's guard
+// (guardEndpointEvents) that r stops.
+func ShutdownRemote(sys *actor.ActorSystem, r *remote.Remote) {
+	sys.EventStream.Publish(remoteStopping{r})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -69,7 +69,7 @@ func startStub(log *slog.Logger, shapes []bench.Shape, answers []reference) (str
 		return "", nil, fmt.Errorf("bench: the stub: %w", err)
 	}
 	stop := func() {
-		messages.ShutdownRemote(r)
+		messages.ShutdownRemote(sys, r)
 		sys.Shutdown()
 	}
 	if _, err := sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return stub }), client.AdmissionName); err != nil {

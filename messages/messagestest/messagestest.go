@@ -44,7 +44,7 @@ func start(t testing.TB, auth *trust.Authority,
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		messages.ShutdownRemote(r)
+		messages.ShutdownRemote(sys, r)
 		sys.Shutdown()
 	})
 	return &Peer{Sys: sys, Auth: auth, Addr: sys.Address()}
