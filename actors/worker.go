@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -121,6 +120,7 @@ type workerCounters struct {
 type sequence struct {
 	*handoff.Sequence
 	replyTo *actor.PID
+	stepped bool // in the step just run (rotate)
 }
 
 // workerActor is one GPU worker: the engine and the pool of one device.
@@ -157,14 +157,14 @@ type workerActor struct {
 	batch    []*sequence
 	stepSeqs []*handoff.Sequence
 	stepped  []handoff.Stepped
-	next     int // round-robin start among seqs
 	// tenants weigh the tenants' sequences, and steps shares the worker
 	// among them, when more than one tenant has sequences here (share);
-	// model weighs a sequence's step; order is a step's.
+	// model weighs a sequence's step; order and rotated are a step's.
 	tenants  *tenancy.Shares
 	steps    *tenancy.Steps
 	model    engine.ModelConfig
 	order    []int
+	rotated  []*sequence
 	stepping bool
 	fault    func([]kv.Frame)
 	// metrics are the node's; queued and inFlight what this worker counts
@@ -353,8 +353,8 @@ func (w *workerActor) kick(c actor.Context) {
 }
 
 // runStep starts at most one queued plan, then runs one decode step of up
-// to batchMax sequences, round robin, shared by tenants' weights when more
-// than one tenant has sequences here (share), in one batched step of the engine
+// to batchMax sequences, round robin (rotate), shared by tenants' weights
+// when more than one tenant has sequences here (share), in one batched step of the engine
 // (handoff.StepBatch: each weight matrix read once for all of them).
 func (w *workerActor) runStep(c actor.Context) {
 	if w.src.Startable() {
@@ -370,13 +370,12 @@ func (w *workerActor) runStep(c actor.Context) {
 			return -1
 		}
 		order := w.order[:0] // indexes into seqs of the step's sequences
-		var resume *sequence // where the next step's batch starts
 		if n == len(w.seqs) && w.oneTenant() {
 			for i := range n {
-				order = append(order, (w.next+i)%n)
+				order = append(order, i)
 			}
 		} else {
-			order, resume = w.share(n, order)
+			order = w.share(n, order)
 		}
 		batch, seqs := w.batch[:0], w.stepSeqs[:0]
 		for _, i := range order {
@@ -384,18 +383,16 @@ func (w *workerActor) runStep(c actor.Context) {
 			seqs = append(seqs, w.seqs[i].Sequence)
 		}
 		w.order = order
-		out := append(w.stepped[:0], make([]handoff.Stepped, n)...)
+		out := append(w.stepped[:0], make([]handoff.Stepped, len(batch))...)
 		handoff.StepBatch(w.kv, seqs, out)
 		w.batch, w.stepSeqs, w.stepped = batch, seqs, out
 		for i, s := range batch {
+			s.stepped = true
 			if done, err := w.decodeStep(c, s, out[i]); done {
 				w.finish(c, indexOf(s), err)
 			}
 		}
-		w.next = 0
-		if resume != nil {
-			w.next = indexOf(resume)
-		}
+		w.rotate()
 		clear(batch) // holding no finished sequence until the next step
 		clear(seqs)
 	}
@@ -403,29 +400,39 @@ func (w *workerActor) runStep(c actor.Context) {
 }
 
 // share chooses the n or fewer of more sequences that a step takes,
-// appending their indexes in seqs to order: from the round-robin start on,
-// the tenants share the worker's compute by weight, not by how many or how
-// long sequences each has (tenancy.Steps, each step weighed by
-// engine.ModelConfig.TokenMACs). The next step starts at the first
-// sequence this one passes over, so that each of a tenant's gets its turn.
-func (w *workerActor) share(n int, order []int) ([]int, *sequence) {
-	at := func(i int) int { return (w.next + i) % len(w.seqs) } // the i-th from the start
+// appending their indexes in seqs to order: the tenants share the worker's
+// compute by weight, not by how many or how long sequences each has
+// (tenancy.Steps, each step weighed by engine.ModelConfig.TokenMACs), and
+// each tenant's first sequences in seqs go first (rotate puts those just
+// stepped last).
+func (w *workerActor) share(n int, order []int) []int {
 	owners, costs := make([]string, len(w.seqs)), make([]float64, len(w.seqs))
-	for i := range w.seqs {
-		s := w.seqs[at(i)]
+	for i, s := range w.seqs {
 		owners[i], costs[i] = s.Owner().Tenant, w.model.TokenMACs(s.Context())
 	}
 	policy := w.tenants.Policy()
-	chosen := w.steps.Choose(owners, costs, func(t string) int { return policy.Of(t).Weight }, n, nil)
-	taken := make([]bool, len(w.seqs))
-	for _, i := range chosen {
-		taken[i] = true
-		order = append(order, at(i))
+	return w.steps.Choose(owners, costs, func(t string) int { return policy.Of(t).Weight }, n, order)
+}
+
+// rotate moves the sequences the step just ran behind those it did not,
+// each group in its order, so that the next step takes, of each tenant,
+// the sequences that waited longest: every one of a tenant's gets its turn.
+func (w *workerActor) rotate() {
+	waited := w.rotated[:0]
+	for _, s := range w.seqs {
+		if !s.stepped {
+			waited = append(waited, s)
+		}
 	}
-	if i := slices.Index(taken, false); i >= 0 {
-		return order, w.seqs[at(i)]
+	for _, s := range w.seqs {
+		if s.stepped {
+			waited = append(waited, s)
+			s.stepped = false
+		}
 	}
-	return order, nil
+	copy(w.seqs, waited)
+	clear(waited)
+	w.rotated = waited
 }
 
 // oneTenant says whether every sequence is one tenant's.
@@ -646,9 +653,6 @@ func (w *workerActor) decodeStep(c actor.Context, s *sequence, out handoff.Stepp
 func (w *workerActor) finish(c actor.Context, idx int, cause error) {
 	s := w.seqs[idx]
 	w.seqs = append(w.seqs[:idx], w.seqs[idx+1:]...)
-	if idx < w.next {
-		w.next-- // the sequence the next step starts at stays the same
-	}
 	c.Send(s.replyTo, DecodeDone{Owner: s.Owner(), Err: errors.Join(cause, s.Close(w.kv))})
 }
 

@@ -14,12 +14,16 @@ import "math"
 // cost (what its step computes: engine.ModelConfig.TokenMACs). A step
 // takes, again and again, the next sequence of the tenant of least pass,
 // adding the sequence's cost over its weight to the pass, while that pass
-// is within one sequence's cost of the least pass the step began with,
-// and the batch has room. A step so holds about the tenants' fair parts
-// of it: a tenant whose sequences are few and short is stepped at every
-// step, and the flood's long sequences take their turns at about as much
-// compute per step (with equal weights), instead of all of them making
-// every step long. A tenant's pass so stays within a step's worth
+// is within a window of the least pass the step began with (the lightest
+// tenant's whole demand, over its weight), and the batch has room. A step
+// so holds about the tenants' fair parts of it: a tenant whose sequences
+// are few and short is stepped at every step, and a flood's long
+// sequences take their turns at about as much compute per step (with
+// equal weights), instead of all of them making every step long; tenants
+// that all ask little are all stepped at once. The cost is an engine's
+// whose step time grows with what it computes, as this repository's CPU
+// engine's does; an engine whose batched step costs about the same
+// whatever its size would weigh steps otherwise. A tenant's pass so stays within a step's worth
 // of every other's: over many steps each gets compute in proportion to
 // its weight. A tenant that comes (back) starts at the least pass, with no
 // credit for the time it had nothing to run. Not safe for concurrent use.
@@ -74,14 +78,20 @@ func (s *Steps) Choose(tenants []string, costs []float64, weight func(string) in
 	for t := range s.pass {
 		s.pass[t] -= least
 	}
-	// One sequence's cost, the most of any: how far a tenant's pass may
-	// run ahead of the least while another tenant has sequences here.
-	// Alone, a tenant has no one to be fair to: it fills the batch.
+	// How far past the least pass a tenant may still take a sequence: the
+	// lightest tenant's whole demand (its sequences' costs over its
+	// weight), so that a step holds every sequence of a tenant that asks
+	// little and about as much compute of each other tenant, and tenants
+	// that all ask little fill the batch. Alone, a tenant has no one to be
+	// fair to: it fills the batch.
 	window := math.Inf(1)
 	if len(queues) > 1 {
-		window = 0
-		for i := range tenants {
-			window = max(window, costs[i])
+		for _, q := range queues {
+			demand := 0.0
+			for _, i := range q.seqs {
+				demand += costs[i]
+			}
+			window = min(window, demand/q.w)
 		}
 	}
 	for chosen := 0; chosen < n; chosen++ {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -142,21 +143,40 @@ func weights(w map[string]int) func(string) int { return func(t string) int { re
 
 // worker is sequences of tenants at a decode worker, stepped by Steps for
 // steps batches of at most n; it returns each tenant's compute (the costs
-// of its sequences stepped) and steps. The sequences never end, so each
-// tenant is backlogged throughout; they rotate between steps as the
-// worker rotates its own.
-func worker(tenants []string, costs []float64, w map[string]int, n, steps int) (compute map[string]float64, stepped map[string]int) {
+// of its sequences stepped) and steps, and each sequence's steps. The
+// sequences never end, so each tenant is backlogged throughout; as the
+// worker does (actors' rotate), the sequences a step took go behind those
+// it did not.
+func worker(tenants []string, costs []float64, w map[string]int, n, steps int) (compute map[string]float64, stepped map[string]int, each []int) {
 	s := NewSteps()
-	compute, stepped = map[string]float64{}, map[string]int{}
-	for k := range steps {
-		rot := k % len(tenants)
-		ts, cs := append(tenants[rot:len(tenants):len(tenants)], tenants[:rot]...), append(costs[rot:len(costs):len(costs)], costs[:rot]...)
+	compute, stepped, each = map[string]float64{}, map[string]int{}, make([]int, len(tenants))
+	order := make([]int, len(tenants)) // sequence ids, as the worker holds them
+	for i := range order {
+		order[i] = i
+	}
+	for range steps {
+		ts, cs := make([]string, len(order)), make([]float64, len(order))
+		for i, id := range order {
+			ts[i], cs[i] = tenants[id], costs[id]
+		}
+		took := map[int]bool{}
 		for _, i := range s.Choose(ts, cs, weights(w), n, nil) {
 			compute[ts[i]] += cs[i]
 			stepped[ts[i]]++
+			each[order[i]]++
+			took[i] = true
 		}
+		var waited, ran []int
+		for i, id := range order {
+			if took[i] {
+				ran = append(ran, id)
+			} else {
+				waited = append(waited, id)
+			}
+		}
+		order = append(waited, ran...)
 	}
-	return compute, stepped
+	return compute, stepped, each
 }
 
 // flood is 8 long-context sequences of a flooding tenant (each step costs
@@ -177,7 +197,7 @@ func TestStepsShareComputeByWeightNotBySequences(t *testing.T) {
 		victimWeight int
 		want         float64 // the victim's part of the compute
 	}{{1, 0.5}, {3, 0.75}} {
-		compute, stepped := worker(tenants, costs, map[string]int{"flood": 1, "victim": c.victimWeight}, 32, 1000)
+		compute, stepped, each := worker(tenants, costs, map[string]int{"flood": 1, "victim": c.victimWeight}, 32, 1000)
 		part := compute["victim"] / (compute["victim"] + compute["flood"])
 		if math.Abs(part-c.want) > 0.03 {
 			t.Errorf("weights %d to 1: the victim's part of the compute %.3f, want %.2f (steps: %v)", c.victimWeight, part, c.want, stepped)
@@ -186,6 +206,39 @@ func TestStepsShareComputeByWeightNotBySequences(t *testing.T) {
 		if stepped["victim"] != 4*1000 {
 			t.Errorf("weights %d to 1: the victim's sequences stepped %d times in 1000 steps, want 4000", c.victimWeight, stepped["victim"])
 		}
+		// The flood's sequences take turns: none waits while another of
+		// its own is stepped again and again.
+		least, most := slices.Min(each[:8]), slices.Max(each[:8])
+		if most-least > 1 {
+			t.Errorf("weights %d to 1: the flood's sequences stepped %d to %d times each, want within one of each other", c.victimWeight, least, most)
+		}
+	}
+}
+
+// Tenants that all ask little share a step with nothing held back: the
+// batch takes every sequence, as it would take one tenant's.
+func TestStepsFillTheBatchWithoutContention(t *testing.T) {
+	var tenants []string
+	var costs []float64
+	for i := range 8 {
+		tenants, costs = append(tenants, fmt.Sprint("tenant-", i%2)), append(costs, 1000+float64(i))
+	}
+	if got := NewSteps().Choose(tenants, costs, weights(map[string]int{"tenant-0": 1, "tenant-1": 1}), 32, nil); len(got) != 8 {
+		t.Fatalf("two tenants of four short sequences each: %v stepped, want all 8", got)
+	}
+	// A tenant of one sequence beside another of many: the one is stepped
+	// at every step, the many get about as much compute, and each of the
+	// many gets its turn.
+	tenants, costs = []string{"one"}, []float64{1}
+	for range 32 {
+		tenants, costs = append(tenants, "many"), append(costs, 1)
+	}
+	compute, stepped, each := worker(tenants, costs, map[string]int{"one": 1, "many": 1}, 64, 3200)
+	if stepped["one"] != 3200 || math.Abs(compute["many"]/compute["one"]-1) > 0.05 {
+		t.Fatalf("one sequence beside 32: stepped %v, compute %v; want the one at every step and as much compute each", stepped, compute)
+	}
+	if least, most := slices.Min(each[1:]), slices.Max(each[1:]); most-least > 1 {
+		t.Fatalf("the 32 sequences stepped %d to %d times each, want within one of each other", least, most)
 	}
 }
 
