@@ -36,7 +36,7 @@ func newAPIMetrics(reg prometheus.Registerer) (*apiMetrics, error) {
 		streamsAborted: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvwarden_http_streams_aborted_total",
 			Help: "Streamed answers that failed after they began, ended with an error event and no [DONE]."}),
 		tenantLimited: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvwarden_http_tenant_limited_total",
-			Help: "Requests refused with 429 because their tenant was at its concurrency limit."}),
+			Help: "Requests refused with 429 because their tenant was at a bound of its share (concurrent_max or pages_max)."}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.streamsAborted, m.tenantLimited} {
 		if err := reg.Register(c); err != nil {

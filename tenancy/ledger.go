@@ -55,23 +55,22 @@ func (e *LimitError) Wire() *messages.WireError {
 		Limit: uint64(e.Limit), Where: "tenant " + e.Bound.String()}
 }
 
-// Use is what one tenant has in flight at an admission point.
-type Use struct {
+// use is what one tenant has in flight at an admission point.
+type use struct {
 	Requests, Pages int
 }
 
 // Ledger holds each tenant to its share's bounds at one admission point:
 // it counts every tenant's requests and pages in flight (a tenant with
 // nothing in flight has no entry, so the ledger holds no more entries than
-// requests) and the requests it refused, by bound. Not safe for concurrent
-// use: its actor calls it.
+// requests). Its actor counts the refusals, by bound (the LimitError's).
+// Not safe for concurrent use: its actor calls it.
 type Ledger struct {
-	use     map[string]Use
-	refused [boundKinds]uint64
+	use map[string]use
 }
 
 // NewLedger is a ledger with nothing in flight.
-func NewLedger() *Ledger { return &Ledger{use: map[string]Use{}} }
+func NewLedger() *Ledger { return &Ledger{use: map[string]use{}} }
 
 // Room refuses, as Take would, a request of tenant that is at its share's
 // concurrent_max: a check that needs none of the request's work (the
@@ -79,7 +78,6 @@ func NewLedger() *Ledger { return &Ledger{use: map[string]Use{}} }
 // is refused before it costs any. Take checks again.
 func (l *Ledger) Room(p *Policy, tenant string) error {
 	if s, u := p.Of(tenant), l.use[tenant]; u.Requests >= s.ConcurrentMax {
-		l.refused[BoundConcurrent]++
 		return &LimitError{Tenant: tenant, Bound: BoundConcurrent, Have: u.Requests, Want: 1, Limit: s.ConcurrentMax}
 	}
 	return nil
@@ -99,10 +97,9 @@ func (l *Ledger) Take(p *Policy, tenant string, pages int) error {
 		err = &LimitError{Tenant: tenant, Bound: BoundPages, Have: u.Pages, Want: pages, Limit: s.PagesMax}
 	}
 	if err != nil {
-		l.refused[err.Bound]++
 		return err
 	}
-	l.use[tenant] = Use{Requests: u.Requests + 1, Pages: u.Pages + pages}
+	l.use[tenant] = use{Requests: u.Requests + 1, Pages: u.Pages + pages}
 	return nil
 }
 
@@ -122,11 +119,5 @@ func (l *Ledger) Give(tenant string, pages int) {
 	}
 }
 
-// Use is what tenant has in flight.
-func (l *Ledger) Use(tenant string) Use { return l.use[tenant] }
-
 // Tenants is how many tenants have requests in flight.
 func (l *Ledger) Tenants() int { return len(l.use) }
-
-// Refused is the count of refusals so far, indexed by Bound.
-func (l *Ledger) Refused() [boundKinds]uint64 { return l.refused }
