@@ -99,7 +99,7 @@ func TestOwnedPagesReclaimedByPageActor(t *testing.T) {
 	cfg.OwnedTimeout = 50 * time.Millisecond
 	var drops atomic.Uint64
 	pool, err := spawnPool(sys.Root, "p/pool", cfg, NewMailbox(sys, 16, &drops), 5*time.Second, time.Now,
-		slog.New(slog.DiscardHandler))
+		poolFairness{retry: time.Second}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

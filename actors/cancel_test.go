@@ -71,7 +71,7 @@ func TestCancelledSequenceIsClosed(t *testing.T) {
 	n := startNode(t, cfg)
 	log := slog.New(slog.DiscardHandler)
 	pool, err := spawnPool(n.Root(), "held-decode/pool", cfg.pool(16, n.Config().Incarnation), n.Mailbox(), cfg.CallTimeout,
-		time.Now, log)
+		time.Now, cfg.fairness(), log)
 	if err != nil {
 		t.Fatal(err)
 	}

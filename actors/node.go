@@ -171,7 +171,7 @@ func (n *Node) spawn(model *engine.Model, sup actor.SupervisorStrategy, opt Opti
 		for i := range count {
 			name := fmt.Sprintf("%s-%d", role, i)
 			pool, err := spawnPool(n.root, name+"/pool", cfg.pool(pages, cfg.Incarnation), n.Mailbox(),
-				cfg.CallTimeout, time.Now, n.log)
+				cfg.CallTimeout, time.Now, cfg.fairness(), n.log)
 			if err != nil {
 				return nil, err
 			}

@@ -8,6 +8,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/tenancy"
 )
 
 // Messages to a page actor. Each is answered with a PageReply, except
@@ -233,6 +234,13 @@ type poolActor struct {
 	// undo from a caller that stopped waiting; order is their age.
 	granted map[uint64][]kv.Tag
 	order   []uint64
+	// fair shares the pages among tenants (tenancy.PoolShares), by the
+	// tenants' shares; ownerOf is each page's owner while it is reserved,
+	// whose pages a free gives back.
+	fair    *tenancy.PoolShares
+	tenants *tenancy.Shares
+	ownerOf []kv.Owner
+	clock   func() time.Time
 }
 
 // undoReserve releases the reservation Nonce of Owner, if it was granted.
@@ -251,6 +259,8 @@ func (a *poolActor) Receive(c actor.Context) {
 		c.Respond(a.reserve(c, m))
 	case pageFreed:
 		a.free.Push(m.Tag)
+		a.fair.Freed(a.ownerOf[m.Tag.Index], 1)
+		a.ownerOf[m.Tag.Index] = kv.Owner{}
 	case undoReserve:
 		for _, t := range a.granted[m.Nonce] {
 			c.Request(a.pids[t.Index], PageRelease{Tag: t, Owner: m.Owner}) // the reply is dropped here
@@ -278,9 +288,17 @@ func (a *poolActor) reserve(c actor.Context, m Reserve) ReserveReply {
 	if m.First < 0 || m.First > kv.SequenceTokensMax {
 		return ReserveReply{Err: fmt.Errorf("actors: reserve at sequence position %d: want 0 to %d", m.First, kv.SequenceTokensMax)}
 	}
+	if avail, bound, ok := a.fair.Reserve(a.tenants.Policy(), m.Owner, m.N, a.free.Len(), a.clock()); !ok {
+		return ReserveReply{Err: &kv.PoolExhaustedError{Need: m.N, Free: avail, Capacity: a.free.Capacity(),
+			Tenant: m.Owner.Tenant, Held: a.fair.Held(m.Owner.Tenant), Share: bound}}
+	}
 	tags, err := a.free.Take(m.N)
 	if err != nil {
+		a.fair.Freed(m.Owner, m.N) // counted by Reserve, not taken
 		return ReserveReply{Err: err}
+	}
+	for _, t := range tags {
+		a.ownerOf[t.Index] = m.Owner
 	}
 	// The assignments are in the page actors' mailboxes before the reply
 	// leaves: anything the owner sends a page after the reply is behind

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/tenancy"
 )
 
 // poolCounters are shared by a pool actor and its page actors, which run on
@@ -62,10 +63,23 @@ type Pool struct {
 	nonces *atomic.Uint64
 }
 
+// poolFairness is what a pool actor shares its pages among tenants by
+// (tenancy.PoolShares): the tenants' weights, and how often a request
+// waiting for pages tries again.
+type poolFairness struct {
+	tenants *tenancy.Shares
+	retry   time.Duration
+}
+
+// fairness is the pools' of c.
+func (c *Config) fairness() poolFairness {
+	return poolFairness{tenants: c.Tenants, retry: c.ReserveRetry}
+}
+
 // spawnPool allocates cfg's arena once, spawns one page actor a page named
 // name/page-i, and the pool actor named name.
 func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox actor.MailboxProducer, timeout time.Duration,
-	clock func() time.Time, log *slog.Logger) (*Pool, error) {
+	clock func() time.Time, fair poolFairness, log *slog.Logger) (*Pool, error) {
 	pages, err := kv.NewPages(cfg)
 	if err != nil {
 		return nil, err
@@ -90,7 +104,8 @@ func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox acto
 	// request in flight.
 	props := actor.PropsFromProducer(func() actor.Actor {
 		return &poolActor{cfg: cfg, pids: pool.Pages, free: kv.NewFreeList(kv.FirstTags(pages)), stats: stats,
-			granted: map[uint64][]kv.Tag{}}
+			granted: map[uint64][]kv.Tag{}, tenants: fair.tenants, fair: tenancy.NewPoolShares(len(pages), fair.retry),
+			ownerOf: make([]kv.Owner, len(pages)), clock: clock}
 	})
 	pid, err := root.SpawnNamed(props, name)
 	if err != nil {

@@ -39,7 +39,7 @@ func TestAbortedQueuedPlanLeavesNothingInTheWorker(t *testing.T) {
 	n := startNode(t, cfg)
 	eng := &gatedEngine{Engine: n.Model().Engine(), entered: make(chan struct{}), gate: make(chan struct{})}
 	pool, err := spawnPool(n.Root(), "gated-prefill/pool", cfg.pool(8, n.Config().Incarnation), n.Mailbox(), cfg.CallTimeout,
-		time.Now, slog.New(slog.DiscardHandler))
+		time.Now, cfg.fairness(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

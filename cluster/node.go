@@ -820,7 +820,8 @@ func (n *Node) Ready() error {
 // tenants held to them now.
 func tenantsStatus(p *tenancy.Policy, active int) *messages.TenantsStatus {
 	return &messages.TenantsStatus{Named: uint32(len(p.Tenants)), DefaultWeight: uint32(p.Default.Weight),
-		DefaultConcurrentMax: uint32(p.Default.ConcurrentMax), DefaultPagesMax: uint32(p.Default.PagesMax), Active: uint32(active)}
+		DefaultConcurrentMax: uint32(p.Default.ConcurrentMax), DefaultPagesMax: uint32(p.Default.PagesMax),
+		DefaultPoolPercentMax: uint32(p.Default.PoolPercentMax), Active: uint32(active)}
 }
 
 func (n *Node) status() *messages.StatusReply {

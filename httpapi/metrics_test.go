@@ -31,6 +31,7 @@ import (
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/tenancy"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -295,6 +296,11 @@ func TestRequestsWaitingWhereHeld(t *testing.T) {
 		case actors.RoleDecode:
 			cfg.DataAdvertise = hole
 			a.DecodePages = held // a page each: a few prompt tokens and one to generate
+			// The one tenant may fill the pool: what holds the two more
+			// requests back is the pool, not the tenant's share of it.
+			all := tenancy.DefaultShare()
+			all.PoolPercentMax = 100
+			a.Tenants = tenancy.NewShares(&tenancy.Policy{Default: all})
 		}
 	})
 	c := dial(t, n.r)

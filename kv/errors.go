@@ -11,14 +11,24 @@ import (
 // test for it; callers that need the numbers use errors.As on the type.
 var ErrRefused = errors.New("kv: access refused")
 
-// PoolExhaustedError: a reservation needs more pages than are free. Nothing
-// was reserved.
+// PoolExhaustedError: a reservation needs more pages than are free, or
+// than are free to its tenant, which may hold at most Share pages of the
+// pool (tenancy.PoolShares: its share's part of any pool, and while other
+// tenants wait for pages, its weight's part). Nothing was reserved.
 type PoolExhaustedError struct {
 	Need, Free, Capacity int
+	// Tenant, Held and Share, when Share is not zero, say Free is what is
+	// left to Tenant, which holds Held of the Share pages it may.
+	Tenant      string
+	Held, Share int
 }
 
 func (e *PoolExhaustedError) Error() string {
-	return fmt.Sprintf("kv: pool exhausted: need %d pages, %d free of %d", e.Need, e.Free, e.Capacity)
+	s := fmt.Sprintf("kv: pool exhausted: need %d pages, %d free of %d", e.Need, e.Free, e.Capacity)
+	if e.Share > 0 {
+		s += fmt.Sprintf(" to tenant %q, which holds %d of the %d it may", e.Tenant, e.Held, e.Share)
+	}
+	return s
 }
 
 // StaleTagError: the presented tag does not name the current tenancy of the

@@ -271,10 +271,13 @@ type TenantsStatus struct {
 	DefaultWeight        uint32 `msgpack:"default_weight"`
 	DefaultConcurrentMax uint32 `msgpack:"default_concurrent_max"`
 	DefaultPagesMax      uint32 `msgpack:"default_pages_max"`
-	Active               uint32 `msgpack:"active"`
+	// DefaultPoolPercentMax is the most of any one pool, in percent.
+	DefaultPoolPercentMax uint32 `msgpack:"default_pool_percent_max"`
+	Active                uint32 `msgpack:"active"`
 }
 
-var tenantsStatusKeys = []string{"named", "default_weight", "default_concurrent_max", "default_pages_max", "active"}
+var tenantsStatusKeys = []string{"named", "default_weight", "default_concurrent_max", "default_pages_max",
+	"default_pool_percent_max", "active"}
 
 // readTenants reads an optional TenantsStatus: nil stays nil.
 func readTenants(d *msgpack.Decoder, t TypeCode, field string, dst **TenantsStatus) error {
@@ -284,7 +287,8 @@ func readTenants(d *msgpack.Decoder, t TypeCode, field string, dst **TenantsStat
 	s := &TenantsStatus{}
 	*dst = s
 	return fields(d, t, tenantsStatusKeys, func(i int) error {
-		dst := [...]*uint32{&s.Named, &s.DefaultWeight, &s.DefaultConcurrentMax, &s.DefaultPagesMax, &s.Active}[i]
+		dst := [...]*uint32{&s.Named, &s.DefaultWeight, &s.DefaultConcurrentMax, &s.DefaultPagesMax,
+			&s.DefaultPoolPercentMax, &s.Active}[i]
 		return readU32(d, t, field+"."+tenantsStatusKeys[i], dst)
 	})
 }

@@ -52,7 +52,7 @@ func samples() []Message {
 				RejectedBy: []uint64{1, 0, math.MaxUint64}, Integrity: []uint64{0, 0, 0, 9},
 				KVReceived: &TransferStatus{Transfers: 7, Pages: 21, Bytes: 1 << 40, FailedByCode: []uint64{0, 0, 0, 1}},
 				TokensOut:  12345,
-				Tenants:    &TenantsStatus{Named: 3, DefaultWeight: 1, DefaultConcurrentMax: 64, Active: math.MaxUint32}},
+				Tenants:    &TenantsStatus{Named: 3, DefaultWeight: 1, DefaultConcurrentMax: 64, DefaultPoolPercentMax: 75, Active: math.MaxUint32}},
 			Members: []MemberStatus{
 				{Name: "prefill-1", Role: RolePrefill, Incarnation: 9, Address: "10.0.0.2:8090", DataPlane: "10.0.0.2:7070", State: MemberAlive, CapacityPages: 2048, FreePages: 17, Draining: true, Verified: true, Model: testFingerprint},
 				{Name: "router", Role: RoleRouter, Incarnation: 1, Address: "[fe80::1]:8090", State: MemberSuspect,

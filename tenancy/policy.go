@@ -52,18 +52,25 @@ type Share struct {
 	// hold at most (handoff.RequestPages on the decode side), 1 to
 	// PagesMax; 0 bounds them by ConcurrentMax and the pools only.
 	PagesMax int `json:"pages_max,omitempty"`
+	// PoolPercentMax is the most of any one KV pool the tenant's requests
+	// may hold at once, in percent, 1 to 100, so that room is left for
+	// other tenants' requests however long the tenant's run; a request
+	// past it waits for pages as for a full pool (tenancy.PoolShares).
+	PoolPercentMax int `json:"pool_percent_max,omitempty"`
 }
 
 // DefaultShare is the share of a tenant a policy does not name, when the
 // policy says nothing of its own: weight 1, at most 64 requests in flight
-// (a quarter of a node's default queue), pages bounded by the pools.
-func DefaultShare() Share { return Share{Weight: 1, ConcurrentMax: 64} }
+// (a quarter of a node's default queue), at most three quarters of any
+// pool, so that a tenant's long requests cannot keep the others out until
+// they end.
+func DefaultShare() Share { return Share{Weight: 1, ConcurrentMax: 64, PoolPercentMax: 75} }
 
 // Policy is every tenant's share: those it names, and Default for the
 // rest. A named tenant's field left out (zero) is Default's.
 //
 //	{
-//	  "default": {"weight": 1, "concurrent_max": 16},
+//	  "default": {"weight": 1, "concurrent_max": 16, "pool_percent_max": 50},
 //	  "tenants": {
 //	    "acme":   {"weight": 4, "concurrent_max": 128, "pages_max": 4096},
 //	    "globex": {"weight": 2}
@@ -91,6 +98,9 @@ func (p *Policy) Of(tenant string) Share {
 	}
 	if s.PagesMax == 0 {
 		s.PagesMax = p.Default.PagesMax
+	}
+	if s.PoolPercentMax == 0 {
+		s.PoolPercentMax = p.Default.PoolPercentMax
 	}
 	return s
 }
@@ -152,6 +162,9 @@ func Parse(path string, data []byte) (*Policy, error) {
 			return nil, bad("default", "weight %d and concurrent_max %d: the default share bounds every tenant the policy does not name, give both",
 				p.Default.Weight, p.Default.ConcurrentMax)
 		}
+		if p.Default.PoolPercentMax == 0 {
+			p.Default.PoolPercentMax = DefaultShare().PoolPercentMax
+		}
 	}
 	if err := p.Default.check(); err != nil {
 		return nil, bad("default", "%s", err)
@@ -177,6 +190,8 @@ func (s Share) check() error {
 		return fmt.Errorf("concurrent_max %d, want 1 to %d", s.ConcurrentMax, ConcurrentMax)
 	case s.PagesMax < 0 || s.PagesMax > PagesMax:
 		return fmt.Errorf("pages_max %d, want 0 (no bound of its own) or 1 to %d", s.PagesMax, PagesMax)
+	case s.PoolPercentMax < 0 || s.PoolPercentMax > 100:
+		return fmt.Errorf("pool_percent_max %d, want 1 to 100", s.PoolPercentMax)
 	}
 	return nil
 }

@@ -10,22 +10,24 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
+	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
 func TestParseFillsANamedTenantFromTheDefault(t *testing.T) {
 	p, err := Parse("t.json", []byte(`{"default": {"weight": 1, "concurrent_max": 8},
-		"tenants": {"acme": {"weight": 4, "pages_max": 512}, "globex": {"concurrent_max": 2}}}`))
+		"tenants": {"acme": {"weight": 4, "pages_max": 512, "pool_percent_max": 100}, "globex": {"concurrent_max": 2}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for tenant, want := range map[string]Share{
-		"acme":     {Weight: 4, ConcurrentMax: 8, PagesMax: 512},
-		"globex":   {Weight: 1, ConcurrentMax: 2},
-		"stranger": {Weight: 1, ConcurrentMax: 8},
+		"acme":     {Weight: 4, ConcurrentMax: 8, PagesMax: 512, PoolPercentMax: 100},
+		"globex":   {Weight: 1, ConcurrentMax: 2, PoolPercentMax: 75},
+		"stranger": {Weight: 1, ConcurrentMax: 8, PoolPercentMax: 75},
 	} {
 		if got := p.Of(tenant); got != want {
 			t.Errorf("%s: %+v, want %+v", tenant, got, want)
@@ -45,6 +47,7 @@ func TestParseRefusesWithTheNumbers(t *testing.T) {
 		{`{"tenants": {"acme": {"weight": 1001}}}`, `tenant "acme": weight 1001, want 1 to 1000`},
 		{`{"tenants": {"acme": {"concurrent_max": -1}}}`, `concurrent_max -1, want 1 to 65536`},
 		{`{"tenants": {"acme": {"pages_max": 1073741825}}}`, `pages_max 1073741825, want 0 (no bound of its own) or 1 to 1073741824`},
+		{`{"tenants": {"acme": {"pool_percent_max": 101}}}`, `pool_percent_max 101, want 1 to 100`},
 		{`{"default": {"weight": 2}}`, `tenant "default": weight 2 and concurrent_max 0`},
 		{`{"tenants": {"": {}}}`, `want a non-empty tenant`},
 		{`{"tenants": {}, "keys": []}`, `unknown field "keys"`},
@@ -317,4 +320,85 @@ func TestStepsProperties(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestPoolSharesLeaveRoomAndShareWhileOthersWait: a tenant alone holds at
+// most its pool_percent_max of a pool; while another waits for pages, a
+// tenant at its weight's part is refused the pages freed, which go to the
+// waiter; once no one waits, it may take up to its bound again.
+func TestPoolSharesLeaveRoomAndShareWhileOthersWait(t *testing.T) {
+	p := DefaultPolicy() // weight 1, 75% of a pool
+	now := time.Unix(1000, 0)
+	s := NewPoolShares(1024, 20*time.Millisecond)
+	free := 1024
+	var ids uint64
+	owners := map[string][]kv.Owner{} // each tenant's requests, one a take
+	take := func(tenant string, n int) (int, int, bool) {
+		ids++
+		o := kv.Owner{Request: ids, Tenant: tenant}
+		avail, bound, ok := s.Reserve(p, o, n, free, now)
+		if ok {
+			free -= n
+			owners[tenant] = append(owners[tenant], o)
+		}
+		return avail, bound, ok
+	}
+	freeOne := func(tenant string) {
+		o := owners[tenant][0]
+		owners[tenant] = owners[tenant][1:]
+		s.Freed(o, 128)
+		free += 128
+	}
+	for range 6 { // six of a flood's max-context requests
+		if _, _, ok := take("flood", 128); !ok {
+			t.Fatal("a tenant alone refused below its bound")
+		}
+	}
+	if avail, bound, ok := take("flood", 128); ok || avail != 0 || bound != 768 {
+		t.Fatalf("the flood past 75%% of the pool: avail %d, bound %d, granted %v; want 0, 768, refused", avail, bound, ok)
+	}
+	if _, _, ok := take("victim", 3); !ok {
+		t.Fatal("another tenant refused the room the flood's bound left")
+	}
+	// The victim wants more than is free: it waits, and the flood, over
+	// its half while the victim waits, is refused what frees.
+	if _, _, ok := take("victim", 300); ok {
+		t.Fatalf("granted 300 pages of %d free", free)
+	}
+	freeOne("flood")
+	if avail, bound, ok := take("flood", 128); ok || avail != 0 || bound != 512 {
+		t.Fatalf("the flood while the victim waits: avail %d, bound %d, granted %v; want 0, its half 512, refused", avail, bound, ok)
+	}
+	if _, _, ok := take("victim", 300); !ok {
+		t.Fatalf("the victim refused %d pages free while under its share", free)
+	}
+	// No one waits any more (past four retries): the flood takes up to its
+	// bound again.
+	freeOne("flood")
+	now = now.Add(100 * time.Millisecond)
+	if avail, _, ok := take("flood", 128); !ok {
+		t.Fatalf("the flood refused %d free (avail %d) with no one waiting and below its bound", free, avail)
+	}
+	if got := s.Held("flood"); got != 640 {
+		t.Fatalf("the flood holds %d pages, want 640", got)
+	}
+}
+
+// A request larger than its tenant's bound is held to the free pages
+// alone when its tenant holds nothing else, in both of its reservations
+// (the prompt's pages, then the generated tokens'): it does not wait
+// forever.
+func TestPoolSharesNeverStarveALargeRequest(t *testing.T) {
+	p := DefaultPolicy()
+	s := NewPoolShares(100, time.Second)
+	o := kv.Owner{Request: 1, Tenant: "acme"}
+	if _, _, ok := s.Reserve(p, o, 60, 100, time.Unix(0, 0)); !ok {
+		t.Fatal("a prompt of 60% of an empty pool refused to a tenant holding nothing")
+	}
+	if _, _, ok := s.Reserve(p, o, 30, 40, time.Unix(0, 0)); !ok {
+		t.Fatal("the same request's 30 more pages refused: its tenant holds nothing else")
+	}
+	if avail, _, ok := s.Reserve(p, kv.Owner{Request: 2, Tenant: "acme"}, 5, 10, time.Unix(0, 0)); ok || avail != 0 {
+		t.Fatalf("another request of the tenant past its bound: avail %d, granted %v", avail, ok)
+	}
 }

@@ -154,7 +154,7 @@ func TestBinaryTenantFlood(t *testing.T) {
 		t.Errorf("status counts %d refusals at tenant_concurrent_max; the flood heard of %d", limited, heard)
 	}
 	code, stdout, stderr := runBinary(t, "", "status", "--endpoint", router.addr)
-	want := fmt.Sprintf("0 named in the shares, the rest weight 1, concurrent_max %d, no pages_max; refused %d at a tenant's concurrent_max, 0 at its pages_max",
+	want := fmt.Sprintf("0 named in the shares, the rest weight 1, concurrent_max %d, no pages_max, pool_percent_max 75; refused %d at a tenant's concurrent_max, 0 at its pages_max",
 		concurrentMax, limited)
 	if code != exitOK || !strings.Contains(stdout, want) {
 		t.Errorf("node status of the router: exit %d, want a line with %q; stdout:\n%s\nstderr:\n%s", code, want, stdout, stderr)
@@ -173,6 +173,55 @@ func TestBinaryTenantFlood(t *testing.T) {
 	t.Logf("flood: %d answered, %d refused at its concurrent_max", flood.done.Load(), flood.limited.Load())
 	if measure {
 		t.Logf("the victim's goodput: %d right answers in 10s alone, %d under the flood: %.2f", alone, under, float64(under)/float64(alone))
+	}
+	waitPoolsFree(t, prefill, decode)
+}
+
+// TestBinaryTenantFloodDefaultShare (attack 4, no tenants' file): one
+// tenant, by its certificate, keeps 64 max-context requests in flight, as
+// many as the default share allows, more than the decode pool holds (8).
+// The default share keeps it to three quarters of the pool, so another
+// tenant's requests through the API find pages at once and are answered
+// right, every time, with the flood running.
+func TestBinaryTenantFloodDefaultShare(t *testing.T) {
+	router, web, key := startAPIRouter(t)
+	prefill := startMember(t, "prefill", router.gossip)
+	decode := startMember(t, "decode", router.gossip)
+	waitConverged(t, router, prefill, decode)
+	v := newVictim(web, key)
+	v.want, _ = referenceText(t, actors.DefaultConfig(), v.prompt, v.maxTokens)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	flood := startTenantFlood(t, ctx, router.addr, "globex", 64, 1000, 1000)
+	// Once some of the flood's requests wait for decode pages, the flood
+	// holds all the pool it may: a quarter stays free of it (more than a
+	// max-context request's pages, which without the bound the waiting
+	// requests would take).
+	var s *messages.StatusReply
+	testwait.Report(t, "the flood's requests waiting for decode pages", time.Minute, func() (bool, string) {
+		var err error
+		if s, err = statusOf(t, decode.addr); err != nil || len(s.Node.Pools) == 0 {
+			return false, fmt.Sprint(err)
+		}
+		return s.Node.WaitingPages > 0, fmt.Sprintf("%d waiting for pages, pools %+v", s.Node.WaitingPages, s.Node.Pools)
+	})
+	if p := s.Node.Pools[0]; p.Free < p.Capacity/4 {
+		t.Fatalf("the flood holds %d of the decode pool's %d pages, over the default share's 75%%", p.Capacity-p.Free, p.Capacity)
+	}
+	for i := range 8 {
+		if text, err := v.ask(); err != nil || text != v.want {
+			t.Fatalf("the victim's request %d under the flood: %q, %v; want %q", i, text, err, v.want)
+		}
+	}
+	cancel()
+	flood.wg.Wait()
+	for _, err := range flood.failed {
+		// The flood's requests past the pool wait for pages and are
+		// answered busy at the decode pool: that is the bound working.
+		var we *messages.WireError
+		if !errors.As(err, &we) || we.Code != messages.CodeBusy {
+			t.Errorf("a flood request failed otherwise than busy: %v", err)
+		}
 	}
 	waitPoolsFree(t, prefill, decode)
 }

@@ -121,8 +121,8 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 		if ts.DefaultPagesMax > 0 {
 			pages = fmt.Sprintf("pages_max %d", ts.DefaultPagesMax)
 		}
-		fmt.Fprintf(w, "  tenants: %d with requests here; %d named in the shares, the rest weight %d, concurrent_max %d, %s; refused %d at a tenant's concurrent_max, %d at its pages_max\n",
-			ts.Active, ts.Named, ts.DefaultWeight, ts.DefaultConcurrentMax, pages,
+		fmt.Fprintf(w, "  tenants: %d with requests here; %d named in the shares, the rest weight %d, concurrent_max %d, %s, pool_percent_max %d; refused %d at a tenant's concurrent_max, %d at its pages_max\n",
+			ts.Active, ts.Named, ts.DefaultWeight, ts.DefaultConcurrentMax, pages, ts.DefaultPoolPercentMax,
 			at(n.RejectedBy, actors.RejectTenantConcurrent), at(n.RejectedBy, actors.RejectTenantPages))
 	}
 	var failed []string

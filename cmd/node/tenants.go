@@ -14,9 +14,9 @@ import (
 
 // tenantsOptions are the flags of "node tenants set".
 type tenantsOptions struct {
-	File, Tenant                    string
-	Default                         bool
-	Weight, ConcurrentMax, PagesMax int
+	File, Tenant                                    string
+	Default                                         bool
+	Weight, ConcurrentMax, PagesMax, PoolPercentMax int
 }
 
 func newTenantsCmd() *cobra.Command {
@@ -33,7 +33,7 @@ func newTenantsCmd() *cobra.Command {
 func newTenantsSetCmd() *cobra.Command {
 	var o tenantsOptions
 	cmd := &cobra.Command{
-		Use:   "set --file FILE (--tenant TENANT | --default) [--weight W] [--concurrent-max N] [--pages-max P]",
+		Use:   "set --file FILE (--tenant TENANT | --default) [--weight W] [--concurrent-max N] [--pages-max P] [--pool-percent-max PCT]",
 		Short: "Set a tenant's share, or the default share, in a tenants' shares file",
 		Long: `tenants set sets the share of --tenant (or, with --default, of every tenant the
 file does not name) in the tenants' shares file --file, made if missing, mode
@@ -47,12 +47,26 @@ other tenants with sequences there (1 to 1000); --concurrent-max the most
 requests it has in flight at each router or node it sends to (1 to 65536; one
 more is answered busy, 429 tenant_concurrency_limit over HTTP); --pages-max
 the most KV pages its requests in flight hold there (0: bounded by
---concurrent-max and the pools only). A tenant is who its API key or
+--concurrent-max and the pools only); --pool-percent-max the most of any one
+KV pool its requests hold at once (1 to 100; the default share's 75 leaves
+room for others however long its requests run), and while other tenants wait
+for pages, it holds no more than its weight's part of a pool. A tenant is who its API key or
 certificate names, never what a request says.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.File == "" || (o.Tenant == "") == !o.Default {
 				return usageError{fmt.Errorf("--file (%q) is required, and one of --tenant (%q) and --default (%t)", o.File, o.Tenant, o.Default)}
+			}
+			// A value given is a value: zero, which the file reads as the
+			// default's, is refused here but for --pages-max's "none".
+			for _, f := range []struct {
+				name     string
+				v, least int
+			}{{"weight", o.Weight, 1}, {"concurrent-max", o.ConcurrentMax, 1}, {"pool-percent-max", o.PoolPercentMax, 1},
+				{"pages-max", o.PagesMax, 0}} {
+				if cmd.Flags().Changed(f.name) && f.v < f.least {
+					return usageError{fmt.Errorf("--%s %d, want at least %d", f.name, f.v, f.least)}
+				}
 			}
 			return setShare(o.File, o.Tenant, func(s *tenancy.Share) {
 				fs := cmd.Flags()
@@ -65,6 +79,9 @@ certificate names, never what a request says.`,
 				if fs.Changed("pages-max") {
 					s.PagesMax = o.PagesMax
 				}
+				if fs.Changed("pool-percent-max") {
+					s.PoolPercentMax = o.PoolPercentMax
+				}
 			})
 		},
 	}
@@ -74,6 +91,7 @@ certificate names, never what a request says.`,
 	fs.BoolVar(&o.Default, "default", false, "set the default share, of every tenant the file does not name")
 	fs.IntVar(&o.Weight, "weight", 0, fmt.Sprintf("the tenant's weight, 1 to %d", tenancy.WeightMax))
 	fs.IntVar(&o.ConcurrentMax, "concurrent-max", 0, fmt.Sprintf("the tenant's most requests in flight, 1 to %d", tenancy.ConcurrentMax))
+	fs.IntVar(&o.PoolPercentMax, "pool-percent-max", 0, "the most of any one KV pool the tenant's requests hold at once, in percent, 1 to 100")
 	fs.IntVar(&o.PagesMax, "pages-max", 0, fmt.Sprintf("the most KV pages the tenant's requests in flight hold, 0 (no bound of its own) or 1 to %d", tenancy.PagesMax))
 	return cmd
 }

@@ -16,7 +16,7 @@ func TestTenantsSet(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "tenants.json")
 	for _, args := range [][]string{
 		{"--tenant", "acme", "--weight", "4", "--concurrent-max", "128"},
-		{"--tenant", "acme", "--pages-max", "4096"},
+		{"--tenant", "acme", "--pages-max", "4096", "--pool-percent-max", "50"},
 		{"--tenant", "globex", "--weight", "2"},
 		{"--default", "--concurrent-max", "16"},
 	} {
@@ -29,9 +29,9 @@ func TestTenantsSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	for tenant, want := range map[string]tenancy.Share{
-		"acme":     {Weight: 4, ConcurrentMax: 128, PagesMax: 4096},
-		"globex":   {Weight: 2, ConcurrentMax: 16},
-		"stranger": {Weight: 1, ConcurrentMax: 16},
+		"acme":     {Weight: 4, ConcurrentMax: 128, PagesMax: 4096, PoolPercentMax: 50},
+		"globex":   {Weight: 2, ConcurrentMax: 16, PoolPercentMax: 75},
+		"stranger": {Weight: 1, ConcurrentMax: 16, PoolPercentMax: 75},
 	} {
 		if got := p.Of(tenant); got != want {
 			t.Errorf("%s: %+v, want %+v", tenant, got, want)
@@ -46,6 +46,8 @@ func TestTenantsSet(t *testing.T) {
 		want string
 	}{
 		{[]string{"--tenant", "acme", "--weight", "1001"}, "weight 1001, want 1 to 1000"},
+		{[]string{"--default", "--pool-percent-max", "0"}, "--pool-percent-max 0, want at least 1"},
+		{[]string{"--tenant", "acme", "--pool-percent-max", "101"}, "pool_percent_max 101, want 1 to 100"},
 		{[]string{"--tenant", "acme", "--default"}, "one of --tenant"},
 		{[]string{"--weight", "2"}, "one of --tenant"},
 	} {
