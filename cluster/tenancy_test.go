@@ -22,9 +22,9 @@ import (
 // failed (with the last failure).
 type load struct {
 	tokens, done, failed atomic.Uint64
-	mu             sync.Mutex
-	lastErr        error
-	wg             sync.WaitGroup
+	mu                   sync.Mutex
+	lastErr              error
+	wg                   sync.WaitGroup
 }
 
 func startLoad(ctx context.Context, c *client.Client, tenant string, n, maxTokens int) *load {
