@@ -1,3 +1,8 @@
+//go:build !race
+
+// Several protoactor remote instances in one process race inside protoactor
+// and gRPC; see node_test.go.
+
 package cluster
 
 import (
