@@ -19,9 +19,12 @@ import (
 // meanwhile meet pools that many pages smaller, as they would next to a
 // heavy tenant.
 
-// pressureTenant is the tenant of the owners that hold pressure's pages.
-// It has a space, which no tenant that crosses the wire may have (messages
-// takes only visible ASCII), so no request can ever present it.
+// pressureTenant names the tenant of the owner of each hold, followed by
+// the hold's number: each hold is a tenant of its own, as a heavy tenant
+// next to others, which the pools' shares among tenants (tenancy.
+// PoolShares) let take what is free. It has a space, which no tenant that
+// crosses the wire may have (messages takes only visible ASCII), so no
+// request can ever present it.
 const pressureTenant = "pool pressure"
 
 // pressureHoldsMax bounds the holds a node keeps at once.
@@ -125,7 +128,7 @@ func (hs *pressureHolds) start() (kv.Owner, bool) {
 	hs.ids++
 	id := hs.ids
 	hs.timers[id] = nil // the place, until arm
-	return kv.Owner{Request: id, Tenant: pressureTenant}, true
+	return kv.Owner{Request: id, Tenant: fmt.Sprint(pressureTenant, " ", id)}, true
 }
 
 // arm releases hold id after d, unless the node stops first.
