@@ -173,6 +173,26 @@ func startTrioServing(t *testing.T, model *engine.Model) (p, d, r *Node, c *clie
 	return p, d, r, c
 }
 
+// startGatedTrio starts a prefill node, a decode node whose peers reach
+// its data plane through a gate (open), and a router tuned by tuneRouter
+// (nil: as it is), and waits until they all see each other: a test shuts
+// the gate to hold every transfer to the decode node.
+func startGatedTrio(t *testing.T, tuneRouter func(*NodeConfig)) (p, d, r *Node, gate *testnet.Gate) {
+	t.Helper()
+	gate = testnet.NewGate(t)
+	dataListen := trusttest.ClosedAddr(t)
+	gate.Open(dataListen)
+	p = startClusterNode(t, actors.RolePrefill)
+	d = startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, func(cfg *NodeConfig) {
+		cfg.DataListen, cfg.DataAdvertise = dataListen, gate.Addr()
+	}, p.GossipAddr())
+	r = startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, tuneRouter, p.GossipAddr())
+	for _, n := range []*Node{p, d, r} {
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
+	}
+	return p, d, r, gate
+}
+
 // TestOtherModelNotRouted: a prefill node serving other weights joins the
 // cluster but gets no work; with no prefill node of the router's model,
 // a request is refused as unavailable, naming the other model's members,
@@ -310,17 +330,7 @@ func TestPrefillLostMidTransferIsRetried(t *testing.T) {
 // gate, shut while the prefill node dials it, so that the request is in
 // transfer when the kill lands however fast the machine is.
 func TestDecodeLostFailsCleanly(t *testing.T) {
-	gate := testnet.NewGate(t)
-	dataListen := trusttest.ClosedAddr(t)
-	gate.Open(dataListen)
-	p := startClusterNode(t, actors.RolePrefill)
-	d := startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, func(cfg *NodeConfig) {
-		cfg.DataListen, cfg.DataAdvertise = dataListen, gate.Addr()
-	}, p.GossipAddr())
-	r := startClusterNode(t, actors.RoleRouter, p.GossipAddr())
-	for _, n := range []*Node{p, d, r} {
-		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
-	}
+	p, d, r, gate := startGatedTrio(t, nil)
 	c := tenantClient(t, r.Address(), "acme")
 	gate.Shut()
 	done := make(chan error, 1)

@@ -16,10 +16,8 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
-	"github.com/kvwarden/kvwarden/internal/testnet"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/tenancy"
-	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
 // load keeps n requests of tenant in flight through c until ctx ends,
@@ -136,19 +134,7 @@ func TestTenantBoundsHoldAtTheRouter(t *testing.T) {
 	policy := tenancy.DefaultPolicy()
 	policy.Tenants = map[string]tenancy.Share{"flood": {ConcurrentMax: 2}, "paged": {PagesMax: 1}}
 	shares := tenancy.NewShares(policy)
-	gate := testnet.NewGate(t)
-	dataListen := trusttest.ClosedAddr(t)
-	gate.Open(dataListen)
-	p := startClusterNode(t, actors.RolePrefill)
-	d := startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, func(cfg *NodeConfig) {
-		cfg.DataListen, cfg.DataAdvertise = dataListen, gate.Addr()
-	}, p.GossipAddr())
-	r := startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, func(cfg *NodeConfig) {
-		cfg.Actors.Tenants = shares
-	}, p.GossipAddr())
-	for _, n := range []*Node{p, d, r} {
-		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
-	}
+	p, d, r, gate := startGatedTrio(t, func(cfg *NodeConfig) { cfg.Actors.Tenants = shares })
 	flood, victim := tenantClient(t, r.Address(), "flood"), tenantClient(t, r.Address(), "victim")
 	inFlight := func(want uint32) func() bool { return func() bool { return r.Status().Node.InFlight == want } }
 	gate.Shut()
@@ -193,6 +179,5 @@ func TestTenantBoundsHoldAtTheRouter(t *testing.T) {
 	}
 	cancel()
 	held.Wait()
-	gate.Open(dataListen)
 	waitFor(t, "every pool free", time.Minute, func() bool { return allFree(p, d) })
 }

@@ -131,6 +131,22 @@ func holdBeforeHello(t *testing.T, ip, addr string, n int) {
 	}
 }
 
+// referenceRequests is how many requests answerReference sends.
+const referenceRequests = 7
+
+// answerReference sends referenceRequests requests of 2 tenants through
+// the router at addr, fails the test for any answer that is not the
+// reference, and returns how long they took.
+func answerReference(t *testing.T, addr string) time.Duration {
+	t.Helper()
+	reqs := mixedRequests(referenceRequests, 2, 200, 16)
+	start := time.Now()
+	generateAll(t, addr, reqs)
+	took := time.Since(start)
+	checkReference(t, reqs)
+	return took
+}
+
 // Attack 5, no credential, on the data plane: strangers on other hosts
 // hold every connection before the hello that each address may, and
 // together every one strangers may, of the decode node's data plane;
@@ -144,11 +160,7 @@ func TestBinaryAttackDataPlaneStrangers(t *testing.T) {
 	prefill := startMember(t, "prefill", router.gossip)
 	decode := startMember(t, "decode", router.gossip)
 	waitConverged(t, router, prefill, decode)
-	alone := mixedRequests(7, 2, 200, 16)
-	aloneStart := time.Now()
-	generateAll(t, router.addr, alone)
-	aloneTook := time.Since(aloneStart)
-	checkReference(t, alone)
+	aloneTook := answerReference(t, router.addr)
 	s, err := statusOf(t, decode.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -183,11 +195,7 @@ func TestBinaryAttackDataPlaneStrangers(t *testing.T) {
 	}
 	restarted := startMember(t, "prefill", router.gossip)
 	waitConverged(t, router, restarted, decode)
-	reqs := mixedRequests(7, 2, 200, 16)
-	attackedStart := time.Now()
-	generateAll(t, router.addr, reqs)
-	attackedTook := time.Since(attackedStart)
-	checkReference(t, reqs)
+	attackedTook := answerReference(t, router.addr)
 	took := time.Since(start)
 
 	// The kinds of warning the strangers cause: the two bounds and the
@@ -204,7 +212,7 @@ func TestBinaryAttackDataPlaneStrangers(t *testing.T) {
 	}
 	logged := len(decode.stderr.String()) - bytesBefore
 	t.Logf("in %s the decode node refused %v and warned %d times (%d bytes of log, %.0f a minute); %d requests took %s alone, %s under attack after the restart (goodput ratio %.2f)",
-		took, refusedBy(s), warned, logged, float64(logged)/took.Minutes(), len(reqs), aloneTook, attackedTook,
+		took, refusedBy(s), warned, logged, float64(logged)/took.Minutes(), referenceRequests, aloneTook, attackedTook,
 		aloneTook.Seconds()/attackedTook.Seconds())
 }
 
