@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/tenancy"
 )
@@ -110,8 +111,8 @@ func TestTenantsShareASaturatedDecodeWorkerByWeight(t *testing.T) {
 			waitFor(t, "the victim's next 2,048 tokens", 3*time.Minute, func() bool { return victim.tokens.Load()-v0 >= 2048 })
 			f, v := flood.tokens.Load()-f0, victim.tokens.Load()-v0
 			cancel()
-			flood.wg.Wait()
-			victim.wg.Wait()
+			testwait.Group(t, "the flood's clients stopped", time.Minute, &flood.wg)
+			testwait.Group(t, "the victim's clients stopped", time.Minute, &victim.wg)
 			if n := flood.failed.Load() + victim.failed.Load(); n > 0 {
 				t.Fatalf("%d requests failed, the last: %v %v", n, flood.err(), victim.err())
 			}
@@ -163,7 +164,7 @@ func TestTenantBoundsHoldAtTheRouter(t *testing.T) {
 		t.Fatalf("a request of more pages than its tenant's pages_max: %v, want busy at tenant pages_max, have 0, limit 1", err)
 	}
 	cancel()
-	held.Wait()
+	testwait.Group(t, "the held requests cancelled", time.Minute, &held)
 	waitFor(t, "every request ended", time.Minute, inFlight(0))
 	ctx, cancel = context.WithCancel(context.Background())
 	defer cancel()
@@ -178,6 +179,6 @@ func TestTenantBoundsHoldAtTheRouter(t *testing.T) {
 		t.Fatalf("refusals by bound %v, want one each of tenant_concurrent_max and tenant_pages_max", got)
 	}
 	cancel()
-	held.Wait()
+	testwait.Group(t, "the held requests cancelled", time.Minute, &held)
 	waitFor(t, "every pool free", time.Minute, func() bool { return allFree(p, d) })
 }

@@ -72,10 +72,10 @@ type Ledger struct {
 // NewLedger is a ledger with nothing in flight.
 func NewLedger() *Ledger { return &Ledger{use: map[string]use{}} }
 
-// Room refuses, as Take would, a request of tenant that is at its share's
-// concurrent_max: a check that needs none of the request's work (the
-// pages it holds need its prompt's tokens), so that a tenant at its bound
-// is refused before it costs any. Take checks again.
+// Room refuses a request of tenant that is at its share's concurrent_max:
+// Take's first check, which needs none of the request's work (the pages it
+// holds need its prompt's tokens), so that a tenant at its bound is
+// refused before it costs any.
 func (l *Ledger) Room(p *Policy, tenant string) error {
 	if s, u := p.Of(tenant), l.use[tenant]; u.Requests >= s.ConcurrentMax {
 		return &LimitError{Tenant: tenant, Bound: BoundConcurrent, Have: u.Requests, Want: 1, Limit: s.ConcurrentMax}
@@ -88,16 +88,12 @@ func (l *Ledger) Room(p *Policy, tenant string) error {
 // is followed by exactly one Give of the same pages. A bound that a reload
 // lowered below what is in flight refuses new requests until enough end.
 func (l *Ledger) Take(p *Policy, tenant string, pages int) error {
-	s, u := p.Of(tenant), l.use[tenant]
-	var err *LimitError
-	switch {
-	case u.Requests >= s.ConcurrentMax:
-		err = &LimitError{Tenant: tenant, Bound: BoundConcurrent, Have: u.Requests, Want: 1, Limit: s.ConcurrentMax}
-	case s.PagesMax > 0 && u.Pages+pages > s.PagesMax:
-		err = &LimitError{Tenant: tenant, Bound: BoundPages, Have: u.Pages, Want: pages, Limit: s.PagesMax}
-	}
-	if err != nil {
+	if err := l.Room(p, tenant); err != nil {
 		return err
+	}
+	s, u := p.Of(tenant), l.use[tenant]
+	if s.PagesMax > 0 && u.Pages+pages > s.PagesMax {
+		return &LimitError{Tenant: tenant, Bound: BoundPages, Have: u.Pages, Want: pages, Limit: s.PagesMax}
 	}
 	l.use[tenant] = use{Requests: u.Requests + 1, Pages: u.Pages + pages}
 	return nil

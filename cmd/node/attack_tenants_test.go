@@ -134,7 +134,7 @@ func TestBinaryTenantFlood(t *testing.T) {
 		t.Errorf("%d requests in flight at the router under a flood held to %d (and the victim's 4 at most)", s.Node.InFlight, concurrentMax)
 	}
 	cancel()
-	flood.wg.Wait()
+	testwait.Group(t, "the flood's clients stopped", commandTimeout, &flood.wg)
 	if len(flood.failed) > 0 {
 		t.Errorf("%d of the flood's requests failed otherwise than at its bound, the first: %v", len(flood.failed), flood.failed[0])
 	}
@@ -214,7 +214,7 @@ func TestBinaryTenantFloodDefaultShare(t *testing.T) {
 		}
 	}
 	cancel()
-	flood.wg.Wait()
+	testwait.Group(t, "the flood's clients stopped", commandTimeout, &flood.wg)
 	for _, err := range flood.failed {
 		// The flood's requests past the pool wait for pages and are
 		// answered busy at the decode pool: that is the bound working.

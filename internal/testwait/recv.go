@@ -1,6 +1,7 @@
 package testwait
 
 import (
+	"sync"
 	"testing"
 	"time"
 )
@@ -20,4 +21,17 @@ func Recv[T any](tb testing.TB, what string, within time.Duration, ch <-chan T) 
 	}
 	var zero T
 	return zero // for a TB whose Fatalf returns
+}
+
+// Group waits for wg and fails tb if it is not done within: a test that
+// stops its own goroutines says which did not stop instead of blocking
+// until the test binary's own timeout.
+func Group(tb testing.TB, what string, within time.Duration, wg *sync.WaitGroup) {
+	tb.Helper()
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	Recv(tb, what, within, done)
 }

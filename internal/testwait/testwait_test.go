@@ -3,6 +3,7 @@ package testwait
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -86,5 +87,26 @@ func TestRecvReturnsTheValueOrFailsAtTheBound(t *testing.T) {
 		if want := []string{"a second answer: not within 5s"}; fmt.Sprint(r.failures) != fmt.Sprint(want) {
 			t.Fatalf("failures %q, want %q", r.failures, want)
 		}
+	})
+}
+
+func TestGroupReturnsOnceDoneOrFailsAtTheBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var wg sync.WaitGroup
+		wg.Go(func() { time.Sleep(2 * time.Second) })
+		r := &recorder{TB: t}
+		start := time.Now()
+		Group(r, "the workers", 5*time.Second, &wg)
+		if len(r.failures) != 0 || time.Since(start) != 2*time.Second {
+			t.Fatalf("after %s with failures %q; want done after 2s, none", time.Since(start), r.failures)
+		}
+		block := make(chan struct{})
+		wg.Go(func() { <-block })
+		Group(r, "the stuck worker", 5*time.Second, &wg)
+		if want := []string{"the stuck worker: not within 5s"}; fmt.Sprint(r.failures) != fmt.Sprint(want) {
+			t.Fatalf("failures %q, want %q", r.failures, want)
+		}
+		close(block)
+		wg.Wait()
 	})
 }
