@@ -218,7 +218,7 @@ func (s *DataPlaneServer) admit(conn net.Conn) bool {
 	closed := s.closed
 	r, ok := trust.Refusal(0), false
 	if !closed {
-		r, ok = s.hellos.Take(hostOf(conn), proven)
+		r, ok = s.hellos.Take(trust.HostOf(conn.RemoteAddr().String()), proven)
 	}
 	if ok {
 		s.conns[conn] = struct{}{}
@@ -238,14 +238,6 @@ func (s *DataPlaneServer) admit(conn net.Conn) bool {
 		conn.Close()
 	}
 	return ok
-}
-
-// hostOf is the IP address conn comes from.
-func hostOf(conn net.Conn) string {
-	if a, ok := conn.RemoteAddr().(*net.TCPAddr); ok {
-		return a.IP.String()
-	}
-	return conn.RemoteAddr().String()
 }
 
 func (s *DataPlaneServer) drop(conn net.Conn) {
@@ -282,7 +274,7 @@ func (s *DataPlaneServer) reply(conn net.Conn, st DataPlaneStatus) error {
 func (s *DataPlaneServer) greet(raw net.Conn) (*dpPeer, bool) {
 	defer func() {
 		s.mu.Lock()
-		s.hellos.Give(hostOf(raw))
+		s.hellos.Give(trust.HostOf(raw.RemoteAddr().String()))
 		s.mu.Unlock()
 	}()
 	raw.SetDeadline(time.Now().Add(s.cfg.HelloTimeout))

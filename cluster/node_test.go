@@ -129,14 +129,19 @@ func routable(n *Node) bool {
 	return true
 }
 
-// freeEverywhere checks that every pool of every node is entirely free.
+// freeEverywhere waits until every pool of every node is entirely free:
+// pages are released after the answer (on acknowledgements), so a check
+// right after it would see those of a loaded machine still in use.
 func freeEverywhere(t *testing.T, nodes ...*Node) {
 	t.Helper()
-	for _, n := range nodes {
-		if inUse, err := n.Actors().PagesInUse(); err != nil || inUse != 0 {
-			t.Errorf("%s node: %d pages still in use (%v)", n.cfg.Actors.Role, inUse, err)
+	testwait.Report(t, "every pool free", time.Minute, func() (bool, string) {
+		for _, n := range nodes {
+			if inUse, err := n.Actors().PagesInUse(); err != nil || inUse != 0 {
+				return false, fmt.Sprintf("%s node: %d pages still in use (%v)", n.cfg.Actors.Role, inUse, err)
+			}
 		}
-	}
+		return true, ""
+	})
 }
 
 // allFree says whether every pool of every node is entirely free.

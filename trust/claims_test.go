@@ -102,7 +102,7 @@ func TestClaimProbesBoundedPerPeer(t *testing.T) {
 	}
 
 	release()
-	wg.Wait()
+	testwait.Group(t, "the hanging probes ended", time.Minute, &wg)
 	for _, err := range hanging {
 		if r, _ := claimRefusal(t, "a hanging probe", err); r != trust.RefusedAddress {
 			t.Fatalf("a hanging probe ended as %s (%v), want an address refusal", r, err)

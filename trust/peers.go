@@ -162,7 +162,7 @@ func (e *AddressError) Refusal() Refusal {
 // the tenants together may each have only so many under way.
 func (p *Peers) Verify(from, addr string, id Identity, cert *x509.Certificate) error {
 	key := claimKey{addr: addr, fp: Fingerprint(cert)}
-	host := hostOf(from)
+	host := HostOf(from)
 	start := time.Now()
 	var limit *ClaimLimitError
 	for wait := (<-chan time.Time)(nil); ; {
@@ -225,9 +225,9 @@ func (p *Peers) probe(key claimKey, id Identity) *AddressError {
 	return nil
 }
 
-// hostOf is the host of a host:port, or the whole string when it has no
+// HostOf is the host of a host:port, or the whole string when it has no
 // port.
-func hostOf(addr string) string {
+func HostOf(addr string) string {
 	if h, _, err := net.SplitHostPort(addr); err == nil {
 		return h
 	}

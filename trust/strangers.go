@@ -106,7 +106,7 @@ func (p *provenAddrs) has(host string, now time.Time) bool {
 func (a *Authority) Proven(addr string) {
 	a.provenMu.Lock()
 	defer a.provenMu.Unlock()
-	a.proven.note(hostOf(addr), time.Now())
+	a.proven.note(HostOf(addr), time.Now())
 }
 
 // IsProven says whether one of the cluster's own identities connected
@@ -114,14 +114,14 @@ func (a *Authority) Proven(addr string) {
 func (a *Authority) IsProven(addr string) bool {
 	a.provenMu.Lock()
 	defer a.provenMu.Unlock()
-	return a.proven.has(hostOf(addr), time.Now())
+	return a.proven.has(HostOf(addr), time.Now())
 }
 
 // admitStranger registers a remote connection before its TLS handshake,
 // or counts and logs its refusal.
 func (a *Authority) admitStranger(raw net.Conn) bool {
 	from := raw.RemoteAddr().String()
-	host, proven := hostOf(from), a.IsProven(from)
+	host, proven := HostOf(from), a.IsProven(from)
 	a.strangersMu.Lock()
 	r, ok := a.strangers.Take(host, proven)
 	a.strangersMu.Unlock()
@@ -136,5 +136,5 @@ func (a *Authority) admitStranger(raw net.Conn) bool {
 func (a *Authority) strangerDone(raw net.Conn) {
 	a.strangersMu.Lock()
 	defer a.strangersMu.Unlock()
-	a.strangers.Give(hostOf(raw.RemoteAddr().String()))
+	a.strangers.Give(HostOf(raw.RemoteAddr().String()))
 }

@@ -2,9 +2,7 @@ package membership
 
 import (
 	"cmp"
-	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -285,7 +283,7 @@ func (m *Membership) supersedeProvenLocked(mem Member) {
 		delete(m.members, name)
 		m.forgetLocked(name)
 		m.superseded.Add(1)
-		m.log.Warn("cluster: member superseded by a run proven at its address", "member", name, "by", mem.Name)
+		m.cfg.Auth.Warn(m.log, "member_superseded", "cluster: member superseded by a run proven at its address", "member", name, "by", mem.Name)
 		e.State = StateDead
 		m.emitLocked(Event{Kind: EventFail, Member: e, Reason: "superseded by " + mem.Name})
 	}
@@ -306,12 +304,14 @@ func (m *Membership) failedLocked(name string, a *attempt, cerr *ClaimError) {
 	a.wait = min(2*a.wait, m.cfg.VerifyRetryIntervalMax)
 	if cerr.Err != nil {
 		m.claimsUnanswered.Add(1)
-		level := slog.LevelDebug
+		// Anyone with the gossip key can announce members that never
+		// answer: the first failure of each is a Warn at a bounded rate.
+		args := []any{"member", cerr.Member, "probes", a.failed, "err", cerr}
 		if a.failed == 1 {
-			level = slog.LevelWarn
+			m.cfg.Auth.Warn(m.log, "member_unverified", "cluster: member not verified yet; retrying", args...)
+		} else {
+			m.log.Debug("cluster: member not verified yet; retrying", args...)
 		}
-		m.log.Log(context.Background(), level, "cluster: member not verified yet; retrying", "member", cerr.Member,
-			"probes", a.failed, "err", cerr)
 		return
 	}
 	if !a.refused {
