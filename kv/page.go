@@ -36,7 +36,8 @@ type Page struct {
 	first    int    // sequence position of row 0, fixed at assignment
 	filled   int    // token rows written, from row 0
 	sum      uint64 // checksum fixed at seal
-	readers  int    // leases outstanding
+	readers  int    // leases outstanding (shared ones too, on a cached page)
+	scope    Scope  // a cached page's scope, until it is freed
 	awaitAck bool   // a peer has not yet acknowledged the bytes sent from this page
 	// deadline is when the page is reclaimed whatever its state: its
 	// assignment plus OwnedTimeout while owned, its release plus
@@ -58,7 +59,7 @@ func (pg *Page) State() State { return pg.state }
 // zero when it is free. An owner of a page's timer rearms it when this
 // changes.
 func (pg *Page) Deadline() time.Time {
-	if pg.state == Free {
+	if pg.state == Free || pg.state == Cached {
 		return time.Time{}
 	}
 	return pg.deadline
@@ -93,8 +94,10 @@ func (pg *Page) access(tag Tag, owner Owner, op string) error {
 		}
 		return &StaleTagError{Page: tag.Index, Want: pg.Tag(), Have: tag}
 	}
-	if pg.state == Free {
-		return &StateError{Page: tag, Op: op, State: Free}
+	if pg.state == Free || !pg.scope.IsZero() {
+		// A cached page, or one evicted and not yet freed, has no owner:
+		// it is reached only through a CachedPage and shared leases.
+		return &StateError{Page: tag, Op: op, State: pg.state}
 	}
 	if pg.owner.Tenant != owner.Tenant {
 		return &WrongTenantError{Page: tag, Owner: pg.owner.Tenant, Have: owner.Tenant}
@@ -183,9 +186,22 @@ func (pg *Page) checksum() uint64 {
 // Lease is the proof that its holder passed the read handshake for one
 // tenancy of one page. It is a value: presenting it after the page was
 // released and reallocated fails, because the tag is no longer current.
+// A shared lease (Page.LeaseShared) names the cached page's scope, and its
+// Owner is the reader; a private lease's Scope is zero.
 type Lease struct {
 	Tag   Tag
 	Owner Owner
+	Scope Scope
+}
+
+// leaseAccess is the handshake of a held lease: a shared one's under its
+// scope (the page may since have been evicted, pending its last unlease),
+// a private one's under its owner.
+func (pg *Page) leaseAccess(l Lease, op string) error {
+	if !l.Scope.IsZero() {
+		return pg.sharedAccess(l.Tag, l.Scope, op, true)
+	}
+	return pg.access(l.Tag, l.Owner, op)
 }
 
 // Lease grants a read lease on a sealed page to its owner. While any lease
@@ -208,7 +224,7 @@ func (pg *Page) Lease(tag Tag, owner Owner) (Lease, error) {
 // change while a lease on the page is outstanding (a sealed page is never
 // written, and it is not freed while leased, short of a reclaim).
 func (pg *Page) Read(l Lease) ([]byte, int, error) {
-	if err := pg.access(l.Tag, l.Owner, "read"); err != nil {
+	if err := pg.leaseAccess(l, "read"); err != nil {
 		return nil, 0, err
 	}
 	if pg.readers == 0 {
@@ -225,7 +241,7 @@ func (pg *Page) Read(l Lease) ([]byte, int, error) {
 // Unlease gives a lease back. The last unlease of a released page whose
 // peer has acknowledged frees it.
 func (pg *Page) Unlease(l Lease) (freed bool, err error) {
-	if err := pg.access(l.Tag, l.Owner, "unlease"); err != nil {
+	if err := pg.leaseAccess(l, "unlease"); err != nil {
 		return false, err
 	}
 	if pg.readers == 0 {
@@ -307,7 +323,7 @@ type Reclaim struct {
 // Reclaim frees a page whose deadline is at or before now, whatever state
 // it is in, and describes what it cut short.
 func (pg *Page) Reclaim(now time.Time) (Reclaim, bool) {
-	if pg.state == Free || now.Before(pg.deadline) {
+	if pg.state == Free || pg.state == Cached || now.Before(pg.deadline) {
 		return Reclaim{}, false
 	}
 	r := Reclaim{Tag: pg.Tag(), State: pg.state, Owner: pg.owner, Readers: pg.readers, AwaitAck: pg.awaitAck}
@@ -365,6 +381,8 @@ type PageInfo struct {
 	Checksum uint64
 	Readers  int
 	AwaitAck bool
+	// Scope is a cached page's (or an evicted one's, until it is freed).
+	Scope Scope
 	// Deadline is when the page will be reclaimed (see Reclaim); zero
 	// when it is free.
 	Deadline time.Time
@@ -373,5 +391,5 @@ type PageInfo struct {
 // Info reports the page for status displays and invariant checks.
 func (pg *Page) Info() PageInfo {
 	return PageInfo{Tag: pg.Tag(), State: pg.state, Owner: pg.owner, First: pg.first, Tokens: pg.filled,
-		Checksum: pg.sum, Readers: pg.readers, AwaitAck: pg.awaitAck, Deadline: pg.deadline}
+		Checksum: pg.sum, Readers: pg.readers, AwaitAck: pg.awaitAck, Scope: pg.scope, Deadline: pg.deadline}
 }

@@ -84,7 +84,7 @@ type Pool struct {
 
 // Stats counts pages by state and the refusals and reclaims so far.
 type Stats struct {
-	Capacity, Free, Reserved, Filling, Sealed, Leased, Released int
+	Capacity, Free, Reserved, Filling, Sealed, Leased, Released, Cached int
 
 	// Reservations and Releases count pages, over the pool's life.
 	Reservations, Releases uint64
@@ -114,7 +114,8 @@ func (r Reclaims) Total() uint64 {
 	return t
 }
 
-// Refusals counts refused accesses by reason.
+// Refusals counts refused accesses by reason. WrongTenant counts shared
+// leases and reads under another scope (WrongScopeError) too.
 type Refusals struct {
 	Stale, WrongTenant, WrongOwner, State, Range, Checksum uint64
 }
@@ -130,7 +131,7 @@ func (r *Refusals) Count(err error) {
 	switch err.(type) {
 	case *StaleTagError:
 		r.Stale++
-	case *WrongTenantError:
+	case *WrongTenantError, *WrongScopeError:
 		r.WrongTenant++
 	case *WrongOwnerError:
 		r.WrongOwner++
@@ -277,6 +278,8 @@ func (p *Pool) count(s State) *int {
 		return &p.stats.Leased
 	case Released:
 		return &p.stats.Released
+	case Cached:
+		return &p.stats.Cached
 	}
 	panic(fmt.Sprintf("kv: count of state %s", s))
 }
@@ -391,3 +394,32 @@ func (p *Pool) Inspect(idx uint32) PageInfo { return p.pages[idx].Info() }
 // bytesOf is the whole of page idx's bytes, written or not, for tests that
 // corrupt a page behind the pool's back.
 func (p *Pool) bytesOf(idx uint32) []byte { return p.pages[idx].bytes }
+
+// Publish turns a full sealed page that owner holds into a cached page of
+// scope (see Page.Publish).
+func (p *Pool) Publish(tag Tag, owner Owner, scope Scope) (c CachedPage, err error) {
+	err = p.do(tag, func(pg *Page) (bool, error) {
+		c, err = pg.Publish(tag, owner, scope)
+		return false, err
+	})
+	return c, err
+}
+
+// LeaseShared grants reader a shared read lease on a cached page of scope
+// (see Page.LeaseShared).
+func (p *Pool) LeaseShared(c CachedPage, reader Owner, scope Scope) (l Lease, err error) {
+	err = p.do(c.Tag, func(pg *Page) (bool, error) {
+		l, err = pg.LeaseShared(c, reader, scope)
+		return false, err
+	})
+	return l, err
+}
+
+// Evict gives a cached page up at now (see Page.Evict).
+func (p *Pool) Evict(c CachedPage, now time.Time) (freed bool, err error) {
+	err = p.do(c.Tag, func(pg *Page) (bool, error) {
+		freed, err = pg.Evict(c, now)
+		return freed, err
+	})
+	return freed, err
+}

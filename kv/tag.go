@@ -47,6 +47,7 @@ func (o Owner) Validate() error {
 // State is where a page is in its lifecycle:
 //
 //	free → reserved → filling → sealed ⇄ leased → released → free
+//	sealed → cached → (released →) free
 //
 // A page may also go straight from reserved, filling or sealed to free when
 // its owner releases it and nobody holds it.
@@ -67,6 +68,10 @@ const (
 	// yet: it returns to Free on the last unlease and acknowledgement, or
 	// when its reclaim deadline passes.
 	Released
+	// Cached: published (Page.Publish), read-only, shared by the leases
+	// of its scope, owned by nobody; it returns to Free only by eviction
+	// (at once, or through Released while leases are held).
+	Cached
 )
 
 func (s State) String() string {
@@ -83,6 +88,8 @@ func (s State) String() string {
 		return "leased"
 	case Released:
 		return "released"
+	case Cached:
+		return "cached"
 	}
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
