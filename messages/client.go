@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/kvwarden/kvwarden/kv"
 )
 
 // The client API: a client sends GenerateRequest (and perhaps
@@ -27,9 +29,14 @@ type GenerateRequest struct {
 	MaxTokens uint32 `msgpack:"max_tokens"`
 	// Stream asks for TokenChunks before the GenerateResult.
 	Stream bool `msgpack:"stream,omitempty"`
+	// CacheSalt, when set, narrows the request's prompt cache scope (the
+	// one its tenant's credential gives) to the requests that name the
+	// same salt, 0 to kv.CacheSaltBytesMax bytes of UTF-8: it can keep a
+	// request from sharing cached prefixes, never make it share more.
+	CacheSalt string `msgpack:"cache_salt,omitempty"`
 }
 
-var generateRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "stream"}
+var generateRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "stream", "cache_salt"}
 
 func (*GenerateRequest) TypeCode() TypeCode { return TypeGenerateRequest }
 
@@ -38,7 +45,18 @@ func (m *GenerateRequest) Validate() error {
 	if err := checkOwner(t, m.RequestID, m.Tenant); err != nil {
 		return err
 	}
-	return checkPrompt(t, m.Prompt, m.MaxTokens)
+	if err := checkPrompt(t, m.Prompt, m.MaxTokens); err != nil {
+		return err
+	}
+	return checkCacheSalt(t, m.CacheSalt)
+}
+
+// checkCacheSalt checks a request's cache_salt.
+func checkCacheSalt(t TypeCode, salt string) error {
+	if err := checkLen(t, "cache_salt", len(salt), kv.CacheSaltBytesMax); err != nil {
+		return err
+	}
+	return checkUTF8(t, "cache_salt", salt)
 }
 
 // checkPrompt checks the prompt and max_tokens of a GenerateRequest or of
@@ -65,8 +83,10 @@ func (m *GenerateRequest) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readString(d, t, "prompt", PromptBytesMax, &m.Prompt)
 		case 3:
 			return readU32(d, t, "max_tokens", &m.MaxTokens)
-		default:
+		case 4:
 			return readBool(d, t, "stream", &m.Stream)
+		default:
+			return readString(d, t, "cache_salt", kv.CacheSaltBytesMax, &m.CacheSalt)
 		}
 	})
 }
@@ -160,9 +180,12 @@ type GenerateResult struct {
 	FinishReason FinishReason `msgpack:"finish"`
 	// Err is set exactly when FinishReason is FinishError.
 	Err *WireError `msgpack:"err,omitempty"`
+	// CachedTokens is how many of the prompt's tokens were not computed
+	// for this request but read from the prefix cache of its scope.
+	CachedTokens uint32 `msgpack:"cached_tokens,omitempty"`
 }
 
-var generateResultKeys = []string{"id", "tokens", "text", "finish", "err"}
+var generateResultKeys = []string{"id", "tokens", "text", "finish", "err", "cached_tokens"}
 
 func (*GenerateResult) TypeCode() TypeCode { return TypeGenerateResult }
 
@@ -211,10 +234,12 @@ func (m *GenerateResult) DecodeMsgpack(d *msgpack.Decoder) error {
 			v, err := readUint(d, t, "finish", 255)
 			m.FinishReason = FinishReason(v)
 			return err
-		default:
+		case 4:
 			var err error
 			m.Err, err = readWireError(d, t, "err", true)
 			return err
+		default:
+			return readU32(d, t, "cached_tokens", &m.CachedTokens)
 		}
 	})
 }

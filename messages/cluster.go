@@ -8,6 +8,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/kvwarden/kvwarden/chaos/faults"
+	"github.com/kvwarden/kvwarden/kv"
 )
 
 // The cluster: a router sends each client request to a decode node as a
@@ -35,9 +36,11 @@ type RoutedRequest struct {
 	// Attempt counts the earlier routings of this request, 0 to
 	// RouteAttemptsMax.
 	Attempt uint8 `msgpack:"attempt,omitempty"`
+	// CacheSalt is the client's (GenerateRequest.CacheSalt).
+	CacheSalt string `msgpack:"cache_salt,omitempty"`
 }
 
-var routedRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "prefill", "prefill_inc", "decode_inc", "attempt"}
+var routedRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "prefill", "prefill_inc", "decode_inc", "attempt", "cache_salt"}
 
 func (*RoutedRequest) TypeCode() TypeCode { return TypeRoutedRequest }
 
@@ -58,7 +61,10 @@ func (m *RoutedRequest) Validate() error {
 	if m.DecodeIncarnation == 0 {
 		return &InvalidFieldError{t, "decode_inc", "0", "a non-zero incarnation"}
 	}
-	return checkRange(t, "attempt", uint64(m.Attempt), 0, RouteAttemptsMax)
+	if err := checkRange(t, "attempt", uint64(m.Attempt), 0, RouteAttemptsMax); err != nil {
+		return err
+	}
+	return checkCacheSalt(t, m.CacheSalt)
 }
 
 func (m *RoutedRequest) DecodeMsgpack(d *msgpack.Decoder) error {
@@ -79,10 +85,12 @@ func (m *RoutedRequest) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readU64(d, t, "prefill_inc", &m.PrefillIncarnation)
 		case 6:
 			return readU64(d, t, "decode_inc", &m.DecodeIncarnation)
-		default:
+		case 7:
 			v, err := readUint(d, t, "attempt", math.MaxUint8)
 			m.Attempt = uint8(v)
 			return err
+		default:
+			return readString(d, t, "cache_salt", kv.CacheSaltBytesMax, &m.CacheSalt)
 		}
 	})
 }

@@ -49,9 +49,12 @@ type TransferPlan struct {
 	// plan for another model instead of sending KV that would decode
 	// into a wrong answer.
 	Model string `msgpack:"model"`
+	// CacheSalt narrows the prefix cache scope prefill gives the plan's
+	// tenant (GenerateRequest.CacheSalt).
+	CacheSalt string `msgpack:"cache_salt,omitempty"`
 }
 
-var transferPlanKeys = []string{"id", "tenant", "token_count", "prompt_tokens", "page_tokens", "dest_tags", "data_plane", "model"}
+var transferPlanKeys = []string{"id", "tenant", "token_count", "prompt_tokens", "page_tokens", "dest_tags", "data_plane", "model", "cache_salt"}
 
 func (*TransferPlan) TypeCode() TypeCode { return TypeTransferPlan }
 
@@ -86,7 +89,10 @@ func (m *TransferPlan) Validate() error {
 	if err := CheckFingerprint(t, "model", m.Model); err != nil {
 		return err
 	}
-	return checkAddr(t, "data_plane", m.DataPlane, true)
+	if err := checkAddr(t, "data_plane", m.DataPlane, true); err != nil {
+		return err
+	}
+	return checkCacheSalt(t, m.CacheSalt)
 }
 
 // FingerprintDigits is the length of a model fingerprint in hexadecimal
@@ -152,8 +158,10 @@ func (m *TransferPlan) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readTags(d, t, "dest_tags", PlanTagsMax, &m.DestTags)
 		case 6:
 			return readString(d, t, "data_plane", AddrBytesMax, &m.DataPlane)
-		default:
+		case 7:
 			return readString(d, t, "model", FingerprintDigits, &m.Model)
+		default:
+			return readString(d, t, "cache_salt", kv.CacheSaltBytesMax, &m.CacheSalt)
 		}
 	})
 }
@@ -183,9 +191,13 @@ type TransferDone struct {
 	Sums []uint64 `msgpack:"sums,omitempty"`
 	// Err says why prefill failed; First, Frames and Source are then 0.
 	Err *WireError `msgpack:"err,omitempty"`
+	// Cached is how many of the prompt's first tokens prefill read from
+	// its prefix cache instead of computing them: whole pages, fewer than
+	// the plan's token count; 0 with an error.
+	Cached uint32 `msgpack:"cached,omitempty"`
 }
 
-var transferDoneKeys = []string{"id", "tenant", "first", "frames", "source", "sums", "err"}
+var transferDoneKeys = []string{"id", "tenant", "first", "frames", "source", "sums", "err", "cached"}
 
 func (*TransferDone) TypeCode() TypeCode { return TypeTransferDone }
 
@@ -219,7 +231,7 @@ func (m *TransferDone) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    uint64
-	}{{"first", uint64(m.First)}, {"frames", uint64(m.Frames)}, {"source", m.Source}, {"sums", uint64(len(m.Sums))}} {
+	}{{"first", uint64(m.First)}, {"frames", uint64(m.Frames)}, {"source", m.Source}, {"sums", uint64(len(m.Sums))}, {"cached", uint64(m.Cached)}} {
 		if f.v != 0 {
 			return &InvalidFieldError{t, f.name, fmt.Sprint(f.v), "0 with an error"}
 		}
@@ -245,10 +257,12 @@ func (m *TransferDone) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readSlice(d, t, "sums", PlanTagsMax, &m.Sums, func(v *uint64) error {
 				return readU64(d, t, "sums", v)
 			})
-		default:
+		case 6:
 			var err error
 			m.Err, err = readWireError(d, t, "err", true)
 			return err
+		default:
+			return readU32(d, t, "cached", &m.Cached)
 		}
 	})
 }

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvwarden/kvwarden/internal/boundedread"
+	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -57,6 +58,13 @@ type Share struct {
 	// other tenants' requests however long the tenant's run; a request
 	// past it waits for pages as for a full pool (tenancy.PoolShares).
 	PoolPercentMax int `json:"pool_percent_max,omitempty"`
+	// CacheScope, for a named tenant, is the group whose cached prompt
+	// prefixes the tenant shares: every tenant naming the same group
+	// reads the KV pages the others' prompts left in the prefix cache,
+	// and so can tell by timing what they sent (see Policy.CacheScope).
+	// Empty, the tenant shares its cache with nobody. The default share
+	// has none: a group is declared tenant by tenant.
+	CacheScope string `json:"cache_scope,omitempty"`
 }
 
 // DefaultShare is the share of a tenant a policy does not name, when the
@@ -73,7 +81,8 @@ func DefaultShare() Share { return Share{Weight: 1, ConcurrentMax: 64, PoolPerce
 //	  "default": {"weight": 1, "concurrent_max": 16, "pool_percent_max": 50},
 //	  "tenants": {
 //	    "acme":   {"weight": 4, "concurrent_max": 128, "pages_max": 4096},
-//	    "globex": {"weight": 2}
+//	    "globex": {"weight": 2, "cache_scope": "globex-group"},
+//	    "initech": {"cache_scope": "globex-group"}
 //	  }
 //	}
 type Policy struct {
@@ -103,6 +112,18 @@ func (p *Policy) Of(tenant string) Share {
 		s.PoolPercentMax = p.Default.PoolPercentMax
 	}
 	return s
+}
+
+// CacheScope is the scope of tenant's cached prompt prefixes: the group
+// its share names, or the tenant alone, narrowed by salt (a request's
+// cache_salt or prompt_cache_key, which can only narrow it). tenant is the
+// one its credential names; nothing a request says widens the scope.
+func (p *Policy) CacheScope(tenant, salt string) kv.Scope {
+	scope := kv.TenantScope(tenant)
+	if g := p.Tenants[tenant].CacheScope; g != "" {
+		scope = kv.SharedScope(g)
+	}
+	return scope.Narrow(salt)
 }
 
 // Named are the tenants the policy names, sorted.
@@ -169,6 +190,10 @@ func Parse(path string, data []byte) (*Policy, error) {
 	if err := p.Default.check(); err != nil {
 		return nil, bad("default", "%s", err)
 	}
+	if p.Default.CacheScope != "" {
+		return nil, bad("default", "cache_scope %q: a shared cache scope is declared tenant by tenant, never for every tenant the policy does not name",
+			p.Default.CacheScope)
+	}
 	for t, s := range p.Tenants {
 		if err := messages.CheckTenant(t); err != nil {
 			return nil, bad(t, "%v", err)
@@ -192,6 +217,11 @@ func (s Share) check() error {
 		return fmt.Errorf("pages_max %d, want 0 (no bound of its own) or 1 to %d", s.PagesMax, PagesMax)
 	case s.PoolPercentMax < 0 || s.PoolPercentMax > 100:
 		return fmt.Errorf("pool_percent_max %d, want 1 to 100", s.PoolPercentMax)
+	}
+	if s.CacheScope != "" {
+		if err := messages.CheckTenant(s.CacheScope); err != nil {
+			return fmt.Errorf("cache_scope: %v", err)
+		}
 	}
 	return nil
 }

@@ -52,6 +52,8 @@ func TestParseRefusesWithTheNumbers(t *testing.T) {
 		{`{"tenants": {"": {}}}`, `want a non-empty tenant`},
 		{`{"tenants": {}, "keys": []}`, `unknown field "keys"`},
 		{`{} {}`, `more after the JSON object`},
+		{`{"default": {"weight": 1, "concurrent_max": 4, "cache_scope": "all"}}`, `cache_scope "all": a shared cache scope is declared tenant by tenant`},
+		{`{"tenants": {"acme": {"cache_scope": "a b"}}}`, `cache_scope:`},
 	} {
 		_, err := Parse("p.json", []byte(c.json))
 		var pe *PolicyError
@@ -62,6 +64,31 @@ func TestParseRefusesWithTheNumbers(t *testing.T) {
 	big := make([]byte, FileBytesMax+1)
 	if _, err := Parse("big.json", big); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%d bytes, at most %d", FileBytesMax+1, FileBytesMax)) {
 		t.Errorf("an oversized policy: %v", err)
+	}
+}
+
+// TestCacheScopeComesFromThePolicyAndOnlyNarrows: a tenant's prefix cache
+// scope is its own unless the policy puts it in a group; tenants of one
+// group share it, a tenant left out does not, a tenant named like the
+// group is not in it, and a salt narrows a scope to a new one without
+// widening any.
+func TestCacheScopeComesFromThePolicyAndOnlyNarrows(t *testing.T) {
+	p, err := Parse("p.json", []byte(`{"tenants": {"acme": {"cache_scope": "g"}, "globex": {"cache_scope": "g"}, "initech": {}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	acme, globex, initech := p.CacheScope("acme", ""), p.CacheScope("globex", ""), p.CacheScope("initech", "")
+	if acme != globex || acme != kv.SharedScope("g") {
+		t.Errorf("acme's scope %s and globex's %s, want both the group's %s", acme, globex, kv.SharedScope("g"))
+	}
+	for _, other := range []kv.Scope{initech, p.CacheScope("g", ""), p.CacheScope("umbrella", ""), acme.Narrow("x")} {
+		if other == acme {
+			t.Errorf("scope %s is the group's", other)
+		}
+	}
+	if p.CacheScope("initech", "") != kv.TenantScope("initech") || p.CacheScope("acme", "x") != p.CacheScope("globex", "x") ||
+		p.CacheScope("acme", "x") == p.CacheScope("acme", "y") || initech.Narrow("") != initech {
+		t.Errorf("salts: %s %s %s", p.CacheScope("acme", "x"), p.CacheScope("globex", "x"), p.CacheScope("acme", "y"))
 	}
 }
 
