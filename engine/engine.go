@@ -42,6 +42,21 @@ type Engine interface {
 	// A refused write returns the pool's typed error; the pages already
 	// sealed stay the caller's to release.
 	Prefill(pool KV, owner kv.Owner, tags []kv.Tag, prompt []int) (Prefilled, error)
+	// PrefillAfter is Prefill of a prompt whose first len(prefix) pages'
+	// KV is already computed: prefix are read leases (shared leases on
+	// cached pages, or any lease held) on pages that each hold the full
+	// page of the prompt's KV at its place, in order, from position 0.
+	// Only the prompt's tokens after them go through the model, attending
+	// to the prefix pages' bytes; the prefix pages' bytes are copied to the
+	// first len(prefix) of tags, so that the pages and manifest are those
+	// Prefill would write. The prefix must leave at least one token to
+	// compute (*CachedPrefixError): the first generated token needs the
+	// logits of the prompt's last. Every prefix lease is read before the
+	// pass and again for its copy: a page that does not hold a full page
+	// is refused with a *kv.ManifestError, a lease the pool refuses with
+	// the pool's typed error, and, as in Prefill, the pages already sealed
+	// stay the caller's to release.
+	PrefillAfter(pool KV, owner kv.Owner, tags []kv.Tag, prompt []int, prefix []kv.Lease) (Prefilled, error)
 	// Decode starts generation over the pages of m, after verifying m
 	// against pool and leasing every page. next is the token to feed first:
 	// the First of the prefill that produced the KV.
@@ -131,6 +146,17 @@ func (e *NeedPageError) Error() string {
 	return fmt.Sprintf("engine: sequence at %d tokens has a full tail of %d tokens and needs a granted page", e.Tokens, e.PageTokens)
 }
 
+// CachedPrefixError: a cached prefix of Pages full pages of PageTokens
+// tokens leaves none of a prompt of Prompt tokens to compute.
+type CachedPrefixError struct {
+	Pages, PageTokens, Prompt int
+}
+
+func (e *CachedPrefixError) Error() string {
+	return fmt.Sprintf("engine: a cached prefix of %d pages of %d tokens leaves none of the prompt's %d tokens to compute",
+		e.Pages, e.PageTokens, e.Prompt)
+}
+
 // ErrEmptyPrompt: prefill of zero tokens.
 var ErrEmptyPrompt = errors.New("engine: prompt has no tokens")
 
@@ -207,10 +233,17 @@ func (e *ReferenceEngine) checkPrompt(prompt []int) error {
 	return e.checkTokens(prompt)
 }
 
-// Prefill implements Engine. The whole prompt goes through the model at
-// once; its KV rows collect in a request-local buffer in page layout and
-// then go to the pool one page per Write.
+// Prefill implements Engine: PrefillAfter with no cached prefix.
 func (e *ReferenceEngine) Prefill(pool KV, owner kv.Owner, tags []kv.Tag, prompt []int) (Prefilled, error) {
+	return e.PrefillAfter(pool, owner, tags, prompt, nil)
+}
+
+// PrefillAfter implements Engine. The prompt's tokens after the prefix go
+// through the model at once, attending to the prefix pages' bytes where
+// the pool holds them; their KV rows collect in a request-local buffer in
+// page layout, and then every page goes to the pool with one Write: the
+// prefix pages' bytes, then the computed rows.
+func (e *ReferenceEngine) PrefillAfter(pool KV, owner kv.Owner, tags []kv.Tag, prompt []int, prefix []kv.Lease) (Prefilled, error) {
 	g, err := e.checkPool(pool)
 	if err != nil {
 		return Prefilled{}, err
@@ -222,16 +255,36 @@ func (e *ReferenceEngine) Prefill(pool KV, owner kv.Owner, tags []kv.Tag, prompt
 	if err != nil {
 		return Prefilled{}, err
 	}
+	cached := len(prefix) * g.PageTokens
+	if cached >= len(prompt) {
+		return Prefilled{}, &CachedPrefixError{Pages: len(prefix), PageTokens: g.PageTokens, Prompt: len(prompt)}
+	}
+	past := make([][]byte, len(prefix))
+	for i := range prefix {
+		if past[i], err = readPrefix(pool, prefix, i, g.PageTokens); err != nil {
+			return Prefilled{}, err
+		}
+	}
 	bpt := g.BytesPerToken()
-	rows := make([]byte, len(prompt)*bpt)
-	sc := newScratch(e.m.cfg, len(prompt), 1)
-	fr := sc.prefillRows(e.m, prompt, 0, nil, rows)
+	rows := make([]byte, (len(prompt)-cached)*bpt)
+	sc := newScratch(e.m.cfg, len(prompt)-cached, 1)
+	fr := sc.prefillRows(e.m, prompt[cached:], cached, past, rows)
 	e.m.forward(sc, fr)
 	first := fr[len(fr)-1].next
 	pos := 0
 	for i := range m.Pages {
 		mp := &m.Pages[i]
-		if err := pool.Write(mp.Tag, owner, pos, rows[pos*bpt:(pos+mp.Tokens)*bpt]); err != nil {
+		var data []byte
+		if i < len(prefix) {
+			// Read again, not the bytes the pass read: the bytes of a Read
+			// are not to be kept past a write to the pool (see StepBatch).
+			if data, err = readPrefix(pool, prefix, i, g.PageTokens); err != nil {
+				return Prefilled{}, err
+			}
+		} else {
+			data = rows[(pos-cached)*bpt : (pos-cached+mp.Tokens)*bpt]
+		}
+		if err := pool.Write(mp.Tag, owner, pos, data); err != nil {
 			return Prefilled{}, err
 		}
 		pos += mp.Tokens
@@ -240,6 +293,19 @@ func (e *ReferenceEngine) Prefill(pool KV, owner kv.Owner, tags []kv.Tag, prompt
 		}
 	}
 	return Prefilled{First: first, Manifest: m}, nil
+}
+
+// readPrefix reads page i of a cached prefix through its lease and checks
+// that it holds a full page.
+func readPrefix(pool KV, prefix []kv.Lease, i, pageTokens int) ([]byte, error) {
+	b, n, err := pool.Read(prefix[i])
+	if err != nil {
+		return nil, err
+	}
+	if n != pageTokens {
+		return nil, &kv.ManifestError{Field: "cached prefix tokens", Page: i, Want: pageTokens, Have: n}
+	}
+	return b, nil
 }
 
 // Decode implements Engine.

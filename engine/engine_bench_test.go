@@ -52,6 +52,51 @@ func BenchmarkPrefill(b *testing.B) {
 	}
 }
 
+// BenchmarkPrefillAfter times, side by side in one run, a prefill of a
+// prompt computed whole and after a cached prefix of its first tokens, and
+// reports x-whole, the second time over the first. The prompt is a
+// 512-token prefix and 32 tokens more, or, where the context window is
+// shorter (stories260K's is 512), the most whole pages that leave room for
+// the 32 tokens (cached-tokens).
+func BenchmarkPrefillAfter(b *testing.B) {
+	const suffix = 32
+	for _, m := range []struct {
+		name   string
+		engine func(testing.TB) *ReferenceEngine
+	}{
+		{"default", func(tb testing.TB) *ReferenceEngine { return engineFor(tb, DefaultModelConfig()) }},
+		{"large", func(tb testing.TB) *ReferenceEngine { return engineFor(tb, LargeModelConfig()) }},
+		{"stories260K", stories260K},
+	} {
+		b.Run(m.name, func(b *testing.B) {
+			e := m.engine(b)
+			g := e.Config().Geometry(benchPageTokens)
+			cached := min(512, (e.Config().ContextTokens-suffix)/g.PageTokens*g.PageTokens)
+			n := cached + suffix
+			p := fragmentedPool(b, g, 5*g.PagesFor(n)+4, 1, 1)
+			prompt := testPrompt(n, "bench")
+			_, prefix := cachedPrefix(b, e, p, prompt, cached/g.PageTokens)
+			var whole, after time.Duration
+			for b.Loop() {
+				start := time.Now()
+				prefill(b, e, p, ownerA, prompt)
+				whole += time.Since(start)
+				start = time.Now()
+				prefillAfter(b, e, p, reader, prompt, prefix)
+				after += time.Since(start)
+				b.StopTimer()
+				releaseAll(b, p, ownerA)
+				releaseAll(b, p, reader)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(whole.Microseconds())/float64(b.N), "whole-us")
+			b.ReportMetric(float64(after.Microseconds())/float64(b.N), "cached-us")
+			b.ReportMetric(float64(after)/float64(whole), "x-whole")
+			b.ReportMetric(float64(cached), "cached-tokens")
+		})
+	}
+}
+
 // prefillFLOPs counts the multiply-adds of a forward pass over a prompt of n
 // tokens, two FLOPs each: every matrix product, the output head for the
 // last token only, and attention's scores and weighted values, token t

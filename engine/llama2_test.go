@@ -20,7 +20,7 @@ import (
 var stories260KHeader = ModelConfig{Dim: 64, HiddenDim: 172, Layers: 5, Heads: 8, KVHeads: 4, HeadDim: 8,
 	Vocab: 512, ContextTokens: 512, RoPETheta: 10000, NormEps: 1e-5, TiedEmbeddings: true}
 
-func readStories260K(t *testing.T) (ModelConfig, Weights, []byte) {
+func readStories260K(t testing.TB) (ModelConfig, Weights, []byte) {
 	t.Helper()
 	modelPath, _ := stories.Files(t)
 	cfg, w, err := ReadCheckpoint(modelPath, CheckpointOptions{})
