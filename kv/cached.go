@@ -95,6 +95,7 @@ func (pg *Page) Publish(tag Tag, owner Owner, scope Scope) (CachedPage, error) {
 	}
 	pg.gen++
 	pg.owner = cacheOwner(scope)
+	pg.rows.published(pg.owner)
 	pg.scope = scope
 	pg.state = Cached
 	pg.deadline = time.Time{}

@@ -11,6 +11,11 @@ package kv
 // writers and counts nothing: the oracle's types are empty there and its
 // calls compile to nothing.
 //
+// A published page's rows become its scope's (Page.Publish), and a read
+// through a shared lease reads as its scope: any request of the scope may
+// read them, and a read under another scope counts them as another
+// tenant's.
+//
 // The counters of one pool's pages are shared, and atomic, because an
 // actor system gives each page to its own goroutine: CrossRowsOf reads
 // them from any goroutine. Nothing else of the oracle is shared.

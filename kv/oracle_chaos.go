@@ -18,6 +18,14 @@ func (w *rowWriters) wrote(row, count, pageTokens int, owner Owner) {
 	}
 }
 
+// published records that the page's rows are now owner's: a cached
+// page's, which its scope's shared leases read.
+func (w *rowWriters) published(owner Owner) {
+	for i := range w.owners {
+		w.owners[i] = owner
+	}
+}
+
 // read counts in c the rows of got (rows of bpt bytes) that an owner other
 // than reader wrote. got is what a read of page (the page's whole bytes)
 // returns; rows of got that are not the page's, if any, are not counted.

@@ -12,7 +12,7 @@ import (
 // broken read could return.
 func readAs(p *Pool, l Lease, got func(page []byte) []byte) {
 	pg := &p.pages[l.Tag.Index]
-	pg.rows.read(&pg.params.cross, pg.params.bpt, l.Owner, pg.bytes, got(pg.bytes))
+	pg.rows.read(&pg.params.cross, pg.params.bpt, l.reader(), pg.bytes, got(pg.bytes))
 }
 
 // lease reserves the pool's one page for o, writes n rows and leases it.
@@ -99,5 +99,46 @@ func TestOracleCountsPerPool(t *testing.T) {
 	readAs(a, lease(t, a, bob, 1), func(page []byte) []byte { return page })
 	if ca, cb := a.Stats().Cross, b.Stats().Cross; ca != (CrossRows{Tenant: 3}) || cb != (CrossRows{}) {
 		t.Fatalf("pool a %+v, pool b %+v; want 3 rows in a only", ca, cb)
+	}
+}
+
+// publish publishes a full page of o's under scope.
+func publish(t *testing.T, p *Pool, o Owner, scope Scope, fill byte) CachedPage {
+	t.Helper()
+	tag := sealed(t, p, o, testGeom.PageTokens, fill)
+	c, err := p.Publish(tag, o, scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestOracleQuietOnSharedReads: a cached page's rows are its scope's, so
+// reads through shared leases of that scope count nothing, whichever
+// request or tenant of the scope wrote them; a read under another scope
+// (past the handshake, as a bug would let it) counts every row.
+func TestOracleQuietOnSharedReads(t *testing.T) {
+	p := newTestPool(t, 2)
+	mine := publish(t, p, alice, TenantScope("alice"), 1)
+	group := publish(t, p, alice, SharedScope("g"), 2)
+	for _, r := range []struct {
+		c      CachedPage
+		reader Owner
+		fill   byte
+	}{{mine, alice2, 1}, {mine, alice, 1}, {group, bob, 2}, {group, alice2, 2}} {
+		l, err := p.LeaseShared(r.c, r.reader, r.c.Scope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, _, err := p.Read(l); err != nil || !bytes.Equal(b, rows(testGeom.PageTokens, r.fill)) {
+			t.Fatalf("%s read %s: %v", r.reader, r.c.Tag, err)
+		}
+	}
+	if c := p.Stats().Cross; c != (CrossRows{}) {
+		t.Fatalf("shared reads of the scope's own pages: %+v, want nothing counted", c)
+	}
+	readAs(p, Lease{Tag: mine.Tag, Owner: bob, Scope: TenantScope("bob")}, func(page []byte) []byte { return page })
+	if c := p.Stats().Cross; c != (CrossRows{Tenant: uint64(testGeom.PageTokens)}) {
+		t.Fatalf("a read of alice's cached page under bob's scope: %+v, want its %d rows counted", c, testGeom.PageTokens)
 	}
 }

@@ -194,6 +194,16 @@ type Lease struct {
 	Scope Scope
 }
 
+// reader is who a read through l reads as, for the cross-read oracle: a
+// shared lease's scope, whose rows a cached page's are, or a private
+// lease's owner.
+func (l Lease) reader() Owner {
+	if !l.Scope.IsZero() {
+		return cacheOwner(l.Scope)
+	}
+	return l.Owner
+}
+
 // leaseAccess is the handshake of a held lease: a shared one's under its
 // scope (the page may since have been evicted, pending its last unlease),
 // a private one's under its owner.
@@ -234,7 +244,7 @@ func (pg *Page) Read(l Lease) ([]byte, int, error) {
 	if mutant.Is(mutant.Incident) && pg.sum == 0 {
 		b = pg.bytes // the planted bug: a page never sealed reads as full, whatever rows this tenancy wrote
 	}
-	pg.rows.read(&pg.params.cross, pg.params.bpt, l.Owner, pg.bytes, b)
+	pg.rows.read(&pg.params.cross, pg.params.bpt, l.reader(), pg.bytes, b)
 	return b, len(b) / pg.params.bpt, nil
 }
 
