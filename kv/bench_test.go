@@ -276,3 +276,78 @@ func BenchmarkFrameMAC(b *testing.B) {
 		_ = sink
 	}
 }
+
+// BenchmarkSharedLease: base copies one page's bytes out of the arena, as
+// a prefill that hits copies a cached page into the request's own; the
+// subject is what a hit adds to that copy: a shared lease (which hashes
+// the whole page afresh), a read and an unlease. The ratio is the
+// verification as a fraction of the copy.
+func BenchmarkSharedLease(b *testing.B) {
+	for _, bg := range benchGeoms {
+		p, tag, o := sealedPage(b, bg.g)
+		scope := TenantScope(o.Tenant)
+		c, err := p.Publish(tag, o, scope)
+		if err != nil {
+			b.Fatal(err)
+		}
+		src := p.bytesOf(tag.Index)
+		dst := make([]byte, len(src))
+		b.Run(bg.name, func(b *testing.B) {
+			sideBySide(b, 16, func() { copy(dst, src) }, func() {
+				l, err := p.LeaseShared(c, o, scope)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, _, err := p.Read(l); err != nil {
+					b.Fatal(err)
+				}
+				if err := p.Unlease(l); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkPrefixMiss: what the prefix cache adds to a prompt that hits
+// nothing. Base checksums the prompt's full pages, as sealing them does
+// anyway; the subject computes the prompt's keys and looks them up in an
+// index full of other prompts' pages. The prompt is 512 + 32 tokens.
+func BenchmarkPrefixMiss(b *testing.B) {
+	for _, bg := range benchGeoms {
+		g := bg.g
+		root, err := PrefixRoot(TenantScope("t"), "bench", g)
+		if err != nil {
+			b.Fatal(err)
+		}
+		x, err := NewPrefixIndex(1024)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range uint32(1024) {
+			c := CachedPage{Tag: Tag{Incarnation: 1, Index: i, Generation: 1}, First: int(i%32) * g.PageTokens, Tokens: g.PageTokens}
+			if err := x.Add(root.Next([]int{-int(i)}), c); err != nil {
+				b.Fatal(err)
+			}
+		}
+		prompt := make([]int, 512+32)
+		for i := range prompt {
+			prompt[i] = i
+		}
+		page := make([]byte, g.PageBytes())
+		o := Owner{Request: 1, Tenant: "t"}
+		tag := Tag{Incarnation: 1, Generation: 1}
+		pages := len(prompt) / g.PageTokens
+		b.Run(bg.name, func(b *testing.B) {
+			sideBySide(b, 4, func() {
+				for i := range pages {
+					PageChecksum(tag, o, i*g.PageTokens, g.PageTokens, page)
+				}
+			}, func() {
+				if hit := x.Match(PrefixKeys(root, prompt, g.PageTokens)); len(hit) != 0 {
+					b.Fatalf("%d pages hit", len(hit))
+				}
+			})
+		})
+	}
+}

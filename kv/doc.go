@@ -29,6 +29,17 @@
 // carry a token range of one page between pools; the decoder refuses anything
 // malformed, oversized or inconsistent with a typed error and never panics.
 //
+// # Cached pages
+//
+// A full sealed page of a prompt can be published (Pool.Publish) under a
+// Scope: it becomes read-only and ownerless, and any request of that scope
+// leases it (Pool.LeaseShared, which verifies its checksum afresh) and
+// reads it through the lease; it is freed only by eviction (Pool.Evict),
+// which waits for the last lease. PrefixRoot, PrefixKey.Next and PrefixKeys
+// name such pages by a chain of hashes over the scope, the model, the page
+// layout and every token up to the page's end, and a PrefixIndex holds a
+// bounded set of them and says which to evict, least recently used first.
+//
 // # Concurrency and ownership
 //
 // Nothing here starts a goroutine, takes a lock, reads a clock or does I/O.

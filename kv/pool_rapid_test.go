@@ -12,8 +12,9 @@ import (
 )
 
 // The property test drives a Pool and a naive model of it with the same
-// random operations, including stale tags, foreign owners and time jumps,
-// and checks after every step that both agree and that the invariants hold.
+// random operations, including stale tags, foreign owners, foreign scopes
+// and time jumps, and checks after every step that both agree and that the
+// invariants hold.
 
 // tenancy is the model's record of one tag: everything that happened to
 // one page between a reservation and the free that ended it.
@@ -26,7 +27,12 @@ type tenancy struct {
 	readers  int
 	awaitAck bool
 	deadline time.Time
-	over     bool // freed: the tag is stale for good
+	over     bool // freed (or published): the tag is stale for good
+	// scope and cached are a cached page's (a tenancy that Publish
+	// began): its scope and its handle. Its owner is the one the pool
+	// names for it, and data the bytes published.
+	scope  Scope
+	cached CachedPage
 }
 
 type poolModel struct {
@@ -37,7 +43,8 @@ type poolModel struct {
 	all       []*tenancy          // every tag ever handed out, current or stale
 	current   map[uint32]*tenancy // page index → live tenancy
 	lastGen   map[uint32]uint64
-	leases    []Lease
+	leases    []Lease      // private and shared
+	cached    []CachedPage // every handle ever published, current or stale
 	pages     int
 	steps     *stepCounts
 }
@@ -45,9 +52,16 @@ type poolModel struct {
 // stepCounts shows that the random walk reaches the interesting states.
 type stepCounts struct {
 	readsPassed, reclaims, ownedReclaims, steps int
+	// Of cached pages: published, shared reads passed, shared leases
+	// refused under another scope and as stale, evictions deferred by a
+	// lease held, and evicted pages freed by their last unlease or by Tick.
+	published, sharedReads, wrongScopes, staleCached, evictsDeferred, evictsUnleased, evictsReclaimed int
 }
 
 var rapidOwners = []Owner{{Request: 1, Tenant: "a"}, {Request: 2, Tenant: "a"}, {Request: 3, Tenant: "b"}}
+
+// rapidScopes are a tenant's, a narrowing of it, and a group's.
+var rapidScopes = []Scope{TenantScope("a"), TenantScope("a").Narrow("s"), SharedScope("g")}
 
 // pickTenancy picks a live tenancy three times in four, so that walks reach
 // the deep states (leased, released, reclaimed), and any tag ever handed
@@ -81,6 +95,8 @@ func (m *poolModel) handshake(tn *tenancy, o Owner) error {
 	switch {
 	case tn.over:
 		return &StaleTagError{}
+	case !tn.scope.IsZero():
+		return &StateError{} // a cached page, or an evicted one: no owner reaches it
 	case o.Tenant != tn.owner.Tenant:
 		return &WrongTenantError{}
 	case o.Request != tn.owner.Request:
@@ -101,6 +117,35 @@ func (m *poolModel) stateErr(tn *tenancy, o Owner, ok bool) error {
 		return err
 	}
 	if !ok {
+		return &StateError{}
+	}
+	return nil
+}
+
+// sharedErr is what the pool must answer to a shared lease, read or
+// unlease, or an eviction, of tn under scope; evicted admits a page
+// evicted but not yet freed (for a lease already held).
+func (m *poolModel) sharedErr(tn *tenancy, scope Scope, evicted bool) error {
+	switch {
+	case tn.over:
+		return &StaleTagError{}
+	case tn.state != Cached && (!evicted || tn.state != Released || tn.scope.IsZero()):
+		return &StateError{}
+	case scope != tn.scope:
+		return &WrongScopeError{}
+	}
+	return nil
+}
+
+// leaseErr is what the pool must answer to a read or unlease through l.
+func (m *poolModel) leaseErr(tn *tenancy, l Lease) error {
+	if l.Scope.IsZero() {
+		return m.stateErr(tn, l.Owner, tn.readers > 0)
+	}
+	if err := m.sharedErr(tn, l.Scope, true); err != nil {
+		return err
+	}
+	if tn.readers == 0 {
 		return &StateError{}
 	}
 	return nil
@@ -243,9 +288,18 @@ func (m *poolModel) read(t *rapid.T) {
 	} else {
 		tn = m.pickTenancy(t)
 		l = Lease{Tag: tn.tag, Owner: m.pickOwner(t, tn)}
+		if !tn.scope.IsZero() && rapid.Bool().Draw(t, "forgedShared") {
+			l.Scope = rapid.SampledFrom(rapidScopes).Draw(t, "scope")
+		}
 	}
 	b, n, err := m.p.Read(l)
-	agree(t, "read", m.stateErr(tn, l.Owner, tn.readers > 0), err)
+	agree(t, "read", m.leaseErr(tn, l), err)
+	if err == nil && !l.Scope.IsZero() {
+		if l.Scope != tn.scope {
+			t.Fatalf("a read of %s, cached under %s, passed under %s", tn.tag, tn.scope, l.Scope)
+		}
+		m.steps.sharedReads++
+	}
 	if err == nil {
 		m.steps.readsPassed++
 		if !bytes.Equal(b, tn.data) || n*m.geom.BytesPerToken() != len(tn.data) {
@@ -257,7 +311,7 @@ func (m *poolModel) read(t *rapid.T) {
 func (m *poolModel) unlease(t *rapid.T) {
 	i, tn := m.pickLease(t)
 	l := m.leases[i]
-	want := m.stateErr(tn, l.Owner, tn.readers > 0)
+	want := m.leaseErr(tn, l)
 	agree(t, "unlease", want, m.p.Unlease(l))
 	m.leases = append(m.leases[:i], m.leases[i+1:]...)
 	if want != nil {
@@ -269,6 +323,9 @@ func (m *poolModel) unlease(t *rapid.T) {
 	case tn.state == Leased:
 		tn.state = Sealed
 	case tn.state == Released && !tn.awaitAck:
+		if !tn.scope.IsZero() {
+			m.steps.evictsUnleased++
+		}
 		m.free(tn)
 	}
 }
@@ -324,11 +381,14 @@ func (m *poolModel) tick(t *rapid.T) {
 	// their reservation.
 	want := map[Tag]State{}
 	for _, tn := range m.current {
-		if !m.now.Before(tn.deadline) {
+		if tn.state != Cached && !m.now.Before(tn.deadline) {
 			want[tn.tag] = tn.state
 			m.reclaimed[tn.state]++
 			if tn.state != Released {
 				m.steps.ownedReclaims++
+			}
+			if !tn.scope.IsZero() {
+				m.steps.evictsReclaimed++
 			}
 			m.free(tn)
 		}
@@ -363,16 +423,19 @@ func (m *poolModel) check(t *rapid.T) {
 			continue
 		}
 		if info.Tag != tn.tag || info.State != tn.state || info.Owner != tn.owner || info.Readers != tn.readers || info.AwaitAck != tn.awaitAck ||
-			!info.Deadline.Equal(tn.deadline) {
+			!info.Deadline.Equal(tn.deadline) || info.Scope != tn.scope {
 			t.Fatalf("page %d: model %+v, pool %+v", i, *tn, info)
 		}
 	}
-	if s.Free+s.Reserved+s.Filling+s.Sealed+s.Leased+s.Released != s.Capacity || s.Capacity != m.pages {
+	if s.Free+s.Reserved+s.Filling+s.Sealed+s.Leased+s.Released+s.Cached != s.Capacity || s.Capacity != m.pages {
 		t.Fatalf("counts do not add up to capacity: %+v", s)
 	}
 	if s.Free != counts[Free] || s.Reserved != counts[Reserved] || s.Filling != counts[Filling] ||
-		s.Sealed != counts[Sealed] || s.Leased != counts[Leased] || s.Released != counts[Released] {
+		s.Sealed != counts[Sealed] || s.Leased != counts[Leased] || s.Released != counts[Released] || s.Cached != counts[Cached] {
 		t.Fatalf("stats %+v, pages say %v", s, counts)
+	}
+	if s.Cross != (CrossRows{}) { // counted in a chaos build only
+		t.Fatalf("reads returned rows another owner (or scope) wrote: %+v", s.Cross)
 	}
 }
 
@@ -384,6 +447,10 @@ func (m *poolModel) drain(t *rapid.T) {
 		}
 	}
 	for _, tn := range m.current {
+		if !tn.scope.IsZero() {
+			_, _ = m.p.Evict(tn.cached, m.now)
+			continue
+		}
 		_ = m.p.Ack(tn.tag, tn.owner)
 		_, _ = m.p.Release(tn.tag, tn.owner, m.now)
 	}
@@ -395,10 +462,11 @@ func (m *poolModel) drain(t *rapid.T) {
 
 func TestPoolAgainstModel(t *testing.T) {
 	// Walks of rapid's default 30 steps rarely get a page through reserve,
-	// fill, lease, release and past its deadline; 100 do, unless the
-	// command line asks for another number.
+	// fill, lease, release and past its deadline, or through publish, a
+	// shared lease, eviction and the last unlease or a reclaim; 200 do,
+	// unless the command line asks for another number.
 	if f := flag.Lookup("rapid.steps"); f != nil && f.Value.String() == f.DefValue {
-		if err := f.Value.Set("100"); err != nil {
+		if err := f.Value.Set("200"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -416,24 +484,158 @@ func TestPoolAgainstModel(t *testing.T) {
 		m := &poolModel{p: p, geom: geom, pages: pages, now: t0, steps: &steps,
 			current: map[uint32]*tenancy{}, lastGen: map[uint32]uint64{}}
 		t.Repeat(map[string]func(*rapid.T){
-			"reserve":  m.reserve,
-			"write":    m.write,
-			"seal":     m.seal,
-			"fill":     m.fill,
-			"lease":    m.lease,
-			"read":     m.read,
-			"unlease":  m.unlease,
-			"awaitAck": m.awaitAck,
-			"ack":      m.ack,
-			"release":  m.release,
-			"tick":     m.tick,
-			"":         m.check,
+			"reserve":     m.reserve,
+			"write":       m.write,
+			"seal":        m.seal,
+			"fill":        m.fill,
+			"lease":       m.lease,
+			"read":        m.read,
+			"unlease":     m.unlease,
+			"awaitAck":    m.awaitAck,
+			"ack":         m.ack,
+			"release":     m.release,
+			"tick":        m.tick,
+			"publish":     m.publish,
+			"leaseShared": m.leaseShared,
+			"evict":       m.evict,
+			"":            m.check,
 		})
 		m.drain(t)
 	})
 	t.Logf("%d steps, %d reads passed, %d pages reclaimed, %d of them owned", steps.steps, steps.readsPassed,
 		steps.reclaims, steps.ownedReclaims)
-	if steps.readsPassed == 0 || steps.reclaims == 0 || steps.ownedReclaims == 0 {
-		t.Fatalf("the walk never read a page or never reclaimed one: %+v", steps)
+	t.Logf("cached pages: %d published, %d shared reads, %d shared leases refused under another scope and %d as stale, "+
+		"%d evictions deferred, then freed by %d unleases and %d reclaims", steps.published, steps.sharedReads,
+		steps.wrongScopes, steps.staleCached, steps.evictsDeferred, steps.evictsUnleased, steps.evictsReclaimed)
+	if steps.readsPassed == 0 || steps.reclaims == 0 || steps.ownedReclaims == 0 || steps.sharedReads == 0 ||
+		steps.wrongScopes == 0 || steps.staleCached == 0 || steps.evictsUnleased == 0 || steps.evictsReclaimed == 0 {
+		t.Fatalf("the walk never reached one of the states it is for: %+v", steps)
 	}
+}
+
+// pickPublishable is, half the time, a live page its owner could publish
+// (full, sealed, unleased, no acknowledgement awaited), so that walks
+// reach cached pages; any tenancy otherwise.
+func (m *poolModel) pickPublishable(t *rapid.T) *tenancy {
+	var ok []*tenancy
+	for _, tn := range m.all {
+		if !tn.over && tn.state == Sealed && !tn.awaitAck && len(tn.data) == m.geom.PageTokens*m.geom.BytesPerToken() {
+			ok = append(ok, tn)
+		}
+	}
+	if len(ok) == 0 || rapid.Bool().Draw(t, "anyTenancy") {
+		return m.pickTenancy(t)
+	}
+	return ok[rapid.IntRange(0, len(ok)-1).Draw(t, "publishable")]
+}
+
+// publish publishes a page under one of the scopes. The page's tenancy
+// ends (its tags are stale), and a cached one begins with the bytes
+// written.
+func (m *poolModel) publish(t *rapid.T) {
+	tn := m.pickPublishable(t)
+	o := m.pickOwner(t, tn)
+	scope := rapid.SampledFrom(rapidScopes).Draw(t, "scope")
+	want := m.stateErr(tn, o, tn.state == Sealed && !tn.awaitAck)
+	if want == nil && len(tn.data) != m.geom.PageTokens*m.geom.BytesPerToken() {
+		want = &TokenRangeError{}
+	}
+	c, err := m.p.Publish(tn.tag, o, scope)
+	agree(t, "publish", want, err)
+	if want != nil {
+		return
+	}
+	if c.Tag.Incarnation != tn.tag.Incarnation || c.Tag.Index != tn.tag.Index || c.Tag.Generation <= m.lastGen[c.Tag.Index] ||
+		c.Scope != scope || c.First != tn.first || c.Tokens != m.geom.PageTokens {
+		t.Fatalf("publish of %s (generation so far %d) under %s: %+v", tn.tag, m.lastGen[c.Tag.Index], scope, c)
+	}
+	m.lastGen[c.Tag.Index] = c.Tag.Generation
+	tn.over, tn.state = true, Free
+	cached := &tenancy{tag: c.Tag, owner: cacheOwner(scope), first: tn.first, state: Cached, data: tn.data,
+		scope: scope, cached: c}
+	m.all = append(m.all, cached)
+	m.current[c.Tag.Index] = cached
+	m.cached = append(m.cached, c)
+	m.steps.published++
+}
+
+// pickCached is a cached page's handle: a live one three times in four,
+// any ever published otherwise (stale once its page was freed).
+func (m *poolModel) pickCached(t *rapid.T) (CachedPage, *tenancy) {
+	if len(m.cached) == 0 {
+		t.Skip("nothing published yet")
+	}
+	c := m.cached[rapid.IntRange(0, len(m.cached)-1).Draw(t, "cached")]
+	if rapid.IntRange(0, 3).Draw(t, "live") > 0 {
+		var live []CachedPage
+		for _, c := range m.cached {
+			if !m.byTag(c.Tag).over {
+				live = append(live, c)
+			}
+		}
+		if len(live) > 0 {
+			c = live[rapid.IntRange(0, len(live)-1).Draw(t, "liveCached")]
+		}
+	}
+	return c, m.byTag(c.Tag)
+}
+
+// leaseShared leases a cached page for any reader, under its scope or
+// another, presenting its checksum or another.
+func (m *poolModel) leaseShared(t *rapid.T) {
+	c, tn := m.pickCached(t)
+	reader := rapid.SampledFrom(rapidOwners).Draw(t, "reader")
+	scope := c.Scope
+	if rapid.IntRange(0, 2).Draw(t, "otherScope") == 0 {
+		scope = rapid.SampledFrom(rapidScopes).Draw(t, "scope")
+	}
+	if rapid.IntRange(0, 5).Draw(t, "forgedSum") == 0 {
+		c.Checksum ^= 1
+	}
+	want := m.sharedErr(tn, scope, false)
+	if want == nil && c.Checksum != tn.cached.Checksum {
+		want = &ChecksumMismatchError{}
+	}
+	l, err := m.p.LeaseShared(c, reader, scope)
+	agree(t, "shared lease", want, err)
+	if err == nil && scope != c.Scope {
+		t.Fatalf("a shared lease of %s, cached under %s, passed under %s", c.Tag, c.Scope, scope)
+	}
+	switch want.(type) {
+	case *WrongScopeError:
+		m.steps.wrongScopes++
+	case *StaleTagError:
+		m.steps.staleCached++
+	case nil:
+		if l != (Lease{Tag: c.Tag, Owner: reader, Scope: scope}) {
+			t.Fatalf("shared lease of %s for %s under %s: %+v", c.Tag, reader, scope, l)
+		}
+		tn.readers++
+		m.leases = append(m.leases, l)
+	}
+}
+
+// evict evicts a cached page through its handle, or through one that
+// names another scope.
+func (m *poolModel) evict(t *rapid.T) {
+	c, tn := m.pickCached(t)
+	if rapid.IntRange(0, 4).Draw(t, "forgedScope") == 0 {
+		c.Scope = rapid.SampledFrom(rapidScopes).Draw(t, "scope")
+	}
+	want := m.sharedErr(tn, c.Scope, false)
+	freed, err := m.p.Evict(c, m.now)
+	agree(t, "evict", want, err)
+	if want != nil {
+		return
+	}
+	if freed != (tn.readers == 0) {
+		t.Fatalf("evict of %s with %d leases held: freed %t", c.Tag, tn.readers, freed)
+	}
+	if freed {
+		m.free(tn)
+		return
+	}
+	tn.state = Released
+	tn.deadline = m.now.Add(m.p.cfg.ReclaimAfter)
+	m.steps.evictsDeferred++
 }

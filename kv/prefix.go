@@ -26,7 +26,9 @@ import (
 // collision or an index bug shows as a refusal, never as another scope's
 // bytes. Every variable-length field is length-prefixed and every number
 // encoded at a fixed width, so that no two different inputs encode alike;
-// a domain byte keeps a root's input apart from a page's.
+// a domain byte keeps a root's input apart from a page's. Nothing of the
+// node enters a key, so a prefix has the same keys on every node that
+// runs the model with that layout, and a router can match them.
 //
 // Only full pages that do not hold the prompt's last token have keys
 // (PrefixKeys): a prefill computes at least the last token, whose logits
