@@ -157,7 +157,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 			a.reject(c, m.RequestID, err)
 			return
 		}
-		a.admit(c, m.RequestID, tenant, m.Prompt, int(m.MaxTokens), nil)
+		a.admit(c, m.RequestID, tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, nil)
 	case *messages.RoutedRequest:
 		if s := a.auth.Of(c); !s.May(trust.RoleRouter) {
 			a.auth.Refuse(trust.RefusedRole, "routed request", "sender", s.String())
@@ -175,7 +175,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 			return
 		}
 		peer := PrefillPeer{PID: actor.NewPID(m.Prefill, PrefillName), Incarnation: m.PrefillIncarnation}
-		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), &peer)
+		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, &peer)
 	case *messages.CancelRequest:
 		if name, ok := a.core.Lookup(handoff.ClientKey{Client: senderKey(c), ID: m.RequestID}); ok {
 			var job any = CancelJob{}
@@ -288,7 +288,7 @@ func Reject(c actor.Context, id uint64, err error) error {
 // admit runs admission's rule (handoff.Admission) and, if the request
 // passes, spawns its request actor on the decode worker admission chose.
 // peer is the prefill node a router chose; nil means choose here.
-func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, peer *PrefillPeer) {
+func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, salt string, peer *PrefillPeer) {
 	prompt, err := handoff.Encode(a.cfg.Limits(), a.model.Tokenizer(), text)
 	if err != nil {
 		a.counters.rejectedTooLong.Add(1)
@@ -311,7 +311,7 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 		err = a.ledger.Take(a.cfg.Tenants.Policy(), tenant, pages)
 	}
 	if err == nil {
-		if err = a.spawn(c, ask, d, tenant, prompt, maxTokens, *peer, pages); err != nil && pages >= 0 {
+		if err = a.spawn(c, ask, d, tenant, prompt, maxTokens, salt, *peer, pages); err != nil && pages >= 0 {
 			a.ledger.Give(tenant, pages)
 		}
 		a.counters.tenants.Store(int32(a.ledger.Tenants()))
@@ -337,11 +337,12 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 // secret name; pages are what the tenants' ledger counts of it, -1 for
 // none.
 func (a *admissionActor) spawn(c actor.Context, ask handoff.Ask, d int, tenant string, prompt []int, maxTokens int,
-	peer PrefillPeer, pages int) error {
+	salt string, peer PrefillPeer, pages int) error {
 	key := ask.Key
 	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
 	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane, a.model), owner, key.ID, prompt, maxTokens,
 		handoff.Peer{Address: peer.PID.Address, Incarnation: peer.Incarnation})
+	core.NarrowCache(salt)
 	tok, last := a.model.Tokenizer(), prompt[len(prompt)-1]
 	now := time.Now()
 	// The first attempt's id numbers the request for operators: unique in

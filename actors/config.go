@@ -112,9 +112,15 @@ type Config struct {
 	// prefilled again.
 	DonePlansMax int
 	// Tenants are the tenants' shares that admission holds clients'
-	// requests to and decode workers step by; nil is
+	// requests to and decode workers step by, and the prefix cache
+	// scopes prefill workers key their caches by; nil is
 	// tenancy.DefaultPolicy.
 	Tenants *tenancy.Shares
+	// PrefixCachePercent is the most of each prefill worker's pool, in
+	// percent, that its prefix cache keeps of prompts' full pages once
+	// their transfers are acknowledged, 0 (no cache) to 100; a prefill
+	// that finds its pool full gives cached pages up first.
+	PrefixCachePercent int
 }
 
 // DefaultConfig is a node of one prefill and one decode worker over the
@@ -145,6 +151,7 @@ func DefaultConfig() Config {
 		OwnedPageTimeout:      5 * time.Minute,
 		TransferSendsMax:      8,
 		DonePlansMax:          4096,
+		PrefixCachePercent:    50,
 	}
 }
 
@@ -210,6 +217,9 @@ func (c Config) Validate() error {
 		if f.v < 1 {
 			return fmt.Errorf("actors: %s (%d) must be at least 1", f.name, f.v)
 		}
+	}
+	if c.PrefixCachePercent < 0 || c.PrefixCachePercent > 100 {
+		return fmt.Errorf("actors: PrefixCachePercent (%d) must be 0 (no prefix cache) to 100", c.PrefixCachePercent)
 	}
 	if c.ContextTokens > c.Model.ContextTokens {
 		return fmt.Errorf("actors: ContextTokens (%d) exceeds the model's context (%d)", c.ContextTokens, c.Model.ContextTokens)

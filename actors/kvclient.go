@@ -5,7 +5,7 @@ import (
 	"github.com/kvwarden/kvwarden/kv"
 )
 
-var _ handoff.Pages = (*pageClient)(nil)
+var _ handoff.CachePages = (*pageClient)(nil)
 
 // pageClient is a handoff.Pages (and so an engine.KV) whose every call is a message to a page actor of
 // one pool: the engine computes over page actors exactly as over a
@@ -54,13 +54,34 @@ func (c *pageClient) SealFrom(tag kv.Tag, owner kv.Owner, o kv.Origin) (uint64, 
 }
 
 func (c *pageClient) Lease(tag kv.Tag, owner kv.Owner) (kv.Lease, error) {
-	rep := c.pool.Page(c.r, tag, PageLease{Tag: tag, Owner: owner})
+	return c.hold(c.pool.Page(c.r, tag, PageLease{Tag: tag, Owner: owner}))
+}
+
+// LeaseShared leases a cached page for reader under scope.
+func (c *pageClient) LeaseShared(p kv.CachedPage, reader kv.Owner, scope kv.Scope) (kv.Lease, error) {
+	return c.hold(c.pool.Page(c.r, p.Tag, PageLeaseShared{Page: p, Reader: reader, Scope: scope}))
+}
+
+// hold keeps the lease a page granted, and its bytes, for Read.
+func (c *pageClient) hold(rep PageReply) (kv.Lease, error) {
 	if rep.Err != nil {
 		return kv.Lease{}, rep.Err
 	}
 	c.views[rep.Lease] = rep.Bytes
 	c.held[rep.Lease]++
 	return rep.Lease, nil
+}
+
+// AckPublish acknowledges a page, publishing it under scope when that
+// would free it.
+func (c *pageClient) AckPublish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.CachedPage, error) {
+	rep := c.pool.Page(c.r, tag, PageAckPublish{Tag: tag, Owner: owner, Scope: scope})
+	return rep.Cached, rep.Err
+}
+
+// Evict gives a cached page up.
+func (c *pageClient) Evict(p kv.CachedPage) error {
+	return c.pool.Page(c.r, p.Tag, PageEvict{Page: p}).Err
 }
 
 // Read serves a held lease's bytes after checking, without a message, that

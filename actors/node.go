@@ -308,7 +308,7 @@ func (n *Node) PagesInUse() (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		inUse += s.Capacity - s.Free
+		inUse += s.Capacity - s.Available()
 	}
 	return inUse, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/tenancy"
 )
@@ -66,6 +67,24 @@ type (
 	// PageInspect asks for the page's kv.PageInfo; the reply is a
 	// kv.PageInfo.
 	PageInspect struct{}
+	// PageLeaseShared asks for a shared read lease on a cached page
+	// (kv.Page.LeaseShared); the reply carries it and the page's bytes,
+	// as for PageLease.
+	PageLeaseShared struct {
+		Page   kv.CachedPage
+		Reader kv.Owner
+		Scope  kv.Scope
+	}
+	// PageAckPublish acknowledges the page and, when that would free it,
+	// publishes it under Scope instead (kv.Page.AckPublish); the reply's
+	// Cached is its handle, zero when it was only acknowledged.
+	PageAckPublish struct {
+		Tag   kv.Tag
+		Owner kv.Owner
+		Scope kv.Scope
+	}
+	// PageEvict gives a cached page up (kv.Page.Evict).
+	PageEvict struct{ Page kv.CachedPage }
 
 	// PageReply answers every page message but PageInspect.
 	PageReply struct {
@@ -74,6 +93,7 @@ type (
 		Lease  kv.Lease
 		Bytes  []byte
 		Tokens int
+		Cached kv.CachedPage
 	}
 
 	pageAssign struct {
@@ -126,6 +146,14 @@ func (a *pageActor) Receive(c actor.Context) {
 		if r.Lease, r.Err = pg.Lease(m.Tag, m.Owner); r.Err == nil {
 			r.Bytes, r.Tokens, r.Err = pg.Read(r.Lease)
 		}
+	case PageLeaseShared:
+		if r.Lease, r.Err = pg.LeaseShared(m.Page, m.Reader, m.Scope); r.Err == nil {
+			r.Bytes, r.Tokens, r.Err = pg.Read(r.Lease)
+		}
+	case PageAckPublish:
+		r.Cached, freed, r.Err = pg.AckPublish(m.Tag, m.Owner, m.Scope)
+	case PageEvict:
+		freed, r.Err = pg.Evict(m.Page, a.clock())
 	case PageUnlease:
 		freed, r.Err = pg.Unlease(m.Lease)
 	case PageAwaitAck:
@@ -218,8 +246,21 @@ type (
 		// Cross counts rows the pages' reads returned that another owner
 		// wrote (kv.CrossRowsOf): counted only by a chaos build.
 		Cross kv.CrossRows
+		// Cache is the counts of the prefix cache kept in the pool (of a
+		// prefill worker's); nil without one.
+		Cache *handoff.PrefixStats
 	}
 )
+
+// Available is how many pages a reservation can have: the free ones and
+// those the prefix cache holds, which it gives up for a reservation that
+// finds the pool full.
+func (s PoolStatusReply) Available() int {
+	if s.Cache == nil {
+		return s.Free
+	}
+	return s.Free + s.Cache.Pages
+}
 
 // poolActor owns one device's kv.FreeList: reservations are all or nothing,
 // and a page goes back on the free list only when its page actor reports

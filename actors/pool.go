@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/tenancy"
@@ -61,6 +62,9 @@ type Pool struct {
 	gens []atomic.Uint64
 	// nonces tell reservations apart, so a timed-out one can be undone.
 	nonces *atomic.Uint64
+	// cache is the prefix cache's counts of the prefill worker that owns
+	// the pool, as of their last change; nil without a cache.
+	cache *atomic.Pointer[handoff.PrefixStats]
 }
 
 // poolFairness is what a pool actor shares its pages among tenants by
@@ -86,7 +90,8 @@ func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox acto
 	}
 	stats := &poolCounters{log: log, cross: func() kv.CrossRows { return kv.CrossRowsOf(pages) }}
 	pool := &Pool{PID: actor.NewPID(root.ActorSystem().Address(), name), Pages: make([]*actor.PID, len(pages)),
-		Geometry: cfg.Geometry, Timeout: timeout, gens: make([]atomic.Uint64, len(pages)), nonces: new(atomic.Uint64)}
+		Geometry: cfg.Geometry, Timeout: timeout, gens: make([]atomic.Uint64, len(pages)), nonces: new(atomic.Uint64),
+		cache: new(atomic.Pointer[handoff.PrefixStats])}
 	for i := range pages {
 		pg := &pages[i]
 		pool.gens[i].Store(pg.Tag().Generation)
@@ -182,9 +187,12 @@ func (p *Pool) Reserve(r Requester, owner kv.Owner, first, n int) ([]kv.Tag, err
 	return rep.Tags, rep.Err
 }
 
-// Status asks the pool actor for its accounting.
+// Status asks the pool actor for its accounting, and adds the prefix
+// cache's counts.
 func (p *Pool) Status(r Requester) (PoolStatusReply, error) {
-	return ask[PoolStatusReply](r, p.PID, PoolStatus{}, p.Timeout)
+	s, err := ask[PoolStatusReply](r, p.PID, PoolStatus{}, p.Timeout)
+	s.Cache = p.cache.Load()
+	return s, err
 }
 
 // Page sends msg to the page actor of tag and waits for its reply. A tag

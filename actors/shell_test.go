@@ -16,7 +16,7 @@ import (
 	"github.com/kvwarden/kvwarden/messages"
 )
 
-// gatedEngine blocks its first Prefill until gate closes, so that the
+// gatedEngine blocks its first prefill until gate closes, so that the
 // worker is busy while more messages queue in its mailbox.
 type gatedEngine struct {
 	engine.Engine
@@ -25,13 +25,13 @@ type gatedEngine struct {
 	first   bool
 }
 
-func (g *gatedEngine) Prefill(pool engine.KV, owner kv.Owner, tags []kv.Tag, prompt []int) (engine.Prefilled, error) {
+func (g *gatedEngine) PrefillAfter(pool engine.KV, owner kv.Owner, tags []kv.Tag, prompt []int, prefix []kv.Lease) (engine.Prefilled, error) {
 	if !g.first {
 		g.first = true
 		close(g.entered)
 		<-g.gate
 	}
-	return g.Engine.Prefill(pool, owner, tags, prompt)
+	return g.Engine.PrefillAfter(pool, owner, tags, prompt, prefix)
 }
 
 func TestAbortedQueuedPlanLeavesNothingInTheWorker(t *testing.T) {

@@ -149,6 +149,7 @@ type workerActor struct {
 	// plan it runs, what only this shell keeps: where to answer, the
 	// frames and their leases, and how to cancel the send in flight.
 	src     *handoff.Source
+	cache   *handoff.PrefixCache // a prefill worker's, unless PrefixCachePercent is 0
 	jobs    map[handoff.JobKey]*prefillJob
 	senders map[string]FrameSender // data planes by peerKey
 	seqs    []*sequence
@@ -175,11 +176,22 @@ type workerActor struct {
 
 // newWorker is a worker of role computing model over pool, with no dialer.
 func newWorker(role string, model *engine.Model, pool *Pool, cfg *Config, log *slog.Logger, policy planPolicy) *workerActor {
-	return &workerActor{role: role, engine: model.Engine(), stop: model.Tokenizer().Stop(), pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
+	w := &workerActor{role: role, engine: model.Engine(), stop: model.Tokenizer().Stop(), pool: pool, limits: cfg.BatchLimits(), batchMax: cfg.BatchMax,
 		tenants: cfg.Tenants, steps: tenancy.NewSteps(), model: model.Config(), timeout: cfg.PrefillTimeout, log: log, stats: &workerCounters{}, policy: policy, metrics: &metricCounters{},
 		src: handoff.NewSource(handoff.SourceConfig{Role: role, PageTokens: cfg.PageTokens, QueueMax: cfg.QueueMax,
 			SendsMax: cfg.TransferSendsMax, ReclaimAfter: cfg.ReclaimAfter, DonePlansMax: cfg.DonePlansMax,
 			DoneFor: cfg.PrefillTimeout, Model: model.Fingerprint()})}
+	if role == "prefill" && cfg.PrefixCachePercent > 0 {
+		tenants := cfg.Tenants
+		cache, err := handoff.NewPrefixCache(cfg.PrefillPages*cfg.PrefixCachePercent/100, model.Fingerprint().String(),
+			func(tenant, salt string) kv.Scope { return tenants.Policy().CacheScope(tenant, salt) })
+		if err != nil {
+			panic(fmt.Sprintf("actors: prefix cache of a validated config (%d pages, %d%%): %v", cfg.PrefillPages, cfg.PrefixCachePercent, err))
+		}
+		w.cache = cache
+		pool.cache.Store(new(cache.Stats()))
+	}
+	return w
 }
 
 // prefillJob is the shell's part of one plan the worker runs.
@@ -273,7 +285,7 @@ func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 	case handoff.Dropped:
 		w.log.Warn(e.Why+"; dropped", "request", e.Key.ID, "from", e.Key.Sender)
 	case handoff.Prefill:
-		out, frames := handoff.ExecPrefill(w.engine, w.kv, e)
+		out, frames := w.prefill(e)
 		w.jobs[e.Key].frames = frames
 		if out.Err == nil {
 			w.metrics.promptTokens.Add(uint64(len(e.Plan.PromptTokens)))
@@ -293,9 +305,13 @@ func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 			w.log.Warn("release of page refused", "tag", t.String(), "err", err)
 		})
 	case handoff.Ack:
-		handoff.ExecAck(w.kv, e, func(t kv.Tag, err error) {
-			w.log.Warn("ack of source page refused", "tag", t.String(), "err", err)
-		})
+		refused := func(t kv.Tag, err error) { w.log.Warn("ack of source page refused", "tag", t.String(), "err", err) }
+		if w.cache != nil && len(e.Keep) > 0 {
+			handoff.ExecAckKeep(w.kv, w.cache, e, refused)
+			w.pool.cache.Store(new(w.cache.Stats()))
+		} else {
+			handoff.ExecAck(w.kv, e, refused)
+		}
 	case handoff.Ended:
 		delete(w.jobs, e.Key)
 	case handoff.Reply:
@@ -307,6 +323,17 @@ func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		}
 	}
 	return nil
+}
+
+// prefill carries a Prefill out, through the prefix cache when the worker
+// has one.
+func (w *workerActor) prefill(e handoff.Prefill) (handoff.Prefilled, handoff.Frames) {
+	if w.cache == nil {
+		return handoff.ExecPrefill(w.engine, w.kv, e)
+	}
+	out, frames := handoff.ExecPrefillCached(w.engine, w.kv, w.cache, e)
+	w.pool.cache.Store(new(w.cache.Stats()))
+	return out, frames
 }
 
 // send sends a prefilled plan's frames: to a request actor here at once,

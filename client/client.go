@@ -362,6 +362,13 @@ type GenerateOptions struct {
 	// lost once Stop is closed is not continued elsewhere: Generate
 	// returns what was delivered, as stopped.
 	Stop <-chan struct{}
+	// CacheSalt, if set, narrows the prefix cache the request shares
+	// with its tenant's other requests (or its group's, as the operator
+	// declared) to those that give the same salt, at most
+	// kv.CacheSaltBytesMax bytes: a salt per end user keeps one user's
+	// cached prompts from speeding up (and so from being told apart by)
+	// another's. It never widens the scope.
+	CacheSalt string
 }
 
 // Result is a finished generation.
@@ -376,6 +383,9 @@ type Result struct {
 	// computed again (and the client checked and withheld) because they
 	// had been delivered before.
 	Continued, Replayed int
+	// CachedTokens is how many of the prompt's tokens were read from the
+	// prefix cache instead of computed (by the last endpoint).
+	CachedTokens int
 }
 
 // ErrNoAnswer matches (errors.Is) the error of a request the node stopped
@@ -391,7 +401,8 @@ func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt Genera
 	if opt.MaxTokens < 1 || opt.MaxTokens > messages.GenerateTokensMax {
 		return Result{}, fmt.Errorf("client: MaxTokens (%d) must be 1 to %d", opt.MaxTokens, messages.GenerateTokensMax)
 	}
-	req := &messages.GenerateRequest{RequestID: 1, Tenant: tenant, Prompt: prompt, MaxTokens: uint32(opt.MaxTokens), Stream: true}
+	req := &messages.GenerateRequest{RequestID: 1, Tenant: tenant, Prompt: prompt, MaxTokens: uint32(opt.MaxTokens), Stream: true,
+		CacheSalt: opt.CacheSalt}
 	if err := req.Validate(); err != nil {
 		return Result{}, err
 	}
@@ -753,5 +764,7 @@ func (a *attempt) result(ctx context.Context, m *messages.GenerateResult, cancel
 	if err := a.d.result(m.Tokens, m.Text); err != nil {
 		return Result{}, err
 	}
-	return result(m.Tokens, m.Text, m.FinishReason), nil
+	res := result(m.Tokens, m.Text, m.FinishReason)
+	res.CachedTokens = int(m.CachedTokens)
+	return res, nil
 }

@@ -439,8 +439,8 @@ func (n *Node) pages() (capacity, free uint32) {
 		if first || uint32(s.Capacity) < capacity {
 			capacity = uint32(s.Capacity)
 		}
-		if first || uint32(s.Free) < free {
-			free = uint32(s.Free)
+		if first || uint32(s.Available()) < free {
+			free = uint32(s.Available())
 		}
 		first = false
 	}
@@ -859,8 +859,14 @@ func (n *Node) status() *messages.StatusReply {
 	}
 	for _, p := range n.actors.Pools() {
 		if s, err := p.Status(n.actors.Root()); err == nil && len(rep.Node.Pools) < messages.PoolsMax {
-			rep.Node.Pools = append(rep.Node.Pools, messages.PoolStatus{Name: p.PID.Id, Capacity: uint32(s.Capacity), Free: uint32(s.Free),
-				CrossTenantRows: s.Cross.Tenant, CrossRequestRows: s.Cross.Request})
+			ps := messages.PoolStatus{Name: p.PID.Id, Capacity: uint32(s.Capacity), Free: uint32(s.Free),
+				CrossTenantRows: s.Cross.Tenant, CrossRequestRows: s.Cross.Request}
+			if c := s.Cache; c != nil {
+				ps.CachePages, ps.CachePagesMax = uint32(c.Pages), uint32(c.PagesMax)
+				ps.CacheQueries, ps.CacheQueryTokens, ps.CacheHitTokens = c.Queries, c.QueryTokens, c.HitTokens
+				ps.CachePublished, ps.CacheEvicted, ps.CacheGone = c.Published, c.Evicted, c.Gone
+			}
+			rep.Node.Pools = append(rep.Node.Pools, ps)
 		}
 	}
 	for _, m := range n.mem().Members() {

@@ -297,6 +297,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		return
 	}
 	fwd := routedRequest(m.RequestID, tenant, m.Prompt, m.MaxTokens, d, p)
+	fwd.CacheSalt = m.CacheSalt
 	if err := fwd.Validate(); err != nil {
 		reject(err, &r.counters.rejectedBad)
 		return
@@ -401,6 +402,7 @@ func (r *routerActor) retry(c actor.Context, relayPID *actor.PID, m relayRetry) 
 	r.count(rt)
 	req := rt.request
 	rt.request = routedRequest(req.RequestID, req.Tenant, req.Prompt, req.MaxTokens, d, p)
+	rt.request.CacheSalt = req.CacheSalt
 	r.counters.retried.Add(1)
 	r.log.Info("request sent to another decode node", "number", rt.rl.number, "id", req.RequestID, "tenant", req.Tenant,
 		"from", from.Meta.RemoteAddr, "to", d.Meta.RemoteAddr, "prefill", p.Meta.RemoteAddr,

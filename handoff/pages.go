@@ -132,22 +132,61 @@ func (f *Frames) Unlease(p Pages) error {
 // returned; the source pages reserved are named in the Prefilled, for the
 // Source to release.
 func ExecPrefill(engine engine.Engine, p Pages, e Prefill) (Prefilled, Frames) {
-	out, fr := prefill(engine, p, e)
+	return execPrefill(engine, p, nil, e)
+}
+
+// ExecPrefillCached is ExecPrefill over a pool with a prefix cache: the
+// longest run of the prompt's full pages cached in the plan's scope is
+// leased and read, not computed (attention reads the cached pages, and
+// their bytes are copied into the request's own source pages, so the
+// transfer is the same as without a cache), and the pages it computes are
+// named for the cache to keep once decode has them (Prefilled.Keep). When
+// the pool is exhausted, cached pages are given up to make room.
+func ExecPrefillCached(engine engine.Engine, p CachePages, c *PrefixCache, e Prefill) (Prefilled, Frames) {
+	return execPrefill(engine, p, c, e)
+}
+
+func execPrefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (Prefilled, Frames) {
+	out, fr := prefill(engine, p, c, e)
 	if out.Err != nil {
 		out.Err = errors.Join(out.Err, fr.Unlease(p))
+		out.Keep, out.Cached = nil, 0
 		fr = Frames{}
 	}
 	return out, fr
 }
 
-func prefill(engine engine.Engine, p Pages, e Prefill) (Prefilled, Frames) {
+func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (Prefilled, Frames) {
 	out := Prefilled{Key: e.Key}
 	var fr Frames
 	prompt := make([]int, len(e.Plan.PromptTokens))
 	for i, t := range e.Plan.PromptTokens {
 		prompt[i] = int(t)
 	}
-	tags, err := p.Reserve(e.Local, 0, p.Geometry().PagesFor(len(prompt)))
+	var (
+		prefix []kv.Lease
+		keys   []kv.PrefixKey
+		cp     CachePages
+		err    error
+	)
+	reserve := func(n int) ([]kv.Tag, error) { return p.Reserve(e.Local, 0, n) }
+	if c != nil {
+		cp = p.(CachePages)
+		out.Scope = c.scopeOf(e.Plan.Tenant, e.Plan.CacheSalt)
+		if prefix, keys, err = c.lookup(cp, out.Scope, e.Local, prompt); err != nil {
+			out.Err = err
+			return out, fr
+		}
+		// The cached bytes are copied into the source pages before the
+		// leases go back.
+		defer func() {
+			for _, l := range prefix {
+				out.Err = errors.Join(out.Err, p.Unlease(l))
+			}
+		}()
+		reserve = func(n int) ([]kv.Tag, error) { return c.reserveEvicting(cp, e.Local, n) }
+	}
+	tags, err := reserve(p.Geometry().PagesFor(len(prompt)))
 	if err != nil && mutant.Is(mutant.Incident) {
 		// The planted bug: a prompt the pool cannot hold is replaced by a
 		// one-token placeholder, sent as if it were the prompt.
@@ -159,10 +198,14 @@ func prefill(engine engine.Engine, p Pages, e Prefill) (Prefilled, Frames) {
 		return out, fr
 	}
 	out.Sources = tags
-	pre, err := engine.Prefill(p, e.Local, tags, prompt)
+	pre, err := engine.PrefillAfter(p, e.Local, tags, prompt, prefix)
 	if err != nil {
 		out.Err = err
 		return out, fr
+	}
+	out.Cached = len(prefix) * p.Geometry().PageTokens
+	for i := len(prefix); i < len(keys); i++ {
+		out.Keep = append(out.Keep, Keep{Page: i, Key: keys[i]})
 	}
 	m := pre.Manifest
 	if len(e.Plan.DestTags) != len(m.Pages) && !mutant.Is(mutant.Incident) {

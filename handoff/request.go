@@ -122,6 +122,8 @@ type Request struct {
 	tokens   []int
 	seq      uint32
 	stopped  bool // the client stopped the request at the tokens it has
+	salt     string // the client's cache salt, for every plan
+	cached   int    // prompt tokens prefill read from its prefix cache
 	counts   RequestCounts
 
 	started, planSent, firstFrame, transferEnd, firstToken, secondToken time.Time
@@ -133,6 +135,11 @@ func NewRequest(cfg RequestConfig, owner kv.Owner, client uint64, prompt []int, 
 	return &Request{cfg: cfg, owner: owner, client: client, prompt: prompt, maxNew: maxNew, peer: peer,
 		tried: map[uint64]bool{}}
 }
+
+// NarrowCache has every plan of the request carry the client's cache salt
+// (messages.GenerateRequest.CacheSalt), which narrows the scope of the
+// prefix cache prefill reads and keeps its pages in.
+func (r *Request) NarrowCache(salt string) { r.salt = salt }
 
 // Owner is the owner of the current attempt's pages.
 func (r *Request) Owner() kv.Owner { return r.owner }
@@ -261,7 +268,8 @@ func (r *Request) reserved(e Reserved, now time.Time) []Effect {
 	r.sources = make([]kv.Tag, len(r.dest))
 	r.phase = phasePrefill
 	plan := &messages.TransferPlan{RequestID: r.owner.Request, Tenant: r.owner.Tenant, TokenCount: uint32(len(r.prompt)),
-		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest, Model: r.cfg.Model}
+		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest, Model: r.cfg.Model,
+		CacheSalt: r.salt}
 	if r.peer.Incarnation != r.cfg.Incarnation {
 		plan.DataPlane = r.cfg.DataPlane
 	}
@@ -383,6 +391,10 @@ func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
 	if len(m.Sums) != len(r.manifest.Pages) {
 		return r.finish(&kv.ManifestError{Field: "source checksums", Page: -1, Want: len(r.manifest.Pages), Have: len(m.Sums)})
 	}
+	if int(m.Cached) >= len(r.prompt) {
+		return r.finish(&kv.ManifestError{Field: "cached prompt tokens", Page: -1, Want: len(r.prompt) - 1, Have: int(m.Cached)})
+	}
+	r.cached = int(m.Cached)
 	origins := make([]kv.Origin, len(r.manifest.Pages))
 	for i := range origins {
 		origins[i] = kv.Origin{Tag: r.sources[i], Owner: m.SourceOwner(), Checksum: m.Sums[i]}
@@ -516,6 +528,7 @@ func (r *Request) finish(cause error) []Effect {
 		res.FinishReason = messages.FinishLength
 	}
 	if cause == nil {
+		res.CachedTokens = uint32(r.cached)
 		res.Tokens = make([]uint32, len(r.tokens))
 		for i, t := range r.tokens {
 			res.Tokens[i] = uint32(t)

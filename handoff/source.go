@@ -53,6 +53,10 @@ type (
 	// Prefilled answers Prefill: the source pages reserved (Sources; the
 	// first Marked of them marked as awaiting the ack), prefill's first
 	// token and the pages' seal checksums, or why it failed.
+	//
+	// With a prefix cache, Cached is how many of the prompt's first tokens
+	// came from it, and Keep the source pages it will keep once decode
+	// has them, under Scope.
 	Prefilled struct {
 		Key     JobKey
 		Sources []kv.Tag
@@ -60,6 +64,9 @@ type (
 		First   int
 		Sums    []uint64
 		Err     error
+		Cached  int
+		Keep    []Keep
+		Scope   kv.Scope
 	}
 	// Sent answers SendFrames: the frames went (Err nil) or did not; the
 	// leases that kept their payloads are given back already.
@@ -111,10 +118,14 @@ type (
 	}
 	// CancelSend ends the send in flight of Key; its Sent follows.
 	CancelSend struct{ Key JobKey }
-	// Ack marks source pages acknowledged, which frees the released ones.
+	// Ack marks source pages acknowledged, which frees the released ones;
+	// the Keep pages (indexes into Tags), once decode has them, go to the
+	// prefix cache under Scope instead (ExecAckKeep).
 	Ack struct {
 		Owner kv.Owner
 		Tags  []kv.Tag
+		Keep  []Keep
+		Scope kv.Scope
 	}
 	// Reply answers the plan's sender with Done.
 	Reply struct {
@@ -153,6 +164,9 @@ type job struct {
 	marked  int      // sources marked as awaiting decode's ack
 	first   int      // the first generated token
 	sums    []uint64 // the sources' seal checksums, in order
+	cached  int      // prompt tokens read from the prefix cache
+	keep    []Keep   // sources the prefix cache keeps once decode has them
+	scope   kv.Scope
 	expires time.Time
 }
 
@@ -298,6 +312,7 @@ func (s *Source) prefilled(e Prefilled, now time.Time) []Effect {
 	}
 	s.running = nil
 	j.sources, j.marked, j.first, j.sums = e.Sources, e.Marked, e.First, e.Sums
+	j.cached, j.keep, j.scope = e.Cached, e.Keep, e.Scope
 	if e.Err != nil {
 		return s.sent(j, e.Err, now)
 	}
@@ -342,7 +357,7 @@ func (s *Source) sent(j *job, err error, now time.Time) []Effect {
 	j.expires = now.Add(s.cfg.ReclaimAfter)
 	s.awaiting[j.key] = j
 	return append(out, Reply{Key: j.key, Done: &messages.TransferDone{RequestID: j.owner.Request, Tenant: j.owner.Tenant,
-		First: uint32(j.first), Frames: uint32(len(j.sums)), Source: j.local.Request, Sums: j.sums}})
+		First: uint32(j.first), Frames: uint32(len(j.sums)), Source: j.local.Request, Sums: j.sums, Cached: uint32(j.cached)}})
 }
 
 // drop ends a plan, acknowledged or abandoned, and remembers it so that a
@@ -377,7 +392,9 @@ func (s *Source) drop(key JobKey, tenant string, now time.Time) []Effect {
 	}
 	delete(s.awaiting, key)
 	s.done.Add(key, now)
-	return []Effect{Ack{Owner: j.local, Tags: j.sources}}
+	// Sent whole and sealed, the pages hold the prompt's KV whatever
+	// decode made of it: worth keeping after an abort as after the ack.
+	return []Effect{Ack{Owner: j.local, Tags: j.sources, Keep: j.keep, Scope: j.scope}}
 }
 
 // DonePlans remembers plans that ended (acknowledged or aborted) by their

@@ -355,6 +355,7 @@ type generation struct {
 	promptTokens int
 	maxTokens    int
 	stops        []string
+	salt         string // narrows the prefix cache scope (common.cacheSalt)
 }
 
 // fields are the names a request gave its prompt and its max_tokens, for
@@ -370,6 +371,7 @@ type outcome struct {
 	tokens int
 	finish string
 	err    error
+	cached int // prompt tokens read from the prefix cache
 }
 
 // generation is what both handlers do once the body is read and its
@@ -380,7 +382,7 @@ func (a *API) generation(key Key, c *common, f fields, prompt func() (string, *a
 	if e := a.permit(key, c.Model); e != nil {
 		return nil, e
 	}
-	g := &generation{key: key, fields: f}
+	g := &generation{key: key, fields: f, salt: c.cacheSalt()}
 	var e *apiError
 	if g.prompt, e = prompt(); e != nil {
 		return nil, e
@@ -477,7 +479,7 @@ func (a *API) run(ctx context.Context, g *generation, emit func(string) error) o
 			}
 		}
 	}
-	opt := client.GenerateOptions{MaxTokens: g.maxTokens, Stop: stopCluster, OnText: func(text string) {
+	opt := client.GenerateOptions{MaxTokens: g.maxTokens, Stop: stopCluster, CacheSalt: g.salt, OnText: func(text string) {
 		if stopped {
 			return
 		}
@@ -495,21 +497,21 @@ func (a *API) run(ctx context.Context, g *generation, emit func(string) error) o
 		}
 	})
 	switch {
-	case stopped:
-		return outcome{tokens: tokens, finish: "stop"}
-	case err != nil:
+	case err != nil && !stopped:
 		return outcome{tokens: tokens, err: err}
+	case stopped:
+		return outcome{tokens: tokens, finish: "stop", cached: res.CachedTokens}
 	}
 	// What the stream held back (an incomplete character) ends the text.
 	if rest, ok := strings.CutPrefix(res.Text, streamed.String()); ok {
 		out, hit := stop.feed(rest)
 		send(out)
 		if hit {
-			return outcome{tokens: len(res.Tokens), finish: "stop"}
+			return outcome{tokens: len(res.Tokens), finish: "stop", cached: res.CachedTokens}
 		}
 	}
 	send(stop.flush())
-	return outcome{tokens: len(res.Tokens), finish: res.Finish}
+	return outcome{tokens: len(res.Tokens), finish: res.Finish, cached: res.CachedTokens}
 }
 
 // parseStop reads "stop": absent, null, a string or an array of strings.
@@ -591,13 +593,21 @@ func (e *notArrayError) Error() string { return "must be an array, not " + shown
 // usage is OpenAI's token counts, in the model's tokens (the prompt's
 // BOS included).
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens        int           `json:"prompt_tokens"`
+	CompletionTokens    int           `json:"completion_tokens"`
+	TotalTokens         int           `json:"total_tokens"`
+	PromptTokensDetails promptDetails `json:"prompt_tokens_details"`
+}
+
+// promptDetails is usage's account of the prompt: how many of its tokens
+// were read from the prefix cache instead of computed.
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 func usageOf(g *generation, o outcome) *usage {
-	return &usage{PromptTokens: g.promptTokens, CompletionTokens: o.tokens, TotalTokens: g.promptTokens + o.tokens}
+	return &usage{PromptTokens: g.promptTokens, CompletionTokens: o.tokens, TotalTokens: g.promptTokens + o.tokens,
+		PromptTokensDetails: promptDetails{CachedTokens: o.cached}}
 }
 
 // newID is a response id: prefix and 12 random bytes in hex.

@@ -138,7 +138,7 @@ func TestStopCountedAsCompleted(t *testing.T) {
 					s := node.Status().Node
 					free := true
 					for _, p := range s.Pools {
-						free = free && p.Free == p.Capacity
+						free = free && p.Idle()
 					}
 					return s.InFlight == 0 && free, s.Name + ": " + s.Role
 				})

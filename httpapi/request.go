@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/kvwarden/kvwarden/kv"
 )
 
 // The bodies of POST /v1/completions and POST /v1/chat/completions name
@@ -45,6 +47,28 @@ type common struct {
 	// User names the end user to OpenAI; here a request runs as its key's
 	// tenant. Accepted, no effect.
 	User *string `json:"user"`
+	// PromptCacheKey (OpenAI's) and CacheSalt (vLLM's) narrow the prefix
+	// cache the request shares with its key's tenant (or the group the
+	// operator put it in) to the requests that give the same values;
+	// neither can widen it.
+	PromptCacheKey *string `json:"prompt_cache_key"`
+	CacheSalt      *string `json:"cache_salt"`
+}
+
+// cacheSalt is what narrows the request's prefix cache scope: its
+// cache_salt and prompt_cache_key, either or both.
+func (c *common) cacheSalt() string {
+	var salt, key string
+	if c.CacheSalt != nil {
+		salt = *c.CacheSalt
+	}
+	if c.PromptCacheKey != nil {
+		key = *c.PromptCacheKey
+	}
+	if salt != "" && key != "" {
+		return salt + "\x1f" + key
+	}
+	return salt + key
 }
 
 type streamOptions struct {
@@ -64,6 +88,9 @@ func (c *common) check() *apiError {
 	}
 	if c.StreamOptions != nil && !c.Stream {
 		return badRequest("stream_options", "stream_options is only for stream: true")
+	}
+	if n := len(c.cacheSalt()); n > kv.CacheSaltBytesMax {
+		return badRequest("cache_salt", "cache_salt and prompt_cache_key are %d bytes together; the bound is %d", n, kv.CacheSaltBytesMax)
 	}
 	return firstError(
 		neutral("n", c.N, "only one choice is generated: only 1 is taken", "1"),
@@ -120,7 +147,6 @@ type chatRequest struct {
 	Metadata             json.RawMessage `json:"metadata"`
 	ServiceTier          *string         `json:"service_tier"`
 	SafetyIdentifier     *string         `json:"safety_identifier"`
-	PromptCacheKey       *string         `json:"prompt_cache_key"`
 	PromptCacheRetention *string         `json:"prompt_cache_retention"`
 	PromptCacheOptions   json.RawMessage `json:"prompt_cache_options"`
 	Prediction           json.RawMessage `json:"prediction"`

@@ -171,3 +171,26 @@ type WrongScopeError struct {
 func (e *WrongScopeError) Error() string {
 	return fmt.Sprintf("kv: page %s is not cached under scope %s", e.Page, e.Have)
 }
+
+// AckPublish is Ack for a page sent from a prefill worker's pool whose
+// bytes are worth keeping: when the acknowledgement would free the page
+// (released, no lease outstanding) and it is full, the page is published
+// under scope instead (as Publish does) and its handle returned; otherwise
+// it is an Ack, and the handle is the zero CachedPage (freed says whether
+// the ack freed the page). It never refuses what Ack would take.
+func (pg *Page) AckPublish(tag Tag, owner Owner, scope Scope) (c CachedPage, freed bool, err error) {
+	if err := pg.access(tag, owner, "ack"); err != nil {
+		return CachedPage{}, false, err
+	}
+	if !pg.awaitAck {
+		return CachedPage{}, false, &StateError{Page: tag, Op: "ack without await", State: pg.state}
+	}
+	if pg.state != Released || pg.readers != 0 || pg.filled != pg.params.pageTokens || scope.Validate() != nil {
+		freed, err = pg.Ack(tag, owner)
+		return CachedPage{}, freed, err
+	}
+	pg.awaitAck = false
+	pg.state = Sealed
+	c, err = pg.Publish(tag, owner, scope)
+	return c, false, err
+}

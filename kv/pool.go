@@ -423,3 +423,14 @@ func (p *Pool) Evict(c CachedPage, now time.Time) (freed bool, err error) {
 	})
 	return freed, err
 }
+
+// AckPublish acknowledges a page and publishes it under scope when the
+// acknowledgement would free it (see Page.AckPublish).
+func (p *Pool) AckPublish(tag Tag, owner Owner, scope Scope) (c CachedPage, err error) {
+	err = p.do(tag, func(pg *Page) (bool, error) {
+		var freed bool
+		c, freed, err = pg.AckPublish(tag, owner, scope)
+		return freed, err
+	})
+	return c, err
+}

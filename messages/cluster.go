@@ -507,9 +507,27 @@ type PoolStatus struct {
 	// counted only by a chaos build (NodeStatus.Chaos).
 	CrossTenantRows  uint64 `msgpack:"cross_tenant_rows,omitempty"`
 	CrossRequestRows uint64 `msgpack:"cross_request_rows,omitempty"`
+	// A prefill pool's prefix cache: the pages it holds now and at most
+	// (CachePagesMax 0: no cache); prefills that looked it up, the prompt
+	// tokens they could have found there and those found; pages kept,
+	// evicted to make room, and found gone when leased (a miss).
+	CachePages       uint32 `msgpack:"cache_pages,omitempty"`
+	CachePagesMax    uint32 `msgpack:"cache_pages_max,omitempty"`
+	CacheQueries     uint64 `msgpack:"cache_queries,omitempty"`
+	CacheQueryTokens uint64 `msgpack:"cache_query_tokens,omitempty"`
+	CacheHitTokens   uint64 `msgpack:"cache_hit_tokens,omitempty"`
+	CachePublished   uint64 `msgpack:"cache_published,omitempty"`
+	CacheEvicted     uint64 `msgpack:"cache_evicted,omitempty"`
+	CacheGone        uint64 `msgpack:"cache_gone,omitempty"`
 }
 
-var poolStatusKeys = []string{"name", "capacity", "free", "cross_tenant_rows", "cross_request_rows"}
+var poolStatusKeys = []string{"name", "capacity", "free", "cross_tenant_rows", "cross_request_rows",
+	"cache_pages", "cache_pages_max", "cache_queries", "cache_query_tokens", "cache_hit_tokens", "cache_published",
+	"cache_evicted", "cache_gone"}
+
+// Idle says the pool holds nothing for a request: every page is free or
+// kept by its prefix cache, which gives pages up when the pool is full.
+func (s *PoolStatus) Idle() bool { return s.Free+s.CachePages == s.Capacity }
 
 func (s *PoolStatus) validate(t TypeCode, field string) error {
 	if err := checkName(t, field+".name", s.Name, PoolNameBytesMax); err != nil {
@@ -517,6 +535,10 @@ func (s *PoolStatus) validate(t TypeCode, field string) error {
 	}
 	if s.Free > s.Capacity {
 		return &InvalidFieldError{t, field + ".free", fmt.Sprint(s.Free), fmt.Sprintf("at most capacity (%d)", s.Capacity)}
+	}
+	if s.CachePages > s.CachePagesMax || s.CachePagesMax > s.Capacity {
+		return &InvalidFieldError{t, field + ".cache_pages", fmt.Sprintf("%d of at most %d", s.CachePages, s.CachePagesMax),
+			fmt.Sprintf("at most cache_pages_max, itself at most capacity (%d)", s.Capacity)}
 	}
 	return nil
 }
@@ -532,9 +554,16 @@ func (s *PoolStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readU32(d, t, field+".free", &s.Free)
 		case 3:
 			return readU64(d, t, field+".cross_tenant_rows", &s.CrossTenantRows)
-		default:
+		case 4:
 			return readU64(d, t, field+".cross_request_rows", &s.CrossRequestRows)
+		case 5:
+			return readU32(d, t, field+".cache_pages", &s.CachePages)
+		case 6:
+			return readU32(d, t, field+".cache_pages_max", &s.CachePagesMax)
 		}
+		dst := [...]*uint64{&s.CacheQueries, &s.CacheQueryTokens, &s.CacheHitTokens, &s.CachePublished,
+			&s.CacheEvicted, &s.CacheGone}[i-7]
+		return readU64(d, t, field+"."+poolStatusKeys[i], dst)
 	})
 }
 

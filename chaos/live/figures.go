@@ -18,10 +18,13 @@ type PoolFigures struct {
 	// one.
 	CrossTenantRows  uint64 `json:"cross_tenant_rows,omitempty"`
 	CrossRequestRows uint64 `json:"cross_request_rows,omitempty"`
+	// Cached is how many pages the pool's prefix cache keeps.
+	Cached int `json:"cached,omitempty"`
 }
 
-// Leaked is how many of the pool's pages are not free.
-func (p PoolFigures) Leaked() int { return p.Capacity - p.Free }
+// Leaked is how many of the pool's pages are neither free nor kept by its
+// prefix cache.
+func (p PoolFigures) Leaked() int { return p.Capacity - p.Free - p.Cached }
 
 // NodeFigures are one node's figures, read through node status.
 type NodeFigures struct {
@@ -44,7 +47,7 @@ func FiguresOf(name string, s *messages.StatusReply) NodeFigures {
 		Chaos: s.Node.Chaos, Faults: s.Node.Faults}
 	for _, p := range s.Node.Pools {
 		n.Pools = append(n.Pools, PoolFigures{Node: name, Pool: p.Name, Capacity: int(p.Capacity), Free: int(p.Free),
-			CrossTenantRows: p.CrossTenantRows, CrossRequestRows: p.CrossRequestRows})
+			CrossTenantRows: p.CrossTenantRows, CrossRequestRows: p.CrossRequestRows, Cached: int(p.CachePages)})
 	}
 	for k, c := range s.Node.FaultCounts {
 		if k < faults.NumKinds && c > 0 {

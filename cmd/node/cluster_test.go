@@ -588,7 +588,7 @@ func TestBinaryClusterPrefillKilled(t *testing.T) {
 
 func allFree(pools []messages.PoolStatus) bool {
 	for _, p := range pools {
-		if p.Free != p.Capacity {
+		if !p.Idle() {
 			return false
 		}
 	}

@@ -1,0 +1,116 @@
+//go:build !race
+
+// Several protoactor remote instances in one process race inside protoactor
+// and gRPC; see node_test.go.
+
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/internal/testwait"
+	"github.com/kvwarden/kvwarden/tenancy"
+)
+
+// TestPrefixCacheIsScopedByCredential: a prompt's full pages, once its
+// transfer is acknowledged, are kept by the prefill pool and read instead
+// of computed by the next request of the same scope only: the same
+// tenant, or a tenant the policy puts in the same group, with the same
+// cache salt. Another tenant, another salt, or none, computes the prompt
+// again. Every answer is the reference's, whether its prefix was read or
+// computed, and a longer prompt that starts with a cached one (the next
+// turn of a chat) reads the cached pages. On a role-all node as across
+// router, prefill and decode nodes.
+func TestPrefixCacheIsScopedByCredential(t *testing.T) {
+	policy := tenancy.DefaultPolicy()
+	policy.Tenants = map[string]tenancy.Share{"hooli": {CacheScope: "team"}, "pied": {CacheScope: "team"}}
+	shares := tenancy.NewShares(policy)
+	// Room in the cache (half the prefill pool) for every scope's pages.
+	tune := func(cfg *NodeConfig) { cfg.Actors.Tenants, cfg.Actors.PrefillPages = shares, 256 }
+	for _, topo := range []string{"role all", "router, prefill and decode"} {
+		t.Run(topo, func(t *testing.T) {
+			var entry, prefill *Node
+			if topo == "role all" {
+				entry = startNodeTuned(t, testAuth(t, actors.RoleAll), actors.RoleAll, nil, tune)
+				prefill = entry
+			} else {
+				prefill = startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil, tune)
+				d := startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, tune, prefill.GossipAddr())
+				entry = startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, tune, prefill.GossipAddr())
+				for _, n := range []*Node{prefill, d, entry} {
+					waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
+				}
+				defer freeEverywhere(t, prefill, d, entry)
+			}
+			m := prefill.cfg.Model
+			pageTokens := prefill.cfg.Actors.PageTokens
+			prompt := strings.Repeat("Once upon a time there was a little cat. ", 4)
+			n := len(m.Tokenizer().Encode(prompt))
+			cacheable := (n - 1) / pageTokens * pageTokens
+			if cacheable < 2*pageTokens {
+				t.Fatalf("the prompt is %d tokens: too short for two cached pages of %d", n, pageTokens)
+			}
+			published := func() (pages uint64) {
+				for _, p := range prefill.Status().Node.Pools {
+					pages += p.CachePublished
+				}
+				return pages
+			}
+			clients := map[string]*client.Client{}
+			ask := func(tenant, salt, prompt string, wantCached int) {
+				t.Helper()
+				c := clients[tenant]
+				if c == nil {
+					c = tenantClient(t, entry.Address(), tenant)
+					clients[tenant] = c
+				}
+				before := published()
+				res, err := c.Generate(context.Background(), tenant, prompt, client.GenerateOptions{MaxTokens: 16, CacheSalt: salt}, nil)
+				if err != nil {
+					t.Fatalf("%s (salt %q): %v", tenant, salt, err)
+				}
+				want, err := m.Answer(prompt, 16)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(res.Tokens, want) {
+					t.Fatalf("%s (salt %q), %d tokens cached: answered %v, the reference %v", tenant, salt, res.CachedTokens, res.Tokens, want)
+				}
+				if res.CachedTokens != wantCached {
+					t.Fatalf("%s (salt %q): %d prompt tokens read from the cache, want %d", tenant, salt, res.CachedTokens, wantCached)
+				}
+				if wantCached == 0 {
+					// Its pages are kept once decode acknowledges them,
+					// which may come after the answer.
+					testwait.Report(t, "the prompt's pages kept", time.Minute, func() (bool, string) {
+						have := published()
+						return have >= before+uint64(cacheable/pageTokens), fmt.Sprintf("%d pages kept, %d before", have, before)
+					})
+				}
+			}
+			ask("acme", "", prompt, 0)
+			ask("acme", "", prompt, cacheable)
+			ask("globex", "", prompt, 0) // another tenant: its own scope
+			ask("acme", "user-1", prompt, 0)
+			ask("acme", "user-1", prompt, cacheable)
+			ask("acme", "user-2", prompt, 0)
+			ask("hooli", "", prompt, 0)
+			ask("pied", "", prompt, cacheable) // the policy's group
+			ask("acme", "", prompt+"Then it ran away.", cacheable)
+			var queries, hits uint64
+			for _, p := range prefill.Status().Node.Pools {
+				queries, hits = queries+p.CacheQueries, hits+p.CacheHitTokens
+			}
+			if queries != 9 || hits != uint64(4*cacheable) {
+				t.Errorf("status: %d cache queries and %d tokens hit, want 9 and %d", queries, hits, 4*cacheable)
+			}
+		})
+	}
+}

@@ -1,0 +1,162 @@
+package handoff
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// CachePages is Pages with the calls of cached pages (kv.CachedPage): a
+// prefill worker's pool, whose full prompt pages outlive their transfer as
+// a prefix cache.
+type CachePages interface {
+	Pages
+	LeaseShared(c kv.CachedPage, reader kv.Owner, scope kv.Scope) (kv.Lease, error)
+	// AckPublish acknowledges a source page and, when that would free it,
+	// publishes it under scope instead (kv.Page.AckPublish): the zero
+	// CachedPage says it was only acknowledged.
+	AckPublish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.CachedPage, error)
+	Evict(c kv.CachedPage) error
+}
+
+// PrefixCache is one prefill worker's cache of prompt prefixes: the index
+// of the cached pages of its pool (kv.PrefixIndex), keyed by a chain that
+// starts from the request's scope, the model and the KV geometry, and the
+// counts operators see. The scope of a plan is its tenant's, from the
+// node's tenants policy (ScopeOf), narrowed by the plan's cache salt; a
+// plan's own words never widen it.
+type PrefixCache struct {
+	index   *kv.PrefixIndex
+	model   string
+	scopeOf func(tenant, salt string) kv.Scope
+	stats   PrefixStats
+}
+
+// PrefixStats counts a prefix cache's work since it started.
+type PrefixStats struct {
+	// Queries counts prefills that looked the cache up; QueryTokens the
+	// prompt tokens they could have found (their cacheable pages'), and
+	// HitTokens those found.
+	Queries, QueryTokens, HitTokens uint64
+	// Published counts pages kept in the cache; Evicted those given up
+	// to make room; Gone those found in the index whose lease was
+	// refused (evicted or reclaimed under the index), a miss.
+	Published, Evicted, Gone uint64
+	// Pages is how many pages the cache holds now, of PagesMax.
+	Pages, PagesMax int
+}
+
+// NewPrefixCache is an empty cache of at most pagesMax pages for the model
+// of fingerprint model, scoping each plan's tenant and salt by scopeOf.
+func NewPrefixCache(pagesMax int, model string, scopeOf func(tenant, salt string) kv.Scope) (*PrefixCache, error) {
+	index, err := kv.NewPrefixIndex(pagesMax)
+	if err != nil {
+		return nil, err
+	}
+	return &PrefixCache{index: index, model: model, scopeOf: scopeOf}, nil
+}
+
+// Stats are the cache's counts as of now.
+func (c *PrefixCache) Stats() PrefixStats {
+	s := c.stats
+	s.Pages, s.PagesMax = c.index.Len(), c.index.PagesMax()
+	return s
+}
+
+// Keep names a source page of a prefill whose bytes the cache keeps once
+// decode has them: Page indexes the prefill's Sources, Key is its place in
+// the key chain.
+type Keep struct {
+	Page int
+	Key  kv.PrefixKey
+}
+
+// lookup finds the longest cached run of prompt's first full pages in
+// scope and leases each for reader, stopping at the first gap or refusal
+// (an entry gone under the index is forgotten: a miss, never a wrong
+// page). It returns the leases, in order, and every cacheable page's key.
+func (c *PrefixCache) lookup(p CachePages, scope kv.Scope, reader kv.Owner, prompt []int) ([]kv.Lease, []kv.PrefixKey, error) {
+	g := p.Geometry()
+	root, err := kv.PrefixRoot(scope, c.model, g)
+	if err != nil {
+		return nil, nil, err
+	}
+	keys := kv.PrefixKeys(root, prompt, g.PageTokens)
+	c.stats.Queries++
+	c.stats.QueryTokens += uint64(len(keys) * g.PageTokens)
+	var leases []kv.Lease
+	for _, hit := range c.index.Match(keys) {
+		l, err := p.LeaseShared(hit, reader, scope)
+		if err != nil {
+			c.index.Remove(hit.Tag)
+			c.stats.Gone++
+			break
+		}
+		leases = append(leases, l)
+	}
+	c.stats.HitTokens += uint64(len(leases) * g.PageTokens)
+	return leases, keys, nil
+}
+
+// room evicts the least recently used pages until n more fit, or none is
+// left to evict; a page still leased is freed at its last unlease.
+func (c *PrefixCache) room(p CachePages, n int) {
+	for _, v := range c.index.Victims(n - c.index.Room()) {
+		// A refusal means the page is gone already: either way it is
+		// out of the index.
+		_ = p.Evict(v)
+		c.stats.Evicted++
+	}
+}
+
+// ExecAckKeep carries out an Ack whose Keep pages the cache takes: each
+// is published under the Ack's scope instead of freed, unless the cache
+// already holds its key (another prefill of the same prefix published
+// first) or it holds no pages at all; every other page is acknowledged as
+// ExecAck does.
+func ExecAckKeep(p CachePages, c *PrefixCache, e Ack, refused func(kv.Tag, error)) {
+	keep := make(map[int]kv.PrefixKey, len(e.Keep))
+	for _, k := range e.Keep {
+		if !c.index.Has(k.Key) {
+			keep[k.Page] = k.Key
+		}
+	}
+	for i, t := range e.Tags {
+		key, ok := keep[i]
+		if !ok || c.index.PagesMax() == 0 {
+			each("ack", p.Ack, e.Owner, []kv.Tag{t}, refused)
+			continue
+		}
+		c.room(p, 1)
+		cached, err := p.AckPublish(t, e.Owner, e.Scope)
+		if err != nil {
+			OwnsOrPanic(err, "ack", t, e.Owner)
+			if refused != nil {
+				refused(t, err)
+			}
+			continue
+		}
+		if cached.Tag == (kv.Tag{}) {
+			continue // acknowledged and freed, or still leased: not kept
+		}
+		if err := c.index.Add(key, cached); err != nil {
+			panic(fmt.Sprintf("handoff: page %s published under key %x and refused by the index: %v", cached.Tag, key, err))
+		}
+		delete(keep, i)
+		c.stats.Published++
+	}
+}
+
+// reserveEvicting reserves n pages for owner from position 0, and when the
+// pool is exhausted gives up cached pages (least recently used first, none
+// of those leased now) and tries once more.
+func (c *PrefixCache) reserveEvicting(p CachePages, owner kv.Owner, n int) ([]kv.Tag, error) {
+	tags, err := p.Reserve(owner, 0, n)
+	var full *kv.PoolExhaustedError
+	if !errors.As(err, &full) || c.index.Len() == 0 {
+		return tags, err
+	}
+	c.room(p, c.index.Room()+n)
+	return p.Reserve(owner, 0, n)
+}
