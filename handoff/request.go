@@ -121,7 +121,7 @@ type Request struct {
 	first    int        // prefill's first token
 	tokens   []int
 	seq      uint32
-	stopped  bool // the client stopped the request at the tokens it has
+	stopped  bool   // the client stopped the request at the tokens it has
 	salt     string // the client's cache salt, for every plan
 	cached   int    // prompt tokens prefill read from its prefix cache
 	counts   RequestCounts
