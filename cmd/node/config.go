@@ -146,6 +146,9 @@ type nodeConfig struct {
 	DecodeWorkers  int `json:"decode_workers"`
 	PrefillPages   int `json:"prefill_pages"`
 	DecodePages    int `json:"decode_pages"`
+	// PrefixCachePercent is the most of each prefill worker's pool its
+	// prefix cache keeps, in percent (0: no prefix cache).
+	PrefixCachePercent int `json:"prefix_cache_percent"`
 	// MaxTokensMax is the most tokens one request may ask to generate.
 	MaxTokensMax int `json:"max_tokens_max"`
 	// MemoryBudgetBytes bounds the bytes of every KV pool the node holds
@@ -236,6 +239,7 @@ func defaultNodeConfig() nodeConfig {
 		DecodeWorkers:           a.DecodeWorkers,
 		PrefillPages:            a.PrefillPages,
 		DecodePages:             a.DecodePages,
+		PrefixCachePercent:      a.PrefixCachePercent,
 		MaxTokensMax:            a.MaxTokensMax,
 		QueueMax:                a.QueueMax,
 		BatchMax:                a.BatchMax,
