@@ -288,7 +288,7 @@ func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		out, frames := w.prefill(e)
 		w.jobs[e.Key].frames = frames
 		if out.Err == nil {
-			w.metrics.promptTokens.Add(uint64(len(e.Plan.PromptTokens)))
+			w.metrics.promptTokens.Add(uint64(len(e.Plan.PromptTokens) - out.Cached))
 			if w.fault != nil {
 				w.fault(frames.Frames)
 			}

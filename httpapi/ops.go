@@ -256,18 +256,26 @@ func (w *Web) Listener(ln net.Listener) net.Listener { return w.guard.listener(l
 type family struct{ name, typ, help string }
 
 var (
-	famInFlight = family{"kvwarden_requests_in_flight", "gauge", "Requests admitted and not finished."}
-	famAdmitted = family{"kvwarden_requests_admitted_total", "counter", "Requests admitted (or routed, on a router)."}
-	famFinished = family{"kvwarden_requests_finished_total", "counter", "Admitted requests that ended, by outcome."}
-	famRejected = family{"kvwarden_requests_rejected_total", "counter", "Requests refused at admission, by the code they were told (prompt_too_long, busy, unavailable)."}
-	famFailed   = family{"kvwarden_requests_failed_total", "counter", "Admitted requests that failed, by the stable code the client was told."}
-	famPages    = family{"kvwarden_kv_pages", "gauge", "KV pages of each pool, by state."}
-	famUsage    = family{"kvwarden_kv_usage_ratio", "gauge", "Share of each pool's KV pages in use, 0 to 1."}
-	famMembers  = family{"kvwarden_members", "gauge", "Cluster members this node sees, by role and state."}
-	famRefused  = family{"kvwarden_refusals_total", "counter", "What the node refused from outside, by kind."}
-	famDraining = family{"kvwarden_draining", "gauge", "1 while the node drains, else 0."}
-	famInfo     = family{"kvwarden_node_info", "gauge", "The node's role and model; always 1."}
-	famTTFT     = family{"kvwarden_time_to_first_token_seconds", "histogram",
+	famInFlight     = family{"kvwarden_requests_in_flight", "gauge", "Requests admitted and not finished."}
+	famAdmitted     = family{"kvwarden_requests_admitted_total", "counter", "Requests admitted (or routed, on a router)."}
+	famFinished     = family{"kvwarden_requests_finished_total", "counter", "Admitted requests that ended, by outcome."}
+	famRejected     = family{"kvwarden_requests_rejected_total", "counter", "Requests refused at admission, by the code they were told (prompt_too_long, busy, unavailable)."}
+	famFailed       = family{"kvwarden_requests_failed_total", "counter", "Admitted requests that failed, by the stable code the client was told."}
+	famPages        = family{"kvwarden_kv_pages", "gauge", "KV pages of each pool, by state: used (held for requests), cached (kept by the prefix cache, given up when the pool is full) and free."}
+	famUsage        = family{"kvwarden_kv_usage_ratio", "gauge", "Share of each pool's KV pages held for requests, 0 to 1 (cached pages are not)."}
+	famCacheLookups = family{"kvwarden_prefix_cache_lookups_total", "counter", "Prefills that looked their prompt up in the pool's prefix cache."}
+	famCacheQueries = family{"kvwarden_prefix_cache_queries_total", "counter",
+		"Prompt tokens the prefills looked up could have found in the prefix cache: those of their full pages before the last."}
+	famCacheHits      = family{"kvwarden_prefix_cache_hits_total", "counter", "Prompt tokens read from the prefix cache instead of computed."}
+	famCachePages     = family{"kvwarden_prefix_cache_pages", "gauge", "Pages the pool's prefix cache keeps, by kind: held now, and at most (max)."}
+	famCacheEvictions = family{"kvwarden_prefix_cache_evictions_total", "counter",
+		"Cached pages given up, by why: room (the cache or the pool was full) and gone (found evicted or reclaimed when leased)."}
+	famCachePublished = family{"kvwarden_prefix_cache_published_total", "counter", "Prompt pages the prefix cache kept once decode had them."}
+	famMembers        = family{"kvwarden_members", "gauge", "Cluster members this node sees, by role and state."}
+	famRefused        = family{"kvwarden_refusals_total", "counter", "What the node refused from outside, by kind."}
+	famDraining       = family{"kvwarden_draining", "gauge", "1 while the node drains, else 0."}
+	famInfo           = family{"kvwarden_node_info", "gauge", "The node's role and model; always 1."}
+	famTTFT           = family{"kvwarden_time_to_first_token_seconds", "histogram",
 		"From admission (or, on a router, arrival) to the first token sent."}
 	famITL = family{"kvwarden_inter_token_latency_seconds", "histogram",
 		"Between two consecutive tokens of one request's stream."}
@@ -424,16 +432,56 @@ func (t *exposition) requests(ns *messages.NodeStatus) {
 func (t *exposition) pools(pools []messages.PoolStatus) {
 	t.family(famPages)
 	for _, p := range pools {
-		t.sample(famPages.name, "", float64(p.Capacity-p.Free), "pool", p.Name, "state", "used")
+		t.sample(famPages.name, "", float64(p.Capacity-p.Free-p.CachePages), "pool", p.Name, "state", "used")
+		t.sample(famPages.name, "", float64(p.CachePages), "pool", p.Name, "state", "cached")
 		t.sample(famPages.name, "", float64(p.Free), "pool", p.Name, "state", "free")
 	}
 	t.family(famUsage)
 	for _, p := range pools {
 		usage := 0.0
 		if p.Capacity > 0 {
-			usage = float64(p.Capacity-p.Free) / float64(p.Capacity)
+			usage = float64(p.Capacity-p.Free-p.CachePages) / float64(p.Capacity)
 		}
 		t.sample(famUsage.name, "", usage, "pool", p.Name)
+	}
+	t.prefixCaches(pools)
+}
+
+// prefixCaches writes the prefix cache of each pool that has one; no
+// tenant or scope is named.
+func (t *exposition) prefixCaches(pools []messages.PoolStatus) {
+	var cached []messages.PoolStatus
+	for _, p := range pools {
+		if p.CachePagesMax > 0 {
+			cached = append(cached, p)
+		}
+	}
+	if len(cached) == 0 {
+		return
+	}
+	for _, c := range []struct {
+		fam family
+		of  func(p messages.PoolStatus) uint64
+	}{
+		{famCacheLookups, func(p messages.PoolStatus) uint64 { return p.CacheQueries }},
+		{famCacheQueries, func(p messages.PoolStatus) uint64 { return p.CacheQueryTokens }},
+		{famCacheHits, func(p messages.PoolStatus) uint64 { return p.CacheHitTokens }},
+		{famCachePublished, func(p messages.PoolStatus) uint64 { return p.CachePublished }},
+	} {
+		t.family(c.fam)
+		for _, p := range cached {
+			t.sample(c.fam.name, "", float64(c.of(p)), "pool", p.Name)
+		}
+	}
+	t.family(famCachePages)
+	for _, p := range cached {
+		t.sample(famCachePages.name, "", float64(p.CachePages), "pool", p.Name, "kind", "held")
+		t.sample(famCachePages.name, "", float64(p.CachePagesMax), "pool", p.Name, "kind", "max")
+	}
+	t.family(famCacheEvictions)
+	for _, p := range cached {
+		t.sample(famCacheEvictions.name, "", float64(p.CacheEvicted), "pool", p.Name, "why", "room")
+		t.sample(famCacheEvictions.name, "", float64(p.CacheGone), "pool", p.Name, "why", "gone")
 	}
 }
 

@@ -195,9 +195,10 @@ func TestProbesAndMetrics(t *testing.T) {
 	}
 	for _, p := range n.Status().Node.Pools {
 		used, free := metric(t, after, `kvwarden_kv_pages{pool="`+p.Name+`",state="used"}`), metric(t, after, `kvwarden_kv_pages{pool="`+p.Name+`",state="free"}`)
+		cached := metric(t, after, `kvwarden_kv_pages{pool="`+p.Name+`",state="cached"}`)
 		ratio := metric(t, after, `kvwarden_kv_usage_ratio{pool="`+p.Name+`"}`)
-		if used+free != float64(p.Capacity) || ratio != used/float64(p.Capacity) {
-			t.Errorf("pool %s of %d pages: %g used, %g free, ratio %g", p.Name, p.Capacity, used, free, ratio)
+		if used+cached+free != float64(p.Capacity) || ratio != used/float64(p.Capacity) || cached != float64(p.CachePages) {
+			t.Errorf("pool %s of %d pages: %g used, %g cached, %g free, ratio %g", p.Name, p.Capacity, used, cached, free, ratio)
 		}
 	}
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -61,5 +62,30 @@ func TestPrintChaosStatus(t *testing.T) {
 	printStatus(&out, s)
 	if strings.Contains(out.String(), "CHAOS") || strings.Contains(out.String(), "rows read") {
 		t.Errorf("a production build's status speaks of chaos:\n%s", out.String())
+	}
+}
+
+// TestPrintPrefixCacheStatus: a prefill pool's prefix cache is shown with
+// its figures, and the watch's table counts its pages apart from those in
+// use; a pool without a cache says nothing of one.
+func TestPrintPrefixCacheStatus(t *testing.T) {
+	s := &messages.StatusReply{Node: messages.NodeStatus{Name: "p", Role: messages.RolePrefill, Address: "127.0.0.1:1",
+		Pools: []messages.PoolStatus{
+			{Name: "prefill-0/pool", Capacity: 64, Free: 20, CachePages: 30, CachePagesMax: 32, CacheQueries: 9,
+				CacheQueryTokens: 400, CacheHitTokens: 100, CachePublished: 41, CacheEvicted: 11, CacheGone: 1},
+			{Name: "decode-0/pool", Capacity: 96, Free: 90},
+		}}}
+	var out bytes.Buffer
+	printStatus(&out, s)
+	want := "prefix cache: 30 of at most 32 pages; 9 lookups, 100 of 400 prompt tokens read from it (25.0%); 41 pages kept, 11 evicted, 1 found gone"
+	if !strings.Contains(out.String(), want) || strings.Count(out.String(), "prefix cache") != 1 {
+		t.Errorf("status lacks %q once:\n%s", want, out.String())
+	}
+	out.Reset()
+	drawPages(&out, s)
+	for _, row := range []string{`prefill-0/pool\s+14\s+30\s+20\s+64\s+25\.0%`, `decode-0/pool\s+6\s+0\s+90\s+96\s+-`} {
+		if !regexp.MustCompile(row).MatchString(out.String()) {
+			t.Errorf("the watch's pools lack a row matching %s:\n%s", row, out.String())
+		}
 	}
 }

@@ -44,8 +44,10 @@ type generateOptions struct {
 	Tenant   string
 	Prompt   string
 	// PromptGiven says --prompt was given: an empty prompt is a prompt.
-	PromptGiven   bool
-	MaxTokens     int
+	PromptGiven bool
+	MaxTokens   int
+	// CacheSalt narrows the prefix cache scope the request shares.
+	CacheSalt     string
 	NoAnswerAfter time.Duration
 	creds         credFlags
 }
@@ -89,6 +91,7 @@ error, 130 interrupted by Ctrl-C (the request is cancelled on the node).`,
 	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant the request belongs to (required)")
 	fs.StringVar(&o.Prompt, "prompt", o.Prompt, "the prompt, \"\" for none (the model's BOS alone); - reads it from stdin (required)")
 	fs.IntVar(&o.MaxTokens, "max-tokens", o.MaxTokens, "most tokens to generate")
+	fs.StringVar(&o.CacheSalt, "cache-salt", o.CacheSalt, "share cached prompt prefixes only with the tenant's requests that give the same salt")
 	fs.DurationVar(&o.NoAnswerAfter, "no-answer-after", o.NoAnswerAfter, "give the node up as lost after this long without a message from it")
 	o.creds.bind(fs, "tenant-<--tenant>")
 	return cmd
@@ -191,7 +194,7 @@ func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, 
 	}
 	answered := make(chan answer, 1)
 	go func() {
-		res, err := c.Generate(ctx, o.Tenant, prompt, client.GenerateOptions{MaxTokens: o.MaxTokens, OnText: p.text}, p.token)
+		res, err := c.Generate(ctx, o.Tenant, prompt, client.GenerateOptions{MaxTokens: o.MaxTokens, OnText: p.text, CacheSalt: o.CacheSalt}, p.token)
 		answered <- answer{res, err}
 	}()
 	var a answer
@@ -220,6 +223,9 @@ func generate(ctx context.Context, stdout, stderr io.Writer, o generateOptions, 
 	continued := ""
 	if a.res.Continued > 0 {
 		continued = fmt.Sprintf(", continuations through another router %d (%d tokens computed again)", a.res.Continued, a.res.Replayed)
+	}
+	if a.res.CachedTokens > 0 {
+		continued += fmt.Sprintf(", %d prompt tokens read from the prefix cache", a.res.CachedTokens)
 	}
 	fmt.Fprintf(stderr, "%d tokens, finish %s, time to first token %s, total %s%s\n",
 		len(a.res.Tokens), a.res.Finish, roundDuration(p.firstToken()), roundDuration(time.Since(p.start)), continued)

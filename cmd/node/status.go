@@ -147,6 +147,11 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 			cross = fmt.Sprintf(", %d rows read that another tenant wrote, %d that another request did", p.CrossTenantRows, p.CrossRequestRows)
 		}
 		fmt.Fprintf(w, "  pool %s: %d of %d pages free%s\n", p.Name, p.Free, p.Capacity, cross)
+		if p.CachePagesMax > 0 {
+			fmt.Fprintf(w, "    prefix cache: %d of at most %d pages; %d lookups, %d of %d prompt tokens read from it (%s); %d pages kept, %d evicted, %d found gone\n",
+				p.CachePages, p.CachePagesMax, p.CacheQueries, p.CacheHitTokens, p.CacheQueryTokens,
+				percent(p.CacheHitTokens, p.CacheQueryTokens), p.CachePublished, p.CacheEvicted, p.CacheGone)
+		}
 	}
 	if n.Insecure {
 		fmt.Fprintf(w, "  INSECURE: the node authenticates nobody\n")
@@ -347,9 +352,13 @@ func drawWatch(w io.Writer, h watchHead, r reading, prev *reading) {
 // it sees.
 func drawPages(w io.Writer, s *messages.StatusReply) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tUSED\tFREE\tCAPACITY")
+	fmt.Fprintln(tw, "POOL\tUSED\tCACHED\tFREE\tCAPACITY\tCACHE HITS")
 	for _, p := range s.Node.Pools {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", p.Name, p.Capacity-p.Free, p.Free, p.Capacity)
+		hits := "-"
+		if p.CachePagesMax > 0 {
+			hits = percent(p.CacheHitTokens, p.CacheQueryTokens)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", p.Name, p.Capacity-p.Free-p.CachePages, p.CachePages, p.Free, p.Capacity, hits)
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -393,4 +402,12 @@ func told(s *messages.NodeStatus) []uint64 {
 	refused[messages.CodePromptTooLong], refused[messages.CodeBusy] = s.RejectedTooLong, s.RejectedBusy
 	refused[messages.CodeUnavailable] = rejectedUnavailable(s)
 	return messages.SumCounts(s.FailedByCode, refused)
+}
+
+// percent is part of whole as a percentage, "-" when whole is 0.
+func percent(part, whole uint64) string {
+	if whole == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(part)/float64(whole))
 }
