@@ -114,3 +114,55 @@ func TestPrefixCacheIsScopedByCredential(t *testing.T) {
 		})
 	}
 }
+
+// TestRouterFollowsThePrefixCache: with two prefill nodes, a router sends
+// a prompt to the node whose cache holds its prefix (as its own routing
+// left it), so every request after the first of the same scope reads the
+// prefix (load-only routing would pick either node, and miss about half
+// the time: all of six after the first is a chance of 1 in 64); another
+// tenant's identical prompt holds nothing there.
+func TestRouterFollowsThePrefixCache(t *testing.T) {
+	p1 := startClusterNode(t, actors.RolePrefill)
+	p2 := startClusterNode(t, actors.RolePrefill, p1.GossipAddr())
+	d := startClusterNode(t, actors.RoleDecode, p1.GossipAddr())
+	r := startClusterNode(t, actors.RoleRouter, p1.GossipAddr())
+	for _, n := range []*Node{p1, p2, d, r} {
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 4 && routable(n) })
+	}
+	m := p1.cfg.Model
+	prompt := strings.Repeat("A tale of two caches. ", 3)
+	cacheable := (len(m.Tokenizer().Encode(prompt)) - 1) / p1.cfg.Actors.PageTokens * p1.cfg.Actors.PageTokens
+	published := func() (pages uint64) {
+		for _, n := range []*Node{p1, p2} {
+			for _, p := range n.Status().Node.Pools {
+				pages += p.CachePublished
+			}
+		}
+		return pages
+	}
+	acme := tenantClient(t, r.Address(), "acme")
+	for i := range 7 {
+		before := published()
+		res, err := acme.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 4}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := cacheable
+		if i == 0 {
+			want = 0
+		}
+		if res.CachedTokens != want {
+			t.Fatalf("request %d: %d prompt tokens read from the cache, want %d", i, res.CachedTokens, want)
+		}
+		if i == 0 {
+			testwait.Report(t, "the first prompt's pages kept", time.Minute, func() (bool, string) {
+				return published() > before, fmt.Sprintf("%d pages kept", published())
+			})
+		}
+	}
+	res, err := tenantClient(t, r.Address(), "globex").Generate(context.Background(), "globex", prompt, client.GenerateOptions{MaxTokens: 4}, nil)
+	if err != nil || res.CachedTokens != 0 {
+		t.Fatalf("another tenant's identical prompt: %d tokens read from the cache (%v)", res.CachedTokens, err)
+	}
+	freeEverywhere(t, p1, p2, d, r)
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
+	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/tenancy"
 	"github.com/kvwarden/kvwarden/trust"
@@ -66,6 +67,7 @@ type routerActor struct {
 	mailbox  actor.MailboxProducer // never waits when full (actors.Node.Mailbox)
 	counters *routerCounters
 	routing  *Routing
+	affinity *PrefixAffinity    // which prefill nodes hold which prompt pages, as its routing left them
 	relays   map[string]*routed // by relay PID id
 	byClient map[string]*actor.PID
 	ledger   *tenancy.Ledger // every request relayed, by tenant, held to its share (cfg.Tenants)
@@ -80,6 +82,7 @@ type routed struct {
 	request                   *messages.RoutedRequest // as last sent
 	decode, prefill           Member
 	promptTokens              int
+	keys                      []kv.PrefixKey // the prompt's cacheable pages in its scope (PrefixAffinity)
 	decodePages, prefillPages int
 	prefillOut                bool            // counted on the prefill node: no token has come back yet
 	tried                     map[uint64]bool // decode incarnations that answered busy or lost
@@ -117,6 +120,7 @@ func (r *routerActor) Receive(c actor.Context) {
 		if r.routing == nil {
 			r.routing = NewRouting(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 		}
+		r.affinity = NewPrefixAffinity()
 		r.byClient = map[string]*actor.PID{}
 		r.ledger = tenancy.NewLedger()
 	case *messages.GenerateRequest:
@@ -153,6 +157,7 @@ func (r *routerActor) Receive(c actor.Context) {
 	case actors.CancelNumber:
 		r.cancelNumber(c, m)
 	case memberLost:
+		r.affinity.Forget(m.incarnation)
 		for id, rt := range r.relays {
 			if rt.decode.Meta.Incarnation == m.incarnation {
 				c.Send(actor.NewPID(c.Self().Address, id), m)
@@ -275,8 +280,9 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	}
 	// Routing picks one of candidates that are there, excluding none.
 	prefillPages, decodePages := handoff.RequestPages(r.cfg.Geometry(), len(prompt), int(m.MaxTokens))
+	keys := r.prefixKeys(tenant, m.CacheSalt, prompt)
 	d, _ := r.pick(ds, decodePages, nil)
-	p, _ := r.pick(ps, prefillPages, nil)
+	p, _ := r.pickPrefill(ps, prefillPages, keys)
 	if err := handoff.Admit(r.cfg.Limits(), len(prompt), int(m.MaxTokens), int(p.Meta.CapacityPages),
 		int(d.Meta.CapacityPages)); err != nil {
 		if _, ok := err.(*actors.PromptTooLongError); ok {
@@ -326,8 +332,9 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 		answer(fmt.Errorf("cluster: spawning the relay: %w", err), &r.counters.failed)
 		return
 	}
-	rt := &routed{rl: rl, request: fwd, decode: d, prefill: p, promptTokens: len(prompt), decodePages: decodePages,
+	rt := &routed{rl: rl, request: fwd, decode: d, prefill: p, promptTokens: len(prompt), keys: keys, decodePages: decodePages,
 		prefillPages: prefillPages, tried: map[uint64]bool{}, waiting: true}
+	r.affinity.Routed(keys, p.Meta.Incarnation)
 	r.counters.waiting.Add(1)
 	r.count(rt)
 	r.relays[pid.Id] = rt
@@ -349,6 +356,36 @@ func (r *routerActor) pick(ms []Member, pages int, exclude map[uint64]bool) (Mem
 			FreePages: int(m.Meta.FreePages)}
 	}
 	i, ok := r.routing.Pick(cs, pages, exclude)
+	if !ok {
+		return Member{}, false
+	}
+	return ms[i], true
+}
+
+// prefixKeys are the keys of prompt's cacheable pages in the prefix cache
+// scope of tenant (the one its credential names) narrowed by salt, as a
+// prefill node of the router's model and geometry keys them; none when
+// the scope cannot key (an invalid geometry is refused at start-up).
+func (r *routerActor) prefixKeys(tenant, salt string, prompt []int) []kv.PrefixKey {
+	g := r.cfg.Geometry()
+	root, err := kv.PrefixRoot(r.cfg.Tenants.Policy().CacheScope(tenant, salt), r.model.Fingerprint().String(), g)
+	if err != nil {
+		return nil
+	}
+	return kv.PrefixKeys(root, prompt, g.PageTokens)
+}
+
+// pickPrefill is the prefill node of ms for a request holding pages there
+// whose prompt's cacheable pages are keys: the one thought to hold most
+// of them (PrefixAffinity), unless load says otherwise (PickAffine).
+func (r *routerActor) pickPrefill(ms []Member, pages int, keys []kv.PrefixKey) (Member, bool) {
+	cs, hits := make([]Candidate, len(ms)), make([]int, len(ms))
+	for i, m := range ms {
+		cs[i] = Candidate{Incarnation: m.Meta.Incarnation, CapacityPages: int(m.Meta.CapacityPages),
+			FreePages: int(m.Meta.FreePages)}
+		hits[i] = r.affinity.Hits(keys, m.Meta.Incarnation)
+	}
+	i, ok := r.routing.PickAffine(cs, pages, nil, hits)
 	if !ok {
 		return Member{}, false
 	}
@@ -400,6 +437,7 @@ func (r *routerActor) retry(c actor.Context, relayPID *actor.PID, m relayRetry) 
 	r.release(rt)
 	rt.decode, rt.prefill = d, p
 	r.count(rt)
+	r.affinity.Routed(rt.keys, p.Meta.Incarnation)
 	req := rt.request
 	rt.request = routedRequest(req.RequestID, req.Tenant, req.Prompt, req.MaxTokens, d, p)
 	rt.request.CacheSalt = req.CacheSalt
@@ -420,7 +458,7 @@ func (r *routerActor) next(rt *routed) (d, p Member, ok bool) {
 	}
 	ms, fp := r.members(), r.model.Fingerprint()
 	d, dok := r.pick(candidates(ms, decodes, fp), rt.decodePages, rt.tried)
-	p, pok := r.pick(candidates(ms, prefills, fp), rt.prefillPages, nil)
+	p, pok := r.pickPrefill(candidates(ms, prefills, fp), rt.prefillPages, rt.keys)
 	ok = dok && pok && handoff.Admit(r.cfg.Limits(), rt.promptTokens, int(rt.request.MaxTokens), int(p.Meta.CapacityPages),
 		int(d.Meta.CapacityPages)) == nil
 	return d, p, ok

@@ -136,3 +136,46 @@ func (r *Routing) Done(inc uint64, pages int) {
 		r.out[inc] = l
 	}
 }
+
+// AffinityImbalanceMax is how many more requests a router may have
+// outstanding on the prefill node that holds the longest run of a prompt's
+// pages than on the least loaded candidate, and still send the prompt
+// there: past it, load decides (a hot prefix must not pin all its traffic
+// to one node).
+const AffinityImbalanceMax = 4
+
+// PickAffine is Pick for a request whose prompt's cached pages each
+// candidate is thought to hold, hits[i] of them on cs[i] (PrefixAffinity):
+// among the candidates Pick would choose from, the one with the most hits,
+// unless it has more than AffinityImbalanceMax requests outstanding beyond
+// the least loaded of them; with no hit anywhere, or past that, as Pick.
+func (r *Routing) PickAffine(cs []Candidate, pages int, exclude map[uint64]bool, hits []int) (int, bool) {
+	fits, waits := make([]int, 0, len(cs)), make([]int, 0, len(cs))
+	for i, c := range cs {
+		switch {
+		case exclude[c.Incarnation]:
+		case r.Free(c) >= pages:
+			fits = append(fits, i)
+		case c.CapacityPages >= pages:
+			waits = append(waits, i)
+		}
+	}
+	among := fits
+	if len(among) == 0 {
+		among = waits
+	}
+	best, least := -1, -1
+	load := func(i int) int { return r.out[cs[i].Incarnation].Requests }
+	for _, i := range among {
+		if hits[i] > 0 && (best < 0 || hits[i] > hits[best] || hits[i] == hits[best] && load(i) < load(best)) {
+			best = i
+		}
+		if least < 0 || load(i) < load(least) {
+			least = i
+		}
+	}
+	if best >= 0 && load(best)-load(least) <= AffinityImbalanceMax {
+		return best, true
+	}
+	return r.Pick(cs, pages, exclude)
+}

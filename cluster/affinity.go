@@ -1,0 +1,92 @@
+package cluster
+
+import (
+	"container/list"
+	"slices"
+
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// PrefixAffinity is a router's memory of which prefill nodes hold which
+// prompt pages in their prefix caches, learned from its own routing: a
+// request's cacheable pages (kv.PrefixKeys, whose chain starts from the
+// request's scope) will be cached on the prefill node it was routed to
+// once decode has them. It is a pure core, bounded (AffinityKeysMax keys,
+// each on at most AffinityNodesMax nodes, least recently routed forgotten
+// first) and never authoritative: a node may have evicted a page, or
+// restarted, and another router may have filled a node's cache. A wrong
+// guess costs a miss (the prefill node computes the prompt), never a
+// wrong page: the node's own index and the page's handshake decide. Keys
+// chain from the scope, so a request's guesses are about its own scope's
+// pages only.
+type PrefixAffinity struct {
+	byKey map[kv.PrefixKey]*list.Element // of *affinity
+	lru   *list.List                     // front: routed last
+}
+
+// AffinityKeysMax bounds the keys a router remembers (about 80 bytes
+// each), and AffinityNodesMax the nodes remembered for one key.
+const (
+	AffinityKeysMax  = 1 << 16
+	AffinityNodesMax = 4
+)
+
+type affinity struct {
+	key   kv.PrefixKey
+	nodes []uint64 // incarnations, routed last first
+}
+
+// NewPrefixAffinity remembers nothing yet.
+func NewPrefixAffinity() *PrefixAffinity {
+	return &PrefixAffinity{byKey: map[kv.PrefixKey]*list.Element{}, lru: list.New()}
+}
+
+// Len is how many keys it remembers.
+func (a *PrefixAffinity) Len() int { return a.lru.Len() }
+
+// Hits is how many of keys, from the first, the node of incarnation inc is
+// thought to hold.
+func (a *PrefixAffinity) Hits(keys []kv.PrefixKey, inc uint64) int {
+	for i, k := range keys {
+		e := a.byKey[k]
+		if e == nil || !slices.Contains(e.Value.(*affinity).nodes, inc) {
+			return i
+		}
+	}
+	return len(keys)
+}
+
+// Routed remembers keys as held by the node of incarnation inc.
+func (a *PrefixAffinity) Routed(keys []kv.PrefixKey, inc uint64) {
+	for _, k := range keys {
+		e := a.byKey[k]
+		if e == nil {
+			if a.lru.Len() == AffinityKeysMax {
+				old := a.lru.Back()
+				delete(a.byKey, old.Value.(*affinity).key)
+				a.lru.Remove(old)
+			}
+			a.byKey[k] = a.lru.PushFront(&affinity{key: k, nodes: []uint64{inc}})
+			continue
+		}
+		a.lru.MoveToFront(e)
+		af := e.Value.(*affinity)
+		af.nodes = slices.DeleteFunc(af.nodes, func(n uint64) bool { return n == inc })
+		af.nodes = slices.Insert(af.nodes, 0, inc)
+		af.nodes = af.nodes[:min(len(af.nodes), AffinityNodesMax)]
+	}
+}
+
+// Forget drops the node of incarnation inc (it left, or failed): a new run
+// of it starts with an empty cache under another incarnation.
+func (a *PrefixAffinity) Forget(inc uint64) {
+	for e := a.lru.Front(); e != nil; {
+		next := e.Next()
+		af := e.Value.(*affinity)
+		if af.nodes = slices.DeleteFunc(af.nodes, func(n uint64) bool { return n == inc }); len(af.nodes) == 0 {
+			delete(a.byKey, af.key)
+			a.lru.Remove(e)
+		}
+		e = next
+	}
+}
