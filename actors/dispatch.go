@@ -8,6 +8,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/handoff"
+	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
 
@@ -24,10 +25,14 @@ type DispatchStatus struct{}
 type DispatchStatusReply struct{ Outstanding int }
 
 // dispatchActor hands each transfer plan to the prefill worker with the
-// fewest outstanding plans, keeping the plan's sender as the sender so the
-// worker answers the request actor directly; the plan's ack or abort goes
-// to the same worker. It refuses, before any worker sees them, plans that
-// the policy refuses, and drops duplicates of plans that ended.
+// fewest outstanding plans, or, with prefix caches, to the worker it sent
+// the longest run of the prompt's pages to before (handoff.PrefixAffinity)
+// unless that worker has handoff.AffinityImbalanceMax more plans
+// outstanding than the least loaded; it keeps the plan's sender as the
+// sender so the worker answers the request actor directly; the plan's ack
+// or abort goes to the same worker. It refuses, before any worker sees
+// them, plans that the policy refuses, and drops duplicates of plans that
+// ended.
 type dispatchActor struct {
 	workers []*actor.PID
 	forget  time.Duration // after which a plan never acknowledged is dropped
@@ -36,6 +41,10 @@ type dispatchActor struct {
 	log     *slog.Logger
 	load    []int
 	jobs    map[handoff.JobKey]dispatched // until its ack or abort
+	// keysOf are the keys of a plan's cacheable pages in its scope, as
+	// the workers' caches key them; nil without caches or with one worker.
+	keysOf   func(*messages.TransferPlan) []kv.PrefixKey
+	affinity *handoff.PrefixAffinity
 }
 
 type dispatched struct {
@@ -49,6 +58,7 @@ func (d *dispatchActor) Receive(c actor.Context) {
 	case *actor.Started:
 		d.load = make([]int, len(d.workers))
 		d.jobs = map[handoff.JobKey]dispatched{}
+		d.affinity = handoff.NewPrefixAffinity()
 	case *messages.TransferPlan:
 		now := time.Now()
 		d.prune(now)
@@ -65,7 +75,7 @@ func (d *dispatchActor) Receive(c actor.Context) {
 		}
 		j, ok := d.jobs[key]
 		if !ok {
-			j = dispatched{worker: slices.Index(d.load, slices.Min(d.load)), plan: m, expires: now.Add(d.forget)}
+			j = dispatched{worker: d.pick(m), plan: m, expires: now.Add(d.forget)}
 			d.jobs[key] = j
 			d.load[j.worker]++
 		}
@@ -84,6 +94,26 @@ func (d *dispatchActor) Receive(c actor.Context) {
 	case DispatchStatus:
 		c.Respond(DispatchStatusReply{Outstanding: len(d.jobs)})
 	}
+}
+
+// pick is the worker a new plan goes to.
+func (d *dispatchActor) pick(m *messages.TransferPlan) int {
+	least := slices.Index(d.load, slices.Min(d.load))
+	if d.keysOf == nil {
+		return least
+	}
+	keys := d.keysOf(m)
+	best, hits := least, 0
+	for w := range d.workers {
+		if h := d.affinity.Hits(keys, uint64(w)); h > hits || h == hits && h > 0 && d.load[w] < d.load[best] {
+			best, hits = w, h
+		}
+	}
+	if hits == 0 || d.load[best]-d.load[least] > handoff.AffinityImbalanceMax {
+		best = least
+	}
+	d.affinity.Routed(keys, uint64(best))
+	return best
 }
 
 func (d *dispatchActor) done(c actor.Context, key handoff.JobKey, m messages.Message) {

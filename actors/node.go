@@ -200,6 +200,20 @@ func (n *Node) spawn(model *engine.Model, sup actor.SupervisorStrategy, opt Opti
 		d := &dispatchActor{workers: n.prefill, forget: 2 * cfg.ReclaimAfter, log: n.log,
 			policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf},
 			ended:  handoff.NewDonePlans(cfg.DonePlansMax, cfg.PrefillTimeout)}
+		if cfg.PrefixCachePercent > 0 && len(n.prefill) > 1 {
+			fp, g, tenants := model.Fingerprint().String(), cfg.Geometry(), cfg.Tenants
+			d.keysOf = func(m *messages.TransferPlan) []kv.PrefixKey {
+				prompt := make([]int, len(m.PromptTokens))
+				for i, t := range m.PromptTokens {
+					prompt[i] = int(t)
+				}
+				keys, err := handoff.PromptKeys(tenants.Policy().CacheScope(m.Tenant, m.CacheSalt), fp, g, prompt)
+				if err != nil {
+					return nil // a plan whose scope cannot key: load decides
+				}
+				return keys
+			}
+		}
 		if n.dispatcher, err = n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return d },
 			actor.WithMailbox(n.MailboxFrom(trust.RoleDecode, trust.RoleAll))), PrefillName); err != nil {
 			return err

@@ -115,15 +115,19 @@ func TestPrefixCacheIsScopedByCredential(t *testing.T) {
 	}
 }
 
-// TestRouterFollowsThePrefixCache: with two prefill nodes, a router sends
-// a prompt to the node whose cache holds its prefix (as its own routing
-// left it), so every request after the first of the same scope reads the
-// prefix (load-only routing would pick either node, and miss about half
-// the time: all of six after the first is a chance of 1 in 64); another
-// tenant's identical prompt holds nothing there.
+// TestRouterFollowsThePrefixCache: with two prefill nodes of two prefill
+// workers each, a router sends a prompt to the node whose cache holds its
+// prefix (as its own routing left it), and the node's dispatcher to the
+// worker whose cache does, so every request after the first of the same
+// scope reads the prefix (load-only routing would pick either node and
+// miss half the time: all of six after the first is a chance of 1 in 64;
+// an idle node's dispatcher would pick its first worker anyway, which
+// TestDispatchFollowsThePrefixCache covers); another tenant's identical
+// prompt holds nothing there.
 func TestRouterFollowsThePrefixCache(t *testing.T) {
-	p1 := startClusterNode(t, actors.RolePrefill)
-	p2 := startClusterNode(t, actors.RolePrefill, p1.GossipAddr())
+	twoWorkers := func(cfg *NodeConfig) { cfg.Actors.PrefillWorkers = 2 }
+	p1 := startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil, twoWorkers)
+	p2 := startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil, twoWorkers, p1.GossipAddr())
 	d := startClusterNode(t, actors.RoleDecode, p1.GossipAddr())
 	r := startClusterNode(t, actors.RoleRouter, p1.GossipAddr())
 	for _, n := range []*Node{p1, p2, d, r} {

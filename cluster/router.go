@@ -67,8 +67,8 @@ type routerActor struct {
 	mailbox  actor.MailboxProducer // never waits when full (actors.Node.Mailbox)
 	counters *routerCounters
 	routing  *Routing
-	affinity *PrefixAffinity    // which prefill nodes hold which prompt pages, as its routing left them
-	relays   map[string]*routed // by relay PID id
+	affinity *handoff.PrefixAffinity // which prefill nodes hold which prompt pages, as its routing left them
+	relays   map[string]*routed      // by relay PID id
 	byClient map[string]*actor.PID
 	ledger   *tenancy.Ledger // every request relayed, by tenant, held to its share (cfg.Tenants)
 }
@@ -120,7 +120,7 @@ func (r *routerActor) Receive(c actor.Context) {
 		if r.routing == nil {
 			r.routing = NewRouting(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 		}
-		r.affinity = NewPrefixAffinity()
+		r.affinity = handoff.NewPrefixAffinity()
 		r.byClient = map[string]*actor.PID{}
 		r.ledger = tenancy.NewLedger()
 	case *messages.GenerateRequest:
@@ -367,12 +367,12 @@ func (r *routerActor) pick(ms []Member, pages int, exclude map[uint64]bool) (Mem
 // prefill node of the router's model and geometry keys them; none when
 // the scope cannot key (an invalid geometry is refused at start-up).
 func (r *routerActor) prefixKeys(tenant, salt string, prompt []int) []kv.PrefixKey {
-	g := r.cfg.Geometry()
-	root, err := kv.PrefixRoot(r.cfg.Tenants.Policy().CacheScope(tenant, salt), r.model.Fingerprint().String(), g)
+	keys, err := handoff.PromptKeys(r.cfg.Tenants.Policy().CacheScope(tenant, salt), r.model.Fingerprint().String(),
+		r.cfg.Geometry(), prompt)
 	if err != nil {
 		return nil
 	}
-	return kv.PrefixKeys(root, prompt, g.PageTokens)
+	return keys
 }
 
 // pickPrefill is the prefill node of ms for a request holding pages there

@@ -3,6 +3,8 @@ package cluster
 import (
 	"fmt"
 	"math/rand/v2"
+
+	"github.com/kvwarden/kvwarden/handoff"
 )
 
 // Routing is one router's choice of nodes, a pure state machine (no
@@ -137,17 +139,10 @@ func (r *Routing) Done(inc uint64, pages int) {
 	}
 }
 
-// AffinityImbalanceMax is how many more requests a router may have
-// outstanding on the prefill node that holds the longest run of a prompt's
-// pages than on the least loaded candidate, and still send the prompt
-// there: past it, load decides (a hot prefix must not pin all its traffic
-// to one node).
-const AffinityImbalanceMax = 4
-
 // PickAffine is Pick for a request whose prompt's cached pages each
 // candidate is thought to hold, hits[i] of them on cs[i] (PrefixAffinity):
 // among the candidates Pick would choose from, the one with the most hits,
-// unless it has more than AffinityImbalanceMax requests outstanding beyond
+// unless it has more than handoff.AffinityImbalanceMax requests outstanding beyond
 // the least loaded of them; with no hit anywhere, or past that, as Pick.
 func (r *Routing) PickAffine(cs []Candidate, pages int, exclude map[uint64]bool, hits []int) (int, bool) {
 	fits, waits := make([]int, 0, len(cs)), make([]int, 0, len(cs))
@@ -174,7 +169,7 @@ func (r *Routing) PickAffine(cs []Candidate, pages int, exclude map[uint64]bool,
 			least = i
 		}
 	}
-	if best >= 0 && load(best)-load(least) <= AffinityImbalanceMax {
+	if best >= 0 && load(best)-load(least) <= handoff.AffinityImbalanceMax {
 		return best, true
 	}
 	return r.Pick(cs, pages, exclude)

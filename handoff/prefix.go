@@ -72,17 +72,28 @@ type Keep struct {
 	Key  kv.PrefixKey
 }
 
+// PromptKeys are the keys of prompt's cacheable pages (kv.PrefixKeys) in
+// scope, for the model of fingerprint model over pages of geometry g: the
+// keys a prefill worker's cache holds them under, and a router or
+// dispatcher sends them by (PrefixAffinity).
+func PromptKeys(scope kv.Scope, model string, g kv.Geometry, prompt []int) ([]kv.PrefixKey, error) {
+	root, err := kv.PrefixRoot(scope, model, g)
+	if err != nil {
+		return nil, err
+	}
+	return kv.PrefixKeys(root, prompt, g.PageTokens), nil
+}
+
 // lookup finds the longest cached run of prompt's first full pages in
 // scope and leases each for reader, stopping at the first gap or refusal
 // (an entry gone under the index is forgotten: a miss, never a wrong
 // page). It returns the leases, in order, and every cacheable page's key.
 func (c *PrefixCache) lookup(p CachePages, scope kv.Scope, reader kv.Owner, prompt []int) ([]kv.Lease, []kv.PrefixKey, error) {
 	g := p.Geometry()
-	root, err := kv.PrefixRoot(scope, c.model, g)
+	keys, err := PromptKeys(scope, c.model, g, prompt)
 	if err != nil {
 		return nil, nil, err
 	}
-	keys := kv.PrefixKeys(root, prompt, g.PageTokens)
 	c.stats.Queries++
 	c.stats.QueryTokens += uint64(len(keys) * g.PageTokens)
 	var leases []kv.Lease

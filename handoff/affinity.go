@@ -1,4 +1,4 @@
-package cluster
+package handoff
 
 import (
 	"container/list"
@@ -8,32 +8,40 @@ import (
 )
 
 // PrefixAffinity is a router's memory of which prefill nodes hold which
-// prompt pages in their prefix caches, learned from its own routing: a
-// request's cacheable pages (kv.PrefixKeys, whose chain starts from the
-// request's scope) will be cached on the prefill node it was routed to
-// once decode has them. It is a pure core, bounded (AffinityKeysMax keys,
-// each on at most AffinityNodesMax nodes, least recently routed forgotten
-// first) and never authoritative: a node may have evicted a page, or
-// restarted, and another router may have filled a node's cache. A wrong
-// guess costs a miss (the prefill node computes the prompt), never a
-// wrong page: the node's own index and the page's handshake decide. Keys
-// chain from the scope, so a request's guesses are about its own scope's
-// pages only.
+// prompt pages in their prefix caches (or a node's, of which of its
+// prefill workers do), learned from its own choices: a request's
+// cacheable pages (kv.PrefixKeys, whose chain starts from the request's
+// scope) will be cached where it was sent once decode has them. Holders
+// are named by a number: a node's incarnation, or a worker's index. It is
+// a pure core, bounded (AffinityKeysMax keys, each on at most
+// AffinityNodesMax holders, least recently sent forgotten first) and never
+// authoritative: a holder may have evicted a page, or restarted, and
+// another router may have filled a node's cache. A wrong guess costs a
+// miss (the prefill worker computes the prompt), never a wrong page: the
+// worker's own index and the page's handshake decide. Keys chain from the
+// scope, so a request's guesses are about its own scope's pages only.
 type PrefixAffinity struct {
 	byKey map[kv.PrefixKey]*list.Element // of *affinity
 	lru   *list.List                     // front: routed last
 }
 
-// AffinityKeysMax bounds the keys a router remembers (about 80 bytes
-// each), and AffinityNodesMax the nodes remembered for one key.
+// AffinityKeysMax bounds the keys remembered (about 80 bytes each), and
+// AffinityNodesMax the holders remembered for one key.
 const (
 	AffinityKeysMax  = 1 << 16
 	AffinityNodesMax = 4
 )
 
+// AffinityImbalanceMax is how many more requests a router (or a node's
+// dispatcher) may have outstanding on the holder of the longest run of a
+// prompt's pages than on the least loaded candidate, and still send the
+// prompt there: past it, load decides (a hot prefix must not pin all its
+// traffic to one holder).
+const AffinityImbalanceMax = 4
+
 type affinity struct {
 	key   kv.PrefixKey
-	nodes []uint64 // incarnations, routed last first
+	nodes []uint64 // holders, sent to last first
 }
 
 // NewPrefixAffinity remembers nothing yet.
@@ -44,8 +52,8 @@ func NewPrefixAffinity() *PrefixAffinity {
 // Len is how many keys it remembers.
 func (a *PrefixAffinity) Len() int { return a.lru.Len() }
 
-// Hits is how many of keys, from the first, the node of incarnation inc is
-// thought to hold.
+// Hits is how many of keys, from the first, holder inc is thought to
+// hold.
 func (a *PrefixAffinity) Hits(keys []kv.PrefixKey, inc uint64) int {
 	for i, k := range keys {
 		e := a.byKey[k]
@@ -56,7 +64,7 @@ func (a *PrefixAffinity) Hits(keys []kv.PrefixKey, inc uint64) int {
 	return len(keys)
 }
 
-// Routed remembers keys as held by the node of incarnation inc.
+// Routed remembers keys as held by holder inc, where their request went.
 func (a *PrefixAffinity) Routed(keys []kv.PrefixKey, inc uint64) {
 	for _, k := range keys {
 		e := a.byKey[k]
@@ -77,8 +85,8 @@ func (a *PrefixAffinity) Routed(keys []kv.PrefixKey, inc uint64) {
 	}
 }
 
-// Forget drops the node of incarnation inc (it left, or failed): a new run
-// of it starts with an empty cache under another incarnation.
+// Forget drops holder inc (a node that left or failed: a new run of it
+// starts with an empty cache under another incarnation).
 func (a *PrefixAffinity) Forget(inc uint64) {
 	for e := a.lru.Front(); e != nil; {
 		next := e.Next()
