@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Model-checks formal/handoff.pml with SPIN: the correct model must have no
+# Model-checks formal/handoff.pml (the handoff) and formal/cache.pml (the
+# prefix cache's shared pages) with SPIN: each correct model must have no
 # error in any configuration, and every planted bug (mutant) must be caught
 # as an assertion violation. Installs nothing; needs spin and a C compiler.
 #
@@ -9,8 +10,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-model="$here/handoff.pml"
-depth="${DEPTH:-10000}"   # pan -m: DFS stack depth; the model needs ~150
+depth="${DEPTH:-10000}"   # pan -m: DFS stack depth; the models need ~150
 cc="${CC:-gcc}"
 
 if ! command -v spin >/dev/null 2>&1; then
@@ -21,7 +21,9 @@ if ! command -v "$cc" >/dev/null 2>&1; then
   echo "check.sh: C compiler '$cc' not found; spin's verifier is C" >&2
   exit 2
 fi
-[[ -f "$model" ]] || { echo "check.sh: $model missing" >&2; exit 2; }
+for m in handoff cache; do
+  [[ -f "$here/$m.pml" ]] || { echo "check.sh: $here/$m.pml missing" >&2; exit 2; }
+done
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/kvwarden-formal.XXXXXX")"
 if [[ -n "${KEEP:-}" ]]; then
@@ -30,9 +32,10 @@ else
   trap 'rm -rf "$work"' EXIT
 fi
 
-# Two bounded configurations, each searched exhaustively. Together they cover
-# every behaviour the model has; one configuration with all of them at once is
-# too large to search in seconds (see MAPPING.md, "Bounds").
+# Bounded configurations, each searched exhaustively. handoff.pml has two
+# that together cover every behaviour the model has; one configuration with
+# all of them at once is too large to search in seconds (see MAPPING.md,
+# "Bounds").
 #   faults: two requests, up to two data-plane faults, one cancel, one
 #           retransmission per attempt, no re-plan.
 #   retry:  request 0 may re-plan once after a failed attempt (same owner
@@ -40,40 +43,56 @@ fi
 #           apart), one data-plane fault, no cancel, no retransmission.
 FAULTS="-DRETRY_MAX=0 -DFAULT_MAX=2 -DCANCEL_MAX=1 -DRETX_MAX=1"
 RETRY="-DRETRY_MAX=1 -DFAULT_MAX=1 -DCANCEL_MAX=0 -DRETX_MAX=0"
+# For cache.pml two more:
+#   share:  two readers of scope A and one of scope B (probing A's pages)
+#           race two prefills' published pages, evictions and reclaims.
+#   dup:    one reader a scope, and one unlease delivered twice (with two
+#           readers of a scope sharing a page a duplicate would take the
+#           other's count; see MAPPING.md).
+SHARE=""
+DUP="-DNREADERS_A=1 -DDUP_MAX=1"
 
-# name|config|expected|extra flags
+# model|name|config|expected|extra flags
 variants=(
-  "correct|faults|pass|"
-  "correct|retry|pass|"
-  "MUTANT_NO_TAG_CHECK|faults|fail|-DMUTANT_NO_TAG_CHECK"
-  "MUTANT_NO_GEN_BUMP|retry|fail|-DMUTANT_NO_GEN_BUMP"
-  "MUTANT_EARLY_RELEASE|faults|fail|-DMUTANT_EARLY_RELEASE"
-  "MUTANT_HEADER_UNCHECKED|faults|fail|-DMUTANT_HEADER_UNCHECKED"
+  "handoff|correct|faults|pass|"
+  "handoff|correct|retry|pass|"
+  "handoff|MUTANT_NO_TAG_CHECK|faults|fail|-DMUTANT_NO_TAG_CHECK"
+  "handoff|MUTANT_NO_GEN_BUMP|retry|fail|-DMUTANT_NO_GEN_BUMP"
+  "handoff|MUTANT_EARLY_RELEASE|faults|fail|-DMUTANT_EARLY_RELEASE"
+  "handoff|MUTANT_HEADER_UNCHECKED|faults|fail|-DMUTANT_HEADER_UNCHECKED"
+  "cache|correct|share|pass|"
+  "cache|correct|dup|pass|"
+  "cache|MUTANT_NO_SCOPE_CHECK|share|fail|-DMUTANT_NO_SCOPE_CHECK"
+  "cache|MUTANT_EVICT_NO_GEN_BUMP|share|fail|-DMUTANT_EVICT_NO_GEN_BUMP"
+  "cache|MUTANT_UNLEASE_NO_COUNT|dup|fail|-DMUTANT_UNLEASE_NO_COUNT"
+  "cache|MUTANT_PUBLISH_NO_GEN_BUMP|share|fail|-DMUTANT_PUBLISH_NO_GEN_BUMP"
 )
 
 now() { date +%s.%N; }
 status=0
 t_all=$(now)
-printf '%-24s %-7s %-8s %-6s %12s %8s  %s\n' variant config expected got states seconds note
+printf '%-7s %-26s %-7s %-8s %-6s %12s %8s  %s\n' model variant config expected got states seconds note
 for v in "${variants[@]}"; do
-  IFS='|' read -r name config expected extra <<<"$v"
+  IFS='|' read -r model name config expected extra <<<"$v"
   case "$config" in
     faults) flags="$FAULTS" ;;
     retry)  flags="$RETRY" ;;
+    share)  flags="$SHARE" ;;
+    dup)    flags="$DUP" ;;
   esac
-  dir="$work/$name.$config"
+  dir="$work/$model.$name.$config"
   mkdir -p "$dir"
-  cp "$model" "$dir/handoff.pml"
+  cp "$here/$model.pml" "$dir/$model.pml"
   # shellcheck disable=SC2086 # flags are meant to split into words
-  if ! (cd "$dir" && spin -a $flags $extra handoff.pml >spin.log 2>&1); then
-    echo "check.sh: spin -a failed for $name ($config):" >&2
+  if ! (cd "$dir" && spin -a $flags $extra "$model.pml" >spin.log 2>&1); then
+    echo "check.sh: spin -a failed for $model $name ($config):" >&2
     cat "$dir/spin.log" >&2
     exit 1
   fi
   # -w: gcc warns about array indexing it cannot prove in range; pan checks
   # every index at run time and reports it as an error.
   if ! (cd "$dir" && "$cc" -O2 -w -DSAFETY -DCOLLAPSE -o pan pan.c >cc.log 2>&1); then
-    echo "check.sh: compiling the verifier failed for $name ($config):" >&2
+    echo "check.sh: compiling the verifier failed for $model $name ($config):" >&2
     cat "$dir/cc.log" >&2
     exit 1
   fi
@@ -108,7 +127,7 @@ for v in "${variants[@]}"; do
     got="partial"
   fi
 
-  printf '%-24s %-7s %-8s %-6s %12s %8s  %s\n' "$name" "$config" "$expected" "$got" "$states" "$secs" "$note"
+  printf '%-7s %-26s %-7s %-8s %-6s %12s %8s  %s\n' "$model" "$name" "$config" "$expected" "$got" "$states" "$secs" "$note"
   if [[ "$got" != "$expected" ]]; then
     status=1
     if [[ "$got" != fail && "$got" != pass ]]; then
@@ -118,7 +137,7 @@ for v in "${variants[@]}"; do
 done
 total=$(awk -v a="$t_all" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
 if [[ $status -eq 0 ]]; then
-  echo "ok: correct model has no error in every configuration; every mutant caught (${total}s with compiles)"
+  echo "ok: correct models have no error in every configuration; every mutant caught (${total}s with compiles)"
 else
   echo "FAILED: some variant did not come out as expected (${total}s with compiles)" >&2
 fi
