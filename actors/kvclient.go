@@ -105,9 +105,15 @@ func (c *pageClient) Read(l kv.Lease) ([]byte, int, error) {
 }
 
 // Unlease gives a lease back. The local record goes whatever the page
-// answers: a lease the page refuses (reclaimed) is no lease any more.
+// answers: a lease the page refuses (reclaimed) is no lease any more. A
+// lease not held here is refused without a word to the page, which counts
+// leases, not whose they are: passed on, a second unlease of one lease
+// would give back another holder's (a shared page's other reader's).
 func (c *pageClient) Unlease(l kv.Lease) error {
-	if c.held[l]--; c.held[l] <= 0 {
+	if c.held[l] == 0 {
+		return &kv.StateError{Page: l.Tag, Op: "unlease of a lease not held here", State: kv.Leased}
+	}
+	if c.held[l]--; c.held[l] == 0 {
 		delete(c.held, l)
 		delete(c.views, l)
 	}
