@@ -105,6 +105,10 @@ declare -A expect=(
   [no_manifest_verify]="provenance"
   [admit_ignores_smallest_pool]="admission"
   [late_done_accepted]="late messages ignored"
+  [scope_from_request]="provenance"
+  [evict_no_gen_bump]="generations grow"
+  [lease_count_negative]="lease count"
+  [key_without_scope]="cache scope"
 )
 
 mutants=("$@")
