@@ -86,8 +86,11 @@ func PromptKeys(scope kv.Scope, model string, g kv.Geometry, prompt []int) ([]kv
 
 // lookup finds the longest cached run of prompt's first full pages in
 // scope and leases each for reader, stopping at the first gap or refusal
-// (an entry gone under the index is forgotten: a miss, never a wrong
-// page). It returns the leases, in order, and every cacheable page's key.
+// (an entry gone under the index, or whose bytes no longer match their
+// checksum, is evicted and forgotten: a miss, never a wrong page, and
+// never a cached page the index no longer names, which nothing would
+// evict). It returns the leases, in order, and every cacheable page's
+// key.
 func (c *PrefixCache) lookup(p CachePages, scope kv.Scope, reader kv.Owner, prompt []int) ([]kv.Lease, []kv.PrefixKey, error) {
 	g := p.Geometry()
 	keys, err := PromptKeys(scope, c.model, g, prompt)
@@ -100,6 +103,7 @@ func (c *PrefixCache) lookup(p CachePages, scope kv.Scope, reader kv.Owner, prom
 	for _, hit := range c.index.Match(keys) {
 		l, err := p.LeaseShared(hit, reader, scope)
 		if err != nil {
+			_ = p.Evict(hit) // refused when it is gone already
 			c.index.Remove(hit.Tag)
 			c.stats.Gone++
 			break

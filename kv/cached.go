@@ -77,8 +77,10 @@ func cacheOwner(s Scope) Owner { return Owner{Tenant: s.name} }
 // Publish turns a full sealed page that owner holds (no lease outstanding,
 // no acknowledgement awaited) into a cached page of scope: the generation
 // moves on, the owner is gone, and the checksum is fixed afresh under the
-// cached tenancy's header. From then on the page is read only through
-// shared leases and freed only by Evict.
+// cached tenancy's header, once the bytes are checked against the seal's
+// (bytes changed at rest since the seal are refused, not sealed again as
+// the cache's). From then on the page is read only through shared leases
+// and freed only by Evict.
 func (pg *Page) Publish(tag Tag, owner Owner, scope Scope) (CachedPage, error) {
 	if err := pg.access(tag, owner, "publish"); err != nil {
 		return CachedPage{}, err
@@ -92,6 +94,9 @@ func (pg *Page) Publish(tag Tag, owner Owner, scope Scope) (CachedPage, error) {
 	if pg.filled != pg.params.pageTokens {
 		return CachedPage{}, &TokenRangeError{Page: tag, First: pg.first, Count: pg.filled, Bytes: pg.filled * pg.params.bpt,
 			BytesPerToken: pg.params.bpt, PageFirst: pg.first, Filled: pg.filled, PageTokens: pg.params.pageTokens}
+	}
+	if have := pg.checksum(); have != pg.sum {
+		return CachedPage{}, &ChecksumMismatchError{Where: "page " + tag.String() + " at publish", Want: pg.sum, Have: have}
 	}
 	pg.gen++
 	pg.owner = cacheOwner(scope)
@@ -174,10 +179,12 @@ func (e *WrongScopeError) Error() string {
 
 // AckPublish is Ack for a page sent from a prefill worker's pool whose
 // bytes are worth keeping: when the acknowledgement would free the page
-// (released, no lease outstanding) and it is full, the page is published
-// under scope instead (as Publish does) and its handle returned; otherwise
-// it is an Ack, and the handle is the zero CachedPage (freed says whether
-// the ack freed the page). It never refuses what Ack would take.
+// (released, no lease outstanding), it is full and its bytes are still
+// those sealed, the page is published under scope instead (as Publish
+// does) and its handle returned; otherwise it is an Ack, and the handle is
+// the zero CachedPage (freed says whether the ack freed the page). It
+// never refuses what Ack would take: bytes changed at rest (which decode
+// refused, and aborted) are freed, never kept for later prompts.
 func (pg *Page) AckPublish(tag Tag, owner Owner, scope Scope) (c CachedPage, freed bool, err error) {
 	if err := pg.access(tag, owner, "ack"); err != nil {
 		return CachedPage{}, false, err
@@ -185,7 +192,8 @@ func (pg *Page) AckPublish(tag Tag, owner Owner, scope Scope) (c CachedPage, fre
 	if !pg.awaitAck {
 		return CachedPage{}, false, &StateError{Page: tag, Op: "ack without await", State: pg.state}
 	}
-	if pg.state != Released || pg.readers != 0 || pg.filled != pg.params.pageTokens || scope.Validate() != nil {
+	if pg.state != Released || pg.readers != 0 || pg.filled != pg.params.pageTokens || scope.Validate() != nil ||
+		pg.checksum() != pg.sum {
 		freed, err = pg.Ack(tag, owner)
 		return CachedPage{}, freed, err
 	}

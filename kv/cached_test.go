@@ -73,6 +73,33 @@ func TestPublishRefusals(t *testing.T) {
 	}
 }
 
+// TestPublishRefusesBytesChangedSinceTheSeal: a page whose bytes changed
+// at rest after its seal (decode refuses such a transfer and aborts it,
+// and the abort would keep the pages) is not sealed again as a cached
+// page: Publish refuses it, and AckPublish frees it as Ack would.
+func TestPublishRefusesBytesChangedSinceTheSeal(t *testing.T) {
+	p := newTestPool(t, 1)
+	tag := sealed(t, p, alice, testGeom.PageTokens, 1)
+	p.bytesOf(tag.Index)[0] ^= 0x40
+	var mismatch *ChecksumMismatchError
+	if c, err := p.Publish(tag, alice, aliceScope); !errors.As(err, &mismatch) {
+		t.Fatalf("publish of a page flipped after its seal: %+v, %v", c, err)
+	}
+	if err := p.AwaitAck(tag, alice); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Release(tag, alice, t0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := p.AckPublish(tag, alice, aliceScope)
+	if err != nil || c != (CachedPage{}) {
+		t.Fatalf("ack-publish of a page flipped after its seal: %+v, %v; want it acknowledged, not kept", c, err)
+	}
+	if s := p.Stats(); s.Free != 1 || s.Cached != 0 {
+		t.Fatalf("after the ack: %+v, want the page free", s)
+	}
+}
+
 // TestCachedPageRefusesPrivateOps: nothing that takes a tag and an owner
 // reaches a cached page, under its cached tag or the tag it was published
 // from, whoever presents it; the page and its bytes are unchanged.

@@ -254,7 +254,7 @@ func (pg *Page) Unlease(l Lease) (freed bool, err error) {
 	if err := pg.leaseAccess(l, "unlease"); err != nil {
 		return false, err
 	}
-	if pg.readers == 0 {
+	if pg.readers == 0 && !(mutant.Is(mutant.LeaseCountNegative) && !l.Scope.IsZero()) { // the planted bug: a shared unlease goes unchecked
 		return false, &StateError{Page: l.Tag, Op: "unlease without lease", State: pg.state}
 	}
 	pg.readers--
@@ -374,6 +374,8 @@ func (pg *Page) free() bool {
 	next := pg.gen + 1
 	if mutant.Is(mutant.NoGenBump) {
 		next = pg.gen // the planted bug: the old tenancy's tags stay current
+	} else if mutant.Is(mutant.EvictNoGenBump) && !pg.scope.IsZero() {
+		next = pg.gen // the planted bug: an evicted cached page's tags stay current
 	} else if next <= pg.gen {
 		panic(fmt.Sprintf("kv: generation of page %d would go from %d to %d", pg.index, pg.gen, next))
 	}

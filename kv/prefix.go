@@ -8,6 +8,8 @@ import (
 	"sort"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvwarden/kvwarden/internal/mutant"
 )
 
 // PrefixKey names the prompt prefix that ends with one full page, under
@@ -62,7 +64,9 @@ func PrefixRoot(scope Scope, model string, g Geometry) (PrefixKey, error) {
 	}
 	b := make([]byte, 0, 1+8+len(scope.name)+8+len(model)+1+4*8)
 	b = append(b, prefixRootDomain)
-	b = appendLenString(b, scope.name)
+	if !mutant.Is(mutant.KeyWithoutScope) { // the planted bug: every scope's prompts share one chain of keys
+		b = appendLenString(b, scope.name)
+	}
 	b = appendLenString(b, model)
 	b = append(b, byte(g.DType))
 	for _, v := range []int{g.Layers, g.KVHeads, g.HeadDim, g.PageTokens} {

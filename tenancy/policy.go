@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvwarden/kvwarden/internal/boundedread"
+	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -119,6 +120,9 @@ func (p *Policy) Of(tenant string) Share {
 // cache_salt or prompt_cache_key, which can only narrow it). tenant is the
 // one its credential names; nothing a request says widens the scope.
 func (p *Policy) CacheScope(tenant, salt string) kv.Scope {
+	if mutant.Is(mutant.ScopeFromRequest) && salt != "" {
+		return kv.SharedScope(salt) // the planted bug: the request's salt names the scope, whichever tenant sends it
+	}
 	scope := kv.TenantScope(tenant)
 	if g := p.Tenants[tenant].CacheScope; g != "" {
 		scope = kv.SharedScope(g)

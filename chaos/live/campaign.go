@@ -284,10 +284,11 @@ func (c *Campaign) one(ctx context.Context, r Request, start time.Time) Outcome 
 			cancel()
 		}
 	}
-	res, err := c.Clients[r.Tenant].Generate(rctx, r.Tenant, r.Text, client.GenerateOptions{MaxTokens: r.MaxTokens}, onToken)
+	res, err := c.Clients[r.Tenant].Generate(rctx, r.Tenant, r.Text, client.GenerateOptions{MaxTokens: r.MaxTokens, CacheSalt: r.CacheSalt},
+		onToken)
 	o.End = time.Since(start)
 	if err == nil {
-		o.Answer = res.Tokens
+		o.Answer, o.CachedTokens = res.Tokens, res.CachedTokens
 	}
 	o.Err = withoutNilWireErrors(err)
 	return o

@@ -28,6 +28,9 @@ type Outcome struct {
 	// Cancelled: the client cancelled the request (it streamed
 	// Request.CancelAfter tokens).
 	Cancelled bool
+	// CachedTokens is how many prompt tokens the answer says prefill
+	// read from its prefix cache.
+	CachedTokens int
 }
 
 // Class is what the checker makes of an outcome.

@@ -18,8 +18,12 @@ type PoolFigures struct {
 	// one.
 	CrossTenantRows  uint64 `json:"cross_tenant_rows,omitempty"`
 	CrossRequestRows uint64 `json:"cross_request_rows,omitempty"`
-	// Cached is how many pages the pool's prefix cache keeps.
-	Cached int `json:"cached,omitempty"`
+	// Cached is how many pages the pool's prefix cache keeps;
+	// CacheQueryTokens the prompt tokens its lookups could have found,
+	// CacheHitTokens those found (over the incarnation read).
+	Cached           int    `json:"cached,omitempty"`
+	CacheQueryTokens uint64 `json:"cache_query_tokens,omitempty"`
+	CacheHitTokens   uint64 `json:"cache_hit_tokens,omitempty"`
 }
 
 // Leaked is how many of the pool's pages are neither free nor kept by its
@@ -47,7 +51,8 @@ func FiguresOf(name string, s *messages.StatusReply) NodeFigures {
 		Chaos: s.Node.Chaos, Faults: s.Node.Faults}
 	for _, p := range s.Node.Pools {
 		n.Pools = append(n.Pools, PoolFigures{Node: name, Pool: p.Name, Capacity: int(p.Capacity), Free: int(p.Free),
-			CrossTenantRows: p.CrossTenantRows, CrossRequestRows: p.CrossRequestRows, Cached: int(p.CachePages)})
+			CrossTenantRows: p.CrossTenantRows, CrossRequestRows: p.CrossRequestRows, Cached: int(p.CachePages),
+			CacheQueryTokens: p.CacheQueryTokens, CacheHitTokens: p.CacheHitTokens})
 	}
 	for k, c := range s.Node.FaultCounts {
 		if k < faults.NumKinds && c > 0 {

@@ -184,6 +184,15 @@ type Report struct {
 	// includes the tenant rows' KV bytes.
 	CrossTenantRows  uint64 `json:"cross_tenant_rows"`
 	CrossRequestRows uint64 `json:"cross_request_rows"`
+	// CacheHits counts the correct answers that say prefill read some of
+	// their prompt from its prefix cache, CachedTokens those tokens.
+	// CacheQueryTokens and CacheHitTokens are the prefill pools' own
+	// counts (the prompt tokens their lookups could have found, and
+	// found), over every incarnation read.
+	CacheHits        int    `json:"cache_hits"`
+	CachedTokens     int    `json:"cached_tokens"`
+	CacheQueryTokens uint64 `json:"cache_query_tokens"`
+	CacheHitTokens   uint64 `json:"cache_hit_tokens"`
 	// InNodeFaults are the in-node faults the nodes injected, by kind,
 	// over every incarnation read.
 	InNodeFaults map[string]uint64 `json:"in_node_faults,omitempty"`
@@ -333,6 +342,10 @@ type RequestRecord struct {
 	Answered    int          `json:"answered"`
 	Why         string       `json:"why,omitempty"`
 	Owner       string       `json:"tokens_of,omitempty"`
+	// CacheSalt is the salt the request sent; CachedTokens the prompt
+	// tokens its answer read from the prefix cache.
+	CacheSalt    string `json:"cache_salt,omitempty"`
+	CachedTokens int    `json:"cached_tokens,omitempty"`
 }
 
 // buildReport makes the report of a campaign.
@@ -399,6 +412,10 @@ func (r *Report) count(records []record) {
 		}
 		if v.Class == Correct {
 			answered = append(answered, o.End-o.Start)
+			if o.CachedTokens > 0 {
+				r.CacheHits++
+				r.CachedTokens += o.CachedTokens
+			}
 		}
 		if v.StreamGap {
 			r.StreamGaps++
@@ -406,7 +423,8 @@ func (r *Report) count(records []record) {
 		r.Records = append(r.Records, RequestRecord{Index: o.Request.Index, Tenant: o.Request.Tenant, Prompt: o.Request.Prompt,
 			PromptBytes: len(o.Request.Text), MaxTokens: o.Request.MaxTokens, Oversize: o.Request.Oversize,
 			CancelAfter: o.Request.CancelAfter, Start: jsonDuration(o.Start), End: jsonDuration(o.End), Class: v.Class,
-			Code: v.Code, Streamed: len(o.Streamed), Answered: len(o.Answer), Why: v.Why, Owner: v.Owner})
+			Code: v.Code, Streamed: len(o.Streamed), Answered: len(o.Answer), Why: v.Why, Owner: v.Owner,
+			CacheSalt: o.Request.CacheSalt, CachedTokens: o.CachedTokens})
 	}
 	r.Latency, r.LatencyAll = latencyOf(answered), latencyOf(all)
 }
@@ -435,12 +453,15 @@ func latencyOf(ds []time.Duration) Latencies {
 	return Latencies{Count: len(ds), P50: ms(at(0.5)), P99: ms(at(0.99)), Max: ms(ds[len(ds)-1])}
 }
 
-// nodeCounts sums the nodes' cross rows and in-node faults.
+// nodeCounts sums the nodes' cross rows, prefix cache counts and in-node
+// faults.
 func (r *Report) nodeCounts(nodes []NodeFigures, bytesPerToken int) {
 	for _, n := range nodes {
 		for _, p := range n.Pools {
 			r.CrossTenantRows += p.CrossTenantRows
 			r.CrossRequestRows += p.CrossRequestRows
+			r.CacheQueryTokens += p.CacheQueryTokens
+			r.CacheHitTokens += p.CacheHitTokens
 		}
 		for k, c := range n.FaultCounts {
 			if r.InNodeFaults == nil {
@@ -639,6 +660,8 @@ func (r *Report) WriteSummary(out io.Writer) error {
 		r.CrossTenantRows, r.CrossRequestRows)
 	fmt.Fprintf(w, "correct answers whose stream lost tokens (none wrong): %d\n", r.StreamGaps)
 	fmt.Fprintf(w, "pages leaked: %d of %d in %d pools read\n", r.PagesLeaked, r.PagesTotal, r.pools())
+	fmt.Fprintf(w, "prefix cache: %d correct answers read %d prompt tokens from it; prefill pools found %d of %d tokens looked up\n",
+		r.CacheHits, r.CachedTokens, r.CacheHitTokens, r.CacheQueryTokens)
 	fmt.Fprintf(w, "latency, answered (%d): p50 %s, p99 %s, max %s; all but oversize (%d): p50 %s, p99 %s, max %s\n",
 		r.Latency.Count, ms(r.Latency.P50), ms(r.Latency.P99), ms(r.Latency.Max),
 		r.LatencyAll.Count, ms(r.LatencyAll.P50), ms(r.LatencyAll.P99), ms(r.LatencyAll.Max))

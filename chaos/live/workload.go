@@ -44,15 +44,28 @@ type WorkloadConfig struct {
 	// Cancel is the share of requests, in [0, 1], that the client
 	// cancels after a drawn number of streamed tokens.
 	Cancel float64
+	// SharedPrefixes is how many texts of SharedPrefixBytes bytes every
+	// tenant's prompts may start with (a system prompt, shared by all):
+	// a prompt starts with one of them, or none, drawn alike, before its
+	// canary header. Prefills of them hit the prefix cache in their own
+	// scope and look it up across scopes, where they must miss.
+	SharedPrefixes, SharedPrefixBytes int
+	// Salted is the share of requests, in [0, 1], that send a cache salt
+	// (one of two, the same for every tenant), which narrows their scope.
+	Salted float64
 }
 
 // DefaultWorkloadConfig is four tenants of eight prompts each, 24 to 160
-// bytes long, up to 16 tokens each, in a 2048-token window, with 5 %
-// oversize prompts and 5 % cancellations.
+// bytes long, two thirds of them starting with one of two shared 48-byte
+// prefixes, up to 16 tokens each, in a 2048-token window, with 5 %
+// oversize prompts, 5 % cancellations and 25 % salted requests.
 func DefaultWorkloadConfig() WorkloadConfig {
 	return WorkloadConfig{Tenants: 4, PromptsPerTenant: 8, PromptBytesMin: 24, PromptBytesMax: 160, MaxTokensMax: 16,
-		ContextTokens: 2048, Oversize: 0.05, Cancel: 0.05}
+		ContextTokens: 2048, Oversize: 0.05, Cancel: 0.05, SharedPrefixes: 2, SharedPrefixBytes: 48, Salted: 0.25}
 }
+
+// salts are the cache salts a salted request sends.
+var salts = [...]string{"salt-1", "salt-2"}
 
 // Validate reports the first setting out of range, with its value.
 func (c WorkloadConfig) Validate() error {
@@ -69,9 +82,14 @@ func (c WorkloadConfig) Validate() error {
 	case c.PromptBytesMax+1+c.MaxTokensMax > c.ContextTokens:
 		return fmt.Errorf("live: a prompt of %d bytes (and BOS) and %d tokens to generate exceed the %d-token context window: "+
 			"every prompt but an oversize one must fit", c.PromptBytesMax, c.MaxTokensMax, c.ContextTokens)
-	case !(c.Oversize >= 0 && c.Oversize <= 1) || !(c.Cancel >= 0 && c.Cancel <= 1):
-		return fmt.Errorf("live: the shares of oversize prompts (%g) and cancellations (%g) must be in [0, 1]",
-			c.Oversize, c.Cancel)
+	case !(c.Oversize >= 0 && c.Oversize <= 1) || !(c.Cancel >= 0 && c.Cancel <= 1) || !(c.Salted >= 0 && c.Salted <= 1):
+		return fmt.Errorf("live: the shares of oversize prompts (%g), cancellations (%g) and salted requests (%g) must be in [0, 1]",
+			c.Oversize, c.Cancel, c.Salted)
+	case c.SharedPrefixes < 0 || c.SharedPrefixBytes < 0:
+		return fmt.Errorf("live: shared prefixes (%d of %d bytes) must not be negative", c.SharedPrefixes, c.SharedPrefixBytes)
+	case c.SharedPrefixes > 0 && c.PromptBytesMax < c.SharedPrefixBytes+promptHeaderBytesMax+1:
+		return fmt.Errorf("live: a prompt of at most %d bytes cannot hold a shared prefix of %d bytes and a %d-byte canary header",
+			c.PromptBytesMax, c.SharedPrefixBytes, promptHeaderBytesMax)
 	}
 	return nil
 }
@@ -92,6 +110,8 @@ type Request struct {
 	// CancelAfter is how many streamed tokens the client waits for
 	// before it cancels; 0 never cancels.
 	CancelAfter int
+	// CacheSalt is the cache salt the request sends, if any.
+	CacheSalt string
 }
 
 // Workload is the requests of one seed: request i is the same for the
@@ -102,6 +122,7 @@ type Workload struct {
 	seed     uint64
 	canaries []string   // by tenant
 	prompts  [][]string // by tenant, then prompt
+	shared   []string   // the shared prefixes
 }
 
 // words make the prompts' bodies.
@@ -124,15 +145,33 @@ func NewWorkload(seed uint64, cfg WorkloadConfig) (*Workload, error) {
 		seen[c] = true
 		w.canaries = append(w.canaries, c)
 	}
+	for k := range cfg.SharedPrefixes {
+		w.shared = append(w.shared, wordsOf(fmt.Sprintf("shared prefix %d: ", k), cfg.SharedPrefixBytes, rnd))
+	}
 	for t := range cfg.Tenants {
 		var ps []string
 		for range cfg.PromptsPerTenant {
-			n := cfg.PromptBytesMin + rnd.IntN(cfg.PromptBytesMax-cfg.PromptBytesMin+1)
-			ps = append(ps, w.text(t, n, rnd))
+			prefix := ""
+			if k := rnd.IntN(cfg.SharedPrefixes + 1); k < cfg.SharedPrefixes {
+				prefix = w.shared[k]
+			}
+			lo := max(cfg.PromptBytesMin, len(prefix)+promptHeaderBytesMax+1)
+			n := lo + rnd.IntN(cfg.PromptBytesMax-lo+1)
+			ps = append(ps, prefix+w.text(t, n-len(prefix), rnd))
 		}
 		w.prompts = append(w.prompts, ps)
 	}
 	return w, nil
+}
+
+// SharedPrefix is the prefix prompt j of tenant t starts with, if any.
+func (w *Workload) SharedPrefix(t, j int) string {
+	for _, s := range w.shared {
+		if strings.HasPrefix(w.prompts[t][j], s) {
+			return s
+		}
+	}
+	return ""
 }
 
 // TenantName is the name of tenant t.
@@ -158,8 +197,13 @@ func (w *Workload) Config() WorkloadConfig { return w.cfg }
 
 // text is n bytes of tenant t's prompt: the canary header, then words.
 func (w *Workload) text(t, n int, rnd *rand.Rand) string {
+	return wordsOf(fmt.Sprintf("%s canary %s: ", TenantName(t), w.canaries[t]), n, rnd)
+}
+
+// wordsOf is head and then words, n bytes in all.
+func wordsOf(head string, n int, rnd *rand.Rand) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s canary %s: ", TenantName(t), w.canaries[t])
+	b.WriteString(head)
 	for b.Len() < n {
 		b.WriteString(words[rnd.IntN(len(words))])
 		b.WriteByte(' ')
@@ -176,6 +220,9 @@ func (w *Workload) Request(i int) Request {
 	t := rnd.IntN(c.Tenants)
 	r := Request{Index: i, Tenant: TenantName(t), MaxTokens: 1 + rnd.IntN(c.MaxTokensMax)}
 	oversize, cancel := rnd.Float64() < c.Oversize, rnd.Float64() < c.Cancel
+	if rnd.Float64() < c.Salted {
+		r.CacheSalt = salts[rnd.IntN(len(salts))]
+	}
 	if oversize {
 		return w.oversize(r, t, rnd)
 	}

@@ -47,12 +47,23 @@ func TestWorkloadPrompts(t *testing.T) {
 	cfg.Tenants, cfg.Oversize, cfg.Cancel = 12, 0.1, 0.1
 	w := newTestWorkload(t, 3, cfg)
 	canaries := map[string]bool{}
+	sharers := map[string]map[int]bool{} // the tenants whose prompts start with each shared prefix
 	for tn := range cfg.Tenants {
 		canaries[w.Canary(tn)] = true
 		for j := range cfg.PromptsPerTenant {
 			p := w.Prompt(tn, j)
-			if head := fmt.Sprintf("tenant-%d canary %s: ", tn, w.Canary(tn)); !strings.HasPrefix(p, head) {
-				t.Errorf("tenant %d's prompt %d %q does not start with %q", tn, j, p, head)
+			prefix := w.SharedPrefix(tn, j)
+			if prefix != "" {
+				if len(prefix) != cfg.SharedPrefixBytes || strings.Contains(prefix, "canary") {
+					t.Errorf("tenant %d's prompt %d starts with %q, not a shared prefix of %d bytes", tn, j, prefix, cfg.SharedPrefixBytes)
+				}
+				if sharers[prefix] == nil {
+					sharers[prefix] = map[int]bool{}
+				}
+				sharers[prefix][tn] = true
+			}
+			if head := fmt.Sprintf("tenant-%d canary %s: ", tn, w.Canary(tn)); !strings.HasPrefix(p[len(prefix):], head) {
+				t.Errorf("tenant %d's prompt %d %q does not go on with %q after its shared prefix %q", tn, j, p, head, prefix)
 			}
 			if len(p) < cfg.PromptBytesMin || len(p) > cfg.PromptBytesMax {
 				t.Errorf("tenant %d's prompt %d is %d bytes, want %d to %d", tn, j, len(p), cfg.PromptBytesMin, cfg.PromptBytesMax)
@@ -62,7 +73,17 @@ func TestWorkloadPrompts(t *testing.T) {
 	if len(canaries) != cfg.Tenants {
 		t.Errorf("%d tenants share %d canaries", cfg.Tenants, len(canaries))
 	}
-	var oversize, cancel int
+	// 12 tenants of 8 prompts, a third of them starting with each prefix:
+	// every prefix is shared by several tenants.
+	if len(sharers) != cfg.SharedPrefixes {
+		t.Errorf("%d shared prefixes begin prompts, want %d", len(sharers), cfg.SharedPrefixes)
+	}
+	for prefix, ts := range sharers {
+		if len(ts) < 3 {
+			t.Errorf("shared prefix %q begins prompts of %d tenants", prefix, len(ts))
+		}
+	}
+	var oversize, cancel, salted int
 	for i := range 2000 {
 		r := w.Request(i)
 		fits := len(r.Text)+r.MaxTokens <= cfg.ContextTokens
@@ -75,6 +96,9 @@ func TestWorkloadPrompts(t *testing.T) {
 		case r.Text != w.Prompt(tenantIndex(r.Tenant), r.Prompt):
 			t.Errorf("request %d's text is not its tenant's prompt %d", i, r.Prompt)
 		}
+		if r.CacheSalt != "" {
+			salted++
+		}
 		if r.CancelAfter > 0 {
 			cancel++
 			if r.Oversize || r.CancelAfter > max(r.MaxTokens-1, 1) {
@@ -85,6 +109,9 @@ func TestWorkloadPrompts(t *testing.T) {
 	// 10 % of 2000 each, drawn: far from 0 and from all.
 	if oversize < 100 || oversize > 300 || cancel < 100 || cancel > 300 {
 		t.Errorf("of 2000 requests %d oversize and %d cancelled, want about 200 each", oversize, cancel)
+	}
+	if salted < 400 || salted > 600 {
+		t.Errorf("of 2000 requests %d salted, want about 500", salted)
 	}
 }
 
@@ -98,6 +125,8 @@ func TestWorkloadRefuses(t *testing.T) {
 		{"too many tenants", func(c *WorkloadConfig) { c.Tenants = TenantsMax + 1 }, "tenants (65)"},
 		{"prompt shorter than its header", func(c *WorkloadConfig) { c.PromptBytesMin = 10 }, "prompt bytes from 10"},
 		{"prompts that do not fit", func(c *WorkloadConfig) { c.PromptBytesMax = 2040 }, "a prompt of 2040 bytes (and BOS) and 16 tokens"},
+		{"salted share", func(c *WorkloadConfig) { c.Salted = 1.5 }, "salted requests (1.5)"},
+		{"prompts too short for a shared prefix", func(c *WorkloadConfig) { c.PromptBytesMax = 60 }, "cannot hold a shared prefix of 48 bytes"},
 		{"share", func(c *WorkloadConfig) { c.Oversize = 1.5 }, "oversize prompts (1.5)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,6 +16,7 @@ type client struct {
 	w      *world
 	id     uint64
 	tenant string
+	salt   string // the cache salt it sends
 	prompt []int
 	maxNew int
 	want   []int // the reference answer, cut at EOS; nil when the context cannot hold the request
@@ -34,18 +35,30 @@ type client struct {
 }
 
 // buildClients draws the workload: prompts of random lengths (some too long
-// for their path, some shared by tenants), token budgets, arrival times and
-// cancellations.
+// for their path, some shared by tenants, many starting with a prefix
+// shared by every tenant, some the next turn of an earlier request's
+// chat), cache salts, token budgets, arrival times and cancellations.
 func (w *world) buildClients() {
 	o := w.opt
+	w.buildPrefixes()
 	for i := range o.Requests {
-		c := &client{w: w, id: uint64(i + 1), tenant: fmt.Sprintf("tenant-%c", 'a'+w.rng.IntN(o.Tenants))}
+		c := &client{w: w, id: uint64(i + 1), tenant: tenantName(w.rng.IntN(o.Tenants)), salt: salts[w.rng.IntN(len(salts))]}
 		c.maxNew = 1 + w.rng.IntN(o.MaxTokensMax)
 		switch {
 		case i > 0 && w.rng.IntN(4) == 0:
 			c.prompt = w.clients[i-1].prompt // the same prompt, perhaps of another tenant
 		case w.chance(Oversize):
 			c.prompt = w.prompt(w.oversize(c.maxNew))
+		case i > 0 && w.rng.IntN(4) == 0:
+			prev := w.clients[w.rng.IntN(i)]
+			if c.prompt = w.followUp(prev); c.prompt != nil && w.rng.IntN(4) != 0 {
+				c.tenant, c.salt = prev.tenant, prev.salt // the chat's next turn; else another's probe of it
+			}
+		}
+		switch {
+		case c.prompt != nil:
+		case len(w.prefixes) > 0 && w.rng.IntN(4) != 0:
+			c.prompt = w.sharedPrompt()
 		default:
 			c.prompt = w.prompt(1 + w.rng.IntN(o.PromptTokensMax))
 		}
@@ -54,7 +67,8 @@ func (w *world) buildClients() {
 			c.cancel = w.between(0, 20*o.Timing.DecodeStep)
 		}
 		w.clients = append(w.clients, c)
-		w.after(w.between(0, o.Timing.Arrivals), fmt.Sprintf("client %d (%s) sends %d prompt tokens, max %d", c.id, c.tenant, len(c.prompt), c.maxNew), c.route)
+		w.after(w.between(0, o.Timing.Arrivals), fmt.Sprintf("client %d (%s, salt %q) sends %d prompt tokens, max %d",
+			c.id, c.tenant, c.salt, len(c.prompt), c.maxNew), c.route)
 	}
 	w.open = len(w.clients)
 }
@@ -212,9 +226,22 @@ func (c *client) finish(f handoff.Finish) {
 		w.fail("answers", "client %d (%s) got the answer %v; the reference answer is %v", c.id, c.tenant, got, c.want)
 	case !slices.Equal(c.emitted, c.want):
 		w.fail("answers", "client %d was streamed %v, and answered %v", c.id, c.emitted, got)
+	case c.dr != nil:
+		c.checkCached(res.CachedTokens)
 	}
 	c.end("answered")
 	w.count[Answered]++
+}
+
+// checkCached is the check of the cached tokens a result reports: those
+// the prefill of the request's last attempt read through shared leases.
+func (c *client) checkCached(got uint32) {
+	dr := c.dr
+	key := handoff.JobKey{Sender: senderKey(dr.n.addr, dr.n.inc), ID: dr.r.Owner().Request}
+	if want, ok := c.w.cachedRead[key]; !ok || int(got) != want {
+		c.w.fail("cached tokens", "client %d (%s) was told %d prompt tokens came from the cache; the prefill of its attempt %d read %d (prefilled %t)",
+			c.id, c.tenant, got, key.ID, want, ok)
+	}
 }
 
 // refused ends the request with an error, which must carry a stable code.

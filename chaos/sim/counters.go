@@ -48,6 +48,16 @@ const (
 	LateIgnored
 	Answered
 	Failed
+	CachePublished
+	CacheHit
+	CacheEvicted
+	EvictedWhileLeased
+	CrossScopeProbe
+	CacheLost
+	SharedUnleaseRepeated
+	RepeatedUnleaseRefused
+	CachedFlipped
+	CachedCorruptRefused
 	counters
 )
 
@@ -62,6 +72,10 @@ var counterNames = [counters]string{
 	"request failed integrity", "stale tag refused by pool", "wrong owner refused by pool",
 	"oversize prompt refused", "cancel mid-decode", "cancel before decode", "late message ignored",
 	"request answered", "request failed cleanly",
+	"page published to a prefix cache", "prefill read a cached prefix", "cached page evicted",
+	"cached page evicted while leased", "prefill of a prefix another scope published", "crash lost a prefix cache",
+	"shared unlease repeated", "repeated unlease refused", "cached page bit flipped at rest",
+	"corrupt cached page refused at lease",
 }
 
 func (c Counter) String() string { return counterNames[c] }
@@ -69,19 +83,25 @@ func (c Counter) String() string { return counterNames[c] }
 // required are the counters each fault kind must reach.
 var required = [kinds][]Counter{
 	Drop:      {FramesDropped, ControlDropped},
-	Duplicate: {Duplicated, DuplicatePlanDropped},
+	Duplicate: {Duplicated, DuplicatePlanDropped, SharedUnleaseRepeated, RepeatedUnleaseRefused},
 	Delay:     {Delayed, PrefillDeadline},
 	Reorder:   {Reordered},
 	Misdirect: {Misdirected, StrangerRefused},
 	Corrupt:   {BatchCorrupted, BatchRefusedChecksum},
 	Partition: {PartitionCut},
-	Crash:     {Crashed, Restarted, PeerLost, RetryOtherPeer, DeadRunDropped},
+	Crash:     {Crashed, Restarted, PeerLost, RetryOtherPeer, DeadRunDropped, CacheLost},
 	Shrink:    {PoolShrunk, ReserveRetried},
 	ClockJump: {ClockJumped, ReclaimFreed, AckLostReclaimed, StaleTagRefused},
-	BitFlip:   {BitFlipped, IntegrityRefused},
+	BitFlip:   {BitFlipped, IntegrityRefused, CachedFlipped, CachedCorruptRefused},
 	Oversize:  {OversizeRefused},
 	Cancel:    {CancelMidDecode, CancelBeforeDecode},
 }
+
+// cachePaths are the paths a workload of shared prefixes over prefix
+// caches must reach, faults or none: pages kept and read again, evicted
+// (some while a prefill reads them), and prompts whose prefix another
+// scope cached.
+var cachePaths = []Counter{CachePublished, CacheHit, CacheEvicted, EvictedWhileLeased, CrossScopeProbe}
 
 // Counters count how often a run (or a sweep, summed) reached each path.
 type Counters [counters]uint64
@@ -107,6 +127,21 @@ func (c *Counters) Unreached(f Faults) []string {
 	return out
 }
 
+// UnreachedCache lists the cache paths that stayed at zero, when opt runs
+// prefix caches over shared prefixes.
+func (c *Counters) UnreachedCache(opt Options) []string {
+	if opt.PrefixCachePercent == 0 || opt.Prefixes == 0 {
+		return nil
+	}
+	var out []string
+	for _, r := range cachePaths {
+		if c[r] == 0 {
+			out = append(out, "prefix cache: "+r.String())
+		}
+	}
+	return out
+}
+
 // WriteTable writes one line per counter: its count, its name and the
 // fault kinds that require it.
 func (c *Counters) WriteTable(w io.Writer) {
@@ -115,6 +150,9 @@ func (c *Counters) WriteTable(w io.Writer) {
 		for _, r := range rs {
 			by[r] = append(by[r], Kind(k).String())
 		}
+	}
+	for _, r := range cachePaths {
+		by[r] = append(by[r], "the prefix cache workload")
 	}
 	for i, n := range c {
 		req := ""

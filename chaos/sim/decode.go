@@ -50,6 +50,8 @@ func (n *node) admit(c *client) {
 	n.nextID++
 	dr := &dreq{n: n, c: c, name: strconv.FormatUint(n.nextID, 10), attempts: []uint64{n.nextID}, worker: wk}
 	dr.r = handoff.NewRequest(n.cfg, kv.Owner{Request: n.nextID, Tenant: c.tenant}, c.id, c.prompt, c.maxNew, c.peer)
+	dr.r.NarrowCache(c.salt)
+	n.w.byAttempt[handoff.JobKey{Sender: senderKey(n.addr, n.inc), ID: n.nextID}] = c
 	n.adm.Started(dr.name, key, wk)
 	n.reqs[n.nextID] = dr
 	n.live = append(n.live, dr)
@@ -209,6 +211,7 @@ func (n *node) pick(dr *dreq, e handoff.Pick) handoff.Event {
 	n.w.checkPath(c, p, n, nil)
 	n.nextID++
 	n.reqs[n.nextID] = dr
+	n.w.byAttempt[handoff.JobKey{Sender: senderKey(n.addr, n.inc), ID: n.nextID}] = c
 	dr.attempts = append(dr.attempts, n.nextID)
 	return handoff.Picked{Peer: p.peer(), Attempt: n.nextID, OK: true}
 }

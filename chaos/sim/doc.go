@@ -13,7 +13,17 @@
 // handoff.Admission, a handoff.Request per request and decode workers
 // stepping handoff.Sequences); a router that picks a decode and a prefill
 // node membership reports up and checks handoff.Admit against their pools;
-// and Requests client requests of several tenants. Control messages (plan,
+// and Requests client requests of several tenants. Each prefill run keeps a
+// prefix cache (handoff.PrefixCache, PrefixCachePercent of its pool) and
+// prefills through it as a node's worker does (handoff.ExecPrefillCached,
+// and handoff.ExecAckKeep when decode acknowledges or aborts); a crash
+// loses it with the pool, and the node comes back with an empty one. Some
+// tenants share a cache group in the world's tenancy.Policy, the others
+// are alone, and clients send cache salts; the prompts reuse a few
+// prefixes across tenants, groups and salts, and some are the next turn
+// of an earlier request's chat, so that prefills hit their scope's pages,
+// look up prefixes other scopes published, and evict pages (some while a
+// prefill reads them) from caches a few pages small. Control messages (plan,
 // done, ack, abort) cross a simulated network encoded by package messages;
 // KV frames cross a simulated data plane encoded as kv batches, one
 // connection per send, acknowledged batch by batch as package cluster's
@@ -30,9 +40,12 @@
 // partitions, crashes with a restart under a new incarnation (peers hear
 // handoff.PeerLost after a detection delay), pools shrunk by a dummy owner,
 // clock jumps past the reclaim deadlines, bit flips in sealed pages before
-// their reader verifies them, oversize prompts and cancellations. The
+// their reader verifies them (cached pages too: every shared lease
+// verifies one), unleases of shared leases repeated, oversize prompts and
+// cancellations. The
 // Counters are the "sometimes" assertions: Unreached lists the paths an
-// enabled kind never reached, which a campaign treats as a failure.
+// enabled kind never reached, which a campaign treats as a failure, and
+// UnreachedCache the paths of the prefix cache a workload never reached.
 //
 // # Invariants
 //
@@ -43,16 +56,25 @@
 // (itself only after decode's ack, an abort or a failed transfer) or by its
 // reclaim deadline; a late message of an abandoned attempt changes nothing;
 // a corrupted batch never passes the decoder and an intact one always does.
-// At every read through a lease: every row returned was computed for the
-// lease's owner on that run (the provenance oracle: rows are labelled when
-// written, and labels travel with the frames). At every answer: tokens
-// streamed and the result equal the reference (engine.ReferenceEngine, cut at
-// EOS), or the request ends with one error of a stable
-// messages.ErrorCode; never twice; a request is refused as prompt_too_long
-// exactly when the smallest pool on its path cannot hold it. At the end:
-// every request ended, no page is still owned, and once the reclaim
-// deadline has passed every page of every pool is free. A core's panic is a
-// violation too.
+// A cached page is held by the scope a cache published it under, and
+// counted among the pool's cached pages and its cache's index; the pool
+// counts as many readers of it as the oracle holds shared leases, frees it
+// only when none is held, and refuses a repeated unlease; the index never
+// finds a page of another scope. At every read through a lease: every row
+// returned was computed for the lease's owner on that run (the provenance
+// oracle: rows are labelled when written, and labels travel with the
+// frames), or, through a shared lease, for a request of the reader's
+// scope, by the oracle's own account of the policy and of the client each
+// plan serves (never the policy's code, which is under test). At every
+// answer: tokens streamed and the result equal the reference
+// (engine.ReferenceEngine, cut at EOS), and the cached tokens it reports
+// are those its prefill read through shared leases, or the request ends
+// with one error of a stable messages.ErrorCode; never twice; a request is
+// refused as prompt_too_long exactly when the smallest pool on its path
+// cannot hold it. At the end: every request ended, no page is still
+// owned, and once the reclaim deadline has passed every page of every pool
+// is free or cached, and no lease on a cached page is held. A core's panic
+// is a violation too.
 //
 // # Determinism and concurrency
 //

@@ -121,7 +121,14 @@ func (w *world) flip(tries int) {
 	c := cands[w.rng.IntN(len(cands))]
 	p := c.n.pages
 	info := p.pool.Inspect(c.tag.Index)
-	l, err := p.pool.Lease(c.tag, info.Owner)
+	var l kv.Lease
+	var err error
+	if info.State == kv.Cached {
+		cp := kv.CachedPage{Tag: info.Tag, Scope: info.Scope, First: info.First, Tokens: info.Tokens, Checksum: info.Checksum}
+		l, err = p.pool.LeaseShared(cp, kv.Owner{Request: w.seq, Tenant: "bit-flip"}, info.Scope)
+	} else {
+		l, err = p.pool.Lease(c.tag, info.Owner)
+	}
 	if err != nil {
 		w.trace.line("  bit flip found " + c.tag.String() + " gone: " + err.Error())
 		return
@@ -135,13 +142,16 @@ func (w *world) flip(tries int) {
 		w.fail("effects", "bit flip gives back its lease of %s: %v", c.tag, err)
 	}
 	w.count[BitFlipped]++
+	if info.State == kv.Cached {
+		w.count[CachedFlipped]++
+	}
 	w.trace.line(fmt.Sprintf("  BIT FLIP in row %d of %s on %s", row, c.tag, c.n.addr))
 }
 
 // atRest are the node's sealed pages that a reader will verify before it
-// reads them.
+// reads them: a cached page is verified at every shared lease.
 func (n *node) atRest() []kv.Tag {
-	var out []kv.Tag
+	out := n.pages.cachedTags()
 	for _, p := range n.ready {
 		for _, f := range p.frames.Frames {
 			out = append(out, f.Source)
@@ -184,7 +194,8 @@ func (w *world) checkStep() {
 // checkEnd is the check once nothing is left to happen: every request
 // ended; no page is owned any more (a page still reserved, filling, sealed
 // or leased is a leak that only the owned timeout would end); and once the
-// reclaim deadline has passed, every page of every pool is free.
+// reclaim deadline has passed, every page of every pool is free or cached,
+// and no lease on a cached page is held.
 func (w *world) checkEnd() {
 	for _, c := range w.clients {
 		if !c.done {
@@ -194,7 +205,7 @@ func (w *world) checkEnd() {
 	}
 	up := slices.DeleteFunc(slices.Clone(w.nodes), func(n *node) bool { return n.inc == 0 })
 	for _, n := range up {
-		if owned := n.pages.busy(func(s kv.State) bool { return s != kv.Released }); len(owned) > 0 {
+		if owned := n.pages.busy(func(s kv.State) bool { return s != kv.Released && s != kv.Cached }); len(owned) > 0 {
 			w.fail("pages released", "%s (run %x) still has %d pages owned after every request ended: %v", n.addr, n.inc, len(owned), owned)
 			return
 		}
@@ -205,9 +216,13 @@ func (w *world) checkEnd() {
 	for _, n := range up {
 		n.pages.tick()
 		n.pages.check()
-		if busy := n.pages.busy(func(kv.State) bool { return true }); len(busy) > 0 {
-			w.fail("pages freed", "%s (run %x) has %d pages not free after every request ended and the reclaim deadline passed: %v",
+		if busy := n.pages.busy(func(s kv.State) bool { return s != kv.Cached }); len(busy) > 0 {
+			w.fail("pages freed", "%s (run %x) has %d pages neither free nor cached after every request ended and the reclaim deadline passed: %v",
 				n.addr, n.inc, len(busy), busy)
+		}
+		if leased := n.pages.leasedCached(); len(leased) > 0 || len(n.pages.shared) > 0 {
+			w.fail("pages freed", "%s (run %x) has cached pages leased after every request ended: %v (shared leases held %d)",
+				n.addr, n.inc, leased, len(n.pages.shared))
 		}
 		n.pages.retire()
 	}

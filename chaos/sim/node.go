@@ -49,6 +49,10 @@ type node struct {
 	recent   []kv.Frame      // the frames sent last, for the misdirect fault
 	byKey    map[handoff.JobKey]*job
 	nextArmd bool
+	cache    *handoff.PrefixCache // nil when the world runs none
+	// published records, by prompt prefix (prefixKey), the scopes of the
+	// oracle that published its last page on this run.
+	published map[string][]string
 
 	// decode
 	adm     *handoff.Admission
@@ -63,8 +67,8 @@ func (w *world) newNode(r role, i, pagesMin, pagesMax int) *node {
 	return &node{w: w, role: r, addr: fmt.Sprintf("%s-%d:7000", r, i), pagesN: pagesMin + w.rng.IntN(pagesMax-pagesMin+1)}
 }
 
-// boot starts a new run of the node: a new incarnation, an empty pool and
-// fresh cores.
+// boot starts a new run of the node: a new incarnation, an empty pool, an
+// empty prefix cache and fresh cores.
 func (n *node) boot() {
 	w := n.w
 	n.inc = w.newIncarnation()
@@ -84,6 +88,7 @@ func (n *node) boot() {
 		n.ready, n.sends = map[handoff.JobKey]*prefilled{}, map[handoff.JobKey]*send{}
 		n.jobs, n.byKey = map[uint64]*job{}, map[handoff.JobKey]*job{}
 		n.nextArmd, n.recent = false, nil
+		n.cache, n.published = n.newCache(), map[string][]string{}
 	case roleDecode:
 		n.adm = handoff.NewAdmission(w.limits, 64, w.opt.DecodeWorkers, n.pagesN)
 		n.cfg = handoff.RequestConfig{Geometry: w.limits.Geometry, Incarnation: n.inc, DataPlane: n.addr,
@@ -136,6 +141,9 @@ func (n *node) crash() {
 	w.count[Crashed]++
 	w.trace.line(fmt.Sprintf("  CRASH %s (run %x)", n.addr, old))
 	n.pages.retire()
+	if n.cache != nil && n.cache.Stats().Pages > 0 {
+		w.count[CacheLost]++
+	}
 	for _, c := range w.clients {
 		if !c.done && c.node == n && c.inc == old {
 			c.nodeLost(fmt.Sprintf("decode node %s (run %x) died", n.addr, old))

@@ -31,6 +31,15 @@ type Options struct {
 	// simulator's model is a one-layer transformer of width 32, so that a
 	// run costs milliseconds.
 	ContextTokens int
+	// PrefixCachePercent is the most of each prefill pool its prefix
+	// cache keeps, in percent (0 to 100; 0 runs prefill without one), as
+	// a node's --prefix-cache-percent: small pools make small caches, so
+	// that evictions race the leases of the prefills that read them.
+	PrefixCachePercent int
+	// Prefixes is how many prompt prefixes the workload shares among
+	// requests of every tenant, cache salt and scope, so that prefills
+	// hit their own scope's pages and probe other scopes' (0 for none).
+	Prefixes int
 	// BatchPagesMax is the most frames one batch carries on the data
 	// plane, at least 1.
 	BatchPagesMax int
@@ -97,7 +106,8 @@ type Faults struct {
 }
 
 // DefaultOptions is the CI configuration: two prefill and two decode nodes,
-// eight requests of three tenants, every fault enabled.
+// eight requests of three tenants sharing two prompt prefixes, prefix
+// caches of half of each prefill pool, every fault enabled.
 func DefaultOptions() Options {
 	return Options{
 		PrefillNodes: 2, DecodeNodes: 2, DecodeWorkers: 2,
@@ -106,6 +116,7 @@ func DefaultOptions() Options {
 		PrefillPagesMin: 6, PrefillPagesMax: 24,
 		DecodePagesMin: 12, DecodePagesMax: 40,
 		PromptTokensMax: 32, MaxTokensMax: 8, ContextTokens: 64,
+		PrefixCachePercent: 50, Prefixes: 2,
 		BatchPagesMax: 3,
 		StepsMax:      200_000,
 		Timing:        DefaultTiming(),
@@ -145,10 +156,14 @@ func (o Options) Validate() error {
 		{"PromptTokensMax", o.PromptTokensMax, 1}, {"MaxTokensMax", o.MaxTokensMax, 1},
 		{"ContextTokens", o.ContextTokens, o.PromptTokensMax + o.MaxTokensMax},
 		{"BatchPagesMax", o.BatchPagesMax, 1}, {"StepsMax", o.StepsMax, 1},
+		{"PrefixCachePercent", o.PrefixCachePercent, 0}, {"Prefixes", o.Prefixes, 0},
 	} {
 		if f.v < f.min {
 			return fmt.Errorf("sim: %s (%d) must be at least %d", f.name, f.v, f.min)
 		}
+	}
+	if o.PrefixCachePercent > 100 {
+		return fmt.Errorf("sim: PrefixCachePercent (%d) must be at most 100", o.PrefixCachePercent)
 	}
 	if o.Tenants > 26 {
 		return fmt.Errorf("sim: Tenants (%d) must be at most 26", o.Tenants)

@@ -188,7 +188,7 @@ func TestOracleCatchesAPageNotFreedAtItsDeadline(t *testing.T) {
 	w.opt.Timing.ReclaimAfter, w.opt.Timing.Tick = 0, time.Millisecond // the end looks before the pool's deadline
 	w.q = nil
 	w.run()
-	wantViolation(t, w, "pages freed", "1 pages not free")
+	wantViolation(t, w, "pages freed", "1 pages neither free nor cached")
 }
 
 func TestOracleCatchesARequestThatNeverEnded(t *testing.T) {
@@ -301,4 +301,108 @@ func TestOracleCatchesASourceAckBeforeDecodes(t *testing.T) {
 	n.jobs[alice.Request] = &job{local: alice.Request} // planned, and neither acknowledged, aborted nor failed
 	n.doSource(handoff.Ack{Owner: alice, Tags: []kv.Tag{tag}}, nil, 0)
 	wantViolation(t, w, "release after ack", "without decode's ack, an abort or a failed transfer")
+}
+
+// cachedPage has a source page of owner's, full, sealed and awaiting its
+// ack, acknowledged into n's pool as a cached page of scope, through the
+// oracle, as a prefill's would be once decode has it; the job of owner
+// has the oracle's scope name.
+func cachedPage(t *testing.T, n *node, owner kv.Owner, name string, scope kv.Scope) kv.CachedPage {
+	t.Helper()
+	n.jobs[owner.Request] = &job{local: owner.Request, scope: name, read: map[kv.Tag]bool{}, prompt: make([]int, 2*n.w.opt.PageTokens)}
+	tags, err := n.pages.Reserve(owner, 0, 1)
+	must(t, err)
+	row := make([]byte, n.pages.pool.Geometry().BytesPerToken())
+	for r := range n.w.opt.PageTokens {
+		must(t, n.pages.Write(tags[0], owner, r, row))
+	}
+	_, err = n.pages.Seal(tags[0], owner)
+	must(t, err)
+	must(t, n.pages.AwaitAck(tags[0], owner))
+	must(t, n.pages.Release(tags[0], owner))
+	c, err := n.pages.AckPublish(tags[0], owner, scope)
+	must(t, err)
+	if c.Tag == (kv.Tag{}) {
+		t.Fatal("the page was acknowledged, not published")
+	}
+	return c
+}
+
+func TestOracleCatchesASharedReadOfAnotherScope(t *testing.T) {
+	w := quietWorld(t)
+	n := w.prefill[0]
+	scope := kv.SharedScope("shared")
+	c := cachedPage(t, n, alice, "group shared", scope)
+	bob := kv.Owner{Request: 2, Tenant: "tenant-b"}
+	n.jobs[bob.Request] = &job{local: bob.Request, scope: "tenant tenant-b", read: map[kv.Tag]bool{}}
+	l, err := n.pages.LeaseShared(c, bob, scope) // the pool's scope agrees: the policy gave both the same
+	must(t, err)
+	if w.violation != nil {
+		t.Fatalf("a shared lease: %v", w.violation)
+	}
+	_, _, err = n.pages.Read(l)
+	must(t, err)
+	wantViolation(t, w, "provenance", "of tenant tenant-b, read row 0 of cached page")
+}
+
+func TestOracleAcceptsASharedReadOfItsScope(t *testing.T) {
+	w := quietWorld(t)
+	n := w.prefill[0]
+	scope := kv.SharedScope("shared")
+	c := cachedPage(t, n, alice, "group shared", scope)
+	bob := kv.Owner{Request: 2, Tenant: "tenant-b"}
+	n.jobs[bob.Request] = &job{local: bob.Request, scope: "group shared", read: map[kv.Tag]bool{}}
+	l, err := n.pages.LeaseShared(c, bob, scope)
+	must(t, err)
+	_, _, err = n.pages.Read(l)
+	must(t, err)
+	must(t, n.pages.Unlease(l))
+	if w.violation != nil || !n.jobs[bob.Request].read[c.Tag] {
+		t.Fatalf("a read of the reader's own scope: %v; read recorded %t", w.violation, n.jobs[bob.Request].read[c.Tag])
+	}
+}
+
+func TestOracleCatchesALookupOfAnotherScope(t *testing.T) {
+	w := quietWorld(t)
+	n := w.prefill[0]
+	c := cachedPage(t, n, alice, "tenant tenant-a", kv.TenantScope("tenant-a"))
+	_, err := n.pages.LeaseShared(c, kv.Owner{Request: 2, Tenant: "tenant-b"}, kv.TenantScope("tenant-b"))
+	if err == nil {
+		t.Fatal("the pool leased tenant-a's page under tenant-b's scope")
+	}
+	wantViolation(t, w, "cache scope", "another scope published it")
+}
+
+func TestOracleCatchesALeaseCountThatDisagrees(t *testing.T) {
+	w := quietWorld(t)
+	n := w.prefill[0]
+	scope := kv.TenantScope("tenant-a")
+	c := cachedPage(t, n, alice, "tenant tenant-a", scope)
+	l, err := n.pages.LeaseShared(c, alice, scope)
+	must(t, err)
+	must(t, n.pages.pool.Unlease(l)) // behind the oracle's back: the pool counts no reader now
+	must(t, n.pages.Evict(c))
+	wantViolation(t, w, "lease count", "freed with 1 shared leases on it held")
+}
+
+func TestOracleCatchesACachedPageTheIndexLost(t *testing.T) {
+	w := quietWorld(t)
+	n := w.prefill[0]
+	cachedPage(t, n, alice, "tenant tenant-a", kv.TenantScope("tenant-a")) // published, never added to n's index
+	w.checkStep()
+	wantViolation(t, w, "cache index", "the prefix index holds 0 pages and the pool 1 cached pages")
+}
+
+func TestOracleCatchesCachedTokensNotRead(t *testing.T) {
+	w := quietWorld(t)
+	c := w.clients[0]
+	n := w.decode[0]
+	c.dr = &dreq{n: n, c: c, r: handoff.NewRequest(n.cfg, alice, c.id, c.prompt, c.maxNew, w.prefill[0].peer())}
+	w.cachedRead[handoff.JobKey{Sender: senderKey(n.addr, n.inc), ID: alice.Request}] = 4
+	c.checkCached(4)
+	if w.violation != nil {
+		t.Fatalf("the tokens read: %v", w.violation)
+	}
+	c.checkCached(8)
+	wantViolation(t, w, "cached tokens", "was told 8 prompt tokens came from the cache; the prefill of its attempt 1 read 4")
 }

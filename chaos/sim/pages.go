@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -29,18 +30,22 @@ func (l label) String() string {
 	return fmt.Sprintf("bytes computed for %s on run %x", l.owner, l.inc)
 }
 
-// holding is a page's tenancy as the oracle saw it handed out.
+// holding is a page's tenancy as the oracle saw it handed out: to an
+// owner by a reservation, or to a scope when a prefix cache published it
+// (scope is set, owner zero).
 type holding struct {
 	tag   kv.Tag
 	owner kv.Owner
+	scope kv.Scope
 	live  bool
 }
 
-// pages is one node's pool as the cores and the engine use it
-// (handoff.Pages), with the oracle around it: it records the owner and
-// generation of every tenancy a reservation hands out, the label of every
-// row written, the pages awaiting an acknowledgement and the pages the
-// deadlines freed, and it checks every row a lease reads.
+// pages is one node's pool as the cores, the engine and a prefix cache use
+// it (handoff.CachePages), with the oracle around it: it records the owner
+// and generation of every tenancy a reservation hands out or a cache
+// publishes, the label of every row written, the pages awaiting an
+// acknowledgement, the pages the deadlines freed and the shared leases
+// held, and it checks every row a lease reads.
 type pages struct {
 	n    *node
 	pool *kv.Pool
@@ -54,16 +59,17 @@ type pages struct {
 	held      []holding
 	awaiting  map[kv.Tag]bool // source pages marked awaiting an ack: acked yet?
 	reclaimed map[kv.Tag]bool // freed by a deadline since the last check
+	shared    map[kv.Tag]int  // shared leases held on each cached page
 	retired   bool
 }
 
-var _ handoff.Pages = (*pages)(nil)
+var _ handoff.CachePages = (*pages)(nil)
 
 func newPages(n *node, pool *kv.Pool) *pages {
 	c := pool.Config()
 	return &pages{n: n, pool: pool, pt: c.Geometry.PageTokens, rows: make([]label, c.Pages*c.Geometry.PageTokens),
 		shadow: map[*byte]label{}, gen: make([]uint64, c.Pages), held: make([]holding, c.Pages),
-		awaiting: map[kv.Tag]bool{}, reclaimed: map[kv.Tag]bool{}}
+		awaiting: map[kv.Tag]bool{}, reclaimed: map[kv.Tag]bool{}, shared: map[kv.Tag]int{}}
 }
 
 func (p *pages) fail(invariant, format string, args ...any) {
@@ -155,14 +161,51 @@ func (p *pages) Lease(tag kv.Tag, owner kv.Owner) (kv.Lease, error) {
 }
 
 // Read is the provenance check: every row a lease reads must have been
-// computed for the lease's owner on this run.
+// computed for the lease's owner on this run, or, through a shared lease,
+// for a request of the reader's scope.
 func (p *pages) Read(l kv.Lease) ([]byte, int, error) {
 	b, n, err := p.pool.Read(l)
-	if err == nil {
+	switch {
+	case err != nil:
+	case l.Scope.IsZero():
 		p.owns("read", l.Tag, l.Owner, nil)
 		p.checkRows(l, n)
+	default:
+		p.cachedAs("read", l.Tag, l.Scope)
+		p.checkScopeRows(l, n)
 	}
 	return b, n, err
+}
+
+// checkScopeRows is the provenance check of a read through a shared
+// lease: every row must have been computed on this run for a request
+// whose scope, by the oracle's account, is the reader's. The rows' labels
+// name the requests that computed them, and the jobs name their scopes.
+func (p *pages) checkScopeRows(l kv.Lease, n int) {
+	reader := p.n.jobs[l.Owner.Request]
+	if reader == nil {
+		p.fail("provenance", "%s read cached page %s through a shared lease, and no prefill of this run is its", l.Owner, l.Tag)
+		return
+	}
+	reader.read[l.Tag] = true
+	base := int(l.Tag.Index) * p.pt
+	for r := range n {
+		got := p.rows[base+r]
+		var writer *job
+		if got.inc == p.n.inc && got != flipped {
+			writer = p.n.jobs[got.owner.Request]
+		}
+		if writer != nil && writer.scope == reader.scope {
+			continue
+		}
+		what := got.String()
+		if writer != nil {
+			what = fmt.Sprintf("%s, of %s", got, writer.scope)
+		}
+		p.fail("provenance", "%s, of %s, read row %d of cached page %s through a shared lease and got %s",
+			l.Owner, reader.scope, r, l.Tag, what)
+		return
+	}
 }
 
 func (p *pages) checkRows(l kv.Lease, n int) {
@@ -192,8 +235,124 @@ func (p *pages) flippedAt(tag kv.Tag) bool {
 	return slices.Contains(p.rows[base:base+p.pool.Inspect(tag.Index).Tokens], flipped)
 }
 
+// Unlease gives a lease back. A shared one is counted off the page, and
+// now and then given back twice, as a page message delivered twice would
+// be: the pool must refuse the second (the first may have freed the page
+// of an evicted entry, or left it to other readers).
 func (p *pages) Unlease(l kv.Lease) error {
-	return p.owns("unlease", l.Tag, l.Owner, p.pool.Unlease(l))
+	if l.Scope.IsZero() {
+		return p.owns("unlease", l.Tag, l.Owner, p.pool.Unlease(l))
+	}
+	p.cachedAs("unlease", l.Tag, l.Scope)
+	err := p.pool.Unlease(l)
+	if err != nil {
+		return err
+	}
+	p.shared[l.Tag]--
+	w := p.n.w
+	if w.chance(Duplicate) {
+		w.count[SharedUnleaseRepeated]++
+		if again := p.pool.Unlease(l); again == nil {
+			p.fail("lease count", "a repeated unlease of %s's shared lease on page %s was taken: the page counts %d readers, %d leases are held",
+				l.Owner, l.Tag, p.pool.Inspect(l.Tag.Index).Readers, p.shared[l.Tag])
+		} else {
+			w.count[RepeatedUnleaseRefused]++
+		}
+	}
+	p.countsLeases(l.Tag)
+	return nil
+}
+
+// LeaseShared leases a cached page the prefix index found: the index must
+// never find a page another scope published (the pool would refuse it,
+// but the lookup would have named another scope's prompt). A corrupt
+// cached page is refused here, at the lease.
+func (p *pages) LeaseShared(c kv.CachedPage, reader kv.Owner, scope kv.Scope) (kv.Lease, error) {
+	l, err := p.pool.LeaseShared(c, reader, scope)
+	var wrong *kv.WrongScopeError
+	var corrupt *kv.ChecksumMismatchError
+	switch {
+	case errors.As(err, &wrong):
+		p.fail("cache scope", "the prefix index found page %s for %s under scope %s, and another scope published it", c.Tag, reader, scope)
+	case errors.As(err, &corrupt):
+		p.n.w.count[CachedCorruptRefused]++
+	case err == nil:
+		p.cachedAs("shared lease", c.Tag, scope)
+		p.shared[c.Tag]++
+		p.countsLeases(c.Tag)
+	}
+	return l, err
+}
+
+// AckPublish acknowledges a source page as Ack does and, when the pool
+// published it instead of freeing it, records the cached tenancy.
+func (p *pages) AckPublish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.CachedPage, error) {
+	c, err := p.pool.AckPublish(tag, owner, scope)
+	if err = p.owns("acknowledge", tag, owner, err); err != nil {
+		return c, err
+	}
+	if _, ok := p.awaiting[tag]; ok {
+		p.awaiting[tag] = true
+	}
+	if c.Tag == (kv.Tag{}) {
+		return c, nil
+	}
+	i := c.Tag.Index
+	if c.Tag.Generation <= p.gen[i] {
+		p.fail("generations grow", "page %d published at generation %d; its previous tenancy had generation %d", i, c.Tag.Generation, p.gen[i])
+	}
+	p.ended(p.held[i].tag)
+	p.gen[i] = c.Tag.Generation
+	p.held[i] = holding{tag: c.Tag, scope: scope, live: true}
+	p.n.w.count[CachePublished]++
+	if j := p.n.jobs[owner.Request]; j != nil {
+		p.n.publishedBy(j, c)
+	}
+	return c, nil
+}
+
+// Evict gives a cached page up, freed at once or at its last unlease.
+func (p *pages) Evict(c kv.CachedPage) error {
+	leased := p.shared[c.Tag] > 0
+	if _, err := p.pool.Evict(c, p.n.w.now); err != nil {
+		return err
+	}
+	p.n.w.count[CacheEvicted]++
+	if leased {
+		p.n.w.count[EvictedWhileLeased]++
+	}
+	p.countsLeases(c.Tag)
+	return nil
+}
+
+// cachedAs is the one-scope check on every access through a shared lease
+// the pool allowed: the page must be the tenancy a cache published, under
+// that scope.
+func (p *pages) cachedAs(op string, tag kv.Tag, scope kv.Scope) {
+	if int(tag.Index) >= len(p.held) {
+		return
+	}
+	if h := p.held[tag.Index]; !h.live || h.tag != tag || h.scope != scope {
+		p.fail("one owner", "the pool let a shared lease of scope %s %s page %s; its tenancy is %s of scope %s (live %t)",
+			scope, op, tag, h.tag, h.scope, h.live)
+	}
+}
+
+// countsLeases is the check of a cached page's lease count: the pool
+// counts as many readers as the oracle holds shared leases on it, and
+// frees it only once none is held.
+func (p *pages) countsLeases(tag kv.Tag) {
+	held := p.shared[tag]
+	info := p.pool.Inspect(tag.Index)
+	switch {
+	case info.Tag == tag && info.State != kv.Free && info.Readers != held:
+		p.fail("lease count", "cached page %s counts %d readers; %d shared leases on it are held", tag, info.Readers, held)
+	case (info.Tag != tag || info.State == kv.Free) && held != 0:
+		p.fail("lease count", "cached page %s was freed with %d shared leases on it held", tag, held)
+	}
+	if held == 0 {
+		delete(p.shared, tag)
+	}
 }
 
 func (p *pages) AwaitAck(tag kv.Tag, owner kv.Owner) error {
@@ -244,10 +403,12 @@ func (p *pages) ended(tag kv.Tag) {
 }
 
 // check compares every page with the tenancies the oracle saw handed out:
-// a page is free or owned by the owner of its one tenancy, generations
-// never go back, and the pool's own count of free pages agrees.
+// a page is free, owned by the owner of its one tenancy or cached under
+// the scope it was published with; generations never go back; the pool's
+// own counts of free and cached pages agree, and the prefix index holds
+// every cached page (one it lost could never be evicted).
 func (p *pages) check() {
-	free := 0
+	free, cached := 0, 0
 	for i := range p.held {
 		info := p.pool.Inspect(uint32(i))
 		h := &p.held[i]
@@ -259,20 +420,36 @@ func (p *pages) check() {
 			p.ended(h.tag)
 			h.live = false
 		}
+		if info.State == kv.Cached {
+			cached++
+		}
 		switch {
 		case info.State == kv.Free:
 			free++
 		case !h.live:
 			p.fail("one owner", "page %s is %s, owned by %s, and no reservation handed it out", info.Tag, info.State, info.Owner)
 			return
+		case !h.scope.IsZero() || !info.Scope.IsZero():
+			if info.Scope != h.scope {
+				p.fail("one owner", "page %s is %s under scope %s; its tenancy is %s's of scope %s", info.Tag, info.State, info.Scope, h.owner, h.scope)
+				return
+			}
 		case info.Owner != h.owner:
 			p.fail("one owner", "page %s was reserved by %s and is owned by %s", info.Tag, h.owner, info.Owner)
 			return
 		}
 	}
 	clear(p.reclaimed)
-	if s := p.pool.Stats(); s.Free != free {
+	s := p.pool.Stats()
+	switch {
+	case s.Free != free:
 		p.fail("pool counts", "the pool counts %d free pages, %d are", s.Free, free)
+	case s.Cached != cached:
+		p.fail("pool counts", "the pool counts %d cached pages, %d are", s.Cached, cached)
+	case s.Cross != kv.CrossRows{}:
+		p.fail("provenance", "the pool's cross-read oracle counted rows read that another owner or scope wrote: %+v", s.Cross)
+	case p.n.cache != nil && p.n.cache.Stats().Pages != cached:
+		p.fail("cache index", "the prefix index holds %d pages and the pool %d cached pages", p.n.cache.Stats().Pages, cached)
 	}
 }
 
@@ -283,6 +460,28 @@ func (p *pages) busy(of func(kv.State) bool) []string {
 		if info := p.pool.Inspect(uint32(i)); info.State != kv.Free && of(info.State) {
 			out = append(out, fmt.Sprintf("%s %s owner %d/%s readers %d awaiting ack %t",
 				info.Tag, info.State, info.Owner.Request, info.Owner.Tenant, info.Readers, info.AwaitAck))
+		}
+	}
+	return out
+}
+
+// cachedTags are the pool's cached pages, by index.
+func (p *pages) cachedTags() []kv.Tag {
+	var out []kv.Tag
+	for i := range p.held {
+		if info := p.pool.Inspect(uint32(i)); info.State == kv.Cached {
+			out = append(out, info.Tag)
+		}
+	}
+	return out
+}
+
+// leasedCached describes the cached pages a lease holds.
+func (p *pages) leasedCached() []string {
+	var out []string
+	for i := range p.held {
+		if info := p.pool.Inspect(uint32(i)); info.State == kv.Cached && info.Readers != 0 {
+			out = append(out, fmt.Sprintf("%s readers %d", info.Tag, info.Readers))
 		}
 	}
 	return out

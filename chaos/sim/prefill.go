@@ -21,6 +21,12 @@ type job struct {
 	// source; failed: its prefill or its send failed. Only these may free
 	// source pages before their reclaim deadline.
 	acked, aborted, failed bool
+	// prompt is the plan's; scope the oracle's account of the cache scope
+	// of the client it serves (world.scopeName); read the cached pages
+	// its prefill read through shared leases.
+	prompt []int
+	scope  string
+	read   map[kv.Tag]bool
 }
 
 // prefilled is a plan computed and not yet sent: the frames, and the
@@ -107,7 +113,11 @@ func (n *node) doSource(e handoff.Effect, from *node, inc uint64) handoff.Event 
 			w.fail("release after ack", "%s's source acknowledged the pages %s of owner %d without decode's ack, an abort or a failed transfer",
 				n.addr, tags(e.Tags), e.Owner.Request)
 		}
-		handoff.ExecAck(n.pages, e, nil)
+		if n.cache != nil && len(e.Keep) > 0 {
+			handoff.ExecAckKeep(n.pages, n.cache, e, nil)
+		} else {
+			handoff.ExecAck(n.pages, e, nil)
+		}
 	case handoff.Release:
 		handoff.ExecRelease(n.pages, e, nil)
 	case handoff.Reply:
@@ -133,18 +143,46 @@ func (n *node) reply(to *node, inc uint64, done *messages.TransferDone) {
 	}
 }
 
-// prefill computes the plan now and answers after the compute time, so
-// that an abort can land while it runs.
+// prefill computes the plan now, through the prefix cache as a node's
+// worker does, and answers after the compute time, so that an abort can
+// land while it runs. It notes the prompt tokens the prefill read from the
+// cache, which the client's result must report.
 func (n *node) prefill(e handoff.Prefill) {
-	j := &job{key: e.Key, local: e.Local.Request, target: label{owner: e.Owner}}
+	w := n.w
+	j := &job{key: e.Key, local: e.Local.Request, target: label{owner: e.Owner}, read: map[kv.Tag]bool{}}
 	if len(e.Plan.DestTags) > 0 {
 		j.target.inc = e.Plan.DestTags[0].Incarnation
 	}
+	j.prompt = make([]int, len(e.Plan.PromptTokens))
+	for i, t := range e.Plan.PromptTokens {
+		j.prompt[i] = int(t)
+	}
+	c := w.byAttempt[e.Key]
+	if c == nil {
+		w.fail("effects", "%s prefills plan %s/%d, which no client's attempt sent", n.addr, e.Key.Sender, e.Key.ID)
+		return
+	}
+	j.scope = w.scopeName(c.tenant, c.salt)
 	n.jobs[j.local], n.byKey[e.Key] = j, j
-	out, fr := handoff.ExecPrefill(n.w.engine, n.pages, e)
+	var (
+		out handoff.Prefilled
+		fr  handoff.Frames
+	)
+	if n.cache == nil {
+		out, fr = handoff.ExecPrefill(w.engine, n.pages, e)
+	} else {
+		n.probes(j)
+		out, fr = handoff.ExecPrefillCached(w.engine, n.pages, n.cache, e)
+	}
+	if out.Err == nil {
+		w.cachedRead[e.Key] = len(j.read) * w.opt.PageTokens
+		if len(j.read) > 0 {
+			w.count[CacheHit]++
+		}
+	}
 	n.ready[e.Key] = &prefilled{frames: fr}
-	t := n.w.opt.Timing
-	compute := time.Duration(len(e.Plan.PromptTokens))*t.PrefillPerToken + n.w.between(0, t.Latency)
+	t := w.opt.Timing
+	compute := time.Duration(len(e.Plan.PromptTokens)-out.Cached)*t.PrefillPerToken + w.between(0, t.Latency)
 	n.at(compute, "prefill computed", func() {
 		if out.Err != nil {
 			j.failed = true // ExecPrefill left no lease

@@ -47,6 +47,9 @@ func TestSim(t *testing.T) {
 	for _, u := range s.Counters.Unreached(opt.Faults) {
 		t.Errorf("fault kind enabled but never reached in %d seeds: %s", s.Seeds, u)
 	}
+	for _, u := range s.Counters.UnreachedCache(opt) {
+		t.Errorf("path of the prefix cache never reached in %d seeds: %s", s.Seeds, u)
+	}
 }
 
 // report logs the campaign's figures and, with -v, its counters.

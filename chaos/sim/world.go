@@ -13,6 +13,7 @@ import (
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/tenancy"
 )
 
 // Result is what one run found.
@@ -109,6 +110,16 @@ type world struct {
 	all             []*dreq // every request of every decode run
 	open            int     // client requests not yet answered
 	refs            map[string][]int
+
+	// The prefix caches' side: the tenants' policy (some tenants in a
+	// cache group), the oracle's own account of it (groups), the
+	// workload's shared prefixes, the client each attempt serves, and the
+	// prompt tokens each plan's prefill read from its cache.
+	policy     *tenancy.Policy
+	groups     map[string]string
+	prefixes   [][]int
+	byAttempt  map[handoff.JobKey]*client
+	cachedRead map[handoff.JobKey]int
 
 	count     Counters
 	trace     tracer
@@ -248,6 +259,7 @@ func (w *world) build() {
 	w.batch.BytesMax = w.opt.BatchPagesMax * w.batch.Frame.FrameBytesMax()
 	w.incs = map[uint64]bool{}
 	w.refs = map[string][]int{}
+	w.buildPolicy()
 	for i := range w.opt.PrefillNodes {
 		w.prefill = append(w.prefill, w.newNode(rolePrefill, i, w.opt.PrefillPagesMin, w.opt.PrefillPagesMax))
 	}
@@ -275,5 +287,6 @@ func (w *world) describeWorld() string {
 	for _, n := range w.nodes {
 		fmt.Fprintf(&b, " %s(inc %x, %d pages)", n.addr, n.inc, n.pagesN)
 	}
+	b.WriteString(w.describeGroups())
 	return b.String()
 }

@@ -120,7 +120,9 @@ func newChaosCmd() *cobra.Command {
 }
 
 const chaosLong = `chaos runs a campaign: a workload of T tenants whose prompts carry each
-tenant's canary ("tenant-3 canary 5f2a: …"), some oversize (more tokens than
+tenant's canary ("tenant-3 canary 5f2a: …"), many after a prefix shared by
+every tenant (so that prefills hit the prefix cache in their own scope and
+miss across scopes), some sent with a cache salt, some oversize (more tokens than
 the context window, to be refused with prompt_too_long), some cancelled while
 they stream, sent while faults are injected on a schedule drawn from --seed.
 Every answer and every streamed token is compared with the reference engine;
@@ -190,6 +192,9 @@ func (o *chaosOptions) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&w.ContextTokens, "context-tokens", w.ContextTokens, "the cluster's context window, in tokens (given to the nodes chaos starts)")
 	fs.Float64Var(&w.Oversize, "oversize", w.Oversize, "share of requests with an oversize prompt, in [0, 1]")
 	fs.Float64Var(&w.Cancel, "cancel", w.Cancel, "share of requests cancelled while they stream, in [0, 1]")
+	fs.IntVar(&w.SharedPrefixes, "shared-prefixes", w.SharedPrefixes, "texts every tenant's prompts may start with, before the canary (0: none)")
+	fs.IntVar(&w.SharedPrefixBytes, "shared-prefix-bytes", w.SharedPrefixBytes, "length of each shared prefix, in bytes (= tokens)")
+	fs.Float64Var(&w.Salted, "salted", w.Salted, "share of requests that send a cache salt, in [0, 1]")
 	fs.StringVar(&o.Kinds, "faults", o.Kinds, "fault kinds, comma-separated: kill, pause, latency, bandwidth, reset, partition, pressure, rogue, frames; all; or none")
 	fs.DurationVar(&s.Every, "fault-every", s.Every, "mean time between two fault starts")
 	fs.DurationVar(&s.LengthMin, "fault-min", s.LengthMin, "shortest fault window")

@@ -30,6 +30,19 @@ const (
 	// LateDoneAccepted: a request takes a TransferDone of an attempt it
 	// abandoned.
 	LateDoneAccepted = "late_done_accepted"
+	// ScopeFromRequest: a prefix cache scope is the cache salt the
+	// request sends, whoever its tenant is, as caches that take the salt
+	// from the request do: one tenant can name another's scope.
+	ScopeFromRequest = "scope_from_request"
+	// EvictNoGenBump: an evicted cached page is freed without moving its
+	// generation on.
+	EvictNoGenBump = "evict_no_gen_bump"
+	// LeaseCountNegative: an unlease of a shared lease does not check the
+	// page's count of readers, which a repeated unlease takes below zero.
+	LeaseCountNegative = "lease_count_negative"
+	// KeyWithoutScope: a prefix key's root leaves the scope out, so every
+	// scope's prompts share one chain of keys.
+	KeyWithoutScope = "key_without_scope"
 )
 
 // Is reports whether this build carries mutant name. It is a constant
