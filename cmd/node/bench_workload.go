@@ -122,7 +122,7 @@ func (f workloadFlags) build() (*workload, error) {
 		return nil, err
 	}
 	out := &workload{model: m, w: w, shapes: w.Shapes(), slo: bench.SLO{TTFT: f.SLOTTFT, ITL: f.SLOITL}, bound: f.bound()}
-	out.order = w.Draw(len(out.shapes), benchOrderLen)
+	out.order = w.Draw(out.shapes, benchOrderLen)
 	out.refs, err = references(m, out.shapes)
 	return out, err
 }
