@@ -68,7 +68,15 @@ The workload: --distinct requests drawn from --seed, prompts of --prompt-len
 bytes (or from --prompts, a JSONL file), each asking for --output-len tokens,
 spread over --tenants tenants; sent at --rate a second (Poisson arrivals), at
 each rate of --rates in turn, or --concurrency at a time; for --duration or
---requests after a --warmup whose requests are not counted. A progress line
+--requests after a --warmup whose requests are not counted.
+
+The traffic a prefix cache serves: --shared-prefix-len BYTES starts every
+prompt with one of --shared-prefixes common prefixes, each tenant its own
+(every tenant the same with --prefix-across-tenants); --turns T makes each
+request a chat of T turns, each turn sent once the one before it is answered,
+with the whole conversation so far and a new message. The table and the
+report show the prompt tokens the cluster read from its cache (CACHED) and
+their share of all prompt tokens (HIT). A progress line
 goes to stderr, a table to stdout, the whole report to --json and PNG plots to
 --plot (latency CDFs; goodput and p99 against the rate for a sweep).
 
@@ -102,6 +110,7 @@ interrupted.`,
 	}
 	fs := cmd.Flags()
 	o.workloadFlags.bind(fs)
+	o.workloadFlags.bindCache(fs)
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the routers (or a node of role all or decode), comma-separated")
 	fs.StringVar(&o.HTTP, "http", o.HTTP, "base URL of the OpenAI-compatible API (http://host:port): send through it instead")
 	fs.StringVar(&o.APIKeys, "api-key", o.APIKeys, "API keys for --http, comma-separated: tenant i uses the i-th (round)")
@@ -318,7 +327,7 @@ func runAll(ctx context.Context, stderr io.Writer, o benchOptions, w *workload, 
 		done := l.progress.show(stderr)
 		if rate > 0 {
 			at, warm := bench.Poisson(o.Seed, rate, o.Warmup, w.bound)
-			l.progress.total = len(at)
+			l.progress.total = len(at) * max(o.Turns, 1)
 			run.samples = l.open(ctx, at, warm)
 		} else {
 			run.samples = l.closed(ctx, o.Concurrency, o.Warmup, w.bound)
@@ -337,15 +346,15 @@ func printRuns(w io.Writer, rep *benchReport) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "RUN\tREQS\tOK\tERR\tWRONG\tREQ/S\tTOK/S\tGOODPUT/S\tGOOD\tTTFT p50\tp90\tp99\tITL p50\tp90\tp99\tE2E p50\tp90\tp99\t")
+	fmt.Fprintln(tw, "RUN\tREQS\tOK\tERR\tWRONG\tREQ/S\tTOK/S\tGOODPUT/S\tGOOD\tCACHED\tHIT\tTTFT p50\tp90\tp99\tITL p50\tp90\tp99\tE2E p50\tp90\tp99\t")
 	for _, r := range rep.Runs {
 		s := r.Summary
 		errs := 0
 		for _, n := range s.Errors {
 			errs += n
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.label(), s.Requests, s.OK,
-			errs, s.Wrong, s.RequestsPerS, s.OutputTokensPerS, s.GoodputPerS, 100*s.GoodShare,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.0f%%\t%d\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.label(), s.Requests, s.OK,
+			errs, s.Wrong, s.RequestsPerS, s.OutputTokensPerS, s.GoodputPerS, 100*s.GoodShare, s.CachedTokens, 100*s.HitRate,
 			msText(s.TTFT.P50), msText(s.TTFT.P90), msText(s.TTFT.P99), msText(s.ITL.P50), msText(s.ITL.P90), msText(s.ITL.P99),
 			msText(s.E2E.P50), msText(s.E2E.P90), msText(s.E2E.P99))
 	}
