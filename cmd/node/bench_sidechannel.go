@@ -106,7 +106,7 @@ func sideChannel(ctx context.Context, stderr io.Writer, log *slog.Logger, o benc
 			return ctx.Err()
 		}
 		p.sent.Add(1)
-		secret := bench.Text(r, o.PrefixLen)
+		secret := letters(r, o.PrefixLen)
 		mine := secret + bench.Text(r, wl.PromptBytes.Draw(r))
 		out := wl.OutputTokens.Draw(r)
 		for i := range victimSendsMax {
@@ -126,7 +126,7 @@ func sideChannel(ctx context.Context, stderr io.Writer, log *slog.Logger, o benc
 			time.Sleep(victimPause)
 		}
 		suffix := bench.Text(r, wl.PromptBytes.Draw(r))
-		guess, other := secret+suffix, bench.Text(r, o.PrefixLen)+suffix
+		guess, other := secret+suffix, letters(r, o.PrefixLen)+suffix
 		guessFirst := r.IntN(2) == 0
 		for _, isGuess := range []bool{guessFirst, !guessFirst} {
 			prompt := other
@@ -163,6 +163,19 @@ func sideChannel(ctx context.Context, stderr io.Writer, log *slog.Logger, o benc
 		rep.Runs = append(rep.Runs, benchRun{Layout: run.name, Concurrency: 1, Summary: bench.SLO{}.Summarize(samples, 0), samples: samples})
 	}
 	return nil
+}
+
+// letters is n random lowercase letters: a prefix that no other draw
+// shares a page of, as a secret and a random guess must not. bench.Text's
+// words would: two of its prefixes often start with the same three words,
+// a page of a byte tokenizer, and the attacker would read that page of its
+// own earlier prompt from its own cache.
+func letters(r *rand.Rand, n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte('a' + r.IntN(26))
+	}
+	return string(b)
 }
 
 // checkSidePrompts are the samples of reqs, each answer checked against
