@@ -14,8 +14,9 @@ type Sample struct {
 	// TTFT is from the send to the first token; E2E to the answer's end.
 	TTFT, E2E time.Duration
 	// Tokens is how many tokens came back; PromptTokens how many the
-	// prompt is.
-	Tokens, PromptTokens int
+	// prompt is; CachedTokens how many of those the cluster read from its
+	// prefix cache instead of computing them.
+	Tokens, PromptTokens, CachedTokens int
 	// Gaps are the times between consecutive tokens, as they arrived
 	// (tokens that arrive together have gaps of zero).
 	Gaps []time.Duration
@@ -119,6 +120,12 @@ type Summary struct {
 	GoodputPerS      float64 `json:"goodput_per_s"`
 	GoodShare        float64 `json:"good_share"`
 	SLO              SLO     `json:"slo"`
+	// PromptTokens are the prompts' tokens of the answered requests;
+	// CachedTokens those of them read from the prefix cache; HitRate the
+	// share of the one that is the other.
+	PromptTokens int     `json:"prompt_tokens"`
+	CachedTokens int     `json:"cached_tokens"`
+	HitRate      float64 `json:"cache_hit_rate"`
 	// TTFT, ITL (each request's mean) and E2E are over answered requests;
 	// Gaps over every gap between two tokens of them.
 	TTFT Percentiles `json:"ttft"`
@@ -151,6 +158,7 @@ func (o SLO) Summarize(samples []Sample, from time.Duration) Summary {
 		}
 		s.OK++
 		tokens += x.Tokens
+		s.PromptTokens, s.CachedTokens = s.PromptTokens+x.PromptTokens, s.CachedTokens+x.CachedTokens
 		if o.Met(x) {
 			good++
 		}
@@ -165,6 +173,9 @@ func (o SLO) Summarize(samples []Sample, from time.Duration) Summary {
 	s.WindowS = max(last-first, time.Microsecond).Seconds()
 	s.RequestsPerS, s.OutputTokensPerS = float64(s.OK)/s.WindowS, float64(tokens)/s.WindowS
 	s.GoodputPerS, s.GoodShare = float64(good)/s.WindowS, float64(good)/float64(s.Requests)
+	if s.PromptTokens > 0 {
+		s.HitRate = float64(s.CachedTokens) / float64(s.PromptTokens)
+	}
 	s.TTFT, s.ITL, s.E2E, s.Gaps = Summarize(ttft), Summarize(itl), Summarize(e2e), Summarize(gaps)
 	return s
 }

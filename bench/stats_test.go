@@ -38,13 +38,13 @@ func ms(n float64) time.Duration { return time.Duration(n * float64(time.Millise
 // answers; goodput counts the answers within both objectives.
 func TestSummarize(t *testing.T) {
 	samples := []Sample{
-		{Start: 0, TTFT: ms(500), E2E: ms(900), Tokens: 3, Warmup: true},
-		{Start: ms(1000), TTFT: ms(100), E2E: ms(300), Tokens: 5, Gaps: []time.Duration{ms(50), ms(50), ms(50), ms(50)}}, // ITL 50 ms
-		{Start: ms(1500), TTFT: ms(300), E2E: ms(700), Tokens: 5, Gaps: []time.Duration{ms(100), 0, ms(200), ms(100)}},   // TTFT over
-		{Start: ms(2000), TTFT: ms(150), E2E: ms(1150), Tokens: 11},                                                      // ITL 100 ms: over
-		{Start: ms(2500), TTFT: ms(50), E2E: ms(50), Tokens: 1},                                                          // no ITL
+		{Start: 0, TTFT: ms(500), E2E: ms(900), Tokens: 3, PromptTokens: 64, CachedTokens: 48, Warmup: true},
+		{Start: ms(1000), TTFT: ms(100), E2E: ms(300), Tokens: 5, PromptTokens: 40, CachedTokens: 32, Gaps: []time.Duration{ms(50), ms(50), ms(50), ms(50)}}, // ITL 50 ms
+		{Start: ms(1500), TTFT: ms(300), E2E: ms(700), Tokens: 5, PromptTokens: 24, Gaps: []time.Duration{ms(100), 0, ms(200), ms(100)}},                     // TTFT over
+		{Start: ms(2000), TTFT: ms(150), E2E: ms(1150), Tokens: 11},                                                                                          // ITL 100 ms: over
+		{Start: ms(2500), TTFT: ms(50), E2E: ms(50), Tokens: 1},                                                                                              // no ITL
 		{Start: ms(2600), Code: "busy", E2E: ms(10)},
-		{Start: ms(2700), TTFT: ms(20), E2E: ms(3300), Tokens: 2, Wrong: true}, // ends at 6000 ms
+		{Start: ms(2700), TTFT: ms(20), E2E: ms(3300), Tokens: 2, PromptTokens: 16, CachedTokens: 16, Wrong: true}, // ends at 6000 ms
 	}
 	slo := SLO{TTFT: ms(200), ITL: ms(60)}
 	s := slo.Summarize(samples, ms(1200))
@@ -65,6 +65,10 @@ func TestSummarize(t *testing.T) {
 	// ITL of the answers with two tokens or more: 50, 100, 100.
 	if s.ITL.Count != 3 || s.ITL.P50 != 100 || s.ITL.Max != 100 {
 		t.Errorf("ITL %+v, want three, p50 100", s.ITL)
+	}
+	// Prompt tokens of the answers: 40 (32 of them cached) and 24.
+	if s.PromptTokens != 64 || s.CachedTokens != 32 || s.HitRate != 0.5 {
+		t.Errorf("prompt tokens %d, %d cached, hit rate %g; want 64, 32 and 0.5", s.PromptTokens, s.CachedTokens, s.HitRate)
 	}
 	if s.Gaps.Count != 8 || s.Gaps.P50 != 50 {
 		t.Errorf("gaps %+v, want 8, p50 50", s.Gaps)

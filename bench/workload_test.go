@@ -73,7 +73,7 @@ func TestWorkload(t *testing.T) {
 	if len(lens) < 10 {
 		t.Errorf("only %d distinct prompt lengths in 50 draws of 31", len(lens))
 	}
-	reqs := w.Draw(len(a), 9)
+	reqs := w.Draw(a, 9)
 	for i, r := range reqs {
 		if r.Tenant != i%3 || r.Shape < 0 || r.Shape >= 50 {
 			t.Errorf("request %d: %+v", i, r)
@@ -147,6 +147,90 @@ func TestCheckSchedule(t *testing.T) {
 		err := CheckSchedule(tc.rate, tc.warmup, tc.b)
 		if (err == nil) != tc.ok {
 			t.Errorf("%g/s, warm-up %s, %+v: %v, want ok %v", tc.rate, tc.warmup, tc.b, err, tc.ok)
+		}
+	}
+}
+
+// TestWorkloadSharedPrefixes: every prompt starts with one of its
+// tenant's prefixes of the length asked, every prefix is used, no two
+// tenants share one unless PrefixAcrossTenants, and each request is sent
+// as its shape's tenant.
+func TestWorkloadSharedPrefixes(t *testing.T) {
+	for _, across := range []bool{false, true} {
+		w := Workload{PromptBytes: Fixed(20), OutputTokens: Fixed(4), Tenants: 3, Distinct: 30, Seed: 5, PrefixBytes: 64, Prefixes: 2,
+			PrefixAcrossTenants: across}
+		if err := w.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		shapes := w.Shapes()
+		owners := map[string]map[int]bool{} // prefix → tenants that send it
+		for i, s := range shapes {
+			if len(s.Prompt) != 84 || s.Tenant != i%3 || s.Turn != 0 {
+				t.Fatalf("across %v, shape %d: %d bytes, tenant %d, turn %d; want 84 bytes, tenant %d, turn 0", across, i, len(s.Prompt), s.Tenant,
+					s.Turn, i%3)
+			}
+			p := s.Prompt[:64]
+			if owners[p] == nil {
+				owners[p] = map[int]bool{}
+			}
+			owners[p][s.Tenant] = true
+		}
+		wantPrefixes, wantOwners := 6, 1
+		if across {
+			wantPrefixes, wantOwners = 2, 3
+		}
+		if len(owners) != wantPrefixes {
+			t.Errorf("across %v: %d distinct prefixes, want %d", across, len(owners), wantPrefixes)
+		}
+		for p, ts := range owners {
+			if len(ts) != wantOwners {
+				t.Errorf("across %v: prefix %q sent by tenants %v, want %d of them", across, p, ts, wantOwners)
+			}
+		}
+		for i, r := range w.Draw(shapes, 50) {
+			if r.Tenant != shapes[r.Shape].Tenant {
+				t.Errorf("request %d: shape %d of tenant %d sent as tenant %d", i, r.Shape, shapes[r.Shape].Tenant, r.Tenant)
+			}
+		}
+	}
+}
+
+// TestWorkloadChats: a chat is Turns consecutive shapes of one tenant,
+// turns numbered from 0, each later turn a new line of the length asked;
+// a request starts a conversation at its first turn.
+func TestWorkloadChats(t *testing.T) {
+	w := Workload{PromptBytes: Fixed(12), OutputTokens: Fixed(4), Tenants: 2, Distinct: 5, Seed: 9, Turns: 3, PrefixBytes: 32, Prefixes: 1}
+	if err := w.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	shapes := w.Shapes()
+	if len(shapes) != 15 {
+		t.Fatalf("%d shapes, want 5 chats of 3 turns", len(shapes))
+	}
+	for i, s := range shapes {
+		chat, turn := i/3, i%3
+		wantLen := 44
+		if turn > 0 {
+			wantLen = 13
+		}
+		if s.Turn != turn || s.Tenant != chat%2 || len(s.Prompt) != wantLen || (turn > 0) != strings.HasPrefix(s.Prompt, "\n") {
+			t.Errorf("shape %d: %+v; want turn %d of tenant %d, %d bytes", i, s, turn, chat%2, wantLen)
+		}
+	}
+	for i, r := range w.Draw(shapes, 40) {
+		if r.Shape%3 != 0 || r.Tenant != shapes[r.Shape].Tenant {
+			t.Errorf("request %d: %+v does not start a conversation as its tenant", i, r)
+		}
+	}
+	for _, bad := range []Workload{
+		{PromptBytes: Fixed(1), OutputTokens: Fixed(1), Tenants: 1, Distinct: 1, Turns: TurnsMax + 1},
+		{PromptBytes: Fixed(1), OutputTokens: Fixed(1), Tenants: 1, Distinct: ShapesMax, Turns: 2},
+		{PromptBytes: Fixed(1), OutputTokens: Fixed(1), Tenants: 1, Distinct: 1, PrefixBytes: 8},
+		{PromptBytes: Fixed(1), OutputTokens: Fixed(1), Tenants: 1, Distinct: 1, PrefixBytes: PrefixBytesMax + 1, Prefixes: 1},
+		{OutputTokens: Fixed(1), Tenants: 1, Distinct: 1, Turns: 2, Prompts: []Prompt{{"x", 0}}},
+	} {
+		if err := bad.Validate(); err == nil {
+			t.Errorf("%+v taken", bad)
 		}
 	}
 }

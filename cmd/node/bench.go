@@ -41,6 +41,8 @@ type benchOptions struct {
 	NodeProcs int
 	// Profile is where --profile writes the measured per-node figures.
 	Profile string
+	// SideChannel is the trials of the side-channel harness.
+	SideChannel int
 	// Stub benchmarks an in-process stub that answers at once.
 	Stub          bool
 	NoAnswerAfter time.Duration
@@ -68,7 +70,15 @@ The workload: --distinct requests drawn from --seed, prompts of --prompt-len
 bytes (or from --prompts, a JSONL file), each asking for --output-len tokens,
 spread over --tenants tenants; sent at --rate a second (Poisson arrivals), at
 each rate of --rates in turn, or --concurrency at a time; for --duration or
---requests after a --warmup whose requests are not counted. A progress line
+--requests after a --warmup whose requests are not counted.
+
+The traffic a prefix cache serves: --shared-prefix-len BYTES starts every
+prompt with one of --shared-prefixes common prefixes, each tenant its own
+(every tenant the same with --prefix-across-tenants); --turns T makes each
+request a chat of T turns, each turn sent once the one before it is answered,
+with the whole conversation so far and a new message. The table and the
+report show the prompt tokens the cluster read from its cache (CACHED) and
+their share of all prompt tokens (HIT). A progress line
 goes to stderr, a table to stdout, the whole report to --json and PNG plots to
 --plot (latency CDFs; goodput and p99 against the rate for a sweep).
 
@@ -77,6 +87,16 @@ nodes of role all and a router with P prefill and D decode nodes for every
 P + D = N, each node limited to --node-procs processors (GOMAXPROCS), runs the
 same workload against each and prints their goodput ratios. Arguments after
 "--" go to every node run.
+
+--side-channel N plays, for N trials, an attacker (tenant-1, or the second
+--api-key) timing guesses of a victim's (tenant-0's) prompt prefixes: the
+victim sends a secret prefix of --shared-prefix-len bytes; the attacker sends
+the secret, and a random prefix of the same length, each followed by a suffix
+of its own, and times each first token. It reports the ROC AUC of telling the
+two apart by time (0.5: chance), its 95% interval and chance's, and how many
+prompt tokens the attacker was told it read from the cache. Across scopes
+both must show nothing; within a shared scope (a cache_scope group of the
+cluster's --tenants file) they will, which shows the harness works.
 
 --profile FILE measures the per-node figures node plan needs (prefill
 tokens/s, decode tokens/s by batch size, KV bytes per token, transfer
@@ -102,6 +122,7 @@ interrupted.`,
 	}
 	fs := cmd.Flags()
 	o.workloadFlags.bind(fs)
+	o.workloadFlags.bindCache(fs)
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the routers (or a node of role all or decode), comma-separated")
 	fs.StringVar(&o.HTTP, "http", o.HTTP, "base URL of the OpenAI-compatible API (http://host:port): send through it instead")
 	fs.StringVar(&o.APIKeys, "api-key", o.APIKeys, "API keys for --http, comma-separated: tenant i uses the i-th (round)")
@@ -112,6 +133,7 @@ interrupted.`,
 	fs.IntVar(&o.Compare, "compare", o.Compare, "bring up N nodes of role all, then every P prefill + D decode with P + D = N, and compare")
 	fs.IntVar(&o.NodeProcs, "node-procs", o.NodeProcs, "processors (GOMAXPROCS) of each node --compare starts")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "measure the per-node figures node plan needs and write them to this file")
+	fs.IntVar(&o.SideChannel, "side-channel", o.SideChannel, "play an attacker timing guesses of a victim's prompt prefixes for this many trials and report the ROC AUC")
 	fs.BoolVar(&o.Stub, "stub", o.Stub, "benchmark an in-process stub that answers at once: the generator's own limit")
 	fs.DurationVar(&o.NoAnswerAfter, "no-answer-after", o.NoAnswerAfter, "give a request up as lost after this long without a message")
 	o.creds.bind(fs, "tenant-<i>")
@@ -124,14 +146,14 @@ func (o *benchOptions) check(cmd *cobra.Command) error {
 		return err
 	}
 	modes := 0
-	for _, on := range []bool{o.Compare > 0, o.Profile != "", o.Stub} {
+	for _, on := range []bool{o.Compare > 0, o.Profile != "", o.Stub, o.SideChannel > 0} {
 		if on {
 			modes++
 		}
 	}
 	switch {
 	case modes > 1:
-		return errors.New("--compare, --profile and --stub are ways to run bench: give one")
+		return errors.New("--compare, --profile, --stub and --side-channel are ways to run bench: give one")
 	case o.Compare < 0 || o.Compare > upNodesMax:
 		return fmt.Errorf("--compare (%d) must be 1 to %d nodes", o.Compare, upNodesMax)
 	case o.NodeProcs < 1 || o.NodeProcs > 1024:
@@ -140,6 +162,14 @@ func (o *benchOptions) check(cmd *cobra.Command) error {
 		return fmt.Errorf("--concurrency (%d) must be 0 to %d", o.Concurrency, benchInflightMax)
 	case o.Concurrency > 0 && (cmd.Flags().Changed("rate") || o.Rates != ""):
 		return errors.New("--concurrency and --rate or --rates: give one")
+	case o.SideChannel < 0 || o.SideChannel > sideChannelTrialsMax:
+		return fmt.Errorf("--side-channel (%d) must be 0 to %d trials", o.SideChannel, sideChannelTrialsMax)
+	case o.SideChannel > 0 && o.PrefixLen == 0:
+		return errors.New("--side-channel needs --shared-prefix-len: the length of the victim's secret prefix")
+	case o.SideChannel > 0 && o.Turns > 1:
+		return errors.New("--side-channel sends single prompts: no --turns")
+	case o.SideChannel > 0 && o.HTTP != "" && len(strings.Split(o.APIKeys, ",")) < 2:
+		return errors.New("--side-channel over --http needs two --api-key, the victim's then the attacker's")
 	case o.NoAnswerAfter <= 0:
 		return fmt.Errorf("--no-answer-after (%s) must be positive", o.NoAnswerAfter)
 	case o.HTTP != "" && (o.Compare > 0 || o.Stub):
@@ -215,6 +245,8 @@ type benchReport struct {
 	// Ratios are, with --compare, each split's goodput over the
 	// colocated layout's, by rate.
 	Ratios []benchRatio `json:"ratios,omitempty"`
+	// SideChannel is what --side-channel measured.
+	SideChannel *sideChannelReport `json:"side_channel,omitempty"`
 }
 
 type benchRatio struct {
@@ -228,6 +260,10 @@ type benchRatio struct {
 // the report and plots.
 func runBench(ctx context.Context, stdout, stderr io.Writer, o benchOptions) error {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	rep := &benchReport{Target: o.target(), Workload: o.workloadFlags}
+	if o.SideChannel > 0 {
+		return finishBench(ctx, stdout, o, rep, sideChannel(ctx, stderr, log, o, rep))
+	}
 	w, err := o.build()
 	if err != nil {
 		return err
@@ -235,7 +271,6 @@ func runBench(ctx context.Context, stdout, stderr io.Writer, o benchOptions) err
 	if o.Profile != "" {
 		return runProfile(ctx, stdout, stderr, log, o, w)
 	}
-	rep := &benchReport{Target: o.target(), Workload: o.workloadFlags}
 	switch {
 	case o.Compare > 0:
 		err = compareLayouts(ctx, stderr, o, w, rep)
@@ -248,10 +283,17 @@ func runBench(ctx context.Context, stdout, stderr io.Writer, o benchOptions) err
 			s.close()
 		}
 	}
+	return finishBench(ctx, stdout, o, rep, err)
+}
+
+// finishBench prints the table of what rep holds and writes the report
+// and plots: the run's error, else the wrong answers it got.
+func finishBench(ctx context.Context, stdout io.Writer, o benchOptions, rep *benchReport, err error) error {
 	if ctx.Err() != nil {
 		err = interruptedError{}
 	}
 	printRuns(stdout, rep)
+	printSideChannel(stdout, rep.SideChannel)
 	if werr := writeReport(o, rep); werr != nil {
 		err = errors.Join(err, werr)
 	}
@@ -268,6 +310,10 @@ func (o benchOptions) target() string {
 		return fmt.Sprintf("layouts of %d nodes on this machine", o.Compare)
 	case o.Stub:
 		return "an in-process stub that answers at once"
+	case o.SideChannel > 0 && o.HTTP == "":
+		return o.Endpoint + ": an attacker timing guesses of a victim's prefixes"
+	case o.SideChannel > 0:
+		return o.HTTP + ": an attacker timing guesses of a victim's prefixes"
 	case o.HTTP != "":
 		return o.HTTP
 	}
@@ -318,7 +364,7 @@ func runAll(ctx context.Context, stderr io.Writer, o benchOptions, w *workload, 
 		done := l.progress.show(stderr)
 		if rate > 0 {
 			at, warm := bench.Poisson(o.Seed, rate, o.Warmup, w.bound)
-			l.progress.total = len(at)
+			l.progress.total = len(at) * max(o.Turns, 1)
 			run.samples = l.open(ctx, at, warm)
 		} else {
 			run.samples = l.closed(ctx, o.Concurrency, o.Warmup, w.bound)
@@ -337,15 +383,15 @@ func printRuns(w io.Writer, rep *benchReport) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "RUN\tREQS\tOK\tERR\tWRONG\tREQ/S\tTOK/S\tGOODPUT/S\tGOOD\tTTFT p50\tp90\tp99\tITL p50\tp90\tp99\tE2E p50\tp90\tp99\t")
+	fmt.Fprintln(tw, "RUN\tREQS\tOK\tERR\tWRONG\tREQ/S\tTOK/S\tGOODPUT/S\tGOOD\tCACHED\tHIT\tTTFT p50\tp90\tp99\tITL p50\tp90\tp99\tE2E p50\tp90\tp99\t")
 	for _, r := range rep.Runs {
 		s := r.Summary
 		errs := 0
 		for _, n := range s.Errors {
 			errs += n
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.label(), s.Requests, s.OK,
-			errs, s.Wrong, s.RequestsPerS, s.OutputTokensPerS, s.GoodputPerS, 100*s.GoodShare,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.0f%%\t%d\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.label(), s.Requests, s.OK,
+			errs, s.Wrong, s.RequestsPerS, s.OutputTokensPerS, s.GoodputPerS, 100*s.GoodShare, s.CachedTokens, 100*s.HitRate,
 			msText(s.TTFT.P50), msText(s.TTFT.P90), msText(s.TTFT.P99), msText(s.ITL.P50), msText(s.ITL.P90), msText(s.ITL.P99),
 			msText(s.E2E.P50), msText(s.E2E.P90), msText(s.E2E.P99))
 	}

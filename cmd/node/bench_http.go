@@ -57,7 +57,10 @@ type sseChunk struct {
 		Text string `json:"text"`
 	} `json:"choices"`
 	Usage *struct {
-		CompletionTokens int `json:"completion_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
 	Error *struct {
 		Code string `json:"code"`
@@ -119,7 +122,7 @@ func (h *httpSender) read(r io.Reader, t *timer, quiet *time.Timer) answer {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), sseLineBytesMax)
 	var text strings.Builder
-	count, done, code := 0, false, ""
+	count, cached, done, code := 0, 0, false, ""
 	for sc.Scan() && !done && code == "" {
 		quiet.Reset(h.noAnswerAfter)
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
@@ -140,6 +143,9 @@ func (h *httpSender) read(r io.Reader, t *timer, quiet *time.Timer) answer {
 			code = "http_stream_" + c.Error.Code
 		case c.Usage != nil:
 			count = c.Usage.CompletionTokens
+			if d := c.Usage.PromptTokensDetails; d != nil {
+				cached = d.CachedTokens
+			}
 		case len(c.Choices) == 1 && c.Choices[0].Text != "":
 			t.tokens(1)
 			text.WriteString(c.Choices[0].Text)
@@ -152,6 +158,6 @@ func (h *httpSender) read(r io.Reader, t *timer, quiet *time.Timer) answer {
 	case !done:
 		a.code = "http_stream_ended"
 	}
-	a.text, a.count = text.String(), count
+	a.text, a.count, a.cached = text.String(), count, cached
 	return a
 }

@@ -39,6 +39,7 @@ type answer struct {
 	tokens []int  // the tokens, where the protocol carries them
 	text   string // the answer's text
 	count  int    // how many tokens
+	cached int    // how many prompt tokens were read from the prefix cache
 	first  time.Duration
 	gaps   []time.Duration
 	e2e    time.Duration
@@ -101,7 +102,7 @@ func (c *clientSender) send(ctx context.Context, tenant int, s bench.Shape) answ
 		a.code = errorCode(err)
 		return a
 	}
-	a.tokens, a.text, a.count = res.Tokens, res.Text, len(res.Tokens)
+	a.tokens, a.text, a.count, a.cached = res.Tokens, res.Text, len(res.Tokens), res.CachedTokens
 	return a
 }
 
@@ -161,24 +162,35 @@ type benchLoad struct {
 }
 
 // sample sends request i, sent at offset start of the run, and checks its
-// answer against the reference.
-func (l *benchLoad) sample(ctx context.Context, i int, start time.Duration, warm bool) bench.Sample {
+// answer against the reference; then, for a chat, each of its later turns
+// in order, each sent as the turn before it is answered. A turn that
+// fails ends the chat: the next would resend an answer it never had.
+func (l *benchLoad) sample(ctx context.Context, i int, start time.Duration, warm bool) []bench.Sample {
 	r := l.order[i%len(l.order)]
 	p := l.progress
-	p.sent.Add(1)
-	a := l.send.send(ctx, r.Tenant, l.shapes[r.Shape])
-	ref := l.refs[r.Shape]
-	s := bench.Sample{Start: start, TTFT: a.first, E2E: a.e2e, Tokens: a.count, PromptTokens: ref.promptTokens, Gaps: a.gaps,
-		Code: a.code, Warmup: warm}
-	switch {
-	case a.code != "":
-		p.errors.Add(1)
-	case !ref.matches(a):
-		s.Wrong = true
-		p.wrong.Add(1)
+	var out []bench.Sample
+	begun := time.Now().Add(-start)
+	for sh := r.Shape; sh < len(l.shapes) && (sh == r.Shape || l.shapes[sh].Turn > 0); sh++ {
+		p.sent.Add(1)
+		sent := time.Since(begun)
+		a := l.send.send(ctx, r.Tenant, l.shapes[sh])
+		ref := l.refs[sh]
+		s := bench.Sample{Start: sent, TTFT: a.first, E2E: a.e2e, Tokens: a.count, PromptTokens: ref.promptTokens, CachedTokens: a.cached,
+			Gaps: a.gaps, Code: a.code, Warmup: warm}
+		switch {
+		case a.code != "":
+			p.errors.Add(1)
+		case !ref.matches(a):
+			s.Wrong = true
+			p.wrong.Add(1)
+		}
+		p.done.Add(1)
+		out = append(out, s)
+		if !s.OK() {
+			break
+		}
 	}
-	p.done.Add(1)
-	return s
+	return out
 }
 
 // open sends a request at each offset of at from now, each on its own
@@ -186,7 +198,7 @@ func (l *benchLoad) sample(ctx context.Context, i int, start time.Duration, warm
 // once every one has ended. Cancelling ctx stops the sends (and cancels
 // those in flight).
 func (l *benchLoad) open(ctx context.Context, at []time.Duration, warm int) []bench.Sample {
-	samples := make([]bench.Sample, len(at))
+	samples := make([][]bench.Sample, len(at))
 	var wg sync.WaitGroup
 	var inflight atomic.Int64
 	start := time.Now()
@@ -204,7 +216,7 @@ func (l *benchLoad) open(ctx context.Context, at []time.Duration, warm int) []be
 			break
 		}
 		if inflight.Load() >= benchInflightMax {
-			samples[i] = bench.Sample{Start: time.Since(start), Code: codeOverload, Warmup: i < warm}
+			samples[i] = []bench.Sample{{Start: time.Since(start), Code: codeOverload, Warmup: i < warm}}
 			l.progress.errors.Add(1)
 			continue
 		}
@@ -217,7 +229,7 @@ func (l *benchLoad) open(ctx context.Context, at []time.Duration, warm int) []be
 		}()
 	}
 	wg.Wait()
-	return samples[:sent]
+	return slices.Concat(samples[:sent]...)
 }
 
 // closed keeps concurrency requests in flight, each sent as the one
@@ -258,7 +270,7 @@ func (l *benchLoad) closed(ctx context.Context, concurrency int, warmup time.Dur
 				}
 				s := l.sample(ctx, i, at, warm)
 				mu.Lock()
-				samples = append(samples, s)
+				samples = append(samples, s...)
 				mu.Unlock()
 			}
 		}()

@@ -64,6 +64,59 @@ func TestBenchStub(t *testing.T) {
 	}
 }
 
+// TestBenchStubChats: with --turns, a request of the schedule is a whole
+// chat: each of its turns is sent after the one before it, as its
+// conversation's tenant, with the conversation so far, and is counted as a
+// request of its own; the report names the workload's prefix and turns.
+func TestBenchStubChats(t *testing.T) {
+	report := filepath.Join(t.TempDir(), "report.json")
+	code, out := runNode("bench", "--stub", "--turns", "3", "--shared-prefix-len", "64", "--shared-prefixes", "2", "--tenants", "2",
+		"--distinct", "4", "--prompt-len", "16", "--output-len", "4", "--concurrency", "2", "--requests", "6", "--duration", "0",
+		"--warmup", "0", "--json", report)
+	if code != exitOK {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	if !strings.Contains(out, "CACHED") || !strings.Contains(out, "HIT") {
+		t.Errorf("the table has no cache columns:\n%s", out)
+	}
+	rep := readReport(t, report)
+	if s := rep.Runs[0].Summary; s.Requests != 18 || s.OK != 18 || s.CachedTokens != 0 || s.PromptTokens == 0 {
+		t.Errorf("%+v; want 6 chats of 3 turns answered, none read from a cache (a stub has none)", s)
+	}
+	wl, _ := rep.Workload.(map[string]any)
+	if wl["turns"] != 3.0 || wl["shared_prefix_len"] != 64.0 {
+		t.Errorf("the report's workload %v lacks the turns and the prefix", rep.Workload)
+	}
+}
+
+// TestBenchChatPrompts: a chat's later turn sends the turn before it, that
+// turn's reference answer and its own message, so that its prompt starts
+// with the last turn's; each prompt is longer than the one before.
+func TestBenchChatPrompts(t *testing.T) {
+	f := defaultWorkloadFlags()
+	f.Distinct, f.Turns, f.PromptLen, f.OutputLen = 2, 3, "12", "5"
+	w, err := f.build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.shapes) != 6 {
+		t.Fatalf("%d shapes, want 2 chats of 3 turns", len(w.shapes))
+	}
+	for i := 1; i < 6; i++ {
+		prev, s := w.shapes[i-1], w.shapes[i]
+		if s.Turn == 0 {
+			continue
+		}
+		head := prev.Prompt + w.refs[i-1].jsonText
+		if !strings.HasPrefix(s.Prompt, head) || len(s.Prompt) != len(head)+13 {
+			t.Errorf("turn %d of chat %d: %q does not continue %q with a message of 13 bytes", s.Turn, i/3, s.Prompt, head)
+		}
+		if w.refs[i].promptTokens <= w.refs[i-1].promptTokens {
+			t.Errorf("turn %d: %d prompt tokens, not more than the turn before's %d", s.Turn, w.refs[i].promptTokens, w.refs[i-1].promptTokens)
+		}
+	}
+}
+
 // TestBenchWrongAnswer: an endpoint that answers one request wrong has the
 // answer counted as wrong, never as speed, and the run fails.
 func TestBenchWrongAnswer(t *testing.T) {
@@ -150,7 +203,8 @@ func TestBenchHTTP(t *testing.T) {
 		if r.Header.Get("Authorization") == "Bearer cut" {
 			return
 		}
-		fmt.Fprintf(rw, "data: {\"choices\": [], \"usage\": {\"completion_tokens\": %d}}\n\ndata: [DONE]\n\n", len(ref.tokens))
+		fmt.Fprintf(rw, "data: {\"choices\": [], \"usage\": {\"completion_tokens\": %d, \"prompt_tokens_details\": {\"cached_tokens\": 16}}}\n\ndata: [DONE]\n\n",
+			len(ref.tokens))
 	}))
 	defer srv.Close()
 	for _, tc := range []struct {
@@ -159,9 +213,9 @@ func TestBenchHTTP(t *testing.T) {
 		h := newHTTPSender(srv.URL, []string{tc.key}, w.model.Name(), 1, time.Minute)
 		a := h.send(context.Background(), 0, w.shapes[0])
 		h.close()
-		if a.code != tc.code || (tc.code == "" && !ref.matches(a)) {
-			t.Errorf("key %s: code %q, text %q (%d tokens); want code %q and the reference %q (%d tokens)", tc.key, a.code,
-				a.text, a.count, tc.code, ref.text, len(ref.tokens))
+		if a.code != tc.code || (tc.code == "" && (!ref.matches(a) || a.cached != 16)) {
+			t.Errorf("key %s: code %q, text %q (%d tokens, %d cached); want code %q and the reference %q (%d tokens, 16 cached)", tc.key,
+				a.code, a.text, a.count, a.cached, tc.code, ref.text, len(ref.tokens))
 		}
 	}
 }
@@ -182,6 +236,10 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--stub", "--rates", "2,1000000", "--duration", "20s"}, "2.2e+07 is outside [1, 4.194304e+06]"},
 		{[]string{"--http", "http://127.0.0.1:1"}, "--http needs --api-key"},
 		{[]string{"--", "--batch-max", "4"}, "arguments after -- are for the nodes --compare starts"},
+		{[]string{"--side-channel", "10"}, "--side-channel needs --shared-prefix-len"},
+		{[]string{"--side-channel", "10", "--shared-prefix-len", "64", "--stub"}, "give one"},
+		{[]string{"--turns", "65"}, "turns: 65 is outside [1, 64]"},
+		{[]string{"--shared-prefix-len", "64", "--shared-prefixes", "0"}, "shared prefixes: 0"},
 	} {
 		code, out := runNode(append([]string{"bench"}, tc.args...)...)
 		if code != exitUsage || !strings.Contains(out, tc.want) {

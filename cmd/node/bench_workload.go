@@ -37,11 +37,17 @@ type workloadFlags struct {
 	Requests  int           `json:"requests"`
 	SLOTTFT   time.Duration `json:"slo_ttft_ns"`
 	SLOITL    time.Duration `json:"slo_itl_ns"`
+	// The traffic a prefix cache serves (bench's flags only: node plan's
+	// model has no cache).
+	PrefixLen           int  `json:"shared_prefix_len,omitempty"`
+	Prefixes            int  `json:"shared_prefixes,omitempty"`
+	PrefixAcrossTenants bool `json:"prefix_across_tenants,omitempty"`
+	Turns               int  `json:"turns,omitempty"`
 }
 
 func defaultWorkloadFlags() workloadFlags {
 	return workloadFlags{DType: kv.F32.String(), PromptLen: "uniform:16:128", OutputLen: "uniform:16:128", Distinct: 64, Tenants: 1,
-		Seed: 1, Rate: 2, Warmup: 2 * time.Second, Duration: 20 * time.Second}
+		Seed: 1, Rate: 2, Warmup: 2 * time.Second, Duration: 20 * time.Second, Prefixes: 1, Turns: 1}
 }
 
 func (f *workloadFlags) bind(fs *pflag.FlagSet) {
@@ -60,6 +66,14 @@ func (f *workloadFlags) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&f.Requests, "requests", f.Requests, "how many requests to send after the warm-up (0: no bound by count)")
 	fs.DurationVar(&f.SLOTTFT, "slo-ttft", f.SLOTTFT, "goodput counts requests whose first token came within this (0: no bound)")
 	fs.DurationVar(&f.SLOITL, "slo-itl", f.SLOITL, "goodput counts requests whose mean inter-token latency is within this (0: no bound)")
+}
+
+// bindCache adds the flags of the traffic a prefix cache serves.
+func (f *workloadFlags) bindCache(fs *pflag.FlagSet) {
+	fs.IntVar(&f.PrefixLen, "shared-prefix-len", f.PrefixLen, "start every prompt with one of --shared-prefixes common prefixes of this many bytes, --prompt-len then being what follows (0: none)")
+	fs.IntVar(&f.Prefixes, "shared-prefixes", f.Prefixes, "how many shared prefixes each tenant has (all tenants together, with --prefix-across-tenants)")
+	fs.BoolVar(&f.PrefixAcrossTenants, "prefix-across-tenants", f.PrefixAcrossTenants, "give every tenant the same prefixes (a cache shares them only within a scope)")
+	fs.IntVar(&f.Turns, "turns", f.Turns, "make each distinct request a chat of this many turns, each resending the conversation so far and a new message of --prompt-len; a request of the schedule is then a whole chat")
 }
 
 // workload is the run's model, requests and their reference answers.
@@ -87,6 +101,7 @@ func (f workloadFlags) check() (bench.Workload, error) {
 		return w, fmt.Errorf("--prompt-len: %w", err)
 	}
 	w.Tenants, w.Distinct, w.Seed = f.Tenants, f.Distinct, f.Seed
+	w.PrefixBytes, w.Prefixes, w.PrefixAcrossTenants, w.Turns = f.PrefixLen, f.Prefixes, f.PrefixAcrossTenants, f.Turns
 	if err := w.Validate(); err != nil {
 		return w, err
 	}
@@ -122,13 +137,15 @@ func (f workloadFlags) build() (*workload, error) {
 		return nil, err
 	}
 	out := &workload{model: m, w: w, shapes: w.Shapes(), slo: bench.SLO{TTFT: f.SLOTTFT, ITL: f.SLOITL}, bound: f.bound()}
-	out.order = w.Draw(len(out.shapes), benchOrderLen)
+	out.order = w.Draw(out.shapes, benchOrderLen)
 	out.refs, err = references(m, out.shapes)
 	return out, err
 }
 
 // references are the reference engine's answers to shapes, computed on
-// every processor at once.
+// every processor at once, a chat's turns one after the other: each later
+// turn's prompt is set to the one before it, that turn's answer (as JSON
+// carries it, as a client would send it back) and its own message.
 func references(m *engine.Model, shapes []bench.Shape) ([]reference, error) {
 	refs := make([]reference, len(shapes))
 	errs := make([]error, len(shapes))
@@ -139,21 +156,22 @@ func references(m *engine.Model, shapes []bench.Shape) ([]reference, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := range next {
-				s := shapes[i]
-				prompt := len(m.Tokenizer().Encode(s.Prompt))
-				if prompt+s.MaxTokens > ctxTokens {
-					errs[i] = usageError{&bench.RangeError{What: fmt.Sprintf("request %d's prompt (%d tokens) and most tokens (%d)", i, prompt, s.MaxTokens),
-						Value: float64(prompt + s.MaxTokens), Min: 2, Max: float64(ctxTokens)}}
-					continue
+			for first := range next {
+				for i := first; i < len(shapes) && (i == first || shapes[i].Turn > 0); i++ {
+					if i > first {
+						shapes[i].Prompt = shapes[i-1].Prompt + refs[i-1].jsonText + shapes[i].Prompt
+					}
+					if refs[i], errs[i] = reference1(m, i, shapes[i], ctxTokens); errs[i] != nil {
+						break
+					}
 				}
-				tokens, err := m.Answer(s.Prompt, s.MaxTokens)
-				refs[i], errs[i] = newReference(tokens, m.Text(s.Prompt, tokens), prompt), err
 			}
 		}()
 	}
-	for i := range shapes {
-		next <- i
+	for i, s := range shapes {
+		if s.Turn == 0 {
+			next <- i
+		}
 	}
 	close(next)
 	wg.Wait()
@@ -163,4 +181,15 @@ func references(m *engine.Model, shapes []bench.Shape) ([]reference, error) {
 		}
 	}
 	return refs, nil
+}
+
+// reference1 is the reference answer to shape i.
+func reference1(m *engine.Model, i int, s bench.Shape, ctxTokens int) (reference, error) {
+	prompt := len(m.Tokenizer().Encode(s.Prompt))
+	if prompt+s.MaxTokens > ctxTokens {
+		return reference{}, usageError{&bench.RangeError{What: fmt.Sprintf("request %d's prompt (%d tokens) and most tokens (%d)", i, prompt, s.MaxTokens),
+			Value: float64(prompt + s.MaxTokens), Min: 2, Max: float64(ctxTokens)}}
+	}
+	tokens, err := m.Answer(s.Prompt, s.MaxTokens)
+	return newReference(tokens, m.Text(s.Prompt, tokens), prompt), err
 }
