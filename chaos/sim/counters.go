@@ -92,7 +92,7 @@ var required = [kinds][]Counter{
 	Crash:     {Crashed, Restarted, PeerLost, RetryOtherPeer, DeadRunDropped, CacheLost},
 	Shrink:    {PoolShrunk, ReserveRetried},
 	ClockJump: {ClockJumped, ReclaimFreed, AckLostReclaimed, StaleTagRefused},
-	BitFlip:   {BitFlipped, IntegrityRefused, CachedFlipped, CachedCorruptRefused},
+	BitFlip:   {BitFlipped, IntegrityRefused, CachedFlipped},
 	Oversize:  {OversizeRefused},
 	Cancel:    {CancelMidDecode, CancelBeforeDecode},
 }
