@@ -3,10 +3,13 @@ package actors
 import (
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/tenancy"
 )
 
 // TestUnleaseOfALeaseNotHeldStaysHere: a page counts leases, not whose
@@ -77,4 +80,52 @@ func TestUnleaseOfALeaseNotHeldStaysHere(t *testing.T) {
 		s, _ := pool.Status(n.Root())
 		return s.Free == 2
 	})
+}
+
+// TestCachedPagesAreNoTenantsShare: a page published to the prefix cache
+// is no longer held by the tenant whose request computed it, so a tenant
+// whose cached pages reach its pool share still gets pages while the pool
+// has them free.
+func TestCachedPagesAreNoTenantsShare(t *testing.T) {
+	sys := messages.NewActorSystem(nil)
+	t.Cleanup(sys.Shutdown)
+	cfg := testConfig().pool(8, 1)
+	var drops atomic.Uint64
+	pool, err := spawnPool(sys.Root, "p/pool", cfg, NewMailbox(sys, 64, &drops), 5*time.Second, time.Now,
+		poolFairness{tenants: tenancy.NewShares(tenancy.DefaultPolicy()), retry: time.Second}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newPageClient(pool, sys.Root)
+	g := cfg.Geometry
+	scope := kv.TenantScope("acme")
+	// Two requests of acme leave 3 full pages each in the cache: 6 of 8,
+	// the default share's 75%.
+	for r := range 2 {
+		o := kv.Owner{Request: uint64(r + 1), Tenant: "acme"}
+		tags, err := pool.Reserve(sys.Root, o, 0, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, tag := range tags {
+			if err := c.Write(tag, o, i*g.PageTokens, make([]byte, g.PageTokens*g.BytesPerToken())); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Seal(tag, o); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.AwaitAck(tag, o); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Release(tag, o); err != nil {
+				t.Fatal(err)
+			}
+			if cp, err := c.AckPublish(tag, o, scope); err != nil || cp.Tag == (kv.Tag{}) {
+				t.Fatalf("publish: %v", err)
+			}
+		}
+	}
+	if _, err := pool.Reserve(sys.Root, kv.Owner{Request: 3, Tenant: "acme"}, 0, 2); err != nil {
+		t.Fatalf("acme, holding no request's page, refused the 2 free pages: %v", err)
+	}
 }

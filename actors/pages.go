@@ -104,6 +104,9 @@ type (
 	// pageReclaim is the page's timer: its deadline may have come.
 	pageReclaim struct{}
 	pageFreed   struct{ Tag kv.Tag }
+	// pagePublished tells the pool actor a page is cached (its owner is
+	// gone): no tenant holds it from then on.
+	pagePublished struct{ Tag kv.Tag }
 )
 
 // pageActor owns one kv.Page: every change of owner, every write and every
@@ -151,7 +154,9 @@ func (a *pageActor) Receive(c actor.Context) {
 			r.Bytes, r.Tokens, r.Err = pg.Read(r.Lease)
 		}
 	case PageAckPublish:
-		r.Cached, freed, r.Err = pg.AckPublish(m.Tag, m.Owner, m.Scope)
+		if r.Cached, freed, r.Err = pg.AckPublish(m.Tag, m.Owner, m.Scope); r.Cached.Tag != (kv.Tag{}) {
+			c.Send(a.pool, pagePublished{Tag: r.Cached.Tag})
+		}
 	case PageEvict:
 		freed, r.Err = pg.Evict(m.Page, a.clock())
 	case PageUnlease:
@@ -254,12 +259,18 @@ type (
 
 // Available is how many pages a reservation can have: the free ones and
 // those the prefix cache holds, which it gives up for a reservation that
-// finds the pool full.
+// finds the pool full. The two are read apart (the cache's counts as of
+// its worker's last change), so their sum is capped at the capacity.
 func (s PoolStatusReply) Available() int {
+	return s.Free + s.Cached()
+}
+
+// Cached is how many pages the prefix cache holds, at most those not free.
+func (s PoolStatusReply) Cached() int {
 	if s.Cache == nil {
-		return s.Free
+		return 0
 	}
-	return s.Free + s.Cache.Pages
+	return max(0, min(s.Cache.Pages, s.Capacity-s.Free))
 }
 
 // poolActor owns one device's kv.FreeList: reservations are all or nothing,
@@ -300,8 +311,10 @@ func (a *poolActor) Receive(c actor.Context) {
 		c.Respond(a.reserve(c, m))
 	case pageFreed:
 		a.free.Push(m.Tag)
-		a.fair.Freed(a.ownerOf[m.Tag.Index], 1)
-		a.ownerOf[m.Tag.Index] = kv.Owner{}
+		a.unown(m.Tag.Index)
+	case pagePublished:
+		// Cached, the page is no tenant's to hold against its share.
+		a.unown(m.Tag.Index)
 	case undoReserve:
 		for _, t := range a.granted[m.Nonce] {
 			c.Request(a.pids[t.Index], PageRelease{Tag: t, Owner: m.Owner}) // the reply is dropped here
@@ -310,6 +323,14 @@ func (a *poolActor) Receive(c actor.Context) {
 	case PoolStatus:
 		c.Respond(PoolStatusReply{Capacity: a.free.Capacity(), Free: a.free.Len(), Reservations: a.reservations,
 			Reclaimed: a.stats.reclaims(), Refused: a.stats.snapshot(), Cross: a.stats.cross()})
+	}
+}
+
+// unown counts page idx's pages no longer its owner's, if it had one.
+func (a *poolActor) unown(idx uint32) {
+	if o := a.ownerOf[idx]; o != (kv.Owner{}) {
+		a.fair.Freed(o, 1)
+		a.ownerOf[idx] = kv.Owner{}
 	}
 }
 

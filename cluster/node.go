@@ -862,7 +862,7 @@ func (n *Node) status() *messages.StatusReply {
 			ps := messages.PoolStatus{Name: p.PID.Id, Capacity: uint32(s.Capacity), Free: uint32(s.Free),
 				CrossTenantRows: s.Cross.Tenant, CrossRequestRows: s.Cross.Request}
 			if c := s.Cache; c != nil {
-				ps.CachePages, ps.CachePagesMax = uint32(c.Pages), uint32(c.PagesMax)
+				ps.CachePages, ps.CachePagesMax = uint32(s.Cached()), uint32(c.PagesMax)
 				ps.CacheQueries, ps.CacheQueryTokens, ps.CacheHitTokens = c.Queries, c.QueryTokens, c.HitTokens
 				ps.CachePublished, ps.CacheEvicted, ps.CacheGone = c.Published, c.Evicted, c.Gone
 			}

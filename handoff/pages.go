@@ -156,9 +156,8 @@ func execPrefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (Pref
 	return out, fr
 }
 
-func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (Prefilled, Frames) {
-	out := Prefilled{Key: e.Key}
-	var fr Frames
+func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Prefilled, fr Frames) {
+	out.Key = e.Key
 	prompt := make([]int, len(e.Plan.PromptTokens))
 	for i, t := range e.Plan.PromptTokens {
 		prompt[i] = int(t)
@@ -178,13 +177,15 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (Prefille
 			return out, fr
 		}
 		// The cached bytes are copied into the source pages before the
-		// leases go back.
+		// leases go back (out is the result: a refusal is reported).
 		defer func() {
 			for _, l := range prefix {
 				out.Err = errors.Join(out.Err, p.Unlease(l))
 			}
 		}()
-		reserve = func(n int) ([]kv.Tag, error) { return c.reserveEvicting(cp, e.Local, n) }
+		use := c.index.Uses() // the lookup's: what this prefill reads is not given up
+		reserve = func(n int) ([]kv.Tag, error) { return c.reserveEvicting(cp, e.Local, n, use) }
+		out.Chain = keys
 	}
 	tags, err := reserve(p.Geometry().PagesFor(len(prompt)))
 	if err != nil && mutant.Is(mutant.Incident) {

@@ -100,10 +100,17 @@ func (c *PrefixCache) lookup(p CachePages, scope kv.Scope, reader kv.Owner, prom
 	c.stats.Queries++
 	c.stats.QueryTokens += uint64(len(keys) * g.PageTokens)
 	var leases []kv.Lease
-	for _, hit := range c.index.Match(keys) {
-		l, err := p.LeaseShared(hit, reader, scope)
+	for i, hit := range c.index.Match(keys) {
+		l, err := kv.Lease{}, error(&kv.ManifestError{Field: "cached page position", Page: i, Want: i * g.PageTokens, Have: hit.First})
+		if hit.First == i*g.PageTokens {
+			l, err = p.LeaseShared(hit, reader, scope)
+		}
 		if err != nil {
-			_ = p.Evict(hit) // refused when it is gone already
+			// Gone, refused as corrupt, or unanswered (a lease granted
+			// late is then held by nobody): evicted, it is freed at once
+			// or at the reclaim deadline, never left cached with no
+			// index entry to evict it.
+			_ = p.Evict(hit)
 			c.index.Remove(hit.Tag)
 			c.stats.Gone++
 			break
@@ -114,37 +121,52 @@ func (c *PrefixCache) lookup(p CachePages, scope kv.Scope, reader kv.Owner, prom
 	return leases, keys, nil
 }
 
-// room evicts the least recently used pages until n more fit, or none is
-// left to evict; a page still leased is freed at its last unlease.
-func (c *PrefixCache) room(p CachePages, n int) {
-	for _, v := range c.index.Victims(n - c.index.Room()) {
+// evict gives up at most n pages last used before use, least recently
+// used first (kv.PrefixIndex.VictimsBefore), and says how many; a page
+// still leased is freed at its last unlease.
+func (c *PrefixCache) evict(p CachePages, n int, use uint64) int {
+	victims := c.index.VictimsBefore(n, use)
+	for _, v := range victims {
 		// A refusal means the page is gone already: either way it is
 		// out of the index.
 		_ = p.Evict(v)
 		c.stats.Evicted++
 	}
+	return len(victims)
 }
 
 // ExecAckKeep carries out an Ack whose Keep pages the cache takes: each
-// is published under the Ack's scope instead of freed, unless the cache
-// already holds its key (another prefill of the same prefix published
-// first) or it holds no pages at all; every other page is acknowledged as
-// ExecAck does.
+// is published under the Ack's scope instead of freed, in prompt order,
+// unless the cache already holds its key (another prefill of the same
+// prefix published first) or has no room left but what its own prompt's
+// pages take (a child is never kept by giving up its parent: the chain is
+// stamped as used first, and only pages used before it are given up);
+// every other page is acknowledged as ExecAck does.
 func ExecAckKeep(p CachePages, c *PrefixCache, e Ack, refused func(kv.Tag, error)) {
 	keep := make(map[int]kv.PrefixKey, len(e.Keep))
 	for _, k := range e.Keep {
-		if !c.index.Has(k.Key) {
-			keep[k.Page] = k.Key
-		}
+		keep[k.Page] = k.Key
 	}
+	c.index.Match(e.Chain)
+	use, full := c.index.Uses(), false
 	for i, t := range e.Tags {
 		key, ok := keep[i]
-		if !ok || c.index.PagesMax() == 0 {
+		if ok && !full && !c.index.Has(key) && c.index.Room() == 0 {
+			full = c.evict(p, 1, use) == 0
+		}
+		if !ok || full || c.index.Has(key) {
 			each("ack", p.Ack, e.Owner, []kv.Tag{t}, refused)
 			continue
 		}
-		c.room(p, 1)
 		cached, err := p.AckPublish(t, e.Owner, e.Scope)
+		if err != nil && !errors.Is(err, kv.ErrRefused) {
+			// Unanswered: the page may yet be published, under the tag
+			// that follows its own, with no index entry; evicted now,
+			// it cannot stay cached for nobody (the eviction is refused
+			// if it was only acknowledged).
+			t.Generation++
+			_ = p.Evict(kv.CachedPage{Tag: t, Scope: e.Scope})
+		}
 		if err != nil {
 			OwnsOrPanic(err, "ack", t, e.Owner)
 			if refused != nil {
@@ -164,14 +186,19 @@ func ExecAckKeep(p CachePages, c *PrefixCache, e Ack, refused func(kv.Tag, error
 }
 
 // reserveEvicting reserves n pages for owner from position 0, and when the
-// pool is exhausted gives up cached pages (least recently used first, none
-// of those leased now) and tries once more.
-func (c *PrefixCache) reserveEvicting(p CachePages, owner kv.Owner, n int) ([]kv.Tag, error) {
+// pool is too full gives up as many cached pages as are missing (least
+// recently used first, none of those the prefill's lookup, at use, read
+// or passed) and tries once more. A tenant held to its share of the pool
+// gives nothing up: another scope's cached pages would not make room for
+// it.
+func (c *PrefixCache) reserveEvicting(p CachePages, owner kv.Owner, n int, use uint64) ([]kv.Tag, error) {
 	tags, err := p.Reserve(owner, 0, n)
 	var full *kv.PoolExhaustedError
-	if !errors.As(err, &full) || c.index.Len() == 0 {
+	if !errors.As(err, &full) || full.Share > 0 && full.Held+full.Need > full.Share {
 		return tags, err
 	}
-	c.room(p, c.index.Room()+n)
+	if c.evict(p, full.Need-full.Free, use) == 0 {
+		return tags, err
+	}
 	return p.Reserve(owner, 0, n)
 }

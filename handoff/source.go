@@ -55,8 +55,9 @@ type (
 	// token and the pages' seal checksums, or why it failed.
 	//
 	// With a prefix cache, Cached is how many of the prompt's first tokens
-	// came from it, and Keep the source pages it will keep once decode
-	// has them, under Scope.
+	// came from it, Keep the source pages it will keep once decode has
+	// them, under Scope, and Chain the keys of all the prompt's cacheable
+	// pages (those read from the cache first).
 	Prefilled struct {
 		Key     JobKey
 		Sources []kv.Tag
@@ -67,6 +68,7 @@ type (
 		Cached  int
 		Keep    []Keep
 		Scope   kv.Scope
+		Chain   []kv.PrefixKey
 	}
 	// Sent answers SendFrames: the frames went (Err nil) or did not; the
 	// leases that kept their payloads are given back already.
@@ -120,12 +122,14 @@ type (
 	CancelSend struct{ Key JobKey }
 	// Ack marks source pages acknowledged, which frees the released ones;
 	// the Keep pages (indexes into Tags), once decode has them, go to the
-	// prefix cache under Scope instead (ExecAckKeep).
+	// prefix cache under Scope instead, behind the rest of their prompt's
+	// Chain (ExecAckKeep).
 	Ack struct {
 		Owner kv.Owner
 		Tags  []kv.Tag
 		Keep  []Keep
 		Scope kv.Scope
+		Chain []kv.PrefixKey
 	}
 	// Reply answers the plan's sender with Done.
 	Reply struct {
@@ -167,6 +171,7 @@ type job struct {
 	cached  int      // prompt tokens read from the prefix cache
 	keep    []Keep   // sources the prefix cache keeps once decode has them
 	scope   kv.Scope
+	chain   []kv.PrefixKey
 	expires time.Time
 }
 
@@ -312,7 +317,7 @@ func (s *Source) prefilled(e Prefilled, now time.Time) []Effect {
 	}
 	s.running = nil
 	j.sources, j.marked, j.first, j.sums = e.Sources, e.Marked, e.First, e.Sums
-	j.cached, j.keep, j.scope = e.Cached, e.Keep, e.Scope
+	j.cached, j.keep, j.scope, j.chain = e.Cached, e.Keep, e.Scope, e.Chain
 	if e.Err != nil {
 		return s.sent(j, e.Err, now)
 	}
@@ -394,7 +399,7 @@ func (s *Source) drop(key JobKey, tenant string, now time.Time) []Effect {
 	s.done.Add(key, now)
 	// Sent whole and sealed, the pages hold the prompt's KV whatever
 	// decode made of it: worth keeping after an abort as after the ack.
-	return []Effect{Ack{Owner: j.local, Tags: j.sources, Keep: j.keep, Scope: j.scope}}
+	return []Effect{Ack{Owner: j.local, Tags: j.sources, Keep: j.keep, Scope: j.scope, Chain: j.chain}}
 }
 
 // DonePlans remembers plans that ended (acknowledged or aborted) by their

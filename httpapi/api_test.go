@@ -303,6 +303,9 @@ func TestAPIRefusals(t *testing.T) {
 			"prompt_too_long", ""},
 		{"not JSON", keyAcme, `{"model":`, 400, "invalid_request", ""},
 		{"a body over 4 MiB", keyAcme, `{"model":"stories260K","prompt":"` + strings.Repeat("x", 5<<20) + `"}`, 413, "body_too_large", ""},
+		{"a cache salt with U+001F", keyAcme, `{"model":"stories260K","prompt":"hi","cache_salt":"a\u001fb"}`, 400, "invalid_request", "cache_salt"},
+		{"a cache salt and key over 64 bytes", keyAcme, `{"model":"stories260K","prompt":"hi","cache_salt":"` + strings.Repeat("s", 40) +
+			`","prompt_cache_key":"` + strings.Repeat("k", 30) + `"}`, 400, "invalid_request", "cache_salt"},
 	} {
 		status, _, e := post(t, url, tc.key, tc.body)
 		if status != tc.status || e.Code != tc.code || (tc.param != "" && (e.Param == nil || *e.Param != tc.param)) ||
@@ -313,6 +316,26 @@ func TestAPIRefusals(t *testing.T) {
 	status, _, e := post(t, url, keyAcme, `{"model":"stories260K","prompt":"`+strings.Repeat("word ", 600)+`"}`)
 	if status != 400 || e.Detail == nil || e.Detail.Code != 1 || e.Detail.Limit != 512 || e.Detail.Where != "context window" {
 		t.Errorf("a prompt over the window: %d, detail %+v, want code 1 and the window's 512 tokens", status, e.Detail)
+	}
+}
+
+// TestCacheSaltAndKeyNarrowApart: cache_salt alone is the salt as the Go
+// client sends it; prompt_cache_key narrows apart from it, so that no two
+// different pairs of the two fields name one scope.
+func TestCacheSaltAndKeyNarrowApart(t *testing.T) {
+	s := func(v string) *string { return &v }
+	pairs := []common{{}, {CacheSalt: s("x")}, {PromptCacheKey: s("x")}, {CacheSalt: s("x"), PromptCacheKey: s("y")},
+		{CacheSalt: s("x"), PromptCacheKey: s("")}, {CacheSalt: s("y"), PromptCacheKey: s("x")}, {CacheSalt: s("xy")}}
+	seen := map[string]int{}
+	for i, c := range pairs {
+		salt := c.cacheSalt()
+		if j, ok := seen[salt]; ok && !(i == 4 && j == 1) { // an empty key narrows nothing
+			t.Errorf("pairs %d and %d narrow alike (%q)", j, i, salt)
+		}
+		seen[salt] = i
+	}
+	if got := (&common{CacheSalt: s("user-7")}).cacheSalt(); got != "user-7" {
+		t.Errorf("cache_salt alone narrows by %q, want it as it is", got)
 	}
 }
 

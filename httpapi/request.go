@@ -55,20 +55,23 @@ type common struct {
 	CacheSalt      *string `json:"cache_salt"`
 }
 
+// cacheSaltSeparator joins cache_salt and prompt_cache_key into one salt;
+// neither may hold it, so that no two requests' pairs join alike.
+const cacheSaltSeparator = "\x1f"
+
 // cacheSalt is what narrows the request's prefix cache scope: its
-// cache_salt and prompt_cache_key, either or both.
+// cache_salt (the Go client's CacheSalt, as it is) and, after a separator,
+// its prompt_cache_key, so that a key never names the scope a salt of the
+// same text does.
 func (c *common) cacheSalt() string {
-	var salt, key string
+	var salt string
 	if c.CacheSalt != nil {
 		salt = *c.CacheSalt
 	}
-	if c.PromptCacheKey != nil {
-		key = *c.PromptCacheKey
+	if c.PromptCacheKey != nil && *c.PromptCacheKey != "" {
+		salt += cacheSaltSeparator + *c.PromptCacheKey
 	}
-	if salt != "" && key != "" {
-		return salt + "\x1f" + key
-	}
-	return salt + key
+	return salt
 }
 
 type streamOptions struct {
@@ -88,6 +91,14 @@ func (c *common) check() *apiError {
 	}
 	if c.StreamOptions != nil && !c.Stream {
 		return badRequest("stream_options", "stream_options is only for stream: true")
+	}
+	for _, f := range []struct {
+		name  string
+		value *string
+	}{{"cache_salt", c.CacheSalt}, {"prompt_cache_key", c.PromptCacheKey}} {
+		if f.value != nil && strings.Contains(*f.value, cacheSaltSeparator) {
+			return badRequest(f.name, "%s holds the control character U+001F", f.name)
+		}
 	}
 	if n := len(c.cacheSalt()); n > kv.CacheSaltBytesMax {
 		return badRequest("cache_salt", "cache_salt and prompt_cache_key are %d bytes together; the bound is %d", n, kv.CacheSaltBytesMax)

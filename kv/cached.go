@@ -2,6 +2,7 @@ package kv
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -35,6 +36,15 @@ func (s Scope) Narrow(salt string) Scope {
 		return s
 	}
 	return Scope{name: s.name + "\x00" + salt}
+}
+
+// admits says whether a reader of tenant may lease under s at all: a
+// tenant's scope (narrowed or not) only that tenant; a group's any tenant,
+// since the group's members are the policy's to say. A scope made for the
+// wrong tenant is refused at the page, whatever made it.
+func (s Scope) admits(tenant string) bool {
+	own := "t:" + tenant
+	return !strings.HasPrefix(s.name, "t:") || s.name == own || strings.HasPrefix(s.name, own+"\x00")
 }
 
 // IsZero says s is no scope.
@@ -140,6 +150,9 @@ func (pg *Page) LeaseShared(c CachedPage, reader Owner, scope Scope) (Lease, err
 	if err := reader.Validate(); err != nil {
 		return Lease{}, err
 	}
+	if !scope.admits(reader.Tenant) {
+		return Lease{}, &WrongScopeError{Page: c.Tag, Have: scope}
+	}
 	if err := pg.sharedAccess(c.Tag, scope, "shared lease", false); err != nil {
 		return Lease{}, err
 	}
@@ -172,6 +185,8 @@ type WrongScopeError struct {
 	Page Tag
 	Have Scope
 }
+
+func (e *WrongScopeError) Is(target error) bool { return target == ErrRefused }
 
 func (e *WrongScopeError) Error() string {
 	return fmt.Sprintf("kv: page %s is not cached under scope %s", e.Page, e.Have)

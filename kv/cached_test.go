@@ -269,3 +269,27 @@ func TestEvictWaitsForLastLease(t *testing.T) {
 		t.Fatalf("an unlease after the reclaim: %v", err)
 	}
 }
+
+// TestLeaseSharedAdmitsOnlyTheScopesTenant: a reader presenting the very
+// scope a page is cached under is still refused when the scope is another
+// tenant's (narrowed or not): whatever computed the scope for the wrong
+// tenant, the page does not grant it. A group's scope admits any tenant:
+// its members are the policy's to say.
+func TestLeaseSharedAdmitsOnlyTheScopesTenant(t *testing.T) {
+	p := newTestPool(t, 3)
+	bob := Owner{Request: 9, Tenant: "bob"}
+	for _, scope := range []Scope{aliceScope, aliceScope.Narrow("chat-1")} {
+		c := published(t, p, scope, 4)
+		var wrong *WrongScopeError
+		if _, err := p.LeaseShared(c, bob, scope); !errors.As(err, &wrong) {
+			t.Fatalf("bob's shared lease under alice's scope %s: %v", scope, err)
+		}
+		if _, err := p.LeaseShared(c, Owner{Request: 9, Tenant: "alice"}, scope); err != nil {
+			t.Fatalf("alice's shared lease under her scope %s: %v", scope, err)
+		}
+	}
+	group := SharedScope("team")
+	if _, err := p.LeaseShared(published(t, p, group, 5), bob, group); err != nil {
+		t.Fatalf("bob's shared lease under a group's scope: %v", err)
+	}
+}

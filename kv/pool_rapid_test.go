@@ -593,6 +593,9 @@ func (m *poolModel) leaseShared(t *rapid.T) {
 		c.Checksum ^= 1
 	}
 	want := m.sharedErr(tn, scope, false)
+	if !scope.admits(reader.Tenant) {
+		want = &WrongScopeError{} // another tenant's scope, whatever the page: refused first
+	}
 	if want == nil && c.Checksum != tn.cached.Checksum {
 		want = &ChecksumMismatchError{}
 	}

@@ -229,6 +229,24 @@ func (x *PrefixIndex) Victims(n int) []CachedPage {
 	return out
 }
 
+// Uses is the stamp of the latest Match: pages it stamped (and pages added
+// since) are at least this recent.
+func (x *PrefixIndex) Uses() uint64 { return x.uses }
+
+// VictimsBefore is Victims of the pages last used before use only: what a
+// prefill may give up without taking the pages its own Match stamped
+// (those it reads, and the parents of those it adds), which would leave
+// it with nothing or with children no Match can reach.
+func (x *PrefixIndex) VictimsBefore(n int, use uint64) []CachedPage {
+	var out []CachedPage
+	for len(out) < n && x.Len() > 0 && x.lru[0].used < use {
+		e := heap.Pop(&x.lru).(*prefixEntry)
+		x.forget(e)
+		out = append(out, e.page)
+	}
+	return out
+}
+
 // Remove forgets the page tag names, if the index holds it: a page that
 // is gone from the pool (a shared lease on it was refused as stale).
 func (x *PrefixIndex) Remove(tag Tag) bool {
