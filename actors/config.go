@@ -121,6 +121,11 @@ type Config struct {
 	// their transfers are acknowledged, 0 (no cache) to 100; a prefill
 	// that finds its pool full gives cached pages up first.
 	PrefixCachePercent int
+	// PrefixRouting has routers send a prompt to the prefill node, and a
+	// node with several prefill workers to the worker, that its prefix was
+	// sent to before (handoff.PrefixAffinity), load allowing; false picks
+	// by load alone.
+	PrefixRouting bool
 }
 
 // DefaultConfig is a node of one prefill and one decode worker over the
@@ -152,6 +157,7 @@ func DefaultConfig() Config {
 		TransferSendsMax:      8,
 		DonePlansMax:          4096,
 		PrefixCachePercent:    50,
+		PrefixRouting:         true,
 	}
 }
 

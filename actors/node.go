@@ -200,7 +200,7 @@ func (n *Node) spawn(model *engine.Model, sup actor.SupervisorStrategy, opt Opti
 		d := &dispatchActor{workers: n.prefill, forget: 2 * cfg.ReclaimAfter, log: n.log,
 			policy: planPolicy{auth: n.auth, dataPlaneOf: opt.DataPlaneOf},
 			ended:  handoff.NewDonePlans(cfg.DonePlansMax, cfg.PrefillTimeout)}
-		if cfg.PrefixCachePercent > 0 && len(n.prefill) > 1 {
+		if cfg.PrefixCachePercent > 0 && cfg.PrefixRouting && len(n.prefill) > 1 {
 			fp, g, tenants := model.Fingerprint().String(), cfg.Geometry(), cfg.Tenants
 			d.keysOf = func(m *messages.TransferPlan) []kv.PrefixKey {
 				prompt := make([]int, len(m.PromptTokens))

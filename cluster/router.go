@@ -365,8 +365,12 @@ func (r *routerActor) pick(ms []Member, pages int, exclude map[uint64]bool) (Mem
 // prefixKeys are the keys of prompt's cacheable pages in the prefix cache
 // scope of tenant (the one its credential names) narrowed by salt, as a
 // prefill node of the router's model and geometry keys them; none when
-// the scope cannot key (an invalid geometry is refused at start-up).
+// the scope cannot key (an invalid geometry is refused at start-up), and
+// none without PrefixRouting: the router then picks by load alone.
 func (r *routerActor) prefixKeys(tenant, salt string, prompt []int) []kv.PrefixKey {
+	if !r.cfg.PrefixRouting {
+		return nil
+	}
 	keys, err := handoff.PromptKeys(r.cfg.Tenants.Policy().CacheScope(tenant, salt), r.model.Fingerprint().String(),
 		r.cfg.Geometry(), prompt)
 	if err != nil {

@@ -149,6 +149,9 @@ type nodeConfig struct {
 	// PrefixCachePercent is the most of each prefill worker's pool its
 	// prefix cache keeps, in percent (0: no prefix cache).
 	PrefixCachePercent int `json:"prefix_cache_percent"`
+	// PrefixRouting sends a prompt where its prefix is cached, load
+	// allowing (a router's choice of prefill node, a node's of worker).
+	PrefixRouting bool `json:"prefix_routing"`
 	// MaxTokensMax is the most tokens one request may ask to generate.
 	MaxTokensMax int `json:"max_tokens_max"`
 	// MemoryBudgetBytes bounds the bytes of every KV pool the node holds
@@ -240,6 +243,7 @@ func defaultNodeConfig() nodeConfig {
 		PrefillPages:            a.PrefillPages,
 		DecodePages:             a.DecodePages,
 		PrefixCachePercent:      a.PrefixCachePercent,
+		PrefixRouting:           a.PrefixRouting,
 		MaxTokensMax:            a.MaxTokensMax,
 		QueueMax:                a.QueueMax,
 		BatchMax:                a.BatchMax,
