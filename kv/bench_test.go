@@ -129,18 +129,7 @@ func BenchmarkVerifiedRead(b *testing.B) {
 			})
 		})
 		b.Run(bg.name+"/lease-cycle", func(b *testing.B) {
-			sideBySide(b, 64, func() { copy(dst, src) }, func() {
-				l, err := p.Lease(tag, o)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, _, err := p.Read(l); err != nil {
-					b.Fatal(err)
-				}
-				if err := p.Unlease(l); err != nil {
-					b.Fatal(err)
-				}
-			})
+			sideBySide(b, 64, func() { copy(dst, src) }, leaseCycle(b, p, func() (Lease, error) { return p.Lease(tag, o) }))
 		})
 	}
 }
@@ -293,18 +282,7 @@ func BenchmarkSharedLease(b *testing.B) {
 		src := p.bytesOf(tag.Index)
 		dst := make([]byte, len(src))
 		b.Run(bg.name, func(b *testing.B) {
-			sideBySide(b, 16, func() { copy(dst, src) }, func() {
-				l, err := p.LeaseShared(c, o, scope)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, _, err := p.Read(l); err != nil {
-					b.Fatal(err)
-				}
-				if err := p.Unlease(l); err != nil {
-					b.Fatal(err)
-				}
-			})
+			sideBySide(b, 16, func() { copy(dst, src) }, leaseCycle(b, p, func() (Lease, error) { return p.LeaseShared(c, o, scope) }))
 		})
 	}
 }
@@ -349,5 +327,22 @@ func BenchmarkPrefixMiss(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// leaseCycle is a lease taken by lease, a read through it and its
+// unlease.
+func leaseCycle(b *testing.B, p *Pool, lease func() (Lease, error)) func() {
+	return func() {
+		l, err := lease()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := p.Read(l); err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Unlease(l); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -170,12 +170,7 @@ func (pg *Page) Evict(c CachedPage, now time.Time) (freed bool, err error) {
 	if err := pg.sharedAccess(c.Tag, c.Scope, "evict", false); err != nil {
 		return false, err
 	}
-	if pg.readers == 0 {
-		return pg.free(), nil
-	}
-	pg.state = Released
-	pg.deadline = now.Add(pg.params.reclaimAfter)
-	return false, nil
+	return pg.letGo(now) // a cached page awaits no acknowledgement
 }
 
 // WrongScopeError: a shared lease or read under a scope that is not the

@@ -309,6 +309,13 @@ func (pg *Page) Release(tag Tag, owner Owner, now time.Time) (freed bool, err er
 	if pg.state == Released {
 		return false, &StateError{Page: tag, Op: "release", State: pg.state}
 	}
+	return pg.letGo(now)
+}
+
+// letGo frees the page at once when no lease or acknowledgement holds it,
+// and otherwise leaves it released until the last of them, or until
+// Reclaim at now + ReclaimAfter.
+func (pg *Page) letGo(now time.Time) (freed bool, err error) {
 	if pg.readers == 0 && !pg.awaitAck {
 		return pg.free(), nil
 	}
