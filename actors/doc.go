@@ -30,6 +30,12 @@
 // the client, as their sender; and, however the request ends, releases
 // every page it holds.
 //
+// A prefill worker keeps the full pages of the prompts it computed as a
+// prefix cache (handoff.PrefixCache, at most PrefixCachePercent of its
+// pool) and computes, of a later prompt of the same scope, only what
+// follows the pages it holds; with several prefill workers the dispatcher
+// hands a plan to the one its prefix went to (PrefixRouting).
+//
 // A prefill worker takes plans only from nodes that decode, and sends their
 // KV only to the data plane membership gives for the planner
 // (Options.DataPlaneOf), from a goroutine per transfer (TransferSendsMax at

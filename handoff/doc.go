@@ -26,6 +26,13 @@
 //     acknowledgement, and the memory of plans that ended, so that a
 //     duplicate plan is never prefilled twice and a source page is freed
 //     only by the ack (or its reclaim deadline).
+//   - PrefixCache is one prefill worker's cache of prompt prefixes, scoped
+//     by the credential's tenant (or its policy's group, narrowed by a
+//     salt): ExecPrefillCached reads the longest cached run of a prompt's
+//     full pages instead of computing it, and ExecAckKeep keeps a
+//     prompt's new full pages as cached pages once decode has them.
+//     PrefixAffinity is a router's (or dispatcher's) bounded guess of
+//     which holder has which prompt's pages, within the prompt's scope.
 //
 // The page rules themselves (tags, owners, generations, checksums) are
 // package kv's; ExecReserve, ExecWrite, ExecSealVerify and ExecRelease
