@@ -126,6 +126,10 @@ type Config struct {
 	// sent to before (handoff.PrefixAffinity), load allowing; false picks
 	// by load alone.
 	PrefixRouting bool
+	// CacheSummaryEvery is how often a router with PrefixRouting asks
+	// each prefilling node what its prefix caches hold
+	// (messages.CacheSummaryRequest). Must be positive.
+	CacheSummaryEvery time.Duration
 }
 
 // DefaultConfig is a node of one prefill and one decode worker over the
@@ -158,6 +162,7 @@ func DefaultConfig() Config {
 		DonePlansMax:          4096,
 		PrefixCachePercent:    50,
 		PrefixRouting:         true,
+		CacheSummaryEvery:     2 * time.Second,
 	}
 }
 
@@ -257,6 +262,7 @@ func (c Config) Validate() error {
 	}{
 		{"CallTimeout", c.CallTimeout}, {"RequestTimeout", c.RequestTimeout}, {"PrefillTimeout", c.PrefillTimeout},
 		{"ReserveWait", c.ReserveWait}, {"ReserveRetry", c.ReserveRetry}, {"ReclaimAfter", c.ReclaimAfter},
+		{"CacheSummaryEvery", c.CacheSummaryEvery},
 	} {
 		if d.v <= 0 {
 			return fmt.Errorf("actors: %s (%s) must be positive", d.name, d.v)

@@ -382,6 +382,33 @@ func (n *Node) Fatal() <-chan *InvariantError { return n.fatal }
 // Pools are the node's pools, prefill workers' first.
 func (n *Node) Pools() []*Pool { return n.pools }
 
+// CacheKeys are the keys of at most max pages its prefill workers' prefix
+// caches hold, the most recently used of each worker first, the workers'
+// taken in turn.
+func (n *Node) CacheKeys(max int) ([]kv.PrefixKey, error) {
+	var each [][]kv.PrefixKey
+	for _, w := range n.prefill {
+		keys, err := ask[[]kv.PrefixKey](n.root, w, CacheKeys{Max: max}, n.cfg.CallTimeout)
+		if err != nil {
+			return nil, err
+		}
+		each = append(each, keys)
+	}
+	var out []kv.PrefixKey
+	for i := 0; len(out) < max; i++ {
+		taken := false
+		for _, keys := range each {
+			if i < len(keys) && len(out) < max {
+				out, taken = append(out, keys[i]), true
+			}
+		}
+		if !taken {
+			break
+		}
+	}
+	return out, nil
+}
+
 // Workers are the node's GPU-worker actors, prefill first.
 func (n *Node) Workers() []*actor.PID {
 	return append(append([]*actor.PID(nil), n.prefill...), n.decode...)

@@ -65,6 +65,11 @@ type (
 	// CancelStop).
 	StopJob struct{}
 
+	// CacheKeys asks a prefill worker for the keys of at most Max pages
+	// its prefix cache holds, most recently used first: a
+	// []kv.PrefixKey, empty without a cache.
+	CacheKeys struct{ Max int }
+
 	// WorkerStatus asks a worker for a WorkerStatusReply.
 	WorkerStatus      struct{}
 	WorkerStatusReply struct {
@@ -238,6 +243,12 @@ func (w *workerActor) Receive(c actor.Context) {
 		w.cancel(c, m.Owner)
 	case injectFault:
 		w.fault = m.frames
+	case CacheKeys:
+		var keys []kv.PrefixKey
+		if w.cache != nil {
+			keys = w.cache.RecentKeys(m.Max)
+		}
+		c.Respond(keys)
 	case WorkerStatus:
 		n := w.src.Counts()
 		c.Respond(WorkerStatusReply{Role: w.role, Queued: n.Queued, Sending: n.Sending, Active: len(w.seqs),

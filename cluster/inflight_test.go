@@ -166,3 +166,26 @@ func TestStatusCountsTokensOut(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheSummaryOnlyForRouters: a prefilling node tells a router what
+// its prefix caches hold, and answers a tenant or an operator asking the
+// same nothing, counting each refusal.
+func TestCacheSummaryOnlyForRouters(t *testing.T) {
+	ca := trusttest.Shared(t)
+	n := startClusterNode(t, actors.RolePrefill)
+	before := n.cfg.Auth.Refused()[trust.RefusedRole]
+	for _, role := range []trust.Role{trust.RoleTenant, trust.RoleOperator} {
+		asker := messagestest.StartAwaiting(t, ca.Authority(t, role, "mallory", nil))
+		if _, err := messages.Request(asker.Sys.Root, actor.NewPID(n.Address(), ControlName), &messages.CacheSummaryRequest{}, time.Second); err == nil {
+			t.Errorf("a cache summary request of a %s was answered", role)
+		}
+	}
+	if got := n.cfg.Auth.Refused()[trust.RefusedRole]; got != before+2 {
+		t.Errorf("role refusals went from %d to %d, want two more", before, got)
+	}
+	router := messagestest.StartAwaiting(t, ca.Authority(t, trust.RoleRouter, "r", nil))
+	rep, err := messages.Request(router.Sys.Root, actor.NewPID(n.Address(), ControlName), &messages.CacheSummaryRequest{}, time.Minute)
+	if s, ok := rep.(*messages.CacheSummary); err != nil || !ok || s.Incarnation != n.Incarnation() || len(s.Keys) != 0 {
+		t.Fatalf("a router's request: %+v, %v; want the node's empty summary", rep, err)
+	}
+}

@@ -337,7 +337,7 @@ func (n *Node) start() error {
 	}
 	ctl := &controlActor{node: n}
 	if _, err = n.actors.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return ctl },
-		actor.WithMailbox(n.actors.MailboxFrom(trust.RoleOperator))), ControlName); err != nil {
+		actor.WithMailbox(n.actors.MailboxFrom(trust.RoleOperator, trust.RoleRouter))), ControlName); err != nil {
 		return err
 	}
 	if len(cfg.Gossip.JoinAddrs) > 0 {
@@ -360,6 +360,10 @@ func (n *Node) isDraining() bool {
 	defer n.mu.Unlock()
 	return n.draining
 }
+
+// cacheSummaries is how many prefilling nodes' cache summaries the node's
+// router has taken.
+func (n *Node) cacheSummaries() uint64 { return n.rc.summaries.Load() }
 
 // membersNow is the membership as of now; the router reads it per request.
 func (n *Node) membersNow() []Member { return n.mem().Members() }
@@ -898,7 +902,8 @@ func (n *Node) statusMetrics(s *messages.NodeStatus) {
 	}
 }
 
-// controlActor answers operators: StatusRequest with the node's status,
+// controlActor answers routers' CacheSummaryRequest with what the node's
+// prefix caches hold, and operators: StatusRequest with the node's status,
 // DrainRequest by draining the node (answering at once, or when done if
 // asked to wait), PressureRequest by holding pages of the node's pools
 // (in a chaos build; others answer with an error), ListInFlight and
@@ -917,6 +922,13 @@ func (c *controlActor) Receive(ctx actor.Context) {
 			c.node.cfg.Auth.Refuse(trust.RefusedRole, fmt.Sprintf("%T", ctx.Message()), "sender", sender.String())
 			return
 		}
+	case *messages.CacheSummaryRequest:
+		// Routers route by it; anyone else is refused, counted and not
+		// answered.
+		if sender = c.node.cfg.Auth.Of(ctx); !sender.May(trust.RoleRouter) {
+			c.node.cfg.Auth.Refuse(trust.RefusedRole, "cache summary request", "sender", sender.String())
+			return
+		}
 	}
 	switch m := ctx.Message().(type) {
 	case *messages.ListInFlight:
@@ -930,6 +942,20 @@ func (c *controlActor) Receive(ctx actor.Context) {
 			return
 		}
 		c.inFlight(ctx, actors.CancelNumber{Number: m.Number, By: sender.String()}, none)
+	case *messages.CacheSummaryRequest:
+		if ctx.Sender() == nil {
+			return // nobody to answer
+		}
+		keys, err := c.node.actors.CacheKeys(messages.CacheSummaryKeysMax)
+		if err != nil {
+			c.node.log.Warn("cache summary", "err", err)
+			return // the router asks again
+		}
+		// Sent as the control actor, so that the router can tell whose
+		// summary it is.
+		if err := messages.SendFrom(ctx, ctx.Sender(), &messages.CacheSummary{Incarnation: c.node.Incarnation(), Keys: keys}); err != nil {
+			c.node.log.Error("cache summary refused by its own validation", "err", err)
+		}
 	case *messages.StatusRequest:
 		if err := messages.Respond(ctx, c.node.status()); err != nil {
 			c.node.log.Error("status refused by its own validation", "err", err)

@@ -172,3 +172,53 @@ func TestRouterFollowsThePrefixCache(t *testing.T) {
 	}
 	freeEverywhere(t, p1, p2, d, r)
 }
+
+// TestRouterLearnsWhatNodesCache: a router sends a prompt to the prefill
+// node that holds its prefix although another router computed it there:
+// it asks each prefilling node what its caches hold (CacheSummary). Of
+// six prompts each sent first through one router and then through the
+// other, every second send reads its prefix (a router that knew only its
+// own routing would pick either node: all six by chance is 1 in 64).
+func TestRouterLearnsWhatNodesCache(t *testing.T) {
+	often := func(cfg *NodeConfig) { cfg.Actors.CacheSummaryEvery = 50 * time.Millisecond }
+	p1 := startClusterNode(t, actors.RolePrefill)
+	p2 := startClusterNode(t, actors.RolePrefill, p1.GossipAddr())
+	d := startClusterNode(t, actors.RoleDecode, p1.GossipAddr())
+	r1 := startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, often, p1.GossipAddr())
+	r2 := startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, often, p1.GossipAddr())
+	for _, n := range []*Node{p1, p2, d, r1, r2} {
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 5 && routable(n) })
+	}
+	pageTokens := p1.cfg.Actors.PageTokens
+	published := func() (pages uint64) {
+		for _, n := range []*Node{p1, p2} {
+			for _, p := range n.Status().Node.Pools {
+				pages += p.CachePublished
+			}
+		}
+		return pages
+	}
+	via1, via2 := tenantClient(t, r1.Address(), "acme"), tenantClient(t, r2.Address(), "acme")
+	for i := range 6 {
+		prompt := fmt.Sprintf("Prompt %d: %s", i, strings.Repeat("a story of caches and routers. ", 2))
+		cacheable := (len(p1.cfg.Model.Tokenizer().Encode(prompt)) - 1) / pageTokens * pageTokens
+		before := published()
+		if res, err := via1.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 2}, nil); err != nil || res.CachedTokens != 0 {
+			t.Fatalf("prompt %d through the first router: %d tokens cached (%v), want a miss", i, res.CachedTokens, err)
+		}
+		testwait.Report(t, "the prompt's pages kept", time.Minute, func() (bool, string) {
+			return published() >= before+uint64(cacheable/pageTokens), fmt.Sprintf("%d pages kept, %d before", published(), before)
+		})
+		// Two rounds of summaries: the second router has asked since the
+		// pages were kept, and heard back.
+		polled := r2.cacheSummaries()
+		testwait.Report(t, "the second router's summaries", time.Minute, func() (bool, string) {
+			return r2.cacheSummaries() >= polled+4, fmt.Sprintf("%d summaries taken, %d before", r2.cacheSummaries(), polled)
+		})
+		res, err := via2.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 2}, nil)
+		if err != nil || res.CachedTokens != cacheable {
+			t.Fatalf("prompt %d through the second router: %d tokens cached (%v), want %d", i, res.CachedTokens, err, cacheable)
+		}
+	}
+	freeEverywhere(t, p1, p2, d, r1, r2)
+}

@@ -31,6 +31,7 @@ type routerCounters struct {
 	retried                                    atomic.Uint64       // requests sent again to another decode node (RouteRetriesMax)
 	waiting                                    atomic.Int32        // requests routed with no token back yet (routed.waiting)
 	tenants                                    atomic.Int32        // tenants with requests relayed (the ledger's)
+	summaries                                  atomic.Uint64       // prefilling nodes' cache summaries taken
 }
 
 // inFlight is the routed requests not yet answered.
@@ -67,7 +68,8 @@ type routerActor struct {
 	mailbox  actor.MailboxProducer // never waits when full (actors.Node.Mailbox)
 	counters *routerCounters
 	routing  *Routing
-	affinity *handoff.PrefixAffinity // which prefill nodes hold which prompt pages, as its routing left them
+	affinity *handoff.PrefixAffinity // which prefill nodes hold which prompt pages, as its routing left them and as they say
+	poll     *time.Timer             // the next pollCaches
 	relays   map[string]*routed      // by relay PID id
 	byClient map[string]*actor.PID
 	ledger   *tenancy.Ledger // every request relayed, by tenant, held to its share (cfg.Tenants)
@@ -91,6 +93,10 @@ type routed struct {
 	// nodes it is sent to meanwhile.
 	waiting bool
 }
+
+// pollCaches is the router's timer: time to ask the prefilling members
+// what their prefix caches hold.
+type pollCaches struct{}
 
 // relayRetry asks the router for another decode node for the relay's
 // request, which its decode node answered with cause before any token.
@@ -123,6 +129,19 @@ func (r *routerActor) Receive(c actor.Context) {
 		r.affinity = handoff.NewPrefixAffinity()
 		r.byClient = map[string]*actor.PID{}
 		r.ledger = tenancy.NewLedger()
+		if r.cfg.PrefixRouting {
+			self, sys := c.Self(), c.ActorSystem()
+			r.poll = time.AfterFunc(r.cfg.CacheSummaryEvery, func() { sys.Root.Send(self, pollCaches{}) })
+		}
+	case *actor.Stopping:
+		if r.poll != nil {
+			r.poll.Stop()
+		}
+	case pollCaches:
+		r.pollCaches(c)
+		r.poll.Reset(r.cfg.CacheSummaryEvery)
+	case *messages.CacheSummary:
+		r.cacheSummary(c, m)
 	case *messages.GenerateRequest:
 		if c.Sender() == nil {
 			// Nobody to answer: routing it would generate for no one.
@@ -360,6 +379,33 @@ func (r *routerActor) pick(ms []Member, pages int, exclude map[uint64]bool) (Mem
 		return Member{}, false
 	}
 	return ms[i], true
+}
+
+// pollCaches asks each prefilling member of the router's model for its
+// cache summary; each answers the router as a *messages.CacheSummary.
+func (r *routerActor) pollCaches(c actor.Context) {
+	for _, m := range candidates(r.members(), prefills, r.model.Fingerprint()) {
+		if err := messages.SendFrom(c, actor.NewPID(m.Meta.RemoteAddr, ControlName), &messages.CacheSummaryRequest{}); err != nil {
+			r.log.Error("cache summary request refused by its own validation", "err", err)
+		}
+	}
+}
+
+// cacheSummary takes a prefilling member's summary of its caches: only
+// from a node that prefills, for the run that member is now at the
+// sender's address (an older run's is of caches gone with it).
+func (r *routerActor) cacheSummary(c actor.Context, m *messages.CacheSummary) {
+	if s := r.auth.Of(c); !s.May(trust.RolePrefill, trust.RoleAll) {
+		r.auth.Refuse(trust.RefusedRole, "cache summary", "sender", s.String())
+		return
+	}
+	for _, mb := range candidates(r.members(), prefills, r.model.Fingerprint()) {
+		if mb.Meta.Incarnation == m.Incarnation && c.Sender() != nil && mb.Meta.RemoteAddr == c.Sender().Address {
+			r.affinity.Published(m.Incarnation, m.Keys)
+			r.counters.summaries.Add(1)
+			return
+		}
+	}
 }
 
 // prefixKeys are the keys of prompt's cacheable pages in the prefix cache

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
 )
 
 // PrefixAffinity is a router's memory of which prefill nodes hold which
@@ -20,9 +21,14 @@ import (
 // miss (the prefill worker computes the prompt), never a wrong page: the
 // worker's own index and the page's handshake decide. Keys chain from the
 // scope, so a request's guesses are about its own scope's pages only.
+//
+// A holder may also publish what it holds (Published): a node's summary
+// of its caches, which covers what other routers sent it and leaves out
+// what it gave up. A key counts as held when either says so.
 type PrefixAffinity struct {
-	byKey map[kv.PrefixKey]*list.Element // of *affinity
-	lru   *list.List                     // front: routed last
+	byKey     map[kv.PrefixKey]*list.Element // of *affinity
+	lru       *list.List                     // front: routed last
+	published map[uint64]map[kv.PrefixKey]struct{}
 }
 
 // AffinityKeysMax bounds the keys remembered (about 80 bytes each), and
@@ -31,6 +37,11 @@ const (
 	AffinityKeysMax  = 1 << 16
 	AffinityNodesMax = 4
 )
+
+// AffinitySummaryKeysMax bounds the keys remembered of one holder's
+// summary (Published), as a node's CacheSummary does; the holders are
+// bounded by the caller (the members it asks).
+const AffinitySummaryKeysMax = messages.CacheSummaryKeysMax
 
 // AffinityImbalanceMax is how many more requests a router (or a node's
 // dispatcher) may have outstanding on the holder of the longest run of a
@@ -46,7 +57,8 @@ type affinity struct {
 
 // NewPrefixAffinity remembers nothing yet.
 func NewPrefixAffinity() *PrefixAffinity {
-	return &PrefixAffinity{byKey: map[kv.PrefixKey]*list.Element{}, lru: list.New()}
+	return &PrefixAffinity{byKey: map[kv.PrefixKey]*list.Element{}, lru: list.New(),
+		published: map[uint64]map[kv.PrefixKey]struct{}{}}
 }
 
 // Len is how many keys it remembers.
@@ -55,13 +67,25 @@ func (a *PrefixAffinity) Len() int { return a.lru.Len() }
 // Hits is how many of keys, from the first, holder inc is thought to
 // hold.
 func (a *PrefixAffinity) Hits(keys []kv.PrefixKey, inc uint64) int {
+	pub := a.published[inc]
 	for i, k := range keys {
-		e := a.byKey[k]
-		if e == nil || !slices.Contains(e.Value.(*affinity).nodes, inc) {
+		_, published := pub[k]
+		if e := a.byKey[k]; !published && (e == nil || !slices.Contains(e.Value.(*affinity).nodes, inc)) {
 			return i
 		}
 	}
 	return len(keys)
+}
+
+// Published replaces what holder inc is known to hold by its own summary,
+// at most AffinitySummaryKeysMax keys (those past it are left out).
+func (a *PrefixAffinity) Published(inc uint64, keys []kv.PrefixKey) {
+	keys = keys[:min(len(keys), AffinitySummaryKeysMax)]
+	set := make(map[kv.PrefixKey]struct{}, len(keys))
+	for _, k := range keys {
+		set[k] = struct{}{}
+	}
+	a.published[inc] = set
 }
 
 // Routed remembers keys as held by holder inc, where their request went.
@@ -88,6 +112,7 @@ func (a *PrefixAffinity) Routed(keys []kv.PrefixKey, inc uint64) {
 // Forget drops holder inc (a node that left or failed: a new run of it
 // starts with an empty cache under another incarnation).
 func (a *PrefixAffinity) Forget(inc uint64) {
+	delete(a.published, inc)
 	for e := a.lru.Front(); e != nil; {
 		next := e.Next()
 		af := e.Value.(*affinity)

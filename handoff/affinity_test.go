@@ -68,3 +68,37 @@ func TestAffinityIsBounded(t *testing.T) {
 		t.Fatalf("%d keys remembered, the oldest held %d, the newest %d of %d", a.Len(), a.Hits(old, 1), a.Hits(keys, 2), len(keys))
 	}
 }
+
+// TestAffinityTakesPublishedSummaries: a holder's own summary counts as
+// held beside what was routed to it, replaces its previous summary, and
+// goes when the holder is forgotten.
+func TestAffinityTakesPublishedSummaries(t *testing.T) {
+	a := NewPrefixAffinity()
+	acme := keyChain(t, "acme", 4)
+	a.Published(1, acme[:2])
+	a.Routed(acme[:1], 2)
+	if h1, h2 := a.Hits(acme, 1), a.Hits(acme, 2); h1 != 2 || h2 != 1 {
+		t.Fatalf("hits %d and %d, want 2 (published) and 1 (routed)", h1, h2)
+	}
+	a.Routed(acme[2:3], 1)
+	if h := a.Hits(acme, 1); h != 3 {
+		t.Fatalf("published and routed together: %d hits, want 3", h)
+	}
+	a.Published(1, acme[1:2])
+	if h := a.Hits(acme, 1); h != 0 {
+		t.Fatalf("a new summary without the first page: %d hits, want 0", h)
+	}
+	a.Published(1, acme)
+	a.Forget(1)
+	if h := a.Hits(acme, 1); h != 0 {
+		t.Fatalf("a forgotten holder: %d hits", h)
+	}
+	many := make([]kv.PrefixKey, AffinitySummaryKeysMax+1)
+	for i := range many {
+		many[i][0], many[i][1] = byte(i), byte(i>>8)
+	}
+	a.Published(3, many)
+	if h := a.Hits(many[len(many)-1:], 3); h != 0 || a.Hits(many[:1], 3) != 1 {
+		t.Fatalf("a summary past %d keys kept its last key", AffinitySummaryKeysMax)
+	}
+}

@@ -64,6 +64,10 @@ func (c *PrefixCache) Stats() PrefixStats {
 	return s
 }
 
+// RecentKeys are the keys of at most n pages the cache holds, the most
+// recently used first (kv.PrefixIndex.RecentKeys).
+func (c *PrefixCache) RecentKeys(n int) []kv.PrefixKey { return c.index.RecentKeys(n) }
+
 // Keep names a source page of a prefill whose bytes the cache keeps once
 // decode has them: Page indexes the prefill's Sources, Key is its place in
 // the key chain.

@@ -264,6 +264,19 @@ func (x *PrefixIndex) forget(e *prefixEntry) {
 	delete(x.byTag, e.page.Tag)
 }
 
+// RecentKeys are the keys of at most n pages the index holds, the most
+// recently used first (the reverse of Victims' order): what a node tells
+// routers it holds.
+func (x *PrefixIndex) RecentKeys(n int) []PrefixKey {
+	es := append(prefixHeap(nil), x.lru...)
+	sort.Slice(es, func(i, j int) bool { return es.Less(j, i) })
+	out := make([]PrefixKey, min(n, len(es)))
+	for i := range out {
+		out[i] = es[i].key
+	}
+	return out
+}
+
 // Pages is every page the index holds, in the order Victims would take
 // them.
 func (x *PrefixIndex) Pages() []CachedPage {

@@ -220,6 +220,12 @@ func TestPrefixIndexVictimsOrder(t *testing.T) {
 	if got, want := indexes(x.Pages()), []uint32{3, 2, 5, 4, 6, 1}; !slices.Equal(got, want) {
 		t.Fatalf("pages in LRU order %v, want %v", got, want)
 	}
+	if got, want := x.RecentKeys(4), []PrefixKey{indexTestKey(1), indexTestKey(6), indexTestKey(4), indexTestKey(5)}; !slices.Equal(got, want) {
+		t.Fatalf("the 4 most recent keys %v, want %v", got, want)
+	}
+	if got := x.RecentKeys(100); len(got) != 6 {
+		t.Fatalf("%d recent keys of 6 held", len(got))
+	}
 	if got := indexes(x.Victims(2)); !slices.Equal(got, []uint32{3, 2}) {
 		t.Fatalf("first two victims %v, want A's pages 2 then 1", got)
 	}
@@ -229,6 +235,25 @@ func TestPrefixIndexVictimsOrder(t *testing.T) {
 	}
 	if x.Len() != 0 || x.Room() != 10 || x.Victims(1) != nil {
 		t.Fatalf("after every victim: %d held, room %d", x.Len(), x.Room())
+	}
+}
+
+// TestPrefixIndexVictimsBeforeSparesTheLatestUse: the pages a Match
+// stamped, and those added since, are never given up by VictimsBefore of
+// that use, however few the others.
+func TestPrefixIndexVictimsBeforeSparesTheLatestUse(t *testing.T) {
+	x := newTestIndex(t, 4)
+	x.Match([]PrefixKey{indexTestKey(1)})
+	mustAdd(t, x, 1, 0)
+	mustAdd(t, x, 2, 1)
+	x.Match([]PrefixKey{indexTestKey(3)})
+	use := x.Uses()
+	mustAdd(t, x, 3, 0)
+	if got := indexes(x.VictimsBefore(3, use)); !slices.Equal(got, []uint32{2, 1}) {
+		t.Fatalf("victims before the latest use %v, want the older prompt's pages, deepest first", got)
+	}
+	if got := x.VictimsBefore(3, use); got != nil || x.Len() != 1 {
+		t.Fatalf("victims %v and %d held once only the latest use's page is left", got, x.Len())
 	}
 }
 

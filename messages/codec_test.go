@@ -37,6 +37,9 @@ func samples() []Message {
 			DestTags:  []kv.Tag{{Incarnation: math.MaxUint64, Index: 0, Generation: 1}, {Incarnation: 9, Index: math.MaxUint32, Generation: 2}, {Incarnation: 9, Index: 4, Generation: math.MaxUint64}},
 			DataPlane: "decode-1.internal:7070", Model: testFingerprint, CacheSalt: "conversation-9"},
 		&TransferAck{RequestID: 1 << 40, Tenant: "globex", TokenCount: 5, Pages: 3},
+		&CacheSummaryRequest{},
+		&CacheSummary{Incarnation: 7},
+		&CacheSummary{Incarnation: math.MaxUint64, Keys: []kv.PrefixKey{{1, 2, 3}, {15: 0xff}}},
 		&TransferAbort{RequestID: 1 << 40, Tenant: "globex", Reason: WireError{Code: CodeIntegrity, Message: "checksum mismatch on page 2", Have: 2, Where: "decode"}},
 		&TransferDone{RequestID: 1 << 40, Tenant: "globex", First: 70000, Frames: 3, Source: 9, Sums: []uint64{1, 1 << 63, 7}},
 		&TransferDone{RequestID: 1 << 40, Tenant: "globex", First: 1, Frames: 3, Source: 9, Sums: []uint64{1, 2, 3}, Cached: 32},
@@ -280,6 +283,7 @@ func TestWorstCaseFits(t *testing.T) {
 		&PressureReply{Held: held},
 		&PressureReply{Err: &werr},
 	}
+	worst = append(worst, &CacheSummary{Incarnation: math.MaxUint64, Keys: make([]kv.PrefixKey, CacheSummaryKeysMax)})
 	for _, m := range worst {
 		frame := mustEncode(t, m)
 		t.Logf("%-16s worst case %8d bytes (limit %d)", m.TypeCode(), len(frame), MessageBytesMax)
@@ -536,6 +540,10 @@ func TestDecodeRefuses(t *testing.T) {
 		{"pressure held huge", append(frame(t, TypePressureReply, 1, nil)[:3],
 			0x81, 0xa4, 'h', 'e', 'l', 'd', 0xdd, 0xff, 0xff, 0xff, 0xff), &tooLarge},
 		{"pressure held unknown field", frame(t, TypePressureReply, 1, map[string]any{"held": []any{map[string]any{"free": 1}}}), &malformed},
+		{"cache summary short key", frame(t, TypeCacheSummary, 1, map[string]any{"inc": 1, "keys": [][]byte{{1, 2}}}), &invalid},
+		{"cache summary key not bytes", frame(t, TypeCacheSummary, 1, map[string]any{"inc": 1, "keys": []any{7}}), &malformed},
+		{"cache summary huge", frame(t, TypeCacheSummary, 1, map[string]any{"inc": 1, "keys": make([][]byte, CacheSummaryKeysMax+1)}), &tooLarge},
+		{"cache summary request field", frame(t, TypeCacheSummaryRequest, 1, map[string]any{"x": 1}), &malformed},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -600,11 +608,12 @@ func TestStableCodes(t *testing.T) {
 		uint16(TypeRoutedRequest), uint16(TypeStatusRequest), uint16(TypeStatusReply), uint16(TypeDrainRequest), uint16(TypeDrainReply),
 		uint16(TypePressureRequest), uint16(TypePressureReply),
 		uint16(TypeListInFlight), uint16(TypeInFlightList), uint16(TypeCancelInFlight), uint16(TypeCancelInFlightReply),
+		uint16(TypeCacheSummaryRequest), uint16(TypeCacheSummary),
 		uint16(CodePromptTooLong), uint16(CodeBusy), uint16(CodeIntegrity), uint16(CodeNodeLost), uint16(CodeCancelled), uint16(CodeBadRequest), uint16(CodeInternal), uint16(CodeForbidden),
 		uint16(CodeModelMismatch), uint16(CodeUnavailable),
 		uint16(FinishStop), uint16(FinishLength), uint16(FinishError), uint16(FinishStopSequence),
 		uint16(CancelWithdraw), uint16(CancelStop)}
-	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 0, 1}
+	want := []uint16{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 0, 1}
 	if !slices.Equal(got, want) {
 		t.Fatalf("stable codes changed: %v, want %v", got, want)
 	}

@@ -64,6 +64,9 @@ const (
 	PoolNameBytesMax = 128
 	// PoolsMax bounds the pools of one NodeStatus, in pools.
 	PoolsMax = 64
+	// CacheSummaryKeysMax bounds the page keys of one CacheSummary (16
+	// bytes each: 64 KiB).
+	CacheSummaryKeysMax = 4096
 	// MembersMax bounds the members of one StatusReply, in members.
 	MembersMax = 256
 	// UnverifiedBytesMax bounds MemberStatus.Unverified in bytes; a node

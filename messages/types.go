@@ -35,6 +35,10 @@ const (
 	TypeInFlightList        TypeCode = 17
 	TypeCancelInFlight      TypeCode = 18
 	TypeCancelInFlightReply TypeCode = 19
+	// Routers' view of the prefix caches of prefilling nodes
+	// (cachesummary.go).
+	TypeCacheSummaryRequest TypeCode = 20
+	TypeCacheSummary        TypeCode = 21
 )
 
 // Message is implemented by every message that crosses an actor or node
@@ -94,6 +98,9 @@ var types = [...]typeInfo{
 	TypeInFlightList:        {"InFlightList", 1, 1, func() Message { return new(InFlightList) }},
 	TypeCancelInFlight:      {"CancelInFlight", 1, 1, func() Message { return new(CancelInFlight) }},
 	TypeCancelInFlightReply: {"CancelInFlightReply", 1, 1, func() Message { return new(CancelInFlightReply) }},
+	// Routers' view of the prefix caches (cachesummary.go).
+	TypeCacheSummaryRequest: {"CacheSummaryRequest", 1, 1, func() Message { return new(CacheSummaryRequest) }},
+	TypeCacheSummary:        {"CacheSummary", 1, 1, func() Message { return new(CacheSummary) }},
 }
 
 func lookup(c TypeCode) (typeInfo, bool) {

@@ -152,6 +152,9 @@ type nodeConfig struct {
 	// PrefixRouting sends a prompt where its prefix is cached, load
 	// allowing (a router's choice of prefill node, a node's of worker).
 	PrefixRouting bool `json:"prefix_routing"`
+	// CacheSummaryEvery is how often a router asks each prefilling node
+	// what its prefix caches hold.
+	CacheSummaryEvery duration `json:"cache_summary_every"`
 	// MaxTokensMax is the most tokens one request may ask to generate.
 	MaxTokensMax int `json:"max_tokens_max"`
 	// MemoryBudgetBytes bounds the bytes of every KV pool the node holds
@@ -244,6 +247,7 @@ func defaultNodeConfig() nodeConfig {
 		DecodePages:             a.DecodePages,
 		PrefixCachePercent:      a.PrefixCachePercent,
 		PrefixRouting:           a.PrefixRouting,
+		CacheSummaryEvery:       duration(a.CacheSummaryEvery),
 		MaxTokensMax:            a.MaxTokensMax,
 		QueueMax:                a.QueueMax,
 		BatchMax:                a.BatchMax,

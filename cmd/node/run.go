@@ -240,6 +240,8 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 		"most of each prefill worker's pool, in percent, its prefix cache keeps of prompts' full pages, scoped by tenant (0: no prefix cache)")
 	fs.BoolVar(&c.PrefixRouting, "prefix-routing", c.PrefixRouting,
 		"send a prompt to the prefill node (and worker) its prefix went to before, load allowing; false: by load alone")
+	fs.DurationVar((*time.Duration)(&c.CacheSummaryEvery), "cache-summary-every", time.Duration(c.CacheSummaryEvery),
+		"how often a router asks each prefill node what its prefix caches hold")
 	fs.IntVar(&c.MaxTokensMax, "max-tokens-max", c.MaxTokensMax, "most tokens one request may ask to generate")
 	fs.Int64Var(&c.MemoryBudgetBytes, "memory-budget-bytes", c.MemoryBudgetBytes, "bound on the bytes of all the node's KV pools together, checked before any is allocated (0: the host's memory)")
 	fs.IntVar(&c.QueueMax, "queue-max", c.QueueMax, "most requests in flight at once; one more is answered busy")
@@ -332,6 +334,7 @@ func (c nodeConfig) serving(m *engine.Model) (actors.Config, error) {
 	a.PrefillWorkers, a.DecodeWorkers = c.PrefillWorkers, c.DecodeWorkers
 	a.PrefillPages, a.DecodePages = c.PrefillPages, c.DecodePages
 	a.PrefixCachePercent, a.PrefixRouting = c.PrefixCachePercent, c.PrefixRouting
+	a.CacheSummaryEvery = time.Duration(c.CacheSummaryEvery)
 	a.MaxTokensMax, a.QueueMax, a.BatchMax = c.MaxTokensMax, c.QueueMax, c.BatchMax
 	a.RequestTimeout, a.ReclaimAfter = time.Duration(c.RequestTimeout), time.Duration(c.ReclaimAfter)
 	a.PrefillTimeout = time.Duration(c.PrefillTimeout)
