@@ -317,7 +317,7 @@ func (w *workerActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		})
 	case handoff.Ack:
 		refused := func(t kv.Tag, err error) { w.log.Warn("ack of source page refused", "tag", t.String(), "err", err) }
-		if w.cache != nil && len(e.Keep) > 0 {
+		if w.cache != nil && len(e.Chain) > 0 {
 			handoff.ExecAckKeep(w.kv, w.cache, e, refused)
 			w.pool.cache.Store(new(w.cache.Stats()))
 		} else {

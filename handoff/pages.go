@@ -140,7 +140,7 @@ func ExecPrefill(engine engine.Engine, p Pages, e Prefill) (Prefilled, Frames) {
 // leased and read, not computed (attention reads the cached pages, and
 // their bytes are copied into the request's own source pages, so the
 // transfer is the same as without a cache), and the pages it computes are
-// named for the cache to keep once decode has them (Prefilled.Keep). When
+// named for the cache to keep once decode has them (Prefilled.Chain). When
 // the pool is exhausted, cached pages are given up to make room.
 func ExecPrefillCached(engine engine.Engine, p CachePages, c *PrefixCache, e Prefill) (Prefilled, Frames) {
 	return execPrefill(engine, p, c, e)
@@ -150,7 +150,7 @@ func execPrefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (Pref
 	out, fr := prefill(engine, p, c, e)
 	if out.Err != nil {
 		out.Err = errors.Join(out.Err, fr.Unlease(p))
-		out.Keep, out.Cached = nil, 0
+		out.Chain, out.Cached = nil, 0
 		fr = Frames{}
 	}
 	return out, fr
@@ -205,9 +205,6 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Pref
 		return out, fr
 	}
 	out.Cached = len(prefix) * p.Geometry().PageTokens
-	for i := len(prefix); i < len(keys); i++ {
-		out.Keep = append(out.Keep, Keep{Page: i, Key: keys[i]})
-	}
 	m := pre.Manifest
 	if len(e.Plan.DestTags) != len(m.Pages) && !mutant.Is(mutant.Incident) {
 		out.Err = fmt.Errorf("handoff: plan has %d destination pages for %d prompt pages", len(e.Plan.DestTags), len(m.Pages))

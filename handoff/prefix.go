@@ -68,14 +68,6 @@ func (c *PrefixCache) Stats() PrefixStats {
 // recently used first (kv.PrefixIndex.RecentKeys).
 func (c *PrefixCache) RecentKeys(n int) []kv.PrefixKey { return c.index.RecentKeys(n) }
 
-// Keep names a source page of a prefill whose bytes the cache keeps once
-// decode has them: Page indexes the prefill's Sources, Key is its place in
-// the key chain.
-type Keep struct {
-	Page int
-	Key  kv.PrefixKey
-}
-
 // PromptKeys are the keys of prompt's cacheable pages (kv.PrefixKeys) in
 // scope, for the model of fingerprint model over pages of geometry g: the
 // keys a prefill worker's cache holds them under, and a router or
@@ -139,22 +131,24 @@ func (c *PrefixCache) evict(p CachePages, n int, use uint64) int {
 	return len(victims)
 }
 
-// ExecAckKeep carries out an Ack whose Keep pages the cache takes: each
-// is published under the Ack's scope instead of freed, in prompt order,
+// ExecAckKeep carries out an Ack whose computed Chain pages the cache
+// takes: each is published under the Ack's scope instead of freed, in
+// prompt order,
 // unless the cache already holds its key (another prefill of the same
 // prefix published first) or has no room left but what its own prompt's
 // pages take (a child is never kept by giving up its parent: the chain is
 // stamped as used first, and only pages used before it are given up);
 // every other page is acknowledged as ExecAck does.
 func ExecAckKeep(p CachePages, c *PrefixCache, e Ack, refused func(kv.Tag, error)) {
-	keep := make(map[int]kv.PrefixKey, len(e.Keep))
-	for _, k := range e.Keep {
-		keep[k.Page] = k.Key
-	}
+	read := e.Cached / p.Geometry().PageTokens // those are the cache's already
 	c.index.Match(e.Chain)
 	use, full := c.index.Uses(), false
 	for i, t := range e.Tags {
-		key, ok := keep[i]
+		ok := i >= read && i < len(e.Chain)
+		var key kv.PrefixKey
+		if ok {
+			key = e.Chain[i]
+		}
 		if ok && !full && !c.index.Has(key) && c.index.Room() == 0 {
 			full = c.evict(p, 1, use) == 0
 		}
@@ -184,7 +178,6 @@ func ExecAckKeep(p CachePages, c *PrefixCache, e Ack, refused func(kv.Tag, error
 		if err := c.index.Add(key, cached); err != nil {
 			panic(fmt.Sprintf("handoff: page %s published under key %x and refused by the index: %v", cached.Tag, key, err))
 		}
-		delete(keep, i)
 		c.stats.Published++
 	}
 }

@@ -83,7 +83,7 @@ func newCacheWorld(t *testing.T, pages, cachePages int) *cacheWorld {
 }
 
 // run prefills prompt for tenant as the Source would, sends (drops) the
-// frames, releases the sources and acknowledges them with their Keep.
+// frames, releases the sources and acknowledges them with their Chain.
 func (w *cacheWorld) run(tenant string, prompt []int) Prefilled {
 	w.t.Helper()
 	w.next++
@@ -107,7 +107,7 @@ func (w *cacheWorld) run(tenant string, prompt []int) Prefilled {
 		w.t.Fatal(err)
 	}
 	ExecRelease(w.p, Release{Owner: local, Tags: out.Sources}, nil)
-	ExecAckKeep(w.p, w.cache, Ack{Owner: local, Tags: out.Sources, Keep: out.Keep, Scope: out.Scope, Chain: out.Chain}, nil)
+	ExecAckKeep(w.p, w.cache, Ack{Owner: local, Tags: out.Sources, Cached: out.Cached, Scope: out.Scope, Chain: out.Chain}, nil)
 	return out
 }
 

@@ -55,9 +55,9 @@ type (
 	// token and the pages' seal checksums, or why it failed.
 	//
 	// With a prefix cache, Cached is how many of the prompt's first tokens
-	// came from it, Keep the source pages it will keep once decode has
-	// them, under Scope, and Chain the keys of all the prompt's cacheable
-	// pages (those read from the cache first).
+	// came from it (whole pages), and Chain the keys of all the prompt's
+	// cacheable pages: those past Cached are the source pages the cache
+	// keeps, under Scope, once decode has them.
 	Prefilled struct {
 		Key     JobKey
 		Sources []kv.Tag
@@ -66,7 +66,6 @@ type (
 		Sums    []uint64
 		Err     error
 		Cached  int
-		Keep    []Keep
 		Scope   kv.Scope
 		Chain   []kv.PrefixKey
 	}
@@ -121,15 +120,15 @@ type (
 	// CancelSend ends the send in flight of Key; its Sent follows.
 	CancelSend struct{ Key JobKey }
 	// Ack marks source pages acknowledged, which frees the released ones;
-	// the Keep pages (indexes into Tags), once decode has them, go to the
-	// prefix cache under Scope instead, behind the rest of their prompt's
-	// Chain (ExecAckKeep).
+	// the pages of Chain past the Cached tokens (those the prefill
+	// computed), once decode has them, go to the prefix cache under Scope
+	// instead (ExecAckKeep).
 	Ack struct {
-		Owner kv.Owner
-		Tags  []kv.Tag
-		Keep  []Keep
-		Scope kv.Scope
-		Chain []kv.PrefixKey
+		Owner  kv.Owner
+		Tags   []kv.Tag
+		Cached int
+		Scope  kv.Scope
+		Chain  []kv.PrefixKey
 	}
 	// Reply answers the plan's sender with Done.
 	Reply struct {
@@ -169,7 +168,6 @@ type job struct {
 	first   int      // the first generated token
 	sums    []uint64 // the sources' seal checksums, in order
 	cached  int      // prompt tokens read from the prefix cache
-	keep    []Keep   // sources the prefix cache keeps once decode has them
 	scope   kv.Scope
 	chain   []kv.PrefixKey
 	expires time.Time
@@ -317,7 +315,7 @@ func (s *Source) prefilled(e Prefilled, now time.Time) []Effect {
 	}
 	s.running = nil
 	j.sources, j.marked, j.first, j.sums = e.Sources, e.Marked, e.First, e.Sums
-	j.cached, j.keep, j.scope, j.chain = e.Cached, e.Keep, e.Scope, e.Chain
+	j.cached, j.scope, j.chain = e.Cached, e.Scope, e.Chain
 	if e.Err != nil {
 		return s.sent(j, e.Err, now)
 	}
@@ -399,7 +397,7 @@ func (s *Source) drop(key JobKey, tenant string, now time.Time) []Effect {
 	s.done.Add(key, now)
 	// Sent whole and sealed, the pages hold the prompt's KV whatever
 	// decode made of it: worth keeping after an abort as after the ack.
-	return []Effect{Ack{Owner: j.local, Tags: j.sources, Keep: j.keep, Scope: j.scope, Chain: j.chain}}
+	return []Effect{Ack{Owner: j.local, Tags: j.sources, Cached: j.cached, Scope: j.scope, Chain: j.chain}}
 }
 
 // DonePlans remembers plans that ended (acknowledged or aborted) by their

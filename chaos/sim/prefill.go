@@ -113,7 +113,7 @@ func (n *node) doSource(e handoff.Effect, from *node, inc uint64) handoff.Event 
 			w.fail("release after ack", "%s's source acknowledged the pages %s of owner %d without decode's ack, an abort or a failed transfer",
 				n.addr, tags(e.Tags), e.Owner.Request)
 		}
-		if n.cache != nil && len(e.Keep) > 0 {
+		if n.cache != nil && len(e.Chain) > 0 {
 			handoff.ExecAckKeep(n.pages, n.cache, e, nil)
 		} else {
 			handoff.ExecAck(n.pages, e, nil)

@@ -143,8 +143,8 @@ func describe(x any) string {
 	case handoff.PlanIn:
 		return fmt.Sprintf("PlanIn key=%s/%d tokens=%d dest=%s", x.Key.Sender, x.Key.ID, x.Plan.TokenCount, tags(x.Plan.DestTags))
 	case handoff.Prefilled:
-		return fmt.Sprintf("Prefilled key=%s/%d sources=%s marked=%d first=%d cached=%d keep=%d err=%s",
-			x.Key.Sender, x.Key.ID, tags(x.Sources), x.Marked, x.First, x.Cached, len(x.Keep), errName(x.Err))
+		return fmt.Sprintf("Prefilled key=%s/%d sources=%s marked=%d first=%d cached=%d chain=%d err=%s",
+			x.Key.Sender, x.Key.ID, tags(x.Sources), x.Marked, x.First, x.Cached, len(x.Chain), errName(x.Err))
 	case handoff.Sent:
 		return fmt.Sprintf("Sent key=%s/%d err=%s", x.Key.Sender, x.Key.ID, errName(x.Err))
 	case handoff.AckIn:
@@ -162,7 +162,7 @@ func describe(x any) string {
 	case handoff.CancelSend:
 		return fmt.Sprintf("CancelSend key=%s/%d", x.Key.Sender, x.Key.ID)
 	case handoff.Ack:
-		return fmt.Sprintf("Ack owner=%d %s keep=%d", x.Owner.Request, tags(x.Tags), len(x.Keep))
+		return fmt.Sprintf("Ack owner=%d %s cached=%d chain=%d", x.Owner.Request, tags(x.Tags), x.Cached, len(x.Chain))
 	case handoff.Reply:
 		return fmt.Sprintf("Reply key=%s/%d frames=%d cached=%d err=%s", x.Key.Sender, x.Key.ID, x.Done.Frames, x.Done.Cached, wireErr(x.Done.Err))
 	}
