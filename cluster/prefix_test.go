@@ -57,12 +57,7 @@ func TestPrefixCacheIsScopedByCredential(t *testing.T) {
 			if cacheable < 2*pageTokens {
 				t.Fatalf("the prompt is %d tokens: too short for two cached pages of %d", n, pageTokens)
 			}
-			published := func() (pages uint64) {
-				for _, p := range prefill.Status().Node.Pools {
-					pages += p.CachePublished
-				}
-				return pages
-			}
+			published := func() uint64 { return cachePublished(prefill) }
 			clients := map[string]*client.Client{}
 			ask := func(tenant, salt, prompt string, wantCached int) {
 				t.Helper()
@@ -138,14 +133,7 @@ func TestRouterFollowsThePrefixCache(t *testing.T) {
 	m := p1.cfg.Model
 	prompt := strings.Repeat("A tale of two caches. ", 3)
 	cacheable := (len(m.Tokenizer().Encode(prompt)) - 1) / p1.cfg.Actors.PageTokens * p1.cfg.Actors.PageTokens
-	published := func() (pages uint64) {
-		for _, n := range []*Node{p1, p2} {
-			for _, p := range n.Status().Node.Pools {
-				pages += p.CachePublished
-			}
-		}
-		return pages
-	}
+	published := func() uint64 { return cachePublished(p1, p2) }
 	acme := tenantClient(t, r.Address(), "acme")
 	for i := range 7 {
 		before := published()
@@ -190,14 +178,7 @@ func TestRouterLearnsWhatNodesCache(t *testing.T) {
 		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 5 && routable(n) })
 	}
 	pageTokens := p1.cfg.Actors.PageTokens
-	published := func() (pages uint64) {
-		for _, n := range []*Node{p1, p2} {
-			for _, p := range n.Status().Node.Pools {
-				pages += p.CachePublished
-			}
-		}
-		return pages
-	}
+	published := func() uint64 { return cachePublished(p1, p2) }
 	via1, via2 := tenantClient(t, r1.Address(), "acme"), tenantClient(t, r2.Address(), "acme")
 	for i := range 6 {
 		prompt := fmt.Sprintf("Prompt %d: %s", i, strings.Repeat("a story of caches and routers. ", 2))
@@ -221,4 +202,14 @@ func TestRouterLearnsWhatNodesCache(t *testing.T) {
 		}
 	}
 	freeEverywhere(t, p1, p2, d, r1, r2)
+}
+
+// cachePublished is how many pages the prefix caches of nodes have kept.
+func cachePublished(nodes ...*Node) (pages uint64) {
+	for _, n := range nodes {
+		for _, p := range n.Status().Node.Pools {
+			pages += p.CachePublished
+		}
+	}
+	return pages
 }

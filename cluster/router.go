@@ -321,8 +321,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 			&r.counters.rejectedBad)
 		return
 	}
-	fwd := routedRequest(m.RequestID, tenant, m.Prompt, m.MaxTokens, d, p)
-	fwd.CacheSalt = m.CacheSalt
+	fwd := routedRequest(m.RequestID, tenant, m.Prompt, m.MaxTokens, m.CacheSalt, d, p)
 	if err := fwd.Validate(); err != nil {
 		reject(err, &r.counters.rejectedBad)
 		return
@@ -361,8 +360,8 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 }
 
 // routedRequest is the request a decode node d is sent, with prefill node p.
-func routedRequest(id uint64, tenant, prompt string, maxTokens uint32, d, p Member) *messages.RoutedRequest {
-	return &messages.RoutedRequest{RequestID: id, Tenant: tenant, Prompt: prompt, MaxTokens: maxTokens,
+func routedRequest(id uint64, tenant, prompt string, maxTokens uint32, salt string, d, p Member) *messages.RoutedRequest {
+	return &messages.RoutedRequest{RequestID: id, Tenant: tenant, Prompt: prompt, MaxTokens: maxTokens, CacheSalt: salt,
 		Prefill: p.Meta.RemoteAddr, PrefillIncarnation: p.Meta.Incarnation, DecodeIncarnation: d.Meta.Incarnation}
 }
 
@@ -489,8 +488,7 @@ func (r *routerActor) retry(c actor.Context, relayPID *actor.PID, m relayRetry) 
 	r.count(rt)
 	r.affinity.Routed(rt.keys, p.Meta.Incarnation)
 	req := rt.request
-	rt.request = routedRequest(req.RequestID, req.Tenant, req.Prompt, req.MaxTokens, d, p)
-	rt.request.CacheSalt = req.CacheSalt
+	rt.request = routedRequest(req.RequestID, req.Tenant, req.Prompt, req.MaxTokens, req.CacheSalt, d, p)
 	r.counters.retried.Add(1)
 	r.log.Info("request sent to another decode node", "number", rt.rl.number, "id", req.RequestID, "tenant", req.Tenant,
 		"from", from.Meta.RemoteAddr, "to", d.Meta.RemoteAddr, "prefill", p.Meta.RemoteAddr,
