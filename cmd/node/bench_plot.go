@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -128,7 +129,24 @@ func cdfPlot(rep *benchReport, what string, of func(bench.Sample) (time.Duration
 		lines = append(lines, r.label(), xy)
 	}
 	p.Legend.Top, p.Legend.Left = true, true
-	return p, plotutil.AddLines(p, lines...)
+	if err := plotutil.AddLines(p, lines...); err != nil {
+		return nil, err
+	}
+	logRange(&p.X)
+	return p, nil
+}
+
+// logRange gives a log axis whose data span no range (every value the
+// same, as when every token of a run arrived in one read, or no value at
+// all) the decades around it: gonum widens a point to ±1, which reaches
+// below zero, where a log scale cannot draw.
+func logRange(a *plot.Axis) {
+	switch {
+	case math.IsInf(a.Min, 0) || math.IsInf(a.Max, 0):
+		a.Min, a.Max = 1e-3, 1
+	case a.Min == a.Max:
+		a.Min, a.Max = a.Min/10, a.Max*10
+	}
 }
 
 func savePlot(p *plot.Plot, dir, file string) error {

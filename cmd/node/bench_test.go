@@ -349,3 +349,31 @@ func TestBenchHTTPNoAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchPlotsDegenerateRuns: the latency CDFs are drawn when every
+// answer of a run has the same latency (every token of a request arrived
+// in one read, so each inter-token latency is zero) or when a run has no
+// answer at all; gonum's range for a single value reaches below zero,
+// which its log scale refuses by panicking.
+func TestBenchPlotsDegenerateRuns(t *testing.T) {
+	same := bench.Sample{TTFT: time.Millisecond, E2E: time.Millisecond, Tokens: 8, Gaps: make([]time.Duration, 7)}
+	for name, samples := range map[string][]bench.Sample{
+		"equal":      {same, same, same},
+		"one":        {same},
+		"unanswered": {{Code: "busy"}},
+		"none":       nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			rep := &benchReport{Runs: []benchRun{{RatePerS: 10, samples: samples}}}
+			if err := writePlots(dir, rep); err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range []string{"ttft_cdf.png", "itl_cdf.png", "e2e_cdf.png"} {
+				if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+					t.Errorf("plot %s: %v", f, err)
+				}
+			}
+		})
+	}
+}
