@@ -371,5 +371,5 @@ func (c *Config) requestConfig(dataPlane string, model *engine.Model) handoff.Re
 	return handoff.RequestConfig{Geometry: c.Geometry(), Incarnation: c.Incarnation, DataPlane: dataPlane,
 		RequestTimeout: c.RequestTimeout, PrefillTimeout: c.PrefillTimeout, ReserveWait: c.ReserveWait,
 		ReserveRetry: c.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: model.Tokenizer().Stop(),
-		Model: model.Fingerprint().String()}
+		Model: model.Fingerprint().String(), Keep: c.DecodeCachePercent > 0}
 }

@@ -121,6 +121,12 @@ type Config struct {
 	// their transfers are acknowledged, 0 (no cache) to 100; a prefill
 	// that finds its pool full gives cached pages up first.
 	PrefixCachePercent int
+	// DecodeCachePercent is the most of each decode worker's pool, in
+	// percent, that its prefix cache keeps of answered prompts' full
+	// pages, 0 (no cache) to 100: a request whose prompt starts with
+	// pages it holds copies them and asks prefill for the rest only; one
+	// that finds the pool full gives cached pages up first.
+	DecodeCachePercent int
 	// PrefixRouting has routers send a prompt to the prefill node, and a
 	// node with several prefill workers to the worker, that its prefix was
 	// sent to before (handoff.PrefixAffinity), load allowing; false picks
@@ -161,6 +167,7 @@ func DefaultConfig() Config {
 		TransferSendsMax:      8,
 		DonePlansMax:          4096,
 		PrefixCachePercent:    50,
+		DecodeCachePercent:    50,
 		PrefixRouting:         true,
 		CacheSummaryEvery:     2 * time.Second,
 	}
@@ -229,8 +236,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("actors: %s (%d) must be at least 1", f.name, f.v)
 		}
 	}
-	if c.PrefixCachePercent < 0 || c.PrefixCachePercent > 100 {
-		return fmt.Errorf("actors: PrefixCachePercent (%d) must be 0 (no prefix cache) to 100", c.PrefixCachePercent)
+	for _, f := range []intField{{"PrefixCachePercent", c.PrefixCachePercent}, {"DecodeCachePercent", c.DecodeCachePercent}} {
+		if f.v < 0 || f.v > 100 {
+			return fmt.Errorf("actors: %s (%d) must be 0 (no prefix cache) to 100", f.name, f.v)
+		}
 	}
 	if c.ContextTokens > c.Model.ContextTokens {
 		return fmt.Errorf("actors: ContextTokens (%d) exceeds the model's context (%d)", c.ContextTokens, c.Model.ContextTokens)

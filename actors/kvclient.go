@@ -79,6 +79,13 @@ func (c *pageClient) AckPublish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.
 	return rep.Cached, rep.Err
 }
 
+// Publish turns a full sealed page owner holds, never sent, into a cached
+// page of scope.
+func (c *pageClient) Publish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.CachedPage, error) {
+	rep := c.pool.Page(c.r, tag, PagePublish{Tag: tag, Owner: owner, Scope: scope})
+	return rep.Cached, rep.Err
+}
+
 // Evict gives a cached page up.
 func (c *pageClient) Evict(p kv.CachedPage) error {
 	return c.pool.Page(c.r, p.Tag, PageEvict{Page: p}).Err

@@ -83,6 +83,13 @@ type (
 		Owner kv.Owner
 		Scope kv.Scope
 	}
+	// PagePublish turns a full sealed page never sent into a cached page
+	// of Scope (kv.Page.Publish); the reply's Cached is its handle.
+	PagePublish struct {
+		Tag   kv.Tag
+		Owner kv.Owner
+		Scope kv.Scope
+	}
 	// PageEvict gives a cached page up (kv.Page.Evict).
 	PageEvict struct{ Page kv.CachedPage }
 
@@ -155,6 +162,10 @@ func (a *pageActor) Receive(c actor.Context) {
 		}
 	case PageAckPublish:
 		if r.Cached, freed, r.Err = pg.AckPublish(m.Tag, m.Owner, m.Scope); r.Cached.Tag != (kv.Tag{}) {
+			c.Send(a.pool, pagePublished{Tag: r.Cached.Tag})
+		}
+	case PagePublish:
+		if r.Cached, r.Err = pg.Publish(m.Tag, m.Owner, m.Scope); r.Err == nil {
 			c.Send(a.pool, pagePublished{Tag: r.Cached.Tag})
 		}
 	case PageEvict:

@@ -123,7 +123,12 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 	switch e := e.(type) {
 	case handoff.Reserve:
 		r.stage.move(&r.counters.metrics.waitingPages)
+		if r.cfg.DecodeCachePercent > 0 {
+			return handoff.ExecReserveHeld(r.kv, workerCache{r: c, worker: r.route.decode, timeout: r.cfg.CallTimeout}, e)
+		}
 		return handoff.ExecReserve(r.kv, e)
+	case handoff.Keep:
+		c.Send(r.route.decode, keepPages{Keep: e})
 	case handoff.Release:
 		handoff.ExecRelease(r.kv, e, func(t kv.Tag, err error) {
 			r.log.Warn("release of decode page refused", "tag", t.String(), "err", err)

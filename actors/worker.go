@@ -154,7 +154,7 @@ type workerActor struct {
 	// plan it runs, what only this shell keeps: where to answer, the
 	// frames and their leases, and how to cancel the send in flight.
 	src     *handoff.Source
-	cache   *handoff.PrefixCache // a prefill worker's, unless PrefixCachePercent is 0
+	cache   *handoff.PrefixCache // unless PrefixCachePercent (prefill) or DecodeCachePercent (decode) is 0
 	jobs    map[handoff.JobKey]*prefillJob
 	senders map[string]FrameSender // data planes by peerKey
 	seqs    []*sequence
@@ -186,12 +186,16 @@ func newWorker(role string, model *engine.Model, pool *Pool, cfg *Config, log *s
 		src: handoff.NewSource(handoff.SourceConfig{Role: role, PageTokens: cfg.PageTokens, QueueMax: cfg.QueueMax,
 			SendsMax: cfg.TransferSendsMax, ReclaimAfter: cfg.ReclaimAfter, DonePlansMax: cfg.DonePlansMax,
 			DoneFor: cfg.PrefillTimeout, Model: model.Fingerprint()})}
-	if role == "prefill" && cfg.PrefixCachePercent > 0 {
+	pages, percent := cfg.PrefillPages, cfg.PrefixCachePercent
+	if role == "decode" {
+		pages, percent = cfg.DecodePages, cfg.DecodeCachePercent
+	}
+	if percent > 0 {
 		tenants := cfg.Tenants
-		cache, err := handoff.NewPrefixCache(cfg.PrefillPages*cfg.PrefixCachePercent/100, model.Fingerprint().String(),
+		cache, err := handoff.NewPrefixCache(pages*percent/100, model.Fingerprint().String(),
 			func(tenant, salt string) kv.Scope { return tenants.Policy().CacheScope(tenant, salt) })
 		if err != nil {
-			panic(fmt.Sprintf("actors: prefix cache of a validated config (%d pages, %d%%): %v", cfg.PrefillPages, cfg.PrefixCachePercent, err))
+			panic(fmt.Sprintf("actors: %s prefix cache of a validated config (%d pages, %d%%): %v", role, pages, percent, err))
 		}
 		w.cache = cache
 		pool.cache.Store(new(cache.Stats()))
@@ -249,6 +253,8 @@ func (w *workerActor) Receive(c actor.Context) {
 			keys = w.cache.RecentKeys(m.Max)
 		}
 		c.Respond(keys)
+	case heldMatch, heldForget, heldEvict, heldRead, keepPages:
+		w.held(c, m)
 	case WorkerStatus:
 		n := w.src.Counts()
 		c.Respond(WorkerStatusReply{Role: w.role, Queued: n.Queued, Sending: n.Sending, Active: len(w.seqs),

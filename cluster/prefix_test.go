@@ -213,3 +213,64 @@ func cachePublished(nodes ...*Node) (pages uint64) {
 	}
 	return pages
 }
+
+// TestDecodeNodeHoldsThePrefix: a decode node keeps an answered prompt's
+// full pages in its own prefix cache; the next request of the same tenant
+// whose prompt starts with them copies them there, and its prefill node
+// (whose own cache is off here, so it computes every token) sends only
+// the pages after them over the data plane. Another tenant's request of
+// the same prompt gets every page from prefill. Every answer is the
+// reference's, and at the end every page not cached is free.
+func TestDecodeNodeHoldsThePrefix(t *testing.T) {
+	prefill := startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil,
+		func(cfg *NodeConfig) { cfg.Actors.PrefixCachePercent = 0 })
+	decode := startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, nil, prefill.GossipAddr())
+	router := startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, nil, prefill.GossipAddr())
+	for _, n := range []*Node{prefill, decode, router} {
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
+	}
+	defer freeEverywhere(t, prefill, decode, router)
+	m := prefill.cfg.Model
+	pageTokens := decode.cfg.Actors.PageTokens
+	prompt := strings.Repeat("Once upon a time there was a little cat. ", 4)
+	n := len(m.Tokenizer().Encode(prompt))
+	pages, cacheable := (n+pageTokens-1)/pageTokens, (n-1)/pageTokens
+	if cacheable < 2 {
+		t.Fatalf("the prompt is %d tokens: too short for two cached pages of %d", n, pageTokens)
+	}
+	decodeCache := func() (published, hitTokens uint64) {
+		for _, p := range decode.Status().Node.Pools {
+			published, hitTokens = published+p.CachePublished, hitTokens+p.CacheHitTokens
+		}
+		return published, hitTokens
+	}
+	ask := func(tenant string, wantFrames int) {
+		t.Helper()
+		before := decode.data.Stats().FramesAccepted
+		res, err := tenantClient(t, router.Address(), tenant).Generate(context.Background(), tenant, prompt,
+			client.GenerateOptions{MaxTokens: 8}, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tenant, err)
+		}
+		want, err := m.Answer(prompt, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(res.Tokens, want) {
+			t.Fatalf("%s: answered %v, the reference %v", tenant, res.Tokens, want)
+		}
+		if got := int(decode.data.Stats().FramesAccepted - before); got != wantFrames {
+			t.Fatalf("%s: decode accepted %d frames of the prompt's %d pages, want %d", tenant, got, pages, wantFrames)
+		}
+	}
+	ask("acme", pages)
+	testwait.Report(t, "the answered prompt's pages kept by the decode node", time.Minute, func() (bool, string) {
+		published, _ := decodeCache()
+		return published >= uint64(cacheable), fmt.Sprintf("%d pages kept, want %d", published, cacheable)
+	})
+	ask("acme", pages-cacheable)
+	if _, hits := decodeCache(); hits != uint64(cacheable*pageTokens) {
+		t.Errorf("the decode cache counts %d tokens read, want %d", hits, cacheable*pageTokens)
+	}
+	ask("globex", pages)
+}

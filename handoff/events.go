@@ -30,6 +30,10 @@ type (
 	Reserved struct {
 		Dest, Spare []kv.Tag
 		Err         error
+		// Held are the origins of the first len(Held) Dest pages,
+		// written from the decode pool's prefix cache and not yet sealed
+		// (ExecReserveHeld): prefill sends only the pages after them.
+		Held []kv.Origin
 	}
 	// RetryReserve is the timer after an exhausted pool.
 	RetryReserve struct{}
@@ -94,11 +98,26 @@ type (
 	Reserve struct {
 		Owner                     kv.Owner
 		Prompt, SpareFirst, Spare int
+		// Tokens and Salt are the prompt and the client's cache salt, for
+		// a pool with a prefix cache to find the pages it holds already
+		// (ExecReserveHeld).
+		Tokens []int
+		Salt   string
 	}
 	// Release gives the pages back.
 	Release struct {
 		Owner kv.Owner
 		Tags  []kv.Tag
+	}
+	// Keep hands an answered request's prompt pages (Tags, in order) to
+	// its decode pool's prefix cache, which keeps the full pages of
+	// Tokens it does not hold yet under the scope of Owner's tenant
+	// narrowed by Salt and releases the others (ExecKeep).
+	Keep struct {
+		Owner  kv.Owner
+		Tags   []kv.Tag
+		Tokens []int
+		Salt   string
 	}
 	// SendPlan, SendAbort and SendAck go to the prefill peer; a plan or
 	// an ack that cannot be sent is answered with Failed, an abort is
@@ -198,6 +217,7 @@ func (Failed) event()          {}
 
 func (Reserve) effect()      {}
 func (Release) effect()      {}
+func (Keep) effect()         {}
 func (SendPlan) effect()     {}
 func (SendAbort) effect()    {}
 func (SendAck) effect()      {}

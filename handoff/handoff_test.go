@@ -30,6 +30,13 @@ type pair struct {
 	sendFails         error
 	corruptFirstFrame bool
 	observe           func(Effect) // called before each effect is carried out, if set
+	// held is the decode pool's prefix cache, over heldPages (the decode
+	// pool), when the test gives it one (withDecodeCache).
+	held      *PrefixCache
+	heldPages *lossyPages
+	// keeps wait for the decode job's end, as a Keep sent to a worker
+	// waits for the step that closed the sequence (flushKeeps).
+	keeps []Keep
 }
 
 // testModel stands for the fingerprint of the model every node of a test
@@ -74,11 +81,16 @@ func newPair(t *testing.T, decodePages, prefillPages int) *pair {
 }
 
 func (p *pair) start(prompt []int, maxNew int) {
-	cfg := RequestConfig{Geometry: p.decode.Geometry(), Incarnation: decodeInc, DataPlane: "decode:1",
-		RequestTimeout: time.Minute, PrefillTimeout: 10 * time.Second, ReserveWait: time.Second,
-		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: engine.EOS, Model: testModel.String()}
-	p.req = NewRequest(cfg, kv.Owner{Request: 1, Tenant: "acme"}, 7, prompt, maxNew, Peer{Address: "prefill:1", Incarnation: prefillInc})
+	p.req = NewRequest(p.config(), kv.Owner{Request: 1, Tenant: "acme"}, 7, prompt, maxNew, Peer{Address: "prefill:1", Incarnation: prefillInc})
 	p.step(p.req, Start{})
+}
+
+// config is what the pair's requests share.
+func (p *pair) config() RequestConfig {
+	return RequestConfig{Geometry: p.decode.Geometry(), Incarnation: decodeInc, DataPlane: "decode:1",
+		RequestTimeout: time.Minute, PrefillTimeout: 10 * time.Second, ReserveWait: time.Second,
+		ReserveRetry: 10 * time.Millisecond, RetriesMax: RetriesMax, EOS: engine.EOS, Model: testModel.String(),
+		Keep: p.held != nil}
 }
 
 // step runs one event through m and every effect across both sides, as a
@@ -94,7 +106,12 @@ func (p *pair) do(e Effect) Event {
 	key := JobKey{Sender: "decode:1/req", ID: p.req.Owner().Request}
 	switch e := e.(type) {
 	case Reserve:
+		if p.held != nil {
+			return ExecReserveHeld(p.heldPages, LocalCache{Pages: p.heldPages, Cache: p.held}, e)
+		}
 		return ExecReserve(p.decode, e)
+	case Keep:
+		p.keeps = append(p.keeps, e)
 	case Release:
 		if len(e.Tags) > 0 && e.Tags[0].Incarnation == decodeInc {
 			ExecRelease(p.decode, e, nil)

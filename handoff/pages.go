@@ -211,8 +211,22 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Pref
 		return out, fr
 	}
 	out.First = pre.First
-	pos := 0
-	for i, mp := range m.Pages {
+	// The pages decode holds already are not sent: given back now, they
+	// are no longer the job's.
+	held := min(int(e.Plan.HeldPages), len(m.Pages))
+	for _, t := range tags[:held] {
+		if err := p.Release(t, e.Local); err != nil {
+			OwnsOrPanic(err, "release", t, e.Local)
+		}
+	}
+	out.Sources = tags[held:]
+	if len(out.Chain) > held {
+		out.Chain = out.Chain[held:]
+	} else {
+		out.Chain = nil
+	}
+	pos := held * p.Geometry().PageTokens
+	for i, mp := range m.Pages[held:] {
 		l, err := p.Lease(mp.Tag, e.Local)
 		if err != nil {
 			out.Err = err
@@ -224,7 +238,7 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Pref
 			out.Err = err
 			return out, fr
 		}
-		fr.Frames = append(fr.Frames, kv.Frame{Owner: e.Owner, Source: mp.Tag, Dest: e.Plan.DestTags[i],
+		fr.Frames = append(fr.Frames, kv.Frame{Owner: e.Owner, Source: mp.Tag, Dest: e.Plan.DestTags[held+i],
 			FirstToken: pos, Tokens: mp.Tokens, Payload: payload})
 		out.Sums = append(out.Sums, mp.Checksum)
 		pos += mp.Tokens

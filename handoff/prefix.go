@@ -8,8 +8,9 @@ import (
 )
 
 // CachePages is Pages with the calls of cached pages (kv.CachedPage): a
-// prefill worker's pool, whose full prompt pages outlive their transfer as
-// a prefix cache.
+// worker's pool whose full prompt pages outlive their request as a prefix
+// cache (a prefill worker's, once decode has them; a decode worker's, once
+// the request is answered).
 type CachePages interface {
 	Pages
 	LeaseShared(c kv.CachedPage, reader kv.Owner, scope kv.Scope) (kv.Lease, error)
@@ -17,10 +18,13 @@ type CachePages interface {
 	// publishes it under scope instead (kv.Page.AckPublish): the zero
 	// CachedPage says it was only acknowledged.
 	AckPublish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.CachedPage, error)
+	// Publish turns a full sealed page owner holds, never sent, into a
+	// cached page of scope (kv.Page.Publish).
+	Publish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.CachedPage, error)
 	Evict(c kv.CachedPage) error
 }
 
-// PrefixCache is one prefill worker's cache of prompt prefixes: the index
+// PrefixCache is one worker's cache of prompt prefixes: the index
 // of the cached pages of its pool (kv.PrefixIndex), keyed by a chain that
 // starts from the request's scope, the model and the KV geometry, and the
 // counts operators see. The scope of a plan is its tenant's, from the
@@ -81,40 +85,59 @@ func PromptKeys(scope kv.Scope, model string, g kv.Geometry, prompt []int) ([]kv
 }
 
 // lookup finds the longest cached run of prompt's first full pages in
-// scope and leases each for reader, stopping at the first gap or refusal
-// (an entry gone under the index, or whose bytes no longer match their
-// checksum, is evicted and forgotten: a miss, never a wrong page, and
-// never a cached page the index no longer names, which nothing would
-// evict). It returns the leases, in order, and every cacheable page's
-// key.
+// scope and leases each for reader (leaseRun). It returns the leases, in
+// order, and every cacheable page's key.
 func (c *PrefixCache) lookup(p CachePages, scope kv.Scope, reader kv.Owner, prompt []int) ([]kv.Lease, []kv.PrefixKey, error) {
-	g := p.Geometry()
+	hits, keys, err := c.match(p.Geometry(), scope, prompt)
+	if err != nil {
+		return nil, nil, err
+	}
+	leases := leaseRun(p, hits, reader, func(hit kv.CachedPage) { c.forget(p, hit) })
+	c.stats.HitTokens += uint64(len(leases) * p.Geometry().PageTokens)
+	return leases, keys, nil
+}
+
+// match is the cached run of prompt's first full pages in scope, as the
+// index has it, and every cacheable page's key; the run's pages are
+// stamped as used.
+func (c *PrefixCache) match(g kv.Geometry, scope kv.Scope, prompt []int) ([]kv.CachedPage, []kv.PrefixKey, error) {
 	keys, err := PromptKeys(scope, c.model, g, prompt)
 	if err != nil {
 		return nil, nil, err
 	}
 	c.stats.Queries++
 	c.stats.QueryTokens += uint64(len(keys) * g.PageTokens)
+	return c.index.Match(keys), keys, nil
+}
+
+// forget evicts a cached page whose lease was refused (gone, refused as
+// corrupt, or unanswered: a lease granted late is then held by nobody) and
+// drops it from the index: it is freed at once or at the reclaim deadline,
+// never left cached with no index entry to evict it.
+func (c *PrefixCache) forget(p CachePages, hit kv.CachedPage) {
+	_ = p.Evict(hit)
+	c.index.Remove(hit.Tag)
+	c.stats.Gone++
+}
+
+// leaseRun leases each of hits for reader, in order, stopping at the first
+// that is not at its page's position or whose lease is refused, which gone
+// hears of: a miss from there on, never a wrong page.
+func leaseRun(p CachePages, hits []kv.CachedPage, reader kv.Owner, gone func(kv.CachedPage)) []kv.Lease {
+	pt := p.Geometry().PageTokens
 	var leases []kv.Lease
-	for i, hit := range c.index.Match(keys) {
-		l, err := kv.Lease{}, error(&kv.ManifestError{Field: "cached page position", Page: i, Want: i * g.PageTokens, Have: hit.First})
-		if hit.First == i*g.PageTokens {
-			l, err = p.LeaseShared(hit, reader, scope)
+	for i, hit := range hits {
+		l, err := kv.Lease{}, error(&kv.ManifestError{Field: "cached page position", Page: i, Want: i * pt, Have: hit.First})
+		if hit.First == i*pt {
+			l, err = p.LeaseShared(hit, reader, hit.Scope)
 		}
 		if err != nil {
-			// Gone, refused as corrupt, or unanswered (a lease granted
-			// late is then held by nobody): evicted, it is freed at once
-			// or at the reclaim deadline, never left cached with no
-			// index entry to evict it.
-			_ = p.Evict(hit)
-			c.index.Remove(hit.Tag)
-			c.stats.Gone++
+			gone(hit)
 			break
 		}
 		leases = append(leases, l)
 	}
-	c.stats.HitTokens += uint64(len(leases) * g.PageTokens)
-	return leases, keys, nil
+	return leases
 }
 
 // evict gives up at most n pages last used before use, least recently
@@ -132,48 +155,81 @@ func (c *PrefixCache) evict(p CachePages, n int, use uint64) int {
 }
 
 // ExecAckKeep carries out an Ack whose computed Chain pages the cache
-// takes: each is published under the Ack's scope instead of freed, in
-// prompt order,
-// unless the cache already holds its key (another prefill of the same
-// prefix published first) or has no room left but what its own prompt's
-// pages take (a child is never kept by giving up its parent: the chain is
-// stamped as used first, and only pages used before it are given up);
+// takes: each is published under the Ack's scope instead of freed (keep);
 // every other page is acknowledged as ExecAck does.
 func ExecAckKeep(p CachePages, c *PrefixCache, e Ack, refused func(kv.Tag, error)) {
-	read := e.Cached / p.Geometry().PageTokens // those are the cache's already
-	c.index.Match(e.Chain)
-	use, full := c.index.Uses(), false
-	for i, t := range e.Tags {
-		ok := i >= read && i < len(e.Chain)
-		var key kv.PrefixKey
-		if ok {
-			key = e.Chain[i]
-		}
-		if ok && !full && !c.index.Has(key) && c.index.Room() == 0 {
-			full = c.evict(p, 1, use) == 0
-		}
-		if !ok || full || c.index.Has(key) {
-			each("ack", p.Ack, e.Owner, []kv.Tag{t}, refused)
-			continue
-		}
+	ack := func(t kv.Tag) { each("ack", p.Ack, e.Owner, []kv.Tag{t}, refused) }
+	c.keep(p, e.Chain, e.Cached/p.Geometry().PageTokens, e.Tags, e.Scope, func(t kv.Tag) (kv.CachedPage, error) {
 		cached, err := p.AckPublish(t, e.Owner, e.Scope)
-		if err != nil && !errors.Is(err, kv.ErrRefused) {
-			// Unanswered: the page may yet be published, under the tag
-			// that follows its own, with no index entry; evicted now,
-			// it cannot stay cached for nobody (the eviction is refused
-			// if it was only acknowledged).
-			t.Generation++
-			_ = p.Evict(kv.CachedPage{Tag: t, Scope: e.Scope})
-		}
 		if err != nil {
 			OwnsOrPanic(err, "ack", t, e.Owner)
 			if refused != nil {
 				refused(t, err)
 			}
+		}
+		return cached, err
+	}, ack)
+}
+
+// ExecKeep carries out a Keep on a decode pool: the full pages of the
+// prompt are offered to the cache under the scope of the owner's tenant
+// narrowed by the salt, and published (keep); every other page, and one
+// the cache does not take, is released as ExecRelease does. A page still
+// leased (a decode job that has not closed its sequence yet: its worker
+// carries the Keep out after the step that closed it) is released, not
+// kept: freed at its last unlease.
+func ExecKeep(p CachePages, c *PrefixCache, e Keep, refused func(kv.Tag, error)) {
+	release := func(t kv.Tag) { each("release", p.Release, e.Owner, []kv.Tag{t}, refused) }
+	scope := c.scopeOf(e.Owner.Tenant, e.Salt)
+	keys, err := PromptKeys(scope, c.model, p.Geometry(), e.Tokens)
+	if err != nil {
+		keys = nil // a scope that cannot key keeps nothing
+	}
+	c.keep(p, keys, 0, e.Tags, scope, func(t kv.Tag) (kv.CachedPage, error) {
+		cached, err := p.Publish(t, e.Owner, scope)
+		if err != nil {
+			release(t) // still the request's (leased, say): freed as it would be
+		}
+		return cached, err
+	}, release)
+}
+
+// keep offers the cache tags[i] under keys[i], in prompt order, from page
+// from on: each is published (publish, which reports its own refusal)
+// unless the cache already holds its key (another request of the same
+// prefix published first) or has no room left but what its own prompt's
+// pages take (a child is never kept by giving up its parent: the chain is
+// stamped as used first, and only pages used before it are given up);
+// otherwise has every other page.
+func (c *PrefixCache) keep(p CachePages, keys []kv.PrefixKey, from int, tags []kv.Tag, scope kv.Scope,
+	publish func(kv.Tag) (kv.CachedPage, error), otherwise func(kv.Tag)) {
+	c.index.Match(keys)
+	use, full := c.index.Uses(), false
+	for i, t := range tags {
+		ok := i >= from && i < len(keys)
+		var key kv.PrefixKey
+		if ok {
+			key = keys[i]
+		}
+		if ok && !full && !c.index.Has(key) && c.index.Room() == 0 {
+			full = c.evict(p, 1, use) == 0
+		}
+		if !ok || full || c.index.Has(key) {
+			otherwise(t)
 			continue
 		}
-		if cached.Tag == (kv.Tag{}) {
-			continue // acknowledged and freed, or still leased: not kept
+		cached, err := publish(t)
+		if err != nil && !errors.Is(err, kv.ErrRefused) {
+			// Unanswered: the page may yet be published, under the tag
+			// that follows its own, with no index entry; evicted now,
+			// it cannot stay cached for nobody (the eviction is refused
+			// if it was not published).
+			next := t
+			next.Generation++
+			_ = p.Evict(kv.CachedPage{Tag: next, Scope: scope})
+		}
+		if err != nil || cached.Tag == (kv.Tag{}) {
+			continue // refused, or acknowledged and freed, or still leased: not kept
 		}
 		if err := c.index.Add(key, cached); err != nil {
 			panic(fmt.Sprintf("handoff: page %s published under key %x and refused by the index: %v", cached.Tag, key, err))
@@ -190,12 +246,19 @@ func ExecAckKeep(p CachePages, c *PrefixCache, e Ack, refused func(kv.Tag, error
 // it.
 func (c *PrefixCache) reserveEvicting(p CachePages, owner kv.Owner, n int, use uint64) ([]kv.Tag, error) {
 	tags, err := p.Reserve(owner, 0, n)
-	var full *kv.PoolExhaustedError
-	if !errors.As(err, &full) || full.Share > 0 && full.Held+full.Need > full.Share {
-		return tags, err
-	}
-	if c.evict(p, full.Need-full.Free, use) == 0 {
+	if short, ok := evictable(err); !ok || c.evict(p, short, use) == 0 {
 		return tags, err
 	}
 	return p.Reserve(owner, 0, n)
+}
+
+// evictable says how many cached pages a reservation refused with err
+// lacks, if giving them up could make room for it: not for a tenant held
+// to its share of the pool, which another scope's pages would not change.
+func evictable(err error) (int, bool) {
+	var full *kv.PoolExhaustedError
+	if !errors.As(err, &full) || full.Share > 0 && full.Held+full.Need > full.Share {
+		return 0, false
+	}
+	return full.Need - full.Free, true
 }

@@ -30,6 +30,10 @@ type RequestConfig struct {
 	// Model is the fingerprint of the model decode computes, named in
 	// every plan (engine.Fingerprint's String).
 	Model string
+	// Keep says the decode pool keeps prompt pages in a prefix cache: an
+	// answered request hands its prompt's pages to it (Keep) instead of
+	// releasing them.
+	Keep bool
 }
 
 // RetriesMax is the number of retries a node's requests make: at most
@@ -111,8 +115,9 @@ type Request struct {
 	cause  error // of the failed attempt while a Pick is out
 
 	phase    phase
-	dest     []kv.Tag // prompt pages in decode's pool
-	sources  []kv.Tag // the prefill page each dest page was filled from
+	dest     []kv.Tag    // prompt pages in decode's pool
+	held     []kv.Origin // the cached page each of the first dest pages was copied from
+	sources  []kv.Tag    // the prefill page each dest page was filled from
 	spare    []kv.Tag // pages for generated KV
 	manifest *kv.Manifest
 	pending  []kv.Frame // frames of the Write in hand
@@ -238,7 +243,8 @@ func (r *Request) Step(ev Event, now time.Time) []Effect {
 func (r *Request) reserve() Effect {
 	r.phase = phaseReserving
 	g := r.cfg.Geometry
-	return Reserve{Owner: r.owner, Prompt: g.PagesFor(len(r.prompt)), SpareFirst: len(r.prompt), Spare: g.PagesFor(r.maxNew - 1)}
+	return Reserve{Owner: r.owner, Prompt: g.PagesFor(len(r.prompt)), SpareFirst: len(r.prompt), Spare: g.PagesFor(r.maxNew - 1),
+		Tokens: r.prompt, Salt: r.salt}
 }
 
 // reserved plans the transfer on the pages reserved, retries an exhausted
@@ -258,7 +264,7 @@ func (r *Request) reserved(e Reserved, now time.Time) []Effect {
 		}
 		return r.finish(e.Err)
 	}
-	r.dest, r.spare = e.Dest, e.Spare
+	r.dest, r.spare, r.held = e.Dest, e.Spare, e.Held
 	g := r.cfg.Geometry
 	m, err := kv.NewManifest(r.owner, len(r.prompt), g.PageTokens, r.dest)
 	if err != nil {
@@ -266,10 +272,11 @@ func (r *Request) reserved(e Reserved, now time.Time) []Effect {
 	}
 	r.manifest = m
 	r.sources = make([]kv.Tag, len(r.dest))
+	r.written = len(r.held) * g.PageTokens
 	r.phase = phasePrefill
 	plan := &messages.TransferPlan{RequestID: r.owner.Request, Tenant: r.owner.Tenant, TokenCount: uint32(len(r.prompt)),
 		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest, Model: r.cfg.Model,
-		CacheSalt: r.salt}
+		CacheSalt: r.salt, HeldPages: uint32(len(r.held))}
 	if r.peer.Incarnation != r.cfg.Incarnation {
 		plan.DataPlane = r.cfg.DataPlane
 	}
@@ -321,6 +328,8 @@ func (r *Request) framesIn(e FramesIn, now time.Time) []Effect {
 			err = &kv.WrongOwnerError{Page: f.Dest, Owner: r.owner.Request, Have: f.Owner.Request}
 		case f.Source.Incarnation != r.peer.Incarnation:
 			err = r.stranger("frames", fmt.Sprintf("a page of incarnation %x", f.Source.Incarnation))
+		case page >= 0 && page < len(r.held):
+			err = &kv.ManifestError{Field: "frame of a page decode holds", Page: page, Want: len(r.held), Have: page}
 		case page < 0 || page >= len(r.sources):
 			err = &kv.ManifestError{Field: "page", Page: page, Want: len(r.sources) - 1, Have: page}
 		case r.sources[page] != (kv.Tag{}) && r.sources[page] != f.Source:
@@ -388,16 +397,16 @@ func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
 	if r.frames != int(m.Frames) || r.written != len(r.prompt) {
 		return r.finish(&kv.ManifestError{Field: "tokens transferred", Page: -1, Want: len(r.prompt), Have: r.written})
 	}
-	if len(m.Sums) != len(r.manifest.Pages) {
-		return r.finish(&kv.ManifestError{Field: "source checksums", Page: -1, Want: len(r.manifest.Pages), Have: len(m.Sums)})
+	if sent := len(r.manifest.Pages) - len(r.held); len(m.Sums) != sent {
+		return r.finish(&kv.ManifestError{Field: "source checksums", Page: -1, Want: sent, Have: len(m.Sums)})
 	}
 	if int(m.Cached) >= len(r.prompt) {
 		return r.finish(&kv.ManifestError{Field: "cached prompt tokens", Page: -1, Want: len(r.prompt) - 1, Have: int(m.Cached)})
 	}
 	r.cached = int(m.Cached)
-	origins := make([]kv.Origin, len(r.manifest.Pages))
-	for i := range origins {
-		origins[i] = kv.Origin{Tag: r.sources[i], Owner: m.SourceOwner(), Checksum: m.Sums[i]}
+	origins := append(make([]kv.Origin, 0, len(r.manifest.Pages)), r.held...)
+	for i := len(r.held); i < len(r.manifest.Pages); i++ {
+		origins = append(origins, kv.Origin{Tag: r.sources[i], Owner: m.SourceOwner(), Checksum: m.Sums[i-len(r.held)]})
 	}
 	r.first = int(m.First)
 	return []Effect{SealVerify{Manifest: r.manifest, Origins: origins}}
@@ -451,7 +460,7 @@ func (r *Request) picked(e Picked) []Effect {
 	}
 	out := []Effect{r.abort(cause), Release{Owner: r.owner, Tags: r.dest}, Release{Owner: r.owner, Tags: r.spare},
 		Retry{Old: r.owner.Request, New: e.Attempt, From: r.peer, To: e.Peer, Cause: cause}}
-	r.dest, r.sources, r.spare, r.manifest, r.frames, r.written = nil, nil, nil, nil, 0, 0
+	r.dest, r.held, r.sources, r.spare, r.manifest, r.frames, r.written = nil, nil, nil, nil, nil, 0, 0
 	r.owner.Request = e.Attempt
 	r.peer = e.Peer
 	return append(out, r.reserve())
@@ -514,7 +523,12 @@ func (r *Request) finish(cause error) []Effect {
 		cause = fmt.Errorf("handoff: decode ended after %d of %d tokens", len(r.tokens), r.maxNew)
 	}
 	r.phase = phaseDone
-	out = append(out, Release{Owner: r.owner, Tags: r.dest}, Release{Owner: r.owner, Tags: r.spare})
+	if cause == nil && r.cfg.Keep {
+		out = append(out, Keep{Owner: r.owner, Tags: r.dest, Tokens: r.prompt, Salt: r.salt})
+	} else {
+		out = append(out, Release{Owner: r.owner, Tags: r.dest})
+	}
+	out = append(out, Release{Owner: r.owner, Tags: r.spare})
 	res := &messages.GenerateResult{RequestID: r.client}
 	fin := Finish{Result: res, Cause: cause}
 	switch {

@@ -52,12 +52,14 @@ type (
 	Next struct{}
 	// Prefilled answers Prefill: the source pages reserved (Sources; the
 	// first Marked of them marked as awaiting the ack), prefill's first
-	// token and the pages' seal checksums, or why it failed.
+	// token and the pages' seal checksums, or why it failed. Once the
+	// prompt is computed, Sources are only the pages sent: those of the
+	// plan's HeldPages, which decode holds already, are given back.
 	//
 	// With a prefix cache, Cached is how many of the prompt's first tokens
-	// came from it (whole pages), and Chain the keys of all the prompt's
-	// cacheable pages: those past Cached are the source pages the cache
-	// keeps, under Scope, once decode has them.
+	// came from it (whole pages), and Chain the keys of the cacheable
+	// pages of Sources (Chain[i] is Sources[i]'s): those past Cached are
+	// the source pages the cache keeps, under Scope, once decode has them.
 	Prefilled struct {
 		Key     JobKey
 		Sources []kv.Tag
@@ -120,9 +122,9 @@ type (
 	// CancelSend ends the send in flight of Key; its Sent follows.
 	CancelSend struct{ Key JobKey }
 	// Ack marks source pages acknowledged, which frees the released ones;
-	// the pages of Chain past the Cached tokens (those the prefill
-	// computed), once decode has them, go to the prefix cache under Scope
-	// instead (ExecAckKeep).
+	// the pages of Chain (the keys of Tags' first pages) past their first
+	// Cached tokens (those the prefill computed), once decode has them,
+	// go to the prefix cache under Scope instead (ExecAckKeep).
 	Ack struct {
 		Owner  kv.Owner
 		Tags   []kv.Tag
@@ -397,7 +399,8 @@ func (s *Source) drop(key JobKey, tenant string, now time.Time) []Effect {
 	s.done.Add(key, now)
 	// Sent whole and sealed, the pages hold the prompt's KV whatever
 	// decode made of it: worth keeping after an abort as after the ack.
-	return []Effect{Ack{Owner: j.local, Tags: j.sources, Cached: j.cached, Scope: j.scope, Chain: j.chain}}
+	held := int(j.plan.HeldPages) * s.cfg.PageTokens // before Sources and Chain
+	return []Effect{Ack{Owner: j.local, Tags: j.sources, Cached: max(0, j.cached-held), Scope: j.scope, Chain: j.chain}}
 }
 
 // DonePlans remembers plans that ended (acknowledged or aborted) by their

@@ -80,6 +80,14 @@ type CachedPage struct {
 	Checksum uint64
 }
 
+// Origin is where a copy of the page's rows comes from, for the page the
+// rows are copied into to seal only if they are exactly these
+// (Page.SealFrom): a copy at the same position hashes, under the cached
+// tenancy's header, to the page's checksum.
+func (c CachedPage) Origin() Origin {
+	return Origin{Tag: c.Tag, Owner: cacheOwner(c.Scope), Checksum: c.Checksum}
+}
+
 // cacheOwner is the owner a cached page's checksum header names: no
 // request, and the scope in the tenant's place.
 func cacheOwner(s Scope) Owner { return Owner{Tenant: s.name} }

@@ -35,7 +35,7 @@ func samples() []Message {
 		&GenerateResult{RequestID: 7, Tokens: []uint32{5}, FinishReason: FinishLength, CachedTokens: 512},
 		&TransferPlan{RequestID: 1 << 40, Tenant: "globex", TokenCount: 5, PromptTokens: []uint32{1, 2, 3, 4, 5}, PageTokens: 2,
 			DestTags:  []kv.Tag{{Incarnation: math.MaxUint64, Index: 0, Generation: 1}, {Incarnation: 9, Index: math.MaxUint32, Generation: 2}, {Incarnation: 9, Index: 4, Generation: math.MaxUint64}},
-			DataPlane: "decode-1.internal:7070", Model: testFingerprint, CacheSalt: "conversation-9"},
+			DataPlane: "decode-1.internal:7070", Model: testFingerprint, CacheSalt: "conversation-9", HeldPages: 2},
 		&TransferAck{RequestID: 1 << 40, Tenant: "globex", TokenCount: 5, Pages: 3},
 		&CacheSummaryRequest{},
 		&CacheSummary{Incarnation: 7},
@@ -327,6 +327,7 @@ func TestValidateRefuses(t *testing.T) {
 		{"plan zero page tokens", func() Message { p := okPlan(); p.PageTokens = 0; return p }(), &invalid},
 		{"plan too few tags", func() Message { p := okPlan(); p.DestTags = p.DestTags[:2]; return p }(), &invalid},
 		{"plan zero generation", func() Message { p := okPlan(); p.DestTags[1].Generation = 0; return p }(), &invalid},
+		{"plan holds every page", func() Message { p := okPlan(); p.HeldPages = 3; return p }(), &invalid},
 		{"plan page twice", func() Message { p := okPlan(); p.DestTags[2].Index = p.DestTags[1].Index; return p }(), &invalid},
 		{"plan too many tags", func() Message {
 			p := okPlan()

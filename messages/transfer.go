@@ -52,9 +52,14 @@ type TransferPlan struct {
 	// CacheSalt narrows the prefix cache scope prefill gives the plan's
 	// tenant (GenerateRequest.CacheSalt).
 	CacheSalt string `msgpack:"cache_salt,omitempty"`
+	// HeldPages is how many of the prompt's first pages decode holds
+	// already, read from its own prefix cache into the first DestTags:
+	// prefill sends frames only for the pages after them. Fewer than the
+	// prompt's pages: its last page is never cached.
+	HeldPages uint32 `msgpack:"held_pages,omitempty"`
 }
 
-var transferPlanKeys = []string{"id", "tenant", "token_count", "prompt_tokens", "page_tokens", "dest_tags", "data_plane", "model", "cache_salt"}
+var transferPlanKeys = []string{"id", "tenant", "token_count", "prompt_tokens", "page_tokens", "dest_tags", "data_plane", "model", "cache_salt", "held_pages"}
 
 func (*TransferPlan) TypeCode() TypeCode { return TypeTransferPlan }
 
@@ -85,6 +90,9 @@ func (m *TransferPlan) Validate() error {
 	}
 	if err := checkTags(t, "dest_tags", m.DestTags); err != nil {
 		return err
+	}
+	if int(m.HeldPages) >= pages {
+		return &InvalidFieldError{t, "held_pages", fmt.Sprint(m.HeldPages), fmt.Sprintf("below the prompt's %d pages", pages)}
 	}
 	if err := CheckFingerprint(t, "model", m.Model); err != nil {
 		return err
@@ -160,8 +168,10 @@ func (m *TransferPlan) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readString(d, t, "data_plane", AddrBytesMax, &m.DataPlane)
 		case 7:
 			return readString(d, t, "model", FingerprintDigits, &m.Model)
-		default:
+		case 8:
 			return readString(d, t, "cache_salt", kv.CacheSaltBytesMax, &m.CacheSalt)
+		default:
+			return readU32(d, t, "held_pages", &m.HeldPages)
 		}
 	})
 }

@@ -297,18 +297,36 @@ func (p *pages) AckPublish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.Cache
 	if c.Tag == (kv.Tag{}) {
 		return c, nil
 	}
+	p.published(c, owner)
+	return c, nil
+}
+
+// Publish publishes a page never sent (a decode pool's, once its request
+// is answered), with the checks of AckPublish.
+func (p *pages) Publish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.CachedPage, error) {
+	c, err := p.pool.Publish(tag, owner, scope)
+	if err = p.owns("publish", tag, owner, err); err != nil {
+		return c, err
+	}
+	p.published(c, kv.Owner{}) // no prefill job's
+	return c, nil
+}
+
+// published checks that publishing moved the page's generation on, and
+// records the cached tenancy as the page's holding (and, for the prefill
+// job of owner, which prompt it published).
+func (p *pages) published(c kv.CachedPage, owner kv.Owner) {
 	i := c.Tag.Index
 	if c.Tag.Generation <= p.gen[i] {
 		p.fail("generations grow", "page %d published at generation %d; its previous tenancy had generation %d", i, c.Tag.Generation, p.gen[i])
 	}
 	p.ended(p.held[i].tag)
 	p.gen[i] = c.Tag.Generation
-	p.held[i] = holding{tag: c.Tag, scope: scope, live: true}
+	p.held[i] = holding{tag: c.Tag, scope: c.Scope, live: true}
 	p.n.w.count[CachePublished]++
 	if j := p.n.jobs[owner.Request]; j != nil {
 		p.n.publishedBy(j, c)
 	}
-	return c, nil
 }
 
 // Evict gives a cached page up, freed at once or at its last unlease.

@@ -1,0 +1,131 @@
+package handoff
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/kv"
+)
+
+// withDecodeCache gives the pair's decode pool a prefix cache of at most
+// pages pages, scoped by tenant and salt.
+func (p *pair) withDecodeCache(pages int) {
+	p.t.Helper()
+	p.heldPages = &lossyPages{PoolPages: p.decode}
+	c, err := NewPrefixCache(pages, testModel.String(), func(tenant, salt string) kv.Scope {
+		return kv.TenantScope(tenant).Narrow(salt)
+	})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.held = c
+}
+
+// heldRun is one request through the pair as tenant: the pages its plan
+// said decode holds, the frames prefill sent, and its answer's tokens
+// checked against the reference.
+func (p *pair) heldRun(tenant, salt string, prompt []int) (held, frames int) {
+	p.t.Helper()
+	p.observe = func(e Effect) {
+		switch e := e.(type) {
+		case SendPlan:
+			held = int(e.Plan.HeldPages)
+		case SendFrames:
+			frames = len(p.frames[e.Key].Frames)
+		}
+	}
+	p.tokens, p.finish = nil, nil
+	id := uint64(1)
+	if p.req != nil {
+		id = p.req.Owner().Request + 1
+	}
+	p.req = NewRequest(p.config(), kv.Owner{Request: id, Tenant: tenant}, 7, prompt, 4, Peer{Address: "prefill:1", Incarnation: prefillInc})
+	p.req.NarrowCache(salt)
+	p.step(p.req, Start{})
+	for _, k := range p.keeps {
+		ExecKeep(p.heldPages, p.held, k, nil)
+	}
+	p.keeps = nil
+	want, err := p.engine.Reference(prompt, 4)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if i := slices.Index(want, engine.EOS); i >= 0 {
+		want = want[:i+1]
+	}
+	if p.finish == nil || p.finish.Cause != nil || !slices.Equal(p.tokens, want) {
+		p.t.Fatalf("%s's request: finish %+v, tokens %v; the reference gives %v", tenant, p.finish, p.tokens, want)
+	}
+	return held, frames
+}
+
+// TestDecodeHoldsTheCachedPrefix: an answered request's full prompt pages
+// stay in the decode pool's cache; the next request of the same tenant
+// whose prompt starts with them copies them, names them in its plan, and
+// prefill sends only the pages after them; another tenant, or the same
+// tenant under another salt, holds none. Every answer is the reference's,
+// and once the cache is emptied every page of both pools is free.
+func TestDecodeHoldsTheCachedPrefix(t *testing.T) {
+	p := newPair(t, 64, 64)
+	p.withDecodeCache(32)
+	prefix := []int{engine.BOS, 'o', 'n', 'c', 'e', ' ', 'u', 'p', 'o', 'n', ' ', 'a', ' ', 't', 'i', 'm'} // 4 pages of 4
+	first, second := append(slices.Clone(prefix), 'e', '.', ' '), append(slices.Clone(prefix), 'e', '!')
+	if held, frames := p.heldRun("acme", "", first); held != 0 || frames != 5 {
+		t.Fatalf("the first request: %d pages held, %d frames sent; want 0 and 5", held, frames)
+	}
+	if st := p.held.Stats(); st.Published != 4 || st.Pages != 4 {
+		t.Fatalf("after the first answer the decode cache published %d pages and holds %d, want its 4 full pages", st.Published, st.Pages)
+	}
+	for _, c := range []struct {
+		tenant, salt string
+		held, frames int
+	}{
+		{"acme", "", 4, 1},
+		{"globex", "", 0, 5},
+		{"acme", "conversation-2", 0, 5},
+		{"acme", "conversation-2", 4, 1},
+	} {
+		if held, frames := p.heldRun(c.tenant, c.salt, second); held != c.held || frames != c.frames {
+			t.Errorf("%s (salt %q): %d pages held, %d frames sent; want %d and %d", c.tenant, c.salt, held, frames, c.held, c.frames)
+		}
+	}
+	if s := p.prefill.Stats(); s.Free != s.Capacity {
+		t.Errorf("prefill pool: %d of %d pages free", s.Free, s.Capacity)
+	}
+	s := p.decode.Stats()
+	if s.Free+s.Cached != s.Capacity || s.Cached != p.held.Stats().Pages {
+		t.Errorf("decode pool: %d free and %d cached of %d, the index holds %d", s.Free, s.Cached, s.Capacity, p.held.Stats().Pages)
+	}
+	p.held.evict(p.heldPages, p.held.index.Len(), p.held.index.Uses()+1)
+	if s := p.decode.Stats(); s.Free != s.Capacity {
+		t.Errorf("decode pool with its cache emptied: %d of %d pages free", s.Free, s.Capacity)
+	}
+}
+
+// TestDecodeHeldPageGoneIsAMiss: a cached page evicted under the index
+// (its lease refused) ends the held run there: the request asks prefill
+// for every page after it, and is answered right.
+func TestDecodeHeldPageGoneIsAMiss(t *testing.T) {
+	p := newPair(t, 64, 64)
+	p.withDecodeCache(32)
+	prompt := []int{engine.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l', 'm', 'n'} // 3 full pages
+	p.heldRun("acme", "", prompt)
+	pages := p.held.index.Pages()
+	if len(pages) != 3 {
+		t.Fatalf("the decode cache holds %d pages, want 3", len(pages))
+	}
+	for _, c := range pages {
+		if c.First == 4 {
+			if _, err := p.decode.Evict(c, p.now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if held, frames := p.heldRun("acme", "", prompt); held != 1 || frames != 3 {
+		t.Fatalf("with the second cached page gone: %d pages held, %d frames sent; want 1 and 3", held, frames)
+	}
+	if st := p.held.Stats(); st.Gone != 1 {
+		t.Fatalf("%d pages found gone, want 1", st.Gone)
+	}
+}
