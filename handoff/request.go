@@ -118,7 +118,7 @@ type Request struct {
 	dest     []kv.Tag    // prompt pages in decode's pool
 	held     []kv.Origin // the cached page each of the first dest pages was copied from
 	sources  []kv.Tag    // the prefill page each dest page was filled from
-	spare    []kv.Tag // pages for generated KV
+	spare    []kv.Tag    // pages for generated KV
 	manifest *kv.Manifest
 	pending  []kv.Frame // frames of the Write in hand
 	written  int        // prompt tokens accepted into dest pages

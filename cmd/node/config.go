@@ -149,6 +149,9 @@ type nodeConfig struct {
 	// PrefixCachePercent is the most of each prefill worker's pool its
 	// prefix cache keeps, in percent (0: no prefix cache).
 	PrefixCachePercent int `json:"prefix_cache_percent"`
+	// DecodeCachePercent is the most of each decode worker's pool its
+	// prefix cache keeps, in percent (0: none).
+	DecodeCachePercent int `json:"decode_cache_percent"`
 	// PrefixRouting sends a prompt where its prefix is cached, load
 	// allowing (a router's choice of prefill node, a node's of worker).
 	PrefixRouting bool `json:"prefix_routing"`
@@ -246,6 +249,7 @@ func defaultNodeConfig() nodeConfig {
 		PrefillPages:            a.PrefillPages,
 		DecodePages:             a.DecodePages,
 		PrefixCachePercent:      a.PrefixCachePercent,
+		DecodeCachePercent:      a.DecodeCachePercent,
 		PrefixRouting:           a.PrefixRouting,
 		CacheSummaryEvery:       duration(a.CacheSummaryEvery),
 		MaxTokensMax:            a.MaxTokensMax,

@@ -238,6 +238,8 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.DecodePages, "decode-pages", c.DecodePages, "KV pages of each decode worker's pool")
 	fs.IntVar(&c.PrefixCachePercent, "prefix-cache-percent", c.PrefixCachePercent,
 		"most of each prefill worker's pool, in percent, its prefix cache keeps of prompts' full pages, scoped by tenant (0: no prefix cache)")
+	fs.IntVar(&c.DecodeCachePercent, "decode-cache-percent", c.DecodeCachePercent,
+		"most of each decode worker's pool, in percent, its prefix cache keeps of answered prompts' full pages, scoped by tenant: prefill then sends only the pages after those (0: none)")
 	fs.BoolVar(&c.PrefixRouting, "prefix-routing", c.PrefixRouting,
 		"send a prompt to the prefill node (and worker) its prefix went to before, load allowing; false: by load alone")
 	fs.DurationVar((*time.Duration)(&c.CacheSummaryEvery), "cache-summary-every", time.Duration(c.CacheSummaryEvery),
@@ -333,7 +335,7 @@ func (c nodeConfig) serving(m *engine.Model) (actors.Config, error) {
 	a.ContextTokens = int(min(c.ContextTokens, math.MaxInt32))
 	a.PrefillWorkers, a.DecodeWorkers = c.PrefillWorkers, c.DecodeWorkers
 	a.PrefillPages, a.DecodePages = c.PrefillPages, c.DecodePages
-	a.PrefixCachePercent, a.PrefixRouting = c.PrefixCachePercent, c.PrefixRouting
+	a.PrefixCachePercent, a.DecodeCachePercent, a.PrefixRouting = c.PrefixCachePercent, c.DecodeCachePercent, c.PrefixRouting
 	a.CacheSummaryEvery = time.Duration(c.CacheSummaryEvery)
 	a.MaxTokensMax, a.QueueMax, a.BatchMax = c.MaxTokensMax, c.QueueMax, c.BatchMax
 	a.RequestTimeout, a.ReclaimAfter = time.Duration(c.RequestTimeout), time.Duration(c.ReclaimAfter)
