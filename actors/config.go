@@ -127,13 +127,13 @@ type Config struct {
 	// pages it holds copies them and asks prefill for the rest only; one
 	// that finds the pool full gives cached pages up first.
 	DecodeCachePercent int
-	// PrefixRouting has routers send a prompt to the prefill node, and a
-	// node with several prefill workers to the worker, that its prefix was
-	// sent to before (handoff.PrefixAffinity), load allowing; false picks
-	// by load alone.
+	// PrefixRouting has routers send a prompt to the prefill and decode
+	// nodes, and a node with several prefill workers to the worker, that
+	// its prefix was sent to before (handoff.PrefixAffinity), load
+	// allowing; false picks by load alone.
 	PrefixRouting bool
 	// CacheSummaryEvery is how often a router with PrefixRouting asks
-	// each prefilling node what its prefix caches hold
+	// each prefilling or decoding node what its prefix caches hold
 	// (messages.CacheSummaryRequest). Must be positive.
 	CacheSummaryEvery time.Duration
 }

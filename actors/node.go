@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -382,12 +383,12 @@ func (n *Node) Fatal() <-chan *InvariantError { return n.fatal }
 // Pools are the node's pools, prefill workers' first.
 func (n *Node) Pools() []*Pool { return n.pools }
 
-// CacheKeys are the keys of at most max pages its prefill workers' prefix
-// caches hold, the most recently used of each worker first, the workers'
-// taken in turn.
+// CacheKeys are the keys of at most max pages its workers' prefix caches
+// hold (prefill and decode workers'), the most recently used of each
+// worker first, the workers' taken in turn.
 func (n *Node) CacheKeys(max int) ([]kv.PrefixKey, error) {
 	var each [][]kv.PrefixKey
-	for _, w := range n.prefill {
+	for _, w := range slices.Concat(n.prefill, n.decode) {
 		keys, err := ask[[]kv.PrefixKey](n.root, w, CacheKeys{Max: max}, n.cfg.CallTimeout)
 		if err != nil {
 			return nil, err

@@ -361,7 +361,7 @@ func (n *Node) isDraining() bool {
 	return n.draining
 }
 
-// cacheSummaries is how many prefilling nodes' cache summaries the node's
+// cacheSummaries is how many nodes' cache summaries the node's
 // router has taken.
 func (n *Node) cacheSummaries() uint64 { return n.rc.summaries.Load() }
 

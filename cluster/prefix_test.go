@@ -190,11 +190,12 @@ func TestRouterLearnsWhatNodesCache(t *testing.T) {
 		testwait.Report(t, "the prompt's pages kept", time.Minute, func() (bool, string) {
 			return published() >= before+uint64(cacheable/pageTokens), fmt.Sprintf("%d pages kept, %d before", published(), before)
 		})
-		// Two rounds of summaries: the second router has asked since the
+		// Two rounds of summaries from the three nodes that cache (two
+		// prefill, one decode): the second router has asked since the
 		// pages were kept, and heard back.
 		polled := r2.cacheSummaries()
 		testwait.Report(t, "the second router's summaries", time.Minute, func() (bool, string) {
-			return r2.cacheSummaries() >= polled+4, fmt.Sprintf("%d summaries taken, %d before", r2.cacheSummaries(), polled)
+			return r2.cacheSummaries() >= polled+6, fmt.Sprintf("%d summaries taken, %d before", r2.cacheSummaries(), polled)
 		})
 		res, err := via2.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 2}, nil)
 		if err != nil || res.CachedTokens != cacheable {
@@ -273,4 +274,45 @@ func TestDecodeNodeHoldsThePrefix(t *testing.T) {
 		t.Errorf("the decode cache counts %d tokens read, want %d", hits, cacheable*pageTokens)
 	}
 	ask("globex", pages)
+}
+
+// TestRouterFollowsTheDecodeCache: with two decode nodes, a router sends a
+// prompt to the decode node that holds its prefix (where it sent the prompt
+// before), so each of six prompts, sent twice, gets its held pages copied
+// on the decode node the second time and only the pages after them over
+// the data plane (load-only routing would pick either decode node: all six
+// by chance is 1 in 64).
+func TestRouterFollowsTheDecodeCache(t *testing.T) {
+	p := startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil,
+		func(cfg *NodeConfig) { cfg.Actors.PrefixCachePercent = 0 })
+	d1 := startClusterNode(t, actors.RoleDecode, p.GossipAddr())
+	d2 := startClusterNode(t, actors.RoleDecode, p.GossipAddr())
+	r := startClusterNode(t, actors.RoleRouter, p.GossipAddr())
+	for _, n := range []*Node{p, d1, d2, r} {
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 4 && routable(n) })
+	}
+	pageTokens := d1.cfg.Actors.PageTokens
+	frames := func() uint64 { return d1.data.Stats().FramesAccepted + d2.data.Stats().FramesAccepted }
+	acme := tenantClient(t, r.Address(), "acme")
+	for i := range 6 {
+		prompt := fmt.Sprintf("Prompt %d: %s", i, strings.Repeat("a story of decode nodes and routers. ", 2))
+		n := len(p.cfg.Model.Tokenizer().Encode(prompt))
+		pages, cacheable := (n+pageTokens-1)/pageTokens, (n-1)/pageTokens
+		for send, want := range []int{pages, pages - cacheable} {
+			before, kept := frames(), cachePublished(d1, d2)
+			if _, err := acme.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 2}, nil); err != nil {
+				t.Fatalf("prompt %d, send %d: %v", i, send, err)
+			}
+			if got := int(frames() - before); got != want {
+				t.Fatalf("prompt %d, send %d: decode accepted %d frames of its %d pages, want %d", i, send, got, pages, want)
+			}
+			if send == 0 {
+				testwait.Report(t, "the answered prompt's pages kept", time.Minute, func() (bool, string) {
+					have := cachePublished(d1, d2)
+					return have >= kept+uint64(cacheable), fmt.Sprintf("%d pages kept, %d before", have, kept)
+				})
+			}
+		}
+	}
+	freeEverywhere(t, p, d1, d2, r)
 }

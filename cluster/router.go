@@ -300,8 +300,8 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	// Routing picks one of candidates that are there, excluding none.
 	prefillPages, decodePages := handoff.RequestPages(r.cfg.Geometry(), len(prompt), int(m.MaxTokens))
 	keys := r.prefixKeys(tenant, m.CacheSalt, prompt)
-	d, _ := r.pick(ds, decodePages, nil)
-	p, _ := r.pickPrefill(ps, prefillPages, keys)
+	d, _ := r.pickAffine(ds, decodePages, nil, keys)
+	p, _ := r.pickAffine(ps, prefillPages, nil, keys)
 	if err := handoff.Admit(r.cfg.Limits(), len(prompt), int(m.MaxTokens), int(p.Meta.CapacityPages),
 		int(d.Meta.CapacityPages)); err != nil {
 		if _, ok := err.(*actors.PromptTooLongError); ok {
@@ -352,7 +352,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	}
 	rt := &routed{rl: rl, request: fwd, decode: d, prefill: p, promptTokens: len(prompt), keys: keys, decodePages: decodePages,
 		prefillPages: prefillPages, tried: map[uint64]bool{}, waiting: true}
-	r.affinity.Routed(keys, p.Meta.Incarnation)
+	r.routedTo(keys, d, p)
 	r.counters.waiting.Add(1)
 	r.count(rt)
 	r.relays[pid.Id] = rt
@@ -365,40 +365,40 @@ func routedRequest(id uint64, tenant, prompt string, maxTokens uint32, salt stri
 		Prefill: p.Meta.RemoteAddr, PrefillIncarnation: p.Meta.Incarnation, DecodeIncarnation: d.Meta.Incarnation}
 }
 
-// pick is the member of ms that Routing picks for a request holding pages
-// there, skipping the incarnations in exclude.
-func (r *routerActor) pick(ms []Member, pages int, exclude map[uint64]bool) (Member, bool) {
-	cs := make([]Candidate, len(ms))
-	for i, m := range ms {
-		cs[i] = Candidate{Incarnation: m.Meta.Incarnation, CapacityPages: int(m.Meta.CapacityPages),
-			FreePages: int(m.Meta.FreePages)}
+// routedTo remembers the prompt pages of keys as held where they went:
+// on the prefill node once decode has them, and on the decode node once
+// the request is answered.
+func (r *routerActor) routedTo(keys []kv.PrefixKey, d, p Member) {
+	r.affinity.Routed(keys, p.Meta.Incarnation)
+	if d.Meta.Incarnation != p.Meta.Incarnation {
+		r.affinity.Routed(keys, d.Meta.Incarnation)
 	}
-	i, ok := r.routing.Pick(cs, pages, exclude)
-	if !ok {
-		return Member{}, false
-	}
-	return ms[i], true
 }
 
-// pollCaches asks each prefilling member of the router's model for its
-// cache summary; each answers the router as a *messages.CacheSummary.
+// caches says whether a member of role r keeps prefix caches: every node
+// that prefills or decodes.
+func caches(r Role) bool { return prefills(r) || decodes(r) }
+
+// pollCaches asks each member of the router's model that keeps prefix
+// caches for its cache summary; each answers the router as a
+// *messages.CacheSummary.
 func (r *routerActor) pollCaches(c actor.Context) {
-	for _, m := range candidates(r.members(), prefills, r.model.Fingerprint()) {
+	for _, m := range candidates(r.members(), caches, r.model.Fingerprint()) {
 		if err := messages.SendFrom(c, actor.NewPID(m.Meta.RemoteAddr, ControlName), &messages.CacheSummaryRequest{}); err != nil {
 			r.log.Error("cache summary request refused by its own validation", "err", err)
 		}
 	}
 }
 
-// cacheSummary takes a prefilling member's summary of its caches: only
-// from a node that prefills, for the run that member is now at the
+// cacheSummary takes a member's summary of its caches: only from a node
+// that prefills or decodes, for the run that member is now at the
 // sender's address (an older run's is of caches gone with it).
 func (r *routerActor) cacheSummary(c actor.Context, m *messages.CacheSummary) {
-	if s := r.auth.Of(c); !s.May(trust.RolePrefill, trust.RoleAll) {
+	if s := r.auth.Of(c); !s.May(trust.RolePrefill, trust.RoleDecode, trust.RoleAll) {
 		r.auth.Refuse(trust.RefusedRole, "cache summary", "sender", s.String())
 		return
 	}
-	for _, mb := range candidates(r.members(), prefills, r.model.Fingerprint()) {
+	for _, mb := range candidates(r.members(), caches, r.model.Fingerprint()) {
 		if mb.Meta.Incarnation == m.Incarnation && c.Sender() != nil && mb.Meta.RemoteAddr == c.Sender().Address {
 			r.affinity.Published(m.Incarnation, m.Keys)
 			r.counters.summaries.Add(1)
@@ -424,17 +424,18 @@ func (r *routerActor) prefixKeys(tenant, salt string, prompt []int) []kv.PrefixK
 	return keys
 }
 
-// pickPrefill is the prefill node of ms for a request holding pages there
-// whose prompt's cacheable pages are keys: the one thought to hold most
-// of them (PrefixAffinity), unless load says otherwise (PickAffine).
-func (r *routerActor) pickPrefill(ms []Member, pages int, keys []kv.PrefixKey) (Member, bool) {
+// pickAffine is the node of ms (prefill or decode nodes) for a request
+// holding pages there whose prompt's cacheable pages are keys, skipping
+// the incarnations in exclude: the one thought to hold most of them
+// (PrefixAffinity), unless load says otherwise (PickAffine).
+func (r *routerActor) pickAffine(ms []Member, pages int, exclude map[uint64]bool, keys []kv.PrefixKey) (Member, bool) {
 	cs, hits := make([]Candidate, len(ms)), make([]int, len(ms))
 	for i, m := range ms {
 		cs[i] = Candidate{Incarnation: m.Meta.Incarnation, CapacityPages: int(m.Meta.CapacityPages),
 			FreePages: int(m.Meta.FreePages)}
 		hits[i] = r.affinity.Hits(keys, m.Meta.Incarnation)
 	}
-	i, ok := r.routing.PickAffine(cs, pages, nil, hits)
+	i, ok := r.routing.PickAffine(cs, pages, exclude, hits)
 	if !ok {
 		return Member{}, false
 	}
@@ -486,7 +487,7 @@ func (r *routerActor) retry(c actor.Context, relayPID *actor.PID, m relayRetry) 
 	r.release(rt)
 	rt.decode, rt.prefill = d, p
 	r.count(rt)
-	r.affinity.Routed(rt.keys, p.Meta.Incarnation)
+	r.routedTo(rt.keys, d, p)
 	req := rt.request
 	rt.request = routedRequest(req.RequestID, req.Tenant, req.Prompt, req.MaxTokens, req.CacheSalt, d, p)
 	r.counters.retried.Add(1)
@@ -505,8 +506,8 @@ func (r *routerActor) next(rt *routed) (d, p Member, ok bool) {
 		return d, p, false
 	}
 	ms, fp := r.members(), r.model.Fingerprint()
-	d, dok := r.pick(candidates(ms, decodes, fp), rt.decodePages, rt.tried)
-	p, pok := r.pickPrefill(candidates(ms, prefills, fp), rt.prefillPages, rt.keys)
+	d, dok := r.pickAffine(candidates(ms, decodes, fp), rt.decodePages, rt.tried, rt.keys)
+	p, pok := r.pickAffine(candidates(ms, prefills, fp), rt.prefillPages, nil, rt.keys)
 	ok = dok && pok && handoff.Admit(r.cfg.Limits(), rt.promptTokens, int(rt.request.MaxTokens), int(p.Meta.CapacityPages),
 		int(d.Meta.CapacityPages)) == nil
 	return d, p, ok

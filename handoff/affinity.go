@@ -8,11 +8,12 @@ import (
 	"github.com/kvwarden/kvwarden/messages"
 )
 
-// PrefixAffinity is a router's memory of which prefill nodes hold which
-// prompt pages in their prefix caches (or a node's, of which of its
-// prefill workers do), learned from its own choices: a request's
-// cacheable pages (kv.PrefixKeys, whose chain starts from the request's
-// scope) will be cached where it was sent once decode has them. Holders
+// PrefixAffinity is a router's memory of which nodes hold which prompt
+// pages in their prefix caches (or a node's, of which of its prefill
+// workers do), learned from its own choices: a request's cacheable pages
+// (kv.PrefixKeys, whose chain starts from the request's scope) will be
+// cached where it was sent, on its prefill node once decode has them and
+// on its decode node once it is answered. Holders
 // are named by a number: a node's incarnation, or a worker's index. It is
 // a pure core, bounded (AffinityKeysMax keys, each on at most
 // AffinityNodesMax holders, least recently sent forgotten first) and never
@@ -35,7 +36,7 @@ type PrefixAffinity struct {
 // AffinityNodesMax the holders remembered for one key.
 const (
 	AffinityKeysMax  = 1 << 16
-	AffinityNodesMax = 4
+	AffinityNodesMax = 8
 )
 
 // AffinitySummaryKeysMax bounds the keys remembered of one holder's

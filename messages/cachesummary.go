@@ -9,16 +9,16 @@ import (
 	"github.com/kvwarden/kvwarden/kv"
 )
 
-// A router asks each prefilling node, every so often, what its prefill
-// workers' prefix caches hold, so that it sends a prompt to the node that
-// holds its prefix even when another router computed it there, and stops
+// A router asks each prefilling or decoding node, every so often, what its
+// workers' prefix caches hold, so that it sends a prompt to the nodes that
+// hold its prefix even when another router sent it there, and stops
 // sending it to one that gave it up. Only routers may ask; the answer
 // names pages by their cache keys (kv.PrefixKey), which chain from each
 // request's scope, so it tells a router nothing of any prompt it was not
 // given itself.
 
-// CacheSummaryRequest asks a prefilling node for its CacheSummary. It has
-// no fields.
+// CacheSummaryRequest asks a prefilling or decoding node for its
+// CacheSummary. It has no fields.
 type CacheSummaryRequest struct{}
 
 var cacheSummaryRequestKeys = []string{}

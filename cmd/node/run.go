@@ -241,9 +241,9 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.DecodeCachePercent, "decode-cache-percent", c.DecodeCachePercent,
 		"most of each decode worker's pool, in percent, its prefix cache keeps of answered prompts' full pages, scoped by tenant: prefill then sends only the pages after those (0: none)")
 	fs.BoolVar(&c.PrefixRouting, "prefix-routing", c.PrefixRouting,
-		"send a prompt to the prefill node (and worker) its prefix went to before, load allowing; false: by load alone")
+		"send a prompt to the prefill and decode nodes (and prefill worker) its prefix went to before, load allowing; false: by load alone")
 	fs.DurationVar((*time.Duration)(&c.CacheSummaryEvery), "cache-summary-every", time.Duration(c.CacheSummaryEvery),
-		"how often a router asks each prefill node what its prefix caches hold")
+		"how often a router asks each prefill and decode node what its prefix caches hold")
 	fs.IntVar(&c.MaxTokensMax, "max-tokens-max", c.MaxTokensMax, "most tokens one request may ask to generate")
 	fs.Int64Var(&c.MemoryBudgetBytes, "memory-budget-bytes", c.MemoryBudgetBytes, "bound on the bytes of all the node's KV pools together, checked before any is allocated (0: the host's memory)")
 	fs.IntVar(&c.QueueMax, "queue-max", c.QueueMax, "most requests in flight at once; one more is answered busy")
