@@ -34,7 +34,10 @@
 // prefix cache (handoff.PrefixCache, at most PrefixCachePercent of its
 // pool) and computes, of a later prompt of the same scope, only what
 // follows the pages it holds; with several prefill workers the dispatcher
-// hands a plan to the one its prefix went to (PrefixRouting).
+// hands a plan to the one its prefix went to (PrefixRouting). A decode
+// worker keeps the full pages of the prompts it answered (at most
+// DecodeCachePercent of its pool): a request asks it for the run it holds,
+// copies those pages into its own, and asks prefill for the rest only.
 //
 // A prefill worker takes plans only from nodes that decode, and sends their
 // KV only to the data plane membership gives for the planner
@@ -52,7 +55,8 @@
 // page actor publishes atomically, so a page reclaimed under a lease is
 // refused, never read. Actors call one another with bounded futures
 // (CallTimeout); no call cycle exists (pages and pools answer, they never
-// ask), so none can deadlock. Mailboxes never make a sender wait
+// ask; a request asks its decode worker, which asks only pages), so none
+// can deadlock. Mailboxes never make a sender wait
 // (NewMailbox): at MailboxMax, what may come from outside is dropped,
 // counted, and answered "busy" when it expects an answer, while the node's
 // own internal messages, bounded by its other limits, still get in. The

@@ -26,11 +26,14 @@
 //     acknowledgement, and the memory of plans that ended, so that a
 //     duplicate plan is never prefilled twice and a source page is freed
 //     only by the ack (or its reclaim deadline).
-//   - PrefixCache is one prefill worker's cache of prompt prefixes, scoped
-//     by the credential's tenant (or its policy's group, narrowed by a
-//     salt): ExecPrefillCached reads the longest cached run of a prompt's
-//     full pages instead of computing it, and ExecAckKeep keeps a
-//     prompt's new full pages as cached pages once decode has them.
+//   - PrefixCache is one worker's cache of prompt prefixes, scoped by the
+//     credential's tenant (or its policy's group, narrowed by a salt). On
+//     a prefill worker, ExecPrefillCached reads the longest cached run of a
+//     prompt's full pages instead of computing it, and ExecAckKeep keeps a
+//     prompt's new full pages as cached pages once decode has them. On a
+//     decode worker, ExecReserveHeld copies the run it holds into a
+//     request's pages (the plan's HeldPages, which prefill does not send),
+//     and ExecKeep keeps an answered prompt's full pages.
 //     PrefixAffinity is a router's (or dispatcher's) bounded guess of
 //     which holder has which prompt's pages, within the prompt's scope.
 //

@@ -263,14 +263,14 @@ var (
 	famFailed       = family{"kvwarden_requests_failed_total", "counter", "Admitted requests that failed, by the stable code the client was told."}
 	famPages        = family{"kvwarden_kv_pages", "gauge", "KV pages of each pool, by state: used (held for requests), cached (kept by the prefix cache, given up when the pool is full) and free."}
 	famUsage        = family{"kvwarden_kv_usage_ratio", "gauge", "Share of each pool's KV pages held for requests, 0 to 1 (cached pages are not)."}
-	famCacheLookups = family{"kvwarden_prefix_cache_lookups_total", "counter", "Prefills that looked their prompt up in the pool's prefix cache."}
+	famCacheLookups = family{"kvwarden_prefix_cache_lookups_total", "counter", "Requests that looked their prompt up in the pool's prefix cache: prefills in a prefill pool, reservations in a decode pool."}
 	famCacheQueries = family{"kvwarden_prefix_cache_queries_total", "counter",
-		"Prompt tokens the prefills looked up could have found in the prefix cache: those of their full pages before the last."}
-	famCacheHits      = family{"kvwarden_prefix_cache_hits_total", "counter", "Prompt tokens read from the prefix cache instead of computed."}
+		"Prompt tokens the requests looked up could have found in the prefix cache: those of their full pages before the last."}
+	famCacheHits      = family{"kvwarden_prefix_cache_hits_total", "counter", "Prompt tokens read from the prefix cache: instead of computed (a prefill pool) or sent by prefill (a decode pool)."}
 	famCachePages     = family{"kvwarden_prefix_cache_pages", "gauge", "Pages the pool's prefix cache keeps, by kind: held now, and at most (max)."}
 	famCacheEvictions = family{"kvwarden_prefix_cache_evictions_total", "counter",
 		"Cached pages given up, by why: room (the cache or the pool was full) and gone (found evicted or reclaimed when leased)."}
-	famCachePublished = family{"kvwarden_prefix_cache_published_total", "counter", "Prompt pages the prefix cache kept once decode had them."}
+	famCachePublished = family{"kvwarden_prefix_cache_published_total", "counter", "Prompt pages the prefix cache kept: once decode had them (a prefill pool), once the request was answered (a decode pool)."}
 	famMembers        = family{"kvwarden_members", "gauge", "Cluster members this node sees, by role and state."}
 	famRefused        = family{"kvwarden_refusals_total", "counter", "What the node refused from outside, by kind."}
 	famDraining       = family{"kvwarden_draining", "gauge", "1 while the node drains, else 0."}
