@@ -20,8 +20,9 @@ type (
 		Prompt       []int
 	}
 	heldMatchReply struct {
-		Hits []kv.CachedPage
-		Use  uint64
+		Hits  []kv.CachedPage
+		Scope kv.Scope
+		Use   uint64
 	}
 	// heldForget evicts a page of a match whose lease was refused.
 	heldForget struct{ Hit kv.CachedPage }
@@ -51,12 +52,12 @@ type workerCache struct {
 
 var _ handoff.HeldCache = workerCache{}
 
-func (w workerCache) Match(tenant, salt string, prompt []int) ([]kv.CachedPage, uint64) {
+func (w workerCache) Match(tenant, salt string, prompt []int) ([]kv.CachedPage, kv.Scope, uint64) {
 	rep, err := ask[heldMatchReply](w.r, w.worker, heldMatch{Tenant: tenant, Salt: salt, Prompt: prompt}, w.timeout)
 	if err != nil {
-		return nil, 0
+		return nil, kv.Scope{}, 0
 	}
-	return rep.Hits, rep.Use
+	return rep.Hits, rep.Scope, rep.Use
 }
 
 func (w workerCache) Forget(hit kv.CachedPage) { w.r.Send(w.worker, heldForget{Hit: hit}) }
@@ -81,8 +82,8 @@ func (w *workerActor) held(c actor.Context, m any) {
 	local := handoff.LocalCache{Pages: w.kv, Cache: w.cache}
 	switch m := m.(type) {
 	case heldMatch:
-		hits, use := local.Match(m.Tenant, m.Salt, m.Prompt)
-		c.Respond(heldMatchReply{Hits: hits, Use: use})
+		hits, scope, use := local.Match(m.Tenant, m.Salt, m.Prompt)
+		c.Respond(heldMatchReply{Hits: hits, Scope: scope, Use: use})
 	case heldForget:
 		local.Forget(m.Hit)
 	case heldEvict:

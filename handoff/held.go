@@ -8,9 +8,11 @@ import "github.com/kvwarden/kvwarden/kv"
 // cache that does not answer costs a miss and never strands a page.
 type HeldCache interface {
 	// Match is the cached run of prompt's first full pages in the scope
-	// of tenant narrowed by salt, as the index has it, and the index's
-	// use stamp after it (none is empty).
-	Match(tenant, salt string, prompt []int) (hits []kv.CachedPage, use uint64)
+	// of tenant narrowed by salt, as the index has it, that scope (the
+	// cache's policy's, from the tenant the request's credential named),
+	// and the index's use stamp after it. A scope that cannot key is zero,
+	// with no hits.
+	Match(tenant, salt string, prompt []int) (hits []kv.CachedPage, scope kv.Scope, use uint64)
 	// Forget evicts a page of a Match whose lease was refused and drops
 	// it from the index.
 	Forget(hit kv.CachedPage)
@@ -31,13 +33,14 @@ type LocalCache struct {
 
 // Match looks the prompt up under the scope the cache's policy gives the
 // tenant and salt; a scope that cannot key is a miss.
-func (l LocalCache) Match(tenant, salt string, prompt []int) ([]kv.CachedPage, uint64) {
+func (l LocalCache) Match(tenant, salt string, prompt []int) ([]kv.CachedPage, kv.Scope, uint64) {
 	c := l.Cache
-	hits, _, err := c.match(l.Pages.Geometry(), c.scopeOf(tenant, salt), prompt)
+	scope := c.scopeOf(tenant, salt)
+	hits, _, err := c.match(l.Pages.Geometry(), scope, prompt)
 	if err != nil {
-		return nil, c.index.Uses()
+		return nil, kv.Scope{}, c.index.Uses()
 	}
-	return hits, c.index.Uses()
+	return hits, scope, c.index.Uses()
 }
 
 // Read counts pages copied pages' tokens as hit.
@@ -63,8 +66,8 @@ func (l LocalCache) Evict(n int, use uint64) int { return l.Cache.evict(l.Pages,
 // other pages only. A page that cannot be read or written ends the run
 // there: a miss from that page on, never a wrong page.
 func ExecReserveHeld(p CachePages, c HeldCache, e Reserve) Reserved {
-	hits, use := c.Match(e.Owner.Tenant, e.Salt, e.Tokens)
-	leases := leaseRun(p, hits, e.Owner, c.Forget)
+	hits, scope, use := c.Match(e.Owner.Tenant, e.Salt, e.Tokens)
+	leases := leaseRun(p, hits, e.Owner, scope, c.Forget)
 	defer func() {
 		for _, l := range leases {
 			// A lease refused back was reclaimed: the page is not this

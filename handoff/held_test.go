@@ -129,3 +129,49 @@ func TestDecodeHeldPageGoneIsAMiss(t *testing.T) {
 		t.Fatalf("%d pages found gone, want 1", st.Gone)
 	}
 }
+
+// TestWrongIndexEntryIsRefusedAtThePage: an index that finds another
+// scope's page under a request's key (a bug planted here: the page of
+// group "team" filed under acme's key) hands out no byte of it: the lease
+// is asked under the request's own scope, which the page refuses; the
+// entry is forgotten and the request takes a miss, on the decode node
+// and on the prefill worker alike. (A group's scope admits every tenant:
+// leased under the scope the entry names, the page would be read.)
+func TestWrongIndexEntryIsRefusedAtThePage(t *testing.T) {
+	p := newPair(t, 64, 64)
+	p.withDecodeCache(32)
+	scopes := map[string]kv.Scope{"hooli": kv.SharedScope("team"), "acme": kv.TenantScope("acme")}
+	p.held.scopeOf = func(tenant, _ string) kv.Scope { return scopes[tenant] }
+	prompt := []int{engine.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l', 'm', 'n'} // 3 full pages
+	p.heldRun("hooli", "", prompt)
+	team := p.held.index.Pages()
+	acme, err := PromptKeys(scopes["acme"], testModel.String(), p.decode.Geometry(), prompt)
+	if err != nil || len(team) != 3 {
+		t.Fatalf("%d pages cached for the group (%v)", len(team), err)
+	}
+	for _, c := range team {
+		p.held.index.Remove(c.Tag)
+		if err := p.held.index.Add(acme[c.First/4], c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if held, frames := p.heldRun("acme", "", prompt); held != 0 || frames != 4 {
+		t.Fatalf("acme over an index with the group's pages under its keys: %d pages held, %d frames; want 0 and 4", held, frames)
+	}
+	if st := p.held.Stats(); st.Gone != 1 {
+		t.Fatalf("%d entries found gone, want the first wrong one", st.Gone)
+	}
+
+	w := newCacheWorld(t, 16, 8)
+	w.cache.scopeOf = p.held.scopeOf
+	w.run("hooli", prompt)
+	for _, c := range w.cache.index.Pages() {
+		w.cache.index.Remove(c.Tag)
+		if err := w.cache.index.Add(acme[c.First/4], c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out := w.run("acme", prompt); out.Err != nil || out.Cached != 0 {
+		t.Fatalf("a prefill of acme over the group's pages under its keys read %d tokens from the cache (%v), want none", out.Cached, out.Err)
+	}
+}

@@ -92,7 +92,7 @@ func (c *PrefixCache) lookup(p CachePages, scope kv.Scope, reader kv.Owner, prom
 	if err != nil {
 		return nil, nil, err
 	}
-	leases := leaseRun(p, hits, reader, func(hit kv.CachedPage) { c.forget(p, hit) })
+	leases := leaseRun(p, hits, reader, scope, func(hit kv.CachedPage) { c.forget(p, hit) })
 	c.stats.HitTokens += uint64(len(leases) * p.Geometry().PageTokens)
 	return leases, keys, nil
 }
@@ -120,16 +120,18 @@ func (c *PrefixCache) forget(p CachePages, hit kv.CachedPage) {
 	c.stats.Gone++
 }
 
-// leaseRun leases each of hits for reader, in order, stopping at the first
-// that is not at its page's position or whose lease is refused, which gone
+// leaseRun leases each of hits for reader under the reader's scope (the
+// one its credential gives, never the scope a hit names: a page the index
+// got wrong is refused by the page), in order, stopping at the first that
+// is not at its page's position or whose lease is refused, which gone
 // hears of: a miss from there on, never a wrong page.
-func leaseRun(p CachePages, hits []kv.CachedPage, reader kv.Owner, gone func(kv.CachedPage)) []kv.Lease {
+func leaseRun(p CachePages, hits []kv.CachedPage, reader kv.Owner, scope kv.Scope, gone func(kv.CachedPage)) []kv.Lease {
 	pt := p.Geometry().PageTokens
 	var leases []kv.Lease
 	for i, hit := range hits {
 		l, err := kv.Lease{}, error(&kv.ManifestError{Field: "cached page position", Page: i, Want: i * pt, Have: hit.First})
 		if hit.First == i*pt {
-			l, err = p.LeaseShared(hit, reader, hit.Scope)
+			l, err = p.LeaseShared(hit, reader, scope)
 		}
 		if err != nil {
 			gone(hit)
