@@ -111,15 +111,24 @@ func (w *world) followUp(prev *client) []int {
 	return p
 }
 
-// newCache is a prefill run's empty prefix cache, if the world runs them.
+// newCache is a run's empty prefix cache: a prefill run's, if the world
+// runs them, or a decode run's, if the node holds prefixes. Both scope
+// by the world's policy, as a node's workers do by its tenants file.
 func (n *node) newCache() *handoff.PrefixCache {
 	w := n.w
-	if w.opt.PrefixCachePercent == 0 {
+	percent := w.opt.PrefixCachePercent
+	if n.role == roleDecode {
+		percent = 0
+		if n.holds {
+			percent = w.opt.DecodeCachePercent
+		}
+	}
+	if percent == 0 {
 		return nil
 	}
-	c, err := handoff.NewPrefixCache(n.pagesN*w.opt.PrefixCachePercent/100, simModel.String(), w.policy.CacheScope)
+	c, err := handoff.NewPrefixCache(n.pagesN*percent/100, simModel.String(), w.policy.CacheScope)
 	if err != nil {
-		w.fail("options", "prefix cache of %s (%d pages, %d%%): %v", n.addr, n.pagesN, w.opt.PrefixCachePercent, err)
+		w.fail("options", "prefix cache of %s (%d pages, %d%%): %v", n.addr, n.pagesN, percent, err)
 	}
 	return c
 }
@@ -127,25 +136,45 @@ func (n *node) newCache() *handoff.PrefixCache {
 // prefixKey names the first tokens of a prompt in the published record.
 func prefixKey(tokens []int) string { return fmt.Sprint(tokens) }
 
-// probes counts a prefill whose prompt starts with a prefix another scope
-// published on this run: a lookup across scopes, which must miss.
-func (n *node) probes(j *job) {
+// probes says whether a lookup of prompt in scope (the oracle's name)
+// starts with a prefix another scope published on this run: a lookup
+// across scopes, which must miss.
+func (n *node) probes(prompt []int, scope string) bool {
 	pt := n.w.opt.PageTokens
-	for end := pt; end < len(j.prompt); end += pt {
-		for _, s := range n.published[prefixKey(j.prompt[:end])] {
-			if s != j.scope {
-				n.w.count[CrossScopeProbe]++
-				return
+	for end := pt; end < len(prompt); end += pt {
+		for _, s := range n.published[prefixKey(prompt[:end])] {
+			if s != scope {
+				return true
 			}
 		}
 	}
+	return false
 }
 
-// publishedBy records that the page c, published from job j's source
-// page, holds j's prompt up to its end under j's scope.
-func (n *node) publishedBy(j *job, c kv.CachedPage) {
-	key := prefixKey(j.prompt[:c.First+c.Tokens])
-	if !slices.Contains(n.published[key], j.scope) {
-		n.published[key] = append(n.published[key], j.scope)
+// publishedBy records that the page c, published from a page of prompt
+// (a prefill job's source page, or a decode request's prompt page), holds
+// prompt up to its end under scope.
+func (n *node) publishedBy(prompt []int, scope string, c kv.CachedPage) {
+	key := prefixKey(prompt[:c.First+c.Tokens])
+	if !slices.Contains(n.published[key], scope) {
+		n.published[key] = append(n.published[key], scope)
 	}
+}
+
+// promptScope is the prompt and the oracle's scope of the request owner
+// names on this run: a prefill job's, or on a decode run those of the
+// client the attempt serves.
+func (n *node) promptScope(o kv.Owner) ([]int, string, bool) {
+	if n.role == rolePrefill {
+		j := n.jobs[o.Request]
+		if j == nil {
+			return nil, "", false
+		}
+		return j.prompt, j.scope, true
+	}
+	c := n.w.byAttempt[handoff.JobKey{Sender: senderKey(n.addr, n.inc), ID: o.Request}]
+	if c == nil || c.tenant != o.Tenant {
+		return nil, "", false
+	}
+	return c.prompt, n.w.scopeName(c.tenant, c.salt), true
 }

@@ -58,6 +58,22 @@ const (
 	RepeatedUnleaseRefused
 	CachedFlipped
 	CachedCorruptRefused
+	DecodeKept
+	DecodeKeptPages
+	HeldHit
+	HeldPagesCopied
+	HeldRunCut
+	DecodeEvicted
+	DecodeEvictedWhileLeased
+	DecodeCrossScopeProbe
+	DecodeCacheLost
+	KeepDeferred
+	KeepEarly
+	KeepLeasedReleased
+	KeepRacedReserve
+	ReserveRaced
+	HeldCopyFlipped
+	HeldCopyRefused
 	counters
 )
 
@@ -76,6 +92,11 @@ var counterNames = [counters]string{
 	"cached page evicted while leased", "prefill of a prefix another scope published", "crash lost a prefix cache",
 	"shared unlease repeated", "repeated unlease refused", "cached page bit flipped at rest",
 	"corrupt cached page refused at lease",
+	"answered request kept by decode cache", "page kept by a decode cache", "request copied held pages",
+	"held page copied", "held run cut short (gone/corrupt)", "decode cached page evicted",
+	"decode cached page evicted while leased", "decode lookup of another scope's prefix", "crash lost a decode cache",
+	"keep carried out after its job closed", "keep carried out before its job closed", "keep released a still-leased page",
+	"keep carried out amid a reservation", "eviction amid a reservation's leases", "held copy bit flipped before seal", "held copy refused at its seal",
 }
 
 func (c Counter) String() string { return counterNames[c] }
@@ -85,14 +106,14 @@ var required = [kinds][]Counter{
 	Drop:      {FramesDropped, ControlDropped},
 	Duplicate: {Duplicated, DuplicatePlanDropped, SharedUnleaseRepeated, RepeatedUnleaseRefused},
 	Delay:     {Delayed, PrefillDeadline},
-	Reorder:   {Reordered},
+	Reorder:   {Reordered, KeepEarly, KeepLeasedReleased},
 	Misdirect: {Misdirected, StrangerRefused},
 	Corrupt:   {BatchCorrupted, BatchRefusedChecksum},
 	Partition: {PartitionCut},
-	Crash:     {Crashed, Restarted, PeerLost, RetryOtherPeer, DeadRunDropped, CacheLost},
+	Crash:     {Crashed, Restarted, PeerLost, RetryOtherPeer, DeadRunDropped, CacheLost, DecodeCacheLost},
 	Shrink:    {PoolShrunk, ReserveRetried},
 	ClockJump: {ClockJumped, ReclaimFreed, AckLostReclaimed, StaleTagRefused},
-	BitFlip:   {BitFlipped, IntegrityRefused, CachedFlipped},
+	BitFlip:   {BitFlipped, IntegrityRefused, CachedFlipped, HeldCopyFlipped},
 	Oversize:  {OversizeRefused},
 	Cancel:    {CancelMidDecode, CancelBeforeDecode},
 }
@@ -104,6 +125,15 @@ var required = [kinds][]Counter{
 // pages used before its own lookup, so only a lease refused under it (a
 // corrupt page) evicts one that is leased.
 var cachePaths = []Counter{CachePublished, CacheHit, CacheEvicted, CrossScopeProbe}
+
+// decodeCachePaths are those of the decode nodes' caches, when opt runs
+// them: pages kept after their job closed and copied again, evicted (some
+// while a reservation leases them), and prompts whose prefix another
+// scope keeps. A held run cut short by a page gone under its lookup, and a
+// flipped held copy refused at its seal, are counted, not required: a few
+// in a hundred seeds reach them.
+var decodeCachePaths = []Counter{DecodeKeptPages, KeepDeferred, HeldHit, DecodeEvicted, DecodeEvictedWhileLeased,
+	DecodeCrossScopeProbe}
 
 // Counters count how often a run (or a sweep, summed) reached each path.
 type Counters [counters]uint64
@@ -132,13 +162,18 @@ func (c *Counters) Unreached(f Faults) []string {
 // UnreachedCache lists the cache paths that stayed at zero, when opt runs
 // prefix caches over shared prefixes.
 func (c *Counters) UnreachedCache(opt Options) []string {
-	if opt.PrefixCachePercent == 0 || opt.Prefixes == 0 {
+	if opt.Prefixes == 0 {
 		return nil
 	}
 	var out []string
-	for _, r := range cachePaths {
-		if c[r] == 0 {
-			out = append(out, "prefix cache: "+r.String())
+	for _, p := range []struct {
+		percent int
+		paths   []Counter
+	}{{opt.PrefixCachePercent, cachePaths}, {opt.DecodeCachePercent, decodeCachePaths}} {
+		for _, r := range p.paths {
+			if p.percent > 0 && c[r] == 0 {
+				out = append(out, "prefix cache: "+r.String())
+			}
 		}
 	}
 	return out
@@ -155,6 +190,9 @@ func (c *Counters) WriteTable(w io.Writer) {
 	}
 	for _, r := range cachePaths {
 		by[r] = append(by[r], "the prefix cache workload")
+	}
+	for _, r := range decodeCachePaths {
+		by[r] = append(by[r], "the decode cache workload")
 	}
 	for i, n := range c {
 		req := ""

@@ -25,10 +25,12 @@ type dreq struct {
 	decoding bool // handed to its decode worker
 }
 
-// worker is one decode worker: jobs waiting to begin, and sequences that
-// step in turn, one token each DecodeStep.
+// worker is one decode worker: jobs waiting to begin, sequences that
+// step in turn, one token each DecodeStep, and answered requests' Keeps
+// for its next turn.
 type worker struct {
 	queued, active []*djob
+	keeps          []handoff.Keep
 	turn           int
 	armed          bool
 }
@@ -115,10 +117,16 @@ func (dr *dreq) do(e handoff.Effect) handoff.Event {
 	n, w := dr.n, dr.n.w
 	switch e := e.(type) {
 	case handoff.Reserve:
+		if n.cache != nil {
+			return n.reserveHeld(dr, e)
+		}
 		return handoff.ExecReserve(n.pages, e)
+	case handoff.Keep:
+		n.keep(dr, e)
 	case handoff.Release:
 		handoff.ExecRelease(n.pages, e, nil)
 	case handoff.SendPlan:
+		dr.checkHeld(e.Plan)
 		return dr.send(e.To, e.Plan)
 	case handoff.SendAbort:
 		if ev := dr.send(e.To, e.Abort); ev != nil {
@@ -286,7 +294,7 @@ func (n *node) peerLost(inc uint64) {
 
 func (n *node) armWorker(i int) {
 	wk := n.workers[i]
-	if wk.armed || len(wk.queued)+len(wk.active) == 0 {
+	if wk.armed || len(wk.queued)+len(wk.active)+len(wk.keeps) == 0 {
 		return
 	}
 	wk.armed = true
@@ -297,9 +305,10 @@ func (n *node) armWorker(i int) {
 	})
 }
 
-// work begins the first job waiting, or else steps the next sequence by
-// one token.
+// work carries out the Keeps waiting, then begins the first job waiting,
+// or else steps the next sequence by one token.
 func (n *node) work(wk *worker) {
+	n.keepsDue(wk)
 	if len(wk.queued) > 0 {
 		j := wk.queued[0]
 		wk.queued = wk.queued[1:]

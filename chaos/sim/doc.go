@@ -23,8 +23,18 @@
 // prefixes across tenants, groups and salts, and some are the next turn
 // of an earlier request's chat, so that prefills hit their scope's pages,
 // look up prefixes other scopes published, and evict pages (some while a
-// prefill reads them) from caches a few pages small. Control messages (plan,
-// done, ack, abort) cross a simulated network encoded by package messages;
+// prefill reads them) from caches a few pages small. Most decode nodes
+// (three in four, drawn once per node) hold prefixes too: a decode prefix
+// cache (DecodeCachePercent of the pool, scoped by the same policy) keeps
+// an answered request's full prompt pages (handoff.Keep, carried out by
+// the request's decode worker at its next turn, after the step that
+// closed its sequence; now and then at once, with the sequence's leases
+// held), and a request reserves through it (handoff.ExecReserveHeld),
+// copying the cached run of its prompt's first pages into its own and
+// naming them in its plan, which prefill then does not send; other
+// requests' Keeps and evictions come between a reservation's lookup,
+// leases and copies, and a crash loses the cache with the pool. Control
+// messages (plan, done, ack, abort) cross a simulated network encoded by package messages;
 // KV frames cross a simulated data plane encoded as kv batches, one
 // connection per send, acknowledged batch by batch as package cluster's
 // is. Time is a simulated clock; every timer a core asks for is a scheduled
@@ -41,8 +51,10 @@
 // handoff.PeerLost after a detection delay), pools shrunk by a dummy owner,
 // clock jumps past the reclaim deadlines, bit flips in sealed pages before
 // their reader verifies them (cached pages too: every shared lease
-// verifies one), unleases of shared leases repeated, oversize prompts and
-// cancellations. The
+// verifies one), bits flipped in a held copy before its seal (which must
+// check it against the cached page's checksum), unleases of shared leases
+// repeated, Keeps carried out before their sequence closed, oversize
+// prompts and cancellations. The
 // Counters are the "sometimes" assertions: Unreached lists the paths an
 // enabled kind never reached, which a campaign treats as a failure, and
 // UnreachedCache the paths of the prefix cache a workload never reached.
@@ -63,12 +75,16 @@
 // finds a page of another scope. At every read through a lease: every row
 // returned was computed for the lease's owner on that run (the provenance
 // oracle: rows are labelled when written, and labels travel with the
-// frames), or, through a shared lease, for a request of the reader's
-// scope, by the oracle's own account of the policy and of the client each
-// plan serves (never the policy's code, which is under test). At every
+// frames and with a held copy's bytes), or, through a shared lease or in
+// a held copy, for a request of the reader's scope, by the oracle's own
+// account of the policy and of the client each plan or decode request
+// serves (never the policy's code, which is under test). A plan names as
+// held exactly the pages its reservation copied from the cache, its first
+// ones. At every
 // answer: tokens streamed and the result equal the reference
 // (engine.ReferenceEngine, cut at EOS), and the cached tokens it reports
-// are those its prefill read through shared leases, or the request ends
+// are those its prefill read through shared leases (a decode node's held
+// pages are not counted there), or the request ends
 // with one error of a stable messages.ErrorCode; never twice; a request is
 // refused as prompt_too_long exactly when the smallest pool on its path
 // cannot hold it. At the end: every request ended, no page is still

@@ -40,6 +40,12 @@ type node struct {
 	inc    uint64
 	known  uint64 // the run membership reports for the address, 0 for none
 	pages  *pages
+	// cache is the run's prefix cache: every prefill run's, and a decode
+	// run's when the node holds prefixes (nil when the world runs none).
+	// published records, by prompt prefix (prefixKey), the scopes of the
+	// oracle that published its last page on this run.
+	cache     *handoff.PrefixCache
+	published map[string][]string
 
 	// prefill
 	src      *handoff.Source
@@ -49,12 +55,10 @@ type node struct {
 	recent   []kv.Frame      // the frames sent last, for the misdirect fault
 	byKey    map[handoff.JobKey]*job
 	nextArmd bool
-	cache    *handoff.PrefixCache // nil when the world runs none
-	// published records, by prompt prefix (prefixKey), the scopes of the
-	// oracle that published its last page on this run.
-	published map[string][]string
 
-	// decode
+	// decode; holds says the node keeps answered prompts' pages in a
+	// prefix cache (drawn once, kept across restarts)
+	holds   bool
 	adm     *handoff.Admission
 	cfg     handoff.RequestConfig
 	reqs    map[uint64]*dreq // by attempt id, every attempt
@@ -64,7 +68,9 @@ type node struct {
 }
 
 func (w *world) newNode(r role, i, pagesMin, pagesMax int) *node {
-	return &node{w: w, role: r, addr: fmt.Sprintf("%s-%d:7000", r, i), pagesN: pagesMin + w.rng.IntN(pagesMax-pagesMin+1)}
+	n := &node{w: w, role: r, addr: fmt.Sprintf("%s-%d:7000", r, i), pagesN: pagesMin + w.rng.IntN(pagesMax-pagesMin+1)}
+	n.holds = r == roleDecode && w.opt.DecodeCachePercent > 0 && w.rng.IntN(4) != 0
+	return n
 }
 
 // boot starts a new run of the node: a new incarnation, an empty pool, an
@@ -81,6 +87,7 @@ func (n *node) boot() {
 		return
 	}
 	n.pages = newPages(n, pool)
+	n.cache, n.published = n.newCache(), map[string][]string{}
 	switch n.role {
 	case rolePrefill:
 		n.src = handoff.NewSource(handoff.SourceConfig{Role: "prefill", PageTokens: w.opt.PageTokens, QueueMax: 8, SendsMax: 2,
@@ -88,12 +95,12 @@ func (n *node) boot() {
 		n.ready, n.sends = map[handoff.JobKey]*prefilled{}, map[handoff.JobKey]*send{}
 		n.jobs, n.byKey = map[uint64]*job{}, map[handoff.JobKey]*job{}
 		n.nextArmd, n.recent = false, nil
-		n.cache, n.published = n.newCache(), map[string][]string{}
 	case roleDecode:
 		n.adm = handoff.NewAdmission(w.limits, 64, w.opt.DecodeWorkers, n.pagesN)
 		n.cfg = handoff.RequestConfig{Geometry: w.limits.Geometry, Incarnation: n.inc, DataPlane: n.addr,
 			RequestTimeout: t.RequestTimeout, PrefillTimeout: t.PrefillTimeout, ReserveWait: t.ReserveWait,
-			ReserveRetry: t.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: engine.EOS, Model: simModel.String()}
+			ReserveRetry: t.ReserveRetry, RetriesMax: handoff.RetriesMax, EOS: engine.EOS, Model: simModel.String(),
+			Keep: n.holds}
 		n.reqs, n.live, n.nextID = map[uint64]*dreq{}, nil, 0
 		n.workers = make([]*worker, w.opt.DecodeWorkers)
 		for i := range n.workers {
@@ -142,7 +149,11 @@ func (n *node) crash() {
 	w.trace.line(fmt.Sprintf("  CRASH %s (run %x)", n.addr, old))
 	n.pages.retire()
 	if n.cache != nil && n.cache.Stats().Pages > 0 {
-		w.count[CacheLost]++
+		lost := CacheLost
+		if n.role == roleDecode {
+			lost = DecodeCacheLost
+		}
+		w.count[lost]++
 	}
 	for _, c := range w.clients {
 		if !c.done && c.node == n && c.inc == old {

@@ -36,6 +36,13 @@ type Options struct {
 	// a node's --prefix-cache-percent: small pools make small caches, so
 	// that evictions race the leases of the prefills that read them.
 	PrefixCachePercent int
+	// DecodeCachePercent is the most of a decode pool its prefix cache
+	// keeps, in percent (0 to 100), as a node's --decode-cache-percent,
+	// for the decode nodes that keep one: each decode node draws, once
+	// for the world, whether it does (three in four), so that a world
+	// runs answered requests that release their prompt pages beside
+	// those that hand them to a cache. 0 runs every decode node without.
+	DecodeCachePercent int
 	// Prefixes is how many prompt prefixes the workload shares among
 	// requests of every tenant, cache salt and scope, so that prefills
 	// hit their own scope's pages and probe other scopes' (0 for none).
@@ -90,7 +97,9 @@ type Faults struct {
 	// Per message (frame batches and control messages: plan, done, ack,
 	// abort): lost, delivered twice, delayed past the prefill timeout,
 	// delayed a little (so that later ones overtake it), delivered to
-	// another node or request.
+	// another node or request. Reorder also has an answered request's
+	// Keep carried out at once, before its decode worker closed its
+	// sequence.
 	Drop, Duplicate, Delay, Reorder, Misdirect float64
 	// Corrupt is per frame batch: one to three bits of the encoded batch
 	// flipped.
@@ -99,7 +108,9 @@ type Faults struct {
 	// between two nodes for a while, a crash (and restart with a new
 	// incarnation), a pool shrunk by a dummy owner for a while, a jump of
 	// the clock past the reclaim deadlines, a bit flipped in a sealed page
-	// at rest before its reader verifies it.
+	// at rest before its reader verifies it. BitFlip also flips, with a
+	// quarter of its probability, a bit of each held copy a decode node
+	// makes from its cache, before the copy is sealed.
 	Partition, Crash, Shrink, ClockJump, BitFlip float64
 	// Per request: a prompt too long for its path, a cancellation.
 	Oversize, Cancel float64
@@ -107,7 +118,8 @@ type Faults struct {
 
 // DefaultOptions is the CI configuration: two prefill and two decode nodes,
 // eight requests of three tenants sharing two prompt prefixes, prefix
-// caches of half of each prefill pool, every fault enabled.
+// caches of half of each prefill pool and of most decode pools, every
+// fault enabled.
 func DefaultOptions() Options {
 	return Options{
 		PrefillNodes: 2, DecodeNodes: 2, DecodeWorkers: 2,
@@ -116,7 +128,7 @@ func DefaultOptions() Options {
 		PrefillPagesMin: 6, PrefillPagesMax: 24,
 		DecodePagesMin: 12, DecodePagesMax: 40,
 		PromptTokensMax: 32, MaxTokensMax: 8, ContextTokens: 64,
-		PrefixCachePercent: 50, Prefixes: 2,
+		PrefixCachePercent: 50, DecodeCachePercent: 50, Prefixes: 2,
 		BatchPagesMax: 3,
 		StepsMax:      200_000,
 		Timing:        DefaultTiming(),
@@ -156,7 +168,8 @@ func (o Options) Validate() error {
 		{"PromptTokensMax", o.PromptTokensMax, 1}, {"MaxTokensMax", o.MaxTokensMax, 1},
 		{"ContextTokens", o.ContextTokens, o.PromptTokensMax + o.MaxTokensMax},
 		{"BatchPagesMax", o.BatchPagesMax, 1}, {"StepsMax", o.StepsMax, 1},
-		{"PrefixCachePercent", o.PrefixCachePercent, 0}, {"Prefixes", o.Prefixes, 0},
+		{"PrefixCachePercent", o.PrefixCachePercent, 0}, {"DecodeCachePercent", o.DecodeCachePercent, 0},
+		{"Prefixes", o.Prefixes, 0},
 	} {
 		if f.v < f.min {
 			return fmt.Errorf("sim: %s (%d) must be at least %d", f.name, f.v, f.min)
@@ -164,6 +177,9 @@ func (o Options) Validate() error {
 	}
 	if o.PrefixCachePercent > 100 {
 		return fmt.Errorf("sim: PrefixCachePercent (%d) must be at most 100", o.PrefixCachePercent)
+	}
+	if o.DecodeCachePercent > 100 {
+		return fmt.Errorf("sim: DecodeCachePercent (%d) must be at most 100", o.DecodeCachePercent)
 	}
 	if o.Tenants > 26 {
 		return fmt.Errorf("sim: Tenants (%d) must be at most 26", o.Tenants)

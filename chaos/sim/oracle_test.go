@@ -406,3 +406,103 @@ func TestOracleCatchesCachedTokensNotRead(t *testing.T) {
 	c.checkCached(8)
 	wantViolation(t, w, "cached tokens", "was told 8 prompt tokens came from the cache; the prefill of its attempt 1 read 4")
 }
+
+// heldCopy has a page of writer's, on decode node n, published as a
+// cached page of scope, leased by reader, copied into a page of reader's
+// and the lease given back, all through the oracle, as a reservation
+// through a decode cache would; each is the attempt of a client with the
+// tenant the owner names and no salt. It returns the copy, not sealed.
+func heldCopy(t *testing.T, n *node, writer, reader kv.Owner, scope kv.Scope) (kv.Tag, kv.CachedPage) {
+	t.Helper()
+	w := n.w
+	for i, o := range []kv.Owner{writer, reader} {
+		c := w.clients[i]
+		c.tenant, c.salt = o.Tenant, ""
+		w.byAttempt[handoff.JobKey{Sender: senderKey(n.addr, n.inc), ID: o.Request}] = c
+	}
+	tags, err := n.pages.Reserve(writer, 0, 1)
+	must(t, err)
+	row := make([]byte, n.pages.pool.Geometry().BytesPerToken())
+	for r := range w.opt.PageTokens {
+		must(t, n.pages.Write(tags[0], writer, r, row))
+	}
+	_, err = n.pages.Seal(tags[0], writer)
+	must(t, err)
+	c, err := n.pages.Publish(tags[0], writer, scope)
+	must(t, err)
+	l, err := n.pages.LeaseShared(c, reader, scope)
+	must(t, err)
+	b, _, err := n.pages.Read(l)
+	must(t, err)
+	dest, err := n.pages.Reserve(reader, 0, 1)
+	must(t, err)
+	must(t, n.pages.Write(dest[0], reader, 0, b))
+	must(t, n.pages.Unlease(l))
+	return dest[0], c
+}
+
+func TestOracleFollowsAHeldCopyOfItsScope(t *testing.T) {
+	w := quietWorld(t)
+	n := w.decode[0]
+	w.groups = map[string]string{"tenant-a": cacheGroup, "tenant-b": cacheGroup}
+	bob := kv.Owner{Request: 2, Tenant: "tenant-b"}
+	dest, c := heldCopy(t, n, alice, bob, kv.SharedScope(cacheGroup))
+	if got, want := n.pages.rows[int(dest.Index)*n.pages.pt], (label{inc: n.inc, owner: alice}); got != want {
+		t.Fatalf("the copy's first row is labelled %s, want the cached row's %s", got, want)
+	}
+	_, err := n.pages.SealFrom(dest, bob, c.Origin())
+	must(t, err)
+	l, err := n.pages.Lease(dest, bob)
+	must(t, err)
+	_, _, err = n.pages.Read(l)
+	must(t, err)
+	if w.violation != nil || n.pages.copies[bob.Request] != 1 {
+		t.Fatalf("a held copy of the reader's scope: %v; copies counted %d", w.violation, n.pages.copies[bob.Request])
+	}
+}
+
+func TestOracleCatchesAHeldCopySealedWithARowOfAnotherScope(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		row  func(n *node) label
+		want string
+	}{
+		{"flipped", func(*node) label { return flipped }, "corrupted bytes"},
+		{"another scope", func(n *node) label { return label{inc: n.inc, owner: kv.Owner{Request: 3, Tenant: "tenant-c"}} }, "another tenant's bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := quietWorld(t)
+			n := w.decode[0]
+			w.groups = map[string]string{"tenant-a": cacheGroup, "tenant-b": cacheGroup}
+			bob := kv.Owner{Request: 2, Tenant: "tenant-b"}
+			carol := w.clients[2]
+			carol.tenant, carol.salt = "tenant-c", ""
+			w.byAttempt[handoff.JobKey{Sender: senderKey(n.addr, n.inc), ID: 3}] = carol
+			dest, _ := heldCopy(t, n, alice, bob, kv.SharedScope(cacheGroup))
+			n.pages.rows[int(dest.Index)*n.pages.pt+1] = tc.row(n) // what a copy not checked against its source would hold
+			_, err := n.pages.Seal(dest, bob)
+			must(t, err)
+			l, err := n.pages.Lease(dest, bob)
+			must(t, err)
+			_, _, err = n.pages.Read(l)
+			must(t, err)
+			wantViolation(t, w, "provenance", "read row 1 of page "+dest.String()+" through its lease and got "+tc.want)
+		})
+	}
+}
+
+func TestOracleCatchesHeldPagesNotCopied(t *testing.T) {
+	w := quietWorld(t)
+	n := w.decode[0]
+	bob := kv.Owner{Request: 2, Tenant: "tenant-b"}
+	dest, _ := heldCopy(t, n, kv.Owner{Request: 1, Tenant: "tenant-b"}, bob, kv.TenantScope("tenant-b"))
+	dr := &dreq{n: n, c: w.clients[1], name: "2"}
+	more, err := n.pages.Reserve(bob, 4, 1)
+	must(t, err)
+	dr.checkHeld(&messages.TransferPlan{RequestID: bob.Request, HeldPages: 1, DestTags: []kv.Tag{dest, more[0]}})
+	if w.violation != nil {
+		t.Fatalf("the page copied, named held: %v", w.violation)
+	}
+	dr.checkHeld(&messages.TransferPlan{RequestID: bob.Request, HeldPages: 2, DestTags: []kv.Tag{dest, more[0]}})
+	wantViolation(t, w, "held pages", "names 2 held pages")
+}

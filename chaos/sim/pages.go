@@ -61,6 +61,15 @@ type pages struct {
 	reclaimed map[kv.Tag]bool // freed by a deadline since the last check
 	shared    map[kv.Tag]int  // shared leases held on each cached page
 	retired   bool
+
+	// On a decode run, the held copies: copyFrom names the page whose
+	// rows a shared lease read in this step (by the address of the bytes
+	// Read returned), so that a write of those bytes, a copy, carries
+	// their labels; copied are the pages so written, and copies counts
+	// them by the attempt that wrote them.
+	copyFrom map[*byte]uint32
+	copied   map[kv.Tag]bool
+	copies   map[uint64]int
 }
 
 var _ handoff.CachePages = (*pages)(nil)
@@ -69,7 +78,8 @@ func newPages(n *node, pool *kv.Pool) *pages {
 	c := pool.Config()
 	return &pages{n: n, pool: pool, pt: c.Geometry.PageTokens, rows: make([]label, c.Pages*c.Geometry.PageTokens),
 		shadow: map[*byte]label{}, gen: make([]uint64, c.Pages), held: make([]holding, c.Pages),
-		awaiting: map[kv.Tag]bool{}, reclaimed: map[kv.Tag]bool{}, shared: map[kv.Tag]int{}}
+		awaiting: map[kv.Tag]bool{}, reclaimed: map[kv.Tag]bool{}, shared: map[kv.Tag]int{},
+		copyFrom: map[*byte]uint32{}, copied: map[kv.Tag]bool{}, copies: map[uint64]int{}}
 }
 
 func (p *pages) fail(invariant, format string, args ...any) {
@@ -132,17 +142,49 @@ func (p *pages) WriteOwned(tag kv.Tag, owner kv.Owner, first int, data []byte) e
 	return p.write(tag, owner, first, data, l)
 }
 
+// write writes rows labelled l, or, for a copy of a cached page's bytes
+// (a held copy), labelled as the rows they were copied from.
 func (p *pages) write(tag kv.Tag, owner kv.Owner, first int, data []byte, l label) error {
+	n := len(data) / p.pool.Geometry().BytesPerToken()
+	labels := slices.Repeat([]label{l}, n)
+	var src uint32
+	copying := false
+	if len(data) > 0 {
+		src, copying = p.copyFrom[&data[0]]
+	}
+	if copying {
+		copy(labels, p.rows[int(src)*p.pt:])
+		data = p.flipCopy(data, labels)
+	}
 	if err := p.owns("write", tag, owner, p.pool.Write(tag, owner, first, data)); err != nil {
 		return err
 	}
 	info := p.pool.Inspect(tag.Index)
-	n := len(data) / p.pool.Geometry().BytesPerToken()
 	base := int(tag.Index) * p.pt
-	for r := info.Tokens - n; r < info.Tokens; r++ {
-		p.rows[base+r] = l
+	copy(p.rows[base+info.Tokens-n:base+info.Tokens], labels)
+	if copying {
+		p.copied[tag] = true
+		p.copies[owner.Request]++
 	}
 	return nil
+}
+
+// flipCopy is the bit flip of a held copy before its seal, now and then
+// (BitFlip): a bit of one row differs from the cached page's, which the
+// copy's seal must refuse (SealFrom against the cached page's checksum).
+// The cached page's bytes are left as they are.
+func (p *pages) flipCopy(data []byte, labels []label) []byte {
+	w := p.n.w
+	if !w.chance(BitFlip) || w.rng.IntN(4) != 0 {
+		return data
+	}
+	out := slices.Clone(data)
+	bpt := p.pool.Geometry().BytesPerToken()
+	row := w.rng.IntN(len(labels))
+	out[row*bpt+4*w.rng.IntN(bpt/4)+3] ^= 0x40
+	labels[row] = flipped
+	w.count[HeldCopyFlipped]++
+	return out
 }
 
 func (p *pages) Seal(tag kv.Tag, owner kv.Owner) (uint64, error) {
@@ -152,6 +194,10 @@ func (p *pages) Seal(tag kv.Tag, owner kv.Owner) (uint64, error) {
 
 func (p *pages) SealFrom(tag kv.Tag, owner kv.Owner, o kv.Origin) (uint64, error) {
 	sum, err := p.pool.SealFrom(tag, owner, o)
+	var corrupt *kv.ChecksumMismatchError
+	if p.copied[tag] && errors.As(err, &corrupt) {
+		p.n.w.count[HeldCopyRefused]++
+	}
 	return sum, p.owns("seal", tag, owner, err)
 }
 
@@ -161,8 +207,9 @@ func (p *pages) Lease(tag kv.Tag, owner kv.Owner) (kv.Lease, error) {
 }
 
 // Read is the provenance check: every row a lease reads must have been
-// computed for the lease's owner on this run, or, through a shared lease,
-// for a request of the reader's scope.
+// computed for the lease's owner on this run, or, through a shared lease
+// or in a held copy, for a request of the reader's scope. On a decode run,
+// the bytes a shared lease reads are those a held copy is written from.
 func (p *pages) Read(l kv.Lease) ([]byte, int, error) {
 	b, n, err := p.pool.Read(l)
 	switch {
@@ -173,6 +220,9 @@ func (p *pages) Read(l kv.Lease) ([]byte, int, error) {
 	default:
 		p.cachedAs("read", l.Tag, l.Scope)
 		p.checkScopeRows(l, n)
+		if p.n.role == roleDecode && len(b) > 0 {
+			p.copyFrom[&b[0]] = l.Tag.Index
+		}
 	}
 	return b, n, err
 }
@@ -180,34 +230,47 @@ func (p *pages) Read(l kv.Lease) ([]byte, int, error) {
 // checkScopeRows is the provenance check of a read through a shared
 // lease: every row must have been computed on this run for a request
 // whose scope, by the oracle's account, is the reader's. The rows' labels
-// name the requests that computed them, and the jobs name their scopes.
+// name the requests that computed them, and the prefill jobs or the
+// decode requests' clients name their scopes.
 func (p *pages) checkScopeRows(l kv.Lease, n int) {
-	reader := p.n.jobs[l.Owner.Request]
-	if reader == nil {
-		p.fail("provenance", "%s read cached page %s through a shared lease, and no prefill of this run is its", l.Owner, l.Tag)
+	_, scope, ok := p.n.promptScope(l.Owner)
+	if !ok {
+		p.fail("provenance", "%s read cached page %s through a shared lease, and no request of this run is its", l.Owner, l.Tag)
 		return
 	}
-	reader.read[l.Tag] = true
+	if j := p.n.jobs[l.Owner.Request]; j != nil {
+		j.read[l.Tag] = true
+	}
 	base := int(l.Tag.Index) * p.pt
 	for r := range n {
 		got := p.rows[base+r]
-		var writer *job
-		if got.inc == p.n.inc && got != flipped {
-			writer = p.n.jobs[got.owner.Request]
-		}
-		if writer != nil && writer.scope == reader.scope {
+		writer, ok := p.writerScope(got)
+		if ok && writer == scope {
 			continue
 		}
 		what := got.String()
-		if writer != nil {
-			what = fmt.Sprintf("%s, of %s", got, writer.scope)
+		if ok {
+			what = fmt.Sprintf("%s, of %s", got, writer)
 		}
 		p.fail("provenance", "%s, of %s, read row %d of cached page %s through a shared lease and got %s",
-			l.Owner, reader.scope, r, l.Tag, what)
+			l.Owner, scope, r, l.Tag, what)
 		return
 	}
 }
 
+// writerScope is the oracle's scope of the request a row's label names,
+// if it names one of this run.
+func (p *pages) writerScope(l label) (string, bool) {
+	if l.inc != p.n.inc || l == flipped {
+		return "", false
+	}
+	_, scope, ok := p.n.promptScope(l.owner)
+	return scope, ok
+}
+
+// checkRows is the provenance check of a read through a private lease:
+// every row must have been computed for the lease's owner on this run,
+// or, in a held copy, for a request of the owner's scope.
 func (p *pages) checkRows(l kv.Lease, n int) {
 	want := label{inc: p.n.inc, owner: l.Owner}
 	base := int(l.Tag.Index) * p.pt
@@ -215,6 +278,12 @@ func (p *pages) checkRows(l kv.Lease, n int) {
 		got := p.rows[base+r]
 		if got == want {
 			continue
+		}
+		if p.copied[l.Tag] {
+			_, reader, ok := p.n.promptScope(l.Owner)
+			if writer, known := p.writerScope(got); ok && known && writer == reader {
+				continue
+			}
 		}
 		what := "another request's or attempt's bytes"
 		switch {
@@ -302,19 +371,23 @@ func (p *pages) AckPublish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.Cache
 }
 
 // Publish publishes a page never sent (a decode pool's, once its request
-// is answered), with the checks of AckPublish.
+// is answered), with the checks of AckPublish. A page the pool refuses
+// because a lease still holds it is released by the cache instead.
 func (p *pages) Publish(tag kv.Tag, owner kv.Owner, scope kv.Scope) (kv.CachedPage, error) {
 	c, err := p.pool.Publish(tag, owner, scope)
 	if err = p.owns("publish", tag, owner, err); err != nil {
+		if info := p.pool.Inspect(tag.Index); info.Tag == tag && info.Readers > 0 {
+			p.n.w.count[KeepLeasedReleased]++
+		}
 		return c, err
 	}
-	p.published(c, kv.Owner{}) // no prefill job's
+	p.published(c, owner)
 	return c, nil
 }
 
 // published checks that publishing moved the page's generation on, and
-// records the cached tenancy as the page's holding (and, for the prefill
-// job of owner, which prompt it published).
+// records the cached tenancy as the page's holding (and which prompt the
+// request of owner, a prefill job or a decode request, published).
 func (p *pages) published(c kv.CachedPage, owner kv.Owner) {
 	i := c.Tag.Index
 	if c.Tag.Generation <= p.gen[i] {
@@ -323,9 +396,13 @@ func (p *pages) published(c kv.CachedPage, owner kv.Owner) {
 	p.ended(p.held[i].tag)
 	p.gen[i] = c.Tag.Generation
 	p.held[i] = holding{tag: c.Tag, scope: c.Scope, live: true}
-	p.n.w.count[CachePublished]++
-	if j := p.n.jobs[owner.Request]; j != nil {
-		p.n.publishedBy(j, c)
+	if p.n.role == roleDecode {
+		p.n.w.count[DecodeKeptPages]++
+	} else {
+		p.n.w.count[CachePublished]++
+	}
+	if prompt, scope, ok := p.n.promptScope(owner); ok {
+		p.n.publishedBy(prompt, scope, c)
 	}
 }
 
@@ -335,9 +412,13 @@ func (p *pages) Evict(c kv.CachedPage) error {
 	if _, err := p.pool.Evict(c, p.n.w.now); err != nil {
 		return err
 	}
-	p.n.w.count[CacheEvicted]++
+	evicted, whileLeased := CacheEvicted, EvictedWhileLeased
+	if p.n.role == roleDecode {
+		evicted, whileLeased = DecodeEvicted, DecodeEvictedWhileLeased
+	}
+	p.n.w.count[evicted]++
 	if leased {
-		p.n.w.count[EvictedWhileLeased]++
+		p.n.w.count[whileLeased]++
 	}
 	p.countsLeases(c.Tag)
 	return nil
@@ -458,6 +539,7 @@ func (p *pages) check() {
 		}
 	}
 	clear(p.reclaimed)
+	clear(p.copyFrom)
 	s := p.pool.Stats()
 	switch {
 	case s.Free != free:

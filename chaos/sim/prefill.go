@@ -171,7 +171,9 @@ func (n *node) prefill(e handoff.Prefill) {
 	if n.cache == nil {
 		out, fr = handoff.ExecPrefill(w.engine, n.pages, e)
 	} else {
-		n.probes(j)
+		if n.probes(j.prompt, j.scope) {
+			w.count[CrossScopeProbe]++
+		}
 		out, fr = handoff.ExecPrefillCached(w.engine, n.pages, n.cache, e)
 	}
 	if out.Err == nil {
