@@ -62,6 +62,9 @@ func ExecSealVerify(p Pages, e SealVerify) Verified {
 			continue // the planted bug: a page nothing was sent for is taken as it is
 		}
 		sum, err := p.SealFrom(m.Pages[i].Tag, m.Owner, e.Origins[i])
+		if mutant.Is(mutant.HeldCopyUnchecked) && e.Origins[i].Owner.Request == 0 {
+			sum, err = p.Seal(m.Pages[i].Tag, m.Owner) // the planted bug: a held copy (its origin a cached page) is not checked
+		}
 		if err != nil {
 			return Verified{Err: err}
 		}

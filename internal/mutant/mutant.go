@@ -43,6 +43,10 @@ const (
 	// KeyWithoutScope: a prefix key's root leaves the scope out, so every
 	// scope's prompts share one chain of keys.
 	KeyWithoutScope = "key_without_scope"
+	// HeldCopyUnchecked: a page a decode node copied from its prefix
+	// cache is sealed as it is, not only if it hashes to the cached
+	// page's checksum.
+	HeldCopyUnchecked = "held_copy_unchecked"
 )
 
 // Is reports whether this build carries mutant name. It is a constant
