@@ -96,7 +96,7 @@ var counterNames = [counters]string{
 	"held page copied", "held run cut short (gone/corrupt)", "decode cached page evicted",
 	"decode cached page evicted while leased", "decode lookup of another scope's prefix", "crash lost a decode cache",
 	"keep carried out after its job closed", "keep carried out before its job closed", "keep released a still-leased page",
-	"keep carried out amid a reservation", "eviction amid a reservation's leases", "held copy bit flipped before seal", "held copy refused at its seal",
+	"keep carried out amid a reservation", "another lookup's eviction amid a reservation", "held copy bit flipped before seal", "held copy refused at its seal",
 }
 
 func (c Counter) String() string { return counterNames[c] }
