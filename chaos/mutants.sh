@@ -97,11 +97,8 @@ live_layer() {
 # of the layer the mutant removes (either of those "|" separates, for a
 # mutant that removes two: the incident admits past the smallest pool and
 # then reads the placeholder's pages, and which a seed reaches first is the
-# seed's; a key without the scope finds another scope's page, which the
-# pool refuses at the lease only when that scope is another tenant's own:
-# a group's page, leased under its own scope, is read, and provenance
-# catches the read). Caught by another one, the mutant counts as missed,
-# so that a check that stops working cannot hide behind another.
+# seed's). Caught by another one, the mutant counts as missed, so that a
+# check that stops working cannot hide behind another.
 declare -A expect=(
   [incident]="provenance|admission"
   [no_tag_check]="one owner"
@@ -114,7 +111,7 @@ declare -A expect=(
   [scope_from_request]="provenance"
   [evict_no_gen_bump]="generations grow"
   [lease_count_negative]="lease count"
-  [key_without_scope]="cache scope|provenance"
+  [key_without_scope]="cache scope"
   [held_copy_unchecked]="provenance"
 )
 

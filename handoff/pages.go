@@ -61,9 +61,12 @@ func ExecSealVerify(p Pages, e SealVerify) Verified {
 		if mutant.Is(mutant.Incident) && e.Origins[i].Tag == (kv.Tag{}) {
 			continue // the planted bug: a page nothing was sent for is taken as it is
 		}
-		sum, err := p.SealFrom(m.Pages[i].Tag, m.Owner, e.Origins[i])
+		var sum uint64
+		var err error
 		if mutant.Is(mutant.HeldCopyUnchecked) && e.Origins[i].Owner.Request == 0 {
-			sum, err = p.Seal(m.Pages[i].Tag, m.Owner) // the planted bug: a held copy (its origin a cached page) is not checked
+			sum, err = p.Seal(m.Pages[i].Tag, m.Owner) // the planted bug: a held copy (its origin a cached page) is sealed as it is
+		} else {
+			sum, err = p.SealFrom(m.Pages[i].Tag, m.Owner, e.Origins[i])
 		}
 		if err != nil {
 			return Verified{Err: err}

@@ -38,13 +38,13 @@ type heldCache struct {
 
 var _ handoff.HeldCache = heldCache{}
 
-func (h heldCache) Match(tenant, salt string, prompt []int) ([]kv.CachedPage, uint64) {
-	hits, use := h.local.Match(tenant, salt, prompt)
+func (h heldCache) Match(tenant, salt string, prompt []int) ([]kv.CachedPage, kv.Scope, uint64) {
+	hits, scope, use := h.local.Match(tenant, salt, prompt)
 	h.n.mailbox()
 	if len(hits) > 0 {
 		h.n.raceEviction(h.c)
 	}
-	return hits, use
+	return hits, scope, use
 }
 
 // racingPages is a decode run's pages as a reservation through its cache
@@ -78,7 +78,7 @@ func (n *node) raceEviction(c *client) {
 		return
 	}
 	local := handoff.LocalCache{Pages: n.pages, Cache: n.cache}
-	_, use := local.Match(other.tenant, other.salt, other.prompt)
+	_, _, use := local.Match(other.tenant, other.salt, other.prompt)
 	if local.Evict(1+w.rng.IntN(3), use) > 0 {
 		w.count[ReserveRaced]++
 	}
