@@ -34,6 +34,10 @@ type pair struct {
 	// pool), when the test gives it one (withDecodeCache).
 	held      *PrefixCache
 	heldPages *lossyPages
+	// prefixCache is the prefill pool's, over prefixPages, when the test
+	// gives it one (withPrefillCache).
+	prefixCache *PrefixCache
+	prefixPages *lossyPages
 	// keeps wait for the decode job's end, as a Keep sent to a worker
 	// waits for the step that closed the sequence (flushKeeps).
 	keeps []Keep
@@ -122,7 +126,13 @@ func (p *pair) do(e Effect) Event {
 		p.step(p.src, PlanIn{Key: key, Plan: e.Plan})
 		p.step(p.src, Next{})
 	case Prefill:
-		out, fr := ExecPrefill(p.engine, p.prefill, e)
+		var out Prefilled
+		var fr Frames
+		if p.prefixCache != nil {
+			out, fr = ExecPrefillCached(p.engine, p.prefixPages, p.prefixCache, e)
+		} else {
+			out, fr = ExecPrefill(p.engine, p.prefill, e)
+		}
 		p.frames[e.Key] = fr
 		return out
 	case SendFrames:
@@ -150,7 +160,11 @@ func (p *pair) do(e Effect) Event {
 		p.aborts++
 		p.step(p.src, AbortIn{Key: key, Tenant: e.Abort.Tenant})
 	case Ack:
-		ExecAck(p.prefill, e, nil)
+		if p.prefixCache != nil {
+			ExecAckKeep(p.prefixPages, p.prefixCache, e, nil)
+		} else {
+			ExecAck(p.prefill, e, nil)
+		}
 	case StartDecode:
 		p.decodeAll(e, p.step)
 	case Emit:

@@ -12,14 +12,23 @@ import (
 // pages pages, scoped by tenant and salt.
 func (p *pair) withDecodeCache(pages int) {
 	p.t.Helper()
-	p.heldPages = &lossyPages{PoolPages: p.decode}
+	p.heldPages, p.held = &lossyPages{PoolPages: p.decode}, p.tenantCache(pages)
+}
+
+// withPrefillCache gives the pair's prefill pool one.
+func (p *pair) withPrefillCache(pages int) {
+	p.t.Helper()
+	p.prefixPages, p.prefixCache = &lossyPages{PoolPages: p.prefill}, p.tenantCache(pages)
+}
+
+func (p *pair) tenantCache(pages int) *PrefixCache {
 	c, err := NewPrefixCache(pages, testModel.String(), func(tenant, salt string) kv.Scope {
 		return kv.TenantScope(tenant).Narrow(salt)
 	})
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	p.held = c
+	return c
 }
 
 // heldRun is one request through the pair as tenant: the pages its plan
@@ -173,5 +182,35 @@ func TestWrongIndexEntryIsRefusedAtThePage(t *testing.T) {
 	}
 	if out := w.run("acme", prompt); out.Err != nil || out.Cached != 0 {
 		t.Fatalf("a prefill of acme over the group's pages under its keys read %d tokens from the cache (%v), want none", out.Cached, out.Err)
+	}
+}
+
+// TestPrefillKeepsWhatDecodeHolds: a prefill whose prompt's first pages
+// decode holds, and which computed them (its own cache had given them up),
+// keeps them in its cache although it does not send them, so that the
+// next request reads them there instead of computing them again.
+func TestPrefillKeepsWhatDecodeHolds(t *testing.T) {
+	p := newPair(t, 64, 64)
+	p.withDecodeCache(32)
+	p.withPrefillCache(32)
+	prompt := []int{engine.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l', 'm', 'n'} // 3 full pages
+	p.heldRun("acme", "", prompt)
+	if st := p.prefixCache.Stats(); st.Published != 3 {
+		t.Fatalf("prefill's cache kept %d pages of the first request, want 3", st.Published)
+	}
+	p.prefixCache.evict(p.prefixPages, 3, p.prefixCache.index.Uses()+1)
+	if held, frames := p.heldRun("acme", "", prompt); held != 3 || frames != 1 {
+		t.Fatalf("the second request: %d pages held, %d frames sent; want 3 and 1", held, frames)
+	}
+	if st := p.prefixCache.Stats(); st.Published != 6 || st.Pages != 3 {
+		t.Fatalf("prefill's cache kept %d pages in all and holds %d, want the 3 decode holds kept again", st.Published, st.Pages)
+	}
+	before := p.prefixCache.Stats().HitTokens
+	p.heldRun("acme", "", prompt)
+	if hit := p.prefixCache.Stats().HitTokens - before; hit != 12 {
+		t.Fatalf("the third request read %d prompt tokens from prefill's cache, want 12", hit)
+	}
+	if s := p.prefill.Stats(); s.Free+s.Cached != s.Capacity {
+		t.Errorf("prefill pool: %d free and %d cached of %d", s.Free, s.Cached, s.Capacity)
 	}
 }

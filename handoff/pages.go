@@ -217,12 +217,17 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Pref
 		return out, fr
 	}
 	out.First = pre.First
-	// The pages decode holds already are not sent: given back now, they
-	// are no longer the job's.
+	// The pages decode holds already are not sent: they are no longer the
+	// job's. Those computed here go to the cache now, as they would once
+	// decode had them (the prefix stays where the router thinks it is);
+	// the others are given back.
 	held := min(int(e.Plan.HeldPages), len(m.Pages))
-	for _, t := range tags[:held] {
-		if err := p.Release(t, e.Local); err != nil {
-			OwnsOrPanic(err, "release", t, e.Local)
+	release := func(t kv.Tag) { each("release", p.Release, e.Local, []kv.Tag{t}, nil) }
+	if c != nil {
+		c.keep(cp, keys, len(prefix), tags[:held], out.Scope, publishOrRelease(cp, e.Local, out.Scope, release), release)
+	} else {
+		for _, t := range tags[:held] {
+			release(t)
 		}
 	}
 	out.Sources = tags[held:]

@@ -187,13 +187,20 @@ func ExecKeep(p CachePages, c *PrefixCache, e Keep, refused func(kv.Tag, error))
 	if err != nil {
 		keys = nil // a scope that cannot key keeps nothing
 	}
-	c.keep(p, keys, 0, e.Tags, scope, func(t kv.Tag) (kv.CachedPage, error) {
-		cached, err := p.Publish(t, e.Owner, scope)
+	c.keep(p, keys, 0, e.Tags, scope, publishOrRelease(p, e.Owner, scope, release), release)
+}
+
+// publishOrRelease publishes a page owner holds, never sent, under scope
+// (for keep), and releases one the page refuses to publish: still the
+// owner's (leased, say), it is freed as it would have been.
+func publishOrRelease(p CachePages, owner kv.Owner, scope kv.Scope, release func(kv.Tag)) func(kv.Tag) (kv.CachedPage, error) {
+	return func(t kv.Tag) (kv.CachedPage, error) {
+		cached, err := p.Publish(t, owner, scope)
 		if err != nil {
-			release(t) // still the request's (leased, say): freed as it would be
+			release(t)
 		}
 		return cached, err
-	}, release)
+	}
 }
 
 // keep offers the cache tags[i] under keys[i], in prompt order, from page
