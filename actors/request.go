@@ -129,6 +129,10 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		return handoff.ExecReserve(r.kv, e)
 	case handoff.Keep:
 		c.Send(r.route.decode, keepPages{Keep: e})
+	case handoff.Unhold:
+		for _, p := range e.Pages {
+			c.Send(r.route.decode, heldForget{Hit: p})
+		}
 	case handoff.Release:
 		handoff.ExecRelease(r.kv, e, func(t kv.Tag, err error) {
 			r.log.Warn("release of decode page refused", "tag", t.String(), "err", err)

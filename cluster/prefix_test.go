@@ -41,13 +41,7 @@ func TestPrefixCacheIsScopedByCredential(t *testing.T) {
 				entry = startNodeTuned(t, testAuth(t, actors.RoleAll), actors.RoleAll, nil, tune)
 				prefill = entry
 			} else {
-				prefill = startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil, tune)
-				d := startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, tune, prefill.GossipAddr())
-				entry = startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, tune, prefill.GossipAddr())
-				for _, n := range []*Node{prefill, d, entry} {
-					waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
-				}
-				defer freeEverywhere(t, prefill, d, entry)
+				prefill, _, entry = trio(t, tune, tune)
 			}
 			m := prefill.cfg.Model
 			pageTokens := prefill.cfg.Actors.PageTokens
@@ -205,6 +199,21 @@ func TestRouterLearnsWhatNodesCache(t *testing.T) {
 	freeEverywhere(t, p1, p2, d, r1, r2)
 }
 
+// trio starts a prefill node tuned by tunePrefill, and a decode node and a
+// router tuned by tune, waits until each sees the others, and, once the
+// test is over, until every pool is free.
+func trio(t *testing.T, tunePrefill, tune func(*NodeConfig)) (prefill, decode, router *Node) {
+	t.Helper()
+	prefill = startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil, tunePrefill)
+	decode = startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, tune, prefill.GossipAddr())
+	router = startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, tune, prefill.GossipAddr())
+	for _, n := range []*Node{prefill, decode, router} {
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
+	}
+	t.Cleanup(func() { freeEverywhere(t, prefill, decode, router) })
+	return prefill, decode, router
+}
+
 // cachePublished is how many pages the prefix caches of nodes have kept.
 func cachePublished(nodes ...*Node) (pages uint64) {
 	for _, n := range nodes {
@@ -223,14 +232,7 @@ func cachePublished(nodes ...*Node) (pages uint64) {
 // the same prompt gets every page from prefill. Every answer is the
 // reference's, and at the end every page not cached is free.
 func TestDecodeNodeHoldsThePrefix(t *testing.T) {
-	prefill := startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil,
-		func(cfg *NodeConfig) { cfg.Actors.PrefixCachePercent = 0 })
-	decode := startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, nil, prefill.GossipAddr())
-	router := startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, nil, prefill.GossipAddr())
-	for _, n := range []*Node{prefill, decode, router} {
-		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 3 && routable(n) })
-	}
-	defer freeEverywhere(t, prefill, decode, router)
+	prefill, decode, router := trio(t, func(cfg *NodeConfig) { cfg.Actors.PrefixCachePercent = 0 }, nil)
 	m := prefill.cfg.Model
 	pageTokens := decode.cfg.Actors.PageTokens
 	prompt := strings.Repeat("Once upon a time there was a little cat. ", 4)

@@ -30,10 +30,13 @@ type (
 	Reserved struct {
 		Dest, Spare []kv.Tag
 		Err         error
-		// Held are the origins of the first len(Held) Dest pages,
-		// written from the decode pool's prefix cache and not yet sealed
-		// (ExecReserveHeld): prefill sends only the pages after them.
-		Held []kv.Origin
+		// Held are the cached pages the first len(Held) Dest pages were
+		// written from, not yet sealed (ExecReserveHeld): prefill sends
+		// only the pages after them. Scope is the one the decode pool's
+		// cache gave the request (zero when it did not answer): its
+		// answered prompt's pages are kept there.
+		Held  []kv.CachedPage
+		Scope kv.Scope
 	}
 	// RetryReserve is the timer after an exhausted pool.
 	RetryReserve struct{}
@@ -111,14 +114,19 @@ type (
 	}
 	// Keep hands an answered request's prompt pages (Tags, in order) to
 	// its decode pool's prefix cache, which keeps the full pages of
-	// Tokens it does not hold yet under the scope of Owner's tenant
-	// narrowed by Salt and releases the others (ExecKeep).
+	// Tokens it does not hold yet under Scope, the one the cache gave the
+	// request when it reserved, and releases the others (ExecKeep).
 	Keep struct {
 		Owner  kv.Owner
 		Tags   []kv.Tag
 		Tokens []int
-		Salt   string
+		Scope  kv.Scope
 	}
+	// Unhold gives up the decode pool's cached pages a request copied
+	// whose rows prefill did not confirm (TransferDone.HeldSums): which
+	// of the two is wrong cannot be told, and the cache keeps neither's
+	// (HeldCache.Forget).
+	Unhold struct{ Pages []kv.CachedPage }
 	// SendPlan, SendAbort and SendAck go to the prefill peer; a plan or
 	// an ack that cannot be sent is answered with Failed, an abort is
 	// never answered.
@@ -218,6 +226,7 @@ func (Failed) event()          {}
 func (Reserve) effect()      {}
 func (Release) effect()      {}
 func (Keep) effect()         {}
+func (Unhold) effect()       {}
 func (SendPlan) effect()     {}
 func (SendAbort) effect()    {}
 func (SendAck) effect()      {}

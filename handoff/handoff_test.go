@@ -116,6 +116,10 @@ func (p *pair) do(e Effect) Event {
 		return ExecReserve(p.decode, e)
 	case Keep:
 		p.keeps = append(p.keeps, e)
+	case Unhold:
+		for _, c := range e.Pages {
+			LocalCache{Pages: p.heldPages, Cache: p.held}.Forget(c)
+		}
 	case Release:
 		if len(e.Tags) > 0 && e.Tags[0].Incarnation == decodeInc {
 			ExecRelease(p.decode, e, nil)

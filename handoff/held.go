@@ -62,7 +62,8 @@ func (l LocalCache) Evict(n int, use uint64) int { return l.Cache.evict(l.Pages,
 // of the pool), and the bytes of each page leased are copied into the
 // request's own page at its position, unsealed. Reserved.Held names where
 // each copy came from: the request seals a copy only if its bytes hash to
-// the cached page's checksum (kv.Page.SealFrom), and asks prefill for the
+// the cached page's checksum (kv.Page.SealFrom) and its rows are those
+// prefill computed (TransferDone.HeldSums), and asks prefill for the
 // other pages only. A page that cannot be read or written ends the run
 // there: a miss from that page on, never a wrong page.
 func ExecReserveHeld(p CachePages, c HeldCache, e Reserve) Reserved {
@@ -91,8 +92,9 @@ func ExecReserveHeld(p CachePages, c HeldCache, e Reserve) Reserved {
 		if err != nil {
 			break
 		}
-		r.Held = append(r.Held, hits[i].Origin())
+		r.Held = append(r.Held, hits[i])
 	}
+	r.Scope = scope
 	if len(r.Held) > 0 {
 		c.Read(len(r.Held))
 	}

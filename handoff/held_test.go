@@ -1,11 +1,13 @@
 package handoff
 
 import (
+	"errors"
 	"slices"
 	"testing"
 
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
 )
 
 // withDecodeCache gives the pair's decode pool a prefix cache of at most
@@ -36,12 +38,34 @@ func (p *pair) tenantCache(pages int) *PrefixCache {
 // checked against the reference.
 func (p *pair) heldRun(tenant, salt string, prompt []int) (held, frames int) {
 	p.t.Helper()
+	held, frames = p.heldStart(tenant, salt, prompt, nil)
+	want, err := p.engine.Reference(prompt, 4)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if i := slices.Index(want, engine.EOS); i >= 0 {
+		want = want[:i+1]
+	}
+	if p.finish == nil || p.finish.Cause != nil || !slices.Equal(p.tokens, want) {
+		p.t.Fatalf("%s's request: finish %+v, tokens %v; the reference gives %v", tenant, p.finish, p.tokens, want)
+	}
+	return held, frames
+}
+
+// heldStart runs one request through the pair as tenant, with tamper, if
+// set, seeing each effect first, and carries its Keep out after its decode
+// job ended; it returns the pages its plan said decode holds and the
+// frames prefill sent.
+func (p *pair) heldStart(tenant, salt string, prompt []int, tamper func(Effect)) (held, frames int) {
 	p.observe = func(e Effect) {
 		switch e := e.(type) {
 		case SendPlan:
 			held = int(e.Plan.HeldPages)
 		case SendFrames:
 			frames = len(p.frames[e.Key].Frames)
+		}
+		if tamper != nil {
+			tamper(e)
 		}
 	}
 	p.tokens, p.finish = nil, nil
@@ -56,16 +80,6 @@ func (p *pair) heldRun(tenant, salt string, prompt []int) (held, frames int) {
 		ExecKeep(p.heldPages, p.held, k, nil)
 	}
 	p.keeps = nil
-	want, err := p.engine.Reference(prompt, 4)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	if i := slices.Index(want, engine.EOS); i >= 0 {
-		want = want[:i+1]
-	}
-	if p.finish == nil || p.finish.Cause != nil || !slices.Equal(p.tokens, want) {
-		p.t.Fatalf("%s's request: finish %+v, tokens %v; the reference gives %v", tenant, p.finish, p.tokens, want)
-	}
 	return held, frames
 }
 
@@ -212,5 +226,45 @@ func TestPrefillKeepsWhatDecodeHolds(t *testing.T) {
 	}
 	if s := p.prefill.Stats(); s.Free+s.Cached != s.Capacity {
 		t.Errorf("prefill pool: %d free and %d cached of %d", s.Free, s.Cached, s.Capacity)
+	}
+}
+
+// TestHeldPagesPrefillDoesNotConfirmAreGivenUp: decode's copies of the
+// pages it holds must have the rows the request's own prefill computed
+// (TransferDone.HeldSums). A prefill that reports other rows (a faulty or
+// hostile peer, or a decode cache that kept a faulty peer's rows) fails
+// the request as an integrity error before decode reads a byte, and the
+// cached pages go: which side is wrong cannot be told. A report with a
+// checksum missing fails it too. Every page ends free or cached.
+func TestHeldPagesPrefillDoesNotConfirmAreGivenUp(t *testing.T) {
+	prompt := []int{engine.BOS, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l', 'm', 'n'} // 3 full pages
+	for _, c := range []struct {
+		name   string
+		tamper func(d *messages.TransferDone)
+		want   any
+		gone   uint64
+	}{
+		{"other rows", func(d *messages.TransferDone) { d.HeldSums[1] ^= 1 }, new(*kv.ChecksumMismatchError), 3},
+		{"a checksum missing", func(d *messages.TransferDone) { d.HeldSums = d.HeldSums[:2] }, new(*kv.ManifestError), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := newPair(t, 64, 64)
+			p.withDecodeCache(32)
+			p.heldRun("acme", "", prompt)
+			held, _ := p.heldStart("acme", "", prompt, func(e Effect) {
+				if r, ok := e.(Reply); ok && r.Done.Err == nil {
+					c.tamper(r.Done)
+				}
+			})
+			if held != 3 || p.finish == nil || !errors.As(p.finish.Cause, c.want) || len(p.tokens) != 0 {
+				t.Fatalf("%d pages held; finish %+v, %d tokens; want 3 held and a %T before any token", held, p.finish, len(p.tokens), c.want)
+			}
+			if st := p.held.Stats(); st.Gone != c.gone || st.Pages != 3-int(c.gone) {
+				t.Fatalf("the cache gave up %d pages and holds %d; want %d given up", st.Gone, st.Pages, c.gone)
+			}
+			if busy := p.freeAfterDeadlines(); busy != 3-int(c.gone) {
+				t.Fatalf("%d pages neither free nor in the cache after the deadlines", busy-(3-int(c.gone)))
+			}
+		})
 	}
 }

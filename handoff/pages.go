@@ -222,6 +222,10 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Pref
 	// decode had them (the prefix stays where the router thinks it is);
 	// the others are given back.
 	held := min(int(e.Plan.HeldPages), len(m.Pages))
+	if out.HeldSums, err = contentSums(p, e.Local, m.Pages[:held]); err != nil {
+		out.Err = err
+		return out, fr
+	}
 	release := func(t kv.Tag) { each("release", p.Release, e.Local, []kv.Tag{t}, nil) }
 	if c != nil {
 		c.keep(cp, keys, len(prefix), tags[:held], out.Scope, publishOrRelease(cp, e.Local, out.Scope, release), release)
@@ -260,6 +264,29 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Pref
 		out.Marked++
 	}
 	return out, fr
+}
+
+// contentSums are the kv.ContentChecksum of the rows of pages, the first
+// of a prompt's, as owner computed them: what decode's copies of them
+// must hash to.
+func contentSums(p Pages, owner kv.Owner, pages []kv.ManifestPage) ([]uint64, error) {
+	var sums []uint64
+	first := 0
+	for _, mp := range pages {
+		l, err := p.Lease(mp.Tag, owner)
+		if err != nil {
+			return nil, err
+		}
+		rows, _, err := p.Read(l)
+		if err == nil {
+			sums = append(sums, kv.ContentChecksum(first, mp.Tokens, rows))
+		}
+		if err = errors.Join(err, p.Unlease(l)); err != nil {
+			return nil, err
+		}
+		first += mp.Tokens
+	}
+	return sums, nil
 }
 
 // FirstTokenError: the first token prefill sent is not the one decode

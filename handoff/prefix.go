@@ -174,20 +174,20 @@ func ExecAckKeep(p CachePages, c *PrefixCache, e Ack, refused func(kv.Tag, error
 }
 
 // ExecKeep carries out a Keep on a decode pool: the full pages of the
-// prompt are offered to the cache under the scope of the owner's tenant
-// narrowed by the salt, and published (keep); every other page, and one
+// prompt are offered to the cache under the Keep's scope (the one the
+// cache's policy gave the request when it reserved, so a policy reloaded
+// since changes nothing), and published (keep); every other page, and one
 // the cache does not take, is released as ExecRelease does. A page still
 // leased (a decode job that has not closed its sequence yet: its worker
 // carries the Keep out after the step that closed it) is released, not
 // kept: freed at its last unlease.
 func ExecKeep(p CachePages, c *PrefixCache, e Keep, refused func(kv.Tag, error)) {
 	release := func(t kv.Tag) { each("release", p.Release, e.Owner, []kv.Tag{t}, refused) }
-	scope := c.scopeOf(e.Owner.Tenant, e.Salt)
-	keys, err := PromptKeys(scope, c.model, p.Geometry(), e.Tokens)
+	keys, err := PromptKeys(e.Scope, c.model, p.Geometry(), e.Tokens)
 	if err != nil {
-		keys = nil // a scope that cannot key keeps nothing
+		keys = nil // no scope (the cache did not answer the reservation): nothing is kept
 	}
-	c.keep(p, keys, 0, e.Tags, scope, publishOrRelease(p, e.Owner, scope, release), release)
+	c.keep(p, keys, 0, e.Tags, e.Scope, publishOrRelease(p, e.Owner, e.Scope, release), release)
 }
 
 // publishOrRelease publishes a page owner holds, never sent, under scope

@@ -115,10 +115,11 @@ type Request struct {
 	cause  error // of the failed attempt while a Pick is out
 
 	phase    phase
-	dest     []kv.Tag    // prompt pages in decode's pool
-	held     []kv.Origin // the cached page each of the first dest pages was copied from
-	sources  []kv.Tag    // the prefill page each dest page was filled from
-	spare    []kv.Tag    // pages for generated KV
+	dest     []kv.Tag        // prompt pages in decode's pool
+	held     []kv.CachedPage // the cached page each of the first dest pages was copied from
+	scope    kv.Scope        // the decode cache's for the request
+	sources  []kv.Tag        // the prefill page each dest page was filled from
+	spare    []kv.Tag        // pages for generated KV
 	manifest *kv.Manifest
 	pending  []kv.Frame // frames of the Write in hand
 	written  int        // prompt tokens accepted into dest pages
@@ -264,7 +265,7 @@ func (r *Request) reserved(e Reserved, now time.Time) []Effect {
 		}
 		return r.finish(e.Err)
 	}
-	r.dest, r.spare, r.held = e.Dest, e.Spare, e.Held
+	r.dest, r.spare, r.held, r.scope = e.Dest, e.Spare, e.Held, e.Scope
 	g := r.cfg.Geometry
 	m, err := kv.NewManifest(r.owner, len(r.prompt), g.PageTokens, r.dest)
 	if err != nil {
@@ -400,11 +401,23 @@ func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
 	if sent := len(r.manifest.Pages) - len(r.held); len(m.Sums) != sent {
 		return r.finish(&kv.ManifestError{Field: "source checksums", Page: -1, Want: sent, Have: len(m.Sums)})
 	}
+	if len(m.HeldSums) != len(r.held) {
+		return r.finish(&kv.ManifestError{Field: "held page checksums", Page: -1, Want: len(r.held), Have: len(m.HeldSums)})
+	}
+	for i, c := range r.held {
+		if m.HeldSums[i] != c.Content {
+			return append([]Effect{Unhold{Pages: r.held}}, r.finish(&kv.ChecksumMismatchError{
+				Where: fmt.Sprintf("held page %d (%s) against the rows prefill computed", i, c.Tag), Want: m.HeldSums[i], Have: c.Content})...)
+		}
+	}
 	if int(m.Cached) >= len(r.prompt) {
 		return r.finish(&kv.ManifestError{Field: "cached prompt tokens", Page: -1, Want: len(r.prompt) - 1, Have: int(m.Cached)})
 	}
 	r.cached = int(m.Cached)
-	origins := append(make([]kv.Origin, 0, len(r.manifest.Pages)), r.held...)
+	origins := make([]kv.Origin, 0, len(r.manifest.Pages))
+	for _, c := range r.held {
+		origins = append(origins, c.Origin())
+	}
 	for i := len(r.held); i < len(r.manifest.Pages); i++ {
 		origins = append(origins, kv.Origin{Tag: r.sources[i], Owner: m.SourceOwner(), Checksum: m.Sums[i-len(r.held)]})
 	}
@@ -460,7 +473,7 @@ func (r *Request) picked(e Picked) []Effect {
 	}
 	out := []Effect{r.abort(cause), Release{Owner: r.owner, Tags: r.dest}, Release{Owner: r.owner, Tags: r.spare},
 		Retry{Old: r.owner.Request, New: e.Attempt, From: r.peer, To: e.Peer, Cause: cause}}
-	r.dest, r.held, r.sources, r.spare, r.manifest, r.frames, r.written = nil, nil, nil, nil, nil, 0, 0
+	r.dest, r.held, r.scope, r.sources, r.spare, r.manifest, r.frames, r.written = nil, nil, kv.Scope{}, nil, nil, nil, 0, 0
 	r.owner.Request = e.Attempt
 	r.peer = e.Peer
 	return append(out, r.reserve())
@@ -524,7 +537,7 @@ func (r *Request) finish(cause error) []Effect {
 	}
 	r.phase = phaseDone
 	if cause == nil && r.cfg.Keep {
-		out = append(out, Keep{Owner: r.owner, Tags: r.dest, Tokens: r.prompt, Salt: r.salt})
+		out = append(out, Keep{Owner: r.owner, Tags: r.dest, Tokens: r.prompt, Scope: r.scope})
 	} else {
 		out = append(out, Release{Owner: r.owner, Tags: r.dest})
 	}

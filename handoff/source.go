@@ -66,10 +66,14 @@ type (
 		Marked  int
 		First   int
 		Sums    []uint64
-		Err     error
-		Cached  int
-		Scope   kv.Scope
-		Chain   []kv.PrefixKey
+		// HeldSums are the kv.ContentChecksum of the rows computed for
+		// each page of the plan's HeldPages, for decode to check its
+		// copies against.
+		HeldSums []uint64
+		Err      error
+		Cached   int
+		Scope    kv.Scope
+		Chain    []kv.PrefixKey
 	}
 	// Sent answers SendFrames: the frames went (Err nil) or did not; the
 	// leases that kept their payloads are given back already.
@@ -169,6 +173,7 @@ type job struct {
 	marked  int      // sources marked as awaiting decode's ack
 	first   int      // the first generated token
 	sums    []uint64 // the sources' seal checksums, in order
+	held    []uint64 // the content checksums of the pages decode holds
 	cached  int      // prompt tokens read from the prefix cache
 	scope   kv.Scope
 	chain   []kv.PrefixKey
@@ -316,7 +321,7 @@ func (s *Source) prefilled(e Prefilled, now time.Time) []Effect {
 		return nil
 	}
 	s.running = nil
-	j.sources, j.marked, j.first, j.sums = e.Sources, e.Marked, e.First, e.Sums
+	j.sources, j.marked, j.first, j.sums, j.held = e.Sources, e.Marked, e.First, e.Sums, e.HeldSums
 	j.cached, j.scope, j.chain = e.Cached, e.Scope, e.Chain
 	if e.Err != nil {
 		return s.sent(j, e.Err, now)
@@ -362,7 +367,8 @@ func (s *Source) sent(j *job, err error, now time.Time) []Effect {
 	j.expires = now.Add(s.cfg.ReclaimAfter)
 	s.awaiting[j.key] = j
 	return append(out, Reply{Key: j.key, Done: &messages.TransferDone{RequestID: j.owner.Request, Tenant: j.owner.Tenant,
-		First: uint32(j.first), Frames: uint32(len(j.sums)), Source: j.local.Request, Sums: j.sums, Cached: uint32(j.cached)}})
+		First: uint32(j.first), Frames: uint32(len(j.sums)), Source: j.local.Request, Sums: j.sums, Cached: uint32(j.cached),
+		HeldSums: j.held}})
 }
 
 // drop ends a plan, acknowledged or abandoned, and remembers it so that a

@@ -78,6 +78,10 @@ type CachedPage struct {
 	// Checksum covers the cached tenancy's header (tag, scope, token
 	// range) and the rows; every shared lease verifies it afresh.
 	Checksum uint64
+	// Content is the rows' ContentChecksum: what a copy of them hashes to
+	// in any pool, for a reader to compare with what another node
+	// computed for the same positions.
+	Content uint64
 }
 
 // Origin is where a copy of the page's rows comes from, for the page the
@@ -123,11 +127,12 @@ func (pg *Page) Publish(tag Tag, owner Owner, scope Scope) (CachedPage, error) {
 	pg.state = Cached
 	pg.deadline = time.Time{}
 	pg.sum = pg.checksum()
+	pg.content = ContentChecksum(pg.first, pg.filled, pg.bytes[:pg.filled*pg.params.bpt])
 	return pg.cached(), nil
 }
 
 func (pg *Page) cached() CachedPage {
-	return CachedPage{Tag: pg.Tag(), Scope: pg.scope, First: pg.first, Tokens: pg.filled, Checksum: pg.sum}
+	return CachedPage{Tag: pg.Tag(), Scope: pg.scope, First: pg.first, Tokens: pg.filled, Checksum: pg.sum, Content: pg.content}
 }
 
 // sharedAccess is the handshake of a shared lease: the tag must name the

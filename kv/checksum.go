@@ -30,6 +30,13 @@ import (
 // + tenant length (1) + tenant + first token (4) + token count (4).
 const pageHeaderBytesMax = 20 + 8 + 1 + TenantBytesMax + 4 + 4
 
+// ContentChecksum is the checksum of rows at sequence positions [first,
+// first+tokens) whatever page holds them: PageChecksum with no tag and no
+// owner, so that two pools can tell they hold the same rows.
+func ContentChecksum(first, tokens int, payload []byte) uint64 {
+	return PageChecksum(Tag{}, Owner{}, first, tokens, payload)
+}
+
 // PageChecksum is the checksum of a page held by owner under tag whose rows
 // hold sequence positions [first, first+tokens), with payload those rows'
 // bytes.

@@ -38,6 +38,7 @@ type Page struct {
 	sum      uint64 // checksum fixed at seal
 	readers  int    // leases outstanding (shared ones too, on a cached page)
 	scope    Scope  // a cached page's scope, until it is freed
+	content  uint64 // a cached page's ContentChecksum, fixed at publish
 	awaitAck bool   // a peer has not yet acknowledged the bytes sent from this page
 	// deadline is when the page is reclaimed whatever its state: its
 	// assignment plus OwnedTimeout while owned, its release plus

@@ -195,9 +195,10 @@ type TransferDone struct {
 	// owner of the source pages, with Tenant): their seal checksums cover
 	// it. Non-zero without an error.
 	Source uint64 `msgpack:"source,omitempty"`
-	// Sums are the seal checksums of prefill's source pages, in the plan's
-	// page order: 1 to PlanTagsMax of them (decode wants exactly its
-	// plan's page count) without an error, none with one.
+	// Sums are the seal checksums of the source pages prefill sent, in
+	// the plan's page order: 1 to PlanTagsMax of them (decode wants
+	// exactly its plan's pages after the held ones) without an error,
+	// none with one.
 	Sums []uint64 `msgpack:"sums,omitempty"`
 	// Err says why prefill failed; First, Frames and Source are then 0.
 	Err *WireError `msgpack:"err,omitempty"`
@@ -205,9 +206,15 @@ type TransferDone struct {
 	// its prefix cache instead of computing them: whole pages, fewer than
 	// the plan's token count; 0 with an error.
 	Cached uint32 `msgpack:"cached,omitempty"`
+	// HeldSums are the kv.ContentChecksum of the rows prefill computed for
+	// each page the plan said decode holds (TransferPlan.HeldPages), in
+	// order: decode refuses held pages whose rows are not those, so that
+	// what one prefill node computed is never answered from under another
+	// one's request. At most PlanTagsMax with Sums; none with an error.
+	HeldSums []uint64 `msgpack:"held_sums,omitempty"`
 }
 
-var transferDoneKeys = []string{"id", "tenant", "first", "frames", "source", "sums", "err", "cached"}
+var transferDoneKeys = []string{"id", "tenant", "first", "frames", "source", "sums", "err", "cached", "held_sums"}
 
 func (*TransferDone) TypeCode() TypeCode { return TypeTransferDone }
 
@@ -223,6 +230,10 @@ func (m *TransferDone) Validate() error {
 		return err
 	}
 	if err := checkLen(t, "sums", len(m.Sums), PlanTagsMax); err != nil {
+		return err
+	}
+	// A plan's pages are held or sent: PlanTagsMax of both together.
+	if err := checkLen(t, "held_sums", len(m.HeldSums), PlanTagsMax-len(m.Sums)); err != nil {
 		return err
 	}
 	if m.Err == nil {
@@ -241,7 +252,8 @@ func (m *TransferDone) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    uint64
-	}{{"first", uint64(m.First)}, {"frames", uint64(m.Frames)}, {"source", m.Source}, {"sums", uint64(len(m.Sums))}, {"cached", uint64(m.Cached)}} {
+	}{{"first", uint64(m.First)}, {"frames", uint64(m.Frames)}, {"source", m.Source}, {"sums", uint64(len(m.Sums))}, {"cached", uint64(m.Cached)},
+		{"held_sums", uint64(len(m.HeldSums))}} {
 		if f.v != 0 {
 			return &InvalidFieldError{t, f.name, fmt.Sprint(f.v), "0 with an error"}
 		}
@@ -271,8 +283,12 @@ func (m *TransferDone) DecodeMsgpack(d *msgpack.Decoder) error {
 			var err error
 			m.Err, err = readWireError(d, t, "err", true)
 			return err
-		default:
+		case 7:
 			return readU32(d, t, "cached", &m.Cached)
+		default:
+			return readSlice(d, t, "held_sums", PlanTagsMax, &m.HeldSums, func(v *uint64) error {
+				return readU64(d, t, "held_sums", v)
+			})
 		}
 	})
 }

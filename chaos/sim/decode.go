@@ -123,6 +123,8 @@ func (dr *dreq) do(e handoff.Effect) handoff.Event {
 		return handoff.ExecReserve(n.pages, e)
 	case handoff.Keep:
 		n.keep(dr, e)
+	case handoff.Unhold:
+		n.unhold(dr, e)
 	case handoff.Release:
 		handoff.ExecRelease(n.pages, e, nil)
 	case handoff.SendPlan:

@@ -132,6 +132,20 @@ func (n *node) keep(dr *dreq, e handoff.Keep) {
 	n.armWorker(dr.worker)
 }
 
+// unhold gives up the cached pages a request copied that prefill's rows
+// did not confirm, as the worker does when told.
+func (n *node) unhold(dr *dreq, e handoff.Unhold) {
+	if n.cache == nil {
+		n.w.fail("effects", "%s request %s gave up held pages of a cache its node does not keep", n.addr, dr.name)
+		return
+	}
+	n.w.count[HeldUnconfirmed]++
+	local := handoff.LocalCache{Pages: n.pages, Cache: n.cache}
+	for _, c := range e.Pages {
+		local.Forget(c)
+	}
+}
+
 // carryKeep carries a Keep out on the run's cache.
 func (n *node) carryKeep(e handoff.Keep) {
 	n.w.trace.line(fmt.Sprintf("  keep %s's pages %s", e.Owner, tags(e.Tags)))
