@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -72,11 +71,23 @@ func (w workerCache) Evict(n int, use uint64) int {
 	return got
 }
 
-// held answers a message of the decode pool's prefix cache, which only
-// the requests of a node with one send.
+// held answers a message of the decode pool's prefix cache. Only the
+// requests of a node with one send them; a worker without one answers as
+// an empty cache would, and releases the pages of a Keep, so that a
+// request told otherwise loses no time and strands no page.
 func (w *workerActor) held(c actor.Context, m any) {
+	refused := func(t kv.Tag, err error) {
+		w.log.Warn("release of decode page refused", "tag", t.String(), "err", err)
+	}
 	if w.cache == nil {
-		w.log.Error("prefix cache message to a worker without a cache", "message", fmt.Sprintf("%T", m))
+		switch m := m.(type) {
+		case heldMatch:
+			c.Respond(heldMatchReply{})
+		case heldEvict:
+			c.Respond(0)
+		case keepPages:
+			handoff.ExecRelease(w.kv, handoff.Release{Owner: m.Owner, Tags: m.Tags}, refused)
+		}
 		return
 	}
 	local := handoff.LocalCache{Pages: w.kv, Cache: w.cache}
@@ -91,9 +102,7 @@ func (w *workerActor) held(c actor.Context, m any) {
 	case heldRead:
 		local.Read(m.Pages)
 	case keepPages:
-		handoff.ExecKeep(w.kv, w.cache, m.Keep, func(t kv.Tag, err error) {
-			w.log.Warn("release of decode page refused", "tag", t.String(), "err", err)
-		})
+		handoff.ExecKeep(w.kv, w.cache, m.Keep, refused)
 	}
 	w.pool.cache.Store(new(w.cache.Stats()))
 }

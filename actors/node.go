@@ -385,14 +385,16 @@ func (n *Node) Pools() []*Pool { return n.pools }
 
 // CacheKeys are the keys of at most max pages its workers' prefix caches
 // hold (prefill and decode workers'), the most recently used of each
-// worker first, the workers' taken in turn.
+// worker first, the workers' taken in turn. A worker that does not answer
+// in time (a decode worker deep in a step, say) is left out, and named in
+// the error, which comes with the others' keys: a summary without its
+// keys costs misses, none without any would cost all of them.
 func (n *Node) CacheKeys(max int) ([]kv.PrefixKey, error) {
 	var each [][]kv.PrefixKey
+	var errs error
 	for _, w := range slices.Concat(n.prefill, n.decode) {
 		keys, err := ask[[]kv.PrefixKey](n.root, w, CacheKeys{Max: max}, n.cfg.CallTimeout)
-		if err != nil {
-			return nil, err
-		}
+		errs = errors.Join(errs, err)
 		each = append(each, keys)
 	}
 	var out []kv.PrefixKey
@@ -407,7 +409,7 @@ func (n *Node) CacheKeys(max int) ([]kv.PrefixKey, error) {
 			break
 		}
 	}
-	return out, nil
+	return out, errs
 }
 
 // Workers are the node's GPU-worker actors, prefill first.

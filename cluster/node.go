@@ -948,8 +948,7 @@ func (c *controlActor) Receive(ctx actor.Context) {
 		}
 		keys, err := c.node.actors.CacheKeys(messages.CacheSummaryKeysMax)
 		if err != nil {
-			c.node.log.Warn("cache summary", "err", err)
-			return // the router asks again
+			c.node.log.Warn("cache summary without the keys of a worker that did not answer", "err", err)
 		}
 		// Sent as the control actor, so that the router can tell whose
 		// summary it is.
