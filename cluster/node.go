@@ -952,7 +952,10 @@ func (c *controlActor) Receive(ctx actor.Context) {
 		}
 		// Sent as the control actor, so that the router can tell whose
 		// summary it is.
-		if err := messages.SendFrom(ctx, ctx.Sender(), &messages.CacheSummary{Incarnation: c.node.Incarnation(), Keys: keys}); err != nil {
+		a := c.node.cfg.Actors
+		sum := &messages.CacheSummary{Incarnation: c.node.Incarnation(), Keys: keys,
+			DecodeCache: a.Role.Decodes() && a.DecodeCachePercent > 0}
+		if err := messages.SendFrom(ctx, ctx.Sender(), sum); err != nil {
 			c.node.log.Error("cache summary refused by its own validation", "err", err)
 		}
 	case *messages.StatusRequest:

@@ -278,21 +278,27 @@ func TestDecodeNodeHoldsThePrefix(t *testing.T) {
 	ask("globex", pages)
 }
 
-// TestRouterFollowsTheDecodeCache: with two decode nodes, a router sends a
-// prompt to the decode node that holds its prefix (where it sent the prompt
-// before), so each of six prompts, sent twice, gets its held pages copied
-// on the decode node the second time and only the pages after them over
-// the data plane (load-only routing would pick either decode node: all six
-// by chance is 1 in 64).
+// TestRouterFollowsTheDecodeCache: with two decode nodes that say they
+// keep a cache, a router sends a prompt to the decode node that holds its
+// prefix (where it sent the prompt before), so each of six prompts, sent
+// twice, gets its held pages copied on the decode node the second time and
+// only the pages after them over the data plane (load-only routing would
+// pick either decode node: all six by chance is 1 in 64).
 func TestRouterFollowsTheDecodeCache(t *testing.T) {
 	p := startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil,
 		func(cfg *NodeConfig) { cfg.Actors.PrefixCachePercent = 0 })
 	d1 := startClusterNode(t, actors.RoleDecode, p.GossipAddr())
 	d2 := startClusterNode(t, actors.RoleDecode, p.GossipAddr())
-	r := startClusterNode(t, actors.RoleRouter, p.GossipAddr())
+	r := startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil,
+		func(cfg *NodeConfig) { cfg.Actors.CacheSummaryEvery = 50 * time.Millisecond }, p.GossipAddr())
 	for _, n := range []*Node{p, d1, d2, r} {
 		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 4 && routable(n) })
 	}
+	// Two rounds of summaries from the three nodes that prefill or
+	// decode: the router has heard from each decode node since it joined.
+	testwait.Report(t, "the router's summaries", time.Minute, func() (bool, string) {
+		return r.cacheSummaries() >= 6, fmt.Sprintf("%d summaries taken", r.cacheSummaries())
+	})
 	pageTokens := d1.cfg.Actors.PageTokens
 	frames := func() uint64 { return d1.data.Stats().FramesAccepted + d2.data.Stats().FramesAccepted }
 	acme := tenantClient(t, r.Address(), "acme")

@@ -68,7 +68,12 @@ type routerActor struct {
 	mailbox  actor.MailboxProducer // never waits when full (actors.Node.Mailbox)
 	counters *routerCounters
 	routing  *Routing
-	affinity *handoff.PrefixAffinity // which prefill nodes hold which prompt pages, as its routing left them and as they say
+	// affinity and decodeAffinity are which prefill and decode nodes
+	// hold which prompt pages, as its routing left them and as they say;
+	// decodeCaches the decode nodes whose summaries say they keep a cache
+	// (a decode node is remembered as a holder only then).
+	affinity, decodeAffinity *handoff.PrefixAffinity
+	decodeCaches             map[uint64]bool
 	poll     *time.Timer             // the next pollCaches
 	relays   map[string]*routed      // by relay PID id
 	byClient map[string]*actor.PID
@@ -126,7 +131,8 @@ func (r *routerActor) Receive(c actor.Context) {
 		if r.routing == nil {
 			r.routing = NewRouting(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 		}
-		r.affinity = handoff.NewPrefixAffinity()
+		r.affinity, r.decodeAffinity = handoff.NewPrefixAffinity(), handoff.NewPrefixAffinity()
+		r.decodeCaches = map[uint64]bool{}
 		r.byClient = map[string]*actor.PID{}
 		r.ledger = tenancy.NewLedger()
 		if r.cfg.PrefixRouting {
@@ -177,6 +183,8 @@ func (r *routerActor) Receive(c actor.Context) {
 		r.cancelNumber(c, m)
 	case memberLost:
 		r.affinity.Forget(m.incarnation)
+		r.decodeAffinity.Forget(m.incarnation)
+		delete(r.decodeCaches, m.incarnation)
 		for id, rt := range r.relays {
 			if rt.decode.Meta.Incarnation == m.incarnation {
 				c.Send(actor.NewPID(c.Self().Address, id), m)
@@ -300,8 +308,8 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	// Routing picks one of candidates that are there, excluding none.
 	prefillPages, decodePages := handoff.RequestPages(r.cfg.Geometry(), len(prompt), int(m.MaxTokens))
 	keys := r.prefixKeys(tenant, m.CacheSalt, prompt)
-	d, _ := r.pickAffine(ds, decodePages, nil, keys)
-	p, _ := r.pickAffine(ps, prefillPages, nil, keys)
+	d, _ := r.pickAffine(ds, decodePages, nil, keys, r.decodeAffinity)
+	p, _ := r.pickAffine(ps, prefillPages, nil, keys, r.affinity)
 	if err := handoff.Admit(r.cfg.Limits(), len(prompt), int(m.MaxTokens), int(p.Meta.CapacityPages),
 		int(d.Meta.CapacityPages)); err != nil {
 		if _, ok := err.(*actors.PromptTooLongError); ok {
@@ -366,12 +374,12 @@ func routedRequest(id uint64, tenant, prompt string, maxTokens uint32, salt stri
 }
 
 // routedTo remembers the prompt pages of keys as held where they went:
-// on the prefill node once decode has them, and on the decode node once
-// the request is answered.
+// on the prefill node once decode has them, and on the decode node, if
+// it keeps a cache, once the request is answered.
 func (r *routerActor) routedTo(keys []kv.PrefixKey, d, p Member) {
 	r.affinity.Routed(keys, p.Meta.Incarnation)
-	if d.Meta.Incarnation != p.Meta.Incarnation {
-		r.affinity.Routed(keys, d.Meta.Incarnation)
+	if r.decodeCaches[d.Meta.Incarnation] {
+		r.decodeAffinity.Routed(keys, d.Meta.Incarnation)
 	}
 }
 
@@ -400,7 +408,14 @@ func (r *routerActor) cacheSummary(c actor.Context, m *messages.CacheSummary) {
 	}
 	for _, mb := range candidates(r.members(), caches, r.model.Fingerprint()) {
 		if mb.Meta.Incarnation == m.Incarnation && c.Sender() != nil && mb.Meta.RemoteAddr == c.Sender().Address {
-			r.affinity.Published(m.Incarnation, m.Keys)
+			// A node of role all sends one summary of both its caches.
+			if prefills(mb.Meta.Role) {
+				r.affinity.Published(m.Incarnation, m.Keys)
+			}
+			if decodes(mb.Meta.Role) && m.DecodeCache {
+				r.decodeAffinity.Published(m.Incarnation, m.Keys)
+			}
+			r.decodeCaches[m.Incarnation] = decodes(mb.Meta.Role) && m.DecodeCache
 			r.counters.summaries.Add(1)
 			return
 		}
@@ -424,16 +439,17 @@ func (r *routerActor) prefixKeys(tenant, salt string, prompt []int) []kv.PrefixK
 	return keys
 }
 
-// pickAffine is the node of ms (prefill or decode nodes) for a request
-// holding pages there whose prompt's cacheable pages are keys, skipping
-// the incarnations in exclude: the one thought to hold most of them
-// (PrefixAffinity), unless load says otherwise (PickAffine).
-func (r *routerActor) pickAffine(ms []Member, pages int, exclude map[uint64]bool, keys []kv.PrefixKey) (Member, bool) {
+// pickAffine is the node of ms (prefill or decode nodes, whose holders
+// aff remembers) for a request holding pages there whose prompt's
+// cacheable pages are keys, skipping the incarnations in exclude: the one
+// thought to hold most of them, unless load says otherwise (PickAffine).
+func (r *routerActor) pickAffine(ms []Member, pages int, exclude map[uint64]bool, keys []kv.PrefixKey,
+	aff *handoff.PrefixAffinity) (Member, bool) {
 	cs, hits := make([]Candidate, len(ms)), make([]int, len(ms))
 	for i, m := range ms {
 		cs[i] = Candidate{Incarnation: m.Meta.Incarnation, CapacityPages: int(m.Meta.CapacityPages),
 			FreePages: int(m.Meta.FreePages)}
-		hits[i] = r.affinity.Hits(keys, m.Meta.Incarnation)
+		hits[i] = aff.Hits(keys, m.Meta.Incarnation)
 	}
 	i, ok := r.routing.PickAffine(cs, pages, exclude, hits)
 	if !ok {
@@ -506,8 +522,8 @@ func (r *routerActor) next(rt *routed) (d, p Member, ok bool) {
 		return d, p, false
 	}
 	ms, fp := r.members(), r.model.Fingerprint()
-	d, dok := r.pickAffine(candidates(ms, decodes, fp), rt.decodePages, rt.tried, rt.keys)
-	p, pok := r.pickAffine(candidates(ms, prefills, fp), rt.prefillPages, nil, rt.keys)
+	d, dok := r.pickAffine(candidates(ms, decodes, fp), rt.decodePages, rt.tried, rt.keys, r.decodeAffinity)
+	p, pok := r.pickAffine(candidates(ms, prefills, fp), rt.prefillPages, nil, rt.keys, r.affinity)
 	ok = dok && pok && handoff.Admit(r.cfg.Limits(), rt.promptTokens, int(rt.request.MaxTokens), int(p.Meta.CapacityPages),
 		int(d.Meta.CapacityPages)) == nil
 	return d, p, ok

@@ -36,7 +36,7 @@ type PrefixAffinity struct {
 // AffinityNodesMax the holders remembered for one key.
 const (
 	AffinityKeysMax  = 1 << 16
-	AffinityNodesMax = 8
+	AffinityNodesMax = 4
 )
 
 // AffinitySummaryKeysMax bounds the keys remembered of one holder's

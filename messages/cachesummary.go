@@ -40,9 +40,12 @@ type CacheSummary struct {
 	// caches only.
 	Incarnation uint64         `msgpack:"inc"`
 	Keys        []kv.PrefixKey `msgpack:"keys"`
+	// DecodeCache says the node's decode workers keep prefix caches: a
+	// router remembers where it sent a prompt's decode only then.
+	DecodeCache bool `msgpack:"decode_cache,omitempty"`
 }
 
-var cacheSummaryKeys = []string{"inc", "keys"}
+var cacheSummaryKeys = []string{"inc", "keys", "decode_cache"}
 
 func (*CacheSummary) TypeCode() TypeCode { return TypeCacheSummary }
 
@@ -57,8 +60,11 @@ func (m *CacheSummary) Validate() error {
 func (m *CacheSummary) DecodeMsgpack(d *msgpack.Decoder) error {
 	const t = TypeCacheSummary
 	return fields(d, t, cacheSummaryKeys, func(i int) error {
-		if i == 0 {
+		switch i {
+		case 0:
 			return readU64(d, t, "inc", &m.Incarnation)
+		case 2:
+			return readBool(d, t, "decode_cache", &m.DecodeCache)
 		}
 		return readSlice(d, t, "keys", CacheSummaryKeysMax, &m.Keys, func(k *kv.PrefixKey) error {
 			b, err := d.DecodeBytes()

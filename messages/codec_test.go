@@ -40,6 +40,7 @@ func samples() []Message {
 		&CacheSummaryRequest{},
 		&CacheSummary{Incarnation: 7},
 		&CacheSummary{Incarnation: math.MaxUint64, Keys: []kv.PrefixKey{{1, 2, 3}, {15: 0xff}}},
+		&CacheSummary{Incarnation: 7, DecodeCache: true},
 		&TransferAbort{RequestID: 1 << 40, Tenant: "globex", Reason: WireError{Code: CodeIntegrity, Message: "checksum mismatch on page 2", Have: 2, Where: "decode"}},
 		&TransferDone{RequestID: 1 << 40, Tenant: "globex", First: 70000, Frames: 3, Source: 9, Sums: []uint64{1, 1 << 63, 7}},
 		&TransferDone{RequestID: 1 << 40, Tenant: "globex", First: 1, Frames: 3, Source: 9, Sums: []uint64{1, 2, 3}, Cached: 32},
