@@ -170,6 +170,7 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Pref
 	}
 	var (
 		prefix []kv.Lease
+		read   []kv.CachedPage // the pages of prefix
 		keys   []kv.PrefixKey
 		cp     CachePages
 		err    error
@@ -178,7 +179,7 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Pref
 	if c != nil {
 		cp = p.(CachePages)
 		out.Scope = c.scopeOf(e.Plan.Tenant, e.Plan.CacheSalt)
-		if prefix, keys, err = c.lookup(cp, out.Scope, e.Local, prompt); err != nil {
+		if prefix, read, keys, err = c.lookup(cp, out.Scope, e.Local, prompt); err != nil {
 			out.Err = err
 			return out, fr
 		}
@@ -222,7 +223,7 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Pref
 	// decode had them (the prefix stays where the router thinks it is);
 	// the others are given back.
 	held := min(int(e.Plan.HeldPages), len(m.Pages))
-	if out.HeldSums, err = contentSums(p, e.Local, m.Pages[:held]); err != nil {
+	if out.HeldSums, err = contentSums(p, e.Local, m.Pages[:held], read); err != nil {
 		out.Err = err
 		return out, fr
 	}
@@ -267,12 +268,19 @@ func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Pref
 }
 
 // contentSums are the kv.ContentChecksum of the rows of pages, the first
-// of a prompt's, as owner computed them: what decode's copies of them
-// must hash to.
-func contentSums(p Pages, owner kv.Owner, pages []kv.ManifestPage) ([]uint64, error) {
+// of a prompt's, as owner computed them or read them from the cache (read,
+// the cached pages the first ones were copied from, whose content was
+// fixed when they were published): what decode's copies of them must
+// hash to.
+func contentSums(p Pages, owner kv.Owner, pages []kv.ManifestPage, read []kv.CachedPage) ([]uint64, error) {
 	var sums []uint64
 	first := 0
-	for _, mp := range pages {
+	for i, mp := range pages {
+		if i < len(read) {
+			sums = append(sums, read[i].Content)
+			first += mp.Tokens
+			continue
+		}
 		l, err := p.Lease(mp.Tag, owner)
 		if err != nil {
 			return nil, err

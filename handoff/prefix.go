@@ -85,16 +85,16 @@ func PromptKeys(scope kv.Scope, model string, g kv.Geometry, prompt []int) ([]kv
 }
 
 // lookup finds the longest cached run of prompt's first full pages in
-// scope and leases each for reader (leaseRun). It returns the leases, in
-// order, and every cacheable page's key.
-func (c *PrefixCache) lookup(p CachePages, scope kv.Scope, reader kv.Owner, prompt []int) ([]kv.Lease, []kv.PrefixKey, error) {
+// scope and leases each for reader (leaseRun). It returns the leases and
+// the pages leased, in order, and every cacheable page's key.
+func (c *PrefixCache) lookup(p CachePages, scope kv.Scope, reader kv.Owner, prompt []int) ([]kv.Lease, []kv.CachedPage, []kv.PrefixKey, error) {
 	hits, keys, err := c.match(p.Geometry(), scope, prompt)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	leases := leaseRun(p, hits, reader, scope, func(hit kv.CachedPage) { c.forget(p, hit) })
 	c.stats.HitTokens += uint64(len(leases) * p.Geometry().PageTokens)
-	return leases, keys, nil
+	return leases, hits[:len(leases)], keys, nil
 }
 
 // match is the cached run of prompt's first full pages in scope, as the
