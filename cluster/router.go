@@ -74,10 +74,10 @@ type routerActor struct {
 	// (a decode node is remembered as a holder only then).
 	affinity, decodeAffinity *handoff.PrefixAffinity
 	decodeCaches             map[uint64]bool
-	poll     *time.Timer             // the next pollCaches
-	relays   map[string]*routed      // by relay PID id
-	byClient map[string]*actor.PID
-	ledger   *tenancy.Ledger // every request relayed, by tenant, held to its share (cfg.Tenants)
+	poll                     *time.Timer        // the next pollCaches
+	relays                   map[string]*routed // by relay PID id
+	byClient                 map[string]*actor.PID
+	ledger                   *tenancy.Ledger // every request relayed, by tenant, held to its share (cfg.Tenants)
 }
 
 // routed is what the router keeps of a request it relays: where it is
