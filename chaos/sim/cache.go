@@ -39,6 +39,7 @@ func (w *world) buildPolicy() {
 		}
 	}
 	w.byAttempt = map[handoff.JobKey]*client{}
+	w.forged = map[handoff.JobKey]bool{}
 	w.cachedRead = map[handoff.JobKey]int{}
 }
 

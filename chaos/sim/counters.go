@@ -75,6 +75,7 @@ const (
 	HeldCopyFlipped
 	HeldCopyRefused
 	HeldUnconfirmed
+	HeldSumForged
 	counters
 )
 
@@ -98,7 +99,7 @@ var counterNames = [counters]string{
 	"decode cached page evicted while leased", "decode lookup of another scope's prefix", "crash lost a decode cache",
 	"keep carried out after its job closed", "keep carried out before its job closed", "keep released a still-leased page",
 	"keep carried out amid a reservation", "another lookup's eviction amid a reservation", "held copy bit flipped before seal", "held copy refused at its seal",
-	"held pages given up, unconfirmed by prefill",
+	"held pages given up, unconfirmed by prefill", "prefill's held page checksum forged",
 }
 
 func (c Counter) String() string { return counterNames[c] }

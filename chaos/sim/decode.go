@@ -150,6 +150,10 @@ func (dr *dreq) do(e handoff.Effect) handoff.Event {
 	case handoff.Emit:
 		dr.c.emit(e.Chunk)
 	case handoff.Finish:
+		if attempt := (handoff.JobKey{Sender: senderKey(n.addr, n.inc), ID: dr.r.Owner().Request}); e.Cause == nil && w.forged[attempt] {
+			w.fail("held pages", "%s request %s was answered on attempt %d, whose prefill reported other rows for a page decode held",
+				n.addr, dr.name, attempt.ID)
+		}
 		n.adm.Ended(dr.name)
 		n.live = slices.DeleteFunc(n.live, func(x *dreq) bool { return x == dr })
 		if errors.Is(e.Cause, handoff.ErrCancelled) {

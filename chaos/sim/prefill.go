@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -125,6 +126,17 @@ func (n *node) doSource(e handoff.Effect, from *node, inc uint64) handoff.Event 
 		if err != nil {
 			w.fail("messages", "%s's source replies to %q: %v", n.addr, e.Key.Sender, err)
 			return nil
+		}
+		if len(e.Done.HeldSums) > 0 && w.chance(Corrupt) {
+			// A faulty prefill: the rows it reports for a page decode
+			// holds are not the cached page's. Decode must refuse the
+			// held pages before it reads a byte, and give them up.
+			done := *e.Done
+			done.HeldSums = slices.Clone(done.HeldSums)
+			done.HeldSums[w.rng.IntN(len(done.HeldSums))] ^= 1 << w.rng.IntN(64)
+			e.Done = &done
+			w.count[HeldSumForged]++
+			w.forged[handoff.JobKey{Sender: senderKey(to.addr, toInc), ID: done.RequestID}] = true
 		}
 		n.reply(to, toInc, e.Done)
 	default:

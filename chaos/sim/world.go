@@ -120,6 +120,9 @@ type world struct {
 	prefixes   [][]int
 	byAttempt  map[handoff.JobKey]*client
 	cachedRead map[handoff.JobKey]int
+	// forged are the attempts whose prefill reported rows for a held
+	// page that are not the cached page's: none may be answered.
+	forged map[handoff.JobKey]bool
 
 	count     Counters
 	trace     tracer
