@@ -431,6 +431,9 @@ func (n *Node) Latencies() LatenciesSnapshot { return n.counters.latencies.Snaps
 
 // Stop shuts remote (if any) and the actor system down.
 func (n *Node) Stop() {
+	for _, p := range n.pools {
+		p.stop()
+	}
 	if n.remote != nil {
 		messages.ShutdownRemote(n.sys, n.remote)
 	}

@@ -65,7 +65,15 @@ type Pool struct {
 	// cache is the prefix cache's counts of the prefill worker that owns
 	// the pool, as of their last change; nil without a cache.
 	cache *atomic.Pointer[handoff.PrefixStats]
+	// stopped is closed when the node stops: a page ask then ends at
+	// once, as a future's would with a dead letter, instead of waiting
+	// out Timeout on a page actor that is gone.
+	stopped  chan struct{}
+	stopOnce *sync.Once
 }
+
+// stop ends the page asks waiting now and to come.
+func (p *Pool) stop() { p.stopOnce.Do(func() { close(p.stopped) }) }
 
 // poolFairness is what a pool actor shares its pages among tenants by
 // (tenancy.PoolShares): the tenants' weights, and how often a request
@@ -91,7 +99,7 @@ func spawnPool(root *actor.RootContext, name string, cfg kv.Config, mailbox acto
 	stats := &poolCounters{log: log, cross: func() kv.CrossRows { return kv.CrossRowsOf(pages) }}
 	pool := &Pool{PID: actor.NewPID(root.ActorSystem().Address(), name), Pages: make([]*actor.PID, len(pages)),
 		Geometry: cfg.Geometry, Timeout: timeout, gens: make([]atomic.Uint64, len(pages)), nonces: new(atomic.Uint64),
-		cache: new(atomic.Pointer[handoff.PrefixStats])}
+		cache: new(atomic.Pointer[handoff.PrefixStats]), stopped: make(chan struct{}), stopOnce: new(sync.Once)}
 	for i := range pages {
 		pg := &pages[i]
 		pool.gens[i].Store(pg.Tag().Generation)
@@ -195,17 +203,27 @@ func (p *Pool) Status(r Requester) (PoolStatusReply, error) {
 	return s, err
 }
 
-// Page sends msg to the page actor of tag and waits for its reply. A tag
-// of another pool is refused here, as the page itself would.
+// Page sends msg to the page actor of tag and waits for its reply, at most
+// Timeout, or until the node stops. A tag of another pool is refused here,
+// as the page itself would.
 func (p *Pool) Page(r Requester, tag kv.Tag, msg any) PageReply {
 	if int64(tag.Index) >= int64(len(p.Pages)) {
 		return PageReply{Err: &kv.StaleTagError{Page: tag.Index, Have: tag}}
 	}
-	rep, err := ask[PageReply](r, p.Pages[tag.Index], msg, p.Timeout)
-	if err != nil {
-		return PageReply{Err: err}
+	pid := p.Pages[tag.Index]
+	reply := make(chan PageReply, 1)
+	r.Send(pid, pageAsk{Msg: msg, Reply: reply})
+	t := time.NewTimer(p.Timeout)
+	defer t.Stop()
+	cause := actor.ErrTimeout
+	select {
+	case rep := <-reply:
+		return rep
+	case <-t.C:
+	case <-p.stopped:
+		cause = actor.ErrDeadLetter
 	}
-	return rep
+	return PageReply{Err: &NoAnswerError{Call: fmt.Sprintf("%T to %s", msg, pid.Id), Timeout: p.Timeout, Cause: cause}}
 }
 
 // Inspect asks page idx for its kv.PageInfo.
