@@ -87,7 +87,9 @@ func ExecReserveHeld(p CachePages, c HeldCache, e Reserve) Reserved {
 	for i, l := range leases {
 		b, _, err := p.Read(l)
 		if err == nil {
-			err = p.Write(r.Dest[i], e.Owner, i*pt, b)
+			// A cached page is never written, and the lease keeps it until
+			// the copy is made: its bytes need no copy of their own.
+			err = p.WriteOwned(r.Dest[i], e.Owner, i*pt, b)
 		}
 		if err != nil {
 			break
