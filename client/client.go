@@ -286,19 +286,18 @@ func newClient(sys *actor.ActorSystem, targets []*actor.PID, opt Options) *Clien
 	// Request ids are unique per client; start from the clock so that a
 	// restarted client does not reuse its predecessor's first ids.
 	c.nextID.Store(uint64(time.Now().UnixNano()))
-	c.sub = sys.EventStream.SubscribeWithPredicate(c.onEvent, func(evt any) bool {
-		switch evt.(type) {
-		case *remote.EndpointTerminatedEvent, *remote.EndpointConnectedEvent:
-			return true
-		}
-		return false
-	})
+	// onEvent takes the endpoint events and ignores the others. No
+	// subscription predicate: protoactor's SubscribeWithPredicate sets it
+	// after the subscription is published, unlocked, and a concurrent
+	// Publish (a dead letter of a node's actors in this process, say)
+	// reads it, a data race the race detector reported in CI.
+	c.sub = sys.EventStream.Subscribe(c.onEvent)
 	return c
 }
 
 // onEvent follows the client's connections to its endpoints, as
-// protoactor remote reports them. It runs on the publisher's goroutine and
-// never blocks.
+// protoactor remote reports them, and ignores every other event. It runs
+// on the publisher's goroutine and never blocks.
 func (c *Client) onEvent(evt any) {
 	switch e := evt.(type) {
 	case *remote.EndpointTerminatedEvent:

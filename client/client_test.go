@@ -13,6 +13,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
 )
@@ -147,4 +148,33 @@ func TestCancelCrossingTheAnswer(t *testing.T) {
 			t.Fatalf("cancelled, then answered: %v, want the context's error", err)
 		}
 	})
+}
+
+// TestNewClientWhileEventsArePublished: clients made while the actor
+// system publishes events (a node's dead letters, in a process that runs a
+// node and its clients) share the event stream without a data race; under
+// -race, a subscription whose predicate is set after it is published was
+// reported here.
+func TestNewClientWhileEventsArePublished(t *testing.T) {
+	sys := actor.NewActorSystem()
+	t.Cleanup(sys.Shutdown)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				sys.EventStream.Publish(&actor.DeadLetterEvent{Message: "late"})
+			}
+		}
+	}()
+	target := actor.NewPID("127.0.0.1:1", "admission")
+	for range 200 {
+		c := New(sys, target, Options{Auth: trust.Insecure(nil)})
+		c.Close()
+	}
+	close(stop)
+	testwait.Recv(t, "the publisher's end", time.Minute, done)
 }
