@@ -13,8 +13,9 @@ type HeldCache interface {
 	// and the index's use stamp after it. A scope that cannot key is zero,
 	// with no hits.
 	Match(tenant, salt string, prompt []int) (hits []kv.CachedPage, scope kv.Scope, use uint64)
-	// Forget evicts a page of a Match whose lease was refused and drops
-	// it from the index.
+	// Forget evicts a page of a Match whose lease was refused, or whose
+	// rows the request's prefill did not confirm (Unhold), and drops it
+	// from the index.
 	Forget(hit kv.CachedPage)
 	// Evict gives up at most n pages last used before use, least
 	// recently used first, and says how many.
