@@ -431,11 +431,14 @@ func (n *Node) Latencies() LatenciesSnapshot { return n.counters.latencies.Snaps
 
 // Stop shuts remote (if any) and the actor system down.
 func (n *Node) Stop() {
-	for _, p := range n.pools {
-		p.stop()
-	}
 	if n.remote != nil {
 		messages.ShutdownRemote(n.sys, n.remote)
+	}
+	// Only now, with the remote down: page asks that end early make their
+	// callers fail and answer peers, which must not start endpoint writers
+	// while the remote shuts down (see messages.ShutdownRemote).
+	for _, p := range n.pools {
+		p.stop()
 	}
 	n.sys.Shutdown()
 }
