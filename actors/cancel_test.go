@@ -70,11 +70,7 @@ func TestCancelledSequenceIsClosed(t *testing.T) {
 	cfg := testConfig()
 	n := startNode(t, cfg)
 	log := slog.New(slog.DiscardHandler)
-	pool, err := spawnPool(n.Root(), "held-decode/pool", cfg.pool(16, n.Config().Incarnation), n.Mailbox(), cfg.CallTimeout,
-		time.Now, cfg.fairness(), log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := nodePool(t, n, "held-decode/pool", 16, cfg.CallTimeout)
 	held := newHeldEngine(n.Model().Engine())
 	t.Cleanup(held.release)
 	w := newWorker("decode", n.Model(), pool, &cfg, log, planPolicy{auth: n.Auth()})

@@ -20,11 +20,7 @@ import (
 func TestUnleaseOfALeaseNotHeldStaysHere(t *testing.T) {
 	cfg := testConfig()
 	n := startNode(t, cfg)
-	pool, err := spawnPool(n.Root(), "unlease/pool", cfg.pool(2, n.Config().Incarnation), n.Mailbox(), cfg.CallTimeout,
-		time.Now, cfg.fairness(), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := nodePool(t, n, "unlease/pool", 2, cfg.CallTimeout)
 	a, b := newPageClient(pool, n.Root()), newPageClient(pool, n.Root())
 	writer := kv.Owner{Request: 1, Tenant: "acme"}
 	scope := kv.TenantScope("acme")

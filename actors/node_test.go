@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -269,4 +270,18 @@ func TestPoolExhaustionWaitsOrBusyNeverWrong(t *testing.T) {
 		t.Fatalf("no request got through: %d busy", busy)
 	}
 	t.Logf("%d answered, %d busy", ok, busy)
+}
+
+// nodePool is a pool of pages pages spawned on n's actor system under
+// name, outside the node's own pools, with n's config and mailboxes and
+// asks bounded by timeout.
+func nodePool(t *testing.T, n *Node, name string, pages int, timeout time.Duration) *Pool {
+	t.Helper()
+	cfg := n.Config()
+	pool, err := spawnPool(n.Root(), name, cfg.pool(pages, cfg.Incarnation), n.Mailbox(), timeout, time.Now, cfg.fairness(),
+		slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
 }

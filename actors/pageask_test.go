@@ -2,7 +2,6 @@ package actors
 
 import (
 	"errors"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -19,11 +18,7 @@ import (
 func TestPageAskEndsWithoutAnAnswer(t *testing.T) {
 	cfg := testConfig()
 	n := startNode(t, cfg)
-	pool, err := spawnPool(n.Root(), "silent/pool", cfg.pool(2, n.Config().Incarnation), n.Mailbox(), 50*time.Millisecond,
-		time.Now, cfg.fairness(), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := nodePool(t, n, "silent/pool", 2, 50*time.Millisecond)
 	// Page 0's actor takes every message and answers none.
 	pool.Pages[0] = n.Root().Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 	tag := kv.Tag{Incarnation: n.Config().Incarnation, Index: 0, Generation: 1}

@@ -38,11 +38,7 @@ func TestAbortedQueuedPlanLeavesNothingInTheWorker(t *testing.T) {
 	cfg := testConfig()
 	n := startNode(t, cfg)
 	eng := &gatedEngine{Engine: n.Model().Engine(), entered: make(chan struct{}), gate: make(chan struct{})}
-	pool, err := spawnPool(n.Root(), "gated-prefill/pool", cfg.pool(8, n.Config().Incarnation), n.Mailbox(), cfg.CallTimeout,
-		time.Now, cfg.fairness(), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := nodePool(t, n, "gated-prefill/pool", 8, cfg.CallTimeout)
 	w := newWorker("prefill", n.Model(), pool, &cfg, slog.New(slog.DiscardHandler), planPolicy{auth: n.Auth()})
 	w.engine = eng
 	worker, err := n.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return w },
