@@ -365,6 +365,10 @@ func (n *Node) isDraining() bool {
 // router has taken.
 func (n *Node) cacheSummaries() uint64 { return n.rc.summaries.Load() }
 
+// decodeCaches is how many decode nodes the node's router knows keep a
+// prefix cache.
+func (n *Node) decodeCaches() int { return int(n.rc.decodeCaches.Load()) }
+
 // membersNow is the membership as of now; the router reads it per request.
 func (n *Node) membersNow() []Member { return n.mem().Members() }
 

@@ -31,7 +31,8 @@ type routerCounters struct {
 	retried                                    atomic.Uint64       // requests sent again to another decode node (RouteRetriesMax)
 	waiting                                    atomic.Int32        // requests routed with no token back yet (routed.waiting)
 	tenants                                    atomic.Int32        // tenants with requests relayed (the ledger's)
-	summaries                                  atomic.Uint64       // prefilling nodes' cache summaries taken
+	summaries                                  atomic.Uint64       // nodes' cache summaries taken
+	decodeCaches                               atomic.Int32        // decode nodes known to keep a cache (routerActor.decodeCaches)
 }
 
 // inFlight is the routed requests not yet answered.
@@ -184,7 +185,7 @@ func (r *routerActor) Receive(c actor.Context) {
 	case memberLost:
 		r.affinity.Forget(m.incarnation)
 		r.decodeAffinity.Forget(m.incarnation)
-		delete(r.decodeCaches, m.incarnation)
+		r.decodeCaching(m.incarnation, false)
 		for id, rt := range r.relays {
 			if rt.decode.Meta.Incarnation == m.incarnation {
 				c.Send(actor.NewPID(c.Self().Address, id), m)
@@ -383,6 +384,16 @@ func (r *routerActor) routedTo(keys []kv.PrefixKey, d, p Member) {
 	}
 }
 
+// decodeCaching records whether decode node inc keeps a cache.
+func (r *routerActor) decodeCaching(inc uint64, caches bool) {
+	if caches {
+		r.decodeCaches[inc] = true
+	} else {
+		delete(r.decodeCaches, inc)
+	}
+	r.counters.decodeCaches.Store(int32(len(r.decodeCaches)))
+}
+
 // caches says whether a member of role r keeps prefix caches: every node
 // that prefills or decodes.
 func caches(r Role) bool { return prefills(r) || decodes(r) }
@@ -415,7 +426,7 @@ func (r *routerActor) cacheSummary(c actor.Context, m *messages.CacheSummary) {
 			if decodes(mb.Meta.Role) && m.DecodeCache {
 				r.decodeAffinity.Published(m.Incarnation, m.Keys)
 			}
-			r.decodeCaches[m.Incarnation] = decodes(mb.Meta.Role) && m.DecodeCache
+			r.decodeCaching(m.Incarnation, decodes(mb.Meta.Role) && m.DecodeCache)
 			r.counters.summaries.Add(1)
 			return
 		}
