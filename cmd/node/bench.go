@@ -41,6 +41,8 @@ type benchOptions struct {
 	NodeProcs int
 	// Profile is where --profile writes the measured per-node figures.
 	Profile string
+	// Path is the rounds of the serving path's comparison.
+	Path int
 	// SideChannel is the trials of the side-channel harness.
 	SideChannel int
 	// Stub benchmarks an in-process stub that answers at once.
@@ -98,6 +100,14 @@ prompt tokens the attacker was told it read from the cache. Across scopes
 both must show nothing; within a shared scope (a cache_scope group of the
 cluster's --tenants file) they will, which shows the harness works.
 
+--path N compares the serving path with the engine under it: it brings up
+one node of role all and a router with one prefill and one decode node, and
+for N rounds sends each of them, and the engine alone in bench's process,
+one request of 256 tokens, 32 at once of 64 tokens and five new prompts of
+256 tokens for their first token, one target after the other. It prints
+tokens/s, TTFT and the CPU time each process spends a token, and the ratios
+of the cluster and the node to the engine (--json: every round).
+
 --profile FILE measures the per-node figures node plan needs (prefill
 tokens/s, decode tokens/s by batch size, KV bytes per token, transfer
 bandwidth, per-request overhead) against --endpoint, best a router with one
@@ -133,6 +143,7 @@ interrupted.`,
 	fs.IntVar(&o.Compare, "compare", o.Compare, "bring up N nodes of role all, then every P prefill + D decode with P + D = N, and compare")
 	fs.IntVar(&o.NodeProcs, "node-procs", o.NodeProcs, "processors (GOMAXPROCS) of each node --compare starts")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "measure the per-node figures node plan needs and write them to this file")
+	fs.IntVar(&o.Path, "path", o.Path, "compare the engine alone, one node of role all and a router with a prefill and a decode node, for this many rounds")
 	fs.IntVar(&o.SideChannel, "side-channel", o.SideChannel, "play an attacker timing guesses of a victim's prompt prefixes for this many trials and report the ROC AUC")
 	fs.BoolVar(&o.Stub, "stub", o.Stub, "benchmark an in-process stub that answers at once: the generator's own limit")
 	fs.DurationVar(&o.NoAnswerAfter, "no-answer-after", o.NoAnswerAfter, "give a request up as lost after this long without a message")
@@ -146,14 +157,18 @@ func (o *benchOptions) check(cmd *cobra.Command) error {
 		return err
 	}
 	modes := 0
-	for _, on := range []bool{o.Compare > 0, o.Profile != "", o.Stub, o.SideChannel > 0} {
+	for _, on := range []bool{o.Compare > 0, o.Profile != "", o.Stub, o.SideChannel > 0, o.Path > 0} {
 		if on {
 			modes++
 		}
 	}
 	switch {
 	case modes > 1:
-		return errors.New("--compare, --profile, --stub and --side-channel are ways to run bench: give one")
+		return errors.New("--compare, --profile, --stub, --side-channel and --path are ways to run bench: give one")
+	case o.Path < 0 || o.Path > pathRoundsMax:
+		return fmt.Errorf("--path (%d) must be 1 to %d rounds", o.Path, pathRoundsMax)
+	case o.Path > 0 && o.HTTP != "":
+		return errors.New("--path brings up its own nodes and sends through the Go client: no --http")
 	case o.Compare < 0 || o.Compare > upNodesMax:
 		return fmt.Errorf("--compare (%d) must be 1 to %d nodes", o.Compare, upNodesMax)
 	case o.NodeProcs < 1 || o.NodeProcs > 1024:
@@ -176,13 +191,13 @@ func (o *benchOptions) check(cmd *cobra.Command) error {
 		return errors.New("--http benchmarks an API that is running; --compare and --stub start their own")
 	case o.HTTP != "" && o.APIKeys == "":
 		return errors.New("--http needs --api-key")
-	case len(o.NodeArgs) > 0 && o.Compare == 0:
-		return errors.New("arguments after -- are for the nodes --compare starts")
+	case len(o.NodeArgs) > 0 && o.Compare == 0 && o.Path == 0:
+		return errors.New("arguments after -- are for the nodes --compare and --path start")
 	}
 	if _, err := o.rates(); err != nil {
 		return err
 	}
-	if o.Compare == 0 && !o.Stub && o.HTTP == "" {
+	if o.Compare == 0 && o.Path == 0 && !o.Stub && o.HTTP == "" {
 		_, err := generateOptions{Endpoint: o.Endpoint}.endpoints()
 		return err
 	}
@@ -268,8 +283,11 @@ func runBench(ctx context.Context, stdout, stderr io.Writer, o benchOptions) err
 	if err != nil {
 		return err
 	}
-	if o.Profile != "" {
+	switch {
+	case o.Profile != "":
 		return runProfile(ctx, stdout, stderr, log, o, w)
+	case o.Path > 0:
+		return runPath(ctx, stdout, stderr, log, o, w)
 	}
 	switch {
 	case o.Compare > 0:

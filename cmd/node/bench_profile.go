@@ -104,7 +104,7 @@ func measureProfile(ctx context.Context, stderr io.Writer, s sender, w *workload
 			tokens[1], ttft[1]*1000, tokens[0], ttft[0]*1000)
 	}
 	p.PrefillTokensPerS, p.OverheadS = 1/prefill, max(ttft[0]-float64(tokens[0])*slope, 0)
-	shapes, err := fullLength(w, profileDecodeTokens, profileBatches[len(profileBatches)-1])
+	shapes, err := fullLength(w, profileDecodeTokens, profileBatches[len(profileBatches)-1], 1)
 	if err != nil {
 		return p, err
 	}
@@ -136,12 +136,12 @@ func measureProfile(ctx context.Context, stderr io.Writer, s sender, w *workload
 	return p, p.Validate()
 }
 
-// fullLength are n short prompts whose reference answers run to all
-// tokens tokens (none stops early), so that a decode probe keeps its
-// batch full.
-func fullLength(w *workload, tokens, n int) ([]bench.Shape, error) {
+// fullLength are n short prompts, drawn from seeds from on, whose
+// reference answers run to all tokens tokens (none stops early), so that
+// a decode probe keeps its batch full.
+func fullLength(w *workload, tokens, n int, from uint64) ([]bench.Shape, error) {
 	var out []bench.Shape
-	for seed := uint64(1); len(out) < n && seed < uint64(64*n); seed++ {
+	for seed := from; len(out) < n && seed < from+uint64(64*n); seed++ {
 		cand := bench.Shape{Prompt: fmt.Sprintf("%d %s", seed, bench.Text(rand.New(rand.NewPCG(seed, 0)), profileShortBytes)), MaxTokens: tokens}
 		refs, err := references(w.model, []bench.Shape{cand})
 		if err != nil {
@@ -164,6 +164,12 @@ func probe(ctx context.Context, stderr io.Writer, s sender, w *workload, what st
 	if err != nil {
 		return nil, nil, err
 	}
+	samples, err := probeRefs(ctx, stderr, s, what, shapes, refs, concurrency, n)
+	return samples, refs, err
+}
+
+// probeRefs is probe with the shapes' reference answers given.
+func probeRefs(ctx context.Context, stderr io.Writer, s sender, what string, shapes []bench.Shape, refs []reference, concurrency, n int) ([]bench.Sample, error) {
 	order := make([]bench.Request, len(shapes))
 	for i := range order {
 		order[i] = bench.Request{Shape: i}
@@ -174,13 +180,13 @@ func probe(ctx context.Context, stderr io.Writer, s sender, w *workload, what st
 	done()
 	for _, x := range samples {
 		if !x.OK() {
-			return nil, nil, fmt.Errorf("bench: profile, %s: a request failed (%s) or answered wrong (%t)", what, x.Code, x.Wrong)
+			return nil, fmt.Errorf("bench: profile, %s: a request failed (%s) or answered wrong (%t)", what, x.Code, x.Wrong)
 		}
 	}
 	if len(samples) < n {
-		return nil, nil, ctx.Err()
+		return nil, ctx.Err()
 	}
-	return samples, refs, nil
+	return samples, nil
 }
 
 // median is the median of what of picks from samples, in seconds.

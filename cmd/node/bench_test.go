@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -375,5 +377,53 @@ func TestBenchPlotsDegenerateRuns(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBinaryBenchPath runs the serving path's comparison for one round:
+// every target measured, every process's CPU read, every ratio computed
+// from figures that are there.
+func TestBinaryBenchPath(t *testing.T) {
+	report := filepath.Join(t.TempDir(), "path.json")
+	code, stdout, stderr := runBinary(t, "", "bench", "--path", "1", "--json", report)
+	if code != exitOK {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	data, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep pathReport
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	procs := map[string][]string{pathEngine: {"client"}, pathNode: {"all-0", "client"},
+		pathCluster: {"client", "decode-0", "prefill-0", "router-0"}}
+	for target, want := range procs {
+		rounds := rep.Targets[target]
+		if len(rounds) != 1 {
+			t.Fatalf("%s: %d rounds, want 1", target, len(rounds))
+		}
+		r := rounds[0]
+		if !(r.SingleTokensPerS > 0 && r.BatchTokensPerS > 0 && r.TTFTS > 0) {
+			t.Errorf("%s: a figure is not positive: %+v", target, r)
+		}
+		if got := slices.Sorted(maps.Keys(r.CPUPerToken)); !slices.Equal(got, want) {
+			t.Errorf("%s: CPU read of %v, want %v", target, got, want)
+		}
+		if !(r.CPUPerToken["client"] > 0) || !(r.BatchCPUPerToken[want[len(want)-1]] > 0) {
+			t.Errorf("%s: no CPU time read: %v, %v", target, r.CPUPerToken, r.BatchCPUPerToken)
+		}
+	}
+	if rep.PromptTokens != pathPromptTokens {
+		t.Errorf("first-token prompts of %d tokens, want %d", rep.PromptTokens, pathPromptTokens)
+	}
+	for _, r := range rep.Ratios {
+		if !(r.Median > 0) || !strings.Contains(stdout, r.What) {
+			t.Errorf("ratio %q: %v, or not printed:\n%s", r.What, r.Median, stdout)
+		}
+	}
+	if len(rep.Ratios) != 9 {
+		t.Errorf("%d ratios, want 9", len(rep.Ratios))
 	}
 }
