@@ -264,3 +264,31 @@ func TestEndpointEventsGuardedOnceStopping(t *testing.T) {
 		t.Fatal("the guard ended the publisher of an event of another kind")
 	}
 }
+
+// TestEndpointGuardWaitsForEventsPassing: an endpoint event the guard let
+// pass before the remote began to stop holds ShutdownRemote's wait until
+// it has passed the endpoint manager's handler too; once stopping, no
+// event passes, and the wait ends once none is passing.
+func TestEndpointGuardWaitsForEventsPassing(t *testing.T) {
+	g := &endpointGuard{drained: make(chan struct{})}
+	evt := &remote.EndpointTerminatedEvent{Address: "127.0.0.1:1"}
+	g.before(evt) // on its way to the manager's handler
+	var drained <-chan struct{}
+	g.before(remoteStopping{r: g.r, drained: &drained})
+	select {
+	case <-drained:
+		t.Fatal("the wait ended while an event was on its way to the endpoint manager")
+	default:
+	}
+	g.after("another event")
+	select {
+	case <-drained:
+		t.Fatal("an event of another kind ended the wait")
+	default:
+	}
+	g.after(evt)
+	testwait.Recv(t, "the wait's end once the event passed", remoteTimeout, drained)
+	var again <-chan struct{}
+	g.before(remoteStopping{r: g.r, drained: &again})
+	testwait.Recv(t, "a second stop's wait, at once", remoteTimeout, again)
+}

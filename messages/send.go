@@ -7,7 +7,7 @@ import (
 	"net"
 	"runtime"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -165,42 +165,90 @@ func startRemote(sys *actor.ActorSystem, listen, advertise string, auth *trust.A
 		self, adv = advertise, []remote.ConfigOption{remote.WithAdvertisedHost(advertise)}
 	}
 	r := remote.NewRemote(sys, remote.Configure(host, port, append(remoteOptions(auth, self, futures, incarnation), adv...)...))
-	guardEndpointEvents(sys, r)
+	g := &endpointGuard{r: r, drained: make(chan struct{})}
+	sys.EventStream.Subscribe(g.before)
 	r.Start()
+	sys.EventStream.Subscribe(g.after)
 	return r, nil
 }
 
 // remoteStopping tells r's endpoint-event guard that ShutdownRemote
-// stops r.
-type remoteStopping struct{ r *remote.Remote }
+// stops r; the guard answers in drained the channel closed once no
+// event it let pass is still on its way to r's endpoint manager.
+type remoteStopping struct {
+	r       *remote.Remote
+	drained *<-chan struct{}
+}
 
-// guardEndpointEvents works around an upstream race: an endpoint writer
-// whose stream fails publishes an EndpointTerminatedEvent from its own
+// endpointGuard works around an upstream race: an endpoint writer whose
+// stream fails publishes an EndpointTerminatedEvent from its own
 // goroutine, and EventStream.Publish calls the handlers it saw subscribed
 // when it began. If the remote's graceful Shutdown runs meanwhile (the
 // endpoint manager unsubscribes, then sets its connections map to nil),
 // the manager's handler, called late, dereferences the nil map and the
 // panic, in a goroutine of protoactor's, ends the process: seen on a
-// loaded machine when a node stopped as its peer did. The guard is
-// subscribed just before r.Start subscribes the manager, so it runs just
-// before the manager's handler, and ends the publishing goroutine
-// (runtime.Goexit: a writer's, whose last act the publish is) once
-// ShutdownRemote has begun, so the manager's handler is never called
-// late. Before that, events pass on.
-func guardEndpointEvents(sys *actor.ActorSystem, r *remote.Remote) {
-	var stopping atomic.Bool
-	sys.EventStream.Subscribe(func(evt any) {
-		switch e := evt.(type) {
-		case remoteStopping:
-			if e.r == r {
-				stopping.Store(true)
-			}
-		case *remote.EndpointTerminatedEvent:
-			if stopping.Load() {
-				runtime.Goexit()
-			}
+// loaded machine when a node stopped as its peer did. The guard's before
+// is subscribed just before r.Start subscribes the manager, and its after
+// just after, so an event passes before, then the manager's handler, then
+// after. Once ShutdownRemote has begun, before ends the publishing
+// goroutine (runtime.Goexit: a writer's, whose last act the publish is),
+// so the manager's handler is never called late; and ShutdownRemote waits
+// until every event before let pass earlier has passed after too, so none
+// is still inside the manager's handler when Shutdown begins.
+type endpointGuard struct {
+	r        *remote.Remote
+	mu       sync.Mutex
+	stopping bool
+	passing  int           // events past before, not yet past after
+	drained  chan struct{} // closed once stopping and none is passing
+}
+
+func (g *endpointGuard) before(evt any) {
+	switch e := evt.(type) {
+	case remoteStopping:
+		if e.r != g.r {
+			return
 		}
-	})
+		g.mu.Lock()
+		if !g.stopping {
+			g.stopping = true
+			g.drainedIfIdle()
+		}
+		g.mu.Unlock()
+		*e.drained = g.drained
+	case *remote.EndpointTerminatedEvent:
+		g.mu.Lock()
+		stopping := g.stopping
+		if !stopping {
+			g.passing++
+		}
+		g.mu.Unlock()
+		if stopping {
+			runtime.Goexit()
+		}
+	}
+}
+
+func (g *endpointGuard) after(evt any) {
+	if _, ok := evt.(*remote.EndpointTerminatedEvent); !ok {
+		return
+	}
+	g.mu.Lock()
+	g.passing = max(g.passing-1, 0)
+	g.drainedIfIdle()
+	g.mu.Unlock()
+}
+
+// drainedIfIdle closes drained once stopping and no event is passing;
+// g.mu is held.
+func (g *endpointGuard) drainedIfIdle() {
+	if g.stopping && g.passing == 0 {
+		select {
+		case <-g.drained:
+		default:
+			close(g.drained)
+		}
+	}
 }
 
 // RemoteShutdownGrace bounds the graceful part of ShutdownRemote.
@@ -220,9 +268,18 @@ const RemoteShutdownGrace = time.Second
 // the panic is recovered and the non-graceful Shutdown finishes the job.
 //
 // sys is r's actor system, whose event stream tells r's guard
-// (guardEndpointEvents) that r stops.
+// (endpointGuard) that r stops; ShutdownRemote waits, within
+// RemoteShutdownGrace, for the endpoint events already on their way to
+// r's endpoint manager.
 func ShutdownRemote(sys *actor.ActorSystem, r *remote.Remote) {
-	sys.EventStream.Publish(remoteStopping{r})
+	var drained <-chan struct{}
+	sys.EventStream.Publish(remoteStopping{r: r, drained: &drained})
+	if drained != nil {
+		select {
+		case <-drained:
+		case <-time.After(RemoteShutdownGrace):
+		}
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
