@@ -25,6 +25,13 @@ func samples() []Message {
 	return append([]Message{
 		&GenerateRequest{RequestID: 7, Tenant: "acme", Prompt: "The capital of France is", MaxTokens: 16, Stream: true},
 		&GenerateRequest{RequestID: 7, Tenant: "acme", Prompt: "x", MaxTokens: 1, CacheSalt: "user-42 ✓"},
+		&GenerateRequest{RequestID: 9, Tenant: "acme", Prompt: "x", MaxTokens: 2, Stream: true, Batched: true},
+		&TokenBatch{Items: []StreamItem{
+			{To: "rx$a1", Chunk: &TokenChunk{RequestID: 7, Seq: 1, Tokens: []uint32{1, 300}, Text: " Par"}},
+			{To: "rx$b2", Chunk: &TokenChunk{RequestID: 8, Seq: 4, Tokens: []uint32{70000}}},
+			{To: "rx$a1", Result: &GenerateResult{RequestID: 7, Tokens: []uint32{1, 300}, Text: " Par", FinishReason: FinishLength}},
+			{To: "rx$c3", Result: &GenerateResult{RequestID: 9, FinishReason: FinishError, Err: &WireError{Code: CodeBusy, Message: "busy"}}},
+		}},
 		&TokenChunk{RequestID: 7, Seq: 3, Tokens: []uint32{1, 300, 70000}, Text: " Paris"},
 		&GenerateResult{RequestID: 7, Tokens: []uint32{5, 6, math.MaxUint32}, Text: " Paris.", FinishReason: FinishStop},
 		&GenerateResult{RequestID: 8, FinishReason: FinishError,
@@ -285,13 +292,43 @@ func TestWorstCaseFits(t *testing.T) {
 		&PressureReply{Held: held},
 		&PressureReply{Err: &werr},
 	}
-	worst = append(worst, &CacheSummary{Incarnation: math.MaxUint64, Keys: make([]kv.PrefixKey, CacheSummaryKeysMax)})
+	worst = append(worst, &CacheSummary{Incarnation: math.MaxUint64, Keys: make([]kv.PrefixKey, CacheSummaryKeysMax)},
+		&RoutedRequest{RequestID: math.MaxUint64, Tenant: tenant, Prompt: prompt, MaxTokens: GenerateTokensMax,
+			Prefill: addr, PrefillIncarnation: math.MaxUint64, DecodeIncarnation: math.MaxUint64, Attempt: RouteAttemptsMax,
+			CacheSalt: strings.Repeat("s", kv.CacheSaltBytesMax), Batched: true},
+		worstBatch(big(ChunkTokensMax), big(GenerateTokensMax), werr))
 	for _, m := range worst {
 		frame := mustEncode(t, m)
 		t.Logf("%-16s worst case %8d bytes (limit %d)", m.TypeCode(), len(frame), MessageBytesMax)
 		if _, err := Decode(frame); err != nil {
 			t.Errorf("%s: worst case does not decode: %v", m.TypeCode(), err)
 		}
+	}
+}
+
+// worstBatch is a TokenBatch whose items' WireBytesMax sum to
+// StreamBatchBytesMax: full chunks and results, each of the largest
+// values, then one more chunk's text up to the bound.
+func worstBatch(chunkTokens, resultTokens []uint32, werr WireError) *TokenBatch {
+	to := strings.Repeat("x", StreamToBytesMax)
+	b := &TokenBatch{Items: []StreamItem{
+		{To: to, Result: &GenerateResult{RequestID: math.MaxUint64, Tokens: resultTokens, Text: strings.Repeat("x", TextBytesMax),
+			FinishReason: FinishLength, CachedTokens: math.MaxUint32}},
+		{To: to, Result: &GenerateResult{RequestID: math.MaxUint64, FinishReason: FinishError, Err: &werr}},
+	}}
+	used := 0
+	for i := range b.Items {
+		used += b.Items[i].WireBytesMax()
+	}
+	for {
+		it := StreamItem{To: to, Chunk: &TokenChunk{RequestID: math.MaxUint64, Seq: math.MaxUint32, Tokens: chunkTokens}}
+		room := StreamBatchBytesMax - used - it.WireBytesMax()
+		if room <= 0 {
+			return b
+		}
+		it.Chunk.Text = strings.Repeat("x", min(room, TextBytesMax))
+		used += it.WireBytesMax()
+		b.Items = append(b.Items, it)
 	}
 }
 
@@ -320,6 +357,20 @@ func TestValidateRefuses(t *testing.T) {
 		{"empty chunk", &TokenChunk{RequestID: 1}, &invalid},
 		{"big chunk", &TokenChunk{RequestID: 1, Tokens: make([]uint32, ChunkTokensMax+1)}, &tooLarge},
 		{"no finish", &GenerateResult{RequestID: 1}, &invalid},
+		{"empty batch", &TokenBatch{}, &invalid},
+		{"batch item of both", &TokenBatch{Items: []StreamItem{{To: "a", Chunk: &TokenChunk{RequestID: 1, Seq: 1, Tokens: []uint32{1}},
+			Result: &GenerateResult{RequestID: 1, FinishReason: FinishStop}}}}, &invalid},
+		{"batch item of neither", &TokenBatch{Items: []StreamItem{{To: "a"}}}, &invalid},
+		{"batch item to no one", &TokenBatch{Items: []StreamItem{{Chunk: &TokenChunk{RequestID: 1, Seq: 1, Tokens: []uint32{1}}}}}, &invalid},
+		{"batch item invalid", &TokenBatch{Items: []StreamItem{{To: "a", Chunk: &TokenChunk{RequestID: 1}}}}, &invalid},
+		{"batch over its bytes", func() Message {
+			b := worstBatch(make([]uint32, ChunkTokensMax), make([]uint32, GenerateTokensMax), WireError{Code: CodeBusy})
+			b.Items[len(b.Items)-1].Chunk.Text += strings.Repeat("x", StreamBatchBytesMax)
+			b.Items[len(b.Items)-1].Chunk.Text = b.Items[len(b.Items)-1].Chunk.Text[:TextBytesMax]
+			b.Items = append(b.Items, b.Items[len(b.Items)-1])
+			return b
+		}(), &tooLarge},
+		{"batch of too many items", &TokenBatch{Items: slices.Repeat([]StreamItem{{To: "a", Chunk: &TokenChunk{RequestID: 1, Seq: 1, Tokens: []uint32{1}}}}, StreamItemsMax+1)}, &tooLarge},
 		{"error without err", &GenerateResult{RequestID: 1, FinishReason: FinishError}, &invalid},
 		{"err with stop", &GenerateResult{RequestID: 1, FinishReason: FinishStop, Err: &WireError{Code: CodeBusy}}, &invalid},
 		{"error with tokens", &GenerateResult{RequestID: 1, FinishReason: FinishError, Tokens: []uint32{1}, Err: &WireError{Code: CodeBusy}}, &invalid},
@@ -483,7 +534,7 @@ func TestDecodeRefuses(t *testing.T) {
 		{"type zero", []byte{0, 0, 1, 0x80}, &unknown},
 		{"type unknown", []byte{0xff, 0xff, 1, 0x80}, &unknown},
 		{"version zero", append([]byte{0, 1, 0}, valid[3:]...), &version},
-		{"version future", append([]byte{0, 1, 2}, valid[3:]...), &version},
+		{"version future", append([]byte{0, 1, 3}, valid[3:]...), &version},
 		{"no body", valid[:3], &malformed},
 		{"trailing", append(slices.Clone(valid), 0xc0), &trailing},
 		{"not a map", frame(t, TypeGenerateRequest, 1, []int{1}), &malformed},

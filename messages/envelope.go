@@ -151,6 +151,7 @@ func serialize(m Message) (remote.RootSerialized, error) {
 
 func (m *GenerateRequest) Serialize() (remote.RootSerialized, error) { return serialize(m) }
 func (m *TokenChunk) Serialize() (remote.RootSerialized, error)      { return serialize(m) }
+func (m *TokenBatch) Serialize() (remote.RootSerialized, error)      { return serialize(m) }
 func (m *GenerateResult) Serialize() (remote.RootSerialized, error)  { return serialize(m) }
 func (m *CancelRequest) Serialize() (remote.RootSerialized, error)   { return serialize(m) }
 func (m *TransferPlan) Serialize() (remote.RootSerialized, error)    { return serialize(m) }
