@@ -139,6 +139,7 @@ type admissionActor struct {
 	registry  *sync.Map // owner.Request → request actor PID, for the data plane; kept by the request actors
 	auth      *trust.Authority
 	mailbox   actor.MailboxProducer // of the request actors
+	streams   *messages.Streams     // sends the answers of requests that asked for batches
 	core      *handoff.Admission
 	live      map[string]*liveRequest // by the request actor's name, what operators list
 	ledger    *tenancy.Ledger         // the tenants' requests its clients sent here
@@ -157,7 +158,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 			a.reject(c, m.RequestID, err)
 			return
 		}
-		a.admit(c, m.RequestID, tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, nil)
+		a.admit(c, m.RequestID, tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, m.Batched, nil)
 	case *messages.RoutedRequest:
 		if s := a.auth.Of(c); !s.May(trust.RoleRouter) {
 			a.auth.Refuse(trust.RefusedRole, "routed request", "sender", s.String())
@@ -175,7 +176,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 			return
 		}
 		peer := PrefillPeer{PID: actor.NewPID(m.Prefill, PrefillName), Incarnation: m.PrefillIncarnation}
-		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, &peer)
+		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, m.Batched, &peer)
 	case *messages.CancelRequest:
 		if name, ok := a.core.Lookup(handoff.ClientKey{Client: senderKey(c), ID: m.RequestID}); ok {
 			var job any = CancelJob{}
@@ -288,7 +289,7 @@ func Reject(c actor.Context, id uint64, err error) error {
 // admit runs admission's rule (handoff.Admission) and, if the request
 // passes, spawns its request actor on the decode worker admission chose.
 // peer is the prefill node a router chose; nil means choose here.
-func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, salt string, peer *PrefillPeer) {
+func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, salt string, batched bool, peer *PrefillPeer) {
 	prompt, err := handoff.Encode(a.cfg.Limits(), a.model.Tokenizer(), text)
 	if err != nil {
 		a.counters.rejectedTooLong.Add(1)
@@ -311,7 +312,7 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 		err = a.ledger.Take(a.cfg.Tenants.Policy(), tenant, pages)
 	}
 	if err == nil {
-		if err = a.spawn(c, ask, d, tenant, prompt, maxTokens, salt, *peer, pages); err != nil && pages >= 0 {
+		if err = a.spawn(c, ask, d, tenant, prompt, maxTokens, salt, batched, *peer, pages); err != nil && pages >= 0 {
 			a.ledger.Give(tenant, pages)
 		}
 		a.counters.tenants.Store(int32(a.ledger.Tenants()))
@@ -335,9 +336,9 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 
 // spawn starts an admitted request's actor, a child of admission under a
 // secret name; pages are what the tenants' ledger counts of it, -1 for
-// none.
+// none; batched says its client asked for its answer in batches.
 func (a *admissionActor) spawn(c actor.Context, ask handoff.Ask, d int, tenant string, prompt []int, maxTokens int,
-	salt string, peer PrefillPeer, pages int) error {
+	salt string, batched bool, peer PrefillPeer, pages int) error {
 	key := ask.Key
 	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
 	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane, a.model), owner, key.ID, prompt, maxTokens,
@@ -356,6 +357,9 @@ func (a *admissionActor) spawn(c actor.Context, ask handoff.Ask, d int, tenant s
 		tok: tok, last: last, text: engine.NewTextDecoder(tok, last), times: Stream{Start: now},
 		route: route{prefill: peer.PID, decode: a.decode[d], decodePool: a.dPools[d]}, pick: a.pick,
 		registry: a.registry, auth: a.auth, live: live}
+	if batched {
+		req.streams = a.streams
+	}
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return req },
 		actor.WithMailbox(a.mailbox)), trust.SecretName())
 	if err != nil {

@@ -372,6 +372,10 @@ type Metrics struct {
 	// had no token back yet.
 	RelayedTokens uint64
 	RoutedWaiting uint32
+	// StreamBatches and StreamItems count the TokenBatch messages this
+	// node sent and the chunks and results they carried; StreamUnknown
+	// the items it received for no stream here (late, or a guess).
+	StreamBatches, StreamItems, StreamUnknown uint64
 }
 
 // metricCounters are what Metrics reads.
@@ -392,7 +396,8 @@ func (n *Node) Metrics() Metrics {
 		PrefillQueued: c.prefillQueued.load(), PrefillInFlight: c.prefillInFlight.load(),
 		RejectedBy: c.rejectedBy.Counts(), Integrity: c.integrity.Counts(),
 		Sent: c.sent.Stats(), Received: c.received.Stats(), RetriedTransfers: n.counters.retried.Load(),
-		PromptTokens: c.promptTokens.Load(), GenerationTokens: n.counters.latencies.Tokens()}
+		PromptTokens: c.promptTokens.Load(), GenerationTokens: n.counters.latencies.Tokens(),
+		StreamBatches: n.streams.Batches.Load(), StreamItems: n.streams.Items.Load(), StreamUnknown: n.streams.Unknown.Load()}
 }
 
 // receiving is a request actor's view of its current attempt's transfer:

@@ -45,6 +45,7 @@ type Node struct {
 	pools      []*Pool
 	counters   *nodeCounters
 	registry   sync.Map // request id → request actor, for AcceptFrames
+	streams    *messages.Streams
 	fatal      chan *InvariantError
 	drops      atomic.Uint64 // messages full mailboxes dropped (NewMailbox)
 }
@@ -158,12 +159,20 @@ func Start(cfg Config, opt Options) (*Node, error) {
 			return nil, fmt.Errorf("actors: %w", err)
 		}
 	}
-	if err := n.spawn(opt.Model, sup, opt); err != nil {
+	var err error
+	if n.streams, err = messages.NewStreams(n.sys, actor.WithMailbox(n.Mailbox())); err == nil {
+		err = n.spawn(opt.Model, sup, opt)
+	}
+	if err != nil {
 		n.Stop()
 		return nil, err
 	}
 	return n, nil
 }
+
+// Streams are the node's streams in batches: what it sends to clients
+// and routers that asked for batches, and its Inbox.
+func (n *Node) Streams() *messages.Streams { return n.streams }
 
 func (n *Node) spawn(model *engine.Model, sup actor.SupervisorStrategy, opt Options) error {
 	cfg := &n.cfg
@@ -234,7 +243,7 @@ func (n *Node) spawn(model *engine.Model, sup actor.SupervisorStrategy, opt Opti
 	}
 	n.pools = append(n.pools, dPools...)
 	adm := &admissionActor{cfg: cfg, model: model, log: n.log, counters: n.counters, decode: n.decode, dPools: dPools,
-		pick: pick, dataPlane: opt.DataPlane, registry: &n.registry, auth: n.auth, mailbox: n.Mailbox()}
+		pick: pick, dataPlane: opt.DataPlane, registry: &n.registry, auth: n.auth, mailbox: n.Mailbox(), streams: n.streams}
 	n.admission, err = n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return adm },
 		actor.WithMailbox(n.Mailbox()), actor.WithSupervisor(sup)), AdmissionName)
 	return err

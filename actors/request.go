@@ -35,6 +35,9 @@ type requestActor struct {
 	counters *nodeCounters
 	core     *handoff.Request
 	client   *actor.PID // where TokenChunk and GenerateResult go
+	// streams sends them in batches, when the client asked for batches;
+	// nil otherwise.
+	streams *messages.Streams
 	// tok is the model's tokenizer and last the prompt's last token,
 	// after which the generated text starts; text joins streamed pieces
 	// into UTF-8.
@@ -175,7 +178,7 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 			e.Chunk.Text += r.text.Push(int(t))
 			r.times.Token(&r.counters.latencies, now)
 		}
-		if err := messages.SendFrom(c, r.client, e.Chunk); err != nil {
+		if err := r.toClient(c, e.Chunk); err != nil {
 			r.log.Error("token chunk refused", "err", err)
 		}
 	case handoff.Finish:
@@ -236,12 +239,22 @@ func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 		r.log.Info("request ended", append(attrs, "outcome", "completed", "finish", res.FinishReason.String(),
 			"ttft", ph.Queue+ph.Prefill+ph.Transfer+ph.Verify)...)
 	}
-	if err := messages.SendFrom(c, r.client, res); err != nil {
+	if err := r.toClient(c, res); err != nil {
 		r.log.Error("result refused by its own validation", "err", err)
-		_ = messages.SendFrom(c, r.client, &messages.GenerateResult{RequestID: res.RequestID, FinishReason: messages.FinishError,
+		_ = r.toClient(c, &messages.GenerateResult{RequestID: res.RequestID, FinishReason: messages.FinishError,
 			Err: &messages.WireError{Code: messages.CodeInternal, Message: "result failed validation"}})
 	}
 	c.Stop(c.Self())
+}
+
+// toClient sends a token chunk or the result to the client: in a batch
+// when it asked for batches, alone otherwise, named as from this actor
+// either way (a batch's sender is this node's Inbox, at this address).
+func (r *requestActor) toClient(c actor.Context, m messages.Message) error {
+	if r.streams != nil {
+		return r.streams.Send(r.client, m)
+	}
+	return messages.SendFrom(c, r.client, m)
 }
 
 // fromPrefill says whether the message in hand came from the prefill peer

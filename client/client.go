@@ -85,6 +85,12 @@ type Options struct {
 	// certificate); Dial requires it. trust.Insecure reaches only nodes
 	// that run --insecure.
 	Auth *trust.Authority
+	// Unbatched asks for every answer one message at a time, as nodes of
+	// builds before TokenBatch send it (they refuse a request that asks
+	// for batches by its version). By default a dialled client asks for
+	// batches: a node sends the tokens of many requests to one process
+	// in one message.
+	Unbatched bool
 }
 
 // Client talks to one or more nodes that admit requests.
@@ -100,6 +106,9 @@ type Client struct {
 	// a failure; nil leaves it to the request itself.
 	probe func(ctx context.Context, endpoint string) error
 	sub   *eventstream.Subscription
+	// streams takes the answers in batches; nil when the client asks for
+	// none (Options.Unbatched, or a client in a node's actor system).
+	streams *messages.Streams
 
 	mu  sync.Mutex
 	eps *endpointSet
@@ -173,6 +182,12 @@ func DialEndpoints(ctx context.Context, endpoints []string, opt Options) (*Clien
 	}
 	c := newClient(sys, targets, opt)
 	c.remote, c.probe = r, probe
+	if !opt.Unbatched {
+		if c.streams, err = messages.NewStreams(sys); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("client: %w", err)
+		}
+	}
 	for i, err := range probes {
 		c.eps.probed(i, now, err)
 	}
@@ -400,7 +415,7 @@ func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt Genera
 	if opt.MaxTokens < 1 || opt.MaxTokens > messages.GenerateTokensMax {
 		return Result{}, fmt.Errorf("client: MaxTokens (%d) must be 1 to %d", opt.MaxTokens, messages.GenerateTokensMax)
 	}
-	req := &messages.GenerateRequest{RequestID: 1, Tenant: tenant, Prompt: prompt, MaxTokens: uint32(opt.MaxTokens), Stream: true,
+	req := &messages.GenerateRequest{RequestID: 1, Tenant: tenant, Prompt: prompt, MaxTokens: uint32(opt.MaxTokens), Stream: true, Batched: c.streams != nil,
 		CacheSalt: opt.CacheSalt}
 	if err := req.Validate(); err != nil {
 		return Result{}, err
@@ -538,20 +553,26 @@ func (a *attempt) run(ctx context.Context, req *messages.GenerateRequest) (Resul
 	// letter), so the inbox never fills and the receiving actor never
 	// blocks, however much a node sends.
 	inbox := make(chan any, int(req.MaxTokens)+1)
+	// take checks a chunk, result or undecodable message from s and puts
+	// it in the inbox. The receiver calls it, and the client's Inbox for
+	// what comes in batches: mu orders the two.
+	var mu sync.Mutex
 	seq, left, answered := uint32(0), int(req.MaxTokens), false
 	id := req.RequestID
-	rx, err := a.c.sys.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
-		switch m := ctx.Message().(type) {
+	take := func(s *actor.PID, m any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch m := m.(type) {
 		case *messages.TokenChunk:
-			if a.fromNode(ctx, m.RequestID, id) && a.c.inSequence(m.Seq, len(m.Tokens), &seq, &left) {
+			if a.fromNode(s, m.RequestID, id) && a.c.inSequence(m.Seq, len(m.Tokens), &seq, &left) {
 				inbox <- m
 			}
 		case *messages.GenerateResult:
-			if a.fromNode(ctx, m.RequestID, id) && a.c.first(&answered) {
+			if a.fromNode(s, m.RequestID, id) && a.c.first(&answered) {
 				inbox <- m
 			}
 		case *messages.Undecodable:
-			if a.fromNode(ctx, id, id) && a.c.first(&answered) {
+			if a.fromNode(s, id, id) && a.c.first(&answered) {
 				inbox <- m
 			}
 		case *actor.DeadLetterResponse:
@@ -563,9 +584,25 @@ func (a *attempt) run(ctx context.Context, req *messages.GenerateRequest) (Resul
 				inbox <- m
 			}
 		}
+	}
+	rx, err := a.c.sys.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
+		switch m := ctx.Message().(type) {
+		case *messages.TokenChunk, *messages.GenerateResult, *messages.Undecodable, *actor.DeadLetterResponse:
+			take(ctx.Sender(), m)
+		}
 	}), trust.SecretName())
 	if err != nil {
 		return Result{}, fmt.Errorf("client: spawning the receiver: %w", err)
+	}
+	if s := a.c.streams; s != nil {
+		s.Register(rx.Id, func(from *actor.PID, it *messages.StreamItem) {
+			if it.Chunk != nil {
+				take(from, it.Chunk)
+			} else {
+				take(from, it.Result)
+			}
+		})
+		defer s.Unregister(rx.Id)
 	}
 	defer a.c.sys.Root.Stop(rx)
 	a.c.sys.Root.RequestWithCustomSender(a.target, req, rx)
@@ -576,8 +613,7 @@ func (a *attempt) run(ctx context.Context, req *messages.GenerateRequest) (Resul
 // request was sent to (the remote boundary proved the sender's address)
 // and is for request want. Anything else is counted in Refused and
 // dropped: a stranger cannot put a token or an answer into a request.
-func (a *attempt) fromNode(ctx actor.Context, id, want uint64) bool {
-	s := ctx.Sender()
+func (a *attempt) fromNode(s *actor.PID, id, want uint64) bool {
 	local := s == nil && a.target.Address == a.c.sys.Address()
 	if (!local && (s == nil || s.Address != a.target.Address)) || id != want {
 		a.c.refused.Add(1)

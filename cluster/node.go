@@ -316,7 +316,7 @@ func (n *Node) start() error {
 	n.members.Store(mem)
 	if cfg.Actors.Role == actors.RoleRouter {
 		r := &routerActor{cfg: &n.cfg.Actors, model: n.actors.Model(), members: n.membersNow, draining: n.isDraining, log: n.log, counters: n.rc,
-			auth: cfg.Auth, mailbox: n.actors.Mailbox()}
+			auth: cfg.Auth, mailbox: n.actors.Mailbox(), streams: n.actors.Streams()}
 		// A relay that panics is stopped, never restarted: a restart would
 		// send its request to the decode node a second time.
 		stop := actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive { return actor.StopDirective })

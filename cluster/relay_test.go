@@ -160,10 +160,13 @@ func startFakeRoute(t *testing.T, ds ...*fakeDecode) *fakeRoute {
 		d, ok := byAddr[pid.Address]
 		return d, ok
 	})
+	streams, err := messages.NewStreams(sys)
+	if err != nil {
+		t.Fatal(err)
+	}
 	r := &routerActor{cfg: &cfg, model: model, members: func() []Member { return slices.Clone(f.members) },
 		draining: func() bool { return false }, log: slog.New(slog.DiscardHandler), counters: f.counters,
-		auth: trust.Insecure(nil), mailbox: actor.Unbounded(), routing: NewRouting(rand.NewPCG(1, 2))}
-	var err error
+		auth: trust.Insecure(nil), mailbox: actor.Unbounded(), routing: NewRouting(rand.NewPCG(1, 2)), streams: streams}
 	if f.router, err = sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return r }), "router"); err != nil {
 		t.Fatal(err)
 	}

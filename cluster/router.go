@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -67,6 +68,7 @@ type routerActor struct {
 	log      *slog.Logger
 	auth     *trust.Authority
 	mailbox  actor.MailboxProducer // never waits when full (actors.Node.Mailbox)
+	streams  *messages.Streams     // the node's: relays take decode nodes' answers in batches, and pass them on so
 	counters *routerCounters
 	routing  *Routing
 	// affinity and decodeAffinity are which prefill and decode nodes
@@ -346,7 +348,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	rl := &relay{number: number, client: c.Sender(), id: m.RequestID, decode: d.Meta.Incarnation,
 		admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: fwd,
 		timeout: r.cfg.RequestTimeout + relayMargin, counters: r.counters, log: r.log, auth: r.auth,
-		times: actors.Stream{Start: time.Now()}}
+		times: actors.Stream{Start: time.Now()}, streams: r.streams, batched: m.Batched}
 	// A secret name: the decode node is told it (as the request's sender),
 	// no one else.
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl },
@@ -571,6 +573,39 @@ type relay struct {
 	lost, cancelled bool
 	answered        bool            // the client has been passed the request's result
 	left            map[string]bool // addresses of decode nodes the request left: what they send is dropped
+	// streams takes the decode nodes' answers in batches (the relay asks
+	// for them) and, when the client asked for batches (batched), passes
+	// them on so.
+	streams *messages.Streams
+	batched bool
+	// mu orders the relay's messages and the chunks its router's Inbox
+	// hands it, on the Inbox's goroutine: a chunk costs no actor hop.
+	// self, parent and root are what the relay sends with there.
+	mu           sync.Mutex
+	self, parent *actor.PID
+	root         *actor.RootContext
+}
+
+// streamed is a result that came in a TokenBatch, and the batch's
+// sender: the Inbox hands it over, and the relay checks it as it checks
+// a GenerateResult sent to it alone.
+type streamed struct {
+	from   *actor.PID
+	result *messages.GenerateResult
+}
+
+// streamed takes an item of a TokenBatch for the relay, on the Inbox's
+// goroutine: a chunk is passed on here, in order with the relay's own
+// messages (mu); the result goes through the relay's mailbox, after
+// every chunk before it, since ending the relay needs its context.
+func (rl *relay) streamed(from *actor.PID, it *messages.StreamItem) {
+	if it.Result != nil {
+		rl.root.Send(rl.self, streamed{from: from, result: it.Result})
+		return
+	}
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	rl.chunk(from, it.Chunk)
 }
 
 type relayTimeout struct{ attempt int }
@@ -581,11 +616,16 @@ type relayTimeout struct{ attempt int }
 const relayMargin = 5 * time.Second
 
 func (rl *relay) Receive(c actor.Context) {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		rl.left = map[string]bool{}
+		rl.self, rl.parent, rl.root = c.Self(), c.Parent(), c.ActorSystem().Root
+		rl.streams.Register(rl.self.Id, rl.streamed)
 		rl.send(c)
 	case *actor.Stopping:
+		rl.streams.Unregister(c.Self().Id)
 		rl.deadline.Stop()
 		if !rl.answered {
 			// Stopped before its request ended (a panic, its router
@@ -594,32 +634,11 @@ func (rl *relay) Receive(c actor.Context) {
 			rl.end(c, "the router stopped relaying the request", false)
 		}
 	case *messages.TokenChunk:
-		if !rl.fromDecode(c, m.RequestID) {
-			return
-		}
-		if m.Seq != rl.seq+1 {
-			rl.refuse(c, fmt.Sprintf("token chunk %d after %d", m.Seq, rl.seq))
-			return
-		}
-		if rl.seq == 0 {
-			rl.tell(c, relayTokens{})
-		}
-		rl.seq = m.Seq
-		rl.tokens.Add(uint32(len(m.Tokens)))
-		now := time.Now()
-		for range m.Tokens {
-			rl.times.Token(&rl.counters.latencies, now)
-		}
-		rl.pass(c, m)
+		rl.chunk(c.Sender(), m)
 	case *messages.GenerateResult:
-		if !rl.fromDecode(c, m.RequestID) {
-			return
-		}
-		if e := m.Err; e != nil && rl.seq == 0 && (e.Code == messages.CodeBusy || e.Code == messages.CodeNodeLost) {
-			rl.hold(c, m, false)
-			return
-		}
-		rl.answer(c, m, false)
+		rl.result(c, c.Sender(), m)
+	case streamed:
+		rl.result(c, m.from, m.result)
 	case reroute:
 		rl.rerouted(c, m)
 	case *messages.CancelRequest:
@@ -641,6 +660,40 @@ func (rl *relay) Receive(c actor.Context) {
 	case *messages.Undecodable:
 		rl.log.Warn("undecodable message from a decode node", "err", m.Err)
 	}
+}
+
+// chunk passes on a token chunk from the decode node (from: its sender).
+func (rl *relay) chunk(from *actor.PID, m *messages.TokenChunk) {
+	if !rl.fromDecode(from, m.RequestID) {
+		return
+	}
+	if m.Seq != rl.seq+1 {
+		rl.refuse(from, fmt.Sprintf("token chunk %d after %d", m.Seq, rl.seq))
+		return
+	}
+	if rl.seq == 0 {
+		rl.tell(relayTokens{})
+	}
+	rl.seq = m.Seq
+	rl.tokens.Add(uint32(len(m.Tokens)))
+	now := time.Now()
+	for range m.Tokens {
+		rl.times.Token(&rl.counters.latencies, now)
+	}
+	rl.pass(m)
+}
+
+// result takes the decode node's result (from: its sender): passed on,
+// or held while the router looks for another decode node.
+func (rl *relay) result(c actor.Context, from *actor.PID, m *messages.GenerateResult) {
+	if !rl.fromDecode(from, m.RequestID) {
+		return
+	}
+	if e := m.Err; e != nil && rl.seq == 0 && (e.Code == messages.CodeBusy || e.Code == messages.CodeNodeLost) {
+		rl.hold(c, m, false)
+		return
+	}
+	rl.answer(c, m, false)
 }
 
 // entry is the request as operators see it on the router, at now: routed
@@ -684,15 +737,20 @@ func (r *routerActor) cancelNumber(c actor.Context, m actors.CancelNumber) {
 // attempt is under way. A stranger's is refused and counted; a late one
 // (from a node the request left, or after the attempt answered) is
 // dropped; neither reaches the client.
-func (rl *relay) fromDecode(c actor.Context, id uint64) bool {
-	switch s := c.Sender(); {
+func (rl *relay) fromDecode(s *actor.PID, id uint64) bool {
+	switch {
 	case s != nil && rl.left[s.Address]:
 		return false // late, from a decode node the request left: not a stranger's
 	case s == nil || s.Address != rl.admission.Address:
-		rl.refuse(c, fmt.Sprintf("from %s, the request went to %s", s, rl.admission.Address))
+		rl.refuse(s, fmt.Sprintf("from %s, the request went to %s", s, rl.admission.Address))
 		return false
 	case id != rl.id:
-		rl.refuse(c, fmt.Sprintf("for request %d, this is %d", id, rl.id))
+		rl.refuse(s, fmt.Sprintf("for request %d, this is %d", id, rl.id))
+		return false
+	case rl.answered:
+		// The Inbox may hand the relay a chunk after its result was
+		// passed on (it looked the relay up just before it stopped):
+		// late, like one for a stopped relay.
 		return false
 	case rl.held != nil:
 		// The attempt has answered and the router is finding the request
@@ -704,13 +762,19 @@ func (rl *relay) fromDecode(c actor.Context, id uint64) bool {
 	return true
 }
 
-func (rl *relay) refuse(c actor.Context, why string) {
+func (rl *relay) refuse(from *actor.PID, why string) {
 	rl.counters.strangers.Add(1)
-	rl.auth.Refuse(trust.RefusedStranger, "relayed message", "why", why, "sender", rl.auth.Of(c).String())
+	rl.auth.Refuse(trust.RefusedStranger, "relayed message", "why", why, "sender", rl.auth.SenderOf(rl.self, from).String())
 }
 
-func (rl *relay) pass(c actor.Context, m messages.Message) {
-	if err := messages.Send(c, rl.client, m); err != nil {
+// pass sends m, a token chunk or the result, to the client: in a batch
+// when it asked for batches.
+func (rl *relay) pass(m messages.Message) {
+	send := func() error { return messages.Send(rl.root, rl.client, m) }
+	if rl.batched {
+		send = func() error { return rl.streams.Send(rl.client, m) }
+	}
+	if err := send(); err != nil {
 		rl.log.Error("relayed message refused by its own validation", "err", err)
 	}
 }
@@ -718,6 +782,7 @@ func (rl *relay) pass(c actor.Context, m messages.Message) {
 // send sends the request to its decode node, for one attempt of the
 // relay's timeout.
 func (rl *relay) send(c actor.Context) {
+	rl.request.Batched = true // to this router's Inbox
 	c.Request(rl.admission, rl.request)
 	rl.attempt++
 	self, sys, attempt := c.Self(), c.ActorSystem(), rl.attempt
@@ -729,18 +794,18 @@ func (rl *relay) send(c actor.Context) {
 func (rl *relay) hold(c actor.Context, res *messages.GenerateResult, lost bool) {
 	rl.deadline.Stop()
 	rl.held, rl.lost = res, lost
-	if !rl.tell(c, relayRetry{cause: res.Err}) {
+	if !rl.tell(relayRetry{cause: res.Err}) {
 		rl.rerouted(c, reroute{})
 	}
 }
 
 // tell sends m to the router, as the relay; a relay spawned alone (as
 // tests do) has no router, and tell reports false.
-func (rl *relay) tell(c actor.Context, m any) bool {
-	if c.Parent() == nil {
+func (rl *relay) tell(m any) bool {
+	if rl.parent == nil {
 		return false
 	}
-	c.Request(c.Parent(), m)
+	rl.root.RequestWithCustomSender(rl.parent, m, rl.self)
 	return true
 }
 
@@ -778,7 +843,7 @@ func (rl *relay) answer(c actor.Context, m *messages.GenerateResult, lost bool) 
 		rl.counters.completed.Add(1)
 		rl.times.End(&rl.counters.latencies, time.Now())
 	}
-	rl.pass(c, m)
+	rl.pass(m)
 	c.Stop(c.Self())
 }
 

@@ -217,7 +217,7 @@ func TestRouterRetriesStaleIncarnation(t *testing.T) {
 	}
 	counters := &routerCounters{}
 	r := &routerActor{cfg: &n.cfg.Actors, model: n.actors.Model(), members: members, draining: func() bool { return false },
-		log: n.log, counters: counters, auth: n.cfg.Auth, mailbox: n.actors.Mailbox(),
+		log: n.log, counters: counters, auth: n.cfg.Auth, mailbox: n.actors.Mailbox(), streams: n.actors.Streams(),
 		routing: NewRouting(rand.NewPCG(1, 2))}
 	pid, err := n.actors.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return r }), "stale-router")
 	if err != nil {

@@ -46,37 +46,68 @@ func TestRelayTakesOnlyTheRoutedDecodeNode(t *testing.T) {
 
 	counters := &routerCounters{}
 	counters.routed.Add(1)
+	streams, err := messages.NewStreams(router.Sys)
+	if err != nil {
+		t.Fatal(err)
+	}
 	rl := &relay{client: clientPID, id: 7, decode: 1, admission: admission, counters: counters, auth: router.Auth,
 		request: &messages.RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "hi", MaxTokens: 2,
 			Prefill: "127.0.0.1:1", PrefillIncarnation: 1, DecodeIncarnation: 1},
-		timeout: time.Minute, log: slog.New(slog.DiscardHandler)}
+		timeout: time.Minute, log: slog.New(slog.DiscardHandler), streams: streams}
 	if _, err := router.Sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl }), trust.SecretName()); err != nil {
 		t.Fatal(err)
 	}
-	relayPID := messagestest.Next(t, "routed request at the decode node", routed, 10*time.Second).Sender
-
+	e := messagestest.Next(t, "routed request at the decode node", routed, 10*time.Second)
+	relayPID := e.Sender
+	if !e.Message.(*messages.RoutedRequest).Batched {
+		t.Fatal("the relay did not ask for its answer in batches")
+	}
+	inbox := actor.NewPID(router.Addr, messages.InboxName)
+	// The relay's answer comes in batches to the router's Inbox, or alone:
+	// a stranger's is refused either way.
 	forged := []messages.Message{
 		&messages.GenerateResult{RequestID: 7, Text: "PWND", FinishReason: messages.FinishStop},
 		&messages.TokenChunk{RequestID: 7, Seq: 1, Tokens: []uint32{666}},
+		&messages.TokenBatch{Items: []messages.StreamItem{{To: relayPID.Id, Chunk: &messages.TokenChunk{RequestID: 7, Seq: 1, Tokens: []uint32{666}}}}},
 	}
 	// Each system gets its own copy of a PID: a PID caches the process
 	// (here, the remote endpoint) of the first system that used it.
 	for _, m := range forged {
-		if err := messages.Send(mallory.Sys.Root, messagestest.PID(relayPID), m); err != nil {
+		to := relayPID
+		if _, ok := m.(*messages.TokenBatch); ok {
+			to = inbox
+		}
+		if err := messages.Send(mallory.Sys.Root, messagestest.PID(to), m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	refusedAtLeast(t, router.Auth, trust.RefusedStranger, 2)
-	from := decode.Sys.Root
+	refusedAtLeast(t, router.Auth, trust.RefusedStranger, 3)
+	// The decode node's answer, in one batch as it sends one: an item for
+	// no relay at all (counted before the result is handed on), a chunk,
+	// one out of sequence, one for another request, and the result.
+	item := func(m messages.Message) messages.StreamItem {
+		it := messages.StreamItem{To: relayPID.Id}
+		switch m := m.(type) {
+		case *messages.TokenChunk:
+			it.Chunk = m
+		case *messages.GenerateResult:
+			it.Result = m
+		}
+		return it
+	}
+	lost := item(&messages.TokenChunk{RequestID: 7, Seq: 2, Tokens: []uint32{5}})
+	lost.To = "router/no-such-relay"
+	batch := &messages.TokenBatch{Items: []messages.StreamItem{lost}}
 	for _, m := range []messages.Message{
 		&messages.TokenChunk{RequestID: 7, Seq: 1, Tokens: []uint32{5}},
 		&messages.TokenChunk{RequestID: 7, Seq: 3, Tokens: []uint32{6}},
 		&messages.TokenChunk{RequestID: 8, Seq: 2, Tokens: []uint32{7}},
 		&messages.GenerateResult{RequestID: 7, Tokens: []uint32{5}, Text: "ok", FinishReason: messages.FinishLength},
 	} {
-		if err := messages.Send(from, messagestest.PID(relayPID), m); err != nil {
-			t.Fatal(err)
-		}
+		batch.Items = append(batch.Items, item(m))
+	}
+	if err := messages.Send(decode.Sys.Root, messagestest.PID(inbox), batch); err != nil {
+		t.Fatal(err)
 	}
 	chunk := messagestest.Next(t, "the decode node's chunk", toClient, 10*time.Second).Message.(*messages.TokenChunk)
 	if chunk.Seq != 1 || chunk.Tokens[0] != 5 {
@@ -86,11 +117,14 @@ func TestRelayTakesOnlyTheRoutedDecodeNode(t *testing.T) {
 	if res.Text != "ok" {
 		t.Fatalf("client got result %+v, want the decode node's", res)
 	}
-	if got := counters.strangers.Load(); got != 4 {
-		t.Errorf("relay refused %d messages, want 4 (2 forged, 1 out of sequence, 1 for another request)", got)
+	if got := counters.strangers.Load(); got != 5 {
+		t.Errorf("relay refused %d messages, want 5 (3 forged, 1 out of sequence, 1 for another request)", got)
 	}
-	if got := router.Auth.Refused()[trust.RefusedStranger]; got != 4 {
-		t.Errorf("router counted %d stranger refusals, want 4", got)
+	if got := router.Auth.Refused()[trust.RefusedStranger]; got != 5 {
+		t.Errorf("router counted %d stranger refusals, want 5", got)
+	}
+	if got := streams.Unknown.Load(); got != 1 {
+		t.Errorf("the router's Inbox counted %d items for no stream, want 1", got)
 	}
 }
 

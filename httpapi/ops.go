@@ -309,6 +309,12 @@ var (
 		"Tokens this node generated for the requests it admitted and streamed, an end-of-sequence token included."}
 	famRelayedTokens = family{"kvwarden_relayed_tokens_total", "counter",
 		"Tokens a router passed on to its clients, counted as generated on their decode nodes: sum one or the other, not both."}
+	famStreamBatches = family{"kvwarden_stream_batches_total", "counter",
+		"TokenBatch messages this node sent: the token chunks and results of many streams bound for one process, in one message."}
+	famStreamItems = family{"kvwarden_stream_items_total", "counter",
+		"Token chunks and results this node sent in TokenBatch messages; over kvwarden_stream_batches_total, the items a batch carried."}
+	famStreamUnknown = family{"kvwarden_stream_unknown_total", "counter",
+		"Items of TokenBatch messages this node received for no stream here: late ones, after their stream ended, or guesses."}
 	famBuildInfo = family{"kvwarden_build_info", "gauge",
 		"The binary's module version, VCS revision (unknown when the build recorded none) and Go version; always 1."}
 	famRetried = family{"kvwarden_requests_retried_total", "counter",
@@ -547,6 +553,9 @@ func (t *exposition) tokens(m actors.Metrics) {
 	t.one(famPromptTokens, float64(m.PromptTokens))
 	t.one(famGenerationTokens, float64(m.GenerationTokens))
 	t.one(famRelayedTokens, float64(m.RelayedTokens))
+	t.one(famStreamBatches, float64(m.StreamBatches))
+	t.one(famStreamItems, float64(m.StreamItems))
+	t.one(famStreamUnknown, float64(m.StreamUnknown))
 }
 
 // runtimeLog writes protoactor's own log records, by level.
