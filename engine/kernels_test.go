@@ -4,8 +4,12 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 )
 
@@ -410,5 +414,41 @@ func TestSplitAgrees(t *testing.T) {
 		s.mm = matmulJob{out: got, x: x, w: w, in: 64, outs: 100}
 		split(&s.mm, parts, &s.wg)
 		checkSame(t, fmt.Sprintf("matmul in %d parts", parts), got, want)
+	}
+}
+
+// countJob counts the runs of each of its parts.
+type countJob struct{ runs []atomic.Int64 }
+
+func (j *countJob) run(p, _ int) { j.runs[p].Add(1) }
+
+// TestSplitFromManyCallers: callers splitting at once, with more parts
+// than helpers and helpers held by one another's parts, get every part of
+// every split run exactly once, and none waits for ever.
+func TestSplitFromManyCallers(t *testing.T) {
+	helpers.once.Do(startHelpers)
+	const callers, splits = 8, 500
+	parts := len(helpers.all) + 2
+	done := make(chan []*countJob, callers)
+	for range callers {
+		go func() {
+			var wg sync.WaitGroup
+			var jobs []*countJob
+			for range splits {
+				j := &countJob{runs: make([]atomic.Int64, parts)}
+				split(j, parts, &wg)
+				jobs = append(jobs, j)
+			}
+			done <- jobs
+		}()
+	}
+	for range callers {
+		for i, j := range testwait.Recv(t, "a caller's splits", time.Minute, done) {
+			for p := range j.runs {
+				if n := j.runs[p].Load(); n != 1 {
+					t.Fatalf("split %d: part %d of %d ran %d times", i, p, parts, n)
+				}
+			}
+		}
 	}
 }
