@@ -158,7 +158,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 			a.reject(c, m.RequestID, err)
 			return
 		}
-		a.admit(c, m.RequestID, tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, m.Batched, nil)
+		a.admit(c, m.RequestID, tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, nil)
 	case *messages.RoutedRequest:
 		if s := a.auth.Of(c); !s.May(trust.RoleRouter) {
 			a.auth.Refuse(trust.RefusedRole, "routed request", "sender", s.String())
@@ -176,7 +176,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 			return
 		}
 		peer := PrefillPeer{PID: actor.NewPID(m.Prefill, PrefillName), Incarnation: m.PrefillIncarnation}
-		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, m.Batched, &peer)
+		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, &peer)
 	case *messages.CancelRequest:
 		if name, ok := a.core.Lookup(handoff.ClientKey{Client: senderKey(c), ID: m.RequestID}); ok {
 			var job any = CancelJob{}
@@ -289,7 +289,7 @@ func Reject(c actor.Context, id uint64, err error) error {
 // admit runs admission's rule (handoff.Admission) and, if the request
 // passes, spawns its request actor on the decode worker admission chose.
 // peer is the prefill node a router chose; nil means choose here.
-func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, salt string, batched bool, peer *PrefillPeer) {
+func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, salt string, peer *PrefillPeer) {
 	prompt, err := handoff.Encode(a.cfg.Limits(), a.model.Tokenizer(), text)
 	if err != nil {
 		a.counters.rejectedTooLong.Add(1)
@@ -312,7 +312,7 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 		err = a.ledger.Take(a.cfg.Tenants.Policy(), tenant, pages)
 	}
 	if err == nil {
-		if err = a.spawn(c, ask, d, tenant, prompt, maxTokens, salt, batched, *peer, pages); err != nil && pages >= 0 {
+		if err = a.spawn(c, ask, d, tenant, prompt, maxTokens, salt, *peer, pages); err != nil && pages >= 0 {
 			a.ledger.Give(tenant, pages)
 		}
 		a.counters.tenants.Store(int32(a.ledger.Tenants()))
@@ -336,9 +336,9 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 
 // spawn starts an admitted request's actor, a child of admission under a
 // secret name; pages are what the tenants' ledger counts of it, -1 for
-// none; batched says its client asked for its answer in batches.
+// none.
 func (a *admissionActor) spawn(c actor.Context, ask handoff.Ask, d int, tenant string, prompt []int, maxTokens int,
-	salt string, batched bool, peer PrefillPeer, pages int) error {
+	salt string, peer PrefillPeer, pages int) error {
 	key := ask.Key
 	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
 	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane, a.model), owner, key.ID, prompt, maxTokens,
@@ -357,7 +357,7 @@ func (a *admissionActor) spawn(c actor.Context, ask handoff.Ask, d int, tenant s
 		tok: tok, last: last, text: engine.NewTextDecoder(tok, last), times: Stream{Start: now},
 		route: route{prefill: peer.PID, decode: a.decode[d], decodePool: a.dPools[d]}, pick: a.pick,
 		registry: a.registry, auth: a.auth, live: live}
-	if batched {
+	if messages.WantsBatches(c.Sender()) {
 		req.streams = a.streams
 	}
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return req },

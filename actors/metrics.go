@@ -374,8 +374,9 @@ type Metrics struct {
 	RoutedWaiting uint32
 	// StreamBatches and StreamItems count the TokenBatch messages this
 	// node sent and the chunks and results they carried; StreamUnknown
-	// the items it received for no stream here (late, or a guess).
-	StreamBatches, StreamItems, StreamUnknown uint64
+	// the items it received for no stream here (late, or a guess), and
+	// StreamUndecodable the batches it received that did not decode.
+	StreamBatches, StreamItems, StreamUnknown, StreamUndecodable uint64
 }
 
 // metricCounters are what Metrics reads.
@@ -397,7 +398,8 @@ func (n *Node) Metrics() Metrics {
 		RejectedBy: c.rejectedBy.Counts(), Integrity: c.integrity.Counts(),
 		Sent: c.sent.Stats(), Received: c.received.Stats(), RetriedTransfers: n.counters.retried.Load(),
 		PromptTokens: c.promptTokens.Load(), GenerationTokens: n.counters.latencies.Tokens(),
-		StreamBatches: n.streams.Batches.Load(), StreamItems: n.streams.Items.Load(), StreamUnknown: n.streams.Unknown.Load()}
+		StreamBatches: n.streams.Batches.Load(), StreamItems: n.streams.Items.Load(), StreamUnknown: n.streams.Unknown.Load(),
+		StreamUndecodable: n.streams.Undecodable.Load()}
 }
 
 // receiving is a request actor's view of its current attempt's transfer:

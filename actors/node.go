@@ -160,7 +160,9 @@ func Start(cfg Config, opt Options) (*Node, error) {
 		}
 	}
 	var err error
-	if n.streams, err = messages.NewStreams(n.sys, actor.WithMailbox(n.Mailbox())); err == nil {
+	// Batches come from nodes that decode, to a router (a client's
+	// process has an Inbox of its own).
+	if n.streams, err = messages.NewStreams(n.sys, actor.WithMailbox(n.MailboxFrom(trust.RoleDecode, trust.RoleAll))); err == nil {
 		err = n.spawn(opt.Model, sup, opt)
 	}
 	if err != nil {

@@ -85,11 +85,10 @@ type Options struct {
 	// certificate); Dial requires it. trust.Insecure reaches only nodes
 	// that run --insecure.
 	Auth *trust.Authority
-	// Unbatched asks for every answer one message at a time, as nodes of
-	// builds before TokenBatch send it (they refuse a request that asks
-	// for batches by its version). By default a dialled client asks for
-	// batches: a node sends the tokens of many requests to one process
-	// in one message.
+	// Unbatched asks for every answer one message at a time. By default
+	// a dialled client asks for batches: a node sends the tokens of many
+	// requests to one process in one message (a node of a build before
+	// batches answers one message at a time either way).
 	Unbatched bool
 }
 
@@ -415,7 +414,7 @@ func (c *Client) Generate(ctx context.Context, tenant, prompt string, opt Genera
 	if opt.MaxTokens < 1 || opt.MaxTokens > messages.GenerateTokensMax {
 		return Result{}, fmt.Errorf("client: MaxTokens (%d) must be 1 to %d", opt.MaxTokens, messages.GenerateTokensMax)
 	}
-	req := &messages.GenerateRequest{RequestID: 1, Tenant: tenant, Prompt: prompt, MaxTokens: uint32(opt.MaxTokens), Stream: true, Batched: c.streams != nil,
+	req := &messages.GenerateRequest{RequestID: 1, Tenant: tenant, Prompt: prompt, MaxTokens: uint32(opt.MaxTokens), Stream: true,
 		CacheSalt: opt.CacheSalt}
 	if err := req.Validate(); err != nil {
 		return Result{}, err
@@ -585,12 +584,16 @@ func (a *attempt) run(ctx context.Context, req *messages.GenerateRequest) (Resul
 			}
 		}
 	}
+	name := trust.SecretName()
+	if a.c.streams != nil {
+		name = messages.BatchedName(name) // the answer comes in batches, to the client's Inbox
+	}
 	rx, err := a.c.sys.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
 		switch m := ctx.Message().(type) {
 		case *messages.TokenChunk, *messages.GenerateResult, *messages.Undecodable, *actor.DeadLetterResponse:
 			take(ctx.Sender(), m)
 		}
-	}), trust.SecretName())
+	}), name)
 	if err != nil {
 		return Result{}, fmt.Errorf("client: spawning the receiver: %w", err)
 	}

@@ -348,11 +348,11 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	rl := &relay{number: number, client: c.Sender(), id: m.RequestID, decode: d.Meta.Incarnation,
 		admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: fwd,
 		timeout: r.cfg.RequestTimeout + relayMargin, counters: r.counters, log: r.log, auth: r.auth,
-		times: actors.Stream{Start: time.Now()}, streams: r.streams, batched: m.Batched}
+		times: actors.Stream{Start: time.Now()}, streams: r.streams, batched: messages.WantsBatches(c.Sender())}
 	// A secret name: the decode node is told it (as the request's sender),
-	// no one else.
+	// no one else; it asks for the answer in batches.
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl },
-		actor.WithMailbox(r.mailbox)), trust.SecretName())
+		actor.WithMailbox(r.mailbox)), messages.BatchedName(trust.SecretName()))
 	if err != nil {
 		// Counted as routed above: it ends here, failed.
 		r.ledger.Give(tenant, decodePages)
@@ -782,7 +782,6 @@ func (rl *relay) pass(m messages.Message) {
 // send sends the request to its decode node, for one attempt of the
 // relay's timeout.
 func (rl *relay) send(c actor.Context) {
-	rl.request.Batched = true // to this router's Inbox
 	c.Request(rl.admission, rl.request)
 	rl.attempt++
 	self, sys, attempt := c.Self(), c.ActorSystem(), rl.attempt

@@ -54,13 +54,13 @@ func TestRelayTakesOnlyTheRoutedDecodeNode(t *testing.T) {
 		request: &messages.RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "hi", MaxTokens: 2,
 			Prefill: "127.0.0.1:1", PrefillIncarnation: 1, DecodeIncarnation: 1},
 		timeout: time.Minute, log: slog.New(slog.DiscardHandler), streams: streams}
-	if _, err := router.Sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl }), trust.SecretName()); err != nil {
+	if _, err := router.Sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl }), messages.BatchedName(trust.SecretName())); err != nil {
 		t.Fatal(err)
 	}
 	e := messagestest.Next(t, "routed request at the decode node", routed, 10*time.Second)
 	relayPID := e.Sender
-	if !e.Message.(*messages.RoutedRequest).Batched {
-		t.Fatal("the relay did not ask for its answer in batches")
+	if !messages.WantsBatches(relayPID) {
+		t.Fatalf("the relay (%s) did not ask for its answer in batches", relayPID.Id)
 	}
 	inbox := actor.NewPID(router.Addr, messages.InboxName)
 	// The relay's answer comes in batches to the router's Inbox, or alone:

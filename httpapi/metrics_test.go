@@ -593,7 +593,7 @@ func TestScrapeParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The parser refuses a family twice; a role-all node with no API has
-	// the node's 32 (its tenants held to their shares among them), its
+	// the node's 33 (its tenants held to their shares among them), its
 	// prefill pool's prefix cache's 6, the HTTP server's refusals, and the
 	// Go runtime's and the process's. A histogram's buckets are the bounds
 	// and +Inf.
@@ -604,7 +604,7 @@ func TestScrapeParses(t *testing.T) {
 		}
 	}
 	hist := families["kvwarden_kv_transfer_duration_seconds"]
-	if own != 39 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
+	if own != 40 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
 		len(hist.GetMetric()[0].GetHistogram().GetBucket()) != len(actors.LatencyBounds())+1 {
 		t.Fatalf("%d families of the node's; the transfer durations: %v", own, hist)
 	}

@@ -315,6 +315,8 @@ var (
 		"Token chunks and results this node sent in TokenBatch messages; over kvwarden_stream_batches_total, the items a batch carried."}
 	famStreamUnknown = family{"kvwarden_stream_unknown_total", "counter",
 		"Items of TokenBatch messages this node received for no stream here: late ones, after their stream ended, or guesses."}
+	famStreamUndecodable = family{"kvwarden_stream_undecodable_total", "counter",
+		"TokenBatch messages this node received that did not decode (a peer of another build, or a broken one): their streams wait for their timeouts."}
 	famBuildInfo = family{"kvwarden_build_info", "gauge",
 		"The binary's module version, VCS revision (unknown when the build recorded none) and Go version; always 1."}
 	famRetried = family{"kvwarden_requests_retried_total", "counter",
@@ -556,6 +558,7 @@ func (t *exposition) tokens(m actors.Metrics) {
 	t.one(famStreamBatches, float64(m.StreamBatches))
 	t.one(famStreamItems, float64(m.StreamItems))
 	t.one(famStreamUnknown, float64(m.StreamUnknown))
+	t.one(famStreamUndecodable, float64(m.StreamUndecodable))
 }
 
 // runtimeLog writes protoactor's own log records, by level.

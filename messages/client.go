@@ -34,28 +34,11 @@ type GenerateRequest struct {
 	// same salt, 0 to kv.CacheSaltBytesMax bytes of UTF-8: it can keep a
 	// request from sharing cached prefixes, never make it share more.
 	CacheSalt string `msgpack:"cache_salt,omitempty"`
-	// Batched asks for the answer's chunks and result in TokenBatch
-	// messages to the sender's process Inbox (version 2): the sender's
-	// process runs one. Without it the answer comes as TokenChunk and
-	// GenerateResult messages to the sender.
-	Batched bool `msgpack:"batched,omitempty"`
 }
 
-var generateRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "stream", "cache_salt", "batched"}
+var generateRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "stream", "cache_salt"}
 
 func (*GenerateRequest) TypeCode() TypeCode { return TypeGenerateRequest }
-
-// wireVersion is 2 for a request answered in batches, 1 otherwise.
-func (m *GenerateRequest) wireVersion() uint8 { return batchedVersion(m.Batched) }
-
-// batchedVersion is the wire version of a request that asks for batches
-// (Batched) or not.
-func batchedVersion(batched bool) uint8 {
-	if batched {
-		return 2
-	}
-	return 1
-}
 
 func (m *GenerateRequest) Validate() error {
 	const t = TypeGenerateRequest
@@ -102,10 +85,8 @@ func (m *GenerateRequest) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readU32(d, t, "max_tokens", &m.MaxTokens)
 		case 4:
 			return readBool(d, t, "stream", &m.Stream)
-		case 5:
-			return readString(d, t, "cache_salt", kv.CacheSaltBytesMax, &m.CacheSalt)
 		default:
-			return readBool(d, t, "batched", &m.Batched)
+			return readString(d, t, "cache_salt", kv.CacheSaltBytesMax, &m.CacheSalt)
 		}
 	})
 }

@@ -38,17 +38,11 @@ type RoutedRequest struct {
 	Attempt uint8 `msgpack:"attempt,omitempty"`
 	// CacheSalt is the client's (GenerateRequest.CacheSalt).
 	CacheSalt string `msgpack:"cache_salt,omitempty"`
-	// Batched asks for the answer in TokenBatch messages, as
-	// GenerateRequest.Batched does (version 2).
-	Batched bool `msgpack:"batched,omitempty"`
 }
 
-var routedRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "prefill", "prefill_inc", "decode_inc", "attempt", "cache_salt", "batched"}
+var routedRequestKeys = []string{"id", "tenant", "prompt", "max_tokens", "prefill", "prefill_inc", "decode_inc", "attempt", "cache_salt"}
 
 func (*RoutedRequest) TypeCode() TypeCode { return TypeRoutedRequest }
-
-// wireVersion is 2 for a request answered in batches, 1 otherwise.
-func (m *RoutedRequest) wireVersion() uint8 { return batchedVersion(m.Batched) }
 
 func (m *RoutedRequest) Validate() error {
 	const t = TypeRoutedRequest
@@ -95,10 +89,8 @@ func (m *RoutedRequest) DecodeMsgpack(d *msgpack.Decoder) error {
 			v, err := readUint(d, t, "attempt", math.MaxUint8)
 			m.Attempt = uint8(v)
 			return err
-		case 8:
-			return readString(d, t, "cache_salt", kv.CacheSaltBytesMax, &m.CacheSalt)
 		default:
-			return readBool(d, t, "batched", &m.Batched)
+			return readString(d, t, "cache_salt", kv.CacheSaltBytesMax, &m.CacheSalt)
 		}
 	})
 }

@@ -25,7 +25,6 @@ func samples() []Message {
 	return append([]Message{
 		&GenerateRequest{RequestID: 7, Tenant: "acme", Prompt: "The capital of France is", MaxTokens: 16, Stream: true},
 		&GenerateRequest{RequestID: 7, Tenant: "acme", Prompt: "x", MaxTokens: 1, CacheSalt: "user-42 ✓"},
-		&GenerateRequest{RequestID: 9, Tenant: "acme", Prompt: "x", MaxTokens: 2, Stream: true, Batched: true},
 		&TokenBatch{Items: []StreamItem{
 			{To: "rx$a1", Chunk: &TokenChunk{RequestID: 7, Seq: 1, Tokens: []uint32{1, 300}, Text: " Par"}},
 			{To: "rx$b2", Chunk: &TokenChunk{RequestID: 8, Seq: 4, Tokens: []uint32{70000}}},
@@ -293,9 +292,6 @@ func TestWorstCaseFits(t *testing.T) {
 		&PressureReply{Err: &werr},
 	}
 	worst = append(worst, &CacheSummary{Incarnation: math.MaxUint64, Keys: make([]kv.PrefixKey, CacheSummaryKeysMax)},
-		&RoutedRequest{RequestID: math.MaxUint64, Tenant: tenant, Prompt: prompt, MaxTokens: GenerateTokensMax,
-			Prefill: addr, PrefillIncarnation: math.MaxUint64, DecodeIncarnation: math.MaxUint64, Attempt: RouteAttemptsMax,
-			CacheSalt: strings.Repeat("s", kv.CacheSaltBytesMax), Batched: true},
 		worstBatch(big(ChunkTokensMax), big(GenerateTokensMax), werr))
 	for _, m := range worst {
 		frame := mustEncode(t, m)
@@ -534,7 +530,7 @@ func TestDecodeRefuses(t *testing.T) {
 		{"type zero", []byte{0, 0, 1, 0x80}, &unknown},
 		{"type unknown", []byte{0xff, 0xff, 1, 0x80}, &unknown},
 		{"version zero", append([]byte{0, 1, 0}, valid[3:]...), &version},
-		{"version future", append([]byte{0, 1, 3}, valid[3:]...), &version},
+		{"version future", append([]byte{0, 1, 2}, valid[3:]...), &version},
 		{"no body", valid[:3], &malformed},
 		{"trailing", append(slices.Clone(valid), 0xc0), &trailing},
 		{"not a map", frame(t, TypeGenerateRequest, 1, []int{1}), &malformed},

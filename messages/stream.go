@@ -16,9 +16,13 @@ import (
 // GenerateResult sent to it alone: the batch's sender is the item's
 // sender.
 //
-// A process asks for batches by setting Batched in its GenerateRequest or
-// RoutedRequest; a request without it is answered with TokenChunk and
-// GenerateResult messages as before.
+// A process asks for batches by the name of the actor that sends a
+// GenerateRequest or RoutedRequest (BatchedName): a node sends such a
+// request's answer in batches to that process's Inbox, any other's with
+// TokenChunk and GenerateResult messages to the sender, as builds before
+// batches do. A name is no wire field: every build reads both requests
+// alike, and a build that knows nothing of batches answers the sender
+// itself, which takes those too.
 type TokenBatch struct {
 	// Items holds 1 to StreamItemsMax items whose WireBytesMax sum to at
 	// most StreamBatchBytesMax.
@@ -105,11 +109,20 @@ func (it *StreamItem) validate(t TypeCode) error {
 	return it.Result.Validate()
 }
 
+// DecodeMsgpack reads the items one by one, growing the slice as they
+// come: an array header that claims StreamItemsMax items costs no more
+// than the items that follow it.
 func (m *TokenBatch) DecodeMsgpack(d *msgpack.Decoder) error {
 	const t = TypeTokenBatch
 	return fields(d, t, tokenBatchKeys, func(int) error {
-		return readSlice(d, t, "items", StreamItemsMax, &m.Items, func(it *StreamItem) error {
-			return fields(d, t, streamItemKeys, func(i int) error {
+		n, err := readLen(d, t, "items", StreamItemsMax)
+		if err != nil {
+			return err
+		}
+		m.Items = make([]StreamItem, 0, min(n, 64))
+		for range n {
+			var it StreamItem
+			if err := fields(d, t, streamItemKeys, func(i int) error {
 				switch i {
 				case 0:
 					return readString(d, t, "to", StreamToBytesMax, &it.To)
@@ -120,7 +133,11 @@ func (m *TokenBatch) DecodeMsgpack(d *msgpack.Decoder) error {
 					it.Result = new(GenerateResult)
 					return it.Result.DecodeMsgpack(d)
 				}
-			})
-		})
+			}); err != nil {
+				return err
+			}
+			m.Items = append(m.Items, it)
+		}
+		return nil
 	})
 }

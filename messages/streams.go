@@ -2,8 +2,10 @@ package messages
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -12,9 +14,29 @@ import (
 // messages for the streams of that process go.
 const InboxName = "streams"
 
+// batchedPrefix starts the last element of the name of an actor whose
+// process takes its answers in batches.
+const batchedPrefix = "batched-"
+
+// BatchedName is the name for an actor, secret a secret name, that asks
+// with every request it sends for the answer in batches, to its
+// process's Inbox.
+func BatchedName(secret string) string { return batchedPrefix + secret }
+
+// WantsBatches says whether the sender of a request asks for the answer
+// in batches: its name is a BatchedName, and fits a StreamItem's To.
+func WantsBatches(sender *actor.PID) bool {
+	if sender == nil {
+		return false
+	}
+	id := sender.Id
+	last := id[strings.LastIndexByte(id, '/')+1:]
+	return strings.HasPrefix(last, batchedPrefix) && len(id) <= StreamToBytesMax && utf8.ValidString(id)
+}
+
 // Streams sends and receives the token chunks and results of streams
-// whose receivers asked for batches (GenerateRequest.Batched): one per
-// process, its Inbox spawned as InboxName.
+// whose receivers asked for batches (BatchedName): one per process, its
+// Inbox spawned as InboxName.
 //
 // Send queues; the first item queued after a flush asks for the next
 // flush, which sends everything queued by then, in TokenBatch messages of
@@ -142,9 +164,14 @@ func (s *Streams) Send(to *actor.PID, m Message) error {
 }
 
 // send sends out, in order, as TokenBatch messages of one destination
-// process each, each within StreamItemsMax and StreamBatchBytesMax.
-func (s *Streams) send(out []streamOut) {
-	for first := 0; first < len(out); first++ {
+// process each.
+func (s *Streams) send(out []streamOut) { batches(out, s.post) }
+
+// batches hands post, destination by destination in the order each first
+// appears, out's items as TokenBatch messages, in order, each within
+// StreamItemsMax and StreamBatchBytesMax. It empties out's addresses.
+func batches(out []streamOut, post func(addr string, b *TokenBatch)) {
+	for first := range out {
 		addr := out[first].addr
 		if addr == "" {
 			continue // sent with an earlier batch
@@ -157,14 +184,14 @@ func (s *Streams) send(out []streamOut) {
 			}
 			n := out[i].item.WireBytesMax()
 			if len(b.Items) == StreamItemsMax || bytes+n > StreamBatchBytesMax {
-				s.post(addr, b)
+				post(addr, b)
 				b, bytes = &TokenBatch{}, 0
 			}
 			b.Items = append(b.Items, out[i].item)
 			bytes += n
 			out[i].addr = ""
 		}
-		s.post(addr, b)
+		post(addr, b)
 	}
 }
 

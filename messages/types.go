@@ -79,12 +79,8 @@ type typeInfo struct {
 // 1 to 3 still decode; a build that reads only up to 3 refuses a version 4
 // reply by its version. CancelRequest version 2 carries a reason; a
 // withdrawal is still sent as version 1 (see CancelRequest).
-// GenerateRequest and RoutedRequest version 2 ask for the answer in
-// TokenBatch messages (Batched); a request without it is still version 1,
-// and a build that reads only version 1 refuses one with it by its
-// version.
 var types = [...]typeInfo{
-	TypeGenerateRequest: {"GenerateRequest", 1, 2, func() Message { return new(GenerateRequest) }},
+	TypeGenerateRequest: {"GenerateRequest", 1, 1, func() Message { return new(GenerateRequest) }},
 	TypeTokenChunk:      {"TokenChunk", 1, 1, func() Message { return new(TokenChunk) }},
 	TypeGenerateResult:  {"GenerateResult", 1, 1, func() Message { return new(GenerateResult) }},
 	TypeCancelRequest:   {"CancelRequest", 1, 2, func() Message { return new(CancelRequest) }},
@@ -92,7 +88,7 @@ var types = [...]typeInfo{
 	TypeTransferAck:     {"TransferAck", 1, 1, func() Message { return new(TransferAck) }},
 	TypeTransferAbort:   {"TransferAbort", 1, 1, func() Message { return new(TransferAbort) }},
 	TypeTransferDone:    {"TransferDone", 2, 2, func() Message { return new(TransferDone) }},
-	TypeRoutedRequest:   {"RoutedRequest", 1, 2, func() Message { return new(RoutedRequest) }},
+	TypeRoutedRequest:   {"RoutedRequest", 1, 1, func() Message { return new(RoutedRequest) }},
 	TypeStatusRequest:   {"StatusRequest", 1, 1, func() Message { return new(StatusRequest) }},
 	TypeStatusReply:     {"StatusReply", 1, 4, func() Message { return new(StatusReply) }},
 	TypeDrainRequest:    {"DrainRequest", 1, 1, func() Message { return new(DrainRequest) }},

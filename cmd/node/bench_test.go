@@ -237,11 +237,14 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--duration", "0"}, "the run's bound"},
 		{[]string{"--stub", "--rates", "2,1000000", "--duration", "20s"}, "2.2e+07 is outside [1, 4.194304e+06]"},
 		{[]string{"--http", "http://127.0.0.1:1"}, "--http needs --api-key"},
-		{[]string{"--", "--batch-max", "4"}, "arguments after -- are for the nodes --compare starts"},
+		{[]string{"--", "--batch-max", "4"}, "arguments after -- are for the nodes --compare and --path start"},
 		{[]string{"--side-channel", "10"}, "--side-channel needs --shared-prefix-len"},
 		{[]string{"--side-channel", "10", "--shared-prefix-len", "64", "--stub"}, "give one"},
 		{[]string{"--turns", "65"}, "turns: 65 is outside [1, 64]"},
 		{[]string{"--shared-prefix-len", "64", "--shared-prefixes", "0"}, "shared prefixes: 0"},
+		{[]string{"--path", "2", "--stub"}, "give one"},
+		{[]string{"--path", "101"}, "--path (101) must be 1 to 100 rounds"},
+		{[]string{"--path", "1", "--http", "http://127.0.0.1:1", "--api-key", "k"}, "--path brings up its own nodes"},
 	} {
 		code, out := runNode(append([]string{"bench"}, tc.args...)...)
 		if code != exitUsage || !strings.Contains(out, tc.want) {
