@@ -164,6 +164,9 @@ type nodeConfig struct {
 	// together (workers × pages × page bytes), checked before any is
 	// allocated; 0 means the host's physical memory.
 	MemoryBudgetBytes int64 `json:"memory_budget_bytes"`
+	// Procs is how many processors (GOMAXPROCS) the node's Go runtime
+	// runs on, 0 to procsMax; 0 means the role's default (procsFor).
+	Procs int `json:"procs"`
 	// QueueMax is the most requests in flight at once; one more is "busy".
 	QueueMax int `json:"queue_max"`
 	// BatchMax is the most decode sequences a worker steps at once.
