@@ -101,7 +101,7 @@ func TestBusyDataPlaneIsDialedAgain(t *testing.T) {
 }
 
 // cutDial is a dial error of a receiver that took the connection and cut
-// it, as cluster.DataPlaneDialError says of itself.
+// it, as dataplane.DialError says of itself.
 type cutDial struct{}
 
 func (cutDial) Error() string { return "test: connection cut in the handshake" }

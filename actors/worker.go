@@ -557,7 +557,7 @@ const (
 
 // cutError is a dial error that says whether the receiver took the
 // connection and then cut it before the hellos were done
-// (cluster.DataPlaneDialError).
+// (dataplane.DialError).
 type cutError interface{ Cut() bool }
 
 // dialWithin dials, waiting no longer than ctx. A receiver that answers

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/cluster/dataplane"
 	"github.com/kvwarden/kvwarden/trust"
 )
 
@@ -33,7 +34,7 @@ func (e *DataPlaneUnplannedError) Error() string {
 //
 // actors.Dialer hands over only the address and the incarnation, so the
 // member is found here by its incarnation.
-func (n *Node) dialPlanned(dp DataPlaneConfig, addr string, inc uint64) (actors.FrameSender, error) {
+func (n *Node) dialPlanned(dp dataplane.Config, addr string, inc uint64) (actors.FrameSender, error) {
 	var want trust.Identity
 	if !dp.Auth.Insecure() {
 		var err error
@@ -41,9 +42,9 @@ func (n *Node) dialPlanned(dp DataPlaneConfig, addr string, inc uint64) (actors.
 			return nil, err
 		}
 	}
-	s, err := DialDataPlane(dp, addr, inc, want)
+	s, err := dataplane.Dial(dp, addr, inc, want)
 	if err != nil {
-		// A nil interface, not a nil *DataPlaneSender in a non-nil one.
+		// A nil interface, not a nil *dataplane.Sender in a non-nil one.
 		return nil, err
 	}
 	return s, nil

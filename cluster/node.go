@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/chaos/faults"
+	"github.com/kvwarden/kvwarden/cluster/dataplane"
 	"github.com/kvwarden/kvwarden/cluster/membership"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
@@ -62,7 +63,7 @@ type NodeConfig struct {
 	Gossip membership.Config
 	// DataPlane configures the KV data plane; its batch limits and
 	// incarnation are set from Actors.
-	DataPlane DataPlaneConfig
+	DataPlane dataplane.Config
 	// MetaInterval is how often the node republishes its free pages.
 	MetaInterval time.Duration
 	// DrainTimeout bounds a drain: past it, the node leaves with requests
@@ -99,7 +100,7 @@ func DefaultLocalNodeConfig(role actors.Role) NodeConfig {
 		Listen:       "127.0.0.1:0",
 		DataListen:   "127.0.0.1:0",
 		Gossip:       membership.DefaultLocalConfig(),
-		DataPlane:    DefaultLocalDataPlaneConfig(a.Geometry(), 1),
+		DataPlane:    dataplane.DefaultLocalConfig(a.Geometry(), 1),
 		MetaInterval: 200 * time.Millisecond,
 		DrainTimeout: 30 * time.Second,
 		LeaveTimeout: 2 * time.Second,
@@ -181,7 +182,7 @@ func (c *NodeConfig) validateAdvertised() error {
 // dataPlane is the data-plane configuration with the actors' batch limits
 // and incarnation, so that every node of one model frames alike, and the
 // node's credentials.
-func (c *NodeConfig) dataPlane() DataPlaneConfig {
+func (c *NodeConfig) dataPlane() dataplane.Config {
 	d := c.DataPlane
 	d.Auth = c.Auth
 	if d.Auth == nil {
@@ -232,7 +233,7 @@ type Node struct {
 	// holding is the members missing with their requests held, as last
 	// seen alive; the watch loop sets it.
 	holding atomic.Pointer[[]Member]
-	data    *DataPlaneServer
+	data    *dataplane.Server
 	// dataAddr is where peers reach the data plane: DataAdvertise, or the
 	// address it listens on; "" without one.
 	dataAddr string
@@ -287,7 +288,7 @@ func (n *Node) start() error {
 		// The data plane starts before the actors so that plans can name
 		// it; its handler reaches the actors once they exist.
 		var err error
-		n.data, err = ListenDataPlane(dp, cfg.DataListen, func(b DataPlaneBatch) error {
+		n.data, err = dataplane.Listen(dp, cfg.DataListen, func(b dataplane.Batch) error {
 			return n.actors.AcceptFrames(b.Peer, b.Frames)
 		})
 		if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/cluster/dataplane"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/internal/testwait"
@@ -401,19 +402,19 @@ func TestKVTransferMetrics(t *testing.T) {
 
 	cfg := d.Actors().Config()
 	inc := d.Incarnation()
-	forger := cluster.DefaultLocalDataPlaneConfig(cfg.Geometry(), 7)
+	forger := dataplane.DefaultLocalConfig(cfg.Geometry(), 7)
 	forger.Batch, forger.Auth, forger.Model = cfg.BatchLimits(), trust.Insecure(nil), d.Actors().Model().Fingerprint()
 	frame := func(request uint64, dest uint64) kv.Frame {
 		return kv.Frame{Owner: kv.Owner{Request: request, Tenant: "acme"}, Dest: kv.Tag{Incarnation: dest, Index: 1, Generation: 1},
 			Tokens: 1, Payload: make([]byte, cfg.Geometry().BytesPerToken())}
 	}
 	send := func(what string, frames ...kv.Frame) {
-		s, err := cluster.DialDataPlane(forger, d.DataAddr(), inc, trust.Identity{})
+		s, err := dataplane.Dial(forger, d.DataAddr(), inc, trust.Identity{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		if err := s.Send(context.Background(), frames); !errors.Is(err, cluster.ErrDataPlaneRefused) {
+		if err := s.Send(context.Background(), frames); !errors.Is(err, dataplane.ErrRefused) {
 			t.Fatalf("%s: %v, want refused", what, err)
 		}
 	}
@@ -425,7 +426,7 @@ func TestKVTransferMetrics(t *testing.T) {
 	}
 	other := forger
 	other.Model[0] ^= 1
-	if _, err := cluster.DialDataPlane(other, d.DataAddr(), inc, trust.Identity{}); !errors.Is(err, cluster.ErrDataPlaneRefused) {
+	if _, err := dataplane.Dial(other, d.DataAddr(), inc, trust.Identity{}); !errors.Is(err, dataplane.ErrRefused) {
 		t.Fatalf("a hello of another model: %v, want refused", err)
 	}
 	refused := map[string]float64{}
@@ -442,7 +443,7 @@ func TestKVTransferMetrics(t *testing.T) {
 // and reply as cluster/dataplane.go lays them out) and sends f in a batch
 // whose last payload byte was flipped after its checksum; it returns the
 // status of the batch's acknowledgement.
-func sendCorrupt(t *testing.T, addr string, cfg cluster.DataPlaneConfig, peer uint64, f kv.Frame) byte {
+func sendCorrupt(t *testing.T, addr string, cfg dataplane.Config, peer uint64, f kv.Frame) byte {
 	t.Helper()
 	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/cluster/dataplane"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -185,8 +186,8 @@ func names(rs ...trust.Refusal) []string {
 }
 
 // dataPlane is the rogue's data-plane configuration as peer.
-func (r *RoguePeer) dataPlane() cluster.DataPlaneConfig {
-	cfg := cluster.DefaultLocalDataPlaneConfig(r.geometry, r.incarnation)
+func (r *RoguePeer) dataPlane() dataplane.Config {
+	cfg := dataplane.DefaultLocalConfig(r.geometry, r.incarnation)
 	cfg.Auth = r.peer
 	return cfg
 }
@@ -210,7 +211,7 @@ func (r *RoguePeer) frames(ctx context.Context, n roundTarget, rnd *mrand.Rand) 
 		a.Skipped, a.Detail = true, fmt.Sprintf("no data plane and identity in its status (%q, %v)", s.Node.DataPlane, err)
 		return a
 	}
-	snd, err := cluster.DialDataPlane(r.dataPlane(), s.Node.DataPlane, s.Node.Incarnation, want)
+	snd, err := dataplane.Dial(r.dataPlane(), s.Node.DataPlane, s.Node.Incarnation, want)
 	if err != nil {
 		a.Skipped, a.Detail = true, "dial: "+err.Error()
 		return a
@@ -247,13 +248,13 @@ func (r *RoguePeer) hello(n roundTarget) Attack {
 	}
 	cfg := r.dataPlane()
 	cfg.Auth = r.tenant
-	snd, err := cluster.DialDataPlane(cfg, s.Node.DataPlane, s.Node.Incarnation, want)
+	snd, err := dataplane.Dial(cfg, s.Node.DataPlane, s.Node.Incarnation, want)
 	if err == nil {
 		snd.Close()
 		a.Detail = "the hello was accepted"
 		return a
 	}
-	a.Refused = errors.Is(err, cluster.ErrDataPlaneRefused)
+	a.Refused = errors.Is(err, dataplane.ErrRefused)
 	a.Detail = err.Error()
 	if !a.Refused {
 		a.Skipped = true

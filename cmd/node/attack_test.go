@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/cluster/dataplane"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
@@ -170,7 +170,7 @@ func TestBinaryAttackDataPlaneStrangers(t *testing.T) {
 	// Strangers from more addresses than it takes to fill the strangers'
 	// share, each trying one more than an address may, together more than
 	// every slot there is.
-	def := cluster.DefaultLocalDataPlaneConfig(kv.Geometry{PageTokens: 1}, 1)
+	def := dataplane.DefaultLocalConfig(kv.Geometry{PageTokens: 1}, 1)
 	addrs := (def.HandshakesMax-def.HandshakesReserved)/def.HandshakesPerAddrMax + 2
 	perAddr := def.HandshakesPerAddrMax + 1
 	if addrs*perAddr <= def.HandshakesMax {

@@ -23,6 +23,7 @@ import (
 	"github.com/kvwarden/kvwarden/chaos/faults"
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/cluster"
+	"github.com/kvwarden/kvwarden/cluster/dataplane"
 	"github.com/kvwarden/kvwarden/cluster/membership"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/gpu"
@@ -390,7 +391,7 @@ func (c nodeConfig) listenFor(role actors.Role) string {
 // configuration. A node gossiping on loopback is one of a local cluster
 // and gets cluster.DefaultLocalNodeConfig's fast timers, so that a lost
 // member is noticed in seconds; any other address gets the LAN timers of
-// membership.DefaultConfig and cluster.DefaultDataPlaneConfig.
+// membership.DefaultConfig and dataplane.DefaultConfig.
 func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
 	a, err := c.serving(m)
 	if err != nil {
@@ -430,7 +431,7 @@ func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
 	nc := cluster.DefaultLocalNodeConfig(a.Role)
 	if !host.IsLoopback() {
 		nc.Gossip = membership.DefaultConfig()
-		nc.DataPlane = cluster.DefaultDataPlaneConfig(a.Geometry(), 1)
+		nc.DataPlane = dataplane.DefaultConfig(a.Geometry(), 1)
 	}
 	nc.Actors, nc.Model = a, m
 	nc.Listen, nc.DataListen = c.listenFor(a.Role), c.Data

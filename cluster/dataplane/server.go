@@ -1,4 +1,4 @@
-package cluster
+package dataplane
 
 import (
 	"crypto/tls"
@@ -17,10 +17,10 @@ import (
 	"github.com/kvwarden/kvwarden/trust"
 )
 
-// DataPlaneBatch is one batch as the receiver hands it to its handler: the
+// Batch is one batch as the receiver hands it to its handler: the
 // frames decoded, checksums verified, every destination tag naming the
 // receiver's incarnation.
-type DataPlaneBatch struct {
+type Batch struct {
 	// From is the sender's incarnation, from its hello.
 	From uint64
 	// Peer is the sender's identity, proven by its certificate in the TLS
@@ -37,20 +37,20 @@ type DataPlaneBatch struct {
 	Frames []kv.Frame
 }
 
-// DataPlaneHandler does the page writes of one batch (kv.Pool.Accept, or a
+// Handler does the page writes of one batch (kv.Pool.Accept, or a
 // message to each page's actor) and returns nil when all of them were
 // accepted. An error matching kv.ErrRefused is acknowledged as
-// DataPlaneRejected, any other as DataPlaneHandlerFailed; either way the
+// StatusRejected, any other as StatusHandlerFailed; either way the
 // connection is closed after that acknowledgement. The handler is called from one goroutine per
 // connection, so from several at once, but never twice at once for one
 // connection, and in the connection's batch order. It must copy what it
 // keeps, and it must return: the connection reads at most one more batch
 // while it runs, acknowledges nothing until it returns, and Close waits
 // for every handler call in progress.
-type DataPlaneHandler func(b DataPlaneBatch) error
+type Handler func(b Batch) error
 
-// DataPlaneServerStats are a server's counters since it started.
-type DataPlaneServerStats struct {
+// ServerStats are a server's counters since it started.
+type ServerStats struct {
 	// Connections whose hello was accepted, and of them those served now.
 	ConnectionsAccepted, ConnectionsActive uint64
 	// Connections closed before their hello: HandshakesMax were already
@@ -95,11 +95,11 @@ type dpServerCounters struct {
 	idle, readErrors, writeErrors                                            atomic.Uint64
 }
 
-// DataPlaneServer receives batches on one listener. Its methods are safe
+// Server receives batches on one listener. Its methods are safe
 // for concurrent use.
-type DataPlaneServer struct {
-	cfg     DataPlaneConfig
-	handler DataPlaneHandler
+type Server struct {
+	cfg     Config
+	handler Handler
 	ln      net.Listener
 	tls     *tls.Config // nil when insecure
 	log     *slog.Logger
@@ -114,20 +114,20 @@ type DataPlaneServer struct {
 	wg      sync.WaitGroup
 }
 
-// ListenDataPlane validates cfg, listens on addr ("127.0.0.1:0" picks a
+// Listen validates cfg, listens on addr ("127.0.0.1:0" picks a
 // port; see Addr) and serves connections until Close.
-func ListenDataPlane(cfg DataPlaneConfig, addr string, handler DataPlaneHandler) (*DataPlaneServer, error) {
+func Listen(cfg Config, addr string, handler Handler) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if handler == nil {
-		return nil, errors.New("cluster: data plane handler must not be nil")
+		return nil, errors.New("dataplane: data plane handler must not be nil")
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: data plane listen on %s: %w", addr, err)
+		return nil, fmt.Errorf("dataplane: data plane listen on %s: %w", addr, err)
 	}
-	s := &DataPlaneServer{cfg: cfg, handler: handler, ln: ln, log: cfg.logger(),
+	s := &Server{cfg: cfg, handler: handler, ln: ln, log: cfg.logger(),
 		conns: make(map[net.Conn]struct{}), perPeer: make(map[string]int),
 		hellos: trust.NewStrangers(trust.StrangerLimits{Max: cfg.HandshakesMax, PerAddrMax: cfg.HandshakesPerAddrMax,
 			Reserved: cfg.HandshakesReserved})}
@@ -139,11 +139,11 @@ func ListenDataPlane(cfg DataPlaneConfig, addr string, handler DataPlaneHandler)
 }
 
 // Addr is the address the server listens on.
-func (s *DataPlaneServer) Addr() net.Addr { return s.ln.Addr() }
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
 // Close stops accepting, closes every connection, and waits for their
 // goroutines, handler calls in progress included.
-func (s *DataPlaneServer) Close() error {
+func (s *Server) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -160,9 +160,9 @@ func (s *DataPlaneServer) Close() error {
 }
 
 // Stats reads the counters; each is read atomically, the set is not.
-func (s *DataPlaneServer) Stats() DataPlaneServerStats {
+func (s *Server) Stats() ServerStats {
 	c := &s.c
-	return DataPlaneServerStats{
+	return ServerStats{
 		ConnectionsAccepted: c.accepted.Load(), ConnectionsActive: c.active.Load(),
 		RefusedHandshakes: c.handshakesBusy.Load(), RefusedHandshakesAddr: c.handshakesAddr.Load(),
 		HandshakesFailed: c.handshakesFailed.Load(),
@@ -180,7 +180,7 @@ func (s *DataPlaneServer) Stats() DataPlaneServerStats {
 	}
 }
 
-func (s *DataPlaneServer) accept() {
+func (s *Server) accept() {
 	var backoff time.Duration
 	for {
 		conn, err := s.ln.Accept()
@@ -194,7 +194,7 @@ func (s *DataPlaneServer) accept() {
 			// Out of file descriptors and the like: wait, as net/http does,
 			// rather than spin or give up.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			s.cfg.Auth.Warn(s.log, "data_plane_accept", "cluster: data plane accept failed", "addr", s.ln.Addr(), "err", err,
+			s.cfg.Auth.Warn(s.log, "data_plane_accept", "dataplane: data plane accept failed", "addr", s.ln.Addr(), "err", err,
 				"retry_in", backoff)
 			time.Sleep(backoff)
 			continue
@@ -212,7 +212,7 @@ func (s *DataPlaneServer) accept() {
 // server is closed or the connections waiting already fill the bounds
 // (trust.Strangers) for its address. Nothing is written to it: before the
 // TLS handshake there is no way to say why.
-func (s *DataPlaneServer) admit(conn net.Conn) bool {
+func (s *Server) admit(conn net.Conn) bool {
 	proven := s.cfg.Auth.IsProven(conn.RemoteAddr().String())
 	s.mu.Lock()
 	closed := s.closed
@@ -240,7 +240,7 @@ func (s *DataPlaneServer) admit(conn net.Conn) bool {
 	return ok
 }
 
-func (s *DataPlaneServer) drop(conn net.Conn) {
+func (s *Server) drop(conn net.Conn) {
 	conn.Close()
 	s.mu.Lock()
 	delete(s.conns, conn)
@@ -258,7 +258,7 @@ type dpPeer struct {
 	from uint64 // its incarnation, from its hello
 }
 
-func (s *DataPlaneServer) reply(conn net.Conn, st DataPlaneStatus) error {
+func (s *Server) reply(conn net.Conn, st Status) error {
 	h := dpHello{reply: true, version: dpVersion, status: st, incarnation: s.cfg.Incarnation, limits: s.cfg.Batch,
 		model: s.cfg.Model}
 	b := h.encode()
@@ -271,7 +271,7 @@ func (s *DataPlaneServer) reply(conn net.Conn, st DataPlaneStatus) error {
 // HelloTimeout of the accept: the TLS handshake, the hello and the reply.
 // It returns the peer once the connection holds a serving slot (release
 // gives it back), or false once the connection is to be closed.
-func (s *DataPlaneServer) greet(raw net.Conn) (*dpPeer, bool) {
+func (s *Server) greet(raw net.Conn) (*dpPeer, bool) {
 	defer func() {
 		s.mu.Lock()
 		s.hellos.Give(trust.HostOf(raw.RemoteAddr().String()))
@@ -293,14 +293,14 @@ func (s *DataPlaneServer) greet(raw net.Conn) (*dpPeer, bool) {
 	st := s.check(p, h)
 	if err := s.reply(p.conn, st); err != nil {
 		s.c.writeErrors.Add(1)
-		s.cfg.Auth.Warn(s.log, "data_plane_reply", "cluster: data plane hello reply not written", "remote", raw.RemoteAddr(),
+		s.cfg.Auth.Warn(s.log, "data_plane_reply", "dataplane: data plane hello reply not written", "remote", raw.RemoteAddr(),
 			"err", err)
-		if st == DataPlaneOK {
+		if st == StatusOK {
 			s.release(p)
 		}
 		return nil, false
 	}
-	if st != DataPlaneOK {
+	if st != StatusOK {
 		return nil, false
 	}
 	if s.tls == nil {
@@ -313,7 +313,7 @@ func (s *DataPlaneServer) greet(raw net.Conn) (*dpPeer, bool) {
 }
 
 // handshake runs the server side of TLS on p and learns who the peer is.
-func (s *DataPlaneServer) handshake(p *dpPeer) bool {
+func (s *Server) handshake(p *dpPeer) bool {
 	tc := tls.Server(p.raw, s.tls)
 	err := tc.Handshake()
 	var id trust.Identity
@@ -341,14 +341,14 @@ func (s *DataPlaneServer) handshake(p *dpPeer) bool {
 }
 
 // tooSlow counts a connection that did not say hello within HelloTimeout.
-func (s *DataPlaneServer) tooSlow(conn net.Conn) {
+func (s *Server) tooSlow(conn net.Conn) {
 	s.c.helloTimeouts.Add(1)
 	s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane connection without a hello in time", "remote", conn.RemoteAddr(),
 		"hello_timeout", s.cfg.HelloTimeout)
 }
 
 // readHello reads the sender's hello; false when there is none to answer.
-func (s *DataPlaneServer) readHello(p *dpPeer) (dpHello, bool) {
+func (s *Server) readHello(p *dpPeer) (dpHello, bool) {
 	var b [dpHelloBytes]byte
 	if _, err := io.ReadFull(p.conn, b[:]); err != nil {
 		switch {
@@ -358,7 +358,7 @@ func (s *DataPlaneServer) readHello(p *dpPeer) (dpHello, bool) {
 			s.c.noHello.Add(1)
 		default:
 			s.c.readErrors.Add(1)
-			s.cfg.Auth.Warn(s.log, "data_plane_hello_read", "cluster: data plane hello not read", "remote", p.raw.RemoteAddr(),
+			s.cfg.Auth.Warn(s.log, "data_plane_hello_read", "dataplane: data plane hello not read", "remote", p.raw.RemoteAddr(),
 				"err", err)
 		}
 		return dpHello{}, false
@@ -367,7 +367,7 @@ func (s *DataPlaneServer) readHello(p *dpPeer) (dpHello, bool) {
 	if err != nil {
 		// Not a data plane peer: no reply, since it would not read one.
 		s.c.helloMalformed.Add(1)
-		s.cfg.Auth.Warn(s.log, "data_plane_hello_malformed", "cluster: data plane connection closed", "remote", p.raw.RemoteAddr(),
+		s.cfg.Auth.Warn(s.log, "data_plane_hello_malformed", "dataplane: data plane connection closed", "remote", p.raw.RemoteAddr(),
 			"reason", err)
 		return dpHello{}, false
 	}
@@ -376,29 +376,29 @@ func (s *DataPlaneServer) readHello(p *dpPeer) (dpHello, bool) {
 
 // check decides the hello reply: who the peer is first, then what its
 // hello says, then whether a serving slot is free, which it takes.
-func (s *DataPlaneServer) check(p *dpPeer, h dpHello) DataPlaneStatus {
+func (s *Server) check(p *dpPeer, h dpHello) Status {
 	if s.tls != nil && !p.id.Role.Prefills() {
 		s.c.forbidden.Add(1)
 		s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane hello from a role that does not prefill",
 			"remote", p.raw.RemoteAddr(), "identity", p.id.String())
-		return DataPlaneForbidden
+		return StatusForbidden
 	}
-	st, counter := DataPlaneOK, (*atomic.Uint64)(nil)
+	st, counter := StatusOK, (*atomic.Uint64)(nil)
 	switch {
 	case h.version != dpVersion:
-		st, counter = DataPlaneHelloVersion, &s.c.helloVersion
-	case h.reserved || h.status != DataPlaneOK || h.incarnation == 0 || h.limits.Validate() != nil || h.model.IsZero():
-		st, counter = DataPlaneHelloMalformed, &s.c.helloMalformed
+		st, counter = StatusHelloVersion, &s.c.helloVersion
+	case h.reserved || h.status != StatusOK || h.incarnation == 0 || h.limits.Validate() != nil || h.model.IsZero():
+		st, counter = StatusHelloMalformed, &s.c.helloMalformed
 	case h.expect != s.cfg.Incarnation:
-		st, counter = DataPlaneHelloIncarnation, &s.c.helloIncarnation
+		st, counter = StatusHelloIncarnation, &s.c.helloIncarnation
 	case h.model != s.cfg.Model:
-		st, counter = DataPlaneHelloModel, &s.c.helloModel
+		st, counter = StatusHelloModel, &s.c.helloModel
 	case h.limits.Frame != s.cfg.Batch.Frame:
-		st, counter = DataPlaneHelloLimits, &s.c.helloLimits
+		st, counter = StatusHelloLimits, &s.c.helloLimits
 	}
-	if st != DataPlaneOK {
+	if st != StatusOK {
 		counter.Add(1)
-		s.cfg.Auth.Warn(s.log, "data_plane_hello", "cluster: data plane refused hello", "remote", p.raw.RemoteAddr(), "reason", st,
+		s.cfg.Auth.Warn(s.log, "data_plane_hello", "dataplane: data plane refused hello", "remote", p.raw.RemoteAddr(), "reason", st,
 			"version", h.version, "sender", fmt.Sprintf("%x", h.incarnation),
 			"expected", fmt.Sprintf("%x", h.expect), "incarnation", fmt.Sprintf("%x", s.cfg.Incarnation),
 			"page_tokens", h.limits.Frame.PageTokens, "bytes_per_token", h.limits.Frame.BytesPerToken,
@@ -410,7 +410,7 @@ func (s *DataPlaneServer) check(p *dpPeer, h dpHello) DataPlaneStatus {
 
 // take gives p a serving slot, unless ConnectionsMax are taken or
 // ConnectionsPerPeerMax by p's peer.
-func (s *DataPlaneServer) take(p *dpPeer) DataPlaneStatus {
+func (s *Server) take(p *dpPeer) Status {
 	s.mu.Lock()
 	served, mine := s.served, s.perPeer[p.key]
 	ok := served < s.cfg.ConnectionsMax && mine < s.cfg.ConnectionsPerPeerMax
@@ -423,21 +423,21 @@ func (s *DataPlaneServer) take(p *dpPeer) DataPlaneStatus {
 	case ok:
 		s.c.accepted.Add(1)
 		s.c.active.Add(1)
-		return DataPlaneOK
+		return StatusOK
 	case served >= s.cfg.ConnectionsMax:
 		s.c.busy.Add(1)
-		s.cfg.Auth.Warn(s.log, "data_plane_busy", "cluster: data plane refused a connection: busy", "remote", p.raw.RemoteAddr(),
+		s.cfg.Auth.Warn(s.log, "data_plane_busy", "dataplane: data plane refused a connection: busy", "remote", p.raw.RemoteAddr(),
 			"connections_max", s.cfg.ConnectionsMax)
 	default:
 		s.c.peerBusy.Add(1)
 		s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane connection over the per-peer cap", "remote", p.raw.RemoteAddr(),
 			"peer", p.key, "connections_per_peer_max", s.cfg.ConnectionsPerPeerMax)
 	}
-	return DataPlaneBusy
+	return StatusBusy
 }
 
 // release gives back the serving slot take gave p.
-func (s *DataPlaneServer) release(p *dpPeer) {
+func (s *Server) release(p *dpPeer) {
 	s.mu.Lock()
 	s.served--
 	if s.perPeer[p.key]--; s.perPeer[p.key] == 0 {
@@ -452,7 +452,7 @@ func (s *DataPlaneServer) release(p *dpPeer) {
 // batch N from the other, hands it to the handler and acknowledges it.
 // Batches, handler calls and acknowledgements stay in the connection's
 // order, and the first batch not accepted is the last one read.
-func (s *DataPlaneServer) serve(raw net.Conn) {
+func (s *Server) serve(raw net.Conn) {
 	defer s.drop(raw)
 	p, ok := s.greet(raw)
 	if !ok {
@@ -470,7 +470,7 @@ func (s *DataPlaneServer) serve(raw net.Conn) {
 		}
 		frames, n, err := kv.DecodeBatch(in.buf[:in.n], s.cfg.Batch)
 		if err == nil && n != in.n {
-			err = fmt.Errorf("cluster: kv.DecodeBatch took %d of the %d bytes its header announced", n, in.n)
+			err = fmt.Errorf("dataplane: kv.DecodeBatch took %d of the %d bytes its header announced", n, in.n)
 		}
 		if err != nil {
 			r.stop()
@@ -480,18 +480,18 @@ func (s *DataPlaneServer) serve(raw net.Conn) {
 		s.c.batches.Add(1)
 		s.c.frames.Add(uint64(len(frames)))
 		s.c.bytes.Add(uint64(n))
-		a := s.handle(DataPlaneBatch{From: p.from, Peer: p.id, Remote: raw.RemoteAddr(), Seq: seq, Frames: frames})
+		a := s.handle(Batch{From: p.from, Peer: p.id, Remote: raw.RemoteAddr(), Seq: seq, Frames: frames})
 		// The handler is done with the payloads: the buffer may take a batch.
 		r.free <- in.buf
 		err = s.ack(p.conn, a)
 		r.acked()
 		if err != nil {
 			s.c.writeErrors.Add(1)
-			s.cfg.Auth.Warn(s.log, "data_plane_ack", "cluster: data plane connection closed", "remote", raw.RemoteAddr(),
+			s.cfg.Auth.Warn(s.log, "data_plane_ack", "dataplane: data plane connection closed", "remote", raw.RemoteAddr(),
 				"reason", "acknowledgement not written", "batch", seq, "err", err)
 			return
 		}
-		if a.status != DataPlaneOK {
+		if a.status != StatusOK {
 			r.stop()
 			s.linger(p.conn)
 			return
@@ -500,14 +500,14 @@ func (s *DataPlaneServer) serve(raw net.Conn) {
 }
 
 // handle checks the batch's destination incarnations, then hands it on.
-func (s *DataPlaneServer) handle(b DataPlaneBatch) dpAck {
+func (s *Server) handle(b Batch) dpAck {
 	for i := range b.Frames {
 		if inc := b.Frames[i].Dest.Incarnation; inc != s.cfg.Incarnation {
 			s.c.wrongIncarnation.Add(1)
 			s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane batch with a frame for another incarnation",
 				"remote", b.Remote, "peer", b.Peer.String(), "batch", b.Seq, "frame", i, "dest", b.Frames[i].Dest,
 				"incarnation", fmt.Sprintf("%x", s.cfg.Incarnation))
-			return dpAck{seq: b.Seq, status: DataPlaneWrongIncarnation, frame: uint32(i), detail: inc}
+			return dpAck{seq: b.Seq, status: StatusWrongIncarnation, frame: uint32(i), detail: inc}
 		}
 	}
 	err := s.handler(b)
@@ -515,21 +515,21 @@ func (s *DataPlaneServer) handle(b DataPlaneBatch) dpAck {
 	case err == nil:
 		s.c.batchesOK.Add(1)
 		s.c.framesOK.Add(uint64(len(b.Frames)))
-		return dpAck{seq: b.Seq, status: DataPlaneOK, frame: dpNoFrame}
+		return dpAck{seq: b.Seq, status: StatusOK, frame: dpNoFrame}
 	case errors.Is(err, kv.ErrRefused):
 		s.c.rejected.Add(1)
 		s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane batch rejected by the page checks",
 			"remote", b.Remote, "peer", b.Peer.String(), "batch", b.Seq, "err", err)
-		return dpAck{seq: b.Seq, status: DataPlaneRejected, frame: dpNoFrame}
+		return dpAck{seq: b.Seq, status: StatusRejected, frame: dpNoFrame}
 	default:
 		s.c.handlerFailed.Add(1)
-		s.cfg.Auth.Warn(s.log, "data_plane_handler", "cluster: data plane handler failed", "remote", b.Remote, "batch", b.Seq,
+		s.cfg.Auth.Warn(s.log, "data_plane_handler", "dataplane: data plane handler failed", "remote", b.Remote, "batch", b.Seq,
 			"err", err)
-		return dpAck{seq: b.Seq, status: DataPlaneHandlerFailed, frame: dpNoFrame}
+		return dpAck{seq: b.Seq, status: StatusHandlerFailed, frame: dpNoFrame}
 	}
 }
 
-func (s *DataPlaneServer) ack(conn net.Conn, a dpAck) error {
+func (s *Server) ack(conn net.Conn, a dpAck) error {
 	b := a.encode()
 	conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	_, err := conn.Write(b[:])
@@ -561,7 +561,7 @@ type dpRead struct {
 // dpReader reads one connection's batches ahead of its handler, into
 // dpConnBuffers buffers allocated once.
 type dpReader struct {
-	s    *DataPlaneServer
+	s    *Server
 	conn net.Conn
 	free chan []byte // buffers the reader may read into
 	full chan dpRead // batches read, in order; the last one may be an error
@@ -577,7 +577,7 @@ type dpReader struct {
 	quit    chan struct{}
 }
 
-func (s *DataPlaneServer) startReader(conn net.Conn) *dpReader {
+func (s *Server) startReader(conn net.Conn) *dpReader {
 	r := &dpReader{
 		s: s, conn: conn,
 		free: make(chan []byte, dpConnBuffers),
@@ -651,7 +651,7 @@ func (r *dpReader) run() {
 	}
 }
 
-var errDPReaderStopped = errors.New("cluster: data plane reader stopped")
+var errDPReaderStopped = errors.New("dataplane: data plane reader stopped")
 
 // read reads exactly one batch into buf, without decoding its frames: the
 // header, which kv.DecodeBatch checks and which bounds the body by
@@ -698,7 +698,7 @@ func (r *dpReader) read(buf []byte) (int, *dpReadError) {
 		// with kv as it is; if kv changes, the bytes decide it, and bytes
 		// close a connection rather than stop the node.
 		return 0, &dpReadError{malformed: true, err: fmt.Errorf(
-			"cluster: kv.DecodeBatch needs %d bytes with %d read into a %d-byte buffer", need, len(hdr), len(buf))}
+			"dataplane: kv.DecodeBatch needs %d bytes with %d read into a %d-byte buffer", need, len(hdr), len(buf))}
 	}
 	if need > len(hdr) {
 		if !r.deadline(time.Now().Add(s.cfg.ReadTimeout)) {
@@ -712,10 +712,10 @@ func (r *dpReader) read(buf []byte) (int, *dpReadError) {
 }
 
 // closing counts and logs why a connection ends. A malformed batch is
-// acknowledged with DataPlaneMalformed first (best effort), so that the
+// acknowledged with StatusMalformed first (best effort), so that the
 // sender's error says what happened rather than only that the connection
 // was lost.
-func (s *DataPlaneServer) closing(p *dpPeer, seq uint64, e *dpReadError) {
+func (s *Server) closing(p *dpPeer, seq uint64, e *dpReadError) {
 	switch {
 	case e.eof:
 		return
@@ -728,16 +728,16 @@ func (s *DataPlaneServer) closing(p *dpPeer, seq uint64, e *dpReadError) {
 		}
 		s.cfg.Auth.Refuse(trust.RefusedDataPlane, "malformed data plane batch", "remote", p.raw.RemoteAddr(),
 			"peer", p.id.String(), "batch", seq, "err", e.err)
-		if s.ack(p.conn, dpAck{seq: seq, status: DataPlaneMalformed, frame: dpNoFrame}) == nil {
+		if s.ack(p.conn, dpAck{seq: seq, status: StatusMalformed, frame: dpNoFrame}) == nil {
 			s.linger(p.conn)
 		}
 	case e.idle:
 		s.c.idle.Add(1)
-		s.log.Info("cluster: data plane connection closed", "remote", p.raw.RemoteAddr(),
+		s.log.Info("dataplane: data plane connection closed", "remote", p.raw.RemoteAddr(),
 			"reason", "idle", "idle_timeout", s.cfg.IdleTimeout)
 	default:
 		s.c.readErrors.Add(1)
-		s.cfg.Auth.Warn(s.log, "data_plane_read", "cluster: data plane connection closed", "remote", p.raw.RemoteAddr(),
+		s.cfg.Auth.Warn(s.log, "data_plane_read", "dataplane: data plane connection closed", "remote", p.raw.RemoteAddr(),
 			"reason", "read failed", "batch", seq, "err", e.err)
 	}
 }
@@ -747,7 +747,7 @@ func (s *DataPlaneServer) closing(p *dpPeer, seq uint64, e *dpReadError) {
 // ReadTimeout and InFlightMax batches' bytes. Closing a socket with unread
 // bytes resets the connection, and a reset can destroy the refusal in the
 // sender's receive queue before it is read.
-func (s *DataPlaneServer) linger(conn net.Conn) {
+func (s *Server) linger(conn net.Conn) {
 	cw, ok := conn.(interface{ CloseWrite() error })
 	if !ok {
 		return

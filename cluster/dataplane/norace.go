@@ -1,6 +1,6 @@
 //go:build !race
 
-package cluster
+package dataplane
 
 // dpRaceEnabled is whether the race detector is on; see writeLoop.
 const dpRaceEnabled = false

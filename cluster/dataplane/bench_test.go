@@ -1,4 +1,4 @@
-package cluster
+package dataplane
 
 import (
 	"context"
@@ -16,13 +16,13 @@ import (
 	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
-// BenchmarkDataPlaneThroughput moves the same KV bytes over loopback four
+// BenchmarkThroughput moves the same KV bytes over loopback four
 // ways, alternating in one run: "raw" writes them on a plain TCP connection
 // in 1 MiB writes to a reader that only counts them, "raw-tls" does the same
 // over crypto/tls (the most TLS can carry here); "dataplane" sends them
-// as full-page frames with a DataPlaneSender (batches encoded with
+// as full-page frames with a Sender (batches encoded with
 // checksums, back-pressure window, acknowledgements) over plain TCP to a
-// DataPlaneServer whose handler does nothing (the page writes are the
+// Server whose handler does nothing (the page writes are the
 // pool's cost, not the transport's); "tls" does the same over TLS 1.3 with
 // certificates of one test CA. Each round moves RoundBytes of payload and
 // waits until the receiver has all of it (raw, raw-tls) or every batch is
@@ -31,7 +31,7 @@ import (
 // the data plane) and raw-tls/raw ("tls-ceiling", its price on a bare
 // stream), for the default configuration of each geometry and three
 // back-pressure windows.
-func BenchmarkDataPlaneThroughput(b *testing.B) {
+func BenchmarkThroughput(b *testing.B) {
 	for _, bg := range []struct {
 		name string
 		g    kv.Geometry
@@ -120,19 +120,19 @@ func benchDataPlane(b *testing.B, g kv.Geometry, inflight int) {
 // benchSender is a sender dialed to a server whose handler does nothing,
 // under the given authorities (the receiver's, the sender's); both close
 // with the benchmark.
-func benchSender(b *testing.B, g kv.Geometry, inflight int, recv, send *trust.Authority) *DataPlaneSender {
+func benchSender(b *testing.B, g kv.Geometry, inflight int, recv, send *trust.Authority) *Sender {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rcfg := DefaultDataPlaneConfig(g, 2)
+	rcfg := DefaultConfig(g, 2)
 	rcfg.Logger, rcfg.Auth, rcfg.Model = quiet, recv, testModel
-	srv, err := ListenDataPlane(rcfg, "127.0.0.1:0", func(DataPlaneBatch) error { return nil })
+	srv, err := Listen(rcfg, "127.0.0.1:0", func(Batch) error { return nil })
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { srv.Close() })
-	scfg := DefaultDataPlaneConfig(g, 1)
+	scfg := DefaultConfig(g, 1)
 	scfg.InFlightMax = inflight
 	scfg.Logger, scfg.Auth, scfg.Model = quiet, send, testModel
-	snd, err := DialDataPlane(scfg, srv.Addr().String(), 2, recv.Self())
+	snd, err := Dial(scfg, srv.Addr().String(), 2, recv.Self())
 	if err != nil {
 		b.Fatal(err)
 	}

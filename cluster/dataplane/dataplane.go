@@ -1,4 +1,4 @@
-package cluster
+package dataplane
 
 import (
 	"encoding/binary"
@@ -35,7 +35,7 @@ import (
 // Batches are numbered from 0 by their position on the connection; TCP keeps
 // them in order, so the sequence number is not sent with the batch, only
 // echoed in its acknowledgement, where the sender checks it. An
-// acknowledgement other than DataPlaneOK is the last one on its connection:
+// acknowledgement other than StatusOK is the last one on its connection:
 // the receiver closes it after writing it, so a peer that sent one bad
 // batch sends nothing more on that connection.
 //
@@ -82,7 +82,7 @@ var dpBatchHeaderBytes = func() int {
 	_, _, err := kv.DecodeBatch(nil, kv.BatchLimits{})
 	var short *kv.FrameShortError
 	if !errors.As(err, &short) || short.Need < 1 {
-		panic(fmt.Sprintf("cluster: kv.DecodeBatch(nil) answered %v, want a *kv.FrameShortError naming the header size", err))
+		panic(fmt.Sprintf("dataplane: kv.DecodeBatch(nil) answered %v, want a *kv.FrameShortError naming the header size", err))
 	}
 	return short.Need
 }()
@@ -93,10 +93,10 @@ func dpFrameOverhead(l kv.FrameLimits) int {
 	return l.FrameBytesMax() - l.PageTokens*l.BytesPerToken
 }
 
-// DataPlaneConfig bounds one node's data plane, both as a sender and as a
-// receiver. Every field must be set; Validate runs in ListenDataPlane and
-// DialDataPlane before any buffer is allocated.
-type DataPlaneConfig struct {
+// Config bounds one node's data plane, both as a sender and as a
+// receiver. Every field must be set; Validate runs in Listen and
+// Dial before any buffer is allocated.
+type Config struct {
 	// Batch bounds one batch in frames (PagesMax) and body bytes (BytesMax),
 	// and each frame by the KV geometry (Frame). Sender and receiver must
 	// share Frame; a sender packs batches within the smaller of the two
@@ -134,11 +134,11 @@ type DataPlaneConfig struct {
 	SocketBufferBytes int
 	// ConnectionsMax is the most connections a server serves at once (past
 	// their hello); one more is refused in its hello reply with
-	// DataPlaneBusy.
+	// StatusBusy.
 	ConnectionsMax int
 	// ConnectionsPerPeerMax is the most of them one peer may hold: one
 	// identity when secure, one IP address when insecure. One more is
-	// refused with DataPlaneBusy, so that one peer cannot take every slot.
+	// refused with StatusBusy, so that one peer cannot take every slot.
 	// 1 to ConnectionsMax.
 	ConnectionsPerPeerMax int
 	// HandshakesMax is the most connections a server holds before their
@@ -181,14 +181,14 @@ type DataPlaneConfig struct {
 	Logger *slog.Logger
 }
 
-// DefaultDataPlaneConfig sizes batches for geometry g to about
-// DataPlaneBatchBytesTarget (at least one full-page frame), with 4 batches
+// DefaultConfig sizes batches for geometry g to about
+// BatchBytesTarget (at least one full-page frame), with 4 batches
 // in flight, 32 connections (8 from one peer) and 1 GiB of server
 // buffers. Auth is left for the caller to set.
-func DefaultDataPlaneConfig(g kv.Geometry, incarnation uint64) DataPlaneConfig {
+func DefaultConfig(g kv.Geometry, incarnation uint64) Config {
 	fl := g.Limits()
-	pages := max(1, min(DataPlaneBatchBytesTarget/fl.FrameBytesMax(), dpPagesMaxUp))
-	return DataPlaneConfig{
+	pages := max(1, min(BatchBytesTarget/fl.FrameBytesMax(), dpPagesMaxUp))
+	return Config{
 		Batch:                 kv.BatchLimits{PagesMax: pages, BytesMax: pages * fl.FrameBytesMax(), Frame: fl},
 		InFlightMax:           4,
 		DialTimeout:           5 * time.Second,
@@ -207,17 +207,17 @@ func DefaultDataPlaneConfig(g kv.Geometry, incarnation uint64) DataPlaneConfig {
 	}
 }
 
-// DataPlaneBatchBytesTarget is the batch size DefaultDataPlaneConfig aims
-// for: 2 MiB. On a 2-CPU loopback (BenchmarkDataPlaneThroughput) batches
+// BatchBytesTarget is the batch size DefaultConfig aims
+// for: 2 MiB. On a 2-CPU loopback (BenchmarkThroughput) batches
 // this size, whose payloads stay in cache between the checksum and the
 // socket write, kept 0.84–0.97 of raw TCP's throughput, against 0.76–0.85
 // for 8 MiB batches and 0.49–0.61 for 64 KiB ones (per-batch costs).
-const DataPlaneBatchBytesTarget = 2 << 20
+const BatchBytesTarget = 2 << 20
 
-// DefaultLocalDataPlaneConfig is DefaultDataPlaneConfig with short timers,
+// DefaultLocalConfig is DefaultConfig with short timers,
 // for tests and a local cluster.
-func DefaultLocalDataPlaneConfig(g kv.Geometry, incarnation uint64) DataPlaneConfig {
-	c := DefaultDataPlaneConfig(g, incarnation)
+func DefaultLocalConfig(g kv.Geometry, incarnation uint64) Config {
+	c := DefaultConfig(g, incarnation)
 	c.DialTimeout = 2 * time.Second
 	c.HelloTimeout = time.Second
 	c.WriteTimeout = 5 * time.Second
@@ -228,12 +228,12 @@ func DefaultLocalDataPlaneConfig(g kv.Geometry, incarnation uint64) DataPlaneCon
 }
 
 // batchBufferBytes is one server read buffer: a whole batch.
-func (c DataPlaneConfig) batchBufferBytes() int { return dpBatchHeaderBytes + c.Batch.BytesMax }
+func (c Config) batchBufferBytes() int { return dpBatchHeaderBytes + c.Batch.BytesMax }
 
 // connBufferBytes is what one server connection allocates to read batches.
-func (c DataPlaneConfig) connBufferBytes() int64 { return dpConnBuffers * int64(c.batchBufferBytes()) }
+func (c Config) connBufferBytes() int64 { return dpConnBuffers * int64(c.batchBufferBytes()) }
 
-func (c DataPlaneConfig) logger() *slog.Logger {
+func (c Config) logger() *slog.Logger {
 	if c.Logger != nil {
 		return c.Logger
 	}
@@ -241,27 +241,27 @@ func (c DataPlaneConfig) logger() *slog.Logger {
 }
 
 // Validate reports the first field out of range, with its value.
-func (c DataPlaneConfig) Validate() error {
+func (c Config) Validate() error {
 	fl := c.Batch.Frame
 	switch {
 	case c.Model.IsZero():
-		return errors.New("cluster: data plane Model (the model fingerprint) must be set")
+		return errors.New("dataplane: data plane Model (the model fingerprint) must be set")
 	case fl.PageTokens < 1 || fl.BytesPerToken < 1:
-		return fmt.Errorf("cluster: data plane Batch.Frame (page tokens %d, bytes per token %d) must be at least 1 each",
+		return fmt.Errorf("dataplane: data plane Batch.Frame (page tokens %d, bytes per token %d) must be at least 1 each",
 			fl.PageTokens, fl.BytesPerToken)
 	case int64(fl.PageTokens)*int64(fl.BytesPerToken) > dpBatchBytesUp:
-		return fmt.Errorf("cluster: data plane page of %d tokens × %d bytes exceeds %d bytes",
+		return fmt.Errorf("dataplane: data plane page of %d tokens × %d bytes exceeds %d bytes",
 			fl.PageTokens, fl.BytesPerToken, dpBatchBytesUp)
 	case c.Batch.PagesMax > dpPagesMaxUp:
-		return fmt.Errorf("cluster: data plane Batch.PagesMax (%d) must be at most %d", c.Batch.PagesMax, dpPagesMaxUp)
+		return fmt.Errorf("dataplane: data plane Batch.PagesMax (%d) must be at most %d", c.Batch.PagesMax, dpPagesMaxUp)
 	case c.Batch.BytesMax > dpBatchBytesUp:
-		return fmt.Errorf("cluster: data plane Batch.BytesMax (%d) must be at most %d", c.Batch.BytesMax, dpBatchBytesUp)
+		return fmt.Errorf("dataplane: data plane Batch.BytesMax (%d) must be at most %d", c.Batch.BytesMax, dpBatchBytesUp)
 	}
 	if err := c.Batch.Validate(); err != nil {
-		return fmt.Errorf("cluster: data plane: %w", err)
+		return fmt.Errorf("dataplane: data plane: %w", err)
 	}
 	if c.InFlightMax < 1 || c.InFlightMax > dpInFlightMax {
-		return fmt.Errorf("cluster: data plane InFlightMax (%d) must be in [1, %d]", c.InFlightMax, dpInFlightMax)
+		return fmt.Errorf("dataplane: data plane InFlightMax (%d) must be in [1, %d]", c.InFlightMax, dpInFlightMax)
 	}
 	for _, d := range []struct {
 		name string
@@ -272,264 +272,264 @@ func (c DataPlaneConfig) Validate() error {
 		{"AckTimeout", c.AckTimeout}, {"IdleTimeout", c.IdleTimeout},
 	} {
 		if d.v <= 0 {
-			return fmt.Errorf("cluster: data plane %s (%s) must be positive", d.name, d.v)
+			return fmt.Errorf("dataplane: data plane %s (%s) must be positive", d.name, d.v)
 		}
 	}
 	if c.SocketBufferBytes < 0 || c.SocketBufferBytes > dpBatchBytesUp {
-		return fmt.Errorf("cluster: data plane SocketBufferBytes (%d) must be in [0, %d]", c.SocketBufferBytes, dpBatchBytesUp)
+		return fmt.Errorf("dataplane: data plane SocketBufferBytes (%d) must be in [0, %d]", c.SocketBufferBytes, dpBatchBytesUp)
 	}
 	if c.ConnectionsMax < 1 {
-		return fmt.Errorf("cluster: data plane ConnectionsMax (%d) must be at least 1", c.ConnectionsMax)
+		return fmt.Errorf("dataplane: data plane ConnectionsMax (%d) must be at least 1", c.ConnectionsMax)
 	}
 	if c.ConnectionsPerPeerMax < 1 || c.ConnectionsPerPeerMax > c.ConnectionsMax {
-		return fmt.Errorf("cluster: data plane ConnectionsPerPeerMax (%d) must be in [1, ConnectionsMax (%d)]",
+		return fmt.Errorf("dataplane: data plane ConnectionsPerPeerMax (%d) must be in [1, ConnectionsMax (%d)]",
 			c.ConnectionsPerPeerMax, c.ConnectionsMax)
 	}
 	if c.HandshakesMax < 1 {
-		return fmt.Errorf("cluster: data plane HandshakesMax (%d) must be at least 1", c.HandshakesMax)
+		return fmt.Errorf("dataplane: data plane HandshakesMax (%d) must be at least 1", c.HandshakesMax)
 	}
 	if c.HandshakesReserved < 0 || c.HandshakesReserved >= c.HandshakesMax {
-		return fmt.Errorf("cluster: data plane HandshakesReserved (%d) must be in [0, HandshakesMax (%d))",
+		return fmt.Errorf("dataplane: data plane HandshakesReserved (%d) must be in [0, HandshakesMax (%d))",
 			c.HandshakesReserved, c.HandshakesMax)
 	}
 	if c.HandshakesPerAddrMax < 1 || c.HandshakesPerAddrMax > c.HandshakesMax-c.HandshakesReserved {
-		return fmt.Errorf("cluster: data plane HandshakesPerAddrMax (%d) must be in [1, HandshakesMax (%d) - HandshakesReserved (%d)]",
+		return fmt.Errorf("dataplane: data plane HandshakesPerAddrMax (%d) must be in [1, HandshakesMax (%d) - HandshakesReserved (%d)]",
 			c.HandshakesPerAddrMax, c.HandshakesMax, c.HandshakesReserved)
 	}
 	if need := int64(c.ConnectionsMax) * c.connBufferBytes(); need > c.ServerBufferBytesMax {
-		return fmt.Errorf("cluster: data plane ConnectionsMax (%d) × %d batch buffers (%d bytes each) = %d bytes exceeds ServerBufferBytesMax (%d)",
+		return fmt.Errorf("dataplane: data plane ConnectionsMax (%d) × %d batch buffers (%d bytes each) = %d bytes exceeds ServerBufferBytesMax (%d)",
 			c.ConnectionsMax, dpConnBuffers, c.batchBufferBytes(), need, c.ServerBufferBytesMax)
 	}
 	if c.Incarnation == 0 {
-		return fmt.Errorf("cluster: data plane Incarnation must be non-zero")
+		return fmt.Errorf("dataplane: data plane Incarnation must be non-zero")
 	}
 	if c.Auth == nil {
-		return errors.New("cluster: data plane Auth is required (trust.Insecure runs plain TCP without credentials)")
+		return errors.New("dataplane: data plane Auth is required (trust.Insecure runs plain TCP without credentials)")
 	}
 	return nil
 }
 
-// DataPlaneStatus is the outcome of a hello or a batch, as the receiver
+// Status is the outcome of a hello or a batch, as the receiver
 // reports it. The numbers are stable: they cross the wire. Every status
-// but DataPlaneOK ends its connection: the receiver closes it after the
+// but StatusOK ends its connection: the receiver closes it after the
 // reply or acknowledgement that carries it.
-type DataPlaneStatus uint8
+type Status uint8
 
 const (
-	// DataPlaneOK: the hello was accepted, or every frame of the batch was
+	// StatusOK: the hello was accepted, or every frame of the batch was
 	// handed to the handler and it returned nil.
-	DataPlaneOK DataPlaneStatus = 0
-	// DataPlaneMalformed: the batch did not decode (bad header, bad frame,
+	StatusOK Status = 0
+	// StatusMalformed: the batch did not decode (bad header, bad frame,
 	// checksum mismatch, over the limits).
-	DataPlaneMalformed DataPlaneStatus = 1
-	// DataPlaneWrongIncarnation: a frame's destination tag names another
+	StatusMalformed Status = 1
+	// StatusWrongIncarnation: a frame's destination tag names another
 	// incarnation than the receiver's. No frame of the batch was handed on.
-	DataPlaneWrongIncarnation DataPlaneStatus = 2
-	// DataPlaneRejected: the handler refused the batch with an error that
+	StatusWrongIncarnation Status = 2
+	// StatusRejected: the handler refused the batch with an error that
 	// matches kv.ErrRefused (stale tag, wrong owner or tenant, bad range).
-	DataPlaneRejected DataPlaneStatus = 3
-	// DataPlaneHandlerFailed: the handler failed with any other error.
-	DataPlaneHandlerFailed DataPlaneStatus = 4
-	// DataPlaneHelloIncarnation: the hello expected another incarnation
+	StatusRejected Status = 3
+	// StatusHandlerFailed: the handler failed with any other error.
+	StatusHandlerFailed Status = 4
+	// StatusHelloIncarnation: the hello expected another incarnation
 	// of the receiver (the sender's tags are from a node that restarted).
-	DataPlaneHelloIncarnation DataPlaneStatus = 5
-	// DataPlaneHelloVersion: the receiver does not speak the hello's version.
-	DataPlaneHelloVersion DataPlaneStatus = 6
-	// DataPlaneHelloLimits: the two sides' frame limits (KV geometry)
+	StatusHelloIncarnation Status = 5
+	// StatusHelloVersion: the receiver does not speak the hello's version.
+	StatusHelloVersion Status = 6
+	// StatusHelloLimits: the two sides' frame limits (KV geometry)
 	// differ.
-	DataPlaneHelloLimits DataPlaneStatus = 7
-	// DataPlaneHelloMalformed: a hello field is out of range (zero sender
+	StatusHelloLimits Status = 7
+	// StatusHelloMalformed: a hello field is out of range (zero sender
 	// incarnation, reserved bytes set, limits that cannot carry a page).
-	DataPlaneHelloMalformed DataPlaneStatus = 8
-	// DataPlaneBusy: the receiver serves ConnectionsMax connections
+	StatusHelloMalformed Status = 8
+	// StatusBusy: the receiver serves ConnectionsMax connections
 	// already, or ConnectionsPerPeerMax from this peer.
-	DataPlaneBusy DataPlaneStatus = 9
-	// DataPlaneForbidden: the sender's certificate names a role that does
+	StatusBusy Status = 9
+	// StatusForbidden: the sender's certificate names a role that does
 	// not prefill, so it has no KV to send.
-	DataPlaneForbidden DataPlaneStatus = 10
-	// DataPlaneHelloModel: the two sides compute different models (their
+	StatusForbidden Status = 10
+	// StatusHelloModel: the two sides compute different models (their
 	// fingerprints differ).
-	DataPlaneHelloModel DataPlaneStatus = 11
+	StatusHelloModel Status = 11
 
 	dpStatusCount = 12
 )
 
-func (s DataPlaneStatus) String() string {
+func (s Status) String() string {
 	switch s {
-	case DataPlaneOK:
+	case StatusOK:
 		return "ok"
-	case DataPlaneMalformed:
+	case StatusMalformed:
 		return "malformed batch"
-	case DataPlaneWrongIncarnation:
+	case StatusWrongIncarnation:
 		return "frame for another incarnation"
-	case DataPlaneRejected:
+	case StatusRejected:
 		return "rejected by the page checks"
-	case DataPlaneHandlerFailed:
+	case StatusHandlerFailed:
 		return "handler failed"
-	case DataPlaneHelloIncarnation:
+	case StatusHelloIncarnation:
 		return "hello for another incarnation"
-	case DataPlaneHelloVersion:
+	case StatusHelloVersion:
 		return "hello version not spoken"
-	case DataPlaneHelloLimits:
+	case StatusHelloLimits:
 		return "hello with other frame limits"
-	case DataPlaneHelloMalformed:
+	case StatusHelloMalformed:
 		return "malformed hello"
-	case DataPlaneBusy:
+	case StatusBusy:
 		return "busy"
-	case DataPlaneForbidden:
+	case StatusForbidden:
 		return "sender's role may not send KV"
-	case DataPlaneHelloModel:
+	case StatusHelloModel:
 		return "hello from a node of another model"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
 
-// ErrDataPlaneRefused is matched by every refusal the receiver reports
-// (*DataPlaneRefusedError, *DataPlaneHelloError).
-var ErrDataPlaneRefused = errors.New("cluster: data plane refused")
+// ErrRefused is matched by every refusal the receiver reports
+// (*RefusedError, *HelloError).
+var ErrRefused = errors.New("dataplane: data plane refused")
 
-// ErrDataPlaneLost is matched by *DataPlaneLostError: the connection is
+// ErrLost is matched by *LostError: the connection is
 // gone and the outcome of its unacknowledged batches is unknown.
-var ErrDataPlaneLost = errors.New("cluster: data plane connection lost")
+var ErrLost = errors.New("dataplane: data plane connection lost")
 
-// ErrDataPlaneClosed is the cause of a *DataPlaneLostError on a sender
+// ErrClosed is the cause of a *LostError on a sender
 // closed by its owner.
-var ErrDataPlaneClosed = errors.New("cluster: data plane sender closed")
+var ErrClosed = errors.New("dataplane: data plane sender closed")
 
-// DataPlaneRefusedError: the receiver refused one batch of a Send. Frames
+// RefusedError: the receiver refused one batch of a Send. Frames
 // [First, First+Count) of the slice given to Send were in it; Frame is the
 // index in that slice of the frame the status is about, or -1 when it is
-// about the whole batch. Detail is the incarnation a DataPlaneWrongIncarnation
+// about the whole batch. Detail is the incarnation a StatusWrongIncarnation
 // frame named.
-type DataPlaneRefusedError struct {
+type RefusedError struct {
 	Addr         string
 	Seq          uint64
-	Status       DataPlaneStatus
+	Status       Status
 	First, Count int
 	Frame        int
 	Detail       uint64
 }
 
-func (e *DataPlaneRefusedError) Error() string {
-	s := fmt.Sprintf("cluster: data plane %s refused batch %d (frames [%d, %d)): %s",
+func (e *RefusedError) Error() string {
+	s := fmt.Sprintf("dataplane: data plane %s refused batch %d (frames [%d, %d)): %s",
 		e.Addr, e.Seq, e.First, e.First+e.Count, e.Status)
 	if e.Frame >= 0 {
 		s += fmt.Sprintf(" at frame %d", e.Frame)
 	}
-	if e.Status == DataPlaneWrongIncarnation {
+	if e.Status == StatusWrongIncarnation {
 		s += fmt.Sprintf(" naming incarnation %x", e.Detail)
 	}
 	return s
 }
 
-// Is matches ErrDataPlaneRefused, and kv.ErrRefused: a refused batch is a
+// Is matches ErrRefused, and kv.ErrRefused: a refused batch is a
 // refused page access.
-func (e *DataPlaneRefusedError) Is(target error) bool {
-	return target == ErrDataPlaneRefused || target == kv.ErrRefused
+func (e *RefusedError) Is(target error) bool {
+	return target == ErrRefused || target == kv.ErrRefused
 }
 
-// DataPlaneHelloError: the receiver refused the connection in its hello
+// HelloError: the receiver refused the connection in its hello
 // reply, or the reply did not match the hello. Want is the receiver
 // incarnation the sender expected, Have the one the receiver named (zero if
 // it named none); Local and Remote are the two sides' batch limits.
-type DataPlaneHelloError struct {
+type HelloError struct {
 	Addr          string
-	Status        DataPlaneStatus
+	Status        Status
 	Want, Have    uint64
 	Local, Remote kv.BatchLimits
 	// Self is the sender's own identity (zero when insecure), which a
-	// DataPlaneForbidden refusal is about.
+	// StatusForbidden refusal is about.
 	Self trust.Identity
 	// Ours and Theirs are the sender's and the receiver's model
 	// fingerprints.
 	Ours, Theirs engine.Fingerprint
 }
 
-func (e *DataPlaneHelloError) Error() string {
+func (e *HelloError) Error() string {
 	switch e.Status {
-	case DataPlaneHelloIncarnation:
-		return fmt.Sprintf("cluster: data plane %s refused hello: expected incarnation %x, receiver is %x", e.Addr, e.Want, e.Have)
-	case DataPlaneHelloLimits:
-		return fmt.Sprintf("cluster: data plane %s refused hello: frame limits differ: local %d tokens × %d bytes, remote %d tokens × %d bytes",
+	case StatusHelloIncarnation:
+		return fmt.Sprintf("dataplane: data plane %s refused hello: expected incarnation %x, receiver is %x", e.Addr, e.Want, e.Have)
+	case StatusHelloLimits:
+		return fmt.Sprintf("dataplane: data plane %s refused hello: frame limits differ: local %d tokens × %d bytes, remote %d tokens × %d bytes",
 			e.Addr, e.Local.Frame.PageTokens, e.Local.Frame.BytesPerToken, e.Remote.Frame.PageTokens, e.Remote.Frame.BytesPerToken)
-	case DataPlaneForbidden:
-		return fmt.Sprintf("cluster: data plane %s refused hello: %s (this node is %s)", e.Addr, e.Status, e.Self)
-	case DataPlaneHelloModel:
-		return fmt.Sprintf("cluster: data plane %s refused hello: the receiver computes model %s, this node %s", e.Addr, e.Theirs, e.Ours)
+	case StatusForbidden:
+		return fmt.Sprintf("dataplane: data plane %s refused hello: %s (this node is %s)", e.Addr, e.Status, e.Self)
+	case StatusHelloModel:
+		return fmt.Sprintf("dataplane: data plane %s refused hello: the receiver computes model %s, this node %s", e.Addr, e.Theirs, e.Ours)
 	}
-	return fmt.Sprintf("cluster: data plane %s refused hello: %s", e.Addr, e.Status)
+	return fmt.Sprintf("dataplane: data plane %s refused hello: %s", e.Addr, e.Status)
 }
 
 // Unwrap gives, for a hello refused for its model, the
 // *engine.FingerprintError that reaches the client as model_mismatch.
-func (e *DataPlaneHelloError) Unwrap() error {
-	if e.Status != DataPlaneHelloModel {
+func (e *HelloError) Unwrap() error {
+	if e.Status != StatusHelloModel {
 		return nil
 	}
 	return &engine.FingerprintError{Ours: e.Ours, Theirs: e.Theirs}
 }
 
-func (e *DataPlaneHelloError) Is(target error) bool { return target == ErrDataPlaneRefused }
+func (e *HelloError) Is(target error) bool { return target == ErrRefused }
 
 // Wire is what a client is told of e: a receiver at its connection limit
 // is busy, one that restarted since the plan is lost to this transfer, one
 // of another model is model_mismatch; any other refusal (a version, limits
 // or certificate the two sides disagree on) is the cluster's own fault.
-func (e *DataPlaneHelloError) Wire() *messages.WireError {
+func (e *HelloError) Wire() *messages.WireError {
 	w := &messages.WireError{Code: messages.CodeInternal, Message: e.Error(), Where: "data plane"}
 	switch e.Status {
-	case DataPlaneBusy:
+	case StatusBusy:
 		w.Code = messages.CodeBusy
-	case DataPlaneHelloIncarnation:
+	case StatusHelloIncarnation:
 		w.Code = messages.CodeNodeLost
-	case DataPlaneHelloModel:
+	case StatusHelloModel:
 		w.Code, w.Where = messages.CodeModelMismatch, "model fingerprint"
 	}
 	return w
 }
 
-// DataPlaneLostError: the connection broke (read or write error, timeout,
+// LostError: the connection broke (read or write error, timeout,
 // protocol violation, the receiver closed it, or the sender was closed).
 // Unacked batches were written and not acknowledged: the receiver may or
 // may not have handed them on.
-type DataPlaneLostError struct {
+type LostError struct {
 	Addr    string
 	Unacked int
 	Err     error
 }
 
-func (e *DataPlaneLostError) Error() string {
-	return fmt.Sprintf("cluster: data plane connection to %s lost with %d batches unacknowledged: %v", e.Addr, e.Unacked, e.Err)
+func (e *LostError) Error() string {
+	return fmt.Sprintf("dataplane: data plane connection to %s lost with %d batches unacknowledged: %v", e.Addr, e.Unacked, e.Err)
 }
 
-func (e *DataPlaneLostError) Unwrap() error { return e.Err }
+func (e *LostError) Unwrap() error { return e.Err }
 
-func (e *DataPlaneLostError) Is(target error) bool { return target == ErrDataPlaneLost }
+func (e *LostError) Is(target error) bool { return target == ErrLost }
 
 // Wire is what a client is told of e: the node its KV was on its way to
 // is lost to this transfer.
-func (e *DataPlaneLostError) Wire() *messages.WireError {
+func (e *LostError) Wire() *messages.WireError {
 	return &messages.WireError{Code: messages.CodeNodeLost, Message: e.Error(), Where: "data plane"}
 }
 
-// DataPlaneDialError: no connection to the data plane at Addr came to be:
+// DialError: no connection to the data plane at Addr came to be:
 // the dial, the TLS handshake or the exchange of hellos (Stage) failed,
 // with Err (refused, reset, cut short, timed out). Wire says what that
 // makes the receiver to the transfer that needed it: busy or lost.
-type DataPlaneDialError struct {
+type DialError struct {
 	Addr, Stage string
 	Err         error
 }
 
-func (e *DataPlaneDialError) Error() string {
-	return fmt.Sprintf("cluster: data plane %s with %s: %v", e.Stage, e.Addr, e.Err)
+func (e *DialError) Error() string {
+	return fmt.Sprintf("dataplane: data plane %s with %s: %v", e.Stage, e.Addr, e.Err)
 }
 
-func (e *DataPlaneDialError) Unwrap() error { return e.Err }
+func (e *DialError) Unwrap() error { return e.Err }
 
 // Wire is what a client is told of e: the receiver is lost to the
 // transfer that needed it.
-func (e *DataPlaneDialError) Wire() *messages.WireError {
+func (e *DialError) Wire() *messages.WireError {
 	return &messages.WireError{Code: messages.CodeNodeLost, Message: e.Error(), Where: "data plane"}
 }
 
@@ -539,7 +539,7 @@ func (e *DataPlaneDialError) Wire() *messages.WireError {
 // HandshakesMax to a new connection, so a sender may dial again a few
 // times; a receiver that refused the connection or never answered, or
 // that cuts every one (it speaks no data plane, or not with TLS), is lost.
-func (e *DataPlaneDialError) Cut() bool { return e.Stage != "dial" && dpCut(e.Err) }
+func (e *DialError) Cut() bool { return e.Stage != "dial" && dpCut(e.Err) }
 
 // dpCut says whether err is the peer closing or resetting the connection.
 func dpCut(err error) bool {
@@ -547,29 +547,29 @@ func dpCut(err error) bool {
 		errors.Is(err, syscall.EPIPE)
 }
 
-// ErrDataPlanePeer is matched by *DataPlanePeerError.
-var ErrDataPlanePeer = errors.New("cluster: data plane receiver is not the node expected")
+// ErrPeer is matched by *PeerError.
+var ErrPeer = errors.New("dataplane: data plane receiver is not the node expected")
 
-// DataPlanePeerError: the receiver at Addr proved in the TLS handshake to
+// PeerError: the receiver at Addr proved in the TLS handshake to
 // be Have, and the sender expected Want (the node that planned the
 // transfer). The sender wrote nothing on the connection, not even its
 // hello: tags and tenants go only to the node that owns them.
-type DataPlanePeerError struct {
+type PeerError struct {
 	Addr       string
 	Want, Have trust.Identity
 }
 
-func (e *DataPlanePeerError) Error() string {
-	return fmt.Sprintf("cluster: data plane %s is %s, expected %s", e.Addr, e.Have, e.Want)
+func (e *PeerError) Error() string {
+	return fmt.Sprintf("dataplane: data plane %s is %s, expected %s", e.Addr, e.Have, e.Want)
 }
 
-func (e *DataPlanePeerError) Is(target error) bool { return target == ErrDataPlanePeer }
+func (e *PeerError) Is(target error) bool { return target == ErrPeer }
 
 // dpHello is a hello or a hello reply.
 type dpHello struct {
 	reply       bool
 	version     uint8
-	status      DataPlaneStatus
+	status      Status
 	incarnation uint64 // the writer's
 	expect      uint64 // the other side's, as the writer expects it
 	limits      kv.BatchLimits
@@ -604,7 +604,7 @@ func decodeDPHello(b []byte, reply bool) (dpHello, error) {
 		magic = dpReplyMagic
 	}
 	if len(b) != dpHelloBytes || string(b[:4]) != magic {
-		return dpHello{}, fmt.Errorf("cluster: data plane hello: %d bytes starting %q, want %d starting %q",
+		return dpHello{}, fmt.Errorf("dataplane: data plane hello: %d bytes starting %q, want %d starting %q",
 			len(b), b[:min(4, len(b))], dpHelloBytes, magic)
 	}
 	le := binary.LittleEndian
@@ -617,7 +617,7 @@ func decodeDPHello(b []byte, reply bool) (dpHello, error) {
 		model:       model,
 		reply:       reply,
 		version:     b[4],
-		status:      DataPlaneStatus(b[5]),
+		status:      Status(b[5]),
 		incarnation: le.Uint64(b[8:]),
 		expect:      le.Uint64(b[16:]),
 		limits: kv.BatchLimits{
@@ -632,7 +632,7 @@ func decodeDPHello(b []byte, reply bool) (dpHello, error) {
 // dpAck acknowledges one batch.
 type dpAck struct {
 	seq    uint64
-	status DataPlaneStatus
+	status Status
 	frame  uint32 // dpNoFrame when the status is about the whole batch
 	detail uint64
 }
@@ -649,16 +649,16 @@ func (a *dpAck) encode() [dpAckBytes]byte {
 
 func decodeDPAck(b []byte) (dpAck, error) {
 	le := binary.LittleEndian
-	a := dpAck{seq: le.Uint64(b), status: DataPlaneStatus(b[8]), frame: le.Uint32(b[12:]), detail: le.Uint64(b[16:])}
+	a := dpAck{seq: le.Uint64(b), status: Status(b[8]), frame: le.Uint32(b[12:]), detail: le.Uint64(b[16:])}
 	if a.status >= dpStatusCount || b[9] != 0 || b[10] != 0 || b[11] != 0 {
-		return dpAck{}, fmt.Errorf("cluster: data plane acknowledgement of batch %d malformed: status %d, reserved %x",
+		return dpAck{}, fmt.Errorf("dataplane: data plane acknowledgement of batch %d malformed: status %d, reserved %x",
 			a.seq, b[8], b[9:12])
 	}
 	return a, nil
 }
 
 // tuneSocket applies SocketBufferBytes; a failure only leaves the default.
-func (c DataPlaneConfig) tuneSocket(conn net.Conn) {
+func (c Config) tuneSocket(conn net.Conn) {
 	tc, ok := conn.(*net.TCPConn)
 	if !ok || c.SocketBufferBytes == 0 {
 		return

@@ -1,4 +1,4 @@
-package cluster
+package dataplane
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvwarden/kvwarden/internal/testnet"
+	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/trust"
 	"github.com/kvwarden/kvwarden/trust/trusttest"
@@ -44,10 +45,10 @@ func TestDataPlaneStrangerCertificate(t *testing.T) {
 	srv := dpListen(t, cfg, rec.handle)
 	addr := srv.Addr().String()
 
-	// Through DialDataPlane, the stranger refuses the server first (its CA
+	// Through Dial, the stranger refuses the server first (its CA
 	// is not the server's), and the server counts the failed handshake.
 	stranger := dpSecure(t, dpTestConfig(t, dpSenderInc), foreign, trust.RolePrefill, "p0")
-	if _, err := DialDataPlane(stranger, addr, dpReceiverInc, cfg.Auth.Self()); err == nil {
+	if _, err := Dial(stranger, addr, dpReceiverInc, cfg.Auth.Self()); err == nil {
 		t.Fatal("a sender of another CA connected")
 	}
 	// Clients that check nothing of the server, to see the server refuse
@@ -74,7 +75,7 @@ func TestDataPlaneStrangerCertificate(t *testing.T) {
 	dpNoReply(t, "plain TCP", plain)
 	plain.Close()
 
-	waitFor(t, "4 handshakes failed", eventDeadline, func() bool { return srv.Stats().HandshakesFailed == 4 })
+	testwait.For(t, "4 handshakes failed", eventDeadline, func() bool { return srv.Stats().HandshakesFailed == 4 })
 	if n := cfg.Auth.Refused()[trust.RefusedCertificate]; n != 4 {
 		t.Fatalf("%d certificate refusals counted, want 4", n)
 	}
@@ -107,12 +108,12 @@ func TestDataPlaneSenderRoles(t *testing.T) {
 		{trust.RoleDecode, false}, {trust.RoleRouter, false}, {trust.RoleOperator, false}, {trust.RoleTenant, false},
 	} {
 		scfg := dpSecure(t, dpTestConfig(t, dpSenderInc), ca, tc.role, "x-"+string(tc.role))
-		snd, err := DialDataPlane(scfg, srv.Addr().String(), dpReceiverInc, cfg.Auth.Self())
+		snd, err := Dial(scfg, srv.Addr().String(), dpReceiverInc, cfg.Auth.Self())
 		if !tc.ok {
 			forbidden++
-			var herr *DataPlaneHelloError
-			if !errors.As(err, &herr) || herr.Status != DataPlaneForbidden || herr.Self != scfg.Auth.Self() ||
-				!errors.Is(err, ErrDataPlaneRefused) {
+			var herr *HelloError
+			if !errors.As(err, &herr) || herr.Status != StatusForbidden || herr.Self != scfg.Auth.Self() ||
+				!errors.Is(err, ErrRefused) {
 				t.Fatalf("%s: dial = %v, want refused as forbidden", tc.role, err)
 			}
 			t.Log(err)
@@ -145,7 +146,7 @@ func TestDataPlaneSenderRoles(t *testing.T) {
 	if id, _, err := prober.Peers().Probe(srv.Addr().String()); err != nil || id != cfg.Auth.Self() {
 		t.Fatalf("probe found %s, %v; want %s", id, err, cfg.Auth.Self())
 	}
-	waitFor(t, "the probe seen closing before its hello", eventDeadline, func() bool { return srv.Stats().ClosedBeforeHello == 1 })
+	testwait.For(t, "the probe seen closing before its hello", eventDeadline, func() bool { return srv.Stats().ClosedBeforeHello == 1 })
 	if n := cfg.Auth.Refused().Total(); n != uint64(forbidden) {
 		t.Fatalf("%d refusals counted after a probe, want %d", n, forbidden)
 	}
@@ -175,9 +176,9 @@ func TestDataPlaneSenderChecksReceiver(t *testing.T) {
 	}()
 	scfg := dpSecure(t, dpTestConfig(t, dpSenderInc), ca, trust.RolePrefill, "p0")
 	want := trust.Identity{Cluster: trusttest.Cluster, Role: trust.RoleDecode, Name: "d0"}
-	_, err = DialDataPlane(scfg, ln.Addr().String(), dpReceiverInc, want)
-	var perr *DataPlanePeerError
-	if !errors.As(err, &perr) || perr.Want != want || perr.Have != impostor.Self || !errors.Is(err, ErrDataPlanePeer) {
+	_, err = Dial(scfg, ln.Addr().String(), dpReceiverInc, want)
+	var perr *PeerError
+	if !errors.As(err, &perr) || perr.Want != want || perr.Have != impostor.Self || !errors.Is(err, ErrPeer) {
 		t.Fatalf("dial = %v, want refused: %s is not %s", err, impostor.Self, want)
 	}
 	t.Log(err)
@@ -190,10 +191,10 @@ func TestDataPlaneSenderChecksReceiver(t *testing.T) {
 
 	// An expected identity is required exactly when there are credentials
 	// to prove it.
-	if _, err := DialDataPlane(scfg, ln.Addr().String(), dpReceiverInc, trust.Identity{}); err == nil {
+	if _, err := Dial(scfg, ln.Addr().String(), dpReceiverInc, trust.Identity{}); err == nil {
 		t.Fatal("a secure dial without an expected identity went ahead")
 	}
-	if _, err := DialDataPlane(dpTestConfig(t, dpSenderInc), ln.Addr().String(), dpReceiverInc, want); err == nil {
+	if _, err := Dial(dpTestConfig(t, dpSenderInc), ln.Addr().String(), dpReceiverInc, want); err == nil {
 		t.Fatal("an insecure dial accepted an identity it cannot check")
 	}
 }
@@ -208,7 +209,7 @@ func TestDataPlaneConnectionsPerPeer(t *testing.T) {
 			ca := trusttest.New(t)
 			cfg := dpTestConfig(t, dpReceiverInc)
 			cfg.ConnectionsMax, cfg.ConnectionsPerPeerMax = 4, 2
-			sender := func(name string) DataPlaneConfig {
+			sender := func(name string) Config {
 				c := dpTestConfig(t, dpSenderInc)
 				if secure {
 					c = dpSecure(t, c, ca, trust.RolePrefill, name)
@@ -222,11 +223,11 @@ func TestDataPlaneConnectionsPerPeer(t *testing.T) {
 			p0 := sender("p0")
 			first := dpDial(t, p0, srv, dpReceiverInc)
 			dpDial(t, p0, srv, dpReceiverInc)
-			busy := func(c DataPlaneConfig) {
+			busy := func(c Config) {
 				t.Helper()
-				_, err := DialDataPlane(c, srv.Addr().String(), dpReceiverInc, dpWant(c, srv))
-				var herr *DataPlaneHelloError
-				if !errors.As(err, &herr) || herr.Status != DataPlaneBusy {
+				_, err := Dial(c, srv.Addr().String(), dpReceiverInc, dpWant(c, srv))
+				var herr *HelloError
+				if !errors.As(err, &herr) || herr.Status != StatusBusy {
 					t.Fatalf("dial = %v, want busy", err)
 				}
 			}
@@ -252,7 +253,7 @@ func TestDataPlaneConnectionsPerPeer(t *testing.T) {
 			if secure {
 				left += 2 // p1's
 			}
-			waitFor(t, "the closed connection's slot given back", eventDeadline, func() bool { return srv.Stats().ConnectionsActive == left })
+			testwait.For(t, "the closed connection's slot given back", eventDeadline, func() bool { return srv.Stats().ConnectionsActive == left })
 			again := dpDial(t, p0, srv, dpReceiverInc)
 			if err := again.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(2, 2)), 1, 1, dpReceiverInc)); err != nil {
 				t.Fatal(err)
@@ -312,7 +313,7 @@ func TestDataPlaneHandshakesMax(t *testing.T) {
 		idle[i] = c
 	}
 	scfg := dpTestConfig(t, dpSenderInc)
-	if _, err := DialDataPlane(scfg, srv.Addr().String(), dpReceiverInc, trust.Identity{}); err == nil {
+	if _, err := Dial(scfg, srv.Addr().String(), dpReceiverInc, trust.Identity{}); err == nil {
 		t.Fatalf("dial past HandshakesMax (%d) waiting connections went ahead", cfg.HandshakesMax)
 	}
 	if rs := srv.Stats(); rs.RefusedHandshakes != 1 {
@@ -324,11 +325,11 @@ func TestDataPlaneHandshakesMax(t *testing.T) {
 			t.Fatalf("idle connection %d: read %d bytes, %v; want it closed by the server", i, n, err)
 		}
 	}
-	waitFor(t, "every idle connection counted", eventDeadline, func() bool { return srv.Stats().HelloTimeouts == uint64(len(idle)) })
+	testwait.For(t, "every idle connection counted", eventDeadline, func() bool { return srv.Stats().HelloTimeouts == uint64(len(idle)) })
 	if n := cfg.Auth.Refused()[trust.RefusedDataPlane]; n != uint64(len(idle)) {
 		t.Fatalf("%d data plane refusals counted, want %d", n, len(idle))
 	}
-	snd, err := DialDataPlane(scfg, srv.Addr().String(), dpReceiverInc, trust.Identity{})
+	snd, err := Dial(scfg, srv.Addr().String(), dpReceiverInc, trust.Identity{})
 	if err != nil {
 		t.Fatalf("dial after the idle connections were closed: %v", err)
 	}
@@ -347,12 +348,12 @@ func TestDataPlaneRefusedBatchCloses(t *testing.T) {
 	for _, secure := range []bool{false, true} {
 		for _, tc := range []struct {
 			name   string
-			status DataPlaneStatus
+			status Status
 			edit   func(frames []kv.Frame)
 		}{
-			{"checksum", DataPlaneMalformed, nil}, // the last payload byte flipped on the wire
-			{"incarnation", DataPlaneWrongIncarnation, func(f []kv.Frame) { f[0].Dest.Incarnation = dpReceiverInc + 1 }},
-			{"handler", DataPlaneRejected, func(f []kv.Frame) { f[0].Owner.Request = refusedRequest }},
+			{"checksum", StatusMalformed, nil}, // the last payload byte flipped on the wire
+			{"incarnation", StatusWrongIncarnation, func(f []kv.Frame) { f[0].Dest.Incarnation = dpReceiverInc + 1 }},
+			{"handler", StatusRejected, func(f []kv.Frame) { f[0].Owner.Request = refusedRequest }},
 		} {
 			t.Run(fmt.Sprintf("%s/secure=%t", tc.name, secure), func(t *testing.T) {
 				cfg, scfg := dpTestConfig(t, dpReceiverInc), dpTestConfig(t, dpSenderInc)
@@ -361,7 +362,7 @@ func TestDataPlaneRefusedBatchCloses(t *testing.T) {
 					scfg = dpSecure(t, scfg, ca, trust.RolePrefill, "p0")
 				}
 				rec := &dpRecorder{}
-				srv := dpListen(t, cfg, func(b DataPlaneBatch) error {
+				srv := dpListen(t, cfg, func(b Batch) error {
 					if b.Frames[0].Owner.Request == refusedRequest {
 						return &kv.StaleTagError{Page: b.Frames[0].Dest.Index, Have: b.Frames[0].Dest}
 					}
@@ -401,34 +402,6 @@ func TestDataPlaneRefusedBatchCloses(t *testing.T) {
 				}
 			})
 		}
-	}
-}
-
-// A node's dialer fails with a nil FrameSender, never a nil
-// *DataPlaneSender inside a non-nil one, whose methods would panic in the
-// worker; a secure node dials only a data plane that a verified member of
-// the plan's incarnation advertises.
-func TestDataPlaneNodeDialFails(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := ln.Addr().String()
-	ln.Close()
-	ca := trusttest.New(t)
-	for _, auth := range []*trust.Authority{trust.Insecure(nil), ca.Authority(t, trust.RolePrefill, "p0", nil)} {
-		n := &Node{cfg: NodeConfig{Auth: auth}}
-		dp := dpTestConfig(t, dpSenderInc)
-		dp.Auth = auth
-		s, err := n.dialPlanned(dp, closed, dpReceiverInc)
-		if s != nil || err == nil {
-			t.Fatalf("insecure=%t: dial of a closed port = %#v, %v; want a nil FrameSender and an error", auth.Insecure(), s, err)
-		}
-		var unplanned *DataPlaneUnplannedError
-		if !auth.Insecure() && (!errors.As(err, &unplanned) || unplanned.Incarnation != dpReceiverInc) {
-			t.Fatalf("secure dial with no member known = %v, want a *DataPlaneUnplannedError", err)
-		}
-		t.Log(err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package cluster
+package dataplane
 
 import (
 	"bytes"
@@ -35,8 +35,8 @@ const (
 
 // dpTestConfig: batches of at most 3 full pages, 2 batches in flight,
 // plain TCP (dpSecure makes it TLS).
-func dpTestConfig(t testing.TB, inc uint64) DataPlaneConfig {
-	c := DefaultLocalDataPlaneConfig(dpGeom, inc)
+func dpTestConfig(t testing.TB, inc uint64) Config {
+	c := DefaultLocalConfig(dpGeom, inc)
 	c.Model = testModel
 	c.Batch.PagesMax = 3
 	c.Batch.BytesMax = 3 * c.Batch.Frame.FrameBytesMax()
@@ -47,7 +47,7 @@ func dpTestConfig(t testing.TB, inc uint64) DataPlaneConfig {
 }
 
 // dpSecure is cfg with credentials for role/name from ca.
-func dpSecure(t testing.TB, cfg DataPlaneConfig, ca *trusttest.CA, role trust.Role, name string) DataPlaneConfig {
+func dpSecure(t testing.TB, cfg Config, ca *trusttest.CA, role trust.Role, name string) Config {
 	cfg.Auth = ca.Authority(t, role, name, cfg.Logger)
 	return cfg
 }
@@ -92,7 +92,7 @@ type dpRecorder struct {
 	peer   []trust.Identity
 }
 
-func (r *dpRecorder) handle(b DataPlaneBatch) error {
+func (r *dpRecorder) handle(b Batch) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, f := range b.Frames {
@@ -110,9 +110,9 @@ func (r *dpRecorder) got() []kv.Frame {
 	return append([]kv.Frame(nil), r.frames...)
 }
 
-func dpListen(t *testing.T, cfg DataPlaneConfig, h DataPlaneHandler) *DataPlaneServer {
+func dpListen(t *testing.T, cfg Config, h Handler) *Server {
 	t.Helper()
-	s, err := ListenDataPlane(cfg, "127.0.0.1:0", h)
+	s, err := Listen(cfg, "127.0.0.1:0", h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,9 +121,9 @@ func dpListen(t *testing.T, cfg DataPlaneConfig, h DataPlaneHandler) *DataPlaneS
 }
 
 // dpDial dials srv expecting its identity (none when cfg is insecure).
-func dpDial(t *testing.T, cfg DataPlaneConfig, s *DataPlaneServer, peer uint64) *DataPlaneSender {
+func dpDial(t *testing.T, cfg Config, s *Server, peer uint64) *Sender {
 	t.Helper()
-	d, err := DialDataPlane(cfg, s.Addr().String(), peer, dpWant(cfg, s))
+	d, err := Dial(cfg, s.Addr().String(), peer, dpWant(cfg, s))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func dpDial(t *testing.T, cfg DataPlaneConfig, s *DataPlaneServer, peer uint64) 
 }
 
 // dpWant is the identity a sender configured by cfg expects at srv.
-func dpWant(cfg DataPlaneConfig, srv *DataPlaneServer) trust.Identity {
+func dpWant(cfg Config, srv *Server) trust.Identity {
 	if cfg.Auth.Insecure() {
 		return trust.Identity{}
 	}
@@ -241,11 +241,11 @@ func TestDataPlaneWrongDestIncarnation(t *testing.T) {
 	frames[4].Dest.Incarnation = stale
 
 	err := snd.Send(context.Background(), frames)
-	var refused *DataPlaneRefusedError
+	var refused *RefusedError
 	if !errors.As(err, &refused) {
-		t.Fatalf("Send = %v, want a *DataPlaneRefusedError", err)
+		t.Fatalf("Send = %v, want a *RefusedError", err)
 	}
-	if refused.Status != DataPlaneWrongIncarnation || refused.Frame != 4 || refused.Detail != stale ||
+	if refused.Status != StatusWrongIncarnation || refused.Frame != 4 || refused.Detail != stale ||
 		refused.First != 3 || refused.Count != 2 || !errors.Is(err, kv.ErrRefused) {
 		t.Fatalf("refusal %+v: want frame 4 of batch [3, 5) naming incarnation %x", refused, stale)
 	}
@@ -264,14 +264,14 @@ func TestDataPlaneWrongDestIncarnation(t *testing.T) {
 }
 
 // dpRequireLost checks that snd's connection is gone and Send says so.
-func dpRequireLost(t *testing.T, snd *DataPlaneSender) {
+func dpRequireLost(t *testing.T, snd *Sender) {
 	t.Helper()
 	select {
 	case <-snd.Done():
 	default:
 		t.Fatal("sender still open after a refusal")
 	}
-	if err := snd.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(1, 1)), 1, 1, dpReceiverInc)); !errors.Is(err, ErrDataPlaneLost) {
+	if err := snd.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(1, 1)), 1, 1, dpReceiverInc)); !errors.Is(err, ErrLost) {
 		t.Fatalf("Send after a refusal = %v, want the connection lost", err)
 	}
 }
@@ -279,12 +279,12 @@ func dpRequireLost(t *testing.T, snd *DataPlaneSender) {
 func TestDataPlaneHandlerRefusal(t *testing.T) {
 	stale := &kv.StaleTagError{Page: 3}
 	var fail error = stale
-	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), func(DataPlaneBatch) error { return fail })
+	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), func(Batch) error { return fail })
 	snd := dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
 	rng := rand.New(rand.NewPCG(5, 6))
 	err := snd.Send(context.Background(), dpFrames(rng, 7, 1, dpReceiverInc))
-	var refused *DataPlaneRefusedError
-	if !errors.As(err, &refused) || refused.Status != DataPlaneRejected || refused.First != 0 || refused.Frame != -1 {
+	var refused *RefusedError
+	if !errors.As(err, &refused) || refused.Status != StatusRejected || refused.First != 0 || refused.Frame != -1 {
 		t.Fatalf("Send = %v, want batch [0, 3) rejected", err)
 	}
 	// The call stops writing after the refusal it sees; the window lets one
@@ -296,7 +296,7 @@ func TestDataPlaneHandlerRefusal(t *testing.T) {
 	fail = errors.New("disk on fire")
 	snd = dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
 	err = snd.Send(context.Background(), dpFrames(rng, 1, 1, dpReceiverInc))
-	if !errors.As(err, &refused) || refused.Status != DataPlaneHandlerFailed {
+	if !errors.As(err, &refused) || refused.Status != StatusHandlerFailed {
 		t.Fatalf("Send = %v, want handler failed", err)
 	}
 	if rs := srv.Stats(); rs.RefusedByHandler != 1 || rs.HandlerFailed != 1 {
@@ -312,10 +312,10 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 
 	// A sender that still believes in the receiver's previous incarnation
 	// (the node restarted) is refused: its destination tags are stale.
-	_, err := DialDataPlane(dpTestConfig(t, dpSenderInc), addr, dpReceiverInc-1, trust.Identity{})
-	var herr *DataPlaneHelloError
-	if !errors.As(err, &herr) || herr.Status != DataPlaneHelloIncarnation || herr.Want != dpReceiverInc-1 ||
-		herr.Have != dpReceiverInc || !errors.Is(err, ErrDataPlaneRefused) {
+	_, err := Dial(dpTestConfig(t, dpSenderInc), addr, dpReceiverInc-1, trust.Identity{})
+	var herr *HelloError
+	if !errors.As(err, &herr) || herr.Status != StatusHelloIncarnation || herr.Want != dpReceiverInc-1 ||
+		herr.Have != dpReceiverInc || !errors.Is(err, ErrRefused) {
 		t.Fatalf("dial = %v, want hello refused for incarnation", err)
 	}
 	t.Log(err)
@@ -326,8 +326,8 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 	g.PageTokens = 8
 	other.Batch.Frame = g.Limits()
 	other.Batch.BytesMax = other.Batch.Frame.FrameBytesMax()
-	_, err = DialDataPlane(other, addr, dpReceiverInc, trust.Identity{})
-	if !errors.As(err, &herr) || herr.Status != DataPlaneHelloLimits {
+	_, err = Dial(other, addr, dpReceiverInc, trust.Identity{})
+	if !errors.As(err, &herr) || herr.Status != StatusHelloLimits {
 		t.Fatalf("dial = %v, want hello refused for limits", err)
 	}
 	t.Log(err)
@@ -336,9 +336,9 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 	// model_mismatch.
 	otherModel := dpTestConfig(t, dpSenderInc)
 	otherModel.Model = engine.Fingerprint{0xee}
-	_, err = DialDataPlane(otherModel, addr, dpReceiverInc, trust.Identity{})
+	_, err = Dial(otherModel, addr, dpReceiverInc, trust.Identity{})
 	var fp *engine.FingerprintError
-	if !errors.As(err, &herr) || herr.Status != DataPlaneHelloModel || !errors.As(err, &fp) ||
+	if !errors.As(err, &herr) || herr.Status != StatusHelloModel || !errors.As(err, &fp) ||
 		fp.Ours != otherModel.Model || fp.Theirs != testModel || handoff.Wire(err).Code != messages.CodeModelMismatch ||
 		!strings.Contains(err.Error(), testModel.String()) || !strings.Contains(err.Error(), otherModel.Model.String()) {
 		t.Fatalf("dial = %v, want hello refused for the model, naming both fingerprints", err)
@@ -374,7 +374,7 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 			continue
 		}
 		hr, derr := decodeDPHello(r, true)
-		if derr != nil || hr.status == DataPlaneOK {
+		if derr != nil || hr.status == StatusOK {
 			t.Fatalf("%s: reply %+v, %v; want a refusal", tc.name, hr, derr)
 		}
 	}
@@ -393,7 +393,7 @@ func TestDataPlaneHelloRefused(t *testing.T) {
 
 // dpRawConn dials srv as a sender configured by cfg and completes the
 // hello by hand, so that the test can write any bytes as batches.
-func dpRawConn(t *testing.T, srv *DataPlaneServer, cfg DataPlaneConfig) net.Conn {
+func dpRawConn(t *testing.T, srv *Server, cfg Config) net.Conn {
 	t.Helper()
 	raw, err := net.Dial("tcp", srv.Addr().String())
 	if err != nil {
@@ -472,7 +472,7 @@ func TestDataPlaneCorruptBatch(t *testing.T) {
 		conn := dpRawConn(t, srv, dpTestConfig(t, dpSenderInc))
 		// One good batch first: the connection works until the corruption.
 		conn.Write(batch)
-		if a := readAck(t, conn); a.seq != 0 || a.status != DataPlaneOK {
+		if a := readAck(t, conn); a.seq != 0 || a.status != StatusOK {
 			t.Fatalf("%s: good batch acknowledged %+v", c.name, a)
 		}
 		bad := bytes.Clone(batch)
@@ -486,7 +486,7 @@ func TestDataPlaneCorruptBatch(t *testing.T) {
 		n, err := io.ReadFull(conn, b[:])
 		if n == dpAckBytes {
 			a, derr := decodeDPAck(b[:])
-			if derr != nil || a.seq != 1 || a.status != DataPlaneMalformed {
+			if derr != nil || a.seq != 1 || a.status != StatusMalformed {
 				t.Fatalf("%s: corrupted batch acknowledged %+v (%v)", c.name, a, derr)
 			}
 			if rest, _ := io.ReadAll(conn); len(rest) != 0 {
@@ -542,7 +542,7 @@ func TestDataPlaneBackPressure(t *testing.T) {
 	entered := make(chan uint64, 16)
 	release := make(chan struct{})
 	rec := &dpRecorder{}
-	srv := dpListen(t, cfg, func(b DataPlaneBatch) error {
+	srv := dpListen(t, cfg, func(b Batch) error {
 		entered <- b.Seq
 		<-release
 		return rec.handle(b)
@@ -614,7 +614,7 @@ func TestDataPlaneBackPressure(t *testing.T) {
 func TestDataPlaneServerClosed(t *testing.T) {
 	entered := make(chan struct{}, 1)
 	release := make(chan struct{})
-	srv, err := ListenDataPlane(dpTestConfig(t, dpReceiverInc), "127.0.0.1:0", func(b DataPlaneBatch) error {
+	srv, err := Listen(dpTestConfig(t, dpReceiverInc), "127.0.0.1:0", func(b Batch) error {
 		entered <- struct{}{}
 		<-release
 		return nil
@@ -632,8 +632,8 @@ func TestDataPlaneServerClosed(t *testing.T) {
 	go func() { closed <- srv.Close() }()
 
 	err = testwait.Recv(t, "Send to return", eventDeadline, done)
-	var lost *DataPlaneLostError
-	if !errors.As(err, &lost) || !errors.Is(err, ErrDataPlaneLost) || lost.Unacked != 1 {
+	var lost *LostError
+	if !errors.As(err, &lost) || !errors.Is(err, ErrLost) || lost.Unacked != 1 {
 		t.Fatalf("Send = %v, want the connection lost with 1 batch unacknowledged", err)
 	}
 	t.Log(err)
@@ -643,10 +643,10 @@ func TestDataPlaneServerClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every later Send fails the same way, without waiting.
-	if err := snd.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(1, 1)), 1, 1, dpReceiverInc)); !errors.Is(err, ErrDataPlaneLost) {
+	if err := snd.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(1, 1)), 1, 1, dpReceiverInc)); !errors.Is(err, ErrLost) {
 		t.Fatalf("Send after loss = %v", err)
 	}
-	if _, err := DialDataPlane(dpTestConfig(t, dpSenderInc), srv.Addr().String(), dpReceiverInc, trust.Identity{}); err == nil {
+	if _, err := Dial(dpTestConfig(t, dpSenderInc), srv.Addr().String(), dpReceiverInc, trust.Identity{}); err == nil {
 		t.Fatal("dial to a closed server succeeded")
 	}
 }
@@ -656,7 +656,7 @@ func TestDataPlaneBusyAndIdle(t *testing.T) {
 	cfg.ConnectionsMax, cfg.ConnectionsPerPeerMax = 1, 1
 	cfg.IdleTimeout = 200 * time.Millisecond
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	srv := dpListen(t, cfg, func(DataPlaneBatch) error { entered <- struct{}{}; <-release; return nil })
+	srv := dpListen(t, cfg, func(Batch) error { entered <- struct{}{}; <-release; return nil })
 	free := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(free) // before the server's Close, which waits for the handler
 	first := dpDial(t, dpTestConfig(t, dpSenderInc), srv, dpReceiverInc)
@@ -667,9 +667,9 @@ func TestDataPlaneBusyAndIdle(t *testing.T) {
 	// While its batch is handled, the first connection is served and not
 	// idle, however long the second dial takes: that one is busy.
 	testwait.Recv(t, "the handler entered", eventDeadline, entered)
-	_, err := DialDataPlane(dpTestConfig(t, dpSenderInc), srv.Addr().String(), dpReceiverInc, trust.Identity{})
-	var herr *DataPlaneHelloError
-	if !errors.As(err, &herr) || herr.Status != DataPlaneBusy {
+	_, err := Dial(dpTestConfig(t, dpSenderInc), srv.Addr().String(), dpReceiverInc, trust.Identity{})
+	var herr *HelloError
+	if !errors.As(err, &herr) || herr.Status != StatusBusy {
 		t.Fatalf("second dial = %v, want busy", err)
 	}
 	if w := herr.Wire(); w.Code != messages.CodeBusy || w.Where != "data plane" {
@@ -685,7 +685,7 @@ func TestDataPlaneBusyAndIdle(t *testing.T) {
 	case <-time.After(eventDeadline):
 		t.Fatalf("connection not closed within %s of IdleTimeout (%s) without batches", eventDeadline, cfg.IdleTimeout)
 	}
-	if !errors.Is(first.Err(), ErrDataPlaneLost) {
+	if !errors.Is(first.Err(), ErrLost) {
 		t.Fatalf("idle sender Err = %v", first.Err())
 	}
 	if rs := srv.Stats(); rs.RefusedBusy != 1 || rs.IdleClosed != 1 {
@@ -717,8 +717,8 @@ func TestDataPlaneHelloCut(t *testing.T) {
 			}
 			c.Close()
 		}()
-		_, err = DialDataPlane(dpTestConfig(t, dpSenderInc), ln.Addr().String(), dpReceiverInc, trust.Identity{})
-		var derr *DataPlaneDialError
+		_, err = Dial(dpTestConfig(t, dpSenderInc), ln.Addr().String(), dpReceiverInc, trust.Identity{})
+		var derr *DialError
 		if !errors.As(err, &derr) || derr.Stage != "hello reply" {
 			t.Fatalf("reset %t: dial = %v, want the hello reply cut", reset, err)
 		}
@@ -731,8 +731,8 @@ func TestDataPlaneHelloCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed.Close() // nothing listens there now
-	_, err = DialDataPlane(dpTestConfig(t, dpSenderInc), closed.Addr().String(), dpReceiverInc, trust.Identity{})
-	var derr *DataPlaneDialError
+	_, err = Dial(dpTestConfig(t, dpSenderInc), closed.Addr().String(), dpReceiverInc, trust.Identity{})
+	var derr *DialError
 	if !errors.As(err, &derr) || derr.Stage != "dial" || derr.Cut() || derr.Wire().Code != messages.CodeNodeLost {
 		t.Fatalf("dial where nothing listens = %v, want the receiver lost", err)
 	}
@@ -740,46 +740,46 @@ func TestDataPlaneHelloCut(t *testing.T) {
 
 func TestDataPlaneAckTimeout(t *testing.T) {
 	release := make(chan struct{})
-	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), func(DataPlaneBatch) error { <-release; return nil })
+	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), func(Batch) error { <-release; return nil })
 	t.Cleanup(func() { close(release) }) // before the server's Close, which waits for the handler
 	scfg := dpTestConfig(t, dpSenderInc)
 	scfg.AckTimeout = 50 * time.Millisecond
 	snd := dpDial(t, scfg, srv, dpReceiverInc)
 	err := snd.Send(context.Background(), dpFrames(rand.New(rand.NewPCG(1, 1)), 1, 1, dpReceiverInc))
-	if !errors.Is(err, ErrDataPlaneLost) || !errors.Is(err, os.ErrDeadlineExceeded) {
+	if !errors.Is(err, ErrLost) || !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("Send = %v, want lost on a timeout", err)
 	}
 }
 
 func TestDataPlaneConfigValidate(t *testing.T) {
-	def := DefaultDataPlaneConfig(kv.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, PageTokens: 16, DType: kv.F16}, 1)
+	def := DefaultConfig(kv.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, PageTokens: 16, DType: kv.F16}, 1)
 	def.Auth, def.Model = trust.Insecure(nil), testModel
 	if err := def.Validate(); err != nil {
 		t.Fatalf("default config: %v", err)
 	}
 	for _, tc := range []struct {
 		want string
-		edit func(*DataPlaneConfig)
+		edit func(*Config)
 	}{
-		{"Incarnation must be non-zero", func(c *DataPlaneConfig) { c.Incarnation = 0 }},
-		{"Model (the model fingerprint) must be set", func(c *DataPlaneConfig) { c.Model = engine.Fingerprint{} }},
-		{"InFlightMax (0)", func(c *DataPlaneConfig) { c.InFlightMax = 0 }},
-		{"InFlightMax (5000)", func(c *DataPlaneConfig) { c.InFlightMax = 5000 }},
-		{"PagesMax (0)", func(c *DataPlaneConfig) { c.Batch.PagesMax = 0 }},
-		{"BytesMax (100) must hold one full-page frame", func(c *DataPlaneConfig) { c.Batch.BytesMax = 100 }},
-		{"page tokens 0", func(c *DataPlaneConfig) { c.Batch.Frame.PageTokens = 0 }},
-		{"WriteTimeout (0s)", func(c *DataPlaneConfig) { c.WriteTimeout = 0 }},
-		{"IdleTimeout (-1s)", func(c *DataPlaneConfig) { c.IdleTimeout = -time.Second }},
-		{"ConnectionsMax (0)", func(c *DataPlaneConfig) { c.ConnectionsMax = 0 }},
-		{"HelloTimeout (0s)", func(c *DataPlaneConfig) { c.HelloTimeout = 0 }},
-		{"ConnectionsPerPeerMax (0) must be in [1, ConnectionsMax (32)]", func(c *DataPlaneConfig) { c.ConnectionsPerPeerMax = 0 }},
-		{"ConnectionsPerPeerMax (33) must be in [1, ConnectionsMax (32)]", func(c *DataPlaneConfig) { c.ConnectionsPerPeerMax = 33 }},
-		{"HandshakesMax (0)", func(c *DataPlaneConfig) { c.HandshakesMax = 0 }},
-		{"HandshakesReserved (128) must be in [0, HandshakesMax (128))", func(c *DataPlaneConfig) { c.HandshakesReserved = 128 }},
+		{"Incarnation must be non-zero", func(c *Config) { c.Incarnation = 0 }},
+		{"Model (the model fingerprint) must be set", func(c *Config) { c.Model = engine.Fingerprint{} }},
+		{"InFlightMax (0)", func(c *Config) { c.InFlightMax = 0 }},
+		{"InFlightMax (5000)", func(c *Config) { c.InFlightMax = 5000 }},
+		{"PagesMax (0)", func(c *Config) { c.Batch.PagesMax = 0 }},
+		{"BytesMax (100) must hold one full-page frame", func(c *Config) { c.Batch.BytesMax = 100 }},
+		{"page tokens 0", func(c *Config) { c.Batch.Frame.PageTokens = 0 }},
+		{"WriteTimeout (0s)", func(c *Config) { c.WriteTimeout = 0 }},
+		{"IdleTimeout (-1s)", func(c *Config) { c.IdleTimeout = -time.Second }},
+		{"ConnectionsMax (0)", func(c *Config) { c.ConnectionsMax = 0 }},
+		{"HelloTimeout (0s)", func(c *Config) { c.HelloTimeout = 0 }},
+		{"ConnectionsPerPeerMax (0) must be in [1, ConnectionsMax (32)]", func(c *Config) { c.ConnectionsPerPeerMax = 0 }},
+		{"ConnectionsPerPeerMax (33) must be in [1, ConnectionsMax (32)]", func(c *Config) { c.ConnectionsPerPeerMax = 33 }},
+		{"HandshakesMax (0)", func(c *Config) { c.HandshakesMax = 0 }},
+		{"HandshakesReserved (128) must be in [0, HandshakesMax (128))", func(c *Config) { c.HandshakesReserved = 128 }},
 		{"HandshakesPerAddrMax (97) must be in [1, HandshakesMax (128) - HandshakesReserved (32)]",
-			func(c *DataPlaneConfig) { c.HandshakesPerAddrMax = 97 }},
-		{"Auth is required", func(c *DataPlaneConfig) { c.Auth = nil }},
-		{"exceeds ServerBufferBytesMax (1000)", func(c *DataPlaneConfig) { c.ServerBufferBytesMax = 1000 }},
+			func(c *Config) { c.HandshakesPerAddrMax = 97 }},
+		{"Auth is required", func(c *Config) { c.Auth = nil }},
+		{"exceeds ServerBufferBytesMax (1000)", func(c *Config) { c.ServerBufferBytesMax = 1000 }},
 	} {
 		c := dpTestConfig(t, 1)
 		tc.edit(&c)
@@ -787,8 +787,8 @@ func TestDataPlaneConfigValidate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate = %v, want %q", err, tc.want)
 		}
-		if _, lerr := ListenDataPlane(c, "127.0.0.1:0", (&dpRecorder{}).handle); lerr == nil {
-			t.Errorf("ListenDataPlane accepted a config with %q", tc.want)
+		if _, lerr := Listen(c, "127.0.0.1:0", (&dpRecorder{}).handle); lerr == nil {
+			t.Errorf("Listen accepted a config with %q", tc.want)
 		}
 	}
 }
@@ -826,7 +826,7 @@ func TestDataPlaneAliasedPayloads(t *testing.T) {
 		bad    error
 	)
 	rec := &dpRecorder{}
-	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), func(b DataPlaneBatch) error {
+	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), func(b Batch) error {
 		mu.Lock()
 		inside++
 		if inside > 1 && bad == nil {
@@ -895,7 +895,7 @@ func TestDataPlaneSlowHandlerNotIdle(t *testing.T) {
 	cfg.IdleTimeout = 200 * time.Millisecond
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	rec := &dpRecorder{}
-	srv := dpListen(t, cfg, func(b DataPlaneBatch) error {
+	srv := dpListen(t, cfg, func(b Batch) error {
 		if b.Seq == 0 {
 			entered <- struct{}{}
 			<-release
@@ -915,7 +915,7 @@ func TestDataPlaneSlowHandlerNotIdle(t *testing.T) {
 	// it holds the first batch until the second is being written.
 	time.Sleep(2 * cfg.IdleTimeout)
 	go func() { done <- snd.Send(context.Background(), second) }()
-	waitFor(t, "the second batch written while the handler is busy", eventDeadline, func() bool {
+	testwait.For(t, "the second batch written while the handler is busy", eventDeadline, func() bool {
 		return snd.Stats().BatchesSent == 2
 	})
 	free()
@@ -945,7 +945,7 @@ func TestDataPlaneSlowHandlerNotIdle(t *testing.T) {
 func TestDataPlaneSendCancelledAfterWrite(t *testing.T) {
 	entered := make(chan struct{}, 4)
 	release := make(chan struct{})
-	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), func(DataPlaneBatch) error {
+	srv := dpListen(t, dpTestConfig(t, dpReceiverInc), func(Batch) error {
 		entered <- struct{}{}
 		<-release
 		return nil
@@ -963,5 +963,14 @@ func TestDataPlaneSendCancelledAfterWrite(t *testing.T) {
 	close(release)
 	if err := snd.Send(context.Background(), dpFrames(rng, 2, 2, dpReceiverInc)); err != nil {
 		t.Fatalf("Send after a cancelled one: %v", err)
+	}
+}
+
+// A dial to a data plane nobody serves fails with a DialError.
+func TestDialNobodyIsADialError(t *testing.T) {
+	_, err := Dial(dpTestConfig(t, dpSenderInc), trusttest.ClosedAddr(t), dpReceiverInc, trust.Identity{})
+	var de *DialError
+	if !errors.As(err, &de) || de.Stage != "dial" || handoff.Wire(err).Code != messages.CodeNodeLost {
+		t.Fatalf("dial of a closed port: %v, want a dial error told as node_lost", err)
 	}
 }

@@ -1,4 +1,4 @@
-package cluster
+package dataplane
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 	"github.com/kvwarden/kvwarden/trust"
 )
 
-// DataPlaneSenderStats are a sender's counters since it dialed.
-type DataPlaneSenderStats struct {
+// SenderStats are a sender's counters since it dialed.
+type SenderStats struct {
 	// Batches, frames and bytes (batch headers included) handed to the
 	// connection: written, or being written.
 	BatchesSent, FramesSent, BytesSent uint64
@@ -59,15 +59,15 @@ type dpResult struct {
 	ack dpAck
 }
 
-// DataPlaneSender writes batches to one receiver over one connection. Send
+// Sender writes batches to one receiver over one connection. Send
 // is safe for concurrent use: batches from concurrent calls interleave on
 // the connection, each batch written whole, and share one window of
 // InFlightMax unacknowledged batches. A lost connection is final: Done is
-// closed, every Send fails with a *DataPlaneLostError, and the owner dials
+// closed, every Send fails with a *LostError, and the owner dials
 // again (after learning the peer's current incarnation). A refused batch
 // loses the connection too, since the receiver closes it.
-type DataPlaneSender struct {
-	cfg  DataPlaneConfig
+type Sender struct {
+	cfg  Config
 	addr string
 	peer uint64
 	lim  kv.BatchLimits // the smaller of both sides' batch bounds
@@ -101,7 +101,7 @@ type DataPlaneSender struct {
 	ring []dpPending // FIFO of size batches from head, capacity InFlightMax
 	head int
 	size int
-	err  *DataPlaneLostError
+	err  *LostError
 	dead chan struct{}
 
 	loops sync.WaitGroup // the acknowledgement reader and the writer
@@ -111,30 +111,30 @@ type DataPlaneSender struct {
 	testWindowFull func()
 }
 
-// DialDataPlane validates cfg, connects to the receiver at addr, checks
+// Dial validates cfg, connects to the receiver at addr, checks
 // in the TLS handshake that it is want (the node that planned the
-// transfer; *DataPlanePeerError otherwise, before a byte of the hello is
+// transfer; *PeerError otherwise, before a byte of the hello is
 // written), and exchanges hellos: the receiver refuses
-// (*DataPlaneHelloError) when it is not incarnation peer, when its frame
+// (*HelloError) when it is not incarnation peer, when its frame
 // limits differ from cfg's, when it is busy, or when this node's role does
 // not prefill. DialTimeout bounds the whole of it. An insecure cfg.Auth
 // dials plain TCP and checks no identity: want must then be zero, since
 // nothing could prove it.
-func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64, want trust.Identity) (*DataPlaneSender, error) {
+func Dial(cfg Config, addr string, peer uint64, want trust.Identity) (*Sender, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if peer == 0 {
-		return nil, errors.New("cluster: data plane peer incarnation must be non-zero")
+		return nil, errors.New("dataplane: data plane peer incarnation must be non-zero")
 	}
 	if cfg.Auth.Insecure() != want.IsZero() {
-		return nil, fmt.Errorf("cluster: data plane dial %s: expected identity %q with an authority that is insecure=%t: want one exactly when secure",
+		return nil, fmt.Errorf("dataplane: data plane dial %s: expected identity %q with an authority that is insecure=%t: want one exactly when secure",
 			addr, want.String(), cfg.Auth.Insecure())
 	}
 	deadline := time.Now().Add(cfg.DialTimeout)
 	raw, err := (&net.Dialer{Deadline: deadline}).Dial("tcp", addr)
 	if err != nil {
-		return nil, &DataPlaneDialError{Addr: addr, Stage: "dial", Err: err}
+		return nil, &DialError{Addr: addr, Stage: "dial", Err: err}
 	}
 	cfg.tuneSocket(raw)
 	raw.SetDeadline(deadline)
@@ -148,7 +148,7 @@ func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64, want trust.Ide
 		return nil, err
 	}
 	raw.SetDeadline(time.Time{})
-	s := &DataPlaneSender{
+	s := &Sender{
 		cfg: cfg, addr: addr, peer: peer, lim: lim, conn: conn, raw: raw, coalesce: coalesce,
 		window: make(chan struct{}, cfg.InFlightMax),
 		bufs:   make(chan *dpEncoded, cfg.InFlightMax+dpSendBuffers),
@@ -168,7 +168,7 @@ func DialDataPlane(cfg DataPlaneConfig, addr string, peer uint64, want trust.Ide
 // dpClientTLS runs the client side of TLS over raw, unless insecure, and
 // checks that the receiver is want. It returns the connection to carry
 // batches and, when secure, the coalescer under its TLS.
-func dpClientTLS(raw net.Conn, cfg DataPlaneConfig, addr string, want trust.Identity) (net.Conn, *dpCoalescer, error) {
+func dpClientTLS(raw net.Conn, cfg Config, addr string, want trust.Identity) (net.Conn, *dpCoalescer, error) {
 	if cfg.Auth.Insecure() {
 		return raw, nil, nil
 	}
@@ -180,53 +180,53 @@ func dpClientTLS(raw net.Conn, cfg DataPlaneConfig, addr string, want trust.Iden
 	coalesce := newDPCoalescer(raw)
 	tc := tls.Client(coalesce, tcfg)
 	if err := tc.Handshake(); err != nil {
-		return nil, nil, &DataPlaneDialError{Addr: addr, Stage: "TLS handshake", Err: err}
+		return nil, nil, &DialError{Addr: addr, Stage: "TLS handshake", Err: err}
 	}
 	// ClientTLS's VerifyConnection has checked this already; this reads
 	// the result.
 	have, _, err := b.PeerIdentity(tc.ConnectionState(), x509.ExtKeyUsageServerAuth)
 	if err != nil {
-		return nil, nil, fmt.Errorf("cluster: data plane TLS handshake with %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("dataplane: data plane TLS handshake with %s: %w", addr, err)
 	}
 	if have != want {
 		cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane receiver is not the node expected", "addr", addr,
 			"want", want.String(), "have", have.String())
-		return nil, nil, &DataPlanePeerError{Addr: addr, Want: want, Have: have}
+		return nil, nil, &PeerError{Addr: addr, Want: want, Have: have}
 	}
 	return tc, coalesce, nil
 }
 
 // dpHandshake writes the hello, reads the reply and returns the batch
 // bounds both sides accept. The caller bounds it with a deadline.
-func dpHandshake(conn net.Conn, cfg DataPlaneConfig, addr string, peer uint64) (kv.BatchLimits, error) {
+func dpHandshake(conn net.Conn, cfg Config, addr string, peer uint64) (kv.BatchLimits, error) {
 	h := dpHello{version: dpVersion, incarnation: cfg.Incarnation, expect: peer, limits: cfg.Batch, model: cfg.Model}
 	b := h.encode()
 	if _, err := conn.Write(b[:]); err != nil {
-		return kv.BatchLimits{}, &DataPlaneDialError{Addr: addr, Stage: "hello", Err: err}
+		return kv.BatchLimits{}, &DialError{Addr: addr, Stage: "hello", Err: err}
 	}
 	if _, err := io.ReadFull(conn, b[:]); err != nil {
-		return kv.BatchLimits{}, &DataPlaneDialError{Addr: addr, Stage: "hello reply", Err: err}
+		return kv.BatchLimits{}, &DialError{Addr: addr, Stage: "hello reply", Err: err}
 	}
 	r, err := decodeDPHello(b[:], true)
 	if err != nil {
 		return kv.BatchLimits{}, err
 	}
-	herr := &DataPlaneHelloError{Addr: addr, Status: r.status, Want: peer, Have: r.incarnation, Local: cfg.Batch, Remote: r.limits,
+	herr := &HelloError{Addr: addr, Status: r.status, Want: peer, Have: r.incarnation, Local: cfg.Batch, Remote: r.limits,
 		Self: cfg.Auth.Self(), Ours: cfg.Model, Theirs: r.model}
 	switch {
-	case r.status != DataPlaneOK:
+	case r.status != StatusOK:
 		return kv.BatchLimits{}, herr
 	case r.version != dpVersion || r.reserved || r.limits.Validate() != nil || r.model.IsZero():
-		herr.Status = DataPlaneHelloMalformed
+		herr.Status = StatusHelloMalformed
 		return kv.BatchLimits{}, herr
 	case r.incarnation != peer:
-		herr.Status = DataPlaneHelloIncarnation
+		herr.Status = StatusHelloIncarnation
 		return kv.BatchLimits{}, herr
 	case r.model != cfg.Model:
-		herr.Status = DataPlaneHelloModel
+		herr.Status = StatusHelloModel
 		return kv.BatchLimits{}, herr
 	case r.limits.Frame != cfg.Batch.Frame:
-		herr.Status = DataPlaneHelloLimits
+		herr.Status = StatusHelloLimits
 		return kv.BatchLimits{}, herr
 	}
 	// Both sides' bounds hold a full-page frame of the same geometry, so
@@ -239,17 +239,17 @@ func dpHandshake(conn net.Conn, cfg DataPlaneConfig, addr string, peer uint64) (
 }
 
 // Peer is the receiver's incarnation, as the hello confirmed it.
-func (s *DataPlaneSender) Peer() uint64 { return s.peer }
+func (s *Sender) Peer() uint64 { return s.peer }
 
 // Limits are the batch bounds Send packs within: the smaller of both
 // sides'.
-func (s *DataPlaneSender) Limits() kv.BatchLimits { return s.lim }
+func (s *Sender) Limits() kv.BatchLimits { return s.lim }
 
 // Done is closed when the connection is lost or the sender closed.
-func (s *DataPlaneSender) Done() <-chan struct{} { return s.dead }
+func (s *Sender) Done() <-chan struct{} { return s.dead }
 
-// Err is the *DataPlaneLostError once Done is closed, else nil.
-func (s *DataPlaneSender) Err() error {
+// Err is the *LostError once Done is closed, else nil.
+func (s *Sender) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err == nil {
@@ -259,19 +259,19 @@ func (s *DataPlaneSender) Err() error {
 }
 
 // Close closes the connection; Sends in progress fail with a
-// *DataPlaneLostError whose cause is ErrDataPlaneClosed.
-func (s *DataPlaneSender) Close() error {
-	s.fail(ErrDataPlaneClosed)
+// *LostError whose cause is ErrClosed.
+func (s *Sender) Close() error {
+	s.fail(ErrClosed)
 	s.loops.Wait()
 	return nil
 }
 
 // Stats reads the counters; each is read atomically, the set is not.
-func (s *DataPlaneSender) Stats() DataPlaneSenderStats {
+func (s *Sender) Stats() SenderStats {
 	s.mu.Lock()
 	inFlight := s.size
 	s.mu.Unlock()
-	return DataPlaneSenderStats{
+	return SenderStats{
 		BatchesSent: s.c.batches.Load(), FramesSent: s.c.frames.Load(), BytesSent: s.c.bytes.Load(),
 		BatchesAcked: s.c.acked.Load(), BatchesRefused: s.c.refused.Load(),
 		InFlight: uint64(inFlight), WindowWaits: s.c.windowWaits.Load(),
@@ -284,11 +284,11 @@ func (s *DataPlaneSender) Stats() DataPlaneSenderStats {
 // handler accepted every frame. Otherwise:
 //   - a frame that cannot be encoded (owner, token range, payload length)
 //     fails with kv's *kv.FrameError before anything is written;
-//   - a refused batch yields a *DataPlaneRefusedError naming the frames it
+//   - a refused batch yields a *RefusedError naming the frames it
 //     held, and ends the connection: batches written after it are lost
-//     (joined as a *DataPlaneLostError), the ones before it were
+//     (joined as a *LostError), the ones before it were
 //     acknowledged and may have been accepted;
-//   - a lost connection yields a *DataPlaneLostError;
+//   - a lost connection yields a *LostError;
 //   - ctx ending yields its error, wrapped: batches already written stay
 //     written and their outcome is unknown to the caller.
 //
@@ -298,7 +298,7 @@ func (s *DataPlaneSender) Stats() DataPlaneSenderStats {
 // does only once the connection is done with every batch of the call it
 // wrote. So when ctx ends, Send still waits for the batches it has queued
 // to be written (each within WriteTimeout, or the connection is lost).
-func (s *DataPlaneSender) Send(ctx context.Context, frames []kv.Frame) error {
+func (s *Sender) Send(ctx context.Context, frames []kv.Frame) error {
 	// A chaos build's fault points: the frames as its injector lets them
 	// go, dropped, duplicated, reordered or misdirected (in a copy, whose
 	// Checksums are then the ones set), and each payload, below, with a bit
@@ -314,7 +314,7 @@ func (s *DataPlaneSender) Send(ctx context.Context, frames []kv.Frame) error {
 	defer func() { s.released(call, written) }()
 	var refused error
 	take := func(r dpResult) {
-		if r.ack.status != DataPlaneOK && refused == nil {
+		if r.ack.status != StatusOK && refused == nil {
 			refused = s.refusal(r)
 		}
 	}
@@ -366,12 +366,12 @@ func (s *DataPlaneSender) Send(ctx context.Context, frames []kv.Frame) error {
 				return dpJoin(refused, s.Err())
 			}
 		case <-ctx.Done():
-			return dpJoin(refused, fmt.Errorf("cluster: data plane send to %s: %d of %d batches written, %d acknowledged: %w",
+			return dpJoin(refused, fmt.Errorf("dataplane: data plane send to %s: %d of %d batches written, %d acknowledged: %w",
 				s.addr, written, len(cuts), got, ctx.Err()))
 		}
 	}
-	if stop != nil && !errors.Is(stop, ErrDataPlaneLost) {
-		stop = fmt.Errorf("cluster: data plane send to %s: %d of %d batches written and acknowledged: %w",
+	if stop != nil && !errors.Is(stop, ErrLost) {
+		stop = fmt.Errorf("dataplane: data plane send to %s: %d of %d batches written and acknowledged: %w",
 			s.addr, written, len(cuts), stop)
 	}
 	return dpJoin(refused, stop)
@@ -392,7 +392,7 @@ func dpJoin(a, b error) error {
 // released waits until the writer is done with the first n batches of
 // call: each written (or its write failed), or the writer gone, so that
 // nothing reads the call's payloads any more.
-func (s *DataPlaneSender) released(call *dpCall, n int) {
+func (s *Sender) released(call *dpCall, n int) {
 	for range n {
 		select {
 		case <-call.wrote:
@@ -406,7 +406,7 @@ func (s *DataPlaneSender) released(call *dpCall, n int) {
 // batches greedily; cuts[i] is the end of batch i. A frame's size is
 // bounded by its payload plus the largest header, so a batch never exceeds
 // the bytes bound and a full-page frame always fits alone.
-func (s *DataPlaneSender) pack(frames []kv.Frame) ([]int, error) {
+func (s *Sender) pack(frames []kv.Frame) ([]int, error) {
 	fl := s.lim.Frame
 	over := dpFrameOverhead(fl)
 	var cuts []int
@@ -414,17 +414,17 @@ func (s *DataPlaneSender) pack(frames []kv.Frame) ([]int, error) {
 	for i := range frames {
 		f := &frames[i]
 		if err := f.Owner.Validate(); err != nil {
-			return nil, fmt.Errorf("cluster: data plane frame %d: %w", i, err)
+			return nil, fmt.Errorf("dataplane: data plane frame %d: %w", i, err)
 		}
 		switch {
 		case f.Tokens < 1 || f.Tokens > fl.PageTokens:
-			return nil, fmt.Errorf("cluster: data plane frame %d: %w", i,
+			return nil, fmt.Errorf("dataplane: data plane frame %d: %w", i,
 				&kv.FrameError{Field: "token count", Value: uint64(max(f.Tokens, 0)), Limit: uint64(fl.PageTokens)})
 		case f.FirstToken < 0 || f.FirstToken > kv.SequenceTokensMax:
-			return nil, fmt.Errorf("cluster: data plane frame %d: %w", i,
+			return nil, fmt.Errorf("dataplane: data plane frame %d: %w", i,
 				&kv.FrameError{Field: "first token", Value: uint64(max(f.FirstToken, 0)), Limit: kv.SequenceTokensMax})
 		case len(f.Payload) != f.Tokens*fl.BytesPerToken:
-			return nil, fmt.Errorf("cluster: data plane frame %d: %w", i,
+			return nil, fmt.Errorf("dataplane: data plane frame %d: %w", i,
 				&kv.FrameError{Field: "payload length", Value: uint64(len(f.Payload)), Limit: uint64(f.Tokens * fl.BytesPerToken)})
 		}
 		size := over + len(f.Payload)
@@ -442,7 +442,7 @@ func (s *DataPlaneSender) pack(frames []kv.Frame) ([]int, error) {
 }
 
 // acquire takes a place in the window, waiting while it is full.
-func (s *DataPlaneSender) acquire(ctx context.Context) error {
+func (s *Sender) acquire(ctx context.Context) error {
 	select {
 	case s.window <- struct{}{}:
 		return nil
@@ -511,7 +511,7 @@ func (e *dpEncoded) encode(frames []kv.Frame, lim kv.BatchLimits) error {
 		at = end
 	}
 	if at != len(hdr) {
-		return fmt.Errorf("cluster: data plane batch headers take %d bytes, frame lengths say %d", len(hdr), at)
+		return fmt.Errorf("dataplane: data plane batch headers take %d bytes, frame lengths say %d", len(hdr), at)
 	}
 	e.vec, e.bytes, e.frames = vec, dpBatchHeaderBytes+body, len(frames)
 	return nil
@@ -519,7 +519,7 @@ func (e *dpEncoded) encode(frames []kv.Frame, lim kv.BatchLimits) error {
 
 // encode takes a free buffer and encodes frames (frames [first, …) of the
 // call) into it as one batch.
-func (s *DataPlaneSender) encode(ctx context.Context, frames []kv.Frame, first int) (*dpEncoded, error) {
+func (s *Sender) encode(ctx context.Context, frames []kv.Frame, first int) (*dpEncoded, error) {
 	select {
 	case <-s.dead:
 		return nil, s.Err()
@@ -538,7 +538,7 @@ func (s *DataPlaneSender) encode(ctx context.Context, frames []kv.Frame, first i
 		// pack checked what kv checks; should it ever differ, the fault is
 		// in these frames, not in the connection.
 		s.free(e)
-		return nil, fmt.Errorf("cluster: data plane encoding frames [%d, %d): %w", first, first+len(frames), err)
+		return nil, fmt.Errorf("dataplane: data plane encoding frames [%d, %d): %w", first, first+len(frames), err)
 	}
 	return e, nil
 }
@@ -546,14 +546,14 @@ func (s *DataPlaneSender) encode(ctx context.Context, frames []kv.Frame, first i
 // newEncoded allocates an encode buffer for the headers of a batch of
 // PagesMax frames with the longest tenants, up to dpHeaderBufferBytes; one
 // that needs more grows once and keeps it.
-func (s *DataPlaneSender) newEncoded() *dpEncoded {
+func (s *Sender) newEncoded() *dpEncoded {
 	hdr := min(dpBatchHeaderBytes+s.lim.PagesMax*dpFrameOverhead(s.lim.Frame), dpHeaderBufferBytes)
 	return &dpEncoded{hdr: make([]byte, 0, hdr), vec: make([][]byte, 0, 2*min(s.lim.PagesMax, 64))}
 }
 
 // free gives an encode buffer back for reuse, or drops it when enough are
 // kept.
-func (s *DataPlaneSender) free(e *dpEncoded) {
+func (s *Sender) free(e *dpEncoded) {
 	e.reset()
 	select {
 	case s.bufs <- e:
@@ -565,7 +565,7 @@ func (s *DataPlaneSender) free(e *dpEncoded) {
 // in the window. The batch joins the ring of unacknowledged batches before
 // it is written, since its acknowledgement may come back before the write
 // returns; ring and queue are kept in one order under mu.
-func (s *DataPlaneSender) enqueue(call *dpCall, e *dpEncoded, first int) error {
+func (s *Sender) enqueue(call *dpCall, e *dpEncoded, first int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
@@ -595,7 +595,7 @@ func (e *dpEncoded) reset() {
 // writeLoop writes queued batches, each whole, in order: with one writev
 // of headers and payloads over plain TCP; over TLS, which writes each piece
 // as its own records, through the coalescer.
-func (s *DataPlaneSender) writeLoop() {
+func (s *Sender) writeLoop() {
 	defer close(s.wdone)
 	for {
 		select {
@@ -627,7 +627,7 @@ func (s *DataPlaneSender) writeLoop() {
 }
 
 // write writes one batch's pieces.
-func (s *DataPlaneSender) write(e *dpEncoded) error {
+func (s *Sender) write(e *dpEncoded) error {
 	v := net.Buffers(e.vec)
 	if s.coalesce == nil {
 		_, err := v.WriteTo(s.conn)
@@ -642,7 +642,7 @@ func (s *DataPlaneSender) write(e *dpEncoded) error {
 // connection ends. The read deadline is AckTimeout from the oldest
 // unacknowledged batch's write or the previous acknowledgement, and none
 // while nothing is in flight.
-func (s *DataPlaneSender) readAcks() {
+func (s *Sender) readAcks() {
 	var b [dpAckBytes]byte
 	for {
 		if _, err := io.ReadFull(s.conn, b[:]); err != nil {
@@ -661,7 +661,7 @@ func (s *DataPlaneSender) readAcks() {
 				want = fmt.Sprint(s.ring[s.head].seq)
 			}
 			s.mu.Unlock()
-			s.fail(fmt.Errorf("cluster: data plane acknowledgement for batch %d, expected %s", a.seq, want))
+			s.fail(fmt.Errorf("dataplane: data plane acknowledgement for batch %d, expected %s", a.seq, want))
 			return
 		}
 		p := s.ring[s.head]
@@ -675,22 +675,22 @@ func (s *DataPlaneSender) readAcks() {
 		}
 		s.mu.Unlock()
 		s.c.acked.Add(1)
-		if a.status != DataPlaneOK {
+		if a.status != StatusOK {
 			s.c.refused.Add(1)
 		}
 		p.call.acks <- dpResult{p: p, ack: a}
 		<-s.window
-		if a.status != DataPlaneOK {
+		if a.status != StatusOK {
 			// The receiver closes the connection after a refusal and reads
 			// nothing more on it: the batches behind this one are lost.
-			s.fail(fmt.Errorf("cluster: data plane receiver refused batch %d (%s) and closes the connection", a.seq, a.status))
+			s.fail(fmt.Errorf("dataplane: data plane receiver refused batch %d (%s) and closes the connection", a.seq, a.status))
 			return
 		}
 	}
 }
 
-func (s *DataPlaneSender) refusal(r dpResult) error {
-	e := &DataPlaneRefusedError{Addr: s.addr, Seq: r.ack.seq, Status: r.ack.status,
+func (s *Sender) refusal(r dpResult) error {
+	e := &RefusedError{Addr: s.addr, Seq: r.ack.seq, Status: r.ack.status,
 		First: r.p.first, Count: r.p.count, Frame: -1, Detail: r.ack.detail}
 	if r.ack.frame != dpNoFrame && int(r.ack.frame) < r.p.count {
 		e.Frame = r.p.first + int(r.ack.frame)
@@ -699,13 +699,13 @@ func (s *DataPlaneSender) refusal(r dpResult) error {
 }
 
 // fail records the first cause of the connection's end and closes it.
-func (s *DataPlaneSender) fail(cause error) {
+func (s *Sender) fail(cause error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
 		return
 	}
-	s.err = &DataPlaneLostError{Addr: s.addr, Unacked: s.size, Err: cause}
+	s.err = &LostError{Addr: s.addr, Unacked: s.size, Err: cause}
 	close(s.dead)
 	s.raw.Close()
 }

@@ -1,4 +1,4 @@
-package cluster
+package dataplane
 
 // Checks of the data plane's wire that the other side usually makes
 // first: a sender checks the receiver's hello reply although an honest
@@ -58,21 +58,21 @@ func TestDataPlaneSenderChecksTheReply(t *testing.T) {
 		name string
 		edit func(*dpHello)
 		raw  func([]byte)
-		want DataPlaneStatus
+		want Status
 	}{
-		{"another incarnation", func(h *dpHello) { h.incarnation = dpReceiverInc + 1 }, nil, DataPlaneHelloIncarnation},
-		{"another model", func(h *dpHello) { h.model = engine.Fingerprint{0xee} }, nil, DataPlaneHelloModel},
+		{"another incarnation", func(h *dpHello) { h.incarnation = dpReceiverInc + 1 }, nil, StatusHelloIncarnation},
+		{"another model", func(h *dpHello) { h.model = engine.Fingerprint{0xee} }, nil, StatusHelloModel},
 		{"another geometry", func(h *dpHello) {
 			h.limits.Frame = g.Limits()
 			h.limits.BytesMax = h.limits.Frame.FrameBytesMax()
-		}, nil, DataPlaneHelloLimits},
-		{"another version", func(h *dpHello) { h.version = dpVersion + 1 }, nil, DataPlaneHelloMalformed},
-		{"reserved bytes 6-7", nil, func(b []byte) { b[6] = 1 }, DataPlaneHelloMalformed},
-		{"reserved bytes 36-39", nil, func(b []byte) { b[38] = 1 }, DataPlaneHelloMalformed},
+		}, nil, StatusHelloLimits},
+		{"another version", func(h *dpHello) { h.version = dpVersion + 1 }, nil, StatusHelloMalformed},
+		{"reserved bytes 6-7", nil, func(b []byte) { b[6] = 1 }, StatusHelloMalformed},
+		{"reserved bytes 36-39", nil, func(b []byte) { b[38] = 1 }, StatusHelloMalformed},
 	} {
 		conn := scriptedReceiver(t, tc.edit, tc.raw)
 		_, err := dpHandshake(conn, dpTestConfig(t, dpSenderInc), "scripted", dpReceiverInc)
-		var herr *DataPlaneHelloError
+		var herr *HelloError
 		if !errors.As(err, &herr) || herr.Status != tc.want {
 			t.Errorf("%s: %v, want refused as %s", tc.name, err, tc.want)
 		}
@@ -114,7 +114,7 @@ func TestDataPlaneHelloReservedRefused(t *testing.T) {
 		_, err = io.ReadFull(conn, r[:])
 		conn.Close()
 		reply, derr := decodeDPHello(r[:], true)
-		if err != nil || derr != nil || reply.status != DataPlaneHelloMalformed {
+		if err != nil || derr != nil || reply.status != StatusHelloMalformed {
 			t.Fatalf("hello with byte %d set: reply %+v (%v, %v), want malformed", at, reply, err, derr)
 		}
 		if n := srv.Stats().RefusedHelloMalformed; n != uint64(i+1) {
@@ -126,8 +126,8 @@ func TestDataPlaneHelloReservedRefused(t *testing.T) {
 // TestDataPlaneAckReservedRefused: an acknowledgement with a reserved byte
 // set, or a status past the last, is refused by the sender's decoder.
 func TestDataPlaneAckReservedRefused(t *testing.T) {
-	good := (&dpAck{seq: 7, status: DataPlaneOK, frame: dpNoFrame}).encode()
-	if a, err := decodeDPAck(good[:]); err != nil || a.seq != 7 || a.status != DataPlaneOK {
+	good := (&dpAck{seq: 7, status: StatusOK, frame: dpNoFrame}).encode()
+	if a, err := decodeDPAck(good[:]); err != nil || a.seq != 7 || a.status != StatusOK {
 		t.Fatalf("a good acknowledgement: %+v, %v", a, err)
 	}
 	for _, at := range []int{9, 10, 11} {
@@ -143,7 +143,7 @@ func TestDataPlaneAckReservedRefused(t *testing.T) {
 		t.Errorf("acknowledgement of status %d: %+v", dpStatusCount, a)
 	}
 	binary.LittleEndian.PutUint32(b[12:], 0) // any frame index decodes
-	b[8] = byte(DataPlaneRejected)
+	b[8] = byte(StatusRejected)
 	if _, err := decodeDPAck(b[:]); err != nil {
 		t.Errorf("a refusal: %v", err)
 	}
