@@ -103,8 +103,9 @@ cluster's --tenants file) they will, which shows the harness works.
 --path N compares the serving path with the engine under it: it brings up
 one node of role all and a router with one prefill and one decode node, and
 for N rounds sends each of them, and the engine alone in bench's process,
-one request of 256 tokens, 32 at once of 64 tokens and five new prompts of
-256 tokens for their first token, one target after the other. It prints
+three requests of 256 tokens one at a time (the median rate counts), 32 at
+once of 64 tokens and five new prompts of 256 tokens for their first token,
+one target after the other. It prints
 tokens/s, TTFT and the CPU time each process spends a token, and the ratios
 of the cluster and the node to the engine (--json: every round).
 

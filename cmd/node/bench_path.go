@@ -24,8 +24,11 @@ import (
 
 // What --path sends, each round, to each of its three targets.
 const (
-	// pathSingleTokens is what the one request alone generates.
-	pathSingleTokens = 256
+	// pathSingleTokens is what the one request alone generates, and
+	// pathSingleRepeats how many such requests a round sends one after
+	// another, each a new prompt, for the median of their rates.
+	pathSingleTokens  = 256
+	pathSingleRepeats = 3
 	// pathBatch requests of pathBatchTokens tokens each go at once.
 	pathBatch       = 32
 	pathBatchTokens = 64
@@ -46,7 +49,8 @@ const (
 
 // pathRound is what one round measured of one target.
 type pathRound struct {
-	// SingleTokensPerS is one request's tokens over its time, send to end.
+	// SingleTokensPerS is one request's tokens over its time, send to
+	// end: the median of pathSingleRepeats requests sent one at a time.
 	SingleTokensPerS float64 `json:"single_tokens_per_s"`
 	// BatchTokensPerS is pathBatch requests' tokens over the time from
 	// the first send to the last end.
@@ -55,7 +59,7 @@ type pathRound struct {
 	// pathPromptTokens tokens.
 	TTFTS float64 `json:"ttft_s"`
 	// CPUPerToken and BatchCPUPerToken are each process's CPU time over
-	// the tokens of the single request and of the batch, in seconds, by
+	// the tokens of the single requests and of the batch, in seconds, by
 	// process ("client" is bench itself).
 	CPUPerToken      map[string]float64 `json:"cpu_per_token_s"`
 	BatchCPUPerToken map[string]float64 `json:"batch_cpu_per_token_s"`
@@ -131,7 +135,8 @@ func runPath(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, o 
 		}
 		for _, t := range targets {
 			fmt.Fprintf(stderr, "round %d of %d: %s\n", r+1, o.Path, t.name)
-			m, err := t.measure(ctx, stderr, w, single[r], batch, prompts[r*pathTTFTProbes:(r+1)*pathTTFTProbes])
+			m, err := t.measure(ctx, stderr, w, single[r*pathSingleRepeats:(r+1)*pathSingleRepeats], batch,
+				prompts[r*pathTTFTProbes:(r+1)*pathTTFTProbes])
 			if err != nil {
 				return fmt.Errorf("bench: --path, round %d, %s: %w", r+1, t.name, err)
 			}
@@ -158,11 +163,12 @@ type pathPrompt struct {
 	first int
 }
 
-// pathShapes are, for each of rounds, the single request (a short prompt
-// whose answer runs to pathSingleTokens tokens) and pathTTFTProbes new
-// prompts of pathPromptTokens tokens, none a prefix of another.
+// pathShapes are, for each of rounds, pathSingleRepeats single requests
+// (short prompts whose answers run to pathSingleTokens tokens) and
+// pathTTFTProbes new prompts of pathPromptTokens tokens, none a prefix of
+// another.
 func pathShapes(w *workload, rounds int) ([]bench.Shape, []pathPrompt, error) {
-	single, err := fullLength(w, pathSingleTokens, rounds, 1<<20)
+	single, err := fullLength(w, pathSingleTokens, rounds*pathSingleRepeats, 1<<20)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -190,16 +196,25 @@ func pathShapes(w *workload, rounds int) ([]bench.Shape, []pathPrompt, error) {
 	return single, prompts, nil
 }
 
-// measure is one round of t: the single request, the batch and the
+// measure is one round of t: the single requests, the batch and the
 // first-token probes, with the CPU each process spent on the first two.
-func (t *pathTarget) measure(ctx context.Context, stderr io.Writer, w *workload, single bench.Shape, batch []bench.Shape, prompts []pathPrompt) (pathRound, error) {
-	var m pathRound
-	tokens, elapsed, cpu, err := t.run(ctx, stderr, w, []bench.Shape{single}, "one request")
-	if err != nil {
-		return m, err
+func (t *pathTarget) measure(ctx context.Context, stderr io.Writer, w *workload, singles, batch []bench.Shape, prompts []pathPrompt) (pathRound, error) {
+	m := pathRound{CPUPerToken: map[string]float64{}}
+	rates := make([]float64, len(singles))
+	for i, single := range singles {
+		tokens, elapsed, cpu, err := t.run(ctx, stderr, w, []bench.Shape{single}, "one request")
+		if err != nil {
+			return m, err
+		}
+		rates[i] = float64(tokens) / elapsed.Seconds()
+		for p, c := range cpu { // every single request has pathSingleTokens tokens
+			m.CPUPerToken[p] += c / float64(len(singles))
+		}
 	}
-	m.SingleTokensPerS, m.CPUPerToken = float64(tokens)/elapsed.Seconds(), cpu
-	if tokens, elapsed, cpu, err = t.run(ctx, stderr, w, batch, fmt.Sprintf("%d at once", len(batch))); err != nil {
+	slices.Sort(rates)
+	m.SingleTokensPerS = bench.Percentile(rates, 50)
+	tokens, elapsed, cpu, err := t.run(ctx, stderr, w, batch, fmt.Sprintf("%d at once", len(batch)))
+	if err != nil {
 		return m, err
 	}
 	m.BatchTokensPerS, m.BatchCPUPerToken = float64(tokens)/elapsed.Seconds(), cpu
