@@ -169,3 +169,40 @@ func BenchmarkAdmissionReject(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPageAsk: one page ask (a release of a page no one holds,
+// refused by the page's actor) against the same call on a kv.Pool
+// directly, alternately in one run: what each of the asks a request's
+// prefill, transfer and verification make costs in handoffs between
+// goroutines. It reports µs an ask and x-direct, the ask's time over the
+// direct call's.
+func BenchmarkPageAsk(b *testing.B) {
+	cfg := testConfig()
+	n, err := Start(cfg, withModel(b, cfg, Options{}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer n.Stop()
+	pool := nodePool(b, n, "bench/pool", 1, time.Minute)
+	run := n.Config()
+	direct, err := kv.NewPool(run.pool(1, run.Incarnation))
+	if err != nil {
+		b.Fatal(err)
+	}
+	tag := kv.Tag{Incarnation: run.Incarnation, Index: 0, Generation: 1}
+	owner := kv.Owner{Request: 1, Tenant: "bench"}
+	var asks, calls time.Duration
+	for b.Loop() {
+		start := time.Now()
+		if rep := pool.Page(n.Root(), tag, PageRelease{Tag: tag, Owner: owner}); rep.Err == nil {
+			b.Fatal("a release of a free page was taken")
+		}
+		mid := time.Now()
+		if _, err := direct.Release(tag, owner, mid); err == nil {
+			b.Fatal("a direct release of a free page was taken")
+		}
+		asks, calls = asks+mid.Sub(start), calls+time.Since(mid)
+	}
+	b.ReportMetric(float64(asks.Microseconds())/float64(b.N), "µs/ask")
+	b.ReportMetric(float64(asks)/float64(max(calls, 1)), "x-direct")
+}

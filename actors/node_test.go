@@ -275,7 +275,7 @@ func TestPoolExhaustionWaitsOrBusyNeverWrong(t *testing.T) {
 // nodePool is a pool of pages pages spawned on n's actor system under
 // name, outside the node's own pools, with n's config and mailboxes and
 // asks bounded by timeout.
-func nodePool(t *testing.T, n *Node, name string, pages int, timeout time.Duration) *Pool {
+func nodePool(t testing.TB, n *Node, name string, pages int, timeout time.Duration) *Pool {
 	t.Helper()
 	cfg := n.Config()
 	pool, err := spawnPool(n.Root(), name, cfg.pool(pages, cfg.Incarnation), n.Mailbox(), timeout, time.Now, cfg.fairness(),
