@@ -70,7 +70,7 @@ type Streams struct {
 // block.
 type StreamHandler func(from *actor.PID, it *StreamItem)
 
-// flush asks the Inbox to send what is queued.
+// flush asks the flusher to send what is queued.
 type flush struct{}
 
 // streamOut is one queued item and the process it goes to.
