@@ -46,8 +46,11 @@ type Node struct {
 	counters   *nodeCounters
 	registry   sync.Map // request id → request actor, for AcceptFrames
 	streams    *messages.Streams
-	fatal      chan *InvariantError
-	drops      atomic.Uint64 // messages full mailboxes dropped (NewMailbox)
+	// dispatchers run the workers' mailboxes, each on a goroutine of its
+	// own, until the node stops.
+	dispatchers []*ownDispatcher
+	fatal       chan *InvariantError
+	drops       atomic.Uint64 // messages full mailboxes dropped (NewMailbox)
 }
 
 // Options are what a node takes besides its Config.
@@ -193,7 +196,9 @@ func (n *Node) spawn(model *engine.Model, sup actor.SupervisorStrategy, opt Opti
 			if role == "prefill" {
 				mb = n.MailboxFrom(trust.RoleDecode, trust.RoleAll) // plans, acks and aborts
 			}
-			pid, err := n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return w }, actor.WithMailbox(mb)), name)
+			d := newOwnDispatcher(300)
+			n.dispatchers = append(n.dispatchers, d)
+			pid, err := n.root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return w }, actor.WithMailbox(mb), actor.WithDispatcher(d)), name)
 			if err != nil {
 				return nil, err
 			}
@@ -452,4 +457,7 @@ func (n *Node) Stop() {
 		p.stop()
 	}
 	n.sys.Shutdown()
+	for _, d := range n.dispatchers {
+		d.close()
+	}
 }
