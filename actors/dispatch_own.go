@@ -7,7 +7,7 @@ import "sync"
 // call deep into the engine (a worker) keeps the stack it grew there,
 // where a goroutine a run starts small and grows it again each time.
 // Measured on a 2-core machine, one request at a time through a router,
-// a prefill and a decode node: 5-6 % more tokens a second and 3-5 % less
+// a prefill and a decode node: 5-7 % more tokens a second and 3-5 % less
 // decode CPU (two pairs); 32 at a time, within the noise.
 type ownDispatcher struct {
 	throughput int

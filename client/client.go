@@ -598,13 +598,7 @@ func (a *attempt) run(ctx context.Context, req *messages.GenerateRequest) (Resul
 		return Result{}, fmt.Errorf("client: spawning the receiver: %w", err)
 	}
 	if s := a.c.streams; s != nil {
-		s.Register(rx.Id, func(from *actor.PID, it *messages.StreamItem) {
-			if it.Chunk != nil {
-				take(from, it.Chunk)
-			} else {
-				take(from, it.Result)
-			}
-		})
+		s.Register(rx.Id, func(from *actor.PID, it *messages.StreamItem) { take(from, it.Message()) })
 		defer s.Unregister(rx.Id)
 	}
 	defer a.c.sys.Root.Stop(rx)

@@ -625,7 +625,7 @@ func (rl *relay) Receive(c actor.Context) {
 		rl.streams.Register(rl.self.Id, rl.streamed)
 		rl.send(c)
 	case *actor.Stopping:
-		rl.streams.Unregister(c.Self().Id)
+		rl.streams.Unregister(rl.self.Id)
 		rl.deadline.Stop()
 		if !rl.answered {
 			// Stopped before its request ended (a panic, its router

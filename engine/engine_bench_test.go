@@ -25,7 +25,7 @@ const benchPageTokens = 16
 // measured right after the prefills, so that both see the machine alike.
 func BenchmarkPrefill(b *testing.B) {
 	helpers.once.Do(startHelpers)
-	cores := helpers.n + 1
+	cores := len(helpers.all) + 1
 	for _, bm := range benchModels {
 		for _, n := range []int{64, 256} {
 			b.Run(fmt.Sprintf("%s/prompt=%d", bm.name, n), func(b *testing.B) {

@@ -62,13 +62,11 @@ type helper struct {
 // than the processors Go runs on, since the caller runs a part too.
 var helpers struct {
 	once sync.Once
-	n    int
 	all  []*helper
 }
 
 func startHelpers() {
-	helpers.n = min(runtime.GOMAXPROCS(0), partsMax) - 1
-	for range helpers.n {
+	for range min(runtime.GOMAXPROCS(0), partsMax) - 1 {
 		h := &helper{wake: make(chan struct{}, 1)}
 		helpers.all = append(helpers.all, h)
 		go h.loop()
@@ -135,7 +133,7 @@ func splitParts(work, least int) int {
 		return 1
 	}
 	helpers.once.Do(startHelpers)
-	return helpers.n + 1
+	return len(helpers.all) + 1
 }
 
 // split runs the parts of j and returns when all have run: part p on

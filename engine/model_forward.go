@@ -64,7 +64,7 @@ func newScratch(c ModelConfig, rows, logitRows int) *scratch {
 		att: make([]float32, rows*qd), o: make([]float32, rows*c.Dim),
 		h1: make([]float32, rows*c.HiddenDim), h3: make([]float32, rows*c.HiddenDim),
 		logits: make([]float32, logitRows*c.Vocab),
-		scores: make([][]float32, helpers.n+1),
+		scores: make([][]float32, len(helpers.all)+1),
 		fwd:    make([]fwdRow, rows),
 	}
 	for i := range s.scores {

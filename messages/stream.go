@@ -51,6 +51,15 @@ const (
 	StreamBatchBytesMax = MessageBytesMax - 4096
 )
 
+// Message is the item's TokenChunk or GenerateResult, whichever it
+// carries.
+func (it *StreamItem) Message() Message {
+	if it.Chunk != nil {
+		return it.Chunk
+	}
+	return it.Result
+}
+
 var (
 	tokenBatchKeys = []string{"items"}
 	streamItemKeys = []string{"to", "chunk", "result"}

@@ -103,7 +103,7 @@ func (s *Streams) flush() {
 	out := s.queue
 	s.queue, s.pending = s.spare[:0], false
 	s.mu.Unlock()
-	s.send(out)
+	batches(out, s.post)
 	clear(out) // the queue keeps no message alive
 	s.mu.Lock()
 	s.spare = out[:0]
@@ -162,10 +162,6 @@ func (s *Streams) Send(to *actor.PID, m Message) error {
 	}
 	return nil
 }
-
-// send sends out, in order, as TokenBatch messages of one destination
-// process each.
-func (s *Streams) send(out []streamOut) { batches(out, s.post) }
 
 // batches hands post, destination by destination in the order each first
 // appears, out's items as TokenBatch messages, in order, each within

@@ -214,8 +214,8 @@ const procsMax = 1024
 // else, unless the GOMAXPROCS environment variable is set (env), one for
 // a router, whose work is light. On one processor a message changes
 // goroutines without waking another thread: a router relaying one stream
-// spent about 9 µs of CPU a token on one processor and 58 µs on two, on
-// a 2-core virtual machine (docs/benchmarking.md). Otherwise every
+// spent 48 µs of CPU a token on one processor and 59 µs on two, on a
+// 2-core virtual machine (docs/benchmarking.md). Otherwise every
 // processor (Go's own default, or GOMAXPROCS's), which the engine's
 // matrix products split across.
 func procsFor(procs int, role actors.Role, env bool) int {
