@@ -848,6 +848,12 @@ func (n *Node) status() *messages.StatusReply {
 		Model:           n.actors.Model().Name(), ModelFingerprint: n.actors.Model().Fingerprint().String(),
 		FailedByCode: messages.SumCounts(a.FailedByCode, n.rc.failedBy.Counts())}}
 	n.statusMetrics(&rep.Node)
+	if n.cfg.Actors.Role.Decodes() {
+		p := a.Phases
+		rep.Node.FirstToken = &messages.FirstTokenStatus{Requests: p.Count, QueueNs: uint64(p.Queue),
+			PrefillNs: uint64(p.Prefill), TransferNs: uint64(p.Transfer), VerifyNs: uint64(p.Verify),
+			FirstDecodeNs: uint64(p.FirstDecode)}
+	}
 	if role := n.cfg.Actors.Role; role != actors.RolePrefill {
 		rep.Node.Tenants = tenantsStatus(n.cfg.Actors.Tenants.Policy(), a.Tenants+int(n.rc.tenants.Load()))
 	}

@@ -262,11 +262,32 @@ func TestTokenCounters(t *testing.T) {
 		status             *cluster.Node
 		prompt, gen, relay float64
 	}{{"prefill", n.ps, n.p, prompt, 0, 0}, {"decode", n.ds, n.d, 0, generated, 0}, {"router", n.rs, n.r, 0, 0, generated}} {
-		wantSeries(t, "the "+node.name+" node", scrape(t, node.srv), map[string]float64{
+		body := scrape(t, node.srv)
+		wantSeries(t, "the "+node.name+" node", body, map[string]float64{
 			`kvwarden_prompt_tokens_total`: node.prompt, `kvwarden_generation_tokens_total`: node.gen,
 			`kvwarden_relayed_tokens_total`: node.relay})
 		if out := node.status.Status().Node.TokensOut; float64(out) != node.gen+node.relay {
 			t.Errorf("the %s node's status counts %d tokens out, want %g", node.name, out, node.gen+node.relay)
+		}
+		// The first tokens' phases: counted by the decode node alone, once
+		// a request; every request waits for its prefill and for decode's
+		// checks.
+		want, ft := 0.0, node.status.Status().Node.FirstToken
+		if node.status == n.d {
+			want = float64(len(prompts))
+			if ft == nil || ft.Requests != uint64(len(prompts)) || ft.PrefillNs == 0 || ft.VerifyNs == 0 {
+				t.Errorf("the decode node's status splits its first tokens as %+v, want %d requests with prefill and verify",
+					ft, len(prompts))
+			}
+		} else if ft != nil {
+			t.Errorf("the %s node's status splits first tokens (%+v), want none", node.name, ft)
+		}
+		for _, ph := range []string{"queue", "prefill", "transfer", "verify", "first_decode"} {
+			wantSeries(t, "the "+node.name+" node", body, map[string]float64{
+				`kvwarden_first_token_phase_seconds_count{phase="` + ph + `"}`: want})
+		}
+		if sum := metric(t, body, `kvwarden_first_token_phase_seconds_sum{phase="prefill"}`); (sum > 0) != (want > 0) {
+			t.Errorf("the %s node's first tokens spent %gs in prefill, over %g requests", node.name, sum, want)
 		}
 	}
 }
@@ -594,7 +615,7 @@ func TestScrapeParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The parser refuses a family twice; a role-all node with no API has
-	// the node's 33 (its tenants held to their shares among them), its
+	// the node's 34 (its tenants held to their shares and its first tokens' phases among them), its
 	// prefill pool's prefix cache's 6, the HTTP server's refusals, and the
 	// Go runtime's and the process's. A histogram's buckets are the bounds
 	// and +Inf.
@@ -605,7 +626,7 @@ func TestScrapeParses(t *testing.T) {
 		}
 	}
 	hist := families["kvwarden_kv_transfer_duration_seconds"]
-	if own != 40 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
+	if own != 41 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
 		len(hist.GetMetric()[0].GetHistogram().GetBucket()) != len(actors.LatencyBounds())+1 {
 		t.Fatalf("%d families of the node's; the transfer durations: %v", own, hist)
 	}

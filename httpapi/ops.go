@@ -317,6 +317,11 @@ var (
 		"Items of TokenBatch messages this node received for no stream here: late ones, after their stream ended, or guesses."}
 	famStreamUndecodable = family{"kvwarden_stream_undecodable_total", "counter",
 		"TokenBatch messages this node received that did not decode (a peer of another build, or a broken one): their streams wait for their timeouts."}
+	famFirstToken = family{"kvwarden_first_token_phase_seconds", "summary",
+		"The time to first token of the requests this node decoded to the end, by phase: queue (arrival to the plan leaving, " +
+			"decode pages reserved), prefill (the plan to the first KV frame, the prefill node's compute included), transfer " +
+			"(the first frame to prefill's report), verify (seals, manifest, acknowledgement and the first token recomputed), " +
+			"first_decode (the first decode step). What clients see beyond the sum is the hops to this node and back."}
 	famBuildInfo = family{"kvwarden_build_info", "gauge",
 		"The binary's module version, VCS revision (unknown when the build recorded none) and Go version; always 1."}
 	famRetried = family{"kvwarden_requests_retried_total", "counter",
@@ -525,6 +530,19 @@ func (t *exposition) self(ns *messages.NodeStatus) {
 	t.sample(famInfo.name, "", 1, "model", ns.Model, "model_fingerprint", ns.ModelFingerprint, "role", ns.Role)
 	t.family(famBuildInfo)
 	t.sample(famBuildInfo.name, "", 1, "goversion", build.goversion, "revision", build.revision, "version", build.version)
+	ft := ns.FirstToken
+	if ft == nil {
+		ft = &messages.FirstTokenStatus{}
+	}
+	t.family(famFirstToken)
+	for _, ph := range []struct {
+		name string
+		ns   uint64
+	}{{"queue", ft.QueueNs}, {"prefill", ft.PrefillNs}, {"transfer", ft.TransferNs}, {"verify", ft.VerifyNs},
+		{"first_decode", ft.FirstDecodeNs}} {
+		t.sample(famFirstToken.name, "_sum", float64(ph.ns)/1e9, "phase", ph.name)
+		t.sample(famFirstToken.name, "_count", float64(ft.Requests), "phase", ph.name)
+	}
 }
 
 // queues writes where the node's requests wait and run, and what

@@ -262,12 +262,50 @@ type NodeStatus struct {
 	// many tenants it holds now; nil from a prefill node, which admits
 	// nothing, and from a build before StatusReply version 4.
 	Tenants *TenantsStatus `msgpack:"tenants,omitempty"`
+	// FirstToken splits the time to first token of the requests the node
+	// decoded to the end; nil from a node that decodes nothing, and from a
+	// build before StatusReply version 5.
+	FirstToken *FirstTokenStatus `msgpack:"first_token,omitempty"`
 }
 
 var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "draining", "in_flight",
 	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools", "insecure", "identity", "refused",
 	"chaos", "faults", "fault_counts", "model", "model_fp", "failed_by_code", "waiting_pages", "waiting_kv", "running",
-	"prefill_queued", "prefill_in_flight", "rejected_by", "integrity", "kv_sent", "kv_received", "tokens_out", "tenants"}
+	"prefill_queued", "prefill_in_flight", "rejected_by", "integrity", "kv_sent", "kv_received", "tokens_out", "tenants", "first_token"}
+
+// FirstTokenStatus sums, over the Requests a decoding node completed, the
+// phases of each one's time to first token as the node saw them, in
+// nanoseconds: Queue from the request's arrival to its plan leaving
+// (decode pages reserved), Prefill from the plan to the first KV frame
+// (the prefill node's compute included), Transfer from the first frame to
+// the prefill node's TransferDone, Verify from there to the first token
+// leaving (seals, manifest, acknowledgement and decode's recomputation of
+// the first token); FirstDecode is the first decode step, from the first
+// token to the second. What a client sees beyond their sum is the hops to
+// the node and back (a router's among them).
+type FirstTokenStatus struct {
+	Requests      uint64 `msgpack:"requests"`
+	QueueNs       uint64 `msgpack:"queue_ns"`
+	PrefillNs     uint64 `msgpack:"prefill_ns"`
+	TransferNs    uint64 `msgpack:"transfer_ns"`
+	VerifyNs      uint64 `msgpack:"verify_ns"`
+	FirstDecodeNs uint64 `msgpack:"first_decode_ns"`
+}
+
+var firstTokenStatusKeys = []string{"requests", "queue_ns", "prefill_ns", "transfer_ns", "verify_ns", "first_decode_ns"}
+
+// readFirstToken reads an optional FirstTokenStatus: nil stays nil.
+func readFirstToken(d *msgpack.Decoder, t TypeCode, field string, dst **FirstTokenStatus) error {
+	if c, err := d.PeekCode(); err == nil && c == msgpcode.Nil {
+		return d.DecodeNil()
+	}
+	s := &FirstTokenStatus{}
+	*dst = s
+	return fields(d, t, firstTokenStatusKeys, func(i int) error {
+		dst := [...]*uint64{&s.Requests, &s.QueueNs, &s.PrefillNs, &s.TransferNs, &s.VerifyNs, &s.FirstDecodeNs}[i]
+		return readU64(d, t, field+"."+firstTokenStatusKeys[i], dst)
+	})
+}
 
 // TenantsStatus is a node's tenants' shares (package tenancy) in force: how
 // many tenants its policy names and the default share of the others
@@ -488,8 +526,10 @@ func (s *NodeStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readTransfer(d, t, field+".kv_received", &s.KVReceived)
 		case 31:
 			return readU64(d, t, field+".tokens_out", &s.TokensOut)
-		default:
+		case 32:
 			return readTenants(d, t, field+".tenants", &s.Tenants)
+		default:
+			return readFirstToken(d, t, field+".first_token", &s.FirstToken)
 		}
 	})
 }

@@ -75,9 +75,9 @@ type typeInfo struct {
 // checksums, which decode requires: a version 1 sender is refused by its
 // version, not by a missing field. StatusReply version 2 adds a chaos
 // build's fault counts and its pools' cross reads, version 3 why a member
-// is unverified, version 4 the tenants' shares, all optional, so versions
-// 1 to 3 still decode; a build that reads only up to 3 refuses a version 4
-// reply by its version. CancelRequest version 2 carries a reason; a
+// is unverified, version 4 the tenants' shares, version 5 the phases of
+// the first token, all optional, so versions 1 to 4 still decode; a build
+// that reads only up to 4 refuses a version 5 reply by its version. CancelRequest version 2 carries a reason; a
 // withdrawal is still sent as version 1 (see CancelRequest).
 var types = [...]typeInfo{
 	TypeGenerateRequest: {"GenerateRequest", 1, 1, func() Message { return new(GenerateRequest) }},
@@ -90,7 +90,7 @@ var types = [...]typeInfo{
 	TypeTransferDone:    {"TransferDone", 2, 2, func() Message { return new(TransferDone) }},
 	TypeRoutedRequest:   {"RoutedRequest", 1, 1, func() Message { return new(RoutedRequest) }},
 	TypeStatusRequest:   {"StatusRequest", 1, 1, func() Message { return new(StatusRequest) }},
-	TypeStatusReply:     {"StatusReply", 1, 4, func() Message { return new(StatusReply) }},
+	TypeStatusReply:     {"StatusReply", 1, 5, func() Message { return new(StatusReply) }},
 	TypeDrainRequest:    {"DrainRequest", 1, 1, func() Message { return new(DrainRequest) }},
 	TypeDrainReply:      {"DrainReply", 1, 1, func() Message { return new(DrainReply) }},
 	TypePressureRequest: {"PressureRequest", 1, 1, func() Message { return new(PressureRequest) }},

@@ -21,6 +21,8 @@ import (
 	"github.com/kvwarden/kvwarden/bench"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/trust"
 )
 
 // What --path sends, each round, to each of its three targets.
@@ -64,7 +66,17 @@ type pathRound struct {
 	// process ("client" is bench itself).
 	CPUPerToken      map[string]float64 `json:"cpu_per_token_s"`
 	BatchCPUPerToken map[string]float64 `json:"batch_cpu_per_token_s"`
+	// FirstTokenS splits the mean time to the first token of the round's
+	// new prompts, in seconds, as the node that decoded them counted it
+	// (messages.FirstTokenStatus): queue, prefill, transfer and verify;
+	// outside is the rest of the mean the client saw, the hops to that
+	// node and back. None for the engine.
+	FirstTokenS map[string]float64 `json:"first_token_s,omitempty"`
 }
+
+// pathPhases are the keys of pathRound.FirstTokenS, in the order of a
+// request's life.
+var pathPhases = []string{"queue", "prefill", "transfer", "verify", "outside"}
 
 // pathReport is what --path writes to --json.
 type pathReport struct {
@@ -90,6 +102,9 @@ type pathTarget struct {
 	name  string
 	s     sender
 	procs []*child
+	// cc asks decoder, the process that decodes, for its status.
+	cc      *controlClient
+	decoder *child
 }
 
 // runPath brings up one node of role all and a router with a prefill and
@@ -116,12 +131,24 @@ func runPath(ctx context.Context, stdout, stderr io.Writer, log *slog.Logger, o 
 			case l.All == 0:
 				t.procs = append(t.procs, ch)
 			}
+			if ch.role == messages.RoleAll || ch.role == messages.RoleDecode {
+				t.decoder = ch
+			}
+		}
+		auth, err := c.creds.authority(log, trust.RoleOperator, "")
+		if err == nil {
+			t.cc, err = dialControl("127.0.0.1", auth)
+		}
+		if err != nil {
+			return stop(fmt.Errorf("bench: --path: %w", err))
 		}
 		if t.s, err = o.dial(ctx, log, w, endpoint, c.creds); err != nil {
+			t.cc.close()
 			return stop(err)
 		}
 		defer func() {
 			t.s.close()
+			t.cc.close()
 			if serr := stop(nil); serr != nil {
 				log.Error("stopping a layout", "err", serr)
 			}
@@ -218,15 +245,52 @@ func (t *pathTarget) measure(ctx context.Context, stderr io.Writer, w *workload,
 		return m, err
 	}
 	m.BatchTokensPerS, m.BatchCPUPerToken = float64(tokens)/elapsed.Seconds(), cpu
+	before, err := t.firstTokens()
+	if err != nil {
+		return m, err
+	}
 	ttft := make([]float64, len(prompts))
 	for i, p := range prompts {
 		if ttft[i], err = t.first(ctx, stderr, w, p); err != nil {
 			return m, err
 		}
 	}
+	after, err := t.firstTokens()
+	if err != nil {
+		return m, err
+	}
+	if after != nil {
+		m.FirstTokenS = map[string]float64{}
+		outside := 0.0
+		for _, v := range ttft {
+			outside += v / float64(len(ttft))
+		}
+		phases := meanPhases(after, before)
+		for i, v := range phases[:len(pathPhases)-1] {
+			m.FirstTokenS[pathPhases[i]] = v
+			outside -= v
+		}
+		m.FirstTokenS[pathPhases[len(pathPhases)-1]] = outside
+	}
 	slices.Sort(ttft)
 	m.TTFTS = bench.Percentile(ttft, 50)
 	return m, nil
+}
+
+// firstTokens is what t's decoding process counted of its first tokens so
+// far; nil for the engine.
+func (t *pathTarget) firstTokens() (*messages.FirstTokenStatus, error) {
+	if t.decoder == nil {
+		return nil, nil
+	}
+	s, err := t.cc.status(t.decoder.addr, statusPollTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if s.Node.FirstToken == nil {
+		return nil, fmt.Errorf("status of %s: no first tokens counted (a node of an older build)", t.decoder.name)
+	}
+	return s.Node.FirstToken, nil
 }
 
 // run sends shapes all at once and waits for every answer, each checked
@@ -457,6 +521,18 @@ func printPath(w io.Writer, rep *pathReport, targets []*pathTarget) {
 			med(t.name, func(r pathRound) float64 { return r.SingleTokensPerS }),
 			med(t.name, func(r pathRound) float64 { return r.BatchTokensPerS }),
 			msText(med(t.name, func(r pathRound) float64 { return r.TTFTS })*1000), total*1e6, batchTotal*1e6, strings.Join(by, ", "))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nfirst token of a new %d-token prompt, means, as the decoding process split it (outside: the hops to it and back)\n",
+		rep.PromptTokens)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "TARGET\t%s\t\n", strings.ToUpper(strings.Join(pathPhases, "\t")))
+	for _, t := range targets[1:] {
+		fmt.Fprintf(tw, "%s", t.name)
+		for _, ph := range pathPhases {
+			fmt.Fprintf(tw, "\t%s", msText(med(t.name, func(r pathRound) float64 { return r.FirstTokenS[ph] })*1000))
+		}
+		fmt.Fprintln(tw, "\t")
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

@@ -417,6 +417,20 @@ func TestBinaryBenchPath(t *testing.T) {
 		if !(r.CPUPerToken["client"] > 0) || !(r.BatchCPUPerToken[want[len(want)-1]] > 0) {
 			t.Errorf("%s: no CPU time read: %v, %v", target, r.CPUPerToken, r.BatchCPUPerToken)
 		}
+		// The decoding process splits the first tokens: prefill and the
+		// checks take time everywhere, the KV crosses a data plane in the
+		// cluster, and the hops outside the phases take time too.
+		ph := r.FirstTokenS
+		switch {
+		case target == pathEngine && ph != nil:
+			t.Errorf("the engine's first tokens split: %v", ph)
+		case target != pathEngine && (len(ph) != len(pathPhases) || !(ph["prefill"] > 0) || !(ph["verify"] > 0) ||
+			target == pathCluster && !(ph["transfer"] > 0) || !(ph["outside"] > 0)):
+			t.Errorf("%s: first tokens split as %v, time to first token %gs", target, ph, r.TTFTS)
+		}
+	}
+	if !strings.Contains(stdout, "OUTSIDE") {
+		t.Errorf("no table of the first tokens' phases:\n%s", stdout)
 	}
 	if rep.PromptTokens != pathPromptTokens {
 		t.Errorf("first-token prompts of %d tokens, want %d", rep.PromptTokens, pathPromptTokens)

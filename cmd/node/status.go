@@ -125,6 +125,11 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 			ts.Active, ts.Named, ts.DefaultWeight, ts.DefaultConcurrentMax, pages, ts.DefaultPoolPercentMax,
 			at(n.RejectedBy, actors.RejectTenantConcurrent), at(n.RejectedBy, actors.RejectTenantPages))
 	}
+	if ft := n.FirstToken; ft != nil && ft.Requests > 0 {
+		m := meanPhases(ft, nil)
+		fmt.Fprintf(w, "  first token, mean of %d requests: queue %s, prefill %s, transfer %s, verify %s; first decode step %s\n",
+			ft.Requests, msText(m[0]*1000), msText(m[1]*1000), msText(m[2]*1000), msText(m[3]*1000), msText(m[4]*1000))
+	}
 	var failed []string
 	for c, v := range n.FailedByCode {
 		if v > 0 && messages.ErrorCode(c) != messages.CodeCancelled {
@@ -410,4 +415,24 @@ func percent(part, whole uint64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.1f%%", 100*float64(part)/float64(whole))
+}
+
+// meanPhases is the mean, in seconds, of each phase of the first tokens
+// counted in to and not in from (nil: none): queue, prefill, transfer,
+// verify and the first decode step; zeros when no request is between (or
+// from is of an earlier run of the node).
+func meanPhases(to, from *messages.FirstTokenStatus) [5]float64 {
+	var m [5]float64
+	if from == nil {
+		from = &messages.FirstTokenStatus{}
+	}
+	if to.Requests <= from.Requests {
+		return m
+	}
+	n := to.Requests - from.Requests
+	for i, d := range [...]uint64{to.QueueNs - from.QueueNs, to.PrefillNs - from.PrefillNs, to.TransferNs - from.TransferNs,
+		to.VerifyNs - from.VerifyNs, to.FirstDecodeNs - from.FirstDecodeNs} {
+		m[i] = float64(d) / float64(n) / 1e9
+	}
+	return m
 }
