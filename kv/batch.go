@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // A batch is the unit of transfer and back-pressure: a bounded number of
@@ -67,6 +68,15 @@ func AppendBatchHeader(dst []byte, count, bodyBytes int, lim BatchLimits) ([]byt
 // its limits instead of splitting it: the sender decides what goes together.
 func AppendBatch(dst []byte, frames []Frame, lim BatchLimits) ([]byte, error) {
 	start := len(dst)
+	// dst grows once, to the batch's length, where it would grow many
+	// times, copying what it held each time: a batch is up to megabytes.
+	need := BatchHeaderBytes
+	for i := range frames {
+		need += FrameBytes(&frames[i])
+	}
+	if need <= BatchHeaderBytes+lim.BytesMax {
+		dst = slices.Grow(dst, need)
+	}
 	dst, err := AppendBatchHeader(dst, len(frames), 0, lim)
 	if err != nil {
 		return dst, err
