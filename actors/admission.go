@@ -40,19 +40,22 @@ type nodeCounters struct {
 // compute), Transfer from the first frame to prefill's TransferDone, Verify
 // from there to the first token leaving (seal, manifest check, ack, and
 // decode's recomputation of the first token).
-// FirstDecode is the decode worker's first step: from the first token to the
-// second.
+// FirstDecode is the decode worker's first step, from the first token to the
+// second, summed over the Decoded requests of Count that had a second.
 type Phases struct {
-	Count                                         uint64
+	Count, Decoded                                uint64
 	Queue, Prefill, Transfer, Verify, FirstDecode time.Duration
 }
 
 type phaseSums struct {
-	count, queue, prefill, transfer, verify, firstDecode atomic.Int64
+	count, decoded, queue, prefill, transfer, verify, firstDecode atomic.Int64
 }
 
 func (p *phaseSums) add(ph handoff.Phases) {
 	p.count.Add(1)
+	if ph.FirstDecode > 0 {
+		p.decoded.Add(1)
+	}
 	p.queue.Add(int64(ph.Queue))
 	p.prefill.Add(int64(ph.Prefill))
 	p.transfer.Add(int64(ph.Transfer))
@@ -61,7 +64,7 @@ func (p *phaseSums) add(ph handoff.Phases) {
 }
 
 func (p *phaseSums) snapshot() Phases {
-	return Phases{Count: uint64(p.count.Load()), Queue: time.Duration(p.queue.Load()),
+	return Phases{Count: uint64(p.count.Load()), Decoded: uint64(p.decoded.Load()), Queue: time.Duration(p.queue.Load()),
 		Prefill: time.Duration(p.prefill.Load()), Transfer: time.Duration(p.transfer.Load()),
 		Verify: time.Duration(p.verify.Load()), FirstDecode: time.Duration(p.firstDecode.Load())}
 }

@@ -834,7 +834,7 @@ func tenantsStatus(p *tenancy.Policy, active int) *messages.TenantsStatus {
 }
 
 func (n *Node) status() *messages.StatusReply {
-	a, _ := n.actors.Status()
+	a, aerr := n.actors.Status()
 	n.mu.Lock()
 	draining := n.draining
 	n.mu.Unlock()
@@ -848,11 +848,11 @@ func (n *Node) status() *messages.StatusReply {
 		Model:           n.actors.Model().Name(), ModelFingerprint: n.actors.Model().Fingerprint().String(),
 		FailedByCode: messages.SumCounts(a.FailedByCode, n.rc.failedBy.Counts())}}
 	n.statusMetrics(&rep.Node)
-	if n.cfg.Actors.Role.Decodes() {
+	if n.cfg.Actors.Role.Decodes() && aerr == nil { // none, rather than zeros, when the admission did not answer
 		p := a.Phases
 		rep.Node.FirstToken = &messages.FirstTokenStatus{Requests: p.Count, QueueNs: uint64(p.Queue),
 			PrefillNs: uint64(p.Prefill), TransferNs: uint64(p.Transfer), VerifyNs: uint64(p.Verify),
-			FirstDecodeNs: uint64(p.FirstDecode)}
+			Decoded: p.Decoded, FirstDecodeNs: uint64(p.FirstDecode)}
 	}
 	if role := n.cfg.Actors.Role; role != actors.RolePrefill {
 		rep.Node.Tenants = tenantsStatus(n.cfg.Actors.Tenants.Policy(), a.Tenants+int(n.rc.tenants.Load()))

@@ -23,8 +23,9 @@ const benchPageTokens = 16
 // x-peak, that over the GFLOP/s of the engine's matrix kernel on data in
 // cache (matmulPeak) on as many cores as prefill splits its work across,
 // measured right after the prefills, so that both see the machine alike.
-// A prompt of 2048 tokens is mostly attention (prefillFLOPs counts it),
-// whose kernels run at about half the matrix kernel's rate.
+// At 2048 tokens most of the built-in model's work is attention
+// (prefillFLOPs counts it), whose kernels run at about half the matrix
+// kernel's rate.
 func BenchmarkPrefill(b *testing.B) {
 	helpers.once.Do(startHelpers)
 	cores := len(helpers.all) + 1

@@ -275,8 +275,11 @@ func TestTokenCounters(t *testing.T) {
 		want, ft := 0.0, node.status.Status().Node.FirstToken
 		if node.status == n.d {
 			want = float64(len(prompts))
-			if ft == nil || ft.Requests != uint64(len(prompts)) || ft.PrefillNs == 0 || ft.VerifyNs == 0 {
-				t.Errorf("the decode node's status splits its first tokens as %+v, want %d requests with prefill and verify",
+			// Every request asks for 3 tokens or more: each had a first
+			// decode step.
+			if ft == nil || ft.Requests != uint64(len(prompts)) || ft.PrefillNs == 0 || ft.VerifyNs == 0 ||
+				ft.Decoded != uint64(len(prompts)) || ft.FirstDecodeNs == 0 {
+				t.Errorf("the decode node's status splits its first tokens as %+v, want %d requests with prefill, verify and a first decode step",
 					ft, len(prompts))
 			}
 		} else if ft != nil {

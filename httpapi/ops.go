@@ -321,7 +321,8 @@ var (
 		"The time to first token of the requests this node decoded to the end, by phase: queue (arrival to the plan leaving, " +
 			"decode pages reserved), prefill (the plan to the first KV frame, the prefill node's compute included), transfer " +
 			"(the first frame to prefill's report), verify (seals, manifest, acknowledgement and the first token recomputed), " +
-			"first_decode (the first decode step). What clients see beyond the sum is the hops to this node and back."}
+			"first_decode (the first decode step, of the requests that had a second token). What clients see beyond the first " +
+			"four is the hops to this node and back. Every node has it, at zero where nothing decodes."}
 	famBuildInfo = family{"kvwarden_build_info", "gauge",
 		"The binary's module version, VCS revision (unknown when the build recorded none) and Go version; always 1."}
 	famRetried = family{"kvwarden_requests_retried_total", "counter",
@@ -536,12 +537,12 @@ func (t *exposition) self(ns *messages.NodeStatus) {
 	}
 	t.family(famFirstToken)
 	for _, ph := range []struct {
-		name string
-		ns   uint64
-	}{{"queue", ft.QueueNs}, {"prefill", ft.PrefillNs}, {"transfer", ft.TransferNs}, {"verify", ft.VerifyNs},
-		{"first_decode", ft.FirstDecodeNs}} {
+		name      string
+		ns, count uint64
+	}{{"queue", ft.QueueNs, ft.Requests}, {"prefill", ft.PrefillNs, ft.Requests}, {"transfer", ft.TransferNs, ft.Requests},
+		{"verify", ft.VerifyNs, ft.Requests}, {"first_decode", ft.FirstDecodeNs, ft.Decoded}} {
 		t.sample(famFirstToken.name, "_sum", float64(ph.ns)/1e9, "phase", ph.name)
-		t.sample(famFirstToken.name, "_count", float64(ft.Requests), "phase", ph.name)
+		t.sample(famFirstToken.name, "_count", float64(ph.count), "phase", ph.name)
 	}
 }
 

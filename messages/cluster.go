@@ -280,19 +280,21 @@ var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "drai
 // (the prefill node's compute included), Transfer from the first frame to
 // the prefill node's TransferDone, Verify from there to the first token
 // leaving (seals, manifest, acknowledgement and decode's recomputation of
-// the first token); FirstDecode is the first decode step, from the first
-// token to the second. What a client sees beyond their sum is the hops to
-// the node and back (a router's among them).
+// the first token). FirstDecodeNs sums the first decode step, from the
+// first token to the second, over the Decoded requests of those that had a
+// second. What a client sees beyond the first four is the hops to the node
+// and back (a router's among them).
 type FirstTokenStatus struct {
 	Requests      uint64 `msgpack:"requests"`
 	QueueNs       uint64 `msgpack:"queue_ns"`
 	PrefillNs     uint64 `msgpack:"prefill_ns"`
 	TransferNs    uint64 `msgpack:"transfer_ns"`
 	VerifyNs      uint64 `msgpack:"verify_ns"`
+	Decoded       uint64 `msgpack:"decoded"`
 	FirstDecodeNs uint64 `msgpack:"first_decode_ns"`
 }
 
-var firstTokenStatusKeys = []string{"requests", "queue_ns", "prefill_ns", "transfer_ns", "verify_ns", "first_decode_ns"}
+var firstTokenStatusKeys = []string{"requests", "queue_ns", "prefill_ns", "transfer_ns", "verify_ns", "decoded", "first_decode_ns"}
 
 // readFirstToken reads an optional FirstTokenStatus: nil stays nil.
 func readFirstToken(d *msgpack.Decoder, t TypeCode, field string, dst **FirstTokenStatus) error {
@@ -302,7 +304,7 @@ func readFirstToken(d *msgpack.Decoder, t TypeCode, field string, dst **FirstTok
 	s := &FirstTokenStatus{}
 	*dst = s
 	return fields(d, t, firstTokenStatusKeys, func(i int) error {
-		dst := [...]*uint64{&s.Requests, &s.QueueNs, &s.PrefillNs, &s.TransferNs, &s.VerifyNs, &s.FirstDecodeNs}[i]
+		dst := [...]*uint64{&s.Requests, &s.QueueNs, &s.PrefillNs, &s.TransferNs, &s.VerifyNs, &s.Decoded, &s.FirstDecodeNs}[i]
 		return readU64(d, t, field+"."+firstTokenStatusKeys[i], dst)
 	})
 }

@@ -245,7 +245,7 @@ func (t *pathTarget) measure(ctx context.Context, stderr io.Writer, w *workload,
 		return m, err
 	}
 	m.BatchTokensPerS, m.BatchCPUPerToken = float64(tokens)/elapsed.Seconds(), cpu
-	before, err := t.firstTokens()
+	before, err := t.decoderStatus()
 	if err != nil {
 		return m, err
 	}
@@ -255,17 +255,23 @@ func (t *pathTarget) measure(ctx context.Context, stderr io.Writer, w *workload,
 			return m, err
 		}
 	}
-	after, err := t.firstTokens()
+	after, err := t.decoderStatus()
 	if err != nil {
 		return m, err
 	}
 	if after != nil {
+		// Only the prompts' requests, of this run of the node, are between
+		// the two readings: the means are theirs.
+		if after.Incarnation != before.Incarnation || after.FirstToken.Requests-before.FirstToken.Requests != uint64(len(prompts)) {
+			return m, fmt.Errorf("bench: --path: %s counted %d first tokens over %d prompts (incarnation %016x, then %016x)",
+				t.decoder.name, after.FirstToken.Requests-before.FirstToken.Requests, len(prompts), before.Incarnation, after.Incarnation)
+		}
 		m.FirstTokenS = map[string]float64{}
 		outside := 0.0
 		for _, v := range ttft {
 			outside += v / float64(len(ttft))
 		}
-		phases := meanPhases(after, before)
+		phases := meanPhases(after.FirstToken, before.FirstToken)
 		for i, v := range phases[:len(pathPhases)-1] {
 			m.FirstTokenS[pathPhases[i]] = v
 			outside -= v
@@ -277,9 +283,9 @@ func (t *pathTarget) measure(ctx context.Context, stderr io.Writer, w *workload,
 	return m, nil
 }
 
-// firstTokens is what t's decoding process counted of its first tokens so
-// far; nil for the engine.
-func (t *pathTarget) firstTokens() (*messages.FirstTokenStatus, error) {
+// decoderStatus is the status of t's decoding process, with the first
+// tokens it counted so far; nil for the engine.
+func (t *pathTarget) decoderStatus() (*messages.NodeStatus, error) {
 	if t.decoder == nil {
 		return nil, nil
 	}
@@ -288,9 +294,10 @@ func (t *pathTarget) firstTokens() (*messages.FirstTokenStatus, error) {
 		return nil, err
 	}
 	if s.Node.FirstToken == nil {
-		return nil, fmt.Errorf("status of %s: no first tokens counted (a node of an older build)", t.decoder.name)
+		return nil, fmt.Errorf("status of %s: no first tokens counted (a node of an older build, or its admission did not answer)",
+			t.decoder.name)
 	}
-	return s.Node.FirstToken, nil
+	return &s.Node, nil
 }
 
 // run sends shapes all at once and waits for every answer, each checked
@@ -523,8 +530,8 @@ func printPath(w io.Writer, rep *pathReport, targets []*pathTarget) {
 			msText(med(t.name, func(r pathRound) float64 { return r.TTFTS })*1000), total*1e6, batchTotal*1e6, strings.Join(by, ", "))
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\nfirst token of a new %d-token prompt, means, as the decoding process split it (outside: the hops to it and back)\n",
-		rep.PromptTokens)
+	fmt.Fprintf(w, "\nfirst token of a new %d-token prompt as the decoding process split it (outside: the hops to it and back); "+
+		"each the median over the rounds of a round's mean\n", rep.PromptTokens)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "TARGET\t%s\t\n", strings.ToUpper(strings.Join(pathPhases, "\t")))
 	for _, t := range targets[1:] {

@@ -127,8 +127,8 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	}
 	if ft := n.FirstToken; ft != nil && ft.Requests > 0 {
 		m := meanPhases(ft, nil)
-		fmt.Fprintf(w, "  first token, mean of %d requests: queue %s, prefill %s, transfer %s, verify %s; first decode step %s\n",
-			ft.Requests, msText(m[0]*1000), msText(m[1]*1000), msText(m[2]*1000), msText(m[3]*1000), msText(m[4]*1000))
+		fmt.Fprintf(w, "  first token, mean of %d requests: queue %s, prefill %s, transfer %s, verify %s; first decode step %s (of %d)\n",
+			ft.Requests, msText(m[0]*1000), msText(m[1]*1000), msText(m[2]*1000), msText(m[3]*1000), msText(m[4]*1000), ft.Decoded)
 	}
 	var failed []string
 	for c, v := range n.FailedByCode {
@@ -419,20 +419,22 @@ func percent(part, whole uint64) string {
 
 // meanPhases is the mean, in seconds, of each phase of the first tokens
 // counted in to and not in from (nil: none): queue, prefill, transfer,
-// verify and the first decode step; zeros when no request is between (or
-// from is of an earlier run of the node).
+// verify and the first decode step (over the requests that had one); zero
+// for a phase no request is between (or from is of an earlier run of the
+// node).
 func meanPhases(to, from *messages.FirstTokenStatus) [5]float64 {
 	var m [5]float64
 	if from == nil {
 		from = &messages.FirstTokenStatus{}
 	}
-	if to.Requests <= from.Requests {
-		return m
-	}
-	n := to.Requests - from.Requests
-	for i, d := range [...]uint64{to.QueueNs - from.QueueNs, to.PrefillNs - from.PrefillNs, to.TransferNs - from.TransferNs,
-		to.VerifyNs - from.VerifyNs, to.FirstDecodeNs - from.FirstDecodeNs} {
-		m[i] = float64(d) / float64(n) / 1e9
+	for i, ph := range [...]struct{ sum, was, n, had uint64 }{
+		{to.QueueNs, from.QueueNs, to.Requests, from.Requests}, {to.PrefillNs, from.PrefillNs, to.Requests, from.Requests},
+		{to.TransferNs, from.TransferNs, to.Requests, from.Requests}, {to.VerifyNs, from.VerifyNs, to.Requests, from.Requests},
+		{to.FirstDecodeNs, from.FirstDecodeNs, to.Decoded, from.Decoded},
+	} {
+		if ph.n > ph.had && ph.sum >= ph.was {
+			m[i] = float64(ph.sum-ph.was) / float64(ph.n-ph.had) / 1e9
+		}
 	}
 	return m
 }
