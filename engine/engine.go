@@ -93,6 +93,11 @@ type Sequence interface {
 	// position NeedsPage names, to hold the tail once it is full. It holds
 	// at most one; the page is written only when needed.
 	GrantPage(tag kv.Tag) error
+	// Tail is a copy of the KV rows the sequence holds past its manifest's
+	// pages (those of the positions from Manifest().Tokens on, fewer than
+	// a page): with the pages, every row a running sequence holds, for it
+	// to move to another pool while it stays as it is here.
+	Tail() []byte
 	// Tokens is the number of positions whose KV the sequence holds.
 	Tokens() int
 	// Manifest lists the sealed pages, prompt pages first, then the pages
@@ -102,10 +107,11 @@ type Sequence interface {
 	// Manifest and a granted page not in it remain the caller's to release.
 	Close(pool KV) error
 	// First recomputes, before the first Step, the greedy token after the
-	// prompt from the prompt's KV the sequence holds and the prompt's last
-	// token, last: a decode node's check of the first token its prefill
-	// peer sent. It also fails when the prompt's last KV row is not the
-	// one the recomputation gives.
+	// positions the manifest holds, from their KV rows before the last and
+	// the token fed at the last, last: a decode node's check of the first
+	// token its prefill peer sent, or of the last token a moved sequence
+	// streamed where it was (Tail). It also fails when the last KV row
+	// is not the one the recomputation gives.
 	First(pool KV, last int) (int, error)
 }
 
@@ -553,7 +559,7 @@ func (s *refSequence) First(pool KV, last int) (int, error) {
 	s.e.scratches.Put(sc)
 	s.segs = s.segs[:0]
 	if !bytes.Equal(s.tail[:bpt], held) {
-		return 0, fmt.Errorf("engine: the prompt's last KV row (position %d) is not the one its token gives", s.pos-1)
+		return 0, fmt.Errorf("engine: the last KV row held (position %d) is not the one its token gives", s.pos-1)
 	}
 	return tok, nil
 }
@@ -599,6 +605,8 @@ func (s *refSequence) flush(pool KV) error {
 	s.broken = fmt.Errorf("engine: sequence unusable: page %s written but not sealed and leased: %w", tag, err)
 	return s.broken
 }
+
+func (s *refSequence) Tail() []byte { return bytes.Clone(s.tail[:s.tailN*s.geo.BytesPerToken()]) }
 
 func (s *refSequence) NeedsPage() (int, bool) {
 	return s.pos - s.tailN, s.tailN == s.geo.PageTokens && !s.spareOK

@@ -115,6 +115,10 @@ func TestManifestVerifyEachCheck(t *testing.T) {
 			ManifestError{Field: "tokens", Page: 2, Want: 3, Have: 2}},
 		{"no page and no token", func(m *Manifest) { m.Tokens, m.Pages = 0, nil },
 			ManifestError{Field: "pages", Page: -1, Want: 0, Have: 0}},
+		{"an empty page listed", func(m *Manifest) { m.Pages = append(m.Pages, ManifestPage{Tag: m.Pages[2].Tag}) },
+			ManifestError{Field: "tokens", Page: 3, Want: 4, Have: 0}},
+		{"more pages than tokens", func(m *Manifest) { m.Tokens, m.Pages[2].Tokens = 2, 0 },
+			ManifestError{Field: "pages", Page: -1, Want: 1, Have: 3}},
 	} {
 		c := *m
 		c.Pages = append([]ManifestPage(nil), m.Pages...)
@@ -126,5 +130,38 @@ func TestManifestVerifyEachCheck(t *testing.T) {
 	}
 	if err := m.Verify(p); err != nil {
 		t.Fatalf("the manifest as sealed: %v", err)
+	}
+}
+
+// TestManifestVerifyPartialPages: a manifest whose pages are not all full
+// but the last (a sequence that sealed its tail to move holds a partial
+// page there, as well as its prompt's last) verifies when every page holds
+// the positions after the one before; a page reserved for other positions
+// than those it is listed at is refused.
+func TestManifestVerifyPartialPages(t *testing.T) {
+	p := newTestPool(t, 8)
+	m := &Manifest{Owner: alice, Tokens: 9}
+	for i, run := range [][2]int{{0, 3}, {3, 4}, {7, 2}} { // first, tokens: 3 + 4 + 2 over pages of 4
+		tags, err := p.Reserve(alice, run[0], 1, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Write(tags[0], alice, run[0], rows(run[1], byte(i))); err != nil {
+			t.Fatal(err)
+		}
+		sum, err := p.Seal(tags[0], alice)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Pages = append(m.Pages, ManifestPage{Tag: tags[0], Tokens: run[1], Checksum: sum})
+	}
+	if err := m.Verify(p); err != nil {
+		t.Fatalf("3 + 4 + 2 tokens: %v", err)
+	}
+	c := *m
+	c.Pages = []ManifestPage{m.Pages[1], m.Pages[0], m.Pages[2]}
+	var me *ManifestError
+	if err := c.Verify(p); !errors.As(err, &me) || *me != (ManifestError{Field: "first position", Page: 0, Want: 0, Have: 3}) {
+		t.Fatalf("pages listed out of order: %v", err)
 	}
 }

@@ -43,18 +43,24 @@ type PageVerifier interface {
 }
 
 // Verify checks the manifest against the pages before decode reads: the
-// pages add up to the token count, and every page's tag is current, belongs
+// pages add up to the token count, at least as many pages as full pages
+// need and none empty (a sequence that moved between pools has a partial
+// page where its tail was sealed, as well as its prompt's last), and every
+// page's tag is current, belongs
 // to the manifest's owner (tenant and request), holds the sequence
 // positions that follow the previous page's, is sealed, holds exactly the
 // tokens listed, was sealed with the listed checksum, and its bytes still
 // hash to that checksum. Any difference is refused with the numbers.
 func (m *Manifest) Verify(p PageVerifier) error {
 	pt := p.Geometry().PageTokens
-	if want := (m.Tokens + pt - 1) / pt; m.Tokens < 1 || len(m.Pages) != want {
-		return &ManifestError{Field: "pages", Page: -1, Want: want, Have: len(m.Pages)}
+	if least := (m.Tokens + pt - 1) / pt; m.Tokens < 1 || len(m.Pages) < least || len(m.Pages) > m.Tokens {
+		return &ManifestError{Field: "pages", Page: -1, Want: least, Have: len(m.Pages)}
 	}
 	total := 0
 	for i, mp := range m.Pages {
+		if mp.Tokens < 1 || mp.Tokens > pt {
+			return &ManifestError{Field: "tokens", Page: i, Want: pt, Have: mp.Tokens}
+		}
 		if err := p.VerifyPage(i, total, mp, m.Owner); err != nil {
 			return err
 		}
