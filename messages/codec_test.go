@@ -80,7 +80,24 @@ func samples() []Message {
 		&PressureRequest{Pages: 64, DurationMs: 1500},
 		&PressureReply{Held: []PoolHeld{{Name: "decode-0/pool", Pages: 64}, {Name: "decode-1/pool", Pages: 0}}},
 		&PressureReply{Err: &WireError{Code: CodeBadRequest, Message: "no fault points"}},
+		sampleMove(),
+		&MoveRequest{MoveID: 1, Tenant: "t", ClientID: 1, Receiver: "[::1]:9", ReceiverID: "r", Prompt: []uint32{1},
+			Tokens: []uint32{7}, MaxTokens: 2, Seq: 1, PageTokens: 1, Layout: []uint32{1}, SourceIncarnation: 1,
+			TargetIncarnation: 1, Model: testFingerprint},
+		&MovePlan{MoveID: 9, Tenant: "globex", Request: 1 << 40, DestTags: []kv.Tag{{Incarnation: 3, Index: 0, Generation: 1},
+			{Incarnation: 3, Index: 7, Generation: math.MaxUint64}}, DataPlane: "decode-2.internal:7071"},
+		&StreamMoved{RequestID: 7, Seq: 12, To: "10.0.0.3:8090", ToID: "request-0f3c", ToIncarnation: math.MaxUint64},
+		&StreamTake{RequestID: 7, Seq: 12},
 	}, inFlightSamples()...)
+}
+
+// sampleMove is a valid MoveRequest: a prompt of 5 tokens in pages of 4,
+// 3 tokens streamed, so 7 positions in a page of 4 and a tail of 3.
+func sampleMove() *MoveRequest {
+	return &MoveRequest{MoveID: 1 << 40, Tenant: "acme", ClientID: 77, Receiver: "router-1.internal:8090",
+		ReceiverID: "batched-relay-9f2a", Prompt: []uint32{1, 2, 3, 4, 5}, Tokens: []uint32{6, 7, 8}, MaxTokens: 64, Seq: 3,
+		PageTokens: 4, Layout: []uint32{4, 3}, SourceIncarnation: 0xabc, TargetIncarnation: 0xdef, Model: testFingerprint,
+		CacheSalt: "conversation-9"}
 }
 
 // sampleOf returns the first sample of type M, freshly built.
@@ -197,6 +214,10 @@ func TestKeysMatchTags(t *testing.T) {
 		{InFlight{}, inFlightKeys},
 		{CancelInFlight{}, cancelInFlightKeys},
 		{CancelInFlightReply{}, cancelInFlightReplyKeys},
+		{MoveRequest{}, moveRequestKeys},
+		{MovePlan{}, movePlanKeys},
+		{StreamMoved{}, streamMovedKeys},
+		{StreamTake{}, streamTakeKeys},
 		{WireError{}, wireErrorKeys},
 		{kv.Tag{}, tagKeys},
 	}
@@ -294,8 +315,21 @@ func TestWorstCaseFits(t *testing.T) {
 		&PressureReply{Held: held},
 		&PressureReply{Err: &werr},
 	}
+	// A move of every position there can be, in the most pages.
+	positions := PromptTokensMax + GenerateTokensMax - 2
+	layout := slices.Repeat([]uint32{uint32(positions / PlanTagsMax)}, PlanTagsMax-1)
+	layout = append(layout, uint32(positions-(PlanTagsMax-1)*(positions/PlanTagsMax)))
 	worst = append(worst, &CacheSummary{Incarnation: math.MaxUint64, Keys: make([]kv.PrefixKey, CacheSummaryKeysMax)},
-		worstBatch(big(ChunkTokensMax), big(GenerateTokensMax), werr))
+		worstBatch(big(ChunkTokensMax), big(GenerateTokensMax), werr),
+		&MoveRequest{MoveID: math.MaxUint64, Tenant: tenant, ClientID: math.MaxUint64, Receiver: addr,
+			ReceiverID: strings.Repeat("r", StreamToBytesMax), Prompt: big(PromptTokensMax), Tokens: big(GenerateTokensMax - 1),
+			MaxTokens: GenerateTokensMax, Seq: GenerateTokensMax - 1, PageTokens: PageTokensMax, Layout: layout,
+			SourceIncarnation: math.MaxUint64, TargetIncarnation: math.MaxUint64, Model: testFingerprint,
+			CacheSalt: strings.Repeat("s", kv.CacheSaltBytesMax)},
+		&MovePlan{MoveID: math.MaxUint64, Tenant: tenant, Request: math.MaxUint64, DestTags: tags, DataPlane: addr},
+		&StreamMoved{RequestID: math.MaxUint64, Seq: GenerateTokensMax, To: addr, ToID: strings.Repeat("r", StreamToBytesMax),
+			ToIncarnation: math.MaxUint64},
+		&StreamTake{RequestID: math.MaxUint64, Seq: GenerateTokensMax})
 	for _, m := range worst {
 		frame := mustEncode(t, m)
 		t.Logf("%-16s worst case %8d bytes (limit %d)", m.TypeCode(), len(frame), MessageBytesMax)
@@ -357,6 +391,23 @@ func TestValidateRefuses(t *testing.T) {
 		{"big chunk", &TokenChunk{RequestID: 1, Tokens: make([]uint32, ChunkTokensMax+1)}, &tooLarge},
 		{"no finish", &GenerateResult{RequestID: 1}, &invalid},
 		{"empty batch", &TokenBatch{}, &invalid},
+		{"move of no token streamed", func() Message { m := sampleMove(); m.Tokens, m.Seq = nil, 0; return m }(), &invalid},
+		{"move with nothing left", func() Message { m := sampleMove(); m.MaxTokens = 3; return m }(), &tooLarge},
+		{"move's seq past its tokens", func() Message { m := sampleMove(); m.Seq = 4; return m }(), &tooLarge},
+		{"move's layout a token short", func() Message { m := sampleMove(); m.Layout = []uint32{4, 2}; return m }(), &invalid},
+		{"move's page over its size", func() Message { m := sampleMove(); m.Layout = []uint32{5, 2}; return m }(), &tooLarge},
+		{"move's empty page", func() Message { m := sampleMove(); m.Layout = []uint32{4, 0, 3}; return m }(), &invalid},
+		{"move to no receiver", func() Message { m := sampleMove(); m.ReceiverID = ""; return m }(), &invalid},
+		{"move of no target run", func() Message { m := sampleMove(); m.TargetIncarnation = 0; return m }(), &invalid},
+		{"move of another model", func() Message { m := sampleMove(); m.Model = "abc"; return m }(), &invalid},
+		{"move plan of no pages", &MovePlan{MoveID: 1, Tenant: "a", Request: 1, DataPlane: "h:1"}, &invalid},
+		{"move plan naming a page twice", &MovePlan{MoveID: 1, Tenant: "a", Request: 1, DataPlane: "h:1",
+			DestTags: []kv.Tag{{Incarnation: 1, Index: 2, Generation: 1}, {Incarnation: 1, Index: 2, Generation: 2}}}, &invalid},
+		{"move plan with no data plane", &MovePlan{MoveID: 1, Tenant: "a", Request: 1,
+			DestTags: []kv.Tag{{Incarnation: 1, Index: 2, Generation: 1}}}, &invalid},
+		{"stream moved to no run", &StreamMoved{RequestID: 1, Seq: 1, To: "h:1", ToID: "x"}, &invalid},
+		{"stream moved before a chunk", &StreamMoved{RequestID: 1, To: "h:1", ToID: "x", ToIncarnation: 1}, &invalid},
+		{"stream taken of no request", &StreamTake{Seq: 1}, &invalid},
 		{"batch item of both", &TokenBatch{Items: []StreamItem{{To: "a", Chunk: &TokenChunk{RequestID: 1, Seq: 1, Tokens: []uint32{1}},
 			Result: &GenerateResult{RequestID: 1, FinishReason: FinishStop}}}}, &invalid},
 		{"batch item of neither", &TokenBatch{Items: []StreamItem{{To: "a"}}}, &invalid},

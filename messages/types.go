@@ -41,6 +41,11 @@ const (
 	TypeCacheSummary        TypeCode = 21
 	// Streams' tokens and results in batches (stream.go).
 	TypeTokenBatch TypeCode = 22
+	// A running request's move between decode nodes (move.go).
+	TypeMoveRequest TypeCode = 23
+	TypeMovePlan    TypeCode = 24
+	TypeStreamMoved TypeCode = 25
+	TypeStreamTake  TypeCode = 26
 )
 
 // Message is implemented by every message that crosses an actor or node
@@ -105,6 +110,11 @@ var types = [...]typeInfo{
 	TypeCacheSummary:        {"CacheSummary", 1, 1, func() Message { return new(CacheSummary) }},
 	// Streams in batches (stream.go).
 	TypeTokenBatch: {"TokenBatch", 1, 1, func() Message { return new(TokenBatch) }},
+	// A running request's move between decode nodes (move.go).
+	TypeMoveRequest: {"MoveRequest", 1, 1, func() Message { return new(MoveRequest) }},
+	TypeMovePlan:    {"MovePlan", 1, 1, func() Message { return new(MovePlan) }},
+	TypeStreamMoved: {"StreamMoved", 1, 1, func() Message { return new(StreamMoved) }},
+	TypeStreamTake:  {"StreamTake", 1, 1, func() Message { return new(StreamTake) }},
 }
 
 func lookup(c TypeCode) (typeInfo, bool) {
