@@ -295,7 +295,12 @@ func TestFramesOutsideThePlanFailTheRequest(t *testing.T) {
 			f := l.frame(2, 2)
 			f.FirstToken = 3 * lonePageTokens
 			return []kv.Frame{f}
-		}, &kv.ManifestError{Field: "page", Page: 3, Want: 2, Have: 3}},
+		}, &kv.ManifestError{Field: "first position of a frame", Page: -1, Want: 2 * lonePageTokens, Have: 3 * lonePageTokens}},
+		{"from inside a page", nil, func(l *lone) []kv.Frame {
+			f := l.frame(1, 3)
+			f.FirstToken++
+			return []kv.Frame{f}
+		}, &kv.ManifestError{Field: "first position of a frame", Page: -1, Want: lonePageTokens, Have: lonePageTokens + 1}},
 		{"two source pages for one destination", nil, func(l *lone) []kv.Frame {
 			f := l.frame(0, 4)
 			f.Source.Index = 7

@@ -91,16 +91,30 @@ type (
 	// Failed: an effect could not be carried out (a message that failed
 	// its own validation).
 	Failed struct{ Err error }
+	// TakeIn is the stream's receiver's StreamTake for a request moved
+	// here; FromReceiver says whether it came from the receiver the move
+	// named (as the transport proved it), From who sent it.
+	TakeIn struct {
+		Take         *messages.StreamTake
+		FromReceiver bool
+		From         string
+	}
+	// TakeDeadline: a request moved here, verified and decoding, has not
+	// been taken by the stream's receiver within PrefillTimeout.
+	TakeDeadline struct{}
 )
 
 // Effects of a Request.
 type (
 	// Reserve asks for Prompt pages from position 0 and Spare pages from
 	// position SpareFirst, all or nothing (ExecReserve); answered by
-	// Reserved.
+	// Reserved. With a Layout (a moved request's), the first pages are one
+	// for each of its entries instead, each holding that many positions
+	// after the one before.
 	Reserve struct {
 		Owner                     kv.Owner
 		Prompt, SpareFirst, Spare int
+		Layout                    []int
 		// Tokens and Salt are the prompt and the client's cache salt, for
 		// a pool with a prefix cache to find the pages it holds already
 		// (ExecReserveHeld).
@@ -154,14 +168,17 @@ type (
 	}
 	// StartDecode hands the verified manifest to a decode worker: Next is
 	// prefill's first token, which the worker recomputes from Last (the
-	// prompt's last token) and the pages before it streams it; MaxNew is
-	// the most tokens to generate after Next; Spare the pages for
-	// generated KV.
+	// token at the manifest's last position) and the pages before it
+	// streams it; MaxNew is the most tokens to generate after Next; Spare
+	// the pages for generated KV. Resume: the request moved here and Next
+	// is the last token it streamed where it was, recomputed and not
+	// streamed again.
 	StartDecode struct {
 		Manifest   *kv.Manifest
 		Next, Last int
 		MaxNew     int
 		Spare      []kv.Tag
+		Resume     bool
 	}
 	// CancelDecode withdraws the request from its decode worker.
 	CancelDecode struct{ Owner kv.Owner }
@@ -169,12 +186,21 @@ type (
 	Emit struct{ Chunk *messages.TokenChunk }
 	// Finish answers the client: Result (its Text left for the caller's
 	// tokenizer), Cause the error when it failed, Phases when it
-	// completed. The request is done.
+	// completed. The request is done. Silent: the stream is not the
+	// request's to answer (a move here that the receiver never took, its
+	// source still streaming or gone): nothing goes to the client.
 	Finish struct {
 		Result *messages.GenerateResult
 		Tokens []int
 		Cause  error
 		Phases *Phases
+		Silent bool
+	}
+	// SendMovePlan goes to the source of a move; one that cannot be sent
+	// is answered with Failed.
+	SendMovePlan struct {
+		To   Peer
+		Plan *messages.MovePlan
 	}
 	// Timer asks for Event to be stepped After from now.
 	Timer struct {
@@ -222,6 +248,8 @@ func (DecodeEnded) event()     {}
 func (Cancel) event()          {}
 func (Stop) event()            {}
 func (Failed) event()          {}
+func (TakeIn) event()          {}
+func (TakeDeadline) event()    {}
 
 func (Reserve) effect()      {}
 func (Release) effect()      {}
@@ -240,6 +268,7 @@ func (Timer) effect()        {}
 func (Pick) effect()         {}
 func (Retry) effect()        {}
 func (Refuse) effect()       {}
+func (SendMovePlan) effect() {}
 
 // Machine is a state machine of this package.
 type Machine interface {

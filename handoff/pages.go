@@ -29,10 +29,10 @@ type Pages interface {
 	Release(tag kv.Tag, owner kv.Owner) error
 }
 
-// ExecReserve carries out a Reserve: the prompt's pages, then the spare
-// ones, all or nothing.
+// ExecReserve carries out a Reserve: the prompt's pages (or the layout's),
+// then the spare ones, all or nothing.
 func ExecReserve(p Pages, e Reserve) Reserved {
-	dest, err := p.Reserve(e.Owner, 0, e.Prompt)
+	dest, err := reserveDest(p, e)
 	if err != nil || e.Spare == 0 {
 		return Reserved{Dest: dest, Err: err}
 	}
@@ -42,6 +42,32 @@ func ExecReserve(p Pages, e Reserve) Reserved {
 		return Reserved{Err: err}
 	}
 	return Reserved{Dest: dest, Spare: spare}
+}
+
+// reserveDest reserves a Reserve's first pages: Prompt full pages from
+// position 0, or one for each entry of Layout at its positions, a run of
+// full pages in one call.
+func reserveDest(p Pages, e Reserve) ([]kv.Tag, error) {
+	if e.Layout == nil {
+		return p.Reserve(e.Owner, 0, e.Prompt)
+	}
+	pt := p.Geometry().PageTokens
+	var dest []kv.Tag
+	for i, first := 0, 0; i < len(e.Layout); {
+		n, run := 1, e.Layout[i] // pages in the run, and their positions
+		for i+n < len(e.Layout) && e.Layout[i+n-1] == pt {
+			run += e.Layout[i+n]
+			n++
+		}
+		tags, err := p.Reserve(e.Owner, first, n)
+		if err != nil {
+			ExecRelease(p, Release{Owner: e.Owner, Tags: dest}, nil)
+			return nil, err
+		}
+		dest = append(dest, tags...)
+		i, first = i+n, first+run
+	}
+	return dest, nil
 }
 
 // ExecWrite carries out a Write as owner, stopping at the first refusal.

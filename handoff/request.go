@@ -3,6 +3,7 @@ package handoff
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvwarden/kvwarden/internal/mutant"
@@ -131,6 +132,14 @@ type Request struct {
 	salt     string // the client's cache salt, for every plan
 	cached   int    // prompt tokens prefill read from its prefix cache
 	counts   RequestCounts
+	// move is the MoveRequest of a request moved here from another decode
+	// node, its peer; nil for one admitted here. Such a request holds its
+	// chunks and its answer (withheld) until the stream's receiver takes
+	// it (taken).
+	move     *messages.MoveRequest
+	taken    bool
+	withheld []Effect
+	firsts   []int // the first position of each page of manifest
 
 	started, planSent, firstFrame, transferEnd, firstToken, secondToken time.Time
 }
@@ -180,7 +189,17 @@ func (r *Request) Counts() RequestCounts { return r.counts }
 
 // Step takes one event at now and returns what to do.
 func (r *Request) Step(ev Event, now time.Time) []Effect {
+	return r.withhold(r.step(ev, now))
+}
+
+func (r *Request) step(ev Event, now time.Time) []Effect {
 	if r.phase == phaseDone {
+		switch e := ev.(type) {
+		case TakeIn:
+			return r.takeIn(e)
+		case TakeDeadline:
+			return r.notTaken()
+		}
 		r.counts.Ignored++ // late messages after the answer went out
 		if e, ok := ev.(Reserved); ok && e.Err == nil {
 			return []Effect{Release{Owner: r.owner, Tags: e.Dest}, Release{Owner: r.owner, Tags: e.Spare}}
@@ -236,16 +255,74 @@ func (r *Request) Step(ev Event, now time.Time) []Effect {
 		return r.finish(ErrDeadline)
 	case Failed:
 		return r.finish(e.Err)
+	case TakeIn:
+		return r.takeIn(e)
+	case TakeDeadline:
+		if r.phase == phaseDecoding {
+			return r.notTaken()
+		}
 	}
 	return nil
 }
 
-// reserve asks for the prompt's pages and those of the generated tokens.
+// reserve asks for the prompt's pages and those of the generated tokens:
+// for a request moved here, pages at the move's layout and those of the
+// tokens left to generate.
 func (r *Request) reserve() Effect {
 	r.phase = phaseReserving
 	g := r.cfg.Geometry
+	if m := r.move; m != nil {
+		layout := make([]int, len(m.Layout))
+		for i, n := range m.Layout {
+			layout[i] = int(n)
+		}
+		return Reserve{Owner: r.owner, Layout: layout, SpareFirst: m.Positions(), Spare: g.PagesFor(r.maxNew - len(r.tokens))}
+	}
 	return Reserve{Owner: r.owner, Prompt: g.PagesFor(len(r.prompt)), SpareFirst: len(r.prompt), Spare: g.PagesFor(r.maxNew - 1),
 		Tokens: r.prompt, Salt: r.salt}
+}
+
+// newManifest lays the transfer's positions over the pages reserved:
+// every page full but the last, or a move's layout.
+func (r *Request) newManifest() (*kv.Manifest, error) {
+	if r.move == nil {
+		return kv.NewManifest(r.owner, len(r.prompt), r.cfg.Geometry.PageTokens, r.dest)
+	}
+	if len(r.dest) != len(r.move.Layout) {
+		return nil, &kv.ManifestError{Field: "pages", Page: -1, Want: len(r.move.Layout), Have: len(r.dest)}
+	}
+	m := &kv.Manifest{Owner: r.owner, Tokens: r.move.Positions(), Pages: make([]kv.ManifestPage, len(r.dest))}
+	for i, t := range r.dest {
+		m.Pages[i] = kv.ManifestPage{Tag: t, Tokens: int(r.move.Layout[i])}
+	}
+	return m, nil
+}
+
+// pageAt is the index of the manifest's page whose positions start at
+// first, -1 if none does.
+func (r *Request) pageAt(first int) int {
+	if i, ok := slices.BinarySearch(r.firsts, first); ok {
+		return i
+	}
+	return -1
+}
+
+// positions is how many positions' KV the transfer brings: the prompt's,
+// or those of a move.
+func (r *Request) positions() int {
+	if r.move != nil {
+		return r.move.Positions()
+	}
+	return len(r.prompt)
+}
+
+// tokenAt is the token fed at position i: the prompt's, then those
+// streamed.
+func (r *Request) tokenAt(i int) int {
+	if i < len(r.prompt) {
+		return r.prompt[i]
+	}
+	return r.tokens[i-len(r.prompt)]
 }
 
 // reserved plans the transfer on the pages reserved, retries an exhausted
@@ -267,14 +344,24 @@ func (r *Request) reserved(e Reserved, now time.Time) []Effect {
 	}
 	r.dest, r.spare, r.held, r.scope = e.Dest, e.Spare, e.Held, e.Scope
 	g := r.cfg.Geometry
-	m, err := kv.NewManifest(r.owner, len(r.prompt), g.PageTokens, r.dest)
+	m, err := r.newManifest()
 	if err != nil {
 		return r.finish(err)
 	}
 	r.manifest = m
+	r.firsts = make([]int, len(m.Pages))
+	for i := 1; i < len(m.Pages); i++ {
+		r.firsts[i] = r.firsts[i-1] + m.Pages[i-1].Tokens
+	}
 	r.sources = make([]kv.Tag, len(r.dest))
 	r.written = len(r.held) * g.PageTokens
 	r.phase = phasePrefill
+	if r.move != nil {
+		r.planSent, r.firstFrame = now, time.Time{}
+		return []Effect{Timer{After: r.cfg.PrefillTimeout, Event: PrefillDeadline{Attempt: r.owner.Request}},
+			SendMovePlan{To: r.peer, Plan: &messages.MovePlan{MoveID: r.move.MoveID, Tenant: r.owner.Tenant,
+				Request: r.owner.Request, DestTags: r.dest, DataPlane: r.cfg.DataPlane}}}
+	}
 	plan := &messages.TransferPlan{RequestID: r.owner.Request, Tenant: r.owner.Tenant, TokenCount: uint32(len(r.prompt)),
 		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest, Model: r.cfg.Model,
 		CacheSalt: r.salt, HeldPages: uint32(len(r.held))}
@@ -322,17 +409,19 @@ func (r *Request) framesIn(e FramesIn, now time.Time) []Effect {
 	}
 	for i := range keep {
 		f := &keep[i]
-		page := f.FirstToken / r.cfg.Geometry.PageTokens
+		page := r.pageAt(f.FirstToken)
 		var err error
 		switch {
 		case f.Owner != r.owner:
 			err = &kv.WrongOwnerError{Page: f.Dest, Owner: r.owner.Request, Have: f.Owner.Request}
 		case f.Source.Incarnation != r.peer.Incarnation:
 			err = r.stranger("frames", fmt.Sprintf("a page of incarnation %x", f.Source.Incarnation))
-		case page >= 0 && page < len(r.held):
+		case page < 0:
+			// Want is the last position a page starts at before the frame's.
+			before, _ := slices.BinarySearch(r.firsts, f.FirstToken)
+			err = &kv.ManifestError{Field: "first position of a frame", Page: -1, Want: r.firsts[max(before-1, 0)], Have: f.FirstToken}
+		case page < len(r.held):
 			err = &kv.ManifestError{Field: "frame of a page decode holds", Page: page, Want: len(r.held), Have: page}
-		case page < 0 || page >= len(r.sources):
-			err = &kv.ManifestError{Field: "page", Page: page, Want: len(r.sources) - 1, Have: page}
 		case r.sources[page] != (kv.Tag{}) && r.sources[page] != f.Source:
 			err = &kv.ManifestError{Field: "source pages", Page: page, Want: 1, Have: 2}
 		}
@@ -395,8 +484,12 @@ func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
 		r.frames, r.written = int(m.Frames), len(r.prompt)
 		m.Sums = append(m.Sums, make([]uint64, max(0, len(r.manifest.Pages)-len(m.Sums)))...)
 	}
-	if r.frames != int(m.Frames) || r.written != len(r.prompt) {
-		return r.finish(&kv.ManifestError{Field: "tokens transferred", Page: -1, Want: len(r.prompt), Have: r.written})
+	if r.frames != int(m.Frames) || r.written != r.positions() {
+		return r.finish(&kv.ManifestError{Field: "tokens transferred", Page: -1, Want: r.positions(), Have: r.written})
+	}
+	if r.move != nil && int(m.First) != r.tokens[len(r.tokens)-1] {
+		return r.finish(&FirstTokenError{Prefill: int(m.First), Decode: r.tokens[len(r.tokens)-1],
+			Err: errors.New("handoff: the move's last token is not the one it asked to move")})
 	}
 	if sent := len(r.manifest.Pages) - len(r.held); len(m.Sums) != sent {
 		return r.finish(&kv.ManifestError{Field: "source checksums", Page: -1, Want: sent, Have: len(m.Sums)})
@@ -410,7 +503,7 @@ func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
 				Where: fmt.Sprintf("held page %d (%s) against the rows prefill computed", i, c.Tag), Want: m.HeldSums[i], Have: c.Content})...)
 		}
 	}
-	if int(m.Cached) >= len(r.prompt) {
+	if int(m.Cached) >= len(r.prompt) || r.move != nil && m.Cached != 0 {
 		return r.finish(&kv.ManifestError{Field: "cached prompt tokens", Page: -1, Want: len(r.prompt) - 1, Have: int(m.Cached)})
 	}
 	r.cached = int(m.Cached)
@@ -437,18 +530,24 @@ func (r *Request) verified(e Verified) []Effect {
 		return r.finish(e.Err)
 	}
 	r.phase = phaseDecoding
-	return []Effect{
-		StartDecode{Manifest: r.manifest, Next: r.first, Last: r.prompt[len(r.prompt)-1], MaxNew: r.maxNew - 1, Spare: r.spare},
+	n := r.positions()
+	out := []Effect{
+		StartDecode{Manifest: r.manifest, Next: r.first, Last: r.tokenAt(n - 1), MaxNew: r.maxNew - max(len(r.tokens), 1),
+			Spare: r.spare, Resume: r.move != nil},
 		SendAck{To: r.peer, Ack: &messages.TransferAck{RequestID: r.owner.Request, Tenant: r.owner.Tenant,
-			TokenCount: uint32(len(r.prompt)), Pages: uint32(len(r.dest))}},
+			TokenCount: uint32(n), Pages: uint32(len(r.dest))}},
 	}
+	if r.move != nil {
+		out = append(out, Timer{After: r.cfg.PrefillTimeout, Event: TakeDeadline{}})
+	}
+	return out
 }
 
 // prefillFailed asks for another prefill peer while tries are left: no
 // token has been streamed yet, so the client cannot tell.
 func (r *Request) prefillFailed(cause error) []Effect {
 	r.tried[r.peer.Incarnation] = true
-	if len(r.tried) > r.cfg.RetriesMax {
+	if len(r.tried) > r.cfg.RetriesMax || r.move != nil {
 		return r.finish(cause)
 	}
 	r.cause = cause
@@ -536,14 +635,14 @@ func (r *Request) finish(cause error) []Effect {
 		cause = fmt.Errorf("handoff: decode ended after %d of %d tokens", len(r.tokens), r.maxNew)
 	}
 	r.phase = phaseDone
-	if cause == nil && r.cfg.Keep {
+	if cause == nil && r.cfg.Keep && r.move == nil {
 		out = append(out, Keep{Owner: r.owner, Tags: r.dest, Tokens: r.prompt, Scope: r.scope})
 	} else {
 		out = append(out, Release{Owner: r.owner, Tags: r.dest})
 	}
 	out = append(out, Release{Owner: r.owner, Tags: r.spare})
 	res := &messages.GenerateResult{RequestID: r.client}
-	fin := Finish{Result: res, Cause: cause}
+	fin := Finish{Result: res, Cause: cause, Silent: r.move != nil && !r.taken && cause != nil}
 	switch {
 	case cause != nil:
 		res.FinishReason, res.Err = messages.FinishError, Wire(cause)
@@ -561,6 +660,9 @@ func (r *Request) finish(cause error) []Effect {
 			res.Tokens[i] = uint32(t)
 		}
 		fin.Tokens = r.tokens
+		if r.move != nil {
+			return append(out, fin) // its first token was not this node's
+		}
 		p := Phases{Queue: r.planSent.Sub(r.started), Prefill: r.firstFrame.Sub(r.planSent),
 			Transfer: r.transferEnd.Sub(r.firstFrame), Verify: r.firstToken.Sub(r.transferEnd)}
 		if !r.secondToken.IsZero() {

@@ -1,0 +1,369 @@
+package handoff
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/kv"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+const (
+	sourceInc = 0x51
+	targetInc = 0x7a
+)
+
+var (
+	sourceOwner = kv.Owner{Request: 5, Tenant: "acme"}
+	targetOwner = kv.Owner{Request: 9, Tenant: "acme"}
+)
+
+// movePage is a page of a running sequence on its source, as a move sends
+// it: its tag (for the tail, the page reserved for it), seal sum and rows.
+type movePage struct {
+	tag  kv.Tag
+	sum  uint64
+	rows []byte
+}
+
+// move carries a request that streamed k tokens on a source pool over to a
+// target pool: it runs the target's Request, carrying out its effects as
+// the target's actors would and playing the source's part (frames and the
+// report on the plan). The decode job is stepped by the test (decode).
+type move struct {
+	t            *testing.T
+	now          time.Time
+	engine       *engine.ReferenceEngine
+	target       PoolPages
+	req          *Request
+	m            *messages.MoveRequest
+	pages        []movePage
+	lastToken    int // the last token the source streamed, which its report names
+	seq          *Sequence
+	chunks       []*messages.TokenChunk
+	finish       *Finish
+	acks, aborts int
+	refused      []*StrangerError
+	timers       []Timer
+}
+
+// newMove runs a request of prompt on a source pool of its own for k
+// tokens and asks the target to take it over, up to maxNew tokens.
+func newMove(t *testing.T, prompt []int, k, maxNew int) *move {
+	t.Helper()
+	e, err := engine.NewReferenceEngine(tinyModel())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := e.Config().Geometry(4)
+	src, err := kv.NewPool(kv.DefaultConfig(g, 64, sourceInc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgt, err := kv.NewPool(kv.DefaultConfig(g, 64, targetInc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mv := &move{t: t, now: time.Unix(1_000_000, 0), engine: e}
+	mv.target = PoolPages{Pool: tgt, Now: func() time.Time { return mv.now }}
+	at := func(first int) kv.Tag {
+		tags, err := src.Reserve(sourceOwner, first, 1, mv.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tags[0]
+	}
+	tags, err := src.Reserve(sourceOwner, 0, g.PagesFor(len(prompt)), mv.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf, err := e.Prefill(src, sourceOwner, tags, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.Decode(src, pf.Manifest, pf.First)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamed := []uint32{uint32(pf.First)}
+	for len(streamed) < k {
+		if first, need := s.NeedsPage(); need {
+			if err := s.GrantPage(at(first)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tok, err := s.Step(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streamed = append(streamed, uint32(tok))
+	}
+	mf := s.Manifest()
+	for _, mp := range mf.Pages {
+		l, err := src.Lease(mp.Tag, sourceOwner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _, err := src.Read(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mv.pages = append(mv.pages, movePage{tag: mp.Tag, sum: mp.Checksum, rows: slices.Clone(b)})
+	}
+	if tail := s.Tail(); len(tail) > 0 {
+		tag := at(mf.Tokens)
+		mv.pages = append(mv.pages, movePage{tag: tag, rows: tail,
+			sum: kv.PageChecksum(tag, sourceOwner, mf.Tokens, len(tail)/g.BytesPerToken(), tail)})
+	}
+	mv.m = &messages.MoveRequest{MoveID: 3, Tenant: "acme", ClientID: 7, Receiver: "router:1", ReceiverID: "relay",
+		Tokens: streamed, MaxTokens: uint32(maxNew), Seq: uint32(k), PageTokens: 4, SourceIncarnation: sourceInc,
+		TargetIncarnation: targetInc, Model: testModel.String()}
+	for _, tok := range prompt {
+		mv.m.Prompt = append(mv.m.Prompt, uint32(tok))
+	}
+	for _, pg := range mv.pages {
+		mv.m.Layout = append(mv.m.Layout, uint32(len(pg.rows)/g.BytesPerToken()))
+	}
+	if err := mv.m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	mv.lastToken = int(streamed[k-1])
+	cfg := RequestConfig{Geometry: g, Incarnation: targetInc, DataPlane: "target:1", RequestTimeout: time.Minute,
+		PrefillTimeout: 10 * time.Second, ReserveWait: time.Second, ReserveRetry: 10 * time.Millisecond,
+		RetriesMax: RetriesMax, EOS: engine.EOS, Model: testModel.String()}
+	mv.req = NewMovedRequest(cfg, targetOwner, mv.m, Peer{Address: "source:1", Incarnation: sourceInc})
+	return mv
+}
+
+func (mv *move) step(ev Event) { Run(mv.req, ev, mv.now, mv.do) }
+
+func (mv *move) do(e Effect) Event {
+	switch e := e.(type) {
+	case Reserve:
+		return ExecReserve(mv.target, e)
+	case SendMovePlan:
+		mv.sendPages(e.Plan)
+	case Write:
+		return ExecWrite(mv.target, e)
+	case SealVerify:
+		return ExecSealVerify(mv.target, e)
+	case StartDecode:
+		if !e.Resume || e.Next != mv.lastToken {
+			mv.t.Fatalf("a moved request starts decode with %+v, want to resume from %d", e, mv.lastToken)
+		}
+		s, err := Begin(mv.engine, mv.target, e, engine.EOS)
+		if err != nil {
+			return DecodeEnded{Err: err}
+		}
+		mv.seq = s
+	case SendAck:
+		mv.acks++
+	case SendAbort:
+		mv.aborts++
+	case Release:
+		ExecRelease(mv.target, e, nil)
+	case Emit:
+		mv.chunks = append(mv.chunks, e.Chunk)
+	case Finish:
+		if mv.finish != nil {
+			mv.t.Fatalf("a second answer: %+v after %+v", e, mv.finish)
+		}
+		mv.finish = &e
+	case Timer:
+		mv.timers = append(mv.timers, e)
+	case Refuse:
+		mv.refused = append(mv.refused, e.Err)
+	case CancelDecode:
+		if mv.seq != nil {
+			mv.closeSeq(nil)
+		}
+	default:
+		mv.t.Fatalf("unexpected effect %T", e)
+	}
+	return nil
+}
+
+// sendPages plays the source on the plan: a frame of each page to the
+// page the plan names, then the report.
+func (mv *move) sendPages(plan *messages.MovePlan) {
+	if len(plan.DestTags) != len(mv.pages) || plan.MoveID != mv.m.MoveID || plan.Owner() != targetOwner {
+		mv.t.Fatalf("plan %+v for %d pages", plan, len(mv.pages))
+	}
+	bpt := mv.target.Geometry().BytesPerToken()
+	var frames []kv.Frame
+	sums := make([]uint64, len(mv.pages))
+	first := 0
+	for i, pg := range mv.pages {
+		frames = append(frames, kv.Frame{Owner: plan.Owner(), Source: pg.tag, Dest: plan.DestTags[i], FirstToken: first,
+			Tokens: len(pg.rows) / bpt, Payload: pg.rows})
+		sums[i] = pg.sum
+		first += len(pg.rows) / bpt
+	}
+	mv.step(FramesIn{Frames: frames})
+	mv.step(TransferIn{FromPrefill: true, Done: &messages.TransferDone{RequestID: plan.Request, Tenant: plan.Tenant,
+		First: uint32(mv.lastToken), Frames: uint32(len(frames)), Source: sourceOwner.Request, Sums: sums}})
+}
+
+// decode steps the decode job up to n times, or to its end.
+func (mv *move) decode(n int) {
+	for range n {
+		if mv.seq == nil {
+			return
+		}
+		tok, done, err := mv.seq.Step(mv.target)
+		if err == nil {
+			mv.step(TokenIn{Token: tok})
+		}
+		if done && mv.seq != nil {
+			mv.closeSeq(err)
+		}
+	}
+}
+
+func (mv *move) closeSeq(err error) {
+	s := mv.seq
+	mv.seq = nil
+	mv.step(DecodeEnded{Err: errors.Join(err, s.Close(mv.target))})
+}
+
+// busy is the target pool's pages not free once every deadline passed.
+func (mv *move) busy() int {
+	pool := mv.target.Pool
+	pool.Tick(mv.now.Add(time.Hour))
+	n := 0
+	for i := range pool.Config().Pages {
+		if pool.Inspect(uint32(i)).State != kv.Free {
+			n++
+		}
+	}
+	return n
+}
+
+func movePrompt() []int { return []int{1, 40, 41, 42, 43, 44, 45} } // 7 tokens: a page of 4 and 3
+
+// TestMovedRequestGoesOn: a request moved after k tokens reserves pages at
+// the source's layout, verifies them, recomputes the last token streamed
+// and decodes on, withholding its chunks until the stream's receiver takes
+// it, at which they go on from the source's last chunk: the whole answer is
+// the reference's, nothing streamed twice, and every page goes back.
+func TestMovedRequestGoesOn(t *testing.T) {
+	const maxNew = 24
+	prompt := movePrompt()
+	e, err := engine.NewReferenceEngine(tinyModel())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := e.Reference(prompt, maxNew)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []int{1, 2, 5, 9, 23} {
+		for _, takeAfter := range []int{0, 3, maxNew} { // decode steps before the take
+			mv := newMove(t, prompt, k, maxNew)
+			mv.step(Start{})
+			if mv.acks != 1 || mv.seq == nil {
+				t.Fatalf("k=%d: %d acks, decoding %t; finish %+v", k, mv.acks, mv.seq != nil, mv.finish)
+			}
+			mv.decode(takeAfter)
+			if len(mv.chunks) > 0 || mv.finish != nil && !mv.finish.Silent {
+				t.Fatalf("k=%d: before the take %d chunks and answer %+v went out", k, len(mv.chunks), mv.finish)
+			}
+			mv.step(TakeIn{Take: &messages.StreamTake{RequestID: 7, Seq: uint32(k)}, FromReceiver: true})
+			mv.decode(maxNew)
+			if mv.finish == nil || mv.finish.Silent || mv.finish.Cause != nil {
+				t.Fatalf("k=%d, take after %d steps: answer %+v", k, takeAfter, mv.finish)
+			}
+			got := ints(mv.finish.Result.Tokens)
+			if !slices.Equal(got, want) {
+				t.Fatalf("k=%d: answer %v, want %v", k, got, want)
+			}
+			var streamed []int
+			for i, c := range mv.chunks {
+				if c.Seq != uint32(k+1+i) {
+					t.Fatalf("k=%d: chunk %d has seq %d, want %d", k, i, c.Seq, k+1+i)
+				}
+				streamed = append(streamed, ints(c.Tokens)...)
+			}
+			if !slices.Equal(streamed, want[k:]) {
+				t.Fatalf("k=%d: streamed %v, want %v", k, streamed, want[k:])
+			}
+			if n := mv.busy(); n != 0 {
+				t.Fatalf("k=%d: %d target pages held after the answer", k, n)
+			}
+		}
+	}
+}
+
+// TestMovedRequestEndsClean: a take from anyone but the receiver is
+// refused and counted and changes nothing; a take at another chunk than
+// the source's last fails the request to the receiver; a request never
+// taken ends silently at its deadline; a report naming another last token
+// than the move's fails it silently and aborts the move. Every page goes
+// back each time.
+func TestMovedRequestEndsClean(t *testing.T) {
+	prompt := movePrompt()
+	const k, maxNew = 6, 16
+	take := func(seq uint32) TakeIn {
+		return TakeIn{Take: &messages.StreamTake{RequestID: 7, Seq: seq}, FromReceiver: true}
+	}
+	t.Run("a stranger's take", func(t *testing.T) {
+		mv := newMove(t, prompt, k, maxNew)
+		mv.step(Start{})
+		mv.step(TakeIn{Take: &messages.StreamTake{RequestID: 7, Seq: k}, From: "router:2"})
+		mv.decode(maxNew)
+		if len(mv.refused) != 1 || len(mv.chunks) > 0 || mv.finish != nil {
+			t.Fatalf("refused %v, %d chunks, answer %+v", mv.refused, len(mv.chunks), mv.finish)
+		}
+		mv.step(take(k))
+		if mv.finish == nil || mv.finish.Cause != nil || len(mv.chunks) != maxNew-k {
+			t.Fatalf("after the receiver's take: %d chunks, answer %+v", len(mv.chunks), mv.finish)
+		}
+	})
+	t.Run("taken at another chunk", func(t *testing.T) {
+		mv := newMove(t, prompt, k, maxNew)
+		mv.step(Start{})
+		mv.decode(2)
+		mv.step(take(k - 1))
+		var te *TakeError
+		if mv.finish == nil || mv.finish.Silent || !errors.As(mv.finish.Cause, &te) || len(mv.chunks) > 0 {
+			t.Fatalf("%d chunks, answer %+v", len(mv.chunks), mv.finish)
+		}
+		if n := mv.busy(); n != 0 {
+			t.Fatalf("%d target pages held", n)
+		}
+	})
+	t.Run("never taken", func(t *testing.T) {
+		for _, steps := range []int{2, maxNew} { // still decoding, or answered and waiting
+			mv := newMove(t, prompt, k, maxNew)
+			mv.step(Start{})
+			mv.decode(steps)
+			mv.step(TakeDeadline{})
+			var nt *NotTakenError
+			if mv.finish == nil || !mv.finish.Silent || !errors.As(mv.finish.Cause, &nt) || len(mv.chunks) > 0 {
+				t.Fatalf("after %d steps: %d chunks, answer %+v", steps, len(mv.chunks), mv.finish)
+			}
+			mv.step(take(k)) // late: nothing
+			if len(mv.chunks) > 0 {
+				t.Fatalf("a take after the deadline streamed %d chunks", len(mv.chunks))
+			}
+			if n := mv.busy(); n != 0 {
+				t.Fatalf("%d target pages held", n)
+			}
+		}
+	})
+	t.Run("another last token", func(t *testing.T) {
+		mv := newMove(t, prompt, k, maxNew)
+		mv.lastToken ^= 1
+		mv.step(Start{})
+		var fe *FirstTokenError
+		if mv.finish == nil || !mv.finish.Silent || !errors.As(mv.finish.Cause, &fe) || mv.aborts != 1 || mv.acks != 0 {
+			t.Fatalf("answer %+v, %d aborts, %d acks", mv.finish, mv.aborts, mv.acks)
+		}
+		if n := mv.busy(); n != 0 {
+			t.Fatalf("%d target pages held", n)
+		}
+	})
+}
