@@ -102,6 +102,48 @@ type (
 	// TakeDeadline: a request moved here, verified and decoding, has not
 	// been taken by the stream's receiver within PrefillTimeout.
 	TakeDeadline struct{}
+	// MoveOut asks a decoding request to move to the decode node To, as
+	// move MoveID: its stream's receiver is the actor ReceiverID at
+	// Receiver (see Request.Movable).
+	MoveOut struct {
+		MoveID               uint64
+		To                   Peer
+		Receiver, ReceiverID string
+	}
+	// Paused answers PauseDecode: the decode job holds still, and Pages
+	// are its sealed pages in order, then, when its tail holds rows, the
+	// page reserved for them (never written) with Tail's checksum as that
+	// page would be sealed with Tail (kv.PageChecksum). Err: the job is
+	// not there (its end is on its way).
+	Paused struct {
+		Pages []kv.ManifestPage
+		Tail  []byte
+		Err   error
+	}
+	// MovePlanIn is the target's MovePlan; FromTarget says whether it came
+	// from the move's target, From who sent it.
+	MovePlanIn struct {
+		Plan       *messages.MovePlan
+		FromTarget bool
+		From       string
+	}
+	// MoveSent answers SendMoveFrames, and a SendMoveRequest or
+	// SendMoveDone that could not be sent (Err).
+	MoveSent struct{ Err error }
+	// MoveAckIn and MoveAbortIn are the target's TransferAck and
+	// TransferAbort of the move.
+	MoveAckIn struct {
+		Ack        *messages.TransferAck
+		FromTarget bool
+		From       string
+	}
+	MoveAbortIn struct {
+		Abort      *messages.TransferAbort
+		FromTarget bool
+	}
+	// MoveDeadline: move MoveID was not acknowledged within
+	// PrefillTimeout.
+	MoveDeadline struct{ MoveID uint64 }
 )
 
 // Effects of a Request.
@@ -195,12 +237,52 @@ type (
 		Cause  error
 		Phases *Phases
 		Silent bool
+		// Moved: the request moved to another decode node, which answers
+		// the client (Silent).
+		Moved bool
 	}
 	// SendMovePlan goes to the source of a move; one that cannot be sent
 	// is answered with Failed.
 	SendMovePlan struct {
 		To   Peer
 		Plan *messages.MovePlan
+	}
+	// PauseDecode holds the request's decode job still after the step in
+	// hand, every token of earlier steps streamed; answered by Paused.
+	// ResumeDecode has it step again (a job not paused goes on as it was).
+	PauseDecode  struct{ Owner kv.Owner }
+	ResumeDecode struct{ Owner kv.Owner }
+	// SendMoveRequest goes to the target of a move.
+	SendMoveRequest struct {
+		To   Peer
+		Move *messages.MoveRequest
+	}
+	// SendMoveFrames sends the frames of Pages, the paused job's, to the
+	// pages and data plane of Plan, as the job's Owner: the sealed pages'
+	// bytes read under leases, Tail's as they are (the last page, when
+	// Tail holds rows); answered by MoveSent.
+	SendMoveFrames struct {
+		Plan  *messages.MovePlan
+		Owner kv.Owner
+		Pages []kv.ManifestPage
+		Tail  []byte
+	}
+	// SendMoveDone goes to the request of the target that sent the plan:
+	// the move's report, or its failure (Done.Err); a report that cannot
+	// be sent is answered with MoveSent.
+	SendMoveDone struct{ Done *messages.TransferDone }
+	// HandOver tells the stream's receiver, after the request's last
+	// chunk (Seq), that the stream goes on from the request the target To
+	// planned with (messages.StreamMoved).
+	HandOver struct {
+		To  Peer
+		Seq uint32
+	}
+	// MoveEnded: move MoveID ended without the request moving, because of
+	// Err; the request decodes on here.
+	MoveEnded struct {
+		MoveID uint64
+		Err    error
 	}
 	// Timer asks for Event to be stepped After from now.
 	Timer struct {
@@ -250,25 +332,39 @@ func (Stop) event()            {}
 func (Failed) event()          {}
 func (TakeIn) event()          {}
 func (TakeDeadline) event()    {}
+func (MoveOut) event()         {}
+func (Paused) event()          {}
+func (MovePlanIn) event()      {}
+func (MoveSent) event()        {}
+func (MoveAckIn) event()       {}
+func (MoveAbortIn) event()     {}
+func (MoveDeadline) event()    {}
 
-func (Reserve) effect()      {}
-func (Release) effect()      {}
-func (Keep) effect()         {}
-func (Unhold) effect()       {}
-func (SendPlan) effect()     {}
-func (SendAbort) effect()    {}
-func (SendAck) effect()      {}
-func (Write) effect()        {}
-func (SealVerify) effect()   {}
-func (StartDecode) effect()  {}
-func (CancelDecode) effect() {}
-func (Emit) effect()         {}
-func (Finish) effect()       {}
-func (Timer) effect()        {}
-func (Pick) effect()         {}
-func (Retry) effect()        {}
-func (Refuse) effect()       {}
-func (SendMovePlan) effect() {}
+func (Reserve) effect()         {}
+func (Release) effect()         {}
+func (Keep) effect()            {}
+func (Unhold) effect()          {}
+func (SendPlan) effect()        {}
+func (SendAbort) effect()       {}
+func (SendAck) effect()         {}
+func (Write) effect()           {}
+func (SealVerify) effect()      {}
+func (StartDecode) effect()     {}
+func (CancelDecode) effect()    {}
+func (Emit) effect()            {}
+func (Finish) effect()          {}
+func (Timer) effect()           {}
+func (Pick) effect()            {}
+func (Retry) effect()           {}
+func (Refuse) effect()          {}
+func (SendMovePlan) effect()    {}
+func (PauseDecode) effect()     {}
+func (ResumeDecode) effect()    {}
+func (SendMoveRequest) effect() {}
+func (SendMoveFrames) effect()  {}
+func (SendMoveDone) effect()    {}
+func (HandOver) effect()        {}
+func (MoveEnded) effect()       {}
 
 // Machine is a state machine of this package.
 type Machine interface {

@@ -30,6 +30,9 @@ type pair struct {
 	sendFails         error
 	corruptFirstFrame bool
 	observe           func(Effect) // called before each effect is carried out, if set
+	// effect, if set, carries out the effects it takes (it says so) in
+	// place of do: a test's own decode worker, say.
+	effect func(Effect) (Event, bool)
 	// held is the decode pool's prefix cache, over heldPages (the decode
 	// pool), when the test gives it one (withDecodeCache).
 	held      *PrefixCache
@@ -106,6 +109,11 @@ func (p *pair) step(m Machine, ev Event) {
 func (p *pair) do(e Effect) Event {
 	if p.observe != nil {
 		p.observe(e)
+	}
+	if p.effect != nil {
+		if ev, ok := p.effect(e); ok {
+			return ev
+		}
 	}
 	key := JobKey{Sender: "decode:1/req", ID: p.req.Owner().Request}
 	switch e := e.(type) {

@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -128,3 +129,171 @@ func (r *Request) answerAfter(cause error, silent bool) []Effect {
 	return []Effect{Finish{Result: &messages.GenerateResult{RequestID: r.client, FinishReason: messages.FinishError,
 		Err: Wire(cause)}, Cause: cause, Silent: silent}}
 }
+
+// moveOut is a request's move away from this node, under way.
+type moveOut struct {
+	id                   uint64
+	to                   Peer
+	receiver, receiverID string
+	paused               bool
+	pages                []kv.ManifestPage // the sequence's, its tail last
+	tail                 []byte
+	plan                 *messages.MovePlan
+	sent                 bool
+}
+
+// MoveRefusedError: a request cannot move now.
+type MoveRefusedError struct{ Why string }
+
+func (e *MoveRefusedError) Error() string { return "handoff: the request cannot move: " + e.Why }
+
+// Movable says why the request cannot move to another decode node now,
+// nil if it can: it must be decoding, with a token streamed and two left to
+// generate (one is sooner generated than moved), and not moving already.
+func (r *Request) Movable() error {
+	switch {
+	case r.phase != phaseDecoding:
+		return &MoveRefusedError{Why: "it is not decoding"}
+	case r.out != nil:
+		return &MoveRefusedError{Why: fmt.Sprintf("move %d is under way", r.out.id)}
+	case len(r.tokens) == 0:
+		return &MoveRefusedError{Why: "no token streamed yet"}
+	case len(r.tokens) >= r.maxNew-1:
+		return &MoveRefusedError{Why: fmt.Sprintf("%d of its %d tokens are streamed", len(r.tokens), r.maxNew)}
+	}
+	return nil
+}
+
+// moveOutStart pauses the decode job for the move e asks for.
+func (r *Request) moveOutStart(e MoveOut) []Effect {
+	if r.Movable() != nil {
+		r.counts.Ignored++
+		return nil
+	}
+	r.out = &moveOut{id: e.MoveID, to: e.To, receiver: e.Receiver, receiverID: e.ReceiverID}
+	return []Effect{PauseDecode{Owner: r.owner}, Timer{After: r.cfg.PrefillTimeout, Event: MoveDeadline{MoveID: e.MoveID}}}
+}
+
+// paused asks the target to take the request over, once the decode job
+// holds still with every position but the last token's in its pages.
+func (r *Request) paused(e Paused) []Effect {
+	o := r.out
+	if o == nil || o.paused {
+		r.counts.Ignored++
+		return nil
+	}
+	if e.Err != nil {
+		r.out = nil // the job ended meanwhile: its end follows
+		return nil
+	}
+	o.paused, o.pages, o.tail = true, e.Pages, e.Tail
+	m := &messages.MoveRequest{MoveID: o.id, Tenant: r.owner.Tenant, ClientID: r.client, Receiver: o.receiver,
+		ReceiverID: o.receiverID, Prompt: u32s(r.prompt), Tokens: u32s(r.tokens), MaxTokens: uint32(r.maxNew), Seq: r.seq,
+		PageTokens: uint32(r.cfg.Geometry.PageTokens), SourceIncarnation: r.cfg.Incarnation,
+		TargetIncarnation: o.to.Incarnation, Model: r.cfg.Model, CacheSalt: r.salt}
+	for _, p := range e.Pages {
+		m.Layout = append(m.Layout, uint32(p.Tokens))
+	}
+	if err := m.Validate(); err != nil {
+		return r.moveFailed(fmt.Errorf("handoff: the move of the paused request: %w", err))
+	}
+	return []Effect{SendMoveRequest{To: o.to, Move: m}}
+}
+
+func u32s(v []int) []uint32 {
+	out := make([]uint32, len(v))
+	for i, x := range v {
+		out[i] = uint32(x)
+	}
+	return out
+}
+
+// movePlanIn sends the pages to the target's, once its plan names a page
+// for each.
+func (r *Request) movePlanIn(e MovePlanIn) []Effect {
+	o, p := r.out, e.Plan
+	switch {
+	case o == nil || p.MoveID != o.id || p.Tenant != r.owner.Tenant || !o.paused || o.plan != nil:
+		r.counts.Ignored++ // another move's, or late, or a duplicate
+		return nil
+	case !e.FromTarget:
+		return []Effect{Refuse{Err: &StrangerError{What: "move plan", From: e.From,
+			Planned: fmt.Sprintf("%s (incarnation %x)", o.to.Address, o.to.Incarnation)}}}
+	case len(p.DestTags) != len(o.pages):
+		return r.moveFailed(&kv.ManifestError{Field: "move plan pages", Page: -1, Want: len(o.pages), Have: len(p.DestTags)})
+	}
+	o.plan = p
+	return []Effect{SendMoveFrames{Plan: p, Owner: r.owner, Pages: o.pages, Tail: o.tail}}
+}
+
+// moveSent reports the move's pages to the target once its frames left.
+func (r *Request) moveSent(e MoveSent) []Effect {
+	o := r.out
+	switch {
+	case o == nil:
+		r.counts.Ignored++
+		return nil
+	case e.Err != nil:
+		return r.moveFailed(e.Err)
+	case o.sent || o.plan == nil:
+		r.counts.Ignored++
+		return nil
+	}
+	o.sent = true
+	sums := make([]uint64, len(o.pages))
+	for i, p := range o.pages {
+		sums[i] = p.Checksum
+	}
+	return []Effect{SendMoveDone{Done: &messages.TransferDone{RequestID: o.plan.Request, Tenant: r.owner.Tenant,
+		First: uint32(r.tokens[len(r.tokens)-1]), Frames: uint32(len(o.pages)), Source: r.owner.Request, Sums: sums}}}
+}
+
+// moveAckIn hands the stream over once the target has verified every page
+// and the last token: the request ends here, moved, and gives its pages
+// back.
+func (r *Request) moveAckIn(e MoveAckIn) []Effect {
+	o, a := r.out, e.Ack
+	switch {
+	case o == nil || o.plan == nil || !o.sent || a.RequestID != o.plan.Request || a.Tenant != r.owner.Tenant:
+		r.counts.Ignored++
+		return nil
+	case !e.FromTarget:
+		return []Effect{Refuse{Err: &StrangerError{What: "move ack", From: e.From,
+			Planned: fmt.Sprintf("%s (incarnation %x)", o.to.Address, o.to.Incarnation)}}}
+	case int(a.TokenCount) != len(r.prompt)+len(r.tokens)-1 || int(a.Pages) != len(o.pages):
+		return r.moveFailed(&kv.ManifestError{Field: "move ack tokens", Page: -1, Want: len(r.prompt) + len(r.tokens) - 1,
+			Have: int(a.TokenCount)})
+	}
+	r.phase = phaseDone
+	return []Effect{HandOver{To: o.to, Seq: r.seq}, CancelDecode{Owner: r.owner}, Release{Owner: r.owner, Tags: r.dest},
+		Release{Owner: r.owner, Tags: r.spare},
+		Finish{Result: &messages.GenerateResult{RequestID: r.client, FinishReason: messages.FinishLength}, Silent: true,
+			Moved: true}}
+}
+
+// moveFailed ends the move under way and has decode go on here (a job
+// not paused yet goes on as it was); the target, if it planned, is told.
+func (r *Request) moveFailed(cause error) []Effect {
+	id := r.out.id
+	return append(r.endMove(cause), ResumeDecode{Owner: r.owner}, MoveEnded{MoveID: id, Err: cause})
+}
+
+// endMove forgets the move under way, if any, and tells its target, if it
+// planned, that it ended with cause (a TransferDone that failed, as a
+// prefill peer reports a failed transfer).
+func (r *Request) endMove(cause error) []Effect {
+	o := r.out
+	if o == nil {
+		return nil
+	}
+	r.out = nil
+	if o.plan == nil {
+		return nil
+	}
+	return []Effect{SendMoveDone{Done: &messages.TransferDone{RequestID: o.plan.Request, Tenant: r.owner.Tenant,
+		Err: Wire(cause)}}}
+}
+
+// errEndedMoving is what a move's target is told when the request ends
+// while moving, completed.
+var errEndedMoving = errors.New("handoff: the request ended while it moved")

@@ -48,6 +48,11 @@ type move struct {
 	acks, aborts int
 	refused      []*StrangerError
 	timers       []Timer
+	// onPlan, onAck and onAbort, when set, take the target's plan, ack and
+	// abort to the source; without them the move plays the source itself.
+	onPlan  func(*messages.MovePlan)
+	onAck   func(*messages.TransferAck)
+	onAbort func(*messages.TransferAbort)
 }
 
 // newMove runs a request of prompt on a source pool of its own for k
@@ -63,20 +68,15 @@ func newMove(t *testing.T, prompt []int, k, maxNew int) *move {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tgt, err := kv.NewPool(kv.DefaultConfig(g, 64, targetInc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mv := &move{t: t, now: time.Unix(1_000_000, 0), engine: e}
-	mv.target = PoolPages{Pool: tgt, Now: func() time.Time { return mv.now }}
+	now := time.Unix(1_000_000, 0)
 	at := func(first int) kv.Tag {
-		tags, err := src.Reserve(sourceOwner, first, 1, mv.now)
+		tags, err := src.Reserve(sourceOwner, first, 1, now)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return tags[0]
 	}
-	tags, err := src.Reserve(sourceOwner, 0, g.PagesFor(len(prompt)), mv.now)
+	tags, err := src.Reserve(sourceOwner, 0, g.PagesFor(len(prompt)), now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,6 +101,7 @@ func newMove(t *testing.T, prompt []int, k, maxNew int) *move {
 		}
 		streamed = append(streamed, uint32(tok))
 	}
+	var pages []movePage
 	mf := s.Manifest()
 	for _, mp := range mf.Pages {
 		l, err := src.Lease(mp.Tag, sourceOwner)
@@ -111,30 +112,42 @@ func newMove(t *testing.T, prompt []int, k, maxNew int) *move {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mv.pages = append(mv.pages, movePage{tag: mp.Tag, sum: mp.Checksum, rows: slices.Clone(b)})
+		pages = append(pages, movePage{tag: mp.Tag, sum: mp.Checksum, rows: slices.Clone(b)})
 	}
 	if tail := s.Tail(); len(tail) > 0 {
 		tag := at(mf.Tokens)
-		mv.pages = append(mv.pages, movePage{tag: tag, rows: tail,
+		pages = append(pages, movePage{tag: tag, rows: tail,
 			sum: kv.PageChecksum(tag, sourceOwner, mf.Tokens, len(tail)/g.BytesPerToken(), tail)})
 	}
-	mv.m = &messages.MoveRequest{MoveID: 3, Tenant: "acme", ClientID: 7, Receiver: "router:1", ReceiverID: "relay",
+	m := &messages.MoveRequest{MoveID: 3, Tenant: "acme", ClientID: 7, Receiver: "router:1", ReceiverID: "relay",
 		Tokens: streamed, MaxTokens: uint32(maxNew), Seq: uint32(k), PageTokens: 4, SourceIncarnation: sourceInc,
 		TargetIncarnation: targetInc, Model: testModel.String()}
-	for _, tok := range prompt {
-		mv.m.Prompt = append(mv.m.Prompt, uint32(tok))
+	m.Prompt = u32s(prompt)
+	for _, pg := range pages {
+		m.Layout = append(m.Layout, uint32(len(pg.rows)/g.BytesPerToken()))
 	}
-	for _, pg := range mv.pages {
-		mv.m.Layout = append(mv.m.Layout, uint32(len(pg.rows)/g.BytesPerToken()))
-	}
-	if err := mv.m.Validate(); err != nil {
+	if err := m.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	mv.lastToken = int(streamed[k-1])
+	mv := newTarget(t, e, m)
+	mv.pages = pages
+	return mv
+}
+
+// newTarget is the target's side of move m, over a pool of its own.
+func newTarget(t *testing.T, e *engine.ReferenceEngine, m *messages.MoveRequest) *move {
+	t.Helper()
+	g := e.Config().Geometry(int(m.PageTokens))
+	tgt, err := kv.NewPool(kv.DefaultConfig(g, 64, targetInc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mv := &move{t: t, now: time.Unix(1_000_000, 0), engine: e, m: m, lastToken: int(m.Tokens[len(m.Tokens)-1])}
+	mv.target = PoolPages{Pool: tgt, Now: func() time.Time { return mv.now }}
 	cfg := RequestConfig{Geometry: g, Incarnation: targetInc, DataPlane: "target:1", RequestTimeout: time.Minute,
 		PrefillTimeout: 10 * time.Second, ReserveWait: time.Second, ReserveRetry: 10 * time.Millisecond,
 		RetriesMax: RetriesMax, EOS: engine.EOS, Model: testModel.String()}
-	mv.req = NewMovedRequest(cfg, targetOwner, mv.m, Peer{Address: "source:1", Incarnation: sourceInc})
+	mv.req = NewMovedRequest(cfg, targetOwner, m, Peer{Address: "source:1", Incarnation: m.SourceIncarnation})
 	return mv
 }
 
@@ -145,7 +158,11 @@ func (mv *move) do(e Effect) Event {
 	case Reserve:
 		return ExecReserve(mv.target, e)
 	case SendMovePlan:
-		mv.sendPages(e.Plan)
+		if mv.onPlan != nil {
+			mv.onPlan(e.Plan)
+		} else {
+			mv.sendPages(e.Plan)
+		}
 	case Write:
 		return ExecWrite(mv.target, e)
 	case SealVerify:
@@ -161,8 +178,14 @@ func (mv *move) do(e Effect) Event {
 		mv.seq = s
 	case SendAck:
 		mv.acks++
+		if mv.onAck != nil {
+			mv.onAck(e.Ack)
+		}
 	case SendAbort:
 		mv.aborts++
+		if mv.onAbort != nil {
+			mv.onAbort(e.Abort)
+		}
 	case Release:
 		ExecRelease(mv.target, e, nil)
 	case Emit:
@@ -364,6 +387,201 @@ func TestMovedRequestEndsClean(t *testing.T) {
 		}
 		if n := mv.busy(); n != 0 {
 			t.Fatalf("%d target pages held", n)
+		}
+	})
+}
+
+// twoNodes is a move of a request between two decode nodes, played in one
+// goroutine: the source is a pair's request (its prefill the pair's), whose
+// decode job the test steps like a worker; the target a move over a pool
+// of its own, built from the source's MoveRequest. Messages between them
+// go at once, unless the test drops the target's ack.
+type twoNodes struct {
+	t       *testing.T
+	p       *pair
+	job     *Sequence // the source's decode job, nil once it ended
+	paused  bool
+	tgt     *move
+	dropAck bool
+	ended   []MoveEnded
+}
+
+func newTwoNodes(t *testing.T, prompt []int, maxNew int) *twoNodes {
+	n := &twoNodes{t: t, p: newPair(t, 64, 64)}
+	n.p.effect = n.source
+	n.p.start(prompt, maxNew)
+	if n.job == nil {
+		t.Fatalf("no decode job: %+v", n.p.finish)
+	}
+	return n
+}
+
+// source carries out the source's effects that a pair does not: its decode
+// worker's and its side of the move.
+func (n *twoNodes) source(e Effect) (Event, bool) {
+	p := n.p
+	switch e := e.(type) {
+	case StartDecode:
+		s, err := Begin(p.engine, p.decode, e, engine.EOS)
+		if err != nil {
+			return DecodeEnded{Err: err}, true
+		}
+		n.job = s
+		p.step(p.req, TokenIn{Token: e.Next})
+	case PauseDecode:
+		n.paused = true
+		return n.job.Paused(), true
+	case ResumeDecode:
+		n.paused = false
+	case CancelDecode:
+		if n.job != nil {
+			if err := n.job.Close(p.decode); err != nil {
+				n.t.Fatal(err)
+			}
+			n.job = nil
+		}
+	case SendMoveRequest:
+		n.tgt = newTarget(n.t, p.engine, e.Move)
+		n.tgt.onPlan = func(plan *messages.MovePlan) { p.step(p.req, MovePlanIn{Plan: plan, FromTarget: true}) }
+		n.tgt.onAck = func(a *messages.TransferAck) {
+			if !n.dropAck {
+				p.step(p.req, MoveAckIn{Ack: a, FromTarget: true})
+			}
+		}
+		n.tgt.onAbort = func(a *messages.TransferAbort) { p.step(p.req, MoveAbortIn{Abort: a, FromTarget: true}) }
+		n.tgt.step(Start{})
+	case SendMoveFrames:
+		n.tgt.step(FramesIn{Frames: n.frames(e)})
+		return MoveSent{}, true
+	case SendMoveDone:
+		n.tgt.step(TransferIn{Done: e.Done, FromPrefill: true})
+	case HandOver:
+		n.tgt.step(TakeIn{Take: &messages.StreamTake{RequestID: 7, Seq: e.Seq}, FromReceiver: true})
+	case MoveEnded:
+		n.ended = append(n.ended, e)
+	default:
+		return nil, false
+	}
+	return nil, true
+}
+
+// frames are the move's frames: each sealed page's bytes read under a
+// lease of the source's, the tail's as they are.
+func (n *twoNodes) frames(e SendMoveFrames) []kv.Frame {
+	bpt := n.p.decode.Geometry().BytesPerToken()
+	var out []kv.Frame
+	first := 0
+	for i, pg := range e.Pages {
+		payload := e.Tail
+		if i < len(e.Pages)-1 || len(e.Tail) == 0 {
+			l, err := n.p.decode.Lease(pg.Tag, e.Owner)
+			if err != nil {
+				n.t.Fatal(err)
+			}
+			b, _, err := n.p.decode.Read(l)
+			if err != nil {
+				n.t.Fatal(err)
+			}
+			payload = slices.Clone(b)
+			if err := n.p.decode.Unlease(l); err != nil {
+				n.t.Fatal(err)
+			}
+		}
+		out = append(out, kv.Frame{Owner: e.Plan.Owner(), Source: pg.Tag, Dest: e.Plan.DestTags[i], FirstToken: first,
+			Tokens: len(payload) / bpt, Payload: payload})
+		first += len(payload) / bpt
+	}
+	return out
+}
+
+// decode steps the source's job up to steps times while it is not paused.
+func (n *twoNodes) decode(steps int) {
+	for range steps {
+		if n.job == nil || n.paused {
+			return
+		}
+		tok, done, err := n.job.Step(n.p.decode)
+		if err == nil {
+			n.p.step(n.p.req, TokenIn{Token: tok})
+		}
+		if done && n.job != nil {
+			s := n.job
+			n.job = nil
+			n.p.step(n.p.req, DecodeEnded{Err: errors.Join(err, s.Close(n.p.decode))})
+		}
+	}
+}
+
+func (n *twoNodes) moveOut() {
+	n.p.step(n.p.req, MoveOut{MoveID: 3, To: Peer{Address: "target:1", Incarnation: targetInc}, Receiver: "router:1",
+		ReceiverID: "relay"})
+}
+
+// TestMoveBetweenTwoNodes: a request moves after k tokens from the decode
+// node it runs on to another, which streams the rest: the client sees the
+// reference's tokens once each, the source ends moved without an answer,
+// the target answers the whole, and every page of three pools goes back.
+// When no ack reaches the source, it gives the move up at its deadline,
+// the target ends silently, and the source answers the whole itself.
+func TestMoveBetweenTwoNodes(t *testing.T) {
+	prompt := movePrompt()
+	const maxNew = 20
+	e, err := engine.NewReferenceEngine(tinyModel())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := e.Reference(prompt, maxNew)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []int{1, 2, 5, 9, 17} {
+		n := newTwoNodes(t, prompt, maxNew)
+		n.decode(k - 1)
+		if err := n.p.req.Movable(); err != nil {
+			t.Fatalf("k=%d: %v", k, err)
+		}
+		n.moveOut()
+		n.tgt.decode(maxNew)
+		if f := n.p.finish; f == nil || !f.Moved || !f.Silent || !slices.Equal(n.p.tokens, want[:k]) {
+			t.Fatalf("k=%d: the source streamed %v and ended %+v; want %v, moved", k, n.p.tokens, f, want[:k])
+		}
+		f := n.tgt.finish
+		if f == nil || f.Silent || f.Cause != nil || !slices.Equal(ints(f.Result.Tokens), want) {
+			t.Fatalf("k=%d: the target answered %+v, want %v", k, f, want)
+		}
+		var streamed []int
+		for i, c := range n.tgt.chunks {
+			if c.Seq != uint32(k+1+i) {
+				t.Fatalf("k=%d: the target's chunk %d has seq %d", k, i, c.Seq)
+			}
+			streamed = append(streamed, ints(c.Tokens)...)
+		}
+		if !slices.Equal(slices.Concat(n.p.tokens, streamed), want) {
+			t.Fatalf("k=%d: the client got %v then %v, want %v", k, n.p.tokens, streamed, want)
+		}
+		if busy := n.p.freeAfterDeadlines() + n.tgt.busy(); busy != 0 || n.job != nil {
+			t.Fatalf("k=%d: %d pages held, the source's job open %t", k, busy, n.job != nil)
+		}
+	}
+
+	t.Run("no ack", func(t *testing.T) {
+		n := newTwoNodes(t, prompt, maxNew)
+		n.decode(4)
+		n.dropAck = true
+		n.moveOut()
+		n.p.step(n.p.req, MoveDeadline{MoveID: 3})
+		if len(n.ended) != 1 || n.paused || n.tgt.finish == nil || !n.tgt.finish.Silent {
+			t.Fatalf("move ended %+v; paused %t; the target %+v", n.ended, n.paused, n.tgt.finish)
+		}
+		n.decode(maxNew)
+		if f := n.p.finish; f == nil || f.Moved || f.Cause != nil || !slices.Equal(n.p.tokens, want) {
+			t.Fatalf("the source streamed %v and answered %+v, want %v", n.p.tokens, f, want)
+		}
+		if len(n.tgt.chunks) > 0 {
+			t.Fatalf("the target streamed %d chunks", len(n.tgt.chunks))
+		}
+		if busy := n.p.freeAfterDeadlines() + n.tgt.busy(); busy != 0 {
+			t.Fatalf("%d pages held", busy)
 		}
 	})
 }

@@ -470,5 +470,25 @@ func (s *Sequence) stepped(tok int, err error) Stepped {
 	return Stepped{Token: tok, Done: tok == s.eos || s.generated >= s.job.MaxNew}
 }
 
+// Paused is the sequence's Paused for a move: its sealed pages, then the
+// spare page it would write its tail to, summed over the tail's rows as
+// that page would be sealed with them, and the rows; the sequence is as it
+// was, and may step on.
+func (s *Sequence) Paused() Paused {
+	m := s.seq.Manifest()
+	out := Paused{Pages: slices.Clone(m.Pages), Tail: s.seq.Tail()}
+	if len(out.Tail) == 0 {
+		return out
+	}
+	if len(s.job.Spare) == 0 {
+		return Paused{Err: fmt.Errorf("handoff: sequence holds a tail at position %d and no page for it", m.Tokens)}
+	}
+	tag, owner := s.job.Spare[0], s.Owner()
+	tokens := s.seq.Tokens() - m.Tokens
+	out.Pages = append(out.Pages, kv.ManifestPage{Tag: tag, Tokens: tokens,
+		Checksum: kv.PageChecksum(tag, owner, m.Tokens, tokens, out.Tail)})
+	return out
+}
+
 // Close gives back every lease of the sequence.
 func (s *Sequence) Close(p engine.KV) error { return s.seq.Close(p) }

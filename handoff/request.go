@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -140,6 +141,8 @@ type Request struct {
 	taken    bool
 	withheld []Effect
 	firsts   []int // the first position of each page of manifest
+	// out is the request's move to another decode node, under way.
+	out *moveOut
 
 	started, planSent, firstFrame, transferEnd, firstToken, secondToken time.Time
 }
@@ -228,6 +231,9 @@ func (r *Request) step(ev Event, now time.Time) []Effect {
 	case Verified:
 		return r.verified(e)
 	case PeerLost:
+		if o := r.out; o != nil && e.Incarnation == o.to.Incarnation {
+			return r.moveFailed(&messages.WireError{Code: messages.CodeNodeLost, Message: fmt.Sprintf("decode node %x left", e.Incarnation)})
+		}
 		if e.Incarnation == r.peer.Incarnation && r.phase == phasePrefill {
 			return r.prefillFailed(&messages.WireError{Code: messages.CodeNodeLost,
 				Message: fmt.Sprintf("prefill node %x left", e.Incarnation)})
@@ -240,8 +246,29 @@ func (r *Request) step(ev Event, now time.Time) []Effect {
 	case Picked:
 		return r.picked(e)
 	case TokenIn:
-		if r.phase == phaseDecoding {
+		if r.phase == phaseDecoding && (r.out == nil || !r.out.paused) {
 			return r.token(e.Token, now)
+		}
+	case MoveOut:
+		return r.moveOutStart(e)
+	case Paused:
+		return r.paused(e)
+	case MovePlanIn:
+		return r.movePlanIn(e)
+	case MoveSent:
+		return r.moveSent(e)
+	case MoveAckIn:
+		return r.moveAckIn(e)
+	case MoveAbortIn:
+		if o := r.out; o != nil && o.plan != nil && e.FromTarget && e.Abort.RequestID == o.plan.Request &&
+			e.Abort.Tenant == r.owner.Tenant {
+			o.plan = nil // the target ended it: nothing to tell it
+			return r.moveFailed(&e.Abort.Reason)
+		}
+	case MoveDeadline:
+		if r.out != nil && e.MoveID == r.out.id {
+			return r.moveFailed(&messages.WireError{Code: messages.CodeNodeLost,
+				Message: fmt.Sprintf("move %d to %x not acknowledged within %s", e.MoveID, r.out.to.Incarnation, r.cfg.PrefillTimeout)})
 		}
 	case DecodeEnded:
 		if r.phase == phaseDecoding {
@@ -469,6 +496,11 @@ func (r *Request) stranger(what, from string) *StrangerError {
 func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
 	m := e.Done
 	switch {
+	case r.move != nil && !r.taken && r.phase == phaseDecoding && m.Err != nil && e.FromPrefill &&
+		m.RequestID == r.owner.Request && m.Tenant == r.owner.Tenant:
+		// The source gave the move up after all (no ack reached it in
+		// time): it streams on itself.
+		return r.finish(m.Err)
 	case m.Tenant != r.owner.Tenant, m.RequestID != r.owner.Request && !mutant.Is(mutant.LateDoneAccepted),
 		r.phase != phasePrefill:
 		r.counts.Ignored++ // another tenant's, an abandoned attempt's, or a duplicate
@@ -623,7 +655,7 @@ func (r *Request) finish(cause error) []Effect {
 		return nil
 	}
 	decoding := r.phase == phaseDecoding
-	var out []Effect
+	out := r.endMove(cmp.Or(cause, errEndedMoving))
 	if cause != nil {
 		if r.phase == phasePrefill || decoding {
 			out = append(out, r.abort(cause))
