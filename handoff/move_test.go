@@ -585,3 +585,50 @@ func TestMoveBetweenTwoNodes(t *testing.T) {
 		}
 	})
 }
+
+// TestMoveEndsWithItsRequest: a request cancelled, stopped or out of time
+// while it moves ends as it would decoding, its paused job closed, and the
+// target, which had planned, is told and ends silently; every page goes
+// back. A move asked twice, or of a request that cannot move, is ignored.
+func TestMoveEndsWithItsRequest(t *testing.T) {
+	prompt := movePrompt()
+	const maxNew = 20
+	for _, tc := range []struct {
+		name string
+		ev   Event
+		want error // nil: completed at the tokens streamed
+	}{{"cancelled", Cancel{}, ErrCancelled}, {"stopped", Stop{}, nil}, {"out of time", RequestDeadline{}, ErrDeadline}} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newTwoNodes(t, prompt, maxNew)
+			n.decode(3)
+			n.dropAck = true // the move stays under way, planned and sent
+			n.moveOut()
+			n.moveOut() // a second ask: ignored
+			if n.tgt.acks != 1 || n.p.finish != nil {
+				t.Fatalf("move not under way: %d acks, source answered %+v", n.tgt.acks, n.p.finish)
+			}
+			n.p.step(n.p.req, tc.ev)
+			f := n.p.finish
+			if f == nil || f.Moved || !errors.Is(f.Cause, tc.want) || tc.want == nil && f.Cause != nil {
+				t.Fatalf("the source answered %+v, want %v", f, tc.want)
+			}
+			if n.job != nil || n.tgt.finish == nil || !n.tgt.finish.Silent {
+				t.Fatalf("the source's job open %t; the target %+v", n.job != nil, n.tgt.finish)
+			}
+			if busy := n.p.freeAfterDeadlines() + n.tgt.busy(); busy != 0 {
+				t.Fatalf("%d pages held", busy)
+			}
+		})
+	}
+	// With one token left to generate, a request stays where it is.
+	n := newTwoNodes(t, prompt, maxNew)
+	n.decode(maxNew - 2)
+	var refused *MoveRefusedError
+	if err := n.p.req.Movable(); !errors.As(err, &refused) {
+		t.Fatalf("%d of %d tokens streamed: movable (%v)", len(n.p.tokens), maxNew, err)
+	}
+	n.moveOut()
+	if n.paused || n.tgt != nil {
+		t.Fatal("a request that cannot move paused or asked a target")
+	}
+}
