@@ -10,6 +10,7 @@ package actors
 import (
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -127,5 +128,115 @@ func TestCancelledSequenceIsClosed(t *testing.T) {
 	})
 	if s, err := pool.Status(n.Root()); err != nil || s.Free != s.Capacity {
 		t.Fatalf("pool after the release: %+v, %v; want every page free at once", s, err)
+	}
+}
+
+// TestPausedJobHoldsStill: a decode job paused for a move answers with its
+// pages and tail after the step in hand, each token of earlier steps sent
+// before; it steps no more until resumed, and then goes on to the
+// reference's answer. A paused job cancelled gives its leases back.
+func TestPausedJobHoldsStill(t *testing.T) {
+	cfg := testConfig()
+	n := startNode(t, cfg)
+	log := slog.New(slog.DiscardHandler)
+	pool := nodePool(t, n, "paused-decode/pool", 16, cfg.CallTimeout)
+	held := newHeldEngine(n.Model().Engine())
+	t.Cleanup(held.release)
+	w := newWorker("decode", n.Model(), pool, &cfg, log, planPolicy{auth: n.Auth()})
+	w.engine = held
+	worker, err := n.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return w },
+		actor.WithMailbox(n.Mailbox())), "paused-decode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Root().StopFuture(worker).Wait() })
+
+	const maxNew = 12
+	prompt := []int{engine.BOS, 'm', 'o', 'v', 'e'}
+	want, err := n.Model().Engine().(*engine.ReferenceEngine).Reference(prompt, maxNew)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cancel := range []bool{false, true} {
+		owner := kv.Owner{Request: 2, Tenant: "acme"}
+		if cancel {
+			owner.Request = 3
+		}
+		pages := newPageClient(pool, n.Root())
+		tags, err := pages.Reserve(owner, 0, cfg.Geometry().PagesFor(len(prompt)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pre, err := n.Model().Engine().Prefill(pages, owner, tags, prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spare, err := pages.Reserve(owner, len(prompt), cfg.Geometry().PagesFor(maxNew-1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan any, 2*maxNew)
+		replyTo := n.Root().Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			switch m := c.Message().(type) {
+			case TokenOut, JobPaused, DecodeDone:
+				got <- m
+			}
+		}))
+		held.first = sync.Once{}
+		held.stepping, held.gate, held.once = make(chan struct{}), make(chan struct{}), sync.Once{}
+		n.Root().Send(worker, DecodeJob{StartDecode: handoff.StartDecode{Manifest: pre.Manifest, Next: pre.First,
+			Last: prompt[len(prompt)-1], MaxNew: maxNew - 1, Spare: spare}, ReplyTo: replyTo})
+		testwait.Recv(t, "the job's first step", time.Minute, held.stepping)
+		n.Root().Send(worker, PauseJob{Owner: owner}) // handled after the step in hand
+		held.release()
+		var tokens []int
+		var paused JobPaused
+		for paused.Owner == (kv.Owner{}) {
+			switch m := testwait.Recv(t, "the paused job's answer", time.Minute, got).(type) {
+			case TokenOut:
+				tokens = append(tokens, m.Token)
+			case JobPaused:
+				paused = m
+			default:
+				t.Fatalf("%+v before the pause's answer", m)
+			}
+		}
+		positions := 0
+		for _, p := range paused.Pages {
+			positions += p.Tokens
+		}
+		if paused.Err != nil || len(tokens) != 2 || positions != len(prompt)+len(tokens)-1 {
+			t.Fatalf("paused after %v: %+v (%d positions)", tokens, paused, positions)
+		}
+		if cancel {
+			n.Root().Send(worker, CancelJob{Owner: owner})
+			if m := testwait.Recv(t, "the cancelled job's end", time.Minute, got); !errors.Is(m.(DecodeDone).Err, ErrCancelled) {
+				t.Fatalf("a paused job cancelled: %+v", m)
+			}
+		} else {
+			n.Root().Send(worker, ResumeJob{Owner: owner})
+			for done := false; !done; {
+				switch m := testwait.Recv(t, "the resumed job's tokens", time.Minute, got).(type) {
+				case TokenOut:
+					tokens = append(tokens, m.Token)
+				case DecodeDone:
+					done = m.Err == nil || t.Failed()
+					if m.Err != nil {
+						t.Fatalf("the resumed job ended with %v", m.Err)
+					}
+				default:
+					t.Fatalf("%+v while resumed", m)
+				}
+			}
+			if !slices.Equal(tokens, want) {
+				t.Fatalf("paused and resumed: %v, want %v", tokens, want)
+			}
+		}
+		for _, tag := range append(tags, spare...) {
+			if info, err := pool.Inspect(n.Root(), int(tag.Index)); err != nil || info.Readers != 0 {
+				t.Errorf("page %s: %+v, %v; want no reader", tag, info, err)
+			}
+		}
+		handoff.ExecRelease(pages, handoff.Release{Owner: owner, Tags: append(tags, spare...)}, nil)
 	}
 }

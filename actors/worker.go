@@ -60,6 +60,17 @@ type (
 	// CancelJob withdraws a decode job; sent to a request actor, it
 	// withdraws the request (a CancelRequest's CancelWithdraw).
 	CancelJob struct{ Owner kv.Owner }
+	// PauseJob holds a decode job still after the step in hand, for its
+	// request to move; the worker answers its ReplyTo JobPaused.
+	// ResumeJob has a paused job step again (nothing, for one not paused).
+	PauseJob  struct{ Owner kv.Owner }
+	ResumeJob struct{ Owner kv.Owner }
+	// JobPaused is a paused job's pages and tail (handoff.Sequence.Paused),
+	// or why there is no such job.
+	JobPaused struct {
+		Owner kv.Owner
+		handoff.Paused
+	}
 	// StopJob ends a request as completed at the tokens it has: its
 	// client has what it wants of the answer (a CancelRequest's
 	// CancelStop).
@@ -158,6 +169,8 @@ type workerActor struct {
 	jobs    map[handoff.JobKey]*prefillJob
 	senders map[string]FrameSender // data planes by peerKey
 	seqs    []*sequence
+	// paused are the decode jobs held still for a move, out of the steps.
+	paused map[kv.Owner]*sequence
 	// batch, stepSeqs and stepped are one step's, kept for the next so
 	// that a step allocates no slices.
 	batch    []*sequence
@@ -216,6 +229,7 @@ func (w *workerActor) Receive(c actor.Context) {
 	case *actor.Started:
 		w.kv = newPageClient(w.pool, c)
 		w.jobs = map[handoff.JobKey]*prefillJob{}
+		w.paused = map[kv.Owner]*sequence{}
 		w.senders = map[string]FrameSender{}
 	case *actor.Stopping:
 		w.publish(handoff.SourceCounts{})
@@ -245,6 +259,14 @@ func (w *workerActor) Receive(c actor.Context) {
 		w.run(c, handoff.AbortIn{Key: handoff.JobKey{Sender: senderKey(c), ID: m.RequestID}, Tenant: m.Tenant})
 	case CancelJob:
 		w.cancel(c, m.Owner)
+	case PauseJob:
+		w.pause(c, m.Owner)
+	case ResumeJob:
+		if s := w.paused[m.Owner]; s != nil {
+			delete(w.paused, m.Owner)
+			w.seqs = append(w.seqs, s)
+			w.kick(c)
+		}
 	case injectFault:
 		w.fault = m.frames
 	case CacheKeys:
@@ -676,7 +698,9 @@ func (w *workerActor) startDecode(c actor.Context, job DecodeJob) {
 		c.Send(job.ReplyTo, DecodeDone{Owner: owner, Err: err})
 		return
 	}
-	c.Send(job.ReplyTo, TokenOut{Owner: owner, Token: job.Next})
+	if !job.Resume { // a moved job's streamed where it was
+		c.Send(job.ReplyTo, TokenOut{Owner: owner, Token: job.Next})
+	}
 	if s.Ended() {
 		c.Send(job.ReplyTo, DecodeDone{Owner: owner, Err: s.Close(w.kv)})
 		return
@@ -700,7 +724,31 @@ func (w *workerActor) finish(c actor.Context, idx int, cause error) {
 	c.Send(s.replyTo, DecodeDone{Owner: s.Owner(), Err: errors.Join(cause, s.Close(w.kv))})
 }
 
+// pause takes job o out of the steps and answers its request with its
+// pages and tail; a job that cannot give them steps on.
+func (w *workerActor) pause(c actor.Context, o kv.Owner) {
+	for i, s := range w.seqs {
+		if s.Owner() == o {
+			p := s.Paused()
+			if p.Err == nil {
+				w.seqs = append(w.seqs[:i], w.seqs[i+1:]...)
+				w.paused[o] = s
+			}
+			c.Send(s.replyTo, JobPaused{Owner: o, Paused: p})
+			return
+		}
+	}
+	if c.Sender() != nil {
+		c.Send(c.Sender(), JobPaused{Owner: o, Paused: handoff.Paused{Err: fmt.Errorf("actors: no decode job of %s here", o)}})
+	}
+}
+
 func (w *workerActor) cancel(c actor.Context, o kv.Owner) {
+	if s := w.paused[o]; s != nil {
+		delete(w.paused, o)
+		c.Send(s.replyTo, DecodeDone{Owner: o, Err: errors.Join(ErrCancelled, s.Close(w.kv))})
+		return
+	}
 	for i, s := range w.seqs {
 		if s.Owner() == o {
 			w.finish(c, i, ErrCancelled)

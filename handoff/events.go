@@ -114,7 +114,8 @@ type (
 	// are its sealed pages in order, then, when its tail holds rows, the
 	// page reserved for them (never written) with Tail's checksum as that
 	// page would be sealed with Tail (kv.PageChecksum). Err: the job is
-	// not there (its end is on its way).
+	// not there (its end is on its way), or cannot give its pages and
+	// steps on.
 	Paused struct {
 		Pages []kv.ManifestPage
 		Tail  []byte

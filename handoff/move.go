@@ -183,8 +183,10 @@ func (r *Request) paused(e Paused) []Effect {
 		return nil
 	}
 	if e.Err != nil {
-		r.out = nil // the job ended meanwhile: its end follows
-		return nil
+		// The job ended meanwhile (its end follows) or cannot give its
+		// pages: it decodes on.
+		r.out = nil
+		return []Effect{MoveEnded{MoveID: o.id, Err: e.Err}}
 	}
 	o.paused, o.pages, o.tail = true, e.Pages, e.Tail
 	m := &messages.MoveRequest{MoveID: o.id, Tenant: r.owner.Tenant, ClientID: r.client, Receiver: o.receiver,
