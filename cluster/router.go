@@ -33,6 +33,7 @@ type routerCounters struct {
 	waiting                                    atomic.Int32        // requests routed with no token back yet (routed.waiting)
 	tenants                                    atomic.Int32        // tenants with requests relayed (the ledger's)
 	summaries                                  atomic.Uint64       // nodes' cache summaries taken
+	moved                                      atomic.Uint64       // streams handed over to another decode node
 	decodeCaches                               atomic.Int32        // decode nodes known to keep a cache (routerActor.decodeCaches)
 }
 
@@ -573,6 +574,9 @@ type relay struct {
 	lost, cancelled bool
 	answered        bool            // the client has been passed the request's result
 	left            map[string]bool // addresses of decode nodes the request left: what they send is dropped
+	// moving is the decode node's word that the stream moved, waiting for
+	// its chunks up to the one it names (they may come after it).
+	moving *messages.StreamMoved
 	// streams takes the decode nodes' answers in batches (the relay asks
 	// for them) and, when the client asked for batches (batched), passes
 	// them on so.
@@ -637,6 +641,8 @@ func (rl *relay) Receive(c actor.Context) {
 		rl.chunk(c.Sender(), m)
 	case *messages.GenerateResult:
 		rl.result(c, c.Sender(), m)
+	case *messages.StreamMoved:
+		rl.streamMoved(c.Sender(), m)
 	case streamed:
 		rl.result(c, m.from, m.result)
 	case reroute:
@@ -681,6 +687,46 @@ func (rl *relay) chunk(from *actor.PID, m *messages.TokenChunk) {
 		rl.times.Token(&rl.counters.latencies, now)
 	}
 	rl.pass(m)
+	rl.handOver()
+}
+
+// streamMoved takes the decode node's word that the stream moved to
+// another (from: its sender): only from the node the stream is on, for
+// this request, at a chunk not behind the last passed on. The stream is
+// handed over once every chunk up to that one has been.
+func (rl *relay) streamMoved(from *actor.PID, m *messages.StreamMoved) {
+	switch {
+	case !rl.fromDecode(from, m.RequestID):
+	case m.Seq < rl.seq || rl.moving != nil:
+		rl.refuse(from, fmt.Sprintf("stream moved at chunk %d, %d passed on", m.Seq, rl.seq))
+	default:
+		rl.moving = m
+		rl.handOver()
+	}
+}
+
+// handOver moves the stream to the node the decode node named, once every
+// chunk it sent has been passed on: from then on only that node is heard
+// (the one left is dropped, like a node the request left for another),
+// cancels go to its admission, and the request there is told to stream.
+func (rl *relay) handOver() {
+	m := rl.moving
+	if m == nil || rl.seq != m.Seq {
+		return
+	}
+	rl.moving = nil
+	rl.left[rl.admission.Address] = true
+	delete(rl.left, m.To) // a new run at the same address
+	rl.log.Info("stream moved", "id", rl.id, "tenant", rl.request.Tenant, "from", rl.admission.Address, "to", m.To,
+		"after", rl.seq)
+	rl.admission, rl.decode = actor.NewPID(m.To, actors.AdmissionName), m.ToIncarnation
+	rl.counters.moved.Add(1)
+	take := &messages.StreamTake{RequestID: rl.id, Seq: rl.seq}
+	if err := take.Validate(); err != nil {
+		rl.log.Error("stream take refused by its own validation", "err", err)
+		return
+	}
+	rl.root.RequestWithCustomSender(actor.NewPID(m.To, m.ToID), take, rl.self)
 }
 
 // result takes the decode node's result (from: its sender): passed on,

@@ -226,3 +226,76 @@ func TestCredentialsDecide(t *testing.T) {
 	}
 	freeEverywhere(t, n)
 }
+
+// TestRelayFollowsAMovedStream: the decode node a request runs on says the
+// stream moved to another before its last chunk arrives; the relay passes
+// that chunk on, then hands the stream over: it tells the request at the
+// new node to stream from there, drops what the old node sends later, and
+// takes the rest from the new node alone, to which a cancel now goes. The
+// same word from anyone else is refused and counted.
+func TestRelayFollowsAMovedStream(t *testing.T) {
+	ca := trusttest.New(t)
+	router := messagestest.Start(t, ca.Authority(t, trust.RoleRouter, "r", nil))
+	from := messagestest.Start(t, ca.Authority(t, trust.RoleDecode, "d1", nil))
+	to := messagestest.Start(t, ca.Authority(t, trust.RoleDecode, "d2", nil))
+	mallory := messagestest.Start(t, ca.Authority(t, trust.RoleDecode, "d3", nil))
+	admission, routed := from.Inbox(t, actors.AdmissionName)
+	_, cancels := to.Inbox(t, actors.AdmissionName)
+	_, takes := to.Inbox(t, "moved-request")
+	clientPID, toClient := router.Inbox(t, "client")
+	counters := &routerCounters{}
+	counters.routed.Add(1)
+	streams, err := messages.NewStreams(router.Sys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &relay{client: clientPID, id: 7, decode: 1, admission: admission, counters: counters, auth: router.Auth,
+		request: &messages.RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "hi", MaxTokens: 8,
+			Prefill: "127.0.0.1:1", PrefillIncarnation: 1, DecodeIncarnation: 1},
+		timeout: time.Minute, log: slog.New(slog.DiscardHandler), streams: streams}
+	relayPID, err := router.Sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl }),
+		messages.BatchedName(trust.SecretName()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	messagestest.Next(t, "routed request at the decode node", routed, 10*time.Second)
+	chunk := func(seq uint32, tok uint32) *messages.TokenChunk {
+		return &messages.TokenChunk{RequestID: 7, Seq: seq, Tokens: []uint32{tok}}
+	}
+	send := func(n *messagestest.Peer, m messages.Message) {
+		t.Helper()
+		if err := messages.Send(n.Sys.Root, messagestest.PID(relayPID), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moved := &messages.StreamMoved{RequestID: 7, Seq: 2, To: to.Addr, ToID: "moved-request", ToIncarnation: 2}
+	send(from, chunk(1, 10))
+	send(mallory, moved)
+	send(from, moved) // before chunk 2: the relay waits for it
+	send(from, chunk(2, 11))
+	take := messagestest.Next(t, "the take at the new node", takes, 10*time.Second)
+	if m, ok := take.Message.(*messages.StreamTake); !ok || *m != (messages.StreamTake{RequestID: 7, Seq: 2}) ||
+		take.Sender == nil || take.Sender.Id != relayPID.Id {
+		t.Fatalf("take %+v from %v, want request 7 at chunk 2 from the relay", take.Message, take.Sender)
+	}
+	send(from, chunk(3, 666)) // the node left: dropped
+	send(to, chunk(3, 12))
+	// A cancel now goes to the new node.
+	send(router, &messages.CancelRequest{RequestID: 7, Tenant: "acme"})
+	if e := messagestest.Next(t, "the cancel at the new node", cancels, 10*time.Second); e.Message.(*messages.CancelRequest).RequestID != 7 {
+		t.Fatalf("the new node's admission got %+v", e.Message)
+	}
+	send(to, &messages.GenerateResult{RequestID: 7, Tokens: []uint32{10, 11, 12}, Text: "abc", FinishReason: messages.FinishLength})
+	for i, want := range []uint32{10, 11, 12} {
+		c := messagestest.Next(t, "a chunk at the client", toClient, 10*time.Second).Message.(*messages.TokenChunk)
+		if c.Seq != uint32(i+1) || c.Tokens[0] != want {
+			t.Fatalf("client got %+v, want seq %d token %d", c, i+1, want)
+		}
+	}
+	if res := messagestest.Next(t, "the result", toClient, 10*time.Second).Message.(*messages.GenerateResult); res.Text != "abc" {
+		t.Fatalf("client got %+v, want the new node's result", res)
+	}
+	if got := counters.strangers.Load(); got != 1 || counters.moved.Load() != 1 {
+		t.Errorf("relay refused %d messages (want mallory's 1), moved %d streams (want 1)", got, counters.moved.Load())
+	}
+}
