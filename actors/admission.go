@@ -26,6 +26,7 @@ type nodeCounters struct {
 	ignored                                              atomic.Uint64 // late messages of abandoned attempts
 	admitted, rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
 	completed, failed, retried                           atomic.Uint64
+	moved                                                atomic.Uint64       // requests that moved to another decode node
 	failedBy                                             messages.CodeCounts // failed, by the code told to the client
 	latencies                                            Latencies
 	framesAccepted, framesRefused                        atomic.Uint64
@@ -180,6 +181,8 @@ func (a *admissionActor) Receive(c actor.Context) {
 		}
 		peer := PrefillPeer{PID: actor.NewPID(m.Prefill, PrefillName), Incarnation: m.PrefillIncarnation}
 		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, &peer)
+	case *messages.MoveRequest:
+		a.moveIn(c, m)
 	case *messages.CancelRequest:
 		if name, ok := a.core.Lookup(handoff.ClientKey{Client: senderKey(c), ID: m.RequestID}); ok {
 			var job any = CancelJob{}
@@ -214,6 +217,8 @@ func (a *admissionActor) Receive(c actor.Context) {
 		a.listRequests(c, m)
 	case CancelNumber:
 		a.cancelNumber(c, m)
+	case MoveNumber:
+		a.moveNumber(c, m)
 	case AdmissionStatus:
 		c.Respond(a.status())
 	}
@@ -342,25 +347,39 @@ func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, 
 // none.
 func (a *admissionActor) spawn(c actor.Context, ask handoff.Ask, d int, tenant string, prompt []int, maxTokens int,
 	salt string, peer PrefillPeer, pages int) error {
-	key := ask.Key
 	owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: tenant}
-	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane, a.model), owner, key.ID, prompt, maxTokens,
+	core := handoff.NewRequest(a.cfg.requestConfig(a.dataPlane, a.model), owner, ask.Key.ID, prompt, maxTokens,
 		handoff.Peer{Address: peer.PID.Address, Incarnation: peer.Incarnation})
 	core.NarrowCache(salt)
-	tok, last := a.model.Tokenizer(), prompt[len(prompt)-1]
+	router := ""
+	if s := c.Sender(); s != nil && ask.Routed {
+		router = s.Address
+	}
+	return a.start(c, ask.Key, d, core, c.Sender(), peer.PID, router, pages, nil)
+}
+
+// start spawns the actor of request core, whose answer goes to client and
+// whose transfer comes from peer; router is the address of the router
+// that relays it ("" for none), pages what the tenants' ledger counts of
+// it (-1 for none), and streamed the tokens the client has already (those
+// of a request moved here).
+func (a *admissionActor) start(c actor.Context, key handoff.ClientKey, d int, core *handoff.Request, client, peer *actor.PID,
+	router string, pages int, streamed []uint32) error {
+	owner := core.Owner()
+	tok, last := a.model.Tokenizer(), core.LastPromptToken()
 	now := time.Now()
 	// The first attempt's id numbers the request for operators: unique in
 	// this run, and kept through retries, which take new ids.
-	live := &liveRequest{number: owner.Request, client: key.ID, tenant: tenant, since: now, progress: core.Progress(),
-		pages: pages, counted: pages >= 0}
-	if s := c.Sender(); s != nil && ask.Routed {
-		live.router = s.Address
-	}
-	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, core: core, client: c.Sender(),
+	live := &liveRequest{number: owner.Request, client: key.ID, tenant: owner.Tenant, since: now, progress: core.Progress(),
+		pages: pages, counted: pages >= 0, router: router}
+	req := &requestActor{cfg: a.cfg, log: a.log, counters: a.counters, core: core, client: client,
 		tok: tok, last: last, text: engine.NewTextDecoder(tok, last), times: Stream{Start: now},
-		route: route{prefill: peer.PID, decode: a.decode[d], decodePool: a.dPools[d]}, pick: a.pick,
+		route: route{prefill: peer, decode: a.decode[d], decodePool: a.dPools[d]}, pick: a.pick,
 		registry: a.registry, auth: a.auth, live: live}
-	if messages.WantsBatches(c.Sender()) {
+	for _, t := range streamed {
+		req.text.Push(int(t)) // the text the client has: what follows continues it
+	}
+	if messages.WantsBatches(client) {
 		req.streams = a.streams
 	}
 	pid, err := c.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return req },
@@ -371,6 +390,57 @@ func (a *admissionActor) spawn(c actor.Context, ask handoff.Ask, d int, tenant s
 	a.core.Started(pid.Id, key, d)
 	a.live[pid.Id] = live
 	return nil
+}
+
+// moveIn admits a running request another decode node moves here: only
+// from a node that decodes, for this run of this node, of this node's
+// model and page size, within admission's bounds as any routed request.
+// A refusal is answered (a TransferAbort naming the move), so that the
+// source decodes on at once.
+func (a *admissionActor) moveIn(c actor.Context, m *messages.MoveRequest) {
+	refuse := func(err error) {
+		a.counters.metrics.rejectedBy.Add(err)
+		if err := messages.SendFrom(c, c.Sender(), &messages.TransferAbort{RequestID: m.MoveID, Tenant: m.Tenant,
+			Reason: *handoff.Wire(err)}); err != nil {
+			a.log.Error("move refusal refused by its own validation", "err", err)
+		}
+	}
+	s := a.auth.Of(c)
+	switch {
+	case !s.May(trust.RoleDecode, trust.RoleAll) || c.Sender() == nil:
+		a.auth.Refuse(trust.RefusedRole, "move request", "sender", s.String())
+		refuse(&ForbiddenError{Sender: s.String(), Reason: "only nodes that decode move requests"})
+		return
+	case m.TargetIncarnation != a.cfg.Incarnation:
+		refuse(&messages.WireError{Code: messages.CodeNodeLost, Where: "decode node",
+			Message: fmt.Sprintf("moved to decode node incarnation %x, this is %x", m.TargetIncarnation, a.cfg.Incarnation)})
+		return
+	case m.Model != a.model.Fingerprint().String():
+		refuse(&messages.WireError{Code: messages.CodeModelMismatch, Where: "model fingerprint",
+			Message: fmt.Sprintf("a move of model %s, this node computes %s", m.Model, a.model.Fingerprint())})
+		return
+	case int(m.PageTokens) != a.cfg.PageTokens:
+		refuse(&messages.WireError{Code: messages.CodeBadRequest, Where: "page size",
+			Message: fmt.Sprintf("a move in pages of %d tokens, this node's hold %d", m.PageTokens, a.cfg.PageTokens)})
+		return
+	}
+	client := actor.NewPID(m.Receiver, m.ReceiverID)
+	ask := handoff.Ask{Key: handoff.ClientKey{Client: client.String(), ID: m.ClientID}, PromptTokens: len(m.Prompt),
+		MaxTokens: int(m.MaxTokens), Routed: true}
+	d, err := a.core.Admit(ask)
+	if err == nil {
+		owner := kv.Owner{Request: a.counters.requestIDs.Add(1), Tenant: m.Tenant}
+		core := handoff.NewMovedRequest(a.cfg.requestConfig(a.dataPlane, a.model), owner, m,
+			handoff.Peer{Address: c.Sender().Address, Incarnation: m.SourceIncarnation})
+		err = a.start(c, ask.Key, d, core, client, c.Sender(), m.Receiver, -1, m.Tokens)
+	}
+	if err != nil {
+		refuse(err)
+		return
+	}
+	a.counters.admitted.Add(1)
+	a.log.Info("request moving here", "owner", fmt.Sprintf("request %d of tenant %q", m.MoveID, m.Tenant), "from",
+		c.Sender().Address, "tokens", len(m.Tokens))
 }
 
 // requestConfig is what every request of the node shares.

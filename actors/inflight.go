@@ -125,6 +125,27 @@ func (a *admissionActor) listRequests(c actor.Context, m ListRequests) {
 
 // cancelNumber cancels the request of that number, if it is in flight,
 // as a client's CancelRequest would.
+// MoveNumber asks admission to move the request of that number (its
+// first attempt's id, as operators list it) to the decode node To, as move
+// MoveID; the request actor answers MoveDone to the asker.
+type MoveNumber struct {
+	Number, MoveID uint64
+	To             handoff.Peer
+}
+
+// moveNumber hands a MoveNumber to its request's actor, or answers that no
+// such request is in flight.
+func (a *admissionActor) moveNumber(c actor.Context, m MoveNumber) {
+	for name, l := range a.live {
+		if l.number == m.Number {
+			c.Send(actor.NewPID(c.Self().Address, name), MoveJob{MoveID: m.MoveID, To: m.To, ReplyTo: c.Sender()})
+			return
+		}
+	}
+	c.Respond(MoveDone{MoveID: m.MoveID, Err: &NotInFlightError{Number: m.Number, Incarnation: a.cfg.Incarnation,
+		Self: a.cfg.Incarnation}})
+}
+
 func (a *admissionActor) cancelNumber(c actor.Context, m CancelNumber) {
 	rep := &messages.CancelInFlightReply{}
 	for name, l := range a.live {

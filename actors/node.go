@@ -433,6 +433,21 @@ func (n *Node) Workers() []*actor.PID {
 	return append(append([]*actor.PID(nil), n.prefill...), n.decode...)
 }
 
+// Move moves the request of that number (as operators list it) to the
+// decode node to, and returns once the move is over (nil: the request
+// moved, and the other node streams the rest) or timeout passed.
+func (n *Node) Move(number uint64, to handoff.Peer, timeout time.Duration) error {
+	if n.admission == nil {
+		return &NotInFlightError{Number: number, Incarnation: n.cfg.Incarnation, Self: n.cfg.Incarnation}
+	}
+	id := n.counters.requestIDs.Add(1) // a move is named as an attempt is: unique in this run
+	rep, err := ask[MoveDone](n.root, n.admission, MoveNumber{Number: number, MoveID: id, To: to}, timeout)
+	if err != nil {
+		return err
+	}
+	return rep.Err
+}
+
 // Status asks the admission actor for the node's request accounting; a
 // node that does not decode has none.
 func (n *Node) Status() (AdmissionStatusReply, error) {

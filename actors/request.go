@@ -59,6 +59,40 @@ type requestActor struct {
 	live     *liveRequest          // what operators see of the request, set after every step
 	stage    stage                 // the node's gauge the request is counted in
 	rx       receiving             // the current attempt's transfer
+	mv       moving                // the request's move to another decode node, asked for
+}
+
+// MoveJob asks a request actor to move its request to the decode node To
+// (its admission's remote address and run), as move MoveID; the actor
+// answers ReplyTo MoveDone when the move is over. Only a request a router
+// relays moves: the router follows the stream.
+type MoveJob struct {
+	MoveID  uint64
+	To      handoff.Peer
+	ReplyTo *actor.PID
+}
+
+// MoveDone is how a move went: Err nil when the request moved.
+type MoveDone struct {
+	MoveID uint64
+	Err    error
+}
+
+// moving is a request actor's move under way: who asked, where to, and
+// the target's request, once it planned.
+type moving struct {
+	id      uint64
+	to      handoff.Peer
+	asker   *actor.PID
+	planner *actor.PID
+}
+
+// done tells whoever asked for the move how it went.
+func (m *moving) done(c actor.Context, err error) {
+	if m.asker != nil {
+		c.Send(m.asker, MoveDone{MoveID: m.id, Err: err})
+	}
+	*m = moving{}
 }
 
 // timerFired is a handoff.Timer's event, due now.
@@ -106,7 +140,58 @@ func (r *requestActor) Receive(c actor.Context) {
 		r.run(c, handoff.Cancel{})
 	case StopJob:
 		r.run(c, handoff.Stop{})
+	case MoveJob:
+		r.moveJob(c, m)
+	case JobPaused:
+		if m.Owner == r.core.Owner() {
+			r.run(c, m.Paused)
+		}
+	case *messages.MovePlan:
+		from := c.Sender()
+		ok := from != nil && r.mv.id != 0 && from.Address == r.mv.to.Address
+		if ok && r.mv.planner == nil {
+			r.mv.planner = from
+		}
+		r.run(c, handoff.MovePlanIn{Plan: m, FromTarget: ok && samePID(r.mv.planner, from), From: r.auth.Of(c).String()})
+	case *messages.TransferAck:
+		r.run(c, handoff.MoveAckIn{Ack: m, FromTarget: samePID(r.mv.planner, c.Sender()), From: r.auth.Of(c).String()})
+	case *messages.TransferAbort:
+		from := c.Sender()
+		r.run(c, handoff.MoveAbortIn{Abort: m, FromTarget: from != nil && r.mv.id != 0 && from.Address == r.mv.to.Address})
+	case MoveFramesSent:
+		if m.Owner == r.core.Owner() {
+			r.run(c, handoff.MoveSent{Err: m.Err})
+		}
+	case *messages.StreamTake:
+		from := c.Sender()
+		r.run(c, handoff.TakeIn{Take: m, FromReceiver: samePID(from, r.client), From: r.auth.Of(c).String()})
 	}
+}
+
+// samePID says a and b name the same actor.
+func samePID(a, b *actor.PID) bool {
+	return a != nil && b != nil && a.Address == b.Address && a.Id == b.Id
+}
+
+// moveJob starts the move an operator or the node asked for, if the
+// request may move; the asker hears at once when it may not.
+func (r *requestActor) moveJob(c actor.Context, m MoveJob) {
+	err := r.core.Movable()
+	switch {
+	case err != nil:
+	case r.live.router == "":
+		err = &handoff.MoveRefusedError{Why: "its client sent it here, not through a router"}
+	case r.mv.id != 0:
+		err = &handoff.MoveRefusedError{Why: fmt.Sprintf("move %d is under way", r.mv.id)}
+	}
+	if err != nil {
+		if m.ReplyTo != nil {
+			c.Send(m.ReplyTo, MoveDone{MoveID: m.MoveID, Err: err})
+		}
+		return
+	}
+	r.mv = moving{id: m.MoveID, to: m.To, asker: m.ReplyTo}
+	r.run(c, handoff.MoveOut{MoveID: m.MoveID, To: m.To, Receiver: r.client.Address, ReceiverID: r.client.Id})
 }
 
 // run steps the request and carries its effects out, then adds its
@@ -183,6 +268,34 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 		}
 	case handoff.Finish:
 		r.finish(c, e)
+	case handoff.SendMovePlan:
+		if err := messages.SendFrom(c, r.route.prefill, e.Plan); err != nil {
+			return handoff.Failed{Err: err}
+		}
+	case handoff.PauseDecode:
+		c.Send(r.route.decode, PauseJob{Owner: e.Owner})
+	case handoff.ResumeDecode:
+		c.Send(r.route.decode, ResumeJob{Owner: e.Owner})
+	case handoff.SendMoveRequest:
+		if err := messages.SendFrom(c, actor.NewPID(e.To.Address, AdmissionName), e.Move); err != nil {
+			return handoff.MoveSent{Err: err}
+		}
+	case handoff.SendMoveFrames:
+		c.Send(r.route.decode, moveFrames{SendMoveFrames: e, ReplyTo: c.Self()})
+	case handoff.SendMoveDone:
+		if err := messages.SendFrom(c, r.mv.planner, e.Done); err != nil {
+			return handoff.MoveSent{Err: err}
+		}
+	case handoff.HandOver:
+		m := &messages.StreamMoved{RequestID: r.live.client, Seq: e.Seq, To: r.mv.planner.Address, ToID: r.mv.planner.Id,
+			ToIncarnation: e.To.Incarnation}
+		if err := messages.SendFrom(c, r.client, m); err != nil {
+			r.log.Error("stream moved refused by its own validation", "err", err)
+		}
+	case handoff.MoveEnded:
+		r.log.Info("request did not move", "owner", r.core.Owner().String(), "move", e.MoveID, "to",
+			fmt.Sprintf("%x", r.mv.to.Incarnation), "cause", e.Err)
+		r.mv.done(c, e.Err)
 	case handoff.Timer:
 		self, sys, ev := c.Self(), c.ActorSystem(), e.Event
 		time.AfterFunc(e.After, func() { sys.Root.Send(self, timerFired{ev: ev}) })
@@ -222,6 +335,22 @@ func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 	owner := r.core.Owner()
 	attrs := []any{"id", res.RequestID, "owner", owner.String(), "tenant", owner.Tenant, "tokens", len(e.Tokens),
 		"prefill", r.route.prefill.Address}
+	switch {
+	case e.Moved:
+		r.counters.moved.Add(1)
+		r.log.Info("request moved", append(attrs, "to", r.mv.planner.Address, "move", r.mv.id)...)
+		r.mv.done(c, nil)
+		c.Stop(c.Self())
+		return
+	case e.Silent:
+		// A request moved here that ends before its receiver took it: the
+		// stream is still its source's, or nobody's.
+		r.counters.failed.Add(1)
+		r.counters.failedBy.Add(handoff.Wire(e.Cause).Code)
+		r.log.Info("moved request ended untaken", append(attrs, "err", e.Cause)...)
+		c.Stop(c.Self())
+		return
+	}
 	if e.Cause != nil {
 		code := handoff.Wire(e.Cause).Code
 		r.counters.failed.Add(1)
@@ -234,10 +363,11 @@ func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 		res.Text = engine.DecodeText(r.tok, r.last, e.Tokens)
 		r.counters.completed.Add(1)
 		r.times.End(&r.counters.latencies, time.Now())
-		r.counters.phases.add(*e.Phases)
-		ph := e.Phases
-		r.log.Info("request ended", append(attrs, "outcome", "completed", "finish", res.FinishReason.String(),
-			"ttft", ph.Queue+ph.Prefill+ph.Transfer+ph.Verify)...)
+		if ph := e.Phases; ph != nil {
+			r.counters.phases.add(*ph)
+			attrs = append(attrs, "ttft", ph.Queue+ph.Prefill+ph.Transfer+ph.Verify)
+		}
+		r.log.Info("request ended", append(attrs, "outcome", "completed", "finish", res.FinishReason.String())...)
 	}
 	if err := r.toClient(c, res); err != nil {
 		r.log.Error("result refused by its own validation", "err", err)

@@ -100,6 +100,19 @@ type (
 		sender FrameSender
 		dialed bool
 		err    error
+		move   *moveSend // a move's frames, nil for a prefill job's
+	}
+	// moveFrames asks a decode worker to send a paused job's pages to a
+	// move's target (handoff.SendMoveFrames); it answers ReplyTo
+	// MoveFramesSent.
+	moveFrames struct {
+		handoff.SendMoveFrames
+		ReplyTo *actor.PID
+	}
+	// MoveFramesSent answers a moveFrames: the frames went, or why not.
+	MoveFramesSent struct {
+		Owner kv.Owner
+		Err   error
 	}
 	// injectFault installs a function the worker applies to every
 	// transfer's frames after prefill sealed their pages and before they
@@ -246,6 +259,8 @@ func (w *workerActor) Receive(c actor.Context) {
 	case transferSent:
 		w.transferSent(c, m)
 		w.kick(c)
+	case moveFrames:
+		w.sendMove(c, m)
 	case DecodeJob:
 		w.startDecode(c, m)
 		w.kick(c)
@@ -549,13 +564,18 @@ func peerKey(addr string, incarnation uint64) string { return fmt.Sprintf("%s#%x
 // touches nothing of the worker's: the frames' payloads stay leased, and
 // so unchanged, until the outcome is in.
 func (w *workerActor) sendRemote(c actor.Context, key handoff.JobKey, plan *messages.TransferPlan, j *prefillJob) {
-	addr, inc := plan.DataPlane, plan.DestTags[0].Incarnation
+	j.cancel = w.sendAsync(c, plan.DataPlane, plan.DestTags[0].Incarnation, j.frames.Frames, transferSent{job: key})
+}
+
+// sendAsync sends frames to the data plane at addr (of the run inc) from
+// a goroutine, on the connection in hand or one it dials, within
+// PrefillTimeout, and reports out, with the outcome, to the worker.
+func (w *workerActor) sendAsync(c actor.Context, addr string, inc uint64, frames []kv.Frame, out transferSent) context.CancelFunc {
 	peer := peerKey(addr, inc)
 	w.pruneSenders()
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
-	j.cancel = cancel
-	out := transferSent{job: key, peer: peer, sender: w.senders[peer]}
-	dial, frames, self, root := w.dial, j.frames.Frames, c.Self(), c.ActorSystem().Root
+	out.peer, out.sender = peer, w.senders[peer]
+	dial, self, root := w.dial, c.Self(), c.ActorSystem().Root
 	go func() {
 		defer cancel()
 		if out.sender == nil {
@@ -567,6 +587,59 @@ func (w *workerActor) sendRemote(c actor.Context, key handoff.JobKey, plan *mess
 		}
 		root.Send(self, out)
 	}()
+	return cancel
+}
+
+// moveSend is a move's frames on their way: the leases that keep their
+// pages' bytes until the send is over, and whom to tell.
+type moveSend struct {
+	owner   kv.Owner
+	leases  []kv.Lease
+	replyTo *actor.PID
+}
+
+// sendMove sends a paused job's pages to a move's target: each sealed
+// page's bytes read under a lease of its own, held until the send is
+// over, then the tail's as the job gave them.
+func (w *workerActor) sendMove(c actor.Context, m moveFrames) {
+	ms := &moveSend{owner: m.Owner, replyTo: m.ReplyTo}
+	fail := func(err error) { w.moveSent(c, ms, err) }
+	if w.dial == nil {
+		fail(fmt.Errorf("actors: a move to data plane %s and this node has none", m.Plan.DataPlane))
+		return
+	}
+	frames := make([]kv.Frame, 0, len(m.Pages))
+	first := 0
+	for i, p := range m.Pages {
+		payload := m.Tail
+		if i < len(m.Pages)-1 || len(m.Tail) == 0 {
+			l, err := w.kv.Lease(p.Tag, m.Owner)
+			if err != nil {
+				fail(err)
+				return
+			}
+			ms.leases = append(ms.leases, l)
+			if payload, _, err = w.kv.Read(l); err != nil {
+				fail(err)
+				return
+			}
+		}
+		frames = append(frames, kv.Frame{Owner: m.Plan.Owner(), Source: p.Tag, Dest: m.Plan.DestTags[i], FirstToken: first,
+			Tokens: p.Tokens, Payload: payload})
+		first += p.Tokens
+	}
+	w.sendAsync(c, m.Plan.DataPlane, m.Plan.DestTags[0].Incarnation, frames, transferSent{move: ms})
+}
+
+// moveSent gives a move's leases back and tells its request how the send
+// went.
+func (w *workerActor) moveSent(c actor.Context, ms *moveSend, err error) {
+	for _, l := range ms.leases {
+		if uerr := w.kv.Unlease(l); uerr != nil {
+			w.log.Warn("unlease of a moved page refused", "tag", l.Tag.String(), "err", uerr)
+		}
+	}
+	c.Send(ms.replyTo, MoveFramesSent{Owner: ms.owner, Err: err})
 }
 
 // Pauses between dials of a data plane that answered busy or cut the
@@ -663,6 +736,10 @@ func (w *workerActor) transferSent(c actor.Context, m transferSent) {
 		w.senders[m.peer] = m.sender
 	case m.dialed:
 		m.sender.Close()
+	}
+	if m.move != nil {
+		w.moveSent(c, m.move, m.err)
+		return
 	}
 	if j := w.jobs[m.job]; j != nil {
 		w.run(c, w.sent(m.job, j, m.err))

@@ -162,6 +162,10 @@ func (r *Request) NarrowCache(salt string) { r.salt = salt }
 // Owner is the owner of the current attempt's pages.
 func (r *Request) Owner() kv.Owner { return r.owner }
 
+// LastPromptToken is the prompt's last token, after which the generated
+// text starts.
+func (r *Request) LastPromptToken() int { return r.prompt[len(r.prompt)-1] }
+
 // Peer is the prefill peer of the current attempt.
 func (r *Request) Peer() Peer { return r.peer }
 
@@ -260,8 +264,10 @@ func (r *Request) step(ev Event, now time.Time) []Effect {
 	case MoveAckIn:
 		return r.moveAckIn(e)
 	case MoveAbortIn:
-		if o := r.out; o != nil && o.plan != nil && e.FromTarget && e.Abort.RequestID == o.plan.Request &&
-			e.Abort.Tenant == r.owner.Tenant {
+		// The target's request ends the move (naming itself), or its
+		// admission refuses it (naming the move).
+		if o := r.out; o != nil && e.FromTarget && e.Abort.Tenant == r.owner.Tenant &&
+			(o.plan != nil && e.Abort.RequestID == o.plan.Request || o.plan == nil && e.Abort.RequestID == o.id) {
 			o.plan = nil // the target ended it: nothing to tell it
 			return r.moveFailed(&e.Abort.Reason)
 		}

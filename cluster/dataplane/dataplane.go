@@ -344,8 +344,8 @@ const (
 	// StatusBusy: the receiver serves ConnectionsMax connections
 	// already, or ConnectionsPerPeerMax from this peer.
 	StatusBusy Status = 9
-	// StatusForbidden: the sender's certificate names a role that does
-	// not prefill, so it has no KV to send.
+	// StatusForbidden: the sender's certificate names a role that neither
+	// prefills nor decodes, so it has no KV to send.
 	StatusForbidden Status = 10
 	// StatusHelloModel: the two sides compute different models (their
 	// fingerprints differ).

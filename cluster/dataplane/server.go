@@ -63,7 +63,7 @@ type ServerStats struct {
 	RefusedHandshakes, RefusedHandshakesAddr, HandshakesFailed, HelloTimeouts, ClosedBeforeHello uint64
 	// Connections refused in the hello, by reason: ConnectionsMax served
 	// (RefusedBusy) or ConnectionsPerPeerMax from this peer
-	// (RefusedPeerBusy), a role that does not prefill (RefusedForbidden).
+	// (RefusedPeerBusy), a role that holds no KV (RefusedForbidden).
 	RefusedBusy, RefusedPeerBusy, RefusedForbidden                                          uint64
 	RefusedHelloIncarnation, RefusedHelloVersion, RefusedHelloLimits, RefusedHelloMalformed uint64
 	// RefusedHelloModel counts hellos from senders of another model.
@@ -377,9 +377,9 @@ func (s *Server) readHello(p *dpPeer) (dpHello, bool) {
 // check decides the hello reply: who the peer is first, then what its
 // hello says, then whether a serving slot is free, which it takes.
 func (s *Server) check(p *dpPeer, h dpHello) Status {
-	if s.tls != nil && !p.id.Role.Prefills() {
+	if s.tls != nil && !p.id.Role.Prefills() && !p.id.Role.Decodes() {
 		s.c.forbidden.Add(1)
-		s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane hello from a role that does not prefill",
+		s.cfg.Auth.Refuse(trust.RefusedDataPlane, "data plane hello from a role that holds no KV",
 			"remote", p.raw.RemoteAddr(), "identity", p.id.String())
 		return StatusForbidden
 	}

@@ -89,9 +89,11 @@ func TestDataPlaneStrangerCertificate(t *testing.T) {
 	}
 }
 
-// Only a role that prefills has KV to send: any other certificate of the
-// cluster is refused in the hello reply, counted; prefill and all are
-// served, and each batch is handed on with the sender's identity. A TLS
+// Only a role that holds KV has any to send: prefill, all, and decode (a
+// running request's move) are served, and each batch is handed on with the
+// sender's identity, which the request it is for checks against the one it
+// planned with; any other certificate of the cluster is refused in the
+// hello reply, counted. A TLS
 // probe of the address (membership's verification) is neither.
 func TestDataPlaneSenderRoles(t *testing.T) {
 	ca := trusttest.New(t)
@@ -104,8 +106,8 @@ func TestDataPlaneSenderRoles(t *testing.T) {
 		role trust.Role
 		ok   bool
 	}{
-		{trust.RolePrefill, true}, {trust.RoleAll, true},
-		{trust.RoleDecode, false}, {trust.RoleRouter, false}, {trust.RoleOperator, false}, {trust.RoleTenant, false},
+		{trust.RolePrefill, true}, {trust.RoleAll, true}, {trust.RoleDecode, true},
+		{trust.RoleRouter, false}, {trust.RoleOperator, false}, {trust.RoleTenant, false},
 	} {
 		scfg := dpSecure(t, dpTestConfig(t, dpSenderInc), ca, tc.role, "x-"+string(tc.role))
 		snd, err := Dial(scfg, srv.Addr().String(), dpReceiverInc, cfg.Auth.Self())
@@ -135,8 +137,8 @@ func TestDataPlaneSenderRoles(t *testing.T) {
 		}
 		rec.mu.Unlock()
 	}
-	if rs := srv.Stats(); rs.RefusedForbidden != uint64(forbidden) || rs.ConnectionsAccepted != 2 {
-		t.Fatalf("server stats %+v: want %d refused as forbidden, 2 accepted", rs, forbidden)
+	if rs := srv.Stats(); rs.RefusedForbidden != uint64(forbidden) || rs.ConnectionsAccepted != 3 {
+		t.Fatalf("server stats %+v: want %d refused as forbidden, 3 accepted", rs, forbidden)
 	}
 	if n := cfg.Auth.Refused()[trust.RefusedDataPlane]; n != uint64(forbidden) {
 		t.Fatalf("%d data plane refusals counted, want %d", n, forbidden)
