@@ -138,7 +138,10 @@ type MoveNumber struct {
 func (a *admissionActor) moveNumber(c actor.Context, m MoveNumber) {
 	for name, l := range a.live {
 		if l.number == m.Number {
-			c.Send(actor.NewPID(c.Self().Address, name), MoveJob{MoveID: m.MoveID, To: m.To, ReplyTo: c.Sender()})
+			// As a request, so that one whose actor stopped meanwhile is
+			// answered by a dead letter rather than never.
+			c.RequestWithCustomSender(actor.NewPID(c.Self().Address, name),
+				MoveJob{MoveID: m.MoveID, To: m.To, ReplyTo: c.Sender()}, c.Sender())
 			return
 		}
 	}

@@ -441,11 +441,17 @@ func (n *Node) Move(number uint64, to handoff.Peer, timeout time.Duration) error
 		return &NotInFlightError{Number: number, Incarnation: n.cfg.Incarnation, Self: n.cfg.Incarnation}
 	}
 	id := n.counters.requestIDs.Add(1) // a move is named as an attempt is: unique in this run
-	rep, err := ask[MoveDone](n.root, n.admission, MoveNumber{Number: number, MoveID: id, To: to}, timeout)
-	if err != nil {
-		return err
+	res, err := n.root.RequestFuture(n.admission, MoveNumber{Number: number, MoveID: id, To: to}, timeout).Result()
+	switch rep := res.(type) {
+	case MoveDone:
+		return rep.Err
+	case *actor.DeadLetterResponse:
+		// The request ended as the move was asked.
+		return &NotInFlightError{Number: number, Incarnation: n.cfg.Incarnation, Self: n.cfg.Incarnation}
+	case nil:
+		return &NoAnswerError{Call: "MoveNumber to admission", Timeout: timeout, Cause: err}
 	}
-	return rep.Err
+	return fmt.Errorf("actors: MoveNumber answered %T", res)
 }
 
 // Status asks the admission actor for the node's request accounting; a

@@ -13,9 +13,13 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
+	"github.com/kvwarden/kvwarden/messages/messagestest"
+	"github.com/kvwarden/kvwarden/trust"
+	"github.com/kvwarden/kvwarden/trust/trusttest"
 )
 
 // TestRequestMovesBetweenDecodeNodes: a long request through a router runs
@@ -25,86 +29,18 @@ import (
 // counts it moved and the other completed, the router followed the stream,
 // and every pool of the four nodes is free again.
 func TestRequestMovesBetweenDecodeNodes(t *testing.T) {
-	const maxTokens = 1800 // the answer ends at its stop token, long enough for the move to land well before
-	long := func(cfg *NodeConfig) { cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 2048, maxTokens }
-	p := startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil, long)
-	decodes := []*Node{
-		startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, func(cfg *NodeConfig) {
-			long(cfg)
-			cfg.Actors.DecodePages = 160
-		}, p.GossipAddr()),
-		startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, func(cfg *NodeConfig) {
-			long(cfg)
-			cfg.Actors.DecodePages = 160
-		}, p.GossipAddr()),
+	m := startMoving(t)
+	prompt := "a request that moves"
+	a := m.generate(prompt)
+	testwait.Recv(t, "the first token at the client", time.Minute, a.first)
+	from, to, numbers := m.holder()
+	if len(numbers) != 1 {
+		t.Fatalf("%d requests on the decode node, want 1", len(numbers))
 	}
-	r := startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, long, p.GossipAddr())
-	nodes := append([]*Node{p, r}, decodes...)
-	for _, n := range nodes {
-		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 4 && routable(n) })
-	}
-	c, err := client.Dial(r.Address(), client.Options{Auth: tenantAuth(t, "acme")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	const prompt = "a request that moves"
-	want, err := p.Actors().Model().Answer(prompt, maxTokens)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	first := make(chan struct{})
-	type answer struct {
-		res  client.Result
-		text string
-		err  error
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		var text string
-		var tokens int
-		res, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: maxTokens,
-			OnText: func(s string) { text += s }},
-			func(int) {
-				if tokens++; tokens == 1 {
-					close(first)
-				}
-			})
-		answered <- answer{res, text, err}
-	}()
-	testwait.Recv(t, "the first token at the client", time.Minute, first)
-
-	// The decode node it runs on, and its number there.
-	var from, to *Node
-	var number uint64
-	for i, d := range decodes {
-		res, err := d.Actors().Root().RequestFuture(d.Actors().Admission(), actors.ListRequests{}, time.Minute).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l := res.(*messages.InFlightList); len(l.Requests) == 1 {
-			from, to, number = d, decodes[1-i], l.Requests[0].Number
-		}
-	}
-	if from == nil {
-		t.Fatal("the request is on neither decode node")
-	}
-	if err := from.Actors().Move(number, handoff.Peer{Address: to.Address(), Incarnation: to.Incarnation()}, time.Minute); err != nil {
+	if err := from.Actors().Move(numbers[0], handoff.Peer{Address: to.Address(), Incarnation: to.Incarnation()}, time.Minute); err != nil {
 		t.Fatalf("move: %v", err)
 	}
-	a := testwait.Recv(t, "the moved request's answer", 2*time.Minute, answered)
-	if a.err != nil {
-		t.Fatal(a.err)
-	}
-	tokens := a.res.Tokens
-	if !slices.Equal(tokens, want) {
-		t.Fatalf("the moved request answered %d tokens, want the answer's %d (first difference at %d)", len(tokens),
-			len(want), firstDifference(tokens, want))
-	}
-	if a.text != a.res.Text {
-		t.Fatalf("the stream's text (%d bytes) is not the answer's (%d bytes)", len(a.text), len(a.res.Text))
-	}
+	m.answeredRight(a, prompt)
 	fs, err := from.Actors().Status()
 	if err != nil {
 		t.Fatal(err)
@@ -113,11 +49,173 @@ func TestRequestMovesBetweenDecodeNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fs.Completed != 0 || fs.Failed != 0 || ts.Completed != 1 || ts.Failed != 0 || r.rc.moved.Load() != 1 {
+	if fs.Completed != 0 || fs.Failed != 0 || ts.Completed != 1 || ts.Failed != 0 || m.r.rc.moved.Load() != 1 {
 		t.Fatalf("left node completed %d failed %d; new node completed %d failed %d; router moved %d streams",
-			fs.Completed, fs.Failed, ts.Completed, ts.Failed, r.rc.moved.Load())
+			fs.Completed, fs.Failed, ts.Completed, ts.Failed, m.r.rc.moved.Load())
 	}
-	freeEverywhere(t, nodes...)
+	freeEverywhere(t, m.nodes...)
+}
+
+// TestDrainMovesRequests: an operator drains the decode node that holds
+// long requests; it moves each to the other decode node and leaves, long
+// before they would have ended: every client gets the model's answer in
+// one stream, and every pool left is free. An operator's migrate of a
+// number not in flight is answered with it.
+func TestDrainMovesRequests(t *testing.T) {
+	m := startMoving(t)
+	// Prompts whose answers run long (524, 675 and 403 tokens): the drain
+	// comes while they stream.
+	prompts := []string{"request 0 of a drain", "request 1 of a drain", "request 3 of a drain"}
+	var answers []*answer
+	for _, p := range prompts {
+		answers = append(answers, m.generate(p))
+	}
+	for _, a := range answers {
+		testwait.Recv(t, "a first token at the client", time.Minute, a.first)
+	}
+	from, _, numbers := m.holder()
+	if len(numbers) == 0 {
+		t.Fatal("no request on a decode node")
+	}
+	op := messagestest.StartAwaiting(t, trusttest.Shared(t).Authority(t, trust.RoleOperator, "op", nil))
+	rep := operatorAsk(t, op, from.Address(), &messages.MigrateRequest{Number: 1 << 50}).(*messages.MigrateReply)
+	if rep.Moved != 0 || rep.Stayed != 1 || rep.Err == nil || rep.Err.Code != messages.CodeBadRequest {
+		t.Fatalf("migrate of a number not in flight: %+v (%v)", rep, rep.Err)
+	}
+	operatorAsk(t, op, from.Address(), &messages.DrainRequest{})
+	testwait.Recv(t, "the drained node's stop", time.Minute, from.Stopped())
+	for i, a := range answers {
+		m.answeredRight(a, prompts[i])
+	}
+	// A request may end before the drain comes to it; most do not.
+	if moved := m.r.rc.moved.Load(); moved < 1 || moved > uint64(len(numbers)) {
+		t.Fatalf("the router followed %d streams, %d were on the drained node", moved, len(numbers))
+	}
+	var left []*Node
+	for _, n := range m.nodes {
+		if n != from {
+			left = append(left, n)
+		}
+	}
+	freeEverywhere(t, left...)
+}
+
+// moving is a prefill node, a router and two decode nodes, for requests of
+// up to moveTokens tokens, and a client of the router.
+type moving struct {
+	t       *testing.T
+	p, r    *Node
+	decodes []*Node
+	nodes   []*Node
+	c       *client.Client
+}
+
+// moveTokens is the most an answer runs to; the tests' answers end at
+// their stop token before (the large model's, 403 to 675 tokens), long
+// enough for a move to land well before their end.
+const moveTokens = 700
+
+func startMoving(t *testing.T) *moving {
+	t.Helper()
+	// The large model steps slowly enough (a millisecond a token, alone)
+	// that a stream lasts a second or more.
+	long := func(cfg *NodeConfig) {
+		cfg.Actors.Model = engine.LargeModelConfig()
+		cfg.Actors.ContextTokens, cfg.Actors.MaxTokensMax = 1024, moveTokens
+	}
+	decode := func(cfg *NodeConfig) {
+		long(cfg)
+		cfg.Actors.DecodePages = 240
+	}
+	m := &moving{t: t}
+	m.p = startNodeTuned(t, testAuth(t, actors.RolePrefill), actors.RolePrefill, nil, long)
+	m.decodes = []*Node{
+		startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, decode, m.p.GossipAddr()),
+		startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, decode, m.p.GossipAddr()),
+	}
+	m.r = startNodeTuned(t, testAuth(t, actors.RoleRouter), actors.RoleRouter, nil, long, m.p.GossipAddr())
+	m.nodes = append([]*Node{m.p, m.r}, m.decodes...)
+	for _, n := range m.nodes {
+		waitFor(t, "membership converges", time.Minute, func() bool { return aliveCount(n) == 4 && routable(n) })
+	}
+	var err error
+	if m.c, err = client.Dial(m.r.Address(), client.Options{Auth: tenantAuth(t, "acme")}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.c.Close)
+	return m
+}
+
+// answer is a request's answer on its way: first is closed at its first
+// token, and done gives the result with the text its stream carried.
+type answer struct {
+	first chan struct{}
+	done  chan answered
+}
+
+type answered struct {
+	res  client.Result
+	text string
+	err  error
+}
+
+// generate sends prompt through the router for up to moveTokens tokens.
+func (m *moving) generate(prompt string) *answer {
+	a := &answer{first: make(chan struct{}), done: make(chan answered, 1)}
+	go func() {
+		var text string
+		var tokens int
+		res, err := m.c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: moveTokens,
+			OnText: func(s string) { text += s }},
+			func(int) {
+				if tokens++; tokens == 1 {
+					close(a.first)
+				}
+			})
+		a.done <- answered{res, text, err}
+	}()
+	return a
+}
+
+// holder is the decode node holding the most requests, the other, and the
+// numbers of its requests.
+func (m *moving) holder() (from, to *Node, numbers []uint64) {
+	m.t.Helper()
+	for i, d := range m.decodes {
+		res, err := d.Actors().Root().RequestFuture(d.Actors().Admission(), actors.ListRequests{}, time.Minute).Result()
+		if err != nil {
+			m.t.Fatal(err)
+		}
+		var ns []uint64
+		for _, r := range res.(*messages.InFlightList).Requests {
+			ns = append(ns, r.Number)
+		}
+		if len(ns) > len(numbers) {
+			from, to, numbers = d, m.decodes[1-i], ns
+		}
+	}
+	return from, to, numbers
+}
+
+// answeredRight waits for a's answer and checks it is the model's answer
+// to prompt, in tokens and in the text its stream carried.
+func (m *moving) answeredRight(a *answer, prompt string) {
+	m.t.Helper()
+	want, err := m.p.Actors().Model().Answer(prompt, moveTokens)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	got := testwait.Recv(m.t, "an answer", 2*time.Minute, a.done)
+	if got.err != nil {
+		m.t.Fatal(got.err)
+	}
+	if !slices.Equal(got.res.Tokens, want) {
+		m.t.Fatalf("answered %d tokens, want the model's %d (first difference at %d)", len(got.res.Tokens), len(want),
+			firstDifference(got.res.Tokens, want))
+	}
+	if got.text != got.res.Text {
+		m.t.Fatalf("the stream's text (%d bytes) is not the answer's (%d bytes)", len(got.text), len(got.res.Text))
+	}
 }
 
 func firstDifference(a, b []int) int {

@@ -926,7 +926,7 @@ func (c *controlActor) Receive(ctx actor.Context) {
 	var sender trust.Sender
 	switch ctx.Message().(type) {
 	case *messages.StatusRequest, *messages.DrainRequest, *messages.PressureRequest, *messages.ListInFlight,
-		*messages.CancelInFlight:
+		*messages.CancelInFlight, *messages.MigrateRequest:
 		// Only operators (and this process) may ask: a refusal is counted
 		// and not answered, so the asker learns nothing.
 		if sender = c.node.cfg.Auth.Of(ctx); !sender.May(trust.RoleOperator) {
@@ -977,6 +977,22 @@ func (c *controlActor) Receive(ctx actor.Context) {
 		if err := messages.Respond(ctx, c.node.pressure(m)); err != nil {
 			c.node.log.Error("pressure reply refused by its own validation", "err", err)
 		}
+	case *messages.MigrateRequest:
+		// The moves take a while: answered from a goroutine of their own.
+		by, asker, root := sender.String(), ctx.Sender(), c.node.actors.Root()
+		go func() {
+			moved, stayed, why := c.node.moveAway(m.Number)
+			rep := &messages.MigrateReply{Moved: uint32(moved), Stayed: uint32(stayed)}
+			if why != nil && stayed > 0 {
+				rep.Err = handoff.Wire(why)
+			}
+			c.node.log.Info("requests moved away", "moved", moved, "stayed", stayed, "why", why, "operator", by)
+			if asker != nil {
+				if err := messages.Send(root, asker, rep); err != nil {
+					c.node.log.Error("migrate reply refused by its own validation", "err", err)
+				}
+			}
+		}()
 	case *messages.DrainRequest:
 		inflight, err := c.node.actors.Drain()
 		if err != nil {
@@ -987,6 +1003,14 @@ func (c *controlActor) Receive(ctx actor.Context) {
 		}
 		sender, root := ctx.Sender(), c.node.actors.Root()
 		go func() {
+			if !m.Stay {
+				// What can move goes first; the drain then waits for what
+				// could not.
+				moved, stayed, why := c.node.moveAway(0)
+				if moved+stayed > 0 {
+					c.node.log.Info("drain: requests moved away", "moved", moved, "stayed", stayed, "why", why)
+				}
+			}
 			left, err := c.node.drainWait()
 			if err != nil {
 				c.node.log.Error("drain", "err", err)

@@ -709,18 +709,33 @@ type DrainRequest struct {
 	// Wait asks for the DrainReply when the drain is done rather than at
 	// once.
 	Wait bool `msgpack:"wait,omitempty"`
+	// Stay keeps the requests in flight where they are until they end; by
+	// default a decode node moves each it can to another decode node
+	// first (version 2; a node of an older build moves none, and refuses
+	// a Stay by its version).
+	Stay bool `msgpack:"stay,omitempty"`
 }
 
-var drainRequestKeys = []string{"wait"}
+var drainRequestKeys = []string{"wait", "stay"}
 
 func (*DrainRequest) TypeCode() TypeCode { return TypeDrainRequest }
+
+func (m *DrainRequest) wireVersion() uint8 {
+	if m.Stay {
+		return 2
+	}
+	return 1
+}
 
 func (*DrainRequest) Validate() error { return nil }
 
 func (m *DrainRequest) DecodeMsgpack(d *msgpack.Decoder) error {
 	const t = TypeDrainRequest
-	return fields(d, t, drainRequestKeys, func(int) error {
-		return readBool(d, t, "wait", &m.Wait)
+	return fields(d, t, drainRequestKeys, func(i int) error {
+		if i == 0 {
+			return readBool(d, t, "wait", &m.Wait)
+		}
+		return readBool(d, t, "stay", &m.Stay)
 	})
 }
 

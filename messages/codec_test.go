@@ -88,6 +88,11 @@ func samples() []Message {
 			{Incarnation: 3, Index: 7, Generation: math.MaxUint64}}, DataPlane: "decode-2.internal:7071"},
 		&StreamMoved{RequestID: 7, Seq: 12, To: "10.0.0.3:8090", ToID: "request-0f3c", ToIncarnation: math.MaxUint64},
 		&StreamTake{RequestID: 7, Seq: 12},
+		&DrainRequest{Wait: true, Stay: true},
+		&MigrateRequest{},
+		&MigrateRequest{Number: 1 << 40},
+		&MigrateReply{Moved: 15},
+		&MigrateReply{Moved: 3, Stayed: 2, Err: &WireError{Code: CodeBusy, Message: "no decode node took it"}},
 	}, inFlightSamples()...)
 }
 
@@ -218,6 +223,8 @@ func TestKeysMatchTags(t *testing.T) {
 		{MovePlan{}, movePlanKeys},
 		{StreamMoved{}, streamMovedKeys},
 		{StreamTake{}, streamTakeKeys},
+		{MigrateRequest{}, migrateRequestKeys},
+		{MigrateReply{}, migrateReplyKeys},
 		{WireError{}, wireErrorKeys},
 		{kv.Tag{}, tagKeys},
 	}
@@ -329,7 +336,9 @@ func TestWorstCaseFits(t *testing.T) {
 		&MovePlan{MoveID: math.MaxUint64, Tenant: tenant, Request: math.MaxUint64, DestTags: tags, DataPlane: addr},
 		&StreamMoved{RequestID: math.MaxUint64, Seq: GenerateTokensMax, To: addr, ToID: strings.Repeat("r", StreamToBytesMax),
 			ToIncarnation: math.MaxUint64},
-		&StreamTake{RequestID: math.MaxUint64, Seq: GenerateTokensMax})
+		&StreamTake{RequestID: math.MaxUint64, Seq: GenerateTokensMax},
+		&MigrateRequest{Number: math.MaxUint64},
+		&MigrateReply{Moved: math.MaxUint32, Stayed: math.MaxUint32, Err: &werr})
 	for _, m := range worst {
 		frame := mustEncode(t, m)
 		t.Logf("%-16s worst case %8d bytes (limit %d)", m.TypeCode(), len(frame), MessageBytesMax)
@@ -408,6 +417,7 @@ func TestValidateRefuses(t *testing.T) {
 		{"stream moved to no run", &StreamMoved{RequestID: 1, Seq: 1, To: "h:1", ToID: "x"}, &invalid},
 		{"stream moved before a chunk", &StreamMoved{RequestID: 1, To: "h:1", ToID: "x", ToIncarnation: 1}, &invalid},
 		{"stream taken of no request", &StreamTake{Seq: 1}, &invalid},
+		{"migrate reply of an error and no request stayed", &MigrateReply{Moved: 1, Err: &WireError{Code: CodeBusy}}, &invalid},
 		{"batch item of both", &TokenBatch{Items: []StreamItem{{To: "a", Chunk: &TokenChunk{RequestID: 1, Seq: 1, Tokens: []uint32{1}},
 			Result: &GenerateResult{RequestID: 1, FinishReason: FinishStop}}}}, &invalid},
 		{"batch item of neither", &TokenBatch{Items: []StreamItem{{To: "a"}}}, &invalid},
@@ -636,6 +646,7 @@ func TestDecodeRefuses(t *testing.T) {
 		{"huge pool array", append(frame(t, TypeStatusReply, 1, nil)[:3],
 			0x81, 0xa4, 'n', 'o', 'd', 'e', 0x81, 0xa5, 'p', 'o', 'o', 'l', 's', 0xdd, 0xff, 0xff, 0xff, 0xff), &tooLarge},
 		{"drain wait not a bool", frame(t, TypeDrainRequest, 1, map[string]any{"wait": 1}), &malformed},
+		{"drain stay in a version 1 frame", frame(t, TypeDrainRequest, 1, map[string]any{"stay": true}), &invalid},
 		{"status long faults", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"faults": strings.Repeat("f", FaultSpecBytesMax+1)}}), &tooLarge},
 		{"status huge fault counts", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"fault_counts": make([]uint64, FaultKindsMax+1)}}), &tooLarge},
 		{"status huge integrity counts", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"integrity": make([]uint64, IntegrityReasonsMax+1)}}), &tooLarge},

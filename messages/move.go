@@ -314,3 +314,61 @@ func (m *MoveRequest) Serialize() (remote.RootSerialized, error) { return serial
 func (m *MovePlan) Serialize() (remote.RootSerialized, error)    { return serialize(m) }
 func (m *StreamMoved) Serialize() (remote.RootSerialized, error) { return serialize(m) }
 func (m *StreamTake) Serialize() (remote.RootSerialized, error)  { return serialize(m) }
+
+// MigrateRequest is an operator's ask to a decode node: move the request
+// in flight of that number (messages.InFlight.Number), or every one when
+// Number is 0, to other decode nodes. Answered with a MigrateReply once
+// every move is over.
+type MigrateRequest struct {
+	Number uint64 `msgpack:"number,omitempty"`
+}
+
+var migrateRequestKeys = []string{"number"}
+
+func (*MigrateRequest) TypeCode() TypeCode { return TypeMigrateRequest }
+
+func (*MigrateRequest) Validate() error { return nil }
+
+func (m *MigrateRequest) DecodeMsgpack(d *msgpack.Decoder) error {
+	return fields(d, TypeMigrateRequest, migrateRequestKeys, func(int) error {
+		return readU64(d, TypeMigrateRequest, "number", &m.Number)
+	})
+}
+
+// MigrateReply is how a MigrateRequest went: the requests that moved, and
+// those that stayed (they could not move, or no decode node took them);
+// Err is why the last that stayed did, if any did.
+type MigrateReply struct {
+	Moved  uint32     `msgpack:"moved"`
+	Stayed uint32     `msgpack:"stayed"`
+	Err    *WireError `msgpack:"err,omitempty"`
+}
+
+var migrateReplyKeys = []string{"moved", "stayed", "err"}
+
+func (*MigrateReply) TypeCode() TypeCode { return TypeMigrateReply }
+
+func (m *MigrateReply) Validate() error {
+	if m.Err != nil && m.Stayed == 0 {
+		return &InvalidFieldError{TypeMigrateReply, "err", m.Err.Error(), "none when every request moved"}
+	}
+	return nil
+}
+
+func (m *MigrateReply) DecodeMsgpack(d *msgpack.Decoder) error {
+	const t = TypeMigrateReply
+	return fields(d, t, migrateReplyKeys, func(i int) error {
+		switch i {
+		case 0:
+			return readU32(d, t, "moved", &m.Moved)
+		case 1:
+			return readU32(d, t, "stayed", &m.Stayed)
+		}
+		var err error
+		m.Err, err = readWireError(d, t, "err", true)
+		return err
+	})
+}
+
+func (m *MigrateRequest) Serialize() (remote.RootSerialized, error) { return serialize(m) }
+func (m *MigrateReply) Serialize() (remote.RootSerialized, error)   { return serialize(m) }

@@ -46,6 +46,9 @@ const (
 	TypeMovePlan    TypeCode = 24
 	TypeStreamMoved TypeCode = 25
 	TypeStreamTake  TypeCode = 26
+	// An operator's ask to move a node's requests elsewhere (move.go).
+	TypeMigrateRequest TypeCode = 27
+	TypeMigrateReply   TypeCode = 28
 )
 
 // Message is implemented by every message that crosses an actor or node
@@ -82,8 +85,10 @@ type typeInfo struct {
 // build's fault counts and its pools' cross reads, version 3 why a member
 // is unverified, version 4 the tenants' shares, version 5 the phases of
 // the first token, all optional, so versions 1 to 4 still decode; a build
-// that reads only up to 4 refuses a version 5 reply by its version. CancelRequest version 2 carries a reason; a
-// withdrawal is still sent as version 1 (see CancelRequest).
+// that reads only up to 4 refuses a version 5 reply by its version.
+// CancelRequest version 2 carries a reason; a withdrawal is still sent as
+// version 1 (see CancelRequest). DrainRequest version 2 asks the node to
+// keep its requests (Stay), and is sent only then.
 var types = [...]typeInfo{
 	TypeGenerateRequest: {"GenerateRequest", 1, 1, func() Message { return new(GenerateRequest) }},
 	TypeTokenChunk:      {"TokenChunk", 1, 1, func() Message { return new(TokenChunk) }},
@@ -96,7 +101,7 @@ var types = [...]typeInfo{
 	TypeRoutedRequest:   {"RoutedRequest", 1, 1, func() Message { return new(RoutedRequest) }},
 	TypeStatusRequest:   {"StatusRequest", 1, 1, func() Message { return new(StatusRequest) }},
 	TypeStatusReply:     {"StatusReply", 1, 5, func() Message { return new(StatusReply) }},
-	TypeDrainRequest:    {"DrainRequest", 1, 1, func() Message { return new(DrainRequest) }},
+	TypeDrainRequest:    {"DrainRequest", 1, 2, func() Message { return new(DrainRequest) }},
 	TypeDrainReply:      {"DrainReply", 1, 1, func() Message { return new(DrainReply) }},
 	TypePressureRequest: {"PressureRequest", 1, 1, func() Message { return new(PressureRequest) }},
 	TypePressureReply:   {"PressureReply", 1, 1, func() Message { return new(PressureReply) }},
@@ -115,6 +120,9 @@ var types = [...]typeInfo{
 	TypeMovePlan:    {"MovePlan", 1, 1, func() Message { return new(MovePlan) }},
 	TypeStreamMoved: {"StreamMoved", 1, 1, func() Message { return new(StreamMoved) }},
 	TypeStreamTake:  {"StreamTake", 1, 1, func() Message { return new(StreamTake) }},
+	// An operator's ask to move a node's requests elsewhere (move.go).
+	TypeMigrateRequest: {"MigrateRequest", 1, 1, func() Message { return new(MigrateRequest) }},
+	TypeMigrateReply:   {"MigrateReply", 1, 1, func() Message { return new(MigrateReply) }},
 }
 
 func lookup(c TypeCode) (typeInfo, bool) {

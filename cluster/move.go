@@ -1,0 +1,77 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/handoff"
+	"github.com/kvwarden/kvwarden/messages"
+)
+
+// moveMargin is how much longer a move is waited for than its own
+// deadline (the request's PrefillTimeout), which ends it first.
+const moveMargin = 5 * time.Second
+
+// moveAway moves the requests in flight here, every one or that of
+// number when it is not 0, to other decode nodes, one after the other:
+// each to the alive, verified, non-draining decode node of this model with
+// the most free pages that takes it. It returns how many moved, how many
+// stayed (a request that cannot move, or that no node took), and why the
+// last that stayed did.
+func (n *Node) moveAway(number uint64) (moved, stayed int, why error) {
+	if !n.cfg.Actors.Role.Decodes() {
+		return 0, 0, nil
+	}
+	res, err := n.actors.Root().RequestFuture(n.actors.Admission(), actors.ListRequests{}, n.cfg.Actors.CallTimeout).Result()
+	if err != nil {
+		return 0, 0, fmt.Errorf("cluster: listing the requests to move: %w", err)
+	}
+	list, ok := res.(*messages.InFlightList)
+	if !ok {
+		return 0, 0, fmt.Errorf("cluster: listing the requests to move: admission answered %T", res)
+	}
+	found := false
+	for _, r := range list.Requests {
+		if number != 0 && r.Number != number {
+			continue
+		}
+		found = true
+		var ended *actors.NotInFlightError
+		switch err := n.moveOne(r.Number); {
+		case err == nil:
+			moved++
+		case errors.As(err, &ended) && number == 0:
+			// It ended meanwhile: nothing is left to move.
+		default:
+			stayed, why = stayed+1, err
+		}
+	}
+	if number != 0 && !found {
+		return 0, 1, &actors.NotInFlightError{Number: number, Incarnation: n.Incarnation(), Self: n.Incarnation()}
+	}
+	return moved, stayed, why
+}
+
+// moveOne moves request number to the first decode node that takes it,
+// most free pages first; a request that cannot move is not offered to
+// another.
+func (n *Node) moveOne(number uint64) error {
+	self := n.Incarnation()
+	err := error(&handoff.MoveRefusedError{Why: "no other decode node serves this model"})
+	for _, m := range candidates(n.Members(), decodes, n.actors.Model().Fingerprint()) {
+		if m.Meta.Incarnation == self {
+			continue
+		}
+		err = n.actors.Move(number, handoff.Peer{Address: m.Meta.RemoteAddr, Incarnation: m.Meta.Incarnation},
+			n.cfg.Actors.PrefillTimeout+moveMargin)
+		var refused *handoff.MoveRefusedError
+		var ended *actors.NotInFlightError
+		if err == nil || errors.As(err, &refused) || errors.As(err, &ended) {
+			return err
+		}
+		n.log.Info("move not taken", "number", number, "to", m.Name, "err", err)
+	}
+	return err
+}
