@@ -147,12 +147,14 @@ func (r *requestActor) Receive(c actor.Context) {
 			r.run(c, m.Paused)
 		}
 	case *messages.MovePlan:
-		from := c.Sender()
-		ok := from != nil && r.mv.id != 0 && from.Address == r.mv.to.Address
-		if ok && r.mv.planner == nil {
+		// The target's request that sent the plan is the one heard from
+		// then on: pinned once the plan is taken.
+		from, planned := c.Sender(), r.core.MovePlanned()
+		r.run(c, handoff.MovePlanIn{Plan: m, FromTarget: from != nil && r.mv.id != 0 && from.Address == r.mv.to.Address,
+			From: r.auth.Of(c).String()})
+		if !planned && r.core.MovePlanned() {
 			r.mv.planner = from
 		}
-		r.run(c, handoff.MovePlanIn{Plan: m, FromTarget: ok && samePID(r.mv.planner, from), From: r.auth.Of(c).String()})
 	case *messages.TransferAck:
 		r.run(c, handoff.MoveAckIn{Ack: m, FromTarget: samePID(r.mv.planner, c.Sender()), From: r.auth.Of(c).String()})
 	case *messages.TransferAbort:
@@ -160,7 +162,11 @@ func (r *requestActor) Receive(c actor.Context) {
 		r.run(c, handoff.MoveAbortIn{Abort: m, FromTarget: from != nil && r.mv.id != 0 && from.Address == r.mv.to.Address})
 	case MoveFramesSent:
 		if m.Owner == r.core.Owner() {
-			r.run(c, handoff.MoveSent{Err: m.Err})
+			r.run(c, handoff.MoveSent{MoveID: m.MoveID, Err: m.Err})
+		}
+	case JobResumed:
+		if m.Owner == r.core.Owner() {
+			r.run(c, handoff.Resumed{})
 		}
 	case *messages.StreamTake:
 		from := c.Sender()
@@ -273,18 +279,18 @@ func (r *requestActor) do(c actor.Context, e handoff.Effect) handoff.Event {
 			return handoff.Failed{Err: err}
 		}
 	case handoff.PauseDecode:
-		c.Send(r.route.decode, PauseJob{Owner: e.Owner})
+		c.Send(r.route.decode, PauseJob{Owner: e.Owner, MoveID: e.MoveID})
 	case handoff.ResumeDecode:
 		c.Send(r.route.decode, ResumeJob{Owner: e.Owner})
 	case handoff.SendMoveRequest:
 		if err := messages.SendFrom(c, actor.NewPID(e.To.Address, AdmissionName), e.Move); err != nil {
-			return handoff.MoveSent{Err: err}
+			return handoff.MoveSent{MoveID: e.Move.MoveID, Err: err}
 		}
 	case handoff.SendMoveFrames:
-		c.Send(r.route.decode, moveFrames{SendMoveFrames: e, ReplyTo: c.Self()})
+		c.Send(r.route.decode, moveFrames{SendMoveFrames: e, To: r.mv.to.Address, ReplyTo: c.Self()})
 	case handoff.SendMoveDone:
 		if err := messages.SendFrom(c, r.mv.planner, e.Done); err != nil {
-			return handoff.MoveSent{Err: err}
+			return handoff.MoveSent{MoveID: r.mv.id, Err: err}
 		}
 	case handoff.HandOver:
 		m := &messages.StreamMoved{RequestID: r.live.client, Seq: e.Seq, To: r.mv.planner.Address, ToID: r.mv.planner.Id,

@@ -63,8 +63,14 @@ type (
 	// PauseJob holds a decode job still after the step in hand, for its
 	// request to move; the worker answers its ReplyTo JobPaused.
 	// ResumeJob has a paused job step again (nothing, for one not paused).
-	PauseJob  struct{ Owner kv.Owner }
+	PauseJob struct {
+		Owner  kv.Owner
+		MoveID uint64
+	}
 	ResumeJob struct{ Owner kv.Owner }
+	// JobResumed tells a request moved here that its job began: the last
+	// token it streamed where it was, recomputed from the pages received.
+	JobResumed struct{ Owner kv.Owner }
 	// JobPaused is a paused job's pages and tail (handoff.Sequence.Paused),
 	// or why there is no such job.
 	JobPaused struct {
@@ -103,16 +109,18 @@ type (
 		move   *moveSend // a move's frames, nil for a prefill job's
 	}
 	// moveFrames asks a decode worker to send a paused job's pages to a
-	// move's target (handoff.SendMoveFrames); it answers ReplyTo
-	// MoveFramesSent.
+	// move's target, whose remote address is To (handoff.SendMoveFrames);
+	// it answers ReplyTo MoveFramesSent.
 	moveFrames struct {
 		handoff.SendMoveFrames
+		To      string
 		ReplyTo *actor.PID
 	}
 	// MoveFramesSent answers a moveFrames: the frames went, or why not.
 	MoveFramesSent struct {
-		Owner kv.Owner
-		Err   error
+		Owner  kv.Owner
+		MoveID uint64
+		Err    error
 	}
 	// injectFault installs a function the worker applies to every
 	// transfer's frames after prefill sealed their pages and before they
@@ -275,7 +283,7 @@ func (w *workerActor) Receive(c actor.Context) {
 	case CancelJob:
 		w.cancel(c, m.Owner)
 	case PauseJob:
-		w.pause(c, m.Owner)
+		w.pause(c, m)
 	case ResumeJob:
 		if s := w.paused[m.Owner]; s != nil {
 			delete(w.paused, m.Owner)
@@ -594,6 +602,7 @@ func (w *workerActor) sendAsync(c actor.Context, addr string, inc uint64, frames
 // pages' bytes until the send is over, and whom to tell.
 type moveSend struct {
 	owner   kv.Owner
+	id      uint64
 	leases  []kv.Lease
 	replyTo *actor.PID
 }
@@ -602,11 +611,20 @@ type moveSend struct {
 // page's bytes read under a lease of its own, held until the send is
 // over, then the tail's as the job gave them.
 func (w *workerActor) sendMove(c actor.Context, m moveFrames) {
-	ms := &moveSend{owner: m.Owner, replyTo: m.ReplyTo}
+	ms := &moveSend{owner: m.Owner, id: m.MoveID, replyTo: m.ReplyTo}
 	fail := func(err error) { w.moveSent(c, ms, err) }
 	if w.dial == nil {
 		fail(fmt.Errorf("actors: a move to data plane %s and this node has none", m.Plan.DataPlane))
 		return
+	}
+	// The KV goes only to the data plane membership gives the target.
+	if w.policy.dataPlaneOf != nil {
+		if addr, _, ok := w.policy.dataPlaneOf(m.To); !ok || addr != m.Plan.DataPlane {
+			w.policy.auth.Refuse(trust.RefusedStranger, "move plan", "target", m.To, "data_plane", m.Plan.DataPlane,
+				"advertised", addr)
+			fail(&DataPlaneMismatchError{Sender: m.To, Named: m.Plan.DataPlane, Advertised: addr})
+			return
+		}
 	}
 	frames := make([]kv.Frame, 0, len(m.Pages))
 	first := 0
@@ -639,7 +657,7 @@ func (w *workerActor) moveSent(c actor.Context, ms *moveSend, err error) {
 			w.log.Warn("unlease of a moved page refused", "tag", l.Tag.String(), "err", uerr)
 		}
 	}
-	c.Send(ms.replyTo, MoveFramesSent{Owner: ms.owner, Err: err})
+	c.Send(ms.replyTo, MoveFramesSent{Owner: ms.owner, MoveID: ms.id, Err: err})
 }
 
 // Pauses between dials of a data plane that answered busy or cut the
@@ -775,7 +793,9 @@ func (w *workerActor) startDecode(c actor.Context, job DecodeJob) {
 		c.Send(job.ReplyTo, DecodeDone{Owner: owner, Err: err})
 		return
 	}
-	if !job.Resume { // a moved job's streamed where it was
+	if job.Resume { // a moved job's first token streamed where it was
+		c.Send(job.ReplyTo, JobResumed{Owner: owner})
+	} else {
 		c.Send(job.ReplyTo, TokenOut{Owner: owner, Token: job.Next})
 	}
 	if s.Ended() {
@@ -803,10 +823,12 @@ func (w *workerActor) finish(c actor.Context, idx int, cause error) {
 
 // pause takes job o out of the steps and answers its request with its
 // pages and tail; a job that cannot give them steps on.
-func (w *workerActor) pause(c actor.Context, o kv.Owner) {
+func (w *workerActor) pause(c actor.Context, m PauseJob) {
+	o := m.Owner
 	for i, s := range w.seqs {
 		if s.Owner() == o {
 			p := s.Paused()
+			p.MoveID = m.MoveID
 			if p.Err == nil {
 				w.seqs = append(w.seqs[:i], w.seqs[i+1:]...)
 				w.paused[o] = s
@@ -816,7 +838,8 @@ func (w *workerActor) pause(c actor.Context, o kv.Owner) {
 		}
 	}
 	if c.Sender() != nil {
-		c.Send(c.Sender(), JobPaused{Owner: o, Paused: handoff.Paused{Err: fmt.Errorf("actors: no decode job of %s here", o)}})
+		c.Send(c.Sender(), JobPaused{Owner: o, Paused: handoff.Paused{MoveID: m.MoveID,
+			Err: fmt.Errorf("actors: no decode job of %s here", o)}})
 	}
 }
 

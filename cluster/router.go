@@ -13,6 +13,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/actors"
+	"github.com/kvwarden/kvwarden/cluster/membership"
 	"github.com/kvwarden/kvwarden/engine"
 	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/kv"
@@ -115,6 +116,14 @@ type relayRetry struct{ cause *messages.WireError }
 // prefill node holds the request's pages no more.
 type relayTokens struct{}
 
+// relayMoved tells the router that the relay's stream moved to the decode
+// node of that run at that remote address: its pages are counted there,
+// and its loss reaches the relay.
+type relayMoved struct {
+	addr        string
+	incarnation uint64
+}
+
 // reroute is the router's answer to a relayRetry: the request sent to
 // another decode node, or none (admission nil) when no other can take it.
 type reroute struct {
@@ -193,6 +202,17 @@ func (r *routerActor) Receive(c actor.Context) {
 			if rt.decode.Meta.Incarnation == m.incarnation {
 				c.Send(actor.NewPID(c.Self().Address, id), m)
 			}
+		}
+	case relayMoved:
+		if rt := r.relays[c.Sender().Id]; rt != nil {
+			r.routing.Done(rt.decode.Meta.Incarnation, rt.decodePages)
+			rt.decode = Member{Meta: membership.Meta{RemoteAddr: m.addr, Incarnation: m.incarnation}}
+			for _, mb := range r.members() {
+				if mb.Meta.Incarnation == m.incarnation {
+					rt.decode = mb
+				}
+			}
+			r.routing.Sent(m.incarnation, rt.decodePages)
 		}
 	case relayTokens:
 		if rt := r.relays[c.Sender().Id]; rt != nil {
@@ -577,6 +597,9 @@ type relay struct {
 	// moving is the decode node's word that the stream moved, waiting for
 	// its chunks up to the one it names (they may come after it).
 	moving *messages.StreamMoved
+	// cancel is the client's cancel passed on, if any: a stream that moves
+	// after it carries it to the node it moves to.
+	cancel *messages.CancelRequest
 	// streams takes the decode nodes' answers in batches (the relay asks
 	// for them) and, when the client asked for batches (batched), passes
 	// them on so.
@@ -652,6 +675,7 @@ func (rl *relay) Receive(c actor.Context) {
 			rl.cancelled = true // the request goes nowhere else
 			return
 		}
+		rl.cancel = m
 		c.Request(rl.admission, m)
 	case memberLost:
 		if rl.held == nil && m.incarnation == rl.decode {
@@ -721,12 +745,18 @@ func (rl *relay) handOver() {
 		"after", rl.seq)
 	rl.admission, rl.decode = actor.NewPID(m.To, actors.AdmissionName), m.ToIncarnation
 	rl.counters.moved.Add(1)
+	rl.tell(relayMoved{addr: m.To, incarnation: m.ToIncarnation})
 	take := &messages.StreamTake{RequestID: rl.id, Seq: rl.seq}
 	if err := take.Validate(); err != nil {
 		rl.log.Error("stream take refused by its own validation", "err", err)
 		return
 	}
 	rl.root.RequestWithCustomSender(actor.NewPID(m.To, m.ToID), take, rl.self)
+	if rl.cancel != nil {
+		// Cancelled while the stream moved: the node it left may have
+		// ended the request as moved before the cancel came.
+		rl.root.RequestWithCustomSender(rl.admission, rl.cancel, rl.self)
+	}
 }
 
 // result takes the decode node's result (from: its sender): passed on,

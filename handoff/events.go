@@ -117,9 +117,10 @@ type (
 	// not there (its end is on its way), or cannot give its pages and
 	// steps on.
 	Paused struct {
-		Pages []kv.ManifestPage
-		Tail  []byte
-		Err   error
+		MoveID uint64
+		Pages  []kv.ManifestPage
+		Tail   []byte
+		Err    error
 	}
 	// MovePlanIn is the target's MovePlan; FromTarget says whether it came
 	// from the move's target, From who sent it.
@@ -129,8 +130,15 @@ type (
 		From       string
 	}
 	// MoveSent answers SendMoveFrames, and a SendMoveRequest or
-	// SendMoveDone that could not be sent (Err).
-	MoveSent struct{ Err error }
+	// SendMoveDone that could not be sent (Err), of move MoveID.
+	MoveSent struct {
+		MoveID uint64
+		Err    error
+	}
+	// Resumed: the decode job of a request moved here began, its last
+	// token recomputed from the pages received (a failure ends it with
+	// DecodeEnded instead).
+	Resumed struct{}
 	// MoveAckIn and MoveAbortIn are the target's TransferAck and
 	// TransferAbort of the move.
 	MoveAckIn struct {
@@ -249,9 +257,13 @@ type (
 		Plan *messages.MovePlan
 	}
 	// PauseDecode holds the request's decode job still after the step in
-	// hand, every token of earlier steps streamed; answered by Paused.
-	// ResumeDecode has it step again (a job not paused goes on as it was).
-	PauseDecode  struct{ Owner kv.Owner }
+	// hand, every token of earlier steps streamed, for move MoveID;
+	// answered by Paused. ResumeDecode has it step again (a job not paused
+	// goes on as it was).
+	PauseDecode struct {
+		Owner  kv.Owner
+		MoveID uint64
+	}
 	ResumeDecode struct{ Owner kv.Owner }
 	// SendMoveRequest goes to the target of a move.
 	SendMoveRequest struct {
@@ -263,10 +275,11 @@ type (
 	// bytes read under leases, Tail's as they are (the last page, when
 	// Tail holds rows); answered by MoveSent.
 	SendMoveFrames struct {
-		Plan  *messages.MovePlan
-		Owner kv.Owner
-		Pages []kv.ManifestPage
-		Tail  []byte
+		MoveID uint64
+		Plan   *messages.MovePlan
+		Owner  kv.Owner
+		Pages  []kv.ManifestPage
+		Tail   []byte
 	}
 	// SendMoveDone goes to the request of the target that sent the plan:
 	// the move's report, or its failure (Done.Err); a report that cannot
@@ -340,6 +353,7 @@ func (MoveSent) event()        {}
 func (MoveAckIn) event()       {}
 func (MoveAbortIn) event()     {}
 func (MoveDeadline) event()    {}
+func (Resumed) event()         {}
 
 func (Reserve) effect()         {}
 func (Release) effect()         {}

@@ -156,6 +156,8 @@ func (r *Request) Movable() error {
 		return &MoveRefusedError{Why: "it is not decoding"}
 	case r.out != nil:
 		return &MoveRefusedError{Why: fmt.Sprintf("move %d is under way", r.out.id)}
+	case r.move != nil && !r.taken:
+		return &MoveRefusedError{Why: "it moved here and its stream has not been taken yet"}
 	case len(r.tokens) == 0:
 		return &MoveRefusedError{Why: "no token streamed yet"}
 	case len(r.tokens) >= r.maxNew-1:
@@ -164,6 +166,9 @@ func (r *Request) Movable() error {
 	return nil
 }
 
+// MovePlanned says the request's move under way has its target's plan.
+func (r *Request) MovePlanned() bool { return r.out != nil && r.out.plan != nil }
+
 // moveOutStart pauses the decode job for the move e asks for.
 func (r *Request) moveOutStart(e MoveOut) []Effect {
 	if r.Movable() != nil {
@@ -171,15 +176,15 @@ func (r *Request) moveOutStart(e MoveOut) []Effect {
 		return nil
 	}
 	r.out = &moveOut{id: e.MoveID, to: e.To, receiver: e.Receiver, receiverID: e.ReceiverID}
-	return []Effect{PauseDecode{Owner: r.owner}, Timer{After: r.cfg.PrefillTimeout, Event: MoveDeadline{MoveID: e.MoveID}}}
+	return []Effect{PauseDecode{Owner: r.owner, MoveID: e.MoveID}, Timer{After: r.cfg.PrefillTimeout, Event: MoveDeadline{MoveID: e.MoveID}}}
 }
 
 // paused asks the target to take the request over, once the decode job
 // holds still with every position but the last token's in its pages.
 func (r *Request) paused(e Paused) []Effect {
 	o := r.out
-	if o == nil || o.paused {
-		r.counts.Ignored++
+	if o == nil || o.paused || e.MoveID != o.id {
+		r.counts.Ignored++ // an earlier move's pause, answered late
 		return nil
 	}
 	if e.Err != nil {
@@ -225,14 +230,14 @@ func (r *Request) movePlanIn(e MovePlanIn) []Effect {
 		return r.moveFailed(&kv.ManifestError{Field: "move plan pages", Page: -1, Want: len(o.pages), Have: len(p.DestTags)})
 	}
 	o.plan = p
-	return []Effect{SendMoveFrames{Plan: p, Owner: r.owner, Pages: o.pages, Tail: o.tail}}
+	return []Effect{SendMoveFrames{MoveID: o.id, Plan: p, Owner: r.owner, Pages: o.pages, Tail: o.tail}}
 }
 
 // moveSent reports the move's pages to the target once its frames left.
 func (r *Request) moveSent(e MoveSent) []Effect {
 	o := r.out
 	switch {
-	case o == nil:
+	case o == nil || e.MoveID != o.id:
 		r.counts.Ignored++
 		return nil
 	case e.Err != nil:

@@ -176,6 +176,7 @@ func (mv *move) do(e Effect) Event {
 			return DecodeEnded{Err: err}
 		}
 		mv.seq = s
+		return Resumed{}
 	case SendAck:
 		mv.acks++
 		if mv.onAck != nil {
@@ -324,8 +325,9 @@ func TestMovedRequestGoesOn(t *testing.T) {
 // refused and counted and changes nothing; a take at another chunk than
 // the source's last fails the request to the receiver; a request never
 // taken ends silently at its deadline; a report naming another last token
-// than the move's fails it silently and aborts the move. Every page goes
-// back each time.
+// than the move's, or pages whose last row that token does not give, fail
+// it silently, unacknowledged, and abort the move. Every page goes back
+// each time.
 func TestMovedRequestEndsClean(t *testing.T) {
 	prompt := movePrompt()
 	const k, maxNew = 6, 16
@@ -377,6 +379,24 @@ func TestMovedRequestEndsClean(t *testing.T) {
 			}
 		}
 	})
+	t.Run("a last row the token does not give", func(t *testing.T) {
+		// A source that sums what it sends, wrong rows and all: the seals
+		// hold, and decode's recomputation of the last row refuses it
+		// before anything is acknowledged.
+		mv := newMove(t, prompt, k, maxNew)
+		last := &mv.pages[len(mv.pages)-1]
+		last.rows = slices.Clone(last.rows)
+		last.rows[len(last.rows)-1] ^= 1
+		first := mv.m.Positions() - len(last.rows)/mv.target.Geometry().BytesPerToken()
+		last.sum = kv.PageChecksum(last.tag, sourceOwner, first, len(last.rows)/mv.target.Geometry().BytesPerToken(), last.rows)
+		mv.step(Start{})
+		if mv.finish == nil || !mv.finish.Silent || mv.acks != 0 || mv.aborts != 1 {
+			t.Fatalf("answer %+v, %d acks, %d aborts", mv.finish, mv.acks, mv.aborts)
+		}
+		if n := mv.busy(); n != 0 {
+			t.Fatalf("%d target pages held", n)
+		}
+	})
 	t.Run("another last token", func(t *testing.T) {
 		mv := newMove(t, prompt, k, maxNew)
 		mv.lastToken ^= 1
@@ -404,6 +424,10 @@ type twoNodes struct {
 	tgt     *move
 	dropAck bool
 	ended   []MoveEnded
+	// holdPause keeps the answer to the next pause (held) instead of
+	// giving it at once.
+	holdPause bool
+	held      *Paused
 }
 
 func newTwoNodes(t *testing.T, prompt []int, maxNew int) *twoNodes {
@@ -430,7 +454,13 @@ func (n *twoNodes) source(e Effect) (Event, bool) {
 		p.step(p.req, TokenIn{Token: e.Next})
 	case PauseDecode:
 		n.paused = true
-		return n.job.Paused(), true
+		p := n.job.Paused()
+		p.MoveID = e.MoveID
+		if n.holdPause {
+			n.holdPause, n.held = false, &p
+			return nil, true
+		}
+		return p, true
 	case ResumeDecode:
 		n.paused = false
 	case CancelDecode:
@@ -452,7 +482,7 @@ func (n *twoNodes) source(e Effect) (Event, bool) {
 		n.tgt.step(Start{})
 	case SendMoveFrames:
 		n.tgt.step(FramesIn{Frames: n.frames(e)})
-		return MoveSent{}, true
+		return MoveSent{MoveID: e.MoveID}, true
 	case SendMoveDone:
 		n.tgt.step(TransferIn{Done: e.Done, FromPrefill: true})
 	case HandOver:
@@ -630,5 +660,50 @@ func TestMoveEndsWithItsRequest(t *testing.T) {
 	n.moveOut()
 	if n.paused || n.tgt != nil {
 		t.Fatal("a request that cannot move paused or asked a target")
+	}
+}
+
+// TestLatePauseAnswerIsNotTheNextMoves: a move whose target is lost before
+// the job's pause is answered ends, and decode goes on; the pause's answer,
+// late, is not taken for the next move's, and the next move carries the
+// stream on whole.
+func TestLatePauseAnswerIsNotTheNextMoves(t *testing.T) {
+	prompt := movePrompt()
+	const maxNew = 20
+	e, err := engine.NewReferenceEngine(tinyModel())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := e.Reference(prompt, maxNew)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newTwoNodes(t, prompt, maxNew)
+	n.decode(3)
+	n.holdPause = true
+	n.moveOut() // move 3: its pause not answered yet
+	late := n.held
+	n.p.step(n.p.req, PeerLost{Incarnation: targetInc})
+	if len(n.ended) != 1 || n.paused || n.tgt != nil {
+		t.Fatalf("move ended %+v, paused %t, target asked %t", n.ended, n.paused, n.tgt != nil)
+	}
+	n.decode(2) // decode goes on
+	ignored := n.p.req.Counts().Ignored
+	n.p.step(n.p.req, MoveOut{MoveID: 4, To: Peer{Address: "target:1", Incarnation: targetInc}, Receiver: "router:1",
+		ReceiverID: "relay"})
+	if n.tgt == nil {
+		t.Fatal("the next move did not start")
+	}
+	n.p.step(n.p.req, *late) // move 3's answer, late
+	if got := n.p.req.Counts().Ignored; got != ignored+1 {
+		t.Fatalf("the late pause answer was taken (%d ignored, want %d)", got, ignored+1)
+	}
+	n.tgt.decode(maxNew)
+	var streamed []int
+	for _, c := range n.tgt.chunks {
+		streamed = append(streamed, ints(c.Tokens)...)
+	}
+	if got := slices.Concat(n.p.tokens, streamed); !slices.Equal(got, want) || n.p.finish == nil || !n.p.finish.Moved {
+		t.Fatalf("the client got %v, want %v; the source ended %+v", got, want, n.p.finish)
 	}
 }

@@ -140,6 +140,7 @@ type Request struct {
 	move     *messages.MoveRequest
 	taken    bool
 	withheld []Effect
+	resumed  bool  // the decode job of the request moved here began
 	firsts   []int // the first position of each page of manifest
 	// out is the request's move to another decode node, under way.
 	out *moveOut
@@ -250,8 +251,21 @@ func (r *Request) step(ev Event, now time.Time) []Effect {
 	case Picked:
 		return r.picked(e)
 	case TokenIn:
-		if r.phase == phaseDecoding && (r.out == nil || !r.out.paused) {
-			return r.token(e.Token, now)
+		if r.phase != phaseDecoding {
+			break
+		}
+		if r.out != nil && r.out.paused {
+			// The job stepped after it answered a pause: it was not held
+			// still for this move, which cannot go on; the token is the
+			// client's all the same.
+			out := r.moveFailed(&MoveRefusedError{Why: "its decode job stepped after its pause"})
+			return append(out, r.token(e.Token, now)...)
+		}
+		return r.token(e.Token, now)
+	case Resumed:
+		if r.move != nil && r.phase == phaseDecoding && !r.resumed {
+			r.resumed = true
+			return []Effect{r.ack(), Timer{After: r.cfg.PrefillTimeout, Event: TakeDeadline{}}}
 		}
 	case MoveOut:
 		return r.moveOutStart(e)
@@ -568,17 +582,21 @@ func (r *Request) verified(e Verified) []Effect {
 		return r.finish(e.Err)
 	}
 	r.phase = phaseDecoding
-	n := r.positions()
-	out := []Effect{
-		StartDecode{Manifest: r.manifest, Next: r.first, Last: r.tokenAt(n - 1), MaxNew: r.maxNew - max(len(r.tokens), 1),
-			Spare: r.spare, Resume: r.move != nil},
-		SendAck{To: r.peer, Ack: &messages.TransferAck{RequestID: r.owner.Request, Tenant: r.owner.Tenant,
-			TokenCount: uint32(n), Pages: uint32(len(r.dest))}},
-	}
+	start := StartDecode{Manifest: r.manifest, Next: r.first, Last: r.tokenAt(r.positions() - 1),
+		MaxNew: r.maxNew - max(len(r.tokens), 1), Spare: r.spare, Resume: r.move != nil}
 	if r.move != nil {
-		out = append(out, Timer{After: r.cfg.PrefillTimeout, Event: TakeDeadline{}})
+		// A move is acknowledged only once decode recomputed its last
+		// token from the pages (Resumed): the source lets go on the ack.
+		return []Effect{start}
 	}
-	return out
+	return []Effect{start, r.ack()}
+}
+
+// ack acknowledges the transfer to its peer: every page sealed against
+// its source and the manifest verified.
+func (r *Request) ack() Effect {
+	return SendAck{To: r.peer, Ack: &messages.TransferAck{RequestID: r.owner.Request, Tenant: r.owner.Tenant,
+		TokenCount: uint32(r.positions()), Pages: uint32(len(r.dest))}}
 }
 
 // prefillFailed asks for another prefill peer while tries are left: no

@@ -324,13 +324,14 @@ func TestWorstCaseFits(t *testing.T) {
 	}
 	// A move of every position there can be, in the most pages.
 	positions := PromptTokensMax + GenerateTokensMax - 2
-	layout := slices.Repeat([]uint32{uint32(positions / PlanTagsMax)}, PlanTagsMax-1)
-	layout = append(layout, uint32(positions-(PlanTagsMax-1)*(positions/PlanTagsMax)))
+	movePage := (positions + PlanTagsMax - 1) / PlanTagsMax
+	layout := slices.Repeat([]uint32{uint32(movePage)}, PlanTagsMax-1)
+	layout = append(layout, uint32(positions-(PlanTagsMax-1)*movePage))
 	worst = append(worst, &CacheSummary{Incarnation: math.MaxUint64, Keys: make([]kv.PrefixKey, CacheSummaryKeysMax)},
 		worstBatch(big(ChunkTokensMax), big(GenerateTokensMax), werr),
 		&MoveRequest{MoveID: math.MaxUint64, Tenant: tenant, ClientID: math.MaxUint64, Receiver: addr,
 			ReceiverID: strings.Repeat("r", StreamToBytesMax), Prompt: big(PromptTokensMax), Tokens: big(GenerateTokensMax - 1),
-			MaxTokens: GenerateTokensMax, Seq: GenerateTokensMax - 1, PageTokens: PageTokensMax, Layout: layout,
+			MaxTokens: GenerateTokensMax, Seq: GenerateTokensMax - 1, PageTokens: uint32(movePage), Layout: layout,
 			SourceIncarnation: math.MaxUint64, TargetIncarnation: math.MaxUint64, Model: testFingerprint,
 			CacheSalt: strings.Repeat("s", kv.CacheSaltBytesMax)},
 		&MovePlan{MoveID: math.MaxUint64, Tenant: tenant, Request: math.MaxUint64, DestTags: tags, DataPlane: addr},
@@ -406,6 +407,12 @@ func TestValidateRefuses(t *testing.T) {
 		{"move's layout a token short", func() Message { m := sampleMove(); m.Layout = []uint32{4, 2}; return m }(), &invalid},
 		{"move's page over its size", func() Message { m := sampleMove(); m.Layout = []uint32{5, 2}; return m }(), &tooLarge},
 		{"move's empty page", func() Message { m := sampleMove(); m.Layout = []uint32{4, 0, 3}; return m }(), &invalid},
+		{"move's layout of one-token pages", func() Message {
+			m := sampleMove()
+			m.Prompt, m.MaxTokens, m.PageTokens = make([]uint32, 40), 64, 4
+			m.Layout = slices.Repeat([]uint32{1}, m.Positions())
+			return m
+		}(), &tooLarge},
 		{"move to no receiver", func() Message { m := sampleMove(); m.ReceiverID = ""; return m }(), &invalid},
 		{"move of no target run", func() Message { m := sampleMove(); m.TargetIncarnation = 0; return m }(), &invalid},
 		{"move of another model", func() Message { m := sampleMove(); m.Model = "abc"; return m }(), &invalid},

@@ -114,11 +114,19 @@ func (m *MoveRequest) Validate() error {
 	return checkCacheSalt(t, m.CacheSalt)
 }
 
+// MoveExtraPagesMax bounds the pages of a move's layout beyond those its
+// positions fill: a sequence holds a partial page where its prompt ends
+// and one where each move before sealed its tail. A layout of smaller
+// pages would have its target reserve more than the request's pages.
+const MoveExtraPagesMax = 8
+
 // checkLayout wants 1 to PlanTagsMax pages of 1 to PageTokens tokens each,
-// Positions in all.
+// Positions in all, at most MoveExtraPagesMax more pages than full pages
+// would take.
 func (m *MoveRequest) checkLayout() error {
 	const t = TypeMoveRequest
-	if err := checkRange(t, "layout", uint64(len(m.Layout)), 1, PlanTagsMax); err != nil {
+	least := (m.Positions() + int(m.PageTokens) - 1) / int(m.PageTokens)
+	if err := checkRange(t, "layout", uint64(len(m.Layout)), 1, uint64(min(PlanTagsMax, least+MoveExtraPagesMax))); err != nil {
 		return err
 	}
 	sum := 0
