@@ -78,7 +78,7 @@ func TestDrainMovesRequests(t *testing.T) {
 		t.Fatal("no request on a decode node")
 	}
 	op := messagestest.StartAwaiting(t, trusttest.Shared(t).Authority(t, trust.RoleOperator, "op", nil))
-	rep := operatorAsk(t, op, from.Address(), &messages.MigrateRequest{Number: 1 << 50}).(*messages.MigrateReply)
+	rep := operatorAsk(t, op, from.Address(), &messages.MigrateRequest{Number: 1 << 50, Incarnation: from.Incarnation()}).(*messages.MigrateReply)
 	if rep.Moved != 0 || rep.Stayed != 1 || rep.Err == nil || rep.Err.Code != messages.CodeBadRequest {
 		t.Fatalf("migrate of a number not in flight: %+v (%v)", rep, rep.Err)
 	}

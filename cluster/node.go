@@ -981,7 +981,11 @@ func (c *controlActor) Receive(ctx actor.Context) {
 		// The moves take a while: answered from a goroutine of their own.
 		by, asker, root := sender.String(), ctx.Sender(), c.node.actors.Root()
 		go func() {
-			moved, stayed, why := c.node.moveAway(m.Number)
+			moved, stayed, why := 0, 1, error(&actors.NotInFlightError{Number: m.Number, Incarnation: m.Incarnation,
+				Self: c.node.Incarnation()})
+			if m.Incarnation == 0 || m.Incarnation == c.node.Incarnation() {
+				moved, stayed, why = c.node.moveAway(m.Number)
+			}
 			rep := &messages.MigrateReply{Moved: uint32(moved), Stayed: uint32(stayed)}
 			if why != nil && stayed > 0 {
 				rep.Err = handoff.Wire(why)

@@ -90,7 +90,7 @@ func samples() []Message {
 		&StreamTake{RequestID: 7, Seq: 12},
 		&DrainRequest{Wait: true, Stay: true},
 		&MigrateRequest{},
-		&MigrateRequest{Number: 1 << 40},
+		&MigrateRequest{Number: 1 << 40, Incarnation: 0xabc},
 		&MigrateReply{Moved: 15},
 		&MigrateReply{Moved: 3, Stayed: 2, Err: &WireError{Code: CodeBusy, Message: "no decode node took it"}},
 	}, inFlightSamples()...)
@@ -338,7 +338,7 @@ func TestWorstCaseFits(t *testing.T) {
 		&StreamMoved{RequestID: math.MaxUint64, Seq: GenerateTokensMax, To: addr, ToID: strings.Repeat("r", StreamToBytesMax),
 			ToIncarnation: math.MaxUint64},
 		&StreamTake{RequestID: math.MaxUint64, Seq: GenerateTokensMax},
-		&MigrateRequest{Number: math.MaxUint64},
+		&MigrateRequest{Number: math.MaxUint64, Incarnation: math.MaxUint64},
 		&MigrateReply{Moved: math.MaxUint32, Stayed: math.MaxUint32, Err: &werr})
 	for _, m := range worst {
 		frame := mustEncode(t, m)
@@ -424,6 +424,7 @@ func TestValidateRefuses(t *testing.T) {
 		{"stream moved to no run", &StreamMoved{RequestID: 1, Seq: 1, To: "h:1", ToID: "x"}, &invalid},
 		{"stream moved before a chunk", &StreamMoved{RequestID: 1, To: "h:1", ToID: "x", ToIncarnation: 1}, &invalid},
 		{"stream taken of no request", &StreamTake{Seq: 1}, &invalid},
+		{"migrate of a number of no run", &MigrateRequest{Number: 3}, &invalid},
 		{"migrate reply of an error and no request stayed", &MigrateReply{Moved: 1, Err: &WireError{Code: CodeBusy}}, &invalid},
 		{"batch item of both", &TokenBatch{Items: []StreamItem{{To: "a", Chunk: &TokenChunk{RequestID: 1, Seq: 1, Tokens: []uint32{1}},
 			Result: &GenerateResult{RequestID: 1, FinishReason: FinishStop}}}}, &invalid},

@@ -324,22 +324,32 @@ func (m *StreamMoved) Serialize() (remote.RootSerialized, error) { return serial
 func (m *StreamTake) Serialize() (remote.RootSerialized, error)  { return serialize(m) }
 
 // MigrateRequest is an operator's ask to a decode node: move the request
-// in flight of that number (messages.InFlight.Number), or every one when
-// Number is 0, to other decode nodes. Answered with a MigrateReply once
-// every move is over.
+// in flight of that number (messages.InFlight.Number) in the node's run
+// Incarnation, or every one when Number is 0, to other decode nodes.
+// Answered with a MigrateReply once every move is over.
 type MigrateRequest struct {
-	Number uint64 `msgpack:"number,omitempty"`
+	Number      uint64 `msgpack:"number,omitempty"`
+	Incarnation uint64 `msgpack:"inc,omitempty"`
 }
 
-var migrateRequestKeys = []string{"number"}
+var migrateRequestKeys = []string{"number", "inc"}
 
 func (*MigrateRequest) TypeCode() TypeCode { return TypeMigrateRequest }
 
-func (*MigrateRequest) Validate() error { return nil }
+func (m *MigrateRequest) Validate() error {
+	if (m.Number == 0) != (m.Incarnation == 0) {
+		return &InvalidFieldError{TypeMigrateRequest, "inc", fmt.Sprint(m.Incarnation), "the run of the request's number, or none for every request"}
+	}
+	return nil
+}
 
 func (m *MigrateRequest) DecodeMsgpack(d *msgpack.Decoder) error {
-	return fields(d, TypeMigrateRequest, migrateRequestKeys, func(int) error {
-		return readU64(d, TypeMigrateRequest, "number", &m.Number)
+	const t = TypeMigrateRequest
+	return fields(d, t, migrateRequestKeys, func(i int) error {
+		if i == 0 {
+			return readU64(d, t, "number", &m.Number)
+		}
+		return readU64(d, t, "inc", &m.Incarnation)
 	})
 }
 

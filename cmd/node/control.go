@@ -88,9 +88,23 @@ func (c *controlClient) status(endpoint string, timeout time.Duration) (*message
 
 // drainFuture sends a DrainRequest to the node on endpoint; the future
 // holds its DrainReply.
-func (c *controlClient) drainFuture(endpoint string, wait bool, timeout time.Duration) (*actor.Future, error) {
-	return messages.RequestFuture(c.sys.Root, actor.NewPID(endpoint, cluster.ControlName),
-		&messages.DrainRequest{Wait: wait}, timeout)
+func (c *controlClient) drainFuture(endpoint string, m *messages.DrainRequest, timeout time.Duration) (*actor.Future, error) {
+	return messages.RequestFuture(c.sys.Root, actor.NewPID(endpoint, cluster.ControlName), m, timeout)
+}
+
+// migrate asks the node serving protoactor remote on endpoint to move
+// request id (zero: every one) to other decode nodes.
+func (c *controlClient) migrate(endpoint string, id inFlightID, timeout time.Duration) (*messages.MigrateReply, error) {
+	rep, err := messages.Request(c.sys.Root, actor.NewPID(endpoint, cluster.ControlName),
+		&messages.MigrateRequest{Number: id.number, Incarnation: id.incarnation}, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("migrate on %s: %w", endpoint, err)
+	}
+	m, ok := rep.(*messages.MigrateReply)
+	if !ok {
+		return nil, fmt.Errorf("migrate on %s: answered %T", endpoint, rep)
+	}
+	return m, nil
 }
 
 // drainReply reads a drainFuture's answer.

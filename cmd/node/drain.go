@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvwarden/kvwarden/messages"
 )
 
 // drainPollInterval is how often "node drain --wait" looks at the node
@@ -22,6 +24,7 @@ const statusPollTimeout = 2 * time.Second
 type drainOptions struct {
 	Endpoint string
 	Wait     bool
+	Stay     bool
 	Timeout  time.Duration
 	creds    credFlags
 }
@@ -30,11 +33,13 @@ func newDrainCmd() *cobra.Command {
 	o := drainOptions{Endpoint: defaultEndpoint, Timeout: 5 * time.Minute}
 	cmd := &cobra.Command{
 		Use:   "drain",
-		Short: "Drain a node: it takes no new work, finishes what it has, then leaves",
+		Short: "Drain a node: it takes no new work, moves or finishes what it has, then leaves",
 		Long: `drain asks the node at --endpoint to drain: it tells the cluster it is draining
-(routers then send it no new request), finishes the requests it has in flight
-(or gives up on them after its --drain-timeout), leaves the cluster gracefully
-and stops; its node run then exits 0.
+(routers then send it no new request), moves each request it has in flight
+that can move to another decode node, KV and all (node migrate), finishes
+the others (or gives up on them after its --drain-timeout), leaves the
+cluster gracefully and stops; its node run then exits 0. With --stay it
+moves none and finishes them all, as a node of an older build does.
 
 Without --wait, drain prints how many requests the node had in flight and
 exits at once. With --wait it waits, at most --timeout, until the node has
@@ -54,7 +59,7 @@ usage error.`,
 			if o.Wait {
 				return drainAndWait(cmd.OutOrStdout(), c, o)
 			}
-			f, err := c.drainFuture(o.Endpoint, false, o.Timeout)
+			f, err := c.drainFuture(o.Endpoint, &messages.DrainRequest{Stay: o.Stay}, o.Timeout)
 			if err != nil {
 				return err
 			}
@@ -70,6 +75,7 @@ usage error.`,
 	fs := cmd.Flags()
 	fs.StringVar(&o.Endpoint, "endpoint", o.Endpoint, "host:port of the node to drain (where node run listens)")
 	fs.BoolVar(&o.Wait, "wait", o.Wait, "wait until the node has drained and left")
+	fs.BoolVar(&o.Stay, "stay", o.Stay, "move no request to another decode node: wait for each to finish here")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "how long to wait for the node's answer, and with --wait for it to leave")
 	o.creds.bind(fs, "the only operator-*.crt in --certs")
 	return cmd
@@ -90,7 +96,7 @@ func drainAndWait(w io.Writer, c *controlClient, o drainOptions) error {
 	if err != nil {
 		return fmt.Errorf("drain: %s: %w", o.Endpoint, err)
 	}
-	f, err := c.drainFuture(o.Endpoint, false, o.Timeout)
+	f, err := c.drainFuture(o.Endpoint, &messages.DrainRequest{Stay: o.Stay}, o.Timeout)
 	if err != nil {
 		return err
 	}

@@ -25,7 +25,7 @@ type exitCoder interface{ exitCode() int }
 
 // subcommands builds each subcommand; every one lives in its own file.
 var subcommands = []func() *cobra.Command{newPreflightCmd, newRunCmd, newGenerateCmd, newUpCmd, newStatusCmd,
-	newDownCmd, newDrainCmd, newRequestsCmd, newCancelCmd, newCertsCmd, newChaosCmd, newKeysCmd, newTenantsCmd, newBenchCmd, newPlanCmd}
+	newDownCmd, newDrainCmd, newMigrateCmd, newRequestsCmd, newCancelCmd, newCertsCmd, newChaosCmd, newKeysCmd, newTenantsCmd, newBenchCmd, newPlanCmd}
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
