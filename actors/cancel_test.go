@@ -63,25 +63,32 @@ func (s *heldSequence) Step(pool engine.KV) (int, error) {
 	return s.Sequence.Step(pool)
 }
 
+// startHeldWorker starts a node of cfg and, beside its own, a decode
+// worker named name over a pool of its own, whose engine is held.
+func startHeldWorker(t *testing.T, cfg *Config, name string) (*Node, *Pool, *heldEngine, *actor.PID) {
+	t.Helper()
+	n := startNode(t, *cfg)
+	pool := nodePool(t, n, name+"/pool", 16, cfg.CallTimeout)
+	held := newHeldEngine(n.Model().Engine())
+	t.Cleanup(held.release)
+	w := newWorker("decode", n.Model(), pool, cfg, slog.New(slog.DiscardHandler), planPolicy{auth: n.Auth()})
+	w.engine = held
+	worker, err := n.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return w },
+		actor.WithMailbox(n.Mailbox())), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Root().StopFuture(worker).Wait() })
+	return n, pool, held, worker
+}
+
 // TestCancelledSequenceIsClosed: a decode job cancelled while its
 // sequence runs ends with DecodeDone "cancelled", and by then every page
 // of its manifest has no reader left: the worker closed the sequence it
 // dropped.
 func TestCancelledSequenceIsClosed(t *testing.T) {
 	cfg := testConfig()
-	n := startNode(t, cfg)
-	log := slog.New(slog.DiscardHandler)
-	pool := nodePool(t, n, "held-decode/pool", 16, cfg.CallTimeout)
-	held := newHeldEngine(n.Model().Engine())
-	t.Cleanup(held.release)
-	w := newWorker("decode", n.Model(), pool, &cfg, log, planPolicy{auth: n.Auth()})
-	w.engine = held
-	worker, err := n.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return w },
-		actor.WithMailbox(n.Mailbox())), "held-decode")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Root().StopFuture(worker).Wait() })
+	n, pool, held, worker := startHeldWorker(t, &cfg, "held-decode")
 
 	// The prompt's KV, computed into the pool as its owner, and pages for
 	// the tokens to come: what a request hands its decode worker.
@@ -137,19 +144,7 @@ func TestCancelledSequenceIsClosed(t *testing.T) {
 // reference's answer. A paused job cancelled gives its leases back.
 func TestPausedJobHoldsStill(t *testing.T) {
 	cfg := testConfig()
-	n := startNode(t, cfg)
-	log := slog.New(slog.DiscardHandler)
-	pool := nodePool(t, n, "paused-decode/pool", 16, cfg.CallTimeout)
-	held := newHeldEngine(n.Model().Engine())
-	t.Cleanup(held.release)
-	w := newWorker("decode", n.Model(), pool, &cfg, log, planPolicy{auth: n.Auth()})
-	w.engine = held
-	worker, err := n.Root().SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return w },
-		actor.WithMailbox(n.Mailbox())), "paused-decode")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Root().StopFuture(worker).Wait() })
+	n, pool, held, worker := startHeldWorker(t, &cfg, "paused-decode")
 
 	const maxNew = 12
 	prompt := []int{engine.BOS, 'm', 'o', 'v', 'e'}

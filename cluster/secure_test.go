@@ -30,6 +30,29 @@ func refusedAtLeast(t *testing.T, auth *trust.Authority, r trust.Refusal, n uint
 	waitFor(t, fmt.Sprintf("%d %s refusals", n, r), time.Minute, func() bool { return auth.Refused()[r] >= n })
 }
 
+// spawnRelay spawns on router a relay of request 7 of tenant acme, for up
+// to maxTokens tokens, routed to admission and relaying to client.
+func spawnRelay(t *testing.T, router *messagestest.Peer, admission, client *actor.PID, maxTokens uint32) (*actor.PID,
+	*routerCounters, *messages.Streams) {
+	t.Helper()
+	counters := &routerCounters{}
+	counters.routed.Add(1)
+	streams, err := messages.NewStreams(router.Sys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &relay{client: client, id: 7, decode: 1, admission: admission, counters: counters, auth: router.Auth,
+		request: &messages.RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "hi", MaxTokens: maxTokens,
+			Prefill: "127.0.0.1:1", PrefillIncarnation: 1, DecodeIncarnation: 1},
+		timeout: time.Minute, log: slog.New(slog.DiscardHandler), streams: streams}
+	pid, err := router.Sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl }),
+		messages.BatchedName(trust.SecretName()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid, counters, streams
+}
+
 // TestRelayTakesOnlyTheRoutedDecodeNode plays the forged-answer attack on a
 // router's relay whose secret name leaked: another authenticated peer (a
 // tenant's client) sends it a result and a token for the right request id;
@@ -44,19 +67,7 @@ func TestRelayTakesOnlyTheRoutedDecodeNode(t *testing.T) {
 	admission, routed := decode.Inbox(t, actors.AdmissionName)
 	clientPID, toClient := router.Inbox(t, "client")
 
-	counters := &routerCounters{}
-	counters.routed.Add(1)
-	streams, err := messages.NewStreams(router.Sys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rl := &relay{client: clientPID, id: 7, decode: 1, admission: admission, counters: counters, auth: router.Auth,
-		request: &messages.RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "hi", MaxTokens: 2,
-			Prefill: "127.0.0.1:1", PrefillIncarnation: 1, DecodeIncarnation: 1},
-		timeout: time.Minute, log: slog.New(slog.DiscardHandler), streams: streams}
-	if _, err := router.Sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl }), messages.BatchedName(trust.SecretName())); err != nil {
-		t.Fatal(err)
-	}
+	_, counters, streams := spawnRelay(t, router, admission, clientPID, 2)
 	e := messagestest.Next(t, "routed request at the decode node", routed, 10*time.Second)
 	relayPID := e.Sender
 	if !messages.WantsBatches(relayPID) {
@@ -243,21 +254,7 @@ func TestRelayFollowsAMovedStream(t *testing.T) {
 	_, cancels := to.Inbox(t, actors.AdmissionName)
 	_, takes := to.Inbox(t, "moved-request")
 	clientPID, toClient := router.Inbox(t, "client")
-	counters := &routerCounters{}
-	counters.routed.Add(1)
-	streams, err := messages.NewStreams(router.Sys)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rl := &relay{client: clientPID, id: 7, decode: 1, admission: admission, counters: counters, auth: router.Auth,
-		request: &messages.RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "hi", MaxTokens: 8,
-			Prefill: "127.0.0.1:1", PrefillIncarnation: 1, DecodeIncarnation: 1},
-		timeout: time.Minute, log: slog.New(slog.DiscardHandler), streams: streams}
-	relayPID, err := router.Sys.Root.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return rl }),
-		messages.BatchedName(trust.SecretName()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	relayPID, counters, _ := spawnRelay(t, router, admission, clientPID, 8)
 	messagestest.Next(t, "routed request at the decode node", routed, 10*time.Second)
 	chunk := func(seq uint32, tok uint32) *messages.TokenChunk {
 		return &messages.TokenChunk{RequestID: 7, Seq: seq, Tokens: []uint32{tok}}

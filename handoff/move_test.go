@@ -276,14 +276,7 @@ func movePrompt() []int { return []int{1, 40, 41, 42, 43, 44, 45} } // 7 tokens:
 func TestMovedRequestGoesOn(t *testing.T) {
 	const maxNew = 24
 	prompt := movePrompt()
-	e, err := engine.NewReferenceEngine(tinyModel())
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := e.Reference(prompt, maxNew)
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := tinyReference(t, prompt, maxNew)
 	for _, k := range []int{1, 2, 5, 9, 23} {
 		for _, takeAfter := range []int{0, 3, maxNew} { // decode steps before the take
 			mv := newMove(t, prompt, k, maxNew)
@@ -556,14 +549,7 @@ func (n *twoNodes) moveOut() {
 func TestMoveBetweenTwoNodes(t *testing.T) {
 	prompt := movePrompt()
 	const maxNew = 20
-	e, err := engine.NewReferenceEngine(tinyModel())
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := e.Reference(prompt, maxNew)
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := tinyReference(t, prompt, maxNew)
 	for _, k := range []int{1, 2, 5, 9, 17} {
 		n := newTwoNodes(t, prompt, maxNew)
 		n.decode(k - 1)
@@ -670,14 +656,7 @@ func TestMoveEndsWithItsRequest(t *testing.T) {
 func TestLatePauseAnswerIsNotTheNextMoves(t *testing.T) {
 	prompt := movePrompt()
 	const maxNew = 20
-	e, err := engine.NewReferenceEngine(tinyModel())
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := e.Reference(prompt, maxNew)
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := tinyReference(t, prompt, maxNew)
 	n := newTwoNodes(t, prompt, maxNew)
 	n.decode(3)
 	n.holdPause = true
@@ -706,4 +685,18 @@ func TestLatePauseAnswerIsNotTheNextMoves(t *testing.T) {
 	if got := slices.Concat(n.p.tokens, streamed); !slices.Equal(got, want) || n.p.finish == nil || !n.p.finish.Moved {
 		t.Fatalf("the client got %v, want %v; the source ended %+v", got, want, n.p.finish)
 	}
+}
+
+// tinyReference is the tiny model's reference answer to prompt.
+func tinyReference(t *testing.T, prompt []int, maxNew int) []int {
+	t.Helper()
+	e, err := engine.NewReferenceEngine(tinyModel())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := e.Reference(prompt, maxNew)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return want
 }
