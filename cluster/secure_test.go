@@ -268,7 +268,8 @@ func TestRelayFollowsAMovedStream(t *testing.T) {
 	moved := &messages.StreamMoved{RequestID: 7, Seq: 2, To: to.Addr, ToID: "moved-request", ToIncarnation: 2}
 	send(from, chunk(1, 10))
 	send(mallory, moved)
-	send(from, moved) // before chunk 2: the relay waits for it
+	refusedAtLeast(t, router.Auth, trust.RefusedStranger, 1) // mallory's word, refused before the node's comes
+	send(from, moved)                                        // before chunk 2: the relay waits for it
 	send(from, chunk(2, 11))
 	take := messagestest.Next(t, "the take at the new node", takes, 10*time.Second)
 	if m, ok := take.Message.(*messages.StreamTake); !ok || *m != (messages.StreamTake{RequestID: 7, Seq: 2}) ||
