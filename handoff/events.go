@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/kvwarden/kvwarden/kv"
@@ -20,6 +21,8 @@ type Peer struct {
 	Address     string
 	Incarnation uint64
 }
+
+func (p Peer) String() string { return fmt.Sprintf("%s (incarnation %x)", p.Address, p.Incarnation) }
 
 // Events of a Request.
 type (

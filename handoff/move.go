@@ -224,8 +224,7 @@ func (r *Request) movePlanIn(e MovePlanIn) []Effect {
 		r.counts.Ignored++ // another move's, or late, or a duplicate
 		return nil
 	case !e.FromTarget:
-		return []Effect{Refuse{Err: &StrangerError{What: "move plan", From: e.From,
-			Planned: fmt.Sprintf("%s (incarnation %x)", o.to.Address, o.to.Incarnation)}}}
+		return []Effect{Refuse{Err: &StrangerError{What: "move plan", From: e.From, Planned: o.to.String()}}}
 	case len(p.DestTags) != len(o.pages):
 		return r.moveFailed(&kv.ManifestError{Field: "move plan pages", Page: -1, Want: len(o.pages), Have: len(p.DestTags)})
 	}
@@ -259,17 +258,15 @@ func (r *Request) moveSent(e MoveSent) []Effect {
 // and the last token: the request ends here, moved, and gives its pages
 // back.
 func (r *Request) moveAckIn(e MoveAckIn) []Effect {
-	o, a := r.out, e.Ack
+	o, a, positions := r.out, e.Ack, len(r.prompt)+len(r.tokens)-1
 	switch {
 	case o == nil || o.plan == nil || !o.sent || a.RequestID != o.plan.Request || a.Tenant != r.owner.Tenant:
 		r.counts.Ignored++
 		return nil
 	case !e.FromTarget:
-		return []Effect{Refuse{Err: &StrangerError{What: "move ack", From: e.From,
-			Planned: fmt.Sprintf("%s (incarnation %x)", o.to.Address, o.to.Incarnation)}}}
-	case int(a.TokenCount) != len(r.prompt)+len(r.tokens)-1 || int(a.Pages) != len(o.pages):
-		return r.moveFailed(&kv.ManifestError{Field: "move ack tokens", Page: -1, Want: len(r.prompt) + len(r.tokens) - 1,
-			Have: int(a.TokenCount)})
+		return []Effect{Refuse{Err: &StrangerError{What: "move ack", From: e.From, Planned: o.to.String()}}}
+	case int(a.TokenCount) != positions || int(a.Pages) != len(o.pages):
+		return r.moveFailed(&kv.ManifestError{Field: "move ack tokens", Page: -1, Want: positions, Have: int(a.TokenCount)})
 	}
 	r.phase = phaseDone
 	return []Effect{HandOver{To: o.to, Seq: r.seq}, CancelDecode{Owner: r.owner}, Release{Owner: r.owner, Tags: r.dest},

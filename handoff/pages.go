@@ -190,10 +190,7 @@ func execPrefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (Pref
 
 func prefill(engine engine.Engine, p Pages, c *PrefixCache, e Prefill) (out Prefilled, fr Frames) {
 	out.Key = e.Key
-	prompt := make([]int, len(e.Plan.PromptTokens))
-	for i, t := range e.Plan.PromptTokens {
-		prompt[i] = int(t)
-	}
+	prompt := ints(e.Plan.PromptTokens)
 	var (
 		prefix []kv.Lease
 		read   []kv.CachedPage // the pages of prefix

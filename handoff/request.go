@@ -319,11 +319,7 @@ func (r *Request) reserve() Effect {
 	r.phase = phaseReserving
 	g := r.cfg.Geometry
 	if m := r.move; m != nil {
-		layout := make([]int, len(m.Layout))
-		for i, n := range m.Layout {
-			layout[i] = int(n)
-		}
-		return Reserve{Owner: r.owner, Layout: layout, SpareFirst: m.Positions(), Spare: g.PagesFor(r.maxNew - len(r.tokens))}
+		return Reserve{Owner: r.owner, Layout: ints(m.Layout), SpareFirst: m.Positions(), Spare: g.PagesFor(r.maxNew - len(r.tokens))}
 	}
 	return Reserve{Owner: r.owner, Prompt: g.PagesFor(len(r.prompt)), SpareFirst: len(r.prompt), Spare: g.PagesFor(r.maxNew - 1),
 		Tokens: r.prompt, Salt: r.salt}
@@ -410,13 +406,10 @@ func (r *Request) reserved(e Reserved, now time.Time) []Effect {
 				Request: r.owner.Request, DestTags: r.dest, DataPlane: r.cfg.DataPlane}}}
 	}
 	plan := &messages.TransferPlan{RequestID: r.owner.Request, Tenant: r.owner.Tenant, TokenCount: uint32(len(r.prompt)),
-		PromptTokens: make([]uint32, len(r.prompt)), PageTokens: uint32(g.PageTokens), DestTags: r.dest, Model: r.cfg.Model,
+		PromptTokens: u32s(r.prompt), PageTokens: uint32(g.PageTokens), DestTags: r.dest, Model: r.cfg.Model,
 		CacheSalt: r.salt, HeldPages: uint32(len(r.held))}
 	if r.peer.Incarnation != r.cfg.Incarnation {
 		plan.DataPlane = r.cfg.DataPlane
-	}
-	for i, t := range r.prompt {
-		plan.PromptTokens[i] = uint32(t)
 	}
 	r.planSent, r.firstFrame = now, time.Time{}
 	return []Effect{Timer{After: r.cfg.PrefillTimeout, Event: PrefillDeadline{Attempt: r.owner.Request}},
@@ -506,8 +499,7 @@ func (r *Request) writtenOut(e Written) []Effect {
 // stranger describes frames or a report of the current attempt from
 // someone else than its prefill peer.
 func (r *Request) stranger(what, from string) *StrangerError {
-	return &StrangerError{What: what, From: from,
-		Planned: fmt.Sprintf("%s (incarnation %x)", r.peer.Address, r.peer.Incarnation)}
+	return &StrangerError{What: what, From: from, Planned: r.peer.String()}
 }
 
 // transferIn takes prefill's report: a failure retries or ends the
@@ -711,10 +703,7 @@ func (r *Request) finish(cause error) []Effect {
 	}
 	if cause == nil {
 		res.CachedTokens = uint32(r.cached)
-		res.Tokens = make([]uint32, len(r.tokens))
-		for i, t := range r.tokens {
-			res.Tokens[i] = uint32(t)
-		}
+		res.Tokens = u32s(r.tokens)
 		fin.Tokens = r.tokens
 		if r.move != nil {
 			return append(out, fin) // its first token was not this node's
