@@ -150,16 +150,14 @@ func (r *requestActor) Receive(c actor.Context) {
 		// The target's request that sent the plan is the one heard from
 		// then on: pinned once the plan is taken.
 		from, planned := c.Sender(), r.core.MovePlanned()
-		r.run(c, handoff.MovePlanIn{Plan: m, FromTarget: from != nil && r.mv.id != 0 && from.Address == r.mv.to.Address,
-			From: r.auth.Of(c).String()})
+		r.run(c, handoff.MovePlanIn{Plan: m, FromTarget: r.fromMoveTarget(from), From: r.auth.Of(c).String()})
 		if !planned && r.core.MovePlanned() {
 			r.mv.planner = from
 		}
 	case *messages.TransferAck:
 		r.run(c, handoff.MoveAckIn{Ack: m, FromTarget: samePID(r.mv.planner, c.Sender()), From: r.auth.Of(c).String()})
 	case *messages.TransferAbort:
-		from := c.Sender()
-		r.run(c, handoff.MoveAbortIn{Abort: m, FromTarget: from != nil && r.mv.id != 0 && from.Address == r.mv.to.Address})
+		r.run(c, handoff.MoveAbortIn{Abort: m, FromTarget: r.fromMoveTarget(c.Sender())})
 	case MoveFramesSent:
 		if m.Owner == r.core.Owner() {
 			r.run(c, handoff.MoveSent{MoveID: m.MoveID, Err: m.Err})
@@ -169,9 +167,14 @@ func (r *requestActor) Receive(c actor.Context) {
 			r.run(c, handoff.Resumed{})
 		}
 	case *messages.StreamTake:
-		from := c.Sender()
-		r.run(c, handoff.TakeIn{Take: m, FromReceiver: samePID(from, r.client), From: r.auth.Of(c).String()})
+		r.run(c, handoff.TakeIn{Take: m, FromReceiver: samePID(c.Sender(), r.client), From: r.auth.Of(c).String()})
 	}
+}
+
+// fromMoveTarget says whether from is at the address of the node the move
+// under way goes to (the remote boundary proved the sender's address).
+func (r *requestActor) fromMoveTarget(from *actor.PID) bool {
+	return from != nil && r.mv.id != 0 && from.Address == r.mv.to.Address
 }
 
 // samePID says a and b name the same actor.
@@ -182,13 +185,9 @@ func samePID(a, b *actor.PID) bool {
 // moveJob starts the move an operator or the node asked for, if the
 // request may move; the asker hears at once when it may not.
 func (r *requestActor) moveJob(c actor.Context, m MoveJob) {
-	err := r.core.Movable()
-	switch {
-	case err != nil:
-	case r.live.router == "":
+	err := r.core.Movable() // a move under way among its reasons
+	if err == nil && r.live.router == "" {
 		err = &handoff.MoveRefusedError{Why: "its client sent it here, not through a router"}
-	case r.mv.id != 0:
-		err = &handoff.MoveRefusedError{Why: fmt.Sprintf("move %d is under way", r.mv.id)}
 	}
 	if err != nil {
 		if m.ReplyTo != nil {
@@ -341,14 +340,19 @@ func (r *requestActor) finish(c actor.Context, e handoff.Finish) {
 	owner := r.core.Owner()
 	attrs := []any{"id", res.RequestID, "owner", owner.String(), "tenant", owner.Tenant, "tokens", len(e.Tokens),
 		"prefill", r.route.prefill.Address}
-	switch {
-	case e.Moved:
+	if e.Moved {
 		r.counters.moved.Add(1)
 		r.log.Info("request moved", append(attrs, "to", r.mv.planner.Address, "move", r.mv.id)...)
 		r.mv.done(c, nil)
 		c.Stop(c.Self())
 		return
-	case e.Silent:
+	}
+	if r.mv.id != 0 {
+		// It ended while it moved (its job ended, it was cancelled): the
+		// move's asker hears so now rather than at its timeout.
+		r.mv.done(c, &NotInFlightError{Number: r.live.number, Incarnation: r.cfg.Incarnation, Self: r.cfg.Incarnation})
+	}
+	if e.Silent {
 		// A request moved here that ends before its receiver took it: the
 		// stream is still its source's, or nobody's.
 		r.counters.failed.Add(1)

@@ -821,8 +821,8 @@ func (w *workerActor) finish(c actor.Context, idx int, cause error) {
 	c.Send(s.replyTo, DecodeDone{Owner: s.Owner(), Err: errors.Join(cause, s.Close(w.kv))})
 }
 
-// pause takes job o out of the steps and answers its request with its
-// pages and tail; a job that cannot give them steps on.
+// pause takes job m.Owner out of the steps and answers its request with
+// its pages and tail; a job that cannot give them steps on.
 func (w *workerActor) pause(c actor.Context, m PauseJob) {
 	o := m.Owner
 	for i, s := range w.seqs {
@@ -837,10 +837,8 @@ func (w *workerActor) pause(c actor.Context, m PauseJob) {
 			return
 		}
 	}
-	if c.Sender() != nil {
-		c.Send(c.Sender(), JobPaused{Owner: o, Paused: handoff.Paused{MoveID: m.MoveID,
-			Err: fmt.Errorf("actors: no decode job of %s here", o)}})
-	}
+	// No such job: it has ended, and its DecodeDone, on its way, ends the
+	// request and its move.
 }
 
 func (w *workerActor) cancel(c actor.Context, o kv.Owner) {

@@ -116,9 +116,9 @@ type (
 	// Paused answers PauseDecode: the decode job holds still, and Pages
 	// are its sealed pages in order, then, when its tail holds rows, the
 	// page reserved for them (never written) with Tail's checksum as that
-	// page would be sealed with Tail (kv.PageChecksum). Err: the job is
-	// not there (its end is on its way), or cannot give its pages and
-	// steps on.
+	// page would be sealed with Tail (kv.PageChecksum). Err: the job
+	// cannot give its pages, and steps on. A job that ended meanwhile does
+	// not answer: its DecodeEnded ends the request, and the move.
 	Paused struct {
 		MoveID uint64
 		Pages  []kv.ManifestPage

@@ -188,8 +188,7 @@ func (r *Request) paused(e Paused) []Effect {
 		return nil
 	}
 	if e.Err != nil {
-		// The job ended meanwhile (its end follows) or cannot give its
-		// pages: it decodes on.
+		// The job cannot give its pages: it decodes on.
 		r.out = nil
 		return []Effect{MoveEnded{MoveID: o.id, Err: e.Err}}
 	}
