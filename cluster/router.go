@@ -739,11 +739,9 @@ func (rl *relay) handOver() {
 		return
 	}
 	rl.moving = nil
-	rl.left[rl.admission.Address] = true
-	delete(rl.left, m.To) // a new run at the same address
 	rl.log.Info("stream moved", "id", rl.id, "tenant", rl.request.Tenant, "from", rl.admission.Address, "to", m.To,
 		"after", rl.seq)
-	rl.admission, rl.decode = actor.NewPID(m.To, actors.AdmissionName), m.ToIncarnation
+	rl.leave(actor.NewPID(m.To, actors.AdmissionName), m.ToIncarnation)
 	rl.counters.moved.Add(1)
 	rl.tell(relayMoved{addr: m.To, incarnation: m.ToIncarnation})
 	take := &messages.StreamTake{RequestID: rl.id, Seq: rl.seq}
@@ -896,11 +894,17 @@ func (rl *relay) rerouted(c actor.Context, m reroute) {
 		rl.answer(c, res, rl.lost)
 		return
 	}
-	rl.left[rl.admission.Address] = true
-	delete(rl.left, m.admission.Address) // a new run at the same address
-	rl.admission, rl.request, rl.decode = m.admission, m.request, m.decode
-	rl.held, rl.lost = nil, false
+	rl.leave(m.admission, m.decode)
+	rl.request, rl.held, rl.lost = m.request, nil, false
 	rl.send(c)
+}
+
+// leave has the relay hear the decode node of run decode, whose admission
+// is admission, from now on, and drop what the node it leaves sends.
+func (rl *relay) leave(admission *actor.PID, decode uint64) {
+	rl.left[rl.admission.Address] = true
+	delete(rl.left, admission.Address) // a new run at the same address
+	rl.admission, rl.decode = admission, decode
 }
 
 // answer passes the request's result on and stops: counted as lost (a node
