@@ -26,7 +26,7 @@ type nodeCounters struct {
 	ignored                                              atomic.Uint64 // late messages of abandoned attempts
 	admitted, rejectedTooLong, rejectedBusy, rejectedBad atomic.Uint64
 	completed, failed, retried                           atomic.Uint64
-	moved                                                atomic.Uint64       // requests that moved to another decode node
+	moved, movedIn                                       atomic.Uint64       // requests moved to another decode node, and taken over from one
 	failedBy                                             messages.CodeCounts // failed, by the code told to the client
 	latencies                                            Latencies
 	framesAccepted, framesRefused                        atomic.Uint64

@@ -377,6 +377,12 @@ type Metrics struct {
 	// the items it received for no stream here (late, or a guess), and
 	// StreamUndecodable the batches it received that did not decode.
 	StreamBatches, StreamItems, StreamUnknown, StreamUndecodable uint64
+	// MovedOut counts the running requests this node moved to another
+	// decode node, MovedIn those it took over from one (their stream's
+	// receiver took them); StreamsMoved (a router's, filled in by package
+	// cluster) the streams its relays followed from one decode node to
+	// another.
+	MovedOut, MovedIn, StreamsMoved uint64
 }
 
 // metricCounters are what Metrics reads.
@@ -399,7 +405,7 @@ func (n *Node) Metrics() Metrics {
 		Sent: c.sent.Stats(), Received: c.received.Stats(), RetriedTransfers: n.counters.retried.Load(),
 		PromptTokens: c.promptTokens.Load(), GenerationTokens: n.counters.latencies.Tokens(),
 		StreamBatches: n.streams.Batches.Load(), StreamItems: n.streams.Items.Load(), StreamUnknown: n.streams.Unknown.Load(),
-		StreamUndecodable: n.streams.Undecodable.Load()}
+		StreamUndecodable: n.streams.Undecodable.Load(), MovedOut: n.counters.moved.Load(), MovedIn: n.counters.movedIn.Load()}
 }
 
 // receiving is a request actor's view of its current attempt's transfer:

@@ -167,7 +167,11 @@ func (r *requestActor) Receive(c actor.Context) {
 			r.run(c, handoff.Resumed{})
 		}
 	case *messages.StreamTake:
+		taken := r.core.Taken()
 		r.run(c, handoff.TakeIn{Take: m, FromReceiver: samePID(c.Sender(), r.client), From: r.auth.Of(c).String()})
+		if !taken && r.core.Taken() {
+			r.counters.movedIn.Add(1)
+		}
 	}
 }
 

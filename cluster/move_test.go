@@ -53,6 +53,17 @@ func TestRequestMovesBetweenDecodeNodes(t *testing.T) {
 		t.Fatalf("left node completed %d failed %d; new node completed %d failed %d; router moved %d streams",
 			fs.Completed, fs.Failed, ts.Completed, ts.Failed, m.r.rc.moved.Load())
 	}
+	// Each side's status counts its part of the move, and nothing else.
+	for _, c := range []struct {
+		n                    *Node
+		out, in, streamsMove uint64
+	}{{from, 1, 0, 0}, {to, 0, 1, 0}, {m.r, 0, 0, 1}, {m.p, 0, 0, 0}} {
+		s := c.n.Status().Node
+		if s.MovedOut != c.out || s.MovedIn != c.in || s.StreamsMoved != c.streamsMove {
+			t.Errorf("%s: status moved out %d, in %d, streams %d; want %d, %d, %d",
+				s.Role, s.MovedOut, s.MovedIn, s.StreamsMoved, c.out, c.in, c.streamsMove)
+		}
+	}
 	freeEverywhere(t, m.nodes...)
 }
 

@@ -775,7 +775,7 @@ func (n *Node) RuntimeLog() *messages.RuntimeLogCounts { return n.actors.Runtime
 func (n *Node) Metrics() actors.Metrics {
 	m := n.actors.Metrics()
 	m.RejectedBy = messages.SumCounts(m.RejectedBy, n.rc.rejectedBy.Counts())
-	m.RetriedRoutes = n.rc.retried.Load()
+	m.RetriedRoutes, m.StreamsMoved = n.rc.retried.Load(), n.rc.moved.Load()
 	m.RelayedTokens, m.RoutedWaiting = n.rc.latencies.Tokens(), uint32(n.rc.waiting.Load())
 	if n.data != nil {
 		s := n.data.Stats()
@@ -905,6 +905,7 @@ func (n *Node) statusMetrics(s *messages.NodeStatus) {
 	s.PrefillQueued, s.PrefillInFlight = m.PrefillQueued, m.PrefillInFlight
 	s.RejectedBy, s.Integrity = m.RejectedBy, m.Integrity
 	s.TokensOut = m.GenerationTokens + m.RelayedTokens
+	s.MovedOut, s.MovedIn, s.StreamsMoved = m.MovedOut, m.MovedIn, m.StreamsMoved
 	if n.cfg.Actors.Role.Prefills() {
 		s.KVSent = m.Sent.Status()
 	}

@@ -166,6 +166,9 @@ func (r *Request) Movable() error {
 	return nil
 }
 
+// Taken says the request moved here and the stream's receiver took it.
+func (r *Request) Taken() bool { return r.move != nil && r.taken }
+
 // MovePlanned says the request's move under way has its target's plan.
 func (r *Request) MovePlanned() bool { return r.out != nil && r.out.plan != nil }
 

@@ -629,7 +629,7 @@ func TestScrapeParses(t *testing.T) {
 		}
 	}
 	hist := families["kvwarden_kv_transfer_duration_seconds"]
-	if own != 41 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
+	if own != 43 || hist == nil || hist.GetType().String() != "HISTOGRAM" || len(hist.GetMetric()) != 2 ||
 		len(hist.GetMetric()[0].GetHistogram().GetBucket()) != len(actors.LatencyBounds())+1 {
 		t.Fatalf("%d families of the node's; the transfer durations: %v", own, hist)
 	}

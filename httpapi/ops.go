@@ -317,6 +317,11 @@ var (
 		"Items of TokenBatch messages this node received for no stream here: late ones, after their stream ended, or guesses."}
 	famStreamUndecodable = family{"kvwarden_stream_undecodable_total", "counter",
 		"TokenBatch messages this node received that did not decode (a peer of another build, or a broken one): their streams wait for their timeouts."}
+	famMoved = family{"kvwarden_requests_moved_total", "counter",
+		"Running requests moved between decode nodes, KV and all, by direction: out (moved to another node) and in " +
+			"(taken over from one, once the stream's receiver took it)."}
+	famStreamsMoved = family{"kvwarden_streams_moved_total", "counter",
+		"Streams a router's relays followed from one decode node to another, after the hand-over of the node they left."}
 	famFirstToken = family{"kvwarden_first_token_phase_seconds", "summary",
 		"The time to first token of the requests this node decoded to the end, by phase: queue (arrival to the plan leaving, " +
 			"decode pages reserved), prefill (the plan to the first KV frame, the prefill node's compute included), transfer " +
@@ -578,6 +583,10 @@ func (t *exposition) tokens(m actors.Metrics) {
 	t.one(famStreamItems, float64(m.StreamItems))
 	t.one(famStreamUnknown, float64(m.StreamUnknown))
 	t.one(famStreamUndecodable, float64(m.StreamUndecodable))
+	t.family(famMoved)
+	t.sample(famMoved.name, "", float64(m.MovedOut), "direction", "out")
+	t.sample(famMoved.name, "", float64(m.MovedIn), "direction", "in")
+	t.one(famStreamsMoved, float64(m.StreamsMoved))
 }
 
 // runtimeLog writes protoactor's own log records, by level.

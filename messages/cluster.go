@@ -266,12 +266,21 @@ type NodeStatus struct {
 	// decoded to the end; nil from a node that decodes nothing, and from a
 	// build before StatusReply version 5.
 	FirstToken *FirstTokenStatus `msgpack:"first_token,omitempty"`
+	// MovedOut counts the running requests this decode node moved to
+	// another, KV and all, and MovedIn those it took over from another
+	// (the stream's receiver took it); StreamsMoved the streams a router's
+	// relays followed from one decode node to another. All three since the
+	// node started; none from a build before StatusReply version 6.
+	MovedOut     uint64 `msgpack:"moved_out,omitempty"`
+	MovedIn      uint64 `msgpack:"moved_in,omitempty"`
+	StreamsMoved uint64 `msgpack:"streams_moved,omitempty"`
 }
 
 var nodeStatusKeys = []string{"name", "role", "inc", "addr", "data_plane", "draining", "in_flight",
 	"admitted", "completed", "failed", "rejected_too_long", "rejected_busy", "pools", "insecure", "identity", "refused",
 	"chaos", "faults", "fault_counts", "model", "model_fp", "failed_by_code", "waiting_pages", "waiting_kv", "running",
-	"prefill_queued", "prefill_in_flight", "rejected_by", "integrity", "kv_sent", "kv_received", "tokens_out", "tenants", "first_token"}
+	"prefill_queued", "prefill_in_flight", "rejected_by", "integrity", "kv_sent", "kv_received", "tokens_out", "tenants", "first_token",
+	"moved_out", "moved_in", "streams_moved"}
 
 // FirstTokenStatus sums, over the Requests a decoding node completed, the
 // phases of each one's time to first token as the node saw them, in
@@ -530,8 +539,14 @@ func (s *NodeStatus) decode(d *msgpack.Decoder, t TypeCode, field string) error 
 			return readU64(d, t, field+".tokens_out", &s.TokensOut)
 		case 32:
 			return readTenants(d, t, field+".tenants", &s.Tenants)
-		default:
+		case 33:
 			return readFirstToken(d, t, field+".first_token", &s.FirstToken)
+		case 34:
+			return readU64(d, t, field+".moved_out", &s.MovedOut)
+		case 35:
+			return readU64(d, t, field+".moved_in", &s.MovedIn)
+		default:
+			return readU64(d, t, field+".streams_moved", &s.StreamsMoved)
 		}
 	})
 }

@@ -84,8 +84,9 @@ type typeInfo struct {
 // version, not by a missing field. StatusReply version 2 adds a chaos
 // build's fault counts and its pools' cross reads, version 3 why a member
 // is unverified, version 4 the tenants' shares, version 5 the phases of
-// the first token, all optional, so versions 1 to 4 still decode; a build
-// that reads only up to 4 refuses a version 5 reply by its version.
+// the first token, version 6 the requests and streams moved between decode
+// nodes, all optional, so versions 1 to 5 still decode; a build that reads
+// only up to 5 refuses a version 6 reply by its version.
 // CancelRequest version 2 carries a reason; a withdrawal is still sent as
 // version 1 (see CancelRequest). DrainRequest version 2 asks the node to
 // keep its requests (Stay), and is sent only then.
@@ -100,7 +101,7 @@ var types = [...]typeInfo{
 	TypeTransferDone:    {"TransferDone", 2, 2, func() Message { return new(TransferDone) }},
 	TypeRoutedRequest:   {"RoutedRequest", 1, 1, func() Message { return new(RoutedRequest) }},
 	TypeStatusRequest:   {"StatusRequest", 1, 1, func() Message { return new(StatusRequest) }},
-	TypeStatusReply:     {"StatusReply", 1, 5, func() Message { return new(StatusReply) }},
+	TypeStatusReply:     {"StatusReply", 1, 6, func() Message { return new(StatusReply) }},
 	TypeDrainRequest:    {"DrainRequest", 1, 2, func() Message { return new(DrainRequest) }},
 	TypeDrainReply:      {"DrainReply", 1, 1, func() Message { return new(DrainReply) }},
 	TypePressureRequest: {"PressureRequest", 1, 1, func() Message { return new(PressureRequest) }},

@@ -105,7 +105,11 @@ func drainAndWait(w io.Writer, c *controlClient, o drainOptions) error {
 		return err
 	}
 	fmt.Fprintf(w, "draining %s: %d requests in flight\n", o.Endpoint, rep.InFlight)
-	inFlight := int(rep.InFlight)
+	inFlight, moved := int(rep.InFlight), uint64(0)
+	left := func(also string) {
+		fmt.Fprintf(w, "drained %s: it left the cluster with %d requests in flight, %d moved to other decode nodes by its last status%s\n",
+			o.Endpoint, inFlight, moved, also)
+	}
 	tick := time.NewTicker(drainPollInterval)
 	defer tick.Stop()
 	for {
@@ -117,16 +121,15 @@ func drainAndWait(w io.Writer, c *controlClient, o drainOptions) error {
 		// Connecting first: a status request to a node that has gone would
 		// wait out its timeout.
 		if !reachable(o.Endpoint) {
-			fmt.Fprintf(w, "drained %s: it left the cluster with %d requests in flight\n", o.Endpoint, inFlight)
+			left("")
 			return nil
 		}
 		if s, err := c.status(o.Endpoint, min(max(time.Until(deadline), time.Millisecond), statusPollTimeout)); err == nil {
 			if s.Node.Incarnation != before.Node.Incarnation {
-				fmt.Fprintf(w, "drained %s: it left the cluster with %d requests in flight (incarnation %016x serves there now)\n",
-					o.Endpoint, inFlight, s.Node.Incarnation)
+				left(fmt.Sprintf(" (incarnation %016x serves there now)", s.Node.Incarnation))
 				return nil
 			}
-			inFlight = int(s.Node.InFlight)
+			inFlight, moved = int(s.Node.InFlight), s.Node.MovedOut-before.Node.MovedOut
 		}
 	}
 }

@@ -116,6 +116,9 @@ func printStatus(w io.Writer, s *messages.StatusReply) {
 	f := figuresOf(&n)
 	fmt.Fprintf(w, "  requests: %d in flight, %d admitted, %d completed, %d cancelled, %d failed, %d rejected too long, %d rejected busy, %d rejected unavailable\n",
 		n.InFlight, n.Admitted, n.Completed, f.cancelled, f.failed, n.RejectedTooLong, n.RejectedBusy, rejectedUnavailable(&n))
+	if n.MovedOut+n.MovedIn+n.StreamsMoved > 0 {
+		fmt.Fprintf(w, "  moved between decode nodes: %d requests out, %d in; %d streams followed\n", n.MovedOut, n.MovedIn, n.StreamsMoved)
+	}
 	if ts := n.Tenants; ts != nil {
 		pages := "no pages_max"
 		if ts.DefaultPagesMax > 0 {

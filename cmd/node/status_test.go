@@ -23,13 +23,15 @@ func TestPrintStatusSeparatesCancelled(t *testing.T) {
 	s := &messages.StatusReply{Node: messages.NodeStatus{Name: "d", Role: messages.RoleDecode, Address: "127.0.0.1:1",
 		InFlight: 1, Admitted: 12, Completed: 4, Failed: 5, RejectedTooLong: 1, RejectedBusy: 2,
 		RejectedBy: []uint64{1, 0, 0, 0, 0, 3}, FailedByCode: []uint64{0, 0, 2, 0, 1, 2},
-		FirstToken: &messages.FirstTokenStatus{Requests: 4, QueueNs: 400e3, PrefillNs: 48e6, TransferNs: 4e6, VerifyNs: 3e6, Decoded: 3, FirstDecodeNs: 450e3}}}
+		FirstToken: &messages.FirstTokenStatus{Requests: 4, QueueNs: 400e3, PrefillNs: 48e6, TransferNs: 4e6, VerifyNs: 3e6, Decoded: 3, FirstDecodeNs: 450e3},
+		MovedOut:   2, MovedIn: 7}}
 	var out bytes.Buffer
 	printStatus(&out, s)
 	for _, want := range []string{
 		"requests: 1 in flight, 12 admitted, 4 completed, 2 cancelled, 3 failed, 1 rejected too long, 2 rejected busy, 3 rejected unavailable\n",
 		"failed by code: busy 2, node_lost 1\n",
 		"first token, mean of 4 requests: queue 100µs, prefill 12ms, transfer 1.00ms, verify 750µs; first decode step 150µs (of 3)\n",
+		"moved between decode nodes: 2 requests out, 7 in; 0 streams followed\n",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, out.String())
