@@ -368,6 +368,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	number := r.counters.routed.Add(1)
 	rl := &relay{number: number, client: c.Sender(), id: m.RequestID, decode: d.Meta.Incarnation,
 		admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: fwd,
+		stream:  handoff.NewStream(m.RequestID, d.Meta.RemoteAddr),
 		timeout: r.cfg.RequestTimeout + relayMargin, counters: r.counters, log: r.log, auth: r.auth,
 		times: actors.Stream{Start: time.Now()}, streams: r.streams, batched: messages.WantsBatches(c.Sender())}
 	// A secret name: the decode node is told it (as the request's sender),
@@ -583,20 +584,18 @@ type relay struct {
 	log       *slog.Logger
 	auth      *trust.Authority
 	deadline  *time.Timer
-	attempt   int           // numbers the attempts, so that an earlier attempt's timer is told apart
-	seq       uint32        // the last token chunk's sequence number passed on
-	tokens    atomic.Uint32 // passed on, read by the router for operators
-	times     actors.Stream
+	attempt   int // numbers the attempts, so that an earlier attempt's timer is told apart
+	// stream is which decode node the relay hears, the chunks passed on
+	// and a move's hand-over.
+	stream *handoff.Stream
+	tokens atomic.Uint32 // passed on, read by the router for operators
+	times  actors.Stream
 	// held is the answer of the last decode node while the router looks
 	// for another, lost whether it is a node lost the relay concluded
 	// itself, cancelled whether the client cancelled meanwhile.
 	held            *messages.GenerateResult
 	lost, cancelled bool
-	answered        bool            // the client has been passed the request's result
-	left            map[string]bool // addresses of decode nodes the request left: what they send is dropped
-	// moving is the decode node's word that the stream moved, waiting for
-	// its chunks up to the one it names (they may come after it).
-	moving *messages.StreamMoved
+	answered        bool // the client has been passed the request's result
 	// cancel is the client's cancel passed on, if any: a stream that moves
 	// after it carries it to the node it moves to.
 	cancel *messages.CancelRequest
@@ -647,7 +646,6 @@ func (rl *relay) Receive(c actor.Context) {
 	defer rl.mu.Unlock()
 	switch m := c.Message().(type) {
 	case *actor.Started:
-		rl.left = map[string]bool{}
 		rl.self, rl.parent, rl.root = c.Self(), c.Parent(), c.ActorSystem().Root
 		rl.streams.Register(rl.self.Id, rl.streamed)
 		rl.send(c)
@@ -679,7 +677,7 @@ func (rl *relay) Receive(c actor.Context) {
 		c.Request(rl.admission, m)
 	case memberLost:
 		if rl.held == nil && m.incarnation == rl.decode {
-			rl.end(c, fmt.Sprintf("decode node %x was lost", rl.decode), rl.seq == 0)
+			rl.end(c, fmt.Sprintf("decode node %x was lost", rl.decode), rl.stream.Seq() == 0)
 		}
 	case relayTimeout:
 		if rl.held == nil && m.attempt == rl.attempt {
@@ -697,14 +695,13 @@ func (rl *relay) chunk(from *actor.PID, m *messages.TokenChunk) {
 	if !rl.fromDecode(from, m.RequestID) {
 		return
 	}
-	if m.Seq != rl.seq+1 {
-		rl.refuse(from, fmt.Sprintf("token chunk %d after %d", m.Seq, rl.seq))
+	if why := rl.stream.Chunk(m.Seq); why != "" {
+		rl.refuse(from, why)
 		return
 	}
-	if rl.seq == 0 {
+	if m.Seq == 1 {
 		rl.tell(relayTokens{})
 	}
-	rl.seq = m.Seq
 	rl.tokens.Add(uint32(len(m.Tokens)))
 	now := time.Now()
 	for range m.Tokens {
@@ -719,14 +716,14 @@ func (rl *relay) chunk(from *actor.PID, m *messages.TokenChunk) {
 // this request, at a chunk not behind the last passed on. The stream is
 // handed over once every chunk up to that one has been.
 func (rl *relay) streamMoved(from *actor.PID, m *messages.StreamMoved) {
-	switch {
-	case !rl.fromDecode(from, m.RequestID):
-	case m.Seq < rl.seq || rl.moving != nil:
-		rl.refuse(from, fmt.Sprintf("stream moved at chunk %d, %d passed on", m.Seq, rl.seq))
-	default:
-		rl.moving = m
-		rl.handOver()
+	if !rl.fromDecode(from, m.RequestID) {
+		return
 	}
+	if why := rl.stream.Moved(m); why != "" {
+		rl.refuse(from, why)
+		return
+	}
+	rl.handOver()
 }
 
 // handOver moves the stream to the node the decode node named, once every
@@ -734,17 +731,16 @@ func (rl *relay) streamMoved(from *actor.PID, m *messages.StreamMoved) {
 // (the one left is dropped, like a node the request left for another),
 // cancels go to its admission, and the request there is told to stream.
 func (rl *relay) handOver() {
-	m := rl.moving
-	if m == nil || rl.seq != m.Seq {
+	m := rl.stream.HandOver()
+	if m == nil {
 		return
 	}
-	rl.moving = nil
 	rl.log.Info("stream moved", "id", rl.id, "tenant", rl.request.Tenant, "from", rl.admission.Address, "to", m.To,
-		"after", rl.seq)
-	rl.leave(actor.NewPID(m.To, actors.AdmissionName), m.ToIncarnation)
+		"after", m.Seq)
+	rl.admission, rl.decode = actor.NewPID(m.To, actors.AdmissionName), m.ToIncarnation
 	rl.counters.moved.Add(1)
 	rl.tell(relayMoved{addr: m.To, incarnation: m.ToIncarnation})
-	take := &messages.StreamTake{RequestID: rl.id, Seq: rl.seq}
+	take := &messages.StreamTake{RequestID: rl.id, Seq: m.Seq}
 	if err := take.Validate(); err != nil {
 		rl.log.Error("stream take refused by its own validation", "err", err)
 		return
@@ -763,7 +759,7 @@ func (rl *relay) result(c actor.Context, from *actor.PID, m *messages.GenerateRe
 	if !rl.fromDecode(from, m.RequestID) {
 		return
 	}
-	if e := m.Err; e != nil && rl.seq == 0 && (e.Code == messages.CodeBusy || e.Code == messages.CodeNodeLost) {
+	if e := m.Err; e != nil && rl.stream.Seq() == 0 && (e.Code == messages.CodeBusy || e.Code == messages.CodeNodeLost) {
 		rl.hold(c, m, false)
 		return
 	}
@@ -812,15 +808,17 @@ func (r *routerActor) cancelNumber(c actor.Context, m actors.CancelNumber) {
 // (from a node the request left, or after the attempt answered) is
 // dropped; neither reaches the client.
 func (rl *relay) fromDecode(s *actor.PID, id uint64) bool {
+	if s == nil {
+		rl.refuse(s, "from no sender")
+		return false
+	}
+	if ok, why := rl.stream.From(s.Address, id); !ok {
+		if why != "" {
+			rl.refuse(s, why)
+		}
+		return false
+	}
 	switch {
-	case s != nil && rl.left[s.Address]:
-		return false // late, from a decode node the request left: not a stranger's
-	case s == nil || s.Address != rl.admission.Address:
-		rl.refuse(s, fmt.Sprintf("from %s, the request went to %s", s, rl.admission.Address))
-		return false
-	case id != rl.id:
-		rl.refuse(s, fmt.Sprintf("for request %d, this is %d", id, rl.id))
-		return false
 	case rl.answered:
 		// The Inbox may hand the relay a chunk after its result was
 		// passed on (it looked the relay up just before it stopped):
@@ -902,8 +900,7 @@ func (rl *relay) rerouted(c actor.Context, m reroute) {
 // leave has the relay hear the decode node of run decode, whose admission
 // is admission, from now on, and drop what the node it leaves sends.
 func (rl *relay) leave(admission *actor.PID, decode uint64) {
-	rl.left[rl.admission.Address] = true
-	delete(rl.left, admission.Address) // a new run at the same address
+	rl.stream.Leave(admission.Address)
 	rl.admission, rl.decode = admission, decode
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/messages/messagestest"
@@ -41,7 +42,8 @@ func spawnRelay(t *testing.T, router *messagestest.Peer, admission, client *acto
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl := &relay{client: client, id: 7, decode: 1, admission: admission, counters: counters, auth: router.Auth,
+	rl := &relay{client: client, id: 7, decode: 1, admission: admission, stream: handoff.NewStream(7, admission.Address),
+		counters: counters, auth: router.Auth,
 		request: &messages.RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "hi", MaxTokens: maxTokens,
 			Prefill: "127.0.0.1:1", PrefillIncarnation: 1, DecodeIncarnation: 1},
 		timeout: time.Minute, log: slog.New(slog.DiscardHandler), streams: streams}

@@ -3,8 +3,10 @@ package handoff
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/kvwarden/kvwarden/internal/mutant"
 	"github.com/kvwarden/kvwarden/kv"
 	"github.com/kvwarden/kvwarden/messages"
 )
@@ -101,11 +103,29 @@ func (r *Request) takeIn(e TakeIn) []Effect {
 	case cause == nil:
 		out := r.withheld
 		r.withheld = nil
+		if mutant.Is(mutant.MoveReplay) {
+			out = replayed(out, r.move.Tokens)
+		}
 		return out
 	case r.phase != phaseDone:
 		return r.finish(cause)
 	}
 	return r.answerAfter(cause, false)
+}
+
+// replayed is the planted bug of mutant.MoveReplay: the first chunk of out
+// streams the source's tokens again before its own.
+func replayed(out []Effect, tokens []uint32) []Effect {
+	for i, e := range out {
+		if em, ok := e.(Emit); ok {
+			c := *em.Chunk
+			c.Tokens = append(slices.Clone(tokens), c.Tokens...)
+			em.Chunk = &c
+			out[i] = em
+			break
+		}
+	}
+	return out
 }
 
 // notTaken ends a request moved here that the receiver did not take in
@@ -184,7 +204,7 @@ func (r *Request) moveOutStart(e MoveOut) []Effect {
 
 // paused asks the target to take the request over, once the decode job
 // holds still with every position but the last token's in its pages.
-func (r *Request) paused(e Paused) []Effect {
+func (r *Request) paused(e Paused, now time.Time) []Effect {
 	o := r.out
 	if o == nil || o.paused || e.MoveID != o.id {
 		r.counts.Ignored++ // an earlier move's pause, answered late
@@ -199,7 +219,8 @@ func (r *Request) paused(e Paused) []Effect {
 	m := &messages.MoveRequest{MoveID: o.id, Tenant: r.owner.Tenant, ClientID: r.client, Receiver: o.receiver,
 		ReceiverID: o.receiverID, Prompt: u32s(r.prompt), Tokens: u32s(r.tokens), MaxTokens: uint32(r.maxNew), Seq: r.seq,
 		PageTokens: uint32(r.cfg.Geometry.PageTokens), SourceIncarnation: r.cfg.Incarnation,
-		TargetIncarnation: o.to.Incarnation, Model: r.cfg.Model, CacheSalt: r.salt}
+		TargetIncarnation: o.to.Incarnation, Model: r.cfg.Model, CacheSalt: r.salt,
+		TimeLeftMs: uint32(max(r.deadline.Sub(now).Milliseconds(), 1))}
 	for _, p := range e.Pages {
 		m.Layout = append(m.Layout, uint32(p.Tokens))
 	}
@@ -248,12 +269,17 @@ func (r *Request) moveSent(e MoveSent) []Effect {
 		return nil
 	}
 	o.sent = true
+	var early []Effect
+	if mutant.Is(mutant.MoveEarlyRelease) {
+		// The planted bug: the pages go back with their frames sent.
+		early = []Effect{Release{Owner: r.owner, Tags: r.dest}, Release{Owner: r.owner, Tags: r.spare}}
+	}
 	sums := make([]uint64, len(o.pages))
 	for i, p := range o.pages {
 		sums[i] = p.Checksum
 	}
-	return []Effect{SendMoveDone{Done: &messages.TransferDone{RequestID: o.plan.Request, Tenant: r.owner.Tenant,
-		First: uint32(r.tokens[len(r.tokens)-1]), Frames: uint32(len(o.pages)), Source: r.owner.Request, Sums: sums}}}
+	return append(early, SendMoveDone{Done: &messages.TransferDone{RequestID: o.plan.Request, Tenant: r.owner.Tenant,
+		First: uint32(r.tokens[len(r.tokens)-1]), Frames: uint32(len(o.pages)), Source: r.owner.Request, Sums: sums}})
 }
 
 // moveAckIn hands the stream over once the target has verified every page

@@ -314,6 +314,54 @@ func TestMovedRequestGoesOn(t *testing.T) {
 	}
 }
 
+// TestMovedRequestHasWhatIsLeft: a request moved with a time left has no
+// more than that on its target; moved again, it gives the next target what
+// is left of it then; one whose source sent none has the target's own
+// RequestTimeout.
+func TestMovedRequestHasWhatIsLeft(t *testing.T) {
+	deadline := func(mv *move) time.Duration {
+		for _, tm := range mv.timers {
+			if _, ok := tm.Event.(RequestDeadline); ok {
+				return tm.After
+			}
+		}
+		t.Fatalf("no request deadline among %+v", mv.timers)
+		return 0
+	}
+	for _, c := range []struct {
+		left uint32
+		want time.Duration
+	}{{0, time.Minute}, {1500, 1500 * time.Millisecond}, {120_000, time.Minute}} {
+		mv := newMove(t, movePrompt(), 2, 20)
+		mv.m.TimeLeftMs = c.left
+		mv.step(Start{})
+		if got := deadline(mv); got != c.want {
+			t.Errorf("time left %d ms: deadline after %s, want %s", c.left, got, c.want)
+		}
+	}
+	mv := newMove(t, movePrompt(), 2, 20)
+	mv.m.TimeLeftMs = 1500
+	mv.step(Start{})
+	mv.step(TakeIn{Take: &messages.StreamTake{RequestID: 7, Seq: 2}, FromReceiver: true})
+	mv.now = mv.now.Add(400 * time.Millisecond)
+	var asked *messages.MoveRequest
+	Run(mv.req, MoveOut{MoveID: 4, To: Peer{Address: "other:1", Incarnation: 99}, Receiver: "router:1", ReceiverID: "relay"}, mv.now,
+		func(e Effect) Event {
+			switch e := e.(type) {
+			case PauseDecode:
+				p := mv.seq.Paused()
+				p.MoveID = e.MoveID
+				return p
+			case SendMoveRequest:
+				asked = e.Move
+			}
+			return nil
+		})
+	if asked == nil || asked.TimeLeftMs != 1100 {
+		t.Fatalf("moved again 400 ms after a move with 1500 ms left: %+v", asked)
+	}
+}
+
 // TestMovedRequestEndsClean: a take from anyone but the receiver is
 // refused and counted and changes nothing; a take at another chunk than
 // the source's last fails the request to the receiver; a request never

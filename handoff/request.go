@@ -146,6 +146,8 @@ type Request struct {
 	out *moveOut
 
 	started, planSent, firstFrame, transferEnd, firstToken, secondToken time.Time
+	// deadline is when the request's time ends (RequestDeadline).
+	deadline time.Time
 }
 
 // NewRequest is a request of client id client, admitted as owner (its
@@ -220,7 +222,13 @@ func (r *Request) step(ev Event, now time.Time) []Effect {
 			return nil
 		}
 		r.started = now
-		return append([]Effect{Timer{After: r.cfg.RequestTimeout, Event: RequestDeadline{}}}, r.reserve())
+		after := r.cfg.RequestTimeout
+		if r.move != nil && r.move.TimeLeftMs > 0 {
+			// Moved here: the request has what its source left it.
+			after = min(after, time.Duration(r.move.TimeLeftMs)*time.Millisecond)
+		}
+		r.deadline = now.Add(after)
+		return append([]Effect{Timer{After: after, Event: RequestDeadline{}}}, r.reserve())
 	case RetryReserve:
 		if r.phase == phaseReserving {
 			return []Effect{r.reserve()}
@@ -270,7 +278,7 @@ func (r *Request) step(ev Event, now time.Time) []Effect {
 	case MoveOut:
 		return r.moveOutStart(e)
 	case Paused:
-		return r.paused(e)
+		return r.paused(e, now)
 	case MovePlanIn:
 		return r.movePlanIn(e)
 	case MoveSent:

@@ -103,7 +103,7 @@ func sampleMove() *MoveRequest {
 	return &MoveRequest{MoveID: 1 << 40, Tenant: "acme", ClientID: 77, Receiver: "router-1.internal:8090",
 		ReceiverID: "batched-relay-9f2a", Prompt: []uint32{1, 2, 3, 4, 5}, Tokens: []uint32{6, 7, 8}, MaxTokens: 64, Seq: 3,
 		PageTokens: 4, Layout: []uint32{4, 3}, SourceIncarnation: 0xabc, TargetIncarnation: 0xdef, Model: testFingerprint,
-		CacheSalt: "conversation-9"}
+		CacheSalt: "conversation-9", TimeLeftMs: 59_000}
 }
 
 // sampleOf returns the first sample of type M, freshly built.
@@ -335,7 +335,7 @@ func TestWorstCaseFits(t *testing.T) {
 			ReceiverID: strings.Repeat("r", StreamToBytesMax), Prompt: big(PromptTokensMax), Tokens: big(GenerateTokensMax - 1),
 			MaxTokens: GenerateTokensMax, Seq: GenerateTokensMax - 1, PageTokens: uint32(movePage), Layout: layout,
 			SourceIncarnation: math.MaxUint64, TargetIncarnation: math.MaxUint64, Model: testFingerprint,
-			CacheSalt: strings.Repeat("s", kv.CacheSaltBytesMax)},
+			CacheSalt: strings.Repeat("s", kv.CacheSaltBytesMax), TimeLeftMs: math.MaxUint32},
 		&MovePlan{MoveID: math.MaxUint64, Tenant: tenant, Request: math.MaxUint64, DestTags: tags, DataPlane: addr},
 		&StreamMoved{RequestID: math.MaxUint64, Seq: GenerateTokensMax, To: addr, ToID: strings.Repeat("r", StreamToBytesMax),
 			ToIncarnation: math.MaxUint64},

@@ -60,10 +60,16 @@ type MoveRequest struct {
 	// (TransferPlan.Model); CacheSalt the client's (GenerateRequest).
 	Model     string `msgpack:"model"`
 	CacheSalt string `msgpack:"cache_salt,omitempty"`
+	// TimeLeftMs is what is left of the request's time (its RequestTimeout
+	// from its start on the first decode node), in milliseconds: the
+	// target gives it no more than that. 0 (a source of a build before it
+	// was sent): the target's own RequestTimeout.
+	TimeLeftMs uint32 `msgpack:"time_left_ms,omitempty"`
 }
 
 var moveRequestKeys = []string{"id", "tenant", "client_id", "receiver", "receiver_id", "prompt", "tokens", "max_tokens", "seq",
-	"page_tokens", "layout", "source_inc", "target_inc", "model", "cache_salt"}
+	"page_tokens", "layout", "source_inc", "target_inc", "model", "cache_salt",
+	"time_left_ms"}
 
 func (*MoveRequest) TypeCode() TypeCode { return TypeMoveRequest }
 
@@ -175,8 +181,10 @@ func (m *MoveRequest) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readU64(d, t, "target_inc", &m.TargetIncarnation)
 		case 13:
 			return readString(d, t, "model", FingerprintDigits, &m.Model)
-		default:
+		case 14:
 			return readString(d, t, "cache_salt", kv.CacheSaltBytesMax, &m.CacheSalt)
+		default:
+			return readU32(d, t, "time_left_ms", &m.TimeLeftMs)
 		}
 	})
 }

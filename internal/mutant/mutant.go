@@ -47,6 +47,17 @@ const (
 	// cache is sealed as it is, not only if it hashes to the cached
 	// page's checksum.
 	HeldCopyUnchecked = "held_copy_unchecked"
+	// MoveEarlyRelease: the decode node a running request moves away from
+	// gives its pages back once their frames are sent, before the target's
+	// acknowledgement; a move that then fails decodes on over pages
+	// another request may hold.
+	MoveEarlyRelease = "move_early_release"
+	// MoveReplay: the decode node a request moved to streams again, when
+	// the stream is taken, the tokens its source had streamed.
+	MoveReplay = "move_replay"
+	// RelayUnhanded: a router's relay passes on chunks from any decode
+	// node, not only the one its stream is on (was handed over to).
+	RelayUnhanded = "relay_unhanded"
 )
 
 // Is reports whether this build carries mutant name. It is a constant
