@@ -25,7 +25,7 @@ import (
 // source's, and one the receiver never takes ends so at TakeDeadline.
 func NewMovedRequest(cfg RequestConfig, owner kv.Owner, m *messages.MoveRequest, src Peer) *Request {
 	r := NewRequest(cfg, owner, m.ClientID, ints(m.Prompt), int(m.MaxTokens), src)
-	r.move, r.tokens, r.seq, r.salt = m, ints(m.Tokens), m.Seq, m.CacheSalt
+	r.move, r.tokens, r.seq, r.salt, r.cached = m, ints(m.Tokens), m.Seq, m.CacheSalt, int(m.CachedTokens)
 	return r
 }
 
@@ -220,7 +220,7 @@ func (r *Request) paused(e Paused, now time.Time) []Effect {
 		ReceiverID: o.receiverID, Prompt: u32s(r.prompt), Tokens: u32s(r.tokens), MaxTokens: uint32(r.maxNew), Seq: r.seq,
 		PageTokens: uint32(r.cfg.Geometry.PageTokens), SourceIncarnation: r.cfg.Incarnation,
 		TargetIncarnation: o.to.Incarnation, Model: r.cfg.Model, CacheSalt: r.salt,
-		TimeLeftMs: uint32(max(r.deadline.Sub(now).Milliseconds(), 1))}
+		TimeLeftMs: uint32(max(r.deadline.Sub(now).Milliseconds(), 1)), CachedTokens: uint32(r.cached)}
 	for _, p := range e.Pages {
 		m.Layout = append(m.Layout, uint32(p.Tokens))
 	}

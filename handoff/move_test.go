@@ -280,6 +280,8 @@ func TestMovedRequestGoesOn(t *testing.T) {
 	for _, k := range []int{1, 2, 5, 9, 23} {
 		for _, takeAfter := range []int{0, 3, maxNew} { // decode steps before the take
 			mv := newMove(t, prompt, k, maxNew)
+			mv.m.CachedTokens = uint32(k % len(prompt)) // what its prefill read from a cache
+			mv.req = NewMovedRequest(mv.req.cfg, targetOwner, mv.m, mv.req.Peer())
 			mv.step(Start{})
 			if mv.acks != 1 || mv.seq == nil {
 				t.Fatalf("k=%d: %d acks, decoding %t; finish %+v", k, mv.acks, mv.seq != nil, mv.finish)
@@ -294,8 +296,9 @@ func TestMovedRequestGoesOn(t *testing.T) {
 				t.Fatalf("k=%d, take after %d steps: answer %+v", k, takeAfter, mv.finish)
 			}
 			got := ints(mv.finish.Result.Tokens)
-			if !slices.Equal(got, want) {
-				t.Fatalf("k=%d: answer %v, want %v", k, got, want)
+			if !slices.Equal(got, want) || mv.finish.Result.CachedTokens != mv.m.CachedTokens {
+				t.Fatalf("k=%d: answer %v with %d cached tokens, want %v with %d", k, got, mv.finish.Result.CachedTokens,
+					want, mv.m.CachedTokens)
 			}
 			var streamed []int
 			for i, c := range mv.chunks {

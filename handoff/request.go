@@ -558,7 +558,9 @@ func (r *Request) transferIn(e TransferIn, now time.Time) []Effect {
 	if int(m.Cached) >= len(r.prompt) || r.move != nil && m.Cached != 0 {
 		return r.finish(&kv.ManifestError{Field: "cached prompt tokens", Page: -1, Want: len(r.prompt) - 1, Have: int(m.Cached)})
 	}
-	r.cached = int(m.Cached)
+	if r.move == nil { // a move's prefill was its source's: the MoveRequest said what it read
+		r.cached = int(m.Cached)
+	}
 	origins := make([]kv.Origin, 0, len(r.manifest.Pages))
 	for _, c := range r.held {
 		origins = append(origins, c.Origin())

@@ -103,7 +103,7 @@ func sampleMove() *MoveRequest {
 	return &MoveRequest{MoveID: 1 << 40, Tenant: "acme", ClientID: 77, Receiver: "router-1.internal:8090",
 		ReceiverID: "batched-relay-9f2a", Prompt: []uint32{1, 2, 3, 4, 5}, Tokens: []uint32{6, 7, 8}, MaxTokens: 64, Seq: 3,
 		PageTokens: 4, Layout: []uint32{4, 3}, SourceIncarnation: 0xabc, TargetIncarnation: 0xdef, Model: testFingerprint,
-		CacheSalt: "conversation-9", TimeLeftMs: 59_000}
+		CacheSalt: "conversation-9", TimeLeftMs: 59_000, CachedTokens: 4}
 }
 
 // sampleOf returns the first sample of type M, freshly built.
@@ -335,7 +335,7 @@ func TestWorstCaseFits(t *testing.T) {
 			ReceiverID: strings.Repeat("r", StreamToBytesMax), Prompt: big(PromptTokensMax), Tokens: big(GenerateTokensMax - 1),
 			MaxTokens: GenerateTokensMax, Seq: GenerateTokensMax - 1, PageTokens: uint32(movePage), Layout: layout,
 			SourceIncarnation: math.MaxUint64, TargetIncarnation: math.MaxUint64, Model: testFingerprint,
-			CacheSalt: strings.Repeat("s", kv.CacheSaltBytesMax), TimeLeftMs: math.MaxUint32},
+			CacheSalt: strings.Repeat("s", kv.CacheSaltBytesMax), TimeLeftMs: math.MaxUint32, CachedTokens: PromptTokensMax - 1},
 		&MovePlan{MoveID: math.MaxUint64, Tenant: tenant, Request: math.MaxUint64, DestTags: tags, DataPlane: addr},
 		&StreamMoved{RequestID: math.MaxUint64, Seq: GenerateTokensMax, To: addr, ToID: strings.Repeat("r", StreamToBytesMax),
 			ToIncarnation: math.MaxUint64},
@@ -416,6 +416,7 @@ func TestValidateRefuses(t *testing.T) {
 			return m
 		}(), &tooLarge},
 		{"move to no receiver", func() Message { m := sampleMove(); m.ReceiverID = ""; return m }(), &invalid},
+		{"move's whole prompt cached", func() Message { m := sampleMove(); m.CachedTokens = 5; return m }(), &invalid},
 		{"move of no target run", func() Message { m := sampleMove(); m.TargetIncarnation = 0; return m }(), &invalid},
 		{"move of another model", func() Message { m := sampleMove(); m.Model = "abc"; return m }(), &invalid},
 		{"move plan of no pages", &MovePlan{MoveID: 1, Tenant: "a", Request: 1, DataPlane: "h:1"}, &invalid},

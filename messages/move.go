@@ -65,11 +65,15 @@ type MoveRequest struct {
 	// target gives it no more than that. 0 (a source of a build before it
 	// was sent): the target's own RequestTimeout.
 	TimeLeftMs uint32 `msgpack:"time_left_ms,omitempty"`
+	// CachedTokens is how many of the prompt's first tokens its prefill
+	// read from a prefix cache (GenerateResult.CachedTokens), fewer than
+	// len(Prompt): the target reports them in the answer.
+	CachedTokens uint32 `msgpack:"cached_tokens,omitempty"`
 }
 
 var moveRequestKeys = []string{"id", "tenant", "client_id", "receiver", "receiver_id", "prompt", "tokens", "max_tokens", "seq",
 	"page_tokens", "layout", "source_inc", "target_inc", "model", "cache_salt",
-	"time_left_ms"}
+	"time_left_ms", "cached_tokens"}
 
 func (*MoveRequest) TypeCode() TypeCode { return TypeMoveRequest }
 
@@ -101,6 +105,9 @@ func (m *MoveRequest) Validate() error {
 	}
 	if err := checkRange(t, "seq", uint64(m.Seq), 1, uint64(len(m.Tokens))); err != nil {
 		return err
+	}
+	if m.CachedTokens >= uint32(len(m.Prompt)) {
+		return &InvalidFieldError{t, "cached_tokens", fmt.Sprint(m.CachedTokens), fmt.Sprintf("fewer than the prompt's %d tokens", len(m.Prompt))}
 	}
 	if err := checkRange(t, "page_tokens", uint64(m.PageTokens), 1, PageTokensMax); err != nil {
 		return err
@@ -183,8 +190,10 @@ func (m *MoveRequest) DecodeMsgpack(d *msgpack.Decoder) error {
 			return readString(d, t, "model", FingerprintDigits, &m.Model)
 		case 14:
 			return readString(d, t, "cache_salt", kv.CacheSaltBytesMax, &m.CacheSalt)
-		default:
+		case 15:
 			return readU32(d, t, "time_left_ms", &m.TimeLeftMs)
+		default:
+			return readU32(d, t, "cached_tokens", &m.CachedTokens)
 		}
 	})
 }
