@@ -113,6 +113,9 @@ declare -A expect=(
   [lease_count_negative]="lease count"
   [key_without_scope]="cache scope"
   [held_copy_unchecked]="provenance"
+  [move_early_release]="release after ack"
+  [move_replay]="answers"
+  [relay_unhanded]="answers"
 )
 
 mutants=("$@")

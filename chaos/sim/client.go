@@ -11,7 +11,9 @@ import (
 )
 
 // client is one client request and its oracle: the reference answer, the
-// tokens streamed so far, and how it ended.
+// tokens streamed so far, and how it ended; and the router's relay of its
+// stream (handoff.Stream, the relay's own core): the decode node it hears,
+// which a move hands over to another.
 type client struct {
 	w      *world
 	id     uint64
@@ -22,14 +24,21 @@ type client struct {
 	want   []int // the reference answer, cut at EOS; nil when the context cannot hold the request
 	cancel time.Duration
 
-	node *node // the decode node routed to, and its run then
+	node *node // the decode node the stream is on, and its run
 	inc  uint64
 	peer handoff.Peer
 	fits bool // the routed path's smallest pool holds the request
-	dr   *dreq
+	// dr is the request the stream is on (a move's target, once handed
+	// over), origin the one the client's request was routed to, whose
+	// prefill read what the answer reports as cached.
+	dr, origin *dreq
+	originInc  uint64 // origin's run
+	stream     *handoff.Stream
+	// deadline is when the relay gives up on a stream that moved:
+	// RequestTimeout and a margin after the decode node admitted it.
+	deadline time.Time
 
 	emitted []int
-	seq     uint32
 	done    bool
 	outcome string
 }
@@ -43,6 +52,7 @@ func (w *world) buildClients() {
 	w.buildPrefixes()
 	for i := range o.Requests {
 		c := &client{w: w, id: uint64(i + 1), tenant: tenantName(w.rng.IntN(o.Tenants)), salt: salts[w.rng.IntN(len(salts))]}
+		c.stream = handoff.NewStream(c.id, "")
 		c.maxNew = 1 + w.rng.IntN(o.MaxTokensMax)
 		switch {
 		case i > 0 && w.rng.IntN(4) == 0:
@@ -137,6 +147,7 @@ func (c *client) route() {
 		return
 	}
 	c.node, c.inc, c.peer = d, d.inc, p.peer()
+	c.stream = handoff.NewStream(c.id, d.addr)
 	lat := w.opt.Timing.Latency
 	w.after(lat, fmt.Sprintf("client %d reaches %s", c.id, d.addr), func() {
 		if d.inc == 0 || d.inc != c.inc {
@@ -181,18 +192,34 @@ func (w *world) checkPath(c *client, p, d *node, err error) {
 	}
 }
 
-// emit checks a streamed token against the reference.
-func (c *client) emit(chunk *messages.TokenChunk) {
+// heard is the relay's check that a message for the stream comes from the
+// decode node it is on: what another node sends is refused (counted), what
+// a node the stream left still sends is dropped.
+func (c *client) heard(from string, id uint64) bool {
+	ok, why := c.stream.From(from, id)
+	if !ok && why != "" {
+		c.w.count[RelayRefused]++
+		c.w.trace.line(fmt.Sprintf("  relay of client %d refused: %s", c.id, why))
+	}
+	return ok
+}
+
+// chunk is the relay's taking of a chunk from the decode node at from: a
+// chunk of the stream's node passes on in order (from 1, as package client
+// counts them), and its tokens are checked against the reference.
+func (c *client) chunk(from string, chunk *messages.TokenChunk) {
 	w := c.w
-	switch {
-	case c.done:
-		w.fail("answers", "client %d got token chunk %d after its request ended (%s)", c.id, chunk.Seq, c.outcome)
-		return
-	case chunk.Seq != c.seq+1: // from 1, as package client counts them
-		w.fail("answers", "client %d got chunk %d after chunk %d", c.id, chunk.Seq, c.seq)
+	if !c.heard(from, chunk.RequestID) {
 		return
 	}
-	c.seq = chunk.Seq
+	if c.done {
+		w.fail("answers", "client %d got token chunk %d after its request ended (%s)", c.id, chunk.Seq, c.outcome)
+		return
+	}
+	if why := c.stream.Chunk(chunk.Seq); why != "" {
+		w.fail("answers", "client %d: %s, from the node its stream is on", c.id, why)
+		return
+	}
 	for _, t := range chunk.Tokens {
 		at := len(c.emitted)
 		if at >= len(c.want) || int(t) != c.want[at] {
@@ -203,11 +230,15 @@ func (c *client) emit(chunk *messages.TokenChunk) {
 	}
 }
 
-// finish checks the request's answer: the reference exactly, with the
-// tokens streamed, or a typed error with a stable code; never twice.
-func (c *client) finish(f handoff.Finish) {
+// finish checks the request's answer, from the decode node at from: the
+// reference exactly, with the tokens streamed, or a typed error with a
+// stable code; never twice.
+func (c *client) finish(from string, f handoff.Finish) {
 	w := c.w
 	res := f.Result
+	if !c.heard(from, res.RequestID) {
+		return
+	}
 	if err := res.Validate(); err != nil {
 		w.fail("answers", "client %d got an invalid result: %v", c.id, err)
 	}
@@ -226,7 +257,7 @@ func (c *client) finish(f handoff.Finish) {
 		w.fail("answers", "client %d (%s) got the answer %v; the reference answer is %v", c.id, c.tenant, got, c.want)
 	case !slices.Equal(c.emitted, c.want):
 		w.fail("answers", "client %d was streamed %v, and answered %v", c.id, c.emitted, got)
-	case c.dr != nil:
+	case c.origin != nil:
 		c.checkCached(res.CachedTokens)
 	}
 	c.end("answered")
@@ -236,8 +267,8 @@ func (c *client) finish(f handoff.Finish) {
 // checkCached is the check of the cached tokens a result reports: those
 // the prefill of the request's last attempt read through shared leases.
 func (c *client) checkCached(got uint32) {
-	dr := c.dr
-	key := handoff.JobKey{Sender: senderKey(dr.n.addr, dr.n.inc), ID: dr.r.Owner().Request}
+	dr := c.origin
+	key := handoff.JobKey{Sender: senderKey(dr.n.addr, c.originInc), ID: dr.r.Owner().Request}
 	if want, ok := c.w.cachedRead[key]; !ok || int(got) != want {
 		c.w.fail("cached tokens", "client %d (%s) was told %d prompt tokens came from the cache; the prefill of its attempt %d read %d (prefilled %t)",
 			c.id, c.tenant, got, key.ID, want, ok)

@@ -76,6 +76,13 @@ const (
 	HeldCopyRefused
 	HeldUnconfirmed
 	HeldSumForged
+	MoveAsked
+	MoveHandedOver
+	MoveGaveUp
+	MoveUntaken
+	MovedTwice
+	ChunkForged
+	RelayRefused
 	counters
 )
 
@@ -100,6 +107,9 @@ var counterNames = [counters]string{
 	"keep carried out after its job closed", "keep carried out before its job closed", "keep released a still-leased page",
 	"keep carried out amid a reservation", "another lookup's eviction amid a reservation", "held copy bit flipped before seal", "held copy refused at its seal",
 	"held pages given up, unconfirmed by prefill", "prefill's held page checksum forged",
+	"move of a running request asked", "moved stream handed over", "move given up, decoding went on",
+	"moved request ended untaken", "request moved a second time", "chunk forged by another decode node",
+	"relay refused a chunk of a node not handed the stream",
 }
 
 func (c Counter) String() string { return counterNames[c] }
@@ -110,7 +120,7 @@ var required = [kinds][]Counter{
 	Duplicate: {Duplicated, DuplicatePlanDropped, SharedUnleaseRepeated, RepeatedUnleaseRefused},
 	Delay:     {Delayed, PrefillDeadline},
 	Reorder:   {Reordered, KeepEarly, KeepLeasedReleased},
-	Misdirect: {Misdirected, StrangerRefused},
+	Misdirect: {Misdirected, StrangerRefused, ChunkForged, RelayRefused},
 	Corrupt:   {BatchCorrupted, BatchRefusedChecksum},
 	Partition: {PartitionCut},
 	Crash:     {Crashed, Restarted, PeerLost, RetryOtherPeer, DeadRunDropped, CacheLost, DecodeCacheLost},
@@ -119,6 +129,10 @@ var required = [kinds][]Counter{
 	BitFlip:   {BitFlipped, IntegrityRefused, CachedFlipped, HeldCopyFlipped},
 	Oversize:  {OversizeRefused},
 	Cancel:    {CancelMidDecode, CancelBeforeDecode},
+	// A request moved a second time, and a moved request its receiver did
+	// not take in time, are counted, not required: a few in a hundred
+	// seeds reach them (a moved request has few tokens left to move again).
+	Move: {MoveAsked, MoveHandedOver, MoveGaveUp},
 }
 
 // cachePaths are the paths a workload of shared prefixes over prefix

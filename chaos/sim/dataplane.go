@@ -24,10 +24,16 @@ import (
 // checksums, delayed, or frames readdressed to another request's page or
 // owner (with valid checksums: a sender's mistake).
 
-// send is one plan's frames on their way.
+// send is one plan's frames on their way: a prefill's, or a running
+// request's that moves to another decode node. label is the oracle's
+// label of a frame's rows, readdress whether the misdirect fault may
+// readdress its frames, and end what the sender does, once, when the send
+// ended.
 type send struct {
-	job       *job
-	frames    handoff.Frames
+	frames    []kv.Frame
+	label     func(kv.Frame) label
+	readdress bool
+	end       func(error)
 	to        *node
 	toInc     uint64
 	next      int    // frames put in batches so far
@@ -78,8 +84,23 @@ func (n *node) startSend(e handoff.SendFrames) {
 		n.w.fail("effects", "%s sends frames of %s/%d: prefilled %t, data plane %q: %v", n.addr, e.Key.Sender, e.Key.ID, p != nil, e.Plan.DataPlane, err)
 		return
 	}
-	s := &send{job: n.byKey[e.Key], frames: p.frames, to: to, toInc: e.Plan.DestTags[0].Incarnation}
+	j := n.byKey[e.Key]
+	s := &send{frames: p.frames.Frames, label: func(f kv.Frame) label { return n.sourceLabel(j, f) }, readdress: true,
+		to: to, toInc: e.Plan.DestTags[0].Incarnation}
+	s.end = func(err error) {
+		delete(n.sends, e.Key)
+		err = errors.Join(err, p.frames.Unlease(n.pages))
+		if err != nil {
+			j.failed = true
+		}
+		n.runSource(handoff.Sent{Key: e.Key, Err: err}, nil, 0)
+	}
 	n.sends[e.Key] = s
+	n.startBatches(s)
+}
+
+// startBatches puts s's first batch on its way.
+func (n *node) startBatches(s *send) {
 	n.at(n.w.opt.Timing.BatchGap, "send a batch", func() { n.sendBatch(s) })
 }
 
@@ -95,13 +116,15 @@ func (n *node) sendBatch(s *send) {
 		n.endSend(s, errReset)
 		return
 	}
-	fs := s.frames.Frames
+	fs := s.frames
 	frames := append([]kv.Frame(nil), fs[s.next:min(s.next+w.opt.BatchPagesMax, len(fs))]...)
 	s.next += len(frames)
 	b := &batch{shadow: make([]label, len(frames))}
 	for i := range frames {
-		b.shadow[i] = n.sourceLabel(s.job, frames[i])
-		n.readdress(&frames[i])
+		b.shadow[i] = s.label(frames[i])
+		if s.readdress {
+			n.readdress(&frames[i])
+		}
 	}
 	body, err := kv.AppendBatch(nil, frames, w.batch)
 	if err != nil {
@@ -170,7 +193,7 @@ func (n *node) transmitFaulty(s *send, b *batch) {
 		w.count[BatchCorrupted]++
 		w.trace.line("  data plane: batch corrupted")
 	}
-	if s.held == nil && s.next < len(s.frames.Frames) && w.chance(Reorder) {
+	if s.held == nil && s.next < len(s.frames) && w.chance(Reorder) {
 		w.count[Reordered]++
 		w.trace.line("  data plane: batch held back behind the next")
 		s.held = b
@@ -220,18 +243,13 @@ func (n *node) acked(s *send, err error) {
 	}
 }
 
-// endSend gives the leases back and answers the source, once.
+// endSend ends the send, once.
 func (n *node) endSend(s *send, err error) {
 	if s.ended {
 		return
 	}
 	s.ended = true
-	delete(n.sends, s.job.key)
-	err = errors.Join(err, s.frames.Unlease(n.pages))
-	if err != nil {
-		s.job.failed = true
-	}
-	n.runSource(handoff.Sent{Key: s.job.key, Err: err}, nil, 0)
+	s.end(err)
 }
 
 // dataIn is the receiving data plane: the connection's run, the batch's

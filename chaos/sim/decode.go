@@ -23,16 +23,20 @@ type dreq struct {
 	attempts []uint64 // every attempt's request id, the current last
 	worker   int
 	decoding bool // handed to its decode worker
+	// mv is the move away under way, asked the move being asked now;
+	// movesLeft the moves still to ask of it (the Move fault).
+	mv, asked *moving
+	movesLeft int
 }
 
 // worker is one decode worker: jobs waiting to begin, sequences that
 // step in turn, one token each DecodeStep, and answered requests' Keeps
 // for its next turn.
 type worker struct {
-	queued, active []*djob
-	keeps          []handoff.Keep
-	turn           int
-	armed          bool
+	queued, active, paused []*djob
+	keeps                  []handoff.Keep
+	turn                   int
+	armed                  bool
 }
 
 type djob struct {
@@ -58,14 +62,16 @@ func (n *node) admit(c *client) {
 	n.reqs[n.nextID] = dr
 	n.live = append(n.live, dr)
 	n.w.all = append(n.w.all, dr)
-	c.dr = dr
+	c.dr, c.origin, c.originInc = dr, dr, n.inc
+	c.deadline = n.w.now.Add(n.w.opt.Timing.RequestTimeout + relayMargin(n.w.opt.Timing))
 	dr.run(handoff.Start{})
+	n.askMoves(dr)
 }
 
 func (dr *dreq) run(ev handoff.Event) {
 	n := dr.n
 	who := fmt.Sprintf("%s request %s (client %d)", n.addr, dr.name, dr.c.id)
-	var m handoff.Machine = traced{m: dr.r, t: &n.w.trace, who: who}
+	var m handoff.Machine = traced{m: moveChecked{Machine: dr.r, dr: dr}, t: &n.w.trace, who: who}
 	if late := dr.late(ev); late != "" {
 		m = &quiet{Machine: m, dr: dr, what: late}
 	}
@@ -148,7 +154,11 @@ func (dr *dreq) do(e handoff.Effect) handoff.Event {
 	case handoff.CancelDecode:
 		n.cancelDecode(e.Owner)
 	case handoff.Emit:
-		dr.c.emit(e.Chunk)
+		dr.c.chunk(n.addr, e.Chunk)
+		n.askMove(dr)
+		if w.chance(Misdirect) {
+			w.forge(n)
+		}
 	case handoff.Finish:
 		if attempt := (handoff.JobKey{Sender: senderKey(n.addr, n.inc), ID: dr.r.Owner().Request}); e.Cause == nil && w.forged[attempt] {
 			w.fail("held pages", "%s request %s was answered on attempt %d, whose prefill reported other rows for a page decode held",
@@ -163,7 +173,39 @@ func (dr *dreq) do(e handoff.Effect) handoff.Event {
 				w.count[CancelBeforeDecode]++
 			}
 		}
-		dr.c.finish(e)
+		switch {
+		case e.Moved:
+		case e.Silent:
+			w.count[MoveUntaken]++
+			w.trace.line(fmt.Sprintf("  %s request %s ended untaken: %v", n.addr, dr.name, e.Cause))
+		default:
+			dr.c.finish(n.addr, e)
+		}
+	case handoff.PauseDecode:
+		dr.mv, dr.asked = dr.asked, nil
+		n.pause(dr, e)
+	case handoff.ResumeDecode:
+		n.resume(e.Owner)
+	case handoff.SendMoveRequest:
+		return dr.moveSendFailed(dr.send(e.To, e.Move))
+	case handoff.SendMoveFrames:
+		if dr.mv != nil {
+			dr.mv.plan = e.Plan // the core took it
+		}
+		n.sendMove(dr, e)
+	case handoff.SendMoveDone:
+		if dr.mv == nil {
+			w.fail("moves", "%s request %s reported a move it is not making", n.addr, dr.name)
+			return nil
+		}
+		return dr.moveSendFailed(dr.send(dr.mv.to, e.Done))
+	case handoff.HandOver:
+		dr.c.movedStream(dr, e)
+	case handoff.MoveEnded:
+		dr.mv = nil
+		w.count[MoveGaveUp]++
+	case handoff.SendMovePlan:
+		return dr.send(e.To, e.Plan)
 	case handoff.Timer:
 		n.at(e.After, "timer "+describe(e.Event)+" of request "+dr.name, func() { dr.timer(e.Event) })
 	case handoff.Pick:
@@ -291,7 +333,7 @@ func (n *node) peerLost(inc uint64) {
 		return
 	}
 	for _, dr := range slices.Clone(n.live) {
-		if dr.r.Peer().Incarnation == inc {
+		if dr.r.Peer().Incarnation == inc || dr.mv != nil && dr.mv.to.Incarnation == inc {
 			n.w.count[PeerLost]++
 			dr.run(handoff.PeerLost{Incarnation: inc})
 		}
@@ -325,7 +367,11 @@ func (n *node) work(wk *worker) {
 		}
 		j.seq = seq
 		wk.active = append(wk.active, j)
-		j.dr.run(handoff.TokenIn{Token: j.start.Next})
+		if j.start.Resume { // a moved job's first token streamed where it was
+			j.dr.run(handoff.Resumed{})
+		} else {
+			j.dr.run(handoff.TokenIn{Token: j.start.Next})
+		}
 		if seq.Ended() {
 			n.endJob(wk, j, nil)
 		}
@@ -361,11 +407,13 @@ func (n *node) cancelDecode(owner kv.Owner) {
 	for _, wk := range n.workers {
 		mine := func(j *djob) bool { return j.start.Manifest.Owner == owner }
 		wk.queued = slices.DeleteFunc(wk.queued, mine)
-		if i := slices.IndexFunc(wk.active, mine); i >= 0 {
-			j := wk.active[i]
-			wk.active = slices.Delete(wk.active, i, i+1)
-			if err := j.seq.Close(n.pages); err != nil {
-				n.w.trace.line("  leases given back with " + err.Error())
+		for _, jobs := range []*[]*djob{&wk.active, &wk.paused} {
+			if i := slices.IndexFunc(*jobs, mine); i >= 0 {
+				j := (*jobs)[i]
+				*jobs = slices.Delete(*jobs, i, i+1)
+				if err := j.seq.Close(n.pages); err != nil {
+					n.w.trace.line("  leases given back with " + err.Error())
+				}
 			}
 		}
 	}
@@ -373,9 +421,54 @@ func (n *node) cancelDecode(owner kv.Owner) {
 
 // messageIn routes a control message to the node's role.
 func (n *node) messageIn(d *delivery, m messages.Message) {
-	if n.role == rolePrefill {
+	switch {
+	case n.role == rolePrefill:
 		n.sourceIn(d, m)
-		return
+	case !n.messageMoved(d, m):
+		n.requestIn(d, m)
 	}
-	n.requestIn(d, m)
+}
+
+// moveSendFailed is a move's message that could not be sent, as the
+// request's actor reports one: the move's send failed.
+func (dr *dreq) moveSendFailed(ev handoff.Event) handoff.Event {
+	if f, ok := ev.(handoff.Failed); ok && dr.mv != nil {
+		return handoff.MoveSent{MoveID: dr.mv.id, Err: f.Err}
+	}
+	return ev
+}
+
+// moveChecked is the oracle of a request's move away: while a move is
+// under way, the request gives pages back only as it ends (moved, on its
+// target's ack, or ended otherwise), never before; and it ends moved only
+// on the target's ack.
+type moveChecked struct {
+	handoff.Machine
+	dr *dreq
+}
+
+func (m moveChecked) Step(ev handoff.Event, now time.Time) []handoff.Effect {
+	effects := m.Machine.Step(ev, now)
+	dr := m.dr
+	if dr.mv == nil {
+		return effects
+	}
+	var releases, ends, moved bool
+	for _, e := range effects {
+		switch e := e.(type) {
+		case handoff.Release:
+			releases = releases || len(e.Tags) > 0
+		case handoff.Finish:
+			ends, moved = true, e.Moved
+		}
+	}
+	switch {
+	case releases && !ends:
+		dr.n.w.fail("release after ack", "%s request %s gave pages back during move %d, before its target acknowledged them (at %T)",
+			dr.n.addr, dr.name, dr.mv.id, ev)
+	case moved && !dr.mv.acking:
+		dr.n.w.fail("release after ack", "%s request %s ended moved at %T, not on its target's ack", dr.n.addr, dr.name, ev)
+	}
+	dr.mv.acking = false
+	return effects
 }

@@ -37,7 +37,15 @@
 // messages (plan, done, ack, abort) cross a simulated network encoded by package messages;
 // KV frames cross a simulated data plane encoded as kv batches, one
 // connection per send, acknowledged batch by batch as package cluster's
-// is. Time is a simulated clock; every timer a core asks for is a scheduled
+// is. Running requests move between decode nodes as package actors moves
+// them (move.go): an operator's or a drain's ask has the request's core
+// (handoff.Request) pause its decode job, ask another decode node, whose
+// admission runs a handoff.NewMovedRequest, to take it, send its KV over
+// the data plane to the pages the target planned, and on the target's
+// acknowledgement tell the stream's relay that the stream moved; the relay
+// is the client's handoff.Stream, package cluster's relay's own core,
+// which hands the stream over and asks the target to stream (StreamTake).
+// Time is a simulated clock; every timer a core asks for is a scheduled
 // step. The Result says whether an invariant broke (Violation, with the
 // command that replays the seed), the paths the run reached (Counters) and
 // a hash of its trace. Sweep runs many seeds in parallel.
@@ -54,7 +62,11 @@
 // verifies one), bits flipped in a held copy before its seal (which must
 // check it against the cached page's checksum), unleases of shared leases
 // repeated, Keeps carried out before their sequence closed, oversize
-// prompts and cancellations. The
+// prompts, cancellations, moves of running requests (asked after a token
+// streamed, up to three a request, and drains of a whole node; every fault
+// above falls on their messages and frames too, and crashes on either
+// side), and chunks forged by a decode node for a stream it does not
+// carry. The
 // Counters are the "sometimes" assertions: Unreached lists the paths an
 // enabled kind never reached, which a campaign treats as a failure, and
 // UnreachedCache the paths of the prefix cache a workload never reached.
@@ -72,7 +84,12 @@
 // counted among the pool's cached pages and its cache's index; the pool
 // counts as many readers of it as the oracle holds shared leases, frees it
 // only when none is held, and refuses a repeated unlease; the index never
-// finds a page of another scope. At every read through a lease: every row
+// finds a page of another scope. While a request moves, its source gives
+// no page back before the target's acknowledgement, unless the request
+// ends otherwise, and ends moved only on that acknowledgement; a relay
+// passes on chunks of the node its stream is on and no other, and a moved
+// stream's tokens are the reference's, each once (the answers' check
+// below). At every read through a lease: every row
 // returned was computed for the lease's owner on that run (the provenance
 // oracle: rows are labelled when written, and labels travel with the
 // frames and with a held copy's bytes), or, through a shared lease or in

@@ -10,7 +10,7 @@ import (
 
 // buildFaults schedules the run's faults of the world itself, each kind up
 // to three times at random times while clients send: partitions, crashes,
-// pool shrinks, clock jumps and bit flips.
+// pool shrinks, clock jumps, bit flips and drains.
 func (w *world) buildFaults() {
 	t := w.opt.Timing
 	window := t.Arrivals + t.PrefillTimeout
@@ -24,6 +24,7 @@ func (w *world) buildFaults() {
 		{Shrink, "pool shrink", w.shrink},
 		{ClockJump, "clock jump", w.jump},
 		{BitFlip, "bit flip", func() { w.flip(20) }},
+		{Move, "drain", w.drain},
 	} {
 		for range 3 {
 			if w.chance(f.kind) {
@@ -158,7 +159,7 @@ func (n *node) atRest() []kv.Tag {
 		}
 	}
 	for _, s := range n.sends {
-		for _, f := range s.frames.Frames[s.next:] {
+		for _, f := range s.frames[s.next:] {
 			out = append(out, f.Source)
 		}
 	}

@@ -114,6 +114,13 @@ type Faults struct {
 	Partition, Crash, Shrink, ClockJump, BitFlip float64
 	// Per request: a prompt too long for its path, a cancellation.
 	Oversize, Cancel float64
+	// Move is per request, the chance of up to three asks (an operator's
+	// node migrate) that its decode node move it, KV and all, to another
+	// decode node while it decodes; and per run, of a drain's: every
+	// request of one decode node asked to move at once. Misdirect also has
+	// a decode node forge, now and then, the next chunk of another node's
+	// stream, which the stream's relay must refuse.
+	Move float64
 }
 
 // DefaultOptions is the CI configuration: two prefill and two decode nodes,
@@ -135,7 +142,7 @@ func DefaultOptions() Options {
 		Faults: Faults{
 			Drop: 0.02, Duplicate: 0.03, Delay: 0.01, Reorder: 0.05, Misdirect: 0.01, Corrupt: 0.03,
 			Partition: 0.2, Crash: 0.2, Shrink: 0.3, ClockJump: 0.15, BitFlip: 0.2,
-			Oversize: 0.1, Cancel: 0.08,
+			Oversize: 0.1, Cancel: 0.08, Move: 0.3,
 		},
 	}
 }
@@ -242,6 +249,7 @@ const (
 	BitFlip
 	Oversize
 	Cancel
+	Move
 	kinds
 )
 
@@ -254,13 +262,13 @@ var allKinds = func() []Kind {
 }()
 
 var kindNames = [kinds]string{"Drop", "Duplicate", "Delay", "Reorder", "Misdirect", "Corrupt", "Partition",
-	"Crash", "Shrink", "ClockJump", "BitFlip", "Oversize", "Cancel"}
+	"Crash", "Shrink", "ClockJump", "BitFlip", "Oversize", "Cancel", "Move"}
 
 func (k Kind) String() string { return kindNames[k] }
 
 func (f Faults) prob(k Kind) float64 {
 	return [kinds]float64{f.Drop, f.Duplicate, f.Delay, f.Reorder, f.Misdirect, f.Corrupt, f.Partition,
-		f.Crash, f.Shrink, f.ClockJump, f.BitFlip, f.Oversize, f.Cancel}[k]
+		f.Crash, f.Shrink, f.ClockJump, f.BitFlip, f.Oversize, f.Cancel, f.Move}[k]
 }
 
 // Enabled lists the kinds with a non-zero probability.

@@ -63,17 +63,17 @@ func TestOracleCatchesAWrongAnswer(t *testing.T) {
 	w := quietWorld(t)
 	c := w.clients[0]
 	c.want = []int{1, 2, 3}
-	c.emit(&messages.TokenChunk{RequestID: c.id, Seq: 1, Tokens: []uint32{1}})
+	c.chunk("", &messages.TokenChunk{RequestID: c.id, Seq: 1, Tokens: []uint32{1}})
 	if w.violation != nil {
 		t.Fatalf("a right token: %v", w.violation)
 	}
-	c.emit(&messages.TokenChunk{RequestID: c.id, Seq: 2, Tokens: []uint32{7}})
+	c.chunk("", &messages.TokenChunk{RequestID: c.id, Seq: 2, Tokens: []uint32{7}})
 	wantViolation(t, w, "answers", "streamed token 7 at position 1")
 
 	w = quietWorld(t)
 	c = w.clients[0]
 	c.want, c.emitted = []int{1, 2}, []int{1, 2}
-	c.finish(handoff.Finish{Tokens: []int{1, 3}, Result: &messages.GenerateResult{RequestID: c.id, Tokens: []uint32{1, 3},
+	c.finish("", handoff.Finish{Tokens: []int{1, 3}, Result: &messages.GenerateResult{RequestID: c.id, Tokens: []uint32{1, 3},
 		FinishReason: messages.FinishLength}})
 	wantViolation(t, w, "answers", "got the answer [1 3]")
 }
@@ -82,7 +82,7 @@ func TestOracleCatchesAnAnswerAfterAnError(t *testing.T) {
 	w := quietWorld(t)
 	c := w.clients[0]
 	c.nodeLost("gone")
-	c.emit(&messages.TokenChunk{RequestID: c.id, Seq: 1, Tokens: []uint32{uint32(c.want[0])}})
+	c.chunk("", &messages.TokenChunk{RequestID: c.id, Seq: 1, Tokens: []uint32{uint32(c.want[0])}})
 	wantViolation(t, w, "answers", "after its request ended (node_lost)")
 }
 
@@ -397,7 +397,8 @@ func TestOracleCatchesCachedTokensNotRead(t *testing.T) {
 	w := quietWorld(t)
 	c := w.clients[0]
 	n := w.decode[0]
-	c.dr = &dreq{n: n, c: c, r: handoff.NewRequest(n.cfg, alice, c.id, c.prompt, c.maxNew, w.prefill[0].peer())}
+	c.origin = &dreq{n: n, c: c, r: handoff.NewRequest(n.cfg, alice, c.id, c.prompt, c.maxNew, w.prefill[0].peer())}
+	c.originInc = n.inc
 	w.cachedRead[handoff.JobKey{Sender: senderKey(n.addr, n.inc), ID: alice.Request}] = 4
 	c.checkCached(4)
 	if w.violation != nil {
@@ -505,4 +506,58 @@ func TestOracleCatchesHeldPagesNotCopied(t *testing.T) {
 	}
 	dr.checkHeld(&messages.TransferPlan{RequestID: bob.Request, HeldPages: 2, DestTags: []kv.Tag{dest, more[0]}})
 	wantViolation(t, w, "held pages", "names 2 held pages")
+}
+
+// effects is a machine that answers every event with the same effects.
+type effects []handoff.Effect
+
+func (e effects) Step(handoff.Event, time.Time) []handoff.Effect { return e }
+
+func TestOracleCatchesAReleaseMidMove(t *testing.T) {
+	w := quietWorld(t)
+	dr := &dreq{n: w.decode[0], name: "1", mv: &moving{id: 9}}
+	release := handoff.Release{Owner: alice, Tags: []kv.Tag{{Incarnation: w.decode[0].inc, Index: 1, Generation: 1}}}
+	moveChecked{Machine: effects{release, handoff.SendMoveDone{}}, dr: dr}.Step(handoff.MoveSent{MoveID: 9}, w.now)
+	wantViolation(t, w, "release after ack", "gave pages back during move 9")
+
+	w = quietWorld(t)
+	dr = &dreq{n: w.decode[0], name: "1", mv: &moving{id: 9}}
+	moved := handoff.Finish{Result: &messages.GenerateResult{RequestID: 1}, Silent: true, Moved: true}
+	moveChecked{Machine: effects{release, moved}, dr: dr}.Step(handoff.MoveDeadline{MoveID: 9}, w.now)
+	wantViolation(t, w, "release after ack", "ended moved at handoff.MoveDeadline")
+
+	// On the target's ack, and as the request ends otherwise, the pages go.
+	w = quietWorld(t)
+	dr = &dreq{n: w.decode[0], name: "1", mv: &moving{id: 9, acking: true}}
+	moveChecked{Machine: effects{release, moved}, dr: dr}.Step(handoff.MoveAckIn{FromTarget: true}, w.now)
+	dr.mv = &moving{id: 9}
+	moveChecked{Machine: effects{release, handoff.Finish{Result: &messages.GenerateResult{RequestID: 1}}}, dr: dr}.Step(handoff.Cancel{}, w.now)
+	if w.violation != nil {
+		t.Fatal(w.violation)
+	}
+}
+
+// TestRelayRefusesAnotherNodesChunk: the relay passes a chunk of the node
+// its stream is on and refuses, counting it, one of another node with the
+// same id and the next number; after a hand-over it hears only the node
+// the stream moved to.
+func TestRelayRefusesAnotherNodesChunk(t *testing.T) {
+	w := quietWorld(t)
+	c := w.clients[0]
+	c.stream = handoff.NewStream(c.id, "decode-0:7000")
+	c.chunk("decode-1:7000", &messages.TokenChunk{RequestID: c.id, Seq: 1, Tokens: []uint32{uint32(c.want[0]) + 1}})
+	if w.violation != nil || w.count[RelayRefused] != 1 || len(c.emitted) != 0 {
+		t.Fatalf("a chunk of another node: violation %v, %d refused, %v passed", w.violation, w.count[RelayRefused], c.emitted)
+	}
+	c.chunk("decode-0:7000", &messages.TokenChunk{RequestID: c.id, Seq: 1, Tokens: []uint32{uint32(c.want[0])}})
+	if w.violation != nil || len(c.emitted) != 1 {
+		t.Fatalf("the stream's node's chunk: violation %v, %v passed", w.violation, c.emitted)
+	}
+	if why := c.stream.Moved(&messages.StreamMoved{RequestID: c.id, Seq: 1, To: "decode-1:7000"}); why != "" || c.stream.HandOver() == nil {
+		t.Fatalf("hand-over refused: %s", why)
+	}
+	c.chunk("decode-0:7000", &messages.TokenChunk{RequestID: c.id, Seq: 2, Tokens: []uint32{uint32(c.want[1])}})
+	if w.violation != nil || len(c.emitted) != 1 || w.count[RelayRefused] != 1 {
+		t.Fatalf("a chunk of the node left: violation %v, %v passed, %d refused", w.violation, c.emitted, w.count[RelayRefused])
+	}
 }

@@ -166,5 +166,43 @@ func describe(x any) string {
 	case handoff.Reply:
 		return fmt.Sprintf("Reply key=%s/%d frames=%d cached=%d err=%s", x.Key.Sender, x.Key.ID, x.Done.Frames, x.Done.Cached, wireErr(x.Done.Err))
 	}
+	return describeMove(x)
+}
+
+// describeMove describes a move's events and effects.
+func describeMove(x any) string {
+	switch x := x.(type) {
+	case handoff.MoveOut:
+		return fmt.Sprintf("MoveOut id=%d to=%s/%x", x.MoveID, x.To.Address, x.To.Incarnation)
+	case handoff.Paused:
+		return fmt.Sprintf("Paused id=%d pages=%d tail=%d err=%s", x.MoveID, len(x.Pages), len(x.Tail), errName(x.Err))
+	case handoff.MovePlanIn:
+		return fmt.Sprintf("MovePlanIn id=%d request=%d dest=%s fromTarget=%t", x.Plan.MoveID, x.Plan.Request, tags(x.Plan.DestTags), x.FromTarget)
+	case handoff.MoveSent:
+		return fmt.Sprintf("MoveSent id=%d err=%s", x.MoveID, errName(x.Err))
+	case handoff.MoveAckIn:
+		return fmt.Sprintf("MoveAckIn id=%d tokens=%d fromTarget=%t", x.Ack.RequestID, x.Ack.TokenCount, x.FromTarget)
+	case handoff.MoveAbortIn:
+		return fmt.Sprintf("MoveAbortIn id=%d reason=%s fromTarget=%t", x.Abort.RequestID, x.Abort.Reason.Code, x.FromTarget)
+	case handoff.MoveDeadline:
+		return fmt.Sprintf("MoveDeadline id=%d", x.MoveID)
+	case handoff.TakeIn:
+		return fmt.Sprintf("TakeIn seq=%d fromReceiver=%t", x.Take.Seq, x.FromReceiver)
+	case handoff.PauseDecode:
+		return fmt.Sprintf("PauseDecode owner=%d id=%d", x.Owner.Request, x.MoveID)
+	case handoff.SendMoveRequest:
+		return fmt.Sprintf("SendMoveRequest to=%s/%x id=%d tokens=%d layout=%v", x.To.Address, x.To.Incarnation, x.Move.MoveID,
+			len(x.Move.Tokens), x.Move.Layout)
+	case handoff.SendMovePlan:
+		return fmt.Sprintf("SendMovePlan to=%s/%x id=%d dest=%s", x.To.Address, x.To.Incarnation, x.Plan.MoveID, tags(x.Plan.DestTags))
+	case handoff.SendMoveFrames:
+		return fmt.Sprintf("SendMoveFrames id=%d pages=%d tail=%d", x.MoveID, len(x.Pages), len(x.Tail))
+	case handoff.SendMoveDone:
+		return fmt.Sprintf("SendMoveDone id=%d frames=%d err=%s", x.Done.RequestID, x.Done.Frames, wireErr(x.Done.Err))
+	case handoff.HandOver:
+		return fmt.Sprintf("HandOver to=%s/%x seq=%d", x.To.Address, x.To.Incarnation, x.Seq)
+	case handoff.MoveEnded:
+		return fmt.Sprintf("MoveEnded id=%d err=%s", x.MoveID, errName(x.Err))
+	}
 	return fmt.Sprintf("%T", x) // events without fields: Start, Cancel, Next, RetryReserve, RequestDeadline
 }
