@@ -147,6 +147,7 @@ type admissionActor struct {
 	core      *handoff.Admission
 	live      map[string]*liveRequest // by the request actor's name, what operators list
 	ledger    *tenancy.Ledger         // the tenants' requests its clients sent here
+	moves     map[uint64]moveAsked    // by move id, the moves asked of request actors and not yet answered
 }
 
 func (a *admissionActor) Receive(c actor.Context) {
@@ -155,6 +156,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 		a.core = handoff.NewAdmission(a.cfg.Limits(), a.cfg.QueueMax, len(a.decode), a.cfg.DecodePages)
 		a.live = map[string]*liveRequest{}
 		a.ledger = tenancy.NewLedger()
+		a.moves = map[uint64]moveAsked{}
 	case *messages.GenerateRequest:
 		tenant, err := TenantOf(a.auth, a.auth.Of(c), m.Tenant)
 		if err != nil {
@@ -212,6 +214,11 @@ func (a *admissionActor) Receive(c actor.Context) {
 			a.ledger.Give(l.tenant, l.pages)
 			a.counters.tenants.Store(int32(a.ledger.Tenants()))
 		}
+		if l := a.live[m.Who.Id]; l != nil {
+			// After what the actor sent before it stopped (Terminated
+			// comes first, as a system message).
+			c.Send(c.Self(), requestGone{name: m.Who.Id, number: l.number})
+		}
 		delete(a.live, m.Who.Id)
 	case ListRequests:
 		a.listRequests(c, m)
@@ -219,6 +226,13 @@ func (a *admissionActor) Receive(c actor.Context) {
 		a.cancelNumber(c, m)
 	case MoveNumber:
 		a.moveNumber(c, m)
+	case requestGone:
+		a.movesEnded(c, m)
+	case MoveDone:
+		if asked, ok := a.moves[m.MoveID]; ok {
+			delete(a.moves, m.MoveID)
+			c.Send(asked.asker, m)
+		}
 	case AdmissionStatus:
 		c.Respond(a.status())
 	}

@@ -133,20 +133,47 @@ type MoveNumber struct {
 	To             handoff.Peer
 }
 
-// moveNumber hands a MoveNumber to its request's actor, or answers that no
-// such request is in flight.
+// moveAsked is a move admission asked of a request actor for asker.
+type moveAsked struct {
+	asker   *actor.PID
+	request string // the request actor's name
+}
+
+// moveNumber hands a MoveNumber to its request's actor, which answers
+// admission, which answers the asker; or it answers that no such request
+// is in flight.
 func (a *admissionActor) moveNumber(c actor.Context, m MoveNumber) {
 	for name, l := range a.live {
 		if l.number == m.Number {
-			// As a request, so that one whose actor stopped meanwhile is
-			// answered by a dead letter rather than never.
-			c.RequestWithCustomSender(actor.NewPID(c.Self().Address, name),
-				MoveJob{MoveID: m.MoveID, To: m.To, ReplyTo: c.Sender()}, c.Sender())
+			a.moves[m.MoveID] = moveAsked{asker: c.Sender(), request: name}
+			c.Send(actor.NewPID(c.Self().Address, name), MoveJob{MoveID: m.MoveID, To: m.To, ReplyTo: c.Self()})
 			return
 		}
 	}
-	c.Respond(MoveDone{MoveID: m.MoveID, Err: &NotInFlightError{Number: m.Number, Incarnation: a.cfg.Incarnation,
-		Self: a.cfg.Incarnation}})
+	c.Respond(MoveDone{MoveID: m.MoveID, Err: a.notInFlight(m.Number)})
+}
+
+// requestGone is admission's note to itself that a request actor
+// stopped: handled after every message the actor sent before it stopped.
+type requestGone struct {
+	name   string
+	number uint64
+}
+
+// movesEnded answers, as not in flight, the moves asked of a request actor
+// that stopped without answering them: one that ended as the move was
+// asked drops the MoveJob waiting in its mailbox.
+func (a *admissionActor) movesEnded(c actor.Context, g requestGone) {
+	for id, asked := range a.moves {
+		if asked.request == g.name {
+			delete(a.moves, id)
+			c.Send(asked.asker, MoveDone{MoveID: id, Err: a.notInFlight(g.number)})
+		}
+	}
+}
+
+func (a *admissionActor) notInFlight(number uint64) error {
+	return &NotInFlightError{Number: number, Incarnation: a.cfg.Incarnation, Self: a.cfg.Incarnation}
 }
 
 func (a *admissionActor) cancelNumber(c actor.Context, m CancelNumber) {

@@ -17,6 +17,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/client"
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/internal/testwait"
 	"github.com/kvwarden/kvwarden/messages"
 	"github.com/kvwarden/kvwarden/trust"
@@ -128,5 +129,41 @@ func TestOperatorListsAndCancels(t *testing.T) {
 	})
 	if l := listOf(t, n, 0); len(l.Requests) != 0 || l.Omitted != 0 {
 		t.Fatalf("nothing in flight, listed %+v", l)
+	}
+}
+
+// TestMoveOfARequestEndingAnswers: a move asked of a request as it ends
+// (cancelled, its actor stopping with the move waiting in its mailbox) is
+// answered, never left to its timeout: not in flight, or refused.
+func TestMoveOfARequestEndingAnswers(t *testing.T) {
+	n := heldNode(t)
+	c := localClient(n)
+	for i := range 3 {
+		ended := make(chan error, 1)
+		go func() {
+			_, err := c.Generate(context.Background(), "acme", fmt.Sprintf("request %d that ends", i), client.GenerateOptions{MaxTokens: 4}, nil)
+			ended <- err
+		}()
+		var number uint64
+		testwait.Report(t, "the request waiting for prefill", time.Minute, func() (bool, string) {
+			l := listOf(t, n, 0)
+			if len(l.Requests) != 1 {
+				return false, fmt.Sprintf("%+v", l)
+			}
+			number = l.Requests[0].Number
+			return true, ""
+		})
+		// The cancel reaches admission first, which hands it on; the move
+		// comes right after.
+		n.Root().Send(n.Admission(), CancelNumber{Number: number, By: "test"})
+		moved := make(chan error, 1)
+		go func() { moved <- n.Move(number, handoff.Peer{Address: "127.0.0.1:2", Incarnation: 7}, 10*time.Minute) }()
+		err := testwait.Recv(t, "the move's answer", time.Minute, moved)
+		var gone *NotInFlightError
+		var refused *handoff.MoveRefusedError
+		if !errors.As(err, &gone) && !errors.As(err, &refused) {
+			t.Fatalf("move of a request ending: %v, want not in flight or refused", err)
+		}
+		testwait.Recv(t, "the cancelled request's answer", time.Minute, ended)
 	}
 }

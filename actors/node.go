@@ -446,7 +446,7 @@ func (n *Node) Move(number uint64, to handoff.Peer, timeout time.Duration) error
 	case MoveDone:
 		return rep.Err
 	case *actor.DeadLetterResponse:
-		// The request ended as the move was asked.
+		// Admission is gone: the node stops, and its requests with it.
 		return &NotInFlightError{Number: number, Incarnation: n.cfg.Incarnation, Self: n.cfg.Incarnation}
 	case nil:
 		return &NoAnswerError{Call: "MoveNumber to admission", Timeout: timeout, Cause: err}
