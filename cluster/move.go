@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/kvwarden/kvwarden/actors"
@@ -14,12 +15,15 @@ import (
 // deadline (the request's PrefillTimeout), which ends it first.
 const moveMargin = 5 * time.Second
 
+// MovesMaxLimit bounds NodeConfig.MovesMax.
+const MovesMaxLimit = 64
+
 // moveAway moves the requests in flight here, every one or that of
-// number when it is not 0, to other decode nodes, one after the other:
-// each to the alive, verified, non-draining decode node of this model with
-// the most free pages that takes it. It returns how many moved, how many
-// stayed (a request that cannot move, or that no node took), and why the
-// last that stayed did.
+// number when it is not 0, to other decode nodes, MovesMax at once: each
+// to the alive, verified, non-draining decode node of this model with the
+// most free pages that takes it. It returns how many moved, how many
+// stayed (a request that cannot move, or that no node took), and why one
+// that stayed did.
 func (n *Node) moveAway(number uint64) (moved, stayed int, why error) {
 	if !n.cfg.Actors.Role.Decodes() {
 		return 0, 0, nil
@@ -33,21 +37,32 @@ func (n *Node) moveAway(number uint64) (moved, stayed int, why error) {
 		return 0, 0, fmt.Errorf("cluster: listing the requests to move: admission answered %T", res)
 	}
 	found := false
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, n.cfg.MovesMax)
 	for _, r := range list.Requests {
 		if number != 0 && r.Number != number {
 			continue
 		}
 		found = true
-		var ended *actors.NotInFlightError
-		switch err := n.moveOne(r.Number); {
-		case err == nil:
-			moved++
-		case errors.As(err, &ended) && number == 0:
-			// It ended meanwhile: nothing is left to move.
-		default:
-			stayed, why = stayed+1, err
-		}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			err := n.moveOne(r.Number)
+			mu.Lock()
+			defer mu.Unlock()
+			var ended *actors.NotInFlightError
+			switch {
+			case err == nil:
+				moved++
+			case errors.As(err, &ended) && number == 0:
+				// It ended meanwhile: nothing is left to move.
+			default:
+				stayed, why = stayed+1, err
+			}
+		})
 	}
+	wg.Wait()
 	if number != 0 && !found {
 		return 0, 1, &actors.NotInFlightError{Number: number, Incarnation: n.Incarnation(), Self: n.Incarnation()}
 	}

@@ -69,6 +69,11 @@ type NodeConfig struct {
 	// DrainTimeout bounds a drain: past it, the node leaves with requests
 	// still in flight (they fail with "node lost").
 	DrainTimeout time.Duration
+	// MovesMax is the most of the node's requests it moves to other decode
+	// nodes at once (a drain, node migrate), 1 to MovesMaxLimit: each
+	// move pauses its request for the move's span and holds a copy of its
+	// pages' bytes on the wire.
+	MovesMax int
 	// LeaveTimeout bounds the graceful leave of the gossip cluster.
 	LeaveTimeout time.Duration
 	// LostAfter is how long a member that failure detection declared dead
@@ -103,6 +108,7 @@ func DefaultLocalNodeConfig(role actors.Role) NodeConfig {
 		DataPlane:    dataplane.DefaultLocalConfig(a.Geometry(), 1),
 		MetaInterval: 200 * time.Millisecond,
 		DrainTimeout: 30 * time.Second,
+		MovesMax:     4,
 		LeaveTimeout: 2 * time.Second,
 	}
 }
@@ -147,6 +153,9 @@ func (c *NodeConfig) Validate() error {
 		if d.v <= 0 {
 			return fmt.Errorf("cluster: %s (%s) must be positive", d.name, d.v)
 		}
+	}
+	if c.MovesMax < 1 || c.MovesMax > MovesMaxLimit {
+		return fmt.Errorf("cluster: MovesMax (%d) must be in [1, %d]", c.MovesMax, MovesMaxLimit)
 	}
 	if c.LostAfter < 0 || c.LostAfter >= c.Actors.RequestTimeout {
 		return fmt.Errorf("cluster: LostAfter (%s) must be in [0, the request timeout (%s)): a request held longer would time out first",

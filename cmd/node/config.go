@@ -182,6 +182,9 @@ type nodeConfig struct {
 	// requests still in flight.
 	PrefillTimeout duration `json:"prefill_timeout"`
 	DrainTimeout   duration `json:"drain_timeout"`
+	// MovesMax is the most of a decode node's requests it moves to other
+	// decode nodes at once (node drain, node migrate).
+	MovesMax int `json:"moves_max"`
 	// LostAfter is how long a member that failure detection declared dead
 	// keeps its requests while its address does not refuse connections (a
 	// stopped or paused process, an unreachable host); past it they fail
@@ -263,6 +266,7 @@ func defaultNodeConfig() nodeConfig {
 		PrefillTimeout:          duration(a.PrefillTimeout),
 		OwnedPageTimeout:        duration(a.OwnedPageTimeout),
 		DrainTimeout:            duration(cluster.DefaultLocalNodeConfig(actors.RoleAll).DrainTimeout),
+		MovesMax:                cluster.DefaultLocalNodeConfig(actors.RoleAll).MovesMax,
 		Gossip:                  "127.0.0.1:0",
 		Data:                    "127.0.0.1:0",
 		Devices:                 string(gpu.SourceAuto),

@@ -281,6 +281,7 @@ func (c *nodeConfig) bindServeFlags(fs *pflag.FlagSet) {
 	fs.DurationVar((*time.Duration)(&c.PrefillTimeout), "prefill-timeout", time.Duration(c.PrefillTimeout), "bound on one KV transfer from a prefill worker; past it the transfer is retried elsewhere")
 	fs.DurationVar((*time.Duration)(&c.OwnedPageTimeout), "owned-page-timeout", time.Duration(c.OwnedPageTimeout), "bound on how long a page stays owned before it is reclaimed (must exceed --request-timeout and --prefill-timeout)")
 	fs.DurationVar((*time.Duration)(&c.DrainTimeout), "drain-timeout", time.Duration(c.DrainTimeout), "bound on a drain; past it the node leaves with requests still in flight")
+	fs.IntVar(&c.MovesMax, "moves-max", c.MovesMax, fmt.Sprintf("most of a decode node's requests it moves to other decode nodes at once (node drain, node migrate), 1 to %d", cluster.MovesMaxLimit))
 	fs.DurationVar((*time.Duration)(&c.LostAfter), "lost-after", time.Duration(c.LostAfter), "how long a member declared dead whose address does not refuse connections (stopped, paused, unreachable) keeps its requests before they fail as node_lost; below --request-timeout (0: 20s, or half of --request-timeout if less)")
 }
 
@@ -439,6 +440,7 @@ func (c nodeConfig) clusterNode(m *engine.Model) (cluster.NodeConfig, error) {
 	nc.Gossip.BindAddr, nc.Gossip.BindPort = host.String(), port
 	nc.Gossip.JoinAddrs = c.Join
 	nc.DrainTimeout = time.Duration(c.DrainTimeout)
+	nc.MovesMax = c.MovesMax
 	nc.LostAfter = time.Duration(c.LostAfter)
 	return nc, nc.Validate()
 }
