@@ -92,6 +92,12 @@ type Config struct {
 	// every page to be free. A page not free by then is leaked: it must
 	// exceed the nodes' reclaim and owned-page timeouts.
 	SettleTimeout, QuiesceTimeout time.Duration
+	// DrainTimeout bounds the wait for a drained node's process to exit,
+	// with Drain among the kinds: it must exceed what the nodes' drain
+	// takes (the moves, the requests that stayed, the nodes' own drain
+	// timeout and the leave). A node not gone by then is killed, and its
+	// drain is a failed fault.
+	DrainTimeout time.Duration
 	// FrameFaults is the in-node fault spec the nodes run with, "" for
 	// none: it is reported.
 	FrameFaults string
@@ -112,6 +118,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("live: rate (%g requests/s) must be a finite number, 0 or more", c.Rate)
 	case c.SettleTimeout <= 0 || c.QuiesceTimeout <= 0:
 		return fmt.Errorf("live: settle (%s) and quiesce (%s) timeouts must be positive", c.SettleTimeout, c.QuiesceTimeout)
+	case slices.Contains(c.Schedule.Kinds, Drain) && c.DrainTimeout <= 0:
+		return fmt.Errorf("live: the drain timeout (%s) must be positive with drain faults", c.DrainTimeout)
 	}
 	if err := c.Workload.Validate(); err != nil {
 		return err
@@ -166,7 +174,7 @@ func (c *Campaign) Run(ctx context.Context) (*Report, error) {
 	checker := NewChecker(c.Model, w, 1)
 	start := time.Now()
 	t := newTally(start)
-	in := newInjector(c.Controls, c.Cluster, start, t.event)
+	in := newInjector(c.Controls, c.Cluster, start, c.DrainTimeout, t.event)
 	p := startProgress(c.Progress, c.Live, t, in, c.Requests)
 	stop, injected := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -316,7 +324,7 @@ func withoutNilWireErrors(err error) error {
 type afterFaults struct {
 	settle   error
 	nodes    []NodeFigures
-	departed []NodeFigures // killed incarnations, read before
+	departed []NodeFigures // killed incarnations, read before, and drained ones, read last
 	unread   []string      // nodes whose pools could not be read
 	probes   []Probe
 }

@@ -43,12 +43,20 @@ type NodeFigures struct {
 	Chaos       bool              `json:"chaos,omitempty"`
 	Faults      string            `json:"faults,omitempty"`
 	FaultCounts map[string]uint64 `json:"fault_counts,omitempty"`
+	// MovedOut and MovedIn count the running requests a decode node moved
+	// to another, KV and all, and took over from another; StreamsMoved
+	// the streams a router's relays followed from one decode node to
+	// another (over the incarnation read).
+	MovedOut     uint64 `json:"moved_out,omitempty"`
+	MovedIn      uint64 `json:"moved_in,omitempty"`
+	StreamsMoved uint64 `json:"streams_moved,omitempty"`
 }
 
 // FiguresOf reads the figures of the node named name from its status.
 func FiguresOf(name string, s *messages.StatusReply) NodeFigures {
 	n := NodeFigures{Name: name, Role: s.Node.Role, Incarnation: s.Node.Incarnation, Refused: refusedOf(s.Node.Refused),
-		Chaos: s.Node.Chaos, Faults: s.Node.Faults}
+		Chaos: s.Node.Chaos, Faults: s.Node.Faults, MovedOut: s.Node.MovedOut, MovedIn: s.Node.MovedIn,
+		StreamsMoved: s.Node.StreamsMoved}
 	for _, p := range s.Node.Pools {
 		n.Pools = append(n.Pools, PoolFigures{Node: name, Pool: p.Name, Capacity: int(p.Capacity), Free: int(p.Free),
 			CrossTenantRows: p.CrossTenantRows, CrossRequestRows: p.CrossRequestRows, Cached: int(p.CachePages),

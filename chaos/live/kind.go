@@ -35,6 +35,14 @@ const (
 	// cluster's CA: forged frames and forged messages, each of which must
 	// be refused, counted and change no answer.
 	Rogue
+	// Drain is an operator's drain of a decode node (a
+	// messages.DrainRequest without Stay): the node moves its running
+	// requests to the other decode nodes, KV and all, finishes those that
+	// cannot move, leaves the cluster and exits, which must be exit 0;
+	// after the window it is restarted on the same addresses, a new
+	// incarnation. It needs two decode nodes: one to drain and one to
+	// take its requests.
+	Drain
 	// Frames are the in-node faults of a chaos build (dropped, duplicated,
 	// reordered, corrupted and misdirected frames, dropped acks), on for
 	// the whole campaign at the rates given: never scheduled.
@@ -42,7 +50,7 @@ const (
 	kinds
 )
 
-var kindNames = [kinds]string{"kill", "pause", "latency", "bandwidth", "reset", "partition", "pressure", "rogue", "frames"}
+var kindNames = [kinds]string{"kill", "pause", "latency", "bandwidth", "reset", "partition", "pressure", "rogue", "drain", "frames"}
 
 func (k Kind) String() string {
 	if k < kinds {
@@ -77,7 +85,8 @@ func AllKinds() []Kind {
 type Need uint8
 
 const (
-	// NeedProcesses: the node processes (the campaign started them).
+	// NeedProcesses: the node processes (the campaign started them), and
+	// for a drain its operator's DrainRequest.
 	NeedProcesses Need = iota
 	// NeedNetwork: a proxy in front of each node's ports, which the
 	// nodes advertise to their peers.
@@ -99,7 +108,7 @@ func (n Need) String() string { return needNames[n] }
 // Needs says what injecting k takes.
 func (k Kind) Needs() Need {
 	switch k {
-	case Kill, Pause:
+	case Kill, Pause, Drain:
 		return NeedProcesses
 	case Latency, Bandwidth, Reset, Partition:
 		return NeedNetwork
@@ -116,5 +125,6 @@ func (k Kind) Needs() Need {
 func (k Kind) scheduled() bool { return k != Frames }
 
 // disrupts says whether k takes its target out of service for the
-// window, so that a schedule keeps another node of the role serving.
-func (k Kind) disrupts() bool { return k == Kill || k == Pause || k == Partition }
+// window, so that a schedule keeps another node of the role serving: for
+// a drain, the decode node its requests move to.
+func (k Kind) disrupts() bool { return k == Kill || k == Pause || k == Partition || k == Drain }

@@ -38,7 +38,8 @@ var classStyle = [classes]struct {
 
 // WritePlot draws the report as a PNG: above, each request's latency
 // (log scale) at the time it was sent, by outcome, over the windows of the
-// faults that take a node out (kill, pause, partition) shaded by kind;
+// faults that take a node out (kill, pause, partition, drain) shaded by
+// kind;
 // below, every fault window, one lane per kind.
 func (r *Report) WritePlot(w io.Writer) error {
 	end := math.Max(time.Duration(r.Wall).Seconds(), 1)

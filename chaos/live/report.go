@@ -226,6 +226,7 @@ type Report struct {
 	Unreached []string      `json:"unreached_kinds,omitempty"`
 	FaultLog  []FaultRecord `json:"faults"`
 	Rogue     RogueSummary  `json:"rogue"`
+	Drains    DrainSummary  `json:"drains"`
 	// Nodes are the nodes' figures once quiet; Unread the nodes whose
 	// pools could not be read.
 	Nodes  []NodeFigures `json:"nodes"`
@@ -305,6 +306,9 @@ type FaultRecord struct {
 	Pages          int          `json:"pages,omitempty"`
 	Err            string       `json:"error,omitempty"`
 	Attacks        []Attack     `json:"attacks,omitempty"`
+	// Moved is how many running requests a drained node moved, by its
+	// last status.
+	Moved uint64 `json:"moved,omitempty"`
 }
 
 // RogueSummary counts a campaign's rogue attacks.
@@ -316,6 +320,23 @@ type RogueSummary struct {
 	Skipped        int `json:"skipped"`
 	// Failed are the attacks made and not both refused and counted.
 	Failed []Attack `json:"failed,omitempty"`
+}
+
+// DrainSummary counts a campaign's drains of decode nodes and the
+// requests they moved.
+type DrainSummary struct {
+	// Drains are the drains injected without an error: the node exited 0
+	// and was restarted.
+	Drains int `json:"drains"`
+	// Moved are the running requests the drained nodes moved to other
+	// decode nodes, KV and all, by each one's last status before it left
+	// (every drain's, failed or not).
+	Moved uint64 `json:"moved"`
+	// MovedIn are the requests the decode nodes took over from another,
+	// StreamsMoved the streams the routers' relays followed from one
+	// decode node to another: over every incarnation read.
+	MovedIn      uint64 `json:"moved_in"`
+	StreamsMoved uint64 `json:"streams_moved"`
 }
 
 // CrashRecord is a node that exited on its own.
@@ -453,10 +474,12 @@ func latencyOf(ds []time.Duration) Latencies {
 	return Latencies{Count: len(ds), P50: ms(at(0.5)), P99: ms(at(0.99)), Max: ms(ds[len(ds)-1])}
 }
 
-// nodeCounts sums the nodes' cross rows, prefix cache counts and in-node
-// faults.
+// nodeCounts sums the nodes' cross rows, prefix cache counts, in-node
+// faults and moves.
 func (r *Report) nodeCounts(nodes []NodeFigures, bytesPerToken int) {
 	for _, n := range nodes {
+		r.Drains.MovedIn += n.MovedIn
+		r.Drains.StreamsMoved += n.StreamsMoved
 		for _, p := range n.Pools {
 			r.CrossTenantRows += p.CrossTenantRows
 			r.CrossRequestRows += p.CrossRequestRows
@@ -484,7 +507,13 @@ func (r *Report) faults(applied []Applied, kinds []Kind) {
 		}
 		r.FaultLog = append(r.FaultLog, FaultRecord{Seq: a.Seq, Kind: a.Kind, Target: a.Target, At: jsonDuration(a.At),
 			For: jsonDuration(a.For), Start: jsonDuration(a.Start), End: jsonDuration(a.End), Latency: jsonDuration(a.Latency),
-			BandwidthKiBps: a.BandwidthKiBps, Pages: a.Pages, Err: a.Err, Attacks: a.Attacks})
+			BandwidthKiBps: a.BandwidthKiBps, Pages: a.Pages, Err: a.Err, Attacks: a.Attacks, Moved: a.Moved})
+		if a.Kind == Drain {
+			r.Drains.Moved += a.Moved
+			if a.Err == "" {
+				r.Drains.Drains++
+			}
+		}
 		if a.Kind != Rogue {
 			continue
 		}
@@ -676,6 +705,8 @@ func (r *Report) WriteSummary(out io.Writer) error {
 	fmt.Fprintf(w, "\nprobes after the faults: %d of %d tenants answered their reference (%d tries)", recovered, len(r.Probes), tries)
 	fmt.Fprintf(w, "\nrogue: %d rounds, %d attacks: %d refused and counted, %d skipped, %d not\n", r.Rogue.Rounds,
 		r.Rogue.Attacks, r.Rogue.RefusedCounted, r.Rogue.Skipped, len(r.Rogue.Failed))
+	fmt.Fprintf(w, "drains of decode nodes: %d (each exited 0 and was restarted); running requests moved: %d by the drained nodes' last status, %d taken over by decode nodes, %d streams followed by the routers\n",
+		r.Drains.Drains, r.Drains.Moved, r.Drains.MovedIn, r.Drains.StreamsMoved)
 	if r.FrameFaults != "" {
 		fmt.Fprintf(w, "in-node faults (%s): injected %s\n", r.FrameFaults, countsText(r.InNodeFaults))
 	}

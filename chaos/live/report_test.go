@@ -77,6 +77,7 @@ func TestReportOutputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"seed 77: 4 requests, 2 faults", "FAIL", "FAULT KIND", "kill", "VIOLATION: 1 wrong answers",
+		"drains of decode nodes: 0 (each exited 0 and was restarted); running requests moved: 0 by the drained nodes' last status",
 		"VIOLATION: 1 requests failed with a code no fault explains: client_error 1"} {
 		if !strings.Contains(sum.String(), want) {
 			t.Errorf("summary lacks %q:\n%s", want, sum.String())

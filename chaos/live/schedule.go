@@ -37,7 +37,9 @@ type ScheduleConfig struct {
 	// AtOnceMax is the most faults whose windows overlap; at least 1.
 	AtOnceMax int
 	// Roles are the roles kill, pause and partition may hit. Of each role
-	// with more than one node, at least one is spared at any time.
+	// with more than one node, at least one is spared at any time. A drain
+	// hits decode nodes whatever Roles says, and spares one of them as
+	// well: the one its requests move to.
 	Roles []string
 	// LatencyMax bounds the delay a latency fault adds in each
 	// direction: drawn from [LatencyMax/4, LatencyMax].
@@ -156,6 +158,10 @@ func NewSchedule(seed uint64, cfg ScheduleConfig, targets []Target) (*Schedule, 
 			continue
 		}
 		if len(s.eligible(k, 0, 0)) == 0 {
+			if k == Drain {
+				return nil, fmt.Errorf("live: a drain fault needs %d decode nodes, one to drain and one to take its requests: %d among %d targets",
+					drainDecodesMin, s.decodes(), len(targets))
+			}
 			return nil, fmt.Errorf("live: no node a %s fault may hit among %d targets (roles %v)", k, len(targets), cfg.Roles)
 		}
 		s.kinds = append(s.kinds, k)
@@ -228,6 +234,8 @@ func (s *Schedule) eligible(kind Kind, at, length time.Duration) []Target {
 // fits says whether kind may ever hit t.
 func (s *Schedule) fits(kind Kind, t Target) bool {
 	switch {
+	case kind == Drain:
+		return decodes(t.Role) && s.decodes() >= drainDecodesMin
 	case kind.disrupts():
 		return slices.Contains(s.cfg.Roles, t.Role)
 	case kind == Pressure:
@@ -272,6 +280,24 @@ func (s *Schedule) count(role string) int {
 	n := 0
 	for _, t := range s.targets {
 		if t.Role == role {
+			n++
+		}
+	}
+	return n
+}
+
+// drainDecodesMin is how many decode nodes a drain needs: the one drained
+// and one to take its requests.
+const drainDecodesMin = 2
+
+// decodes says whether a node of role runs decode.
+func decodes(role string) bool { return role == messages.RoleDecode || role == messages.RoleAll }
+
+// decodes counts the targets that run decode.
+func (s *Schedule) decodes() int {
+	n := 0
+	for _, t := range s.targets {
+		if decodes(t.Role) {
 			n++
 		}
 	}

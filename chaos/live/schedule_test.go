@@ -75,7 +75,8 @@ func TestScheduleBounds(t *testing.T) {
 				t.Errorf("seed %d: %v starts %s after the last", seed, f, f.At-fs[i-1].At)
 			case f.Kind.disrupts() && !slices.Contains(cfg.Roles, role[f.Target]):
 				t.Errorf("seed %d: %v hits a %s", seed, f, role[f.Target])
-			case f.Kind == Rogue && role[f.Target] != messages.RoleDecode, f.Kind == Pressure && role[f.Target] == messages.RoleRouter:
+			case f.Kind == Rogue && role[f.Target] != messages.RoleDecode, f.Kind == Pressure && role[f.Target] == messages.RoleRouter,
+				f.Kind == Drain && role[f.Target] != messages.RoleDecode:
 				t.Errorf("seed %d: %v hits a %s", seed, f, role[f.Target])
 			}
 			checkOverlaps(t, seed, f, fs[:i], role, count, cfg.AtOnceMax)
@@ -122,6 +123,8 @@ func TestScheduleRefuses(t *testing.T) {
 		want    string
 	}{
 		{"no decode for a rogue", func(c *ScheduleConfig) { c.Kinds = []Kind{Rogue} }, testTargets[:3], "no node a rogue fault"},
+		{"one decode for a drain", func(c *ScheduleConfig) { c.Kinds = []Kind{Kill, Drain} }, testTargets[:4],
+			"a drain fault needs 2 decode nodes, one to drain and one to take its requests: 1 among 4 targets"},
 		{"only frames", func(c *ScheduleConfig) { c.Kinds = []Kind{Frames} }, testTargets, "no fault kind"},
 		{"no gap", func(c *ScheduleConfig) { c.Every = 0 }, testTargets, "mean time between faults (0s)"},
 		{"windows", func(c *ScheduleConfig) { c.LengthMax = c.LengthMin / 2 }, testTargets, "fault windows from 500ms to 250ms"},
@@ -139,6 +142,75 @@ func TestScheduleRefuses(t *testing.T) {
 	}
 }
 
+// TestDrainSchedule: drains hit decode nodes only, whatever the roles
+// kill, pause and partition may hit, and never leave the other decode
+// node of two out of service: it takes the drained node's requests.
+func TestDrainSchedule(t *testing.T) {
+	cfg := DefaultScheduleConfig()
+	cfg.Kinds, cfg.Roles = []Kind{Drain, Kill, Pause}, []string{messages.RolePrefill, messages.RoleDecode}
+	cfg.Every, cfg.AtOnceMax = 300*time.Millisecond, 3
+	two := testTargets[:5] // decode-0 and decode-1
+	for seed := range uint64(20) {
+		s, err := NewSchedule(seed, cfg, two)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fs []Fault
+		drains := 0
+		for range 300 {
+			f := s.Next()
+			if f.Kind == Drain {
+				drains++
+				if !strings.HasPrefix(f.Target, "decode-") {
+					t.Fatalf("seed %d: %v drains a node that does not decode", seed, f)
+				}
+			}
+			// No other decode node is down in a drain's window, nor drained
+			// in another decode node's.
+			for _, g := range fs {
+				if g.At < f.end() && f.At < g.end() && g.Target != f.Target && (f.Kind == Drain || g.Kind == Drain) &&
+					strings.HasPrefix(f.Target, "decode-") && strings.HasPrefix(g.Target, "decode-") &&
+					f.Kind.disrupts() && g.Kind.disrupts() {
+					t.Fatalf("seed %d: %v overlaps %v: no decode node left to take the requests", seed, f, g)
+				}
+			}
+			fs = append(fs, f)
+		}
+		if drains == 0 {
+			t.Fatalf("seed %d: no drain in 300 faults", seed)
+		}
+	}
+	// Roles that leave decode nodes out of kills leave them to drains.
+	cfg.Kinds, cfg.Roles = []Kind{Drain}, []string{messages.RolePrefill}
+	for _, f := range drawFaults(t, 1, cfg, 50) {
+		if f.Kind != Drain || !strings.HasPrefix(f.Target, "decode-") {
+			t.Fatalf("%v: want drains of decode nodes", f)
+		}
+	}
+}
+
+// TestKindNeeds: what each kind takes to inject, and which the schedule
+// draws and spares a node of its role for.
+func TestKindNeeds(t *testing.T) {
+	for _, tc := range []struct {
+		k                    Kind
+		need                 Need
+		scheduled, disrupted bool
+	}{
+		{Kill, NeedProcesses, true, true}, {Pause, NeedProcesses, true, true}, {Drain, NeedProcesses, true, true},
+		{Latency, NeedNetwork, true, false}, {Partition, NeedNetwork, true, true}, {Pressure, NeedPressure, true, false},
+		{Rogue, NeedRogue, true, false}, {Frames, NeedChaosBuild, false, false},
+	} {
+		if tc.k.Needs() != tc.need || tc.k.scheduled() != tc.scheduled || tc.k.disrupts() != tc.disrupted {
+			t.Errorf("%s: needs %q, scheduled %t, disrupts %t; want %q, %t, %t", tc.k, tc.k.Needs(), tc.k.scheduled(),
+				tc.k.disrupts(), tc.need, tc.scheduled, tc.disrupted)
+		}
+	}
+	if !(Controls{Processes: &fakeProcesses{}}).Can(Drain) || (Controls{Network: &Network{}}).Can(Drain) {
+		t.Error("drains need the node processes, and only them")
+	}
+}
+
 func TestKindNames(t *testing.T) {
 	for _, k := range AllKinds() {
 		got, err := ParseKind(k.String())
@@ -146,7 +218,11 @@ func TestKindNames(t *testing.T) {
 			t.Errorf("ParseKind(%q) = %v, %v", k.String(), got, err)
 		}
 	}
-	if _, err := ParseKind("meteor"); err == nil || !strings.Contains(err.Error(), "kill, pause") {
+	if _, err := ParseKind("meteor"); err == nil || !strings.Contains(err.Error(), "kill, pause") ||
+		!strings.Contains(err.Error(), "rogue, drain, frames") {
 		t.Errorf("ParseKind(meteor): %v, want the kinds listed", err)
+	}
+	if k, err := ParseKind("drain"); err != nil || k != Drain || !slices.Contains(AllKinds(), Drain) {
+		t.Errorf("ParseKind(drain) = %v, %v; all kinds %v", k, err, AllKinds())
 	}
 }

@@ -54,6 +54,7 @@ const (
 func chaosNodeArgs(o chaosOptions) []string {
 	return []string{"--prefill-timeout", "5s", "--reclaim-after", chaosReclaimAfter.String(),
 		"--request-timeout", o.RequestTimeout.String(), "--owned-page-timeout", chaosOwnedPages(o).String(),
+		"--drain-timeout", o.RequestTimeout.String(),
 		"--context-tokens", strconv.Itoa(o.Workload.ContextTokens), "--page-tokens", strconv.Itoa(o.PageTokens)}
 }
 
@@ -63,6 +64,12 @@ const chaosReclaimAfter = 2 * time.Second
 // chaosOwnedPages is the nodes' --owned-page-timeout: twice the request
 // timeout, which it must exceed.
 func chaosOwnedPages(o chaosOptions) time.Duration { return 2 * o.RequestTimeout }
+
+// chaosDrainExit bounds the wait for a drained node's exit
+// (live.Config.DrainTimeout): the nodes' --drain-timeout, which is the
+// request timeout (a request that could not move has ended by then), as
+// much again for the moves before it and the leave after, and a margin.
+func chaosDrainExit(o chaosOptions) time.Duration { return 2*o.RequestTimeout + chaosQuiesceMargin }
 
 // chaosOptions are the flags of "node chaos".
 type chaosOptions struct {
@@ -148,6 +155,10 @@ binary with its log in --log-dir. Faults:
              name, a routed request, a transfer plan, drains and status
              requests, and a message from a forged sender: each must be
              refused, counted in the node's status, and change no answer
+  drain      an operator's drain of a decode node (node drain): it moves
+             its running requests to the other decode nodes, KV and all,
+             leaves, and must exit 0; it is restarted on the same
+             addresses after the window. It needs --decode 2 or more
   frames     in-node faults of a chaos build (go build -tags chaos
              ./cmd/node), on at --frame-faults' rates for the whole
              campaign: frames dropped, duplicated, reordered, corrupted and
@@ -195,7 +206,7 @@ func (o *chaosOptions) bind(fs *pflag.FlagSet) {
 	fs.IntVar(&w.SharedPrefixes, "shared-prefixes", w.SharedPrefixes, "texts every tenant's prompts may start with, before the canary (0: none)")
 	fs.IntVar(&w.SharedPrefixBytes, "shared-prefix-bytes", w.SharedPrefixBytes, "length of each shared prefix, in bytes (= tokens)")
 	fs.Float64Var(&w.Salted, "salted", w.Salted, "share of requests that send a cache salt, in [0, 1]")
-	fs.StringVar(&o.Kinds, "faults", o.Kinds, "fault kinds, comma-separated: kill, pause, latency, bandwidth, reset, partition, pressure, rogue, frames; all; or none")
+	fs.StringVar(&o.Kinds, "faults", o.Kinds, "fault kinds, comma-separated: kill, pause, latency, bandwidth, reset, partition, pressure, rogue, drain, frames; all; or none")
 	fs.DurationVar(&s.Every, "fault-every", s.Every, "mean time between two fault starts")
 	fs.DurationVar(&s.LengthMin, "fault-min", s.LengthMin, "shortest fault window")
 	fs.DurationVar(&s.LengthMax, "fault-max", s.LengthMax, "longest fault window")
@@ -230,6 +241,7 @@ func (o *chaosOptions) check() error {
 		// nodes' owned-page timeout and reclaim delay.
 		o.QuiesceTimeout = chaosOwnedPages(*o) + chaosReclaimAfter + chaosQuiesceMargin
 	}
+	o.DrainTimeout = chaosDrainExit(*o)
 	kinds, err := parseKinds(o.Kinds)
 	if err != nil {
 		return err

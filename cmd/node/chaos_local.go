@@ -148,14 +148,16 @@ func localEnv(ctx context.Context, stdout io.Writer, log *slog.Logger, o chaosOp
 	if err := e.startRogue(log, dir, o); err != nil {
 		return nil, err
 	}
-	e.keep(o.Schedule.Kinds, func(k live.Kind) string { return localMissing(k, network != nil, frames != "") })
+	e.keep(o.Schedule.Kinds, func(k live.Kind) string { return localMissing(k, network != nil, frames != "", o.Decode) })
 	return e, e.dialTenants(log, router, dir, false, o)
 }
 
-// localMissing says why a cluster chaos starts cannot have faults of kind
-// k, "" when it can.
-func localMissing(k live.Kind, proxied, frames bool) string {
+// localMissing says why a cluster chaos starts, of decode decode nodes,
+// cannot have faults of kind k, "" when it can.
+func localMissing(k live.Kind, proxied, frames bool, decode int) string {
 	switch {
+	case k == live.Drain && decode < 2:
+		return fmt.Sprintf("a drained decode node moves its requests to another, and the cluster has %d decode node (--decode 2 or more)", decode)
 	case k.Needs() == live.NeedNetwork && !proxied:
 		return "this binary's node run has no --advertise, so no proxy can stand in front of the nodes"
 	case k == live.Pressure && !faults.Available:
@@ -300,6 +302,41 @@ func (c *chaosCluster) Kill(name string) error {
 	}
 	<-ch.exited
 	return nil
+}
+
+// Drain asks node name, as an operator, to drain and leave, moving its
+// running requests to the other decode nodes (a DrainRequest without
+// Stay), and returns once it accepted. Its exit is expected: watch takes
+// it for no crash and does not restart it. A node whose drain was not
+// accepted (it may drain or not) is killed.
+func (c *chaosCluster) Drain(name string) (<-chan error, error) {
+	c.locks[name].Lock()
+	defer c.locks[name].Unlock()
+	_, ch, err := c.current(name)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.expected[ch] = true
+	c.mu.Unlock()
+	f, err := c.cc.drainFuture(ch.addr, &messages.DrainRequest{}, chaosCallTimeout)
+	if err == nil {
+		_, err = drainReply(ch.addr, f)
+	}
+	if err != nil {
+		_ = ch.cmd.Process.Kill()
+		<-ch.exited
+		return nil, fmt.Errorf("chaos: %w (%s was killed)", err, name)
+	}
+	exited := make(chan error, 1)
+	go func() {
+		<-ch.exited
+		if ch.err != nil {
+			exited <- fmt.Errorf("%s (log %s)", exitStatus(ch.err), ch.logPath)
+		}
+		close(exited)
+	}()
+	return exited, nil
 }
 
 func (c *chaosCluster) Pause(name string) error {

@@ -2,11 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvwarden/kvwarden/chaos/live"
 )
 
 func TestChaosUsageErrors(t *testing.T) {
@@ -49,24 +52,30 @@ type chaosReport struct {
 	PagesLeaked  int            `json:"pages_leaked"`
 	PagesTotal   int            `json:"pages_total"`
 	FaultsByKind map[string]int `json:"faults_by_kind"`
-	Violations   []string       `json:"violations"`
-	Replay       string         `json:"replay"`
-	Records      []struct {
+	Drains       struct {
+		Drains       int    `json:"drains"`
+		Moved        uint64 `json:"moved"`
+		StreamsMoved uint64 `json:"streams_moved"`
+	} `json:"drains"`
+	Violations []string `json:"violations"`
+	Replay     string   `json:"replay"`
+	Records    []struct {
 		Outcome string `json:"outcome"`
 	} `json:"records"`
 }
 
 // TestBinaryChaosCampaign runs a short campaign through the binary: a
 // cluster of real processes (a router, two prefill and two decode nodes)
-// behind toxiproxy, 40 requests of four tenants, a kill, a pause and
-// latency on a seeded schedule. It must find no violation: every answer
-// the reference, no page leaked, every tenant's probe answered.
+// behind toxiproxy, 40 requests of four tenants, a kill, a pause, latency
+// and a drain of a decode node on a seeded schedule. It must find no
+// violation: every answer the reference, no page leaked, every drained
+// node gone with exit 0, every tenant's probe answered.
 func TestBinaryChaosCampaign(t *testing.T) {
 	bin := nodeBinary(t)
 	dir := t.TempDir()
 	report, plot := filepath.Join(dir, "report.json"), filepath.Join(dir, "plot.png")
 	code, stdout, stderr := runBinary(t, "", "chaos", "--seed", "5", "--requests", "40", "--rate", "4",
-		"--concurrency", "4", "--faults", "kill,pause,latency", "--fault-every", "1500ms", "--fault-max", "2s",
+		"--concurrency", "4", "--faults", "kill,pause,latency,drain", "--fault-every", "1500ms", "--fault-max", "2s",
 		"--request-timeout", "10s", "--report", report, "--plot", plot, "--log-dir", filepath.Join(dir, "logs"))
 	if code != exitOK {
 		t.Fatalf("node chaos (%s): exit %d; stdout:\n%s\nstderr:\n%s", bin, code, stdout, stderr)
@@ -83,13 +92,16 @@ func TestBinaryChaosCampaign(t *testing.T) {
 		r.PagesLeaked != 0 || r.PagesTotal == 0 || len(r.Violations) != 0 {
 		t.Fatalf("report: %+v", r)
 	}
-	if r.FaultsByKind["kill"] < 1 || r.FaultsByKind["pause"] < 1 {
-		t.Fatalf("faults injected %v, want a kill and a pause at least", r.FaultsByKind)
+	if r.FaultsByKind["kill"] < 1 || r.FaultsByKind["pause"] < 1 || r.FaultsByKind["drain"] < 1 ||
+		r.Drains.Drains != r.FaultsByKind["drain"] {
+		t.Fatalf("faults injected %v, drains %+v; want a kill, a pause and a drain at least", r.FaultsByKind, r.Drains)
 	}
 	if r.Requests.ByClass["correct"] == 0 || !strings.HasPrefix(r.Replay, "node chaos --seed 5 ") {
 		t.Fatalf("outcomes %v, replay %q", r.Requests.ByClass, r.Replay)
 	}
-	for _, want := range []string{"chaos campaign, seed 5: 40 requests", "PASS", "violations: none", "FAULT KIND"} {
+	for _, want := range []string{"chaos campaign, seed 5: 40 requests", "PASS", "violations: none", "FAULT KIND",
+		fmt.Sprintf("drains of decode nodes: %d (each exited 0 and was restarted); running requests moved: %d by", r.Drains.Drains,
+			r.Drains.Moved)} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("summary lacks %q:\n%s", want, stdout)
 		}
@@ -101,5 +113,17 @@ func TestBinaryChaosCampaign(t *testing.T) {
 	defer f.Close()
 	if _, err := png.Decode(f); err != nil {
 		t.Fatalf("the plot is no PNG: %v", err)
+	}
+}
+
+// TestChaosDrainNeedsTwoDecodeNodes: a cluster of one decode node has no
+// drains (a drained node's requests move to another), and says so with
+// the count; one of two has them.
+func TestChaosDrainNeedsTwoDecodeNodes(t *testing.T) {
+	if why := localMissing(live.Drain, true, true, 1); !strings.Contains(why, "the cluster has 1 decode node (--decode 2 or more)") {
+		t.Errorf("one decode node: %q", why)
+	}
+	if why := localMissing(live.Drain, false, false, 2); why != "" {
+		t.Errorf("two decode nodes: %q, want drains", why)
 	}
 }
