@@ -21,10 +21,11 @@ const MovesMaxLimit = 64
 // moveAway moves the requests in flight here, every one or that of
 // number when it is not 0, to other decode nodes, MovesMax at once: each
 // to the alive, verified, non-draining decode node of this model with the
-// most free pages that takes it. It returns how many moved, how many
-// stayed (a request that cannot move, or that no node took), and why one
-// that stayed did.
-func (n *Node) moveAway(number uint64) (moved, stayed int, why error) {
+// most free pages that takes it. No move begins past deadline, and none is
+// waited for past it. It returns how many moved, how many stayed (a
+// request that cannot move, that no node took, or that the deadline left
+// where it is), and why one that stayed did.
+func (n *Node) moveAway(number uint64, deadline time.Time) (moved, stayed int, why error) {
 	if !n.cfg.Actors.Role.Decodes() {
 		return 0, 0, nil
 	}
@@ -48,7 +49,7 @@ func (n *Node) moveAway(number uint64) (moved, stayed int, why error) {
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			err := n.moveOne(r.Number)
+			err := n.moveOne(r.Number, deadline)
 			mu.Lock()
 			defer mu.Unlock()
 			var ended *actors.NotInFlightError
@@ -70,17 +71,22 @@ func (n *Node) moveAway(number uint64) (moved, stayed int, why error) {
 }
 
 // moveOne moves request number to the first decode node that takes it,
-// most free pages first; a request that cannot move is not offered to
-// another.
-func (n *Node) moveOne(number uint64) error {
+// most free pages first, before deadline; a request that cannot move is
+// not offered to another.
+func (n *Node) moveOne(number uint64, deadline time.Time) error {
 	self := n.Incarnation()
-	err := error(&handoff.MoveRefusedError{Why: "no other decode node serves this model"})
+	err := error(&messages.WireError{Code: messages.CodeUnavailable, Where: "decode",
+		Message: "no other decode node alive, verified, not draining and serving this model is in sight"})
 	for _, m := range candidates(n.Members(), decodes, n.actors.Model().Fingerprint()) {
 		if m.Meta.Incarnation == self {
 			continue
 		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return &handoff.MoveRefusedError{Why: "the drain's time is up"}
+		}
 		err = n.actors.Move(number, handoff.Peer{Address: m.Meta.RemoteAddr, Incarnation: m.Meta.Incarnation},
-			n.cfg.Actors.PrefillTimeout+moveMargin)
+			min(n.cfg.Actors.PrefillTimeout+moveMargin, left))
 		var refused *handoff.MoveRefusedError
 		var ended *actors.NotInFlightError
 		if err == nil || errors.As(err, &refused) || errors.As(err, &ended) {

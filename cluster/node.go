@@ -672,7 +672,7 @@ func (n *Node) Stopped() <-chan struct{} { return n.stopped }
 // DrainTimeout passes, then leaves the cluster gracefully and stops. It
 // returns what was still in flight when it left.
 func (n *Node) Drain() (int, error) {
-	left, err := n.drainWait()
+	left, err := n.drainWait(time.Now().Add(n.cfg.DrainTimeout))
 	if err != nil {
 		return left, err
 	}
@@ -683,13 +683,9 @@ func (n *Node) Drain() (int, error) {
 // nothing in flight across drainSettle MetaIntervals: long enough for every
 // router to have seen the draining flag, so that no request is on its way
 // when the node leaves. An error asking the actors is retried, not taken
-// for "done".
-func (n *Node) drainWait() (int, error) {
-	n.mu.Lock()
-	n.draining = true
-	n.mu.Unlock()
-	n.updateMeta()
-	deadline := time.Now().Add(n.cfg.DrainTimeout)
+// for "done". Past deadline the node leaves with what it has.
+func (n *Node) drainWait(deadline time.Time) (int, error) {
+	n.startDraining()
 	tick := time.NewTicker(n.cfg.MetaInterval)
 	defer tick.Stop()
 	idle := 0
@@ -716,6 +712,14 @@ func (n *Node) drainWait() (int, error) {
 			return inflight, nil
 		}
 	}
+}
+
+// startDraining has the node say it drains: routers send it nothing more.
+func (n *Node) startDraining() {
+	n.mu.Lock()
+	n.draining = true
+	n.mu.Unlock()
+	n.updateMeta()
 }
 
 // drainSettle is how many MetaIntervals a draining node must have nothing
@@ -994,7 +998,7 @@ func (c *controlActor) Receive(ctx actor.Context) {
 			moved, stayed, why := 0, 1, error(&actors.NotInFlightError{Number: m.Number, Incarnation: m.Incarnation,
 				Self: c.node.Incarnation()})
 			if m.Incarnation == 0 || m.Incarnation == c.node.Incarnation() {
-				moved, stayed, why = c.node.moveAway(m.Number)
+				moved, stayed, why = c.node.moveAway(m.Number, time.Now().Add(c.node.cfg.DrainTimeout))
 			}
 			rep := &messages.MigrateReply{Moved: uint32(moved), Stayed: uint32(stayed)}
 			if why != nil && stayed > 0 {
@@ -1016,16 +1020,19 @@ func (c *controlActor) Receive(ctx actor.Context) {
 			_ = messages.Respond(ctx, &messages.DrainReply{InFlight: uint32(inflight)})
 		}
 		sender, root := ctx.Sender(), c.node.actors.Root()
+		deadline := time.Now().Add(c.node.cfg.DrainTimeout)
 		go func() {
 			if !m.Stay {
-				// What can move goes first; the drain then waits for what
-				// could not.
-				moved, stayed, why := c.node.moveAway(0)
+				// Routers hear first that the node drains; what can move
+				// goes then, and the drain waits for what could not, all
+				// within DrainTimeout.
+				c.node.startDraining()
+				moved, stayed, why := c.node.moveAway(0, deadline)
 				if moved+stayed > 0 {
 					c.node.log.Info("drain: requests moved away", "moved", moved, "stayed", stayed, "why", why)
 				}
 			}
-			left, err := c.node.drainWait()
+			left, err := c.node.drainWait(deadline)
 			if err != nil {
 				c.node.log.Error("drain", "err", err)
 			}

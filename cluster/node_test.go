@@ -417,7 +417,7 @@ func TestRouterDrainFinishesRelays(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("no first token within a minute")
 	}
-	left, err := r.drainWait()
+	left, err := r.drainWait(time.Now().Add(r.cfg.DrainTimeout))
 	if err != nil || left != 0 {
 		t.Fatalf("router drain: %d left, %v", left, err)
 	}

@@ -250,7 +250,7 @@ type (
 		Phases *Phases
 		Silent bool
 		// Moved: the request moved to another decode node, which answers
-		// the client (Silent).
+		// the client (Silent); Tokens are those streamed before.
 		Moved bool
 	}
 	// SendMovePlan goes to the source of a move; one that cannot be sent

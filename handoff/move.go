@@ -167,6 +167,12 @@ type MoveRefusedError struct{ Why string }
 
 func (e *MoveRefusedError) Error() string { return "handoff: the request cannot move: " + e.Why }
 
+// Wire is the refusal as an operator is told it: a bad request, as a move
+// of a request not in flight is.
+func (e *MoveRefusedError) Wire() *messages.WireError {
+	return &messages.WireError{Code: messages.CodeBadRequest, Message: e.Error(), Where: "move"}
+}
+
 // Movable says why the request cannot move to another decode node now,
 // nil if it can: it must be decoding, with a token streamed and two left to
 // generate (one is sooner generated than moved), and not moving already.
@@ -299,8 +305,8 @@ func (r *Request) moveAckIn(e MoveAckIn) []Effect {
 	r.phase = phaseDone
 	return []Effect{HandOver{To: o.to, Seq: r.seq}, CancelDecode{Owner: r.owner}, Release{Owner: r.owner, Tags: r.dest},
 		Release{Owner: r.owner, Tags: r.spare},
-		Finish{Result: &messages.GenerateResult{RequestID: r.client, FinishReason: messages.FinishLength}, Silent: true,
-			Moved: true}}
+		Finish{Result: &messages.GenerateResult{RequestID: r.client, FinishReason: messages.FinishLength},
+			Tokens: slices.Clone(r.tokens), Silent: true, Moved: true}}
 }
 
 // moveFailed ends the move under way and has decode go on here (a job
