@@ -110,8 +110,9 @@ func checkSent(t *testing.T, sent []sentRequest) {
 
 // waitRunning waits until the decode node m decodes a request with most
 // of its tokens to go: one that a drain begun now finds running (the load
-// goes through the router, so it can move).
-func waitRunning(t *testing.T, m *member) {
+// goes through the router, so it can move). It returns the request's ID,
+// as node requests prints it.
+func waitRunning(t *testing.T, m *member) (id string) {
 	t.Helper()
 	testwait.Report(t, "a request decoding on "+m.addr+" with its tokens to go", commandTimeout, func() (bool, string) {
 		l, err := testControl(t).inFlight(m.addr, 0, statusPollTimeout)
@@ -121,12 +122,14 @@ func waitRunning(t *testing.T, m *member) {
 		var saw []string
 		for _, r := range l.Requests {
 			if r.Phase == messages.PhaseDecode && r.Tokens >= 1 && r.Tokens <= rollingEarly {
+				id = fmt.Sprintf("%016x-%d", l.Incarnation, r.Number)
 				return true, ""
 			}
 			saw = append(saw, fmt.Sprintf("%s after %d tokens", r.Phase, r.Tokens))
 		}
 		return false, fmt.Sprintf("in flight: %v", saw)
 	})
+	return id
 }
 
 // drainMoved is what node drain --wait says moved.
@@ -196,18 +199,55 @@ func TestBinaryRollingRestart(t *testing.T) {
 	if moved == 0 {
 		t.Errorf("no stream moved in three drains of decode nodes running requests")
 	}
-	// Pages are released as requests end and moves are acknowledged,
-	// asynchronously: every pool of every node holding any is free soon.
-	testwait.Report(t, "every pool of the prefill and decode nodes free", reclaimTimeout, func() (bool, string) {
-		for _, m := range append([]*member{prefill}, decodes...) {
-			s, err := statusOf(t, m.addr)
-			if err != nil {
-				return false, err.Error()
+	waitPoolsFree(t, append([]*member{prefill}, decodes...)...)
+}
+
+// migrateTries bounds TestBinaryMigrate's asks: each picks a request with
+// most of its tokens to go, which may still end before the ask reaches it.
+const migrateTries = 20
+
+// TestBinaryMigrate: an operator's node migrate of one running request
+// moves it to the other decode node, through the router, under a steady
+// load: it says one moved, the node it went to counts it taken over, and
+// every request answers the reference text with every pool free. A
+// request no longer in flight is refused, naming it.
+func TestBinaryMigrate(t *testing.T) {
+	router := startMember(t, "router", "")
+	prefill := startMember(t, "prefill", router.gossip)
+	decodes := []*member{startMember(t, "decode", router.gossip), startMember(t, "decode", router.gossip)}
+	waitConverged(t, router, prefill, decodes[0], decodes[1])
+	load := startRollingLoad(t, router.addr, rollingClients, mixedRequests(rollingPool, 4, 600, rollingMaxTokens))
+
+	var ended []string // asks that found their request ended
+	moved := false
+	for range migrateTries {
+		id := waitRunning(t, decodes[0])
+		code, stdout, stderr := runBinary(t, "", "migrate", "--endpoint", decodes[0].addr, "--request", id)
+		if code == exitOK {
+			if !strings.Contains(stdout, decodes[0].addr+": 1 requests moved, 0 stayed") {
+				t.Fatalf("migrate of %s: %s", id, stdout)
 			}
-			if !allFree(s.Node.Pools) {
-				return false, fmt.Sprintf("%s %s: %+v", m.role, m.addr, s.Node.Pools)
-			}
+			moved = true
+			break
 		}
-		return true, ""
-	})
+		if !strings.Contains(stderr, "not in flight") {
+			t.Fatalf("migrate of %s: exit %d; stdout:\n%s\nstderr:\n%s", id, code, stdout, stderr)
+		}
+		ended = append(ended, id)
+	}
+	if !moved {
+		t.Fatalf("no request moved in %d asks: each had ended first (%v)", migrateTries, ended)
+	}
+	checkSent(t, load.finish(t))
+	if n := streamsMoved(t, router.addr); n != 1 {
+		t.Errorf("the router followed %d streams, want the one migrated", n)
+	}
+	s, err := statusOf(t, decodes[1].addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Node.MovedIn != 1 {
+		t.Errorf("the other decode node took over %d requests, want 1", s.Node.MovedIn)
+	}
+	waitPoolsFree(t, prefill, decodes[0], decodes[1])
 }
