@@ -118,6 +118,7 @@ var excluded = []exclusion{
 	{"bash chaos/mutants.sh", ".ci/run runs the mutant matrix as a step of its own"},
 	{"bin/node-chaos chaos --seed 1 --requests 1000 ", ".ci/run runs this campaign as a step of its own"},
 	{"bin/node-chaos chaos --seed 1 --requests 10000", "the bench-size campaign: about 20 minutes"},
+	{"bin/node-chaos chaos --seed 1 --requests 0 --duration 20s", ".ci/run runs this campaign of drains as a step of its own"},
 	{"bin/node-chaos chaos --endpoint 10.0.0.5:7070", "a cluster at a remote address, with its own credentials"},
 	{"go run ./cmd/node bench --rates 2,4,8,16", "a sweep of four rates: minutes"},
 	{"go run ./cmd/node bench --compare 2", "three layouts at four rates each: ten minutes"},
