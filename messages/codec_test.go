@@ -658,6 +658,8 @@ func TestDecodeRefuses(t *testing.T) {
 			0x81, 0xa4, 'n', 'o', 'd', 'e', 0x81, 0xa5, 'p', 'o', 'o', 'l', 's', 0xdd, 0xff, 0xff, 0xff, 0xff), &tooLarge},
 		{"drain wait not a bool", frame(t, TypeDrainRequest, 1, map[string]any{"wait": 1}), &malformed},
 		{"drain stay in a version 1 frame", frame(t, TypeDrainRequest, 1, map[string]any{"stay": true}), &invalid},
+		{"move time left in a version 1 frame", func() []byte { b := mustEncode(t, sampleMove()); b[2] = 1; return b }(), &invalid},
+		{"move version 3", func() []byte { b := mustEncode(t, sampleMove()); b[2] = 3; return b }(), &version},
 		{"status long faults", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"faults": strings.Repeat("f", FaultSpecBytesMax+1)}}), &tooLarge},
 		{"status huge fault counts", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"fault_counts": make([]uint64, FaultKindsMax+1)}}), &tooLarge},
 		{"status huge integrity counts", frame(t, TypeStatusReply, 2, map[string]any{"node": map[string]any{"integrity": make([]uint64, IntegrityReasonsMax+1)}}), &tooLarge},

@@ -67,7 +67,8 @@ type MoveRequest struct {
 	TimeLeftMs uint32 `msgpack:"time_left_ms,omitempty"`
 	// CachedTokens is how many of the prompt's first tokens its prefill
 	// read from a prefix cache (GenerateResult.CachedTokens), fewer than
-	// len(Prompt): the target reports them in the answer.
+	// len(Prompt): the target reports them in the answer. It and
+	// TimeLeftMs are MoveRequest version 2.
 	CachedTokens uint32 `msgpack:"cached_tokens,omitempty"`
 }
 
@@ -154,6 +155,15 @@ func (m *MoveRequest) checkLayout() error {
 			fmt.Sprintf("%d (%d prompt tokens and %d streamed, the last not yet fed)", m.Positions(), len(m.Prompt), len(m.Tokens))}
 	}
 	return nil
+}
+
+// wireVersion is 2 for a move that carries its time left or cached tokens,
+// 1 otherwise.
+func (m *MoveRequest) wireVersion() uint8 {
+	if m.TimeLeftMs != 0 || m.CachedTokens != 0 {
+		return 2
+	}
+	return 1
 }
 
 func (m *MoveRequest) DecodeMsgpack(d *msgpack.Decoder) error {

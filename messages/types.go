@@ -89,7 +89,10 @@ type typeInfo struct {
 // only up to 5 refuses a version 6 reply by its version.
 // CancelRequest version 2 carries a reason; a withdrawal is still sent as
 // version 1 (see CancelRequest). DrainRequest version 2 asks the node to
-// keep its requests (Stay), and is sent only then.
+// keep its requests (Stay), and is sent only then. MoveRequest version 2
+// carries the request's time left and cached tokens: a target of a build
+// that reads only version 1 refuses it by its version, and the move ends at
+// its deadline with the request decoding on where it was.
 var types = [...]typeInfo{
 	TypeGenerateRequest: {"GenerateRequest", 1, 1, func() Message { return new(GenerateRequest) }},
 	TypeTokenChunk:      {"TokenChunk", 1, 1, func() Message { return new(TokenChunk) }},
@@ -117,7 +120,7 @@ var types = [...]typeInfo{
 	// Streams in batches (stream.go).
 	TypeTokenBatch: {"TokenBatch", 1, 1, func() Message { return new(TokenBatch) }},
 	// A running request's move between decode nodes (move.go).
-	TypeMoveRequest: {"MoveRequest", 1, 1, func() Message { return new(MoveRequest) }},
+	TypeMoveRequest: {"MoveRequest", 1, 2, func() Message { return new(MoveRequest) }},
 	TypeMovePlan:    {"MovePlan", 1, 1, func() Message { return new(MovePlan) }},
 	TypeStreamMoved: {"StreamMoved", 1, 1, func() Message { return new(StreamMoved) }},
 	TypeStreamTake:  {"StreamTake", 1, 1, func() Message { return new(StreamTake) }},
