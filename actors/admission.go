@@ -429,6 +429,10 @@ func (a *admissionActor) moveIn(c actor.Context, m *messages.MoveRequest) {
 		refuse(&messages.WireError{Code: messages.CodeNodeLost, Where: "decode node",
 			Message: fmt.Sprintf("moved to decode node incarnation %x, this is %x", m.TargetIncarnation, a.cfg.Incarnation)})
 		return
+	case a.core.Draining():
+		refuse(&messages.WireError{Code: messages.CodeUnavailable, Where: "decode node",
+			Message: "the decode node drains: it takes no request moved from another"})
+		return
 	case m.Model != a.model.Fingerprint().String():
 		refuse(&messages.WireError{Code: messages.CodeModelMismatch, Where: "model fingerprint",
 			Message: fmt.Sprintf("a move of model %s, this node computes %s", m.Model, a.model.Fingerprint())})

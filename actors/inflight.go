@@ -145,7 +145,9 @@ type moveAsked struct {
 func (a *admissionActor) moveNumber(c actor.Context, m MoveNumber) {
 	for name, l := range a.live {
 		if l.number == m.Number {
-			a.moves[m.MoveID] = moveAsked{asker: c.Sender(), request: name}
+			if c.Sender() != nil { // asked with nobody to answer: the move goes on unanswered
+				a.moves[m.MoveID] = moveAsked{asker: c.Sender(), request: name}
+			}
 			c.Send(actor.NewPID(c.Self().Address, name), MoveJob{MoveID: m.MoveID, To: m.To, ReplyTo: c.Self()})
 			return
 		}

@@ -8,8 +8,11 @@ package cluster
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
@@ -236,4 +239,62 @@ func firstDifference(a, b []int) int {
 		}
 	}
 	return min(len(a), len(b))
+}
+
+// TestMoveInRefusals: a decode node takes a running request moved to it
+// only from a node that decodes, for its own run, of its model and page
+// size, and not while it drains; each refusal is a TransferAbort naming
+// the move, with the code that says why, so that its source decodes on at
+// once.
+func TestMoveInRefusals(t *testing.T) {
+	n := startNodeTuned(t, testAuth(t, actors.RoleDecode), actors.RoleDecode, nil, nil)
+	ca := trusttest.Shared(t)
+	peer := messagestest.StartAwaiting(t, ca.Authority(t, trust.RoleDecode, "other-decode", nil))
+	tenant := messagestest.StartAwaiting(t, ca.Authority(t, trust.RoleTenant, "acme", nil))
+	move := func(edit func(*messages.MoveRequest)) *messages.MoveRequest {
+		m := &messages.MoveRequest{MoveID: 77, Tenant: "acme", ClientID: 9, Receiver: "127.0.0.1:1", ReceiverID: "relay",
+			Prompt: []uint32{1, 2, 3, 4, 5}, Tokens: []uint32{6, 7, 8}, MaxTokens: 16, Seq: 3,
+			PageTokens: uint32(n.cfg.Actors.PageTokens), Layout: []uint32{7}, SourceIncarnation: 0xabc,
+			TargetIncarnation: n.Incarnation(), Model: n.Actors().Model().Fingerprint().String(), TimeLeftMs: 1000}
+		if edit != nil {
+			edit(m)
+		}
+		return m
+	}
+	ask := func(from *messagestest.Peer, m *messages.MoveRequest) *messages.TransferAbort {
+		t.Helper()
+		rep, err := messages.Request(from.Sys.Root, actor.NewPID(n.Address(), actors.AdmissionName), m, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		abort, ok := rep.(*messages.TransferAbort)
+		if !ok || abort.RequestID != m.MoveID || abort.Tenant != m.Tenant {
+			t.Fatalf("a refused move answered %T %+v, want a TransferAbort naming move %d", rep, rep, m.MoveID)
+		}
+		return abort
+	}
+	for _, c := range []struct {
+		name string
+		from *messagestest.Peer
+		edit func(*messages.MoveRequest)
+		want messages.ErrorCode
+	}{
+		{"from a tenant", tenant, nil, messages.CodeForbidden},
+		{"for another run", peer, func(m *messages.MoveRequest) { m.TargetIncarnation++ }, messages.CodeNodeLost},
+		{"of another model", peer, func(m *messages.MoveRequest) { m.Model = strings.Repeat("0", messages.FingerprintDigits) },
+			messages.CodeModelMismatch},
+		{"in pages of another size", peer, func(m *messages.MoveRequest) { m.PageTokens, m.Layout = 4, []uint32{4, 3} },
+			messages.CodeBadRequest},
+	} {
+		if a := ask(c.from, move(c.edit)); a.Reason.Code != c.want {
+			t.Errorf("a move %s: refused with %s (%s), want %s", c.name, a.Reason.Code, a.Reason.Message, c.want)
+		}
+	}
+	if _, err := n.Actors().Drain(); err != nil {
+		t.Fatal(err)
+	}
+	if a := ask(peer, move(nil)); a.Reason.Code != messages.CodeUnavailable {
+		t.Errorf("a move to a draining node: refused with %s (%s), want unavailable", a.Reason.Code, a.Reason.Message)
+	}
+	freeEverywhere(t, n)
 }
