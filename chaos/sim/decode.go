@@ -175,6 +175,8 @@ func (dr *dreq) do(e handoff.Effect) handoff.Event {
 		}
 		switch {
 		case e.Moved:
+		case e.Silent && dr.r.Taken():
+			w.fail("moves", "%s request %s ended silently after its stream's relay took it", n.addr, dr.name)
 		case e.Silent:
 			w.count[MoveUntaken]++
 			w.trace.line(fmt.Sprintf("  %s request %s ended untaken: %v", n.addr, dr.name, e.Cause))

@@ -41,7 +41,8 @@ const moveIDBase = 1 << 40
 const routerAddr = "router:7000"
 
 // relayMargin is how much longer than RequestTimeout a relay waits for its
-// stream's answer, as package cluster's waits (its relayMargin).
+// stream's answer, as package cluster's relay waits a margin (5 s against
+// minutes there; the simulated timeouts are shorter).
 func relayMargin(t Timing) time.Duration { return t.PrefillTimeout }
 
 // askMoves draws the moves the Move fault asks of a request admitted on
@@ -261,7 +262,8 @@ func (n *node) moveReply(d *delivery, id uint64, ev func(dr *dreq, fromTarget bo
 		dr = n.live[n.w.rng.IntN(len(n.live))]
 	}
 	for _, x := range n.live {
-		if dr == nil && x.mv != nil && (x.mv.id == id || x.mv.plan != nil && x.mv.plan.Request == id) {
+		if dr == nil && x.mv != nil && d.from.addr == x.mv.to.Address &&
+			(x.mv.id == id || x.mv.plan != nil && x.mv.plan.Request == id) {
 			dr = x
 		}
 	}
@@ -284,8 +286,8 @@ func (n *node) messageMoved(d *delivery, m messages.Message) bool {
 		})
 	case *messages.TransferAck:
 		n.moveReply(d, m.RequestID, func(dr *dreq, from bool) handoff.Event {
-			if dr.mv != nil {
-				dr.mv.acking = from
+			if dr.mv != nil { // the ack of its own move, from its target
+				dr.mv.acking = from && dr.mv.plan != nil && m.RequestID == dr.mv.plan.Request
 			}
 			return handoff.MoveAckIn{Ack: m, FromTarget: from, From: d.from.addr}
 		})
@@ -350,7 +352,12 @@ func (c *client) movedStream(from *dreq, e handoff.HandOver) {
 		})
 	}
 	w.after(c.deadline.Sub(w.now), fmt.Sprintf("relay deadline of client %d", c.id), func() {
-		if !c.done && c.dr == target {
+		switch {
+		case c.done || c.dr != target:
+		case to.inc == c.inc && target.r.Taken():
+			// It answers by the request's own deadline, before this one.
+			w.fail("moves", "client %d: the decode node %s took the stream and did not answer by the relay's deadline", c.id, to.addr)
+		default:
 			c.nodeLost(fmt.Sprintf("no answer from decode node %s within %s", to.addr, w.opt.Timing.RequestTimeout+relayMargin(w.opt.Timing)))
 		}
 	})
