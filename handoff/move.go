@@ -160,6 +160,7 @@ type moveOut struct {
 	tail                 []byte
 	plan                 *messages.MovePlan
 	sent                 bool
+	deadline             time.Time // MoveDeadline's: an ack past it is too late
 }
 
 // MoveRefusedError: a request cannot move now.
@@ -199,12 +200,13 @@ func (r *Request) Taken() bool { return r.move != nil && r.taken }
 func (r *Request) MovePlanned() bool { return r.out != nil && r.out.plan != nil }
 
 // moveOutStart pauses the decode job for the move e asks for.
-func (r *Request) moveOutStart(e MoveOut) []Effect {
+func (r *Request) moveOutStart(e MoveOut, now time.Time) []Effect {
 	if r.Movable() != nil {
 		r.counts.Ignored++
 		return nil
 	}
-	r.out = &moveOut{id: e.MoveID, to: e.To, receiver: e.Receiver, receiverID: e.ReceiverID}
+	r.out = &moveOut{id: e.MoveID, to: e.To, receiver: e.Receiver, receiverID: e.ReceiverID,
+		deadline: now.Add(r.cfg.PrefillTimeout)}
 	return []Effect{PauseDecode{Owner: r.owner, MoveID: e.MoveID}, Timer{After: r.cfg.PrefillTimeout, Event: MoveDeadline{MoveID: e.MoveID}}}
 }
 
@@ -288,10 +290,18 @@ func (r *Request) moveSent(e MoveSent) []Effect {
 		First: uint32(r.tokens[len(r.tokens)-1]), Frames: uint32(len(o.pages)), Source: r.owner.Request, Sums: sums}})
 }
 
+// moveLate is why a move's deadline ended it.
+func (r *Request) moveLate() error {
+	return &messages.WireError{Code: messages.CodeNodeLost,
+		Message: fmt.Sprintf("move %d to %x not acknowledged within %s", r.out.id, r.out.to.Incarnation, r.cfg.PrefillTimeout)}
+}
+
 // moveAckIn hands the stream over once the target has verified every page
 // and the last token: the request ends here, moved, and gives its pages
-// back.
-func (r *Request) moveAckIn(e MoveAckIn) []Effect {
+// back. An ack taken past the move's deadline (its timer not yet stepped)
+// ends the move as the deadline does: the target, which waits for the
+// stream no longer than that from its ack, may have given up.
+func (r *Request) moveAckIn(e MoveAckIn, now time.Time) []Effect {
 	o, a, positions := r.out, e.Ack, len(r.prompt)+len(r.tokens)-1
 	switch {
 	case o == nil || o.plan == nil || !o.sent || a.RequestID != o.plan.Request || a.Tenant != r.owner.Tenant:
@@ -301,6 +311,8 @@ func (r *Request) moveAckIn(e MoveAckIn) []Effect {
 		return []Effect{Refuse{Err: &StrangerError{What: "move ack", From: e.From, Planned: o.to.String()}}}
 	case int(a.TokenCount) != positions || int(a.Pages) != len(o.pages):
 		return r.moveFailed(&kv.ManifestError{Field: "move ack tokens", Page: -1, Want: positions, Have: int(a.TokenCount)})
+	case !now.Before(o.deadline):
+		return r.moveFailed(r.moveLate())
 	}
 	r.phase = phaseDone
 	return []Effect{HandOver{To: o.to, Seq: r.seq}, CancelDecode{Owner: r.owner}, Release{Owner: r.owner, Tags: r.dest},

@@ -467,6 +467,7 @@ type twoNodes struct {
 	paused  bool
 	tgt     *move
 	dropAck bool
+	dropped *messages.TransferAck // the ack dropped last
 	ended   []MoveEnded
 	// holdPause keeps the answer to the next pause (held) instead of
 	// giving it at once.
@@ -518,9 +519,11 @@ func (n *twoNodes) source(e Effect) (Event, bool) {
 		n.tgt = newTarget(n.t, p.engine, e.Move)
 		n.tgt.onPlan = func(plan *messages.MovePlan) { p.step(p.req, MovePlanIn{Plan: plan, FromTarget: true}) }
 		n.tgt.onAck = func(a *messages.TransferAck) {
-			if !n.dropAck {
-				p.step(p.req, MoveAckIn{Ack: a, FromTarget: true})
+			if n.dropAck {
+				n.dropped = a
+				return
 			}
+			p.step(p.req, MoveAckIn{Ack: a, FromTarget: true})
 		}
 		n.tgt.onAbort = func(a *messages.TransferAbort) { p.step(p.req, MoveAbortIn{Abort: a, FromTarget: true}) }
 		n.tgt.step(Start{})
@@ -750,4 +753,30 @@ func tinyReference(t *testing.T, prompt []int, maxNew int) []int {
 		t.Fatal(err)
 	}
 	return want
+}
+
+// TestMoveAckPastItsDeadline: an ack the source takes once its move's
+// deadline has passed (its timer not yet stepped: a paused process) ends
+// the move as the deadline would, the request decoding on at the source,
+// since the target waits for the stream no longer than that from its ack.
+func TestMoveAckPastItsDeadline(t *testing.T) {
+	prompt := movePrompt()
+	const maxNew = 20
+	want := tinyReference(t, prompt, maxNew)
+	n := newTwoNodes(t, prompt, maxNew)
+	n.decode(3)
+	n.dropAck = true
+	n.moveOut()
+	if n.dropped == nil {
+		t.Fatal("the target did not acknowledge the move")
+	}
+	n.p.now = n.p.now.Add(n.p.req.cfg.PrefillTimeout)
+	n.p.step(n.p.req, MoveAckIn{Ack: n.dropped, FromTarget: true})
+	if len(n.ended) != 1 || n.ended[0].Err == nil || n.paused || n.p.finish != nil {
+		t.Fatalf("a late ack: moves ended %+v, paused %t, finish %+v", n.ended, n.paused, n.p.finish)
+	}
+	n.decode(maxNew)
+	if n.p.finish == nil || n.p.finish.Cause != nil || !slices.Equal(ints(n.p.finish.Result.Tokens), want) {
+		t.Fatalf("the source's answer after a late ack: %+v, want %v", n.p.finish, want)
+	}
 }

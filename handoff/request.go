@@ -276,7 +276,7 @@ func (r *Request) step(ev Event, now time.Time) []Effect {
 			return []Effect{r.ack(), Timer{After: r.cfg.PrefillTimeout, Event: TakeDeadline{}}}
 		}
 	case MoveOut:
-		return r.moveOutStart(e)
+		return r.moveOutStart(e, now)
 	case Paused:
 		return r.paused(e, now)
 	case MovePlanIn:
@@ -284,7 +284,7 @@ func (r *Request) step(ev Event, now time.Time) []Effect {
 	case MoveSent:
 		return r.moveSent(e)
 	case MoveAckIn:
-		return r.moveAckIn(e)
+		return r.moveAckIn(e, now)
 	case MoveAbortIn:
 		// The target's request ends the move (naming itself), or its
 		// admission refuses it (naming the move).
@@ -295,8 +295,7 @@ func (r *Request) step(ev Event, now time.Time) []Effect {
 		}
 	case MoveDeadline:
 		if r.out != nil && e.MoveID == r.out.id {
-			return r.moveFailed(&messages.WireError{Code: messages.CodeNodeLost,
-				Message: fmt.Sprintf("move %d to %x not acknowledged within %s", e.MoveID, r.out.to.Incarnation, r.cfg.PrefillTimeout)})
+			return r.moveFailed(r.moveLate())
 		}
 	case DecodeEnded:
 		if r.phase == phaseDecoding {

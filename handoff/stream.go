@@ -14,20 +14,29 @@ import (
 // a node the stream left is dropped quietly (what it still sends is late,
 // not a stranger's), and a node the stream never went to is refused. The
 // word that the stream moved counts only from the node it is on, at a
-// chunk not behind the last passed on; the stream is handed over once
-// every chunk up to that one has been, and from then on only the node it
-// moved to is heard. The relay adds nothing to these rules.
+// chunk not behind the last passed on, and never for a hand-over already
+// made (a copy of an earlier word, once the stream came back to the node
+// that sent it); the stream is handed over once every chunk up to that one
+// has been, and from then on only the node it moved to is heard. The relay
+// adds nothing to these rules.
 type Stream struct {
 	id     uint64
 	at     string          // the decode node heard
 	left   map[string]bool // addresses the stream left
 	seq    uint32          // the last chunk passed on
 	moving *messages.StreamMoved
+	handed map[handedTo]bool // the hand-overs made, one a move
+}
+
+// handedTo names a hand-over: the request it went to, on its node's run.
+type handedTo struct {
+	to, id string
+	inc    uint64
 }
 
 // NewStream is the stream of request id, on the decode node at address at.
 func NewStream(id uint64, at string) *Stream {
-	return &Stream{id: id, at: at, left: map[string]bool{}}
+	return &Stream{id: id, at: at, left: map[string]bool{}, handed: map[handedTo]bool{}}
 }
 
 // Seq is the last chunk's sequence number passed on, 0 before the first.
@@ -68,6 +77,9 @@ func (s *Stream) Moved(m *messages.StreamMoved) (refuse string) {
 	if m.Seq < s.seq || s.moving != nil {
 		return fmt.Sprintf("stream moved at chunk %d, %d passed on", m.Seq, s.seq)
 	}
+	if s.handed[handedTo{m.To, m.ToID, m.ToIncarnation}] {
+		return fmt.Sprintf("stream moved to %s, a hand-over made already", m.To)
+	}
 	s.moving = m
 	return ""
 }
@@ -81,6 +93,7 @@ func (s *Stream) HandOver() *messages.StreamMoved {
 		return nil
 	}
 	s.moving = nil
+	s.handed[handedTo{m.To, m.ToID, m.ToIncarnation}] = true
 	s.Leave(m.To)
 	return m
 }

@@ -67,6 +67,19 @@ func TestStreamHearsOnlyItsNode(t *testing.T) {
 	if why := s.Chunk(4); why != "" {
 		t.Fatalf("the sequence goes on across the move: %s", why)
 	}
+	// Back to a at chunk 4, before b streamed more: a copy of a's first
+	// word, late, is refused; a's word of a new move to b is taken.
+	back := &messages.StreamMoved{RequestID: 7, Seq: 4, To: "a:1", ToID: "r2", ToIncarnation: 1}
+	if why := s.Moved(back); why != "" || s.HandOver() == nil || s.At() != "a:1" {
+		t.Fatalf("the move back: %q, at %s", why, s.At())
+	}
+	first := &messages.StreamMoved{RequestID: 7, Seq: 4, To: "b:1"}
+	if why := s.Moved(first); why == "" {
+		t.Fatal("a copy of a hand-over made already was taken")
+	}
+	if why := s.Moved(&messages.StreamMoved{RequestID: 7, Seq: 4, To: "b:1", ToID: "r3"}); why != "" || s.HandOver() == nil {
+		t.Fatalf("a new move to b: %q", why)
+	}
 	// A new run at the address the stream left is heard again once the
 	// stream goes there.
 	s.Leave("a:1")
