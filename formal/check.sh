@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Model-checks formal/handoff.pml (the handoff) and formal/cache.pml (the
-# prefix cache's shared pages) with SPIN: each correct model must have no
+# Model-checks formal/handoff.pml (the handoff), formal/cache.pml (the
+# prefix cache's shared pages) and formal/move.pml (a running request's
+# move between decode nodes) with SPIN: each correct model must have no
 # error in any configuration, and every planted bug (mutant) must be caught
 # as an assertion violation. Installs nothing; needs spin and a C compiler.
 #
@@ -10,7 +11,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-depth="${DEPTH:-10000}"   # pan -m: DFS stack depth; the models need ~150
+depth="${DEPTH:-10000}"   # pan -m: DFS stack depth; the models need ~200
 cc="${CC:-gcc}"
 
 if ! command -v spin >/dev/null 2>&1; then
@@ -21,7 +22,7 @@ if ! command -v "$cc" >/dev/null 2>&1; then
   echo "check.sh: C compiler '$cc' not found; spin's verifier is C" >&2
   exit 2
 fi
-for m in handoff cache; do
+for m in handoff cache move; do
   [[ -f "$here/$m.pml" ]] || { echo "check.sh: $here/$m.pml missing" >&2; exit 2; }
 done
 
@@ -51,6 +52,19 @@ RETRY="-DRETRY_MAX=1 -DFAULT_MAX=1 -DCANCEL_MAX=0 -DRETX_MAX=0"
 #           other's count; see MAPPING.md).
 SHARE=""
 DUP="-DNREADERS_A=1 -DDUP_MAX=1"
+# For move.pml four (see MAPPING.md, "Bounds"):
+#   move:   the defaults: two moves from A to B, one message lost, one
+#           delivered twice, one crash of either node.
+#   later:  A may decode a token between two moves (an older version in a
+#           late frame); one duplicate, no loss, no crash.
+#   rogue:  a rogue's chunk, one duplicate, the relay's own deadline at any
+#           moment.
+#   back:   A to B, back to A and to B again; one crash, one duplicate,
+#           no loss.
+MOVE=""
+LATER="-DNTOK=5 -DLOSS_MAX=0 -DCRASH_MAX=0"
+ROGUE="-DLOSS_MAX=0 -DCRASH_MAX=0 -DFORGE_MAX=1 -DRTO=1"
+BACK="-DBACK=1 -DMOVE_MAX=3 -DLOSS_MAX=0 -DNSLOT=16"
 
 # model|name|config|expected|extra flags
 variants=(
@@ -66,12 +80,20 @@ variants=(
   "cache|MUTANT_EVICT_NO_GEN_BUMP|share|fail|-DMUTANT_EVICT_NO_GEN_BUMP"
   "cache|MUTANT_UNLEASE_NO_COUNT|dup|fail|-DMUTANT_UNLEASE_NO_COUNT"
   "cache|MUTANT_PUBLISH_NO_GEN_BUMP|share|fail|-DMUTANT_PUBLISH_NO_GEN_BUMP"
+  "move|correct|move|pass|"
+  "move|correct|later|pass|"
+  "move|correct|rogue|pass|"
+  "move|correct|back|pass|"
+  "move|MUTANT_MOVE_RELEASE_BEFORE_ACK|move|fail|-DMUTANT_MOVE_RELEASE_BEFORE_ACK"
+  "move|MUTANT_MOVE_STALE_TAG|move|fail|-DMUTANT_MOVE_STALE_TAG"
+  "move|MUTANT_RELAY_UNHANDED|rogue|fail|-DMUTANT_RELAY_UNHANDED"
+  "move|MUTANT_MOVE_REPLAY|move|fail|-DMUTANT_MOVE_REPLAY"
 )
 
 now() { date +%s.%N; }
 status=0
 t_all=$(now)
-printf '%-7s %-26s %-7s %-8s %-6s %12s %8s  %s\n' model variant config expected got states seconds note
+printf '%-7s %-30s %-7s %-8s %-6s %12s %8s  %s\n' model variant config expected got states seconds note
 for v in "${variants[@]}"; do
   IFS='|' read -r model name config expected extra <<<"$v"
   case "$config" in
@@ -79,6 +101,10 @@ for v in "${variants[@]}"; do
     retry)  flags="$RETRY" ;;
     share)  flags="$SHARE" ;;
     dup)    flags="$DUP" ;;
+    move)   flags="$MOVE" ;;
+    later)  flags="$LATER" ;;
+    rogue)  flags="$ROGUE" ;;
+    back)   flags="$BACK" ;;
   esac
   dir="$work/$model.$name.$config"
   mkdir -p "$dir"
@@ -127,7 +153,7 @@ for v in "${variants[@]}"; do
     got="partial"
   fi
 
-  printf '%-7s %-26s %-7s %-8s %-6s %12s %8s  %s\n' "$model" "$name" "$config" "$expected" "$got" "$states" "$secs" "$note"
+  printf '%-7s %-30s %-7s %-8s %-6s %12s %8s  %s\n' "$model" "$name" "$config" "$expected" "$got" "$states" "$secs" "$note"
   if [[ "$got" != "$expected" ]]; then
     status=1
     if [[ "$got" != fail && "$got" != pass ]]; then
