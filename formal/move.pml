@@ -102,9 +102,10 @@
             two moves, so a late frame carries an older version;
      rogue: -DLOSS_MAX=0 -DCRASH_MAX=0 -DFORGE_MAX=1 -DRTO=1: a rogue's
             chunk, a duplicate, the relay's deadline at any moment;
-     back:  -DBACK=1 -DMOVE_MAX=3 -DDUP_MAX=0 -DLOSS_MAX=0: A to B, back
-            to A, to B again, and a crash. With a duplicate as well
-            (-DBACK=1 alone) SPIN finds a trace; see MAPPING.md. */
+     back:  -DBACK=1 -DMOVE_MAX=3 -DLOSS_MAX=0 -DNSLOT=16: A to B, back
+            to A, to B again, a duplicate and a crash. Without rhanded
+            (the relay refusing a hand-over made already) SPIN finds a
+            trace; see MAPPING.md. */
 
 /* ---------------------------------------------------------------- values */
 
