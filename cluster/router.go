@@ -125,11 +125,12 @@ type relayMoved struct {
 }
 
 // reroute is the router's answer to a relayRetry: the request sent to
-// another decode node, or none (admission nil) when no other can take it.
+// another decode node, at remote address at and of run decode, or none
+// (at "") when no other can take it.
 type reroute struct {
-	admission *actor.PID
-	request   *messages.RoutedRequest
-	decode    uint64
+	at      string
+	request *messages.RoutedRequest
+	decode  uint64
 }
 
 // memberLost is sent to the router when a member fails or leaves.
@@ -367,8 +368,7 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	// zero; the count numbers the request for operators.
 	number := r.counters.routed.Add(1)
 	rl := &relay{number: number, client: c.Sender(), id: m.RequestID, decode: d.Meta.Incarnation,
-		admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: fwd,
-		stream:  handoff.NewStream(m.RequestID, d.Meta.RemoteAddr),
+		request: fwd, stream: handoff.NewStream(m.RequestID, d.Meta.RemoteAddr),
 		timeout: r.cfg.RequestTimeout + relayMargin, counters: r.counters, log: r.log, auth: r.auth,
 		times: actors.Stream{Start: time.Now()}, streams: r.streams, batched: messages.WantsBatches(c.Sender())}
 	// A secret name: the decode node is told it (as the request's sender),
@@ -545,8 +545,7 @@ func (r *routerActor) retry(c actor.Context, relayPID *actor.PID, m relayRetry) 
 	r.log.Info("request sent to another decode node", "number", rt.rl.number, "id", req.RequestID, "tenant", req.Tenant,
 		"from", from.Meta.RemoteAddr, "to", d.Meta.RemoteAddr, "prefill", p.Meta.RemoteAddr,
 		"cause", m.cause.Code.String(), "err", m.cause.Message, "attempt", len(rt.tried)+1)
-	c.Send(relayPID, reroute{admission: actor.NewPID(d.Meta.RemoteAddr, actors.AdmissionName), request: rt.request,
-		decode: d.Meta.Incarnation})
+	c.Send(relayPID, reroute{at: d.Meta.RemoteAddr, request: rt.request, decode: d.Meta.Incarnation})
 }
 
 // next is where rt's request goes next, if RouteRetriesMax allows: a
@@ -573,18 +572,17 @@ func (r *routerActor) next(rt *routed) (d, p Member, ok bool) {
 // node (relayRetry); the relay sends the request there, under its own
 // name, or, when there is none, passes the held answer on.
 type relay struct {
-	number    uint64 // the router's own, for operators
-	client    *actor.PID
-	id        uint64
-	decode    uint64 // the decode node's incarnation
-	admission *actor.PID
-	request   *messages.RoutedRequest
-	timeout   time.Duration // of each attempt
-	counters  *routerCounters
-	log       *slog.Logger
-	auth      *trust.Authority
-	deadline  *time.Timer
-	attempt   int // numbers the attempts, so that an earlier attempt's timer is told apart
+	number   uint64 // the router's own, for operators
+	client   *actor.PID
+	id       uint64
+	decode   uint64 // the decode node's incarnation
+	request  *messages.RoutedRequest
+	timeout  time.Duration // of each attempt
+	counters *routerCounters
+	log      *slog.Logger
+	auth     *trust.Authority
+	deadline *time.Timer
+	attempt  int // numbers the attempts, so that an earlier attempt's timer is told apart
 	// stream is which decode node the relay hears, the chunks passed on
 	// and a move's hand-over.
 	stream *handoff.Stream
@@ -674,7 +672,7 @@ func (rl *relay) Receive(c actor.Context) {
 			return
 		}
 		rl.cancel = m
-		c.Request(rl.admission, m)
+		c.Request(rl.admission(), m)
 	case memberLost:
 		if rl.held == nil && m.incarnation == rl.decode {
 			rl.end(c, fmt.Sprintf("decode node %x was lost", rl.decode), rl.stream.Seq() == 0)
@@ -731,13 +729,13 @@ func (rl *relay) streamMoved(from *actor.PID, m *messages.StreamMoved) {
 // (the one left is dropped, like a node the request left for another),
 // cancels go to its admission, and the request there is told to stream.
 func (rl *relay) handOver() {
+	from := rl.stream.At()
 	m := rl.stream.HandOver()
 	if m == nil {
 		return
 	}
-	rl.log.Info("stream moved", "id", rl.id, "tenant", rl.request.Tenant, "from", rl.admission.Address, "to", m.To,
-		"after", m.Seq)
-	rl.admission, rl.decode = actor.NewPID(m.To, actors.AdmissionName), m.ToIncarnation
+	rl.log.Info("stream moved", "id", rl.id, "tenant", rl.request.Tenant, "from", from, "to", m.To, "after", m.Seq)
+	rl.decode = m.ToIncarnation
 	rl.counters.moved.Add(1)
 	rl.tell(relayMoved{addr: m.To, incarnation: m.ToIncarnation})
 	take := &messages.StreamTake{RequestID: rl.id, Seq: m.Seq}
@@ -749,7 +747,7 @@ func (rl *relay) handOver() {
 	if rl.cancel != nil {
 		// Cancelled while the stream moved: the node it left may have
 		// ended the request as moved before the cancel came.
-		rl.root.RequestWithCustomSender(rl.admission, rl.cancel, rl.self)
+		rl.root.RequestWithCustomSender(rl.admission(), rl.cancel, rl.self)
 	}
 }
 
@@ -854,7 +852,7 @@ func (rl *relay) pass(m messages.Message) {
 // send sends the request to its decode node, for one attempt of the
 // relay's timeout.
 func (rl *relay) send(c actor.Context) {
-	c.Request(rl.admission, rl.request)
+	c.Request(rl.admission(), rl.request)
 	rl.attempt++
 	self, sys, attempt := c.Self(), c.ActorSystem(), rl.attempt
 	rl.deadline = time.AfterFunc(rl.timeout, func() { sys.Root.Send(self, relayTimeout{attempt: attempt}) })
@@ -888,21 +886,24 @@ func (rl *relay) rerouted(c actor.Context, m reroute) {
 	if res == nil {
 		return
 	}
-	if m.admission == nil || rl.cancelled {
+	if m.at == "" || rl.cancelled {
 		rl.answer(c, res, rl.lost)
 		return
 	}
-	rl.leave(m.admission, m.decode)
+	rl.leave(m.at, m.decode)
 	rl.request, rl.held, rl.lost = m.request, nil, false
 	rl.send(c)
 }
 
-// leave has the relay hear the decode node of run decode, whose admission
-// is admission, from now on, and drop what the node it leaves sends.
-func (rl *relay) leave(admission *actor.PID, decode uint64) {
-	rl.stream.Leave(admission.Address)
-	rl.admission, rl.decode = admission, decode
+// leave has the relay hear the decode node of run decode at remote address
+// at from now on, and drop what the node it leaves sends.
+func (rl *relay) leave(at string, decode uint64) {
+	rl.stream.Leave(at)
+	rl.decode = decode
 }
+
+// admission is the admission of the decode node the stream is on.
+func (rl *relay) admission() *actor.PID { return actor.NewPID(rl.stream.At(), actors.AdmissionName) }
 
 // answer passes the request's result on and stops: counted as lost (a node
 // lost the relay concluded), failed or completed.
@@ -927,9 +928,9 @@ func (rl *relay) answer(c actor.Context, m *messages.GenerateResult, lost bool) 
 // all (a false failure detection, a partition) and answers the client
 // "node lost", after trying another decode node if retry (no token came).
 func (rl *relay) end(c actor.Context, why string, retry bool) {
-	c.Request(rl.admission, &messages.CancelRequest{RequestID: rl.id, Tenant: rl.request.Tenant})
+	c.Request(rl.admission(), &messages.CancelRequest{RequestID: rl.id, Tenant: rl.request.Tenant})
 	res := &messages.GenerateResult{RequestID: rl.id, FinishReason: messages.FinishError,
-		Err: &messages.WireError{Code: messages.CodeNodeLost, Message: why, Where: rl.admission.Address}}
+		Err: &messages.WireError{Code: messages.CodeNodeLost, Message: why, Where: rl.stream.At()}}
 	if retry {
 		rl.hold(c, res, true)
 		return

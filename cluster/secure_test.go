@@ -42,7 +42,7 @@ func spawnRelay(t *testing.T, router *messagestest.Peer, admission, client *acto
 	if err != nil {
 		t.Fatal(err)
 	}
-	rl := &relay{client: client, id: 7, decode: 1, admission: admission, stream: handoff.NewStream(7, admission.Address),
+	rl := &relay{client: client, id: 7, decode: 1, stream: handoff.NewStream(7, admission.Address),
 		counters: counters, auth: router.Auth,
 		request: &messages.RoutedRequest{RequestID: 7, Tenant: "acme", Prompt: "hi", MaxTokens: maxTokens,
 			Prefill: "127.0.0.1:1", PrefillIncarnation: 1, DecodeIncarnation: 1},
