@@ -7,6 +7,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -215,21 +216,30 @@ func (m *moving) holder() (from, to *Node, numbers []uint64) {
 // to prompt, in tokens and in the text its stream carried.
 func (m *moving) answeredRight(a *answer, prompt string) {
 	m.t.Helper()
-	want, err := m.p.Actors().Model().Answer(prompt, moveTokens)
-	if err != nil {
-		m.t.Fatal(err)
-	}
 	got := testwait.Recv(m.t, "an answer", 2*time.Minute, a.done)
 	if got.err != nil {
 		m.t.Fatal(got.err)
 	}
-	if !slices.Equal(got.res.Tokens, want) {
-		m.t.Fatalf("answered %d tokens, want the model's %d (first difference at %d)", len(got.res.Tokens), len(want),
-			firstDifference(got.res.Tokens, want))
+	if err := checkAnswer(m.p, prompt, moveTokens, got.res.Tokens); err != nil {
+		m.t.Fatal(err)
 	}
 	if got.text != got.res.Text {
 		m.t.Fatalf("the stream's text (%d bytes) is not the answer's (%d bytes)", len(got.text), len(got.res.Text))
 	}
+}
+
+// checkAnswer says whether tokens are the model's answer to prompt, of up
+// to maxTokens tokens.
+func checkAnswer(n *Node, prompt string, maxTokens int, tokens []int) error {
+	want, err := n.Actors().Model().Answer(prompt, maxTokens)
+	if err != nil {
+		return err
+	}
+	if !slices.Equal(tokens, want) {
+		return fmt.Errorf("%q: answered %d tokens, want the model's %d (first difference at %d)", prompt, len(tokens), len(want),
+			firstDifference(tokens, want))
+	}
+	return nil
 }
 
 func firstDifference(a, b []int) int {
