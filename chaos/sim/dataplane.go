@@ -26,13 +26,11 @@ import (
 
 // send is one plan's frames on their way: a prefill's, or a running
 // request's that moves to another decode node. label is the oracle's
-// label of a frame's rows, readdress whether the misdirect fault may
-// readdress its frames, and end what the sender does, once, when the send
-// ended.
+// label of a frame's rows, and end what the sender does, once, when the
+// send ended.
 type send struct {
 	frames    []kv.Frame
 	label     func(kv.Frame) label
-	readdress bool
 	end       func(error)
 	to        *node
 	toInc     uint64
@@ -72,7 +70,7 @@ func (e *refusedError) Is(target error) bool { return target == kv.ErrRefused }
 
 func (e *refusedError) Unwrap() error { return e.err }
 
-// recentMax is how many frames a prefill run remembers to misdirect
+// recentMax is how many frames a sending run remembers to misdirect
 // others to.
 const recentMax = 16
 
@@ -85,7 +83,7 @@ func (n *node) startSend(e handoff.SendFrames) {
 		return
 	}
 	j := n.byKey[e.Key]
-	s := &send{frames: p.frames.Frames, label: func(f kv.Frame) label { return n.sourceLabel(j, f) }, readdress: true,
+	s := &send{frames: p.frames.Frames, label: func(f kv.Frame) label { return n.sourceLabel(j, f) },
 		to: to, toInc: e.Plan.DestTags[0].Incarnation}
 	s.end = func(err error) {
 		delete(n.sends, e.Key)
@@ -122,9 +120,7 @@ func (n *node) sendBatch(s *send) {
 	b := &batch{shadow: make([]label, len(frames))}
 	for i := range frames {
 		b.shadow[i] = s.label(frames[i])
-		if s.readdress {
-			n.readdress(&frames[i])
-		}
+		n.readdress(&frames[i])
 	}
 	body, err := kv.AppendBatch(nil, frames, w.batch)
 	if err != nil {
