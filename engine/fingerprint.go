@@ -74,14 +74,32 @@ func fingerprint(cfg ModelConfig, w *Weights, tok Tokenizer) Fingerprint {
 		math.Float64bits(cfg.RoPETheta), math.Float64bits(cfg.NormEps), tied, uint64(cfg.kvDType())} {
 		word(v)
 	}
-	floats(w.Embed)
-	for _, l := range w.Layers {
-		for _, a := range [][]float32{l.AttnNorm, l.WQ, l.WK, l.WV, l.WO, l.MLPNorm, l.W1, l.W2, l.W3} {
-			floats(a)
+	// matrix hashes a float32 matrix as its floats (as before matrices had
+	// other types, so that those fingerprints stay), any other as its type
+	// and bytes: a model quantized otherwise is another model.
+	matrix := func(m *Matrix) {
+		if m.Type == WeightF32 {
+			floats(m.F32)
+			return
+		}
+		word(uint64(m.Type) | 1<<63)
+		word(uint64(len(m.Raw)))
+		h.Write(m.Raw)
+	}
+	matrix(&w.Embed)
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		floats(l.AttnNorm)
+		for _, m := range []*Matrix{&l.WQ, &l.WK, &l.WV, &l.WO} {
+			matrix(m)
+		}
+		floats(l.MLPNorm)
+		for _, m := range []*Matrix{&l.W1, &l.W2, &l.W3} {
+			matrix(m)
 		}
 	}
 	floats(w.Norm)
-	floats(w.Out)
+	matrix(&w.Out)
 	word(uint64(tok.BOS()))
 	word(uint64(tok.Stop()))
 	if bpe, ok := tok.(*BPETokenizer); ok {

@@ -13,6 +13,9 @@ type kernelSet struct {
 	// matmul is matmulGeneric: out[t·outs+j] = dot(x[t], w[j]) for the
 	// rows t of x and the rows j0 ≤ j < j1 of w.
 	matmul func(out, x, w []float32, in, outs, j0, j1 int)
+	// matmulW is matmulWGeneric: matmul for a matrix of another weight
+	// type t, whose rows are rb bytes.
+	matmulW func(out, x []float32, w []byte, t WeightType, rb, in, outs, j0, j1 int)
 	// scores is scoresGeneric: each of heads query heads against the keys
 	// of rows positions, stride bytes apart. A kernel may prefetch the
 	// keys at nextK and the values at nextV of the rows of the page to be
@@ -35,7 +38,7 @@ type kernelSet struct {
 // genericKernels is the pure-Go set: the definition, and what a CPU without
 // a faster set runs.
 var genericKernels = kernelSet{
-	name: "generic", dot: dotGeneric, matmul: matmulGeneric, scores: scoresGeneric, accumV: accumVGeneric,
+	name: "generic", dot: dotGeneric, matmul: matmulGeneric, matmulW: matmulWGeneric, scores: scoresGeneric, accumV: accumVGeneric,
 	prefetch: prefetchGeneric, max: maxGeneric, expSubSum: expSubSumGeneric, scale: scaleGeneric, mulScale: mulScaleGeneric,
 	add: addGeneric, swiGLU: swiGLUGeneric,
 }

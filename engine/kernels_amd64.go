@@ -19,7 +19,7 @@ import (
 // cover, such as a head width that is not a multiple of 8, to the generic
 // kernel, which computes the same bits.
 var avx2Kernels = kernelSet{
-	name: "avx2", dot: dotAVX2Slices, matmul: matmulAVX2, scores: scoresAVX2, accumV: accumVAVX2,
+	name: "avx2", dot: dotAVX2Slices, matmul: matmulAVX2, matmulW: matmulWGeneric, scores: scoresAVX2, accumV: accumVAVX2,
 	prefetch: prefetchAVX2Slice, max: maxAVX2Slice, expSubSum: expSubSumAVX2Slice, scale: scaleAVX2Slice, mulScale: mulScaleAVX2Slices,
 	add: addAVX2Slices, swiGLU: swiGLUAVX2Slices,
 }

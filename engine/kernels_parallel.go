@@ -166,11 +166,11 @@ func partRange(n, p, parts, align int) (lo, hi int) {
 
 // matmulJob is one matrix product split by output rows of w.
 type matmulJob struct {
-	out, x, w []float32
-	in, outs  int
+	out, x []float32
+	w      *Matrix
 }
 
 func (j *matmulJob) run(p, parts int) {
-	lo, hi := partRange(j.outs, p, parts, 8)
-	kern.matmul(j.out, j.x, j.w, j.in, j.outs, lo, hi)
+	lo, hi := partRange(j.w.Rows, p, parts, 8)
+	kern.matmulM(j.out, j.x, j.w, lo, hi)
 }

@@ -411,7 +411,7 @@ func TestSplitAgrees(t *testing.T) {
 	var s scratch
 	for parts := 1; parts <= partsMax; parts++ {
 		got := make([]float32, 3*100)
-		s.mm = matmulJob{out: got, x: x, w: w, in: 64, outs: 100}
+		s.mm = matmulJob{out: got, x: x, w: &Matrix{Rows: 100, Cols: 64, F32: w}}
 		split(&s.mm, parts, &s.wg)
 		checkSame(t, fmt.Sprintf("matmul in %d parts", parts), got, want)
 	}

@@ -270,6 +270,11 @@ func (lay checkpointLayout) weights(data []byte) Weights {
 			*field(&w.Layers[i]) = next(n)
 		}
 	}
+	eachMatrix := func(rows, cols int, field func(*LayerWeights) *Matrix) {
+		for i := range w.Layers {
+			*field(&w.Layers[i]) = F32Matrix(rows, cols, next(rows*cols))
+		}
+	}
 	attnNorm := func(l *LayerWeights) *[]float32 { return &l.AttnNorm }
 	mlpNorm := func(l *LayerWeights) *[]float32 { return &l.MLPNorm }
 	if lay.version == 1 {
@@ -277,27 +282,27 @@ func (lay checkpointLayout) weights(data []byte) Weights {
 		each(c.Dim, mlpNorm)
 		w.Norm = next(c.Dim)
 	}
-	w.Embed = next(c.Vocab * c.Dim)
+	w.Embed = F32Matrix(c.Vocab, c.Dim, next(c.Vocab*c.Dim))
 	if lay.version == 0 {
 		each(c.Dim, attnNorm)
 	}
-	each(qd*c.Dim, func(l *LayerWeights) *[]float32 { return &l.WQ })
-	each(kvd*c.Dim, func(l *LayerWeights) *[]float32 { return &l.WK })
-	each(kvd*c.Dim, func(l *LayerWeights) *[]float32 { return &l.WV })
-	each(c.Dim*qd, func(l *LayerWeights) *[]float32 { return &l.WO })
+	eachMatrix(qd, c.Dim, func(l *LayerWeights) *Matrix { return &l.WQ })
+	eachMatrix(kvd, c.Dim, func(l *LayerWeights) *Matrix { return &l.WK })
+	eachMatrix(kvd, c.Dim, func(l *LayerWeights) *Matrix { return &l.WV })
+	eachMatrix(c.Dim, qd, func(l *LayerWeights) *Matrix { return &l.WO })
 	if lay.version == 0 {
 		each(c.Dim, mlpNorm)
 	}
-	each(c.HiddenDim*c.Dim, func(l *LayerWeights) *[]float32 { return &l.W1 })
-	each(c.Dim*c.HiddenDim, func(l *LayerWeights) *[]float32 { return &l.W2 })
-	each(c.HiddenDim*c.Dim, func(l *LayerWeights) *[]float32 { return &l.W3 })
+	eachMatrix(c.HiddenDim, c.Dim, func(l *LayerWeights) *Matrix { return &l.W1 })
+	eachMatrix(c.Dim, c.HiddenDim, func(l *LayerWeights) *Matrix { return &l.W2 })
+	eachMatrix(c.HiddenDim, c.Dim, func(l *LayerWeights) *Matrix { return &l.W3 })
 	if lay.version == 0 {
 		w.Norm = next(c.Dim)
 		src = src[4*lay.skippedFloats():]
 	}
 	w.Out = w.Embed
 	if !c.TiedEmbeddings {
-		w.Out = next(c.Vocab * c.Dim)
+		w.Out = F32Matrix(c.Vocab, c.Dim, next(c.Vocab*c.Dim))
 	}
 	if len(src) != 0 || len(dst) != 0 {
 		panic(fmt.Sprintf("engine: checkpoint layout left %d bytes and %d weights over", len(src), len(dst)))

@@ -39,7 +39,7 @@ func TestStories260KCheckpoint(t *testing.T) {
 	if cfg != stories260KHeader {
 		t.Fatalf("config %+v, the README's header %+v", cfg, stories260KHeader)
 	}
-	if &w.Out[0] != &w.Embed[0] || len(w.Out) != len(w.Embed) {
+	if !w.tied() {
 		t.Fatal("a shared classifier must be the embedding's slice")
 	}
 	// Spot checks against the README's layout, computed here rather than by
@@ -47,12 +47,12 @@ func TestStories260KCheckpoint(t *testing.T) {
 	// the final norm ends where the RoPE tables start, and the first row
 	// of the tables (position 0) is cos 0 = 1 then sin 0 = 0.
 	at := func(i int) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(data[28+4*i:])) }
-	if w.Embed[0] != at(0) {
-		t.Fatalf("embedding[0] = %g, the file's first weight %g", w.Embed[0], at(0))
+	if w.Embed.F32[0] != at(0) {
+		t.Fatalf("embedding[0] = %g, the file's first weight %g", w.Embed.F32[0], at(0))
 	}
 	const vocab, dim, hidden, layers, kvDim, seq, half = 512, 64, 172, 5, 32, 512, 4
 	ropeAt := vocab*dim + layers*(2*dim+2*dim*dim+2*kvDim*dim+3*dim*hidden) + dim
-	if w.Norm[dim-1] != at(ropeAt-1) || w.Layers[4].W3[hidden*dim-1] != at(ropeAt-dim-1) {
+	if w.Norm[dim-1] != at(ropeAt-1) || w.Layers[4].W3.F32[hidden*dim-1] != at(ropeAt-dim-1) {
 		t.Fatal("the final norm or the last w3 is not where the README's layout puts it")
 	}
 	for i := range half {
@@ -259,9 +259,9 @@ func allocatedBytes() uint64 {
 
 // weightArrays lists every array of w in one fixed order, for comparisons.
 func weightArrays(w Weights) [][]float32 {
-	a := [][]float32{w.Embed, w.Norm, w.Out}
+	a := [][]float32{w.Embed.F32, w.Norm, w.Out.F32}
 	for _, l := range w.Layers {
-		a = append(a, l.AttnNorm, l.WQ, l.WK, l.WV, l.WO, l.MLPNorm, l.W1, l.W2, l.W3)
+		a = append(a, l.AttnNorm, l.WQ.F32, l.WK.F32, l.WV.F32, l.WO.F32, l.MLPNorm, l.W1.F32, l.W2.F32, l.W3.F32)
 	}
 	return a
 }
@@ -316,16 +316,16 @@ func version1File(cfg ModelConfig, w Weights) []byte {
 	}
 	layer(func(l LayerWeights) []float32 { return l.AttnNorm })
 	layer(func(l LayerWeights) []float32 { return l.MLPNorm })
-	arrays = append(arrays, w.Norm, w.Embed)
-	layer(func(l LayerWeights) []float32 { return l.WQ })
-	layer(func(l LayerWeights) []float32 { return l.WK })
-	layer(func(l LayerWeights) []float32 { return l.WV })
-	layer(func(l LayerWeights) []float32 { return l.WO })
-	layer(func(l LayerWeights) []float32 { return l.W1 })
-	layer(func(l LayerWeights) []float32 { return l.W2 })
-	layer(func(l LayerWeights) []float32 { return l.W3 })
+	arrays = append(arrays, w.Norm, w.Embed.F32)
+	layer(func(l LayerWeights) []float32 { return l.WQ.F32 })
+	layer(func(l LayerWeights) []float32 { return l.WK.F32 })
+	layer(func(l LayerWeights) []float32 { return l.WV.F32 })
+	layer(func(l LayerWeights) []float32 { return l.WO.F32 })
+	layer(func(l LayerWeights) []float32 { return l.W1.F32 })
+	layer(func(l LayerWeights) []float32 { return l.W2.F32 })
+	layer(func(l LayerWeights) []float32 { return l.W3.F32 })
 	if !cfg.TiedEmbeddings {
-		arrays = append(arrays, w.Out)
+		arrays = append(arrays, w.Out.F32)
 	}
 	for _, a := range arrays {
 		put(a)
@@ -339,8 +339,8 @@ func version1File(cfg ModelConfig, w Weights) []byte {
 func separateClassifier(data []byte, vocab int32, w Weights) ([]byte, []float32) {
 	c := slices.Clone(data)
 	binary.LittleEndian.PutUint32(c[20:], uint32(-vocab))
-	out := make([]float32, len(w.Embed))
-	for i, f := range w.Embed {
+	out := make([]float32, len(w.Embed.F32))
+	for i, f := range w.Embed.F32 {
 		out[i] = -f
 		c = binary.LittleEndian.AppendUint32(c, math.Float32bits(out[i]))
 	}
@@ -359,10 +359,10 @@ func TestCheckpointSeparateClassifier(t *testing.T) {
 	if cfg2 != want {
 		t.Fatalf("config %+v, want %+v", cfg2, want)
 	}
-	if !sameBits(w2.Out, out) || !sameBits(w2.Embed, w.Embed) {
+	if !sameBits(w2.Out.F32, out) || !sameBits(w2.Embed.F32, w.Embed.F32) {
 		t.Fatal("the separate classifier or the embedding was not read from its place")
 	}
-	w.Out = out
+	w.Out = F32Matrix(cfg.Vocab, cfg.Dim, out)
 	sameWeights(t, w2, w)
 }
 
@@ -389,7 +389,7 @@ func TestCheckpointVersion1(t *testing.T) {
 			t.Fatalf("version 1 config %+v, legacy %+v", cfg1, c.cfg)
 		}
 		sameWeights(t, w1, c.w)
-		if tied := &w1.Out[0] == &w1.Embed[0]; tied != c.cfg.TiedEmbeddings {
+		if tied := w1.tied(); tied != c.cfg.TiedEmbeddings {
 			t.Fatalf("version 1 classifier shared %v, want %v", tied, c.cfg.TiedEmbeddings)
 		}
 		var se *CheckpointSizeError
@@ -397,7 +397,7 @@ func TestCheckpointVersion1(t *testing.T) {
 			t.Fatalf("truncated version 1: %v", err)
 		}
 	}
-	if !sameBits(wSep.Out, out) {
+	if !sameBits(wSep.Out.F32, out) {
 		t.Fatal("separate classifier lost")
 	}
 }

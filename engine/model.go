@@ -156,59 +156,105 @@ func (c ModelConfig) Params() int {
 // step.
 func (c ModelConfig) WeightBytes() int64 { return 4 * int64(c.Params()) }
 
-// Weights are a model's float32 parameters, in llama2.c's layout: every
-// matrix is row-major with one row per output element ([out][in], y = W·x),
-// so every output is one dot product over a contiguous row.
+// Weights are a model's parameters in llama2.c's layout: every matrix is
+// row-major with one row per output element ([out][in], y = W·x), so every
+// output is one dot product over a contiguous row. Matrices may be of any
+// WeightType; norms are float32.
 type Weights struct {
-	Embed  []float32 // Vocab × Dim
+	Embed  Matrix    // Vocab × Dim
 	Layers []LayerWeights
 	Norm   []float32 // Dim: the final RMSNorm
-	// Out is the output head, Vocab × Dim; the same slice as Embed when the
-	// config's TiedEmbeddings is set.
-	Out []float32
+	// Out is the output head, Vocab × Dim; the same matrix as Embed when
+	// the config's TiedEmbeddings is set.
+	Out Matrix
 }
 
 // LayerWeights are one block's weights.
 type LayerWeights struct {
 	AttnNorm []float32 // Dim
-	WQ       []float32 // Heads·HeadDim × Dim
-	WK, WV   []float32 // KVHeads·HeadDim × Dim
-	WO       []float32 // Dim × Heads·HeadDim
+	WQ       Matrix    // Heads·HeadDim × Dim
+	WK, WV   Matrix    // KVHeads·HeadDim × Dim
+	WO       Matrix    // Dim × Heads·HeadDim
 	MLPNorm  []float32 // Dim
-	W1, W3   []float32 // HiddenDim × Dim (gate, up)
-	W2       []float32 // Dim × HiddenDim (down)
+	W1, W3   Matrix    // HiddenDim × Dim (gate, up)
+	W2       Matrix    // Dim × HiddenDim (down)
 }
 
-// check reports the first array whose length is not what c implies, and
-// the first weight that is NaN or infinite.
+// Bytes is the bytes of every weight, which decode reads once per step
+// (a tied output head counted once).
+func (w *Weights) Bytes() int64 {
+	n := w.Embed.Bytes() + 4*int64(len(w.Norm))
+	if !w.tied() {
+		n += w.Out.Bytes()
+	}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		n += 4 * int64(len(l.AttnNorm)+len(l.MLPNorm))
+		for _, m := range l.matrices() {
+			n += m.Bytes()
+		}
+	}
+	return n
+}
+
+// tied says Out is Embed's storage.
+func (w *Weights) tied() bool {
+	e, o := &w.Embed, &w.Out
+	switch {
+	case e.Type != o.Type:
+		return false
+	case e.Type == WeightF32:
+		return len(e.F32) > 0 && len(o.F32) > 0 && &e.F32[0] == &o.F32[0]
+	}
+	return len(e.Raw) > 0 && len(o.Raw) > 0 && &e.Raw[0] == &o.Raw[0]
+}
+
+// matrices are the block's matrices in a fixed order, with their names.
+func (l *LayerWeights) matrices() []*Matrix {
+	return []*Matrix{&l.WQ, &l.WK, &l.WV, &l.WO, &l.W1, &l.W2, &l.W3}
+}
+
+// check reports the first matrix or norm whose shape is not what c
+// implies, and the first weight that is NaN or infinite.
 func (w *Weights) check(c ModelConfig) error {
 	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	if len(w.Layers) != c.Layers {
 		return fmt.Errorf("engine: weights have %d layers, the model %d", len(w.Layers), c.Layers)
 	}
-	type array struct {
+	type shaped struct {
+		name       string
+		m          *Matrix
+		rows, cols int
+	}
+	type norm struct {
 		name string
 		v    []float32
-		want int
 	}
-	arrays := []array{{"embedding", w.Embed, c.Vocab * c.Dim}, {"final norm", w.Norm, c.Dim}, {"output head", w.Out, c.Vocab * c.Dim}}
-	for i, l := range w.Layers {
-		for _, a := range []array{{"attention norm", l.AttnNorm, c.Dim}, {"wq", l.WQ, qd * c.Dim},
-			{"wk", l.WK, kvd * c.Dim}, {"wv", l.WV, kvd * c.Dim}, {"wo", l.WO, c.Dim * qd},
-			{"ffn norm", l.MLPNorm, c.Dim}, {"w1", l.W1, c.HiddenDim * c.Dim},
-			{"w2", l.W2, c.Dim * c.HiddenDim}, {"w3", l.W3, c.HiddenDim * c.Dim}} {
-			a.name = fmt.Sprintf("layer %d %s", i, a.name)
-			arrays = append(arrays, a)
+	matrices := []shaped{{"embedding", &w.Embed, c.Vocab, c.Dim}}
+	if !w.tied() {
+		matrices = append(matrices, shaped{"output head", &w.Out, c.Vocab, c.Dim})
+	}
+	norms := []norm{{"final norm", w.Norm}}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		p := fmt.Sprintf("layer %d ", i)
+		matrices = append(matrices, shaped{p + "wq", &l.WQ, qd, c.Dim}, shaped{p + "wk", &l.WK, kvd, c.Dim},
+			shaped{p + "wv", &l.WV, kvd, c.Dim}, shaped{p + "wo", &l.WO, c.Dim, qd},
+			shaped{p + "w1", &l.W1, c.HiddenDim, c.Dim}, shaped{p + "w2", &l.W2, c.Dim, c.HiddenDim},
+			shaped{p + "w3", &l.W3, c.HiddenDim, c.Dim})
+		norms = append(norms, norm{p + "attention norm", l.AttnNorm}, norm{p + "ffn norm", l.MLPNorm})
+	}
+	for _, n := range norms {
+		if len(n.v) != c.Dim {
+			return fmt.Errorf("engine: %s has %d weights, the model %d", n.name, len(n.v), c.Dim)
+		}
+		if err := checkFinite(n.name, n.v); err != nil {
+			return err
 		}
 	}
-	for _, a := range arrays {
-		if len(a.v) != a.want {
-			return fmt.Errorf("engine: %s has %d weights, the model %d", a.name, len(a.v), a.want)
-		}
-		for j, f := range a.v {
-			if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
-				return &WeightError{Array: a.name, Index: j, Value: f}
-			}
+	for _, m := range matrices {
+		if err := m.m.check(m.name, m.rows, m.cols); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -250,24 +296,28 @@ const (
 func seededWeights(cfg ModelConfig) Weights {
 	rng := splitMix64(cfg.Seed)
 	qd, kvd := cfg.Heads*cfg.HeadDim, cfg.KVHeads*cfg.HeadDim
-	w := Weights{Embed: rng.uniform(cfg.Vocab*cfg.Dim, 1, unitGain), Layers: make([]LayerWeights, cfg.Layers)}
+	// matrix draws rows × cols weights for fan-in cols.
+	matrix := func(rows, cols int, gain float64) Matrix {
+		return F32Matrix(rows, cols, rng.uniform(rows*cols, cols, gain))
+	}
+	w := Weights{Embed: F32Matrix(cfg.Vocab, cfg.Dim, rng.uniform(cfg.Vocab*cfg.Dim, 1, unitGain)), Layers: make([]LayerWeights, cfg.Layers)}
 	for i := range w.Layers {
 		w.Layers[i] = LayerWeights{
 			AttnNorm: ones(cfg.Dim),
-			WQ:       rng.uniform(qd*cfg.Dim, cfg.Dim, queryGain),
-			WK:       rng.uniform(kvd*cfg.Dim, cfg.Dim, unitGain),
-			WV:       rng.uniform(kvd*cfg.Dim, cfg.Dim, unitGain),
-			WO:       rng.uniform(cfg.Dim*qd, qd, unitGain),
+			WQ:       matrix(qd, cfg.Dim, queryGain),
+			WK:       matrix(kvd, cfg.Dim, unitGain),
+			WV:       matrix(kvd, cfg.Dim, unitGain),
+			WO:       matrix(cfg.Dim, qd, unitGain),
 			MLPNorm:  ones(cfg.Dim),
-			W1:       rng.uniform(cfg.HiddenDim*cfg.Dim, cfg.Dim, unitGain),
-			W3:       rng.uniform(cfg.HiddenDim*cfg.Dim, cfg.Dim, unitGain),
-			W2:       rng.uniform(cfg.Dim*cfg.HiddenDim, cfg.HiddenDim, unitGain),
+			W1:       matrix(cfg.HiddenDim, cfg.Dim, unitGain),
+			W3:       matrix(cfg.HiddenDim, cfg.Dim, unitGain),
+			W2:       matrix(cfg.Dim, cfg.HiddenDim, unitGain),
 		}
 	}
 	w.Norm = ones(cfg.Dim)
 	w.Out = w.Embed
 	if !cfg.TiedEmbeddings {
-		w.Out = rng.uniform(cfg.Vocab*cfg.Dim, cfg.Dim, unitGain)
+		w.Out = matrix(cfg.Vocab, cfg.Dim, unitGain)
 	}
 	return w
 }

@@ -109,7 +109,7 @@ func (m *model) forward(s *scratch, rows []fwdRow) {
 			nl++
 		}
 		work += (r.pos + 1) * 2 * qd
-		copy(s.x[t*c.Dim:(t+1)*c.Dim], m.w.Embed[r.tok*c.Dim:(r.tok+1)*c.Dim])
+		m.w.Embed.row(r.tok, s.x[t*c.Dim:(t+1)*c.Dim])
 	}
 	if nl > s.logitRows {
 		panic(fmt.Sprintf("engine: forward of %d rows for logits with scratch for %d", nl, s.logitRows))
@@ -121,9 +121,9 @@ func (m *model) forward(s *scratch, rows []fwdRow) {
 	for l := range m.w.Layers {
 		w := &m.w.Layers[l]
 		rmsNorm(xb, x, w.AttnNorm, c.Dim, float32(c.NormEps))
-		s.matmul(q, xb, w.WQ, c.Dim)
-		s.matmul(k, xb, w.WK, c.Dim)
-		s.matmul(v, xb, w.WV, c.Dim)
+		s.matmul(q, xb, &w.WQ)
+		s.matmul(k, xb, &w.WK)
+		s.matmul(v, xb, &w.WV)
 		for t := range rows {
 			r := &rows[t]
 			m.rope(q[t*qd:(t+1)*qd], r.pos)
@@ -132,13 +132,13 @@ func (m *model) forward(s *scratch, rows []fwdRow) {
 		}
 		s.at = attendJob{m: m, s: s, l: l, rows: rows, perHead: len(rows) < attParts}
 		split(&s.at, attParts, &s.wg)
-		s.matmul(o, att, w.WO, qd)
+		s.matmul(o, att, &w.WO)
 		kern.add(x, o)
 		rmsNorm(xb, x, w.MLPNorm, c.Dim, float32(c.NormEps))
-		s.matmul(h1, xb, w.W1, c.Dim)
-		s.matmul(h3, xb, w.W3, c.Dim)
+		s.matmul(h1, xb, &w.W1)
+		s.matmul(h3, xb, &w.W3)
 		kern.swiGLU(h1, h3)
-		s.matmul(o, h1, w.W2, c.HiddenDim)
+		s.matmul(o, h1, &w.W2)
 		kern.add(x, o)
 	}
 	s.at = attendJob{}
@@ -151,7 +151,7 @@ func (m *model) forward(s *scratch, rows []fwdRow) {
 			j++
 		}
 	}
-	s.matmul(s.logits[:nl*c.Vocab], xb[:nl*c.Dim], m.w.Out, c.Dim)
+	s.matmul(s.logits[:nl*c.Vocab], xb[:nl*c.Dim], &m.w.Out)
 	j = 0
 	for t := range rows {
 		if rows[t].logits {
@@ -163,15 +163,14 @@ func (m *model) forward(s *scratch, rows []fwdRow) {
 
 // matmul sets out[t][j] = dot(x[t], w[j]) for every row t of x (width in)
 // and every row j of w, split between goroutines when it is large.
-func (s *scratch) matmul(out, x, w []float32, in int) {
-	outs := len(w) / in
-	if parts := splitParts(len(x)*outs, matmulSplitMin); parts > 1 && outs >= 16*parts {
-		s.mm = matmulJob{out: out, x: x, w: w, in: in, outs: outs}
+func (s *scratch) matmul(out, x []float32, w *Matrix) {
+	if parts := splitParts(len(x)*w.Rows, matmulSplitMin); parts > 1 && w.Rows >= 16*parts {
+		s.mm = matmulJob{out: out, x: x, w: w}
 		split(&s.mm, parts, &s.wg)
 		s.mm = matmulJob{}
 		return
 	}
-	kern.matmul(out, x, w, in, outs, 0, outs)
+	kern.matmulM(out, x, w, 0, w.Rows)
 }
 
 func rowsIn(segs [][]byte, bpt int) int {

@@ -76,7 +76,7 @@ func TestFingerprintCoversWhatChangesAnswers(t *testing.T) {
 	for _, a := range []struct {
 		what string
 		v    []float32
-	}{{"an embedding weight", w.Embed}, {"a wq weight", w.Layers[2].WQ}, {"a w2 weight", w.Layers[4].W2}, {"the final norm", w.Norm}} {
+	}{{"an embedding weight", w.Embed.F32}, {"a wq weight", w.Layers[2].WQ.F32}, {"a w2 weight", w.Layers[4].W2.F32}, {"the final norm", w.Norm}} {
 		old := a.v[7]
 		a.v[7] = old * 1.0001
 		differs(a.what, fingerprint(cfg, &w, tok))
@@ -107,7 +107,7 @@ func TestNewModelRefuses(t *testing.T) {
 			t.Errorf("name %q: %v", name, err)
 		}
 	}
-	w.Layers[1].W3[5] = float32(math.NaN())
+	w.Layers[1].W3.F32[5] = float32(math.NaN())
 	var we *WeightError
 	if _, err := NewModel("m", cfg, w, ByteTokenizer{}); !errors.As(err, &we) || we.Array != "layer 1 w3" || we.Index != 5 {
 		t.Fatalf("a NaN weight: %v", err)
