@@ -112,13 +112,24 @@ func (m *Matrix) check(name string, rows, cols int) error {
 	if m.Type == WeightF32 {
 		return checkFinite(name, m.F32)
 	}
-	row := make([]float32, cols)
-	for r := range rows {
-		m.row(r, row)
-		for j, f := range row {
-			if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
-				return &WeightError{Array: name, Index: r*cols + j, Value: f}
-			}
+	// An element is finite when its half-precision float is: the element
+	// of F16 and BF16, the block's scale of Q8_0 and Q4_0 (times a small
+	// integer). The exponent's bits, all ones, mark the others.
+	le := binary.LittleEndian
+	step, elems, mask := 2, 1, uint16(0x7c00)
+	switch m.Type {
+	case WeightBF16:
+		mask = 0x7f80
+	case WeightQ8_0, WeightQ4_0:
+		d := weightTypes[m.Type]
+		step, elems = d.blockB, d.blockElems
+	}
+	for i := 0; i < len(m.Raw); i += step {
+		if h := le.Uint16(m.Raw[i:]); h&mask == mask {
+			at := i / step * elems
+			var v [1]float32
+			widen(v[:], m.Raw[at/m.Cols*rb:], m.Type, at%m.Cols)
+			return &WeightError{Array: name, Index: at, Value: v[0]}
 		}
 	}
 	return nil

@@ -64,3 +64,18 @@ func Published(tb testing.TB) string {
 // runner, given 256 positions and the one-token empty prompt, generates
 // one token at each.
 const PublishedTokens = 256
+
+// GGUF returns the path of the model as GGUF of the given type: "f32",
+// "f16" or "q8_0".
+func GGUF(tb testing.TB, typ string) string {
+	tb.Helper()
+	Files(tb)
+	p := filepath.Join(Dir(), "stories260K-"+typ+".gguf")
+	if _, err := os.Stat(p); err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf("the stories260K GGUF files are required in CI: %v", err)
+		}
+		tb.Skipf("the stories260K GGUF file is not at %s: %v", p, err)
+	}
+	return p
+}
