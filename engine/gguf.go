@@ -412,7 +412,7 @@ func (f *ggufFile) scalar(t uint32, off int) (float64, bool) {
 	case ggufInt64:
 		v := int64(le.Uint64(b))
 		if v > 1<<53 || v < -(1<<53) {
-			return math.Inf(int(v >> 63 | 1)), true
+			return math.Inf(int(v>>63 | 1)), true
 		}
 		return float64(v), true
 	case ggufFloat32:

@@ -161,7 +161,7 @@ func (c ModelConfig) WeightBytes() int64 { return 4 * int64(c.Params()) }
 // output is one dot product over a contiguous row. Matrices may be of any
 // WeightType; norms are float32.
 type Weights struct {
-	Embed  Matrix    // Vocab × Dim
+	Embed  Matrix // Vocab × Dim
 	Layers []LayerWeights
 	Norm   []float32 // Dim: the final RMSNorm
 	// Out is the output head, Vocab × Dim; the same matrix as Embed when
