@@ -675,3 +675,23 @@ func (e *ReferenceEngine) Reference(prompt []int, maxNew int) ([]int, error) {
 	}
 	return out, nil
 }
+
+// Logits computes the sequence tokens in one pass, as a prompt, and
+// returns the logits of every position: row i (Vocab values) scores the
+// token that follows tokens[0..i]. Its argmax is the token Reference
+// would pick there, bit for bit. It is for comparing the model with
+// another implementation token by token (teacher forcing).
+func (e *ReferenceEngine) Logits(tokens []int) ([]float32, error) {
+	if err := e.checkPrompt(tokens); err != nil {
+		return nil, err
+	}
+	bpt := e.m.geo.BytesPerToken()
+	sc := newScratch(e.m.cfg, len(tokens), len(tokens))
+	rows := sc.prefillRows(e.m, tokens, 0, nil, make([]byte, len(tokens)*bpt))
+	for i := range rows {
+		rows[i].logits = true
+	}
+	e.m.forward(sc, rows)
+	return sc.logits, nil
+}
+

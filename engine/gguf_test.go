@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -78,7 +79,7 @@ func TestGGUFStories(t *testing.T) {
 		if m.cfg != want {
 			t.Fatalf("%s: config %+v, the checkpoint's %+v", c.file, m.cfg, want)
 		}
-		if !maps(m.types, c.types) {
+		if !maps.Equal(m.types, c.types) {
 			t.Fatalf("%s: tensor types %v, the README's %v", c.file, m.types, c.types)
 		}
 		if !m.w.tied() {
@@ -141,18 +142,6 @@ func TestGGUFStories(t *testing.T) {
 			}
 		}
 	}
-}
-
-func maps[K comparable, V comparable](a, b map[K]V) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // TestGGUFComputesWidened: a model of F16 or Q8_0 weights computes
@@ -400,4 +389,33 @@ func writeGGUF(cfg ModelConfig, w Weights, typ WeightType, v ggufVocab) []byte {
 		matrix(p+"ffn_up.weight", l.W3)
 	}
 	return b.bytes()
+}
+
+// TestLogitsFollowReference: the logits of a sequence computed in one pass
+// pick, at every position, the token Reference generated there.
+func TestLogitsFollowReference(t *testing.T) {
+	m, _ := readStoriesGGUF(t, "q8_0")
+	e, err := NewEngine(m.cfg, m.w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int{1, 403, 407, 261}
+	gen, err := e.Reference(prompt, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := append(slices.Clone(prompt), gen...)
+	logits, err := e.Logits(seq[:len(seq)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := m.cfg.Vocab
+	if len(logits) != (len(seq)-1)*v {
+		t.Fatalf("%d logits for %d positions of %d tokens", len(logits), len(seq)-1, v)
+	}
+	for i := len(prompt) - 1; i < len(seq)-1; i++ {
+		if got := argmax(logits[i*v : (i+1)*v]); got != seq[i+1] {
+			t.Fatalf("position %d: the logits pick %d, Reference %d", i, got, seq[i+1])
+		}
+	}
 }

@@ -152,8 +152,9 @@ func (c ModelConfig) Params() int {
 	return n
 }
 
-// WeightBytes is the bytes of float32 weights, which decode reads once per
-// step.
+// WeightBytes is the bytes of the config's weights in float32, which
+// decode reads once per step; a model of other weight types says its own
+// (Model.WeightBytes).
 func (c ModelConfig) WeightBytes() int64 { return 4 * int64(c.Params()) }
 
 // Weights are a model's parameters in llama2.c's layout: every matrix is
@@ -209,7 +210,16 @@ func (w *Weights) tied() bool {
 	return len(e.Raw) > 0 && len(o.Raw) > 0 && &e.Raw[0] == &o.Raw[0]
 }
 
-// matrices are the block's matrices in a fixed order, with their names.
+// allMatrices are every block's matrices, in order.
+func (w *Weights) allMatrices() []*Matrix {
+	var ms []*Matrix
+	for i := range w.Layers {
+		ms = append(ms, w.Layers[i].matrices()...)
+	}
+	return ms
+}
+
+// matrices are the block's matrices in a fixed order.
 func (l *LayerWeights) matrices() []*Matrix {
 	return []*Matrix{&l.WQ, &l.WK, &l.WV, &l.WO, &l.W1, &l.W2, &l.W3}
 }

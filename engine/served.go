@@ -1,7 +1,11 @@
 package engine
 
 import (
+	"encoding/binary"
 	"fmt"
+	"io"
+	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,6 +24,9 @@ type Model struct {
 	engine *ReferenceEngine
 	tok    Tokenizer
 	fp     Fingerprint
+	// types counts the model's tensors (matrices and norms) of each
+	// weight type.
+	types map[WeightType]int
 }
 
 // NewModel validates cfg, w and tok against each other (the tokenizer's
@@ -44,7 +51,14 @@ func NewModel(name string, cfg ModelConfig, w Weights, tok Tokenizer) (*Model, e
 	if err != nil {
 		return nil, err
 	}
-	return &Model{name: name, cfg: cfg, engine: e, tok: tok, fp: fingerprint(cfg, &w, tok)}, nil
+	types := map[WeightType]int{WeightF32: 1 + 2*len(w.Layers)} // the norms
+	for _, m := range append([]*Matrix{&w.Embed}, w.allMatrices()...) {
+		types[m.Type]++
+	}
+	if !w.tied() {
+		types[w.Out.Type]++
+	}
+	return &Model{name: name, cfg: cfg, engine: e, tok: tok, fp: fingerprint(cfg, &w, tok), types: types}, nil
 }
 
 // BuiltinName is the name of every BuiltinModel.
@@ -73,6 +87,20 @@ func LoadModel(modelPath, tokenizerPath string, kvDType kv.DType) (*Model, error
 		return nil, err
 	}
 	return NewModel(modelName(modelPath), cfg, w, tok)
+}
+
+// IsGGUF says the file at path starts as a GGUF file does.
+func IsGGUF(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	var b [4]byte
+	if _, err := io.ReadFull(f, b[:]); err != nil {
+		return false, nil // shorter than a magic: not GGUF
+	}
+	return binary.LittleEndian.Uint32(b[:]) == ggufMagic, nil
 }
 
 // modelName is the base name of path without its extension (what an API
@@ -105,6 +133,30 @@ func (m *Model) Engine() Engine { return m.engine }
 
 // Tokenizer defines the model's tokens.
 func (m *Model) Tokenizer() Tokenizer { return m.tok }
+
+// WeightBytes is the bytes of the model's weights, which decode reads
+// once per step (a tied output head counted once).
+func (m *Model) WeightBytes() int64 { return m.engine.m.w.Bytes() }
+
+// WeightTypes says how many of the model's tensors (matrices and norms)
+// have each weight type, most first: "Q8_0 31, F32 11, F16 5".
+func (m *Model) WeightTypes() string {
+	types := slices.Collect(maps.Keys(m.types))
+	slices.SortFunc(types, func(a, b WeightType) int {
+		if m.types[a] != m.types[b] {
+			return m.types[b] - m.types[a]
+		}
+		return int(a) - int(b)
+	})
+	parts := make([]string, len(types))
+	for i, t := range types {
+		parts[i] = fmt.Sprintf("%s %d", t, m.types[t])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Logits is the engine's Logits over tokens.
+func (m *Model) Logits(tokens []int) ([]float32, error) { return m.engine.Logits(tokens) }
 
 // Fingerprint identifies the model's function: config, weights and
 // tokenizer.
