@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"os"
@@ -311,24 +312,39 @@ func FuzzGGUF(f *testing.F) {
 }
 
 // tinyGGUF is a valid llama GGUF of the smallest shape whose rows are
-// whole blocks: width 32, one layer, the byte vocabulary.
+// whole blocks: width 32, one layer, the vocabulary of the byte fallback.
 func tinyGGUF(typ WeightType) []byte {
-	cfg := ModelConfig{Vocab: TokenizerVocab, Dim: 32, Layers: 1, Heads: 2, KVHeads: 1, HeadDim: 16, HiddenDim: 64,
+	cfg := ModelConfig{Vocab: bpeOrdinary + 5, Dim: 32, Layers: 1, Heads: 2, KVHeads: 1, HeadDim: 16, HiddenDim: 64,
 		ContextTokens: 64, RoPETheta: 10000, NormEps: 1e-5, Seed: 3}
-	return writeGGUF(cfg, seededWeights(cfg), typ, byteVocab())
+	return writeGGUF(cfg, seededWeights(cfg), typ, syntheticVocab(cfg.Vocab))
 }
 
-// byteVocab is a llama vocabulary of the byte tokenizer's size: unknown,
-// BOS, EOS, then 255 ordinary pieces.
-func byteVocab() ggufVocab {
+// syntheticVocab is a SentencePiece vocabulary of n tokens laid out as
+// llama's: unknown, BOS, EOS, the 256 byte tokens, then pieces of a few
+// letters each, scored so that longer pieces merge first.
+func syntheticVocab(n int) ggufVocab {
 	v := ggufVocab{Model: "llama", BOS: 1, EOS: 2, Unknown: 0, Padding: -1, AddBOS: true, AddSpacePrefix: true}
-	for i := range TokenizerVocab {
-		v.Tokens = append(v.Tokens, string(rune('A'+i)))
-		v.Scores = append(v.Scores, float32(-i))
+	v.Tokens = []string{"<unk>", "<s>", "</s>"}
+	v.Types = []int32{2, 3, 3}
+	for b := range 256 {
+		v.Tokens = append(v.Tokens, fmt.Sprintf("<0x%02X>", b))
+		v.Types = append(v.Types, 6)
+	}
+	for i := 0; len(v.Tokens) < n; i++ {
+		piece := "▁"
+		for j := i; ; j /= 26 {
+			piece += string(rune('a' + j%26))
+			if j < 26 {
+				break
+			}
+		}
+		v.Tokens = append(v.Tokens, piece)
 		v.Types = append(v.Types, 1)
 	}
-	v.Tokens[0], v.Tokens[1], v.Tokens[2] = "<unk>", "<s>", "</s>"
-	v.Types[0], v.Types[1], v.Types[2] = 2, 3, 3
+	v.Scores = make([]float32, n)
+	for i := bpeOrdinary; i < n; i++ {
+		v.Scores[i] = float32(-i)
+	}
 	return v
 }
 

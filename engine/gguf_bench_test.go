@@ -1,0 +1,105 @@
+package engine
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// memoryBoundConfig is a random-weight llama of about 480 M parameters
+// (1.9 GB of float32, 0.5 GB of Q8_0), far above the caches of the
+// machines the project runs on, so that a decode step streams its weights
+// from memory: the shape of TinyLlama 1.1B's layers, fewer of them.
+func memoryBoundConfig() ModelConfig {
+	return ModelConfig{Vocab: 8192, Dim: 2048, Layers: 10, Heads: 16, KVHeads: 4, HeadDim: 128, HiddenDim: 5632,
+		ContextTokens: 512, RoPETheta: 10000, NormEps: 1e-5, Seed: 11}
+}
+
+// benchWeightTypes are the types the weight benchmarks compare with F32.
+var benchWeightTypes = []WeightType{WeightF16, WeightBF16, WeightQ8_0, WeightQ4_0}
+
+// generatedGGUF writes, once per process, memoryBoundConfig's model as a
+// GGUF file of each weight type into a temporary folder and returns the
+// paths by type. The files take about 4 GB in all.
+var generatedGGUF = sync.OnceValues(func() (map[WeightType]string, error) {
+	dir, err := os.MkdirTemp("", "kvwarden-gguf-bench-")
+	if err != nil {
+		return nil, err
+	}
+	cfg := memoryBoundConfig()
+	w, v := seededWeights(cfg), syntheticVocab(cfg.Vocab)
+	paths := map[WeightType]string{}
+	for _, typ := range append([]WeightType{WeightF32}, benchWeightTypes...) {
+		p := filepath.Join(dir, fmt.Sprintf("random-%s.gguf", typ))
+		if err := os.WriteFile(p, writeGGUF(cfg, w, typ, v), 0o600); err != nil {
+			return nil, err
+		}
+		paths[typ] = p
+		runtime.GC() // the file's bytes, gigabytes, before the next
+	}
+	return paths, nil
+})
+
+// BenchmarkDecodeWeights decodes one sequence, a token at a time, with
+// memoryBoundConfig's random weights read from GGUF files of each weight
+// type, against the same model in F32 in the same run: the two alternate
+// step by step (a run of 16 tokens each from BOS), so that both see the
+// same machine. It reports each one's tokens per second, x-f32 (the
+// type's tokens per second over F32's: the goal for Q8_0 is at least 2.5),
+// and x-roofline (a step's time over the time memcpy takes for the bytes
+// the step reads: weights and KV; 1 is memcpy speed).
+//
+// The files are written to a temporary folder on first use (about 4 GB,
+// a minute) and removed at the end.
+func BenchmarkDecodeWeights(b *testing.B) {
+	paths, err := generatedGGUF()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(filepath.Dir(paths[WeightF32])) })
+	load := func(typ WeightType) *ReferenceEngine {
+		g, err := readGGUF(paths[typ], GGUFOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		e, err := NewEngine(g.cfg, g.w)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return e
+	}
+	f32 := load(WeightF32)
+	const run = 16
+	step := func(e *ReferenceEngine) time.Duration {
+		start := time.Now()
+		if _, err := e.Reference([]int{1}, run); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start) / run
+	}
+	for _, typ := range benchWeightTypes {
+		b.Run("type="+typ.String(), func(b *testing.B) {
+			e := load(typ)
+			step(e)
+			step(f32) // warm both: the mapped pages in, the scratch made
+			var tq, tf time.Duration
+			for b.Loop() {
+				tq += step(e)
+				tf += step(f32)
+			}
+			n := time.Duration(b.N)
+			kvBytes := int64(run/2) * int64(e.m.geo.BytesPerToken())
+			bytes := e.m.w.Bytes() + kvBytes
+			b.ReportMetric(1e9/float64(tq/n), "tok/s")
+			b.ReportMetric(1e9/float64(tf/n), "f32-tok/s")
+			b.ReportMetric(float64(tf)/float64(tq), "x-f32")
+			b.ReportMetric(float64(bytes)/float64(tq/n), "GB/s")
+			b.ReportMetric(float64(tq/n)/copyTime(bytes), "x-roofline")
+			b.ReportMetric(float64(tf/n)/copyTime(f32.m.w.Bytes()+kvBytes), "f32-x-roofline")
+		})
+	}
+}
