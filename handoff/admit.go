@@ -61,8 +61,12 @@ func RequestPages(g kv.Geometry, promptTokens, maxTokens int) (prefill, decode i
 // Encode is the prompt text in the model's tokens; a text that certainly
 // exceeds the context window is refused by its length alone, unencoded
 // (engine.EncodeWithin), so that a stranger's megabyte prompt costs no
-// tokenizer work in an actor that serves everyone.
+// tokenizer work in an actor that serves everyone. A prompt TokenPrompt
+// wrote is its tokens, each checked against the vocabulary, BOS first.
 func Encode(l Limits, tok engine.Tokenizer, text string) (prompt []int, err error) {
+	if IsTokenPrompt(text) {
+		return decodeTokenPrompt(l, tok, text)
+	}
 	prompt, n := engine.EncodeWithin(tok, text, l.ContextTokens)
 	if prompt == nil {
 		return nil, &PromptTooLongError{Tokens: n, Limit: l.ContextTokens, Where: "context window", AtLeast: true}

@@ -62,7 +62,11 @@ func startSlowAPI(t *testing.T) *apiNode {
 	return startAPIServing(t, modeltest.Builtin(t, cfg))
 }
 
-func startAPIServing(t testing.TB, m *engine.Model) *apiNode {
+func startAPIServing(t testing.TB, m *engine.Model) *apiNode { return startAPIServingChat(t, m, nil) }
+
+// startAPIServingChat is startAPIServing with ct as the API's chat
+// template (nil: none).
+func startAPIServingChat(t testing.TB, m *engine.Model, ct *engine.ChatTemplate) *apiNode {
 	t.Helper()
 	cfg := cluster.DefaultLocalNodeConfig(actors.RoleAll)
 	cfg.Actors.Model, cfg.Model = m.Config(), m
@@ -75,7 +79,7 @@ func startAPIServing(t testing.TB, m *engine.Model) *apiNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Stop() })
-	a := serveAPI(t, n)
+	a := serveAPIChat(t, n, ct)
 	a.shares = shares
 	waitReady(t, n)
 	return a
@@ -90,7 +94,10 @@ func waitReady(t testing.TB, n *cluster.Node) {
 // serveAPI is a test HTTP server of n's handlers with the API, its
 // requests sent to n's own admission (a router's, on a router), as node
 // run serves them.
-func serveAPI(t testing.TB, n *cluster.Node) *apiNode {
+func serveAPI(t testing.TB, n *cluster.Node) *apiNode { return serveAPIChat(t, n, nil) }
+
+// serveAPIChat is serveAPI with ct as the API's chat template (nil: none).
+func serveAPIChat(t testing.TB, n *cluster.Node, ct *engine.ChatTemplate) *apiNode {
 	t.Helper()
 	keys, err := LoadKeys(writeKeys(t, t.TempDir()))
 	if err != nil {
@@ -99,7 +106,8 @@ func serveAPI(t testing.TB, n *cluster.Node) *apiNode {
 	a := n.Actors()
 	gen := client.New(a.Root().ActorSystem(), actor.NewPID(n.Address(), actors.AdmissionName), client.Options{})
 	cfg := a.Config()
-	w, err := NewWeb(n, &APIConfig{Model: a.Model(), Generator: gen, Keys: keys, Node: cfg.Limits()}, DefaultLimits(), nil)
+	w, err := NewWeb(n, &APIConfig{Model: a.Model(), ChatTemplate: ct, Generator: gen, Keys: keys, Node: cfg.Limits()},
+		DefaultLimits(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,6 +243,50 @@ func TestSDKChat(t *testing.T) {
 	}
 	if u := res.Usage; u.PromptTokens != a.promptTokens(prompt) || u.CompletionTokens != int64(n) {
 		t.Errorf("usage %+v, want %d prompt and %d completion tokens", u, a.promptTokens(prompt), n)
+	}
+	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
+	acc := openai.ChatCompletionAccumulator{}
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := acc.Choices[0].Message.Content; got != want {
+		t.Fatalf("chat streamed %q, want %q", got, want)
+	}
+}
+
+// TestSDKChatTemplate: a model with a chat template of its own answers a
+// chat completion in it: the cluster takes the template's tokens as the
+// prompt and the answer is the reference over them, whole and streamed,
+// with usage in those tokens.
+func TestSDKChatTemplate(t *testing.T) {
+	m, ct := chatStories(t)
+	a := startAPIServingChat(t, m, ct)
+	c := a.sdk(keyAcme)
+	const max = 40
+	ids, _ := ct.EncodeWithin([]engine.ChatMessage{{Role: "system", Content: "Tell a story."}, {Role: "user", Content: "Once upon a time"}},
+		1<<20)
+	tokens, err := m.Engine().(*engine.ReferenceEngine).Reference(ids, max)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(tokens, func(id int) bool { return id == m.Tokenizer().Stop() || id == ct.TurnEnd() }); i >= 0 {
+		tokens = tokens[:i+1]
+	}
+	want := engine.DecodeText(m.Tokenizer(), ids[len(ids)-1], tokens)
+	msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("Tell a story."), openai.UserMessage("Once upon a time")}
+	params := openai.ChatCompletionNewParams{Model: "stories260K", Messages: msgs, MaxTokens: openai.Int(max)}
+	res, err := c.Chat.Completions.New(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Choices) != 1 || res.Choices[0].Message.Content != want || want == "" {
+		t.Fatalf("chat answered %+v, want %q", res.Choices, want)
+	}
+	if u := res.Usage; u.PromptTokens != int64(len(ids)) || u.CompletionTokens != int64(len(tokens)) {
+		t.Errorf("usage %+v, want %d prompt and %d completion tokens", u, len(ids), len(tokens))
 	}
 	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
 	acc := openai.ChatCompletionAccumulator{}

@@ -7,23 +7,31 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/handoff"
 )
 
 // promptText reads "prompt": a string, or an array of exactly one string.
 // Token ids are refused: the cluster takes text, and counts tokens itself.
+// So is a text that starts with U+FDD0, a noncharacter, which would read
+// as tokens (handoff.TokenPrompt).
 func promptText(raw json.RawMessage) (string, *apiError) {
 	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		return s, nil
+	if err := json.Unmarshal(raw, &s); err != nil {
+		var list []string
+		if err := json.Unmarshal(raw, &list); err != nil {
+			return "", badRequest("prompt", "prompt must be a string or an array of one string (token ids are not taken)")
+		}
+		if len(list) != 1 {
+			return "", badRequest("prompt", "prompt is an array of %d strings; one prompt per request", len(list))
+		}
+		s = list[0]
 	}
-	var list []string
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return "", badRequest("prompt", "prompt must be a string or an array of one string (token ids are not taken)")
+	if handoff.IsTokenPrompt(s) {
+		return "", badRequest("prompt", "prompt starts with U+FDD0, a noncharacter this API keeps for prompts of token ids, which it does not take")
 	}
-	if len(list) != 1 {
-		return "", badRequest("prompt", "prompt is an array of %d strings; one prompt per request", len(list))
-	}
-	return list[0], nil
+	return s, nil
 }
 
 type completionChoice struct {
@@ -89,11 +97,35 @@ func (a *API) chatMessages(raw json.RawMessage) ([]chatMessage, *apiError) {
 	return msgs, nil
 }
 
-// chatRoles are the roles a message may have, as the template names them.
+// chatRoles are the roles a message may have, as ChatPrompt's template
+// names them; a model's own template takes them in lower case.
 var chatRoles = map[string]string{"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
 
-// ChatTurnStop is the stop sequence every chat completion has besides its
-// own: the start of the next user turn in ChatPrompt's template.
+// chatTurns checks msgs and returns them as a chat template takes them:
+// each its role (system, user or assistant: developer is system) and its
+// text.
+func chatTurns(msgs []chatMessage) ([]engine.ChatMessage, *apiError) {
+	turns := make([]engine.ChatMessage, len(msgs))
+	for i, m := range msgs {
+		path := fmt.Sprintf("messages[%d]", i)
+		role, ok := chatRoles[m.Role]
+		if !ok {
+			return nil, badRequest(path+".role", "%s.role is %q; want system, developer, user or assistant", path, m.Role)
+		}
+		if e := m.check(path); e != nil {
+			return nil, e
+		}
+		text, e := m.text(path + ".content")
+		if e != nil {
+			return nil, e
+		}
+		turns[i] = engine.ChatMessage{Role: strings.ToLower(role), Content: text}
+	}
+	return turns, nil
+}
+
+// ChatTurnStop is the stop sequence every chat completion in ChatPrompt's
+// template has besides its own: the start of the next user turn.
 const ChatTurnStop = "\nUser:"
 
 // ChatPrompt is the text a chat becomes for a model without a chat
@@ -106,27 +138,37 @@ const ChatTurnStop = "\nUser:"
 //	User: Hello!
 //	Assistant:
 func ChatPrompt(msgs []chatMessage) (string, *apiError) {
+	turns, e := chatTurns(msgs)
+	if e != nil {
+		return "", e
+	}
 	var b strings.Builder
-	for i, m := range msgs {
-		path := fmt.Sprintf("messages[%d]", i)
-		role, ok := chatRoles[m.Role]
-		if !ok {
-			return "", badRequest(path+".role", "%s.role is %q; want system, developer, user or assistant", path, m.Role)
-		}
-		if e := m.check(path); e != nil {
-			return "", e
-		}
-		text, e := m.text(path + ".content")
-		if e != nil {
-			return "", e
-		}
-		b.WriteString(role)
+	for _, m := range turns {
+		b.WriteString(chatRoles[m.Role])
 		b.WriteString(": ")
-		b.WriteString(text)
+		b.WriteString(m.Content)
 		b.WriteString("\n")
 	}
 	b.WriteString("Assistant:")
 	return b.String(), nil
+}
+
+// templatePrompt is the prompt msgs become in the model's own chat
+// template ct: its tokens (handoff.TokenPrompt), which the cluster takes
+// as they are, so that no message's text becomes one of the template's
+// control tokens. A chat over the context window is refused, unencoded
+// when it certainly is.
+func (a *API) templatePrompt(ct *engine.ChatTemplate, msgs []chatMessage) (string, *apiError) {
+	turns, e := chatTurns(msgs)
+	if e != nil {
+		return "", e
+	}
+	limit := a.cfg.Node.ContextTokens
+	ids, n := ct.EncodeWithin(turns, limit)
+	if n > limit {
+		return "", windowTooLong("messages", n, limit, ids == nil)
+	}
+	return handoff.TokenPrompt(ids), nil
 }
 
 type chatDelta struct {
@@ -168,7 +210,11 @@ func (a *API) chat(w http.ResponseWriter, r *http.Request) {
 	if req.MaxCompletionTokens != nil {
 		f.maxTokens, maxTokens = "max_completion_tokens", req.MaxCompletionTokens
 	}
-	g, e := a.generation(key, &req.common, f, func() (string, *apiError) { return ChatPrompt(msgs) }, maxTokens)
+	prompt := func() (string, *apiError) { return ChatPrompt(msgs) }
+	if ct := a.cfg.ChatTemplate; ct != nil {
+		prompt = func() (string, *apiError) { return a.templatePrompt(ct, msgs) }
+	}
+	g, e := a.generation(key, &req.common, f, prompt, maxTokens)
 	if e != nil {
 		writeError(w, e)
 		return

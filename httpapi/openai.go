@@ -34,6 +34,10 @@ type APIConfig struct {
 	// Model is the node's model: its name is the one model the API lists,
 	// its tokenizer counts usage.
 	Model *engine.Model
+	// ChatTemplate is the model's own chat template (the GGUF file's, as
+	// engine.DetectChatTemplate recognised it), for the model's tokenizer;
+	// nil: chats take ChatPrompt's.
+	ChatTemplate *engine.ChatTemplate
 	// Generator runs the requests.
 	Generator Generator
 	// Keys are the API keys accepted, each with its tenant.
@@ -78,6 +82,9 @@ func NewAPI(cfg APIConfig, l Limits, reg prometheus.Registerer) (*API, error) {
 	case cfg.Node.ContextTokens < 1 || cfg.Node.MaxTokensMax < 1:
 		return nil, fmt.Errorf("httpapi: the node's context (%d tokens) and most tokens per request (%d) must be positive",
 			cfg.Node.ContextTokens, cfg.Node.MaxTokensMax)
+	case cfg.ChatTemplate != nil && cfg.ChatTemplate.Tokenizer() != cfg.Model.Tokenizer():
+		return nil, fmt.Errorf("httpapi: the chat template %s is for another tokenizer than the model %s's", cfg.ChatTemplate.Name(),
+			cfg.Model.Name())
 	}
 	if err := l.Validate(); err != nil {
 		return nil, err
@@ -355,7 +362,10 @@ type generation struct {
 	promptTokens int
 	maxTokens    int
 	stops        []string
-	salt         string // narrows the prefix cache scope (common.cacheSalt)
+	// turnEnd is the token that ends a chat's answer besides the model's
+	// stop token (the chat template's end of turn); -1 for none.
+	turnEnd int
+	salt    string // narrows the prefix cache scope (common.cacheSalt)
 }
 
 // fields are the names a request gave its prompt and its max_tokens, for
@@ -375,14 +385,15 @@ type outcome struct {
 }
 
 // generation is what both handlers do once the body is read and its
-// fields checked: the key must be allowed the model, then the prompt's
-// text (from prompt, named as f says), the request's stop sequences (a
-// chat's turn stop besides) and max_tokens settle into a generation.
+// fields checked: the key must be allowed the model, then the prompt (from
+// prompt, named as f says), the request's stop sequences (a chat's end of
+// turn besides: the model's template's end token, or ChatTurnStop) and
+// max_tokens settle into a generation.
 func (a *API) generation(key Key, c *common, f fields, prompt func() (string, *apiError), maxTokens *int) (*generation, *apiError) {
 	if e := a.permit(key, c.Model); e != nil {
 		return nil, e
 	}
-	g := &generation{key: key, fields: f, salt: c.cacheSalt()}
+	g := &generation{key: key, fields: f, salt: c.cacheSalt(), turnEnd: -1}
 	var e *apiError
 	if g.prompt, e = prompt(); e != nil {
 		return nil, e
@@ -393,7 +404,10 @@ func (a *API) generation(key Key, c *common, f fields, prompt func() (string, *a
 	if g.stops, e = a.parseStop(c.Stop); e != nil {
 		return nil, e
 	}
-	if f.chat {
+	switch ct := a.cfg.ChatTemplate; {
+	case f.chat && ct != nil:
+		g.turnEnd = ct.TurnEnd()
+	case f.chat:
 		g.stops = append(g.stops, ChatTurnStop)
 	}
 	if e := a.prepare(g, maxTokens); e != nil {
@@ -413,8 +427,7 @@ func (a *API) prepare(g *generation, maxTokens *int) *apiError {
 	var long *handoff.PromptTooLongError
 	switch {
 	case errors.As(err, &long):
-		return tooLong(f.prompt, long.Tokens, long.Limit, long.Where,
-			fmt.Sprintf("the prompt is at least %d tokens, over the context window of %d (max_model_len)", long.Tokens, long.Limit))
+		return windowTooLong(f.prompt, long.Tokens, long.Limit, long.AtLeast)
 	case err != nil:
 		return a.clusterError(err, g)
 	}
@@ -434,8 +447,7 @@ func (a *API) prepare(g *generation, maxTokens *int) *apiError {
 	}
 	switch need := g.promptTokens + max(g.maxTokens, 1); {
 	case g.promptTokens > l.ContextTokens:
-		return tooLong(f.prompt, g.promptTokens, l.ContextTokens, "context window",
-			fmt.Sprintf("the prompt is %d tokens, over the context window of %d (max_model_len)", g.promptTokens, l.ContextTokens))
+		return windowTooLong(f.prompt, g.promptTokens, l.ContextTokens, false)
 	case g.maxTokens < 1:
 		return tooLong(f.prompt, need, l.ContextTokens, "context window (prompt + max_tokens)",
 			fmt.Sprintf("the prompt is %d tokens and leaves no room for an answer in the context window of %d (max_model_len)",
@@ -448,6 +460,17 @@ func (a *API) prepare(g *generation, maxTokens *int) *apiError {
 	return nil
 }
 
+// windowTooLong refuses, naming param, a prompt of need tokens (at least,
+// when it was not encoded to tell), over the context window of limit.
+func windowTooLong(param string, need, limit int, atLeast bool) *apiError {
+	least := ""
+	if atLeast {
+		least = "at least "
+	}
+	return tooLong(param, need, limit, "context window",
+		fmt.Sprintf("the prompt is %s%d tokens, over the context window of %d (max_model_len)", least, need, limit))
+}
+
 // tooLong is a prompt_too_long refusal naming param: need tokens, over
 // limit, the bound named by where.
 func tooLong(param string, need, limit int, where, message string) *apiError {
@@ -458,9 +481,11 @@ func tooLong(param string, need, limit int, where, message string) *apiError {
 
 // run generates g, passing each piece of text that may be sent (stop
 // sequences held back and cut) to emit; an error from emit (the client
-// went away) cancels the request. A stop sequence stops the request in the
-// cluster at once, where it ends as completed (client.GenerateOptions.Stop)
-// and is counted so: the answer is whole.
+// went away) cancels the request. A stop sequence, or the chat's end of
+// turn token (counted with the answer's tokens, as the model's stop token
+// is), stops the request in the cluster at once, where it ends as
+// completed (client.GenerateOptions.Stop) and is counted so: the answer is
+// whole.
 func (a *API) run(ctx context.Context, g *generation, emit func(string) error) outcome {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -491,9 +516,14 @@ func (a *API) run(ctx context.Context, g *generation, emit func(string) error) o
 			close(stopCluster)
 		}
 	}}
-	res, err := a.cfg.Generator.Generate(ctx, g.key.Tenant, g.prompt, opt, func(int) {
-		if !stopped {
-			tokens++
+	res, err := a.cfg.Generator.Generate(ctx, g.key.Tenant, g.prompt, opt, func(id int) {
+		if stopped {
+			return
+		}
+		tokens++
+		if id == g.turnEnd {
+			stopped = true
+			close(stopCluster)
 		}
 	})
 	switch {
