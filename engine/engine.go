@@ -694,4 +694,3 @@ func (e *ReferenceEngine) Logits(tokens []int) ([]float32, error) {
 	e.m.forward(sc, rows)
 	return sc.logits, nil
 }
-

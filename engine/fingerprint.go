@@ -102,8 +102,11 @@ func fingerprint(cfg ModelConfig, w *Weights, tok Tokenizer) Fingerprint {
 	matrix(&w.Out)
 	word(uint64(tok.BOS()))
 	word(uint64(tok.Stop()))
-	if bpe, ok := tok.(*BPETokenizer); ok {
-		floats(bpe.scores) // merge scores decide how text encodes
+	switch t := tok.(type) {
+	case *BPETokenizer:
+		floats(t.scores) // merge scores decide how text encodes
+	case *spmTokenizer:
+		h.Write(t.fingerprintData()) // pieces, scores, types and flags
 	}
 	for id := range tok.Vocab() {
 		for _, prev := range []int{tok.BOS(), id} {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvwarden/kvwarden/internal/stories"
+	"github.com/kvwarden/kvwarden/kv"
 )
 
 // readStoriesGGUF reads the stories260K GGUF file of type typ.
@@ -432,6 +433,43 @@ func TestLogitsFollowReference(t *testing.T) {
 	for i := len(prompt) - 1; i < len(seq)-1; i++ {
 		if got := argmax(logits[i*v : (i+1)*v]); got != seq[i+1] {
 			t.Fatalf("position %d: the logits pick %d, Reference %d", i, got, seq[i+1])
+		}
+	}
+}
+
+// TestGGUFModels loads each stories260K GGUF file as a node does: the F32
+// file writes the model card's story from an empty prompt, and the three
+// files, the llama2.c checkpoint among them, have four fingerprints, so
+// that nodes serving different quantizations refuse each other.
+func TestGGUFModels(t *testing.T) {
+	seen := map[Fingerprint]string{loadStories(t, kv.F32).Fingerprint(): "stories260K.bin"}
+	for _, typ := range []string{"f32", "f16", "q8_0"} {
+		m, err := LoadGGUF(stories.GGUF(t, typ), GGUFOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if other, ok := seen[m.Fingerprint()]; ok {
+			t.Fatalf("%s has the fingerprint of %s", typ, other)
+		}
+		seen[m.Fingerprint()] = typ
+		if m.Name() != "stories260K-"+typ || m.Tokenizer().Stop() != 2 || m.Tokenizer().BOS() != 1 {
+			t.Fatalf("%s: name %q, BOS %d, stop %d", typ, m.Name(), m.Tokenizer().BOS(), m.Tokenizer().Stop())
+		}
+		if chat, why := m.ChatTemplate(); chat != nil || !strings.Contains(why, "no chat template") {
+			t.Fatalf("%s: chat template %v (%q); the file has none", typ, chat, why)
+		}
+		if typ != "f32" {
+			continue
+		}
+		if got, want := m.WeightBytes(), m.Config().WeightBytes(); got != want {
+			t.Fatalf("F32 weight bytes %d; the config's %d", got, want)
+		}
+		tokens, err := m.Reference("", 256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Text("", tokens); got != stories.Published(t) {
+			t.Fatalf("the F32 GGUF writes\n%s\nnot the model card's\n%s", got, stories.Published(t))
 		}
 	}
 }

@@ -27,6 +27,10 @@ type Model struct {
 	// types counts the model's tensors (matrices and norms) of each
 	// weight type.
 	types map[WeightType]int
+	// chat is the model's chat template, nil when it has none the engine
+	// renders, and chatWhy then says why.
+	chat    *ChatTemplate
+	chatWhy string
 }
 
 // NewModel validates cfg, w and tok against each other (the tokenizer's
@@ -103,6 +107,27 @@ func IsGGUF(path string) (bool, error) {
 	return binary.LittleEndian.Uint32(b[:]) == ggufMagic, nil
 }
 
+// LoadGGUF reads the GGUF file at path (see GGUFOptions) and serves it
+// with the tokenizer its metadata describes. The file is mapped, not
+// copied: it must not change while the model is served. The model is
+// named after the file, without its extension.
+func LoadGGUF(path string, opt GGUFOptions) (*Model, error) {
+	g, err := readGGUF(path, opt)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := NewGGUFTokenizer(path, &g.vocab)
+	if err != nil {
+		return nil, err
+	}
+	m, err := NewModel(modelName(path), g.cfg, g.w, tok)
+	if err != nil {
+		return nil, err
+	}
+	m.chat, m.chatWhy = DetectChatTemplate(g.vocab.ChatTemplate, tok)
+	return m, nil
+}
+
 // modelName is the base name of path without its extension (what an API
 // client names the model by: "stories260K"), shortened to
 // ModelNameBytesMax bytes on a character boundary.
@@ -154,6 +179,11 @@ func (m *Model) WeightTypes() string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// ChatTemplate is the model's chat template, from its GGUF file; nil when
+// it has none the engine renders, and why then says why, a line for the
+// log ("" for a model that is no GGUF file's).
+func (m *Model) ChatTemplate() (t *ChatTemplate, why string) { return m.chat, m.chatWhy }
 
 // Logits is the engine's Logits over tokens.
 func (m *Model) Logits(tokens []int) ([]float32, error) { return m.engine.Logits(tokens) }

@@ -51,8 +51,8 @@ func defaultWorkloadFlags() workloadFlags {
 }
 
 func (f *workloadFlags) bind(fs *pflag.FlagSet) {
-	fs.StringVar(&f.Model, "model", f.Model, "llama2.c checkpoint the cluster serves (with --tokenizer), for the reference answers; empty: the built-in model")
-	fs.StringVar(&f.Tokenizer, "tokenizer", f.Tokenizer, "llama2.c tokenizer of --model")
+	fs.StringVar(&f.Model, "model", f.Model, "the cluster's "+modelFlagHelp+" (for the reference answers)")
+	fs.StringVar(&f.Tokenizer, "tokenizer", f.Tokenizer, tokenizerFlagHelp)
 	fs.StringVar(&f.DType, "dtype", f.DType, "K and V type the nodes run (f32, f16, bf16): the reference computes the same")
 	fs.StringVar(&f.PromptLen, "prompt-len", f.PromptLen, "prompt length in bytes of text (the built-in model's tokens: one a byte): N or uniform:MIN:MAX")
 	fs.StringVar(&f.OutputLen, "output-len", f.OutputLen, "most tokens each request asks for: N or uniform:MIN:MAX")

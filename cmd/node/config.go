@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -49,8 +50,9 @@ type nodeConfig struct {
 	// and for everything else kept back; 0 means none.
 	WeightBytes  int64 `json:"weight_bytes"`
 	ReserveBytes int64 `json:"reserve_bytes"`
-	// Model and Tokenizer are the paths of a llama2.c checkpoint and of
-	// its tokenizer: both, or neither for the built-in model
+	// Model and Tokenizer are the paths of the model to serve: a GGUF
+	// file alone (it carries its tokenizer), a llama2.c checkpoint and
+	// its tokenizer, or neither for the built-in model
 	// (engine.DefaultModelConfig: weights from a seed, the byte
 	// tokenizer). With a model, preflight takes the KV geometry (layers,
 	// KV heads, head dim) and the weight bytes from it, and refuses
@@ -300,25 +302,55 @@ func (c *nodeConfig) bindFlags(fs *pflag.FlagSet) {
 
 // bindModelFlags registers --model and --tokenizer.
 func (c *nodeConfig) bindModelFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Model, "model", c.Model, "llama2.c checkpoint to serve (with --tokenizer); empty: the built-in model")
-	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, "llama2.c tokenizer of --model (tokenizer.bin format)")
+	fs.StringVar(&c.Model, "model", c.Model, modelFlagHelp)
+	fs.StringVar(&c.Tokenizer, "tokenizer", c.Tokenizer, tokenizerFlagHelp)
 }
 
+// The help of --model and --tokenizer, which every command that loads a
+// model shares.
+const (
+	modelFlagHelp     = "model to serve: a GGUF file (F32, F16, BF16, Q8_0 or Q4_0 weights; its tokenizer inside), or a llama2.c checkpoint with --tokenizer; empty: the built-in model"
+	tokenizerFlagHelp = "llama2.c tokenizer of a llama2.c --model (tokenizer.bin format); none with a GGUF file"
+)
+
+// ggufContextTokensDefault caps the context window of a GGUF model when
+// --context-tokens does not ask for another, in tokens: files declare the
+// window they were trained for (128 Ki tokens for Llama 3.1), and each
+// token of the window a sequence fills costs KV.
+const ggufContextTokensDefault = 8192
+
 // model loads the model c names, with K and V of type DType in KV pages:
-// the checkpoint and tokenizer at Model and Tokenizer, or the built-in
-// model.
+// the GGUF file at Model, the checkpoint and tokenizer at Model and
+// Tokenizer, or the built-in model. A GGUF model's window is its file's,
+// at most ContextTokens when that is set to other than run's default, else
+// at most ggufContextTokensDefault.
 func (c nodeConfig) model() (*engine.Model, error) {
 	dtype, err := kv.ParseDType(c.DType)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--dtype: %w", err)}
 	}
-	switch {
-	case c.Model == "" && c.Tokenizer == "":
+	if c.Model == "" && c.Tokenizer == "" {
 		cfg := engine.DefaultModelConfig()
 		cfg.KVDType = dtype
 		return engine.BuiltinModel(cfg)
+	}
+	gguf := false
+	if c.Model != "" {
+		if gguf, err = engine.IsGGUF(c.Model); err != nil {
+			return nil, fmt.Errorf("--model: %w", err)
+		}
+	}
+	switch {
+	case gguf && c.Tokenizer != "":
+		return nil, usageError{fmt.Errorf("--model %q is a GGUF file, which carries its tokenizer: give no --tokenizer (%q)", c.Model, c.Tokenizer)}
+	case gguf:
+		window := ggufContextTokensDefault
+		if c.ContextTokens > 0 && c.ContextTokens != int64(actors.DefaultConfig().ContextTokens) {
+			window = int(min(c.ContextTokens, math.MaxInt32))
+		}
+		return engine.LoadGGUF(c.Model, engine.GGUFOptions{KVDType: dtype, ContextTokens: window})
 	case c.Model == "" || c.Tokenizer == "":
-		return nil, usageError{fmt.Errorf("--model %q and --tokenizer %q: give both (a llama2.c checkpoint and its tokenizer) or neither",
+		return nil, usageError{fmt.Errorf("--model %q and --tokenizer %q: give a GGUF file alone, a llama2.c checkpoint and its tokenizer, or neither",
 			c.Model, c.Tokenizer)}
 	}
 	return engine.LoadModel(c.Model, c.Tokenizer, dtype)
@@ -418,7 +450,7 @@ func (c nodeConfig) build(m *engine.Model) (gpu.DiscoveryConfig, gpu.PreflightCo
 	}
 	if m != nil {
 		p.Sizing.Geometry = m.Config().Geometry(c.PageTokens)
-		p.Sizing.WeightBytes = m.Config().WeightBytes()
+		p.Sizing.WeightBytes = m.WeightBytes()
 	}
 	return d, p, p.Validate()
 }

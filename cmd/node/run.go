@@ -716,7 +716,7 @@ func serve(stdout io.Writer, log *slog.Logger, cfg cluster.NodeConfig, web webOp
 		"context_tokens", a.ContextTokens, "page_tokens", a.PageTokens, "prefill_workers", a.PrefillWorkers,
 		"decode_workers", a.DecodeWorkers, "queue_max", a.QueueMax, "identity", cfg.Auth.Self().URI(),
 		"insecure", cfg.Auth.Insecure(), "model", cfg.Model.Name(), "model_fingerprint", cfg.Model.Fingerprint().String(),
-		"kv_dtype", a.Model.KVDType.String(), "procs", runtime.GOMAXPROCS(0))
+		"weights", cfg.Model.WeightTypes(), "weight_bytes", cfg.Model.WeightBytes(), "kv_dtype", a.Model.KVDType.String(), "procs", runtime.GOMAXPROCS(0))
 	if web.Keys != nil {
 		log.Info("serving the OpenAI-compatible API", "http", httpLn.Addr().String(), "tls", web.TLS != nil, "keys", web.Keys.Len(),
 			"keys_file", web.Keys.Path())
@@ -789,7 +789,13 @@ func webServer(log *slog.Logger, n *cluster.Node, auth *trust.Authority, web web
 		a := n.Actors()
 		gen := client.New(a.Root().ActorSystem(), actor.NewPID(n.Address(), actors.AdmissionName), client.Options{})
 		cfg := a.Config()
-		api = &httpapi.APIConfig{Model: a.Model(), Generator: gen, Keys: web.Keys, Node: cfg.Limits(), Log: log}
+		chat, why := a.Model().ChatTemplate()
+		if why != "" {
+			log.Warn(why, "model", a.Model().Name())
+		} else if chat != nil {
+			log.Info("chats use the model's chat template", "model", a.Model().Name(), "template", chat.Name())
+		}
+		api = &httpapi.APIConfig{Model: a.Model(), Generator: gen, Keys: web.Keys, Node: cfg.Limits(), Log: log, ChatTemplate: chat}
 	}
 	w, err := httpapi.NewWeb(n, api, web.Limits, auth)
 	if err != nil {

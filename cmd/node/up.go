@@ -184,8 +184,8 @@ serves), 1 a node failed to start, no router is left, or an up runs at
 	fs.StringVar(&o.Prompt, "prompt", o.Prompt, "send this prompt once the cluster is up, print the answer, then stop the cluster")
 	fs.StringVar(&o.Tenant, "tenant", o.Tenant, "tenant of the --prompt request")
 	fs.IntVar(&o.MaxTokens, "max-tokens", o.MaxTokens, "most tokens to generate for --prompt")
-	fs.StringVar(&o.Model, "model", o.Model, "llama2.c checkpoint every node serves (with --tokenizer); empty: the built-in model")
-	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, "llama2.c tokenizer of --model")
+	fs.StringVar(&o.Model, "model", o.Model, "every node's "+modelFlagHelp)
+	fs.StringVar(&o.Tokenizer, "tokenizer", o.Tokenizer, tokenizerFlagHelp)
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "run every node --insecure (no certificates, nobody authenticated)")
 	fs.StringVar(&o.HTTP, "http", o.HTTP, "host:port router-0 serves the OpenAI-compatible API, probes and metrics on, router-i on its port plus i (empty: no API, and the probes and metrics on a free port; with --prompt, no API unless given)")
 	fs.StringVar(&o.APIKey, "api-key", o.APIKey, "the API key of --tenant that the router's API accepts")
@@ -343,6 +343,9 @@ func (o *upOptions) checkModel() error {
 	}
 	o.modelName = m.Name()
 	for _, p := range []*string{&o.Model, &o.Tokenizer} {
+		if *p == "" {
+			continue
+		}
 		if *p, err = filepath.Abs(*p); err != nil {
 			return fmt.Errorf("up: %w", err)
 		}
@@ -474,7 +477,10 @@ var errSignalled = errors.New("up: stopped by a signal")
 func (c *localCluster) upArgs(name, role, join string) []string {
 	var args []string
 	if c.o.Model != "" {
-		args = []string{"--model", c.o.Model, "--tokenizer", c.o.Tokenizer}
+		args = []string{"--model", c.o.Model}
+	}
+	if c.o.Tokenizer != "" {
+		args = append(args, "--tokenizer", c.o.Tokenizer)
 	}
 	if addr := c.http[name]; addr != "" {
 		args = append(args, "--http", addr)
