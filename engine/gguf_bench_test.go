@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -102,4 +104,57 @@ func BenchmarkDecodeWeights(b *testing.B) {
 			b.ReportMetric(float64(tf/n)/copyTime(f32.m.w.Bytes()+kvBytes), "f32-x-roofline")
 		})
 	}
+}
+
+// BenchmarkLoadGGUF loads memoryBoundConfig's model from its GGUF file of
+// each weight type, as a node does (LoadGGUF: map, check every weight,
+// fingerprint), and reports the load's seconds per GB of file and the
+// resident memory the load adds over the file's size (x-file: 1 is the
+// file once). The files were just written, so they load from the page
+// cache, not the disk.
+func BenchmarkLoadGGUF(b *testing.B) {
+	paths, err := generatedGGUF()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(filepath.Dir(paths[WeightF32])) })
+	for _, typ := range append([]WeightType{WeightF32}, benchWeightTypes...) {
+		b.Run("type="+typ.String(), func(b *testing.B) {
+			fi, err := os.Stat(paths[typ])
+			if err != nil {
+				b.Fatal(err)
+			}
+			var rss int64
+			for b.Loop() {
+				before := residentBytes(b)
+				m, err := LoadGGUF(paths[typ], GGUFOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				rss = residentBytes(b) - before
+				runtime.KeepAlive(m)
+			}
+			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N)/(float64(fi.Size())/1e9), "s/GB")
+			b.ReportMetric(float64(rss)/float64(fi.Size()), "x-file")
+		})
+	}
+}
+
+// residentBytes is the process's resident memory (VmRSS), in bytes.
+func residentBytes(b *testing.B) int64 {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Skipf("no /proc/self/status here: %v", err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	b.Fatal("no VmRSS in /proc/self/status")
+	return 0
 }
