@@ -24,27 +24,47 @@ func memoryBoundConfig() ModelConfig {
 // benchWeightTypes are the types the weight benchmarks compare with F32.
 var benchWeightTypes = []WeightType{WeightF16, WeightBF16, WeightQ8_0, WeightQ4_0}
 
-// generatedGGUF writes, once per process, memoryBoundConfig's model as a
-// GGUF file of each weight type into a temporary folder and returns the
-// paths by type. The files take about 4 GB in all.
-var generatedGGUF = sync.OnceValues(func() (map[WeightType]string, error) {
+// generated holds the files generatedGGUF wrote, until the benchmark that
+// asked for them ends.
+var generated struct {
+	sync.Mutex
+	paths map[WeightType]string
+}
+
+// generatedGGUF writes memoryBoundConfig's model as a GGUF file of each
+// weight type into a temporary folder, unless an earlier call of the same
+// benchmark did, and returns the paths by type. The files take about 4
+// GB in all and a minute to write; they are removed when b ends.
+func generatedGGUF(b *testing.B) map[WeightType]string {
+	generated.Lock()
+	defer generated.Unlock()
+	if generated.paths != nil {
+		return generated.paths
+	}
 	dir, err := os.MkdirTemp("", "kvwarden-gguf-bench-")
 	if err != nil {
-		return nil, err
+		b.Fatal(err)
 	}
+	b.Cleanup(func() {
+		generated.Lock()
+		defer generated.Unlock()
+		os.RemoveAll(dir)
+		generated.paths = nil
+	})
 	cfg := memoryBoundConfig()
 	w, v := seededWeights(cfg), syntheticVocab(cfg.Vocab)
 	paths := map[WeightType]string{}
 	for _, typ := range append([]WeightType{WeightF32}, benchWeightTypes...) {
 		p := filepath.Join(dir, fmt.Sprintf("random-%s.gguf", typ))
 		if err := os.WriteFile(p, writeGGUF(cfg, w, typ, v), 0o600); err != nil {
-			return nil, err
+			b.Fatal(err)
 		}
 		paths[typ] = p
 		runtime.GC() // the file's bytes, gigabytes, before the next
 	}
-	return paths, nil
-})
+	generated.paths = paths
+	return paths
+}
 
 // BenchmarkDecodeWeights decodes one sequence, a token at a time, with
 // memoryBoundConfig's random weights read from GGUF files of each weight
@@ -55,14 +75,9 @@ var generatedGGUF = sync.OnceValues(func() (map[WeightType]string, error) {
 // and x-roofline (a step's time over the time memcpy takes for the bytes
 // the step reads: weights and KV; 1 is memcpy speed).
 //
-// The files are written to a temporary folder on first use (about 4 GB,
-// a minute) and removed at the end.
+// The files are written to a temporary folder first (generatedGGUF).
 func BenchmarkDecodeWeights(b *testing.B) {
-	paths, err := generatedGGUF()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.RemoveAll(filepath.Dir(paths[WeightF32])) })
+	paths := generatedGGUF(b)
 	load := func(typ WeightType) *ReferenceEngine {
 		g, err := readGGUF(paths[typ], GGUFOptions{})
 		if err != nil {
@@ -113,11 +128,7 @@ func BenchmarkDecodeWeights(b *testing.B) {
 // file once). The files were just written, so they load from the page
 // cache, not the disk.
 func BenchmarkLoadGGUF(b *testing.B) {
-	paths, err := generatedGGUF()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.RemoveAll(filepath.Dir(paths[WeightF32])) })
+	paths := generatedGGUF(b)
 	for _, typ := range append([]WeightType{WeightF32}, benchWeightTypes...) {
 		b.Run("type="+typ.String(), func(b *testing.B) {
 			fi, err := os.Stat(paths[typ])
