@@ -314,7 +314,11 @@ func Reject(c actor.Context, id uint64, err error) error {
 func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, salt string, peer *PrefillPeer) {
 	prompt, err := handoff.Encode(a.cfg.Limits(), a.model.Tokenizer(), text)
 	if err != nil {
-		a.counters.rejectedTooLong.Add(1)
+		if _, long := err.(*PromptTooLongError); long {
+			a.counters.rejectedTooLong.Add(1)
+		} else {
+			a.counters.rejectedBad.Add(1) // a token prompt of no token of the model
+		}
 		a.reject(c, id, err)
 		return
 	}

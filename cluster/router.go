@@ -323,7 +323,11 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	ds, ps := candidates(ms, decodes, fp), candidates(ms, prefills, fp)
 	prompt, err := handoff.Encode(r.cfg.Limits(), r.model.Tokenizer(), m.Prompt)
 	if err != nil {
-		reject(err, &r.counters.rejectedTooLong)
+		counter := &r.counters.rejectedTooLong
+		if _, long := err.(*actors.PromptTooLongError); !long {
+			counter = &r.counters.rejectedBad // a token prompt of no token of the model
+		}
+		reject(err, counter)
 		return
 	}
 	if len(ds) == 0 || len(ps) == 0 {

@@ -42,9 +42,9 @@ import (
 var llamaPrompts = []string{"", "Once upon a time", "Tom had a red ball.\nHe", `Mom said, "Let's go to the park!"`, "A big fish"}
 
 // llamaNearTie is, for each weight type, the most the engine's relative
-// logits may differ from llama.cpp's (see above): about twice the largest
-// difference measured here (logged by the test: 2e-5, 0.007, 0.26, 0.08,
-// 0.38), as another CPU makes ggml pick other kernels.
+// logits may differ from llama.cpp's (see above), with a margin over the
+// largest difference measured here (logged by the test: 2e-5, 0.007, 0.26,
+// 0.08, 0.38), as another CPU makes ggml pick other kernels.
 var llamaNearTie = map[string]float64{"f32": 1e-3, "f16": 0.05, "q8_0": 0.5, "bf16": 0.2, "q4_0": 0.75}
 
 // llamaTokens is how many tokens each prompt is continued by.
