@@ -286,56 +286,17 @@ func (t *BPETokenizer) join(buf []byte, a, b int) (id int, score float32, ok boo
 	return id, t.scores[id], true
 }
 
-// merge applies llama2.c's merges to ids in place and returns them. Tokens
-// form a linked list; every adjacent pair that joins is a heap entry,
-// ordered by score and then by the position of its left token, which is
-// the order the left token holds in the list, since merges never reorder.
-//
-// An entry (l, r) is current while next[l] is r and r still holds the token
-// it was pushed with: l changes only by merging with its right neighbour,
-// which is r for as long as r lives, and a merged-away token's next is -1.
+// merge applies llama2.c's merges to ids in place (mergeSymbols, with
+// ids' tokens as the symbols) and returns them.
 func (t *BPETokenizer) merge(ids []int) []int {
-	n := len(ids)
-	if n < 2 {
+	if len(ids) < 2 {
 		return ids
 	}
-	next, prev := make([]int, n), make([]int, n)
-	for i := range n {
-		next[i], prev[i] = i+1, i-1
-	}
-	next[n-1] = -1
 	buf := make([]byte, 0, 2*t.maxLen)
-	var h mergeHeap
-	push := func(l, r int) {
-		if id, score, ok := t.join(buf, ids[l], ids[r]); ok {
-			h.push(mergeCandidate{score: score, id: int32(id), rightID: int32(ids[r]), left: l, right: r})
-		}
-	}
-	for i := range n - 1 {
-		push(i, i+1)
-	}
-	for len(h) > 0 {
-		c := h.pop()
-		l, r := c.left, c.right
-		if next[l] != r || ids[r] != int(c.rightID) {
-			continue
-		}
-		ids[l] = int(c.id)
-		next[l] = next[r]
-		if next[l] >= 0 {
-			prev[next[l]] = l
-		}
-		next[r] = -1
-		if p := prev[l]; p >= 0 {
-			push(p, l)
-		}
-		if q := next[l]; q >= 0 {
-			push(l, q)
-		}
-	}
+	left := mergeSymbols(ids, func(l, r int) (int, float32, bool) { return t.join(buf, ids[l], ids[r]) }, nil)
 	out := ids[:0]
-	for i := 0; i >= 0; i = next[i] {
-		out = append(out, ids[i])
+	for _, i := range left {
+		out = append(out, ids[i]) // i ≥ len(out): nothing is overwritten before it is read
 	}
 	return out
 }

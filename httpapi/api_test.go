@@ -244,6 +244,14 @@ func TestSDKChat(t *testing.T) {
 	if u := res.Usage; u.PromptTokens != a.promptTokens(prompt) || u.CompletionTokens != int64(n) {
 		t.Errorf("usage %+v, want %d prompt and %d completion tokens", u, a.promptTokens(prompt), n)
 	}
+	if got := streamedChat(t, c, params); got != want {
+		t.Fatalf("chat streamed %q, want %q", got, want)
+	}
+}
+
+// streamedChat is the answer to params, streamed.
+func streamedChat(t *testing.T, c openai.Client, params openai.ChatCompletionNewParams) string {
+	t.Helper()
 	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
 	acc := openai.ChatCompletionAccumulator{}
 	for stream.Next() {
@@ -252,9 +260,7 @@ func TestSDKChat(t *testing.T) {
 	if err := stream.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got := acc.Choices[0].Message.Content; got != want {
-		t.Fatalf("chat streamed %q, want %q", got, want)
-	}
+	return acc.Choices[0].Message.Content
 }
 
 // TestSDKChatTemplate: a model with a chat template of its own answers a
@@ -288,15 +294,7 @@ func TestSDKChatTemplate(t *testing.T) {
 	if u := res.Usage; u.PromptTokens != int64(len(ids)) || u.CompletionTokens != int64(len(tokens)) {
 		t.Errorf("usage %+v, want %d prompt and %d completion tokens", u, len(ids), len(tokens))
 	}
-	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
-	acc := openai.ChatCompletionAccumulator{}
-	for stream.Next() {
-		acc.AddChunk(stream.Current())
-	}
-	if err := stream.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if got := acc.Choices[0].Message.Content; got != want {
+	if got := streamedChat(t, c, params); got != want {
 		t.Fatalf("chat streamed %q, want %q", got, want)
 	}
 }
