@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"unsafe"
 
 	"golang.org/x/sys/cpu"
 
@@ -17,9 +18,10 @@ import (
 // assembly relies on (so that a wrong length panics as Go code would,
 // rather than reading past a slice) and hands shapes the assembly does not
 // cover, such as a head width that is not a multiple of 8, to the generic
-// kernel, which computes the same bits.
+// kernel, which computes the same bits. The set needs F16C besides AVX2:
+// the weight kernels widen F16 with it.
 var avx2Kernels = kernelSet{
-	name: "avx2", dot: dotAVX2Slices, matmul: matmulAVX2, matmulW: matmulWGeneric, scores: scoresAVX2, accumV: accumVAVX2,
+	name: "avx2", dot: dotAVX2Slices, matmul: matmulAVX2, matmulW: matmulWAVX2, scores: scoresAVX2, accumV: accumVAVX2,
 	prefetch: prefetchAVX2Slice, max: maxAVX2Slice, expSubSum: expSubSumAVX2Slice, scale: scaleAVX2Slice, mulScale: mulScaleAVX2Slices,
 	add: addAVX2Slices, swiGLU: swiGLUAVX2Slices,
 }
@@ -29,7 +31,7 @@ var avx2Kernels = kernelSet{
 var fastKernels []*kernelSet
 
 func init() {
-	if cpu.X86.HasAVX2 {
+	if cpu.X86.HasAVX2 && hasF16C() {
 		kern = &avx2Kernels
 		fastKernels = append(fastKernels, &avx2Kernels)
 	}
@@ -44,18 +46,51 @@ func dotAVX2Slices(a, b []float32) float32 {
 }
 
 // matmulTile is one generated block kernel: rows of x against cols rows of
-// w, c at a time.
-type matmulTile struct {
+// w, c at a time. W is what w holds: float32 elements, or the bytes of
+// another weight type.
+type matmulTile[W float32 | byte] struct {
 	c int
-	f func(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+	f func(x *float32, xStride int, w *W, n int, cols int, out *float32, outStride int)
 }
 
 // matmulTiles[r] are the kernels for r rows of x, widest block first.
-var matmulTiles = [5][]matmulTile{
-	1: {{8, matmulR1C8}, {4, matmulR1C4}, {2, matmulR1C2}, {1, matmulR1C1}},
-	2: {{4, matmulR2C4}, {2, matmulR2C2}, {1, matmulR2C1}},
-	3: {{2, matmulR3C2}, {1, matmulR3C1}},
-	4: {{2, matmulR4C2}, {1, matmulR4C1}},
+type matmulTiles[W float32 | byte] [5][]matmulTile[W]
+
+var matmulF32Tiles = matmulTiles[float32]{
+	1: {{8, matmulF32R1C8}, {4, matmulF32R1C4}, {2, matmulF32R1C2}, {1, matmulF32R1C1}},
+	2: {{4, matmulF32R2C4}, {2, matmulF32R2C2}, {1, matmulF32R2C1}},
+	3: {{2, matmulF32R3C2}, {1, matmulF32R3C1}},
+	4: {{2, matmulF32R4C2}, {1, matmulF32R4C1}},
+}
+
+// matmulWTiles are the kernels of the other weight types. A Q8_0 or Q4_0
+// kernel keeps each row's block scale in a register beside the
+// accumulators, so its blocks are narrower.
+var matmulWTiles = map[WeightType]*matmulTiles[byte]{
+	WeightF16: {
+		1: {{8, matmulF16R1C8}, {4, matmulF16R1C4}, {2, matmulF16R1C2}, {1, matmulF16R1C1}},
+		2: {{4, matmulF16R2C4}, {2, matmulF16R2C2}, {1, matmulF16R2C1}},
+		3: {{2, matmulF16R3C2}, {1, matmulF16R3C1}},
+		4: {{2, matmulF16R4C2}, {1, matmulF16R4C1}},
+	},
+	WeightBF16: {
+		1: {{8, matmulBF16R1C8}, {4, matmulBF16R1C4}, {2, matmulBF16R1C2}, {1, matmulBF16R1C1}},
+		2: {{4, matmulBF16R2C4}, {2, matmulBF16R2C2}, {1, matmulBF16R2C1}},
+		3: {{2, matmulBF16R3C2}, {1, matmulBF16R3C1}},
+		4: {{2, matmulBF16R4C2}, {1, matmulBF16R4C1}},
+	},
+	WeightQ8_0: {
+		1: {{4, matmulQ8_0R1C4}, {2, matmulQ8_0R1C2}, {1, matmulQ8_0R1C1}},
+		2: {{2, matmulQ8_0R2C2}, {1, matmulQ8_0R2C1}},
+		3: {{2, matmulQ8_0R3C2}, {1, matmulQ8_0R3C1}},
+		4: {{2, matmulQ8_0R4C2}, {1, matmulQ8_0R4C1}},
+	},
+	WeightQ4_0: {
+		1: {{4, matmulQ4_0R1C4}, {2, matmulQ4_0R1C2}, {1, matmulQ4_0R1C1}},
+		2: {{2, matmulQ4_0R2C2}, {1, matmulQ4_0R2C1}},
+		3: {{2, matmulQ4_0R3C2}, {1, matmulQ4_0R3C1}},
+		4: {{2, matmulQ4_0R4C2}, {1, matmulQ4_0R4C1}},
+	},
 }
 
 // A product of many rows of x goes in blocks: a block of rows of x (at
@@ -71,18 +106,50 @@ const (
 )
 
 func matmulAVX2(out, x, w []float32, in, outs, j0, j1 int) {
+	if rows := matmulRows(out, x, len(w), in, WeightF32, in, outs, j0, j1); rows > 0 {
+		matmulTiled(out, x, w, in, &matmulF32Tiles, rows, in, outs, j0, j1)
+	}
+}
+
+func matmulWAVX2(out, x []float32, w []byte, t WeightType, rb, in, outs, j0, j1 int) {
+	rows := matmulRows(out, x, len(w), rb, t, in, outs, j0, j1)
+	tiles := matmulWTiles[t]
+	need, whole := t.RowBytes(in)
+	switch {
+	case rows == 0:
+	case tiles == nil || !whole || rb != need || in%8 != 0:
+		// A type without kernels, rows that are not whole blocks or
+		// (F16 and BF16) whole chunks of 8, or rows not exactly their
+		// bytes apart.
+		matmulWGeneric(out, x, w, t, rb, in, outs, j0, j1)
+	default:
+		matmulTiled(out, x, w, rb, tiles, rows, in, outs, j0, j1)
+	}
+}
+
+// matmulRows is the rows of x, or 0 when there is nothing to compute. It
+// panics unless x is whole rows of in elements, w (wLen elements of w's
+// slice, a row every rowW) holds the rows j0 ≤ j < j1 and out their
+// outputs for every row of x.
+func matmulRows(out, x []float32, wLen, rowW int, t WeightType, in, outs, j0, j1 int) int {
 	rows := len(x) / in
 	if rows == 0 || j0 >= j1 {
-		return
+		return 0
 	}
-	if j0 < 0 || j1 > outs || len(x) != rows*in || len(w) < j1*in || len(out) < (rows-1)*outs+j1 {
-		panic(fmt.Sprintf("engine: matmul of %d×%d by %d×%d into %d outputs, columns [%d, %d)",
-			rows, in, len(w)/in, in, len(out), j0, j1))
+	if j0 < 0 || j1 > outs || len(x) != rows*in || wLen < j1*rowW || len(out) < (rows-1)*outs+j1 {
+		panic(fmt.Sprintf("engine: matmul of %d×%d by %d×%d %s into %d outputs, columns [%d, %d)",
+			rows, in, wLen/max(rowW, 1), in, t, len(out), j0, j1))
 	}
+	return rows
+}
+
+// matmulTiled computes the rows of x against the rows j0 ≤ j < j1 of w,
+// rowW elements of w's slice apart, with tiles, in the blocks above.
+func matmulTiled[W float32 | byte](out, x []float32, w []W, rowW int, tiles *matmulTiles[W], rows, in, outs, j0, j1 int) {
 	rowBlock, colBlock := rows, j1-j0
 	if rows > 4 {
 		rowBlock = max(matmulBlockRows, matmulRowBytes/(4*in)&^3)
-		colBlock = max(8, matmulColBytes/(4*in)&^7)
+		colBlock = max(8, matmulColBytes/(rowW*int(unsafe.Sizeof(w[0])))&^7)
 	}
 	for tb := 0; tb < rows; tb += rowBlock {
 		te := min(tb+rowBlock, rows)
@@ -91,9 +158,9 @@ func matmulAVX2(out, x, w []float32, in, outs, j0, j1 int) {
 			for t := tb; t < te; {
 				r := min(te-t, 4)
 				j := jb
-				for _, tile := range matmulTiles[r] {
+				for _, tile := range tiles[r] {
 					if cols := (je - j) / tile.c * tile.c; cols > 0 {
-						tile.f(&x[t*in], in, &w[j*in], in, cols, &out[t*outs+j], outs)
+						tile.f(&x[t*in], in, &w[j*rowW], in, cols, &out[t*outs+j], outs)
 						j += cols
 					}
 				}

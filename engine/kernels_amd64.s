@@ -174,7 +174,34 @@ DATA kconst<>+928(SB)/8, $0x00000000000003ff
 DATA kconst<>+936(SB)/8, $0x00000000000003ff
 DATA kconst<>+944(SB)/8, $0x00000000000003ff
 DATA kconst<>+952(SB)/8, $0x00000000000003ff
-GLOBL kconst<>(SB), RODATA|NOPTR, $960
+DATA kconst<>+960(SB)/4, $0x0000000f
+DATA kconst<>+964(SB)/4, $0x0000000f
+DATA kconst<>+968(SB)/4, $0x0000000f
+DATA kconst<>+972(SB)/4, $0x0000000f
+DATA kconst<>+976(SB)/4, $0x0000000f
+DATA kconst<>+980(SB)/4, $0x0000000f
+DATA kconst<>+984(SB)/4, $0x0000000f
+DATA kconst<>+988(SB)/4, $0x0000000f
+DATA kconst<>+992(SB)/4, $0x00000008
+DATA kconst<>+996(SB)/4, $0x00000008
+DATA kconst<>+1000(SB)/4, $0x00000008
+DATA kconst<>+1004(SB)/4, $0x00000008
+DATA kconst<>+1008(SB)/4, $0x00000008
+DATA kconst<>+1012(SB)/4, $0x00000008
+DATA kconst<>+1016(SB)/4, $0x00000008
+DATA kconst<>+1020(SB)/4, $0x00000008
+GLOBL kconst<>(SB), RODATA|NOPTR, $1024
+
+// func hasF16C() bool
+// Requires: CPUID
+TEXT ·hasF16C(SB), NOSPLIT, $0-1
+	MOVL $0x00000001, AX
+	XORL CX, CX
+	CPUID
+	SHRL $0x1d, CX
+	ANDL $0x01, CX
+	MOVB CL, ret+0(FP)
+	RET
 
 // func dotAVX2(a *float32, b *float32, n int) float32
 // Requires: AVX, SSE
@@ -217,9 +244,9 @@ done3:
 	MOVSS        X0, ret+24(FP)
 	RET
 
-// func matmulR1C8(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R1C8(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
-TEXT ·matmulR1C8(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R1C8(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -339,9 +366,9 @@ end6:
 	VZEROUPPER
 	RET
 
-// func matmulR1C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R1C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
-TEXT ·matmulR1C4(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R1C4(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -429,9 +456,9 @@ end12:
 	VZEROUPPER
 	RET
 
-// func matmulR1C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R1C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
-TEXT ·matmulR1C2(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R1C2(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -505,9 +532,9 @@ end18:
 	VZEROUPPER
 	RET
 
-// func matmulR1C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R1C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX
-TEXT ·matmulR1C1(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R1C1(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -575,9 +602,9 @@ end24:
 	VZEROUPPER
 	RET
 
-// func matmulR2C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R2C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
-TEXT ·matmulR2C4(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R2C4(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -711,9 +738,9 @@ end30:
 	VZEROUPPER
 	RET
 
-// func matmulR2C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R2C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
-TEXT ·matmulR2C2(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R2C2(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -815,9 +842,9 @@ end37:
 	VZEROUPPER
 	RET
 
-// func matmulR2C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R2C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
-TEXT ·matmulR2C1(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R2C1(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -905,9 +932,9 @@ end44:
 	VZEROUPPER
 	RET
 
-// func matmulR3C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R3C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
-TEXT ·matmulR3C2(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R3C2(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -1027,9 +1054,9 @@ end51:
 	VZEROUPPER
 	RET
 
-// func matmulR3C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R3C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
-TEXT ·matmulR3C1(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R3C1(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -1127,9 +1154,9 @@ end58:
 	VZEROUPPER
 	RET
 
-// func matmulR4C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R4C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
-TEXT ·matmulR4C2(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R4C2(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -1266,9 +1293,9 @@ end65:
 	VZEROUPPER
 	RET
 
-// func matmulR4C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+// func matmulF32R4C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 // Requires: AVX, MMX+
-TEXT ·matmulR4C1(SB), NOSPLIT, $0-56
+TEXT ·matmulF32R4C1(SB), NOSPLIT, $0-56
 	MOVQ    x+0(FP), AX
 	MOVQ    xStride+8(FP), CX
 	MOVQ    w+16(FP), DX
@@ -1376,6 +1403,4456 @@ end72:
 	VZEROUPPER
 	RET
 
+// func matmulF16R1C8(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R1C8(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (SI)(SI*2), CX
+	LEAQ   (DX)(CX*1), R9
+	IMUL3Q $0x00000008, SI, R10
+	ADDQ   DX, R10
+	LEAQ   (R10)(CX*1), R11
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols77:
+	TESTQ  DI, DI
+	JZ     end78
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   R12, R12
+
+loop79:
+	CMPQ       R12, BX
+	JAE        tail80
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch82
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R10)(SI*2)
+	PREFETCHT0 (R10)(CX*1)
+	PREFETCHT0 (R10)(SI*4)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R10)(CX*2)
+	PREFETCHT0 (R11)(SI*4)
+
+noprefetch82:
+	VMOVUPS   (AX), Y8
+	VCVTPH2PS (DX), Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y0, Y0
+	VCVTPH2PS (DX)(SI*1), Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y1, Y1
+	VCVTPH2PS (DX)(SI*2), Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y2, Y2
+	VCVTPH2PS (DX)(CX*1), Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y3, Y3
+	VCVTPH2PS (DX)(SI*4), Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y4, Y4
+	VCVTPH2PS (R9)(SI*2), Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y5, Y5
+	VCVTPH2PS (DX)(CX*2), Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y6, Y6
+	VCVTPH2PS (R9)(SI*4), Y9
+	VMULPS    Y8, Y9, Y8
+	VADDPS    Y8, Y7, Y7
+	ADDQ      $0x20, R12
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R9
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R11
+	JMP       loop79
+
+tail80:
+	SUBQ       R12, AX
+	SHRQ       $0x01, R12
+	SUBQ       R12, DX
+	SUBQ       R12, R9
+	SUBQ       R12, R10
+	SUBQ       R12, R11
+	LEAQ       (R10)(SI*8), R10
+	LEAQ       (R10)(CX*1), R11
+	VHADDPS    Y1, Y0, Y0
+	VHADDPS    Y3, Y2, Y1
+	VHADDPS    Y5, Y4, Y2
+	VHADDPS    Y7, Y6, Y3
+	VHADDPS    Y1, Y0, Y0
+	VHADDPS    Y3, Y2, Y1
+	VPERM2F128 $0x20, Y1, Y0, Y2
+	VPERM2F128 $0x31, Y1, Y0, Y0
+	VADDPS     Y0, Y2, Y0
+	MOVQ       R8, R9
+	VMOVUPS    Y0, (R9)
+	LEAQ       (DX)(SI*8), DX
+	LEAQ       (DX)(CX*1), R9
+	ADDQ       $0x00000020, R8
+	SUBQ       $0x00000008, DI
+	JMP        cols77
+
+end78:
+	VZEROUPPER
+	RET
+
+// func matmulF16R1C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R1C4(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (SI)(SI*2), CX
+	IMUL3Q $0x00000004, SI, R9
+	ADDQ   DX, R9
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols83:
+	TESTQ  DI, DI
+	JZ     end84
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R10, R10
+
+loop85:
+	CMPQ       R10, BX
+	JAE        tail86
+	TESTQ      $0x0000003f, R10
+	JNZ        noprefetch88
+	PREFETCHT0 (R9)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 (R9)(SI*2)
+	PREFETCHT0 (R9)(CX*1)
+
+noprefetch88:
+	VMOVUPS   (AX), Y4
+	VCVTPH2PS (DX), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y0, Y0
+	VCVTPH2PS (DX)(SI*1), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y1, Y1
+	VCVTPH2PS (DX)(SI*2), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y2, Y2
+	VCVTPH2PS (DX)(CX*1), Y5
+	VMULPS    Y4, Y5, Y4
+	VADDPS    Y4, Y3, Y3
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R9
+	JMP       loop85
+
+tail86:
+	SUBQ         R10, AX
+	SHRQ         $0x01, R10
+	SUBQ         R10, DX
+	SUBQ         R10, R9
+	LEAQ         (R9)(SI*4), R9
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R10
+	VMOVUPS      X0, (R10)
+	LEAQ         (DX)(SI*4), DX
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols83
+
+end84:
+	VZEROUPPER
+	RET
+
+// func matmulF16R1C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R1C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000002, SI, CX
+	ADDQ   DX, CX
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols89:
+	TESTQ  DI, DI
+	JZ     end90
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ   R9, R9
+
+loop91:
+	CMPQ       R9, BX
+	JAE        tail92
+	TESTQ      $0x0000003f, R9
+	JNZ        noprefetch94
+	PREFETCHT0 (CX)
+	PREFETCHT0 (CX)(SI*1)
+
+noprefetch94:
+	VMOVUPS   (AX), Y2
+	VCVTPH2PS (DX), Y3
+	VMULPS    Y2, Y3, Y3
+	VADDPS    Y3, Y0, Y0
+	VCVTPH2PS (DX)(SI*1), Y3
+	VMULPS    Y2, Y3, Y2
+	VADDPS    Y2, Y1, Y1
+	ADDQ      $0x20, R9
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, CX
+	JMP       loop91
+
+tail92:
+	SUBQ         R9, AX
+	SHRQ         $0x01, R9
+	SUBQ         R9, DX
+	SUBQ         R9, CX
+	LEAQ         (CX)(SI*2), CX
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R9
+	VMOVLPS      X0, (R9)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols89
+
+end90:
+	VZEROUPPER
+	RET
+
+// func matmulF16R1C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R1C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000001, SI, CX
+	ADDQ   DX, CX
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols95:
+	TESTQ  DI, DI
+	JZ     end96
+	VXORPS Y0, Y0, Y0
+	XORQ   R9, R9
+
+loop97:
+	CMPQ       R9, BX
+	JAE        tail98
+	TESTQ      $0x0000003f, R9
+	JNZ        noprefetch100
+	PREFETCHT0 (CX)
+
+noprefetch100:
+	VMOVUPS   (AX), Y1
+	VCVTPH2PS (DX), Y2
+	VMULPS    Y1, Y2, Y1
+	VADDPS    Y1, Y0, Y0
+	ADDQ      $0x20, R9
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, CX
+	JMP       loop97
+
+tail98:
+	SUBQ         R9, AX
+	SHRQ         $0x01, R9
+	SUBQ         R9, DX
+	SUBQ         R9, CX
+	LEAQ         (CX)(SI*1), CX
+	VHADDPS      Y0, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R9
+	VMOVSS       X0, (R9)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols95
+
+end96:
+	VZEROUPPER
+	RET
+
+// func matmulF16R2C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R2C4(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (SI)(SI*2), R10
+	IMUL3Q $0x00000020, SI, R11
+	ADDQ   DX, R11
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols101:
+	TESTQ  DI, DI
+	JZ     end102
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   R12, R12
+
+loop103:
+	CMPQ       R12, BX
+	JAE        tail104
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch106
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R11)(R10*1)
+
+noprefetch106:
+	VCVTPH2PS (DX), Y8
+	VCVTPH2PS (DX)(SI*1), Y9
+	VCVTPH2PS (DX)(SI*2), Y10
+	VCVTPH2PS (DX)(R10*1), Y11
+	VMOVUPS   (AX), Y12
+	VMULPS    Y8, Y12, Y13
+	VADDPS    Y13, Y0, Y0
+	VMULPS    Y9, Y12, Y13
+	VADDPS    Y13, Y1, Y1
+	VMULPS    Y10, Y12, Y13
+	VADDPS    Y13, Y2, Y2
+	VMULPS    Y11, Y12, Y12
+	VADDPS    Y12, Y3, Y3
+	VMOVUPS   (AX)(CX*1), Y12
+	VMULPS    Y8, Y12, Y8
+	VADDPS    Y8, Y4, Y4
+	VMULPS    Y9, Y12, Y8
+	VADDPS    Y8, Y5, Y5
+	VMULPS    Y10, Y12, Y8
+	VADDPS    Y8, Y6, Y6
+	VMULPS    Y11, Y12, Y8
+	VADDPS    Y8, Y7, Y7
+	ADDQ      $0x20, R12
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R11
+	JMP       loop103
+
+tail104:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*4), R11
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y5, Y4, Y2
+	VHADDPS      Y7, Y6, Y3
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VADDPS       Y0, Y2, Y0
+	MOVQ         R8, R12
+	VMOVUPS      X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTF128 $0x01, Y0, X0
+	VMOVUPS      X0, (R12)
+	LEAQ         (DX)(SI*4), DX
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols101
+
+end102:
+	VZEROUPPER
+	RET
+
+// func matmulF16R2C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R2C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000010, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols107:
+	TESTQ  DI, DI
+	JZ     end108
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R11, R11
+
+loop109:
+	CMPQ       R11, BX
+	JAE        tail110
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch112
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R10)(SI*1)
+
+noprefetch112:
+	VCVTPH2PS (DX), Y4
+	VCVTPH2PS (DX)(SI*1), Y5
+	VMOVUPS   (AX), Y6
+	VMULPS    Y4, Y6, Y7
+	VADDPS    Y7, Y0, Y0
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y1, Y1
+	VMOVUPS   (AX)(CX*1), Y6
+	VMULPS    Y4, Y6, Y4
+	VADDPS    Y4, Y2, Y2
+	VMULPS    Y5, Y6, Y4
+	VADDPS    Y4, Y3, Y3
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R10
+	JMP       loop109
+
+tail110:
+	SUBQ         R11, AX
+	SHRQ         $0x01, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*2), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVLPS      X0, (R11)
+	ADDQ         R9, R11
+	VMOVHPS      X0, (R11)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols107
+
+end108:
+	VZEROUPPER
+	RET
+
+// func matmulF16R2C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R2C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000008, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols113:
+	TESTQ  DI, DI
+	JZ     end114
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ   R11, R11
+
+loop115:
+	CMPQ       R11, BX
+	JAE        tail116
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch118
+	PREFETCHT0 (R10)
+
+noprefetch118:
+	VCVTPH2PS (DX), Y2
+	VMOVUPS   (AX), Y3
+	VMULPS    Y2, Y3, Y3
+	VADDPS    Y3, Y0, Y0
+	VMOVUPS   (AX)(CX*1), Y3
+	VMULPS    Y2, Y3, Y2
+	VADDPS    Y2, Y1, Y1
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R10
+	JMP       loop115
+
+tail116:
+	SUBQ         R11, AX
+	SHRQ         $0x01, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*1), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVSS       X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x01, X0, (R11)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols113
+
+end114:
+	VZEROUPPER
+	RET
+
+// func matmulF16R3C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R3C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000010, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols119:
+	TESTQ  DI, DI
+	JZ     end120
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	XORQ   R11, R11
+
+loop121:
+	CMPQ       R11, BX
+	JAE        tail122
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch124
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R10)(SI*1)
+
+noprefetch124:
+	VCVTPH2PS (DX), Y6
+	VCVTPH2PS (DX)(SI*1), Y7
+	VMOVUPS   (AX), Y8
+	VMULPS    Y6, Y8, Y9
+	VADDPS    Y9, Y0, Y0
+	VMULPS    Y7, Y8, Y8
+	VADDPS    Y8, Y1, Y1
+	VMOVUPS   (AX)(CX*1), Y8
+	VMULPS    Y6, Y8, Y9
+	VADDPS    Y9, Y2, Y2
+	VMULPS    Y7, Y8, Y8
+	VADDPS    Y8, Y3, Y3
+	VMOVUPS   (AX)(CX*2), Y8
+	VMULPS    Y6, Y8, Y6
+	VADDPS    Y6, Y4, Y4
+	VMULPS    Y7, Y8, Y6
+	VADDPS    Y6, Y5, Y5
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R10
+	JMP       loop121
+
+tail122:
+	SUBQ         R11, AX
+	SHRQ         $0x01, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*2), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y5, Y4, Y2
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y2, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VADDPS       Y0, Y2, Y0
+	MOVQ         R8, R11
+	VMOVLPS      X0, (R11)
+	ADDQ         R9, R11
+	VMOVHPS      X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTF128 $0x01, Y0, X0
+	VMOVLPS      X0, (R11)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols119
+
+end120:
+	VZEROUPPER
+	RET
+
+// func matmulF16R3C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R3C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000008, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols125:
+	TESTQ  DI, DI
+	JZ     end126
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	XORQ   R11, R11
+
+loop127:
+	CMPQ       R11, BX
+	JAE        tail128
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch130
+	PREFETCHT0 (R10)
+
+noprefetch130:
+	VCVTPH2PS (DX), Y3
+	VMOVUPS   (AX), Y4
+	VMULPS    Y3, Y4, Y4
+	VADDPS    Y4, Y0, Y0
+	VMOVUPS   (AX)(CX*1), Y4
+	VMULPS    Y3, Y4, Y4
+	VADDPS    Y4, Y1, Y1
+	VMOVUPS   (AX)(CX*2), Y4
+	VMULPS    Y3, Y4, Y3
+	VADDPS    Y3, Y2, Y2
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R10
+	JMP       loop127
+
+tail128:
+	SUBQ         R11, AX
+	SHRQ         $0x01, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*1), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y2, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVSS       X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x01, X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x02, X0, (R11)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols125
+
+end126:
+	VZEROUPPER
+	RET
+
+// func matmulF16R4C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R4C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (CX)(CX*2), R10
+	IMUL3Q $0x00000010, SI, R11
+	ADDQ   DX, R11
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols131:
+	TESTQ  DI, DI
+	JZ     end132
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   R12, R12
+
+loop133:
+	CMPQ       R12, BX
+	JAE        tail134
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch136
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(SI*1)
+
+noprefetch136:
+	VCVTPH2PS (DX), Y8
+	VCVTPH2PS (DX)(SI*1), Y9
+	VMOVUPS   (AX), Y10
+	VMULPS    Y8, Y10, Y11
+	VADDPS    Y11, Y0, Y0
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y1, Y1
+	VMOVUPS   (AX)(CX*1), Y10
+	VMULPS    Y8, Y10, Y11
+	VADDPS    Y11, Y2, Y2
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y3, Y3
+	VMOVUPS   (AX)(CX*2), Y10
+	VMULPS    Y8, Y10, Y11
+	VADDPS    Y11, Y4, Y4
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y5, Y5
+	VMOVUPS   (AX)(R10*1), Y10
+	VMULPS    Y8, Y10, Y8
+	VADDPS    Y8, Y6, Y6
+	VMULPS    Y9, Y10, Y8
+	VADDPS    Y8, Y7, Y7
+	ADDQ      $0x20, R12
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R11
+	JMP       loop133
+
+tail134:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*2), R11
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y5, Y4, Y2
+	VHADDPS      Y7, Y6, Y3
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VADDPS       Y0, Y2, Y0
+	MOVQ         R8, R12
+	VMOVLPS      X0, (R12)
+	ADDQ         R9, R12
+	VMOVHPS      X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTF128 $0x01, Y0, X1
+	VMOVLPS      X1, (R12)
+	ADDQ         R9, R12
+	VEXTRACTF128 $0x01, Y0, X0
+	VMOVHPS      X0, (R12)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols131
+
+end132:
+	VZEROUPPER
+	RET
+
+// func matmulF16R4C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, F16C, MMX+
+TEXT ·matmulF16R4C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (CX)(CX*2), R10
+	IMUL3Q $0x00000008, SI, R11
+	ADDQ   DX, R11
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols137:
+	TESTQ  DI, DI
+	JZ     end138
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R12, R12
+
+loop139:
+	CMPQ       R12, BX
+	JAE        tail140
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch142
+	PREFETCHT0 (R11)
+
+noprefetch142:
+	VCVTPH2PS (DX), Y4
+	VMOVUPS   (AX), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y0, Y0
+	VMOVUPS   (AX)(CX*1), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y1, Y1
+	VMOVUPS   (AX)(CX*2), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y2, Y2
+	VMOVUPS   (AX)(R10*1), Y5
+	VMULPS    Y4, Y5, Y4
+	VADDPS    Y4, Y3, Y3
+	ADDQ      $0x20, R12
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R11
+	JMP       loop139
+
+tail140:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*1), R11
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R12
+	VMOVSS       X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x01, X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x02, X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x03, X0, (R12)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols137
+
+end138:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R1C8(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R1C8(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (SI)(SI*2), CX
+	LEAQ   (DX)(CX*1), R9
+	IMUL3Q $0x00000008, SI, R10
+	ADDQ   DX, R10
+	LEAQ   (R10)(CX*1), R11
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols143:
+	TESTQ  DI, DI
+	JZ     end144
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   R12, R12
+
+loop145:
+	CMPQ       R12, BX
+	JAE        tail146
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch148
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R10)(SI*1)
+	PREFETCHT0 (R10)(SI*2)
+	PREFETCHT0 (R10)(CX*1)
+	PREFETCHT0 (R10)(SI*4)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R10)(CX*2)
+	PREFETCHT0 (R11)(SI*4)
+
+noprefetch148:
+	VMOVUPS   (AX), Y8
+	VPMOVZXWD (DX), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y0, Y0
+	VPMOVZXWD (DX)(SI*1), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y1, Y1
+	VPMOVZXWD (DX)(SI*2), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y2, Y2
+	VPMOVZXWD (DX)(CX*1), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y3, Y3
+	VPMOVZXWD (DX)(SI*4), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y4, Y4
+	VPMOVZXWD (R9)(SI*2), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y5, Y5
+	VPMOVZXWD (DX)(CX*2), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VMULPS    Y8, Y9, Y9
+	VADDPS    Y9, Y6, Y6
+	VPMOVZXWD (R9)(SI*4), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VMULPS    Y8, Y9, Y8
+	VADDPS    Y8, Y7, Y7
+	ADDQ      $0x20, R12
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R9
+	ADDQ      $0x10, R10
+	ADDQ      $0x10, R11
+	JMP       loop145
+
+tail146:
+	SUBQ       R12, AX
+	SHRQ       $0x01, R12
+	SUBQ       R12, DX
+	SUBQ       R12, R9
+	SUBQ       R12, R10
+	SUBQ       R12, R11
+	LEAQ       (R10)(SI*8), R10
+	LEAQ       (R10)(CX*1), R11
+	VHADDPS    Y1, Y0, Y0
+	VHADDPS    Y3, Y2, Y1
+	VHADDPS    Y5, Y4, Y2
+	VHADDPS    Y7, Y6, Y3
+	VHADDPS    Y1, Y0, Y0
+	VHADDPS    Y3, Y2, Y1
+	VPERM2F128 $0x20, Y1, Y0, Y2
+	VPERM2F128 $0x31, Y1, Y0, Y0
+	VADDPS     Y0, Y2, Y0
+	MOVQ       R8, R9
+	VMOVUPS    Y0, (R9)
+	LEAQ       (DX)(SI*8), DX
+	LEAQ       (DX)(CX*1), R9
+	ADDQ       $0x00000020, R8
+	SUBQ       $0x00000008, DI
+	JMP        cols143
+
+end144:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R1C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R1C4(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (SI)(SI*2), CX
+	IMUL3Q $0x00000004, SI, R9
+	ADDQ   DX, R9
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols149:
+	TESTQ  DI, DI
+	JZ     end150
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R10, R10
+
+loop151:
+	CMPQ       R10, BX
+	JAE        tail152
+	TESTQ      $0x0000003f, R10
+	JNZ        noprefetch154
+	PREFETCHT0 (R9)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 (R9)(SI*2)
+	PREFETCHT0 (R9)(CX*1)
+
+noprefetch154:
+	VMOVUPS   (AX), Y4
+	VPMOVZXWD (DX), Y5
+	VPSLLD    $0x10, Y5, Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y0, Y0
+	VPMOVZXWD (DX)(SI*1), Y5
+	VPSLLD    $0x10, Y5, Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y1, Y1
+	VPMOVZXWD (DX)(SI*2), Y5
+	VPSLLD    $0x10, Y5, Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y2, Y2
+	VPMOVZXWD (DX)(CX*1), Y5
+	VPSLLD    $0x10, Y5, Y5
+	VMULPS    Y4, Y5, Y4
+	VADDPS    Y4, Y3, Y3
+	ADDQ      $0x20, R10
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R9
+	JMP       loop151
+
+tail152:
+	SUBQ         R10, AX
+	SHRQ         $0x01, R10
+	SUBQ         R10, DX
+	SUBQ         R10, R9
+	LEAQ         (R9)(SI*4), R9
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R10
+	VMOVUPS      X0, (R10)
+	LEAQ         (DX)(SI*4), DX
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols149
+
+end150:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R1C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R1C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000002, SI, CX
+	ADDQ   DX, CX
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols155:
+	TESTQ  DI, DI
+	JZ     end156
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ   R9, R9
+
+loop157:
+	CMPQ       R9, BX
+	JAE        tail158
+	TESTQ      $0x0000003f, R9
+	JNZ        noprefetch160
+	PREFETCHT0 (CX)
+	PREFETCHT0 (CX)(SI*1)
+
+noprefetch160:
+	VMOVUPS   (AX), Y2
+	VPMOVZXWD (DX), Y3
+	VPSLLD    $0x10, Y3, Y3
+	VMULPS    Y2, Y3, Y3
+	VADDPS    Y3, Y0, Y0
+	VPMOVZXWD (DX)(SI*1), Y3
+	VPSLLD    $0x10, Y3, Y3
+	VMULPS    Y2, Y3, Y2
+	VADDPS    Y2, Y1, Y1
+	ADDQ      $0x20, R9
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, CX
+	JMP       loop157
+
+tail158:
+	SUBQ         R9, AX
+	SHRQ         $0x01, R9
+	SUBQ         R9, DX
+	SUBQ         R9, CX
+	LEAQ         (CX)(SI*2), CX
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R9
+	VMOVLPS      X0, (R9)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols155
+
+end156:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R1C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R1C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000001, SI, CX
+	ADDQ   DX, CX
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols161:
+	TESTQ  DI, DI
+	JZ     end162
+	VXORPS Y0, Y0, Y0
+	XORQ   R9, R9
+
+loop163:
+	CMPQ       R9, BX
+	JAE        tail164
+	TESTQ      $0x0000003f, R9
+	JNZ        noprefetch166
+	PREFETCHT0 (CX)
+
+noprefetch166:
+	VMOVUPS   (AX), Y1
+	VPMOVZXWD (DX), Y2
+	VPSLLD    $0x10, Y2, Y2
+	VMULPS    Y1, Y2, Y1
+	VADDPS    Y1, Y0, Y0
+	ADDQ      $0x20, R9
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, CX
+	JMP       loop163
+
+tail164:
+	SUBQ         R9, AX
+	SHRQ         $0x01, R9
+	SUBQ         R9, DX
+	SUBQ         R9, CX
+	LEAQ         (CX)(SI*1), CX
+	VHADDPS      Y0, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R9
+	VMOVSS       X0, (R9)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols161
+
+end162:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R2C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R2C4(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (SI)(SI*2), R10
+	IMUL3Q $0x00000020, SI, R11
+	ADDQ   DX, R11
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols167:
+	TESTQ  DI, DI
+	JZ     end168
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   R12, R12
+
+loop169:
+	CMPQ       R12, BX
+	JAE        tail170
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch172
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(SI*1)
+	PREFETCHT0 (R11)(SI*2)
+	PREFETCHT0 (R11)(R10*1)
+
+noprefetch172:
+	VPMOVZXWD (DX), Y8
+	VPSLLD    $0x10, Y8, Y8
+	VPMOVZXWD (DX)(SI*1), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VPMOVZXWD (DX)(SI*2), Y10
+	VPSLLD    $0x10, Y10, Y10
+	VPMOVZXWD (DX)(R10*1), Y11
+	VPSLLD    $0x10, Y11, Y11
+	VMOVUPS   (AX), Y12
+	VMULPS    Y8, Y12, Y13
+	VADDPS    Y13, Y0, Y0
+	VMULPS    Y9, Y12, Y13
+	VADDPS    Y13, Y1, Y1
+	VMULPS    Y10, Y12, Y13
+	VADDPS    Y13, Y2, Y2
+	VMULPS    Y11, Y12, Y12
+	VADDPS    Y12, Y3, Y3
+	VMOVUPS   (AX)(CX*1), Y12
+	VMULPS    Y8, Y12, Y8
+	VADDPS    Y8, Y4, Y4
+	VMULPS    Y9, Y12, Y8
+	VADDPS    Y8, Y5, Y5
+	VMULPS    Y10, Y12, Y8
+	VADDPS    Y8, Y6, Y6
+	VMULPS    Y11, Y12, Y8
+	VADDPS    Y8, Y7, Y7
+	ADDQ      $0x20, R12
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R11
+	JMP       loop169
+
+tail170:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*4), R11
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y5, Y4, Y2
+	VHADDPS      Y7, Y6, Y3
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VADDPS       Y0, Y2, Y0
+	MOVQ         R8, R12
+	VMOVUPS      X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTF128 $0x01, Y0, X0
+	VMOVUPS      X0, (R12)
+	LEAQ         (DX)(SI*4), DX
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols167
+
+end168:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R2C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R2C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000010, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols173:
+	TESTQ  DI, DI
+	JZ     end174
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R11, R11
+
+loop175:
+	CMPQ       R11, BX
+	JAE        tail176
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch178
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R10)(SI*1)
+
+noprefetch178:
+	VPMOVZXWD (DX), Y4
+	VPSLLD    $0x10, Y4, Y4
+	VPMOVZXWD (DX)(SI*1), Y5
+	VPSLLD    $0x10, Y5, Y5
+	VMOVUPS   (AX), Y6
+	VMULPS    Y4, Y6, Y7
+	VADDPS    Y7, Y0, Y0
+	VMULPS    Y5, Y6, Y6
+	VADDPS    Y6, Y1, Y1
+	VMOVUPS   (AX)(CX*1), Y6
+	VMULPS    Y4, Y6, Y4
+	VADDPS    Y4, Y2, Y2
+	VMULPS    Y5, Y6, Y4
+	VADDPS    Y4, Y3, Y3
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R10
+	JMP       loop175
+
+tail176:
+	SUBQ         R11, AX
+	SHRQ         $0x01, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*2), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVLPS      X0, (R11)
+	ADDQ         R9, R11
+	VMOVHPS      X0, (R11)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols173
+
+end174:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R2C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R2C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000008, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols179:
+	TESTQ  DI, DI
+	JZ     end180
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ   R11, R11
+
+loop181:
+	CMPQ       R11, BX
+	JAE        tail182
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch184
+	PREFETCHT0 (R10)
+
+noprefetch184:
+	VPMOVZXWD (DX), Y2
+	VPSLLD    $0x10, Y2, Y2
+	VMOVUPS   (AX), Y3
+	VMULPS    Y2, Y3, Y3
+	VADDPS    Y3, Y0, Y0
+	VMOVUPS   (AX)(CX*1), Y3
+	VMULPS    Y2, Y3, Y2
+	VADDPS    Y2, Y1, Y1
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R10
+	JMP       loop181
+
+tail182:
+	SUBQ         R11, AX
+	SHRQ         $0x01, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*1), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVSS       X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x01, X0, (R11)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols179
+
+end180:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R3C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R3C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000010, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols185:
+	TESTQ  DI, DI
+	JZ     end186
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	XORQ   R11, R11
+
+loop187:
+	CMPQ       R11, BX
+	JAE        tail188
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch190
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R10)(SI*1)
+
+noprefetch190:
+	VPMOVZXWD (DX), Y6
+	VPSLLD    $0x10, Y6, Y6
+	VPMOVZXWD (DX)(SI*1), Y7
+	VPSLLD    $0x10, Y7, Y7
+	VMOVUPS   (AX), Y8
+	VMULPS    Y6, Y8, Y9
+	VADDPS    Y9, Y0, Y0
+	VMULPS    Y7, Y8, Y8
+	VADDPS    Y8, Y1, Y1
+	VMOVUPS   (AX)(CX*1), Y8
+	VMULPS    Y6, Y8, Y9
+	VADDPS    Y9, Y2, Y2
+	VMULPS    Y7, Y8, Y8
+	VADDPS    Y8, Y3, Y3
+	VMOVUPS   (AX)(CX*2), Y8
+	VMULPS    Y6, Y8, Y6
+	VADDPS    Y6, Y4, Y4
+	VMULPS    Y7, Y8, Y6
+	VADDPS    Y6, Y5, Y5
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R10
+	JMP       loop187
+
+tail188:
+	SUBQ         R11, AX
+	SHRQ         $0x01, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*2), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y5, Y4, Y2
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y2, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VADDPS       Y0, Y2, Y0
+	MOVQ         R8, R11
+	VMOVLPS      X0, (R11)
+	ADDQ         R9, R11
+	VMOVHPS      X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTF128 $0x01, Y0, X0
+	VMOVLPS      X0, (R11)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols185
+
+end186:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R3C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R3C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000008, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols191:
+	TESTQ  DI, DI
+	JZ     end192
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	XORQ   R11, R11
+
+loop193:
+	CMPQ       R11, BX
+	JAE        tail194
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch196
+	PREFETCHT0 (R10)
+
+noprefetch196:
+	VPMOVZXWD (DX), Y3
+	VPSLLD    $0x10, Y3, Y3
+	VMOVUPS   (AX), Y4
+	VMULPS    Y3, Y4, Y4
+	VADDPS    Y4, Y0, Y0
+	VMOVUPS   (AX)(CX*1), Y4
+	VMULPS    Y3, Y4, Y4
+	VADDPS    Y4, Y1, Y1
+	VMOVUPS   (AX)(CX*2), Y4
+	VMULPS    Y3, Y4, Y3
+	VADDPS    Y3, Y2, Y2
+	ADDQ      $0x20, R11
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R10
+	JMP       loop193
+
+tail194:
+	SUBQ         R11, AX
+	SHRQ         $0x01, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*1), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y2, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVSS       X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x01, X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x02, X0, (R11)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols191
+
+end192:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R4C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R4C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (CX)(CX*2), R10
+	IMUL3Q $0x00000010, SI, R11
+	ADDQ   DX, R11
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols197:
+	TESTQ  DI, DI
+	JZ     end198
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   R12, R12
+
+loop199:
+	CMPQ       R12, BX
+	JAE        tail200
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch202
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(SI*1)
+
+noprefetch202:
+	VPMOVZXWD (DX), Y8
+	VPSLLD    $0x10, Y8, Y8
+	VPMOVZXWD (DX)(SI*1), Y9
+	VPSLLD    $0x10, Y9, Y9
+	VMOVUPS   (AX), Y10
+	VMULPS    Y8, Y10, Y11
+	VADDPS    Y11, Y0, Y0
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y1, Y1
+	VMOVUPS   (AX)(CX*1), Y10
+	VMULPS    Y8, Y10, Y11
+	VADDPS    Y11, Y2, Y2
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y3, Y3
+	VMOVUPS   (AX)(CX*2), Y10
+	VMULPS    Y8, Y10, Y11
+	VADDPS    Y11, Y4, Y4
+	VMULPS    Y9, Y10, Y10
+	VADDPS    Y10, Y5, Y5
+	VMOVUPS   (AX)(R10*1), Y10
+	VMULPS    Y8, Y10, Y8
+	VADDPS    Y8, Y6, Y6
+	VMULPS    Y9, Y10, Y8
+	VADDPS    Y8, Y7, Y7
+	ADDQ      $0x20, R12
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R11
+	JMP       loop199
+
+tail200:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*2), R11
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y5, Y4, Y2
+	VHADDPS      Y7, Y6, Y3
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VADDPS       Y0, Y2, Y0
+	MOVQ         R8, R12
+	VMOVLPS      X0, (R12)
+	ADDQ         R9, R12
+	VMOVHPS      X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTF128 $0x01, Y0, X1
+	VMOVLPS      X1, (R12)
+	ADDQ         R9, R12
+	VEXTRACTF128 $0x01, Y0, X0
+	VMOVHPS      X0, (R12)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols197
+
+end198:
+	VZEROUPPER
+	RET
+
+// func matmulBF16R4C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, MMX+
+TEXT ·matmulBF16R4C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHLQ   $0x01, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (CX)(CX*2), R10
+	IMUL3Q $0x00000008, SI, R11
+	ADDQ   DX, R11
+	SHLQ   $0x02, BX
+	ANDQ   $-32, BX
+
+cols203:
+	TESTQ  DI, DI
+	JZ     end204
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R12, R12
+
+loop205:
+	CMPQ       R12, BX
+	JAE        tail206
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch208
+	PREFETCHT0 (R11)
+
+noprefetch208:
+	VPMOVZXWD (DX), Y4
+	VPSLLD    $0x10, Y4, Y4
+	VMOVUPS   (AX), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y0, Y0
+	VMOVUPS   (AX)(CX*1), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y1, Y1
+	VMOVUPS   (AX)(CX*2), Y5
+	VMULPS    Y4, Y5, Y5
+	VADDPS    Y5, Y2, Y2
+	VMOVUPS   (AX)(R10*1), Y5
+	VMULPS    Y4, Y5, Y4
+	VADDPS    Y4, Y3, Y3
+	ADDQ      $0x20, R12
+	ADDQ      $0x20, AX
+	ADDQ      $0x10, DX
+	ADDQ      $0x10, R11
+	JMP       loop205
+
+tail206:
+	SUBQ         R12, AX
+	SHRQ         $0x01, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*1), R11
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R12
+	VMOVSS       X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x01, X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x02, X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x03, X0, (R12)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols203
+
+end204:
+	VZEROUPPER
+	RET
+
+// func matmulQ8_0R1C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ8_0R1C4(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000011, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (SI)(SI*2), CX
+	IMUL3Q $0x00000004, SI, R9
+	ADDQ   DX, R9
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols209:
+	TESTQ  DI, DI
+	JZ     end210
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R10, R10
+
+loop211:
+	CMPQ       R10, BX
+	JAE        tail212
+	TESTQ      $0x0000003f, R10
+	JNZ        noprefetch214
+	PREFETCHT0 (R9)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 (R9)(SI*2)
+	PREFETCHT0 (R9)(CX*1)
+
+noprefetch214:
+	VCVTPH2PS    (DX), X4
+	VBROADCASTSS X4, Y4
+	VCVTPH2PS    (DX)(SI*1), X5
+	VBROADCASTSS X5, Y5
+	VCVTPH2PS    (DX)(SI*2), X6
+	VBROADCASTSS X6, Y6
+	VCVTPH2PS    (DX)(CX*1), X7
+	VBROADCASTSS X7, Y7
+	VMOVUPS      (AX), Y8
+	VPMOVSXBD    2(DX), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y4, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y0, Y0
+	VPMOVSXBD    2(DX)(SI*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y5, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y1, Y1
+	VPMOVSXBD    2(DX)(SI*2), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y6, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y2, Y2
+	VPMOVSXBD    2(DX)(CX*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMULPS       Y8, Y9, Y8
+	VADDPS       Y8, Y3, Y3
+	VMOVUPS      32(AX), Y8
+	VPMOVSXBD    10(DX), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y4, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y0, Y0
+	VPMOVSXBD    10(DX)(SI*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y5, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y1, Y1
+	VPMOVSXBD    10(DX)(SI*2), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y6, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y2, Y2
+	VPMOVSXBD    10(DX)(CX*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMULPS       Y8, Y9, Y8
+	VADDPS       Y8, Y3, Y3
+	VMOVUPS      64(AX), Y8
+	VPMOVSXBD    18(DX), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y4, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y0, Y0
+	VPMOVSXBD    18(DX)(SI*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y5, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y1, Y1
+	VPMOVSXBD    18(DX)(SI*2), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y6, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y2, Y2
+	VPMOVSXBD    18(DX)(CX*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMULPS       Y8, Y9, Y8
+	VADDPS       Y8, Y3, Y3
+	VMOVUPS      96(AX), Y8
+	VPMOVSXBD    26(DX), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y4, Y9, Y9
+	VMULPS       Y8, Y9, Y4
+	VADDPS       Y4, Y0, Y0
+	VPMOVSXBD    26(DX)(SI*1), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y5, Y4, Y4
+	VMULPS       Y8, Y4, Y4
+	VADDPS       Y4, Y1, Y1
+	VPMOVSXBD    26(DX)(SI*2), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y6, Y4, Y4
+	VMULPS       Y8, Y4, Y4
+	VADDPS       Y4, Y2, Y2
+	VPMOVSXBD    26(DX)(CX*1), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y7, Y4, Y4
+	VMULPS       Y8, Y4, Y4
+	VADDPS       Y4, Y3, Y3
+	ADDQ         $0x80, R10
+	ADDQ         $0x80, AX
+	ADDQ         $0x22, DX
+	ADDQ         $0x22, R9
+	JMP          loop211
+
+tail212:
+	SUBQ         R10, AX
+	SHRQ         $0x06, R10
+	IMUL3Q       $0x00000011, R10, R10
+	SUBQ         R10, DX
+	SUBQ         R10, R9
+	LEAQ         (R9)(SI*4), R9
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R10
+	VMOVUPS      X0, (R10)
+	LEAQ         (DX)(SI*4), DX
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols209
+
+end210:
+	VZEROUPPER
+	RET
+
+// func matmulQ8_0R1C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ8_0R1C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000011, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000002, SI, CX
+	ADDQ   DX, CX
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols215:
+	TESTQ  DI, DI
+	JZ     end216
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ   R9, R9
+
+loop217:
+	CMPQ       R9, BX
+	JAE        tail218
+	TESTQ      $0x0000003f, R9
+	JNZ        noprefetch220
+	PREFETCHT0 (CX)
+	PREFETCHT0 (CX)(SI*1)
+
+noprefetch220:
+	VCVTPH2PS    (DX), X2
+	VBROADCASTSS X2, Y2
+	VCVTPH2PS    (DX)(SI*1), X3
+	VBROADCASTSS X3, Y3
+	VMOVUPS      (AX), Y4
+	VPMOVSXBD    2(DX), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y2, Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VPMOVSXBD    2(DX)(SI*1), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y3, Y5, Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y1, Y1
+	VMOVUPS      32(AX), Y4
+	VPMOVSXBD    10(DX), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y2, Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VPMOVSXBD    10(DX)(SI*1), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y3, Y5, Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y1, Y1
+	VMOVUPS      64(AX), Y4
+	VPMOVSXBD    18(DX), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y2, Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VPMOVSXBD    18(DX)(SI*1), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y3, Y5, Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y1, Y1
+	VMOVUPS      96(AX), Y4
+	VPMOVSXBD    26(DX), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y2, Y5, Y5
+	VMULPS       Y4, Y5, Y2
+	VADDPS       Y2, Y0, Y0
+	VPMOVSXBD    26(DX)(SI*1), Y2
+	VCVTDQ2PS    Y2, Y2
+	VMULPS       Y3, Y2, Y2
+	VMULPS       Y4, Y2, Y2
+	VADDPS       Y2, Y1, Y1
+	ADDQ         $0x80, R9
+	ADDQ         $0x80, AX
+	ADDQ         $0x22, DX
+	ADDQ         $0x22, CX
+	JMP          loop217
+
+tail218:
+	SUBQ         R9, AX
+	SHRQ         $0x06, R9
+	IMUL3Q       $0x00000011, R9, R9
+	SUBQ         R9, DX
+	SUBQ         R9, CX
+	LEAQ         (CX)(SI*2), CX
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R9
+	VMOVLPS      X0, (R9)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols215
+
+end216:
+	VZEROUPPER
+	RET
+
+// func matmulQ8_0R1C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ8_0R1C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000011, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000001, SI, CX
+	ADDQ   DX, CX
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols221:
+	TESTQ  DI, DI
+	JZ     end222
+	VXORPS Y0, Y0, Y0
+	XORQ   R9, R9
+
+loop223:
+	CMPQ       R9, BX
+	JAE        tail224
+	TESTQ      $0x0000003f, R9
+	JNZ        noprefetch226
+	PREFETCHT0 (CX)
+
+noprefetch226:
+	VCVTPH2PS    (DX), X1
+	VBROADCASTSS X1, Y1
+	VMOVUPS      (AX), Y2
+	VPMOVSXBD    2(DX), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y1, Y3, Y3
+	VMULPS       Y2, Y3, Y2
+	VADDPS       Y2, Y0, Y0
+	VMOVUPS      32(AX), Y2
+	VPMOVSXBD    10(DX), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y1, Y3, Y3
+	VMULPS       Y2, Y3, Y2
+	VADDPS       Y2, Y0, Y0
+	VMOVUPS      64(AX), Y2
+	VPMOVSXBD    18(DX), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y1, Y3, Y3
+	VMULPS       Y2, Y3, Y2
+	VADDPS       Y2, Y0, Y0
+	VMOVUPS      96(AX), Y2
+	VPMOVSXBD    26(DX), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y1, Y3, Y3
+	VMULPS       Y2, Y3, Y1
+	VADDPS       Y1, Y0, Y0
+	ADDQ         $0x80, R9
+	ADDQ         $0x80, AX
+	ADDQ         $0x22, DX
+	ADDQ         $0x22, CX
+	JMP          loop223
+
+tail224:
+	SUBQ         R9, AX
+	SHRQ         $0x06, R9
+	IMUL3Q       $0x00000011, R9, R9
+	SUBQ         R9, DX
+	SUBQ         R9, CX
+	LEAQ         (CX)(SI*1), CX
+	VHADDPS      Y0, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R9
+	VMOVSS       X0, (R9)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols221
+
+end222:
+	VZEROUPPER
+	RET
+
+// func matmulQ8_0R2C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ8_0R2C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000011, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000010, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols227:
+	TESTQ  DI, DI
+	JZ     end228
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R11, R11
+
+loop229:
+	CMPQ       R11, BX
+	JAE        tail230
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch232
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R10)(SI*1)
+
+noprefetch232:
+	VCVTPH2PS    (DX), X4
+	VBROADCASTSS X4, Y4
+	VCVTPH2PS    (DX)(SI*1), X5
+	VBROADCASTSS X5, Y5
+	VPMOVSXBD    2(DX), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y6, Y6
+	VPMOVSXBD    2(DX)(SI*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y5, Y7, Y7
+	VMOVUPS      (AX), Y8
+	VMULPS       Y6, Y8, Y9
+	VADDPS       Y9, Y0, Y0
+	VMULPS       Y7, Y8, Y8
+	VADDPS       Y8, Y1, Y1
+	VMOVUPS      (AX)(CX*1), Y8
+	VMULPS       Y6, Y8, Y6
+	VADDPS       Y6, Y2, Y2
+	VMULPS       Y7, Y8, Y6
+	VADDPS       Y6, Y3, Y3
+	VPMOVSXBD    10(DX), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y6, Y6
+	VPMOVSXBD    10(DX)(SI*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y5, Y7, Y7
+	VMOVUPS      32(AX), Y8
+	VMULPS       Y6, Y8, Y9
+	VADDPS       Y9, Y0, Y0
+	VMULPS       Y7, Y8, Y8
+	VADDPS       Y8, Y1, Y1
+	VMOVUPS      32(AX)(CX*1), Y8
+	VMULPS       Y6, Y8, Y6
+	VADDPS       Y6, Y2, Y2
+	VMULPS       Y7, Y8, Y6
+	VADDPS       Y6, Y3, Y3
+	VPMOVSXBD    18(DX), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y6, Y6
+	VPMOVSXBD    18(DX)(SI*1), Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y5, Y7, Y7
+	VMOVUPS      64(AX), Y8
+	VMULPS       Y6, Y8, Y9
+	VADDPS       Y9, Y0, Y0
+	VMULPS       Y7, Y8, Y8
+	VADDPS       Y8, Y1, Y1
+	VMOVUPS      64(AX)(CX*1), Y8
+	VMULPS       Y6, Y8, Y6
+	VADDPS       Y6, Y2, Y2
+	VMULPS       Y7, Y8, Y6
+	VADDPS       Y6, Y3, Y3
+	VPMOVSXBD    26(DX), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y6, Y6
+	VPMOVSXBD    26(DX)(SI*1), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y5, Y4, Y4
+	VMOVUPS      96(AX), Y5
+	VMULPS       Y6, Y5, Y7
+	VADDPS       Y7, Y0, Y0
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y1, Y1
+	VMOVUPS      96(AX)(CX*1), Y5
+	VMULPS       Y6, Y5, Y6
+	VADDPS       Y6, Y2, Y2
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y3, Y3
+	ADDQ         $0x80, R11
+	ADDQ         $0x80, AX
+	ADDQ         $0x22, DX
+	ADDQ         $0x22, R10
+	JMP          loop229
+
+tail230:
+	SUBQ         R11, AX
+	SHRQ         $0x06, R11
+	IMUL3Q       $0x00000011, R11, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*2), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVLPS      X0, (R11)
+	ADDQ         R9, R11
+	VMOVHPS      X0, (R11)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols227
+
+end228:
+	VZEROUPPER
+	RET
+
+// func matmulQ8_0R2C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ8_0R2C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000011, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000008, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols233:
+	TESTQ  DI, DI
+	JZ     end234
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ   R11, R11
+
+loop235:
+	CMPQ       R11, BX
+	JAE        tail236
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch238
+	PREFETCHT0 (R10)
+
+noprefetch238:
+	VCVTPH2PS    (DX), X2
+	VBROADCASTSS X2, Y2
+	VPMOVSXBD    2(DX), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y2, Y3, Y3
+	VMOVUPS      (AX), Y4
+	VMULPS       Y3, Y4, Y4
+	VADDPS       Y4, Y0, Y0
+	VMOVUPS      (AX)(CX*1), Y4
+	VMULPS       Y3, Y4, Y3
+	VADDPS       Y3, Y1, Y1
+	VPMOVSXBD    10(DX), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y2, Y3, Y3
+	VMOVUPS      32(AX), Y4
+	VMULPS       Y3, Y4, Y4
+	VADDPS       Y4, Y0, Y0
+	VMOVUPS      32(AX)(CX*1), Y4
+	VMULPS       Y3, Y4, Y3
+	VADDPS       Y3, Y1, Y1
+	VPMOVSXBD    18(DX), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y2, Y3, Y3
+	VMOVUPS      64(AX), Y4
+	VMULPS       Y3, Y4, Y4
+	VADDPS       Y4, Y0, Y0
+	VMOVUPS      64(AX)(CX*1), Y4
+	VMULPS       Y3, Y4, Y3
+	VADDPS       Y3, Y1, Y1
+	VPMOVSXBD    26(DX), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y2, Y3, Y3
+	VMOVUPS      96(AX), Y2
+	VMULPS       Y3, Y2, Y2
+	VADDPS       Y2, Y0, Y0
+	VMOVUPS      96(AX)(CX*1), Y2
+	VMULPS       Y3, Y2, Y2
+	VADDPS       Y2, Y1, Y1
+	ADDQ         $0x80, R11
+	ADDQ         $0x80, AX
+	ADDQ         $0x22, DX
+	ADDQ         $0x22, R10
+	JMP          loop235
+
+tail236:
+	SUBQ         R11, AX
+	SHRQ         $0x06, R11
+	IMUL3Q       $0x00000011, R11, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*1), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVSS       X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x01, X0, (R11)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols233
+
+end234:
+	VZEROUPPER
+	RET
+
+// func matmulQ8_0R3C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ8_0R3C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000011, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000010, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols239:
+	TESTQ  DI, DI
+	JZ     end240
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	XORQ   R11, R11
+
+loop241:
+	CMPQ       R11, BX
+	JAE        tail242
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch244
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R10)(SI*1)
+
+noprefetch244:
+	VCVTPH2PS    (DX), X6
+	VBROADCASTSS X6, Y6
+	VCVTPH2PS    (DX)(SI*1), X7
+	VBROADCASTSS X7, Y7
+	VPMOVSXBD    2(DX), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VPMOVSXBD    2(DX)(SI*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMOVUPS      (AX), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y0, Y0
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y1, Y1
+	VMOVUPS      (AX)(CX*1), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y2, Y2
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y3, Y3
+	VMOVUPS      (AX)(CX*2), Y10
+	VMULPS       Y8, Y10, Y8
+	VADDPS       Y8, Y4, Y4
+	VMULPS       Y9, Y10, Y8
+	VADDPS       Y8, Y5, Y5
+	VPMOVSXBD    10(DX), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VPMOVSXBD    10(DX)(SI*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMOVUPS      32(AX), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y0, Y0
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y1, Y1
+	VMOVUPS      32(AX)(CX*1), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y2, Y2
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y3, Y3
+	VMOVUPS      32(AX)(CX*2), Y10
+	VMULPS       Y8, Y10, Y8
+	VADDPS       Y8, Y4, Y4
+	VMULPS       Y9, Y10, Y8
+	VADDPS       Y8, Y5, Y5
+	VPMOVSXBD    18(DX), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VPMOVSXBD    18(DX)(SI*1), Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMOVUPS      64(AX), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y0, Y0
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y1, Y1
+	VMOVUPS      64(AX)(CX*1), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y2, Y2
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y3, Y3
+	VMOVUPS      64(AX)(CX*2), Y10
+	VMULPS       Y8, Y10, Y8
+	VADDPS       Y8, Y4, Y4
+	VMULPS       Y9, Y10, Y8
+	VADDPS       Y8, Y5, Y5
+	VPMOVSXBD    26(DX), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VPMOVSXBD    26(DX)(SI*1), Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y7, Y6, Y6
+	VMOVUPS      96(AX), Y7
+	VMULPS       Y8, Y7, Y9
+	VADDPS       Y9, Y0, Y0
+	VMULPS       Y6, Y7, Y7
+	VADDPS       Y7, Y1, Y1
+	VMOVUPS      96(AX)(CX*1), Y7
+	VMULPS       Y8, Y7, Y9
+	VADDPS       Y9, Y2, Y2
+	VMULPS       Y6, Y7, Y7
+	VADDPS       Y7, Y3, Y3
+	VMOVUPS      96(AX)(CX*2), Y7
+	VMULPS       Y8, Y7, Y8
+	VADDPS       Y8, Y4, Y4
+	VMULPS       Y6, Y7, Y6
+	VADDPS       Y6, Y5, Y5
+	ADDQ         $0x80, R11
+	ADDQ         $0x80, AX
+	ADDQ         $0x22, DX
+	ADDQ         $0x22, R10
+	JMP          loop241
+
+tail242:
+	SUBQ         R11, AX
+	SHRQ         $0x06, R11
+	IMUL3Q       $0x00000011, R11, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*2), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y5, Y4, Y2
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y2, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VADDPS       Y0, Y2, Y0
+	MOVQ         R8, R11
+	VMOVLPS      X0, (R11)
+	ADDQ         R9, R11
+	VMOVHPS      X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTF128 $0x01, Y0, X0
+	VMOVLPS      X0, (R11)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols239
+
+end240:
+	VZEROUPPER
+	RET
+
+// func matmulQ8_0R3C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ8_0R3C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000011, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000008, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols245:
+	TESTQ  DI, DI
+	JZ     end246
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	XORQ   R11, R11
+
+loop247:
+	CMPQ       R11, BX
+	JAE        tail248
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch250
+	PREFETCHT0 (R10)
+
+noprefetch250:
+	VCVTPH2PS    (DX), X3
+	VBROADCASTSS X3, Y3
+	VPMOVSXBD    2(DX), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y3, Y4, Y4
+	VMOVUPS      (AX), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VMOVUPS      (AX)(CX*1), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y1, Y1
+	VMOVUPS      (AX)(CX*2), Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y2, Y2
+	VPMOVSXBD    10(DX), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y3, Y4, Y4
+	VMOVUPS      32(AX), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VMOVUPS      32(AX)(CX*1), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y1, Y1
+	VMOVUPS      32(AX)(CX*2), Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y2, Y2
+	VPMOVSXBD    18(DX), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y3, Y4, Y4
+	VMOVUPS      64(AX), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VMOVUPS      64(AX)(CX*1), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y1, Y1
+	VMOVUPS      64(AX)(CX*2), Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y2, Y2
+	VPMOVSXBD    26(DX), Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y3, Y4, Y4
+	VMOVUPS      96(AX), Y3
+	VMULPS       Y4, Y3, Y3
+	VADDPS       Y3, Y0, Y0
+	VMOVUPS      96(AX)(CX*1), Y3
+	VMULPS       Y4, Y3, Y3
+	VADDPS       Y3, Y1, Y1
+	VMOVUPS      96(AX)(CX*2), Y3
+	VMULPS       Y4, Y3, Y3
+	VADDPS       Y3, Y2, Y2
+	ADDQ         $0x80, R11
+	ADDQ         $0x80, AX
+	ADDQ         $0x22, DX
+	ADDQ         $0x22, R10
+	JMP          loop247
+
+tail248:
+	SUBQ         R11, AX
+	SHRQ         $0x06, R11
+	IMUL3Q       $0x00000011, R11, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*1), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y2, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVSS       X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x01, X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x02, X0, (R11)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols245
+
+end246:
+	VZEROUPPER
+	RET
+
+// func matmulQ8_0R4C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ8_0R4C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000011, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (CX)(CX*2), R10
+	IMUL3Q $0x00000010, SI, R11
+	ADDQ   DX, R11
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols251:
+	TESTQ  DI, DI
+	JZ     end252
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   R12, R12
+
+loop253:
+	CMPQ       R12, BX
+	JAE        tail254
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch256
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(SI*1)
+
+noprefetch256:
+	VCVTPH2PS    (DX), X8
+	VBROADCASTSS X8, Y8
+	VCVTPH2PS    (DX)(SI*1), X9
+	VBROADCASTSS X9, Y9
+	VPMOVSXBD    2(DX), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VPMOVSXBD    2(DX)(SI*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y9, Y11, Y11
+	VMOVUPS      (AX), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y0, Y0
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y1, Y1
+	VMOVUPS      (AX)(CX*1), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y2, Y2
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y3, Y3
+	VMOVUPS      (AX)(CX*2), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y4, Y4
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y5, Y5
+	VMOVUPS      (AX)(R10*1), Y12
+	VMULPS       Y10, Y12, Y10
+	VADDPS       Y10, Y6, Y6
+	VMULPS       Y11, Y12, Y10
+	VADDPS       Y10, Y7, Y7
+	VPMOVSXBD    10(DX), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VPMOVSXBD    10(DX)(SI*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y9, Y11, Y11
+	VMOVUPS      32(AX), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y0, Y0
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y1, Y1
+	VMOVUPS      32(AX)(CX*1), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y2, Y2
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y3, Y3
+	VMOVUPS      32(AX)(CX*2), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y4, Y4
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y5, Y5
+	VMOVUPS      32(AX)(R10*1), Y12
+	VMULPS       Y10, Y12, Y10
+	VADDPS       Y10, Y6, Y6
+	VMULPS       Y11, Y12, Y10
+	VADDPS       Y10, Y7, Y7
+	VPMOVSXBD    18(DX), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VPMOVSXBD    18(DX)(SI*1), Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y9, Y11, Y11
+	VMOVUPS      64(AX), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y0, Y0
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y1, Y1
+	VMOVUPS      64(AX)(CX*1), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y2, Y2
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y3, Y3
+	VMOVUPS      64(AX)(CX*2), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y4, Y4
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y5, Y5
+	VMOVUPS      64(AX)(R10*1), Y12
+	VMULPS       Y10, Y12, Y10
+	VADDPS       Y10, Y6, Y6
+	VMULPS       Y11, Y12, Y10
+	VADDPS       Y10, Y7, Y7
+	VPMOVSXBD    26(DX), Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VPMOVSXBD    26(DX)(SI*1), Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y9, Y8, Y8
+	VMOVUPS      96(AX), Y9
+	VMULPS       Y10, Y9, Y11
+	VADDPS       Y11, Y0, Y0
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y1, Y1
+	VMOVUPS      96(AX)(CX*1), Y9
+	VMULPS       Y10, Y9, Y11
+	VADDPS       Y11, Y2, Y2
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y3, Y3
+	VMOVUPS      96(AX)(CX*2), Y9
+	VMULPS       Y10, Y9, Y11
+	VADDPS       Y11, Y4, Y4
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y5, Y5
+	VMOVUPS      96(AX)(R10*1), Y9
+	VMULPS       Y10, Y9, Y10
+	VADDPS       Y10, Y6, Y6
+	VMULPS       Y8, Y9, Y8
+	VADDPS       Y8, Y7, Y7
+	ADDQ         $0x80, R12
+	ADDQ         $0x80, AX
+	ADDQ         $0x22, DX
+	ADDQ         $0x22, R11
+	JMP          loop253
+
+tail254:
+	SUBQ         R12, AX
+	SHRQ         $0x06, R12
+	IMUL3Q       $0x00000011, R12, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*2), R11
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y5, Y4, Y2
+	VHADDPS      Y7, Y6, Y3
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VADDPS       Y0, Y2, Y0
+	MOVQ         R8, R12
+	VMOVLPS      X0, (R12)
+	ADDQ         R9, R12
+	VMOVHPS      X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTF128 $0x01, Y0, X1
+	VMOVLPS      X1, (R12)
+	ADDQ         R9, R12
+	VEXTRACTF128 $0x01, Y0, X0
+	VMOVHPS      X0, (R12)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols251
+
+end252:
+	VZEROUPPER
+	RET
+
+// func matmulQ8_0R4C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ8_0R4C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000011, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (CX)(CX*2), R10
+	IMUL3Q $0x00000008, SI, R11
+	ADDQ   DX, R11
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols257:
+	TESTQ  DI, DI
+	JZ     end258
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R12, R12
+
+loop259:
+	CMPQ       R12, BX
+	JAE        tail260
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch262
+	PREFETCHT0 (R11)
+
+noprefetch262:
+	VCVTPH2PS    (DX), X4
+	VBROADCASTSS X4, Y4
+	VPMOVSXBD    2(DX), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VMOVUPS      (AX), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y0, Y0
+	VMOVUPS      (AX)(CX*1), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y1, Y1
+	VMOVUPS      (AX)(CX*2), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y2, Y2
+	VMOVUPS      (AX)(R10*1), Y6
+	VMULPS       Y5, Y6, Y5
+	VADDPS       Y5, Y3, Y3
+	VPMOVSXBD    10(DX), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VMOVUPS      32(AX), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y0, Y0
+	VMOVUPS      32(AX)(CX*1), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y1, Y1
+	VMOVUPS      32(AX)(CX*2), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y2, Y2
+	VMOVUPS      32(AX)(R10*1), Y6
+	VMULPS       Y5, Y6, Y5
+	VADDPS       Y5, Y3, Y3
+	VPMOVSXBD    18(DX), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VMOVUPS      64(AX), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y0, Y0
+	VMOVUPS      64(AX)(CX*1), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y1, Y1
+	VMOVUPS      64(AX)(CX*2), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y2, Y2
+	VMOVUPS      64(AX)(R10*1), Y6
+	VMULPS       Y5, Y6, Y5
+	VADDPS       Y5, Y3, Y3
+	VPMOVSXBD    26(DX), Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VMOVUPS      96(AX), Y4
+	VMULPS       Y5, Y4, Y4
+	VADDPS       Y4, Y0, Y0
+	VMOVUPS      96(AX)(CX*1), Y4
+	VMULPS       Y5, Y4, Y4
+	VADDPS       Y4, Y1, Y1
+	VMOVUPS      96(AX)(CX*2), Y4
+	VMULPS       Y5, Y4, Y4
+	VADDPS       Y4, Y2, Y2
+	VMOVUPS      96(AX)(R10*1), Y4
+	VMULPS       Y5, Y4, Y4
+	VADDPS       Y4, Y3, Y3
+	ADDQ         $0x80, R12
+	ADDQ         $0x80, AX
+	ADDQ         $0x22, DX
+	ADDQ         $0x22, R11
+	JMP          loop259
+
+tail260:
+	SUBQ         R12, AX
+	SHRQ         $0x06, R12
+	IMUL3Q       $0x00000011, R12, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*1), R11
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R12
+	VMOVSS       X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x01, X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x02, X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x03, X0, (R12)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols257
+
+end258:
+	VZEROUPPER
+	RET
+
+// func matmulQ4_0R1C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ4_0R1C4(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000009, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (SI)(SI*2), CX
+	IMUL3Q $0x00000004, SI, R9
+	ADDQ   DX, R9
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols263:
+	TESTQ  DI, DI
+	JZ     end264
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R10, R10
+
+loop265:
+	CMPQ       R10, BX
+	JAE        tail266
+	TESTQ      $0x0000003f, R10
+	JNZ        noprefetch268
+	PREFETCHT0 (R9)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 (R9)(SI*2)
+	PREFETCHT0 (R9)(CX*1)
+
+noprefetch268:
+	VCVTPH2PS    (DX), X4
+	VBROADCASTSS X4, Y4
+	VCVTPH2PS    (DX)(SI*1), X5
+	VBROADCASTSS X5, Y5
+	VCVTPH2PS    (DX)(SI*2), X6
+	VBROADCASTSS X6, Y6
+	VCVTPH2PS    (DX)(CX*1), X7
+	VBROADCASTSS X7, Y7
+	VMOVUPS      (AX), Y8
+	VPMOVZXBD    2(DX), Y9
+	VPAND        kconst<>+960(SB), Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y4, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y0, Y0
+	VPMOVZXBD    2(DX)(SI*1), Y9
+	VPAND        kconst<>+960(SB), Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y5, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y1, Y1
+	VPMOVZXBD    2(DX)(SI*2), Y9
+	VPAND        kconst<>+960(SB), Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y6, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y2, Y2
+	VPMOVZXBD    2(DX)(CX*1), Y9
+	VPAND        kconst<>+960(SB), Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMULPS       Y8, Y9, Y8
+	VADDPS       Y8, Y3, Y3
+	VMOVUPS      32(AX), Y8
+	VPMOVZXBD    10(DX), Y9
+	VPAND        kconst<>+960(SB), Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y4, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y0, Y0
+	VPMOVZXBD    10(DX)(SI*1), Y9
+	VPAND        kconst<>+960(SB), Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y5, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y1, Y1
+	VPMOVZXBD    10(DX)(SI*2), Y9
+	VPAND        kconst<>+960(SB), Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y6, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y2, Y2
+	VPMOVZXBD    10(DX)(CX*1), Y9
+	VPAND        kconst<>+960(SB), Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMULPS       Y8, Y9, Y8
+	VADDPS       Y8, Y3, Y3
+	VMOVUPS      64(AX), Y8
+	VPMOVZXBD    2(DX), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y4, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y0, Y0
+	VPMOVZXBD    2(DX)(SI*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y5, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y1, Y1
+	VPMOVZXBD    2(DX)(SI*2), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y6, Y9, Y9
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y2, Y2
+	VPMOVZXBD    2(DX)(CX*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMULPS       Y8, Y9, Y8
+	VADDPS       Y8, Y3, Y3
+	VMOVUPS      96(AX), Y8
+	VPMOVZXBD    10(DX), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y4, Y9, Y9
+	VMULPS       Y8, Y9, Y4
+	VADDPS       Y4, Y0, Y0
+	VPMOVZXBD    10(DX)(SI*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPSUBD       kconst<>+992(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y5, Y4, Y4
+	VMULPS       Y8, Y4, Y4
+	VADDPS       Y4, Y1, Y1
+	VPMOVZXBD    10(DX)(SI*2), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPSUBD       kconst<>+992(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y6, Y4, Y4
+	VMULPS       Y8, Y4, Y4
+	VADDPS       Y4, Y2, Y2
+	VPMOVZXBD    10(DX)(CX*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPSUBD       kconst<>+992(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y7, Y4, Y4
+	VMULPS       Y8, Y4, Y4
+	VADDPS       Y4, Y3, Y3
+	ADDQ         $0x80, R10
+	ADDQ         $0x80, AX
+	ADDQ         $0x12, DX
+	ADDQ         $0x12, R9
+	JMP          loop265
+
+tail266:
+	SUBQ         R10, AX
+	SHRQ         $0x06, R10
+	IMUL3Q       $0x00000009, R10, R10
+	SUBQ         R10, DX
+	SUBQ         R10, R9
+	LEAQ         (R9)(SI*4), R9
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R10
+	VMOVUPS      X0, (R10)
+	LEAQ         (DX)(SI*4), DX
+	ADDQ         $0x00000010, R8
+	SUBQ         $0x00000004, DI
+	JMP          cols263
+
+end264:
+	VZEROUPPER
+	RET
+
+// func matmulQ4_0R1C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ4_0R1C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000009, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000002, SI, CX
+	ADDQ   DX, CX
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols269:
+	TESTQ  DI, DI
+	JZ     end270
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ   R9, R9
+
+loop271:
+	CMPQ       R9, BX
+	JAE        tail272
+	TESTQ      $0x0000003f, R9
+	JNZ        noprefetch274
+	PREFETCHT0 (CX)
+	PREFETCHT0 (CX)(SI*1)
+
+noprefetch274:
+	VCVTPH2PS    (DX), X2
+	VBROADCASTSS X2, Y2
+	VCVTPH2PS    (DX)(SI*1), X3
+	VBROADCASTSS X3, Y3
+	VMOVUPS      (AX), Y4
+	VPMOVZXBD    2(DX), Y5
+	VPAND        kconst<>+960(SB), Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y2, Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VPMOVZXBD    2(DX)(SI*1), Y5
+	VPAND        kconst<>+960(SB), Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y3, Y5, Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y1, Y1
+	VMOVUPS      32(AX), Y4
+	VPMOVZXBD    10(DX), Y5
+	VPAND        kconst<>+960(SB), Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y2, Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VPMOVZXBD    10(DX)(SI*1), Y5
+	VPAND        kconst<>+960(SB), Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y3, Y5, Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y1, Y1
+	VMOVUPS      64(AX), Y4
+	VPMOVZXBD    2(DX), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y2, Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VPMOVZXBD    2(DX)(SI*1), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y3, Y5, Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y1, Y1
+	VMOVUPS      96(AX), Y4
+	VPMOVZXBD    10(DX), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y2, Y5, Y5
+	VMULPS       Y4, Y5, Y2
+	VADDPS       Y2, Y0, Y0
+	VPMOVZXBD    10(DX)(SI*1), Y2
+	VPSRLD       $0x04, Y2, Y2
+	VPSUBD       kconst<>+992(SB), Y2, Y2
+	VCVTDQ2PS    Y2, Y2
+	VMULPS       Y3, Y2, Y2
+	VMULPS       Y4, Y2, Y2
+	VADDPS       Y2, Y1, Y1
+	ADDQ         $0x80, R9
+	ADDQ         $0x80, AX
+	ADDQ         $0x12, DX
+	ADDQ         $0x12, CX
+	JMP          loop271
+
+tail272:
+	SUBQ         R9, AX
+	SHRQ         $0x06, R9
+	IMUL3Q       $0x00000009, R9, R9
+	SUBQ         R9, DX
+	SUBQ         R9, CX
+	LEAQ         (CX)(SI*2), CX
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R9
+	VMOVLPS      X0, (R9)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols269
+
+end270:
+	VZEROUPPER
+	RET
+
+// func matmulQ4_0R1C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ4_0R1C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000009, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000001, SI, CX
+	ADDQ   DX, CX
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols275:
+	TESTQ  DI, DI
+	JZ     end276
+	VXORPS Y0, Y0, Y0
+	XORQ   R9, R9
+
+loop277:
+	CMPQ       R9, BX
+	JAE        tail278
+	TESTQ      $0x0000003f, R9
+	JNZ        noprefetch280
+	PREFETCHT0 (CX)
+
+noprefetch280:
+	VCVTPH2PS    (DX), X1
+	VBROADCASTSS X1, Y1
+	VMOVUPS      (AX), Y2
+	VPMOVZXBD    2(DX), Y3
+	VPAND        kconst<>+960(SB), Y3, Y3
+	VPSUBD       kconst<>+992(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y1, Y3, Y3
+	VMULPS       Y2, Y3, Y2
+	VADDPS       Y2, Y0, Y0
+	VMOVUPS      32(AX), Y2
+	VPMOVZXBD    10(DX), Y3
+	VPAND        kconst<>+960(SB), Y3, Y3
+	VPSUBD       kconst<>+992(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y1, Y3, Y3
+	VMULPS       Y2, Y3, Y2
+	VADDPS       Y2, Y0, Y0
+	VMOVUPS      64(AX), Y2
+	VPMOVZXBD    2(DX), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPSUBD       kconst<>+992(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y1, Y3, Y3
+	VMULPS       Y2, Y3, Y2
+	VADDPS       Y2, Y0, Y0
+	VMOVUPS      96(AX), Y2
+	VPMOVZXBD    10(DX), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPSUBD       kconst<>+992(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y1, Y3, Y3
+	VMULPS       Y2, Y3, Y1
+	VADDPS       Y1, Y0, Y0
+	ADDQ         $0x80, R9
+	ADDQ         $0x80, AX
+	ADDQ         $0x12, DX
+	ADDQ         $0x12, CX
+	JMP          loop277
+
+tail278:
+	SUBQ         R9, AX
+	SHRQ         $0x06, R9
+	IMUL3Q       $0x00000009, R9, R9
+	SUBQ         R9, DX
+	SUBQ         R9, CX
+	LEAQ         (CX)(SI*1), CX
+	VHADDPS      Y0, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R9
+	VMOVSS       X0, (R9)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols275
+
+end276:
+	VZEROUPPER
+	RET
+
+// func matmulQ4_0R2C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ4_0R2C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000009, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000010, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols281:
+	TESTQ  DI, DI
+	JZ     end282
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R11, R11
+
+loop283:
+	CMPQ       R11, BX
+	JAE        tail284
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch286
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R10)(SI*1)
+
+noprefetch286:
+	VCVTPH2PS    (DX), X4
+	VBROADCASTSS X4, Y4
+	VCVTPH2PS    (DX)(SI*1), X5
+	VBROADCASTSS X5, Y5
+	VPMOVZXBD    2(DX), Y6
+	VPAND        kconst<>+960(SB), Y6, Y6
+	VPSUBD       kconst<>+992(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y6, Y6
+	VPMOVZXBD    2(DX)(SI*1), Y7
+	VPAND        kconst<>+960(SB), Y7, Y7
+	VPSUBD       kconst<>+992(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y5, Y7, Y7
+	VMOVUPS      (AX), Y8
+	VMULPS       Y6, Y8, Y9
+	VADDPS       Y9, Y0, Y0
+	VMULPS       Y7, Y8, Y8
+	VADDPS       Y8, Y1, Y1
+	VMOVUPS      (AX)(CX*1), Y8
+	VMULPS       Y6, Y8, Y6
+	VADDPS       Y6, Y2, Y2
+	VMULPS       Y7, Y8, Y6
+	VADDPS       Y6, Y3, Y3
+	VPMOVZXBD    10(DX), Y6
+	VPAND        kconst<>+960(SB), Y6, Y6
+	VPSUBD       kconst<>+992(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y6, Y6
+	VPMOVZXBD    10(DX)(SI*1), Y7
+	VPAND        kconst<>+960(SB), Y7, Y7
+	VPSUBD       kconst<>+992(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y5, Y7, Y7
+	VMOVUPS      32(AX), Y8
+	VMULPS       Y6, Y8, Y9
+	VADDPS       Y9, Y0, Y0
+	VMULPS       Y7, Y8, Y8
+	VADDPS       Y8, Y1, Y1
+	VMOVUPS      32(AX)(CX*1), Y8
+	VMULPS       Y6, Y8, Y6
+	VADDPS       Y6, Y2, Y2
+	VMULPS       Y7, Y8, Y6
+	VADDPS       Y6, Y3, Y3
+	VPMOVZXBD    2(DX), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPSUBD       kconst<>+992(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y6, Y6
+	VPMOVZXBD    2(DX)(SI*1), Y7
+	VPSRLD       $0x04, Y7, Y7
+	VPSUBD       kconst<>+992(SB), Y7, Y7
+	VCVTDQ2PS    Y7, Y7
+	VMULPS       Y5, Y7, Y7
+	VMOVUPS      64(AX), Y8
+	VMULPS       Y6, Y8, Y9
+	VADDPS       Y9, Y0, Y0
+	VMULPS       Y7, Y8, Y8
+	VADDPS       Y8, Y1, Y1
+	VMOVUPS      64(AX)(CX*1), Y8
+	VMULPS       Y6, Y8, Y6
+	VADDPS       Y6, Y2, Y2
+	VMULPS       Y7, Y8, Y6
+	VADDPS       Y6, Y3, Y3
+	VPMOVZXBD    10(DX), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPSUBD       kconst<>+992(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y4, Y6, Y6
+	VPMOVZXBD    10(DX)(SI*1), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPSUBD       kconst<>+992(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y5, Y4, Y4
+	VMOVUPS      96(AX), Y5
+	VMULPS       Y6, Y5, Y7
+	VADDPS       Y7, Y0, Y0
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y1, Y1
+	VMOVUPS      96(AX)(CX*1), Y5
+	VMULPS       Y6, Y5, Y6
+	VADDPS       Y6, Y2, Y2
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y3, Y3
+	ADDQ         $0x80, R11
+	ADDQ         $0x80, AX
+	ADDQ         $0x12, DX
+	ADDQ         $0x12, R10
+	JMP          loop283
+
+tail284:
+	SUBQ         R11, AX
+	SHRQ         $0x06, R11
+	IMUL3Q       $0x00000009, R11, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*2), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVLPS      X0, (R11)
+	ADDQ         R9, R11
+	VMOVHPS      X0, (R11)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols281
+
+end282:
+	VZEROUPPER
+	RET
+
+// func matmulQ4_0R2C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ4_0R2C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000009, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000008, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols287:
+	TESTQ  DI, DI
+	JZ     end288
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	XORQ   R11, R11
+
+loop289:
+	CMPQ       R11, BX
+	JAE        tail290
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch292
+	PREFETCHT0 (R10)
+
+noprefetch292:
+	VCVTPH2PS    (DX), X2
+	VBROADCASTSS X2, Y2
+	VPMOVZXBD    2(DX), Y3
+	VPAND        kconst<>+960(SB), Y3, Y3
+	VPSUBD       kconst<>+992(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y2, Y3, Y3
+	VMOVUPS      (AX), Y4
+	VMULPS       Y3, Y4, Y4
+	VADDPS       Y4, Y0, Y0
+	VMOVUPS      (AX)(CX*1), Y4
+	VMULPS       Y3, Y4, Y3
+	VADDPS       Y3, Y1, Y1
+	VPMOVZXBD    10(DX), Y3
+	VPAND        kconst<>+960(SB), Y3, Y3
+	VPSUBD       kconst<>+992(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y2, Y3, Y3
+	VMOVUPS      32(AX), Y4
+	VMULPS       Y3, Y4, Y4
+	VADDPS       Y4, Y0, Y0
+	VMOVUPS      32(AX)(CX*1), Y4
+	VMULPS       Y3, Y4, Y3
+	VADDPS       Y3, Y1, Y1
+	VPMOVZXBD    2(DX), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPSUBD       kconst<>+992(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y2, Y3, Y3
+	VMOVUPS      64(AX), Y4
+	VMULPS       Y3, Y4, Y4
+	VADDPS       Y4, Y0, Y0
+	VMOVUPS      64(AX)(CX*1), Y4
+	VMULPS       Y3, Y4, Y3
+	VADDPS       Y3, Y1, Y1
+	VPMOVZXBD    10(DX), Y3
+	VPSRLD       $0x04, Y3, Y3
+	VPSUBD       kconst<>+992(SB), Y3, Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y2, Y3, Y3
+	VMOVUPS      96(AX), Y2
+	VMULPS       Y3, Y2, Y2
+	VADDPS       Y2, Y0, Y0
+	VMOVUPS      96(AX)(CX*1), Y2
+	VMULPS       Y3, Y2, Y2
+	VADDPS       Y2, Y1, Y1
+	ADDQ         $0x80, R11
+	ADDQ         $0x80, AX
+	ADDQ         $0x12, DX
+	ADDQ         $0x12, R10
+	JMP          loop289
+
+tail290:
+	SUBQ         R11, AX
+	SHRQ         $0x06, R11
+	IMUL3Q       $0x00000009, R11, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*1), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y0, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVSS       X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x01, X0, (R11)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols287
+
+end288:
+	VZEROUPPER
+	RET
+
+// func matmulQ4_0R3C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ4_0R3C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000009, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000010, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols293:
+	TESTQ  DI, DI
+	JZ     end294
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	XORQ   R11, R11
+
+loop295:
+	CMPQ       R11, BX
+	JAE        tail296
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch298
+	PREFETCHT0 (R10)
+	PREFETCHT0 (R10)(SI*1)
+
+noprefetch298:
+	VCVTPH2PS    (DX), X6
+	VBROADCASTSS X6, Y6
+	VCVTPH2PS    (DX)(SI*1), X7
+	VBROADCASTSS X7, Y7
+	VPMOVZXBD    2(DX), Y8
+	VPAND        kconst<>+960(SB), Y8, Y8
+	VPSUBD       kconst<>+992(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VPMOVZXBD    2(DX)(SI*1), Y9
+	VPAND        kconst<>+960(SB), Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMOVUPS      (AX), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y0, Y0
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y1, Y1
+	VMOVUPS      (AX)(CX*1), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y2, Y2
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y3, Y3
+	VMOVUPS      (AX)(CX*2), Y10
+	VMULPS       Y8, Y10, Y8
+	VADDPS       Y8, Y4, Y4
+	VMULPS       Y9, Y10, Y8
+	VADDPS       Y8, Y5, Y5
+	VPMOVZXBD    10(DX), Y8
+	VPAND        kconst<>+960(SB), Y8, Y8
+	VPSUBD       kconst<>+992(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VPMOVZXBD    10(DX)(SI*1), Y9
+	VPAND        kconst<>+960(SB), Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMOVUPS      32(AX), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y0, Y0
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y1, Y1
+	VMOVUPS      32(AX)(CX*1), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y2, Y2
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y3, Y3
+	VMOVUPS      32(AX)(CX*2), Y10
+	VMULPS       Y8, Y10, Y8
+	VADDPS       Y8, Y4, Y4
+	VMULPS       Y9, Y10, Y8
+	VADDPS       Y8, Y5, Y5
+	VPMOVZXBD    2(DX), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPSUBD       kconst<>+992(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VPMOVZXBD    2(DX)(SI*1), Y9
+	VPSRLD       $0x04, Y9, Y9
+	VPSUBD       kconst<>+992(SB), Y9, Y9
+	VCVTDQ2PS    Y9, Y9
+	VMULPS       Y7, Y9, Y9
+	VMOVUPS      64(AX), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y0, Y0
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y1, Y1
+	VMOVUPS      64(AX)(CX*1), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y2, Y2
+	VMULPS       Y9, Y10, Y10
+	VADDPS       Y10, Y3, Y3
+	VMOVUPS      64(AX)(CX*2), Y10
+	VMULPS       Y8, Y10, Y8
+	VADDPS       Y8, Y4, Y4
+	VMULPS       Y9, Y10, Y8
+	VADDPS       Y8, Y5, Y5
+	VPMOVZXBD    10(DX), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPSUBD       kconst<>+992(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y6, Y8, Y8
+	VPMOVZXBD    10(DX)(SI*1), Y6
+	VPSRLD       $0x04, Y6, Y6
+	VPSUBD       kconst<>+992(SB), Y6, Y6
+	VCVTDQ2PS    Y6, Y6
+	VMULPS       Y7, Y6, Y6
+	VMOVUPS      96(AX), Y7
+	VMULPS       Y8, Y7, Y9
+	VADDPS       Y9, Y0, Y0
+	VMULPS       Y6, Y7, Y7
+	VADDPS       Y7, Y1, Y1
+	VMOVUPS      96(AX)(CX*1), Y7
+	VMULPS       Y8, Y7, Y9
+	VADDPS       Y9, Y2, Y2
+	VMULPS       Y6, Y7, Y7
+	VADDPS       Y7, Y3, Y3
+	VMOVUPS      96(AX)(CX*2), Y7
+	VMULPS       Y8, Y7, Y8
+	VADDPS       Y8, Y4, Y4
+	VMULPS       Y6, Y7, Y6
+	VADDPS       Y6, Y5, Y5
+	ADDQ         $0x80, R11
+	ADDQ         $0x80, AX
+	ADDQ         $0x12, DX
+	ADDQ         $0x12, R10
+	JMP          loop295
+
+tail296:
+	SUBQ         R11, AX
+	SHRQ         $0x06, R11
+	IMUL3Q       $0x00000009, R11, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*2), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y5, Y4, Y2
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y2, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VADDPS       Y0, Y2, Y0
+	MOVQ         R8, R11
+	VMOVLPS      X0, (R11)
+	ADDQ         R9, R11
+	VMOVHPS      X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTF128 $0x01, Y0, X0
+	VMOVLPS      X0, (R11)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols293
+
+end294:
+	VZEROUPPER
+	RET
+
+// func matmulQ4_0R3C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ4_0R3C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000009, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	IMUL3Q $0x00000008, SI, R10
+	ADDQ   DX, R10
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols299:
+	TESTQ  DI, DI
+	JZ     end300
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	XORQ   R11, R11
+
+loop301:
+	CMPQ       R11, BX
+	JAE        tail302
+	TESTQ      $0x0000003f, R11
+	JNZ        noprefetch304
+	PREFETCHT0 (R10)
+
+noprefetch304:
+	VCVTPH2PS    (DX), X3
+	VBROADCASTSS X3, Y3
+	VPMOVZXBD    2(DX), Y4
+	VPAND        kconst<>+960(SB), Y4, Y4
+	VPSUBD       kconst<>+992(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y3, Y4, Y4
+	VMOVUPS      (AX), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VMOVUPS      (AX)(CX*1), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y1, Y1
+	VMOVUPS      (AX)(CX*2), Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y2, Y2
+	VPMOVZXBD    10(DX), Y4
+	VPAND        kconst<>+960(SB), Y4, Y4
+	VPSUBD       kconst<>+992(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y3, Y4, Y4
+	VMOVUPS      32(AX), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VMOVUPS      32(AX)(CX*1), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y1, Y1
+	VMOVUPS      32(AX)(CX*2), Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y2, Y2
+	VPMOVZXBD    2(DX), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPSUBD       kconst<>+992(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y3, Y4, Y4
+	VMOVUPS      64(AX), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y0, Y0
+	VMOVUPS      64(AX)(CX*1), Y5
+	VMULPS       Y4, Y5, Y5
+	VADDPS       Y5, Y1, Y1
+	VMOVUPS      64(AX)(CX*2), Y5
+	VMULPS       Y4, Y5, Y4
+	VADDPS       Y4, Y2, Y2
+	VPMOVZXBD    10(DX), Y4
+	VPSRLD       $0x04, Y4, Y4
+	VPSUBD       kconst<>+992(SB), Y4, Y4
+	VCVTDQ2PS    Y4, Y4
+	VMULPS       Y3, Y4, Y4
+	VMOVUPS      96(AX), Y3
+	VMULPS       Y4, Y3, Y3
+	VADDPS       Y3, Y0, Y0
+	VMOVUPS      96(AX)(CX*1), Y3
+	VMULPS       Y4, Y3, Y3
+	VADDPS       Y3, Y1, Y1
+	VMOVUPS      96(AX)(CX*2), Y3
+	VMULPS       Y4, Y3, Y3
+	VADDPS       Y3, Y2, Y2
+	ADDQ         $0x80, R11
+	ADDQ         $0x80, AX
+	ADDQ         $0x12, DX
+	ADDQ         $0x12, R10
+	JMP          loop301
+
+tail302:
+	SUBQ         R11, AX
+	SHRQ         $0x06, R11
+	IMUL3Q       $0x00000009, R11, R11
+	SUBQ         R11, DX
+	SUBQ         R11, R10
+	LEAQ         (R10)(SI*1), R10
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y2, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R11
+	VMOVSS       X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x01, X0, (R11)
+	ADDQ         R9, R11
+	VEXTRACTPS   $0x02, X0, (R11)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols299
+
+end300:
+	VZEROUPPER
+	RET
+
+// func matmulQ4_0R4C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ4_0R4C2(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000009, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (CX)(CX*2), R10
+	IMUL3Q $0x00000010, SI, R11
+	ADDQ   DX, R11
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols305:
+	TESTQ  DI, DI
+	JZ     end306
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   R12, R12
+
+loop307:
+	CMPQ       R12, BX
+	JAE        tail308
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch310
+	PREFETCHT0 (R11)
+	PREFETCHT0 (R11)(SI*1)
+
+noprefetch310:
+	VCVTPH2PS    (DX), X8
+	VBROADCASTSS X8, Y8
+	VCVTPH2PS    (DX)(SI*1), X9
+	VBROADCASTSS X9, Y9
+	VPMOVZXBD    2(DX), Y10
+	VPAND        kconst<>+960(SB), Y10, Y10
+	VPSUBD       kconst<>+992(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VPMOVZXBD    2(DX)(SI*1), Y11
+	VPAND        kconst<>+960(SB), Y11, Y11
+	VPSUBD       kconst<>+992(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y9, Y11, Y11
+	VMOVUPS      (AX), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y0, Y0
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y1, Y1
+	VMOVUPS      (AX)(CX*1), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y2, Y2
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y3, Y3
+	VMOVUPS      (AX)(CX*2), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y4, Y4
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y5, Y5
+	VMOVUPS      (AX)(R10*1), Y12
+	VMULPS       Y10, Y12, Y10
+	VADDPS       Y10, Y6, Y6
+	VMULPS       Y11, Y12, Y10
+	VADDPS       Y10, Y7, Y7
+	VPMOVZXBD    10(DX), Y10
+	VPAND        kconst<>+960(SB), Y10, Y10
+	VPSUBD       kconst<>+992(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VPMOVZXBD    10(DX)(SI*1), Y11
+	VPAND        kconst<>+960(SB), Y11, Y11
+	VPSUBD       kconst<>+992(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y9, Y11, Y11
+	VMOVUPS      32(AX), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y0, Y0
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y1, Y1
+	VMOVUPS      32(AX)(CX*1), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y2, Y2
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y3, Y3
+	VMOVUPS      32(AX)(CX*2), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y4, Y4
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y5, Y5
+	VMOVUPS      32(AX)(R10*1), Y12
+	VMULPS       Y10, Y12, Y10
+	VADDPS       Y10, Y6, Y6
+	VMULPS       Y11, Y12, Y10
+	VADDPS       Y10, Y7, Y7
+	VPMOVZXBD    2(DX), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPSUBD       kconst<>+992(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VPMOVZXBD    2(DX)(SI*1), Y11
+	VPSRLD       $0x04, Y11, Y11
+	VPSUBD       kconst<>+992(SB), Y11, Y11
+	VCVTDQ2PS    Y11, Y11
+	VMULPS       Y9, Y11, Y11
+	VMOVUPS      64(AX), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y0, Y0
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y1, Y1
+	VMOVUPS      64(AX)(CX*1), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y2, Y2
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y3, Y3
+	VMOVUPS      64(AX)(CX*2), Y12
+	VMULPS       Y10, Y12, Y13
+	VADDPS       Y13, Y4, Y4
+	VMULPS       Y11, Y12, Y12
+	VADDPS       Y12, Y5, Y5
+	VMOVUPS      64(AX)(R10*1), Y12
+	VMULPS       Y10, Y12, Y10
+	VADDPS       Y10, Y6, Y6
+	VMULPS       Y11, Y12, Y10
+	VADDPS       Y10, Y7, Y7
+	VPMOVZXBD    10(DX), Y10
+	VPSRLD       $0x04, Y10, Y10
+	VPSUBD       kconst<>+992(SB), Y10, Y10
+	VCVTDQ2PS    Y10, Y10
+	VMULPS       Y8, Y10, Y10
+	VPMOVZXBD    10(DX)(SI*1), Y8
+	VPSRLD       $0x04, Y8, Y8
+	VPSUBD       kconst<>+992(SB), Y8, Y8
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y9, Y8, Y8
+	VMOVUPS      96(AX), Y9
+	VMULPS       Y10, Y9, Y11
+	VADDPS       Y11, Y0, Y0
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y1, Y1
+	VMOVUPS      96(AX)(CX*1), Y9
+	VMULPS       Y10, Y9, Y11
+	VADDPS       Y11, Y2, Y2
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y3, Y3
+	VMOVUPS      96(AX)(CX*2), Y9
+	VMULPS       Y10, Y9, Y11
+	VADDPS       Y11, Y4, Y4
+	VMULPS       Y8, Y9, Y9
+	VADDPS       Y9, Y5, Y5
+	VMOVUPS      96(AX)(R10*1), Y9
+	VMULPS       Y10, Y9, Y10
+	VADDPS       Y10, Y6, Y6
+	VMULPS       Y8, Y9, Y8
+	VADDPS       Y8, Y7, Y7
+	ADDQ         $0x80, R12
+	ADDQ         $0x80, AX
+	ADDQ         $0x12, DX
+	ADDQ         $0x12, R11
+	JMP          loop307
+
+tail308:
+	SUBQ         R12, AX
+	SHRQ         $0x06, R12
+	IMUL3Q       $0x00000009, R12, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*2), R11
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y5, Y4, Y2
+	VHADDPS      Y7, Y6, Y3
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VADDPS       Y0, Y2, Y0
+	MOVQ         R8, R12
+	VMOVLPS      X0, (R12)
+	ADDQ         R9, R12
+	VMOVHPS      X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTF128 $0x01, Y0, X1
+	VMOVLPS      X1, (R12)
+	ADDQ         R9, R12
+	VEXTRACTF128 $0x01, Y0, X0
+	VMOVHPS      X0, (R12)
+	LEAQ         (DX)(SI*2), DX
+	ADDQ         $0x00000008, R8
+	SUBQ         $0x00000002, DI
+	JMP          cols305
+
+end306:
+	VZEROUPPER
+	RET
+
+// func matmulQ4_0R4C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·matmulQ4_0R4C1(SB), NOSPLIT, $0-56
+	MOVQ   x+0(FP), AX
+	MOVQ   xStride+8(FP), CX
+	MOVQ   w+16(FP), DX
+	MOVQ   n+24(FP), BX
+	MOVQ   BX, SI
+	SHRQ   $0x04, SI
+	IMUL3Q $0x00000009, SI, SI
+	MOVQ   cols+32(FP), DI
+	MOVQ   out+40(FP), R8
+	MOVQ   outStride+48(FP), R9
+	SHLQ   $0x02, CX
+	SHLQ   $0x02, R9
+	LEAQ   (CX)(CX*2), R10
+	IMUL3Q $0x00000008, SI, R11
+	ADDQ   DX, R11
+	SHLQ   $0x02, BX
+	ANDQ   $-128, BX
+
+cols311:
+	TESTQ  DI, DI
+	JZ     end312
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ   R12, R12
+
+loop313:
+	CMPQ       R12, BX
+	JAE        tail314
+	TESTQ      $0x0000003f, R12
+	JNZ        noprefetch316
+	PREFETCHT0 (R11)
+
+noprefetch316:
+	VCVTPH2PS    (DX), X4
+	VBROADCASTSS X4, Y4
+	VPMOVZXBD    2(DX), Y5
+	VPAND        kconst<>+960(SB), Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VMOVUPS      (AX), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y0, Y0
+	VMOVUPS      (AX)(CX*1), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y1, Y1
+	VMOVUPS      (AX)(CX*2), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y2, Y2
+	VMOVUPS      (AX)(R10*1), Y6
+	VMULPS       Y5, Y6, Y5
+	VADDPS       Y5, Y3, Y3
+	VPMOVZXBD    10(DX), Y5
+	VPAND        kconst<>+960(SB), Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VMOVUPS      32(AX), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y0, Y0
+	VMOVUPS      32(AX)(CX*1), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y1, Y1
+	VMOVUPS      32(AX)(CX*2), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y2, Y2
+	VMOVUPS      32(AX)(R10*1), Y6
+	VMULPS       Y5, Y6, Y5
+	VADDPS       Y5, Y3, Y3
+	VPMOVZXBD    2(DX), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VMOVUPS      64(AX), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y0, Y0
+	VMOVUPS      64(AX)(CX*1), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y1, Y1
+	VMOVUPS      64(AX)(CX*2), Y6
+	VMULPS       Y5, Y6, Y6
+	VADDPS       Y6, Y2, Y2
+	VMOVUPS      64(AX)(R10*1), Y6
+	VMULPS       Y5, Y6, Y5
+	VADDPS       Y5, Y3, Y3
+	VPMOVZXBD    10(DX), Y5
+	VPSRLD       $0x04, Y5, Y5
+	VPSUBD       kconst<>+992(SB), Y5, Y5
+	VCVTDQ2PS    Y5, Y5
+	VMULPS       Y4, Y5, Y5
+	VMOVUPS      96(AX), Y4
+	VMULPS       Y5, Y4, Y4
+	VADDPS       Y4, Y0, Y0
+	VMOVUPS      96(AX)(CX*1), Y4
+	VMULPS       Y5, Y4, Y4
+	VADDPS       Y4, Y1, Y1
+	VMOVUPS      96(AX)(CX*2), Y4
+	VMULPS       Y5, Y4, Y4
+	VADDPS       Y4, Y2, Y2
+	VMOVUPS      96(AX)(R10*1), Y4
+	VMULPS       Y5, Y4, Y4
+	VADDPS       Y4, Y3, Y3
+	ADDQ         $0x80, R12
+	ADDQ         $0x80, AX
+	ADDQ         $0x12, DX
+	ADDQ         $0x12, R11
+	JMP          loop313
+
+tail314:
+	SUBQ         R12, AX
+	SHRQ         $0x06, R12
+	IMUL3Q       $0x00000009, R12, R12
+	SUBQ         R12, DX
+	SUBQ         R12, R11
+	LEAQ         (R11)(SI*1), R11
+	VHADDPS      Y1, Y0, Y0
+	VHADDPS      Y3, Y2, Y1
+	VHADDPS      Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	MOVQ         R8, R12
+	VMOVSS       X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x01, X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x02, X0, (R12)
+	ADDQ         R9, R12
+	VEXTRACTPS   $0x03, X0, (R12)
+	LEAQ         (DX)(SI*1), DX
+	ADDQ         $0x00000004, R8
+	SUBQ         $0x00000001, DI
+	JMP          cols311
+
+end312:
+	VZEROUPPER
+	RET
+
 // func scoresF32R1C8(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)
 // Requires: AVX, AVX2, MMX+, SSE
 TEXT ·scoresF32R1C8(SB), NOSPLIT, $8-84
@@ -1403,16 +5880,16 @@ TEXT ·scoresF32R1C8(SB), NOSPLIT, $8-84
 	ANDQ         $-32, R15
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask77
+	JZ           nomask317
 	LEAQ         kconst<>+0(SB), BP
 	NEGQ         BX
 	VMOVDQU      32(BP)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask77:
-cols78:
+nomask317:
+cols318:
 	TESTQ  DI, DI
-	JZ     end79
+	JZ     end319
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
@@ -1423,11 +5900,11 @@ cols78:
 	VXORPS Y9, Y9, Y9
 	XORQ   BX, BX
 
-loop80:
+loop320:
 	CMPQ       BX, R15
-	JAE        tail81
+	JAE        tail321
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch83
+	JNZ        noprefetch323
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R10)(SI*1)
@@ -1445,7 +5922,7 @@ loop80:
 	PREFETCHT0 (R12)(SI*4)
 	PREFETCHT0 (R13)(SI*4)
 
-noprefetch83:
+noprefetch323:
 	VMOVUPS (AX), Y10
 	VMULPS  (DX), Y10, Y11
 	VADDPS  Y11, Y2, Y2
@@ -1471,11 +5948,11 @@ noprefetch83:
 	ADDQ    $0x20, R12
 	ADDQ    $0x20, R11
 	ADDQ    $0x20, R13
-	JMP     loop80
+	JMP     loop320
 
-tail81:
+tail321:
 	CMPQ       BX, R14
-	JAE        store82
+	JAE        store322
 	VMASKMOVPS (AX), Y1, Y10
 	VMASKMOVPS (DX), Y1, Y11
 	VMULPS     Y10, Y11, Y11
@@ -1502,7 +5979,7 @@ tail81:
 	VMULPS     Y10, Y11, Y10
 	VADDPS     Y10, Y9, Y9
 
-store82:
+store322:
 	SUBQ       BX, AX
 	SUBQ       BX, DX
 	SUBQ       BX, R9
@@ -1530,9 +6007,9 @@ store82:
 	LEAQ       (DX)(CX*1), R9
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
-	JMP        cols78
+	JMP        cols318
 
-end79:
+end319:
 	VZEROUPPER
 	RET
 
@@ -1560,27 +6037,27 @@ TEXT ·scoresF32R1C4(SB), NOSPLIT, $0-84
 	ANDQ         $-32, R12
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask84
+	JZ           nomask324
 	LEAQ         kconst<>+0(SB), R13
 	NEGQ         BX
 	VMOVDQU      32(R13)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask84:
-cols85:
+nomask324:
+cols325:
 	TESTQ  DI, DI
-	JZ     end86
+	JZ     end326
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	XORQ   BX, BX
 
-loop87:
+loop327:
 	CMPQ       BX, R12
-	JAE        tail88
+	JAE        tail328
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch90
+	JNZ        noprefetch330
 	PREFETCHT0 (R9)
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R9)(SI*1)
@@ -1590,7 +6067,7 @@ loop87:
 	PREFETCHT0 (R9)(CX*1)
 	PREFETCHT0 (R10)(CX*1)
 
-noprefetch90:
+noprefetch330:
 	VMOVUPS (AX), Y6
 	VMULPS  (DX), Y6, Y7
 	VADDPS  Y7, Y2, Y2
@@ -1605,11 +6082,11 @@ noprefetch90:
 	ADDQ    $0x20, DX
 	ADDQ    $0x20, R9
 	ADDQ    $0x20, R10
-	JMP     loop87
+	JMP     loop327
 
-tail88:
+tail328:
 	CMPQ       BX, R11
-	JAE        store89
+	JAE        store329
 	VMASKMOVPS (AX), Y1, Y6
 	VMASKMOVPS (DX), Y1, Y7
 	VMULPS     Y6, Y7, Y7
@@ -1624,7 +6101,7 @@ tail88:
 	VMULPS     Y6, Y7, Y6
 	VADDPS     Y6, Y5, Y5
 
-store89:
+store329:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
 	SUBQ         BX, R9
@@ -1642,9 +6119,9 @@ store89:
 	LEAQ         (DX)(SI*4), DX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols85
+	JMP          cols325
 
-end86:
+end326:
 	VZEROUPPER
 	RET
 
@@ -1671,31 +6148,31 @@ TEXT ·scoresF32R1C2(SB), NOSPLIT, $0-84
 	ANDQ         $-32, R11
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask91
+	JZ           nomask331
 	LEAQ         kconst<>+0(SB), R12
 	NEGQ         BX
 	VMOVDQU      32(R12)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask91:
-cols92:
+nomask331:
+cols332:
 	TESTQ  DI, DI
-	JZ     end93
+	JZ     end333
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	XORQ   BX, BX
 
-loop94:
+loop334:
 	CMPQ       BX, R11
-	JAE        tail95
+	JAE        tail335
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch97
+	JNZ        noprefetch337
 	PREFETCHT0 (CX)
 	PREFETCHT0 (R9)
 	PREFETCHT0 (CX)(SI*1)
 	PREFETCHT0 (R9)(SI*1)
 
-noprefetch97:
+noprefetch337:
 	VMOVUPS (AX), Y4
 	VMULPS  (DX), Y4, Y5
 	VADDPS  Y5, Y2, Y2
@@ -1706,11 +6183,11 @@ noprefetch97:
 	ADDQ    $0x20, DX
 	ADDQ    $0x20, CX
 	ADDQ    $0x20, R9
-	JMP     loop94
+	JMP     loop334
 
-tail95:
+tail335:
 	CMPQ       BX, R10
-	JAE        store96
+	JAE        store336
 	VMASKMOVPS (AX), Y1, Y4
 	VMASKMOVPS (DX), Y1, Y5
 	VMULPS     Y4, Y5, Y5
@@ -1719,7 +6196,7 @@ tail95:
 	VMULPS     Y4, Y5, Y4
 	VADDPS     Y4, Y3, Y3
 
-store96:
+store336:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
 	SUBQ         BX, CX
@@ -1736,9 +6213,9 @@ store96:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols92
+	JMP          cols332
 
-end93:
+end333:
 	VZEROUPPER
 	RET
 
@@ -1765,28 +6242,28 @@ TEXT ·scoresF32R1C1(SB), NOSPLIT, $0-84
 	ANDQ         $-32, R11
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask98
+	JZ           nomask338
 	LEAQ         kconst<>+0(SB), R12
 	NEGQ         BX
 	VMOVDQU      32(R12)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask98:
-cols99:
+nomask338:
+cols339:
 	TESTQ  DI, DI
-	JZ     end100
+	JZ     end340
 	VXORPS Y2, Y2, Y2
 	XORQ   BX, BX
 
-loop101:
+loop341:
 	CMPQ       BX, R11
-	JAE        tail102
+	JAE        tail342
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch104
+	JNZ        noprefetch344
 	PREFETCHT0 (CX)
 	PREFETCHT0 (R9)
 
-noprefetch104:
+noprefetch344:
 	VMOVUPS (AX), Y3
 	VMULPS  (DX), Y3, Y3
 	VADDPS  Y3, Y2, Y2
@@ -1795,17 +6272,17 @@ noprefetch104:
 	ADDQ    $0x20, DX
 	ADDQ    $0x20, CX
 	ADDQ    $0x20, R9
-	JMP     loop101
+	JMP     loop341
 
-tail102:
+tail342:
 	CMPQ       BX, R10
-	JAE        store103
+	JAE        store343
 	VMASKMOVPS (AX), Y1, Y3
 	VMASKMOVPS (DX), Y1, Y4
 	VMULPS     Y3, Y4, Y3
 	VADDPS     Y3, Y2, Y2
 
-store103:
+store343:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
 	SUBQ         BX, CX
@@ -1822,9 +6299,9 @@ store103:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols99
+	JMP          cols339
 
-end100:
+end340:
 	VZEROUPPER
 	RET
 
@@ -1852,16 +6329,16 @@ TEXT ·scoresF32R2C4(SB), NOSPLIT, $0-84
 	ANDQ         $-32, R14
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask105
+	JZ           nomask345
 	LEAQ         kconst<>+0(SB), R15
 	NEGQ         BX
 	VMOVDQU      32(R15)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask105:
-cols106:
+nomask345:
+cols346:
 	TESTQ  DI, DI
-	JZ     end107
+	JZ     end347
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
@@ -1872,11 +6349,11 @@ cols106:
 	VXORPS Y9, Y9, Y9
 	XORQ   BX, BX
 
-loop108:
+loop348:
 	CMPQ       BX, R14
-	JAE        tail109
+	JAE        tail349
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch111
+	JNZ        noprefetch351
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R12)
 	PREFETCHT0 (R11)(SI*1)
@@ -1886,7 +6363,7 @@ loop108:
 	PREFETCHT0 (R11)(R10*1)
 	PREFETCHT0 (R12)(R10*1)
 
-noprefetch111:
+noprefetch351:
 	VMOVUPS (DX), Y10
 	VMOVUPS (DX)(SI*1), Y11
 	VMOVUPS (DX)(SI*2), Y12
@@ -1914,11 +6391,11 @@ noprefetch111:
 	ADDQ    $0x20, DX
 	ADDQ    $0x20, R11
 	ADDQ    $0x20, R12
-	JMP     loop108
+	JMP     loop348
 
-tail109:
+tail349:
 	CMPQ       BX, R13
-	JAE        store110
+	JAE        store350
 	VMASKMOVPS (DX), Y1, Y10
 	VMASKMOVPS (DX)(SI*1), Y1, Y11
 	VMASKMOVPS (DX)(SI*2), Y1, Y12
@@ -1942,7 +6419,7 @@ tail109:
 	VMULPS     Y13, Y14, Y10
 	VADDPS     Y10, Y9, Y9
 
-store110:
+store350:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
 	SUBQ         BX, R11
@@ -1967,9 +6444,9 @@ store110:
 	LEAQ         (DX)(SI*4), DX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols106
+	JMP          cols346
 
-end107:
+end347:
 	VZEROUPPER
 	RET
 
@@ -1996,33 +6473,33 @@ TEXT ·scoresF32R2C2(SB), NOSPLIT, $0-84
 	ANDQ         $-32, R13
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask112
+	JZ           nomask352
 	LEAQ         kconst<>+0(SB), R14
 	NEGQ         BX
 	VMOVDQU      32(R14)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask112:
-cols113:
+nomask352:
+cols353:
 	TESTQ  DI, DI
-	JZ     end114
+	JZ     end354
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	XORQ   BX, BX
 
-loop115:
+loop355:
 	CMPQ       BX, R13
-	JAE        tail116
+	JAE        tail356
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch118
+	JNZ        noprefetch358
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R10)(SI*1)
 	PREFETCHT0 (R11)(SI*1)
 
-noprefetch118:
+noprefetch358:
 	VMOVUPS (DX), Y6
 	VMOVUPS (DX)(SI*1), Y7
 	VMOVUPS (AX), Y8
@@ -2040,11 +6517,11 @@ noprefetch118:
 	ADDQ    $0x20, DX
 	ADDQ    $0x20, R10
 	ADDQ    $0x20, R11
-	JMP     loop115
+	JMP     loop355
 
-tail116:
+tail356:
 	CMPQ       BX, R12
-	JAE        store117
+	JAE        store357
 	VMASKMOVPS (DX), Y1, Y6
 	VMASKMOVPS (DX)(SI*1), Y1, Y7
 	VMASKMOVPS (AX), Y1, Y8
@@ -2058,7 +6535,7 @@ tail116:
 	VMULPS     Y7, Y8, Y6
 	VADDPS     Y6, Y5, Y5
 
-store117:
+store357:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
 	SUBQ         BX, R10
@@ -2078,9 +6555,9 @@ store117:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols113
+	JMP          cols353
 
-end114:
+end354:
 	VZEROUPPER
 	RET
 
@@ -2107,29 +6584,29 @@ TEXT ·scoresF32R2C1(SB), NOSPLIT, $0-84
 	ANDQ         $-32, R13
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask119
+	JZ           nomask359
 	LEAQ         kconst<>+0(SB), R14
 	NEGQ         BX
 	VMOVDQU      32(R14)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask119:
-cols120:
+nomask359:
+cols360:
 	TESTQ  DI, DI
-	JZ     end121
+	JZ     end361
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	XORQ   BX, BX
 
-loop122:
+loop362:
 	CMPQ       BX, R13
-	JAE        tail123
+	JAE        tail363
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch125
+	JNZ        noprefetch365
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 
-noprefetch125:
+noprefetch365:
 	VMOVUPS (DX), Y4
 	VMOVUPS (AX), Y5
 	VMULPS  Y4, Y5, Y5
@@ -2142,11 +6619,11 @@ noprefetch125:
 	ADDQ    $0x20, DX
 	ADDQ    $0x20, R10
 	ADDQ    $0x20, R11
-	JMP     loop122
+	JMP     loop362
 
-tail123:
+tail363:
 	CMPQ       BX, R12
-	JAE        store124
+	JAE        store364
 	VMASKMOVPS (DX), Y1, Y4
 	VMASKMOVPS (AX), Y1, Y5
 	VMULPS     Y4, Y5, Y5
@@ -2155,7 +6632,7 @@ tail123:
 	VMULPS     Y4, Y5, Y4
 	VADDPS     Y4, Y3, Y3
 
-store124:
+store364:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
 	SUBQ         BX, R10
@@ -2174,9 +6651,9 @@ store124:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols120
+	JMP          cols360
 
-end121:
+end361:
 	VZEROUPPER
 	RET
 
@@ -2203,16 +6680,16 @@ TEXT ·scoresF32R3C2(SB), NOSPLIT, $0-84
 	ANDQ         $-32, R13
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask126
+	JZ           nomask366
 	LEAQ         kconst<>+0(SB), R14
 	NEGQ         BX
 	VMOVDQU      32(R14)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask126:
-cols127:
+nomask366:
+cols367:
 	TESTQ  DI, DI
-	JZ     end128
+	JZ     end368
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
@@ -2221,17 +6698,17 @@ cols127:
 	VXORPS Y7, Y7, Y7
 	XORQ   BX, BX
 
-loop129:
+loop369:
 	CMPQ       BX, R13
-	JAE        tail130
+	JAE        tail370
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch132
+	JNZ        noprefetch372
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R10)(SI*1)
 	PREFETCHT0 (R11)(SI*1)
 
-noprefetch132:
+noprefetch372:
 	VMOVUPS (DX), Y8
 	VMOVUPS (DX)(SI*1), Y9
 	VMOVUPS (AX), Y10
@@ -2254,11 +6731,11 @@ noprefetch132:
 	ADDQ    $0x20, DX
 	ADDQ    $0x20, R10
 	ADDQ    $0x20, R11
-	JMP     loop129
+	JMP     loop369
 
-tail130:
+tail370:
 	CMPQ       BX, R12
-	JAE        store131
+	JAE        store371
 	VMASKMOVPS (DX), Y1, Y8
 	VMASKMOVPS (DX)(SI*1), Y1, Y9
 	VMASKMOVPS (AX), Y1, Y10
@@ -2277,7 +6754,7 @@ tail130:
 	VMULPS     Y9, Y10, Y8
 	VADDPS     Y8, Y7, Y7
 
-store131:
+store371:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
 	SUBQ         BX, R10
@@ -2303,9 +6780,9 @@ store131:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols127
+	JMP          cols367
 
-end128:
+end368:
 	VZEROUPPER
 	RET
 
@@ -2332,30 +6809,30 @@ TEXT ·scoresF32R3C1(SB), NOSPLIT, $0-84
 	ANDQ         $-32, R13
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask133
+	JZ           nomask373
 	LEAQ         kconst<>+0(SB), R14
 	NEGQ         BX
 	VMOVDQU      32(R14)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask133:
-cols134:
+nomask373:
+cols374:
 	TESTQ  DI, DI
-	JZ     end135
+	JZ     end375
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	XORQ   BX, BX
 
-loop136:
+loop376:
 	CMPQ       BX, R13
-	JAE        tail137
+	JAE        tail377
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch139
+	JNZ        noprefetch379
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 
-noprefetch139:
+noprefetch379:
 	VMOVUPS (DX), Y5
 	VMOVUPS (AX), Y6
 	VMULPS  Y5, Y6, Y6
@@ -2371,11 +6848,11 @@ noprefetch139:
 	ADDQ    $0x20, DX
 	ADDQ    $0x20, R10
 	ADDQ    $0x20, R11
-	JMP     loop136
+	JMP     loop376
 
-tail137:
+tail377:
 	CMPQ       BX, R12
-	JAE        store138
+	JAE        store378
 	VMASKMOVPS (DX), Y1, Y5
 	VMASKMOVPS (AX), Y1, Y6
 	VMULPS     Y5, Y6, Y6
@@ -2387,7 +6864,7 @@ tail137:
 	VMULPS     Y5, Y6, Y5
 	VADDPS     Y5, Y4, Y4
 
-store138:
+store378:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
 	SUBQ         BX, R10
@@ -2409,9 +6886,9 @@ store138:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols134
+	JMP          cols374
 
-end135:
+end375:
 	VZEROUPPER
 	RET
 
@@ -2439,16 +6916,16 @@ TEXT ·scoresF32R4C2(SB), NOSPLIT, $0-84
 	ANDQ         $-32, R14
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask140
+	JZ           nomask380
 	LEAQ         kconst<>+0(SB), R15
 	NEGQ         BX
 	VMOVDQU      32(R15)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask140:
-cols141:
+nomask380:
+cols381:
 	TESTQ  DI, DI
-	JZ     end142
+	JZ     end382
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
@@ -2459,17 +6936,17 @@ cols141:
 	VXORPS Y9, Y9, Y9
 	XORQ   BX, BX
 
-loop143:
+loop383:
 	CMPQ       BX, R14
-	JAE        tail144
+	JAE        tail384
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch146
+	JNZ        noprefetch386
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R12)
 	PREFETCHT0 (R11)(SI*1)
 	PREFETCHT0 (R12)(SI*1)
 
-noprefetch146:
+noprefetch386:
 	VMOVUPS (DX), Y10
 	VMOVUPS (DX)(SI*1), Y11
 	VMOVUPS (AX), Y12
@@ -2497,11 +6974,11 @@ noprefetch146:
 	ADDQ    $0x20, DX
 	ADDQ    $0x20, R11
 	ADDQ    $0x20, R12
-	JMP     loop143
+	JMP     loop383
 
-tail144:
+tail384:
 	CMPQ       BX, R13
-	JAE        store145
+	JAE        store385
 	VMASKMOVPS (DX), Y1, Y10
 	VMASKMOVPS (DX)(SI*1), Y1, Y11
 	VMASKMOVPS (AX), Y1, Y12
@@ -2525,7 +7002,7 @@ tail144:
 	VMULPS     Y11, Y12, Y10
 	VADDPS     Y10, Y9, Y9
 
-store145:
+store385:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
 	SUBQ         BX, R11
@@ -2555,9 +7032,9 @@ store145:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols141
+	JMP          cols381
 
-end142:
+end382:
 	VZEROUPPER
 	RET
 
@@ -2585,31 +7062,31 @@ TEXT ·scoresF32R4C1(SB), NOSPLIT, $0-84
 	ANDQ         $-32, R14
 	ANDQ         $0x07, BX
 	VXORPS       Y1, Y1, Y1
-	JZ           nomask147
+	JZ           nomask387
 	LEAQ         kconst<>+0(SB), R15
 	NEGQ         BX
 	VMOVDQU      32(R15)(BX*4), Y1
 	VMOVUPS      Y1, Y1
 
-nomask147:
-cols148:
+nomask387:
+cols388:
 	TESTQ  DI, DI
-	JZ     end149
+	JZ     end389
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
 	XORQ   BX, BX
 
-loop150:
+loop390:
 	CMPQ       BX, R14
-	JAE        tail151
+	JAE        tail391
 	TESTQ      $0x0000003f, BX
-	JNZ        noprefetch153
+	JNZ        noprefetch393
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R12)
 
-noprefetch153:
+noprefetch393:
 	VMOVUPS (DX), Y6
 	VMOVUPS (AX), Y7
 	VMULPS  Y6, Y7, Y7
@@ -2628,11 +7105,11 @@ noprefetch153:
 	ADDQ    $0x20, DX
 	ADDQ    $0x20, R11
 	ADDQ    $0x20, R12
-	JMP     loop150
+	JMP     loop390
 
-tail151:
+tail391:
 	CMPQ       BX, R13
-	JAE        store152
+	JAE        store392
 	VMASKMOVPS (DX), Y1, Y6
 	VMASKMOVPS (AX), Y1, Y7
 	VMULPS     Y6, Y7, Y7
@@ -2647,7 +7124,7 @@ tail151:
 	VMULPS     Y6, Y7, Y6
 	VADDPS     Y6, Y5, Y5
 
-store152:
+store392:
 	SUBQ         BX, AX
 	SUBQ         BX, DX
 	SUBQ         BX, R11
@@ -2671,9 +7148,9 @@ store152:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols148
+	JMP          cols388
 
-end149:
+end389:
 	VZEROUPPER
 	RET
 
@@ -2691,18 +7168,18 @@ TEXT ·accumVF32H1D1(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups154:
+groups394:
 	CMPQ    BX, CX
-	JAE     done155
+	JAE     done395
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows156:
+rows396:
 	TESTQ        R10, R10
-	JZ           rowsdone157
+	JZ           rowsdone397
 	VMOVUPS      (R9), Y1
 	VBROADCASTSS (DX), Y2
 	VMULPS       Y1, Y2, Y1
@@ -2710,18 +7187,18 @@ rows156:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows156
+	JMP          rows396
 
-rowsdone157:
+rowsdone397:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	MOVQ    R8, R10
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000020, BX
-	JMP     groups154
+	JMP     groups394
 
-done155:
+done395:
 	VZEROUPPER
 	RET
 
@@ -2739,9 +7216,9 @@ TEXT ·accumVF32H1D2(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups158:
+groups398:
 	CMPQ    BX, CX
-	JAE     done159
+	JAE     done399
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -2749,9 +7226,9 @@ groups158:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows160:
+rows400:
 	TESTQ        R10, R10
-	JZ           rowsdone161
+	JZ           rowsdone401
 	VMOVUPS      (R9), Y2
 	VMOVUPS      32(R9), Y3
 	VBROADCASTSS (DX), Y4
@@ -2762,9 +7239,9 @@ rows160:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows160
+	JMP          rows400
 
-rowsdone161:
+rowsdone401:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -2772,9 +7249,9 @@ rowsdone161:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000040, BX
-	JMP     groups158
+	JMP     groups398
 
-done159:
+done399:
 	VZEROUPPER
 	RET
 
@@ -2792,9 +7269,9 @@ TEXT ·accumVF32H1D4(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups162:
+groups402:
 	CMPQ    BX, CX
-	JAE     done163
+	JAE     done403
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -2804,9 +7281,9 @@ groups162:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows164:
+rows404:
 	TESTQ        R10, R10
-	JZ           rowsdone165
+	JZ           rowsdone405
 	VMOVUPS      (R9), Y4
 	VMOVUPS      32(R9), Y5
 	VMOVUPS      64(R9), Y6
@@ -2823,9 +7300,9 @@ rows164:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows164
+	JMP          rows404
 
-rowsdone165:
+rowsdone405:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -2835,9 +7312,9 @@ rowsdone165:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000080, BX
-	JMP     groups162
+	JMP     groups402
 
-done163:
+done403:
 	VZEROUPPER
 	RET
 
@@ -2856,9 +7333,9 @@ TEXT ·accumVF32H2D1(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups166:
+groups406:
 	CMPQ    R9, CX
-	JAE     done167
+	JAE     done407
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	ADDQ    CX, R10
@@ -2867,9 +7344,9 @@ groups166:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows168:
+rows408:
 	TESTQ        R11, R11
-	JZ           rowsdone169
+	JZ           rowsdone409
 	VMOVUPS      (R10), Y2
 	VBROADCASTSS (DX), Y3
 	VMULPS       Y2, Y3, Y3
@@ -2881,9 +7358,9 @@ rows168:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows168
+	JMP          rows408
 
-rowsdone169:
+rowsdone409:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
@@ -2893,9 +7370,9 @@ rowsdone169:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000020, R9
-	JMP     groups166
+	JMP     groups406
 
-done167:
+done407:
 	VZEROUPPER
 	RET
 
@@ -2914,9 +7391,9 @@ TEXT ·accumVF32H2D2(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups170:
+groups410:
 	CMPQ    R9, CX
-	JAE     done171
+	JAE     done411
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -2927,9 +7404,9 @@ groups170:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows172:
+rows412:
 	TESTQ        R11, R11
-	JZ           rowsdone173
+	JZ           rowsdone413
 	VMOVUPS      (R10), Y4
 	VMOVUPS      32(R10), Y5
 	VBROADCASTSS (DX), Y6
@@ -2946,9 +7423,9 @@ rows172:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows172
+	JMP          rows412
 
-rowsdone173:
+rowsdone413:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -2960,9 +7437,9 @@ rowsdone173:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000040, R9
-	JMP     groups170
+	JMP     groups410
 
-done171:
+done411:
 	VZEROUPPER
 	RET
 
@@ -2981,9 +7458,9 @@ TEXT ·accumVF32H2D4(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups174:
+groups414:
 	CMPQ    R9, CX
-	JAE     done175
+	JAE     done415
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -2998,9 +7475,9 @@ groups174:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows176:
+rows416:
 	TESTQ        R11, R11
-	JZ           rowsdone177
+	JZ           rowsdone417
 	VMOVUPS      (R10), Y8
 	VMOVUPS      32(R10), Y9
 	VMOVUPS      64(R10), Y10
@@ -3027,9 +7504,9 @@ rows176:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows176
+	JMP          rows416
 
-rowsdone177:
+rowsdone417:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -3045,9 +7522,9 @@ rowsdone177:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000080, R9
-	JMP     groups174
+	JMP     groups414
 
-done175:
+done415:
 	VZEROUPPER
 	RET
 
@@ -3067,9 +7544,9 @@ TEXT ·accumVF32H3D1(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups178:
+groups418:
 	CMPQ    R10, CX
-	JAE     done179
+	JAE     done419
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	ADDQ    CX, R11
@@ -3080,9 +7557,9 @@ groups178:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows180:
+rows420:
 	TESTQ        R12, R12
-	JZ           rowsdone181
+	JZ           rowsdone421
 	VMOVUPS      (R11), Y3
 	VBROADCASTSS (DX), Y4
 	VMULPS       Y3, Y4, Y4
@@ -3098,9 +7575,9 @@ rows180:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows180
+	JMP          rows420
 
-rowsdone181:
+rowsdone421:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	ADDQ    CX, R11
@@ -3113,9 +7590,9 @@ rowsdone181:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000020, R10
-	JMP     groups178
+	JMP     groups418
 
-done179:
+done419:
 	VZEROUPPER
 	RET
 
@@ -3135,9 +7612,9 @@ TEXT ·accumVF32H3D2(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups182:
+groups422:
 	CMPQ    R10, CX
-	JAE     done183
+	JAE     done423
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	VMOVUPS 32(R11)(R10*1), Y1
@@ -3151,9 +7628,9 @@ groups182:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows184:
+rows424:
 	TESTQ        R12, R12
-	JZ           rowsdone185
+	JZ           rowsdone425
 	VMOVUPS      (R11), Y6
 	VMOVUPS      32(R11), Y7
 	VBROADCASTSS (DX), Y8
@@ -3176,9 +7653,9 @@ rows184:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows184
+	JMP          rows424
 
-rowsdone185:
+rowsdone425:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	VMOVUPS Y1, 32(R11)(R10*1)
@@ -3194,9 +7671,9 @@ rowsdone185:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000040, R10
-	JMP     groups182
+	JMP     groups422
 
-done183:
+done423:
 	VZEROUPPER
 	RET
 
@@ -3217,9 +7694,9 @@ TEXT ·accumVF32H4D1(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups186:
+groups426:
 	CMPQ    R11, CX
-	JAE     done187
+	JAE     done427
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	ADDQ    CX, R12
@@ -3232,9 +7709,9 @@ groups186:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows188:
+rows428:
 	TESTQ        R13, R13
-	JZ           rowsdone189
+	JZ           rowsdone429
 	VMOVUPS      (R12), Y4
 	VBROADCASTSS (DX), Y5
 	VMULPS       Y4, Y5, Y5
@@ -3254,9 +7731,9 @@ rows188:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows188
+	JMP          rows428
 
-rowsdone189:
+rowsdone429:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	ADDQ    CX, R12
@@ -3272,9 +7749,9 @@ rowsdone189:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000020, R11
-	JMP     groups186
+	JMP     groups426
 
-done187:
+done427:
 	VZEROUPPER
 	RET
 
@@ -3295,9 +7772,9 @@ TEXT ·accumVF32H4D2(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups190:
+groups430:
 	CMPQ    R11, CX
-	JAE     done191
+	JAE     done431
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	VMOVUPS 32(R12)(R11*1), Y1
@@ -3314,9 +7791,9 @@ groups190:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows192:
+rows432:
 	TESTQ        R13, R13
-	JZ           rowsdone193
+	JZ           rowsdone433
 	VMOVUPS      (R12), Y8
 	VMOVUPS      32(R12), Y9
 	VBROADCASTSS (DX), Y10
@@ -3345,9 +7822,9 @@ rows192:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows192
+	JMP          rows432
 
-rowsdone193:
+rowsdone433:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	VMOVUPS Y1, 32(R12)(R11*1)
@@ -3367,9 +7844,9 @@ rowsdone193:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000040, R11
-	JMP     groups190
+	JMP     groups430
 
-done191:
+done431:
 	VZEROUPPER
 	RET
 
@@ -3397,9 +7874,9 @@ TEXT ·scoresF16R1C8(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols194:
+cols434:
 	TESTQ  DI, DI
-	JZ     end195
+	JZ     end435
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -3410,11 +7887,11 @@ cols194:
 	VXORPS Y8, Y8, Y8
 	XORQ   R14, R14
 
-loop196:
+loop436:
 	CMPQ       R14, BX
-	JAE        tail197
+	JAE        tail437
 	TESTQ      $0x0000003f, R14
-	JNZ        noprefetch199
+	JNZ        noprefetch439
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R10)(SI*1)
@@ -3432,7 +7909,7 @@ loop196:
 	PREFETCHT0 (R12)(SI*4)
 	PREFETCHT0 (R13)(SI*4)
 
-noprefetch199:
+noprefetch439:
 	VMOVUPS   (AX), Y9
 	VPMOVZXWD (DX), Y11
 	VPAND     kconst<>+96(SB), Y11, Y12
@@ -3570,9 +8047,9 @@ noprefetch199:
 	ADDQ      $0x10, R12
 	ADDQ      $0x10, R11
 	ADDQ      $0x10, R13
-	JMP       loop196
+	JMP       loop436
 
-tail197:
+tail437:
 	SUBQ       R14, AX
 	SHRQ       $0x01, R14
 	SUBQ       R14, DX
@@ -3601,9 +8078,9 @@ tail197:
 	LEAQ       (DX)(CX*1), R9
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
-	JMP        cols194
+	JMP        cols434
 
-end195:
+end435:
 	VZEROUPPER
 	RET
 
@@ -3628,20 +8105,20 @@ TEXT ·scoresF16R1C4(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols200:
+cols440:
 	TESTQ  DI, DI
-	JZ     end201
+	JZ     end441
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	XORQ   R11, R11
 
-loop202:
+loop442:
 	CMPQ       R11, BX
-	JAE        tail203
+	JAE        tail443
 	TESTQ      $0x0000003f, R11
-	JNZ        noprefetch205
+	JNZ        noprefetch445
 	PREFETCHT0 (R9)
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R9)(SI*1)
@@ -3651,7 +8128,7 @@ loop202:
 	PREFETCHT0 (R9)(CX*1)
 	PREFETCHT0 (R10)(CX*1)
 
-noprefetch205:
+noprefetch445:
 	VMOVUPS   (AX), Y5
 	VPMOVZXWD (DX), Y7
 	VPAND     kconst<>+96(SB), Y7, Y8
@@ -3722,9 +8199,9 @@ noprefetch205:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R9
 	ADDQ      $0x10, R10
-	JMP       loop202
+	JMP       loop442
 
-tail203:
+tail443:
 	SUBQ         R11, AX
 	SHRQ         $0x01, R11
 	SUBQ         R11, DX
@@ -3743,9 +8220,9 @@ tail203:
 	LEAQ         (DX)(SI*4), DX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols200
+	JMP          cols440
 
-end201:
+end441:
 	VZEROUPPER
 	RET
 
@@ -3769,24 +8246,24 @@ TEXT ·scoresF16R1C2(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols206:
+cols446:
 	TESTQ  DI, DI
-	JZ     end207
+	JZ     end447
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	XORQ   R10, R10
 
-loop208:
+loop448:
 	CMPQ       R10, BX
-	JAE        tail209
+	JAE        tail449
 	TESTQ      $0x0000003f, R10
-	JNZ        noprefetch211
+	JNZ        noprefetch451
 	PREFETCHT0 (CX)
 	PREFETCHT0 (R9)
 	PREFETCHT0 (CX)(SI*1)
 	PREFETCHT0 (R9)(SI*1)
 
-noprefetch211:
+noprefetch451:
 	VMOVUPS   (AX), Y3
 	VPMOVZXWD (DX), Y5
 	VPAND     kconst<>+96(SB), Y5, Y6
@@ -3825,9 +8302,9 @@ noprefetch211:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, CX
 	ADDQ      $0x10, R9
-	JMP       loop208
+	JMP       loop448
 
-tail209:
+tail449:
 	SUBQ         R10, AX
 	SHRQ         $0x01, R10
 	SUBQ         R10, DX
@@ -3845,9 +8322,9 @@ tail209:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols206
+	JMP          cols446
 
-end207:
+end447:
 	VZEROUPPER
 	RET
 
@@ -3871,21 +8348,21 @@ TEXT ·scoresF16R1C1(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols212:
+cols452:
 	TESTQ  DI, DI
-	JZ     end213
+	JZ     end453
 	VXORPS Y1, Y1, Y1
 	XORQ   R10, R10
 
-loop214:
+loop454:
 	CMPQ       R10, BX
-	JAE        tail215
+	JAE        tail455
 	TESTQ      $0x0000003f, R10
-	JNZ        noprefetch217
+	JNZ        noprefetch457
 	PREFETCHT0 (CX)
 	PREFETCHT0 (R9)
 
-noprefetch217:
+noprefetch457:
 	VMOVUPS   (AX), Y2
 	VPMOVZXWD (DX), Y4
 	VPAND     kconst<>+96(SB), Y4, Y5
@@ -3908,9 +8385,9 @@ noprefetch217:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, CX
 	ADDQ      $0x10, R9
-	JMP       loop214
+	JMP       loop454
 
-tail215:
+tail455:
 	SUBQ         R10, AX
 	SHRQ         $0x01, R10
 	SUBQ         R10, DX
@@ -3928,9 +8405,9 @@ tail215:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols212
+	JMP          cols452
 
-end213:
+end453:
 	VZEROUPPER
 	RET
 
@@ -3955,9 +8432,9 @@ TEXT ·scoresF16R2C4(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols218:
+cols458:
 	TESTQ  DI, DI
-	JZ     end219
+	JZ     end459
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -3968,11 +8445,11 @@ cols218:
 	VXORPS Y8, Y8, Y8
 	XORQ   R13, R13
 
-loop220:
+loop460:
 	CMPQ       R13, BX
-	JAE        tail221
+	JAE        tail461
 	TESTQ      $0x0000003f, R13
-	JNZ        noprefetch223
+	JNZ        noprefetch463
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R12)
 	PREFETCHT0 (R11)(SI*1)
@@ -3982,7 +8459,7 @@ loop220:
 	PREFETCHT0 (R11)(R10*1)
 	PREFETCHT0 (R12)(R10*1)
 
-noprefetch223:
+noprefetch463:
 	VPMOVZXWD (DX), Y10
 	VPAND     kconst<>+96(SB), Y10, Y11
 	VPXOR     Y11, Y10, Y12
@@ -4062,9 +8539,9 @@ noprefetch223:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R11
 	ADDQ      $0x10, R12
-	JMP       loop220
+	JMP       loop460
 
-tail221:
+tail461:
 	SUBQ         R13, AX
 	SHRQ         $0x01, R13
 	SUBQ         R13, DX
@@ -4090,9 +8567,9 @@ tail221:
 	LEAQ         (DX)(SI*4), DX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols218
+	JMP          cols458
 
-end219:
+end459:
 	VZEROUPPER
 	RET
 
@@ -4116,26 +8593,26 @@ TEXT ·scoresF16R2C2(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols224:
+cols464:
 	TESTQ  DI, DI
-	JZ     end225
+	JZ     end465
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	XORQ   R12, R12
 
-loop226:
+loop466:
 	CMPQ       R12, BX
-	JAE        tail227
+	JAE        tail467
 	TESTQ      $0x0000003f, R12
-	JNZ        noprefetch229
+	JNZ        noprefetch469
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R10)(SI*1)
 	PREFETCHT0 (R11)(SI*1)
 
-noprefetch229:
+noprefetch469:
 	VPMOVZXWD (DX), Y6
 	VPAND     kconst<>+96(SB), Y6, Y7
 	VPXOR     Y7, Y6, Y8
@@ -4179,9 +8656,9 @@ noprefetch229:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R10
 	ADDQ      $0x10, R11
-	JMP       loop226
+	JMP       loop466
 
-tail227:
+tail467:
 	SUBQ         R12, AX
 	SHRQ         $0x01, R12
 	SUBQ         R12, DX
@@ -4202,9 +8679,9 @@ tail227:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols224
+	JMP          cols464
 
-end225:
+end465:
 	VZEROUPPER
 	RET
 
@@ -4228,22 +8705,22 @@ TEXT ·scoresF16R2C1(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols230:
+cols470:
 	TESTQ  DI, DI
-	JZ     end231
+	JZ     end471
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	XORQ   R12, R12
 
-loop232:
+loop472:
 	CMPQ       R12, BX
-	JAE        tail233
+	JAE        tail473
 	TESTQ      $0x0000003f, R12
-	JNZ        noprefetch235
+	JNZ        noprefetch475
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 
-noprefetch235:
+noprefetch475:
 	VPMOVZXWD (DX), Y4
 	VPAND     kconst<>+96(SB), Y4, Y5
 	VPXOR     Y5, Y4, Y6
@@ -4269,9 +8746,9 @@ noprefetch235:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R10
 	ADDQ      $0x10, R11
-	JMP       loop232
+	JMP       loop472
 
-tail233:
+tail473:
 	SUBQ         R12, AX
 	SHRQ         $0x01, R12
 	SUBQ         R12, DX
@@ -4291,9 +8768,9 @@ tail233:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols230
+	JMP          cols470
 
-end231:
+end471:
 	VZEROUPPER
 	RET
 
@@ -4317,9 +8794,9 @@ TEXT ·scoresF16R3C2(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols236:
+cols476:
 	TESTQ  DI, DI
-	JZ     end237
+	JZ     end477
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -4328,17 +8805,17 @@ cols236:
 	VXORPS Y6, Y6, Y6
 	XORQ   R12, R12
 
-loop238:
+loop478:
 	CMPQ       R12, BX
-	JAE        tail239
+	JAE        tail479
 	TESTQ      $0x0000003f, R12
-	JNZ        noprefetch241
+	JNZ        noprefetch481
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R10)(SI*1)
 	PREFETCHT0 (R11)(SI*1)
 
-noprefetch241:
+noprefetch481:
 	VPMOVZXWD (DX), Y8
 	VPAND     kconst<>+96(SB), Y8, Y9
 	VPXOR     Y9, Y8, Y10
@@ -4387,9 +8864,9 @@ noprefetch241:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R10
 	ADDQ      $0x10, R11
-	JMP       loop238
+	JMP       loop478
 
-tail239:
+tail479:
 	SUBQ         R12, AX
 	SHRQ         $0x01, R12
 	SUBQ         R12, DX
@@ -4416,9 +8893,9 @@ tail239:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols236
+	JMP          cols476
 
-end237:
+end477:
 	VZEROUPPER
 	RET
 
@@ -4442,23 +8919,23 @@ TEXT ·scoresF16R3C1(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols242:
+cols482:
 	TESTQ  DI, DI
-	JZ     end243
+	JZ     end483
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	XORQ   R12, R12
 
-loop244:
+loop484:
 	CMPQ       R12, BX
-	JAE        tail245
+	JAE        tail485
 	TESTQ      $0x0000003f, R12
-	JNZ        noprefetch247
+	JNZ        noprefetch487
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 
-noprefetch247:
+noprefetch487:
 	VPMOVZXWD (DX), Y5
 	VPAND     kconst<>+96(SB), Y5, Y6
 	VPXOR     Y6, Y5, Y7
@@ -4487,9 +8964,9 @@ noprefetch247:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R10
 	ADDQ      $0x10, R11
-	JMP       loop244
+	JMP       loop484
 
-tail245:
+tail485:
 	SUBQ         R12, AX
 	SHRQ         $0x01, R12
 	SUBQ         R12, DX
@@ -4512,9 +8989,9 @@ tail245:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols242
+	JMP          cols482
 
-end243:
+end483:
 	VZEROUPPER
 	RET
 
@@ -4539,9 +9016,9 @@ TEXT ·scoresF16R4C2(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols248:
+cols488:
 	TESTQ  DI, DI
-	JZ     end249
+	JZ     end489
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -4552,17 +9029,17 @@ cols248:
 	VXORPS Y8, Y8, Y8
 	XORQ   R13, R13
 
-loop250:
+loop490:
 	CMPQ       R13, BX
-	JAE        tail251
+	JAE        tail491
 	TESTQ      $0x0000003f, R13
-	JNZ        noprefetch253
+	JNZ        noprefetch493
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R12)
 	PREFETCHT0 (R11)(SI*1)
 	PREFETCHT0 (R12)(SI*1)
 
-noprefetch253:
+noprefetch493:
 	VPMOVZXWD (DX), Y10
 	VPAND     kconst<>+96(SB), Y10, Y11
 	VPXOR     Y11, Y10, Y12
@@ -4616,9 +9093,9 @@ noprefetch253:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R11
 	ADDQ      $0x10, R12
-	JMP       loop250
+	JMP       loop490
 
-tail251:
+tail491:
 	SUBQ         R13, AX
 	SHRQ         $0x01, R13
 	SUBQ         R13, DX
@@ -4649,9 +9126,9 @@ tail251:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols248
+	JMP          cols488
 
-end249:
+end489:
 	VZEROUPPER
 	RET
 
@@ -4676,24 +9153,24 @@ TEXT ·scoresF16R4C1(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols254:
+cols494:
 	TESTQ  DI, DI
-	JZ     end255
+	JZ     end495
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	XORQ   R13, R13
 
-loop256:
+loop496:
 	CMPQ       R13, BX
-	JAE        tail257
+	JAE        tail497
 	TESTQ      $0x0000003f, R13
-	JNZ        noprefetch259
+	JNZ        noprefetch499
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R12)
 
-noprefetch259:
+noprefetch499:
 	VPMOVZXWD (DX), Y6
 	VPAND     kconst<>+96(SB), Y6, Y7
 	VPXOR     Y7, Y6, Y8
@@ -4725,9 +9202,9 @@ noprefetch259:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R11
 	ADDQ      $0x10, R12
-	JMP       loop256
+	JMP       loop496
 
-tail257:
+tail497:
 	SUBQ         R13, AX
 	SHRQ         $0x01, R13
 	SUBQ         R13, DX
@@ -4752,9 +9229,9 @@ tail257:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols254
+	JMP          cols494
 
-end255:
+end495:
 	VZEROUPPER
 	RET
 
@@ -4772,9 +9249,9 @@ TEXT ·accumVF16H1D1(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups260:
+groups500:
 	CMPQ    BX, CX
-	JAE     done261
+	JAE     done501
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
@@ -4782,9 +9259,9 @@ groups260:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows262:
+rows502:
 	TESTQ        R10, R10
-	JZ           rowsdone263
+	JZ           rowsdone503
 	VPMOVZXWD    (R9), Y2
 	VPAND        kconst<>+96(SB), Y2, Y3
 	VPXOR        Y3, Y2, Y4
@@ -4805,18 +9282,18 @@ rows262:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows262
+	JMP          rows502
 
-rowsdone263:
+rowsdone503:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	MOVQ    R8, R10
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000020, BX
-	JMP     groups260
+	JMP     groups500
 
-done261:
+done501:
 	VZEROUPPER
 	RET
 
@@ -4834,9 +9311,9 @@ TEXT ·accumVF16H1D2(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups264:
+groups504:
 	CMPQ    BX, CX
-	JAE     done265
+	JAE     done505
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -4845,9 +9322,9 @@ groups264:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows266:
+rows506:
 	TESTQ        R10, R10
-	JZ           rowsdone267
+	JZ           rowsdone507
 	VPMOVZXWD    (R9), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
 	VPXOR        Y4, Y3, Y5
@@ -4884,9 +9361,9 @@ rows266:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows266
+	JMP          rows506
 
-rowsdone267:
+rowsdone507:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -4894,9 +9371,9 @@ rowsdone267:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000040, BX
-	JMP     groups264
+	JMP     groups504
 
-done265:
+done505:
 	VZEROUPPER
 	RET
 
@@ -4914,9 +9391,9 @@ TEXT ·accumVF16H1D4(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups268:
+groups508:
 	CMPQ    BX, CX
-	JAE     done269
+	JAE     done509
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -4927,9 +9404,9 @@ groups268:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows270:
+rows510:
 	TESTQ        R10, R10
-	JZ           rowsdone271
+	JZ           rowsdone511
 	VPMOVZXWD    (R9), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -4998,9 +9475,9 @@ rows270:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows270
+	JMP          rows510
 
-rowsdone271:
+rowsdone511:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -5010,9 +9487,9 @@ rowsdone271:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000080, BX
-	JMP     groups268
+	JMP     groups508
 
-done269:
+done509:
 	VZEROUPPER
 	RET
 
@@ -5031,9 +9508,9 @@ TEXT ·accumVF16H2D1(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups272:
+groups512:
 	CMPQ    R9, CX
-	JAE     done273
+	JAE     done513
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	ADDQ    CX, R10
@@ -5043,9 +9520,9 @@ groups272:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows274:
+rows514:
 	TESTQ        R11, R11
-	JZ           rowsdone275
+	JZ           rowsdone515
 	VPMOVZXWD    (R10), Y3
 	VPAND        kconst<>+96(SB), Y3, Y4
 	VPXOR        Y4, Y3, Y5
@@ -5070,9 +9547,9 @@ rows274:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows274
+	JMP          rows514
 
-rowsdone275:
+rowsdone515:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
@@ -5082,9 +9559,9 @@ rowsdone275:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000020, R9
-	JMP     groups272
+	JMP     groups512
 
-done273:
+done513:
 	VZEROUPPER
 	RET
 
@@ -5103,9 +9580,9 @@ TEXT ·accumVF16H2D2(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups276:
+groups516:
 	CMPQ    R9, CX
-	JAE     done277
+	JAE     done517
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -5117,9 +9594,9 @@ groups276:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows278:
+rows518:
 	TESTQ        R11, R11
-	JZ           rowsdone279
+	JZ           rowsdone519
 	VPMOVZXWD    (R10), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -5162,9 +9639,9 @@ rows278:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows278
+	JMP          rows518
 
-rowsdone279:
+rowsdone519:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -5176,9 +9653,9 @@ rowsdone279:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000040, R9
-	JMP     groups276
+	JMP     groups516
 
-done277:
+done517:
 	VZEROUPPER
 	RET
 
@@ -5198,9 +9675,9 @@ TEXT ·accumVF16H3D1(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups280:
+groups520:
 	CMPQ    R10, CX
-	JAE     done281
+	JAE     done521
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	ADDQ    CX, R11
@@ -5212,9 +9689,9 @@ groups280:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows282:
+rows522:
 	TESTQ        R12, R12
-	JZ           rowsdone283
+	JZ           rowsdone523
 	VPMOVZXWD    (R11), Y4
 	VPAND        kconst<>+96(SB), Y4, Y5
 	VPXOR        Y5, Y4, Y6
@@ -5243,9 +9720,9 @@ rows282:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows282
+	JMP          rows522
 
-rowsdone283:
+rowsdone523:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	ADDQ    CX, R11
@@ -5258,9 +9735,9 @@ rowsdone283:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000020, R10
-	JMP     groups280
+	JMP     groups520
 
-done281:
+done521:
 	VZEROUPPER
 	RET
 
@@ -5280,9 +9757,9 @@ TEXT ·accumVF16H3D2(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups284:
+groups524:
 	CMPQ    R10, CX
-	JAE     done285
+	JAE     done525
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	VMOVUPS 32(R11)(R10*1), Y1
@@ -5297,9 +9774,9 @@ groups284:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows286:
+rows526:
 	TESTQ        R12, R12
-	JZ           rowsdone287
+	JZ           rowsdone527
 	VPMOVZXWD    (R11), Y7
 	VPAND        kconst<>+96(SB), Y7, Y8
 	VPXOR        Y8, Y7, Y9
@@ -5348,9 +9825,9 @@ rows286:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows286
+	JMP          rows526
 
-rowsdone287:
+rowsdone527:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	VMOVUPS Y1, 32(R11)(R10*1)
@@ -5366,9 +9843,9 @@ rowsdone287:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000040, R10
-	JMP     groups284
+	JMP     groups524
 
-done285:
+done525:
 	VZEROUPPER
 	RET
 
@@ -5389,9 +9866,9 @@ TEXT ·accumVF16H4D1(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups288:
+groups528:
 	CMPQ    R11, CX
-	JAE     done289
+	JAE     done529
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	ADDQ    CX, R12
@@ -5405,9 +9882,9 @@ groups288:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows290:
+rows530:
 	TESTQ        R13, R13
-	JZ           rowsdone291
+	JZ           rowsdone531
 	VPMOVZXWD    (R12), Y5
 	VPAND        kconst<>+96(SB), Y5, Y6
 	VPXOR        Y6, Y5, Y7
@@ -5440,9 +9917,9 @@ rows290:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows290
+	JMP          rows530
 
-rowsdone291:
+rowsdone531:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	ADDQ    CX, R12
@@ -5458,9 +9935,9 @@ rowsdone291:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000020, R11
-	JMP     groups288
+	JMP     groups528
 
-done289:
+done529:
 	VZEROUPPER
 	RET
 
@@ -5481,9 +9958,9 @@ TEXT ·accumVF16H4D2(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups292:
+groups532:
 	CMPQ    R11, CX
-	JAE     done293
+	JAE     done533
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	VMOVUPS 32(R12)(R11*1), Y1
@@ -5501,9 +9978,9 @@ groups292:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows294:
+rows534:
 	TESTQ        R13, R13
-	JZ           rowsdone295
+	JZ           rowsdone535
 	VPMOVZXWD    (R12), Y9
 	VPAND        kconst<>+96(SB), Y9, Y10
 	VPXOR        Y10, Y9, Y11
@@ -5558,9 +10035,9 @@ rows294:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows294
+	JMP          rows534
 
-rowsdone295:
+rowsdone535:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	VMOVUPS Y1, 32(R12)(R11*1)
@@ -5580,9 +10057,9 @@ rowsdone295:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000040, R11
-	JMP     groups292
+	JMP     groups532
 
-done293:
+done533:
 	VZEROUPPER
 	RET
 
@@ -5610,9 +10087,9 @@ TEXT ·scoresBF16R1C8(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols296:
+cols536:
 	TESTQ  DI, DI
-	JZ     end297
+	JZ     end537
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -5623,11 +10100,11 @@ cols296:
 	VXORPS Y8, Y8, Y8
 	XORQ   R14, R14
 
-loop298:
+loop538:
 	CMPQ       R14, BX
-	JAE        tail299
+	JAE        tail539
 	TESTQ      $0x0000003f, R14
-	JNZ        noprefetch301
+	JNZ        noprefetch541
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R10)(SI*1)
@@ -5645,7 +10122,7 @@ loop298:
 	PREFETCHT0 (R12)(SI*4)
 	PREFETCHT0 (R13)(SI*4)
 
-noprefetch301:
+noprefetch541:
 	VMOVUPS   (AX), Y9
 	VPMOVZXWD (DX), Y10
 	VPSLLD    $0x10, Y10, Y10
@@ -5687,9 +10164,9 @@ noprefetch301:
 	ADDQ      $0x10, R12
 	ADDQ      $0x10, R11
 	ADDQ      $0x10, R13
-	JMP       loop298
+	JMP       loop538
 
-tail299:
+tail539:
 	SUBQ       R14, AX
 	SHRQ       $0x01, R14
 	SUBQ       R14, DX
@@ -5718,9 +10195,9 @@ tail299:
 	LEAQ       (DX)(CX*1), R9
 	ADDQ       $0x00000020, R8
 	SUBQ       $0x00000008, DI
-	JMP        cols296
+	JMP        cols536
 
-end297:
+end537:
 	VZEROUPPER
 	RET
 
@@ -5745,20 +10222,20 @@ TEXT ·scoresBF16R1C4(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols302:
+cols542:
 	TESTQ  DI, DI
-	JZ     end303
+	JZ     end543
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	XORQ   R11, R11
 
-loop304:
+loop544:
 	CMPQ       R11, BX
-	JAE        tail305
+	JAE        tail545
 	TESTQ      $0x0000003f, R11
-	JNZ        noprefetch307
+	JNZ        noprefetch547
 	PREFETCHT0 (R9)
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R9)(SI*1)
@@ -5768,7 +10245,7 @@ loop304:
 	PREFETCHT0 (R9)(CX*1)
 	PREFETCHT0 (R10)(CX*1)
 
-noprefetch307:
+noprefetch547:
 	VMOVUPS   (AX), Y5
 	VPMOVZXWD (DX), Y6
 	VPSLLD    $0x10, Y6, Y6
@@ -5791,9 +10268,9 @@ noprefetch307:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R9
 	ADDQ      $0x10, R10
-	JMP       loop304
+	JMP       loop544
 
-tail305:
+tail545:
 	SUBQ         R11, AX
 	SHRQ         $0x01, R11
 	SUBQ         R11, DX
@@ -5812,9 +10289,9 @@ tail305:
 	LEAQ         (DX)(SI*4), DX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols302
+	JMP          cols542
 
-end303:
+end543:
 	VZEROUPPER
 	RET
 
@@ -5838,24 +10315,24 @@ TEXT ·scoresBF16R1C2(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols308:
+cols548:
 	TESTQ  DI, DI
-	JZ     end309
+	JZ     end549
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	XORQ   R10, R10
 
-loop310:
+loop550:
 	CMPQ       R10, BX
-	JAE        tail311
+	JAE        tail551
 	TESTQ      $0x0000003f, R10
-	JNZ        noprefetch313
+	JNZ        noprefetch553
 	PREFETCHT0 (CX)
 	PREFETCHT0 (R9)
 	PREFETCHT0 (CX)(SI*1)
 	PREFETCHT0 (R9)(SI*1)
 
-noprefetch313:
+noprefetch553:
 	VMOVUPS   (AX), Y3
 	VPMOVZXWD (DX), Y4
 	VPSLLD    $0x10, Y4, Y4
@@ -5870,9 +10347,9 @@ noprefetch313:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, CX
 	ADDQ      $0x10, R9
-	JMP       loop310
+	JMP       loop550
 
-tail311:
+tail551:
 	SUBQ         R10, AX
 	SHRQ         $0x01, R10
 	SUBQ         R10, DX
@@ -5890,9 +10367,9 @@ tail311:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols308
+	JMP          cols548
 
-end309:
+end549:
 	VZEROUPPER
 	RET
 
@@ -5916,21 +10393,21 @@ TEXT ·scoresBF16R1C1(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols314:
+cols554:
 	TESTQ  DI, DI
-	JZ     end315
+	JZ     end555
 	VXORPS Y1, Y1, Y1
 	XORQ   R10, R10
 
-loop316:
+loop556:
 	CMPQ       R10, BX
-	JAE        tail317
+	JAE        tail557
 	TESTQ      $0x0000003f, R10
-	JNZ        noprefetch319
+	JNZ        noprefetch559
 	PREFETCHT0 (CX)
 	PREFETCHT0 (R9)
 
-noprefetch319:
+noprefetch559:
 	VMOVUPS   (AX), Y2
 	VPMOVZXWD (DX), Y3
 	VPSLLD    $0x10, Y3, Y3
@@ -5941,9 +10418,9 @@ noprefetch319:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, CX
 	ADDQ      $0x10, R9
-	JMP       loop316
+	JMP       loop556
 
-tail317:
+tail557:
 	SUBQ         R10, AX
 	SHRQ         $0x01, R10
 	SUBQ         R10, DX
@@ -5961,9 +10438,9 @@ tail317:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols314
+	JMP          cols554
 
-end315:
+end555:
 	VZEROUPPER
 	RET
 
@@ -5988,9 +10465,9 @@ TEXT ·scoresBF16R2C4(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols320:
+cols560:
 	TESTQ  DI, DI
-	JZ     end321
+	JZ     end561
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -6001,11 +10478,11 @@ cols320:
 	VXORPS Y8, Y8, Y8
 	XORQ   R13, R13
 
-loop322:
+loop562:
 	CMPQ       R13, BX
-	JAE        tail323
+	JAE        tail563
 	TESTQ      $0x0000003f, R13
-	JNZ        noprefetch325
+	JNZ        noprefetch565
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R12)
 	PREFETCHT0 (R11)(SI*1)
@@ -6015,7 +10492,7 @@ loop322:
 	PREFETCHT0 (R11)(R10*1)
 	PREFETCHT0 (R12)(R10*1)
 
-noprefetch325:
+noprefetch565:
 	VPMOVZXWD (DX), Y9
 	VPSLLD    $0x10, Y9, Y9
 	VPMOVZXWD (DX)(SI*1), Y10
@@ -6047,9 +10524,9 @@ noprefetch325:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R11
 	ADDQ      $0x10, R12
-	JMP       loop322
+	JMP       loop562
 
-tail323:
+tail563:
 	SUBQ         R13, AX
 	SHRQ         $0x01, R13
 	SUBQ         R13, DX
@@ -6075,9 +10552,9 @@ tail323:
 	LEAQ         (DX)(SI*4), DX
 	ADDQ         $0x00000010, R8
 	SUBQ         $0x00000004, DI
-	JMP          cols320
+	JMP          cols560
 
-end321:
+end561:
 	VZEROUPPER
 	RET
 
@@ -6101,26 +10578,26 @@ TEXT ·scoresBF16R2C2(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols326:
+cols566:
 	TESTQ  DI, DI
-	JZ     end327
+	JZ     end567
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	XORQ   R12, R12
 
-loop328:
+loop568:
 	CMPQ       R12, BX
-	JAE        tail329
+	JAE        tail569
 	TESTQ      $0x0000003f, R12
-	JNZ        noprefetch331
+	JNZ        noprefetch571
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R10)(SI*1)
 	PREFETCHT0 (R11)(SI*1)
 
-noprefetch331:
+noprefetch571:
 	VPMOVZXWD (DX), Y5
 	VPSLLD    $0x10, Y5, Y5
 	VPMOVZXWD (DX)(SI*1), Y6
@@ -6140,9 +10617,9 @@ noprefetch331:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R10
 	ADDQ      $0x10, R11
-	JMP       loop328
+	JMP       loop568
 
-tail329:
+tail569:
 	SUBQ         R12, AX
 	SHRQ         $0x01, R12
 	SUBQ         R12, DX
@@ -6163,9 +10640,9 @@ tail329:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols326
+	JMP          cols566
 
-end327:
+end567:
 	VZEROUPPER
 	RET
 
@@ -6189,22 +10666,22 @@ TEXT ·scoresBF16R2C1(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols332:
+cols572:
 	TESTQ  DI, DI
-	JZ     end333
+	JZ     end573
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	XORQ   R12, R12
 
-loop334:
+loop574:
 	CMPQ       R12, BX
-	JAE        tail335
+	JAE        tail575
 	TESTQ      $0x0000003f, R12
-	JNZ        noprefetch337
+	JNZ        noprefetch577
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 
-noprefetch337:
+noprefetch577:
 	VPMOVZXWD (DX), Y3
 	VPSLLD    $0x10, Y3, Y3
 	VMOVUPS   (AX), Y4
@@ -6218,9 +10695,9 @@ noprefetch337:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R10
 	ADDQ      $0x10, R11
-	JMP       loop334
+	JMP       loop574
 
-tail335:
+tail575:
 	SUBQ         R12, AX
 	SHRQ         $0x01, R12
 	SUBQ         R12, DX
@@ -6240,9 +10717,9 @@ tail335:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols332
+	JMP          cols572
 
-end333:
+end573:
 	VZEROUPPER
 	RET
 
@@ -6266,9 +10743,9 @@ TEXT ·scoresBF16R3C2(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols338:
+cols578:
 	TESTQ  DI, DI
-	JZ     end339
+	JZ     end579
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -6277,17 +10754,17 @@ cols338:
 	VXORPS Y6, Y6, Y6
 	XORQ   R12, R12
 
-loop340:
+loop580:
 	CMPQ       R12, BX
-	JAE        tail341
+	JAE        tail581
 	TESTQ      $0x0000003f, R12
-	JNZ        noprefetch343
+	JNZ        noprefetch583
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R10)(SI*1)
 	PREFETCHT0 (R11)(SI*1)
 
-noprefetch343:
+noprefetch583:
 	VPMOVZXWD (DX), Y7
 	VPSLLD    $0x10, Y7, Y7
 	VPMOVZXWD (DX)(SI*1), Y8
@@ -6312,9 +10789,9 @@ noprefetch343:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R10
 	ADDQ      $0x10, R11
-	JMP       loop340
+	JMP       loop580
 
-tail341:
+tail581:
 	SUBQ         R12, AX
 	SHRQ         $0x01, R12
 	SUBQ         R12, DX
@@ -6341,9 +10818,9 @@ tail341:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols338
+	JMP          cols578
 
-end339:
+end579:
 	VZEROUPPER
 	RET
 
@@ -6367,23 +10844,23 @@ TEXT ·scoresBF16R3C1(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols344:
+cols584:
 	TESTQ  DI, DI
-	JZ     end345
+	JZ     end585
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	XORQ   R12, R12
 
-loop346:
+loop586:
 	CMPQ       R12, BX
-	JAE        tail347
+	JAE        tail587
 	TESTQ      $0x0000003f, R12
-	JNZ        noprefetch349
+	JNZ        noprefetch589
 	PREFETCHT0 (R10)
 	PREFETCHT0 (R11)
 
-noprefetch349:
+noprefetch589:
 	VPMOVZXWD (DX), Y4
 	VPSLLD    $0x10, Y4, Y4
 	VMOVUPS   (AX), Y5
@@ -6400,9 +10877,9 @@ noprefetch349:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R10
 	ADDQ      $0x10, R11
-	JMP       loop346
+	JMP       loop586
 
-tail347:
+tail587:
 	SUBQ         R12, AX
 	SHRQ         $0x01, R12
 	SUBQ         R12, DX
@@ -6425,9 +10902,9 @@ tail347:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols344
+	JMP          cols584
 
-end345:
+end585:
 	VZEROUPPER
 	RET
 
@@ -6452,9 +10929,9 @@ TEXT ·scoresBF16R4C2(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols350:
+cols590:
 	TESTQ  DI, DI
-	JZ     end351
+	JZ     end591
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
@@ -6465,17 +10942,17 @@ cols350:
 	VXORPS Y8, Y8, Y8
 	XORQ   R13, R13
 
-loop352:
+loop592:
 	CMPQ       R13, BX
-	JAE        tail353
+	JAE        tail593
 	TESTQ      $0x0000003f, R13
-	JNZ        noprefetch355
+	JNZ        noprefetch595
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R12)
 	PREFETCHT0 (R11)(SI*1)
 	PREFETCHT0 (R12)(SI*1)
 
-noprefetch355:
+noprefetch595:
 	VPMOVZXWD (DX), Y9
 	VPSLLD    $0x10, Y9, Y9
 	VPMOVZXWD (DX)(SI*1), Y10
@@ -6505,9 +10982,9 @@ noprefetch355:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R11
 	ADDQ      $0x10, R12
-	JMP       loop352
+	JMP       loop592
 
-tail353:
+tail593:
 	SUBQ         R13, AX
 	SHRQ         $0x01, R13
 	SUBQ         R13, DX
@@ -6538,9 +11015,9 @@ tail353:
 	LEAQ         (DX)(SI*2), DX
 	ADDQ         $0x00000008, R8
 	SUBQ         $0x00000002, DI
-	JMP          cols350
+	JMP          cols590
 
-end351:
+end591:
 	VZEROUPPER
 	RET
 
@@ -6565,24 +11042,24 @@ TEXT ·scoresBF16R4C1(SB), NOSPLIT, $0-84
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-cols356:
+cols596:
 	TESTQ  DI, DI
-	JZ     end357
+	JZ     end597
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	XORQ   R13, R13
 
-loop358:
+loop598:
 	CMPQ       R13, BX
-	JAE        tail359
+	JAE        tail599
 	TESTQ      $0x0000003f, R13
-	JNZ        noprefetch361
+	JNZ        noprefetch601
 	PREFETCHT0 (R11)
 	PREFETCHT0 (R12)
 
-noprefetch361:
+noprefetch601:
 	VPMOVZXWD (DX), Y5
 	VPSLLD    $0x10, Y5, Y5
 	VMOVUPS   (AX), Y6
@@ -6602,9 +11079,9 @@ noprefetch361:
 	ADDQ      $0x10, DX
 	ADDQ      $0x10, R11
 	ADDQ      $0x10, R12
-	JMP       loop358
+	JMP       loop598
 
-tail359:
+tail599:
 	SUBQ         R13, AX
 	SHRQ         $0x01, R13
 	SUBQ         R13, DX
@@ -6629,9 +11106,9 @@ tail359:
 	LEAQ         (DX)(SI*1), DX
 	ADDQ         $0x00000004, R8
 	SUBQ         $0x00000001, DI
-	JMP          cols356
+	JMP          cols596
 
-end357:
+end597:
 	VZEROUPPER
 	RET
 
@@ -6649,9 +11126,9 @@ TEXT ·accumVBF16H1D1(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups362:
+groups602:
 	CMPQ    BX, CX
-	JAE     done363
+	JAE     done603
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	MOVQ    BX, R9
@@ -6659,9 +11136,9 @@ groups362:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows364:
+rows604:
 	TESTQ        R10, R10
-	JZ           rowsdone365
+	JZ           rowsdone605
 	VPMOVZXWD    (R9), Y1
 	VPSLLD       $0x10, Y1, Y1
 	VBROADCASTSS (DX), Y2
@@ -6670,18 +11147,18 @@ rows364:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows364
+	JMP          rows604
 
-rowsdone365:
+rowsdone605:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	MOVQ    R8, R10
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000020, BX
-	JMP     groups362
+	JMP     groups602
 
-done363:
+done603:
 	VZEROUPPER
 	RET
 
@@ -6699,9 +11176,9 @@ TEXT ·accumVBF16H1D2(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups366:
+groups606:
 	CMPQ    BX, CX
-	JAE     done367
+	JAE     done607
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -6710,9 +11187,9 @@ groups366:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows368:
+rows608:
 	TESTQ        R10, R10
-	JZ           rowsdone369
+	JZ           rowsdone609
 	VPMOVZXWD    (R9), Y2
 	VPSLLD       $0x10, Y2, Y2
 	VPMOVZXWD    16(R9), Y3
@@ -6725,9 +11202,9 @@ rows368:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows368
+	JMP          rows608
 
-rowsdone369:
+rowsdone609:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -6735,9 +11212,9 @@ rowsdone369:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000040, BX
-	JMP     groups366
+	JMP     groups606
 
-done367:
+done607:
 	VZEROUPPER
 	RET
 
@@ -6755,9 +11232,9 @@ TEXT ·accumVBF16H1D4(SB), NOSPLIT, $0-56
 	SHLQ $0x02, CX
 	XORQ BX, BX
 
-groups370:
+groups610:
 	CMPQ    BX, CX
-	JAE     done371
+	JAE     done611
 	MOVQ    AX, R9
 	VMOVUPS (R9)(BX*1), Y0
 	VMOVUPS 32(R9)(BX*1), Y1
@@ -6768,9 +11245,9 @@ groups370:
 	ADDQ    SI, R9
 	MOVQ    R8, R10
 
-rows372:
+rows612:
 	TESTQ        R10, R10
-	JZ           rowsdone373
+	JZ           rowsdone613
 	VPMOVZXWD    (R9), Y4
 	VPSLLD       $0x10, Y4, Y4
 	VPMOVZXWD    16(R9), Y5
@@ -6791,9 +11268,9 @@ rows372:
 	ADDQ         $0x04, DX
 	ADDQ         DI, R9
 	DECQ         R10
-	JMP          rows372
+	JMP          rows612
 
-rowsdone373:
+rowsdone613:
 	MOVQ    AX, R9
 	VMOVUPS Y0, (R9)(BX*1)
 	VMOVUPS Y1, 32(R9)(BX*1)
@@ -6803,9 +11280,9 @@ rowsdone373:
 	SHLQ    $0x02, R10
 	SUBQ    R10, DX
 	ADDQ    $0x00000080, BX
-	JMP     groups370
+	JMP     groups610
 
-done371:
+done611:
 	VZEROUPPER
 	RET
 
@@ -6824,9 +11301,9 @@ TEXT ·accumVBF16H2D1(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups374:
+groups614:
 	CMPQ    R9, CX
-	JAE     done375
+	JAE     done615
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	ADDQ    CX, R10
@@ -6836,9 +11313,9 @@ groups374:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows376:
+rows616:
 	TESTQ        R11, R11
-	JZ           rowsdone377
+	JZ           rowsdone617
 	VPMOVZXWD    (R10), Y2
 	VPSLLD       $0x10, Y2, Y2
 	VBROADCASTSS (DX), Y3
@@ -6851,9 +11328,9 @@ rows376:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows376
+	JMP          rows616
 
-rowsdone377:
+rowsdone617:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	ADDQ    CX, R10
@@ -6863,9 +11340,9 @@ rowsdone377:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000020, R9
-	JMP     groups374
+	JMP     groups614
 
-done375:
+done615:
 	VZEROUPPER
 	RET
 
@@ -6884,9 +11361,9 @@ TEXT ·accumVBF16H2D2(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups378:
+groups618:
 	CMPQ    R9, CX
-	JAE     done379
+	JAE     done619
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -6898,9 +11375,9 @@ groups378:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows380:
+rows620:
 	TESTQ        R11, R11
-	JZ           rowsdone381
+	JZ           rowsdone621
 	VPMOVZXWD    (R10), Y4
 	VPSLLD       $0x10, Y4, Y4
 	VPMOVZXWD    16(R10), Y5
@@ -6919,9 +11396,9 @@ rows380:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows380
+	JMP          rows620
 
-rowsdone381:
+rowsdone621:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -6933,9 +11410,9 @@ rowsdone381:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000040, R9
-	JMP     groups378
+	JMP     groups618
 
-done379:
+done619:
 	VZEROUPPER
 	RET
 
@@ -6954,9 +11431,9 @@ TEXT ·accumVBF16H2D4(SB), NOSPLIT, $0-56
 	LEAQ (DX)(BX*1), BX
 	XORQ R9, R9
 
-groups382:
+groups622:
 	CMPQ    R9, CX
-	JAE     done383
+	JAE     done623
 	MOVQ    AX, R10
 	VMOVUPS (R10)(R9*1), Y0
 	VMOVUPS 32(R10)(R9*1), Y1
@@ -6972,9 +11449,9 @@ groups382:
 	ADDQ    SI, R10
 	MOVQ    R8, R11
 
-rows384:
+rows624:
 	TESTQ        R11, R11
-	JZ           rowsdone385
+	JZ           rowsdone625
 	VPMOVZXWD    (R10), Y8
 	VPSLLD       $0x10, Y8, Y8
 	VPMOVZXWD    16(R10), Y9
@@ -7005,9 +11482,9 @@ rows384:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R10
 	DECQ         R11
-	JMP          rows384
+	JMP          rows624
 
-rowsdone385:
+rowsdone625:
 	MOVQ    AX, R10
 	VMOVUPS Y0, (R10)(R9*1)
 	VMOVUPS Y1, 32(R10)(R9*1)
@@ -7023,9 +11500,9 @@ rowsdone385:
 	SUBQ    R11, DX
 	SUBQ    R11, BX
 	ADDQ    $0x00000080, R9
-	JMP     groups382
+	JMP     groups622
 
-done383:
+done623:
 	VZEROUPPER
 	RET
 
@@ -7045,9 +11522,9 @@ TEXT ·accumVBF16H3D1(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups386:
+groups626:
 	CMPQ    R10, CX
-	JAE     done387
+	JAE     done627
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	ADDQ    CX, R11
@@ -7059,9 +11536,9 @@ groups386:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows388:
+rows628:
 	TESTQ        R12, R12
-	JZ           rowsdone389
+	JZ           rowsdone629
 	VPMOVZXWD    (R11), Y3
 	VPSLLD       $0x10, Y3, Y3
 	VBROADCASTSS (DX), Y4
@@ -7078,9 +11555,9 @@ rows388:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows388
+	JMP          rows628
 
-rowsdone389:
+rowsdone629:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	ADDQ    CX, R11
@@ -7093,9 +11570,9 @@ rowsdone389:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000020, R10
-	JMP     groups386
+	JMP     groups626
 
-done387:
+done627:
 	VZEROUPPER
 	RET
 
@@ -7115,9 +11592,9 @@ TEXT ·accumVBF16H3D2(SB), NOSPLIT, $0-56
 	LEAQ (R9)(BX*1), BX
 	XORQ R10, R10
 
-groups390:
+groups630:
 	CMPQ    R10, CX
-	JAE     done391
+	JAE     done631
 	MOVQ    AX, R11
 	VMOVUPS (R11)(R10*1), Y0
 	VMOVUPS 32(R11)(R10*1), Y1
@@ -7132,9 +11609,9 @@ groups390:
 	ADDQ    SI, R11
 	MOVQ    R8, R12
 
-rows392:
+rows632:
 	TESTQ        R12, R12
-	JZ           rowsdone393
+	JZ           rowsdone633
 	VPMOVZXWD    (R11), Y6
 	VPSLLD       $0x10, Y6, Y6
 	VPMOVZXWD    16(R11), Y7
@@ -7159,9 +11636,9 @@ rows392:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R11
 	DECQ         R12
-	JMP          rows392
+	JMP          rows632
 
-rowsdone393:
+rowsdone633:
 	MOVQ    AX, R11
 	VMOVUPS Y0, (R11)(R10*1)
 	VMOVUPS Y1, 32(R11)(R10*1)
@@ -7177,9 +11654,9 @@ rowsdone393:
 	SUBQ    R12, R9
 	SUBQ    R12, BX
 	ADDQ    $0x00000040, R10
-	JMP     groups390
+	JMP     groups630
 
-done391:
+done631:
 	VZEROUPPER
 	RET
 
@@ -7200,9 +11677,9 @@ TEXT ·accumVBF16H4D1(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups394:
+groups634:
 	CMPQ    R11, CX
-	JAE     done395
+	JAE     done635
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	ADDQ    CX, R12
@@ -7216,9 +11693,9 @@ groups394:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows396:
+rows636:
 	TESTQ        R13, R13
-	JZ           rowsdone397
+	JZ           rowsdone637
 	VPMOVZXWD    (R12), Y4
 	VPSLLD       $0x10, Y4, Y4
 	VBROADCASTSS (DX), Y5
@@ -7239,9 +11716,9 @@ rows396:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows396
+	JMP          rows636
 
-rowsdone397:
+rowsdone637:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	ADDQ    CX, R12
@@ -7257,9 +11734,9 @@ rowsdone397:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000020, R11
-	JMP     groups394
+	JMP     groups634
 
-done395:
+done635:
 	VZEROUPPER
 	RET
 
@@ -7280,9 +11757,9 @@ TEXT ·accumVBF16H4D2(SB), NOSPLIT, $0-56
 	LEAQ (R10)(BX*1), BX
 	XORQ R11, R11
 
-groups398:
+groups638:
 	CMPQ    R11, CX
-	JAE     done399
+	JAE     done639
 	MOVQ    AX, R12
 	VMOVUPS (R12)(R11*1), Y0
 	VMOVUPS 32(R12)(R11*1), Y1
@@ -7300,9 +11777,9 @@ groups398:
 	ADDQ    SI, R12
 	MOVQ    R8, R13
 
-rows400:
+rows640:
 	TESTQ        R13, R13
-	JZ           rowsdone401
+	JZ           rowsdone641
 	VPMOVZXWD    (R12), Y8
 	VPSLLD       $0x10, Y8, Y8
 	VPMOVZXWD    16(R12), Y9
@@ -7333,9 +11810,9 @@ rows400:
 	ADDQ         $0x04, BX
 	ADDQ         DI, R12
 	DECQ         R13
-	JMP          rows400
+	JMP          rows640
 
-rowsdone401:
+rowsdone641:
 	MOVQ    AX, R12
 	VMOVUPS Y0, (R12)(R11*1)
 	VMOVUPS Y1, 32(R12)(R11*1)
@@ -7355,9 +11832,9 @@ rowsdone401:
 	SUBQ    R13, R10
 	SUBQ    R13, BX
 	ADDQ    $0x00000040, R11
-	JMP     groups398
+	JMP     groups638
 
-done399:
+done639:
 	VZEROUPPER
 	RET
 
@@ -7370,25 +11847,25 @@ TEXT ·prefetchAVX2(SB), NOSPLIT, $0-32
 	MOVQ bytes+24(FP), BX
 	DECQ BX
 
-rows402:
+rows642:
 	TESTQ DX, DX
-	JZ    done403
+	JZ    done643
 	XORQ  SI, SI
 
-lines404:
+lines644:
 	CMPQ       SI, BX
-	JAE        linesdone405
+	JAE        linesdone645
 	PREFETCHT0 (AX)(SI*1)
 	ADDQ       $0x40, SI
-	JMP        lines404
+	JMP        lines644
 
-linesdone405:
+linesdone645:
 	PREFETCHT0 (AX)(BX*1)
 	ADDQ       CX, AX
 	DECQ       DX
-	JMP        rows402
+	JMP        rows642
 
-done403:
+done643:
 	RET
 
 // func maxAVX2(x *float32, n int) float32
@@ -7403,9 +11880,9 @@ TEXT ·maxAVX2(SB), NOSPLIT, $0-20
 	SHLQ    $0x02, BX
 	ANDQ    $-32, BX
 
-loop406:
+loop646:
 	CMPQ    DX, BX
-	JAE     tail407
+	JAE     tail647
 	VMOVUPS (AX)(DX*1), Y2
 	VCMPPS  $0x03, Y2, Y2, Y3
 	VORPS   Y3, Y1, Y1
@@ -7414,11 +11891,11 @@ loop406:
 	VANDPS  Y0, Y3, Y3
 	VMOVUPS Y3, Y0
 	ADDQ    $0x20, DX
-	JMP     loop406
+	JMP     loop646
 
-tail407:
+tail647:
 	ANDQ       $0x07, CX
-	JZ         done408
+	JZ         done648
 	LEAQ       kconst<>+0(SB), BX
 	NEGQ       CX
 	VMOVDQU    32(BX)(CX*4), Y2
@@ -7432,7 +11909,7 @@ tail407:
 	VANDPS     Y0, Y2, Y2
 	VMOVUPS    Y2, Y0
 
-done408:
+done648:
 	VPERM2F128 $0x11, Y0, Y0, Y2
 	VMAXPS     Y2, Y0, Y3
 	VMAXPS     Y0, Y2, Y0
@@ -7447,11 +11924,11 @@ done408:
 	VANDPS     Y0, Y3, Y3
 	VMOVMSKPS  Y1, AX
 	TESTL      AX, AX
-	JZ         num409
+	JZ         num649
 	VMOVUPS    kconst<>+288(SB), Y3
 	VSUBPS     Y3, Y3, Y3
 
-num409:
+num649:
 	VZEROUPPER
 	MOVSS X3, ret+16(FP)
 	RET
@@ -7469,9 +11946,9 @@ TEXT ·expSubSumAVX2(SB), NOSPLIT, $0-28
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-loop410:
+loop650:
 	CMPQ         DX, BX
-	JAE          tail411
+	JAE          tail651
 	VMOVUPS      (AX)(DX*1), Y2
 	VSUBPS       Y0, Y2, Y2
 	VCVTPS2PD    X2, Y3
@@ -7559,11 +12036,11 @@ loop410:
 	VMOVUPS      Y9, (AX)(DX*1)
 	VADDPS       Y9, Y1, Y1
 	ADDQ         $0x20, DX
-	JMP          loop410
+	JMP          loop650
 
-tail411:
+tail651:
 	ANDQ         $0x07, CX
-	JZ           done412
+	JZ           done652
 	LEAQ         kconst<>+0(SB), BX
 	NEGQ         CX
 	VMOVDQU      32(BX)(CX*4), Y2
@@ -7655,7 +12132,7 @@ tail411:
 	VANDPS       Y2, Y10, Y10
 	VADDPS       Y10, Y1, Y1
 
-done412:
+done652:
 	VHADDPS      Y1, Y1, Y0
 	VHADDPS      Y0, Y0, Y0
 	VEXTRACTF128 $0x01, Y0, X1
@@ -7676,18 +12153,18 @@ TEXT ·scaleAVX2(SB), NOSPLIT, $0-20
 	SHLQ         $0x02, BX
 	ANDQ         $-32, BX
 
-loop413:
+loop653:
 	CMPQ    DX, BX
-	JAE     tail414
+	JAE     tail654
 	VMOVUPS (AX)(DX*1), Y1
 	VMULPS  Y0, Y1, Y1
 	VMOVUPS Y1, (AX)(DX*1)
 	ADDQ    $0x20, DX
-	JMP     loop413
+	JMP     loop653
 
-tail414:
+tail654:
 	ANDQ       $0x07, CX
-	JZ         done415
+	JZ         done655
 	LEAQ       kconst<>+0(SB), BX
 	NEGQ       CX
 	VMOVDQU    32(BX)(CX*4), Y1
@@ -7695,7 +12172,7 @@ tail414:
 	VMULPS     Y0, Y2, Y2
 	VMASKMOVPS Y2, Y1, (AX)(DX*1)
 
-done415:
+done655:
 	VZEROUPPER
 	RET
 
@@ -7713,20 +12190,20 @@ TEXT ·mulScaleAVX2(SB), NOSPLIT, $0-36
 	SHLQ         $0x02, DI
 	ANDQ         $-32, DI
 
-loop416:
+loop656:
 	CMPQ    SI, DI
-	JAE     tail417
+	JAE     tail657
 	VMOVUPS (CX)(SI*1), Y1
 	VMULPS  Y0, Y1, Y1
 	VMOVUPS (DX)(SI*1), Y2
 	VMULPS  Y2, Y1, Y1
 	VMOVUPS Y1, (AX)(SI*1)
 	ADDQ    $0x20, SI
-	JMP     loop416
+	JMP     loop656
 
-tail417:
+tail657:
 	ANDQ       $0x07, BX
-	JZ         done418
+	JZ         done658
 	LEAQ       kconst<>+0(SB), DI
 	NEGQ       BX
 	VMOVDQU    32(DI)(BX*4), Y1
@@ -7736,7 +12213,7 @@ tail417:
 	VMULPS     Y0, Y2, Y2
 	VMASKMOVPS Y2, Y1, (AX)(SI*1)
 
-done418:
+done658:
 	VZEROUPPER
 	RET
 
@@ -7751,19 +12228,19 @@ TEXT ·addAVX2(SB), NOSPLIT, $0-24
 	SHLQ $0x02, SI
 	ANDQ $-32, SI
 
-loop419:
+loop659:
 	CMPQ    BX, SI
-	JAE     tail420
+	JAE     tail660
 	VMOVUPS (AX)(BX*1), Y0
 	VMOVUPS (CX)(BX*1), Y1
 	VADDPS  Y1, Y0, Y0
 	VMOVUPS Y0, (AX)(BX*1)
 	ADDQ    $0x20, BX
-	JMP     loop419
+	JMP     loop659
 
-tail420:
+tail660:
 	ANDQ       $0x07, DX
-	JZ         done421
+	JZ         done661
 	LEAQ       kconst<>+0(SB), SI
 	NEGQ       DX
 	VMOVDQU    32(SI)(DX*4), Y0
@@ -7772,7 +12249,7 @@ tail420:
 	VADDPS     Y2, Y1, Y1
 	VMASKMOVPS Y1, Y0, (AX)(BX*1)
 
-done421:
+done661:
 	VZEROUPPER
 	RET
 
@@ -7787,9 +12264,9 @@ TEXT ·swiGLUAVX2(SB), NOSPLIT, $0-24
 	SHLQ $0x02, SI
 	ANDQ $-32, SI
 
-loop422:
+loop662:
 	CMPQ         BX, SI
-	JAE          tail423
+	JAE          tail663
 	VMOVUPS      (AX)(BX*1), Y0
 	VXORPS       kconst<>+64(SB), Y0, Y1
 	VCVTPS2PD    X1, Y2
@@ -7880,11 +12357,11 @@ loop422:
 	VMULPS       Y1, Y0, Y0
 	VMOVUPS      Y0, (AX)(BX*1)
 	ADDQ         $0x20, BX
-	JMP          loop422
+	JMP          loop662
 
-tail423:
+tail663:
 	ANDQ         $0x07, DX
-	JZ           done424
+	JZ           done664
 	LEAQ         kconst<>+0(SB), SI
 	NEGQ         DX
 	VMOVDQU      32(SI)(DX*4), Y0
@@ -7978,6 +12455,6 @@ tail423:
 	VMULPS       Y2, Y1, Y1
 	VMASKMOVPS   Y1, Y0, (AX)(BX*1)
 
-done424:
+done664:
 	VZEROUPPER
 	RET

@@ -2,52 +2,255 @@
 
 package engine
 
+// hasF16C says whether the CPU has F16C, the conversions of F16 (CPUID leaf 1, ECX bit 29).
+func hasF16C() bool
+
 // dotAVX2 is dotGeneric of the n elements at a and b.
 func dotAVX2(a *float32, b *float32, n int) float32
 
-// matmulR1C8 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R1C8 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 1 and c < cols, 8 rows of w at a time; cols is a multiple of 8.
-func matmulR1C8(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R1C8(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// matmulR1C4 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R1C4 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 1 and c < cols, 4 rows of w at a time; cols is a multiple of 4.
-func matmulR1C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R1C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// matmulR1C2 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R1C2 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 1 and c < cols, 2 rows of w at a time; cols is a multiple of 2.
-func matmulR1C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R1C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// matmulR1C1 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R1C1 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 1 and c < cols, 1 rows of w at a time; cols is a multiple of 1.
-func matmulR1C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R1C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// matmulR2C4 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R2C4 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 2 and c < cols, 4 rows of w at a time; cols is a multiple of 4.
-func matmulR2C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R2C4(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// matmulR2C2 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R2C2 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 2 and c < cols, 2 rows of w at a time; cols is a multiple of 2.
-func matmulR2C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R2C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// matmulR2C1 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R2C1 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 2 and c < cols, 1 rows of w at a time; cols is a multiple of 1.
-func matmulR2C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R2C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// matmulR3C2 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R3C2 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 3 and c < cols, 2 rows of w at a time; cols is a multiple of 2.
-func matmulR3C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R3C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// matmulR3C1 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R3C1 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 3 and c < cols, 1 rows of w at a time; cols is a multiple of 1.
-func matmulR3C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R3C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// matmulR4C2 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R4C2 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 4 and c < cols, 2 rows of w at a time; cols is a multiple of 2.
-func matmulR4C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R4C2(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
 
-// matmulR4C1 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
+// matmulF32R4C1 sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])
 // for r < 4 and c < cols, 1 rows of w at a time; cols is a multiple of 1.
-func matmulR4C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+func matmulF32R4C1(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)
+
+// matmulF16R1C8 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 1 and c < cols, 8 rows of w at a time; cols is a multiple of 8, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R1C8(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulF16R1C4 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 1 and c < cols, 4 rows of w at a time; cols is a multiple of 4, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R1C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulF16R1C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 1 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R1C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulF16R1C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 1 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R1C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulF16R2C4 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 2 and c < cols, 4 rows of w at a time; cols is a multiple of 4, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R2C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulF16R2C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 2 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R2C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulF16R2C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 2 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R2C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulF16R3C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 3 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R3C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulF16R3C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 3 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R3C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulF16R4C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 4 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R4C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulF16R4C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], F16)
+// for r < 4 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulF16R4C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R1C8 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 1 and c < cols, 8 rows of w at a time; cols is a multiple of 8, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R1C8(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R1C4 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 1 and c < cols, 4 rows of w at a time; cols is a multiple of 4, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R1C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R1C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 1 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R1C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R1C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 1 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R1C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R2C4 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 2 and c < cols, 4 rows of w at a time; cols is a multiple of 4, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R2C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R2C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 2 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R2C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R2C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 2 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R2C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R3C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 3 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R3C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R3C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 3 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R3C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R4C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 4 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R4C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulBF16R4C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], BF16)
+// for r < 4 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 8,
+// and rowBytes is the bytes of n elements.
+func matmulBF16R4C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ8_0R1C4 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q8_0)
+// for r < 1 and c < cols, 4 rows of w at a time; cols is a multiple of 4, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ8_0R1C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ8_0R1C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q8_0)
+// for r < 1 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ8_0R1C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ8_0R1C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q8_0)
+// for r < 1 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ8_0R1C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ8_0R2C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q8_0)
+// for r < 2 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ8_0R2C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ8_0R2C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q8_0)
+// for r < 2 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ8_0R2C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ8_0R3C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q8_0)
+// for r < 3 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ8_0R3C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ8_0R3C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q8_0)
+// for r < 3 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ8_0R3C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ8_0R4C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q8_0)
+// for r < 4 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ8_0R4C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ8_0R4C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q8_0)
+// for r < 4 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ8_0R4C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ4_0R1C4 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q4_0)
+// for r < 1 and c < cols, 4 rows of w at a time; cols is a multiple of 4, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ4_0R1C4(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ4_0R1C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q4_0)
+// for r < 1 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ4_0R1C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ4_0R1C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q4_0)
+// for r < 1 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ4_0R1C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ4_0R2C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q4_0)
+// for r < 2 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ4_0R2C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ4_0R2C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q4_0)
+// for r < 2 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ4_0R2C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ4_0R3C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q4_0)
+// for r < 3 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ4_0R3C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ4_0R3C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q4_0)
+// for r < 3 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ4_0R3C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ4_0R4C2 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q4_0)
+// for r < 4 and c < cols, 2 rows of w at a time; cols is a multiple of 2, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ4_0R4C2(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
+
+// matmulQ4_0R4C1 sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], Q4_0)
+// for r < 4 and c < cols, 1 rows of w at a time; cols is a multiple of 1, n of 32,
+// and rowBytes is the bytes of n elements.
+func matmulQ4_0R4C1(x *float32, xStride int, w *byte, n int, cols int, out *float32, outStride int)
 
 // scoresF32R1C8 sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale
 // for h < 1 and c < cols, 8 rows of F32 keys at a time; cols is a multiple of 8, hd of 8.

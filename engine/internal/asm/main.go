@@ -12,6 +12,13 @@
 // before adding it, and exp is the package's own: float64 Horner steps and
 // an exact scaling by 2^k, the same operations in four lanes.
 //
+// A matrix of weights of another type than F32 (F16, BF16, or ggml's Q8_0
+// and Q4_0 blocks of 32 elements with an F16 scale) is widened a chunk of
+// eight elements at a time in registers, never into memory. Every widened
+// element is exact in float32 (a block's scale times its integer quant
+// included), so a kernel computes the F32 kernel's bits for the widened
+// matrix while reading half (F16, BF16) to a seventh (Q4_0) of its bytes.
+//
 // A tail of fewer than eight elements is read with a masked load, which
 // reads zeros into the lanes past the end (and never faults there). A zero
 // lane adds +0 to its partial sum, which changes nothing: a sum that starts
@@ -22,6 +29,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"math/bits"
 
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
@@ -30,9 +38,14 @@ import (
 
 func main() {
 	constants()
+	cpuidKernel()
 	dotKernel()
-	for _, t := range matmulTiles {
-		matmulKernel(t[0], t[1])
+	for _, f := range append([]format{f32}, wtypes...) {
+		for _, t := range matmulTiles {
+			if matmulFits(f, t[0], t[1]) {
+				matmulKernel(f, t[0], t[1])
+			}
+		}
 	}
 	for _, dt := range dtypes {
 		for _, t := range matmulTiles {
@@ -61,13 +74,77 @@ func main() {
 // loaded vectors and the mask fit in the sixteen YMM registers.
 var matmulTiles = [][2]int{{1, 8}, {1, 4}, {1, 2}, {1, 1}, {2, 4}, {2, 2}, {2, 1}, {3, 2}, {3, 1}, {4, 2}, {4, 1}}
 
-// dtype is an element type of K and V in KV pages.
-type dtype struct {
-	name string
-	size int // bytes per element
+// format is how a row of w (a weight matrix, or keys or values in KV pages)
+// stores its elements: whole blocks of block elements in bytes bytes, each
+// widened to float32 eight elements, a chunk, at a time. Every widening is
+// exact, so a kernel computes the float32 product of the widened elements.
+type format struct {
+	name         string
+	block, bytes int
+	// A scaled block starts with its F16 scale d; element i is d times
+	// what chunk widens, a product exact in float32 (an F16's 11
+	// significant bits times an integer of at most 8 bits).
+	scaled bool
+	// A row of F32 may end in a part chunk, which a kernel reads masked;
+	// a row of any other format is whole blocks.
+	tail bool
+	// chunk widens the elements 8j, …, 8j+7 of the block at m.
+	chunk func(m Mem, j int) VecVirtual
 }
 
-var dtypes = []dtype{{"F32", 4}, {"F16", 2}, {"BF16", 2}}
+// The formats: F32; F16 and BF16 as KV pages hold them; and the weight
+// types of engine/weights.go (F16 and BF16, ggml's Q8_0 and Q4_0).
+var (
+	f32 = format{name: "F32", block: 8, bytes: 32, tail: true, chunk: func(m Mem, _ int) VecVirtual {
+		v := YMM()
+		VMOVUPS(m, v)
+		return v
+	}}
+	bf16 = format{name: "BF16", block: 8, bytes: 16, chunk: func(m Mem, _ int) VecVirtual {
+		v := YMM()
+		VPMOVZXWD(m, v)
+		VPSLLD(U8(16), v, v)
+		return v
+	}}
+	// A KV page's F16 is widened without F16C, keeping a NaN's payload as
+	// engine's f16ToF32 does (VCVTPH2PS would quiet it).
+	kvF16 = format{name: "F16", block: 8, bytes: 16, chunk: f16ToF32}
+	// A weight matrix holds no NaN (engine checks every weight), and a
+	// number or an infinity VCVTPH2PS converts exactly, in one instruction.
+	wF16 = format{name: "F16", block: 8, bytes: 16, chunk: func(m Mem, _ int) VecVirtual {
+		v := YMM()
+		VCVTPH2PS(m, v)
+		return v
+	}}
+	// Q8_0: the scale, then 32 int8.
+	q8_0 = format{name: "Q8_0", block: 32, bytes: 34, scaled: true, chunk: func(m Mem, j int) VecVirtual {
+		v := YMM()
+		VPMOVSXBD(m.Offset(2+8*j), v)
+		VCVTDQ2PS(v, v)
+		return v
+	}}
+	// Q4_0: the scale, then 16 bytes: element i < 16 is the low nibble of
+	// byte i, element i ≥ 16 the high nibble of byte i-16, each minus 8.
+	q4_0 = format{name: "Q4_0", block: 32, bytes: 18, scaled: true, chunk: func(m Mem, j int) VecVirtual {
+		v := YMM()
+		VPMOVZXBD(m.Offset(2+8*(j%2)), v)
+		if j < 2 {
+			VPAND(cLowNibble, v, v)
+		} else {
+			VPSRLD(U8(4), v, v)
+		}
+		VPSUBD(cEight, v, v)
+		VCVTDQ2PS(v, v)
+		return v
+	}}
+)
+
+// dtypes are the element types of K and V in KV pages; wtypes the weight
+// types besides F32 that the matmul kernels read.
+var (
+	dtypes = []format{f32, kvF16, bf16}
+	wtypes = []format{wF16, bf16, q8_0, q4_0}
+)
 
 // Constants, each repeated across a whole YMM register so that it can be
 // an instruction's memory operand.
@@ -76,6 +153,7 @@ var (
 	cSign, cAbs7FFF, cF16Bias, cF16InfNaN, cF16Min Mem
 	cF16Sub, cOne, cInf, cNegInf, c89, cNeg104     Mem
 	cLog2e, cHalf, cLn2Hi, cLn2Lo, cP11, c1023     Mem
+	cLowNibble, cEight                             Mem
 	cTaylor                                        []Mem
 )
 
@@ -126,6 +204,22 @@ func constants() {
 		cTaylor = append(cTaylor, f64(c))
 	}
 	c1023 = u64(1023)
+	cLowNibble = u32(0xf)
+	cEight = u32(8)
+}
+
+// cpuidKernel reads the CPU's F16C flag, which golang.org/x/sys/cpu (as
+// of the version the engine builds with) does not report.
+func cpuidKernel() {
+	TEXT("hasF16C", NOSPLIT, "func() bool")
+	Doc("hasF16C says whether the CPU has F16C, the conversions of F16 (CPUID leaf 1, ECX bit 29).")
+	MOVL(U32(1), EAX)
+	XORL(ECX, ECX)
+	CPUID()
+	SHRL(U8(29), ECX)
+	ANDL(U8(1), ECX)
+	Store(CL, ReturnIndex(0))
+	RET()
 }
 
 // gpParam loads the integer or pointer parameter name.
@@ -133,6 +227,14 @@ func gpParam(name string) GPVirtual {
 	r := GP64()
 	Load(Param(name), r)
 	return r
+}
+
+// imm is the constant v ≥ 0, in a byte if it fits.
+func imm(v int) Constant {
+	if v < 256 {
+		return U8(uint8(v))
+	}
+	return U32(uint32(v))
 }
 
 // label returns a label name unique in the file.
@@ -300,25 +402,71 @@ func (a rowAddr) retreat(d Op) {
 	}
 }
 
-// matmulKernel computes R rows of x against cols rows of w, C rows of w at a
-// time: out[r·outStride + c] = dot(x[r·xStride:], w[c·n:]) over n elements.
-func matmulKernel(R, C int) {
-	name := fmt.Sprintf("matmulR%dC%d", R, C)
-	TEXT(name, NOSPLIT, "func(x *float32, xStride int, w *float32, n int, cols int, out *float32, outStride int)")
-	Doc(name+" sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])",
-		fmt.Sprintf("for r < %d and c < cols, %d rows of w at a time; cols is a multiple of %d.", R, C, C))
+// matmulFits says whether a matmul kernel of format f fits in the sixteen
+// YMM registers: its R·C accumulators, a scale per row of w if f is
+// scaled, the chunks of the C rows of w it widens once for all R > 1 rows
+// of x (one chunk at a time for R = 1), a chunk of x and a product.
+func matmulFits(f format, R, C int) bool {
+	scales, held := 0, 1
+	if f.scaled {
+		scales = C
+	}
+	if R > 1 {
+		held = C
+	}
+	return R*C+scales+held+2 <= 16
+}
+
+// matmulKernel computes R rows of x against cols rows of w of format f, C
+// rows of w at a time: out[r·outStride + c] = dot(x[r·xStride:], w_c) over
+// n elements, where the rows w_c of w are whole blocks, one after another.
+func matmulKernel(f format, R, C int) {
+	name := fmt.Sprintf("matmul%sR%dC%d", f.name, R, C)
+	elem := "byte"
+	doc := []string{
+		name + " sets out[r·outStride+c] = dotWGeneric(x[r·xStride:][:n], w[c·rowBytes:], " + f.name + ")",
+		fmt.Sprintf("for r < %d and c < cols, %d rows of w at a time; cols is a multiple of %d, n of %d,", R, C, C, max(8, f.block)),
+		"and rowBytes is the bytes of n elements.",
+	}
+	if f.name == "F32" {
+		elem = "float32"
+		doc = []string{
+			name + " sets out[r·outStride+c] = dotGeneric(x[r·xStride:][:n], w[c·n:][:n])",
+			fmt.Sprintf("for r < %d and c < cols, %d rows of w at a time; cols is a multiple of %d.", R, C, C),
+		}
+	}
+	TEXT(name, NOSPLIT, "func(x *float32, xStride int, w *"+elem+", n int, cols int, out *float32, outStride int)")
+	Doc(doc...)
 	x, xs, w, n := gpParam("x"), gpParam("xStride"), gpParam("w"), gpParam("n")
 	ws := GP64() // bytes per row of w
 	MOVQ(n, ws)
-	SHLQ(U8(2), ws)
-	tileKernel(R, C, dtypes[0], x, xs, w, n, ws, nil)
+	scaleBy(ws, f.bytes, f.block)
+	tileKernel(R, C, f, x, xs, w, n, ws, nil)
+}
+
+// scaleBy sets r to r·num/den, for an r that is a multiple of den (a power
+// of two) once the fraction is reduced.
+func scaleBy(r GPVirtual, num, den int) {
+	for num%2 == 0 && den%2 == 0 {
+		num, den = num/2, den/2
+	}
+	if den > 1 {
+		SHRQ(U8(bits.TrailingZeros(uint(den))), r)
+	}
+	switch {
+	case num == 1:
+	case num&(num-1) == 0:
+		SHLQ(U8(bits.TrailingZeros(uint(num))), r)
+	default:
+		IMUL3Q(U32(num), r, r)
+	}
 }
 
 // scoresKernel computes the attention scores of R query heads against cols
 // rows of keys of type dt, C rows at a time: out[h·outStride + c] =
 // dot(q[h·hd:][:hd], K_c)·scale, where K_c is hd elements at k[c·stride:],
 // and hd is a multiple of 8.
-func scoresKernel(dt dtype, R, C int) {
+func scoresKernel(dt format, R, C int) {
 	name := fmt.Sprintf("scores%sR%dC%d", dt.name, R, C)
 	TEXT(name, NOSPLIT, "func(q *float32, hdStride int, k *byte, nextK *byte, nextV *byte, stride int, hd int, cols int, out *float32, outStride int, scale float32)")
 	Doc(name+" sets out[h·outStride+c] = dotKVGeneric(q[h·hdStride:][:hd], k[c·stride:])·scale",
@@ -335,11 +483,11 @@ func scoresKernel(dt dtype, R, C int) {
 
 // tileKernel is the body of matmulKernel and scoresKernel: the dot
 // products of n elements of R rows of x (xs elements apart) with C rows of
-// w of type dt (ws bytes apart) at a time, for the parameter cols rows of
+// w of format f (ws bytes apart) at a time, for the parameter cols rows of
 // w in all, into the parameter out, multiplied by scale if it is not nil.
-// A tail of n mod 8 elements is read masked for f32; a 16-bit w has no
-// tail.
-func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual) {
+// The elements go block by block; a tail of n mod 8 elements of F32 is
+// read masked.
+func tileKernel(R, C int, f format, x, xs, w, n, ws GPVirtual, scale VecVirtual) {
 	cols, out, os := gpParam("cols"), gpParam("out"), gpParam("outStride")
 	SHLQ(U8(2), xs)
 	SHLQ(U8(2), os)
@@ -348,12 +496,19 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 	// A block of rows of x reads w once for each group of R rows: the
 	// first reads it from memory, in a stream the hardware prefetchers
 	// keep ahead of only when many streams run at once, as in the R = 1
-	// kernels. Prefetches keep matmulPrefetchTiles blocks of C rows of w
-	// ahead of the ones computed on.
+	// kernels of F32. Prefetches keep matmulPrefetchTiles blocks of C rows
+	// of w ahead of the ones computed on.
+	// An R = 1 kernel of another format spends longer widening each line
+	// than reading it, and the hardware alone keeps too few lines in
+	// flight: it prefetches the next block of C rows at the offset it
+	// reads in this one. Measured on 4096×4096 matrices streaming from
+	// memory, Q8_0 went from 8.8 to 12 GB/s and F16 from 13.5 to 14.5
+	// (F32's own rate); prefetching more blocks ahead, or 256 B to 2 KiB
+	// ahead in the same rows, gained less or lost, and F32 gained nothing.
 	// A scores kernel prefetches the keys and values of the next page's
 	// rows at the offsets it reads in this one.
 	var pw, pv rowAddr
-	prefetch := R > 1 || scale != nil
+	prefetch := R > 1 || scale != nil || f.name != "F32"
 	if prefetch {
 		pw = rowAddr{base: GP64(), stride: ws, stride3: wa.stride3}
 		if scale != nil {
@@ -361,7 +516,11 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 			pv = rowAddr{base: GP64(), stride: ws, stride3: wa.stride3}
 			Load(Param("nextV"), pv.base)
 		} else {
-			IMUL3Q(U32(matmulPrefetchTiles*C), ws, pw.base)
+			ahead := matmulPrefetchTiles
+			if R == 1 {
+				ahead = 1
+			}
+			IMUL3Q(U32(ahead*C), ws, pw.base)
 			ADDQ(w, pw.base)
 		}
 		for _, a := range []*rowAddr{&pw, &pv} {
@@ -372,7 +531,8 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 		}
 	}
 	// prefetchRows asks for the lines at the current offset of the rows
-	// ahead, once per 64 bytes of x.
+	// ahead, once per 64 bytes of x (every block of a quantized format,
+	// whose 34 or 18 bytes then start in every line).
 	prefetchRows := func(k GPVirtual) {
 		skip := label("noprefetch")
 		TESTQ(U32(63), k)
@@ -385,14 +545,14 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 		}
 		Label(skip)
 	}
-	xb := GP64() // bytes of a row of x, and of its whole chunks
+	xb := GP64() // bytes of a row of x, and of its whole blocks
 	MOVQ(n, xb)
 	SHLQ(U8(2), xb)
 	fb := GP64()
 	MOVQ(xb, fb)
-	ANDQ(I8(-32), fb)
+	ANDQ(I32(-4*f.block), fb)
 	var mask VecVirtual
-	if dt.size == 4 {
+	if f.tail {
 		rem := GP64()
 		MOVQ(n, rem)
 		ANDQ(U8(7), rem)
@@ -416,6 +576,7 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 	}
 	k := GP64() // bytes of x done
 	XORQ(k, k)
+	// body computes on a block, or on the masked tail.
 	body := func(masked bool) {
 		loadX := func(m Mem) VecVirtual {
 			v := YMM()
@@ -426,40 +587,55 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 			}
 			return v
 		}
-		loadW := func(c int) VecVirtual {
+		if prefetch && !masked {
+			prefetchRows(k)
+		}
+		// A block's scale, widened once, multiplies each of its chunks:
+		// exactly, so that each element is what the generic kernel
+		// widens.
+		var scales []VecVirtual
+		if f.scaled {
+			for c := 0; c < C; c++ {
+				scales = append(scales, blockScale(wa.at(c, 0)))
+			}
+		}
+		loadW := func(c, j int) VecVirtual {
 			if masked {
 				v := YMM()
 				VMASKMOVPS(wa.at(c, 0), mask, v)
 				return v
 			}
-			return loadKV(dt, wa.at(c, 0))
-		}
-		if prefetch && !masked {
-			prefetchRows(k)
-		}
-		if R == 1 {
-			xv := loadX(xa.at(0, 0))
-			for c := 0; c < C; c++ {
-				t := YMM()
-				if !masked && dt.size == 4 {
-					VMULPS(wa.at(c, 0), xv, t)
-				} else {
-					VMULPS(xv, loadW(c), t)
-				}
-				VADDPS(t, acc[c], acc[c])
+			v := f.chunk(wa.at(c, 0), j)
+			if f.scaled {
+				VMULPS(scales[c], v, v)
 			}
-			return
+			return v
 		}
-		wv := make([]VecVirtual, C)
-		for c := range wv {
-			wv[c] = loadW(c)
-		}
-		for r := 0; r < R; r++ {
-			xv := loadX(xa.at(r, 0))
-			for c := 0; c < C; c++ {
-				t := YMM()
-				VMULPS(wv[c], xv, t)
-				VADDPS(t, acc[r*C+c], acc[r*C+c])
+		for j := range f.block / 8 {
+			if R == 1 {
+				xv := loadX(xa.at(0, 32*j))
+				for c := 0; c < C; c++ {
+					t := YMM()
+					if !masked && f.name == "F32" {
+						VMULPS(wa.at(c, 0), xv, t)
+					} else {
+						VMULPS(xv, loadW(c, j), t)
+					}
+					VADDPS(t, acc[c], acc[c])
+				}
+				continue
+			}
+			wv := make([]VecVirtual, C)
+			for c := range wv {
+				wv[c] = loadW(c, j)
+			}
+			for r := 0; r < R; r++ {
+				xv := loadX(xa.at(r, 32*j))
+				for c := 0; c < C; c++ {
+					t := YMM()
+					VMULPS(wv[c], xv, t)
+					VADDPS(t, acc[r*C+c], acc[r*C+c])
+				}
 			}
 		}
 	}
@@ -468,13 +644,13 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 	CMPQ(k, fb)
 	JAE(LabelRef(tail))
 	body(false)
-	ADDQ(U8(32), k)
-	xa.advance(U8(32))
-	wa.advance(U8(uint8(8 * dt.size)))
+	ADDQ(imm(4*f.block), k)
+	xa.advance(imm(4 * f.block))
+	wa.advance(imm(f.bytes))
 	if prefetch {
-		pw.advance(U8(uint8(8 * dt.size)))
+		pw.advance(imm(f.bytes))
 		if pv.base != nil {
-			pv.advance(U8(uint8(8 * dt.size)))
+			pv.advance(imm(f.bytes))
 		}
 	}
 	JMP(LabelRef(loop))
@@ -486,9 +662,7 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 	}
 	Label(store)
 	xa.retreat(k)
-	if dt.size == 2 {
-		SHRQ(U8(1), k)
-	}
+	scaleBy(k, f.bytes, 4*f.block) // the bytes of a row of w done
 	wa.retreat(k)
 	for _, a := range []rowAddr{pw, pv} {
 		if a.base != nil {
@@ -540,34 +714,33 @@ func tileKernel(R, C int, dt dtype, x, xs, w, n, ws GPVirtual, scale VecVirtual)
 	RET()
 }
 
-// loadKV reads eight elements of type dt at m, widened to float32 exactly
-// as engine's decoders do (f16ToF32 keeps a NaN's payload as it is, and so
-// does this; F16C's VCVTPH2PS would quiet it).
-func loadKV(dt dtype, m Mem) VecVirtual {
-	v := YMM()
-	switch dt.name {
-	case "F32":
-		VMOVUPS(m, v)
-	case "BF16":
-		VPMOVZXWD(m, v)
-		VPSLLD(U8(16), v, v)
-	case "F16":
-		h, em, sgn := YMM(), YMM(), YMM()
-		VPMOVZXWD(m, h)
-		VPAND(cAbs7FFF, h, em)
-		VPXOR(em, h, sgn)
-		VPSLLD(U8(16), sgn, sgn)
-		VPSLLD(U8(13), em, v)
-		VPADDD(cF16Bias, v, v) // a normal number's bits
-		VPCMPGTD(cF16InfNaN, em, h)
-		VPAND(cF16Bias, h, h)
-		VPADDD(h, v, v)       // exponent 31 goes to 255
-		VCVTDQ2PS(em, h)      // a subnormal's value: its mantissa …
-		VMULPS(cF16Sub, h, h) // … times 2^-24, exactly
-		VPCMPGTD(cF16Min, em, em)
-		VBLENDVPS(em, v, h, v) // normal (or more) where em > 0x3ff, else subnormal
-		VPOR(sgn, v, v)
-	}
+// blockScale is the F16 scale at m, the start of a block, widened and
+// repeated in every lane.
+func blockScale(m Mem) VecVirtual {
+	h, s := XMM(), YMM()
+	VCVTPH2PS(m, h) // the scale and the block's first bytes, in four lanes
+	VBROADCASTSS(h, s)
+	return s
+}
+
+// f16ToF32 reads eight F16 at m, widened to float32 exactly as engine's
+// f16ToF32 does, a NaN's payload kept as it is.
+func f16ToF32(m Mem, _ int) VecVirtual {
+	v, h, em, sgn := YMM(), YMM(), YMM(), YMM()
+	VPMOVZXWD(m, h)
+	VPAND(cAbs7FFF, h, em)
+	VPXOR(em, h, sgn)
+	VPSLLD(U8(16), sgn, sgn)
+	VPSLLD(U8(13), em, v)
+	VPADDD(cF16Bias, v, v) // a normal number's bits
+	VPCMPGTD(cF16InfNaN, em, h)
+	VPAND(cF16Bias, h, h)
+	VPADDD(h, v, v)       // exponent 31 goes to 255
+	VCVTDQ2PS(em, h)      // a subnormal's value: its mantissa …
+	VMULPS(cF16Sub, h, h) // … times 2^-24, exactly
+	VPCMPGTD(cF16Min, em, em)
+	VBLENDVPS(em, v, h, v) // normal (or more) where em > 0x3ff, else subnormal
+	VPOR(sgn, v, v)
 	return v
 }
 
@@ -577,7 +750,7 @@ const matmulPrefetchTiles = 8
 
 // accumVFits says whether the accumulators, the loaded rows and the
 // temporaries of an accumV kernel fit in the YMM registers.
-func accumVFits(dt dtype, H, D int) bool {
+func accumVFits(dt format, H, D int) bool {
 	temps := 2 // the broadcast weight and a product
 	if dt.name == "F16" {
 		temps += 3
@@ -590,7 +763,7 @@ func accumVFits(dt dtype, H, D int) bool {
 // bytes apart; hd is a multiple of 8·D. Each output lane is one chain of
 // additions in row order, as in the generic code; D chunks of eight lanes
 // at a time keep H·D chains in flight.
-func accumVKernel(dt dtype, H, D int) {
+func accumVKernel(dt format, H, D int) {
 	name := fmt.Sprintf("accumV%sH%dD%d", dt.name, H, D)
 	TEXT(name, NOSPLIT, "func(out *float32, hd int, w *float32, wStride int, v *byte, stride int, n int)")
 	Doc(name+" adds w[h·wStride+r]·V_r to out[h·hd:][:hd] for the rows r < n of "+dt.name+" values",
@@ -629,9 +802,7 @@ func accumVKernel(dt dtype, H, D int) {
 	}
 	vp := GP64()
 	MOVQ(dq, vp)
-	if dt.size == 2 {
-		SHRQ(U8(1), vp)
-	}
+	scaleBy(vp, dt.bytes, 32) // 32 bytes of output, one chunk of values
 	ADDQ(v, vp)
 	cnt := GP64()
 	MOVQ(n, cnt)
@@ -641,7 +812,7 @@ func accumVKernel(dt dtype, H, D int) {
 	JZ(LabelRef(rowsDone))
 	vv := make([]VecVirtual, D)
 	for d := range vv {
-		vv[d] = loadKV(dt, Mem{Base: vp, Disp: 8 * dt.size * d})
+		vv[d] = dt.chunk(Mem{Base: vp, Disp: dt.bytes * d}, 0)
 	}
 	for h := 0; h < H; h++ {
 		b := YMM()
