@@ -22,7 +22,8 @@ import (
 // one byte, a string eight) before a slice of that many is made, every
 // length and offset is overflow-safe, and a value is decoded only when the
 // model asks for its key. Nothing the file declares can make the parser
-// allocate more than the file's own size.
+// allocate more than twice the file's own size (a string array's headers),
+// nor work more than in proportion to it.
 
 // ggufMagic is "GGUF" read as a little-endian uint32.
 const ggufMagic = 0x46554747
@@ -147,12 +148,17 @@ func (r *ggufReader) fail(off int, format string, args ...any) {
 	}
 }
 
-// take returns the next n bytes, or nil when the file ends first.
-func (r *ggufReader) take(n int, what string) []byte {
+// take returns the next n bytes of what (of the key or tensor named
+// name, when name is not empty), or nil when the file ends first. The
+// message is made only on failure: a read costs no allocation.
+func (r *ggufReader) take(n int, what, name string) []byte {
 	if r.err != nil {
 		return nil
 	}
 	if n < 0 || n > len(r.f.data)-r.off {
+		if name != "" {
+			what = fmt.Sprintf("%s of %q", what, name)
+		}
 		r.fail(r.off, "%s of %d bytes runs past the end of the %d-byte file", what, n, len(r.f.data))
 		return nil
 	}
@@ -161,44 +167,43 @@ func (r *ggufReader) take(n int, what string) []byte {
 	return b
 }
 
-func (r *ggufReader) u32(what string) uint32 {
-	if b := r.take(4, what); b != nil {
+func (r *ggufReader) u32(what, name string) uint32 {
+	if b := r.take(4, what, name); b != nil {
 		return binary.LittleEndian.Uint32(b)
 	}
 	return 0
 }
 
-func (r *ggufReader) u64(what string) uint64 {
-	if b := r.take(8, what); b != nil {
+func (r *ggufReader) u64(what, name string) uint64 {
+	if b := r.take(8, what, name); b != nil {
 		return binary.LittleEndian.Uint64(b)
 	}
 	return 0
 }
 
 // str reads a string: a uint64 length and that many bytes, at most
-// GGUFStringBytesMax.
-func (r *ggufReader) str(what string) string {
+// GGUFStringBytesMax. It makes no string: the bytes are the file's.
+func (r *ggufReader) str(what, name string) []byte {
 	at := r.off
-	n := r.u64(what + " length")
+	n := r.u64(what+" length", name)
 	if r.err == nil && n > GGUFStringBytesMax {
+		if name != "" {
+			what = fmt.Sprintf("%s of %q", what, name)
+		}
 		r.fail(at, "%s of %d bytes is longer than the %d-byte bound", what, n, GGUFStringBytesMax)
 	}
-	return string(r.take(int(n), what))
+	return r.take(int(n), what, name)
 }
 
-// skipValue moves past one value of type t (an array's elements when
-// count is given), checking every length on the way.
+// skipValue moves past one value of type t of the key named key (a
+// string, or a fixed-size value; an array's elements one by one),
+// checking every length on the way.
 func (r *ggufReader) skipValue(t uint32, key string) {
 	switch {
 	case t == ggufString:
-		at := r.off
-		n := r.u64(key)
-		if r.err == nil && n > GGUFStringBytesMax {
-			r.fail(at, "key %q: a string of %d bytes is longer than the %d-byte bound", key, n, GGUFStringBytesMax)
-		}
-		r.take(int(n), "key "+key)
+		r.str("a string", key)
 	case int(t) < len(ggufScalarBytes) && t != ggufArray:
-		r.take(ggufScalarBytes[t], "key "+key)
+		r.take(ggufScalarBytes[t], "a value", key)
 	default:
 		r.fail(r.off, "key %q has value type %d; GGUF's are 0 to %d", key, t, len(ggufScalarBytes)-1)
 	}
@@ -212,17 +217,17 @@ func parseGGUF(path string, data []byte) (*ggufFile, error) {
 	if len(data) < 24 {
 		return nil, &GGUFError{Path: path, Offset: -1, Reason: fmt.Sprintf("the file is %d bytes, shorter than GGUF's 24-byte header", len(data))}
 	}
-	if m := r.u32("magic"); m != ggufMagic {
+	if m := r.u32("magic", ""); m != ggufMagic {
 		return nil, &GGUFError{Path: path, Offset: 0, Reason: fmt.Sprintf("magic %q is not \"GGUF\"", data[:4])}
 	}
-	switch f.version = r.u32("version"); {
+	switch f.version = r.u32("version", ""); {
 	case f.version == 2 || f.version == 3:
 	case bits.ReverseBytes32(f.version) == 2 || bits.ReverseBytes32(f.version) == 3:
 		return nil, &GGUFError{Path: path, Offset: 4, Reason: fmt.Sprintf("version %d is big-endian; the engine reads little-endian files", bits.ReverseBytes32(f.version))}
 	default:
 		return nil, &GGUFError{Path: path, Offset: 4, Reason: fmt.Sprintf("version %d is not 2 or 3", f.version)}
 	}
-	nTensors, nKeys := r.u64("tensor count"), r.u64("metadata count")
+	nTensors, nKeys := r.u64("tensor count", ""), r.u64("metadata count", "")
 	// Each key takes at least 12 bytes (an empty name's length and a
 	// type), each tensor entry at least 24.
 	left := uint64(len(data) - r.off)
@@ -234,8 +239,8 @@ func parseGGUF(path string, data []byte) (*ggufFile, error) {
 	}
 	for range nKeys {
 		at := r.off
-		key := r.str("metadata key")
-		kv := ggufKV{typ: r.u32("value type of " + key)}
+		key := string(r.str("metadata key", ""))
+		kv := ggufKV{typ: r.u32("the value type", key)}
 		if r.err != nil {
 			return nil, r.err
 		}
@@ -243,28 +248,26 @@ func parseGGUF(path string, data []byte) (*ggufFile, error) {
 			return nil, &GGUFError{Path: path, Offset: int64(at), Reason: fmt.Sprintf("key %q appears twice", key)}
 		}
 		if kv.typ == ggufArray {
-			kv.elem, kv.count = r.u32("array type of "+key), r.u64("array length of "+key)
+			kv.elem, kv.count = r.u32("the array type", key), r.u64("the array length", key)
 			if r.err != nil {
 				return nil, r.err
 			}
-			// An element takes at least a byte (a string eight).
-			least := uint64(1)
-			if int(kv.elem) < len(ggufScalarBytes) && ggufScalarBytes[kv.elem] > 0 {
-				least = uint64(ggufScalarBytes[kv.elem])
-			} else if kv.elem == ggufString {
-				least = 8
+			if kv.elem == ggufArray || int(kv.elem) >= len(ggufScalarBytes) {
+				return nil, &GGUFError{Path: path, Offset: int64(at), Reason: fmt.Sprintf("key %q: an array of %s; elements are types 0 to %d but arrays",
+					key, ggufTypeName(kv.elem), len(ggufScalarBytes)-1)}
 			}
-			if kv.elem == ggufArray || kv.count > uint64(len(data)-r.off)/least {
+			// An element takes its size, a string at least eight bytes.
+			least := uint64(max(ggufScalarBytes[kv.elem], 8*boolInt(kv.elem == ggufString)))
+			if kv.count > uint64(len(data)-r.off)/least {
 				return nil, &GGUFError{Path: path, Offset: int64(at), Reason: fmt.Sprintf("key %q: an array of %d %s does not fit the %d bytes left",
 					key, kv.count, ggufTypeName(kv.elem), len(data)-r.off)}
 			}
 			kv.off = r.off
-			if w := ggufScalarBytes[min(int(kv.elem), len(ggufScalarBytes)-1)]; kv.elem != ggufString && w > 0 {
-				r.take(int(kv.count)*w, "key "+key)
-			} else {
-				for range kv.count {
-					r.skipValue(kv.elem, key)
-				}
+			if kv.elem != ggufString {
+				r.take(int(kv.count)*ggufScalarBytes[kv.elem], "an array", key)
+			}
+			for i := uint64(0); kv.elem == ggufString && i < kv.count && r.err == nil; i++ {
+				r.skipValue(kv.elem, key)
 			}
 		} else {
 			kv.off = r.off
@@ -290,14 +293,14 @@ func parseGGUF(path string, data []byte) (*ggufFile, error) {
 	}
 	for range nTensors {
 		t := &ggufTensor{entry: int64(r.off)}
-		t.name = r.str("tensor name")
-		nd := r.u32("dimension count of " + t.name)
+		t.name = string(r.str("tensor name", ""))
+		nd := r.u32("the dimension count", t.name)
 		if r.err == nil && (nd < 1 || nd > ggufDimsMax) {
 			return nil, &GGUFError{Path: path, Offset: t.entry, Reason: fmt.Sprintf("tensor %q has %d dimensions; 1 to %d", t.name, nd, ggufDimsMax)}
 		}
 		elems := uint64(1)
 		for range nd {
-			d := r.u64("dimension of " + t.name)
+			d := r.u64("a dimension", t.name)
 			if r.err != nil {
 				return nil, r.err
 			}
@@ -307,8 +310,8 @@ func parseGGUF(path string, data []byte) (*ggufFile, error) {
 			elems *= d
 			t.dims = append(t.dims, int(d))
 		}
-		t.typ = WeightType(r.u32("type of " + t.name))
-		off := r.u64("offset of " + t.name)
+		t.typ = WeightType(r.u32("the type", t.name))
+		off := r.u64("the offset", t.name)
 		if r.err != nil {
 			return nil, r.err
 		}
@@ -360,6 +363,13 @@ func parseGGUF(path string, data []byte) (*ggufFile, error) {
 		}
 	}
 	return f, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func cmpUint64(a, b uint64) int {
@@ -500,21 +510,26 @@ func (f *ggufFile) strings(key string) ([]string, error) {
 	return out, nil
 }
 
-// numbers is key's value, an array of numbers, as float64.
-func (f *ggufFile) numbers(key string) ([]float64, error) {
+// numbers is key's value, an array of n numbers, each passed to put with
+// its index (as float64: integers exact to 2^53). The length is checked
+// before anything is decoded.
+func (f *ggufFile) numbers(key string, n int, put func(i int, v float64)) error {
 	kv, ok := f.keys[key]
 	if !ok {
-		return nil, f.missing(key)
+		return f.missing(key)
 	}
-	if kv.typ != ggufArray || kv.elem == ggufString || kv.elem == ggufArray || kv.elem == ggufBool || int(kv.elem) >= len(ggufScalarBytes) {
-		return nil, f.keyError(key, "a %s where an array of numbers belongs", f.describe(kv))
+	if kv.typ != ggufArray || kv.elem == ggufString || kv.elem == ggufArray || kv.elem == ggufBool {
+		return f.keyError(key, "a %s where an array of numbers belongs", f.describe(kv))
+	}
+	if kv.count != uint64(n) {
+		return f.keyError(key, "%d values for %d tokens", kv.count, n)
 	}
 	w := ggufScalarBytes[kv.elem]
-	out := make([]float64, kv.count)
-	for i := range out {
-		out[i], _ = f.scalar(kv.elem, kv.off+i*w)
+	for i := range n {
+		v, _ := f.scalar(kv.elem, kv.off+i*w)
+		put(i, v)
 	}
-	return out, nil
+	return nil
 }
 
 func (f *ggufFile) describe(kv ggufKV) string {

@@ -102,7 +102,7 @@ func BenchmarkDecodeWeights(b *testing.B) {
 		b.Run("type="+typ.String(), func(b *testing.B) {
 			e := load(typ)
 			step(e)
-			step(f32) // warm both: the mapped pages in, the scratch made
+			step(f32) // warm both: the caches, the scratch made
 			var tq, tf time.Duration
 			for b.Loop() {
 				tq += step(e)

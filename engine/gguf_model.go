@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"strings"
@@ -39,16 +40,14 @@ type ggufModel struct {
 	types map[WeightType]int
 }
 
-// readGGUF maps the GGUF file at path and reads its llama model.
+// readGGUF reads the GGUF file at path and its llama model. The file is
+// read once, whole, into memory the model keeps (its weights are slices
+// of it): a file mapped instead would kill the process (SIGBUS) when
+// truncated while served, and change its weights under its fingerprint
+// when rewritten in place. Read, the file may change or go; the node
+// serves what it read.
 func readGGUF(path string, opt GGUFOptions) (*ggufModel, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if fi.Size() < 24 || fi.Size() > math.MaxInt {
-		return nil, &GGUFError{Path: path, Offset: -1, Reason: fmt.Sprintf("the file is %d bytes; a GGUF file is at least 24", fi.Size())}
-	}
-	data, err := mapFile(path, fi.Size())
+	data, err := readWhole(path)
 	if err != nil {
 		return nil, err
 	}
@@ -57,6 +56,31 @@ func readGGUF(path string, opt GGUFOptions) (*ggufModel, error) {
 		return nil, err
 	}
 	return f.model(opt)
+}
+
+// readWhole reads the file at path, whose size must not change while it
+// is read.
+func readWhole(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() < 24 || fi.Size() > math.MaxInt {
+		return nil, &GGUFError{Path: path, Offset: -1, Reason: fmt.Sprintf("the file is %d bytes; a GGUF file is at least 24", fi.Size())}
+	}
+	data := make([]byte, fi.Size())
+	if _, err := io.ReadFull(f, data); err != nil {
+		return nil, fmt.Errorf("engine: reading GGUF %s (%d bytes, as it was opened): %w", path, fi.Size(), err)
+	}
+	if n, _ := f.Read(make([]byte, 1)); n > 0 {
+		return nil, fmt.Errorf("engine: GGUF %s grew past %d bytes while it was read", path, fi.Size())
+	}
+	return data, nil
 }
 
 // model maps the file's metadata and tensors to a llama model.
@@ -218,6 +242,10 @@ func (f *ggufFile) weights(m *ggufModel) error {
 	if err := norm(&w.Norm, "output_norm.weight"); err != nil {
 		return err
 	}
+	if least := 9*c.Layers + 2; len(f.names) < least {
+		return &GGUFError{Path: f.path, Offset: -1, Reason: fmt.Sprintf("the file has %d tensors; a llama model of %d layers has at least %d",
+			len(f.names), c.Layers, least)}
+	}
 	w.Layers = make([]LayerWeights, c.Layers)
 	for i := range w.Layers {
 		l, p := &w.Layers[i], fmt.Sprintf("blk.%d.", i)
@@ -303,37 +331,24 @@ func (f *ggufFile) readVocab(v *ggufVocab) error {
 		}
 	}
 	if f.has("tokenizer.ggml.scores") {
-		s, err := f.numbers("tokenizer.ggml.scores")
-		if err != nil {
-			return err
-		}
-		if len(s) != n {
-			return f.keyError("tokenizer.ggml.scores", "%d scores for %d tokens", len(s), n)
-		}
 		v.Scores = make([]float32, n)
-		for i, x := range s {
-			v.Scores[i] = float32(x)
+		if err := f.numbers("tokenizer.ggml.scores", n, func(i int, x float64) { v.Scores[i] = float32(x) }); err != nil {
+			return err
 		}
 	}
 	if f.has("tokenizer.ggml.token_type") {
-		s, err := f.numbers("tokenizer.ggml.token_type")
-		if err != nil {
-			return err
-		}
-		if len(s) != n {
-			return f.keyError("tokenizer.ggml.token_type", "%d types for %d tokens", len(s), n)
-		}
 		v.Types = make([]int32, n)
-		for i, x := range s {
-			if x != math.Trunc(x) || x < 0 || x > 6 {
-				return f.keyError("tokenizer.ggml.token_type", "token %d has type %g; types are 0 to 6", i, x)
+		bad, badType := -1, 0.0 // the first token of no type
+		if err := f.numbers("tokenizer.ggml.token_type", n, func(i int, x float64) {
+			if (x != math.Trunc(x) || x < 0 || x > 6) && bad < 0 {
+				bad, badType = i, x
 			}
 			v.Types[i] = int32(x)
-		}
-	}
-	if f.has("tokenizer.ggml.merges") {
-		if v.Merges, err = f.strings("tokenizer.ggml.merges"); err != nil {
+		}); err != nil {
 			return err
+		}
+		if bad >= 0 {
+			return f.keyError("tokenizer.ggml.token_type", "token %d has type %g; types are 0 to 6", bad, badType)
 		}
 	}
 	for _, id := range []struct {

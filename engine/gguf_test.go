@@ -239,12 +239,23 @@ func TestGGUFRefusals(t *testing.T) {
 		{"rope scaling", "without scaling", edit(func(b *ggufBuild) { b.set("llama.rope.scaling.type", ggufString, ggufStr("yarn")) })},
 		{"experts", "mixtures of experts", edit(func(b *ggufBuild) { b.set("llama.expert_count", ggufUint32, ggufU32(8)) })},
 		{"vocab size", "512 tokens", edit(func(b *ggufBuild) { b.set("llama.vocab_size", ggufUint32, ggufU32(500)) })},
-		{"scores", "511 scores for 512 tokens", edit(func(b *ggufBuild) {
+		{"scores", "511 values for 512 tokens", edit(func(b *ggufBuild) {
 			b.set("tokenizer.ggml.scores", ggufArray, ggufArr(ggufFloat32, 511, make([]byte, 4*511)))
 		})},
 		{"token id", "id 512 is outside the 512 tokens", edit(func(b *ggufBuild) { b.set("tokenizer.ggml.eos_token_id", ggufUint32, ggufU32(512)) })},
 		{"missing tensor", `"blk.4.ffn_up.weight", which a llama model of 5 layers needs, is missing`, edit(func(b *ggufBuild) {
+			b.tensor("blk.4.ffn_up.weight").name = "blk.5.ffn_up.weight"
+		})},
+		{"tensor count", "the file has 46 tensors; a llama model of 5 layers has at least 47", edit(func(b *ggufBuild) {
 			b.tensors = slices.DeleteFunc(b.tensors, func(t ggufTensorOut) bool { return t.name == "blk.4.ffn_up.weight" })
+		})},
+		{"array element type", "an array of type 200", edit(func(b *ggufBuild) { b.set("x", ggufArray, ggufArr(200, 1, make([]byte, 8))) })},
+		{"token type", "token 7 has type 9", edit(func(b *ggufBuild) {
+			types := make([]byte, 0, 4*512)
+			for i := range 512 {
+				types = append(types, ggufU32(uint32(1+8*boolInt(i == 7)))...)
+			}
+			b.set("tokenizer.ggml.token_type", ggufArray, ggufArr(ggufInt32, 512, types))
 		})},
 		{"extra tensor", `"rope_freqs.weight": rotary frequency factors`, edit(func(b *ggufBuild) {
 			b.tensors = append(b.tensors, ggufTensorOut{"rope_freqs.weight", []int{4}, WeightF32, make([]byte, 16)})
@@ -470,6 +481,37 @@ func TestGGUFModels(t *testing.T) {
 		}
 		if got := m.Text("", tokens); got != stories.Published(t) {
 			t.Fatalf("the F32 GGUF writes\n%s\nnot the model card's\n%s", got, stories.Published(t))
+		}
+	}
+}
+
+// TestGGUFParseCostIsTheFiles: a file of a long key whose value is many
+// strings, or of many numbers for a vocabulary they do not fit, costs the
+// parser allocations in proportion to the file, not to the key's length
+// times the strings, or eight bytes a byte.
+func TestGGUFParseCostIsTheFiles(t *testing.T) {
+	tiny, err := parseGGUF("tiny.gguf", tinyGGUF(WeightQ8_0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		what string
+		edit func(b *ggufBuild)
+	}{
+		{"a 64 KiB key of 100,000 empty strings", func(b *ggufBuild) {
+			b.set(strings.Repeat("k", 64<<10), ggufArray, ggufArr(ggufString, 100_000, make([]byte, 8*100_000)))
+		}},
+		{"a million uint8 scores", func(b *ggufBuild) {
+			b.set("tokenizer.ggml.scores", ggufArray, ggufArr(ggufUint8, 1<<20, make([]byte, 1<<20)))
+		}},
+	} {
+		b := buildOf(tiny)
+		c.edit(b)
+		data := b.bytes()
+		before := allocatedBytes()
+		_, _ = parseModelBytes(t, data)
+		if used := allocatedBytes() - before; used > 4*uint64(len(data)) {
+			t.Errorf("%s: reading a %d-byte file allocated %d bytes", c.what, len(data), used)
 		}
 	}
 }

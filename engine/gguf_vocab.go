@@ -21,9 +21,6 @@ type GGUFVocab struct {
 	// 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte);
 	// nil when absent (every token normal, as llama.cpp takes it).
 	Types []int32
-	// Merges are a gpt2 vocabulary's merges, "a b" each
-	// (tokenizer.ggml.merges); nil when absent.
-	Merges []string
 	// BOS, EOS, Unknown, Padding are the special ids
 	// (tokenizer.ggml.bos_token_id …); -1 when absent. NewGGUFTokenizer
 	// gives an absent one of a llama vocabulary llama.cpp's default:

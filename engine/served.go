@@ -108,9 +108,9 @@ func IsGGUF(path string) (bool, error) {
 }
 
 // LoadGGUF reads the GGUF file at path (see GGUFOptions) and serves it
-// with the tokenizer its metadata describes. The file is mapped, not
-// copied: it must not change while the model is served. The model is
-// named after the file, without its extension.
+// with the tokenizer its metadata describes. The file is read once: a
+// change to it afterwards changes nothing served. The model is named
+// after the file, without its extension.
 func LoadGGUF(path string, opt GGUFOptions) (*Model, error) {
 	g, err := readGGUF(path, opt)
 	if err != nil {
