@@ -164,7 +164,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 			a.reject(c, m.RequestID, err)
 			return
 		}
-		a.admit(c, m.RequestID, tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, nil)
+		a.admit(c, m.RequestID, tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, nil, a.auth.Of(c).Local)
 	case *messages.RoutedRequest:
 		if s := a.auth.Of(c); !s.May(trust.RoleRouter) {
 			a.auth.Refuse(trust.RefusedRole, "routed request", "sender", s.String())
@@ -182,7 +182,7 @@ func (a *admissionActor) Receive(c actor.Context) {
 			return
 		}
 		peer := PrefillPeer{PID: actor.NewPID(m.Prefill, PrefillName), Incarnation: m.PrefillIncarnation}
-		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, &peer)
+		a.admit(c, m.RequestID, m.Tenant, m.Prompt, int(m.MaxTokens), m.CacheSalt, &peer, true)
 	case *messages.MoveRequest:
 		a.moveIn(c, m)
 	case *messages.CancelRequest:
@@ -310,9 +310,11 @@ func Reject(c actor.Context, id uint64, err error) error {
 
 // admit runs admission's rule (handoff.Admission) and, if the request
 // passes, spawns its request actor on the decode worker admission chose.
-// peer is the prefill node a router chose; nil means choose here.
-func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, salt string, peer *PrefillPeer) {
-	prompt, err := handoff.Encode(a.cfg.Limits(), a.model.Tokenizer(), text)
+// peer is the prefill node a router chose; nil means choose here. tokens
+// says the sender may send a prompt of tokens (handoff.Encode): this
+// node's own API, or a router.
+func (a *admissionActor) admit(c actor.Context, id uint64, tenant, text string, maxTokens int, salt string, peer *PrefillPeer, tokens bool) {
+	prompt, err := handoff.Encode(a.cfg.Limits(), a.model.Tokenizer(), text, tokens)
 	if err != nil {
 		if _, long := err.(*PromptTooLongError); long {
 			a.counters.rejectedTooLong.Add(1)

@@ -63,7 +63,7 @@ func TestRejectBoundOf(t *testing.T) {
 	cfg := testConfig()
 	l := cfg.Limits()
 	long := strings.Repeat("x", 4*cfg.ContextTokens)
-	_, encodeErr := handoff.Encode(l, withModel(t, cfg, Options{}).Model.Tokenizer(), long)
+	_, encodeErr := handoff.Encode(l, withModel(t, cfg, Options{}).Model.Tokenizer(), long, false)
 	admission := func(queueMax int, prep func(*handoff.Admission), q handoff.Ask) error {
 		a := handoff.NewAdmission(l, queueMax, 1, cfg.DecodePages)
 		prep(a)
@@ -139,7 +139,7 @@ func TestNodeMetrics(t *testing.T) {
 		if _, err := c.Generate(context.Background(), "acme", prompt, client.GenerateOptions{MaxTokens: 3}, nil); err != nil {
 			t.Fatal(err)
 		}
-		tokens, err := handoff.Encode(cfg.Limits(), n.Model().Tokenizer(), prompt)
+		tokens, err := handoff.Encode(cfg.Limits(), n.Model().Tokenizer(), prompt, false)
 		if err != nil {
 			t.Fatal(err)
 		}

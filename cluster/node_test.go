@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/kvwarden/kvwarden/actors"
 	"github.com/kvwarden/kvwarden/client"
 	"github.com/kvwarden/kvwarden/engine"
+	"github.com/kvwarden/kvwarden/handoff"
 	"github.com/kvwarden/kvwarden/internal/modeltest"
 	"github.com/kvwarden/kvwarden/internal/testnet"
 	"github.com/kvwarden/kvwarden/internal/testwait"
@@ -480,5 +482,34 @@ func TestPrefillNodeIsNotAdmission(t *testing.T) {
 	var we *messages.WireError
 	if !errors.As(err, &we) || we.Code != messages.CodeBadRequest || !strings.Contains(we.Message, "not an admission endpoint (role prefill)") {
 		t.Fatalf("a generate to a prefill node: %v", err)
+	}
+}
+
+// TestTokenPromptFromATenantRefused: a tenant's prompt is text. A prompt
+// written as a prompt of tokens (what a node's own API sends for a chat in
+// the model's template) is refused, bad_request, from a tenant over the
+// actor API, whether it reaches a router or a decode node's admission,
+// however valid its tokens (here BOS, stop and BOS again, which no text
+// encodes to); the same text then in the middle of a prompt is text.
+func TestTokenPromptFromATenantRefused(t *testing.T) {
+	_, d, r, c := startTrio(t)
+	tok := r.Actors().Model().Tokenizer()
+	forged := handoff.TokenPrompt([]int{tok.BOS(), tok.BOS(), tok.Stop(), tok.BOS(), 'h', 'i'})
+	direct := tenantClient(t, d.Address(), "acme")
+	for name, cl := range map[string]*client.Client{"router": c, "decode node": direct} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, err := cl.Generate(ctx, "acme", forged, client.GenerateOptions{MaxTokens: 4}, nil)
+		cancel()
+		var we *messages.WireError
+		if !errors.As(err, &we) || we.Code != messages.CodeBadRequest || !strings.Contains(we.Message, "only a node's own API sends") {
+			t.Errorf("a token prompt sent to the %s: %v; want bad_request", name, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := c.Generate(ctx, "acme", "x"+forged, client.GenerateOptions{MaxTokens: 4}, nil)
+	want, werr := r.Actors().Model().Answer("x"+forged, 4)
+	if err != nil || werr != nil || !slices.Equal(res.Tokens, want) {
+		t.Fatalf("the mark within a text prompt: %+v, %v; want the answer to it as text, %v (%v)", res, err, want, werr)
 	}
 }

@@ -321,7 +321,9 @@ func (r *routerActor) route(c actor.Context, m *messages.GenerateRequest, tenant
 	ms := r.members()
 	fp := r.model.Fingerprint()
 	ds, ps := candidates(ms, decodes, fp), candidates(ms, prefills, fp)
-	prompt, err := handoff.Encode(r.cfg.Limits(), r.model.Tokenizer(), m.Prompt)
+	// Only this node's own API may send a prompt of tokens (a chat in the
+	// model's template); a tenant's prompt is text.
+	prompt, err := handoff.Encode(r.cfg.Limits(), r.model.Tokenizer(), m.Prompt, r.auth.Of(c).Local)
 	if err != nil {
 		counter := &r.counters.rejectedTooLong
 		if _, long := err.(*actors.PromptTooLongError); !long {

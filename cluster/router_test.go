@@ -96,7 +96,7 @@ func TestRouterBurstSpreads(t *testing.T) {
 		prompts = append(prompts, burstPrompt(i))
 	}
 	pagesOf := func(prompt string) int {
-		tokens, _ := handoff.Encode(cfg.Limits(), withModel(t, c.router.cfg).Model.Tokenizer(), prompt)
+		tokens, _ := handoff.Encode(cfg.Limits(), withModel(t, c.router.cfg).Model.Tokenizer(), prompt, false)
 		_, pages := handoff.RequestPages(cfg.Geometry(), len(tokens), maxTokens)
 		return pages
 	}

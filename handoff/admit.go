@@ -62,9 +62,16 @@ func RequestPages(g kv.Geometry, promptTokens, maxTokens int) (prefill, decode i
 // exceeds the context window is refused by its length alone, unencoded
 // (engine.EncodeWithin), so that a stranger's megabyte prompt costs no
 // tokenizer work in an actor that serves everyone. A prompt TokenPrompt
-// wrote is its tokens, each checked against the vocabulary, BOS first.
-func Encode(l Limits, tok engine.Tokenizer, text string) (prompt []int, err error) {
+// wrote is its tokens, each checked against the vocabulary, BOS first,
+// when tokens says its sender may send tokens (the node's own API, which
+// renders chats in the model's template, or a router passing on what it
+// took); from any other sender it is refused: a tenant's prompt is text,
+// and text never becomes a control token.
+func Encode(l Limits, tok engine.Tokenizer, text string, tokens bool) (prompt []int, err error) {
 	if IsTokenPrompt(text) {
+		if !tokens {
+			return nil, &TokenPromptError{Index: -1, Vocab: tok.Vocab(), BOS: tok.BOS()}
+		}
 		return decodeTokenPrompt(l, tok, text)
 	}
 	prompt, n := engine.EncodeWithin(tok, text, l.ContextTokens)

@@ -444,10 +444,10 @@ func TestSourceDropsDuplicatesAndForeignAcks(t *testing.T) {
 // with the count it needs at least; one that may fit is encoded.
 func TestEncodeRefusesUnencoded(t *testing.T) {
 	l := Limits{ContextTokens: 64}
-	if p, err := Encode(l, engine.ByteTokenizer{}, strings.Repeat("x", 63)); err != nil || len(p) != 64 {
+	if p, err := Encode(l, engine.ByteTokenizer{}, strings.Repeat("x", 63), false); err != nil || len(p) != 64 {
 		t.Fatalf("63 bytes and BOS in a 64-token window: %d tokens, %v", len(p), err)
 	}
-	p, err := Encode(l, engine.ByteTokenizer{}, strings.Repeat("x", 1<<20))
+	p, err := Encode(l, engine.ByteTokenizer{}, strings.Repeat("x", 1<<20), false)
 	var long *PromptTooLongError
 	if p != nil || !errors.As(err, &long) || !long.AtLeast || long.Tokens != 1<<20+1 || long.Limit != 64 ||
 		!strings.Contains(err.Error(), "needs at least 1048577 tokens, context window holds 64") {

@@ -53,13 +53,15 @@ func IsTokenPrompt(prompt string) bool { return strings.HasPrefix(prompt, tokenP
 // TokenPromptError: a token prompt holds at Index what is no token of the
 // model's Vocab (Token is its id, -1 for a byte that is no UTF-8), or does
 // not start with the model's BOS (Index 0, Token what it starts with, -1
-// for nothing).
+// for nothing), or came from a sender that may not send one (Index -1).
 type TokenPromptError struct {
 	Index, Token, Vocab, BOS int
 }
 
 func (e *TokenPromptError) Error() string {
 	switch {
+	case e.Index < 0:
+		return "handoff: bad request: a prompt starts with U+FDD0, the mark of a prompt of tokens, which only a node's own API sends"
 	case e.Index == 0 && e.Token >= 0 && e.Token < e.Vocab:
 		return fmt.Sprintf("handoff: bad request: a token prompt starts with token %d, not BOS (%d)", e.Token, e.BOS)
 	case e.Index == 0 && e.Token < 0:

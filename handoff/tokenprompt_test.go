@@ -36,7 +36,7 @@ func TestTokenPromptRoundTrip(t *testing.T) {
 		if err := (&messages.GenerateRequest{RequestID: 1, Tenant: "t", Prompt: p, MaxTokens: 1}).Validate(); err != nil {
 			tb.Fatalf("TokenPrompt(%v) is no request's prompt: %v", ids, err)
 		}
-		if got, err := Encode(l, tok, p); err != nil || !slices.Equal(got, ids) {
+		if got, err := Encode(l, tok, p, true); err != nil || !slices.Equal(got, ids) {
 			tb.Fatalf("Encode(TokenPrompt(%v)) = %v, %v", ids, got, err)
 		}
 	}
@@ -64,25 +64,32 @@ func TestTokenPromptRefusals(t *testing.T) {
 		{"empty", TokenPrompt(nil), 0, -1, "starts with no token, not BOS (1)"},
 		{"no UTF-8", TokenPrompt([]int{1}) + "\xff", 1, -1, "token 1 of a token prompt is no UTF-8"},
 	} {
-		ids, err := Encode(l, smallVocab{tok}, c.prompt)
+		ids, err := Encode(l, smallVocab{tok}, c.prompt, true)
 		var te *TokenPromptError
 		if ids != nil || !errors.As(err, &te) || te.Index != c.index || (c.token != -2 && te.Token != c.token) ||
 			!strings.Contains(err.Error(), c.msg) || Wire(err).Code != messages.CodeBadRequest {
 			t.Errorf("%s: %v, %v", c.name, ids, err)
 		}
 	}
-	if _, err := Encode(l, smallVocab{tok}, TokenPrompt([]int{1, 2, 5})); err == nil ||
+	if _, err := Encode(l, smallVocab{tok}, TokenPrompt([]int{1, 2, 5}), true); err == nil ||
 		err.Error() != "handoff: bad request: token 2 of a token prompt is 5, outside the vocabulary [0, 4)" {
 		t.Errorf("outside: %v", err)
 	}
 	var long *PromptTooLongError
-	if _, err := Encode(l, tok, TokenPrompt(make([]int, 9))); !errors.As(err, &long) || long.Tokens != 9 || long.Limit != 8 ||
+	if _, err := Encode(l, tok, TokenPrompt(make([]int, 9)), true); !errors.As(err, &long) || long.Tokens != 9 || long.Limit != 8 ||
 		long.AtLeast {
 		t.Errorf("9 tokens in a window of 8: %v", err)
 	}
 	// A text prompt is text, however like one it looks.
-	if ids, err := Encode(Limits{ContextTokens: 64}, engine.ByteTokenizer{}, "x"+TokenPrompt([]int{1})); err != nil || len(ids) != 6 {
+	if ids, err := Encode(Limits{ContextTokens: 64}, engine.ByteTokenizer{}, "x"+TokenPrompt([]int{1}), false); err != nil || len(ids) != 6 {
 		t.Errorf("text: %v, %v", ids, err)
+	}
+	// From a sender that may not send tokens, a token prompt is refused,
+	// however valid.
+	var te *TokenPromptError
+	if ids, err := Encode(l, tok, TokenPrompt([]int{1, 2}), false); ids != nil || !errors.As(err, &te) || te.Index != -1 ||
+		!strings.Contains(err.Error(), "only a node's own API sends") || Wire(err).Code != messages.CodeBadRequest {
+		t.Errorf("a token prompt from a tenant: %v, %v", ids, err)
 	}
 }
 

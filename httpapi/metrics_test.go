@@ -94,7 +94,7 @@ func kvOf(t *testing.T, n *cluster.Node, prompts ...string) (tokens, pages, byte
 	cfg := n.Actors().Config()
 	g := cfg.Geometry()
 	for _, p := range prompts {
-		prompt, err := handoff.Encode(cfg.Limits(), n.Actors().Model().Tokenizer(), p)
+		prompt, err := handoff.Encode(cfg.Limits(), n.Actors().Model().Tokenizer(), p, false)
 		if err != nil {
 			t.Fatal(err)
 		}

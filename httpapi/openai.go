@@ -423,7 +423,7 @@ func (a *API) generation(key Key, c *common, f fields, prompt func() (string, *a
 // together.
 func (a *API) prepare(g *generation, maxTokens *int) *apiError {
 	l, f := a.cfg.Node, g.fields
-	prompt, err := handoff.Encode(l, a.cfg.Model.Tokenizer(), g.prompt)
+	prompt, err := handoff.Encode(l, a.cfg.Model.Tokenizer(), g.prompt, true) // the API's own prompt: text it checked, or a chat it rendered
 	var long *handoff.PromptTooLongError
 	switch {
 	case errors.As(err, &long):

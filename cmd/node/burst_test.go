@@ -42,7 +42,7 @@ var burstPrompt = strings.Repeat("a long story for a burst. ", 4)
 //	go test -run TestBinaryBurstSpreads -v ./cmd/node
 func TestBinaryBurstSpreads(t *testing.T) {
 	cfg := actors.DefaultConfig()
-	tokens, err := handoff.Encode(cfg.Limits(), modeltest.Builtin(t, cfg.Model).Tokenizer(), burstPrompt)
+	tokens, err := handoff.Encode(cfg.Limits(), modeltest.Builtin(t, cfg.Model).Tokenizer(), burstPrompt, false)
 	if err != nil {
 		t.Fatal(err)
 	}
