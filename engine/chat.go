@@ -19,9 +19,12 @@ type ChatMessage struct {
 // does, the assistant's turn opened at the end, and encodes it as
 // llama.cpp encodes the rendered text with special tokens parsed, but for
 // one thing: only the template's own text, with the roles system, user
-// and assistant, may become the model's control tokens (<|im_start|>,
+// and assistant, may become the model's special tokens (<|im_start|>,
 // </s>, …), found by their pieces in the vocabulary; a message's content,
-// and any other role, is always text, whatever it holds. It is immutable
+// and any other role, is always text, whatever it holds, never cut at a
+// special token, not even at one the vocabulary types user-defined (as
+// some converters type <|im_start|>), which plain text is cut at: it is
+// only merged, as SentencePiece merges text. A ChatTemplate is immutable
 // and safe for concurrent use.
 type ChatTemplate struct {
 	format *chatFormat
@@ -29,6 +32,9 @@ type ChatTemplate struct {
 	// turnEnd is the token the format ends an assistant's turn with, when
 	// the vocabulary has it and it is not the tokenizer's Stop; else -1.
 	turnEnd int
+	// markers are the special tokens the format writes: a chat's text
+	// never becomes one, not even by merging pieces into it.
+	markers map[int]bool
 }
 
 // chatFormat is one of llama.cpp's chat formats.
@@ -59,9 +65,22 @@ func DetectChatTemplate(src string, tok Tokenizer) (*ChatTemplate, string) {
 	case !ok:
 		return nil, fmt.Sprintf("the model's chat template is llama.cpp's %s, but its tokenizer is not a GGUF file's: %s", name, plain)
 	default:
-		c := &ChatTemplate{format: chatFormats[name], tok: spm, turnEnd: -1}
+		c := &ChatTemplate{format: chatFormats[name], tok: spm, turnEnd: -1, markers: map[int]bool{}}
 		if id, ok := spm.special.lookup(c.format.end); ok && id != spm.Stop() {
 			c.turnEnd = id
+		}
+		// The markers are the special tokens the template writes, in a
+		// chat of every role: no text of a chat may become one.
+		var w chatWriter
+		c.format.render(&w, []ChatMessage{{Role: "system", Content: "s"}, {Role: "user", Content: "u"},
+			{Role: "assistant", Content: "a"}, {Role: "user", Content: "u"}})
+		for _, f := range c.fragments(w) {
+			if f.token >= 0 {
+				c.markers[f.token] = true
+			}
+		}
+		if c.turnEnd >= 0 {
+			c.markers[c.turnEnd] = true
 		}
 		return c, ""
 	}
@@ -81,35 +100,55 @@ func (c *ChatTemplate) TurnEnd() int { return c.turnEnd }
 
 // EncodeWithin is the prompt of msgs: BOS, then the rendered chat's
 // tokens, the assistant's turn opened at the end. Unless it certainly
-// encodes to more than limit tokens, which it says without encoding: BOS,
-// the template's control tokens, and at least PieceBytesMax bytes of the
-// text around them a token; then ids is nil and atLeast is that count, as
-// with EncodeWithin.
+// encodes to more than limit tokens, which it says without encoding: then
+// ids is nil and atLeast is a count over limit that the prompt has at
+// least, as with EncodeWithin. It checks twice, at least PieceBytesMax
+// bytes of text a token: once the chat is rendered (a list of the
+// template's texts and the messages' contents, which are not copied), on
+// BOS and the contents; then, the template's text cut at its special
+// tokens, on BOS, those tokens and all the text.
 func (c *ChatTemplate) EncodeWithin(msgs []ChatMessage, limit int) (ids []int, atLeast int) {
-	frags := c.fragments(msgs)
-	text := 0
-	atLeast = 1
+	var w chatWriter
+	c.format.render(&w, msgs)
+	content := 0
+	for _, p := range w {
+		if p.content {
+			content += len(p.text)
+		}
+	}
+	if atLeast = c.atLeast(0, content); atLeast > limit {
+		return nil, atLeast
+	}
+	frags := c.fragments(w)
+	tokens, text := 0, 0
 	for _, f := range frags {
 		if f.token >= 0 {
-			atLeast++
+			tokens++
 		} else {
 			text += len(f.text)
 		}
 	}
-	if atLeast += (text + c.tok.PieceBytesMax() - 1) / c.tok.PieceBytesMax(); atLeast > limit {
+	if atLeast = c.atLeast(tokens, text); atLeast > limit {
 		return nil, atLeast
 	}
-	ids = c.tok.encode(frags)
+	ids = c.tok.encode(frags, c.markers)
 	return ids, len(ids)
 }
 
-// fragments are the rendered chat as the tokenizer encodes it: each run
+// atLeast is the fewest tokens a prompt of BOS, tokens more, and text
+// bytes of text can be: no token stands for more than PieceBytesMax of
+// them.
+func (c *ChatTemplate) atLeast(tokens, text int) int {
+	return 1 + tokens + (text+c.tok.PieceBytesMax()-1)/c.tok.PieceBytesMax()
+}
+
+// fragments are the rendered chat w as the tokenizer encodes it: each run
 // of the template's own text cut at the special tokens it holds, every
 // run of text between them, the messages' included, joined into one
-// fragment.
-func (c *ChatTemplate) fragments(msgs []ChatMessage) []fragment {
-	var w chatWriter
-	c.format.render(&w, msgs)
+// fragment, which is merged whole: a message's content is never cut at a
+// special token, not even one the vocabulary types user-defined, which
+// any other text is cut at (Encode).
+func (c *ChatTemplate) fragments(w chatWriter) []fragment {
 	var frags []fragment
 	var text, tmpl strings.Builder
 	// cut moves the template's text into frags, its special tokens as
@@ -159,8 +198,39 @@ func (w *chatWriter) tmpl(s ...string) {
 	}
 }
 
-// msg writes a message's content.
-func (w *chatWriter) msg(s string) { *w = append(*w, chatPart{text: s, content: true}) }
+// msg writes messages' contents, one after another.
+func (w *chatWriter) msg(s ...string) {
+	for _, x := range s {
+		*w = append(*w, chatPart{text: x, content: true})
+	}
+}
+
+// heldSystem is the system messages' text of a format without a system
+// turn (gemma, orion), held for the next user turn, which it opens: as
+// llama.cpp's system_prompt, each message's text appended, but as a list,
+// so that a chat of many system messages is not copied once for each.
+// What no user turn follows is left out, as llama.cpp leaves it: its
+// llm_chat_apply_template writes system_prompt only into a user turn
+// (gemma: a turn whose role is not "model"), and drops what is left when
+// the chat ends.
+type heldSystem []string
+
+// add holds s, unless it is empty: text held is never empty.
+func (h *heldSystem) add(s string) {
+	if s != "" {
+		*h = append(*h, s)
+	}
+}
+
+// flush writes the text held, then "\n\n", and holds none; without any,
+// nothing.
+func (h *heldSystem) flush(w *chatWriter) {
+	if len(*h) > 0 {
+		w.msg(*h...)
+		w.tmpl("\n\n")
+		*h = nil
+	}
+}
 
 // role writes a message's role, as the template's own text when it is
 // system, user or assistant (which the template may write in its markers,
@@ -310,23 +380,21 @@ var chatFormats = func() map[string]*chatFormat {
 		w.tmpl("<s>assistant\n")
 	})
 	add("gemma", "<end_of_turn>", func(w *chatWriter, msgs []ChatMessage) {
-		system := "" // gemma has no system turn: it goes into the next user turn
+		var system heldSystem // no system turn: the next user turn opens with it
 		for _, m := range msgs {
 			if m.Role == "system" {
-				system += trimSpace(m.Content)
+				system.add(trimSpace(m.Content))
 				continue
 			}
 			w.tmpl("<start_of_turn>")
 			if m.Role == "assistant" {
-				w.tmpl("model")
+				w.tmpl("model\n")
 			} else {
 				w.role(m.Role, false)
-			}
-			w.tmpl("\n")
-			if system != "" && m.Role != "assistant" {
-				w.msg(system)
-				w.tmpl("\n\n")
-				system = ""
+				w.tmpl("\n")
+				if m.Role != "model" { // llama.cpp asks of the role written
+					system.flush(w)
+				}
 			}
 			w.msg(trimSpace(m.Content))
 			w.tmpl("<end_of_turn>\n")
@@ -334,18 +402,14 @@ var chatFormats = func() map[string]*chatFormat {
 		w.tmpl("<start_of_turn>model\n")
 	})
 	add("orion", "</s>", func(w *chatWriter, msgs []ChatMessage) {
-		system := "" // no system turn either: it goes into the next user turn
+		var system heldSystem // no system turn either
 		for _, m := range msgs {
 			switch m.Role {
 			case "system":
-				system += m.Content
+				system.add(m.Content)
 			case "user":
 				w.tmpl("Human: ")
-				if system != "" {
-					w.msg(system)
-					w.tmpl("\n\n")
-					system = ""
-				}
+				system.flush(w)
 				w.msg(m.Content)
 				w.tmpl("\n\nAssistant: </s>")
 			default:

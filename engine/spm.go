@@ -127,8 +127,10 @@ type spmTokenizer struct {
 	// userDefined are the user-defined tokens, taken whole from text
 	// before it is merged; special are the control, user-defined and
 	// unknown ones, which a chat template's own text may hold.
-	userDefined, special specialTokens
-	// fallback is the token of each byte that no piece covers.
+	userDefined, special *specialTokens
+	// fallback is the token of each byte that no piece covers: its byte
+	// token, else a piece of that byte that text may become, else the
+	// unknown token.
 	fallback         [256]int
 	bos, eos         int
 	addSpace, addEOS bool
@@ -220,9 +222,11 @@ func newSPMTokenizer(name string, v *GGUFVocab) (*spmTokenizer, error) {
 	}
 	unknown := specialID(v.Unknown, 0, n)
 	for b := range 256 {
+		// A control, unused or undefined token of the piece <0xHH>, or of
+		// the byte itself, is none a text may become.
 		id, ok := all[fmt.Sprintf("<0x%02X>", b)]
-		if !ok {
-			id, ok = all[string(everyByte[b:b+1])]
+		if !ok || t.types[id] != tokenByte {
+			id, ok = t.index[string(everyByte[b:b+1])]
 		}
 		if !ok {
 			if id, ok = unknown, unknown >= 0 && unknown < n && t.types[unknown] == tokenUnknown; !ok {
@@ -306,7 +310,7 @@ func (t *spmTokenizer) Piece(prev, id int) []byte {
 // the vocabulary adds one and it starts the text or follows such a token,
 // is merged as SentencePiece does (spmTokenizer.appendPieces).
 func (t *spmTokenizer) Encode(text string) []int {
-	return t.encode([]fragment{{text: text, token: -1}})
+	return t.encode(t.userDefined.split(text), nil)
 }
 
 // fragment is part of a prompt: text, or (token ≥ 0) a token as it is.
@@ -317,20 +321,20 @@ type fragment struct {
 
 // encode is BOS, then the tokens of frags, then EOS when the file asks for
 // it; a text fragment follows a token fragment, never another text one.
-func (t *spmTokenizer) encode(frags []fragment) []int {
+// A text fragment is merged whole (appendPieces): the special tokens a
+// text may hold are its caller's to take out, so that a chat message's
+// content, which ChatTemplate leaves in its text fragments, never becomes
+// one. Text never becomes a token of avoid (nil: none), by a merge or
+// whole: a chat's text never becomes its template's markers, whatever
+// pieces the vocabulary has that merge into them.
+func (t *spmTokenizer) encode(frags []fragment, avoid map[int]bool) []int {
 	ids := []int{t.bos}
 	afterToken := true
 	for _, f := range frags {
 		if f.token >= 0 {
 			ids, afterToken = append(ids, f.token), true
-			continue
-		}
-		for _, g := range t.userDefined.split(f.text) {
-			if g.token >= 0 {
-				ids, afterToken = append(ids, g.token), true
-				continue
-			}
-			ids, afterToken = t.appendPieces(ids, g.text, t.addSpace && afterToken), false
+		} else {
+			ids, afterToken = t.appendPieces(ids, f.text, t.addSpace && afterToken, avoid), false
 		}
 	}
 	if t.addEOS {
@@ -346,8 +350,8 @@ func (t *spmTokenizer) encode(frags []fragment) []int {
 // llama.cpp cuts it); adjacent symbols are merged into the piece of
 // highest score they make, the leftmost of equal scores, until none
 // make a piece; a symbol that is no piece becomes the fallback of each of
-// its bytes.
-func (t *spmTokenizer) appendPieces(ids []int, text string, prefix bool) []int {
+// its bytes. No symbol becomes a token of avoid.
+func (t *spmTokenizer) appendPieces(ids []int, text string, prefix bool, avoid map[int]bool) []int {
 	s := strings.ReplaceAll(text, " ", spmSpace)
 	if prefix {
 		s = spmSpace + s
@@ -356,7 +360,7 @@ func (t *spmTokenizer) appendPieces(ids []int, text string, prefix bool) []int {
 	for i := 0; i < len(s); {
 		j := min(i+utf8LenOf(s[i]), len(s))
 		id, ok := t.index[s[i:j]]
-		if !ok {
+		if !ok || avoid[id] {
 			id = -1
 		}
 		start, end, sym = append(start, i), append(end, j), append(sym, id)
@@ -367,7 +371,7 @@ func (t *spmTokenizer) appendPieces(ids []int, text string, prefix bool) []int {
 			return 0, 0, false
 		}
 		id, ok := t.index[s[start[l]:end[r]]]
-		return id, t.scores[id], ok
+		return id, t.scores[id], ok && !avoid[id]
 	}
 	for _, i := range mergeSymbols(sym, join, func(l, r int) { end[l] = end[r] }) {
 		if sym[i] >= 0 {
@@ -449,87 +453,172 @@ func mergeSymbols(ids []int, join func(l, r int) (int, float32, bool), merged fu
 }
 
 // specialTokens are tokens a text holds whole (llama.cpp's special token
-// partition), grouped by the length of their pieces, longest first.
-type specialTokens []specialGroup
-
-// specialGroup are the special tokens of one length: n bytes each,
-// starting with the bytes first marks.
-type specialGroup struct {
-	n     int
-	first [256]bool
-	ids   map[string]int
+// partition), found by an Aho-Corasick automaton over their pieces. Its
+// nodes are the prefixes of the pieces, node 0 the empty one: a text is
+// read a byte at a time, the node after each byte the longest prefix of
+// a piece that ends the text read, so that the pieces that end there are
+// that node's match and the matches of its fail chain.
+type specialTokens struct {
+	root  [256]int32       // the node of each one-byte prefix, 0 for none
+	edges map[uint64]int32 // node<<8 | byte: the node one byte longer, for nodes other than the root
+	depth []int32          // the length of each node's prefix
+	fail  []int32          // the longest proper suffix of each node's prefix that is a node
+	match []int32          // the longest piece that ends each node's prefix (the node itself when it is one), -1 for none
+	id    []int32          // the token each node's prefix is, -1 for none
 }
 
-// newSpecialTokens groups the tokens ids of pieces.
-func newSpecialTokens(pieces []string, ids []int) specialTokens {
-	var s specialTokens
-	byLen := map[int]*specialGroup{}
+// newSpecialTokens is the automaton of the tokens ids of pieces.
+func newSpecialTokens(pieces []string, ids []int) *specialTokens {
+	s := &specialTokens{edges: map[uint64]int32{}, depth: []int32{0}, fail: []int32{0}, id: []int32{-1}}
+	parent, via := []int32{0}, []byte{0}
 	for _, id := range ids {
-		p := pieces[id]
-		g := byLen[len(p)]
-		if g == nil {
-			g = &specialGroup{n: len(p), ids: map[string]int{}}
-			byLen[len(p)] = g
+		p, n := pieces[id], int32(0)
+		for i := range len(p) {
+			c, ok := s.child(n, p[i])
+			if !ok {
+				c = int32(len(s.depth))
+				s.depth, s.fail, s.id = append(s.depth, int32(i+1)), append(s.fail, 0), append(s.id, -1)
+				parent, via = append(parent, n), append(via, p[i])
+				if n == 0 {
+					s.root[p[i]] = c
+				} else {
+					s.edges[uint64(n)<<8|uint64(p[i])] = c
+				}
+			}
+			n = c
 		}
-		g.first[p[0]] = true
-		g.ids[p] = id
+		s.id[n] = int32(id)
 	}
-	for _, g := range byLen {
-		s = append(s, *g)
+	// The shallowest first: a node's fail and match are those of shorter
+	// prefixes, found already.
+	order := make([]int32, len(s.depth))
+	for i := range order {
+		order[i] = int32(i)
 	}
-	// Longest first, as llama.cpp sorts its special tokens.
-	slices.SortFunc(s, func(a, b specialGroup) int { return b.n - a.n })
+	slices.SortStableFunc(order, func(a, b int32) int { return int(s.depth[a] - s.depth[b]) })
+	s.match = make([]int32, len(s.depth))
+	s.match[0] = -1
+	for _, n := range order[1:] {
+		if s.depth[n] > 1 {
+			s.fail[n] = s.next(s.fail[parent[n]], via[n])
+		}
+		s.match[n] = s.match[s.fail[n]]
+		if s.id[n] >= 0 {
+			s.match[n] = n
+		}
+	}
 	return s
 }
 
-// lookup is the special token whose piece is text.
-func (s specialTokens) lookup(text string) (int, bool) {
-	for _, g := range s {
-		if g.n == len(text) {
-			id, ok := g.ids[text]
-			return id, ok
-		}
+// child is the node one byte c longer than n, if any.
+func (s *specialTokens) child(n int32, c byte) (int32, bool) {
+	if n == 0 {
+		return s.root[c], s.root[c] != 0
 	}
-	return 0, false
+	next, ok := s.edges[uint64(n)<<8|uint64(c)]
+	return next, ok
 }
 
-// split cuts text at the special tokens it holds: the longest are taken
-// first, each group's from the left; what is between them is text. An
-// empty text has no fragments.
-func (s specialTokens) split(text string) []fragment {
-	var frags []fragment
-	if text != "" {
-		frags = []fragment{{text: text, token: -1}}
+// next is the node after n when the byte c is read: at the root, one
+// table lookup, and a byte that starts no piece stays there; elsewhere, a
+// lookup for each node of the fail chain tried. Each fail shortens the
+// prefix and each byte lengthens it by one at most, so a text is as
+// many fails as bytes at most.
+func (s *specialTokens) next(n int32, c byte) int32 {
+	for {
+		if next, ok := s.child(n, c); ok || n == 0 {
+			return next
+		}
+		n = s.fail[n]
 	}
-	for _, g := range s {
-		var out []fragment
-		for _, f := range frags {
-			if f.token >= 0 {
-				out = append(out, f)
-				continue
-			}
-			last := 0
-			for i := 0; i+g.n <= len(f.text); {
-				id, ok := 0, false
-				if g.first[f.text[i]] {
-					id, ok = g.ids[f.text[i:i+g.n]]
+}
+
+// lookup is the special token whose piece is text.
+func (s *specialTokens) lookup(text string) (int, bool) {
+	n := int32(0)
+	for i := range len(text) {
+		next, ok := s.child(n, text[i])
+		if !ok {
+			return 0, false
+		}
+		n = next
+	}
+	return int(s.id[n]), s.id[n] >= 0
+}
+
+// specialMatch is a piece found in a text: the node of the piece, and the
+// end of the text it ends.
+type specialMatch struct {
+	end  int
+	node int32
+}
+
+// split cuts text at the special tokens it holds, as llama.cpp's
+// tokenizer_st_partition does: the longest pieces are taken first, those
+// of one length from the left, each only where no piece taken before
+// overlaps it; what is between them is text. An empty text has no
+// fragments.
+//
+// One pass of the automaton finds the longest piece ending at each byte;
+// those of each length are then taken in turn, the longest first. A
+// piece overlaps one taken before, which is no shorter, only if it holds
+// that one's first or last byte, so a look at its own first and last
+// bytes tells: where its last byte is taken, so is the last byte of
+// every piece ending there; where only its first is, the next shorter
+// piece ending there is tried with its length.
+func (s *specialTokens) split(text string) []fragment {
+	var found []specialMatch
+	longest := int32(0)
+	for n, i := int32(0), 0; i < len(text); i++ {
+		n = s.next(n, text[i])
+		if m := s.match[n]; m >= 0 {
+			found = append(found, specialMatch{end: i + 1, node: m})
+			longest = max(longest, s.depth[m])
+		}
+	}
+	if len(found) == 0 {
+		if text == "" {
+			return nil
+		}
+		return []fragment{{text: text, token: -1}}
+	}
+	byLength := make([][]specialMatch, longest+1)
+	for _, m := range found {
+		byLength[s.depth[m.node]] = append(byLength[s.depth[m.node]], m)
+	}
+	taken := make([]bool, len(text))
+	var tokens []specialMatch
+	for l := longest; l > 0; l-- {
+		ms := byLength[l]
+		slices.SortFunc(ms, func(a, b specialMatch) int { return a.end - b.end })
+		for _, m := range ms {
+			start := m.end - int(l)
+			switch {
+			case taken[m.end-1]:
+			case taken[start]:
+				if shorter := s.match[s.fail[m.node]]; shorter >= 0 {
+					byLength[s.depth[shorter]] = append(byLength[s.depth[shorter]], specialMatch{end: m.end, node: shorter})
 				}
-				if !ok {
-					i++
-					continue
+			default:
+				for k := start; k < m.end; k++ {
+					taken[k] = true
 				}
-				if i > last {
-					out = append(out, fragment{text: f.text[last:i], token: -1})
-				}
-				out = append(out, fragment{token: id})
-				i += g.n
-				last = i
-			}
-			if last < len(f.text) {
-				out = append(out, fragment{text: f.text[last:], token: -1})
+				tokens = append(tokens, m)
 			}
 		}
-		frags = out
+	}
+	slices.SortFunc(tokens, func(a, b specialMatch) int { return a.end - b.end })
+	var frags []fragment
+	last := 0
+	for _, m := range tokens {
+		if start := m.end - int(s.depth[m.node]); start > last {
+			frags = append(frags, fragment{text: text[last:start], token: -1})
+		}
+		frags = append(frags, fragment{token: int(s.id[m.node])})
+		last = m.end
+	}
+	if last < len(text) {
+		frags = append(frags, fragment{text: text[last:], token: -1})
 	}
 	return frags
 }

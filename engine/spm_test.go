@@ -387,6 +387,79 @@ func TestSPMFallback(t *testing.T) {
 	}
 }
 
+// TestSPMFallbackTypes: a byte that no piece covers falls back only to a
+// token text may become: its byte token <0xHH>, else a normal or
+// user-defined piece of the byte, else the unknown token; never to a
+// token of another type that has either piece, such as a control
+// "<0x78>". Without any of them the vocabulary is refused.
+func TestSPMFallbackTypes(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		typ   int32  // <0x78>'s type
+		extra string // a piece "x", as "piece/type"
+		want  string // the piece 'x' falls back to
+	}{
+		{"byte", tokenByte, "x/3", "<0x78>"},
+		{"control byte piece", tokenControl, "", "<unk>"},
+		{"normal piece", tokenControl, "x/1", "x"},
+		{"user-defined piece", tokenUnused, "x/4", "x"},
+		{"control piece", tokenControl, "x/3", "<unk>"},
+		{"unused piece", tokenUndefined, "x/5", "<unk>"},
+	} {
+		var extra []string
+		if c.extra != "" {
+			extra = append(extra, c.extra)
+		}
+		v := specialVocab(extra...)
+		v.Types[3+'x'] = c.typ
+		spm := mustSPM(t, v)
+		if got := spm.pieces[spm.fallback['x']]; got != c.want {
+			t.Errorf("%s: 'x' falls back to %q, want %q", c.name, got, c.want)
+		}
+		for _, id := range spm.Encode("x ax \xf0x") {
+			if typ := spm.types[id]; typ == tokenControl && id != spm.BOS() || typ == tokenUnused || typ == tokenUndefined {
+				t.Errorf("%s: text encodes to %q, of type %d", c.name, spm.pieces[id], typ)
+			}
+		}
+	}
+	v := specialVocab()
+	v.Types[3+'x'], v.Types[0] = tokenControl, tokenControl
+	var ve *VocabError
+	if _, err := newSPMTokenizer("x.gguf", v); !errors.As(err, &ve) || ve.Field != "fallback" || ve.Value != 'x' {
+		t.Errorf("a control <0x78> and no unknown token: %v", err)
+	}
+}
+
+// TestSPMSpecialOverlaps: user-defined pieces that overlap in every way
+// are taken from text as llama.cpp takes them, the longest first, each
+// from the left where no piece taken before overlaps it, not the longest
+// at the leftmost place.
+func TestSPMSpecialOverlaps(t *testing.T) {
+	spm := mustSPM(t, specialVocab("y/4", "xy/4", "yzx/4", "zxyz/4", "xyzxy/4", "yzxyzx/4", "zzzzzzz/4", "zzzzzzzzz/4"))
+	for text, want := range map[string][]string{
+		"xyzxyzx":           {" ", "x", "yzxyzx"},         // not xyzxy at the left
+		"zxyzxy":            {" ", "z", "xyzxy"},          // zxyz is shorter
+		"yzxyzxy":           {"yzxyzx", "y"},              // xyzxy and xy end there too, each overlapping yzxyzx
+		"ayzxyzxya":         {" a", "yzxyzx", "y", " a"},  // the text after a token is prefixed a space
+		"zzzzzzzzzzz":       {"zzzzzzzzz", " ", "z", "z"}, // the 9 from the left, no 7 in the rest
+		"zzzzzzzzzzzzzzzzz": {"zzzzzzzzz", "zzzzzzz", " ", "z"},
+	} {
+		var got []string
+		for _, id := range spm.Encode(text)[1:] {
+			got = append(got, string(spm.Piece(-1, id)))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("Encode(%q) = %q, want %q", text, got, want)
+		}
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		text := rapid.StringMatching(`[xyz a]{0,40}`).Draw(rt, "text")
+		if got, want := spm.Encode(text), naiveSPM(spm, text); !slices.Equal(got, want) {
+			rt.Fatalf("Encode(%q) = %v, llama.cpp's algorithm %v", text, got, want)
+		}
+	})
+}
+
 // TestSPMRefusals: each fault of a vocabulary is refused with the token
 // and what is wrong.
 func TestSPMRefusals(t *testing.T) {
@@ -508,4 +581,32 @@ func BenchmarkSPMEncode(b *testing.B) {
 		tokens += len(spm.Encode(text))
 	}
 	b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tokens/s")
+}
+
+// BenchmarkSPMSpecialSplit cuts 64 KiB of text at 512 user-defined
+// tokens, "<z", "<zzz", … of every even length to 1024, all starting with
+// "<": text of "<" alone, each byte the start of a piece the next byte
+// ends; the longest piece but its last "z", over and over, each "<" the
+// start of 511 pieces the text holds; and text that holds no "<". Each
+// costs about as much as the others, a step of the automaton a byte: a
+// table lookup at the root and a map lookup or a few elsewhere, not a
+// lookup for each length of piece that starts with the byte.
+func BenchmarkSPMSpecialSplit(b *testing.B) {
+	var extra []string
+	for l := 2; l <= TokenPieceMaxBytes; l += 2 {
+		extra = append(extra, "<"+strings.Repeat("z", l-1)+"/4")
+	}
+	spm := mustSPM(b, specialVocab(extra...))
+	const n = 64 << 10
+	for _, c := range []struct{ name, unit string }{
+		{"lt", "<"}, {"prefixes", "<" + strings.Repeat("z", TokenPieceMaxBytes-2)}, {"plain", "ab c"},
+	} {
+		text := strings.Repeat(c.unit, n/len(c.unit))
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				spm.userDefined.split(text)
+			}
+		})
+	}
 }
