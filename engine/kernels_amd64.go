@@ -117,11 +117,24 @@ func matmulWAVX2(out, x []float32, w []byte, t WeightType, rb, in, outs, j0, j1 
 	need, whole := t.RowBytes(in)
 	switch {
 	case rows == 0:
-	case tiles == nil || !whole || rb != need || in%8 != 0:
-		// A type without kernels, rows that are not whole blocks or
-		// (F16 and BF16) whole chunks of 8, or rows not exactly their
-		// bytes apart.
+	case tiles == nil || !whole || rb != need:
+		// A type without kernels, rows that are not whole blocks, or
+		// rows not exactly their bytes apart.
 		matmulWGeneric(out, x, w, t, rb, in, outs, j0, j1)
+	case in%8 != 0:
+		// F16 and BF16 rows that end in part of a chunk of 8, which the
+		// weight kernels do not read: each row widened (exactly) and
+		// multiplied by the F32 kernel, which does, in the same order.
+		var small [512]float32
+		row := small[:0]
+		if in > len(small) {
+			row = make([]float32, in)
+		}
+		row = row[:in]
+		for j := j0; j < j1; j++ {
+			widen(row, w[j*rb:(j+1)*rb], t, 0)
+			matmulAVX2(out[j:], x, row, in, outs, 0, 1)
+		}
 	default:
 		matmulTiled(out, x, w, rb, tiles, rows, in, outs, j0, j1)
 	}

@@ -165,7 +165,7 @@ func widen(dst []float32, w []byte, t WeightType, i0 int) {
 	switch t {
 	case WeightF16:
 		for k := range dst {
-			dst[k] = f16ToF32(le.Uint16(w[2*(i0+k):]))
+			dst[k] = f16Widened[le.Uint16(w[2*(i0+k):])]
 		}
 	case WeightBF16:
 		for k := range dst {
@@ -175,7 +175,7 @@ func widen(dst []float32, w []byte, t WeightType, i0 int) {
 		for k := range dst {
 			i := i0 + k
 			b := w[i/quantBlock*(2+quantBlock):]
-			dst[k] = f16ToF32(le.Uint16(b)) * float32(int8(b[2+i%quantBlock]))
+			dst[k] = f16Widened[le.Uint16(b)] * float32(int8(b[2+i%quantBlock]))
 		}
 	case WeightQ4_0:
 		for k := range dst {
@@ -186,12 +186,22 @@ func widen(dst []float32, w []byte, t WeightType, i0 int) {
 			if o >= quantBlock/2 {
 				q >>= 4
 			}
-			dst[k] = f16ToF32(le.Uint16(b)) * float32(int(q&0xF)-8)
+			dst[k] = f16Widened[le.Uint16(b)] * float32(int(q&0xF)-8)
 		}
 	default:
 		panic(fmt.Sprintf("engine: weights of %s cannot widen", t))
 	}
 }
+
+// f16Widened is every half-precision float widened (f16ToF32), so that
+// widening one is a load.
+var f16Widened = func() *[1 << 16]float32 {
+	var t [1 << 16]float32
+	for h := range t {
+		t[h] = f16ToF32(uint16(h))
+	}
+	return &t
+}()
 
 // dotWGeneric is dotGeneric of x and the len(x) elements of the row w of
 // type t, widened eight at a time: the widened elements are exact, so it
