@@ -334,12 +334,9 @@ func (c nodeConfig) model() (*engine.Model, error) {
 		cfg.KVDType = dtype
 		return engine.BuiltinModel(cfg)
 	}
-	gguf := false
-	if c.Model != "" {
-		if gguf, err = engine.IsGGUF(c.Model); err != nil {
-			return nil, fmt.Errorf("--model: %w", err)
-		}
-	}
+	// A file that cannot be read is no GGUF file here: the loader says
+	// why it cannot be read, after the usage is checked.
+	gguf, _ := engine.IsGGUF(c.Model)
 	switch {
 	case gguf && c.Tokenizer != "":
 		return nil, usageError{fmt.Errorf("--model %q is a GGUF file, which carries its tokenizer: give no --tokenizer (%q)", c.Model, c.Tokenizer)}

@@ -55,8 +55,8 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{"geometry", []string{"preflight", "--context-tokens", "5", "--page-tokens", "0"}, "PageTokens (0)"},
 		{"devices", []string{"preflight", "--context-tokens", "5", "--devices", "tpu"}, `device source "tpu"`},
 		{"missing config file", []string{"preflight", "--context-tokens", "5", "--config", "/nonexistent/node.json"}, "/nonexistent/node.json"},
-		{"model without tokenizer", []string{"run", "--model", "m.bin"}, `--model "m.bin" and --tokenizer "": give both`},
-		{"tokenizer without model", []string{"up", "--tokenizer", "t.bin"}, `--model "" and --tokenizer "t.bin": give both`},
+		{"model without tokenizer", []string{"run", "--model", "m.bin"}, `--model "m.bin" and --tokenizer "": give a GGUF file alone, a llama2.c checkpoint and its tokenizer, or neither`},
+		{"tokenizer without model", []string{"up", "--tokenizer", "t.bin"}, `--model "" and --tokenizer "t.bin": give a GGUF file alone, a llama2.c checkpoint and its tokenizer, or neither`},
 		{"geometry and a model", []string{"preflight", "--context-tokens", "5", "--model", "m.bin", "--tokenizer", "t.bin", "--layers", "8"},
 			"--layers: the geometry and weights are --model's"},
 	}
