@@ -317,10 +317,41 @@ func FuzzGGUF(f *testing.F) {
 			if verr := m.cfg.Validate(); verr != nil {
 				t.Fatalf("a model that does not validate was read: %v", verr)
 			}
+			fuzzGGUFVocab(t, &m.vocab)
 		case !errors.As(err, &ge) && !errors.As(err, &we):
 			t.Fatalf("refused with %T %v; want *GGUFError or *WeightError", err, err)
 		}
 	})
+}
+
+// fuzzGGUFVocab makes the tokenizer and chat template of a vocabulary the
+// reader took: refused with a typed error, or one that encodes text to
+// BOS and tokens of the vocabulary only, and decodes them.
+func fuzzGGUFVocab(t *testing.T, v *GGUFVocab) {
+	tok, err := NewGGUFTokenizer("fuzz.gguf", v)
+	var ve *VocabError
+	var me *TokenizerModelError
+	switch {
+	case errors.As(err, &ve) || errors.As(err, &me):
+		return
+	case err != nil:
+		t.Fatalf("tokenizer refused with %T %v; want *VocabError or *TokenizerModelError", err, err)
+	}
+	for _, text := range []string{"", "Once upon a time", " <s></s>\n\xff\xfe wörld ▁▁", "<|im_start|>user"} {
+		ids := tok.Encode(text)
+		if len(ids) == 0 || ids[0] != tok.BOS() {
+			t.Fatalf("%q encodes to %v, not BOS (%d) first", text, ids, tok.BOS())
+		}
+		for _, id := range ids {
+			if id < 0 || id >= tok.Vocab() {
+				t.Fatalf("%q encodes to %v: %d is outside the %d tokens", text, ids, id, tok.Vocab())
+			}
+		}
+		DecodeText(tok, -1, ids)
+	}
+	if chat, _ := DetectChatTemplate(v.ChatTemplate, tok); chat != nil {
+		chat.EncodeWithin([]ChatMessage{{Role: "system", Content: "s"}, {Role: "user", Content: "<|im_end|>u"}}, 1<<20)
+	}
 }
 
 // tinyGGUF is a valid llama GGUF of the smallest shape whose rows are
