@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -257,7 +258,10 @@ func parseGGUF(path string, data []byte) (*ggufFile, error) {
 					key, ggufTypeName(kv.elem), len(ggufScalarBytes)-1)}
 			}
 			// An element takes its size, a string at least eight bytes.
-			least := uint64(max(ggufScalarBytes[kv.elem], 8*boolInt(kv.elem == ggufString)))
+			least := uint64(ggufScalarBytes[kv.elem])
+			if kv.elem == ggufString {
+				least = 8 // the length
+			}
 			if kv.count > uint64(len(data)-r.off)/least {
 				return nil, &GGUFError{Path: path, Offset: int64(at), Reason: fmt.Sprintf("key %q: an array of %d %s does not fit the %d bytes left",
 					key, kv.count, ggufTypeName(kv.elem), len(data)-r.off)}
@@ -281,7 +285,7 @@ func parseGGUF(path string, data []byte) (*ggufFile, error) {
 		f.order = append(f.order, key)
 	}
 	align := uint64(ggufDefaultAlignment)
-	if _, ok := f.keys["general.alignment"]; ok {
+	if f.has("general.alignment") {
 		a, err := f.uint("general.alignment")
 		if err != nil {
 			return nil, err
@@ -356,30 +360,13 @@ func parseGGUF(path string, data []byte) (*ggufFile, error) {
 		t.data = data[start+off : start+off+size : start+off+size]
 		spans = append(spans, span{off, off + size, name})
 	}
-	slices.SortFunc(spans, func(a, b span) int { return cmpUint64(a.lo, b.lo) })
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
 	for i := 1; i < len(spans); i++ {
 		if spans[i].lo < spans[i-1].hi {
 			return nil, &GGUFError{Path: path, Offset: -1, Reason: fmt.Sprintf("tensors %q and %q overlap at data offset %d", spans[i-1].name, spans[i].name, spans[i].lo)}
 		}
 	}
 	return f, nil
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-func cmpUint64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // keyError is the error for key: what is wrong with its value.

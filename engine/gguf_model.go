@@ -1,11 +1,11 @@
 package engine
 
 import (
-	"encoding/binary"
 	"fmt"
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"unsafe"
 
@@ -31,13 +31,12 @@ type GGUFOptions struct {
 const ggufArch = "llama"
 
 // ggufModel is what a GGUF file holds for the engine: the config, the
-// weights (slices of the file where their type allows), the vocabulary
-// and how many tensors have each weight type.
+// weights (slices of the file where their type allows) and the
+// vocabulary.
 type ggufModel struct {
 	cfg   ModelConfig
 	w     Weights
 	vocab ggufVocab
-	types map[WeightType]int
 }
 
 // readGGUF reads the GGUF file at path and its llama model. The file is
@@ -177,7 +176,7 @@ func (f *ggufFile) model(opt GGUFOptions) (*ggufModel, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, &GGUFError{Path: f.path, Offset: -1, Reason: err.Error()}
 	}
-	m := &ggufModel{cfg: cfg, vocab: vocab, types: map[WeightType]int{}}
+	m := &ggufModel{cfg: cfg, vocab: vocab}
 	if err := f.weights(m); err != nil {
 		return nil, err
 	}
@@ -195,11 +194,10 @@ func (f *ggufFile) weights(m *ggufModel) error {
 		if t == nil {
 			return nil, &GGUFError{Path: f.path, Offset: -1, Reason: fmt.Sprintf("the tensor %q, which a llama model of %d layers needs, is missing", name, c.Layers)}
 		}
-		if !equalInts(t.dims, dims) {
+		if !slices.Equal(t.dims, dims) {
 			return nil, &GGUFError{Path: f.path, Offset: t.entry, Reason: fmt.Sprintf("tensor %q has shape %v; the model's metadata implies %v", name, t.dims, dims)}
 		}
 		used[name] = true
-		m.types[t.typ]++
 		return t, nil
 	}
 	// A matrix of GGUF shape [in, out] is out rows of in elements.
@@ -213,7 +211,7 @@ func (f *ggufFile) weights(m *ggufModel) error {
 			dst.Raw = t.data
 		} else if dst.F32 = floatsOf(t.data); dst.F32 == nil {
 			dst.F32 = make([]float32, in*out)
-			widenInto(dst.F32, t.data, WeightF32)
+			decodeKV(dst.F32, t.data, kv.F32) // the same little-endian floats
 		}
 		return nil
 	}
@@ -226,7 +224,11 @@ func (f *ggufFile) weights(m *ggufModel) error {
 			return &GGUFError{Path: f.path, Offset: t.entry, Reason: fmt.Sprintf("norm %q is %s; norms must be F32, F16 or BF16", name, t.typ)}
 		}
 		*dst = make([]float32, c.Dim)
-		widenInto(*dst, t.data, t.typ)
+		if t.typ == WeightF32 {
+			decodeKV(*dst, t.data, kv.F32)
+		} else {
+			widen(*dst, t.data, t.typ, 0)
+		}
 		return nil
 	}
 	w := &m.w
@@ -280,18 +282,6 @@ func (f *ggufFile) weights(m *ggufModel) error {
 	return nil
 }
 
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // floatsOf is the float32 elements stored little-endian in b, in place, or
 // nil when b is not aligned for float32 (a file whose alignment is below
 // 4): then the caller copies.
@@ -300,18 +290,6 @@ func floatsOf(b []byte) []float32 {
 		return nil
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
-}
-
-// widenInto sets dst to the len(dst) elements of type t (F32, F16 or
-// BF16, or a quantized type) stored in b.
-func widenInto(dst []float32, b []byte, t WeightType) {
-	if t == WeightF32 {
-		for i := range dst {
-			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-		}
-		return
-	}
-	widen(dst, b, t, 0)
 }
 
 // readVocab reads the tokenizer.* keys into v, checking every id and

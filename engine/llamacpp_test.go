@@ -59,6 +59,7 @@ func TestAgainstLlamaCpp(t *testing.T) {
 			t.Fatal(err)
 		}
 		var worst agreement
+		var info llamacpp.Info // what llama.cpp said of itself
 		for _, prompt := range llamaPrompts {
 			ids := m.Tokenizer().Encode(prompt)
 			if typ == "f32" {
@@ -75,6 +76,7 @@ func TestAgainstLlamaCpp(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			info = g.Info
 			if len(g.Tokens) != llamaTokens {
 				t.Fatalf("%s %q: llama.cpp gave %d tokens of %d", typ, prompt, len(g.Tokens), llamaTokens)
 			}
@@ -93,7 +95,7 @@ func TestAgainstLlamaCpp(t *testing.T) {
 			worst = worst.join(a)
 		}
 		t.Logf("%s: %d positions, %d near-ties taken apart (up to %.3g), largest relative logit difference %.3g (bound %g), llama.cpp %s on %s",
-			typ, worst.positions, worst.apart, worst.gap, worst.delta, llamaNearTie[typ], llamaInfo.LlamaCpp, llamaInfo.CPUBackend)
+			typ, worst.positions, worst.apart, worst.gap, worst.delta, llamaNearTie[typ], info.LlamaCpp, info.CPUBackend)
 	}
 }
 
@@ -115,9 +117,6 @@ func storiesGGUF(t *testing.T, typ string) string {
 	}
 	return path
 }
-
-// llamaInfo is what the last llama.cpp reply said about itself.
-var llamaInfo llamacpp.Info
 
 func llamaContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -144,7 +143,6 @@ func (a agreement) join(b agreement) agreement {
 // llama.cpp's by at most bound.
 func forcedAgreement(t *testing.T, m *Model, prompt []int, g *llamacpp.GreedyResult, bound float64) agreement {
 	t.Helper()
-	llamaInfo = g.Info
 	seq := append(slices.Clone(prompt), g.Tokens[:len(g.Tokens)-1]...)
 	logits, err := m.Logits(seq)
 	if err != nil {
